@@ -1,0 +1,68 @@
+"""Where each stage's files live under the spec's workdir, and typed readers for them.
+
+    workdir/index/<source>/samples.parquet   index table (INDEX_SCHEMA + metadata columns);
+                                             metadata `fingerprint` = content hash of the index
+    workdir/index/<source>/shards.parquet    shards table (SHARDS_SCHEMA)
+    workdir/index/<source>/errors.parquet    skipped shards/samples (ERRORS_SCHEMA), when any
+    workdir/plans/<plan_id>/plan.json        PlanMeta
+    workdir/plans/<plan_id>/manifest/steps-<first>-<last>.parquet   MANIFEST_SCHEMA
+    workdir/plans/<plan_id>/serve.json       ServeInfo, while an executor serves the plan
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from loomdata.schemas.errors import IndexBuildError
+from loomdata.schemas.tables import TableKind, read_table, table_metadata
+
+__all__ = ["IndexFiles", "read_index"]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexFiles:
+    """Paths of one source's index tables."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, workdir: Path, source: str) -> IndexFiles:
+        return cls(Path(workdir) / "index" / source)
+
+    @property
+    def samples(self) -> Path:
+        return self.root / "samples.parquet"
+
+    @property
+    def shards(self) -> Path:
+        return self.root / "shards.parquet"
+
+    @property
+    def errors(self) -> Path:
+        return self.root / "errors.parquet"
+
+    def fingerprint(self) -> str:
+        """The index's content fingerprint (changes whenever its content does)."""
+        self._require()
+        fp = table_metadata(self.samples).get("fingerprint")
+        if not fp:
+            raise IndexBuildError(f"{self.samples}: has no fingerprint; rebuild the index with `loom index`")
+        return fp
+
+    def _require(self) -> None:
+        if not self.samples.exists() or not self.shards.exists():
+            raise IndexBuildError(
+                f"{self.root}: no index for source {self.root.name!r}; run `loom index SPEC` first"
+            )
+
+
+def read_index(workdir: Path, source: str, columns: list[str] | None = None) -> tuple[pa.Table, pa.Table, str]:
+    """(samples, shards, fingerprint) of one source's index."""
+    files = IndexFiles.of(workdir, source)
+    files._require()
+    samples = read_table(files.samples, TableKind.INDEX, columns=columns)
+    shards = read_table(files.shards, TableKind.SHARDS)
+    return samples, shards, files.fingerprint()

@@ -1,0 +1,119 @@
+"""plan.json: what a plan is made of, from what, with which parameters; read by every later stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from loomdata.schemas.errors import ContractError, StaleIndexError
+from loomdata.schemas.tables import MANIFEST_SCHEMA, TableKind, read_table
+
+__all__ = ["PLAN_FORMAT_VERSION", "ManifestFile", "PlanMeta", "check_fresh", "read_manifest", "read_plan"]
+
+PLAN_FORMAT_VERSION = 1
+
+
+class ManifestFile(BaseModel):
+    """One manifest Parquet file and the inclusive step range it holds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    path: str  # relative to the plan dir
+    first_step: int
+    last_step: int
+    rows: int
+
+
+class PlanMeta(BaseModel):
+    """Contents of plan.json. `sources[i]` is the name of manifest source id `i`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    format_version: int
+    plan_id: str
+    spec: dict[str, Any]
+    spec_hash: str
+    sources: list[str]
+    index_fingerprints: dict[str, str]
+    seed: int
+    steps: int
+    dp_size: int
+    micro_batches: int
+    seq_len: int
+    long_seq_len: int | None = None
+    long_cp_size: int = 1
+    parameters: dict[str, Any] = {}
+    manifest: list[ManifestFile]
+    summary: dict[str, Any] = {}
+
+    def lane_seq_len(self, lane: int) -> int:
+        """Capacity of a packed sequence in `lane` (0 short, 1 long)."""
+        if lane == 0:
+            return self.seq_len
+        if self.long_seq_len is None:
+            raise ContractError(f"plan {self.plan_id}: lane {lane} used but the plan has no long-context lane")
+        return self.long_seq_len
+
+    def to_json(self) -> str:
+        """Stable JSON (sorted keys) so the same plan gives byte-identical files."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=1) + "\n"
+
+
+def read_plan(plan_dir: str | Path) -> PlanMeta:
+    """Read and validate plan.json, rejecting an unknown format version."""
+    p = Path(plan_dir) / "plan.json"
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ContractError(f"{p}: no plan here; make one with `loom plan SPEC`") from None
+    except json.JSONDecodeError as e:
+        raise ContractError(f"{p}: not valid JSON ({e})") from None
+    version = raw.get("format_version")
+    if version != PLAN_FORMAT_VERSION:
+        raise ContractError(
+            f"{p}: plan format version {version} is not supported (this loomdata reads version "
+            f"{PLAN_FORMAT_VERSION}); re-plan with `loom plan SPEC`"
+        )
+    try:
+        return PlanMeta.model_validate(raw)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ContractError(f"{p}: invalid plan.json: {problems}") from None
+
+
+def read_manifest(
+    plan_dir: str | Path,
+    meta: PlanMeta,
+    first_step: int = 0,
+    last_step: int | None = None,
+    dp_ranks: list[int] | None = None,
+) -> pa.Table:
+    """Manifest rows for steps [first_step, last_step] (inclusive) and the given ranks, in stored order."""
+    last = meta.steps - 1 if last_step is None else last_step
+    files = [f for f in meta.manifest if f.last_step >= first_step and f.first_step <= last]
+    if not files:
+        return MANIFEST_SCHEMA.empty_table()
+    for f in files[:1]:  # validate kind/version/schema once per call (cheap: footer only)
+        read_table(Path(plan_dir) / f.path, TableKind.MANIFEST, columns=[])
+    dataset = ds.dataset([str(Path(plan_dir) / f.path) for f in files], schema=MANIFEST_SCHEMA, format="parquet")
+    expr = (ds.field("step") >= first_step) & (ds.field("step") <= last)
+    if dp_ranks is not None:
+        expr &= ds.field("dp_rank").isin(pa.array(dp_ranks, pa.uint32()))
+    return dataset.to_table(filter=expr)
+
+
+def check_fresh(meta: PlanMeta, current: dict[str, str]) -> None:
+    """Raise StaleIndexError when any source's index fingerprint differs from the plan's."""
+    stale = [
+        f"{s} (plan {meta.index_fingerprints.get(s)}, index {current.get(s)})"
+        for s in meta.sources
+        if meta.index_fingerprints.get(s) != current.get(s)
+    ]
+    if stale:
+        raise StaleIndexError(
+            f"plan {meta.plan_id} was made on an older index of: {', '.join(stale)}; "
+            "re-plan with `loom plan SPEC`"
+        )

@@ -1,0 +1,327 @@
+"""The data-plane spec: YAML validated into frozen pydantic models.
+
+`load_spec` reports every problem at once, each with its key path (for example
+`sources[2].paths: no file matches 'data/x/*.parquet'`), as one `SpecError`.
+Relative paths are resolved against the spec file's folder.
+"""
+
+from __future__ import annotations
+
+import enum
+import glob
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from loomdata.schemas.errors import SpecError
+
+__all__ = [
+    "CostSpec",
+    "ImageSpec",
+    "LongContextSpec",
+    "Milestone",
+    "MixtureSpec",
+    "OnError",
+    "SourceFormat",
+    "SourceSpec",
+    "Spec",
+    "TokenizerKind",
+    "TokenizerSpec",
+    "TrainingSpec",
+    "load_spec",
+    "parse_spec",
+]
+
+
+class SourceFormat(str, enum.Enum):
+    """On-disk formats loomdata can index and read."""
+
+    PARQUET = "parquet"
+    JSONL = "jsonl"
+    WEBDATASET = "webdataset"
+    MEGATRON = "megatron"
+
+
+class OnError(str, enum.Enum):
+    """What to do with a bad shard or sample: stop the job, or skip it (counted and listed)."""
+
+    ERROR = "error"
+    SKIP = "skip"
+
+
+class TokenizerKind(str, enum.Enum):
+    """How raw text becomes tokens."""
+
+    BYTES = "bytes"
+    HUGGINGFACE = "huggingface"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+
+class TokenizerSpec(_Frozen):
+    """`bytes` (built-in byte-level, no files) or `huggingface` (a tokenizer.json)."""
+
+    kind: TokenizerKind = TokenizerKind.BYTES
+    path: Path | None = None
+
+
+class SourceSpec(_Frozen):
+    """One data source: a name, a format, where its files are, and which fields hold its content."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    format: SourceFormat
+    paths: list[str] = Field(min_length=1)
+    tokens_field: str | None = None
+    text_field: str | None = None
+    image_field: list[str] = Field(default_factory=list)
+    metadata: list[str] = Field(default_factory=list)
+    on_error: OnError = OnError.ERROR
+    max_epochs: float | None = Field(default=None, gt=0)
+
+    @field_validator("image_field", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+
+class ImageSpec(_Frozen):
+    """How images become tokens: scale down to `max_pixels` (keep aspect), then one token per patch."""
+
+    patch_size: int = Field(default=14, gt=0)
+    max_pixels: int = Field(default=200704, gt=0)
+    placeholder_token_id: int = Field(default=32000, ge=0)
+
+
+class Milestone(_Frozen):
+    """Mixture weights that hold at `step`; weights between milestones are interpolated linearly."""
+
+    step: int = Field(ge=0)
+    weights: dict[str, float]
+
+
+class MixtureSpec(_Frozen):
+    """Token shares per source: fixed `weights`, or a `schedule` of milestones (curriculum)."""
+
+    weights: dict[str, float] | None = None
+    schedule: list[Milestone] | None = None
+
+    def milestones(self) -> list[Milestone]:
+        """The mixture as a list of milestones (a fixed mixture is one milestone at step 0)."""
+        if self.schedule is not None:
+            return list(self.schedule)
+        return [Milestone(step=0, weights=dict(self.weights or {}))]
+
+
+class TrainingSpec(_Frozen):
+    """Shape of the training job: sequence length, steps, and the rank layout."""
+
+    seq_len: int = Field(gt=0)
+    steps: int = Field(gt=0)
+    dp_size: int = Field(gt=0)
+    micro_batches: int = Field(default=1, gt=0)
+    tp_size: int = Field(default=1, gt=0)
+    pp_size: int = Field(default=1, gt=0)
+    cp_size: int = Field(default=1, gt=0)
+
+
+class LongContextSpec(_Frozen):
+    """Documents longer than `threshold` tokens go to a long lane of `seq_len`, split over `cp_size` ranks."""
+
+    threshold: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+    cp_size: int = Field(default=1, gt=0)
+
+
+class CostSpec(_Frozen):
+    """cost(segment) = attention * L^2 + linear * L + encoder * image_tokens^2."""
+
+    attention: float = Field(default=1.0, ge=0)
+    linear: float = Field(default=24576.0, ge=0)
+    encoder: float = Field(default=0.0, ge=0)
+
+
+class Spec(_Frozen):
+    """A validated data-plane spec. `base_dir` is the folder relative paths were resolved against."""
+
+    name: str
+    workdir: Path
+    seed: int = 0
+    tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)
+    sources: list[SourceSpec] = Field(min_length=1)
+    images: ImageSpec = Field(default_factory=ImageSpec)
+    mixture: MixtureSpec
+    training: TrainingSpec
+    long_context: LongContextSpec | None = None
+    cost: CostSpec = Field(default_factory=CostSpec)
+    base_dir: Path = Path(".")
+
+    def source(self, name: str) -> SourceSpec:
+        """The source called `name` (KeyError names the known ones)."""
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise KeyError(f"unknown source {name!r} (known: {', '.join(self.source_names)})")
+
+    @property
+    def source_names(self) -> list[str]:
+        return [s.name for s in self.sources]
+
+    @property
+    def index_dir(self) -> Path:
+        return self.workdir / "index"
+
+    @property
+    def plans_dir(self) -> Path:
+        return self.workdir / "plans"
+
+    def resolve_paths(self, source: SourceSpec) -> list[Path]:
+        """Every file (or Megatron prefix) a source's `paths` match, sorted, deduplicated."""
+        return _resolve(self.base_dir, source)
+
+    def canonical_json(self) -> str:
+        """A stable JSON form of the spec (sorted keys, absolute paths): the input of `spec_hash`."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def spec_hash(self) -> str:
+        """A content hash of the spec, recorded in every plan."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+
+
+def _resolve(base_dir: Path, source: SourceSpec) -> list[Path]:
+    found: list[Path] = []
+    for pattern in source.paths:
+        found.extend(_match(base_dir, pattern, source.format))
+    return sorted(set(found))
+
+
+def _match(base_dir: Path, pattern: str, fmt: SourceFormat) -> list[Path]:
+    full = Path(pattern) if Path(pattern).is_absolute() else base_dir / pattern
+    if fmt is SourceFormat.MEGATRON:
+        # A Megatron path is a prefix: PREFIX.idx and PREFIX.bin; globs match the .idx files.
+        stem = str(full)
+        if stem.endswith((".idx", ".bin")):
+            stem = stem[:-4]
+        return [Path(p[:-4]) for p in glob.glob(stem + ".idx") if Path(p[:-4] + ".bin").exists()]
+    return [Path(p) for p in glob.glob(str(full), recursive=True) if Path(p).is_file()]
+
+
+def _key_path(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<root>"
+
+
+def _semantic_problems(spec: Spec, check_paths: bool) -> list[str]:
+    problems: list[str] = []
+    names = spec.source_names
+    seen: set[str] = set()
+    for i, s in enumerate(spec.sources):
+        key = f"sources[{i}]"
+        if s.name in seen:
+            problems.append(f"{key}.name: duplicate source name {s.name!r}")
+        seen.add(s.name)
+        if s.format in (SourceFormat.PARQUET,) and not (s.tokens_field or s.text_field):
+            problems.append(f"{key}: a parquet source needs `tokens_field` or `text_field`")
+        if s.format in (SourceFormat.JSONL, SourceFormat.WEBDATASET) and not s.text_field:
+            problems.append(f"{key}.text_field: required for format {s.format.value}")
+        if s.tokens_field and s.text_field:
+            problems.append(f"{key}: set either `tokens_field` or `text_field`, not both")
+        if s.image_field and s.format is not SourceFormat.WEBDATASET:
+            problems.append(f"{key}.image_field: images are supported for webdataset sources only")
+        if check_paths:
+            for j, pattern in enumerate(s.paths):
+                if not _match(spec.base_dir, pattern, s.format):
+                    what = "no .idx/.bin pair matches" if s.format is SourceFormat.MEGATRON else "no file matches"
+                    problems.append(f"{key}.paths[{j}]: {what} {pattern!r} (relative to {spec.base_dir})")
+    if spec.tokenizer.kind is TokenizerKind.HUGGINGFACE:
+        if spec.tokenizer.path is None:
+            problems.append("tokenizer.path: required for kind huggingface (a tokenizer.json)")
+        elif check_paths and not spec.tokenizer.path.is_file():
+            problems.append(f"tokenizer.path: no file {str(spec.tokenizer.path)!r}")
+
+    mix = spec.mixture
+    if (mix.weights is None) == (mix.schedule is None):
+        problems.append("mixture: give exactly one of `weights` or `schedule`")
+    else:
+        prefix = "mixture.weights" if mix.weights is not None else "mixture.schedule"
+        ms = mix.milestones()
+        if mix.schedule is not None and not ms:
+            problems.append("mixture.schedule: needs at least one milestone")
+        for k, m in enumerate(ms):
+            mkey = prefix if mix.weights is not None else f"{prefix}[{k}]"
+            wkey = mkey if mix.weights is not None else f"{mkey}.weights"
+            for src, w in sorted(m.weights.items()):
+                if src not in names:
+                    problems.append(f"{wkey}.{src}: unknown source {src!r} (known: {', '.join(names)})")
+                if not w >= 0 or w != w or w == float("inf"):
+                    problems.append(f"{wkey}.{src}: weight must be a finite number >= 0, got {w}")
+            if m.weights and all(w == 0 for w in m.weights.values()):
+                problems.append(f"{wkey}: all weights are zero; at least one source needs a positive weight")
+            if not m.weights:
+                problems.append(f"{wkey}: no weights given")
+            if k > 0 and m.step <= ms[k - 1].step:
+                problems.append(f"{mkey}.step: steps must increase ({ms[k - 1].step} then {m.step})")
+            if m.step >= spec.training.steps and mix.schedule is not None and k > 0:
+                problems.append(
+                    f"{mkey}.step: {m.step} is beyond training.steps ({spec.training.steps}); "
+                    "drop the milestone or raise training.steps"
+                )
+    lc = spec.long_context
+    if lc is not None:
+        if lc.seq_len <= spec.training.seq_len:
+            problems.append(
+                f"long_context.seq_len: {lc.seq_len} must exceed training.seq_len ({spec.training.seq_len})"
+            )
+        if lc.threshold > lc.seq_len:
+            problems.append(f"long_context.threshold: {lc.threshold} exceeds long_context.seq_len ({lc.seq_len})")
+        if lc.seq_len % lc.cp_size:
+            problems.append(f"long_context.seq_len: {lc.seq_len} is not divisible by cp_size ({lc.cp_size})")
+    return problems
+
+
+def parse_spec(data: Mapping[str, Any], base_dir: Path, *, check_paths: bool = True, origin: str | None = None) -> Spec:
+    """Validate a spec mapping; relative paths resolve against `base_dir`. Raises one SpecError."""
+    if not isinstance(data, Mapping):
+        raise SpecError([f"<root>: expected a mapping of keys, got {type(data).__name__}"], origin)
+    raw = dict(data)
+    base_dir = base_dir.resolve()
+    raw["base_dir"] = base_dir
+    if "workdir" in raw and isinstance(raw["workdir"], str) and not Path(raw["workdir"]).is_absolute():
+        raw["workdir"] = str(base_dir / raw["workdir"])
+    tok = raw.get("tokenizer")
+    if isinstance(tok, Mapping) and isinstance(tok.get("path"), str) and not Path(tok["path"]).is_absolute():
+        raw["tokenizer"] = {**tok, "path": str(base_dir / tok["path"])}
+    try:
+        spec = Spec.model_validate(raw)
+    except ValidationError as e:
+        problems = [f"{_key_path(err['loc'])}: {err['msg']}" for err in e.errors()]
+        raise SpecError(problems, origin) from None
+    problems = _semantic_problems(spec, check_paths)
+    if problems:
+        raise SpecError(problems, origin)
+    return spec
+
+
+def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
+    """Read and validate a YAML spec file. `check_paths=False` skips the file-existence checks."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise SpecError([f"<file>: cannot read spec: {e.strerror}"], str(p)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError([f"<yaml>: not valid YAML: {e}"], str(p)) from None
+    return parse_spec(data, p.parent, check_paths=check_paths, origin=str(p))

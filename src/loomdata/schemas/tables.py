@@ -1,0 +1,163 @@
+"""Arrow schemas of the stored tables (index, shards, errors, manifest), versioned.
+
+Every table loomdata writes carries `loomdata.kind` and `loomdata.version` in its Parquet
+key-value metadata; `read_table` rejects a wrong kind, version or schema with a message that
+names the file and what differs.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from loomdata.schemas.errors import ContractError
+
+__all__ = [
+    "ERRORS_SCHEMA",
+    "INDEX_SCHEMA",
+    "MANIFEST_SCHEMA",
+    "SHARDS_SCHEMA",
+    "TableKind",
+    "check_schema",
+    "read_table",
+    "table_metadata",
+    "write_table",
+]
+
+
+class TableKind(str, enum.Enum):
+    """The kinds of stored table; each has a schema and a format version."""
+
+    INDEX = "index"
+    SHARDS = "shards"
+    ERRORS = "errors"
+    MANIFEST = "manifest"
+
+
+INDEX_SCHEMA = pa.schema(
+    [
+        pa.field("sample", pa.uint64(), nullable=False),  # dense 0..n-1 in (shard, row) order
+        pa.field("shard", pa.uint32(), nullable=False),  # into shards.parquet
+        pa.field("row", pa.uint64(), nullable=False),  # row, record or byte offset inside the shard
+        # Length of the sample's token stream: text tokens plus image placeholder tokens.
+        pa.field("num_tokens", pa.uint32(), nullable=False),
+        pa.field("num_image_tokens", pa.uint32(), nullable=False),  # of num_tokens, how many are image tokens
+    ]
+)
+"""Required columns of an index table; carried metadata columns follow them."""
+
+SHARDS_SCHEMA = pa.schema(
+    [
+        pa.field("shard", pa.uint32(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("size_bytes", pa.uint64(), nullable=False),
+        pa.field("mtime_ns", pa.int64(), nullable=False),
+        pa.field("fingerprint", pa.string(), nullable=False),
+        pa.field("num_rows", pa.uint64(), nullable=False),
+    ]
+)
+
+ERRORS_SCHEMA = pa.schema(
+    [
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("row", pa.int64(), nullable=True),  # null: the whole shard was skipped
+        pa.field("message", pa.string(), nullable=False),
+    ]
+)
+
+MANIFEST_SCHEMA = pa.schema(
+    [
+        pa.field("step", pa.uint32(), nullable=False),
+        pa.field("dp_rank", pa.uint32(), nullable=False),
+        pa.field("micro_batch", pa.uint32(), nullable=False),
+        pa.field("source", pa.uint16(), nullable=False),  # id into plan.json `sources`
+        pa.field("sample", pa.uint64(), nullable=False),
+        pa.field("offset", pa.uint32(), nullable=False),  # first token of the sample used
+        pa.field("length", pa.uint32(), nullable=False),  # tokens placed
+        pa.field("lane", pa.uint8(), nullable=False),  # 0: short context, 1: long context
+    ]
+)
+"""One row per document segment placed in a packed sequence, sorted by (step, dp_rank, micro_batch)."""
+
+_SCHEMAS: dict[TableKind, pa.Schema] = {
+    TableKind.INDEX: INDEX_SCHEMA,
+    TableKind.SHARDS: SHARDS_SCHEMA,
+    TableKind.ERRORS: ERRORS_SCHEMA,
+    TableKind.MANIFEST: MANIFEST_SCHEMA,
+}
+VERSIONS: dict[TableKind, int] = {k: 1 for k in TableKind}
+
+_KIND = b"loomdata.kind"
+_VERSION = b"loomdata.version"
+
+
+def check_schema(table: pa.Table | pa.Schema, kind: TableKind, where: str) -> None:
+    """Raise ContractError unless `table` has the required columns of `kind` with their exact types."""
+    schema = table if isinstance(table, pa.Schema) else table.schema
+    problems = []
+    for field in _SCHEMAS[kind]:
+        idx = schema.get_field_index(field.name)
+        if idx < 0:
+            problems.append(f"missing column {field.name!r} ({field.type})")
+        elif schema.field(idx).type != field.type:
+            problems.append(f"column {field.name!r} is {schema.field(idx).type}, expected {field.type}")
+    if problems:
+        raise ContractError(f"{where}: not a valid {kind.value} table: " + "; ".join(problems))
+
+
+def write_table(
+    table: pa.Table,
+    path: str | Path,
+    kind: TableKind,
+    extra_metadata: Mapping[str, str] | None = None,
+    row_group_size: int | None = None,
+) -> None:
+    """Write `table` as Parquet (zstd) with its kind and version stamped in the metadata."""
+    check_schema(table, kind, str(path))
+    meta = dict(table.schema.metadata or {})
+    meta[_KIND] = kind.value.encode()
+    meta[_VERSION] = str(VERSIONS[kind]).encode()
+    for k, v in (extra_metadata or {}).items():
+        meta[f"loomdata.{k}".encode()] = v.encode()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(
+        table.replace_schema_metadata(meta),
+        str(path),
+        compression="zstd",
+        row_group_size=row_group_size,
+        write_statistics=True,
+        store_schema=True,
+    )
+
+
+def table_metadata(path: str | Path) -> dict[str, str]:
+    """The `loomdata.*` key-value metadata of a stored table (keys without the prefix)."""
+    meta = pq.read_schema(str(path)).metadata or {}
+    return {k.decode()[len("loomdata.") :]: v.decode() for k, v in meta.items() if k.startswith(b"loomdata.")}
+
+
+def read_table(path: str | Path, kind: TableKind, columns: list[str] | None = None) -> pa.Table:
+    """Read a stored table, rejecting a wrong kind, version or schema with a message naming the file."""
+    p = Path(path)
+    if not p.exists():
+        raise ContractError(f"{p}: no such {kind.value} table")
+    try:
+        schema = pq.read_schema(str(p))
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ContractError(f"{p}: not a readable Parquet file ({e})") from None
+    meta = schema.metadata or {}
+    got_kind = meta.get(_KIND, b"").decode()
+    got_version = meta.get(_VERSION, b"").decode()
+    if got_kind != kind.value:
+        raise ContractError(f"{p}: expected a loomdata {kind.value} table, found kind {got_kind or 'none'!r}")
+    if got_version != str(VERSIONS[kind]):
+        raise ContractError(
+            f"{p}: {kind.value} table format version {got_version or 'none'} is not supported "
+            f"(this loomdata reads version {VERSIONS[kind]}); rebuild it with this version of loomdata"
+        )
+    check_schema(schema, kind, str(p))
+    return pq.read_table(str(p), columns=columns)

@@ -1,0 +1,24 @@
+"""Source formats: one module per format behind one small protocol (`FormatReader`)."""
+
+from __future__ import annotations
+
+import importlib
+
+from loomdata.schemas.spec import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
+from loomdata.sources._base import FormatReader, Sample, ScanResult
+
+__all__ = ["FormatReader", "Sample", "ScanResult", "make_reader"]
+
+_READERS: dict[SourceFormat, tuple[str, str]] = {
+    SourceFormat.PARQUET: ("loomdata.sources.parquet", "ParquetReader"),
+    SourceFormat.JSONL: ("loomdata.sources.jsonl", "JsonlReader"),
+    SourceFormat.MEGATRON: ("loomdata.sources.megatron", "MegatronReader"),
+    SourceFormat.WEBDATASET: ("loomdata.sources.webdataset", "WebDatasetReader"),
+}
+
+
+def make_reader(source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> FormatReader:
+    """A fresh reader for `source`'s format (imported lazily: a loader only loads what it serves)."""
+    module, name = _READERS[source.format]
+    cls: type[FormatReader] = getattr(importlib.import_module(module), name)
+    return cls(source, tokenizer, images)

@@ -1,0 +1,69 @@
+"""The protocol every source format implements: list shards, scan lengths, read samples by location.
+
+A format reader knows nothing of Dask, plans or ranks. The index job calls `num_parts` and `scan`
+(one task per part of a shard); Source Loader actors call `read` with the `row` values the scan
+produced. One reader instance may keep file state (open handles, Parquet metadata, decompressed
+blocks) between calls; it is created where it is used, never pickled with that state.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
+
+__all__ = ["FormatReader", "Sample", "ScanResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """Lengths of the samples of one part of one shard.
+
+    `rows` has columns `row: uint64` (the location `read` takes), `num_tokens: uint32`,
+    `num_image_tokens: uint32`, then the source's metadata columns, in shard order.
+    `errors` lists skipped samples as (row or None, message); only non-empty with `on_error: skip`.
+    """
+
+    rows: pa.Table
+    errors: list[tuple[int | None, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One sample's token stream (image placeholder tokens first, then text) and its decoded images."""
+
+    tokens: np.ndarray  # int32, len == num_tokens of the index
+    images: list[np.ndarray] = field(default_factory=list)  # HWC uint8, resized per ImageSpec
+
+
+class FormatReader(abc.ABC):
+    """Scans and reads one source's shards; subclasses implement one on-disk format."""
+
+    def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
+        self.source = source
+        self.tokenizer_spec = tokenizer
+        self.images = images
+
+    @abc.abstractmethod
+    def num_parts(self, path: Path, target_bytes: int) -> int:
+        """How many independently scannable parts `path` splits into (row groups, byte ranges), >= 1."""
+
+    @abc.abstractmethod
+    def scan(self, path: Path, part: int, num_parts: int) -> ScanResult:
+        """Lengths of the samples in part `part` of `num_parts` of `path`.
+
+        Raises SourceDataError (naming file and row) on bad input when the source's on_error is
+        `error`; with `skip`, bad samples are left out of `rows` and listed in `errors`.
+        """
+
+    @abc.abstractmethod
+    def read(self, path: Path, rows: np.ndarray) -> list[Sample]:
+        """The samples at `rows` (values of the scan's `row` column) of `path`, in the order given."""
+
+    def close(self) -> None:
+        """Release open files and caches."""

@@ -1,0 +1,58 @@
+"""Shared fixtures: a real Dask LocalCluster (processes) for integration tests; unit tests may not start one."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Everything under tests/integration is marked `integration`."""
+    for item in items:
+        if f"{os.sep}integration{os.sep}" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test that starts a cluster or sleeps fails: those belong in tests/integration."""
+    if f"{os.sep}unit{os.sep}" not in str(request.node.fspath):
+        return
+    import distributed
+
+    def _refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("unit tests may not start a Dask cluster; move this test to tests/integration")
+
+    monkeypatch.setattr(distributed.LocalCluster, "__init__", _refuse)
+    monkeypatch.setattr(distributed.Client, "__init__", _refuse)
+
+
+@pytest.fixture(scope="session")
+def scratch_dir() -> Iterator[Path]:
+    """A session-wide scratch folder (Dask spill, worker dirs) so nothing lands in the system temp."""
+    with tempfile.TemporaryDirectory(prefix="loom-test-") as d:
+        yield Path(d)
+
+
+@pytest.fixture(scope="session")
+def dask_client(scratch_dir: Path) -> Iterator[object]:
+    """A real LocalCluster of 2 worker processes shared by the integration tests of one session."""
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        local_directory=str(scratch_dir / "dask"),
+    )
+    client = Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()

@@ -1,0 +1,285 @@
+"""Parquet sources: a pre-tokenized list column (`tokens_field`) or a raw text column (`text_field`).
+
+Parts are contiguous groups of row groups of about `target_bytes` each; `row` is the row number
+inside the file. Counting is columnar: list lengths come from `list_value_length`, text counts from
+the tokenizer's batch count. `read` maps rows to row groups with a binary search, reads only those
+row groups (only the content column) and keeps a few decoded row groups in a small LRU cache, so
+neighbouring reads do not decode the same row group again.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from loomdata.schemas.errors import SourceDataError
+from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
+from loomdata.sources._base import FormatReader, Sample, ScanResult
+from loomdata.sources.tokenizer import Tokenizer, make_tokenizer
+
+__all__ = ["ParquetReader"]
+
+_INT32_MAX = np.iinfo(np.int32).max
+_CACHE_BYTES = 256 * 1024 * 1024  # decoded row groups kept by one reader
+
+
+@dataclass(frozen=True, slots=True)
+class _FileInfo:
+    """An open Parquet file and where its row groups start."""
+
+    file: pq.ParquetFile
+    rg_starts: np.ndarray  # int64, first row of each row group, plus the total at the end
+    rg_bytes: np.ndarray  # int64, uncompressed bytes per row group
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rg_starts[-1])
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+
+
+class ParquetReader(FormatReader):
+    """Scans and reads Parquet shards of one source."""
+
+    def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
+        super().__init__(source, tokenizer, images)
+        if (source.tokens_field is None) == (source.text_field is None):
+            raise SourceDataError(
+                f"<source {source.name}>",
+                "a parquet source needs exactly one of `tokens_field` or `text_field`",
+                hint="set one of them in the spec",
+            )
+        self._field: str = source.tokens_field or source.text_field or ""
+        self._pretokenized = source.tokens_field is not None
+        self._files: dict[Path, _FileInfo] = {}
+        self._cache: collections.OrderedDict[tuple[Path, int], pa.Array] = collections.OrderedDict()
+        self._cache_bytes = 0
+
+    # ---- file state -------------------------------------------------------------------------
+
+    def _open(self, path: Path) -> _FileInfo:
+        info = self._files.get(path)
+        if info is not None:
+            return info
+        try:
+            pf = pq.ParquetFile(str(path))
+        except (OSError, pa.ArrowException) as e:
+            raise SourceDataError(str(path), f"not a readable Parquet file ({e})") from None
+        md = pf.metadata
+        sizes = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], dtype=np.int64)
+        nbytes = np.array([md.row_group(i).total_byte_size for i in range(md.num_row_groups)], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._check_schema(path, pf.schema_arrow)
+        info = _FileInfo(pf, starts, nbytes)
+        self._files[path] = info
+        return info
+
+    def _check_schema(self, path: Path, schema: pa.Schema) -> None:
+        """Whole-file problems: a missing column or a content column of the wrong type."""
+        names = set(schema.names)
+        for col in [self._field, *self.source.metadata]:
+            if col not in names:
+                raise SourceDataError(
+                    str(path),
+                    f"no column {col!r} (columns: {', '.join(schema.names)})",
+                    hint="fix the field names in the spec or the file",
+                )
+        t = schema.field(self._field).type
+        if self._pretokenized:
+            ok = _is_list(t) and pa.types.is_integer(t.value_type)
+            want = "a list of integers (list<int32>, list<int64>, large_list)"
+        else:
+            ok = pa.types.is_string(t) or pa.types.is_large_string(t)
+            want = "a string column"
+        if not ok:
+            which = "tokens_field" if self._pretokenized else "text_field"
+            raise SourceDataError(
+                str(path),
+                f"column {self._field!r} ({which}) is {t}, expected {want}",
+                hint="point the spec's field at the right column or use the other field kind",
+            )
+
+    # ---- protocol -----------------------------------------------------------------------------
+
+    def num_parts(self, path: Path, target_bytes: int) -> int:
+        info = self._open(path)
+        n_rg = len(info.rg_bytes)
+        if n_rg == 0:
+            return 1
+        want = -(-int(info.rg_bytes.sum()) // max(int(target_bytes), 1))
+        return int(min(max(want, 1), n_rg))
+
+    def _part_row_groups(self, info: _FileInfo, part: int, num_parts: int) -> np.ndarray:
+        """Row groups of `part`: contiguous, balanced by uncompressed bytes."""
+        n_rg = len(info.rg_bytes)
+        if not 0 <= part < num_parts:
+            raise ValueError(f"part {part} out of range for {num_parts} parts")
+        if n_rg == 0:
+            return np.zeros(0, dtype=np.int64)
+        weight = np.maximum(info.rg_bytes, 1).astype(np.float64)
+        mid = np.cumsum(weight) - weight / 2
+        owner = np.minimum((mid / weight.sum() * num_parts).astype(np.int64), num_parts - 1)
+        return np.flatnonzero(owner == part)
+
+    def scan(self, path: Path, part: int, num_parts: int) -> ScanResult:
+        info = self._open(path)
+        rgs = self._part_row_groups(info, part, num_parts)
+        columns = [self._field, *[m for m in self.source.metadata if m != self._field]]
+        if len(rgs) == 0:
+            table = info.file.schema_arrow.empty_table().select(columns)
+            first_rows = np.zeros(0, dtype=np.uint64)
+        else:
+            table = self._read_row_groups(path, info, rgs, columns)
+            first_rows = np.concatenate(
+                [np.arange(info.rg_starts[g], info.rg_starts[g + 1], dtype=np.uint64) for g in rgs]
+            )
+        col = table.column(self._field).combine_chunks()
+        counts, bad, reasons = self._count(col)
+        errors: list[tuple[int | None, str]] = []
+        if bad.any():
+            bad_idx = np.flatnonzero(bad)
+            if self.source.on_error is OnError.ERROR:
+                i = int(bad_idx[0])
+                why = f"column {self._field!r}: {reasons[i]}"
+                raise SourceDataError(str(path), why, row=int(first_rows[i]))
+            errors = [(int(first_rows[i]), f"column {self._field!r}: {reasons[int(i)]}") for i in bad_idx]
+        keep = ~bad
+        n_keep = int(keep.sum())
+        out = pa.table(
+            {
+                "row": pa.array(first_rows[keep], type=pa.uint64()),
+                "num_tokens": pa.array(counts[keep], type=pa.uint32()),
+                "num_image_tokens": pa.array(np.zeros(n_keep, dtype=np.uint32), type=pa.uint32()),
+            }
+        )
+        keep_arr = pa.array(keep)
+        for m in self.source.metadata:
+            out = out.append_column(m, table.column(m).filter(keep_arr))
+        return ScanResult(rows=out, errors=errors)
+
+    def _count(self, col: pa.Array) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
+        """Token counts per row, a mask of bad rows, and the reason for each bad row."""
+        n = len(col)
+        reasons: dict[int, str] = {}
+        bad = np.zeros(n, dtype=bool)
+        if col.null_count:
+            nulls = col.is_null().to_numpy(zero_copy_only=False)
+            bad |= nulls
+            reasons.update({int(i): "null value" for i in np.flatnonzero(nulls)})
+        if self._pretokenized:
+            counts = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.uint32)
+            flat_bad = self._bad_token_rows(col)
+            for i, why in flat_bad.items():
+                if not bad[i]:
+                    bad[i] = True
+                    reasons[i] = why
+        else:
+            safe = col.fill_null("") if col.null_count else col
+            counts = self._tokenizer().count_batch(safe).astype(np.uint32)
+        return counts, bad, reasons
+
+    def _bad_token_rows(self, col: pa.Array) -> dict[int, str]:
+        """Rows whose token lists hold nulls or ids outside [0, int32 max]."""
+        values = col.flatten()  # skips null lists and honours slicing
+        if len(values) == 0:
+            return {}
+        mm = pc.min_max(values)
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        in_range = (lo is None or lo >= 0) and (hi is None or hi <= _INT32_MAX)
+        if values.null_count == 0 and in_range:
+            return {}
+        # Rare path: locate the offending rows.
+        out: dict[int, str] = {}
+        lengths = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False)
+        row_of_value = np.repeat(np.arange(len(col)), lengths)
+        vals = values.to_numpy(zero_copy_only=False)
+        null_mask = values.is_null().to_numpy(zero_copy_only=False)
+        for i in np.unique(row_of_value[null_mask]):
+            out[int(i)] = "null token id inside the list"
+        valid = ~null_mask
+        out_of_range = np.zeros(len(vals), dtype=bool)
+        out_of_range[valid] = (vals[valid] < 0) | (vals[valid] > _INT32_MAX)
+        for i in np.unique(row_of_value[out_of_range]):
+            out.setdefault(int(i), f"token id outside [0, {_INT32_MAX}]")
+        return out
+
+    def _tokenizer(self) -> Tokenizer:
+        return make_tokenizer(self.tokenizer_spec)
+
+    def _read_row_groups(self, path: Path, info: _FileInfo, rgs: np.ndarray, columns: list[str]) -> pa.Table:
+        try:
+            return info.file.read_row_groups([int(g) for g in rgs], columns=columns)
+        except (OSError, pa.ArrowException) as e:
+            raise SourceDataError(
+                str(path), f"cannot read row groups {int(rgs[0])}..{int(rgs[-1])} (corrupt or truncated: {e})"
+            ) from None
+
+    def _row_group(self, path: Path, info: _FileInfo, g: int) -> pa.Array:
+        """The content column of row group `g`, from the LRU cache when possible."""
+        key = (path, g)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        arr = self._read_row_groups(path, info, np.array([g]), [self._field]).column(0).combine_chunks()
+        self._cache[key] = arr
+        self._cache_bytes += arr.nbytes
+        while self._cache_bytes > _CACHE_BYTES and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= old.nbytes
+        return arr
+
+    def read(self, path: Path, rows: np.ndarray) -> list[Sample]:
+        info = self._open(path)
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == 0:
+            return []
+        if rows.min() < 0 or rows.max() >= info.num_rows:
+            badrow = int(rows[(rows < 0) | (rows >= info.num_rows)][0])
+            raise SourceDataError(
+                str(path),
+                f"row out of range (file has {info.num_rows} rows)",
+                row=badrow,
+                hint="the index is stale for this file; re-run `loom index`",
+            )
+        rg_of = np.searchsorted(info.rg_starts, rows, side="right") - 1
+        groups = np.unique(rg_of)
+        arrays = [self._row_group(path, info, int(g)) for g in groups]
+        base = np.concatenate([[0], np.cumsum([len(a) for a in arrays])])[:-1]
+        pos_of_group = dict(zip(groups.tolist(), base.tolist(), strict=True))
+        local = rows - info.rg_starts[rg_of] + np.array([pos_of_group[int(g)] for g in rg_of], dtype=np.int64)
+        col = pa.concat_arrays(arrays) if len(arrays) > 1 else arrays[0]
+        taken = col.take(pa.array(local))
+        if taken.null_count:
+            i = int(np.flatnonzero(taken.is_null().to_numpy(zero_copy_only=False))[0])
+            raise SourceDataError(str(path), f"column {self._field!r}: null value", row=int(rows[i]))
+        tokens = self._tokens_of(path, taken)
+        return [Sample(tokens=t) for t in tokens]
+
+    def _tokens_of(self, path: Path, taken: pa.Array) -> list[np.ndarray]:
+        if not self._pretokenized:
+            return self._tokenizer().encode_batch(taken)
+        if pa.types.is_fixed_size_list(taken.type):
+            taken = taken.cast(pa.list_(taken.type.value_type))
+        offsets = taken.offsets.to_numpy()
+        values = taken.values.to_numpy(zero_copy_only=False)
+        flat = values[offsets[0] : offsets[-1]]
+        if flat.dtype != np.int32 and len(flat) and (flat.min() < 0 or flat.max() > _INT32_MAX):
+            raise SourceDataError(str(path), f"column {self._field!r}: token id outside [0, {_INT32_MAX}]")
+        flat = flat.astype(np.int32)
+        return np.split(flat, (offsets[1:-1] - offsets[0]).astype(np.intp))
+
+    def close(self) -> None:
+        for info in self._files.values():
+            info.file.close()
+        self._files.clear()
+        self._cache.clear()
+        self._cache_bytes = 0

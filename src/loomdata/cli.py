@@ -1,0 +1,215 @@
+"""The `loom` command: the one place that wires the stages (generate, index, plan, inspect, serve, demo).
+
+Every subcommand prints a human summary, or only JSON with `--json`. Errors loomdata raises on
+purpose (`LoomError`) print as one message without a traceback (add `--debug` to see it) and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from loomdata.schemas import LoomError
+
+__all__ = ["main"]
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def _progress_wanted(args: argparse.Namespace) -> bool:
+    return not args.json and sys.stderr.isatty()
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from loomdata.sources.corpus import generate_corpus
+
+    t0 = time.perf_counter()
+    summary = generate_corpus(Path(args.dir), args.size, seed=args.seed)
+    out = {**summary.to_dict(), "elapsed_s": round(time.perf_counter() - t0, 3)}
+    if args.json:
+        _print_json(out)
+    else:
+        print(f"corpus written to {args.dir} in {out['elapsed_s']:.1f}s")
+        _print_table_dict(out.get("sources", {}))
+    return 0
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    from loomdata.execution import open_cluster
+    from loomdata.indexing import build_index
+    from loomdata.schemas import load_spec
+
+    spec = load_spec(args.spec)
+    with open_cluster(args.scheduler, n_workers=args.workers) as client:
+        summary = build_index(spec, client, progress=_progress_wanted(args))
+    out = summary.to_dict()
+    if args.json:
+        _print_json(out)
+    else:
+        print(f"index of {spec.name!r} in {spec.index_dir} ({out['elapsed_s']:.1f}s)")
+        _print_table_dict(out["sources"])
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from loomdata.planning import make_plan, plan_report
+    from loomdata.schemas import load_spec
+
+    spec = load_spec(args.spec, check_paths=False)
+    result = make_plan(spec, progress=_progress_wanted(args))
+    report = plan_report(result.plan_dir)
+    if args.json:
+        _print_json(report)
+    else:
+        _print_report(report)
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from loomdata.planning import plan_report, plot_plan
+
+    report = plan_report(Path(args.plan_dir))
+    if args.plot:
+        plot_plan(Path(args.plan_dir), Path(args.plot))
+    if args.json:
+        _print_json(report)
+    else:
+        _print_report(report)
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from loomdata.execution import serve
+
+    serve(
+        Path(args.plan_dir),
+        scheduler=args.scheduler,
+        constructors=args.constructors,
+        window=args.window,
+        json_out=args.json,
+    )
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from loomdata._demo import run_demo
+
+    report = run_demo(
+        spec_path=Path(args.spec),
+        data_dir=Path(args.data),
+        size=args.size,
+        ranks=args.ranks,
+        scheduler=args.scheduler,
+        progress=_progress_wanted(args),
+        echo=(lambda _msg: None) if args.json else print,
+    )
+    if args.json:
+        _print_json(report)
+    return 0
+
+
+def _print_table_dict(rows: dict[str, dict[str, Any]]) -> None:
+    """Print {row name: {column: value}} as an aligned table."""
+    if not rows:
+        return
+    cols = list(next(iter(rows.values())).keys())
+    cols = [c for c in cols if not isinstance(next(iter(rows.values()))[c], (dict, list))]
+    header = ["source", *cols]
+    table = [[name] + [_fmt(r.get(c)) for c in cols] for name, r in rows.items()]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *table, strict=True)]
+    for line in [header, *table]:
+        print("  ".join(str(x).rjust(w) for x, w in zip(line, widths, strict=True)))
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    """Human form of a plan report: scalar figures first, then nested sections as tables."""
+    for k, v in report.items():
+        if not isinstance(v, (dict, list)):
+            print(f"{k:>28}: {_fmt(v)}")
+    for k, v in report.items():
+        if isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()):
+            print(f"\n{k}:")
+            _print_table_dict(v)
+        elif isinstance(v, dict):
+            print(f"\n{k}: " + ", ".join(f"{a}={_fmt(b)}" for a, b in v.items()))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="loom", description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.set_defaults(fn=fn)
+        sp.add_argument("--json", action="store_true", help="print only JSON")
+        sp.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+        return sp
+
+    g = add("generate", _cmd_generate, "write a seeded multi-source corpus (Parquet, JSONL, Megatron, WebDataset)")
+    g.add_argument("dir")
+    g.add_argument("--size", choices=["tiny", "small", "large"], default="tiny")
+    g.add_argument("--seed", type=int, default=0)
+
+    i = add("index", _cmd_index, "scan every source of SPEC into index tables (a Dask job)")
+    i.add_argument("spec")
+    i.add_argument("--scheduler", default=None, help="address of an existing Dask scheduler")
+    i.add_argument("--workers", type=int, default=2, help="worker processes of the embedded LocalCluster")
+
+    pl = add("plan", _cmd_plan, "make the global plan (manifest) for SPEC from its index")
+    pl.add_argument("spec")
+
+    ins = add("inspect", _cmd_inspect, "report on a stored plan (imbalance vs baseline, mixture)")
+    ins.add_argument("plan_dir")
+    ins.add_argument("--plot", default=None, metavar="OUT.png")
+
+    s = add("serve", _cmd_serve, "serve a plan's batches from Source Loader and Data Constructor actors")
+    s.add_argument("plan_dir")
+    s.add_argument("--scheduler", default=None)
+    s.add_argument("--constructors", type=int, default=1)
+    s.add_argument("--window", type=int, default=2, help="steps built ahead of the slowest rank")
+
+    d = add("demo", _cmd_demo, "generate, index, plan, serve and train tiny ranks end to end")
+    d.add_argument("--spec", default="configs/demo.yaml")
+    d.add_argument("--data", default="demo-work/data", help="where the demo corpus is generated")
+    d.add_argument("--size", choices=["tiny", "small", "large"], default="tiny")
+    d.add_argument("--ranks", type=int, default=4)
+    d.add_argument("--scheduler", default=None)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `loom` console script."""
+    args = _parser().parse_args(argv)
+    try:
+        code: int = args.fn(args)
+        return code
+    except LoomError as e:
+        if args.debug:
+            raise
+        print(f"loom {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"loom {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,431 @@
+"""JSON Lines sources (plain, `.gz`, `.zst`): one JSON object per line with a raw text field.
+
+Plain files split into byte ranges; a part owns the lines that start inside its range, and `row` is
+the byte offset of the line, so `read` seeks straight to it (memory-mapped). Compressed files cannot
+be entered in the middle: they are one part, `row` is the 0-based line number, and `read` has to
+decompress from the start. A reader keeps the decompressed bytes and line offsets of recently read
+compressed files (up to 256 MiB in all), so only the first read of such a file pays a full
+decompression; files larger than that budget are decompressed again, up to the last requested
+line, on every `read` call. Keep large corpora in plain JSONL (or Parquet) for random access.
+
+Scanning parses blocks of lines with Arrow's JSON reader (columnar, only the text field) and falls
+back to `json.loads` line by line when a block holds a bad line, to name that line. Blank lines are
+skipped and are not errors.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import gzip
+import json
+import mmap
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pajson
+import zstandard
+
+from loomdata.schemas.errors import SourceDataError
+from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
+from loomdata.sources._base import FormatReader, Sample, ScanResult
+from loomdata.sources.tokenizer import make_tokenizer
+
+__all__ = ["Compression", "JsonlReader", "compression_of"]
+
+_BLOCK = 16 * 1024 * 1024  # bytes of (decompressed) input parsed at once
+_CACHE_BYTES = 256 * 1024 * 1024  # decompressed compressed-file contents kept by one reader
+_WS = np.zeros(256, dtype=bool)
+_WS[[9, 10, 13, 32]] = True
+
+
+class Compression(enum.Enum):
+    """How a JSONL file is compressed, from its name."""
+
+    NONE = "none"
+    GZIP = "gzip"
+    ZSTD = "zstd"
+
+
+def compression_of(path: Path) -> Compression:
+    """`.gz` is gzip, `.zst`/`.zstd` is Zstandard, anything else is plain text."""
+    suffix = path.suffix.lower()
+    if suffix == ".gz":
+        return Compression.GZIP
+    if suffix in (".zst", ".zstd"):
+        return Compression.ZSTD
+    return Compression.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class _Lines:
+    """Complete lines of one block: the block, line starts/ends in it, and their `row` values."""
+
+    offset: int  # of the block in the (decompressed) file
+    data: bytes
+    starts: np.ndarray  # int64
+    ends: np.ndarray  # int64, exclusive, without the newline
+    rows: np.ndarray  # uint64: byte offsets in the file (plain) or line numbers (compressed)
+
+
+def _split_lines(offset: int, data: bytes, first_line: int | None) -> _Lines:
+    """Split a block of complete lines; rows are byte offsets, or line numbers from `first_line`."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    nl = np.flatnonzero(buf == 10)
+    starts = np.concatenate([[0], nl + 1]).astype(np.int64)
+    ends = np.concatenate([nl, [len(buf)]]).astype(np.int64)
+    if len(starts) and starts[-1] == len(buf):  # nothing after the last newline
+        starts, ends = starts[:-1], ends[:-1]
+    rows = offset + starts if first_line is None else first_line + np.arange(len(starts), dtype=np.int64)
+    return _Lines(offset, data, starts, ends, rows.astype(np.uint64))
+
+
+def _nonblank(lines: _Lines) -> np.ndarray:
+    """Which lines hold something besides whitespace (a line starting with non-space is never blank)."""
+    out = lines.ends > lines.starts
+    if out.any():
+        first = np.frombuffer(lines.data, dtype=np.uint8)[lines.starts[out]]
+        maybe = np.flatnonzero(out)[_WS[first]]  # rare: lines that start with whitespace
+        for i in maybe.tolist():
+            out[i] = bool(lines.data[lines.starts[i] : lines.ends[i]].strip())
+    return out
+
+
+def _gzip_chunks(path: Path, size: int) -> Iterator[bytes]:
+    with gzip.open(path, "rb") as f:
+        while chunk := f.read(size):
+            yield chunk
+
+
+def _zstd_chunks(path: Path, size: int) -> Iterator[bytes]:
+    """Decompressed chunks of every frame; a frame cut short raises (zstandard's reader would not)."""
+    dctx = zstandard.ZstdDecompressor()
+    with open(path, "rb") as f:
+        dobj = dctx.decompressobj()
+        open_frame = False
+        while data := f.read(size):
+            while data:
+                out = dobj.decompress(data)
+                open_frame = True
+                if out:
+                    yield out
+                if dobj.eof:
+                    data = dobj.unused_data
+                    dobj = dctx.decompressobj()
+                    open_frame = False
+                else:
+                    data = b""
+        if open_frame:
+            raise EOFError("the Zstandard stream ends inside a frame")
+
+
+def _stream(path: Path, comp: Compression) -> Iterator[bytes]:
+    """Decompressed chunks of a compressed file; decoder errors become SourceDataError naming it."""
+    gen = _gzip_chunks(path, _BLOCK) if comp is Compression.GZIP else _zstd_chunks(path, _BLOCK // 4)
+    try:
+        yield from gen
+    except (EOFError, OSError, zlib.error, zstandard.ZstdError) as e:
+        raise SourceDataError(
+            str(path), f"truncated or corrupt {comp.value} stream ({e})", hint="re-create or remove the file"
+        ) from None
+
+
+def _line_blocks(chunks: Iterator[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(offset, block) pairs of complete lines, regrouped from arbitrary chunks."""
+    pending: list[bytes] = []
+    offset = 0
+    for chunk in chunks:
+        cut = chunk.rfind(b"\n") + 1
+        if cut == 0:
+            pending.append(chunk)  # a line longer than a chunk: gather without quadratic copies
+            continue
+        block = b"".join([*pending, chunk[:cut]]) if pending else chunk[:cut]
+        yield offset, block
+        offset += len(block)
+        pending = [chunk[cut:]] if cut < len(chunk) else []
+    if pending:
+        yield offset, b"".join(pending)
+
+
+def _read_range(f: BinaryIO, start: int, stop: int) -> Iterator[bytes]:
+    """Chunks of bytes [start, stop) of an open file."""
+    f.seek(start)
+    pos = start
+    while pos < stop:
+        chunk = f.read(min(_BLOCK, stop - pos))
+        if not chunk:
+            return
+        pos += len(chunk)
+        yield chunk
+
+
+class _Where:
+    """`line N: ` prefixes for error messages; plain files count newlines forward, only when asked."""
+
+    def __init__(self, path: Path, comp: Compression) -> None:
+        self._path = path
+        self._comp = comp
+        self._pos = 0
+        self._lines = 0
+
+    def __call__(self, row: int) -> str:
+        if self._comp is not Compression.NONE:
+            return f"line {row + 1}: "
+        if row < self._pos:
+            self._pos, self._lines = 0, 0
+        with open(self._path, "rb") as f:
+            for chunk in _read_range(f, self._pos, row):
+                self._lines += chunk.count(b"\n")
+        self._pos = row
+        return f"line {self._lines + 1} (byte {row}): "
+
+
+class JsonlReader(FormatReader):
+    """Scans and reads JSONL shards of one source (plain, gzip or Zstandard)."""
+
+    def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
+        super().__init__(source, tokenizer, images)
+        if source.text_field is None:
+            raise SourceDataError(
+                f"<source {source.name}>", "a jsonl source needs `text_field`", hint="set it in the spec"
+            )
+        self._field: str = source.text_field
+        self._schema = pa.schema([(self._field, pa.large_string())])
+        self._maps: dict[Path, tuple[BinaryIO, mmap.mmap | None]] = {}
+        self._decoded: collections.OrderedDict[Path, _Lines] = collections.OrderedDict()
+        self._decoded_bytes = 0
+
+    # ---- protocol -----------------------------------------------------------------------------
+
+    def num_parts(self, path: Path, target_bytes: int) -> int:
+        size = self._size(path)
+        if compression_of(path) is not Compression.NONE or size == 0:
+            return 1
+        return max(1, -(-size // max(int(target_bytes), 1)))
+
+    def scan(self, path: Path, part: int, num_parts: int) -> ScanResult:
+        if not 0 <= part < num_parts:
+            raise ValueError(f"part {part} out of range for {num_parts} parts")
+        comp = compression_of(path)
+        rows: list[np.ndarray] = []
+        counts: list[np.ndarray] = []
+        errors: list[tuple[int | None, str]] = []
+        where = _Where(path, comp)
+        for lines in self._blocks_of_part(path, comp, part, num_parts):
+            r, c, e = self._scan_block(path, lines, where)
+            rows.append(r)
+            counts.append(c)
+            errors.extend(e)
+        row = np.concatenate(rows) if rows else np.zeros(0, dtype=np.uint64)
+        cnt = np.concatenate(counts) if counts else np.zeros(0, dtype=np.uint32)
+        table = pa.table(
+            {
+                "row": pa.array(row, type=pa.uint64()),
+                "num_tokens": pa.array(cnt, type=pa.uint32()),
+                "num_image_tokens": pa.array(np.zeros(len(row), dtype=np.uint32), type=pa.uint32()),
+            }
+        )
+        return ScanResult(rows=table, errors=errors)
+
+    def read(self, path: Path, rows: np.ndarray) -> list[Sample]:
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == 0:
+            return []
+        comp = compression_of(path)
+        raw = self._raw_plain(path, rows) if comp is Compression.NONE else self._raw_compressed(path, comp, rows)
+        texts = [self._text_of_line(path, comp, int(r), line) for r, line in zip(rows, raw, strict=True)]
+        return [Sample(tokens=t) for t in make_tokenizer(self.tokenizer_spec).encode_batch(texts)]
+
+    def close(self) -> None:
+        for f, mm in self._maps.values():
+            if mm is not None:
+                mm.close()
+            f.close()
+        self._maps.clear()
+        self._decoded.clear()
+        self._decoded_bytes = 0
+
+    # ---- scanning -----------------------------------------------------------------------------
+
+    def _size(self, path: Path) -> int:
+        try:
+            return path.stat().st_size
+        except OSError as e:
+            raise SourceDataError(str(path), f"cannot read file ({e.strerror})") from None
+
+    def _blocks_of_part(self, path: Path, comp: Compression, part: int, num_parts: int) -> Iterator[_Lines]:
+        if comp is not Compression.NONE:
+            if part != 0:  # one part only; later parts are empty
+                return
+            line0 = 0
+            for off, block in _line_blocks(_stream(path, comp)):
+                lines = _split_lines(off, block, line0)
+                line0 += len(lines.starts)
+                yield lines
+            return
+        size = self._size(path)
+        lo, hi = part * size // num_parts, (part + 1) * size // num_parts
+        try:
+            with open(path, "rb") as f:
+                start = 0 if lo == 0 else self._next_line_start(f, lo - 1)
+                if start >= hi:
+                    return
+                stop = self._next_line_start(f, hi - 1)
+                for off, block in _line_blocks(_read_range(f, start, stop)):
+                    yield _split_lines(start + off, block, None)
+        except OSError as e:
+            raise SourceDataError(str(path), f"cannot read file ({e})") from None
+
+    @staticmethod
+    def _next_line_start(f: BinaryIO, pos: int) -> int:
+        """The first line start after the first newline at or after `pos` (or end of file)."""
+        f.seek(pos)
+        while True:
+            chunk = f.read(1 << 16)
+            if not chunk:
+                return f.tell()
+            i = chunk.find(b"\n")
+            if i >= 0:
+                return f.tell() - len(chunk) + i + 1
+
+    def _scan_block(
+        self, path: Path, lines: _Lines, where: _Where
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[int | None, str]]]:
+        keep = _nonblank(lines)
+        rows = lines.rows[keep]
+        texts = self._fast_texts(lines, int(keep.sum()))
+        if texts is not None:
+            return rows, make_tokenizer(self.tokenizer_spec).count_batch(texts).astype(np.uint32), []
+        # Slow path: parse each line to find and name the bad ones.
+        good_rows: list[int] = []
+        good_texts: list[str] = []
+        errors: list[tuple[int | None, str]] = []
+        for s, e, r in zip(lines.starts[keep], lines.ends[keep], rows, strict=True):
+            text, why = self._parse(lines.data[s:e])
+            if why is None:
+                good_rows.append(int(r))
+                good_texts.append(text)
+            elif self.source.on_error is OnError.ERROR:
+                raise SourceDataError(str(path), where(int(r)) + why, row=int(r))
+            else:
+                errors.append((int(r), where(int(r)) + why))
+        counts = make_tokenizer(self.tokenizer_spec).count_batch(good_texts).astype(np.uint32)
+        return np.array(good_rows, dtype=np.uint64), counts, errors
+
+    def _fast_texts(self, lines: _Lines, expected: int) -> pa.Array | None:
+        """The block's texts via Arrow's JSON reader, or None if any line needs a closer look."""
+        if expected == 0:
+            return pa.array([], type=pa.large_string())
+        try:
+            table = pajson.read_json(
+                pa.BufferReader(lines.data),
+                read_options=pajson.ReadOptions(use_threads=False, block_size=len(lines.data) + 1),
+                parse_options=pajson.ParseOptions(explicit_schema=self._schema, unexpected_field_behavior="ignore"),
+            )
+        except (pa.ArrowException, UnicodeDecodeError, ValueError):
+            return None
+        if table.num_rows != expected:
+            return None
+        col = table.column(self._field).combine_chunks()
+        return None if col.null_count else col
+
+    def _parse(self, line: bytes) -> tuple[str, str | None]:
+        """The text of one line, or an explanation of why it has none."""
+        try:
+            obj = json.loads(line)
+        except ValueError as e:  # includes UnicodeDecodeError
+            return "", f"not valid JSON ({e})"
+        if not isinstance(obj, dict):
+            return "", f"expected a JSON object, got {type(obj).__name__}"
+        if self._field not in obj:
+            return "", f"no field {self._field!r}"
+        text = obj[self._field]
+        if not isinstance(text, str):
+            return "", f"field {self._field!r} is {type(text).__name__}, expected a string"
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "", f"field {self._field!r} holds an unpaired surrogate (not valid Unicode)"
+        return text, None
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    def _mmap(self, path: Path) -> mmap.mmap | None:
+        entry = self._maps.get(path)
+        if entry is None:
+            try:
+                f = open(path, "rb")  # noqa: SIM115 (kept open with the map until close())
+            except OSError as e:
+                raise SourceDataError(str(path), f"cannot read file ({e.strerror})") from None
+            size = path.stat().st_size
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+            entry = (f, mm)
+            self._maps[path] = entry
+        return entry[1]
+
+    def _raw_plain(self, path: Path, rows: np.ndarray) -> list[bytes]:
+        mm = self._mmap(path)
+        size = 0 if mm is None else len(mm)
+        out = []
+        for r in rows.tolist():
+            if mm is None or not 0 <= r < size or (r > 0 and mm[r - 1] != 10):
+                raise SourceDataError(
+                    str(path),
+                    f"byte offset {r} is not the start of a line (file has {size} bytes)",
+                    row=r,
+                    hint="the index is stale for this file; re-run `loom index`",
+                )
+            end = mm.find(b"\n", r)
+            out.append(mm[r : end if end >= 0 else size])
+        return out
+
+    def _decode_all(self, path: Path, comp: Compression, upto: int) -> _Lines:
+        """Decompressed lines up to line `upto` (all of them, cached, when the file fits the budget)."""
+        cached = self._decoded.get(path)
+        if cached is not None:
+            self._decoded.move_to_end(path)
+            return cached
+        parts: list[bytes] = []
+        total = 0
+        n_lines = 0
+        complete = True
+        for _, block in _line_blocks(_stream(path, comp)):
+            parts.append(block)
+            total += len(block)
+            n_lines += block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+            if total > _CACHE_BYTES and n_lines > upto:
+                complete = False
+                break
+        lines = _split_lines(0, b"".join(parts), 0)
+        if complete:
+            self._decoded[path] = lines
+            self._decoded_bytes += len(lines.data)
+            while self._decoded_bytes > _CACHE_BYTES and len(self._decoded) > 1:
+                _, old = self._decoded.popitem(last=False)
+                self._decoded_bytes -= len(old.data)
+        return lines
+
+    def _raw_compressed(self, path: Path, comp: Compression, rows: np.ndarray) -> list[bytes]:
+        lines = self._decode_all(path, comp, int(rows.max()))
+        n = len(lines.starts)
+        bad = (rows < 0) | (rows >= n)
+        if bad.any():
+            r = int(rows[bad][0])
+            raise SourceDataError(
+                str(path),
+                f"line {r + 1} does not exist (the file has {n} lines)",
+                row=r,
+                hint="the index is stale for this file; re-run `loom index`",
+            )
+        return [lines.data[lines.starts[r] : lines.ends[r]] for r in rows.tolist()]
+
+    def _text_of_line(self, path: Path, comp: Compression, row: int, line: bytes) -> str:
+        text, why = self._parse(line)
+        if why is not None:
+            raise SourceDataError(str(path), _Where(path, comp)(row) + why, row=row)
+        return text

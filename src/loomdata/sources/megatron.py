@@ -1,0 +1,309 @@
+"""Megatron indexed datasets: `PREFIX.idx` + `PREFIX.bin` pairs (megatron-core `IndexedDatasetBuilder`).
+
+One sample is one *sequence* of the dataset and `row` is its sequence index. Megatron also groups
+sequences into *documents* (`document_indices`: sequence index where each document starts, plus
+the total); `preprocess_data.py` without sentence splitting writes one sequence per document, with
+it one sequence per sentence. Ask for the metadata column `document` to carry each sequence's
+document number into the index.
+
+The .idx layout (little-endian): magic `MMIDIDX\\x00\\x00`, version u64 (= 1), dtype code u8,
+sequence count S u64, document count D u64 (entries of `document_indices`, one more than the number
+of documents), then `lengths` int32[S], `pointers` int64[S] (byte offset of each sequence in the
+.bin), `document_indices` int64[D], and for multimodal datasets `modes` int8[S]. The .bin holds the
+tokens of all sequences back to back in that dtype.
+
+Scanning reads only the .idx (memory-mapped) and the .bin's size; `read` memory-maps the .bin once
+per file and gathers the requested sequences in one vectorised take.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from loomdata.schemas.errors import SourceDataError
+from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
+from loomdata.sources._base import FormatReader, Sample, ScanResult
+
+__all__ = ["DOCUMENT_COLUMN", "MegatronReader", "write_megatron"]
+
+DOCUMENT_COLUMN = "document"
+"""The one metadata column a Megatron source can carry: the document number of each sequence."""
+
+_MAGIC = b"MMIDIDX\x00\x00"
+_VERSION = 1
+_HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, document count
+# megatron-core's DType codes (indexed_dataset.DType); float codes exist there but hold no tokens.
+_CODES: dict[int, np.dtype] = {
+    1: np.dtype(np.uint8),
+    2: np.dtype(np.int8),
+    3: np.dtype(np.int16),
+    4: np.dtype(np.int32),
+    5: np.dtype(np.int64),
+    8: np.dtype(np.uint16),
+}
+_FLOAT_CODES = {6: "float64", 7: "float32"}
+_INT32_MAX = int(np.iinfo(np.int32).max)
+_ROWS_PER_PART_MIN = 1 << 20  # never split an index into parts smaller than this many sequences
+_STALE = "the index is stale for this dataset; re-run `loom index`"
+
+
+@dataclass(frozen=True, slots=True)
+class _Index:
+    """A parsed, validated .idx: arrays are read-only views of one memory map."""
+
+    idx_path: Path
+    bin_path: Path
+    dtype: np.dtype
+    lengths: np.ndarray  # int32[S]
+    pointers: np.ndarray  # int64[S], byte offsets into the .bin
+    document_indices: np.ndarray  # int64[D]
+    bin_size: int
+    stamp: tuple[int, int, int, int]  # (idx size, idx mtime, bin size, bin mtime): detects rewrites
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.lengths)
+
+
+def _paths(prefix: Path) -> tuple[Path, Path]:
+    return Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
+
+
+def _stamp(idx_path: Path, bin_path: Path) -> tuple[int, int, int, int]:
+    """Sizes and mtimes of both files; a missing file is a SourceDataError naming it."""
+    out: list[int] = []
+    for p in (idx_path, bin_path):
+        try:
+            st = p.stat()
+        except OSError as e:
+            raise SourceDataError(
+                str(p),
+                f"missing or unreadable Megatron {p.suffix} file ({e.strerror})",
+                hint="a Megatron source needs both PREFIX.idx and PREFIX.bin; restore the file or fix `paths`",
+            ) from None
+        out += [st.st_size, st.st_mtime_ns]
+    return out[0], out[1], out[2], out[3]
+
+
+def _parse_index(prefix: Path) -> _Index:
+    """Read and check the .idx header and arrays (never the .bin's content, only its size)."""
+    idx_path, bin_path = _paths(prefix)
+    stamp = _stamp(idx_path, bin_path)
+    idx_size, bin_size = stamp[0], stamp[2]
+    rebuild = "rebuild it with Megatron's preprocess_data.py (or IndexedDatasetBuilder)"
+    if idx_size < _HEADER.size:
+        why = f"truncated .idx: {idx_size} bytes, shorter than the {_HEADER.size}-byte header"
+        raise SourceDataError(str(idx_path), why, hint=rebuild)
+    with open(idx_path, "rb") as f:
+        magic, version, code, n_seq, n_doc = _HEADER.unpack(f.read(_HEADER.size))
+    if magic != _MAGIC:
+        raise SourceDataError(
+            str(idx_path), f"not a Megatron .idx file (magic {magic!r}, expected {_MAGIC!r})", hint=rebuild
+        )
+    if version != _VERSION:
+        raise SourceDataError(
+            str(idx_path), f"unsupported .idx version {version} (loomdata reads version {_VERSION})", hint=rebuild
+        )
+    if code in _FLOAT_CODES:
+        raise SourceDataError(
+            str(idx_path), f".bin dtype is {_FLOAT_CODES[code]}, not token ids", hint="use an integer token dtype"
+        )
+    if code not in _CODES:
+        raise SourceDataError(str(idx_path), f"unknown dtype code {code} in the .idx header", hint=rebuild)
+    dtype = _CODES[code]
+    base = _HEADER.size + 4 * n_seq + 8 * n_seq + 8 * n_doc
+    if idx_size not in (base, base + n_seq):  # + n_seq: the int8 modes of a multimodal dataset
+        raise SourceDataError(
+            str(idx_path),
+            f"truncated or corrupt .idx: {idx_size} bytes, but the header's {n_seq} sequences and {n_doc} "
+            f"document indices need {base} (or {base + n_seq} with modes)",
+            hint=rebuild,
+        )
+    mm = np.memmap(idx_path, dtype=np.uint8, mode="r")
+    lengths = np.frombuffer(mm, dtype="<i4", count=n_seq, offset=_HEADER.size)
+    pointers = np.frombuffer(mm, dtype="<i8", count=n_seq, offset=_HEADER.size + 4 * n_seq)
+    docs = np.frombuffer(mm, dtype="<i8", count=n_doc, offset=_HEADER.size + 12 * n_seq)
+    itemsize = dtype.itemsize
+    expected_bin = int(pointers[-1]) + int(lengths[-1]) * itemsize if n_seq else 0
+    if bin_size != expected_bin:
+        raise SourceDataError(
+            str(bin_path),
+            f".bin is {bin_size} bytes, but its .idx ({idx_path.name}) says {expected_bin} "
+            f"({n_seq} sequences of {dtype.name})",
+            hint="the .bin and .idx do not belong together or one is truncated; rebuild the pair",
+        )
+    if n_doc == 0 or docs[0] != 0 or docs[-1] != n_seq or bool(np.any(np.diff(docs) < 0)):
+        raise SourceDataError(
+            str(idx_path),
+            f"corrupt .idx: document indices must rise from 0 to the sequence count {n_seq}",
+            hint=rebuild,
+        )
+    return _Index(idx_path, bin_path, dtype, lengths, pointers, docs, bin_size, stamp)
+
+
+def _check_part(index: _Index, lo: int, hi: int) -> None:
+    """Lengths of sequences lo..hi are >= 0 and their pointers follow each other without gaps."""
+    lengths = index.lengths[lo:hi]
+    if len(lengths) and int(lengths.min()) < 0:
+        i = lo + int(np.argmax(lengths < 0))
+        raise SourceDataError(str(index.idx_path), "corrupt .idx: negative sequence length", row=i)
+    end = min(hi + 1, index.num_sequences)
+    ptr = index.pointers[lo:end]
+    want = np.empty(len(ptr), dtype=np.int64)
+    if len(ptr):
+        want[0] = 0 if lo == 0 else ptr[0]
+        np.cumsum(lengths[: len(ptr) - 1].astype(np.int64) * index.dtype.itemsize, out=want[1:])
+        want[1:] += want[0]
+        bad = np.flatnonzero(ptr != want)
+        if len(bad):
+            raise SourceDataError(
+                str(index.idx_path),
+                f"corrupt .idx: sequence pointer {int(ptr[bad[0]])} does not follow the lengths "
+                f"(expected {int(want[bad[0]])})",
+                row=lo + int(bad[0]),
+                hint="rebuild the pair with Megatron's preprocess_data.py",
+            )
+
+
+class MegatronReader(FormatReader):
+    """Scans and reads Megatron .bin/.idx datasets; one sample per sequence, `row` = sequence index."""
+
+    def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
+        super().__init__(source, tokenizer, images)
+        unknown = [m for m in source.metadata if m != DOCUMENT_COLUMN]
+        if unknown:
+            raise SourceDataError(
+                f"<source {source.name}>",
+                f"a Megatron source has no metadata column(s) {', '.join(map(repr, unknown))}",
+                hint=f"the only metadata a Megatron source carries is {DOCUMENT_COLUMN!r}; fix `metadata`",
+            )
+        self._indexes: dict[Path, _Index] = {}
+        self._bins: dict[Path, np.ndarray] = {}
+
+    def _index(self, prefix: Path) -> _Index:
+        """The parsed .idx of `prefix`, cached until either file's size or mtime changes."""
+        cached = self._indexes.get(prefix)
+        if cached is not None and cached.stamp == _stamp(cached.idx_path, cached.bin_path):
+            return cached
+        self._bins.pop(prefix, None)
+        index = _parse_index(prefix)
+        self._indexes[prefix] = index
+        return index
+
+    def num_parts(self, path: Path, target_bytes: int) -> int:
+        """Contiguous ranges of sequences, about `target_bytes` of .idx each (scans read only the .idx)."""
+        index = self._index(path)
+        by_bytes = -(-index.stamp[0] // max(int(target_bytes), 1))
+        by_rows = max(index.num_sequences // _ROWS_PER_PART_MIN, 1)
+        return int(max(1, min(by_bytes, by_rows)))
+
+    def scan(self, path: Path, part: int, num_parts: int) -> ScanResult:
+        if not 0 <= part < num_parts:
+            raise ValueError(f"part {part} out of range for {num_parts} parts")
+        index = self._index(path)
+        n = index.num_sequences
+        lo, hi = n * part // num_parts, n * (part + 1) // num_parts
+        _check_part(index, lo, hi)
+        rows = np.arange(lo, hi, dtype=np.uint64)
+        columns: dict[str, pa.Array] = {
+            "row": pa.array(rows, type=pa.uint64()),
+            "num_tokens": pa.array(index.lengths[lo:hi].astype(np.uint32), type=pa.uint32()),
+            "num_image_tokens": pa.array(np.zeros(hi - lo, dtype=np.uint32), type=pa.uint32()),
+        }
+        if DOCUMENT_COLUMN in self.source.metadata:
+            doc = np.searchsorted(index.document_indices, rows.astype(np.int64), side="right") - 1
+            columns[DOCUMENT_COLUMN] = pa.array(doc.astype(np.uint64), type=pa.uint64())
+        return ScanResult(rows=pa.table(columns))
+
+    def _bin(self, path: Path, index: _Index) -> np.ndarray:
+        """The .bin as a read-only array of its dtype, memory-mapped once per file."""
+        arr = self._bins.get(path)
+        if arr is None:
+            if index.bin_size == 0:
+                arr = np.zeros(0, dtype=index.dtype)
+            else:
+                arr = np.memmap(index.bin_path, dtype=index.dtype.newbyteorder("<"), mode="r")
+            self._bins[path] = arr
+        return arr
+
+    def read(self, path: Path, rows: np.ndarray) -> list[Sample]:
+        index = self._index(path)
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == 0:
+            return []
+        n = index.num_sequences
+        out_of_range = (rows < 0) | (rows >= n)
+        if out_of_range.any():
+            bad = int(rows[out_of_range][0])
+            raise SourceDataError(str(path), f"sequence out of range (dataset has {n})", row=bad, hint=_STALE)
+        data = self._bin(path, index)
+        lengths = index.lengths[rows].astype(np.int64)
+        starts = index.pointers[rows] // index.dtype.itemsize
+        ends = np.cumsum(lengths)
+        # One flat gather: element k of sample j sits at starts[j] + k.
+        flat_idx = np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]), dtype=np.int64)
+        flat = data[flat_idx]
+        if len(flat) and (int(flat.min()) < 0 or int(flat.max()) > _INT32_MAX):
+            pos = int(np.flatnonzero((flat < 0) | (flat > _INT32_MAX))[0])
+            row = int(rows[np.searchsorted(ends, pos, side="right")])
+            raise SourceDataError(
+                str(index.bin_path), f"token id outside [0, {_INT32_MAX}]", row=row, hint="fix the tokenized data"
+            )
+        tokens = np.split(flat.astype(np.int32), ends[:-1])
+        return [Sample(tokens=t) for t in tokens]
+
+    def close(self) -> None:
+        self._bins.clear()
+        self._indexes.clear()
+
+
+def write_megatron(prefix: Path, docs: Iterable[np.ndarray], dtype: type[np.integer] | np.dtype = np.uint16) -> int:
+    """Write `docs` as PREFIX.bin/PREFIX.idx, one sequence per document; returns the document count.
+
+    The bytes equal what megatron-core's `IndexedDatasetBuilder(bin, dtype)` writes for
+    `add_item(doc); end_document()` per document, then `finalize(idx)`. Token ids must fit `dtype`
+    (ValueError otherwise, instead of wrapping around). Files appear atomically (temp name, rename).
+    """
+    dt = np.dtype(dtype)
+    code = next((c for c, d in _CODES.items() if d == dt), None)
+    if code is None:
+        names = ", ".join(sorted(d.name for d in _CODES.values()))
+        raise ValueError(f"unsupported Megatron token dtype {dt.name} (supported: {names})")
+    idx_path, bin_path = _paths(prefix)
+    tmp_bin, tmp_idx = Path(f"{bin_path}.tmp"), Path(f"{idx_path}.tmp")
+    info = np.iinfo(dt)
+    lengths: list[int] = []
+    try:
+        with open(tmp_bin, "wb") as f:
+            for i, doc in enumerate(docs):
+                arr = np.asarray(doc)
+                if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+                    raise ValueError(f"document {i}: expected a 1-D integer array, got {arr.dtype}{list(arr.shape)}")
+                if arr.size and (int(arr.min()) < info.min or int(arr.max()) > info.max):
+                    raise ValueError(f"document {i}: token ids outside the range of {dt.name}")
+                f.write(arr.astype(dt.newbyteorder("<"), copy=False).tobytes())
+                lengths.append(int(arr.size))
+        n = len(lengths)
+        lens = np.asarray(lengths, dtype="<i4")
+        pointers = np.zeros(n, dtype="<i8")
+        if n > 1:
+            np.cumsum(lens[:-1].astype(np.int64) * dt.itemsize, out=pointers[1:])
+        doc_indices = np.arange(n + 1, dtype="<i8")
+        with open(tmp_idx, "wb") as f:
+            f.write(_HEADER.pack(_MAGIC, _VERSION, code, n, n + 1))
+            f.write(lens.tobytes())
+            f.write(pointers.tobytes())
+            f.write(doc_indices.tobytes())
+        os.replace(tmp_bin, bin_path)
+        os.replace(tmp_idx, idx_path)
+    finally:
+        tmp_bin.unlink(missing_ok=True)
+        tmp_idx.unlink(missing_ok=True)
+    return n

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer as HFTok
 from tokenizers import models, pre_tokenizers, trainers
 
 from loomdata.indexing import build_index
-from loomdata.schemas import IndexFiles, TableKind, read_index, read_table, table_metadata
+from loomdata.schemas import IndexBuildError, IndexFiles, TableKind, read_index, read_table, table_metadata
 
 LANGS = ["en", "de", "fr"]
 
@@ -153,12 +153,11 @@ def test_sources_subset_and_unknown_source(tmp_path: Path, make_spec, dask_clien
     assert list(summary.sources) == ["other"]
     assert summary.sources["other"].tokens == 5
     assert not IndexFiles.of(spec.workdir, "web").samples.exists()
-    from loomdata.schemas import IndexBuildError
-
-    with pytest.raises(IndexBuildError, match="unknown source.*'nope'.*known: web, other"):
+    with pytest.raises(IndexBuildError, match=r"unknown source.*'nope'.*known: web, other"):
         build_index(spec, dask_client, sources=["nope"])
     stored = read_table(IndexFiles.of(spec.workdir, "other").samples, TableKind.INDEX)
     assert stored.num_rows == 2
-    assert table_metadata(IndexFiles.of(spec.workdir, "other").samples)["fingerprint"] == summary.sources[
-        "other"
-    ].fingerprint
+    assert (
+        table_metadata(IndexFiles.of(spec.workdir, "other").samples)["fingerprint"]
+        == summary.sources["other"].fingerprint
+    )

@@ -1,0 +1,133 @@
+"""Shard fingerprints, scan-config hashes and the per-shard scan cache (no cluster)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from loomdata.indexing import fingerprint_file
+from loomdata.indexing._cache import ShardScan, load_scan, store_scan
+from loomdata.indexing._fingerprint import index_fingerprint, scan_config_hash, stat_shard
+from loomdata.schemas import SourceDataError, SourceFormat, Spec, parse_spec
+
+KIB = 1024
+
+
+def _rewrite_keep_mtime(path: Path, data: bytes) -> None:
+    st = os.stat(path)
+    path.write_bytes(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_fingerprint_sees_head_tail_size_mtime_but_not_the_middle(tmp_path: Path) -> None:
+    path = tmp_path / "a.bin"
+    data = bytearray(os.urandom(300 * KIB))
+    path.write_bytes(bytes(data))
+    fp = fingerprint_file(path)
+    assert fp == fingerprint_file(path)  # stable
+
+    for offset in (10, len(data) - 10):  # a byte in the first or the last 64 KiB
+        changed = bytearray(data)
+        changed[offset] ^= 0xFF
+        _rewrite_keep_mtime(path, bytes(changed))
+        assert fingerprint_file(path) != fp
+    # The middle is not read (the cost is bounded per shard); size and mtime guard normal rewrites.
+    changed = bytearray(data)
+    changed[150 * KIB] ^= 0xFF
+    _rewrite_keep_mtime(path, bytes(changed))
+    assert fingerprint_file(path) == fp
+
+    _rewrite_keep_mtime(path, bytes(data) + b"x")
+    assert fingerprint_file(path) != fp
+    _rewrite_keep_mtime(path, bytes(data))
+    assert fingerprint_file(path) == fp
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    touched = fingerprint_file(path)
+    assert touched != fp
+    assert fingerprint_file(path.rename(tmp_path / "b.bin")) != touched  # the path counts too
+
+
+def test_small_file_and_megatron_prefix(tmp_path: Path) -> None:
+    (tmp_path / "p.idx").write_bytes(b"idx")
+    (tmp_path / "p.bin").write_bytes(b"bin")
+    stat = stat_shard(tmp_path / "p", SourceFormat.MEGATRON)
+    assert stat.size_bytes == 6
+    assert stat.mtime_ns == max(os.stat(tmp_path / f"p.{e}").st_mtime_ns for e in ("idx", "bin"))
+    _rewrite_keep_mtime(tmp_path / "p.bin", b"BIN")
+    assert fingerprint_file(tmp_path / "p", SourceFormat.MEGATRON) != stat.fingerprint
+    (tmp_path / "p.bin").unlink()
+    with pytest.raises(SourceDataError, match=r"p\.bin: cannot read the file"):
+        stat_shard(tmp_path / "p", SourceFormat.MEGATRON)
+
+
+def _spec(tmp: Path, tokenizer: dict[str, object] | None = None, **images: object) -> Spec:
+    data: dict[str, object] = {
+        "name": "t",
+        "workdir": "w",
+        "sources": [
+            {"name": "web", "format": "parquet", "paths": ["x"], "tokens_field": "ids"},
+            {"name": "code", "format": "parquet", "paths": ["x"], "text_field": "text"},
+            {"name": "code_q", "format": "parquet", "paths": ["x"], "text_field": "text", "metadata": ["q"]},
+            {"name": "img", "format": "webdataset", "paths": ["x"], "text_field": "txt", "image_field": "jpg"},
+        ],
+        "mixture": {"weights": {"web": 1}},
+        "training": {"seq_len": 8, "steps": 1, "dp_size": 1},
+        "images": images,
+    }
+    if tokenizer:
+        data["tokenizer"] = tokenizer
+    return parse_spec(data, tmp, check_paths=False)
+
+
+def test_scan_config_hash_holds_exactly_the_fields_that_change_scan_output(tmp_path: Path) -> None:
+    (tmp_path / "tok.json").write_text("{}")
+    base = _spec(tmp_path)
+    hf = _spec(tmp_path, {"kind": "huggingface", "path": "tok.json"})
+    patch = _spec(tmp_path, patch_size=16)
+
+    def h(spec: Spec, name: str) -> str:
+        return scan_config_hash(spec, spec.source(name))
+
+    assert h(base, "web") == h(hf, "web") == h(patch, "web")  # pre-tokenized: no tokenizer, no images
+    assert h(base, "code") != h(hf, "code")
+    assert h(base, "code") != h(base, "code_q")  # metadata list
+    assert h(base, "img") != h(patch, "img")
+    assert h(base, "code") == h(patch, "code")
+    # The tokenizer file's content counts, not only its path.
+    before = h(hf, "code")
+    (tmp_path / "tok.json").write_text('{"other": 1}')
+    assert h(hf, "code") != before
+
+
+def test_index_fingerprint_depends_on_order_and_config() -> None:
+    assert index_fingerprint("c", ["a", "b"]) != index_fingerprint("c", ["b", "a"])
+    assert index_fingerprint("c", ["a", "b"]) != index_fingerprint("d", ["a", "b"])
+    assert index_fingerprint("c", ["ab"]) != index_fingerprint("c", ["a", "b"])
+
+
+def test_cache_roundtrip_and_bad_files_are_misses(tmp_path: Path) -> None:
+    rows = pa.table(
+        {
+            "row": pa.array([0, 2], pa.uint64()),
+            "num_tokens": pa.array([5, 7], pa.uint32()),
+            "num_image_tokens": pa.array([0, 0], pa.uint32()),
+            "lang": ["en", "de"],
+        }
+    )
+    path = tmp_path / "_parts" / "k.parquet"
+    store_scan(path, ShardScan(rows, [(1, "bad row"), (None, "x")], skipped=False))
+    got = load_scan(path)
+    assert got is not None
+    assert got.rows.equals(rows) and got.errors == [(1, "bad row"), (None, "x")] and not got.skipped
+    assert [p.name for p in path.parent.iterdir()] == ["k.parquet"]  # no temp file left behind
+
+    assert load_scan(tmp_path / "missing.parquet") is None
+    path.write_bytes(b"garbage")
+    assert load_scan(path) is None
+    pq.write_table(rows, path)  # a Parquet file, but not one of ours
+    assert load_scan(path) is None

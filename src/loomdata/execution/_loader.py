@@ -1,0 +1,227 @@
+"""The Source Loader actor: owns one partition (a shard range) of one source and serves batched reads.
+
+State is rebuilt from the plan and the partition alone: the shard paths, the index lookup
+sample -> (shard, row) for its own shards (sorted arrays, `searchsorted`), one opened format reader
+(file handles, Parquet metadata, tokenizer). Nothing of it is per rank. Reads run in the actor's own
+thread so the worker's event loop stays responsive and several loaders on one worker overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from loomdata.execution._partition import LoaderPartition
+from loomdata.schemas.errors import ExecutionError, LoomError, StaleIndexError
+from loomdata.schemas.layout import IndexFiles
+from loomdata.schemas.plan import read_plan
+from loomdata.schemas.spec import Spec
+from loomdata.schemas.tables import TableKind, read_table
+from loomdata.sources import FormatReader, Sample, make_reader
+
+__all__ = ["REQUEST_DTYPE", "SegmentData", "SourceLoader", "read_segments"]
+
+REQUEST_DTYPE = np.dtype([("sample", np.uint64), ("offset", np.uint32), ("length", np.uint32)])
+"""One requested segment: `length` tokens of `sample` starting at token `offset`."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentData:
+    """A loader's answer: the requested segments' tokens end to end, in request order, and their images.
+
+    `image_segment[k]` is the request index image `k` belongs to, `image_offset[k]` the position of
+    its first placeholder token inside that segment.
+    """
+
+    tokens: np.ndarray  # int32, sum(request.length)
+    images: list[np.ndarray] = field(default_factory=list)
+    image_segment: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    image_offset: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+
+
+@dataclass
+class _Counters:
+    """What a loader has done, for metrics (per-source samples/s)."""
+
+    calls: int = 0
+    samples: int = 0
+    segments: int = 0
+    tokens: int = 0
+    busy_s: float = 0.0
+    first_t: float | None = None
+    last_t: float | None = None
+
+
+class SourceLoader:
+    """Dask actor serving `read(request)` for the samples of one partition of one source."""
+
+    def __init__(self, plan_dir: str, partition: LoaderPartition) -> None:
+        meta = read_plan(plan_dir)
+        spec = Spec.model_validate(meta.spec)
+        self.partition = partition
+        self._source = spec.source(partition.source)
+        files = IndexFiles.of(spec.workdir, partition.source)
+        fingerprint = files.fingerprint()
+        if fingerprint != meta.index_fingerprints.get(partition.source):
+            raise StaleIndexError(
+                f"plan {meta.plan_id}: index of {partition.source!r} changed since planning "
+                f"(plan {meta.index_fingerprints.get(partition.source)}, index {fingerprint}); "
+                "re-plan with `loom plan SPEC`"
+            )
+        read_table(files.samples, TableKind.INDEX, columns=[])  # validates kind, version and schema
+        table = pq.read_table(
+            str(files.samples),
+            columns=["sample", "shard", "row"],
+            filters=[("shard", ">=", partition.first_shard), ("shard", "<", partition.stop_shard)],
+        )
+        order = np.argsort(table.column("sample").to_numpy(), kind="stable")
+        self._sample = table.column("sample").to_numpy()[order].astype(np.uint64)
+        self._shard = table.column("shard").to_numpy()[order].astype(np.int64)
+        self._row = table.column("row").to_numpy()[order].astype(np.int64)
+        shards = read_table(files.shards, TableKind.SHARDS)
+        ids = shards.column("shard").to_pylist()
+        paths = shards.column("path").to_pylist()
+        self._paths = {
+            int(s): Path(p)
+            for s, p in zip(ids, paths, strict=True)
+            if partition.first_shard <= s < partition.stop_shard
+        }
+        self._reader: FormatReader = make_reader(self._source, spec.tokenizer, spec.images)
+        self._patch = spec.images.patch_size
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"loom-loader-{partition.source}-{partition.part}")
+        self._counters = _Counters()
+
+    async def read(self, request: np.ndarray) -> SegmentData:
+        """The segments of `request` (REQUEST_DTYPE), read in this actor's thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.read_now, request)
+
+    def read_now(self, request: np.ndarray) -> SegmentData:
+        """Synchronous `read` (the work itself); errors come back as picklable ExecutionError."""
+        t0 = time.perf_counter()
+        try:
+            out = read_segments(
+                self._reader, request, self._sample, self._shard, self._row, self._paths, self._patch, self.partition
+            )
+        except ExecutionError:
+            raise
+        except LoomError as e:  # some LoomErrors (SourceDataError) do not survive pickling: keep the message
+            raise ExecutionError(f"source {self.partition.source!r}: {e}") from None
+        c = self._counters
+        t1 = time.perf_counter()
+        c.calls += 1
+        c.segments += len(request)
+        c.samples += len(np.unique(request["sample"]))
+        c.tokens += len(out.tokens)
+        c.busy_s += t1 - t0
+        c.first_t = t0 if c.first_t is None else c.first_t
+        c.last_t = t1
+        return out
+
+    async def metrics(self) -> dict[str, Any]:
+        """Counters and rates of this loader (samples/s over its active wall time and per busy second)."""
+        c = self._counters
+        wall = (c.last_t - c.first_t) if c.first_t is not None and c.last_t is not None else 0.0
+        return {
+            "source": self.partition.source,
+            "part": self.partition.part,
+            "calls": c.calls,
+            "samples": c.samples,
+            "segments": c.segments,
+            "tokens": c.tokens,
+            "busy_s": round(c.busy_s, 4),
+            "samples_per_s": round(c.samples / wall, 1) if wall > 0 else None,
+            "samples_per_busy_s": round(c.samples / c.busy_s, 1) if c.busy_s > 0 else None,
+            "state_bytes": int(self._sample.nbytes + self._shard.nbytes + self._row.nbytes),
+            "rss_bytes": _rss(),
+        }
+
+    async def close(self) -> None:
+        """Release open files and the thread."""
+        self._pool.submit(self._reader.close).result()
+        self._pool.shutdown(wait=False)
+
+
+def _rss() -> int:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # psutil comes with distributed; metrics must never fail a loader
+        return 0
+
+
+def read_segments(
+    reader: FormatReader,
+    request: np.ndarray,
+    sample_index: np.ndarray,
+    shard_of: np.ndarray,
+    row_of: np.ndarray,
+    paths: dict[int, Path],
+    patch_size: int,
+    partition: LoaderPartition,
+) -> SegmentData:
+    """Read the samples a request names (one `reader.read` per shard) and cut out the segments."""
+    if request.dtype != REQUEST_DTYPE:
+        raise ExecutionError(f"loader request has dtype {request.dtype}, expected {REQUEST_DTYPE}")
+    n = len(request)
+    samples = request["sample"]
+    pos = np.searchsorted(sample_index, samples)
+    found = pos < len(sample_index)
+    found[found] = sample_index[pos[found]] == samples[found]
+    if not found.all():
+        bad = int(samples[~found][0])
+        raise ExecutionError(
+            f"source {partition.source!r}: sample {bad} is not in loader part {partition.part} "
+            f"(samples {partition.first_sample}..{partition.stop_sample - 1}); the executor routed it wrong "
+            "or the index changed: restart `loom serve`"
+        )
+    shard = shard_of[pos]
+    row = row_of[pos]
+    offset = request["offset"].astype(np.int64)
+    length = request["length"].astype(np.int64)
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(length, out=starts[1:])
+    tokens = np.empty(int(starts[-1]), dtype=np.int32)
+    images: list[np.ndarray] = []
+    img_seg: list[int] = []
+    img_off: list[int] = []
+    for s in np.unique(shard):
+        sel = np.flatnonzero(shard == s)
+        path = paths[int(s)]
+        rows, inverse = np.unique(row[sel], return_inverse=True)
+        read: list[Sample] = reader.read(path, rows)
+        for j, i in enumerate(sel.tolist()):
+            smp = read[int(inverse[j])]
+            o, ln = int(offset[i]), int(length[i])
+            if o + ln > len(smp.tokens):
+                raise ExecutionError(
+                    f"{path}, row {int(row[i])}: sample {int(samples[i])} of source {partition.source!r} has "
+                    f"{len(smp.tokens)} tokens but the plan uses tokens {o}..{o + ln - 1}; the file changed "
+                    "since indexing: re-run `loom index` and `loom plan`"
+                )
+            tokens[starts[i] : starts[i] + ln] = smp.tokens[o : o + ln]
+            if smp.images:
+                first = 0
+                for im in smp.images:
+                    if o <= first < o + ln:
+                        images.append(im)
+                        img_seg.append(i)
+                        img_off.append(first - o)
+                    first += (im.shape[0] // patch_size) * (im.shape[1] // patch_size)
+    if not images:
+        return SegmentData(tokens=tokens)
+    order = np.lexsort((np.asarray(img_off), np.asarray(img_seg)))
+    return SegmentData(
+        tokens=tokens,
+        images=[images[k] for k in order.tolist()],
+        image_segment=np.asarray(img_seg, dtype=np.int32)[order],
+        image_offset=np.asarray(img_off, dtype=np.int32)[order],
+    )

@@ -1,0 +1,78 @@
+"""A constructor's view of the manifest: its ranks' rows, read a chunk of steps at a time.
+
+Rows come back as NumPy columns ordered by (step, dp_rank, micro_batch), keeping the stored
+sequence order inside each micro-batch (the sort is stable). At most `keep` chunks stay in memory,
+so memory does not grow with the plan.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from loomdata.schemas.plan import PlanMeta, read_manifest
+
+__all__ = ["ManifestRows", "ManifestSlice"]
+
+_COLUMNS = ("step", "dp_rank", "micro_batch", "source", "sample", "offset", "length", "lane")
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestRows:
+    """Manifest columns as NumPy arrays, one row per segment."""
+
+    step: np.ndarray
+    dp_rank: np.ndarray
+    micro_batch: np.ndarray
+    source: np.ndarray
+    sample: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    lane: np.ndarray
+
+    def take(self, idx: np.ndarray | slice) -> ManifestRows:
+        """The rows at `idx`."""
+        return ManifestRows(*(getattr(self, c)[idx] for c in _COLUMNS))
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+
+class ManifestSlice:
+    """Rows of one step for a fixed set of ranks, from a small cache of step chunks."""
+
+    def __init__(self, plan_dir: str | Path, meta: PlanMeta, ranks: list[int], chunk_steps: int = 32, keep: int = 2):
+        self._plan_dir = Path(plan_dir)
+        self._meta = meta
+        self._ranks = sorted(ranks)
+        self._chunk = max(1, chunk_steps)
+        self._keep = max(1, keep)
+        self._cache: collections.OrderedDict[int, ManifestRows] = collections.OrderedDict()
+
+    def rows(self, step: int, ranks: list[int] | None = None) -> ManifestRows:
+        """Rows of `step` (for `ranks`, default all of this slice's), ordered by (dp_rank, micro_batch)."""
+        chunk = self._chunk_rows(step // self._chunk)
+        lo, hi = np.searchsorted(chunk.step, [step, step + 1])
+        out = chunk.take(slice(int(lo), int(hi)))
+        if ranks is not None and sorted(ranks) != self._ranks:
+            out = out.take(np.flatnonzero(np.isin(out.dp_rank, np.asarray(ranks, dtype=out.dp_rank.dtype))))
+        return out
+
+    def _chunk_rows(self, index: int) -> ManifestRows:
+        hit = self._cache.get(index)
+        if hit is not None:
+            self._cache.move_to_end(index)
+            return hit
+        first = index * self._chunk
+        last = min(first + self._chunk, self._meta.steps) - 1
+        table = read_manifest(self._plan_dir, self._meta, first, last, dp_ranks=self._ranks)
+        cols = {c: table.column(c).to_numpy() for c in _COLUMNS}
+        order = np.lexsort((cols["micro_batch"], cols["dp_rank"], cols["step"]))
+        rows = ManifestRows(*(cols[c][order] for c in _COLUMNS))
+        self._cache[index] = rows
+        while len(self._cache) > self._keep:
+            self._cache.popitem(last=False)
+        return rows

@@ -1,0 +1,216 @@
+"""Test helpers for the streaming stage: a real corpus, a real index, a plan, and an independent oracle.
+
+Loaded by path (`load_helpers()` in the conftests and in the rank subprocess script), since test
+folders are not packages. The oracle reads the source Parquet files with pyarrow directly, never
+through loomdata's readers or loaders.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from loomdata.schemas import (
+    IGNORE_INDEX,
+    MANIFEST_SCHEMA,
+    PLAN_FORMAT_VERSION,
+    Batch,
+    IndexFiles,
+    ManifestFile,
+    PlanMeta,
+    Spec,
+    TableKind,
+    parse_spec,
+    read_manifest,
+    read_plan,
+    write_table,
+)
+
+
+def write_corpus(root: Path, source: str, n_files: int, rows: int, seed: int, max_len: int = 300) -> None:
+    """Pre-tokenized Parquet files `root/source/part-K.parquet` with a list<int32> `tokens` column."""
+    rng = np.random.default_rng(seed)
+    d = root / source
+    d.mkdir(parents=True, exist_ok=True)
+    for k in range(n_files):
+        lens = rng.integers(3, max_len, size=rows)
+        docs = [rng.integers(1, 50_000, size=int(n), dtype=np.int32) for n in lens]
+        pq.write_table(
+            pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))}), d / f"part-{k}.parquet", row_group_size=16
+        )
+
+
+def make_spec(
+    tmp: Path, *, seq_len: int = 256, steps: int = 6, dp_size: int = 2, micro_batches: int = 2, tp_size: int = 1
+) -> Spec:
+    """A two-source Parquet spec over a corpus written under `tmp/data`."""
+    data = tmp / "data"
+    write_corpus(data, "web", n_files=3, rows=40, seed=1)
+    write_corpus(data, "code", n_files=2, rows=40, seed=2, max_len=700)
+    raw: dict[str, Any] = {
+        "name": "stream-test",
+        "workdir": str(tmp / "work"),
+        "seed": 7,
+        "sources": [
+            {"name": "web", "format": "parquet", "paths": [str(data / "web" / "*.parquet")], "tokens_field": "tokens"},
+            {
+                "name": "code",
+                "format": "parquet",
+                "paths": [str(data / "code" / "*.parquet")],
+                "tokens_field": "tokens",
+            },
+        ],
+        "mixture": {"weights": {"web": 0.6, "code": 0.4}},
+        "training": {
+            "seq_len": seq_len,
+            "steps": steps,
+            "dp_size": dp_size,
+            "micro_batches": micro_batches,
+            "tp_size": tp_size,
+        },
+    }
+    return parse_spec(raw, tmp)
+
+
+def index_and_plan(spec: Spec, client: Any) -> Path:
+    """Index with the real `build_index`; plan with the real `make_plan` when it exists."""
+    from loomdata.indexing import build_index
+
+    build_index(spec, client)
+    try:
+        from loomdata.planning import make_plan  # type: ignore[attr-defined]
+    except ImportError:
+        return simple_plan(spec)
+    return Path(make_plan(spec).plan_dir)
+
+
+def simple_plan(spec: Spec) -> Path:
+    """A valid plan without the planner: sources' documents in order, packed sequentially, split when full."""
+    t = spec.training
+    names = spec.source_names
+    docs: list[tuple[int, int, int]] = []  # (source id, sample, num_tokens), interleaved by source
+    per_source = []
+    fingerprints = {}
+    for name in names:
+        files = IndexFiles.of(spec.workdir, name)
+        idx = pq.read_table(str(files.samples), columns=["sample", "num_tokens"])
+        per_source.append(
+            list(zip(idx.column("sample").to_pylist(), idx.column("num_tokens").to_pylist(), strict=True))
+        )
+        fingerprints[name] = files.fingerprint()
+    for i in range(max(len(s) for s in per_source)):
+        for sid, s in enumerate(per_source):
+            docs.append((sid, *s[i % len(s)]))
+    rows: dict[str, list[int]] = {c: [] for c in MANIFEST_SCHEMA.names}
+    di, used = 0, 0
+    for step in range(t.steps):
+        for rank in range(t.dp_size):
+            for mb in range(t.micro_batches):
+                room = t.seq_len - (7 * (step + rank + mb) % 40)  # leave some padding, varying
+                while room > 0:
+                    sid, sample, n = docs[di % len(docs)]
+                    take = min(n - used, room)
+                    for c, v in zip(MANIFEST_SCHEMA.names, (step, rank, mb, sid, sample, used, take, 0), strict=True):
+                        rows[c].append(v)
+                    room -= take
+                    used += take
+                    if used == n:
+                        di, used = di + 1, 0
+    table = pa.table({c: pa.array(rows[c], MANIFEST_SCHEMA.field(c).type) for c in MANIFEST_SCHEMA.names})
+    plan_id = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+    plan_dir = spec.plans_dir / plan_id
+    rel = f"manifest/steps-0-{t.steps - 1}.parquet"
+    write_table(table, plan_dir / rel, TableKind.MANIFEST)
+    meta = PlanMeta(
+        format_version=PLAN_FORMAT_VERSION,
+        plan_id=plan_id,
+        spec=spec.model_dump(mode="json"),
+        spec_hash=spec.spec_hash(),
+        sources=names,
+        index_fingerprints=fingerprints,
+        seed=spec.seed,
+        steps=t.steps,
+        dp_size=t.dp_size,
+        micro_batches=t.micro_batches,
+        seq_len=t.seq_len,
+        manifest=[ManifestFile(path=rel, first_step=0, last_step=t.steps - 1, rows=table.num_rows)],
+    )
+    (plan_dir / "plan.json").write_text(meta.to_json())
+    return plan_dir
+
+
+@dataclass
+class Oracle:
+    """Independent read of the sources: pyarrow over the files the index names, nothing of loomdata's readers."""
+
+    plan_dir: Path
+
+    def __post_init__(self) -> None:
+        self.meta = read_plan(self.plan_dir)
+        spec = Spec.model_validate(self.meta.spec)
+        self._tokens: dict[int, list[np.ndarray]] = {}
+        for sid, name in enumerate(self.meta.sources):
+            files = IndexFiles.of(spec.workdir, name)
+            idx = pq.read_table(str(files.samples), columns=["sample", "shard", "row"]).sort_by("sample")
+            shards = pq.read_table(str(files.shards))
+            path_of = dict(zip(shards.column("shard").to_pylist(), shards.column("path").to_pylist(), strict=True))
+            cols = {
+                s: pq.read_table(p, columns=["tokens"]).column("tokens").combine_chunks() for s, p in path_of.items()
+            }
+            field = spec.source(name).tokens_field or "tokens"
+            assert field == "tokens"
+            out = []
+            for shard, row in zip(idx.column("shard").to_pylist(), idx.column("row").to_pylist(), strict=True):
+                out.append(np.asarray(cols[shard][row].values.to_numpy(zero_copy_only=False), dtype=np.int32))
+            self._tokens[sid] = out
+
+    def segment(self, source: int, sample: int, offset: int, length: int) -> np.ndarray:
+        """Tokens `offset .. offset+length` of `sample` of source id `source`."""
+        doc = self._tokens[source][sample]
+        assert offset + length <= len(doc), (source, sample, offset, length, len(doc))
+        return doc[offset : offset + length]
+
+    def expected_segments(self, step: int, dp_rank: int, micro_batch: int) -> np.ndarray:
+        """The manifest's segments of one micro-batch, as (source, sample, offset, length) rows."""
+        t = read_manifest(self.plan_dir, self.meta, step, step, dp_ranks=[dp_rank])
+        mask = np.asarray(t.column("micro_batch").to_numpy() == micro_batch)
+        return np.stack(
+            [t.column(c).to_numpy()[mask].astype(np.int64) for c in ("source", "sample", "offset", "length")], 1
+        )
+
+    def check(self, batch: Batch) -> int:
+        """Assert `batch` is exactly what the manifest and the source files say; returns its real tokens."""
+        want = self.expected_segments(batch.step, batch.dp_rank, batch.micro_batch)
+        got = np.stack([batch.segments[c].astype(np.int64) for c in ("source", "sample", "offset", "length")], 1)
+        assert got.shape == want.shape and (got == want).all(), (
+            f"segments differ at {batch.step, batch.dp_rank, batch.micro_batch}"
+        )
+        seq_len = self.meta.lane_seq_len(batch.lane)
+        assert batch.input_ids.shape == batch.labels.shape == batch.position_ids.shape == (seq_len,)
+        pos = 0
+        cu = [0]
+        for src, sample, off, ln in want.tolist():
+            ref = self.segment(src, sample, off, ln)
+            np.testing.assert_array_equal(batch.input_ids[pos : pos + ln], ref)
+            np.testing.assert_array_equal(batch.labels[pos : pos + ln - 1], ref[1:])
+            assert batch.labels[pos + ln - 1] == IGNORE_INDEX
+            np.testing.assert_array_equal(batch.position_ids[pos : pos + ln], np.arange(ln))
+            pos += ln
+            cu.append(pos)
+        assert (batch.labels[pos:] == IGNORE_INDEX).all()
+        np.testing.assert_array_equal(batch.cu_seqlens, np.asarray(cu, dtype=np.int32))
+        return pos
+
+
+def load_helpers() -> Any:
+    """This module, for callers that load it by path."""
+    import sys
+
+    return sys.modules[__name__]

@@ -12,7 +12,14 @@ from loomdata.schemas.errors import (
     StaleIndexError,
 )
 from loomdata.schemas.layout import IndexFiles, read_index
-from loomdata.schemas.plan import PLAN_FORMAT_VERSION, ManifestFile, PlanMeta, check_fresh, read_manifest, read_plan
+from loomdata.schemas.plan import (
+    PLAN_FORMAT_VERSION,
+    ManifestFile,
+    PlanMeta,
+    check_fresh,
+    read_manifest,
+    read_plan,
+)
 from loomdata.schemas.spec import (
     CostSpec,
     ImageSpec,

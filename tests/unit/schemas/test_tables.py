@@ -8,7 +8,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from loomdata.schemas import MANIFEST_SCHEMA, ContractError, TableKind, read_table, table_metadata, write_table
+from loomdata.schemas import (
+    MANIFEST_SCHEMA,
+    ContractError,
+    TableKind,
+    read_table,
+    table_metadata,
+    write_table,
+)
 
 
 def _manifest(n: int = 3) -> pa.Table:

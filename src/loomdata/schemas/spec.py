@@ -298,10 +298,10 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path, *, check_paths: bool = T
     base_dir = base_dir.resolve()
     raw["base_dir"] = base_dir
     if "workdir" in raw and isinstance(raw["workdir"], str) and not Path(raw["workdir"]).is_absolute():
-        raw["workdir"] = str(base_dir / raw["workdir"])
+        raw["workdir"] = str((base_dir / raw["workdir"]).resolve())
     tok = raw.get("tokenizer")
     if isinstance(tok, Mapping) and isinstance(tok.get("path"), str) and not Path(tok["path"]).is_absolute():
-        raw["tokenizer"] = {**tok, "path": str(base_dir / tok["path"])}
+        raw["tokenizer"] = {**tok, "path": str((base_dir / tok["path"]).resolve())}
     try:
         spec = Spec.model_validate(raw)
     except ValidationError as e:

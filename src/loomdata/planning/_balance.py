@@ -1,0 +1,295 @@
+"""Cost-balanced assignment of one step's segments to (dp_rank, micro_batch) slots, packing as it goes.
+
+Every step has dp_size x micro_batches slots; a slot holds one packed sequence. Lanes share a step by
+slots: long-lane segments are first packed first-fit-decreasing into long sequences (capacity
+long_context.seq_len), and each long sequence takes one whole slot (its Batch has lane 1); all other
+slots are short-lane sequences of capacity seq_len. Membership guarantees the short tokens fit the
+slots left over (see _mixture).
+
+The balancer is a vectorised LPT that packs while it balances: segments sorted by cost, largest first,
+are dealt in rounds of dp_size; in a round the i-th largest goes to the i-th least loaded rank, into
+that rank's least loaded micro-batch with room (so micro-batches within a rank are even too). A
+segment that fits no slot of its rank is placed afterwards whole into the least loaded rank that has
+room, or, when no slot can hold it whole, split over the slots with most room (text only; rare).
+Finally a local search moves or swaps segments between the most and the least loaded ranks while that
+lowers the maximum. The lower bound is LB = max(total cost / dp_size, largest segment cost).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from loomdata.planning._cost import segment_cost
+from loomdata.planning._packing import Lanes, ffd_bins
+from loomdata.schemas.errors import PlanError
+from loomdata.schemas.spec import CostSpec
+
+__all__ = ["Assignment", "balance_step", "deal_baseline"]
+
+_SWAP_ROUNDS = 64
+_TOLERANCE = 1e-4  # stop refining once the most and least loaded ranks differ by less than this fraction
+_MAX_CANDIDATES = 512  # segments per rank considered by one refinement round
+
+
+def _subsample(idx: np.ndarray) -> np.ndarray:
+    """At most _MAX_CANDIDATES evenly spaced entries of `idx` (bounds the pairwise swap search)."""
+    if len(idx) <= _MAX_CANDIDATES:
+        return idx
+    return idx[:: -(-len(idx) // _MAX_CANDIDATES)]
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Placed pieces of a step's items, in manifest order (rank, micro-batch, placement order)."""
+
+    item: np.ndarray  # int64 index into the step's items
+    delta: np.ndarray  # int64 tokens into the item where the piece starts (0 unless split)
+    length: np.ndarray  # int64 tokens of the piece
+    rank: np.ndarray  # int64
+    micro_batch: np.ndarray  # int64
+    lane: np.ndarray  # uint8
+    rank_cost: np.ndarray  # float64 [dp]
+    slot_cost: np.ndarray  # float64 [dp, micro_batches]
+
+
+@dataclass(slots=True)
+class _Slots:
+    """Mutable per-step slot state (private to one balance_step call)."""
+
+    cost: np.ndarray  # [dp, mb]
+    room: np.ndarray  # [dp, mb] free tokens (0 for long slots)
+    lane: np.ndarray  # [dp, mb]
+    rank_cost: np.ndarray  # [dp]
+
+
+def balance_step(
+    length: np.ndarray,
+    cost: np.ndarray,
+    lane: np.ndarray,
+    splittable: np.ndarray,
+    *,
+    dp: int,
+    micro_batches: int,
+    lanes: Lanes,
+    cost_spec: CostSpec,
+) -> Assignment:
+    """Assign a step's segments (length, cost, lane, splittable) to dp x micro_batches slots."""
+    length = length.astype(np.int64)
+    n = len(length)
+    st = _Slots(
+        cost=np.zeros((dp, micro_batches)),
+        room=np.full((dp, micro_batches), lanes.seq_len, dtype=np.int64),
+        lane=np.zeros((dp, micro_batches), dtype=np.uint8),
+        rank_cost=np.zeros(dp),
+    )
+    p_rank = np.full(n, -1, dtype=np.int64)
+    p_mb = np.full(n, -1, dtype=np.int64)
+    seq = np.zeros(n, dtype=np.int64)
+    is_long = lane == 1
+    if is_long.any():
+        _place_long(np.flatnonzero(is_long), length, cost, st, p_rank, p_mb, seq, lanes)
+    short = np.flatnonzero(~is_long)
+    key = -cost[short]
+    if not splittable[short].all():
+        key = np.where(splittable[short], key, key - 2.0 * (np.abs(key).max() + 1.0))  # unsplittable first
+    order = short[np.argsort(key, kind="stable")]
+    seq[order] = np.arange(len(order)) + n
+    _lpt_rounds(order, length, cost, st, p_rank, p_mb)
+    extra = _place_leftovers(order[p_rank[order] < 0], length, cost, splittable, st, p_rank, p_mb, lanes, cost_spec)
+    _refine(length, cost, st, p_rank, p_mb, is_long)
+
+    item = np.concatenate([np.arange(n, dtype=np.int64), extra[0]])
+    delta = np.concatenate([np.zeros(n, dtype=np.int64), extra[1]])
+    plen = np.concatenate([length, extra[2]])
+    rank = np.concatenate([p_rank, extra[3]])
+    mb = np.concatenate([p_mb, extra[4]])
+    seqs = np.concatenate([seq, 3 * n + np.arange(len(extra[0]))])
+    keep = rank >= 0
+    item, delta, plen, rank, mb, seqs = item[keep], delta[keep], plen[keep], rank[keep], mb[keep], seqs[keep]
+    o = np.lexsort((seqs, mb, rank))
+    return Assignment(
+        item=item[o],
+        delta=delta[o],
+        length=plen[o],
+        rank=rank[o],
+        micro_batch=mb[o],
+        lane=st.lane[rank[o], mb[o]],
+        rank_cost=st.rank_cost,
+        slot_cost=st.cost,
+    )
+
+
+def _place_long(
+    idx: np.ndarray,
+    length: np.ndarray,
+    cost: np.ndarray,
+    st: _Slots,
+    p_rank: np.ndarray,
+    p_mb: np.ndarray,
+    seq: np.ndarray,
+    lanes: Lanes,
+) -> None:
+    """Pack long-lane segments into long sequences (FFD) and give each sequence a whole free slot, LPT."""
+    cap = int(lanes.long_seq_len or 0)
+    bins = ffd_bins(length[idx], cap)
+    n_bins = int(bins.max()) + 1
+    bin_cost = np.bincount(bins, weights=cost[idx], minlength=n_bins)
+    dp, mb = st.cost.shape
+    if n_bins > dp * mb:
+        raise PlanError(f"a step needs {n_bins} long sequences but has only {dp * mb} slots; raise micro_batches")
+    for b in np.argsort(-bin_cost, kind="stable"):
+        free = st.lane == 0
+        free &= st.room == lanes.seq_len
+        has = free.any(axis=1)
+        r = int(np.argmin(np.where(has, st.rank_cost, np.inf)))
+        m = int(np.argmax(free[r]))
+        st.lane[r, m] = 1
+        st.room[r, m] = 0
+        st.cost[r, m] += bin_cost[b]
+        st.rank_cost[r] += bin_cost[b]
+        members = idx[bins == b]
+        p_rank[members] = r
+        p_mb[members] = m
+    seq[idx] = np.arange(len(idx))
+
+
+def _lpt_rounds(
+    order: np.ndarray, length: np.ndarray, cost: np.ndarray, st: _Slots, p_rank: np.ndarray, p_mb: np.ndarray
+) -> None:
+    """Deal `order` (largest first) in rounds of dp: i-th largest to the i-th least loaded rank, least loaded slot."""
+    dp = st.cost.shape[0]
+    ar = np.arange(dp)
+    for start in range(0, len(order), dp):
+        idx = order[start : start + dp]
+        k = len(idx)
+        ranks = np.argsort(st.rank_cost, kind="stable")[:k]
+        ln = length[idx]
+        sc = st.cost[ranks]
+        sc[st.room[ranks] < ln[:, None]] = np.inf
+        m = sc.argmin(axis=1)
+        ok = sc[ar[:k], m] < np.inf
+        if not ok.all():
+            idx, ranks, m, ln = idx[ok], ranks[ok], m[ok], ln[ok]
+        c = cost[idx]
+        st.cost[ranks, m] += c
+        st.room[ranks, m] -= ln
+        st.rank_cost[ranks] += c
+        p_rank[idx] = ranks
+        p_mb[idx] = m
+
+
+def _place_leftovers(
+    left: np.ndarray,
+    length: np.ndarray,
+    cost: np.ndarray,
+    splittable: np.ndarray,
+    st: _Slots,
+    p_rank: np.ndarray,
+    p_mb: np.ndarray,
+    lanes: Lanes,
+    cost_spec: CostSpec,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Place segments their round could not: whole into the least loaded rank with room, else split."""
+    pieces: list[tuple[int, int, int, int, int]] = []
+    mb = st.cost.shape[1]
+    for i in left:
+        need = int(length[i])
+        fits = st.room >= need
+        has = fits.any(axis=1)
+        if has.any():
+            r = int(np.argmin(np.where(has, st.rank_cost, np.inf)))
+            m = int(np.argmin(np.where(fits[r], st.cost[r], np.inf)))
+            c = float(cost[i])
+            st.cost[r, m] += c
+            st.room[r, m] -= need
+            st.rank_cost[r] += c
+            p_rank[i], p_mb[i] = r, m
+            continue
+        if not splittable[i]:
+            raise PlanError(
+                f"a sample with images ({need} tokens) fits no sequence of its step whole; "
+                "raise micro_batches or seq_len so steps have more room"
+            )
+        flat = np.argsort(-st.room.ravel(), kind="stable")
+        done = 0
+        for s in flat:
+            r, m = divmod(int(s), mb)
+            take = min(int(st.room[r, m]), need - done)
+            if take <= 0:
+                break
+            c = float(segment_cost(np.array([take]), None, cost_spec, lanes.short_cp)[0])
+            st.cost[r, m] += c
+            st.room[r, m] -= take
+            st.rank_cost[r] += c
+            pieces.append((int(i), done, take, r, m))
+            done += take
+            if done == need:
+                break
+        if done < need:
+            raise PlanError(f"internal: step overfull by {need - done} tokens; please report this plan's spec")
+    if not pieces:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z, z, z, z
+    a = np.array(pieces, dtype=np.int64)
+    return a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4]
+
+
+def _refine(
+    length: np.ndarray, cost: np.ndarray, st: _Slots, p_rank: np.ndarray, p_mb: np.ndarray, is_long: np.ndarray
+) -> None:
+    """Local search: move or swap one short segment between the most and least loaded ranks while max drops."""
+    dp = st.cost.shape[0]
+    if dp < 2:
+        return
+    movable = (p_rank >= 0) & ~is_long
+    for _ in range(_SWAP_ROUNDS):
+        hi = int(np.argmax(st.rank_cost))
+        lo = int(np.argmin(st.rank_cost))
+        gap = st.rank_cost[hi] - st.rank_cost[lo]
+        if gap <= _TOLERANCE * st.rank_cost[hi]:
+            return
+        a = _subsample(np.flatnonzero(movable & (p_rank == hi)))
+        b = _subsample(np.flatnonzero(movable & (p_rank == lo)))
+        if len(a) == 0:
+            return
+        # Candidate: move item a to lo (delta = c_a), or swap a with b (delta = c_a - c_b). Best delta is gap/2.
+        ca = cost[a]
+        cb = np.concatenate([[0.0], cost[b]])
+        la = length[a]
+        lb = np.concatenate([[0], length[b]])
+        delta = ca[:, None] - cb[None, :]
+        # capacity: a goes into lo's slot of b (or lo's roomiest slot for a pure move), b into a's slot
+        ma = p_mb[a]
+        mb_b = np.concatenate([[int(np.argmax(np.where(st.lane[lo] == 0, st.room[lo], -1)))], p_mb[b]])
+        room_lo = st.room[lo, mb_b] + lb
+        room_hi = st.room[hi, ma] + la
+        ok = (delta > 0) & (delta < gap) & (la[:, None] <= room_lo[None, :]) & (lb[None, :] <= room_hi[:, None])
+        ok &= st.lane[lo, mb_b][None, :] == 0
+        if not ok.any():
+            return
+        score = np.where(ok, np.abs(delta - gap / 2), np.inf)
+        i, j = np.unravel_index(int(np.argmin(score)), score.shape)
+        ia, ma_i, mbj = int(a[i]), int(ma[i]), int(mb_b[j])
+        st.cost[hi, ma_i] -= ca[i]
+        st.room[hi, ma_i] += la[i]
+        st.cost[lo, mbj] += ca[i]
+        st.room[lo, mbj] -= la[i]
+        p_rank[ia], p_mb[ia] = lo, mbj
+        if j > 0:
+            ib = int(b[j - 1])
+            st.cost[lo, mbj] -= cb[j]
+            st.room[lo, mbj] += lb[j]
+            st.cost[hi, ma_i] += cb[j]
+            st.room[hi, ma_i] -= lb[j]
+            p_rank[ib], p_mb[ib] = hi, ma_i
+        st.rank_cost[hi] -= delta[i, j]
+        st.rank_cost[lo] += delta[i, j]
+
+
+def deal_baseline(seq_of_item: np.ndarray, item_cost: np.ndarray, dp: int) -> np.ndarray:
+    """Per-rank cost of the baseline: sequences dealt round-robin (sequence j to rank j % dp)."""
+    n_seq = int(seq_of_item.max()) + 1 if len(seq_of_item) else 0
+    seq_cost = np.bincount(seq_of_item, weights=item_cost, minlength=n_seq)
+    return np.bincount(np.arange(n_seq) % dp, weights=seq_cost, minlength=dp)

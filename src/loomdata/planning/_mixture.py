@@ -1,0 +1,198 @@
+"""Step membership: how many segments of each source every step draws, from the mixture and seeded streams.
+
+Targets. Every step has the same token budget B = dp_size * micro_batches * seq_len * fill (fill < 1
+leaves the balancer room to trade tokens for cost). The weights w[t, k] of step t are the milestones'
+weights interpolated linearly (held before the first milestone and after the last), normalised to sum 1
+(weights are token shares). Target cumulative tokens of source k through step t:
+T[t, k] = B * sum_{s <= t} w[s, k].
+
+Streams. Source k yields its non-empty documents in a seeded permutation
+(seed, crc32(source name), epoch), a new permutation every epoch, epochs concatenated; documents longer
+than their lane are expanded into consecutive segments (see _packing). cum_k is the stream's cumulative
+token count.
+
+Credit accumulator. Through step t, source k has consumed the stream prefix whose cumulative token
+count is nearest to T[t, k]: one `searchsorted` per source over all steps at once, no per-document loop.
+Each source's realized cumulative tokens stay within half a segment of its target on every prefix, so
+cumulative shares converge on the targets (after step 20 within 1 percentage point once a step holds a
+few dozen documents). A step whose segments would not fit its slots defers the segments of the source
+most ahead of its target to the next step (a sequential repair that starts at the first such step).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from loomdata.planning._packing import Lanes, expand_units
+from loomdata.schemas.errors import PlanError
+from loomdata.schemas.spec import Spec
+
+__all__ = ["Stream", "build_stream", "check_epochs", "membership", "step_weights"]
+
+
+def step_weights(spec: Spec) -> np.ndarray:
+    """(steps, sources) float64 token shares of every step, interpolated between milestones, rows summing to 1."""
+    names = spec.source_names
+    steps = spec.training.steps
+    ms = spec.mixture.milestones()
+    if not ms:
+        raise PlanError("mixture: no weights and no schedule milestones; give `mixture.weights`")
+    for i, m in enumerate(ms):
+        unknown = sorted(set(m.weights) - set(names))
+        if unknown:
+            raise PlanError(
+                f"mixture milestone {i} (step {m.step}): unknown source(s) {', '.join(map(repr, unknown))} "
+                f"(known: {', '.join(names)}); fix the name or add the source"
+            )
+        if spec.mixture.schedule is not None and m.step >= steps and i > 0:
+            raise PlanError(
+                f"mixture.schedule[{i}].step: {m.step} is beyond training.steps ({steps}); "
+                "drop the milestone or raise training.steps"
+            )
+        if i > 0 and m.step <= ms[i - 1].step:
+            raise PlanError(f"mixture.schedule[{i}].step: steps must increase ({ms[i - 1].step} then {m.step})")
+    xs = np.array([m.step for m in ms], dtype=np.float64)
+    t = np.arange(steps, dtype=np.float64)
+    w = np.stack([np.interp(t, xs, [max(float(m.weights.get(n, 0.0)), 0.0) for m in ms]) for n in names], 1)
+    total = w.sum(axis=1)
+    zero = np.flatnonzero(~(total > 0))
+    if len(zero):
+        raise PlanError(f"mixture: all weights are zero at step {int(zero[0])}; give some source a positive weight")
+    return w / total[:, None]
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """One source's segments, epoch after epoch: document row, offset, length, lane, cumulative counts."""
+
+    doc: np.ndarray  # uint32/int64 row into the source's index table
+    offset: np.ndarray  # uint32
+    length: np.ndarray  # uint32
+    lane: np.ndarray  # uint8
+    cum: np.ndarray  # int64, len n+1: tokens of the first j segments
+    cum_short: np.ndarray | None  # int64: short-lane tokens of the first j segments (None: no long lane)
+    cum_long: np.ndarray | None  # int64: long-lane segments among the first j
+    epoch_tokens: int
+    epoch_segments: int
+
+
+def source_key(seed: int, name: str) -> list[int]:
+    """Seed material of a source's permutations: stable under adding, removing or reordering sources."""
+    return [int(seed) & 0xFFFFFFFFFFFFFFFF, zlib.crc32(name.encode())]
+
+
+def build_stream(name: str, seed: int, lengths: np.ndarray, lanes: Lanes, epochs: int) -> Stream:
+    """The first `epochs` epochs of a source's seeded segment stream (one fresh permutation per epoch)."""
+    docs = np.flatnonzero(lengths > 0)
+    idx_dtype = np.uint32 if len(lengths) < 2**32 else np.int64
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for e in range(max(epochs, 1)):
+        rng = np.random.default_rng([*source_key(seed, name), e])
+        perm = docs[rng.permutation(len(docs))].astype(idx_dtype)
+        parts.append(expand_units(perm, lengths, lanes))
+    if len(parts) == 1:
+        doc, offset, length = parts[0]
+    else:
+        doc = np.concatenate([p[0] for p in parts])
+        offset = np.concatenate([p[1] for p in parts])
+        length = np.concatenate([p[2] for p in parts])
+    parts.clear()
+    cum = np.zeros(len(length) + 1, dtype=np.int64)
+    np.cumsum(length, out=cum[1:])
+    lane = lanes.lane_of(lengths[doc]) if lanes.has_long else np.zeros(len(doc), dtype=np.uint8)
+    cum_short = cum_long = None
+    if lanes.has_long:
+        cum_short = np.zeros_like(cum)
+        np.cumsum(np.where(lane == 0, length, 0), out=cum_short[1:])
+        cum_long = np.zeros_like(cum)
+        np.cumsum(lane, out=cum_long[1:])
+    per_epoch = len(length) // max(epochs, 1)
+    return Stream(doc, offset, length, lane, cum, cum_short, cum_long, int(lengths.sum(dtype=np.int64)), per_epoch)
+
+
+def check_epochs(
+    names: Sequence[str], targets: np.ndarray, epoch_tokens: Sequence[int], max_epochs: Sequence[float | None]
+) -> None:
+    """PlanError for a source with positive weight but no tokens, or whose target exceeds its max_epochs."""
+    for k, name in enumerate(names):
+        col = targets[:, k]
+        if epoch_tokens[k] == 0:
+            pos = np.flatnonzero(np.diff(col, prepend=0.0) > 0)
+            if len(pos):
+                raise PlanError(
+                    f"source {name!r} is empty (its index has no samples with tokens) but has a positive "
+                    f"weight from step {int(pos[0])}; index it with `loom index` or set its weight to 0"
+                )
+            continue
+        cap = max_epochs[k]
+        if cap is None:
+            continue
+        over = np.flatnonzero(col > cap * epoch_tokens[k])
+        if len(over):
+            need = float(col[-1]) / epoch_tokens[k]
+            raise PlanError(
+                f"source {name!r} would exceed max_epochs={cap:g} at step {int(over[0])} "
+                f"({epoch_tokens[k]} tokens per epoch; the plan needs {need:.2f} epochs); lower its weight, "
+                "raise max_epochs, add data or plan fewer steps"
+            )
+
+
+def _nearest(cum: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """For each target x, the prefix length j whose cum[j] is nearest to x (ties go to the shorter prefix)."""
+    j = np.searchsorted(cum, x, side="left")
+    j = np.minimum(j, len(cum) - 1)
+    lower = np.maximum(j - 1, 0)
+    take_lower = (j > 0) & ((x - cum[lower]) <= (cum[j] - x))
+    return np.where(take_lower, lower, j).astype(np.int64)
+
+
+def membership(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slots: int) -> np.ndarray:
+    """(steps+1, sources) stream pointers: segments of each source consumed before step t (row 0 is zeros)."""
+    steps, n_src = targets.shape
+    ptr = np.zeros((steps + 1, n_src), dtype=np.int64)
+    for k, s in enumerate(streams):
+        ptr[1:, k] = _nearest(s.cum, targets[:, k])
+    np.maximum.accumulate(ptr, axis=0, out=ptr)
+    short, n_long = _step_load(ptr, streams)
+    bad = np.flatnonzero((n_long > slots) | (short > (slots - n_long) * lanes.seq_len))
+    if len(bad):
+        _repair(ptr, targets, streams, lanes, slots, int(bad[0]))
+    return ptr
+
+
+def _step_load(ptr: np.ndarray, streams: Sequence[Stream]) -> tuple[np.ndarray, np.ndarray]:
+    """Short-lane tokens and long-lane segments of every step."""
+    short = np.zeros(ptr.shape[0] - 1, dtype=np.int64)
+    n_long = np.zeros(ptr.shape[0] - 1, dtype=np.int64)
+    for k, s in enumerate(streams):
+        cs = s.cum if s.cum_short is None else s.cum_short
+        short += np.diff(cs[ptr[:, k]])
+        if s.cum_long is not None:
+            n_long += np.diff(s.cum_long[ptr[:, k]])
+    return short, n_long
+
+
+def _repair(ptr: np.ndarray, targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slots: int, t0: int) -> None:
+    """From step t0 on, defer segments of the source most ahead of target until every step fits its slots."""
+    n_src = ptr.shape[1]
+    for t in range(t0, ptr.shape[0] - 1):
+        row = np.maximum(ptr[t + 1], ptr[t])
+        while True:
+            short = n_long = 0
+            for k, s in enumerate(streams):
+                cs = s.cum if s.cum_short is None else s.cum_short
+                short += int(cs[row[k]] - cs[ptr[t, k]])
+                if s.cum_long is not None:
+                    n_long += int(s.cum_long[row[k]] - s.cum_long[ptr[t, k]])
+            if n_long <= slots and short <= (slots - n_long) * lanes.seq_len:
+                break
+            ahead = np.array(
+                [streams[k].cum[row[k]] - targets[t, k] if row[k] > ptr[t, k] else -np.inf for k in range(n_src)]
+            )
+            k = int(np.argmax(ahead))
+            row[k] -= 1
+        ptr[t + 1] = row

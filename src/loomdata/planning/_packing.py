@@ -1,0 +1,140 @@
+"""Packing primitives: lanes, splitting documents into segments, long-lane bins, and the baseline packer.
+
+Lanes. Without `long_context` every document is planned into the short lane (lane 0): sequences of
+`training.seq_len`. With `long_context`, a document longer than `threshold` goes to the long lane
+(lane 1): sequences of `long_context.seq_len`, each split over `long_context.cp_size` context-parallel
+ranks of the dp rank that holds it. The lane is decided per document, never per segment.
+
+Segments. A document longer than its lane's sequence length is split into consecutive segments
+(offset, length) of at most that length; nothing is dropped. A sample with image tokens is never split
+(a cut could fall inside an image): if it exceeds its lane's capacity, planning stops with a PlanError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from loomdata.schemas.errors import PlanError
+from loomdata.schemas.spec import Spec
+
+__all__ = ["Lanes", "expand_units", "ffd_bins", "next_fit"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lanes:
+    """Sequence capacity and context-parallel size of each lane, and the long-lane threshold."""
+
+    seq_len: int
+    short_cp: int = 1
+    long_seq_len: int | None = None
+    long_cp: int = 1
+    threshold: int | None = None
+
+    @classmethod
+    def of(cls, spec: Spec) -> Lanes:
+        lc = spec.long_context
+        if lc is None:
+            return cls(seq_len=spec.training.seq_len, short_cp=spec.training.cp_size)
+        return cls(
+            seq_len=spec.training.seq_len,
+            short_cp=spec.training.cp_size,
+            long_seq_len=lc.seq_len,
+            long_cp=lc.cp_size,
+            threshold=lc.threshold,
+        )
+
+    @property
+    def has_long(self) -> bool:
+        return self.long_seq_len is not None
+
+    def lane_of(self, lengths: np.ndarray) -> np.ndarray:
+        """Lane (uint8: 0 short, 1 long) of documents of `lengths` tokens."""
+        if self.threshold is None:
+            return np.zeros(len(lengths), dtype=np.uint8)
+        return (lengths > self.threshold).astype(np.uint8)
+
+    def capacity(self, lanes: np.ndarray) -> np.ndarray:
+        """Sequence capacity (int64) for each entry of `lanes`."""
+        return np.where(lanes == 1, self.long_seq_len or 0, self.seq_len).astype(np.int64)
+
+    def cp(self, lanes: np.ndarray) -> np.ndarray:
+        """Context-parallel size (int64) for each entry of `lanes`."""
+        return np.where(lanes == 1, self.long_cp, self.short_cp).astype(np.int64)
+
+
+def check_unsplittable(
+    source: str, samples: np.ndarray, lengths: np.ndarray, images: np.ndarray, lanes: Lanes
+) -> None:
+    """Raise PlanError when a sample with images exceeds its lane's capacity (it cannot be split)."""
+    lane = lanes.lane_of(lengths)
+    bad = np.flatnonzero((images > 0) & (lengths > lanes.capacity(lane)))
+    if len(bad):
+        i = int(bad[0])
+        raise PlanError(
+            f"source {source!r}, sample {int(samples[i])}: {int(lengths[i])} tokens with "
+            f"{int(images[i])} image tokens exceed the lane capacity {int(lanes.capacity(lane[i : i + 1])[0])} "
+            f"and a sample with images cannot be split ({len(bad)} such sample(s)); no budget can hold it: "
+            "raise training.seq_len or set long_context with a larger seq_len"
+        )
+
+
+def expand_units(
+    docs: np.ndarray, lengths: np.ndarray, lanes: Lanes
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Segments of `docs` (in that order): (doc, offset, length); long documents become consecutive segments."""
+    dl = lengths[docs].astype(np.int64)
+    cap = lanes.capacity(lanes.lane_of(dl))
+    n_units = (dl + cap - 1) // cap
+    if len(n_units) == 0 or int(n_units.max(initial=1)) <= 1:
+        return docs, np.zeros(len(docs), dtype=np.uint32), dl.astype(np.uint32)
+    doc = np.repeat(docs, n_units)
+    starts = np.cumsum(n_units) - n_units
+    within = np.arange(len(doc), dtype=np.int64) - np.repeat(starts, n_units)
+    cap_r = np.repeat(cap, n_units)
+    offset = within * cap_r
+    length = np.minimum(cap_r, np.repeat(dl, n_units) - offset)
+    return doc, offset.astype(np.uint32), length.astype(np.uint32)
+
+
+def next_fit(lengths: np.ndarray, cap: int) -> np.ndarray:
+    """Sequence id of each item packed next-fit in the given order (no item exceeds `cap`); vectorised.
+
+    A sequence starting at item i ends before the first item that would overflow it:
+    nxt[i] = searchsorted(cum, cum[i] + cap). The sequence starts are the orbit of 0 under nxt,
+    found by pointer doubling in O(n log n) NumPy work instead of a per-item loop.
+    """
+    n = len(lengths)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    cum = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=cum[1:])
+    jump = np.empty(n + 1, dtype=np.int64)
+    jump[:n] = np.searchsorted(cum, cum[:-1] + cap, side="right") - 1
+    jump[n] = n
+    jump[:n] = np.maximum(jump[:n], np.arange(1, n + 1))  # progress even if an item exceeds cap
+    orbit = np.zeros(1, dtype=np.int64)
+    while jump[0] < n:
+        orbit = np.concatenate([orbit, jump[orbit]])
+        jump = jump[jump]
+    starts = np.unique(orbit[orbit < n])
+    return np.searchsorted(starts, np.arange(n), side="right") - 1
+
+
+def ffd_bins(lengths: np.ndarray, cap: int) -> np.ndarray:
+    """Bin id of each item under first-fit decreasing into bins of `cap` (used for the few long-lane items)."""
+    order = np.argsort(-lengths.astype(np.int64), kind="stable")
+    room = np.zeros(0, dtype=np.int64)
+    out = np.empty(len(lengths), dtype=np.int64)
+    for i in order:
+        need = int(lengths[i])
+        fits = np.flatnonzero(room >= need)
+        if len(fits):
+            b = int(fits[0])
+        else:
+            b = len(room)
+            room = np.append(room, cap)
+        room[b] -= need
+        out[i] = b
+    return out

@@ -1,0 +1,298 @@
+"""make_plan: spec + index tables -> plan dir (plan.json, manifest partitions, report), atomic and idempotent.
+
+The plan id is a content hash of (the spec's canonical JSON, the index fingerprints, PLANNER_VERSION),
+so the same inputs give the same id and byte-identical files; planning an id that already exists
+complete is a no-op. Files are written into a temporary folder beside the target and renamed into place.
+Per step the work is NumPy over that step's segments (membership slices, balancing rounds of dp_size,
+the baseline, manifest rows); nothing loops per sample.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from loomdata.planning._balance import balance_step, deal_baseline
+from loomdata.planning._cost import segment_cost
+from loomdata.planning._manifest import ManifestWriter
+from loomdata.planning._mixture import Stream, build_stream, check_epochs, membership, step_weights
+from loomdata.planning._packing import Lanes, check_unsplittable, next_fit
+from loomdata.planning._report import ReportBuilder
+from loomdata.schemas.errors import PlanError
+from loomdata.schemas.layout import read_index
+from loomdata.schemas.plan import PLAN_FORMAT_VERSION, PlanMeta, read_plan
+from loomdata.schemas.spec import Spec
+from loomdata.schemas.tables import TableKind, check_schema
+
+__all__ = ["PLANNER_VERSION", "PlanResult", "make_plan"]
+
+PLANNER_VERSION = "1"
+FILL = 0.96
+"""Share of a step's slot capacity (dp * micro_batches * seq_len) the mixture draws: room to balance cost."""
+
+_BASELINE_SALT = 0xBA5E
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanResult:
+    """Where a plan lives and its plan.json."""
+
+    plan_dir: Path
+    meta: PlanMeta
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    name: str
+    sample: np.ndarray
+    num_tokens: np.ndarray
+    num_image_tokens: np.ndarray
+
+
+def make_plan(
+    spec: Spec,
+    *,
+    progress: bool = False,
+    index: Mapping[str, pa.Table] | None = None,
+    fingerprints: Mapping[str, str] | None = None,
+) -> PlanResult:
+    """Plan `spec` over its index (read from spec.workdir unless `index` is given) into workdir/plans/<id>/."""
+    weights = step_weights(spec)
+    sources, fps = _load_index(spec, index, fingerprints)
+    plan_id = plan_id_of(spec, fps)
+    final = spec.plans_dir / plan_id
+    if (final / "plan.json").exists():
+        return PlanResult(plan_dir=final, meta=read_plan(final))
+    spec.plans_dir.mkdir(parents=True, exist_ok=True)
+    tmp = spec.plans_dir / f".tmp-{plan_id}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        meta = _plan_into(tmp, plan_id, spec, weights, sources, fps, progress)
+        _publish(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return PlanResult(plan_dir=final, meta=meta)
+
+
+def plan_id_of(spec: Spec, fingerprints: Mapping[str, str]) -> str:
+    """Content hash of the spec, the index fingerprints and the planner version."""
+    blob = json.dumps(
+        {"spec": spec.canonical_json(), "index": dict(sorted(fingerprints.items())), "planner": PLANNER_VERSION},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename the finished temp dir into place; a complete plan already there (a concurrent run) wins."""
+    if final.exists() and not (final / "plan.json").exists():
+        shutil.rmtree(final)  # an incomplete leftover of a crashed run
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not (final / "plan.json").exists():
+            raise
+
+
+def _load_index(
+    spec: Spec, index: Mapping[str, pa.Table] | None, fingerprints: Mapping[str, str] | None
+) -> tuple[list[_Source], dict[str, str]]:
+    cols = ["sample", "num_tokens", "num_image_tokens"]
+    out: list[_Source] = []
+    fps: dict[str, str] = {}
+    for name in spec.source_names:
+        if index is None:
+            table, _, fp = read_index(spec.workdir, name, columns=cols)
+        else:
+            if name not in index:
+                raise PlanError(f"no index table given for source {name!r} (given: {', '.join(sorted(index))})")
+            table = index[name]
+            check_schema(table, TableKind.INDEX, f"index table of source {name!r}")
+            fp = fingerprints[name] if fingerprints is not None and name in fingerprints else _fingerprint(table)
+        if fingerprints is not None and name in fingerprints:
+            fp = fingerprints[name]
+        fps[name] = fp
+        out.append(
+            _Source(
+                name,
+                _np(table, "sample"),
+                _np(table, "num_tokens"),
+                _np(table, "num_image_tokens"),
+            )
+        )
+    return out, fps
+
+
+def _np(table: pa.Table, col: str) -> np.ndarray:
+    arr = table.column(col)
+    return arr.combine_chunks().to_numpy() if arr.num_chunks != 1 else arr.chunk(0).to_numpy()
+
+
+def _fingerprint(table: pa.Table) -> str:
+    """Content hash of an in-memory index table (used when no fingerprint is given)."""
+    h = hashlib.blake2b(digest_size=16)
+    for col in ("sample", "num_tokens", "num_image_tokens"):
+        h.update(np.ascontiguousarray(_np(table, col)).tobytes())
+    return "mem-" + h.hexdigest()
+
+
+def _plan_into(
+    out: Path,
+    plan_id: str,
+    spec: Spec,
+    weights: np.ndarray,
+    sources: list[_Source],
+    fps: dict[str, str],
+    progress: bool,
+) -> PlanMeta:
+    tr = spec.training
+    lanes = Lanes.of(spec)
+    slots = tr.dp_size * tr.micro_batches
+    budget = int(slots * tr.seq_len * FILL)
+    if budget < 1:
+        raise PlanError(f"step budget is {budget} tokens; raise training.seq_len, dp_size or micro_batches")
+    names = [s.name for s in sources]
+    targets = np.cumsum(weights * budget, axis=0)
+    epoch_tokens = [int(s.num_tokens.sum(dtype=np.int64)) for s in sources]
+    check_epochs(names, targets, epoch_tokens, [spec.source(n).max_epochs for n in names])
+    max_seg = max(lanes.seq_len, lanes.long_seq_len or 0)
+    streams: list[Stream] = []
+    for k, s in enumerate(sources):
+        check_unsplittable(s.name, s.sample, s.num_tokens, s.num_image_tokens, lanes)
+        epochs = int((targets[-1, k] + max_seg) // epoch_tokens[k]) + 1 if epoch_tokens[k] else 1
+        streams.append(build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs))
+    ptr = membership(targets, streams, lanes, slots)
+    drawn = sum(np.diff(st.cum[ptr[:, k]]) for k, st in enumerate(streams))
+    empty = np.flatnonzero(np.asarray(drawn) == 0)
+    if len(empty):
+        raise PlanError(
+            f"step {int(empty[0])} draws no document: its budget of {budget} tokens "
+            f"(dp_size*micro_batches*seq_len*{FILL}) cannot be filled by any source's next document "
+            f"({len(empty)} empty step(s)); raise micro_batches, dp_size or seq_len"
+        )
+
+    writer = ManifestWriter(out, plan_id)
+    report = ReportBuilder(tr.steps, names, tr.dp_size)
+    steps_iter: Iterable[int] = range(tr.steps)
+    if progress:
+        from tqdm import tqdm
+
+        steps_iter = tqdm(steps_iter, desc="plan", unit="step")
+    for t in steps_iter:
+        _plan_step(t, spec, lanes, sources, streams, ptr, weights[t], writer, report)
+    files = writer.close(tr.steps - 1)
+    report.write(out)
+    meta = PlanMeta(
+        format_version=PLAN_FORMAT_VERSION,
+        plan_id=plan_id,
+        spec=spec.model_dump(mode="json"),
+        spec_hash=spec.spec_hash(),
+        sources=names,
+        index_fingerprints=fps,
+        seed=spec.seed,
+        steps=tr.steps,
+        dp_size=tr.dp_size,
+        micro_batches=tr.micro_batches,
+        seq_len=tr.seq_len,
+        long_seq_len=lanes.long_seq_len,
+        long_cp_size=lanes.long_cp,
+        parameters={
+            "planner_version": PLANNER_VERSION,
+            "fill": FILL,
+            "step_budget_tokens": budget,
+            "cost": spec.cost.model_dump(mode="json"),
+            "short_cp_size": lanes.short_cp,
+            "long_threshold": lanes.threshold,
+            "baseline": "shuffled segments, next-fit packing per lane, sequences dealt round-robin",
+        },
+        manifest=files,
+        summary=report.summary(),
+    )
+    (out / "plan.json").write_text(meta.to_json())
+    return meta
+
+
+def _plan_step(
+    t: int,
+    spec: Spec,
+    lanes: Lanes,
+    sources: list[_Source],
+    streams: list[Stream],
+    ptr: np.ndarray,
+    weights: np.ndarray,
+    writer: ManifestWriter,
+    report: ReportBuilder,
+) -> None:
+    """Balance step t, compute its baseline, write its manifest rows and record its figures."""
+    tr = spec.training
+    parts = []
+    for k, (src, st) in enumerate(zip(sources, streams, strict=True)):
+        a, b = int(ptr[t, k]), int(ptr[t + 1, k])
+        if b > a:
+            doc = st.doc[a:b]
+            length = st.length[a:b]
+            whole = length == src.num_tokens[doc]
+            img = np.where(whole, src.num_image_tokens[doc], 0)
+            ids = np.full(b - a, k, dtype=np.uint16)
+            parts.append((ids, src.sample[doc], st.offset[a:b], length, st.lane[a:b], img))
+    src_id, sample, offset, length, lane, img = (np.concatenate(c) for c in zip(*parts, strict=True))
+    length = length.astype(np.int64)
+    cost = segment_cost(length, img, spec.cost, lanes.cp(lane))
+    asg = balance_step(
+        length,
+        cost,
+        lane,
+        img == 0,
+        dp=tr.dp_size,
+        micro_batches=tr.micro_batches,
+        lanes=lanes,
+        cost_spec=spec.cost,
+    )
+    base = deal_baseline(_baseline_sequences(t, spec.seed, length, lane, lanes), cost, tr.dp_size)
+    writer.add(
+        t,
+        {
+            "dp_rank": asg.rank,
+            "micro_batch": asg.micro_batch,
+            "source": src_id[asg.item],
+            "sample": sample[asg.item],
+            "offset": offset[asg.item].astype(np.int64) + asg.delta,
+            "length": asg.length,
+            "lane": asg.lane,
+        },
+    )
+    lb = max(float(cost.sum()) / tr.dp_size, float(cost.max()))
+    tokens = np.bincount(src_id, weights=length, minlength=len(sources)).astype(np.int64)
+    report.add(t, tokens, weights, lb, asg.rank_cost, base, asg.slot_cost)
+
+
+def _baseline_sequences(t: int, seed: int, length: np.ndarray, lane: np.ndarray, lanes: Lanes) -> np.ndarray:
+    """Baseline sequence id of every segment: shuffled, next-fit per lane, sequences in stream order."""
+    n = len(length)
+    perm = np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, _BASELINE_SALT, t]).permutation(n)
+    seq_local = np.zeros(n, dtype=np.int64)
+    lp = lane[perm]
+    offset = 0
+    for ln in (0, 1):
+        pos = np.flatnonzero(lp == ln)
+        if len(pos) == 0:
+            continue
+        cap = lanes.seq_len if ln == 0 else int(lanes.long_seq_len or 0)
+        ids = next_fit(length[perm[pos]], cap)
+        seq_local[pos] = ids + offset
+        offset += int(ids.max()) + 1
+    _, first = np.unique(seq_local, return_index=True)
+    rank_of_seq = np.empty(len(first), dtype=np.int64)
+    rank_of_seq[np.argsort(first, kind="stable")] = np.arange(len(first))
+    out = np.empty(n, dtype=np.int64)
+    out[perm] = rank_of_seq[seq_local]
+    return out

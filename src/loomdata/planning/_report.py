@@ -1,0 +1,196 @@
+"""Per-step plan figures (loomdata vs baseline imbalance, realized vs target mixture), the summary, the plot.
+
+Stored in the plan dir so `loom inspect` never recomputes: `report/steps.parquet` (one row per step:
+tokens, LB, max and mean rank cost for loomdata and baseline, micro-batch spread, tokens and target
+weight per source) and `report/ranks.parquet` (per-rank cost of the first steps, for the plot).
+Imbalance is max rank cost / LB with LB = max(total cost / dp_size, largest segment cost); the
+simulated gain is sum(max_baseline) / sum(max_loomdata) over all steps (step time is set by the most
+loaded rank). The mixture error of step t is |realized cumulative share - target cumulative share| in
+percentage points; the reported worst error is over steps >= 20.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from loomdata.schemas.plan import read_plan
+
+__all__ = ["ReportBuilder", "plan_report", "plot_plan"]
+
+RANK_STEPS = 64  # per-rank costs are kept for this many first steps (the plot's heatmaps)
+MIXTURE_WARMUP = 20  # the worst mixture error is taken over steps from here on
+_STEPS_FILE = "report/steps.parquet"
+_RANKS_FILE = "report/ranks.parquet"
+
+
+class ReportBuilder:
+    """Collects per-step figures while planning, then writes them and summarises them."""
+
+    def __init__(self, steps: int, sources: list[str], dp: int) -> None:
+        self.sources = sources
+        self.tokens = np.zeros((steps, len(sources)), dtype=np.int64)
+        self.weights = np.zeros((steps, len(sources)))
+        self.cols = {k: np.zeros(steps) for k in ("lb", "loom_max", "loom_mean", "base_max", "base_mean", "mb_spread")}
+        n_rank_steps = min(steps, RANK_STEPS)
+        self.rank_loom = np.zeros((n_rank_steps, dp))
+        self.rank_base = np.zeros((n_rank_steps, dp))
+
+    def add(
+        self,
+        step: int,
+        tokens: np.ndarray,
+        weights: np.ndarray,
+        lb: float,
+        loom_rank: np.ndarray,
+        base_rank: np.ndarray,
+        slot_cost: np.ndarray,
+    ) -> None:
+        """Record one step's figures."""
+        self.tokens[step] = tokens
+        self.weights[step] = weights
+        c = self.cols
+        c["lb"][step] = lb
+        c["loom_max"][step] = loom_rank.max()
+        c["loom_mean"][step] = loom_rank.mean()
+        c["base_max"][step] = base_rank.max()
+        c["base_mean"][step] = base_rank.mean()
+        mean_mb = slot_cost.mean(axis=1)
+        used = mean_mb > 0
+        c["mb_spread"][step] = float((slot_cost.max(axis=1)[used] / mean_mb[used]).mean()) if used.any() else 1.0
+        if step < len(self.rank_loom):
+            self.rank_loom[step] = loom_rank
+            self.rank_base[step] = base_rank
+
+    def write(self, plan_dir: Path) -> None:
+        """Write report/steps.parquet and report/ranks.parquet."""
+        steps = len(self.tokens)
+        data: dict[str, Any] = {"step": np.arange(steps, dtype=np.uint32), "tokens": self.tokens.sum(axis=1)}
+        data.update(self.cols)
+        for k, name in enumerate(self.sources):
+            data[f"tokens__{name}"] = self.tokens[:, k]
+            data[f"weight__{name}"] = self.weights[:, k]
+        (plan_dir / "report").mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table(data), str(plan_dir / _STEPS_FILE), compression="zstd")
+        n, dp = self.rank_loom.shape
+        ranks = pa.table(
+            {
+                "step": np.repeat(np.arange(n, dtype=np.uint32), dp),
+                "dp_rank": np.tile(np.arange(dp, dtype=np.uint32), n),
+                "loom_cost": self.rank_loom.ravel(),
+                "base_cost": self.rank_base.ravel(),
+            }
+        )
+        pq.write_table(ranks, str(plan_dir / _RANKS_FILE), compression="zstd")
+
+    def summary(self) -> dict[str, Any]:
+        """The plan's summary figures (stored in plan.json, printed by `loom plan` / `loom inspect`)."""
+        c = self.cols
+        lb = np.where(c["lb"] > 0, c["lb"], 1.0)
+        loom, base = c["loom_max"] / lb, c["base_max"] / lb
+        loom[c["lb"] == 0] = 1.0
+        base[c["lb"] == 0] = 1.0
+        err, realized, target = mixture_error(self.tokens, self.weights)
+        warm = min(MIXTURE_WARMUP, len(err) - 1)
+        total = int(self.tokens.sum())
+        return {
+            "steps": len(self.tokens),
+            "tokens": total,
+            "imbalance": {"loomdata": _dist(loom), "baseline": _dist(base)},
+            "max_over_mean": {
+                "loomdata": float(np.mean(c["loom_max"] / np.where(c["loom_mean"] > 0, c["loom_mean"], 1.0))),
+                "baseline": float(np.mean(c["base_max"] / np.where(c["base_mean"] > 0, c["base_mean"], 1.0))),
+            },
+            "micro_batch_spread": float(np.mean(c["mb_spread"])),
+            "simulated_gain": float(c["base_max"].sum() / max(c["loom_max"].sum(), 1e-300)),
+            "worst_mixture_error_pp": float(err[warm:].max()) if len(err) else 0.0,
+            "mixture": {
+                name: {
+                    "target_share": float(target[-1, k]),
+                    "realized_share": float(realized[-1, k]),
+                    "tokens": int(self.tokens[:, k].sum()),
+                }
+                for k, name in enumerate(self.sources)
+            },
+        }
+
+
+def mixture_error(tokens: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(worst error per step in pp, realized cumulative shares, target cumulative shares)."""
+    cum = np.cumsum(tokens, axis=0).astype(np.float64)
+    tot = cum.sum(axis=1, keepdims=True)
+    realized = cum / np.where(tot > 0, tot, 1.0)
+    target = np.cumsum(weights, axis=0) / np.arange(1, len(weights) + 1)[:, None]
+    err = np.abs(realized - target).max(axis=1, initial=0.0) * 100.0 if len(tokens) else np.zeros(0)
+    return err, realized, target
+
+
+def _dist(x: np.ndarray) -> dict[str, float]:
+    if len(x) == 0:
+        return {"mean": 1.0, "p99": 1.0, "max": 1.0}
+    return {"mean": float(x.mean()), "p99": float(np.quantile(x, 0.99)), "max": float(x.max())}
+
+
+def plan_report(plan_dir: Path) -> dict[str, Any]:
+    """The report of a stored plan: plan dir and id, steps, tokens, imbalance, gain, mixture errors."""
+    meta = read_plan(plan_dir)
+    out: dict[str, Any] = {"plan_dir": str(Path(plan_dir)), "plan_id": meta.plan_id}
+    out.update(meta.summary)
+    return out
+
+
+def plot_plan(plan_dir: Path, out_png: Path) -> None:
+    """PNG: per-rank cost heatmaps (loomdata vs baseline), max/LB per step, realized vs target mixture."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    meta = read_plan(plan_dir)
+    steps = pq.read_table(str(Path(plan_dir) / _STEPS_FILE)).to_pydict()
+    ranks = pq.read_table(str(Path(plan_dir) / _RANKS_FILE))
+    n = int(ranks["step"].to_numpy().astype(np.int64).max(initial=-1)) + 1
+    dp = meta.dp_size
+    lb = np.asarray(steps["lb"])
+    safe_lb = np.where(lb > 0, lb, 1.0)
+    fig, ax = plt.subplots(2, 2, figsize=(13, 8.5))
+    grids = []
+    for col in ("loom_cost", "base_cost"):
+        g = ranks[col].to_numpy().reshape(n, dp) / safe_lb[:n, None] if n else np.zeros((1, dp))
+        grids.append(g)
+    vmax = max(1.05, float(max(g.max() for g in grids)))
+    vmin = min(float(min(g.min() for g in grids)), 0.95)
+    for a, g, title in zip(ax[0], grids, ("loomdata", "baseline (shuffle, next-fit, round-robin)"), strict=True):
+        im = a.imshow(g.T, aspect="auto", origin="lower", cmap="viridis", vmin=vmin, vmax=vmax, interpolation="nearest")
+        a.set_title(f"{title}: rank cost / LB")
+        a.set_xlabel("step")
+        a.set_ylabel("dp rank")
+        fig.colorbar(im, ax=a)
+    x = np.asarray(steps["step"])
+    a = ax[1, 0]
+    a.plot(x, np.asarray(steps["base_max"]) / safe_lb, label="baseline max/LB", color="tab:red", lw=1)
+    a.plot(x, np.asarray(steps["loom_max"]) / safe_lb, label="loomdata max/LB", color="tab:blue", lw=1)
+    a.axhline(1.0, color="grey", lw=0.8, ls="--")
+    s = meta.summary
+    a.set_title(f"most loaded rank / lower bound per step (simulated gain {s.get('simulated_gain', 0):.3f}x)")
+    a.set_xlabel("step")
+    a.legend()
+    a = ax[1, 1]
+    tok = np.stack([np.asarray(steps[f"tokens__{name}"]) for name in meta.sources], 1)
+    w = np.stack([np.asarray(steps[f"weight__{name}"]) for name in meta.sources], 1)
+    _, realized, target = mixture_error(tok, w)
+    for k, name in enumerate(meta.sources):
+        line = a.plot(x, realized[:, k], lw=1.2, label=f"{name} realized")
+        a.plot(x, target[:, k], lw=1, ls="--", color=line[0].get_color(), label=f"{name} target")
+    a.set_title("cumulative token share: realized (solid) vs target (dashed)")
+    a.set_xlabel("step")
+    a.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"plan {meta.plan_id}: dp {dp}, {meta.micro_batches} micro-batches, seq_len {meta.seq_len}")
+    fig.tight_layout()
+    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(str(out_png), dpi=110)
+    plt.close(fig)

@@ -1,1 +1,6 @@
-"""client stage."""
+"""The client stage: StreamClient (a rank's iterator over its batches) and its checkpoint state."""
+
+from loomdata.client._state import STATE_VERSION, StreamState
+from loomdata.client._stream import StreamClient
+
+__all__ = ["STATE_VERSION", "StreamClient", "StreamState"]

@@ -26,6 +26,7 @@ from loomdata.execution._loader import REQUEST_DTYPE, SegmentData
 from loomdata.execution._manifest import ManifestRows, ManifestSlice
 from loomdata.execution._packing import pack_batch
 from loomdata.execution._partition import LoaderPartition
+from loomdata.execution.protocol import ExecutorUnavailable
 from loomdata.schemas.batch import SEGMENT_DTYPE, Batch
 from loomdata.schemas.errors import ExecutionError, LoomError
 from loomdata.schemas.plan import read_plan
@@ -106,7 +107,7 @@ class DataConstructor:
         if not 0 <= step < self._meta.steps:
             raise ExecutionError(f"step {step} is outside plan {self._meta.plan_id} (steps 0..{self._meta.steps - 1})")
         if self._stopped:
-            raise ExecutionError("the executor is stopping; reconnect to a running one")
+            raise ExecutorUnavailable("the executor is stopping; reconnect to a running one")
         t0 = time.perf_counter()
         key = (dp_rank, step)
         self._maybe_jump(dp_rank, step)

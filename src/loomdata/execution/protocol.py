@@ -24,6 +24,7 @@ __all__ = [
     "SERVE_FORMAT_VERSION",
     "TAKE_METHOD",
     "ConstructorInfo",
+    "ExecutorUnavailable",
     "LoaderInfo",
     "ServeInfo",
     "constructor_dataset",
@@ -37,6 +38,10 @@ __all__ = [
 SERVE_FORMAT_VERSION = 1
 TAKE_METHOD = "take"
 """Constructor method a client calls: `take(dp_rank: int, step: int) -> list[Batch]`."""
+
+
+class ExecutorUnavailable(ExecutionError):
+    """The executor is stopping or not (yet) published; a client reconnects and retries."""
 
 
 class _Frozen(BaseModel):

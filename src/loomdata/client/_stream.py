@@ -1,0 +1,202 @@
+"""StreamClient: a training rank's iterator over its micro-batches, from a running executor.
+
+One actor call per step (all of the rank's micro-batches), with the next step requested while the
+current one is consumed. The position is a `StreamState`; a new client loaded with a saved state
+yields identical batches from there on, also against a restarted executor (constructors rebuild any
+step from the plan). Transient failures (executor restarting, worker lost) are retried by
+reconnecting through the published ServeInfo / serve.json until `retry_s` runs out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from distributed import Client
+
+from loomdata.client._state import StreamState
+from loomdata.execution.protocol import (
+    ExecutorUnavailable,
+    ServeInfo,
+    parse_serve_info,
+    read_serve_info,
+    serve_dataset,
+)
+from loomdata.schemas.batch import Batch
+from loomdata.schemas.errors import ContractError, ExecutionError, LoomError
+from loomdata.schemas.plan import read_plan
+
+__all__ = ["StreamClient"]
+
+
+class StreamClient:
+    """Iterate one dp rank's micro-batches of a plan, step by step, in order; usable from any process."""
+
+    def __init__(
+        self,
+        plan_dir: str | Path,
+        dp_rank: int,
+        scheduler: str | None = None,
+        *,
+        start_step: int = 0,
+        client: Client | None = None,
+        prefetch: int = 1,
+        retry_s: float = 60.0,
+    ) -> None:
+        self.plan_dir = Path(plan_dir)
+        self.meta = read_plan(self.plan_dir)
+        if not 0 <= dp_rank < self.meta.dp_size:
+            raise ExecutionError(
+                f"dp rank {dp_rank} is outside plan {self.meta.plan_id} (dp_size {self.meta.dp_size}); "
+                f"pass a rank in 0..{self.meta.dp_size - 1}"
+            )
+        if not 0 <= start_step <= self.meta.steps:
+            raise ExecutionError(f"start_step {start_step} is outside plan {self.meta.plan_id} (0..{self.meta.steps})")
+        self.dp_rank = dp_rank
+        self._scheduler = scheduler
+        self._client = client
+        self._owns_client = client is None
+        self._prefetch = max(0, prefetch)
+        self._retry_s = retry_s
+        self._step = start_step
+        self._mb = 0
+        self._actor: Any = None
+        self._current: list[Batch] | None = None
+        self._ahead: dict[int, Any] = {}
+        self.wait_s = 0.0
+        """Seconds this client spent blocked waiting for batches."""
+        self.batches = 0
+
+    # ---- iteration ------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        if self._step >= self.meta.steps:
+            raise StopIteration
+        if self._current is None:
+            self._current = self._fetch(self._step)
+        batch = self._current[self._mb]
+        self._mb += 1
+        if self._mb == self.meta.micro_batches:
+            self._mb = 0
+            self._step += 1
+            self._current = None
+        self.batches += 1
+        return batch
+
+    def __len__(self) -> int:
+        """Micro-batches left to yield."""
+        return (self.meta.steps - self._step) * self.meta.micro_batches - self._mb
+
+    # ---- state ----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """{plan_id, dp_rank, step, micro_batch, version}: the next micro-batch this client yields."""
+        return StreamState(
+            plan_id=self.meta.plan_id, dp_rank=self.dp_rank, step=self._step, micro_batch=self._mb
+        ).as_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a saved state (validated against this plan and rank)."""
+        s = StreamState.parse(
+            state, plan_id=self.meta.plan_id, dp_rank=self.dp_rank, micro_batches=self.meta.micro_batches
+        )
+        if s.step > self.meta.steps:
+            raise ContractError(
+                f"stream state step {s.step} is beyond plan {self.meta.plan_id} ({self.meta.steps} steps)"
+            )
+        self._step, self._mb = s.step, s.micro_batch
+        self._current = None
+        self._ahead.clear()
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Drop pending requests and close the Dask client if this StreamClient made it."""
+        self._ahead.clear()
+        self._actor = None
+        if self._owns_client and self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __enter__(self) -> StreamClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ---- transport ------------------------------------------------------------------------------
+
+    def _fetch(self, step: int) -> list[Batch]:
+        """The rank's micro-batches of `step`; requests the next `prefetch` steps before waiting."""
+        deadline = time.monotonic() + self._retry_s
+        while True:
+            try:
+                if self._actor is None:
+                    self._attach()
+                fut = self._ahead.pop(step, None) or self._actor.take(self.dp_rank, step)
+                for s in range(step + 1, min(step + 1 + self._prefetch, self.meta.steps)):
+                    if s not in self._ahead:
+                        self._ahead[s] = self._actor.take(self.dp_rank, s)
+                t0 = time.perf_counter()
+                try:
+                    batches: list[Batch] = fut.result()
+                finally:
+                    self.wait_s += time.perf_counter() - t0
+                break
+            except ExecutorUnavailable:
+                pass
+            except LoomError:
+                raise
+            except Exception as e:  # connection lost, actor gone, dataset not published (yet)
+                if time.monotonic() >= deadline:
+                    raise ExecutionError(
+                        f"plan {self.meta.plan_id}, dp rank {self.dp_rank}: no executor answered for step {step} "
+                        f"within {self._retry_s:.0f}s ({type(e).__name__}: {e}); is `loom serve` running?"
+                    ) from e
+            if time.monotonic() >= deadline:
+                raise ExecutionError(
+                    f"plan {self.meta.plan_id}: the executor stayed unavailable for {self._retry_s:.0f}s; "
+                    "restart `loom serve`"
+                )
+            self._actor = None
+            self._ahead.clear()
+            time.sleep(0.5)
+        if len(batches) != self.meta.micro_batches or any(b.step != step for b in batches):
+            raise ExecutionError(
+                f"executor answered step {step} of rank {self.dp_rank} with {len(batches)} batches "
+                f"(expected {self.meta.micro_batches}); the executor serves a different plan: restart it"
+            )
+        return batches
+
+    def _attach(self) -> None:
+        """Connect (once) and get the constructor that serves this rank."""
+        if self._client is None:
+            address = self._scheduler or read_serve_info(self.plan_dir).scheduler
+            self._client = Client(address, direct_to_workers=True, set_as_default=True, timeout=30)
+        info = self._serve_info()
+        if info.plan_id != self.meta.plan_id:
+            raise ExecutionError(
+                f"the executor serves plan {info.plan_id}, not {self.meta.plan_id}; start `loom serve "
+                f"{self.plan_dir}` or point at the right scheduler"
+            )
+        name = info.constructor_for(self.dp_rank).name
+        with self._client.as_current():
+            self._actor = self._client.get_dataset(name, default=None)
+        if self._actor is None:
+            raise ExecutorUnavailable(f"constructor {name} is not published (yet)")
+
+    def _serve_info(self) -> ServeInfo:
+        """The running executor's ServeInfo: published on the scheduler, else serve.json."""
+        assert self._client is not None
+        raw = self._client.get_dataset(serve_dataset(self.meta.plan_id), default=None)
+        if raw is not None:
+            return parse_serve_info(str(raw), f"dataset {serve_dataset(self.meta.plan_id)}")
+        return read_serve_info(self.plan_dir)

@@ -1,0 +1,104 @@
+"""LoomDataset: a torch IterableDataset over a StreamClient, yielding tensors that share the NumPy memory.
+
+It implements the torchdata Stateful protocol (`state_dict` / `load_state_dict`), so a
+`StatefulDataLoader` or a training loop can checkpoint and resume the stream exactly. Batches are
+built a window ahead by the executor, so use it with `num_workers=0` (in the training process);
+with more workers every worker would stream the same rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from loomdata.client._state import StreamState
+from loomdata.client._stream import StreamClient
+from loomdata.schemas.batch import Batch
+from loomdata.schemas.errors import ExecutionError
+from loomdata.schemas.plan import read_plan
+
+__all__ = ["LoomDataset", "batch_to_tensors"]
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    """Share `a`'s memory (arrays arrive writable from Dask's frames, so torch does not warn)."""
+    return torch.from_numpy(a)
+
+
+def batch_to_tensors(batch: Batch) -> dict[str, Any]:
+    """A dict of tensors sharing the batch's NumPy arrays (no copy), plus its step/rank/micro-batch."""
+    out: dict[str, Any] = {
+        "input_ids": _tensor(batch.input_ids),
+        "labels": _tensor(batch.labels),
+        "position_ids": _tensor(batch.position_ids),
+        "cu_seqlens": _tensor(batch.cu_seqlens),
+        "step": batch.step,
+        "dp_rank": batch.dp_rank,
+        "micro_batch": batch.micro_batch,
+        "lane": batch.lane,
+    }
+    if batch.images:
+        out["images"] = [_tensor(im) for im in batch.images]
+        out["image_positions"] = _tensor(batch.image_positions)
+    return out
+
+
+class LoomDataset(IterableDataset[dict[str, Any]]):
+    """The micro-batches of one dp rank as dicts of tensors; Stateful for exact resume."""
+
+    def __init__(
+        self, plan_dir: str | Path, dp_rank: int, scheduler: str | None = None, *, start_step: int = 0
+    ) -> None:
+        super().__init__()
+        self.plan_dir = Path(plan_dir)
+        self.dp_rank = dp_rank
+        self.scheduler = scheduler
+        self._start_step = start_step
+        self._pending_state: dict[str, Any] | None = None
+        self._client: StreamClient | None = None
+
+    def _stream(self) -> StreamClient:
+        if self._client is None:  # created lazily, in the process that iterates
+            self._client = StreamClient(self.plan_dir, self.dp_rank, self.scheduler, start_step=self._start_step)
+            if self._pending_state is not None:
+                self._client.load_state_dict(self._pending_state)
+                self._pending_state = None
+        return self._client
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        if info is not None and info.num_workers > 1:
+            raise ExecutionError(
+                f"LoomDataset under a DataLoader with num_workers={info.num_workers}: every worker would "
+                "stream the same rank; use num_workers=0 or 1 (the executor already prefetches)"
+            )
+        stream = self._stream()
+        for batch in stream:
+            yield batch_to_tensors(batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream position (see StreamClient.state_dict)."""
+        if self._client is not None:
+            return self._client.state_dict()
+        if self._pending_state is not None:
+            return dict(self._pending_state)
+        meta = read_plan(self.plan_dir)  # not iterated yet: the start position, without connecting
+        return StreamState(plan_id=meta.plan_id, dp_rank=self.dp_rank, step=self._start_step, micro_batch=0).as_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Resume from a saved position (validated when the stream opens)."""
+        if self._client is not None:
+            self._client.load_state_dict(state_dict)
+        else:
+            self._pending_state = dict(state_dict)
+
+    def close(self) -> None:
+        """Close the underlying StreamClient."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None

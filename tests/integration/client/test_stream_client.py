@@ -1,0 +1,105 @@
+"""StreamClient against a running executor: exact batches, resume from a saved state, peers, reconnect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from distributed import Client
+
+from loomdata.client import StreamClient
+from loomdata.execution import Executor
+from loomdata.schemas import Batch, ContractError, read_manifest
+
+
+def _same(a: Batch, b: Batch) -> None:
+    assert (a.step, a.dp_rank, a.micro_batch, a.lane) == (b.step, b.dp_rank, b.micro_batch, b.lane)
+    for name in ("input_ids", "labels", "position_ids", "cu_seqlens", "segments"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
+def test_client_yields_the_ranks_batches_in_order(dask_client: Client, stream_plan: Path, loomtest: Any) -> None:
+    oracle = loomtest.Oracle(stream_plan)
+    meta = oracle.meta
+    with Executor(stream_plan, dask_client), StreamClient(stream_plan, 1) as stream:
+        assert len(stream) == meta.steps * meta.micro_batches
+        got = list(stream)
+        assert stream.wait_s >= 0
+    assert [(b.step, b.micro_batch) for b in got] == [
+        (s, m) for s in range(meta.steps) for m in range(meta.micro_batches)
+    ]
+    assert all(b.dp_rank == 1 for b in got)
+    assert sum(oracle.check(b) for b in got) == sum(
+        read_manifest(stream_plan, meta, dp_ranks=[1]).column("length").to_numpy().astype(int)
+    )
+
+
+def test_state_dict_resume_gives_identical_batches(dask_client: Client, stream_plan: Path) -> None:
+    with Executor(stream_plan, dask_client):
+        with StreamClient(stream_plan, 0) as first:
+            head = [next(first) for _ in range(3)]  # stops mid-step (2 micro-batches per step)
+            state = first.state_dict()
+            rest = list(first)
+        assert state["step"] == 1 and state["micro_batch"] == 1 and state["dp_rank"] == 0
+        with StreamClient(stream_plan, 0) as resumed:
+            resumed.load_state_dict(state)
+            again = list(resumed)
+    assert len(head) + len(rest) == len(again) + 3
+    assert len(again) == len(rest) > 0
+    for a, b in zip(rest, again, strict=True):
+        _same(a, b)
+
+
+def test_load_state_dict_rejects_another_plan_or_version(stream_plan: Path) -> None:
+    stream = StreamClient(stream_plan, 0)  # no connection is made before iterating
+    state = stream.state_dict()
+    with pytest.raises(ContractError, match=r"plan other.*this client streams plan " + state["plan_id"]):
+        stream.load_state_dict({**state, "plan_id": "other"})
+    with pytest.raises(ContractError, match=r"version 99 is not supported.*writes version 1"):
+        stream.load_state_dict({**state, "version": 99})
+    with pytest.raises(ContractError, match="dp rank 1"):
+        stream.load_state_dict({**state, "dp_rank": 1})
+
+
+def test_two_peers_get_identical_batches_from_one_read(dask_client: Client, stream_plan: Path, loomtest: Any) -> None:
+    meta = loomtest.Oracle(stream_plan).meta
+    window = 2
+    with Executor(stream_plan, dask_client, constructors=2, window=window, peers=2) as ex:
+        a, b = StreamClient(stream_plan, 0), StreamClient(stream_plan, 0)
+        got_a: list[Batch] = []
+        got_b: list[Batch] = []
+        for _ in range(meta.steps * meta.micro_batches):  # interleaved, as peers in one job would be
+            got_a.append(next(a))
+            got_b.append(next(b))
+        a.close()
+        b.close()
+        m = ex.metrics()
+    for x, y in zip(got_a, got_b, strict=True):
+        _same(x, y)
+    man = read_manifest(stream_plan, meta)
+    rank = man.column("dp_rank").to_numpy()
+    step = man.column("step").to_numpy()
+    # Rank 0 read once for both peers, plus rank 1's first window that its constructor built ahead.
+    expected_segments = int(((rank == 0) | ((rank == 1) & (step < window))).sum())
+    assert sum(lo["segments"] for lo in m["loaders"]) == expected_segments
+    c0 = next(c for c in m["constructors"] if c["ranks"] == [0])
+    assert c0["on_demand_steps"] == 0 and c0["built_steps"] == meta.steps
+    assert c0["rank_takes"]["0"] == 2 * meta.steps
+
+
+def test_client_continues_on_a_restarted_executor(dask_client: Client, stream_plan: Path, loomtest: Any) -> None:
+    oracle = loomtest.Oracle(stream_plan)
+    with StreamClient(stream_plan, 1, retry_s=30) as stream:
+        with Executor(stream_plan, dask_client):
+            before = [next(stream) for _ in range(4)]
+        with Executor(stream_plan, dask_client):
+            after = list(stream)
+    got = before + after
+    meta = oracle.meta
+    assert [(b.step, b.micro_batch) for b in got] == [
+        (s, m) for s in range(meta.steps) for m in range(meta.micro_batches)
+    ]
+    for b in got:
+        oracle.check(b)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import filecmp
+import functools
 import gzip
 import io
 import json
@@ -41,6 +42,8 @@ CORPUS_SOURCES = ("web", "code", "books", "papers", "captions")
 _VOCAB = 32000  # pre-tokenized ids stay below the default image placeholder id (32000)
 _LANGS = np.array(["en", "de", "fr", "es", "zh"])
 _LANG_P = np.array([0.6, 0.12, 0.1, 0.1, 0.08])
+_CHUNK = 1 << 22  # token ids drawn per numpy call
+_PAPERS_BATCH = 4096  # Megatron documents generated at once
 
 
 class CorpusSize(str, enum.Enum):
@@ -179,8 +182,22 @@ def _lognormal_lengths(rng: np.random.Generator, n: int, median: float, sigma: f
     return np.clip(np.round(rng.lognormal(np.log(median), sigma, size=n)), lo, hi).astype(np.int64)
 
 
+@functools.lru_cache(maxsize=1)
+def _zipf_table(bits: int = 20) -> np.ndarray:
+    """Inverse CDF of a Zipf(1.1) law over the vocabulary, tabulated on 2**bits quantiles."""
+    p = 1.0 / np.arange(1, _VOCAB + 1) ** 1.1
+    cdf = np.cumsum(p) / p.sum()
+    return np.minimum(np.searchsorted(cdf, (np.arange(1 << bits) + 0.5) / (1 << bits)), _VOCAB - 1).astype(np.int32)
+
+
 def _zipf_tokens(rng: np.random.Generator, n: int) -> np.ndarray:
-    return ((rng.zipf(1.1, size=n) - 1) % _VOCAB).astype(np.int32)
+    """`n` Zipf-distributed token ids below the vocabulary size (table lookup, bounded chunks)."""
+    table = _zipf_table()
+    out = np.empty(n, dtype=np.int32)
+    for lo in range(0, n, _CHUNK):
+        hi = min(n, lo + _CHUNK)
+        out[lo:hi] = table[rng.integers(0, len(table), size=hi - lo)]
+    return out
 
 
 # ---- sources --------------------------------------------------------------------------------------
@@ -307,11 +324,16 @@ def _papers(out: Path, plan: _Plan, seed: int) -> SourceSummary:
     folder.mkdir(parents=True, exist_ok=True)
     rng = _rng(seed, 4)
     lengths = _lognormal_lengths(rng, plan.papers_docs, 1500, 0.8, 32, 16384)
-    flat = _zipf_tokens(rng, int(lengths.sum())).astype(np.uint16)
-    docs: Iterator[np.ndarray] = iter(np.split(flat, np.cumsum(lengths)[:-1]))
+
+    def docs() -> Iterator[np.ndarray]:
+        for lo in range(0, len(lengths), _PAPERS_BATCH):
+            part = lengths[lo : lo + _PAPERS_BATCH]
+            flat = _zipf_tokens(rng, int(part.sum())).astype(np.uint16)
+            yield from np.split(flat, np.cumsum(part)[:-1])
+
     final = folder / "papers_text_document"
     tmp = folder / "papers_text_document.tmp"
-    write_megatron(tmp, docs, np.uint16)
+    write_megatron(tmp, docs(), np.uint16)
     nbytes = 0
     for ext in (".bin", ".idx"):
         _commit(Path(f"{tmp}{ext}"), Path(f"{final}{ext}"))
@@ -321,16 +343,17 @@ def _papers(out: Path, plan: _Plan, seed: int) -> SourceSummary:
 
 def _image(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
     """An RGB picture: a colour gradient, a few rectangles and a little noise."""
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
     c0, c1 = rng.integers(0, 256, size=(2, 3)).astype(np.float32)
-    t = (x / max(w - 1, 1) * 0.6 + y / max(h - 1, 1) * 0.4)[..., None]
+    x = np.linspace(0, 0.6, w, dtype=np.float32)
+    y = np.linspace(0, 0.4, h, dtype=np.float32)
+    t = (y[:, None] + x[None, :])[..., None]
     img = c0 * (1 - t) + c1 * t
     for _ in range(int(rng.integers(1, 5))):
         x0, y0 = int(rng.integers(0, w)), int(rng.integers(0, h))
         img[y0 : y0 + int(rng.integers(4, max(h // 2, 5))), x0 : x0 + int(rng.integers(4, max(w // 2, 5)))] = (
             rng.integers(0, 256, size=3)
         )
-    img += rng.normal(0, 6, size=img.shape).astype(np.float32)
+    img += rng.integers(-10, 11, size=img.shape, dtype=np.int8)  # a little sensor-like noise
     return np.clip(img, 0, 255).astype(np.uint8)
 
 

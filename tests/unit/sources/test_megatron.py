@@ -89,7 +89,7 @@ def test_scan_and_read_match_megatron_reader_with_multi_sequence_documents(tmp_p
     rows = np.array([5, 0, len(ref) - 1, 5, 3], dtype=np.uint64)
     samples = r.read(tmp_path / "ds", rows)
     for row, s in zip(rows.tolist(), samples, strict=True):
-        assert s.tokens.dtype == np.int32
+        assert type(s.tokens) is np.ndarray and s.tokens.dtype == np.int32  # no memmap leaks out
         assert s.images == []
         np.testing.assert_array_equal(s.tokens, ref[row].astype(np.int32))
     assert r.read(tmp_path / "ds", np.array([], dtype=np.uint64)) == []
@@ -238,3 +238,11 @@ def test_read_out_of_range_and_unknown_metadata(good: Path) -> None:
         reader().read(good, np.array([0, 10]))
     with pytest.raises(SourceDataError, match=r"no metadata column\(s\) 'lang'"):
         reader(metadata=["lang"])
+
+
+def test_scan_never_uses_bin_content(good: Path) -> None:
+    before = reader().scan(good, 0, 1).rows
+    b = Path(f"{good}.bin")
+    b.write_bytes(b"\xff" * b.stat().st_size)  # same size, different tokens
+    assert reader().scan(good, 0, 1).rows.equals(before)
+    assert set(reader().read(good, np.array([0]))[0].tokens.tolist()) == {0xFFFF}

@@ -364,3 +364,32 @@ def test_reader_sees_a_rewritten_shard(tmp_path: Path) -> None:
     assert r.read(path, np.array([0]))[0].tokens.tolist() == list(b"first")
     write_webdataset_shard(path, [{"__key__": "a", "txt": "second version"}])
     assert r.read(path, np.array([0]))[0].tokens.tolist() == list(b"second version")
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read through read(2) so far (Linux /proc accounting)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux /proc I/O accounting")
+def test_scan_reads_image_headers_not_pixels(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    samples = []
+    for i in range(12):
+        noise = Image.fromarray(rng.integers(0, 255, (400, 500, 3), dtype=np.uint8))
+        buf = io.BytesIO()
+        noise.save(buf, format="PNG" if i % 2 else "JPEG", quality=95)
+        samples.append({"__key__": f"k{i}", "txt": "short", "png" if i % 2 else "jpg": buf.getvalue()})
+    path = tmp_path / "big.tar"
+    write_webdataset_shard(path, samples)
+    size = path.stat().st_size
+    assert size > 12 * 100_000  # noise does not compress: the images dominate the file
+    reader().scan(path, 0, 1)  # warm up: the first scan also reads Pillow's plugin modules from disk
+    before = _bytes_read()
+    t = reader().scan(path, 0, 1).rows
+    read = _bytes_read() - before
+    assert t.column("num_image_tokens").to_pylist() == [image_tokens(500, 400, SPEC)] * 12
+    assert read < size / 10, f"scan read {read} of {size} bytes"  # measured: about 3%

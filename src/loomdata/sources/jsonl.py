@@ -194,6 +194,12 @@ class JsonlReader(FormatReader):
             raise SourceDataError(
                 f"<source {source.name}>", "a jsonl source needs `text_field`", hint="set it in the spec"
             )
+        if source.metadata:
+            raise SourceDataError(
+                f"<source {source.name}>",
+                f"metadata columns ({', '.join(source.metadata)}) are carried for parquet sources only",
+                hint="remove `metadata` from this jsonl source in the spec",
+            )
         self._field: str = source.text_field
         self._schema = pa.schema([(self._field, pa.large_string())])
         self._maps: dict[Path, tuple[BinaryIO, mmap.mmap | None]] = {}

@@ -230,3 +230,13 @@ def test_empty_files(tmp_path: Path) -> None:
         assert res.rows.num_rows == 0 and res.errors == []
     (tmp_path / "zero.jsonl").write_bytes(b"")
     assert _reader().scan(tmp_path / "zero.jsonl", 0, 1).rows.num_rows == 0
+
+
+def test_missing_file_and_unsupported_metadata(tmp_path: Path) -> None:
+    with pytest.raises(SourceDataError, match=r"nope\.jsonl"):
+        _reader().num_parts(tmp_path / "nope.jsonl", 100)
+    with pytest.raises(SourceDataError, match=r"nope\.jsonl\.gz"):
+        _reader().scan(tmp_path / "nope.jsonl.gz", 0, 1)
+    spec = SourceSpec(name="b", format=SourceFormat.JSONL, paths=["x"], text_field="text", metadata=["lang"])
+    with pytest.raises(SourceDataError, match="parquet sources only"):
+        make_reader(spec, TokenizerSpec(), ImageSpec())

@@ -227,3 +227,17 @@ def test_read_row_out_of_range(tmp_path: Path) -> None:
     with pytest.raises(SourceDataError, match=r"w\.parquet, row 10: row out of range"):
         _reader(tokens_field="input_ids").read(path, np.array([0, 10]))
     assert _reader(tokens_field="input_ids").read(path, np.array([], dtype=np.uint64)) == []
+
+
+def test_missing_and_empty_files(tmp_path: Path) -> None:
+    with pytest.raises(SourceDataError, match=r"nope\.parquet"):
+        _reader(tokens_field="input_ids").num_parts(tmp_path / "nope.parquet", 100)
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(
+        pa.table({"input_ids": pa.array([], pa.list_(pa.int32())), "lang": pa.array([], pa.string())}), empty
+    )
+    r = _reader(tokens_field="input_ids", metadata=["lang"])
+    assert r.num_parts(empty, 100) == 1
+    res = r.scan(empty, 0, 1)
+    assert res.rows.num_rows == 0
+    assert res.rows.column_names == ["row", "num_tokens", "num_image_tokens", "lang"]

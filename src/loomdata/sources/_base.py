@@ -65,5 +65,5 @@ class FormatReader(abc.ABC):
     def read(self, path: Path, rows: np.ndarray) -> list[Sample]:
         """The samples at `rows` (values of the scan's `row` column) of `path`, in the order given."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook; readers without state have nothing to release
         """Release open files and caches."""

@@ -51,12 +51,16 @@ def partition_source(source_id: int, source: str, sample_shards: np.ndarray, n: 
     counts = np.bincount(shards)  # samples per shard id, 0..max shard
     nonempty = np.flatnonzero(counts)
     n = min(n, len(nonempty))
-    cum = np.cumsum(counts)  # samples before the end of each shard id
-    total = int(cum[-1])
-    # Cut after the shard where the cumulative count first reaches k/n of the total.
-    targets = (np.arange(1, n) * total) // n
-    cuts = np.unique(np.searchsorted(cum, targets, side="left") + 1)
-    bounds = [0, *[int(c) for c in cuts if 0 < c < len(counts)], len(counts)]
+    cum = np.cumsum(counts)  # samples up to the end of each shard id
+    # Cut (as an index into the non-empty shards) where the cumulative count reaches k/n of the total,
+    # then make the cuts strictly increasing so every partition keeps at least one non-empty shard.
+    ideal = np.searchsorted(cum[nonempty], (np.arange(1, n) * int(cum[-1])) // n, side="left") + 1
+    cuts = [int(c) for c in ideal]
+    for k in range(len(cuts)):
+        cuts[k] = max(cuts[k], cuts[k - 1] + 1 if k else 1)
+    for k in reversed(range(len(cuts))):
+        cuts[k] = min(cuts[k], len(nonempty) - (len(cuts) - k), cuts[k + 1] - 1 if k + 1 < len(cuts) else len(nonempty))
+    bounds = [0, *[int(nonempty[c]) for c in cuts], len(counts)]
     parts: list[LoaderPartition] = []
     for a, b in itertools.pairwise(bounds):
         first = int(cum[a - 1]) if a > 0 else 0

@@ -1,0 +1,83 @@
+"""A cluster started by hand (`dask scheduler` + `dask worker` processes) serves like the embedded one."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loomdata.client import StreamClient
+from loomdata.execution import Executor, open_cluster
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def manual_cluster(tmp_path: Path) -> Iterator[str]:
+    dask = str(Path(sys.executable).with_name("dask"))
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    log = open(tmp_path / "cluster.log", "w")  # noqa: SIM115 - closed below
+    procs = [
+        subprocess.Popen(
+            [dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    ]
+    for i in range(2):
+        procs.append(
+            subprocess.Popen(
+                [
+                    dask,
+                    "worker",
+                    address,
+                    "--nthreads",
+                    "1",
+                    "--host",
+                    "127.0.0.1",
+                    "--no-dashboard",
+                    "--local-directory",
+                    str(tmp_path / f"w{i}"),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        )
+    try:
+        yield address
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        log.close()
+
+
+def test_hand_started_cluster_serves_exact_batches(manual_cluster: str, stream_plan: Path, loomtest: Any) -> None:
+    oracle = loomtest.Oracle(stream_plan)
+    with open_cluster(manual_cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        with Executor(stream_plan, client, constructors=2, loaders_per_source=2) as ex:
+            assert ex.info is not None and ex.info.scheduler == manual_cluster
+            assert len({lo.worker for lo in ex.info.loaders}) == 2  # spread over both hand-started workers
+            with StreamClient(stream_plan, 0, scheduler=manual_cluster) as a, StreamClient(stream_plan, 1) as b:
+                got = list(a) + list(b)
+    assert len(got) == 2 * oracle.meta.steps * oracle.meta.micro_batches
+    assert sum(oracle.check(x) for x in got) > 0

@@ -23,6 +23,7 @@ import io
 import os
 import re
 import tarfile
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,6 +179,7 @@ class WebDatasetReader(FormatReader):
         self._text = source.text_field.lower()
         self._images = [e.lower() for e in source.image_field]
         self._shards: dict[Path, _Open] = {}
+        self._lock = threading.Lock()  # open shards share one file position: one caller at a time
 
     def _shard(self, path: Path) -> _Open:
         """The open shard, reopened when the file changed since it was opened."""
@@ -218,6 +220,10 @@ class WebDatasetReader(FormatReader):
     def scan(self, path: Path, part: int, num_parts: int) -> ScanResult:
         if (part, num_parts) != (0, 1):
             raise ValueError(f"a tar shard is one part; got part {part} of {num_parts}")
+        with self._lock:
+            return self._scan(path)
+
+    def _scan(self, path: Path) -> ScanResult:
         from PIL import Image
 
         shard = self._shard(path)
@@ -305,28 +311,28 @@ class WebDatasetReader(FormatReader):
         return sample
 
     def read(self, path: Path, rows: np.ndarray) -> list[Sample]:
-        shard = self._shard(path)
         rows_list = [int(r) for r in np.asarray(rows, dtype=np.int64)]
         if not rows_list:
             return []
-        found = {r: self._sample_at(path, shard, r) for r in dict.fromkeys(rows_list)}
-        texts: list[str] = []
-        for r in rows_list:
-            s = found[r]
-            try:
-                texts.append(_payload(shard, s.members[self._text]).decode("utf-8"))
-            except UnicodeDecodeError as e:
-                raise SourceDataError(str(path), f"sample {s.key!r}: text is not UTF-8 ({e})", row=r) from None
+        with self._lock:
+            shard = self._shard(path)
+            found = {r: self._sample_at(path, shard, r) for r in dict.fromkeys(rows_list)}
+            texts: list[str] = []
+            for r in rows_list:
+                s = found[r]
+                try:
+                    texts.append(_payload(shard, s.members[self._text]).decode("utf-8"))
+                except UnicodeDecodeError as e:
+                    raise SourceDataError(str(path), f"sample {s.key!r}: text is not UTF-8 ({e})", row=r) from None
+            payloads = {
+                r: [(s.members[ext].name, _payload(shard, s.members[ext])) for ext in self._images if ext in s.members]
+                for r, s in found.items()
+            }
         encoded = make_tokenizer(self.tokenizer_spec).encode_batch(texts)
         p = self.images.patch_size
         out: list[Sample] = []
         for r, text_tokens in zip(rows_list, encoded, strict=True):
-            s = found[r]
-            images = [
-                decode_image(_payload(shard, s.members[ext]), self.images, name=f"{path}:{s.members[ext].name}")
-                for ext in self._images
-                if ext in s.members
-            ]
+            images = [decode_image(data, self.images, name=f"{path}:{name}") for name, data in payloads[r]]
             n_img = sum((im.shape[0] // p) * (im.shape[1] // p) for im in images)
             tokens = np.empty(n_img + len(text_tokens), dtype=np.int32)
             tokens[:n_img] = self.images.placeholder_token_id
@@ -335,10 +341,11 @@ class WebDatasetReader(FormatReader):
         return out
 
     def close(self) -> None:
-        for shard in self._shards.values():
-            shard.tar.close()
-            shard.file.close()
-        self._shards.clear()
+        with self._lock:
+            for shard in self._shards.values():
+                shard.tar.close()
+                shard.file.close()
+            self._shards.clear()
 
 
 def _as_bytes(value: object, where: str) -> bytes:

@@ -1,0 +1,84 @@
+"""The `loom` command end to end, as a user runs it: generate, index, plan, inspect; errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _loom(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "loomdata.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def _json(proc: subprocess.CompletedProcess[str]) -> Any:
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def demo_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of configs/ next to a generated tiny corpus, laid out as in the repo."""
+    root = tmp_path_factory.mktemp("cli")
+    shutil.copytree(REPO / "configs", root / "configs")
+    gen = _json(_loom("generate", "demo-work/data", "--size", "tiny", "--json", cwd=root))
+    assert set(gen["sources"]) == {"web", "code", "books", "papers", "captions"}
+    return root
+
+
+def test_index_plan_inspect(demo_tree: Path, dask_client: Any) -> None:
+    addr = dask_client.scheduler.address
+    first = _json(_loom("index", "configs/demo.yaml", "--scheduler", addr, "--json", cwd=demo_tree))
+    sources = first["sources"]
+    assert set(sources) == {"web", "code", "books", "papers", "captions"}
+    assert all(s["samples"] > 0 and s["tokens"] > 0 and s["skipped"] == 0 for s in sources.values())
+    assert sources["captions"]["image_tokens"] > 0 and sources["web"]["image_tokens"] == 0
+    again = _json(_loom("index", "configs/demo.yaml", "--scheduler", addr, "--json", cwd=demo_tree))
+    assert all(s["rescanned"] == 0 for s in again["sources"].values())
+    assert {k: v["fingerprint"] for k, v in again["sources"].items()} == {
+        k: v["fingerprint"] for k, v in sources.items()
+    }
+
+    plan = _json(_loom("plan", "configs/demo.yaml", "--json", cwd=demo_tree))
+    plan_dir = Path(plan["plan_dir"])
+    assert (plan_dir / "plan.json").is_file()
+    again_plan = _json(_loom("plan", "configs/demo.yaml", "--json", cwd=demo_tree))
+    assert again_plan["plan_id"] == plan["plan_id"]
+
+    png = demo_tree / "plan.png"
+    inspected = _json(_loom("inspect", str(plan_dir), "--json", "--plot", str(png), cwd=demo_tree))
+    assert inspected["plan_id"] == plan["plan_id"]
+    assert png.stat().st_size > 10_000
+
+
+def test_bad_spec_exits_2_with_every_problem_and_no_traceback(tmp_path: Path) -> None:
+    spec = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    spec["sources"][0]["paths"] = ["nowhere/*.parquet"]
+    spec["training"]["seq_len"] = 0
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(spec))
+    proc = _loom("index", "bad.yaml", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "training.seq_len" in proc.stderr
+
+
+def test_corrupt_shard_names_the_file(demo_tree: Path, dask_client: Any, tmp_path: Path) -> None:
+    shutil.copytree(demo_tree / "configs", tmp_path / "configs")
+    shutil.copytree(demo_tree / "demo-work" / "data", tmp_path / "demo-work" / "data")
+    bad = sorted((tmp_path / "demo-work" / "data" / "web").glob("*.parquet"))[0]
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    proc = _loom("index", "configs/demo.yaml", "--scheduler", dask_client.scheduler.address, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout
+    assert bad.name in proc.stderr and "Traceback" not in proc.stderr

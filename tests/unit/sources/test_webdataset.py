@@ -400,7 +400,7 @@ def test_concurrent_reads_from_threads_agree(shard: tuple[Path, list[dict[str, A
     from concurrent.futures import ThreadPoolExecutor
 
     path, _ = shard
-    r = reader()
+    r = reader(images=[])  # text only: the race is in file access, image decoding only slows the test
     rows = r.scan(path, 0, 1).rows.column("row").to_numpy()
     want = [s.tokens.tolist() for s in r.read(path, rows)]
     batches = [np.roll(rows, k)[:5] for k in range(96)]  # without the lock this fails most runs

@@ -24,10 +24,10 @@ _COLUMNS = [(f.name, f.type.to_pandas_dtype()) for f in MANIFEST_SCHEMA]
 class ManifestWriter:
     """Buffers per-step rows and writes a partition file whenever the buffer is full."""
 
-    def __init__(self, plan_dir: Path, plan_id: str, rows_per_file: int = ROWS_PER_FILE) -> None:
+    def __init__(self, plan_dir: Path, plan_id: str, rows_per_file: int | None = None) -> None:
         self._dir = plan_dir
         self._plan_id = plan_id
-        self._rows_per_file = rows_per_file
+        self._rows_per_file = ROWS_PER_FILE if rows_per_file is None else rows_per_file
         self._buf: list[dict[str, np.ndarray]] = []
         self._rows = 0
         self._first = 0
@@ -53,8 +53,11 @@ class ManifestWriter:
 
     def _flush(self) -> None:
         arrays = [
-            pa.array(np.concatenate([b[name] for b in self._buf]).astype(dtype, copy=False)
-                     if self._buf else np.zeros(0, dtype=dtype))
+            pa.array(
+                np.concatenate([b[name] for b in self._buf]).astype(dtype, copy=False)
+                if self._buf
+                else np.zeros(0, dtype=dtype)
+            )
             for name, dtype in _COLUMNS
         ]
         table = pa.Table.from_arrays(arrays, schema=MANIFEST_SCHEMA)

@@ -64,9 +64,7 @@ class Lanes:
         return np.where(lanes == 1, self.long_cp, self.short_cp).astype(np.int64)
 
 
-def check_unsplittable(
-    source: str, samples: np.ndarray, lengths: np.ndarray, images: np.ndarray, lanes: Lanes
-) -> None:
+def check_unsplittable(source: str, samples: np.ndarray, lengths: np.ndarray, images: np.ndarray, lanes: Lanes) -> None:
     """Raise PlanError when a sample with images exceeds its lane's capacity (it cannot be split)."""
     lane = lanes.lane_of(lengths)
     bad = np.flatnonzero((images > 0) & (lengths > lanes.capacity(lane)))
@@ -80,9 +78,7 @@ def check_unsplittable(
         )
 
 
-def expand_units(
-    docs: np.ndarray, lengths: np.ndarray, lanes: Lanes
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def expand_units(docs: np.ndarray, lengths: np.ndarray, lanes: Lanes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Segments of `docs` (in that order): (doc, offset, length); long documents become consecutive segments."""
     dl = lengths[docs].astype(np.int64)
     cap = lanes.capacity(lanes.lane_of(dl))

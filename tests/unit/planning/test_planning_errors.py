@@ -1,0 +1,92 @@
+"""make_plan refuses impossible specs with a PlanError that names the source, step or sample and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from loomdata.planning import make_plan
+from loomdata.schemas.errors import ContractError, PlanError
+
+
+def test_unknown_source_in_the_mixture(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:
+    spec = spec_of(tmp_path, ["web"], weights={"web": 1.0, "wiki": 1.0}, validate=False)
+    with pytest.raises(PlanError, match=r"unknown source\(s\) 'wiki'.*known: web"):
+        make_plan(spec, index={"web": index_of([10] * 50)})
+
+
+def test_missing_index_table_for_a_source(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:
+    spec = spec_of(tmp_path, ["web", "code"])
+    with pytest.raises(PlanError, match="no index table given for source 'code'"):
+        make_plan(spec, index={"web": index_of([10] * 50)})
+
+
+def test_index_table_with_the_wrong_schema(tmp_path: Path, spec_of: Callable[..., Any]) -> None:
+    spec = spec_of(tmp_path, ["web"])
+    with pytest.raises(ContractError, match="missing column 'num_tokens'"):
+        make_plan(spec, index={"web": pa.table({"sample": pa.array([0], pa.uint64())})})
+
+
+@pytest.mark.parametrize("lengths", [[], [0, 0, 0]])
+def test_empty_source_with_positive_weight(
+    tmp_path: Path, spec_of: Callable[..., Any], index_of: Any, lengths: list[int]
+) -> None:
+    spec = spec_of(
+        tmp_path,
+        ["web", "code"],
+        schedule=[
+            {"step": 0, "weights": {"web": 1.0, "code": 0.0}},
+            {"step": 4, "weights": {"web": 1.0, "code": 1.0}},
+        ],
+    )
+    with pytest.raises(PlanError, match=r"source 'code' is empty .* positive weight from step 1"):
+        make_plan(spec, index={"web": index_of([10] * 500), "code": index_of(lengths)})
+
+
+def test_empty_source_with_zero_weight_is_fine(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:
+    spec = spec_of(tmp_path, ["web", "code"], weights={"web": 1.0, "code": 0.0})
+    res = make_plan(spec, index={"web": index_of([10] * 500), "code": index_of([])})
+    assert res.meta.summary["mixture"]["code"]["tokens"] == 0
+
+
+def test_schedule_beyond_steps(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:
+    spec = spec_of(
+        tmp_path,
+        ["web"],
+        steps=10,
+        validate=False,
+        schedule=[
+            {"step": 0, "weights": {"web": 1.0}},
+            {"step": 10, "weights": {"web": 1.0}},
+        ],
+    )
+    with pytest.raises(PlanError, match=r"schedule\[1\].step: 10 is beyond training.steps \(10\)"):
+        make_plan(spec, index={"web": index_of([10] * 50)})
+
+
+def test_max_epochs_names_source_and_step(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:
+    # 4 ranks * 2 micro-batches * 128 tokens * 0.96 = 983 tokens a step, half from `small` (1000 tokens/epoch)
+    spec = spec_of(tmp_path, ["web", "small"], max_epochs={"small": 2}, steps=10)
+    with pytest.raises(PlanError, match=r"source 'small' would exceed max_epochs=2 at step 4 .*needs 4.9"):
+        make_plan(spec, index={"web": index_of([10] * 1000), "small": index_of([10] * 100)})
+
+
+def test_budget_no_source_can_fill(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:
+    # one slot of 64 tokens a step (budget 61) but every document is a whole 64-token sequence
+    spec = spec_of(tmp_path, ["web"], seq_len=64, dp=1, micro_batches=1, steps=40)
+    with pytest.raises(PlanError, match=r"step \d+ draws no document: its budget of 61 tokens"):
+        make_plan(spec, index={"web": index_of([64] * 100)})
+
+
+def test_sample_with_images_larger_than_any_lane(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:
+    spec = spec_of(tmp_path, ["caps"], seq_len=128)
+    lengths = np.full(20, 50)
+    images = np.full(20, 30)
+    lengths[7], images[7] = 300, 256
+    with pytest.raises(PlanError, match=r"source 'caps', sample 7: 300 tokens with 256 image tokens exceed"):
+        make_plan(spec, index={"caps": index_of(lengths, images)})

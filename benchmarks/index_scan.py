@@ -1,0 +1,284 @@
+"""How fast is `loom index` next to the practical floor: a single-process pyarrow read of the same lengths?
+
+For each source of a generated corpus (or a given one) this runs `build_index` on a LocalCluster of 1
+and then 2 worker processes (threads_per_worker=1), each on a fresh index (no cache), interleaved
+with a single process that reads the same length information directly: pre-tokenized Parquet: the
+list column and `list_value_length`; raw-text Parquet: the text column and the byte tokenizer's
+count; JSONL: decompress, Arrow's JSON reader, the byte count; Megatron: the .idx lengths;
+WebDataset: `tarfile` plus Pillow's header parse of each image. It prints samples/s, MB/s (source
+bytes on disk) and the ratio to the floor per worker (`index rate / workers / floor rate`; goal
+>= 0.8), and writes benchmarks/results/index_scan.json. `noop s` is a re-run with nothing changed
+(zero tasks): the job's fixed cost.
+
+    .venv/bin/python benchmarks/index_scan.py                    # small corpus, about 2 minutes
+    .venv/bin/python benchmarks/index_scan.py --size large --data /big/disk/corpus
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+import zstandard
+from PIL import Image
+
+from loomdata.indexing import build_index
+from loomdata.schemas import ImageSpec, Spec, parse_spec
+from loomdata.sources.corpus import generate_corpus
+from loomdata.sources.images import image_tokens_array
+
+RESULTS = Path(__file__).resolve().parent / "results" / "index_scan.json"
+GOAL = 0.8
+
+SOURCES: dict[str, dict[str, Any]] = {
+    "web": {"format": "parquet", "paths": ["web/*.parquet"], "tokens_field": "input_ids"},
+    "code": {"format": "parquet", "paths": ["code/*.parquet"], "text_field": "text"},
+    "books": {
+        "format": "jsonl",
+        "paths": ["books/*.jsonl", "books/*.jsonl.gz", "books/*.jsonl.zst"],
+        "text_field": "text",
+    },
+    "papers": {"format": "megatron", "paths": ["papers/*.idx"]},
+    "captions": {
+        "format": "webdataset",
+        "paths": ["captions/*.tar"],
+        "text_field": "txt",
+        "image_field": ["jpg", "png"],
+    },
+}
+IMAGES = ImageSpec()
+
+
+# ---- the floor: one process, pyarrow/numpy only ---------------------------------------------------
+
+
+def _floor_tokens_parquet(path: Path) -> np.ndarray:
+    col = pq.read_table(path, columns=["input_ids"]).column(0)
+    return pc.list_value_length(col).to_numpy(zero_copy_only=False)
+
+
+def _floor_text_parquet(path: Path) -> np.ndarray:
+    col = pq.read_table(path, columns=["text"]).column(0)
+    return pc.binary_length(col).to_numpy(zero_copy_only=False)  # the byte tokenizer's count
+
+
+def _floor_jsonl(path: Path) -> np.ndarray:
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
+    elif path.suffix == ".zst":
+        data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    schema = pa.schema([pa.field("text", pa.large_string())])
+    table = pajson.read_json(
+        io.BytesIO(data),
+        parse_options=pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+    )
+    return pc.binary_length(table.column("text")).to_numpy(zero_copy_only=False)
+
+
+def _floor_megatron(prefix: Path) -> np.ndarray:
+    raw = Path(f"{prefix}.idx").read_bytes()
+    count = int(np.frombuffer(raw, dtype=np.uint64, count=1, offset=18)[0])
+    return np.frombuffer(raw, dtype=np.int32, count=count, offset=34)
+
+
+def _floor_webdataset(path: Path) -> np.ndarray:
+    """Walk the tar with `tarfile`: text bytes, and image sizes from Pillow's header parse (no decode)."""
+    keys: dict[str, int] = {}
+    text_len: list[int] = []
+    sizes: list[tuple[int, int, int]] = []  # (sample, width, height)
+    with tarfile.open(path) as tf:
+        for ti in tf:
+            if not ti.isfile():
+                continue
+            folder, _, base = ti.name.rpartition("/")
+            stem, _, ext = base.partition(".")
+            sample = keys.setdefault(f"{folder}/{stem}", len(keys))
+            if sample == len(text_len):
+                text_len.append(0)
+            f = tf.extractfile(ti)
+            if f is None:
+                continue
+            if ext == "txt":
+                text_len[sample] = len(f.read())
+            elif ext in ("jpg", "png"):
+                with Image.open(f) as im:
+                    sizes.append((sample, *im.size))
+    tokens = np.array(text_len, dtype=np.int64)
+    if sizes:
+        s = np.array(sizes, dtype=np.int64)
+        np.add.at(tokens, s[:, 0], image_tokens_array(s[:, 1], s[:, 2], IMAGES))
+    return tokens
+
+
+FLOORS: dict[str, Callable[[Path], np.ndarray]] = {
+    "web": _floor_tokens_parquet,
+    "code": _floor_text_parquet,
+    "books": _floor_jsonl,
+    "papers": _floor_megatron,
+    "captions": _floor_webdataset,
+}
+
+
+def _spec(root: Path, workdir: Path, names: list[str]) -> Spec:
+    data = {
+        "name": "bench",
+        "workdir": str(workdir),
+        "sources": [{"name": n, **SOURCES[n]} for n in names],
+        "mixture": {"weights": dict.fromkeys(names, 1.0)},
+        "training": {"seq_len": 4096, "steps": 1, "dp_size": 1},
+    }
+    return parse_spec(data, root)
+
+
+def _source_bytes(spec: Spec, name: str) -> int:
+    total = 0
+    for p in spec.resolve_paths(spec.source(name)):
+        files = [Path(f"{p}.idx"), Path(f"{p}.bin")] if name == "papers" else [p]
+        total += sum(f.stat().st_size for f in files)
+    return total
+
+
+def _floor(spec: Spec, names: list[str]) -> tuple[float, int, int]:
+    """One single-process read of the sources' lengths: (seconds, samples, tokens)."""
+    t0 = time.perf_counter()
+    lengths = [FLOORS[n](p) for n in names for p in spec.resolve_paths(spec.source(n))]
+    return time.perf_counter() - t0, sum(len(x) for x in lengths), int(sum(int(x.sum()) for x in lengths))
+
+
+def _index(spec: Spec, client: Any, names: list[str], fresh: bool = True) -> tuple[float, int, int]:
+    """One `build_index` of the sources, on a fresh index unless `fresh` is False: (seconds, samples, tokens)."""
+    if fresh:
+        for n in names:
+            shutil.rmtree(spec.index_dir / n, ignore_errors=True)
+    t0 = time.perf_counter()
+    summary = build_index(spec, client, sources=names)
+    took = time.perf_counter() - t0
+    return took, sum(s.samples for s in summary.sources.values()), sum(s.tokens for s in summary.sources.values())
+
+
+def _compare(spec: Spec, client: Any, label: str, names: list[str], n_workers: int, repeat: int) -> dict[str, Any]:
+    """Index and floor runs interleaved (so load from other processes hits both alike); best of each."""
+    cold = _index(spec, client, names)[0]  # pays worker imports and reader set-up
+    index_runs, floor_runs = [], []
+    for _ in range(repeat):
+        floor_runs.append(_floor(spec, names))
+        index_runs.append(_index(spec, client, names))
+    noop = _index(spec, client, names, fresh=False)[0]  # nothing changed: the job's fixed cost
+    (_, samples, tokens), (_, f_samples, f_tokens) = index_runs[0], floor_runs[0]
+    if (samples, tokens) != (f_samples, f_tokens):
+        raise SystemExit(f"{label}: index and floor disagree: {samples}/{tokens} vs {f_samples}/{f_tokens}")
+    best, floor_s = min(r[0] for r in index_runs), min(r[0] for r in floor_runs)
+    nbytes = sum(_source_bytes(spec, n) for n in names)
+    rate, floor_rate = samples / best, samples / floor_s
+    print(f"  {label:7s} workers={n_workers}: {best:.3f}s (floor {floor_s:.3f}s)", file=sys.stderr)
+    return {
+        "source": label,
+        "workers": n_workers,
+        "samples": samples,
+        "tokens": tokens,
+        "bytes": nbytes,
+        "index_cold_s": round(cold, 4),
+        "index_noop_s": round(noop, 4),
+        "index_s": round(best, 4),
+        "index_runs_s": [round(r[0], 4) for r in index_runs],
+        "floor_s": round(floor_s, 4),
+        "floor_runs_s": [round(r[0], 4) for r in floor_runs],
+        "index_samples_per_s": round(rate, 1),
+        "index_mb_per_s": round(nbytes / best / 1e6, 2),
+        "floor_samples_per_s": round(floor_rate, 1),
+        "floor_mb_per_s": round(nbytes / floor_s / 1e6, 2),
+        "ratio_per_worker": round(rate / n_workers / floor_rate, 3),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="small", choices=["tiny", "small", "large"], help="corpus size to generate")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data", type=Path, default=None, help="corpus dir (generated there if absent; kept)")
+    ap.add_argument("--sources", default=",".join(SOURCES), help="comma-separated: " + ",".join(SOURCES))
+    ap.add_argument("--workers", default="1,2", help="worker counts to run, comma-separated")
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs per measurement (the best is reported)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+
+    from distributed import Client, LocalCluster
+
+    names = [n for n in args.sources.split(",") if n]
+    workers = [int(w) for w in args.workers.split(",")]
+    scratch = Path(tempfile.mkdtemp(prefix="loom-bench-index-"))
+    try:
+        root = args.data or scratch / "corpus"
+        t0 = time.perf_counter()
+        corpus = generate_corpus(root, args.size, args.seed)
+        print(f"corpus {args.size} at {root} ready in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        spec = _spec(root, scratch / "work", names)
+        rows: list[dict[str, Any]] = []
+        for n_workers in workers:
+            with (
+                LocalCluster(
+                    n_workers=n_workers,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                    local_directory=str(scratch / "dask"),
+                ) as cluster,
+                Client(cluster) as client,
+            ):
+                for name in names:
+                    rows.append(
+                        _compare(spec, client, name, [name], n_workers, args.repeat)
+                        | {"format": SOURCES[name]["format"]}
+                    )
+                rows.append(_compare(spec, client, "all", names, n_workers, args.repeat) | {"format": "mixed"})
+        _report(rows)
+        out = {
+            "benchmark": "index_scan",
+            "corpus": corpus.to_dict() | {"root": str(root)},
+            "cpus": os.cpu_count(),
+            "repeat": args.repeat,
+            "goal_ratio_per_worker": GOAL,
+            "results": rows,
+            "ratio_per_worker_all_sources": {
+                str(r["workers"]): r["ratio_per_worker"] for r in rows if r["source"] == "all"
+            },
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _report(rows: list[dict[str, Any]]) -> None:
+    head = f"{'source':8s} {'wk':>2s} {'samples':>8s} {'MB':>7s} {'index s':>8s} {'floor s':>8s} {'noop s':>7s} "
+    head += f"{'idx smp/s':>10s} {'floor smp/s':>11s} {'idx MB/s':>9s} {'floor MB/s':>10s} {'ratio/wk':>8s}"
+    print(head)
+    for r in rows:
+        print(
+            f"{r['source']:8s} {r['workers']:>2d} {r['samples']:>8d} {r['bytes'] / 1e6:>7.1f} {r['index_s']:>8.3f} "
+            f"{r['floor_s']:>8.3f} {r['index_noop_s']:>7.3f} {r['index_samples_per_s']:>10.0f} "
+            f"{r['floor_samples_per_s']:>11.0f} {r['index_mb_per_s']:>9.1f} {r['floor_mb_per_s']:>10.1f} "
+            f"{r['ratio_per_worker']:>8.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -377,7 +377,7 @@ def _bytes_read() -> int:
 @pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux /proc I/O accounting")
 def test_scan_reads_image_headers_not_pixels(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    samples = []
+    samples: list[dict[str, Any]] = []
     for i in range(12):
         noise = Image.fromarray(rng.integers(0, 255, (400, 500, 3), dtype=np.uint8))
         buf = io.BytesIO()

@@ -117,13 +117,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_table_dict(rows: dict[str, dict[str, Any]]) -> None:
+def _print_table_dict(rows: dict[str, dict[str, Any]], label: str = "source") -> None:
     """Print {row name: {column: value}} as an aligned table."""
     if not rows:
         return
     cols = list(next(iter(rows.values())).keys())
     cols = [c for c in cols if not isinstance(next(iter(rows.values()))[c], (dict, list))]
-    header = ["source", *cols]
+    header = [label, *cols]
     table = [[name] + [_fmt(r.get(c)) for c in cols] for name, r in rows.items()]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *table, strict=True)]
     for line in [header, *table]:
@@ -146,7 +146,7 @@ def _print_report(report: dict[str, Any]) -> None:
     for k, v in report.items():
         if isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()):
             print(f"\n{k}:")
-            _print_table_dict(v)
+            _print_table_dict(v, label="")
         elif isinstance(v, dict):
             print(f"\n{k}: " + ", ".join(f"{a}={_fmt(b)}" for a, b in v.items()))
 

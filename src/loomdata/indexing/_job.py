@@ -139,6 +139,13 @@ def _raise_failure(run: _SourceRun, f: Failure) -> None:
     raise rebuild_source_error(f)
 
 
+def _task_exception(out: object) -> BaseException | object:
+    """The exception of a failed future as `as_completed(..., raise_errors=False)` yields it."""
+    if isinstance(out, tuple) and len(out) == 3 and isinstance(out[1], BaseException):
+        return out[1]  # (type, exception, traceback)
+    return out
+
+
 class _Scanner:
     """Submits scan tasks, collects parts into whole-shard scans, caches each finished shard."""
 
@@ -173,14 +180,13 @@ class _Scanner:
         nones = [None] * len(jobs)
         futures: list[Future] = self.client.map(run_scan, jobs, nones, nones, key=keys, pure=False)
         self.pending.update(futures)
-        done = as_completed(futures)
+        done = as_completed(futures, with_results=True, raise_errors=False)  # results gathered in batches
         try:
-            for fut in done:
+            for fut, out in done:
                 self.pending.discard(fut)
-                try:
-                    out: PartOutcome = fut.result()
-                except Exception as e:
-                    raise IndexBuildError(f"scan task {fut.key} failed: {type(e).__name__}: {e}") from e
+                if not isinstance(out, PartOutcome):  # the task itself failed (lost worker, cancelled)
+                    e = _task_exception(out)
+                    raise IndexBuildError(f"scan task {fut.key} failed: {type(e).__name__}: {e}")
                 for extra in self._accept(out):
                     done.add(extra)
         finally:

@@ -142,3 +142,16 @@ def test_bad_samples_are_skipped_counted_and_listed(tmp_path: Path, make_spec, d
     samples, _, _ = read_index(spec.workdir, "web")
     assert samples.column("row").to_pylist() == [0, 2, 3, 5, 0, 1, 2]
     assert samples.column("num_tokens").to_pylist() == [2, 1, 0, 3, 1, 2, 3]
+
+
+def test_a_failed_dask_task_is_recognised(dask_client: Client) -> None:
+    """The job relies on how `as_completed(with_results=True, raise_errors=False)` reports a failed task."""
+    from distributed import as_completed
+
+    from loomdata.indexing._job import _task_exception
+
+    ok, bad = dask_client.submit(int, "7", pure=False), dask_client.submit(int, "x", pure=False)
+    got = {f.key: out for f, out in as_completed([ok, bad], with_results=True, raise_errors=False)}
+    assert got[ok.key] == 7
+    err = _task_exception(got[bad.key])
+    assert isinstance(err, ValueError) and "invalid literal" in str(err)

@@ -28,8 +28,8 @@ from loomdata.schemas.spec import CostSpec
 
 __all__ = ["Assignment", "balance_step", "deal_baseline"]
 
-_SWAP_ROUNDS = 64
-_TOLERANCE = 1e-4  # stop refining once the most and least loaded ranks differ by less than this fraction
+_SWAP_ROUNDS = 16
+_TOLERANCE = 2e-4  # stop refining once the most and least loaded ranks differ by less than this fraction
 _MAX_CANDIDATES = 512  # segments per rank considered by one refinement round
 
 
@@ -158,18 +158,28 @@ def _place_long(
 def _lpt_rounds(
     order: np.ndarray, length: np.ndarray, cost: np.ndarray, st: _Slots, p_rank: np.ndarray, p_mb: np.ndarray
 ) -> None:
-    """Deal `order` (largest first) in rounds of dp: i-th largest to the i-th least loaded rank, least loaded slot."""
-    dp = st.cost.shape[0]
-    ar = np.arange(dp)
-    for start in range(0, len(order), dp):
-        idx = order[start : start + dp]
-        k = len(idx)
-        ranks = np.argsort(st.rank_cost, kind="stable")[:k]
+    """Deal `order` (largest first) in rounds: the i-th largest to the i-th least loaded rank, least loaded slot.
+
+    A round serves only the ranks LPT would serve before giving the least loaded rank a second item:
+    those whose load is within the round's largest cost of the minimum. So ranks made heavy by long
+    sequences (or by a big segment) sit out rounds until the others catch up, as in sequential LPT,
+    while rounds stay dp wide when loads are even.
+    """
+    n = len(order)
+    pos = 0
+    while pos < n:
+        ranks = np.argsort(st.rank_cost, kind="stable")
+        loads = st.rank_cost[ranks]
+        c0 = cost[order[pos]]
+        k = min(len(ranks), n - pos, max(1, int(np.searchsorted(loads, loads[0] + c0, side="right"))))
+        idx = order[pos : pos + k]
+        pos += k
+        ranks = ranks[:k]
         ln = length[idx]
         sc = st.cost[ranks]
         sc[st.room[ranks] < ln[:, None]] = np.inf
         m = sc.argmin(axis=1)
-        ok = sc[ar[:k], m] < np.inf
+        ok = sc[np.arange(k), m] < np.inf
         if not ok.all():
             idx, ranks, m, ln = idx[ok], ranks[ok], m[ok], ln[ok]
         c = cost[idx]
@@ -288,8 +298,19 @@ def _refine(
         st.rank_cost[lo] += delta[i, j]
 
 
-def deal_baseline(seq_of_item: np.ndarray, item_cost: np.ndarray, dp: int) -> np.ndarray:
-    """Per-rank cost of the baseline: sequences dealt round-robin (sequence j to rank j % dp)."""
+def deal_baseline(seq_of_item: np.ndarray, item_cost: np.ndarray, dp: int, micro_batches: int) -> np.ndarray:
+    """Per-rank time of the baseline for the step's tokens: sequences dealt round-robin (j to rank j % dp).
+
+    The baseline packs less densely, so it may need more or fewer sequences (n) than the step's
+    dp * micro_batches slots. In steady state each rank runs micro_batches of its sequences per step and
+    the step's tokens take n / (dp * micro_batches) steps: a rank's time is its cost scaled to
+    micro_batches sequences, times that step count. This neither penalises the baseline for the
+    planner's fill nor lets it overfill a step.
+    """
     n_seq = int(seq_of_item.max()) + 1 if len(seq_of_item) else 0
     seq_cost = np.bincount(seq_of_item, weights=item_cost, minlength=n_seq)
-    return np.bincount(np.arange(n_seq) % dp, weights=seq_cost, minlength=dp)
+    rank_of_seq = np.arange(n_seq) % dp
+    cost = np.bincount(rank_of_seq, weights=seq_cost, minlength=dp)
+    count = np.bincount(rank_of_seq, minlength=dp)
+    per_step = cost * micro_batches / np.maximum(count, 1)
+    return per_step * (n_seq / (dp * micro_batches))

@@ -17,7 +17,7 @@ from loomdata.schemas.tables import MANIFEST_SCHEMA, TableKind, write_table
 
 __all__ = ["ManifestWriter"]
 
-ROWS_PER_FILE = 1 << 21
+ROWS_PER_FILE = 1 << 19
 _COLUMNS = [(f.name, f.type.to_pandas_dtype()) for f in MANIFEST_SCHEMA]
 
 
@@ -62,7 +62,7 @@ class ManifestWriter:
         ]
         table = pa.Table.from_arrays(arrays, schema=MANIFEST_SCHEMA)
         rel = f"manifest/steps-{self._first:08d}-{self._last:08d}.parquet"
-        write_table(table, self._dir / rel, TableKind.MANIFEST, {"plan_id": self._plan_id}, row_group_size=1 << 20)
+        write_table(table, self._dir / rel, TableKind.MANIFEST, {"plan_id": self._plan_id}, row_group_size=1 << 17)
         self.files.append(ManifestFile(path=rel, first_step=self._first, last_step=self._last, rows=table.num_rows))
         self._buf.clear()
         self._rows = 0

@@ -87,13 +87,18 @@ def source_key(seed: int, name: str) -> list[int]:
 
 def build_stream(name: str, seed: int, lengths: np.ndarray, lanes: Lanes, epochs: int) -> Stream:
     """The first `epochs` epochs of a source's seeded segment stream (one fresh permutation per epoch)."""
-    docs = np.flatnonzero(lengths > 0)
     idx_dtype = np.uint32 if len(lengths) < 2**32 else np.int64
+    docs = np.arange(len(lengths), dtype=idx_dtype)
+    if not (lengths > 0).all():
+        docs = docs[lengths > 0]
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for e in range(max(epochs, 1)):
         rng = np.random.default_rng([*source_key(seed, name), e])
-        perm = docs[rng.permutation(len(docs))].astype(idx_dtype)
+        perm = docs.copy()
+        rng.shuffle(perm)  # in place on 4-byte indices: no 8-byte permutation array
         parts.append(expand_units(perm, lengths, lanes))
+        del perm
+    del docs
     if len(parts) == 1:
         doc, offset, length = parts[0]
     else:

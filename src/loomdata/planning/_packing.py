@@ -79,19 +79,32 @@ def check_unsplittable(source: str, samples: np.ndarray, lengths: np.ndarray, im
 
 
 def expand_units(docs: np.ndarray, lengths: np.ndarray, lanes: Lanes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Segments of `docs` (in that order): (doc, offset, length); long documents become consecutive segments."""
-    dl = lengths[docs].astype(np.int64)
-    cap = lanes.capacity(lanes.lane_of(dl))
-    n_units = (dl + cap - 1) // cap
-    if len(n_units) == 0 or int(n_units.max(initial=1)) <= 1:
-        return docs, np.zeros(len(docs), dtype=np.uint32), dl.astype(np.uint32)
-    doc = np.repeat(docs, n_units)
-    starts = np.cumsum(n_units) - n_units
-    within = np.arange(len(doc), dtype=np.int64) - np.repeat(starts, n_units)
-    cap_r = np.repeat(cap, n_units)
-    offset = within * cap_r
-    length = np.minimum(cap_r, np.repeat(dl, n_units) - offset)
-    return doc, offset.astype(np.uint32), length.astype(np.uint32)
+    """Segments of `docs` (in that order): (doc, offset, length); long documents become consecutive segments.
+
+    Only the documents that need splitting are expanded; the common case (nothing to split) allocates
+    just the output columns (4 bytes each per document).
+    """
+    dl = lengths[docs]
+    split = np.flatnonzero(dl > lanes.seq_len)
+    if len(split):
+        cap_s = lanes.capacity(lanes.lane_of(dl[split]))
+        n_s = (dl[split].astype(np.int64) + cap_s - 1) // cap_s
+        keep = n_s > 1
+        split, cap_s, n_s = split[keep], cap_s[keep], n_s[keep]
+    if len(split) == 0:
+        return docs, np.zeros(len(docs), dtype=np.uint32), dl.astype(np.uint32, copy=False)
+    counts: np.ndarray = np.ones(len(docs), dtype=np.uint32 if len(docs) + int(n_s.sum()) < 2**32 else np.int64)
+    counts[split] = n_s
+    doc = np.repeat(docs, counts)
+    length = np.repeat(dl.astype(np.uint32, copy=False), counts)
+    del counts
+    offset = np.zeros(len(doc), dtype=np.uint32)
+    first = split + np.concatenate([[0], np.cumsum(n_s - 1)[:-1]])  # output position of each split doc
+    pos = np.repeat(first, n_s) + (np.arange(int(n_s.sum())) - np.repeat(np.cumsum(n_s) - n_s, n_s))
+    off = (pos - np.repeat(first, n_s)) * np.repeat(cap_s, n_s)
+    offset[pos] = off
+    length[pos] = np.minimum(np.repeat(cap_s, n_s), np.repeat(dl[split].astype(np.int64), n_s) - off)
+    return doc, offset, length
 
 
 def next_fit(lengths: np.ndarray, cap: int) -> np.ndarray:

@@ -34,7 +34,7 @@ from loomdata.schemas.tables import TableKind, check_schema
 
 __all__ = ["PLANNER_VERSION", "PlanResult", "make_plan"]
 
-PLANNER_VERSION = "1"
+PLANNER_VERSION = "2"
 FILL = 0.96
 """Share of a step's slot capacity (dp * micro_batches * seq_len) the mixture draws: room to balance cost."""
 
@@ -257,7 +257,8 @@ def _plan_step(
         lanes=lanes,
         cost_spec=spec.cost,
     )
-    base = deal_baseline(_baseline_sequences(t, spec.seed, length, lane, lanes), cost, tr.dp_size)
+    base_seq = _baseline_sequences(t, spec.seed, length, lane, lanes)
+    base = deal_baseline(base_seq, cost, tr.dp_size, tr.micro_batches)
     writer.add(
         t,
         {
@@ -272,7 +273,8 @@ def _plan_step(
     )
     lb = max(float(cost.sum()) / tr.dp_size, float(cost.max()))
     tokens = np.bincount(src_id, weights=length, minlength=len(sources)).astype(np.int64)
-    report.add(t, tokens, weights, lb, asg.rank_cost, base, asg.slot_cost)
+    base_per_slot = (int(base_seq.max()) + 1) / (tr.dp_size * tr.micro_batches)
+    report.add(t, tokens, weights, lb, asg.rank_cost, base, asg.slot_cost, base_per_slot)
 
 
 def _baseline_sequences(t: int, seed: int, length: np.ndarray, lane: np.ndarray, lanes: Lanes) -> np.ndarray:

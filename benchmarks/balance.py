@@ -1,0 +1,186 @@
+"""How close to the lower bound does the planner get, next to the baseline a user gets today?
+
+For `configs/bench-short.yaml` (4K, web-like lengths), `configs/bench-long.yaml` (32K, long-tail mix
+with books) and bench-long-lanes (the same mix as 8K sequences plus a 32K long lane over 4 cp ranks)
+at dp 8, 64 and 512, this builds synthetic index tables (lengths drawn from the
+distributions below; no data files), runs `make_plan`, and reads the plan's own report: per step the
+most loaded rank's cost over the lower bound LB = max(total / dp, largest segment), for loomdata and
+for the baseline on the same step membership (shuffled documents packed next-fit, sequences dealt
+round-robin), and the simulated gain sum(max_baseline) / sum(max_loomdata). Goal: mean max/LB <= 1.03.
+Padding is free in the cost model, so the baseline is not charged for packing less densely (`b seq/slot`:
+sequences it needs per slot of the step for the same tokens); its max/LB is the round-robin spread only.
+Prints a table, writes benchmarks/results/balance.json and balance.png.
+
+    .venv/bin/python benchmarks/balance.py                 # 24 steps per run, about 1-2 minutes
+    .venv/bin/python benchmarks/balance.py --steps 200 --dp 8 64 512 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from loomdata.planning import make_plan, plan_report
+from loomdata.schemas import LongContextSpec, Spec, load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+CONFIGS = {
+    "bench-short": ROOT / "configs" / "bench-short.yaml",
+    "bench-long": ROOT / "configs" / "bench-long.yaml",
+    "bench-long-lanes": ROOT / "configs" / "bench-long.yaml",  # + a long lane, see LANES
+}
+# bench-long-lanes: bench-long with 8K short sequences and a 32K long lane over 4 context-parallel ranks
+LANES = {"seq_len": 8192, "micro_batches": 8, "long_context": {"threshold": 8192, "seq_len": 32768, "cp_size": 4}}
+GOAL = 1.03
+
+# log-normal (mu, sigma) of token counts and clip range, per source name
+LENGTHS: dict[str, tuple[float, float, int, int]] = {
+    "web": (6.2, 1.1, 16, 100_000),
+    "code": (6.8, 1.2, 16, 200_000),
+    "papers": (8.8, 0.6, 1_000, 60_000),
+    "books": (11.0, 0.7, 8_000, 1_000_000),
+}
+MAX_SAMPLES = 2_000_000
+
+
+def synthetic_index(spec: Spec, seed: int) -> dict[str, pa.Table]:
+    """Index tables sized so the plan uses about one epoch of each source (at most MAX_SAMPLES each)."""
+    tr = spec.training
+    total = tr.dp_size * tr.micro_batches * tr.seq_len * tr.steps
+    weights = {n: 0.0 for n in spec.source_names}
+    for m in spec.mixture.milestones():
+        s = sum(m.weights.values())
+        for n, w in m.weights.items():
+            weights[n] = max(weights[n], w / s)
+    out = {}
+    for k, name in enumerate(spec.source_names):
+        mu, sigma, lo, hi = LENGTHS[name]
+        mean = float(np.exp(mu + sigma**2 / 2))
+        n = int(min(MAX_SAMPLES, max(1000, 1.1 * total * weights[name] / mean)))
+        rng = np.random.default_rng([seed, k])
+        lengths = np.clip(rng.lognormal(mu, sigma, n), lo, hi).astype(np.uint32)
+        out[name] = pa.table(
+            {
+                "sample": pa.array(np.arange(n, dtype=np.uint64)),
+                "shard": pa.array(np.zeros(n, dtype=np.uint32)),
+                "row": pa.array(np.arange(n, dtype=np.uint64)),
+                "num_tokens": pa.array(lengths),
+                "num_image_tokens": pa.array(np.zeros(n, dtype=np.uint32)),
+            }
+        )
+    return out
+
+
+def run(config: str, dp: int, steps: int, workdir: Path, png_dir: Path | None) -> dict[str, Any]:
+    base = load_spec(CONFIGS[config], check_paths=False)
+    training = base.training.model_copy(update={"dp_size": dp, "steps": steps})
+    if config == "bench-long-lanes":
+        training = training.model_copy(update={"seq_len": LANES["seq_len"], "micro_batches": LANES["micro_batches"]})
+        base = base.model_copy(update={"long_context": LongContextSpec(**LANES["long_context"])})
+    mixture = base.mixture
+    if mixture.schedule is not None:  # scale the curriculum's milestones to the benchmark's steps
+        ms = [m.model_copy(update={"step": m.step * steps // base.training.steps}) for m in mixture.schedule]
+        mixture = mixture.model_copy(update={"schedule": ms})
+    spec = base.model_copy(update={"training": training, "mixture": mixture, "workdir": workdir / f"{config}-{dp}"})
+    index = synthetic_index(spec, seed=0)
+    samples = sum(t.num_rows for t in index.values())
+    t0 = time.perf_counter()
+    res = make_plan(spec, index=index, fingerprints={n: f"synthetic-{n}" for n in index})
+    secs = time.perf_counter() - t0
+    rep = plan_report(res.plan_dir)
+    if png_dir is not None:
+        from loomdata.planning import plot_plan
+
+        plot_plan(res.plan_dir, png_dir / f"balance-{config}-dp{dp}.png")
+    return {
+        "config": config,
+        "dp": dp,
+        "micro_batches": spec.training.micro_batches,
+        "seq_len": spec.training.seq_len,
+        "long_context": spec.long_context.model_dump() if spec.long_context else None,
+        "steps": steps,
+        "indexed_samples": samples,
+        "planned_tokens": rep["tokens"],
+        "plan_seconds": secs,
+        "loomdata": rep["imbalance"]["loomdata"],
+        "baseline": rep["imbalance"]["baseline"],
+        "simulated_gain": rep["simulated_gain"],
+        "micro_batch_spread": rep["micro_batch_spread"],
+        "baseline_sequences_per_slot": rep["baseline_sequences_per_slot"],
+        "worst_mixture_error_pp": rep["worst_mixture_error_pp"],
+        "meets_goal": rep["imbalance"]["loomdata"]["mean"] <= GOAL,
+    }
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    fig, axes = plt.subplots(1, len(configs), figsize=(6 * len(configs), 4.2), squeeze=False)
+    for ax, cfg in zip(axes[0], configs, strict=True):
+        rs = [r for r in rows if r["config"] == cfg]
+        x = np.arange(len(rs))
+        ax.bar(x - 0.2, [r["baseline"]["mean"] for r in rs], 0.4, label="baseline", color="tab:red")
+        ax.bar(x + 0.2, [r["loomdata"]["mean"] for r in rs], 0.4, label="loomdata", color="tab:blue")
+        ax.axhline(GOAL, color="k", ls="--", lw=0.8, label=f"goal {GOAL}")
+        for i, r in enumerate(rs):
+            ax.text(i, r["baseline"]["mean"] + 0.01, f"gain {r['simulated_gain']:.2f}x", ha="center", fontsize=8)
+        ax.set_xticks(x, [f"dp {r['dp']}" for r in rs])
+        ax.set_ylim(0.95, max(1.1, max(r["baseline"]["mean"] for r in rs) + 0.06))
+        ax.set_ylabel("mean over steps of max rank cost / LB")
+        ax.set_title(f"{cfg} (seq_len {rs[0]['seq_len']}, {rs[0]['micro_batches']} micro-batches)")
+        ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(str(out), dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--dp", nargs="+", type=int, default=[8, 64, 512])
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--plots", action="store_true", help="also write each plan's plot_plan PNG")
+    args = ap.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    rows = []
+    hdr = (
+        f"{'config':<17}{'dp':>5}{'steps':>6}{'samples':>10}{'plan s':>8}"
+        f"{'loom mean':>10}{'p99':>7}{'max':>7}{'base mean':>10}{'p99':>7}{'gain':>7}"
+        f"{'b seq/slot':>11}{'mix pp':>7}  goal"
+    )
+    print(hdr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="loom-balance-") as d:
+        for cfg in args.configs:
+            for dp in args.dp:
+                r = run(cfg, dp, args.steps, Path(d), RESULTS if args.plots else None)
+                rows.append(r)
+                lo, ba = r["loomdata"], r["baseline"]
+                verdict = "ok" if r["meets_goal"] else "MISS"
+                print(
+                    f"{cfg:<17}{dp:>5}{r['steps']:>6}{r['indexed_samples']:>10}{r['plan_seconds']:>8.1f}"
+                    f"{lo['mean']:>10.4f}{lo['p99']:>7.3f}{lo['max']:>7.3f}{ba['mean']:>10.4f}{ba['p99']:>7.3f}"
+                    f"{r['simulated_gain']:>7.3f}{r['baseline_sequences_per_slot']:>11.3f}"
+                    f"{r['worst_mixture_error_pp']:>7.3f}  {verdict}",
+                    flush=True,
+                )
+    (RESULTS / "balance.json").write_text(json.dumps({"goal_mean_max_over_lb": GOAL, "runs": rows}, indent=1) + "\n")
+    plot(rows, RESULTS / "balance.png")
+    print(f"wrote {RESULTS / 'balance.json'} and {RESULTS / 'balance.png'}")
+    return 0 if all(r["meets_goal"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,8 +7,11 @@ list column and `list_value_length`; raw-text Parquet: the text column and the b
 count; JSONL: decompress, Arrow's JSON reader, the byte count; Megatron: the .idx lengths;
 WebDataset: `tarfile` plus Pillow's header parse of each image. It prints samples/s, MB/s (source
 bytes on disk) and the ratio to the floor per worker (`index rate / workers / floor rate`; goal
->= 0.8), and writes benchmarks/results/index_scan.json. `noop s` is a re-run with nothing changed
-(zero tasks): the job's fixed cost.
+>= 0.8). The floor is timed twice: with pyarrow's CPU pool capped at one thread, as in a Dask
+worker (the nanny sets OMP_NUM_THREADS=1, and threads_per_worker=1), which is the per-worker
+figure, and with pyarrow's default pool (all cores), reported beside it. Writes
+benchmarks/results/index_scan.json. `noop s` is a re-run with nothing changed (zero tasks): the
+job's fixed cost.
 
     .venv/bin/python benchmarks/index_scan.py                    # small corpus, about 2 minutes
     .venv/bin/python benchmarks/index_scan.py --size large --data /big/disk/corpus
@@ -155,11 +158,22 @@ def _source_bytes(spec: Spec, name: str) -> int:
     return total
 
 
-def _floor(spec: Spec, names: list[str]) -> tuple[float, int, int]:
-    """One single-process read of the sources' lengths: (seconds, samples, tokens)."""
-    t0 = time.perf_counter()
-    lengths = [FLOORS[n](p) for n in names for p in spec.resolve_paths(spec.source(n))]
-    return time.perf_counter() - t0, sum(len(x) for x in lengths), int(sum(int(x.sum()) for x in lengths))
+def _floor(spec: Spec, names: list[str], threads: int | None = None) -> tuple[float, int, int]:
+    """One single-process read of the sources' lengths: (seconds, samples, tokens).
+
+    `threads` caps pyarrow's CPU pool for the read: 1 matches a Dask worker, whose nanny sets
+    OMP_NUM_THREADS=1 (so pyarrow decodes on one thread there); None keeps pyarrow's default.
+    """
+    before = pa.cpu_count()
+    if threads is not None:
+        pa.set_cpu_count(threads)
+    try:
+        t0 = time.perf_counter()
+        lengths = [FLOORS[n](p) for n in names for p in spec.resolve_paths(spec.source(n))]
+        took = time.perf_counter() - t0
+    finally:
+        pa.set_cpu_count(before)
+    return took, sum(len(x) for x in lengths), int(sum(int(x.sum()) for x in lengths))
 
 
 def _index(spec: Spec, client: Any, names: list[str], fresh: bool = True) -> tuple[float, int, int]:
@@ -176,18 +190,23 @@ def _index(spec: Spec, client: Any, names: list[str], fresh: bool = True) -> tup
 def _compare(spec: Spec, client: Any, label: str, names: list[str], n_workers: int, repeat: int) -> dict[str, Any]:
     """Index and floor runs interleaved (so load from other processes hits both alike); best of each."""
     cold = _index(spec, client, names)[0]  # pays worker imports and reader set-up
-    index_runs, floor_runs = [], []
+    index_runs, floor_runs, floor1_runs = [], [], []
     for _ in range(repeat):
         floor_runs.append(_floor(spec, names))
+        floor1_runs.append(_floor(spec, names, threads=1))
         index_runs.append(_index(spec, client, names))
     noop = _index(spec, client, names, fresh=False)[0]  # nothing changed: the job's fixed cost
     (_, samples, tokens), (_, f_samples, f_tokens) = index_runs[0], floor_runs[0]
     if (samples, tokens) != (f_samples, f_tokens):
         raise SystemExit(f"{label}: index and floor disagree: {samples}/{tokens} vs {f_samples}/{f_tokens}")
-    best, floor_s = min(r[0] for r in index_runs), min(r[0] for r in floor_runs)
+    best = min(r[0] for r in index_runs)
+    floor_s, floor1_s = min(r[0] for r in floor_runs), min(r[0] for r in floor1_runs)
     nbytes = sum(_source_bytes(spec, n) for n in names)
-    rate, floor_rate = samples / best, samples / floor_s
-    print(f"  {label:7s} workers={n_workers}: {best:.3f}s (floor {floor_s:.3f}s)", file=sys.stderr)
+    rate = samples / best
+    print(
+        f"  {label:8s} workers={n_workers}: {best:.3f}s (floor {floor1_s:.3f}s 1 thread, {floor_s:.3f}s)",
+        file=sys.stderr,
+    )
     return {
         "source": label,
         "workers": n_workers,
@@ -198,13 +217,18 @@ def _compare(spec: Spec, client: Any, label: str, names: list[str], n_workers: i
         "index_noop_s": round(noop, 4),
         "index_s": round(best, 4),
         "index_runs_s": [round(r[0], 4) for r in index_runs],
+        "floor_1thread_s": round(floor1_s, 4),
+        "floor_1thread_runs_s": [round(r[0], 4) for r in floor1_runs],
         "floor_s": round(floor_s, 4),
         "floor_runs_s": [round(r[0], 4) for r in floor_runs],
         "index_samples_per_s": round(rate, 1),
         "index_mb_per_s": round(nbytes / best / 1e6, 2),
-        "floor_samples_per_s": round(floor_rate, 1),
+        "floor_1thread_samples_per_s": round(samples / floor1_s, 1),
+        "floor_1thread_mb_per_s": round(nbytes / floor1_s / 1e6, 2),
+        "floor_samples_per_s": round(samples / floor_s, 1),
         "floor_mb_per_s": round(nbytes / floor_s / 1e6, 2),
-        "ratio_per_worker": round(rate / n_workers / floor_rate, 3),
+        "ratio_per_worker": round(floor1_s / best / n_workers, 3),
+        "ratio_per_worker_vs_threaded_floor": round(floor_s / best / n_workers, 3),
     }
 
 
@@ -215,7 +239,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=None, help="corpus dir (generated there if absent; kept)")
     ap.add_argument("--sources", default=",".join(SOURCES), help="comma-separated: " + ",".join(SOURCES))
     ap.add_argument("--workers", default="1,2", help="worker counts to run, comma-separated")
-    ap.add_argument("--repeat", type=int, default=3, help="timed runs per measurement (the best is reported)")
+    ap.add_argument("--repeat", type=int, default=5, help="timed runs per measurement (the best is reported)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
 
@@ -268,16 +292,22 @@ def main() -> None:
 
 
 def _report(rows: list[dict[str, Any]]) -> None:
-    head = f"{'source':8s} {'wk':>2s} {'samples':>8s} {'MB':>7s} {'index s':>8s} {'floor s':>8s} {'noop s':>7s} "
-    head += f"{'idx smp/s':>10s} {'floor smp/s':>11s} {'idx MB/s':>9s} {'floor MB/s':>10s} {'ratio/wk':>8s}"
+    head = f"{'source':8s} {'wk':>2s} {'samples':>8s} {'MB':>6s} {'index s':>8s} {'floor1 s':>8s} {'floor s':>8s} "
+    head += f"{'noop s':>6s} {'idx smp/s':>10s} {'fl1 smp/s':>10s} {'idx MB/s':>8s} {'fl1 MB/s':>8s} "
+    head += f"{'ratio/wk':>8s} {'vs thr.':>7s}"
     print(head)
     for r in rows:
         print(
-            f"{r['source']:8s} {r['workers']:>2d} {r['samples']:>8d} {r['bytes'] / 1e6:>7.1f} {r['index_s']:>8.3f} "
-            f"{r['floor_s']:>8.3f} {r['index_noop_s']:>7.3f} {r['index_samples_per_s']:>10.0f} "
-            f"{r['floor_samples_per_s']:>11.0f} {r['index_mb_per_s']:>9.1f} {r['floor_mb_per_s']:>10.1f} "
-            f"{r['ratio_per_worker']:>8.2f}"
+            f"{r['source']:8s} {r['workers']:>2d} {r['samples']:>8d} {r['bytes'] / 1e6:>6.1f} {r['index_s']:>8.3f} "
+            f"{r['floor_1thread_s']:>8.3f} {r['floor_s']:>8.3f} {r['index_noop_s']:>6.3f} "
+            f"{r['index_samples_per_s']:>10.0f} {r['floor_1thread_samples_per_s']:>10.0f} {r['index_mb_per_s']:>8.1f} "
+            f"{r['floor_1thread_mb_per_s']:>8.1f} {r['ratio_per_worker']:>8.2f} "
+            f"{r['ratio_per_worker_vs_threaded_floor']:>7.2f}"
         )
+    print(
+        "ratio/wk = floor time on one thread / index time / workers (a worker runs one thread); "
+        "vs thr. = the same against pyarrow's default thread pool (all cores)"
+    )
 
 
 if __name__ == "__main__":

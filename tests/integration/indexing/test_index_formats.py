@@ -170,3 +170,29 @@ def test_megatron_truncated_bin_error_and_skip(tmp_path: Path, make_spec, dask_c
     assert (s.shards, s.skipped) == (1, 1)
     (err,) = read_table(IndexFiles.of(spec.workdir, "papers").errors, TableKind.ERRORS).to_pylist()
     assert err["path"] == str(bad) and err["row"] is None
+
+
+def test_generated_corpus_all_five_sources(tmp_path: Path, make_spec, dask_client: Client) -> None:
+    """The seeded demo corpus, all formats in one job: sample counts match what the generator wrote."""
+    from loomdata.sources.corpus import generate_corpus
+
+    corpus = generate_corpus(tmp_path / "c", "tiny", seed=1)
+    sources = [
+        {"name": "web", "format": "parquet", "paths": ["c/web/*.parquet"], "tokens_field": "input_ids"},
+        {"name": "code", "format": "parquet", "paths": ["c/code/*.parquet"], "text_field": "text"},
+        {"name": "books", "format": "jsonl", "paths": ["c/books/*.jsonl*"], "text_field": "text"},
+        {"name": "papers", "format": "megatron", "paths": ["c/papers/*.idx"]},
+        {
+            "name": "captions",
+            "format": "webdataset",
+            "paths": ["c/captions/*.tar"],
+            "text_field": "txt",
+            "image_field": ["jpg", "png"],
+        },
+    ]
+    summary = build_index(make_spec(*sources), dask_client)
+    for name, s in summary.sources.items():
+        assert (s.samples, s.shards, s.skipped) == (corpus.sources[name].samples, corpus.sources[name].files, 0), name
+        assert s.tokens > 0
+    assert summary.sources["captions"].image_tokens > 0
+    assert all(s.image_tokens == 0 for n, s in summary.sources.items() if n != "captions")

@@ -8,6 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loomdata.indexing import IndexSummary, SourceSummary
 from loomdata.indexing._assemble import assemble, write_tables
@@ -152,3 +154,29 @@ def test_run_scan_splits_scans_and_returns_failures_as_data(tmp_path: Path) -> N
     bug = run_scan(_job(path), 5, 2)
     assert bug.failure is not None and bug.failure.kind is FailureKind.INTERNAL
     assert "ValueError" in bug.failure.message and "Traceback" in bug.failure.detail
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 30), st.booleans(), st.lists(st.integers(0, 40), max_size=3)),
+        max_size=8,
+    )
+)
+def test_assemble_invariants(shards: list[tuple[int, bool, list[int]]]) -> None:
+    """For any mix of shard sizes, whole-shard skips and bad rows: dense ids, counts and errors add up."""
+    stats = [_stat(f"s{i:02d}") for i in range(len(shards))]
+    scans = []
+    for n, skipped, bad in shards:
+        if skipped:
+            scans.append(ShardScan(_rows([], []), [(None, "bad shard")], skipped=True))
+        else:
+            scans.append(ShardScan(_rows(list(range(n)), [r % 7 for r in range(n)]), [(b, "bad") for b in bad]))
+    t = assemble("web", stats, scans, [])
+    kept = [n for n, skipped, _ in shards if not skipped]
+    assert t.samples.column("sample").to_pylist() == list(range(sum(kept)))
+    assert t.samples.column("shard").to_pylist() == [i for i, n in enumerate(kept) for _ in range(n)]
+    assert t.shards.column("num_rows").to_pylist() == kept
+    assert t.shards.column("shard").to_pylist() == list(range(len(kept)))
+    n_errors = sum(1 if skipped else len(bad) for _, skipped, bad in shards)
+    assert (0 if t.errors is None else t.errors.num_rows) == n_errors

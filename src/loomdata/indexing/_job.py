@@ -173,7 +173,9 @@ class _Scanner:
         return f"loom-scan-{run.source.name}-{shard}-{part}-{self.token}"
 
     def run(self) -> None:
-        jobs = [self._job(r, s) for r in self.runs for s in r.missing]
+        # Largest shards first (a long shard started last would stretch the job's tail).
+        order = sorted(((r, s) for r in self.runs for s in r.missing), key=lambda rs: -rs[0].stats[rs[1]].size_bytes)
+        jobs = [self._job(r, s) for r, s in order]
         if not jobs:
             return
         keys = [self._key(self.runs[j.source_idx], j.shard_idx, 0) for j in jobs]
@@ -211,7 +213,9 @@ class _Scanner:
         if out.part == 0 and out.num_parts > 1:
             job = self._job(run, shard)
             for p in range(1, out.num_parts):
-                f = self.client.submit(run_scan, job, p, out.num_parts, key=self._key(run, shard, p), pure=False)
+                # Ahead of queued first parts: a started shard finishes (and is cached) sooner.
+                key = self._key(run, shard, p)
+                f = self.client.submit(run_scan, job, p, out.num_parts, key=key, pure=False, priority=1)
                 extra.append(f)
             self.pending.update(extra)
         if len(parts) == out.num_parts:

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from loomdata.schemas.errors import SpecError
+from loomdata.schemas.tables import INDEX_SCHEMA
 
 __all__ = [
     "CostSpec",
@@ -222,6 +223,34 @@ def _key_path(loc: Sequence[int | str]) -> str:
     return out or "<root>"
 
 
+_MEGATRON_METADATA = "document"  # the one column a Megatron source carries (sources.megatron.DOCUMENT_COLUMN)
+
+
+def _metadata_problems(key: str, source: SourceSpec) -> list[str]:
+    """Problems of a source's `metadata` list: index-column clashes, repeats, what its format can carry."""
+    problems: list[str] = []
+    index_columns = INDEX_SCHEMA.names
+    seen: set[str] = set()
+    for j, m in enumerate(source.metadata):
+        mkey = f"{key}.metadata[{j}]"
+        if not m.strip():
+            problems.append(f"{mkey}: empty column name; give the field's name or drop the entry")
+        elif m in index_columns:
+            problems.append(
+                f"{mkey}: {m!r} clashes with an index column ({', '.join(index_columns)}); "
+                "rename it in the files or drop it from `metadata`"
+            )
+        elif source.format is SourceFormat.MEGATRON and m != _MEGATRON_METADATA:
+            problems.append(
+                f"{mkey}: a megatron source carries only {_MEGATRON_METADATA!r} (each sequence's document "
+                f"number), not {m!r}; drop it from `metadata`"
+            )
+        if m in seen:
+            problems.append(f"{mkey}: {m!r} is listed twice; list each column once")
+        seen.add(m)
+    return problems
+
+
 def _semantic_problems(spec: Spec, check_paths: bool) -> list[str]:
     problems: list[str] = []
     names = spec.source_names
@@ -239,6 +268,7 @@ def _semantic_problems(spec: Spec, check_paths: bool) -> list[str]:
             problems.append(f"{key}: set either `tokens_field` or `text_field`, not both")
         if s.image_field and s.format is not SourceFormat.WEBDATASET:
             problems.append(f"{key}.image_field: images are supported for webdataset sources only")
+        problems.extend(_metadata_problems(key, s))
         if check_paths:
             for j, pattern in enumerate(s.paths):
                 if not _match(spec.base_dir, pattern, s.format):

@@ -8,9 +8,24 @@ compressed files (up to 256 MiB in all), so only the first read of such a file p
 decompression; files larger than that budget are decompressed again, up to the last requested
 line, on every `read` call. Keep large corpora in plain JSONL (or Parquet) for random access.
 
-Scanning parses blocks of lines with Arrow's JSON reader (columnar, only the text field) and falls
-back to `json.loads` line by line when a block holds a bad line, to name that line. Blank lines are
-skipped and are not errors.
+Scanning parses blocks of lines with Arrow's JSON reader (columnar, only the text and metadata
+fields) and falls back to `json.loads` line by line when a block holds a bad line, to name that line,
+or a value the columnar path cannot carry. Blank lines are skipped and are not errors.
+
+Metadata fields (`metadata: [url, lang, ...]`) become index columns whose Arrow type follows from the
+JSON kind of their values alone, so every part, block and shard of a source agrees:
+
+- numbers (integers included) -> float64 (integers beyond 2**53 lose precision),
+- true/false -> bool,
+- strings -> string, and objects or arrays -> string holding their compact JSON text
+  (`json.dumps(v, ensure_ascii=False, separators=(",", ":"))`; these lines take the per-line path),
+- a missing field or null -> null; a column with no value at all in a part has type null (the index
+  job's permissive concatenation turns it into the type of the other parts).
+
+A field holding numbers on one line and text (or booleans) on another has no single type: the scan
+fails with a SourceDataError naming the file and line, whatever `on_error` says (with `skip` the job
+skips the whole shard), and parts of one source that disagree fail the index job. Make the field's
+kind the same everywhere or drop it from `metadata`.
 """
 
 from __future__ import annotations
@@ -42,6 +57,34 @@ _BLOCK = 16 * 1024 * 1024  # bytes of (decompressed) input parsed at once
 _CACHE_BYTES = 256 * 1024 * 1024  # decompressed compressed-file contents kept by one reader
 _WS = np.zeros(256, dtype=bool)
 _WS[[9, 10, 13, 32]] = True
+_PROBE_LINES = 32  # lines of a block parsed in Python to guess the kinds of not-yet-seen metadata fields
+_KIND_NAMES = {pa.float64(): "numbers", pa.bool_(): "booleans", pa.string(): "text (strings, objects or arrays)"}
+_Errors = list[tuple[int | None, str]]
+
+
+def _kind_of(value: object) -> pa.DataType | None:
+    """The Arrow type a JSON value is carried as (None for null)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return pa.bool_()
+    if isinstance(value, int | float):
+        return pa.float64()
+    return pa.string()
+
+
+def _carried(value: object) -> object:
+    """A JSON value as it is carried in its column: floats, bools, strings, or compact JSON text."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return float(value)
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _first_valid(col: pa.Array) -> int:
+    """Position of the first non-null value of a column that has one."""
+    return int(np.flatnonzero(col.is_valid().to_numpy(zero_copy_only=False))[0])
 
 
 class Compression(enum.Enum):
@@ -194,14 +237,9 @@ class JsonlReader(FormatReader):
             raise SourceDataError(
                 f"<source {source.name}>", "a jsonl source needs `text_field`", hint="set it in the spec"
             )
-        if source.metadata:
-            raise SourceDataError(
-                f"<source {source.name}>",
-                f"metadata columns ({', '.join(source.metadata)}) are carried for parquet sources only",
-                hint="remove `metadata` from this jsonl source in the spec",
-            )
         self._field: str = source.text_field
-        self._schema = pa.schema([(self._field, pa.large_string())])
+        self._meta: list[str] = list(dict.fromkeys(source.metadata))
+        self._guess: dict[str, pa.DataType] = {}  # kinds seen so far: only speed depends on them
         self._maps: dict[Path, tuple[BinaryIO, mmap.mmap | None]] = {}
         self._decoded: collections.OrderedDict[Path, _Lines] = collections.OrderedDict()
         self._decoded_bytes = 0
@@ -220,23 +258,29 @@ class JsonlReader(FormatReader):
         comp = compression_of(path)
         rows: list[np.ndarray] = []
         counts: list[np.ndarray] = []
-        errors: list[tuple[int | None, str]] = []
+        errors: _Errors = []
+        meta: dict[str, list[pa.Array]] = {m: [] for m in self._meta}
+        kinds: dict[str, pa.DataType] = {}  # the type of each metadata field in this part, once seen
         where = _Where(path, comp)
         for lines in self._blocks_of_part(path, comp, part, num_parts):
-            r, c, e = self._scan_block(path, lines, where)
+            r, c, e, cols = self._scan_block(path, lines, where, kinds)
+            self._settle_kinds(path, r, cols, kinds, where)
             rows.append(r)
             counts.append(c)
             errors.extend(e)
+            for m, col in cols.items():
+                meta[m].append(col)
         row = np.concatenate(rows) if rows else np.zeros(0, dtype=np.uint64)
         cnt = np.concatenate(counts) if counts else np.zeros(0, dtype=np.uint32)
-        table = pa.table(
-            {
-                "row": pa.array(row, type=pa.uint64()),
-                "num_tokens": pa.array(cnt, type=pa.uint32()),
-                "num_image_tokens": pa.array(np.zeros(len(row), dtype=np.uint32), type=pa.uint32()),
-            }
-        )
-        return ScanResult(rows=table, errors=errors)
+        columns: dict[str, pa.Array | pa.ChunkedArray] = {
+            "row": pa.array(row, type=pa.uint64()),
+            "num_tokens": pa.array(cnt, type=pa.uint32()),
+            "num_image_tokens": pa.array(np.zeros(len(row), dtype=np.uint32), type=pa.uint32()),
+        }
+        for m in self._meta:
+            kind = kinds.get(m, pa.null())
+            columns[m] = pa.chunked_array([c.cast(kind) for c in meta[m]], type=kind)
+        return ScanResult(rows=pa.table(columns), errors=errors)
 
     def read(self, path: Path, rows: np.ndarray) -> list[Sample]:
         rows = np.asarray(rows, dtype=np.int64)
@@ -299,65 +343,168 @@ class JsonlReader(FormatReader):
             if i >= 0:
                 return f.tell() - len(chunk) + i + 1
 
+    def _settle_kinds(
+        self, path: Path, rows: np.ndarray, cols: dict[str, pa.Array], kinds: dict[str, pa.DataType], where: _Where
+    ) -> None:
+        """Record each metadata column's type in this part; a block of another kind is an error."""
+        for m, col in cols.items():
+            if col.type == pa.null():
+                continue
+            seen = kinds.setdefault(m, col.type)
+            self._guess[m] = col.type
+            if seen != col.type:
+                r = int(rows[_first_valid(col)])
+                raise self._kind_error(path, where(r), r, m, col.type, seen)
+
+    def _kind_error(
+        self, path: Path, at: str, row: int, field: str, got: pa.DataType, seen: pa.DataType
+    ) -> SourceDataError:
+        """The error for a metadata field whose kind differs from that of earlier lines."""
+        return SourceDataError(
+            str(path),
+            f"{at}metadata field {field!r} holds {_KIND_NAMES[got]}, but earlier lines hold {_KIND_NAMES[seen]}",
+            row=row,
+            hint=f"give {field!r} one kind of value (or null) on every line, or drop it from the source's `metadata`",
+        )
+
     def _scan_block(
-        self, path: Path, lines: _Lines, where: _Where
-    ) -> tuple[np.ndarray, np.ndarray, list[tuple[int | None, str]]]:
+        self, path: Path, lines: _Lines, where: _Where, kinds: dict[str, pa.DataType]
+    ) -> tuple[np.ndarray, np.ndarray, _Errors, dict[str, pa.Array]]:
         keep = _nonblank(lines)
         rows = lines.rows[keep]
-        texts = self._fast_texts(lines, int(keep.sum()))
-        if texts is not None:
-            return rows, make_tokenizer(self.tokenizer_spec).count_batch(texts).astype(np.uint32), []
+        fast = self._fast_block(lines, keep, kinds)
+        if fast is not None:
+            texts, cols = fast
+            return rows, make_tokenizer(self.tokenizer_spec).count_batch(texts).astype(np.uint32), [], cols
         # Slow path: parse each line to find and name the bad ones.
         good_rows: list[int] = []
         good_texts: list[str] = []
-        errors: list[tuple[int | None, str]] = []
+        values: dict[str, list[object]] = {m: [] for m in self._meta}
+        line_kinds = dict(kinds)
+        errors: _Errors = []
         for s, e, r in zip(lines.starts[keep], lines.ends[keep], rows, strict=True):
-            text, why = self._parse(lines.data[s:e])
+            text, obj, why = self._parse(lines.data[s:e])
+            if why is None:
+                why = self._check_meta(path, where, int(r), obj, line_kinds)
             if why is None:
                 good_rows.append(int(r))
                 good_texts.append(text)
+                for m in self._meta:
+                    values[m].append(_carried(obj.get(m)))
             elif self.source.on_error is OnError.ERROR:
                 raise SourceDataError(str(path), where(int(r)) + why, row=int(r))
             else:
                 errors.append((int(r), where(int(r)) + why))
         counts = make_tokenizer(self.tokenizer_spec).count_batch(good_texts).astype(np.uint32)
-        return np.array(good_rows, dtype=np.uint64), counts, errors
+        cols = {m: pa.array(values[m], type=line_kinds.get(m, pa.null())) for m in self._meta}
+        return np.array(good_rows, dtype=np.uint64), counts, errors, cols
 
-    def _fast_texts(self, lines: _Lines, expected: int) -> pa.Array | None:
-        """The block's texts via Arrow's JSON reader, or None if any line needs a closer look."""
-        if expected == 0:
-            return pa.array([], type=pa.large_string())
+    def _check_meta(
+        self, path: Path, where: _Where, row: int, obj: dict[str, object], kinds: dict[str, pa.DataType]
+    ) -> str | None:
+        """Why a parsed line's metadata cannot be carried (None if it can); raises on a kind clash."""
+        found: dict[str, pa.DataType] = {}
+        for m in self._meta:
+            value = obj.get(m)
+            kind = _kind_of(value)
+            if kind is None:
+                continue
+            if kind == pa.string():
+                try:
+                    str(_carried(value)).encode("utf-8")
+                except UnicodeEncodeError:
+                    return f"metadata field {m!r} holds an unpaired surrogate (not valid Unicode)"
+            found[m] = kind
+        for m, kind in found.items():
+            seen = kinds.setdefault(m, kind)
+            if seen != kind:
+                raise self._kind_error(path, where(row), row, m, kind, seen)
+        return None
+
+    def _guesses(self, lines: _Lines, keep: np.ndarray, kinds: dict[str, pa.DataType]) -> dict[str, pa.DataType]:
+        """Types to try per metadata field: the part's kinds, else earlier or probed ones (speed only)."""
+        guess = {**self._guess, **kinds}
+        unknown = [m for m in self._meta if m not in guess and m != self._field]
+        if unknown:  # a bounded look at the block's first lines, not a per-line loop
+            for s, e in list(zip(lines.starts[keep], lines.ends[keep], strict=True))[:_PROBE_LINES]:
+                try:
+                    obj = json.loads(lines.data[s:e])
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    for m in unknown:
+                        kind = _kind_of(obj.get(m))
+                        if kind is not None:
+                            guess.setdefault(m, kind)
+        return guess
+
+    def _read_block(self, lines: _Lines, fields: list[tuple[str, pa.DataType]]) -> pa.Table | None:
+        """The block's `fields` via Arrow's JSON reader, or None if a line does not fit them."""
         try:
-            table = pajson.read_json(
+            return pajson.read_json(
                 pa.BufferReader(lines.data),
                 read_options=pajson.ReadOptions(use_threads=False, block_size=len(lines.data) + 1),
-                parse_options=pajson.ParseOptions(explicit_schema=self._schema, unexpected_field_behavior="ignore"),
+                parse_options=pajson.ParseOptions(
+                    explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore"
+                ),
             )
         except (pa.ArrowException, UnicodeDecodeError, ValueError):
             return None
-        if table.num_rows != expected:
-            return None
-        col = table.column(self._field).combine_chunks()
-        return None if col.null_count else col
 
-    def _parse(self, line: bytes) -> tuple[str, str | None]:
-        """The text of one line, or an explanation of why it has none."""
+    def _fast_block(
+        self, lines: _Lines, keep: np.ndarray, kinds: dict[str, pa.DataType]
+    ) -> tuple[pa.Array, dict[str, pa.Array]] | None:
+        """Texts and metadata columns via Arrow's JSON reader, or None if any line needs a closer look."""
+        expected = int(keep.sum())
+        if expected == 0:
+            return pa.array([], type=pa.large_string()), {m: pa.nulls(0) for m in self._meta}
+        guess = self._guesses(lines, keep, kinds)
+        carried = [m for m in self._meta if m != self._field]
+        text_field = (self._field, pa.large_string())
+        table = self._read_block(lines, [text_field, *[(m, guess.get(m, pa.null())) for m in carried]])
+        unknown = [m for m in carried if m not in guess]
+        if table is None and unknown:
+            # Fields not seen yet hold values: find each one's kind with single-field reads, then retry.
+            for m in unknown:
+                kind = next((t for t in _KIND_NAMES if self._read_block(lines, [(m, t)]) is not None), None)
+                if kind is None:
+                    return None  # mixed kinds, or objects/arrays: the per-line path decides
+                guess[m] = kind
+            table = self._read_block(lines, [text_field, *[(m, guess[m]) for m in carried]])
+        if table is None or table.num_rows != expected:
+            return None
+        text = table.column(self._field).combine_chunks()
+        if text.null_count:
+            return None
+        cols: dict[str, pa.Array] = {}
+        for m in self._meta:
+            col = text.cast(pa.string()) if m == self._field else table.column(m).combine_chunks()
+            cols[m] = pa.nulls(len(col)) if col.null_count == len(col) else col
+        try:  # Arrow passes invalid UTF-8 through; json.loads (and so `read`) rejects such a line
+            for col in (text, *(c for m, c in cols.items() if m != self._field and c.type == pa.string())):
+                col.validate(full=True)
+        except pa.ArrowInvalid:
+            return None
+        return text, cols
+
+    def _parse(self, line: bytes) -> tuple[str, dict[str, object], str | None]:
+        """The text and object of one line, or an explanation of why it has no text."""
         try:
             obj = json.loads(line)
         except ValueError as e:  # includes UnicodeDecodeError
-            return "", f"not valid JSON ({e})"
+            return "", {}, f"not valid JSON ({e})"
         if not isinstance(obj, dict):
-            return "", f"expected a JSON object, got {type(obj).__name__}"
+            return "", {}, f"expected a JSON object, got {type(obj).__name__}"
         if self._field not in obj:
-            return "", f"no field {self._field!r}"
+            return "", obj, f"no field {self._field!r}"
         text = obj[self._field]
         if not isinstance(text, str):
-            return "", f"field {self._field!r} is {type(text).__name__}, expected a string"
+            return "", obj, f"field {self._field!r} is {type(text).__name__}, expected a string"
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            return "", f"field {self._field!r} holds an unpaired surrogate (not valid Unicode)"
-        return text, None
+            return "", obj, f"field {self._field!r} holds an unpaired surrogate (not valid Unicode)"
+        return text, obj, None
 
     # ---- reading ------------------------------------------------------------------------------
 
@@ -431,7 +578,7 @@ class JsonlReader(FormatReader):
         return [lines.data[lines.starts[r] : lines.ends[r]] for r in rows.tolist()]
 
     def _text_of_line(self, path: Path, comp: Compression, row: int, line: bytes) -> str:
-        text, why = self._parse(line)
+        text, _, why = self._parse(line)
         if why is not None:
             raise SourceDataError(str(path), _Where(path, comp)(row) + why, row=row)
         return text

@@ -137,3 +137,43 @@ def test_example_spec_shape_validates_without_paths() -> None:
     spec = load_spec(example, check_paths=False)
     assert spec.source("captions").image_field == ["jpg"]
     assert spec.long_context is not None and spec.long_context.cp_size == 8
+
+
+def test_metadata_checked_per_format(tmp_path: Path) -> None:
+    data = _base(tmp_path)
+    data["sources"][0]["metadata"] = ["url", "row"]  # parquet: any column, but not an index column
+    data["sources"][2]["metadata"] = ["lang", "num_tokens", "lang", ""]  # jsonl
+    data["sources"][3]["metadata"] = ["document", "title", "sample"]  # megatron: only `document`
+    problems = _problems(data, tmp_path)
+    text = "\n".join(problems)
+    clash = "clashes with an index column (sample, shard, row, num_tokens, num_image_tokens)"
+    assert f"sources[0].metadata[1]: 'row' {clash}; rename it in the files or drop it from `metadata`" in text
+    assert f"sources[2].metadata[1]: 'num_tokens' {clash}" in text
+    assert "sources[2].metadata[2]: 'lang' is listed twice; list each column once" in text
+    assert "sources[2].metadata[3]: empty column name" in text
+    assert (
+        "sources[3].metadata[1]: a megatron source carries only 'document' (each sequence's document number), "
+        "not 'title'; drop it from `metadata`"
+    ) in text
+    assert f"sources[3].metadata[2]: 'sample' {clash}" in text
+    assert len(problems) == 6
+
+
+def test_metadata_each_format_can_carry_is_accepted(tmp_path: Path) -> None:
+    _write(tmp_path, "data/caps/0.tar")
+    data = _base(tmp_path)
+    data["sources"][0]["metadata"] = ["url", "input_ids"]
+    data["sources"][2]["metadata"] = ["url", "lang", "quality", "text"]
+    data["sources"][3]["metadata"] = ["document"]
+    data["sources"].append(
+        {
+            "name": "caps",
+            "format": "webdataset",
+            "paths": ["data/caps/*.tar"],
+            "text_field": "txt",
+            "metadata": ["__key__", "json"],
+        }
+    )
+    spec = parse_spec(data, tmp_path)
+    assert spec.source("books").metadata == ["url", "lang", "quality", "text"]
+    assert spec.source("caps").metadata == ["__key__", "json"]

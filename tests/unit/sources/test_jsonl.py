@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import zstandard
 from tokenizers import Tokenizer as HFTok
@@ -232,11 +233,201 @@ def test_empty_files(tmp_path: Path) -> None:
     assert _reader().scan(tmp_path / "zero.jsonl", 0, 1).rows.num_rows == 0
 
 
-def test_missing_file_and_unsupported_metadata(tmp_path: Path) -> None:
+def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(SourceDataError, match=r"nope\.jsonl"):
         _reader().num_parts(tmp_path / "nope.jsonl", 100)
     with pytest.raises(SourceDataError, match=r"nope\.jsonl\.gz"):
         _reader().scan(tmp_path / "nope.jsonl.gz", 0, 1)
-    spec = SourceSpec(name="b", format=SourceFormat.JSONL, paths=["x"], text_field="text", metadata=["lang"])
-    with pytest.raises(SourceDataError, match="parquet sources only"):
-        make_reader(spec, TokenizerSpec(), ImageSpec())
+
+
+# ---- metadata ---------------------------------------------------------------------------------
+
+META = ["url", "lang", "quality", "flag", "info", "never", "text"]
+
+
+def _meta_reader(on_error: OnError = OnError.ERROR, metadata: list[str] | None = None) -> JsonlReader:
+    spec = SourceSpec(
+        name="web",
+        format=SourceFormat.JSONL,
+        paths=["x"],
+        text_field="text",
+        metadata=META if metadata is None else metadata,
+        on_error=on_error,
+    )
+    r = make_reader(spec, TokenizerSpec(), ImageSpec())
+    assert isinstance(r, JsonlReader)
+    return r
+
+
+def _meta_objs(n: int, seed: int = 0) -> list[dict[str, object]]:
+    """Objects whose metadata fields mix ints and floats, go missing or null, and nest."""
+    rng = np.random.default_rng(seed)
+    out: list[dict[str, object]] = []
+    for i in range(n):
+        obj: dict[str, object] = {"text": f"doc {i} " + "x" * int(rng.integers(0, 40)), "url": f"https://e.x/{i}?q=é"}
+        if i % 3:
+            obj["lang"] = ["en", "de", "日本"][i % 3]
+        if i >= n // 2:  # the first half has no quality at all: parts there infer nothing
+            obj["quality"] = i if i % 2 else i / 7  # ints and floats
+        if i % 4 == 0:
+            obj["quality"] = None
+        obj["flag"] = bool(i % 5)
+        if i % 6 == 0:
+            obj["info"] = {"tags": ["a", i], "ok": True}
+        elif i % 6 == 1:
+            obj["info"] = [1, "two", None]
+        elif i % 6 == 2:
+            obj["info"] = "plain"
+        obj["never"] = None
+        out.append(obj)
+    return out
+
+
+def _carried(v: object) -> object:
+    """What the index holds for a JSON value (the documented rule)."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    if isinstance(v, int | float):
+        return float(v)
+    return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+
+
+def _expected_meta(objs: list[dict[str, object]]) -> dict[str, list[object]]:
+    return {m: [_carried(o.get(m)) for o in objs] for m in META}
+
+
+def _scan_table(r: JsonlReader, path: Path, target: int) -> pa.Table:
+    n = r.num_parts(path, target)
+    return pa.concat_tables([r.scan(path, p, n).rows for p in range(n)], promote_options="permissive")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
+def test_metadata_carried_with_one_type_everywhere(tmp_path: Path, suffix: str) -> None:
+    objs = _meta_objs(400)
+    path = tmp_path / f"web{suffix}"
+    _write(path, [json.dumps(o, ensure_ascii=bool(i % 2)) for i, o in enumerate(objs)])
+    r = _meta_reader()
+    n = r.num_parts(path, 2048)
+    assert (n > 5) == (suffix == ".jsonl")  # plain files split into byte ranges
+    parts = [r.scan(path, p, n).rows for p in range(n)]
+    assert all(t.column_names[:3] == ["row", "num_tokens", "num_image_tokens"] for t in parts)
+    assert all(t.column_names[3:] == META for t in parts)
+    for t in parts:  # each part types a column by the kinds it saw: the rule, or null when it saw none
+        assert t.schema.field("quality").type in (pa.float64(), pa.null())
+        assert t.schema.field("never").type == pa.null()
+    if suffix == ".jsonl":
+        assert {t.schema.field("quality").type for t in parts} == {pa.float64(), pa.null()}
+    table = pa.concat_tables(parts, promote_options="permissive")
+    types = {m: table.schema.field(m).type for m in META}
+    assert types == {
+        "url": pa.string(),
+        "lang": pa.string(),
+        "quality": pa.float64(),
+        "flag": pa.bool_(),
+        "info": pa.string(),
+        "never": pa.null(),
+        "text": pa.string(),
+    }
+    assert {m: table.column(m).to_pylist() for m in META} == _expected_meta(objs)
+    assert table.column("num_tokens").to_pylist() == [len(str(o["text"]).encode()) for o in objs]
+
+
+def test_metadata_fast_and_per_line_paths_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    objs = _meta_objs(300, seed=4)
+    scalars = ["url", "lang", "quality", "flag", "never", "text"]
+    for suffix in (".jsonl", ".jsonl.gz", ".jsonl.zst"):
+        path = tmp_path / f"w{suffix}"
+        _write(path, [json.dumps({**o, "other": {"x": [1, {"y": None}]}}) for o in objs])  # plus an ignored field
+        for metadata in (scalars, META):
+            fast = _scan_table(_meta_reader(metadata=metadata), path, 1500)
+            with monkeypatch.context() as mp:
+                mp.setattr(JsonlReader, "_fast_block", lambda *a, **k: None)
+                slow = _scan_table(_meta_reader(metadata=metadata), path, 1500)
+            with monkeypatch.context() as mp:
+                mp.setattr(jsonl, "_BLOCK", 64)  # lines across chunk boundaries, many blocks
+                small = _scan_table(_meta_reader(metadata=metadata), path, 1500)
+            assert fast.equals(slow) and fast.equals(small), (suffix, metadata)
+
+
+def test_metadata_scalars_stay_on_the_columnar_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scalar metadata costs no per-line json.loads: only a bounded probe of a block's first lines."""
+    objs = _meta_objs(3000, seed=5)  # `quality` is absent from the first half
+    path = tmp_path / "w.jsonl"
+    _write(path, [json.dumps(o) for o in objs])
+    calls = 0
+    real = json.loads
+
+    def counting(*a: object, **k: object) -> object:
+        nonlocal calls
+        calls += 1
+        return real(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(jsonl.json, "loads", counting)
+    table = _meta_reader(metadata=["url", "lang", "quality", "flag"]).scan(path, 0, 1).rows
+    assert table.num_rows == 3000
+    assert calls <= jsonl._PROBE_LINES
+    assert table.column("quality").to_pylist() == [_carried(o.get("quality")) for o in objs]
+
+
+@pytest.mark.parametrize("on_error", [OnError.ERROR, OnError.SKIP])
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_metadata_kind_clash_names_file_and_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_error: OnError, suffix: str
+) -> None:
+    lines = [json.dumps({"text": f"doc {i}", "quality": i * 0.5}) for i in range(60)]
+    lines[41] = json.dumps({"text": "doc 41", "quality": "high"})
+    path = tmp_path / f"clash{suffix}"
+    _write(path, lines)
+    r = _meta_reader(on_error, metadata=["quality"])
+    pattern = (
+        r"clash\.jsonl.*line 42\b.*metadata field 'quality' holds text \(strings, objects or arrays\), "
+        r"but earlier lines hold numbers.*drop it from the source's `metadata`"
+    )
+    with pytest.raises(SourceDataError, match=pattern):
+        r.scan(path, 0, 1)
+    monkeypatch.setattr(jsonl, "_BLOCK", 128)  # the clash is between blocks: the columnar check names it
+    with pytest.raises(SourceDataError, match=pattern):
+        _meta_reader(on_error, metadata=["quality"]).scan(path, 0, 1)
+
+
+def test_metadata_with_skipped_lines_and_bad_values(tmp_path: Path) -> None:
+    lines = [json.dumps({"text": f"doc {i}", "lang": f"l{i}", "n": i}) for i in range(20)]
+    lines[3] = '{"text": "unclosed'
+    lines[8] = r'{"text": "ok", "lang": "\ud800", "n": 8}'  # an unpaired surrogate cannot be carried
+    lines[12] = '{"lang": "l12"}'
+    path = tmp_path / "s.jsonl.zst"
+    _write(path, lines)
+    res = _meta_reader(OnError.SKIP, metadata=["lang", "n"]).scan(path, 0, 1)
+    kept = [i for i in range(20) if i not in (3, 8, 12)]
+    assert res.rows.column("row").to_pylist() == kept
+    assert res.rows.column("lang").to_pylist() == [f"l{i}" for i in kept]
+    assert res.rows.column("n").to_pylist() == [float(i) for i in kept]
+    assert [row for row, _ in res.errors] == [3, 8, 12]
+    assert "line 9: metadata field 'lang' holds an unpaired surrogate" in res.errors[1][1]
+    _write(path, lines[4:12])
+    with pytest.raises(SourceDataError, match=r"s\.jsonl\.zst, row 4: line 5: metadata field 'lang' holds an unp"):
+        _meta_reader(metadata=["lang"]).scan(path, 0, 1)
+
+
+def test_metadata_empty_and_absent(tmp_path: Path) -> None:
+    p = tmp_path / "e.jsonl"
+    _write(p, [])
+    t = _meta_reader(metadata=["url"]).scan(p, 0, 1).rows
+    assert t.column_names == ["row", "num_tokens", "num_image_tokens", "url"] and t.num_rows == 0
+    p2 = tmp_path / "a.jsonl.gz"
+    _write(p2, [json.dumps({"text": "x"})] * 3)
+    t = _meta_reader(metadata=["url"]).scan(p2, 0, 1).rows
+    assert t.column("url").type == pa.null() and t.column("url").to_pylist() == [None] * 3
+
+
+@pytest.mark.parametrize("field", ["text", "lang"])
+def test_invalid_utf8_is_a_bad_line_on_both_paths(tmp_path: Path, field: str) -> None:
+    """Arrow's reader passes invalid UTF-8 through; the scan must reject the line as `read` would."""
+    lines = [json.dumps({"text": f"doc {i}", "lang": "en"}).encode() for i in range(10)]
+    lines[6] = lines[6].replace(b'"en"' if field == "lang" else b"doc 6", b'"e\xffn"' if field == "lang" else b"d\xffc")
+    path = tmp_path / "u.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(SourceDataError, match=r"u\.jsonl, row \d+: line 7 \(byte \d+\): not valid JSON"):
+        _meta_reader(metadata=["lang"]).scan(path, 0, 1)
+    res = _meta_reader(OnError.SKIP, metadata=["lang"]).scan(path, 0, 1)
+    assert res.rows.num_rows == 9 and res.rows.column("lang").to_pylist() == ["en"] * 9

@@ -86,29 +86,29 @@ def balance_step(
     )
     p_rank = np.full(n, -1, dtype=np.int64)
     p_mb = np.full(n, -1, dtype=np.int64)
-    seq = np.zeros(n, dtype=np.int64)
     is_long = lane == 1
-    if is_long.any():
-        _place_long(np.flatnonzero(is_long), length, cost, st, p_rank, p_mb, seq, lanes)
+    long_idx = np.flatnonzero(is_long)
+    if len(long_idx):
+        _place_long(long_idx, length, cost, st, p_rank, p_mb, lanes)
     short = np.flatnonzero(~is_long)
     key = -cost[short]
     if not splittable[short].all():
         key = np.where(splittable[short], key, key - 2.0 * (np.abs(key).max() + 1.0))  # unsplittable first
     order = short[np.argsort(key, kind="stable")]
-    seq[order] = np.arange(len(order)) + n
     _lpt_rounds(order, length, cost, st, p_rank, p_mb)
     extra = _place_leftovers(order[p_rank[order] < 0], length, cost, splittable, st, p_rank, p_mb, lanes, cost_spec)
     _refine(length, cost, st, p_rank, p_mb, is_long)
 
-    item = np.concatenate([np.arange(n, dtype=np.int64), extra[0]])
-    delta = np.concatenate([np.zeros(n, dtype=np.int64), extra[1]])
-    plen = np.concatenate([length, extra[2]])
-    rank = np.concatenate([p_rank, extra[3]])
-    mb = np.concatenate([p_mb, extra[4]])
-    seqs = np.concatenate([seq, 3 * n + np.arange(len(extra[0]))])
-    keep = rank >= 0
-    item, delta, plen, rank, mb, seqs = item[keep], delta[keep], plen[keep], rank[keep], mb[keep], seqs[keep]
-    o = np.lexsort((seqs, mb, rank))
+    # manifest order: by slot, then placement order (long items, LPT order, split pieces)
+    placed = np.concatenate([long_idx, order])
+    placed = placed[p_rank[placed] >= 0]
+    item = np.concatenate([placed, extra[0]])
+    delta = np.concatenate([np.zeros(len(placed), dtype=np.int64), extra[1]])
+    plen = np.concatenate([length[placed], extra[2]])
+    rank = np.concatenate([p_rank[placed], extra[3]])
+    mb = np.concatenate([p_mb[placed], extra[4]])
+    slot = rank * micro_batches + mb
+    o = np.argsort(slot.astype(np.uint16 if dp * micro_batches <= 1 << 16 else np.int64), kind="stable")
     return Assignment(
         item=item[o],
         delta=delta[o],
@@ -128,7 +128,6 @@ def _place_long(
     st: _Slots,
     p_rank: np.ndarray,
     p_mb: np.ndarray,
-    seq: np.ndarray,
     lanes: Lanes,
 ) -> None:
     """Pack long-lane segments into long sequences (FFD) and give each sequence a whole free slot, LPT."""
@@ -152,7 +151,6 @@ def _place_long(
         members = idx[bins == b]
         p_rank[members] = r
         p_mb[members] = m
-    seq[idx] = np.arange(len(idx))
 
 
 def _lpt_rounds(

@@ -17,7 +17,7 @@ from loomdata.schemas.tables import MANIFEST_SCHEMA, TableKind, write_table
 
 __all__ = ["ManifestWriter"]
 
-ROWS_PER_FILE = 1 << 19
+ROWS_PER_FILE = 1 << 18
 _COLUMNS = [(f.name, f.type.to_pandas_dtype()) for f in MANIFEST_SCHEMA]
 
 

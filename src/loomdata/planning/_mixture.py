@@ -67,17 +67,41 @@ def step_weights(spec: Spec) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class Stream:
-    """One source's segments, epoch after epoch: document row, offset, length, lane, cumulative counts."""
+    """One source's segments, epoch after epoch: the document row of each, where split ones start, counts.
+
+    Most segments are whole documents, so offsets and lengths are stored only for pieces of split
+    documents (`split_pos` sorted); a whole document's length is its index length. The cumulative
+    counts are needed for membership only and dropped after it (`without_counts`).
+    """
 
     doc: np.ndarray  # uint32/int64 row into the source's index table
-    offset: np.ndarray  # uint32
-    length: np.ndarray  # uint32
-    lane: np.ndarray  # uint8
+    split_pos: np.ndarray  # int64 stream positions of pieces of split documents
+    split_off: np.ndarray  # uint32 their offsets
+    split_len: np.ndarray  # uint32 their lengths
     cum: np.ndarray  # int64, len n+1: tokens of the first j segments
     cum_short: np.ndarray | None  # int64: short-lane tokens of the first j segments (None: no long lane)
     cum_long: np.ndarray | None  # int64: long-lane segments among the first j
     epoch_tokens: int
-    epoch_segments: int
+
+    def segments(
+        self, a: int, b: int, lengths: np.ndarray, lanes: Lanes
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(doc, offset, length, lane) of stream positions [a, b)."""
+        doc = self.doc[a:b]
+        dl = lengths[doc]
+        length = dl.astype(np.uint32, copy=True)
+        offset = np.zeros(len(doc), dtype=np.uint32)
+        i, j = np.searchsorted(self.split_pos, [a, b])
+        if j > i:
+            pos = self.split_pos[i:j] - a
+            offset[pos] = self.split_off[i:j]
+            length[pos] = self.split_len[i:j]
+        return doc, offset, length, lanes.lane_of(dl)
+
+    def without_counts(self) -> Stream:
+        """The same stream without its cumulative counts (frees 8+ bytes a segment once membership is done)."""
+        empty = np.zeros(0, dtype=np.int64)
+        return Stream(self.doc, self.split_pos, self.split_off, self.split_len, empty, None, None, self.epoch_tokens)
 
 
 def source_key(seed: int, name: str) -> list[int]:
@@ -91,32 +115,38 @@ def build_stream(name: str, seed: int, lengths: np.ndarray, lanes: Lanes, epochs
     docs = np.arange(len(lengths), dtype=idx_dtype)
     if not (lengths > 0).all():
         docs = docs[lengths > 0]
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    doc_parts: list[np.ndarray] = []
+    split_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    at = 0
     for e in range(max(epochs, 1)):
         rng = np.random.default_rng([*source_key(seed, name), e])
         perm = docs.copy()
         rng.shuffle(perm)  # in place on 4-byte indices: no 8-byte permutation array
-        parts.append(expand_units(perm, lengths, lanes))
+        doc, offset, length = expand_units(perm, lengths, lanes)
         del perm
+        split = np.flatnonzero((offset > 0) | (length != lengths[doc]))
+        split_parts.append((split + at, offset[split], length[split]))
+        doc_parts.append(doc)
+        at += len(doc)
+        del offset, length
     del docs
-    if len(parts) == 1:
-        doc, offset, length = parts[0]
-    else:
-        doc = np.concatenate([p[0] for p in parts])
-        offset = np.concatenate([p[1] for p in parts])
-        length = np.concatenate([p[2] for p in parts])
-    parts.clear()
-    cum = np.zeros(len(length) + 1, dtype=np.int64)
+    doc = doc_parts[0] if len(doc_parts) == 1 else np.concatenate(doc_parts)
+    doc_parts.clear()
+    split_pos = np.concatenate([p[0] for p in split_parts]).astype(np.int64)
+    split_off = np.concatenate([p[1] for p in split_parts]).astype(np.uint32)
+    split_len = np.concatenate([p[2] for p in split_parts]).astype(np.uint32)
+    length = lengths[doc].astype(np.uint32)
+    length[split_pos] = split_len
+    cum = np.zeros(len(doc) + 1, dtype=np.int64)
     np.cumsum(length, out=cum[1:])
-    lane = lanes.lane_of(lengths[doc]) if lanes.has_long else np.zeros(len(doc), dtype=np.uint8)
     cum_short = cum_long = None
     if lanes.has_long:
+        lane = lanes.lane_of(lengths[doc])
         cum_short = np.zeros_like(cum)
         np.cumsum(np.where(lane == 0, length, 0), out=cum_short[1:])
         cum_long = np.zeros_like(cum)
         np.cumsum(lane, out=cum_long[1:])
-    per_epoch = len(length) // max(epochs, 1)
-    return Stream(doc, offset, length, lane, cum, cum_short, cum_long, int(lengths.sum(dtype=np.int64)), per_epoch)
+    return Stream(doc, split_pos, split_off, split_len, cum, cum_short, cum_long, int(lengths.sum(dtype=np.int64)))
 
 
 def check_epochs(

@@ -172,6 +172,7 @@ def _plan_into(
         streams.append(build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs))
     ptr = membership(targets, streams, lanes, slots)
     drawn = sum(np.diff(st.cum[ptr[:, k]]) for k, st in enumerate(streams))
+    streams = [st.without_counts() for st in streams]
     empty = np.flatnonzero(np.asarray(drawn) == 0)
     if len(empty):
         raise PlanError(
@@ -238,12 +239,10 @@ def _plan_step(
     for k, (src, st) in enumerate(zip(sources, streams, strict=True)):
         a, b = int(ptr[t, k]), int(ptr[t + 1, k])
         if b > a:
-            doc = st.doc[a:b]
-            length = st.length[a:b]
-            whole = length == src.num_tokens[doc]
-            img = np.where(whole, src.num_image_tokens[doc], 0)
+            doc, off, length, lane = st.segments(a, b, src.num_tokens, lanes)
+            img = np.where(length == src.num_tokens[doc], src.num_image_tokens[doc], 0)
             ids = np.full(b - a, k, dtype=np.uint16)
-            parts.append((ids, src.sample[doc], st.offset[a:b], length, st.lane[a:b], img))
+            parts.append((ids, src.sample[doc], off, length, lane, img))
     src_id, sample, offset, length, lane, img = (np.concatenate(c) for c in zip(*parts, strict=True))
     length = length.astype(np.int64)
     cost = segment_cost(length, img, spec.cost, lanes.cp(lane))
@@ -282,6 +281,7 @@ def _baseline_sequences(t: int, seed: int, length: np.ndarray, lane: np.ndarray,
     n = len(length)
     perm = np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, _BASELINE_SALT, t]).permutation(n)
     seq_local = np.zeros(n, dtype=np.int64)
+    firsts = []
     lp = lane[perm]
     offset = 0
     for ln in (0, 1):
@@ -291,8 +291,9 @@ def _baseline_sequences(t: int, seed: int, length: np.ndarray, lane: np.ndarray,
         cap = lanes.seq_len if ln == 0 else int(lanes.long_seq_len or 0)
         ids = next_fit(length[perm[pos]], cap)
         seq_local[pos] = ids + offset
-        offset += int(ids.max()) + 1
-    _, first = np.unique(seq_local, return_index=True)
+        firsts.append(pos[np.flatnonzero(np.diff(ids, prepend=-1))])  # where each sequence starts
+        offset += int(ids[-1]) + 1
+    first = np.concatenate(firsts)
     rank_of_seq = np.empty(len(first), dtype=np.int64)
     rank_of_seq[np.argsort(first, kind="stable")] = np.arange(len(first))
     out = np.empty(n, dtype=np.int64)

@@ -31,12 +31,13 @@ class IndexTables:
     errors: pa.Table | None
 
 
-def _concat(tables: list[pa.Table], where: str) -> pa.Table:
+def concat_scans(tables: list[pa.Table], where: str, what: str = "shards") -> pa.Table:
+    """Concatenate scan tables (parts or shards); a metadata type clash is an IndexBuildError naming `where`."""
     try:
         return pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise IndexBuildError(
-            f"{where}: shards disagree on a metadata column's type ({e}); make the column's type the same "
+            f"{where}: {what} disagree on a metadata column's type ({e}); make the column's type the same "
             "in every file or drop it from the source's `metadata`"
         ) from None
 
@@ -55,7 +56,7 @@ def assemble(
     counts = np.array([scans[i].rows.num_rows for i in kept], dtype=np.int64)
     total = int(counts.sum())
     if kept:
-        rows = _concat([scans[i].rows for i in kept], f"source {source!r}")
+        rows = concat_scans([scans[i].rows for i in kept], f"source {source!r}")
     else:
         rows = pa.table({"row": pa.array([], pa.uint64())})
     columns: list[pa.Array | pa.ChunkedArray] = [

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from distributed import Client, Future, as_completed
 from tqdm import tqdm
 
-from loomdata.indexing._assemble import assemble, write_tables
+from loomdata.indexing._assemble import assemble, concat_scans, write_tables
 from loomdata.indexing._cache import ShardScan, load_scan, parts_dir, store_scan
 from loomdata.indexing._fingerprint import ShardStat, cache_key, index_fingerprint, scan_config_hash, stat_shard
 from loomdata.indexing._summary import IndexSummary, SourceSummary
@@ -221,7 +221,8 @@ class _Scanner:
         if len(parts) == out.num_parts:
             ordered = [parts[p] for p in range(out.num_parts)]
             tables = [o.rows for o in ordered if o.rows is not None]
-            rows = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+            where = str(run.stats[shard].path)
+            rows = concat_scans(tables, where, "parts of the file") if len(tables) > 1 else tables[0]
             errors = [e for o in ordered for e in o.errors]
             self._finish_shard(run, shard, ShardScan(rows, errors))
         return extra

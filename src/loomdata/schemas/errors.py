@@ -15,9 +15,14 @@ class SpecError(LoomError):
     def __init__(self, problems: Sequence[str], path: str | None = None) -> None:
         self.problems = list(problems)
         self.path = path
+        self._args = (list(problems), path)
         where = f" in {path}" if path else ""
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"invalid data-plane spec{where} ({len(self.problems)} problem(s)):\n{lines}")
+
+    def __reduce__(self) -> tuple[type[SpecError], tuple[list[str], str | None]]:
+        """Pickle by constructor arguments."""
+        return (SpecError, self._args)
 
 
 class ContractError(LoomError):
@@ -31,9 +36,14 @@ class SourceDataError(LoomError):
         self.path = path
         self.row = row
         self.reason = message
+        self.hint = hint
         where = f"{path}" + (f", row {row}" if row is not None else "")
         fix = hint or "fix or remove the file, or set `on_error: skip` on the source to skip and count bad samples"
         super().__init__(f"{where}: {message} ({fix})")
+
+    def __reduce__(self) -> tuple[type[SourceDataError], tuple[str, str, int | None, str | None]]:
+        """Pickle by constructor arguments, so the error crosses process boundaries (Dask tasks, actors)."""
+        return (SourceDataError, (self.path, self.reason, self.row, self.hint))
 
 
 class IndexBuildError(LoomError):

@@ -108,3 +108,17 @@ def test_jsonl_metadata_kind_clash(tmp_path: Path, make_spec: SpecFactory, dask_
     _write(tmp_path / "web" / "b.jsonl", _objs(1, 50))
     with pytest.raises(IndexBuildError, match=r"source 'web': shards disagree on a metadata column's type"):
         build_index(make_spec(_web()), dask_client)
+
+
+def test_parts_of_one_file_that_disagree_name_the_file(
+    tmp_path: Path, make_spec: SpecFactory, dask_client: Client
+) -> None:
+    """A plain JSONL file split into parts whose metadata kinds differ fails with a clear IndexBuildError."""
+    path = tmp_path / "web" / "mixed.jsonl"
+    path.parent.mkdir(parents=True)
+    lines = [json.dumps({"text": "x" * 50, "q": 1.5}) for _ in range(100)]
+    lines += [json.dumps({"text": "x" * 49, "q": "hi"}) for _ in range(100)]  # same length: parts split at line 100
+    path.write_text("\n".join(lines) + "\n")
+    spec = make_spec({**_web(), "metadata": ["q"]})
+    with pytest.raises(IndexBuildError, match=r"mixed\.jsonl: parts of the file disagree on a metadata column's type"):
+        build_index(spec, dask_client, part_bytes=len(lines[0]) * 100 + 100)

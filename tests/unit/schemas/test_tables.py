@@ -49,3 +49,16 @@ def test_wrong_kind_version_and_schema_are_named(tmp_path: Path) -> None:
     (tmp_path / "junk.parquet").write_bytes(b"not parquet")
     with pytest.raises(ContractError, match="not a readable Parquet file"):
         read_table(tmp_path / "junk.parquet", TableKind.MANIFEST)
+
+
+def test_errors_survive_pickling() -> None:
+    """Errors raised in Dask tasks or actors reach the client intact."""
+    import pickle
+
+    from loomdata.schemas import SourceDataError, SpecError
+
+    e = SourceDataError("/d/a.parquet", "null tokens", row=7, hint="fix it")
+    back = pickle.loads(pickle.dumps(e))
+    assert (back.path, back.row, back.reason, str(back)) == (e.path, e.row, e.reason, str(e))
+    s = SpecError(["a: b", "c: d"], "spec.yaml")
+    assert str(pickle.loads(pickle.dumps(s))) == str(s)

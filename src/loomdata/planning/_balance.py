@@ -52,6 +52,7 @@ class Assignment:
     lane: np.ndarray  # uint8
     rank_cost: np.ndarray  # float64 [dp]
     slot_cost: np.ndarray  # float64 [dp, micro_batches]
+    deferred: np.ndarray  # int64 items (image samples) no slot of this step could hold: the next step takes them
 
 
 @dataclass(slots=True)
@@ -74,8 +75,12 @@ def balance_step(
     micro_batches: int,
     lanes: Lanes,
     cost_spec: CostSpec,
+    carried: int = 0,
 ) -> Assignment:
-    """Assign a step's segments (length, cost, lane, splittable) to dp x micro_batches slots."""
+    """Assign a step's segments (length, cost, lane, splittable) to dp x micro_batches slots.
+
+    The first `carried` items were deferred by the previous step; they are placed first.
+    """
     length = length.astype(np.int64)
     n = len(length)
     st = _Slots(
@@ -91,10 +96,8 @@ def balance_step(
     if len(long_idx):
         _place_long(long_idx, length, cost, st, p_rank, p_mb, lanes)
     short = np.flatnonzero(~is_long)
-    key = -cost[short]
-    if not splittable[short].all():
-        key = np.where(splittable[short], key, key - 2.0 * (np.abs(key).max() + 1.0))  # unsplittable first
-    order = short[np.argsort(key, kind="stable")]
+    # items carried over from the previous step go first (into empty slots), then all others largest first
+    order = short[np.lexsort((-cost[short], short >= carried))]
     _lpt_rounds(order, length, cost, st, p_rank, p_mb)
     extra = _place_leftovers(order[p_rank[order] < 0], length, cost, splittable, st, p_rank, p_mb, lanes, cost_spec)
     _refine(length, cost, st, p_rank, p_mb, is_long)
@@ -118,6 +121,7 @@ def balance_step(
         lane=st.lane[rank[o], mb[o]],
         rank_cost=st.rank_cost,
         slot_cost=st.cost,
+        deferred=extra[5],
     )
 
 
@@ -179,6 +183,7 @@ def _lpt_rounds(
         m = sc.argmin(axis=1)
         ok = sc[np.arange(k), m] < np.inf
         if not ok.all():
+            failed = idx[~ok]
             idx, ranks, m, ln = idx[ok], ranks[ok], m[ok], ln[ok]
         c = cost[idx]
         st.cost[ranks, m] += c
@@ -186,6 +191,62 @@ def _lpt_rounds(
         st.rank_cost[ranks] += c
         p_rank[idx] = ranks
         p_mb[idx] = m
+        if len(idx) < k:  # their rank was full: another rank that has room takes them now, whole
+            for i in failed:
+                _place_whole(int(i), length, cost, st, p_rank, p_mb)
+
+
+def _place_whole(
+    i: int, length: np.ndarray, cost: np.ndarray, st: _Slots, p_rank: np.ndarray, p_mb: np.ndarray
+) -> bool:
+    """Put item i whole into the least loaded rank that has a slot with room (its least loaded such slot)."""
+    need = int(length[i])
+    fits = st.room >= need
+    has = fits.any(axis=1)
+    if not has.any():
+        return False
+    r = int(np.argmin(np.where(has, st.rank_cost, np.inf)))
+    m = int(np.argmin(np.where(fits[r], st.cost[r], np.inf)))
+    c = float(cost[i])
+    st.cost[r, m] += c
+    st.room[r, m] -= need
+    st.rank_cost[r] += c
+    p_rank[i], p_mb[i] = r, m
+    return True
+
+
+def _evict_for(
+    need: int,
+    length: np.ndarray,
+    cost: np.ndarray,
+    splittable: np.ndarray,
+    st: _Slots,
+    p_rank: np.ndarray,
+    p_mb: np.ndarray,
+) -> list[int] | None:
+    """Make room for an unsplittable item in the roomiest short slot that can free enough by moving text out.
+
+    Returns the text segments moved out (to be placed again), or None when no slot can make room.
+    """
+    dp, mb = st.room.shape
+    movable = (p_rank >= 0) & splittable
+    slot_of = p_rank[movable] * mb + p_mb[movable]
+    freeable = np.bincount(slot_of, weights=length[movable], minlength=dp * mb).reshape(dp, mb) + st.room
+    room = np.where((st.lane == 0) & (freeable >= need), st.room, -1)
+    if room.max() < 0:
+        return None
+    r, m = divmod(int(np.argmax(room)), mb)
+    members = np.flatnonzero((p_rank == r) & (p_mb == m) & splittable)
+    members = members[np.argsort(-length[members], kind="stable")]
+    freed = int(st.room[r, m]) + np.cumsum(length[members])
+    k = int(np.searchsorted(freed, need)) + 1
+    out = members[:k]
+    st.cost[r, m] -= cost[out].sum()
+    st.rank_cost[r] -= cost[out].sum()
+    st.room[r, m] += int(length[out].sum())
+    p_rank[out] = -1
+    p_mb[out] = -1
+    return [int(x) for x in out]
 
 
 def _place_leftovers(
@@ -198,28 +259,31 @@ def _place_leftovers(
     p_mb: np.ndarray,
     lanes: Lanes,
     cost_spec: CostSpec,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Place segments their round could not: whole into the least loaded rank with room, else split."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Place segments no slot could take whole when their turn came: whole if room appeared, else split.
+
+    An image sample is never split: text segments are moved out of a slot to make room for it and
+    placed again (whole, or split over the slots with most room); when no slot can make room (every
+    slot already full of image samples) it is deferred to the next step. Returns the split pieces
+    (item, offset delta, length, rank, micro-batch) and the deferred items.
+    """
     pieces: list[tuple[int, int, int, int, int]] = []
+    deferred: list[int] = []
     mb = st.cost.shape[1]
-    for i in left:
-        need = int(length[i])
-        fits = st.room >= need
-        has = fits.any(axis=1)
-        if has.any():
-            r = int(np.argmin(np.where(has, st.rank_cost, np.inf)))
-            m = int(np.argmin(np.where(fits[r], st.cost[r], np.inf)))
-            c = float(cost[i])
-            st.cost[r, m] += c
-            st.room[r, m] -= need
-            st.rank_cost[r] += c
-            p_rank[i], p_mb[i] = r, m
+    queue = [int(i) for i in left[np.argsort(splittable[left], kind="stable")]]  # image samples first
+    while queue:
+        i = queue.pop(0)
+        if _place_whole(i, length, cost, st, p_rank, p_mb):
             continue
+        need = int(length[i])
         if not splittable[i]:
-            raise PlanError(
-                f"a sample with images ({need} tokens) fits no sequence of its step whole; "
-                "raise micro_batches or seq_len so steps have more room"
-            )
+            moved = _evict_for(need, length, cost, splittable, st, p_rank, p_mb)
+            if moved is None:
+                deferred.append(i)
+            else:
+                queue.extend(moved)
+                _place_whole(i, length, cost, st, p_rank, p_mb)
+            continue
         flat = np.argsort(-st.room.ravel(), kind="stable")
         done = 0
         for s in flat:
@@ -231,17 +295,14 @@ def _place_leftovers(
             st.cost[r, m] += c
             st.room[r, m] -= take
             st.rank_cost[r] += c
-            pieces.append((int(i), done, take, r, m))
+            pieces.append((i, done, take, r, m))
             done += take
             if done == need:
                 break
         if done < need:
             raise PlanError(f"internal: step overfull by {need - done} tokens; please report this plan's spec")
-    if not pieces:
-        z = np.zeros(0, dtype=np.int64)
-        return z, z, z, z, z
-    a = np.array(pieces, dtype=np.int64)
-    return a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4]
+    a = np.array(pieces, dtype=np.int64).reshape(-1, 5)
+    return a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4], np.array(deferred, dtype=np.int64)
 
 
 def _refine(

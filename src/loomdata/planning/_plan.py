@@ -188,10 +188,17 @@ def _plan_into(
         from tqdm import tqdm
 
         steps_iter = tqdm(steps_iter, desc="plan", unit="step")
+    carry: _Items | None = None
     for t in steps_iter:
-        _plan_step(t, spec, lanes, sources, streams, ptr, weights[t], writer, report)
+        carry = _plan_step(t, spec, lanes, sources, streams, ptr, weights[t], carry, writer, report)
     files = writer.close(tr.steps - 1)
     report.write(out)
+    summary = report.summary()
+    summary["unplaced_after_last_step"] = (
+        []
+        if carry is None
+        else [{"source": names[int(k)], "sample": int(s)} for k, s in zip(carry[0], carry[1], strict=True)]
+    )
     meta = PlanMeta(
         format_version=PLAN_FORMAT_VERSION,
         plan_id=plan_id,
@@ -216,10 +223,14 @@ def _plan_into(
             "baseline": "shuffled segments, next-fit packing per lane, sequences dealt round-robin",
         },
         manifest=files,
-        summary=report.summary(),
+        summary=summary,
     )
     (out / "plan.json").write_text(meta.to_json())
     return meta
+
+
+_Items = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""A step's segments: (source id, sample, offset, length, lane, image tokens)."""
 
 
 def _plan_step(
@@ -230,21 +241,25 @@ def _plan_step(
     streams: list[Stream],
     ptr: np.ndarray,
     weights: np.ndarray,
+    carry: _Items | None,
     writer: ManifestWriter,
     report: ReportBuilder,
-) -> None:
-    """Balance step t, compute its baseline, write its manifest rows and record its figures."""
+) -> _Items | None:
+    """Balance step t, compute its baseline, write its manifest rows and record its figures.
+
+    `carry` holds image samples the previous step had no room for; they go first into this step.
+    Returns this step's carry.
+    """
     tr = spec.training
-    parts = []
+    parts = [] if carry is None else [carry]
     for k, (src, st) in enumerate(zip(sources, streams, strict=True)):
         a, b = int(ptr[t, k]), int(ptr[t + 1, k])
         if b > a:
             doc, off, length, lane = st.segments(a, b, src.num_tokens, lanes)
             img = np.where(length == src.num_tokens[doc], src.num_image_tokens[doc], 0)
             ids = np.full(b - a, k, dtype=np.uint16)
-            parts.append((ids, src.sample[doc], off, length, lane, img))
+            parts.append((ids, src.sample[doc], off, length.astype(np.int64), lane, img))
     src_id, sample, offset, length, lane, img = (np.concatenate(c) for c in zip(*parts, strict=True))
-    length = length.astype(np.int64)
     cost = segment_cost(length, img, spec.cost, lanes.cp(lane))
     asg = balance_step(
         length,
@@ -255,15 +270,24 @@ def _plan_step(
         micro_batches=tr.micro_batches,
         lanes=lanes,
         cost_spec=spec.cost,
+        carried=0 if carry is None else len(carry[0]),
     )
+    next_carry: _Items | None = None
+    if len(asg.deferred):
+        d = asg.deferred
+        next_carry = (src_id[d], sample[d], offset[d], length[d], lane[d], img[d])
+        keep = np.ones(len(length), dtype=bool)
+        keep[d] = False
+        length, cost, lane = length[keep], cost[keep], lane[keep]
     base_seq = _baseline_sequences(t, spec.seed, length, lane, lanes)
     base = deal_baseline(base_seq, cost, tr.dp_size, tr.micro_batches)
+    placed_src = src_id[asg.item]
     writer.add(
         t,
         {
             "dp_rank": asg.rank,
             "micro_batch": asg.micro_batch,
-            "source": src_id[asg.item],
+            "source": placed_src,
             "sample": sample[asg.item],
             "offset": offset[asg.item].astype(np.int64) + asg.delta,
             "length": asg.length,
@@ -271,9 +295,10 @@ def _plan_step(
         },
     )
     lb = max(float(cost.sum()) / tr.dp_size, float(cost.max()))
-    tokens = np.bincount(src_id, weights=length, minlength=len(sources)).astype(np.int64)
+    tokens = np.bincount(placed_src, weights=asg.length, minlength=len(sources)).astype(np.int64)
     base_per_slot = (int(base_seq.max()) + 1) / (tr.dp_size * tr.micro_batches)
     report.add(t, tokens, weights, lb, asg.rank_cost, base, asg.slot_cost, base_per_slot)
+    return next_carry
 
 
 def _baseline_sequences(t: int, seed: int, length: np.ndarray, lane: np.ndarray, lanes: Lanes) -> np.ndarray:

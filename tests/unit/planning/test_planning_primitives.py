@@ -60,3 +60,61 @@ def test_segment_cost_is_the_documented_formula() -> None:
     c = CostSpec(attention=2.0, linear=3.0, encoder=5.0)
     got = segment_cost(np.array([4, 10]), np.array([1, 0]), c, np.array([1, 2]))
     assert got.tolist() == [2 * 16 + 3 * 4 + 5 * 1, (2 * 100 + 3 * 10) / 2]
+
+
+def _check_assignment(asg: object, length: np.ndarray, seq_len: int, dp: int, mb: int) -> None:
+    item, plen = asg.item, asg.length  # type: ignore[attr-defined]
+    assert np.bincount(item, weights=plen, minlength=len(length)).tolist() == length.tolist()  # every token once
+    slot = asg.rank * mb + asg.micro_batch  # type: ignore[attr-defined]
+    assert np.bincount(slot, weights=plen, minlength=dp * mb).max() <= seq_len
+    assert (np.diff(slot) >= 0).all()
+
+
+def test_balance_step_moves_text_out_to_keep_an_image_sample_whole() -> None:
+    from loomdata.planning._balance import balance_step
+
+    length = np.array([55, 55, 30, 30, 25])
+    cost = np.array([6.0, 6.0, 3.0, 3.0, 0.5])  # the image sample comes last, when no slot has 25 free
+    splittable = np.array([True, True, True, True, False])
+    asg = balance_step(
+        length,
+        cost,
+        np.zeros(5, dtype=np.uint8),
+        splittable,
+        dp=1,
+        micro_batches=2,
+        lanes=Lanes(seq_len=100),
+        cost_spec=CostSpec(),
+    )
+    _check_assignment(asg, length, 100, 1, 2)
+    assert asg.item.tolist().count(4) == 1 and asg.length[asg.item.tolist().index(4)] == 25
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.integers(1, 100), min_size=1, max_size=120),
+    st.integers(1, 6),
+    st.integers(1, 4),
+)
+def test_balance_step_places_every_token_once_within_capacity(lengths: list[int], dp: int, mb: int) -> None:
+    from loomdata.planning._balance import balance_step
+
+    length = np.array(lengths)
+    cap = 100
+    length = length[np.cumsum(length) <= int(0.96 * dp * mb * cap)]  # what membership guarantees
+    if len(length) == 0:
+        return
+    cost = segment_cost(length, None, CostSpec(attention=1.0, linear=50.0))
+    asg = balance_step(
+        length,
+        cost,
+        np.zeros(len(length), dtype=np.uint8),
+        np.ones(len(length), dtype=bool),
+        dp=dp,
+        micro_batches=mb,
+        lanes=Lanes(seq_len=cap),
+        cost_spec=CostSpec(attention=1.0, linear=50.0),
+    )
+    _check_assignment(asg, length, cap, dp, mb)
+    lb = max(cost.sum() / dp, cost.max())
+    assert asg.rank_cost.max() >= lb * (1 - 1e-9) or (asg.length < length[asg.item]).any()

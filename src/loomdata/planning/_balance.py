@@ -31,6 +31,7 @@ __all__ = ["Assignment", "balance_step", "deal_baseline"]
 _SWAP_ROUNDS = 16
 _TOLERANCE = 2e-4  # stop refining once the most and least loaded ranks differ by less than this fraction
 _MAX_CANDIDATES = 512  # segments per rank considered by one refinement round
+_FALLBACK_PASSES = 3  # vectorised passes for segments whose rank was full, before going one by one
 
 
 def _subsample(idx: np.ndarray) -> np.ndarray:
@@ -191,9 +192,8 @@ def _lpt_rounds(
         st.rank_cost[ranks] += c
         p_rank[idx] = ranks
         p_mb[idx] = m
-        if len(idx) < k:  # their rank was full: another rank that has room takes them now, whole
-            for i in failed:
-                _place_whole(int(i), length, cost, st, p_rank, p_mb)
+        if len(idx) < k:  # their rank was full: other ranks that have room take them now, whole
+            _place_whole_many(failed, length, cost, st, p_rank, p_mb)
 
 
 def _place_whole(
@@ -213,6 +213,39 @@ def _place_whole(
     st.rank_cost[r] += c
     p_rank[i], p_mb[i] = r, m
     return True
+
+
+def _place_whole_many(
+    items: np.ndarray, length: np.ndarray, cost: np.ndarray, st: _Slots, p_rank: np.ndarray, p_mb: np.ndarray
+) -> None:
+    """Place items whose rank was full: a few vectorised passes pairing them (largest first) with the least
+    loaded ranks that have room, then one by one; items no rank can hold whole stay for the leftover pass."""
+    items = items[np.argsort(-cost[items], kind="stable")]
+    for _ in range(_FALLBACK_PASSES):
+        if len(items) == 0:
+            return
+        cand = np.flatnonzero(st.room.max(axis=1) >= length[items].min())
+        if len(cand) == 0:
+            return
+        cand = cand[np.argsort(st.rank_cost[cand], kind="stable")][: len(items)]
+        head, items = items[: len(cand)], items[len(cand) :]
+        ln = length[head]
+        sc = np.where(st.room[cand] >= ln[:, None], st.cost[cand], np.inf)
+        m = sc.argmin(axis=1)
+        ok = sc[np.arange(len(cand)), m] < np.inf
+        i, r, m, ln = head[ok], cand[ok], m[ok], ln[ok]
+        c = cost[i]
+        st.cost[r, m] += c
+        st.room[r, m] -= ln
+        st.rank_cost[r] += c
+        p_rank[i] = r
+        p_mb[i] = m
+        if ok.all() and len(items) == 0:
+            return
+        items = np.concatenate([head[~ok], items])
+        items = items[np.argsort(-cost[items], kind="stable")]
+    for i in items:
+        _place_whole(int(i), length, cost, st, p_rank, p_mb)
 
 
 def _evict_for(

@@ -1,9 +1,33 @@
 """The global planner: mixture schedule -> step membership -> packing -> cost-balanced slots -> plan dir.
 
-`make_plan(spec)` writes `workdir/plans/<plan_id>/` (plan.json, manifest/ partitions, report/);
-`plan_report` and `plot_plan` read a stored plan back. Modules, one job each: _mixture (step
-membership), _packing (lanes, segments, the baseline packer), _balance (slot assignment), _cost (the
-cost model), _manifest (partitioned writer), _report (figures, summary, plot), _plan (orchestration).
+Use:
+    result = make_plan(spec)                     # reads workdir/index/<source>/ for every source
+    result = make_plan(spec, index={"web": table}, fingerprints={"web": "..."})  # synthetic tables
+    report = plan_report(result.plan_dir)        # the figures `loom plan/inspect --json` print
+    plot_plan(result.plan_dir, Path("plan.png"))
+
+The plan dir `workdir/plans/<plan_id>/` holds plan.json (PlanMeta), `manifest/steps-<first>-<last>.parquet`
+(MANIFEST_SCHEMA, sorted by step, dp_rank, micro_batch, then placement order) and `report/` (per-step
+figures). plan_id hashes the spec's canonical JSON, the index fingerprints and the planner version;
+the same inputs give byte-identical files, and planning an existing complete plan is a no-op. Files are
+written into a temporary folder and renamed into place.
+
+Decisions, one module each (their docstrings say more):
+- _mixture, step membership: every step draws fill (0.96) x dp_size x micro_batches x seq_len tokens,
+  split by the interpolated weights (token shares); each source draws from its own seeded permutation,
+  a new one per epoch; a credit accumulator (searchsorted over the stream's cumulative tokens, all
+  steps at once) keeps each source's cumulative tokens within half a segment of its target. Errors:
+  max_epochs exceeded (names source and step), an empty source with positive weight, a step no source
+  can fill (budget smaller than the documents), a schedule beyond steps, an unknown source.
+- _packing, lanes and segments: documents longer than their lane are split into segments
+  (offset, length), never dropped; documents above long_context.threshold go to the long lane; samples
+  with images are never split. Baseline packer: next-fit in shuffled order (vectorised).
+- _balance, slots: lanes share a step by slots (a long sequence takes one whole slot and weighs
+  cost / long cp); load-aware vectorised LPT that packs as it balances, plus local swaps.
+- _cost: cost(segment) = attention L^2 + linear L + encoder image_tokens^2, over the lane's cp size.
+- _manifest: step-range partitions of bounded size (bounded memory whatever the plan's size).
+- _report: per-step imbalance max/LB for loomdata and the baseline (same membership: shuffled,
+  next-fit, dealt round-robin), simulated gain, realized vs target mixture; the plot.
 """
 
 from loomdata.planning._cost import segment_cost

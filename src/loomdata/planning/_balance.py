@@ -2,17 +2,27 @@
 
 Every step has dp_size x micro_batches slots; a slot holds one packed sequence. Lanes share a step by
 slots: long-lane segments are first packed first-fit-decreasing into long sequences (capacity
-long_context.seq_len), and each long sequence takes one whole slot (its Batch has lane 1); all other
-slots are short-lane sequences of capacity seq_len. Membership guarantees the short tokens fit the
-slots left over (see _mixture).
+long_context.seq_len), and each long sequence takes one whole free slot, least loaded rank first (its
+Batch has lane 1 and long_context.seq_len tokens, split over long_context.cp_size context-parallel
+ranks, so it weighs cost / cp on its dp rank); all other slots are short-lane sequences of capacity
+seq_len. Membership guarantees the short tokens fit the slots left over (see _mixture).
 
 The balancer is a vectorised LPT that packs while it balances: segments sorted by cost, largest first,
-are dealt in rounds of dp_size; in a round the i-th largest goes to the i-th least loaded rank, into
-that rank's least loaded micro-batch with room (so micro-batches within a rank are even too). A
-segment that fits no slot of its rank is placed afterwards whole into the least loaded rank that has
-room, or, when no slot can hold it whole, split over the slots with most room (text only; rare).
-Finally a local search moves or swaps segments between the most and the least loaded ranks while that
-lowers the maximum. The lower bound is LB = max(total cost / dp_size, largest segment cost).
+are dealt in rounds; in a round the i-th largest goes to the i-th least loaded rank, into that rank's
+least loaded micro-batch with room (so micro-batches within a rank are even too). A round serves only
+the ranks sequential LPT would serve before the least loaded rank gets a second segment (load within
+the round's largest cost of the minimum), so ranks made heavy by a long sequence or a big segment sit
+out until the others catch up; with even loads a round is dp_size wide. A segment whose rank has no
+slot with room goes at once to the least loaded rank that has one (vectorised passes). What still
+fits nowhere whole is placed at the end: whole if room appeared, else text is split over the slots
+with most room (rare: a few per cent of steps at small dp); an image sample is never split: text is
+moved out of a slot to make room, and if no slot can (every slot full of image samples) it is deferred
+to the next step, where it goes first. Finally a local search moves or swaps one segment between the
+most and the least loaded ranks while that lowers the maximum (bounded rounds).
+The lower bound is LB = max(total cost / dp_size, largest segment cost).
+
+Cost: O(segments/dp) rounds of O(dp log dp) NumPy work per step; no per-segment Python loop except
+for the rare leftovers.
 """
 
 from __future__ import annotations
@@ -53,7 +63,8 @@ class Assignment:
     lane: np.ndarray  # uint8
     rank_cost: np.ndarray  # float64 [dp]
     slot_cost: np.ndarray  # float64 [dp, micro_batches]
-    deferred: np.ndarray  # int64 items (image samples) no slot of this step could hold: the next step takes them
+    # int64 [n, 3] (item, offset delta, tokens) the step had no room for; the next step takes them first
+    deferred: np.ndarray
 
 
 @dataclass(slots=True)
@@ -292,16 +303,17 @@ def _place_leftovers(
     p_mb: np.ndarray,
     lanes: Lanes,
     cost_spec: CostSpec,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, ...]:
     """Place segments no slot could take whole when their turn came: whole if room appeared, else split.
 
     An image sample is never split: text segments are moved out of a slot to make room for it and
     placed again (whole, or split over the slots with most room); when no slot can make room (every
-    slot already full of image samples) it is deferred to the next step. Returns the split pieces
-    (item, offset delta, length, rank, micro-batch) and the deferred items.
+    slot already full of image samples) it is deferred to the next step, as is text for which the step
+    has no room left at all (possible only after the previous step deferred some). Returns the split
+    pieces (item, offset delta, length, rank, micro-batch) and the deferred (item, offset delta, length).
     """
     pieces: list[tuple[int, int, int, int, int]] = []
-    deferred: list[int] = []
+    deferred: list[tuple[int, int, int]] = []
     mb = st.cost.shape[1]
     queue = [int(i) for i in left[np.argsort(splittable[left], kind="stable")]]  # image samples first
     while queue:
@@ -312,7 +324,7 @@ def _place_leftovers(
         if not splittable[i]:
             moved = _evict_for(need, length, cost, splittable, st, p_rank, p_mb)
             if moved is None:
-                deferred.append(i)
+                deferred.append((i, 0, need))
             else:
                 queue.extend(moved)
                 _place_whole(i, length, cost, st, p_rank, p_mb)
@@ -333,9 +345,9 @@ def _place_leftovers(
             if done == need:
                 break
         if done < need:
-            raise PlanError(f"internal: step overfull by {need - done} tokens; please report this plan's spec")
+            deferred.append((i, done, need - done))
     a = np.array(pieces, dtype=np.int64).reshape(-1, 5)
-    return a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4], np.array(deferred, dtype=np.int64)
+    return a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4], np.array(deferred, dtype=np.int64).reshape(-1, 3)
 
 
 def _refine(

@@ -197,7 +197,10 @@ def _plan_into(
     summary["unplaced_after_last_step"] = (
         []
         if carry is None
-        else [{"source": names[int(k)], "sample": int(s)} for k, s in zip(carry[0], carry[1], strict=True)]
+        else [
+            {"source": names[int(k)], "sample": int(s), "offset": int(o), "length": int(n)}
+            for k, s, o, n in zip(carry[0], carry[1], carry[2], carry[3], strict=True)
+        ]
     )
     meta = PlanMeta(
         format_version=PLAN_FORMAT_VERSION,
@@ -274,10 +277,10 @@ def _plan_step(
     )
     next_carry: _Items | None = None
     if len(asg.deferred):
-        d = asg.deferred
-        next_carry = (src_id[d], sample[d], offset[d], length[d], lane[d], img[d])
+        d, delta, rest = asg.deferred.T
+        next_carry = (src_id[d], sample[d], (offset[d] + delta).astype(np.uint32), rest, lane[d], img[d])
         keep = np.ones(len(length), dtype=bool)
-        keep[d] = False
+        keep[d[delta == 0]] = False  # wholly deferred: not part of this step (for LB and the baseline)
         length, cost, lane = length[keep], cost[keep], lane[keep]
     base_seq = _baseline_sequences(t, spec.seed, length, lane, lanes)
     base = deal_baseline(base_seq, cost, tr.dp_size, tr.micro_batches)
@@ -297,7 +300,14 @@ def _plan_step(
     lb = max(float(cost.sum()) / tr.dp_size, float(cost.max()))
     tokens = np.bincount(placed_src, weights=asg.length, minlength=len(sources)).astype(np.int64)
     base_per_slot = (int(base_seq.max()) + 1) / (tr.dp_size * tr.micro_batches)
-    report.add(t, tokens, weights, lb, asg.rank_cost, base, asg.slot_cost, base_per_slot)
+    deferred = 0 if next_carry is None else int(next_carry[3].sum())
+    report.add(t, tokens, weights, lb, asg.rank_cost, base, asg.slot_cost, base_per_slot, deferred)
+    if next_carry is not None and len(next_carry[0]) > tr.dp_size * tr.micro_batches:
+        raise PlanError(
+            f"step {t}: {len(next_carry[0])} samples with images found no room and wait for the next step, more "
+            f"than it has sequences ({tr.dp_size * tr.micro_batches}): the mixture holds more image samples "
+            "than sequences can take; raise micro_batches or seq_len, or lower the image sources' weights"
+        )
     return next_carry
 
 

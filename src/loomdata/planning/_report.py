@@ -2,7 +2,8 @@
 
 Stored in the plan dir so `loom inspect` never recomputes: `report/steps.parquet` (one row per step:
 tokens, LB, max and mean rank cost for loomdata and baseline, micro-batch spread (mean over ranks of
-max / mean micro-batch cost), baseline sequences per slot, tokens and target weight per source) and
+max / mean micro-batch cost), baseline sequences per slot, tokens deferred to the next step, tokens and
+target weight per source) and
 `report/ranks.parquet` (per-rank cost of the first steps, for the plot).
 
 Imbalance is max rank cost / LB with LB = max(total cost / dp_size, largest segment cost); the
@@ -44,7 +45,16 @@ class ReportBuilder:
         self.weights = np.zeros((steps, len(sources)))
         self.cols = {
             k: np.zeros(steps)
-            for k in ("lb", "loom_max", "loom_mean", "base_max", "base_mean", "mb_spread", "base_seq_per_slot")
+            for k in (
+                "lb",
+                "loom_max",
+                "loom_mean",
+                "base_max",
+                "base_mean",
+                "mb_spread",
+                "base_seq_per_slot",
+                "deferred_tokens",
+            )
         }
         n_rank_steps = min(steps, RANK_STEPS)
         self.rank_loom = np.zeros((n_rank_steps, dp))
@@ -60,6 +70,7 @@ class ReportBuilder:
         base_rank: np.ndarray,
         slot_cost: np.ndarray,
         base_seq_per_slot: float,
+        deferred_tokens: int = 0,
     ) -> None:
         """Record one step's figures."""
         self.tokens[step] = tokens
@@ -73,6 +84,7 @@ class ReportBuilder:
         mean_mb = slot_cost.mean(axis=1)
         used = mean_mb > 0
         c["base_seq_per_slot"][step] = base_seq_per_slot
+        c["deferred_tokens"][step] = deferred_tokens
         c["mb_spread"][step] = float((slot_cost.max(axis=1)[used] / mean_mb[used]).mean()) if used.any() else 1.0
         if step < len(self.rank_loom):
             self.rank_loom[step] = loom_rank
@@ -119,6 +131,10 @@ class ReportBuilder:
             },
             "micro_batch_spread": float(np.mean(c["mb_spread"])),
             "baseline_sequences_per_slot": float(np.mean(c["base_seq_per_slot"])),
+            "deferred": {
+                "steps": int((c["deferred_tokens"] > 0).sum()),
+                "tokens": int(c["deferred_tokens"].sum()),
+            },
             "simulated_gain": float(c["base_max"].sum() / max(c["loom_max"].sum(), 1e-300)),
             "worst_mixture_error_pp": float(err[warm:].max()) if len(err) else 0.0,
             "mixture": {

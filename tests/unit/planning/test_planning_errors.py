@@ -90,3 +90,10 @@ def test_sample_with_images_larger_than_any_lane(tmp_path: Path, spec_of: Callab
     lengths[7], images[7] = 300, 256
     with pytest.raises(PlanError, match=r"source 'caps', sample 7: 300 tokens with 256 image tokens exceed"):
         make_plan(spec, index={"caps": index_of(lengths, images)})
+
+
+def test_more_image_samples_than_sequences_can_take(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:
+    # every 40-token image sample needs a 64-token sequence of its own, but a step draws 3 for 2 sequences
+    spec = spec_of(tmp_path, ["caps"], seq_len=64, dp=1, micro_batches=2, steps=20)
+    with pytest.raises(PlanError, match=r"step \d+: \d+ samples with images found no room .* raise micro_batches"):
+        make_plan(spec, index={"caps": index_of(np.full(100, 40), np.full(100, 30))})

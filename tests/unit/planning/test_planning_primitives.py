@@ -118,3 +118,21 @@ def test_balance_step_places_every_token_once_within_capacity(lengths: list[int]
     _check_assignment(asg, length, cap, dp, mb)
     lb = max(cost.sum() / dp, cost.max())
     assert asg.rank_cost.max() >= lb * (1 - 1e-9) or (asg.length < length[asg.item]).any()
+
+
+def test_balance_step_defers_an_image_sample_no_slot_can_hold() -> None:
+    from loomdata.planning._balance import balance_step
+
+    length = np.array([40, 40, 40, 10])
+    asg = balance_step(
+        length,
+        segment_cost(length, None, CostSpec()),
+        np.zeros(4, dtype=np.uint8),
+        np.array([False, False, False, True]),
+        dp=1,
+        micro_batches=2,
+        lanes=Lanes(seq_len=64),
+        cost_spec=CostSpec(),
+    )
+    assert asg.deferred.tolist() == [[2, 0, 40]]  # whole, for the next step
+    assert sorted(asg.item.tolist()) == [0, 1, 3]

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -72,7 +73,17 @@ def _files(plan_dir: Path) -> dict[str, bytes]:
     return {str(p.relative_to(plan_dir)): p.read_bytes() for p in sorted(plan_dir.rglob("*")) if p.is_file()}
 
 
-def _check_coverage(meta: PlanMeta, m: pa.Table, lengths: dict[str, np.ndarray], images: dict[str, np.ndarray]) -> None:
+def _longest_run(flags: np.ndarray) -> int:
+    best = run = 0
+    for f in flags:
+        run = run + 1 if f else 0
+        best = max(best, run)
+    return best
+
+
+def _check_coverage(
+    meta: PlanMeta, m: pa.Table, lengths: dict[str, np.ndarray], images: dict[str, np.ndarray], deferred: np.ndarray
+) -> None:
     """Per source epoch: no token planned twice before the epoch ends, every token planned once it has."""
     step = m["step"].to_numpy().astype(np.int64)
     for k, name in enumerate(meta.sources):
@@ -92,8 +103,9 @@ def _check_coverage(meta: PlanMeta, m: pa.Table, lengths: dict[str, np.ndarray],
         epoch = int(base[-1])
         cum = np.cumsum(np.bincount(s_step, weights=size, minlength=meta.steps))
         start, end = base[sample] + off, base[sample] + off + size
-        # an image sample a full step had no room for moves to the next step: epoch ends blur by a step
-        slack = 1 if images[name].any() else 0
+        # an image sample a full step had no room for moves to the next step: epoch ends blur by as many
+        # steps as deferrals ran in a row
+        slack = 1 + _longest_run(deferred) if images[name].any() else 0
         for e in range(int(cum[-1] // epoch) + 1):
             # steps entirely before the end of epoch e: every token at most e+1 times
             t_end = int(np.searchsorted(cum, (e + 1) * epoch, side="left"))
@@ -137,14 +149,15 @@ def test_plans_cover_each_epoch_once_fit_capacity_track_the_mixture_and_are_dete
         try:
             res = make_plan(spec, index=index)
         except PlanError as e:
-            assume("draws no document" not in str(e))
+            assume("draws no document" not in str(e) and "found no room" not in str(e))
             raise
         meta = read_plan(res.plan_dir)
         assert meta == res.meta
         m = read_manifest(res.plan_dir, meta)
         assert m.num_rows == sum(f.rows for f in meta.manifest)
         _check_slots(meta, m)
-        _check_coverage(meta, m, case["lengths"], case["images"])
+        deferred = pq.read_table(res.plan_dir / "report" / "steps.parquet")["deferred_tokens"].to_numpy() > 0
+        _check_coverage(meta, m, case["lengths"], case["images"], deferred)
         slots = spec.training.dp_size * spec.training.micro_batches
         assert meta.summary["unplaced_after_last_step"] == [] or any(v.any() for v in case["images"].values())
         if spec.long_context is None and slots >= 16:

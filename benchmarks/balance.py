@@ -9,9 +9,11 @@ for the baseline on the same step membership (shuffled documents packed next-fit
 round-robin), and the simulated gain sum(max_baseline) / sum(max_loomdata). Goal: mean max/LB <= 1.03.
 Padding is free in the cost model, so the baseline is not charged for packing less densely (`b seq/slot`:
 sequences it needs per slot of the step for the same tokens); its max/LB is the round-robin spread only.
+`mb spread`: loomdata's most loaded micro-batch of a rank over that rank's own bound (mean micro-batch,
+or its largest segment), averaged: how even pipeline micro-batches are (1.0 = as even as possible).
 Prints a table, writes benchmarks/results/balance.json and balance.png.
 
-    .venv/bin/python benchmarks/balance.py                 # 24 steps per run, about 1-2 minutes
+    .venv/bin/python benchmarks/balance.py                 # 48 steps per run, well under a minute
     .venv/bin/python benchmarks/balance.py --steps 200 --dp 8 64 512 1024
 """
 
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--dp", nargs="+", type=int, default=[8, 64, 512])
-    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--plots", action="store_true", help="also write each plan's plot_plan PNG")
     args = ap.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     hdr = (
         f"{'config':<17}{'dp':>5}{'steps':>6}{'samples':>10}{'plan s':>8}"
         f"{'loom mean':>10}{'p99':>7}{'max':>7}{'base mean':>10}{'p99':>7}{'gain':>7}"
-        f"{'b seq/slot':>11}{'mix pp':>7}  goal"
+        f"{'b seq/slot':>11}{'mb spread':>10}{'mix pp':>7}  goal"
     )
     print(hdr, flush=True)
     with tempfile.TemporaryDirectory(prefix="loom-balance-") as d:
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"{cfg:<17}{dp:>5}{r['steps']:>6}{r['indexed_samples']:>10}{r['plan_seconds']:>8.1f}"
                     f"{lo['mean']:>10.4f}{lo['p99']:>7.3f}{lo['max']:>7.3f}{ba['mean']:>10.4f}{ba['p99']:>7.3f}"
-                    f"{r['simulated_gain']:>7.3f}{r['baseline_sequences_per_slot']:>11.3f}"
+                    f"{r['simulated_gain']:>7.3f}{r['baseline_sequences_per_slot']:>11.3f}{r['micro_batch_spread']:>10.3f}"
                     f"{r['worst_mixture_error_pp']:>7.3f}  {verdict}",
                     flush=True,
                 )

@@ -276,14 +276,14 @@ def _plan_step(
         carried=0 if carry is None else len(carry[0]),
     )
     next_carry: _Items | None = None
+    in_step = np.ones(len(length), dtype=bool)
     if len(asg.deferred):
         d, delta, rest = asg.deferred.T
         next_carry = (src_id[d], sample[d], (offset[d] + delta).astype(np.uint32), rest, lane[d], img[d])
-        keep = np.ones(len(length), dtype=bool)
-        keep[d[delta == 0]] = False  # wholly deferred: not part of this step (for LB and the baseline)
-        length, cost, lane = length[keep], cost[keep], lane[keep]
-    base_seq = _baseline_sequences(t, spec.seed, length, lane, lanes)
-    base = deal_baseline(base_seq, cost, tr.dp_size, tr.micro_batches)
+        in_step[d[delta == 0]] = False  # wholly deferred: not part of this step (for LB and the baseline)
+    step_cost = cost[in_step]
+    base_seq = _baseline_sequences(t, spec.seed, length[in_step], lane[in_step], lanes)
+    base = deal_baseline(base_seq, step_cost, tr.dp_size, tr.micro_batches)
     placed_src = src_id[asg.item]
     writer.add(
         t,
@@ -297,11 +297,15 @@ def _plan_step(
             "lane": asg.lane,
         },
     )
-    lb = max(float(cost.sum()) / tr.dp_size, float(cost.max()))
+    lb = max(float(step_cost.sum()) / tr.dp_size, float(step_cost.max()))
     tokens = np.bincount(placed_src, weights=asg.length, minlength=len(sources)).astype(np.int64)
     base_per_slot = (int(base_seq.max()) + 1) / (tr.dp_size * tr.micro_batches)
     deferred = 0 if next_carry is None else int(next_carry[3].sum())
-    report.add(t, tokens, weights, lb, asg.rank_cost, base, asg.slot_cost, base_per_slot, deferred)
+    rank_max_item = np.zeros(tr.dp_size)
+    if len(asg.rank):  # rows are sorted by rank: one reduceat gives each rank's largest segment
+        starts = np.flatnonzero(np.diff(asg.rank, prepend=-1))
+        rank_max_item[asg.rank[starts]] = np.maximum.reduceat(cost[asg.item], starts)
+    report.add(t, tokens, weights, lb, asg.rank_cost, base, asg.slot_cost, base_per_slot, deferred, rank_max_item)
     if next_carry is not None and len(next_carry[0]) > tr.dp_size * tr.micro_batches:
         raise PlanError(
             f"step {t}: {len(next_carry[0])} samples with images found no room and wait for the next step, more "

@@ -2,7 +2,8 @@
 
 Stored in the plan dir so `loom inspect` never recomputes: `report/steps.parquet` (one row per step:
 tokens, LB, max and mean rank cost for loomdata and baseline, micro-batch spread (mean over ranks of
-max / mean micro-batch cost), baseline sequences per slot, tokens deferred to the next step, tokens and
+max micro-batch cost / max(mean micro-batch cost, largest segment of the rank): 1.0 is as even as the
+rank's segments allow), baseline sequences per slot, tokens deferred to the next step, tokens and
 target weight per source) and
 `report/ranks.parquet` (per-rank cost of the first steps, for the plot).
 
@@ -70,7 +71,8 @@ class ReportBuilder:
         base_rank: np.ndarray,
         slot_cost: np.ndarray,
         base_seq_per_slot: float,
-        deferred_tokens: int = 0,
+        deferred_tokens: int,
+        rank_max_item: np.ndarray,
     ) -> None:
         """Record one step's figures."""
         self.tokens[step] = tokens
@@ -81,7 +83,8 @@ class ReportBuilder:
         c["loom_mean"][step] = loom_rank.mean()
         c["base_max"][step] = base_rank.max()
         c["base_mean"][step] = base_rank.mean()
-        mean_mb = slot_cost.mean(axis=1)
+        # micro-batch spread of a rank: its most loaded micro-batch over that rank's own lower bound
+        mean_mb = np.maximum(slot_cost.mean(axis=1), rank_max_item)
         used = mean_mb > 0
         c["base_seq_per_slot"][step] = base_seq_per_slot
         c["deferred_tokens"][step] = deferred_tokens

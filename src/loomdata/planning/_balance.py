@@ -1,7 +1,7 @@
 """Cost-balanced assignment of one step's segments to (dp_rank, micro_batch) slots, packing as it goes.
 
 Every step has dp_size x micro_batches slots; a slot holds one packed sequence. Lanes share a step by
-slots: long-lane segments are first packed first-fit-decreasing into long sequences (capacity
+slots: long-lane segments are first packed next-fit-decreasing into long sequences (capacity
 long_context.seq_len), and each long sequence takes one whole free slot, least loaded rank first (its
 Batch has lane 1 and long_context.seq_len tokens, split over long_context.cp_size context-parallel
 ranks, so it weighs cost / cp on its dp rank); all other slots are short-lane sequences of capacity
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loomdata.planning._cost import segment_cost
-from loomdata.planning._packing import Lanes, ffd_bins
+from loomdata.planning._packing import Lanes, next_fit
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import CostSpec
 
@@ -146,27 +146,34 @@ def _place_long(
     p_mb: np.ndarray,
     lanes: Lanes,
 ) -> None:
-    """Pack long-lane segments into long sequences (FFD) and give each sequence a whole free slot, LPT."""
+    """Pack long-lane segments into long sequences (next-fit decreasing) and give each sequence a whole
+    free slot: in rounds, the largest sequences to the least loaded ranks that still have a free slot."""
     cap = int(lanes.long_seq_len or 0)
-    bins = ffd_bins(length[idx], cap)
+    by_len = np.argsort(-length[idx], kind="stable")
+    bins = np.empty(len(idx), dtype=np.int64)
+    bins[by_len] = next_fit(length[idx][by_len], cap)
     n_bins = int(bins.max()) + 1
     bin_cost = np.bincount(bins, weights=cost[idx], minlength=n_bins)
     dp, mb = st.cost.shape
     if n_bins > dp * mb:
         raise PlanError(f"a step needs {n_bins} long sequences but has only {dp * mb} slots; raise micro_batches")
-    for b in np.argsort(-bin_cost, kind="stable"):
-        free = st.lane == 0
-        free &= st.room == lanes.seq_len
-        has = free.any(axis=1)
-        r = int(np.argmin(np.where(has, st.rank_cost, np.inf)))
-        m = int(np.argmax(free[r]))
-        st.lane[r, m] = 1
-        st.room[r, m] = 0
-        st.cost[r, m] += bin_cost[b]
-        st.rank_cost[r] += bin_cost[b]
-        members = idx[bins == b]
-        p_rank[members] = r
-        p_mb[members] = m
+    bin_rank = np.empty(n_bins, dtype=np.int64)
+    bin_mb = np.empty(n_bins, dtype=np.int64)
+    todo = np.argsort(-bin_cost, kind="stable")
+    while len(todo):
+        free = (st.lane == 0) & (st.room == lanes.seq_len)
+        open_ranks = np.flatnonzero(free.any(axis=1))
+        ranks = open_ranks[np.argsort(st.rank_cost[open_ranks], kind="stable")][: len(todo)]
+        now, todo = todo[: len(ranks)], todo[len(ranks) :]
+        m = free[ranks].argmax(axis=1)
+        st.lane[ranks, m] = 1
+        st.room[ranks, m] = 0
+        st.cost[ranks, m] += bin_cost[now]
+        st.rank_cost[ranks] += bin_cost[now]
+        bin_rank[now] = ranks
+        bin_mb[now] = m
+    p_rank[idx] = bin_rank[bins]
+    p_mb[idx] = bin_mb[bins]
 
 
 def _lpt_rounds(

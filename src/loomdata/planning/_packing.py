@@ -19,7 +19,7 @@ import numpy as np
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import Spec
 
-__all__ = ["Lanes", "expand_units", "ffd_bins", "next_fit"]
+__all__ = ["Lanes", "expand_units", "next_fit"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,21 +129,3 @@ def next_fit(lengths: np.ndarray, cap: int) -> np.ndarray:
         jump = jump[jump]
     starts = np.unique(orbit[orbit < n])
     return np.searchsorted(starts, np.arange(n), side="right") - 1
-
-
-def ffd_bins(lengths: np.ndarray, cap: int) -> np.ndarray:
-    """Bin id of each item under first-fit decreasing into bins of `cap` (used for the few long-lane items)."""
-    order = np.argsort(-lengths.astype(np.int64), kind="stable")
-    room = np.zeros(0, dtype=np.int64)
-    out = np.empty(len(lengths), dtype=np.int64)
-    for i in order:
-        need = int(lengths[i])
-        fits = np.flatnonzero(room >= need)
-        if len(fits):
-            b = int(fits[0])
-        else:
-            b = len(room)
-            room = np.append(room, cap)
-        room[b] -= need
-        out[i] = b
-    return out

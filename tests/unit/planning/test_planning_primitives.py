@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loomdata.planning import segment_cost
-from loomdata.planning._packing import Lanes, expand_units, ffd_bins, next_fit
+from loomdata.planning._packing import Lanes, expand_units, next_fit
 from loomdata.schemas.spec import CostSpec
 
 
@@ -26,16 +26,6 @@ def _next_fit_reference(lengths: list[int], cap: int) -> list[int]:
 def test_next_fit_matches_the_sequential_greedy(lengths: list[int], cap: int) -> None:
     got = next_fit(np.array(lengths, dtype=np.int64), cap)
     assert got.tolist() == _next_fit_reference(lengths, cap)
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(1, 100), min_size=1, max_size=80), st.integers(100, 250))
-def test_ffd_bins_respect_capacity_and_use_few_bins(lengths: list[int], cap: int) -> None:
-    arr = np.array(lengths)
-    bins = ffd_bins(arr, cap)
-    load = np.bincount(bins, weights=arr)
-    assert load.max() <= cap
-    assert len(load) <= 2 * int(np.ceil(arr.sum() / cap)) + 1  # FFD uses at most ~11/9 OPT + 1 bins
 
 
 def test_expand_units_splits_long_documents_into_consecutive_segments() -> None:

@@ -17,6 +17,11 @@ Each source's realized cumulative tokens stay within half a segment of its targe
 cumulative shares converge on the targets (after step 20 within 1 percentage point once a step holds a
 few dozen documents). A step whose segments would not fit its slots defers the segments of the source
 most ahead of its target to the next step (a sequential repair that starts at the first such step).
+
+Errors (PlanError): an unknown source or a schedule milestone beyond training.steps; a source with a
+positive weight but no tokens; a source whose cumulative target exceeds max_epochs epochs (names the
+source and the first such step). A step that draws no segment at all (its budget is smaller than the
+next documents: a budget no source can fill) is refused by make_plan.
 """
 
 from __future__ import annotations

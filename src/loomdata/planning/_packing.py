@@ -1,4 +1,4 @@
-"""Packing primitives: lanes, splitting documents into segments, long-lane bins, and the baseline packer.
+"""Packing primitives: lanes, splitting documents into segments, and next-fit packing (vectorised).
 
 Lanes. Without `long_context` every document is planned into the short lane (lane 0): sequences of
 `training.seq_len`. With `long_context`, a document longer than `threshold` goes to the long lane
@@ -8,6 +8,10 @@ ranks of the dp rank that holds it. The lane is decided per document, never per 
 Segments. A document longer than its lane's sequence length is split into consecutive segments
 (offset, length) of at most that length; nothing is dropped. A sample with image tokens is never split
 (a cut could fall inside an image): if it exceeds its lane's capacity, planning stops with a PlanError.
+
+next_fit packs items in order into sequences, starting a new one when the next item does not fit. It
+is the baseline's packer (shuffled documents, as a user's loader packs them today) and, on segments
+sorted by length, the long lane's (next-fit decreasing).
 """
 
 from __future__ import annotations

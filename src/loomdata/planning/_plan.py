@@ -4,7 +4,13 @@ The plan id is a content hash of (the spec's canonical JSON, the index fingerpri
 so the same inputs give the same id and byte-identical files; planning an id that already exists
 complete is a no-op. Files are written into a temporary folder beside the target and renamed into place.
 Per step the work is NumPy over that step's segments (membership slices, balancing rounds of dp_size,
-the baseline, manifest rows); nothing loops per sample.
+the baseline, manifest rows); nothing loops per sample. Segments a step had no room for (image samples
+that cannot be split; rare) go first into the next step; any left after the last step are listed in
+the summary (`unplaced_after_last_step`), never dropped silently.
+
+Measured (benchmarks/plan_scale.py, dp 1024, 4 x 4K slots, this 2-core machine): about 1.3-1.6M
+indexed samples/s and 47-92 bytes of peak RSS per sample above the interpreter's (1M-50M samples);
+the index tables themselves are 28 of those bytes.
 """
 
 from __future__ import annotations

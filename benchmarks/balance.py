@@ -38,10 +38,11 @@ RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = {
     "bench-short": ROOT / "configs" / "bench-short.yaml",
     "bench-long": ROOT / "configs" / "bench-long.yaml",
-    "bench-long-lanes": ROOT / "configs" / "bench-long.yaml",  # + a long lane, see LANES
+    "bench-long-lanes": ROOT / "configs" / "bench-long.yaml",  # + a long lane, see LANES_*
 }
 # bench-long-lanes: bench-long with 8K short sequences and a 32K long lane over 4 context-parallel ranks
-LANES = {"seq_len": 8192, "micro_batches": 8, "long_context": {"threshold": 8192, "seq_len": 32768, "cp_size": 4}}
+LANES_SEQ_LEN, LANES_MICRO_BATCHES = 8192, 8
+LANES_LONG_CONTEXT = LongContextSpec(threshold=8192, seq_len=32768, cp_size=4)
 GOAL = 1.03
 
 # log-normal (mu, sigma) of token counts and clip range, per source name
@@ -86,8 +87,8 @@ def run(config: str, dp: int, steps: int, workdir: Path, png_dir: Path | None) -
     base = load_spec(CONFIGS[config], check_paths=False)
     training = base.training.model_copy(update={"dp_size": dp, "steps": steps})
     if config == "bench-long-lanes":
-        training = training.model_copy(update={"seq_len": LANES["seq_len"], "micro_batches": LANES["micro_batches"]})
-        base = base.model_copy(update={"long_context": LongContextSpec(**LANES["long_context"])})
+        training = training.model_copy(update={"seq_len": LANES_SEQ_LEN, "micro_batches": LANES_MICRO_BATCHES})
+        base = base.model_copy(update={"long_context": LANES_LONG_CONTEXT})
     mixture = base.mixture
     if mixture.schedule is not None:  # scale the curriculum's milestones to the benchmark's steps
         ms = [m.model_copy(update={"step": m.step * steps // base.training.steps}) for m in mixture.schedule]

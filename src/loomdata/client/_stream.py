@@ -187,6 +187,7 @@ class StreamClient:
                 f"the executor serves plan {info.plan_id}, not {self.meta.plan_id}; start `loom serve "
                 f"{self.plan_dir}` or point at the right scheduler"
             )
+        self._prefetch = min(self._prefetch, max(info.window - 1, 0))  # deeper than the window gains nothing
         name = info.constructor_for(self.dp_rank).name
         with self._client.as_current():
             self._actor = self._client.get_dataset(name, default=None)

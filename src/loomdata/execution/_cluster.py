@@ -47,7 +47,7 @@ def open_cluster(
                 threads_per_worker=1,
                 processes=True,
                 host="127.0.0.1",
-                dashboard_address=None,
+                dashboard_address="127.0.0.1:0",  # HTTP routes only (no bokeh), on a free local port
                 local_directory=str(local_directory),
             )
         )

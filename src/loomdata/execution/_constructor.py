@@ -91,6 +91,8 @@ class DataConstructor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="loom-constructor")
         self._stats = _Stats(wait_s={r: 0.0 for r in self._ranks}, takes={r: 0 for r in self._ranks})
+        self._in_progress = {r: 0 for r in self._ranks}
+        self._active: set[int] = set()  # ranks that have taken something: the group window follows them
         self._stopped = False
 
     # ---- public actor methods -------------------------------------------------------------------
@@ -109,7 +111,19 @@ class DataConstructor:
         if self._stopped:
             raise ExecutorUnavailable("the executor is stopping; reconnect to a running one")
         t0 = time.perf_counter()
+        self._in_progress[dp_rank] += 1
+        try:
+            batches = await self._take(dp_rank, step)
+        finally:
+            self._in_progress[dp_rank] -= 1
+        self._stats.wait_s[dp_rank] += time.perf_counter() - t0
+        self._stats.takes[dp_rank] += 1
+        self._stats.batches_taken += len(batches)
+        return batches
+
+    async def _take(self, dp_rank: int, step: int) -> list[Batch]:
         key = (dp_rank, step)
+        self._active.add(dp_rank)
         self._maybe_jump(dp_rank, step)
         if key in self._failed:
             raise self._failed.pop(key)
@@ -129,9 +143,6 @@ class DataConstructor:
         else:  # outside the window or already released: rebuild it from the plan, do not hold it
             batches = (await self._build(step, [dp_rank]))[dp_rank]
             self._stats.on_demand_steps += 1
-        self._stats.wait_s[dp_rank] += time.perf_counter() - t0
-        self._stats.takes[dp_rank] += 1
-        self._stats.batches_taken += len(batches)
         return batches
 
     async def set_route(self, source_id: int, route: Route) -> None:
@@ -170,12 +181,15 @@ class DataConstructor:
         return self._want[rank] <= step < self._want[rank] + self._window
 
     def _maybe_jump(self, rank: int, step: int) -> None:
-        """A take beyond the window that no peer has started before: move the rank's window there."""
+        """A take beyond the window while the rank is idle (nothing taken or being taken): move the window.
+
+        That is a resume or a reconnect at a later step. With takes in progress (a client prefetching
+        deeper than the window, a peer ahead of another) the window stays and the take is built on demand.
+        """
         want = self._want[rank]
-        if step < want + self._window:
+        if step < want + self._window or self._in_progress[rank] > 1:
             return
-        touched = any(h.takes for (r, s), h in self._held.items() if r == rank and s < step)
-        if touched:
+        if any(h.takes for (r, s), h in self._held.items() if r == rank and s < step):
             return
         self._want[rank] = step
         for key in [k for k in self._held if k[0] == rank and k[1] < step]:
@@ -192,13 +206,15 @@ class DataConstructor:
     def _schedule(self, only_rank: int | None = None) -> None:
         """Start builds for every (rank, step) in the window that is neither held nor being built.
 
-        Steps are built for all ranks of the group at once (one loader request per (loader, step));
-        `only_rank` builds one rank's window when it ran ahead of the group's slowest rank.
+        Steps are built for all ranks of the group at once (one loader request per (loader, step)),
+        from the slowest rank that has taken anything (ranks nobody consumes do not hold the group
+        back); `only_rank` builds one rank's window when it ran ahead of the group's slowest rank.
         """
         if self._stopped:
             return
         ranks = [only_rank] if only_rank is not None else self._ranks
-        lo = min(self._want[r] for r in ranks)
+        lead = [only_rank] if only_rank is not None else sorted(self._active) or self._ranks
+        lo = min(self._want[r] for r in lead)
         hi = min(lo + self._window, self._meta.steps)
         for step in range(lo, hi):
             need = [

@@ -7,8 +7,6 @@ through loomdata's readers or loaders.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,18 +17,12 @@ import pyarrow.parquet as pq
 
 from loomdata.schemas import (
     IGNORE_INDEX,
-    MANIFEST_SCHEMA,
-    PLAN_FORMAT_VERSION,
     Batch,
     IndexFiles,
-    ManifestFile,
-    PlanMeta,
     Spec,
-    TableKind,
     parse_spec,
     read_manifest,
     read_plan,
-    write_table,
 )
 
 
@@ -80,70 +72,12 @@ def make_spec(
 
 
 def index_and_plan(spec: Spec, client: Any) -> Path:
-    """Index with the real `build_index`; plan with the real `make_plan` when it exists."""
+    """Index with the real `build_index` and plan with the real `make_plan`; returns the plan dir."""
     from loomdata.indexing import build_index
+    from loomdata.planning import make_plan
 
     build_index(spec, client)
-    try:
-        from loomdata.planning import make_plan  # type: ignore[attr-defined]
-    except ImportError:
-        return simple_plan(spec)
     return Path(make_plan(spec).plan_dir)
-
-
-def simple_plan(spec: Spec) -> Path:
-    """A valid plan without the planner: sources' documents in order, packed sequentially, split when full."""
-    t = spec.training
-    names = spec.source_names
-    docs: list[tuple[int, int, int]] = []  # (source id, sample, num_tokens), interleaved by source
-    per_source = []
-    fingerprints = {}
-    for name in names:
-        files = IndexFiles.of(spec.workdir, name)
-        idx = pq.read_table(str(files.samples), columns=["sample", "num_tokens"])
-        per_source.append(
-            list(zip(idx.column("sample").to_pylist(), idx.column("num_tokens").to_pylist(), strict=True))
-        )
-        fingerprints[name] = files.fingerprint()
-    for i in range(max(len(s) for s in per_source)):
-        for sid, s in enumerate(per_source):
-            docs.append((sid, *s[i % len(s)]))
-    rows: dict[str, list[int]] = {c: [] for c in MANIFEST_SCHEMA.names}
-    di, used = 0, 0
-    for step in range(t.steps):
-        for rank in range(t.dp_size):
-            for mb in range(t.micro_batches):
-                room = t.seq_len - (7 * (step + rank + mb) % 40)  # leave some padding, varying
-                while room > 0:
-                    sid, sample, n = docs[di % len(docs)]
-                    take = min(n - used, room)
-                    for c, v in zip(MANIFEST_SCHEMA.names, (step, rank, mb, sid, sample, used, take, 0), strict=True):
-                        rows[c].append(v)
-                    room -= take
-                    used += take
-                    if used == n:
-                        di, used = di + 1, 0
-    table = pa.table({c: pa.array(rows[c], MANIFEST_SCHEMA.field(c).type) for c in MANIFEST_SCHEMA.names})
-    plan_id = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
-    plan_dir = spec.plans_dir / plan_id
-    rel = f"manifest/steps-0-{t.steps - 1}.parquet"
-    write_table(table, plan_dir / rel, TableKind.MANIFEST)
-    meta = PlanMeta(
-        format_version=PLAN_FORMAT_VERSION,
-        plan_id=plan_id,
-        spec=spec.model_dump(mode="json"),
-        spec_hash=spec.spec_hash(),
-        sources=names,
-        index_fingerprints=fingerprints,
-        seed=spec.seed,
-        steps=t.steps,
-        dp_size=t.dp_size,
-        micro_batches=t.micro_batches,
-        seq_len=t.seq_len,
-        manifest=[ManifestFile(path=rel, first_step=0, last_step=t.steps - 1, rows=table.num_rows)],
-    )
-    (plan_dir / "plan.json").write_text(meta.to_json())
-    return plan_dir
 
 
 @dataclass

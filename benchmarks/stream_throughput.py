@@ -1,0 +1,337 @@
+"""Tokens/s delivered to 1, 2 and 4 consumer processes: loomdata's executor vs a plain torch DataLoader.
+
+Both sides read the same pre-tokenized Parquet files (two sources, short and long documents) and
+deliver packed int32 sequences of `--seq-len` tokens as torch tensors to each consumer process.
+
+- loomdata: an embedded LocalCluster of 2 worker processes runs the Source Loaders and one Data
+  Constructor for a real indexed and planned (cost-balanced) plan with dp_size 4; each consumer is a
+  separate process iterating `LoomDataset(plan_dir, rank)` over all of its rank's micro-batches.
+- baseline: each consumer runs `DataLoader(num_workers=2)` over an IterableDataset that reads its
+  share of the row groups with pyarrow and packs documents greedily (no planning, no balancing),
+  for the same number of batches.
+
+Tokens are real (non-padding) tokens. CPU seconds are measured for every process involved (Dask
+workers and scheduler for loomdata, consumers with their DataLoader workers for both), so
+`tokens per CPU-second` is the per-core figure; the ratio loomdata / baseline is printed per
+consumer count and written to benchmarks/results/stream_throughput.json.
+
+    .venv/bin/python benchmarks/stream_throughput.py                 # about 2-3 minutes
+    .venv/bin/python benchmarks/stream_throughput.py --steps 800 --docs 40000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import resource
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+RESULTS = Path(__file__).resolve().parent / "results" / "stream_throughput.json"
+DP = 4
+CONSUMERS = (1, 2, 4)
+
+
+# ---- data -----------------------------------------------------------------------------------------
+
+
+def _write_data(root: Path, docs: int, seed: int) -> list[Path]:
+    """Two pre-tokenized sources: `web` (short documents) and `code` (long ones), 2,000 docs per file."""
+    rng = np.random.default_rng(seed)
+    files = []
+    for name, n, mean in (("web", docs * 3 // 4, 350.0), ("code", docs // 4, 1400.0)):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        lens = np.clip(rng.lognormal(np.log(mean), 0.8, size=n), 8, 16_000).astype(np.int64)
+        for k, start in enumerate(range(0, n, 2000)):
+            part = lens[start : start + 2000]
+            offsets = np.concatenate([[0], np.cumsum(part)]).astype(np.int32)
+            values = rng.integers(1, 50_000, size=int(offsets[-1]), dtype=np.int32)
+            arr = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+            path = root / name / f"part-{k:03d}.parquet"
+            pq.write_table(pa.table({"tokens": arr}), path, row_group_size=256)
+            files.append(path)
+    return files
+
+
+def _spec(root: Path, seq_len: int, steps: int, micro_batches: int) -> Any:
+    from loomdata.schemas import parse_spec
+
+    return parse_spec(
+        {
+            "name": "bench-stream",
+            "workdir": str(root / "work"),
+            "seed": 0,
+            "sources": [
+                {"name": "web", "format": "parquet", "paths": ["web/*.parquet"], "tokens_field": "tokens"},
+                {"name": "code", "format": "parquet", "paths": ["code/*.parquet"], "tokens_field": "tokens"},
+            ],
+            "mixture": {"weights": {"web": 0.5, "code": 0.5}},
+            "training": {"seq_len": seq_len, "steps": steps, "dp_size": DP, "micro_batches": micro_batches},
+        },
+        root,
+    )
+
+
+# ---- consumers (each a spawned process) -------------------------------------------------------------
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its reaped children (DataLoader workers)."""
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def _loom_consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -> None:
+    from loomdata.torch import LoomDataset
+
+    torch.set_num_threads(1)
+    ds = LoomDataset(plan_dir, rank)
+    ds.state_dict()
+    ready.put(rank)
+    start.wait()
+    cpu0, t0 = _cpu_s(), time.time()
+    tokens = batches = 0
+    for item in ds:
+        tokens += int(item["cu_seqlens"][-1])
+        batches += 1
+    t1 = time.time()
+    ds.close()
+    out.put({"rank": rank, "tokens": tokens, "batches": batches, "t0": t0, "t1": t1, "cpu_s": _cpu_s() - cpu0})
+
+
+class _PackedParquet(IterableDataset):  # type: ignore[type-arg]
+    """A plain per-rank loader: read this rank's row groups with pyarrow, pack documents greedily."""
+
+    def __init__(self, files: list[str], rank: int, world: int, seq_len: int) -> None:
+        self.files, self.rank, self.world, self.seq_len = files, rank, world, seq_len
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        units = [(f, g) for f in self.files for g in range(pq.ParquetFile(f).metadata.num_row_groups)]
+        mine = units[self.rank :: self.world][wid::nw]
+        while True:  # repeat epochs: the consumer stops after its number of batches
+            buf: list[np.ndarray] = []
+            lens: list[int] = []
+            room = self.seq_len
+            for f, g in mine:
+                col = pq.ParquetFile(f).read_row_group(g, columns=["tokens"]).column(0).combine_chunks()
+                offsets = col.offsets.to_numpy()
+                values = col.values.to_numpy()
+                for i in range(len(offsets) - 1):
+                    doc = values[offsets[i] : offsets[i + 1]]
+                    while len(doc):
+                        take = doc[:room]
+                        buf.append(take)
+                        lens.append(len(take))
+                        room -= len(take)
+                        doc = doc[len(take) :]
+                        if room == 0:
+                            ids = np.concatenate(buf).astype(np.int32)
+                            cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+                            pos = (np.arange(len(ids)) - np.repeat(cu[:-1], lens)).astype(np.int32)
+                            labels = np.empty_like(ids)
+                            labels[:-1] = ids[1:]
+                            labels[cu[1:] - 1] = -100
+                            yield {
+                                "input_ids": torch.from_numpy(ids),
+                                "labels": torch.from_numpy(labels),
+                                "position_ids": torch.from_numpy(pos),
+                                "cu_seqlens": torch.from_numpy(cu),
+                            }
+                            buf, lens, room = [], [], self.seq_len
+
+
+def _baseline_consumer(
+    files: list[str], rank: int, world: int, seq_len: int, n: int, ready: Any, start: Any, out: Any
+) -> None:
+    torch.set_num_threads(1)
+    loader = DataLoader(
+        _PackedParquet(files, rank, world, seq_len),
+        batch_size=None,
+        num_workers=2,
+        prefetch_factor=4,
+        multiprocessing_context="fork",
+    )
+    ready.put(rank)
+    start.wait()
+    cpu0, t0 = _cpu_s(), time.time()
+    tokens = batches = 0
+    it = iter(loader)
+    for _ in range(n):
+        item = next(it)
+        tokens += int(item["cu_seqlens"][-1])
+        batches += 1
+    t1 = time.time()
+    del it  # joins the DataLoader workers, so their CPU time is counted as reaped children
+    out.put({"rank": rank, "tokens": tokens, "batches": batches, "t0": t0, "t1": t1, "cpu_s": _cpu_s() - cpu0})
+
+
+def _run_consumers(target: Any, args_of: Any, n: int) -> tuple[list[dict[str, Any]], float]:
+    """Start `n` consumer processes, release them together, collect their reports; returns (rows, wall s)."""
+    ctx = mp.get_context("spawn")
+    ready, out, start = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=target, args=(*args_of(r), ready, start, out)) for r in range(n)]
+    for p in procs:
+        p.start()
+    _collect(ready, procs, len(procs))
+    start.set()
+    rows: list[dict[str, Any]] = _collect(out, procs, len(procs))
+    for p in procs:
+        p.join(timeout=60)
+    if any(p.exitcode != 0 for p in procs):
+        raise RuntimeError(f"a consumer failed: exit codes {[p.exitcode for p in procs]}")
+    wall = max(r["t1"] for r in rows) - min(r["t0"] for r in rows)
+    return rows, wall
+
+
+def _collect(q: Any, procs: list[Any], n: int) -> list[Any]:
+    """`n` items from `q`, failing fast when a consumer process died instead of waiting forever."""
+    import queue
+
+    got: list[Any] = []
+    while len(got) < n:
+        try:
+            got.append(q.get(timeout=1.0))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"a consumer process failed (exit codes {dead}); see its traceback above") from None
+    return got
+
+
+# ---- main -----------------------------------------------------------------------------------------
+
+
+def _worker_cpu(client: Any) -> float:
+    import psutil
+
+    def cpu() -> float:
+        t = psutil.Process().cpu_times()
+        return float(t.user + t.system)
+
+    main = os.times()  # this process hosts the scheduler
+    return float(sum(client.run(cpu).values())) + main.user + main.system
+
+
+def _side(tokens: int, wall: float, cpu: float) -> dict[str, Any]:
+    return {
+        "tokens": tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(tokens / wall),
+        "cpu_s": round(cpu, 2),
+        "tokens_per_cpu_s": round(tokens / cpu),
+    }
+
+
+def _measure(
+    client: Any, plan_dir: Path, files: list[str], n: int, n_batches: int, seq_len: int, window: int
+) -> dict[str, Any]:
+    """One side-by-side row: loomdata to `n` consumers (fresh executor), then the baseline to `n` consumers."""
+    from loomdata.execution import Executor
+
+    with Executor(plan_dir, client, window=window) as ex:
+        cpu0 = _worker_cpu(client)
+        loom, wall = _run_consumers(_loom_consumer, lambda r: (str(plan_dir), r), n)
+        loom_cpu = _worker_cpu(client) - cpu0 + sum(r["cpu_s"] for r in loom)
+        m = ex.metrics()
+    base, bwall = _run_consumers(_baseline_consumer, lambda r: (files, r, n, seq_len, n_batches), n)
+    base_cpu = sum(r["cpu_s"] for r in base)
+    lt, bt = sum(r["tokens"] for r in loom), sum(r["tokens"] for r in base)
+    loom_side = _side(lt, wall, loom_cpu)
+    loom_side.update(rank_wait_s=m["rank_wait_s"], loader_calls=m["loader_calls"], sources=m["sources"])
+    return {
+        "consumers": n,
+        "loomdata": loom_side,
+        "baseline": _side(bt, bwall, base_cpu),
+        "ratio_tokens_per_s": round((lt / wall) / (bt / bwall), 3),
+        "ratio_per_cpu_core": round((lt / loom_cpu) / (bt / base_cpu), 3),
+    }
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    for name in ("loomdata", "baseline"):
+        r = row[name]
+        line = (
+            f"{row['consumers']:>9} {name:>9} {r['tokens_per_s']:>12,} {r['cpu_s']:>7.1f} {r['tokens_per_cpu_s']:>11,}"
+        )
+        if name == "baseline":
+            line += f"  {row['ratio_tokens_per_s']:>7.2f} {row['ratio_per_cpu_core']:>10.2f}"
+        print(line, flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", type=int, default=16000, help="documents written (3/4 short web, 1/4 long code)")
+    ap.add_argument("--steps", type=int, default=800, help="plan steps (each rank: steps x micro-batches)")
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--micro-batches", type=int, default=4)
+    ap.add_argument("--window", type=int, default=2, help="executor window (steps built ahead per rank)")
+    ap.add_argument("--consumers", type=int, nargs="+", default=list(CONSUMERS))
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+
+    from loomdata.execution import open_cluster
+    from loomdata.indexing import build_index
+    from loomdata.planning import make_plan
+    from loomdata.schemas import read_plan
+
+    with tempfile.TemporaryDirectory(prefix="loom-bench-stream-") as tmp:
+        root = Path(tmp)
+        os.environ["TMPDIR"] = str(root)  # consumers' and torch's scratch stays here
+        t = time.perf_counter()
+        files = [str(p) for p in _write_data(root, args.docs, seed=0)]
+        spec = _spec(root, args.seq_len, args.steps, args.micro_batches)
+        rows: list[dict[str, Any]] = []
+        with open_cluster(n_workers=2, local_directory=root / "dask") as client:
+            build_index(spec, client)
+            plan_dir = make_plan(spec).plan_dir
+            meta = read_plan(plan_dir)
+            print(
+                f"data, index and plan in {time.perf_counter() - t:.1f}s: {len(files)} files, plan {meta.plan_id}, "
+                f"{meta.steps} steps x {meta.micro_batches} micro-batches x {meta.seq_len} tokens, dp {DP}"
+            )
+            print(f"{'consumers':>9} {'loader':>9} {'tokens/s':>12} {'cpu s':>7} {'tok/cpu-s':>11}  ratio/s ratio/core")
+            for n in args.consumers:
+                row = _measure(client, plan_dir, files, n, meta.steps * meta.micro_batches, args.seq_len, args.window)
+                rows.append(row)
+                _print_row(row)
+            summary = {k: v for k, v in meta.summary.items() if isinstance(v, int | float | str)}
+    result = {
+        "benchmark": "stream_throughput",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "parameters": {
+            "docs": args.docs,
+            "steps": args.steps,
+            "seq_len": args.seq_len,
+            "micro_batches": args.micro_batches,
+            "dp_size": DP,
+            "dask_workers": 2,
+            "window": args.window,
+            "baseline_num_workers": 2,
+        },
+        "plan_summary": summary,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

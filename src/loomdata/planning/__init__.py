@@ -24,14 +24,15 @@ Decisions, one module each (their docstrings say more):
   with images are never split. Baseline packer: next-fit in shuffled order (vectorised).
 - _balance, slots: lanes share a step by slots (a long sequence takes one whole slot and weighs
   cost / long cp); load-aware vectorised LPT that packs as it balances, plus local swaps.
-- _cost: cost(segment) = attention L^2 + linear L + encoder image_tokens^2, over the lane's cp size.
+- _cost: cost(segment) = attention L^2 + linear L + encoder image_tokens^2, over the lane's cp size;
+  fit_cost calibrates it from measured times.
 - _manifest: step-range partitions of bounded size (bounded memory whatever the plan's size).
 - _report: per-step imbalance max/LB for loomdata and the baseline (same membership: shuffled,
   next-fit, dealt round-robin), simulated gain, realized vs target mixture; the plot.
 """
 
-from loomdata.planning._cost import segment_cost
+from loomdata.planning._cost import fit_cost, segment_cost
 from loomdata.planning._plan import PlanResult, make_plan
 from loomdata.planning._report import plan_report, plot_plan
 
-__all__ = ["PlanResult", "make_plan", "plan_report", "plot_plan", "segment_cost"]
+__all__ = ["PlanResult", "fit_cost", "make_plan", "plan_report", "plot_plan", "segment_cost"]

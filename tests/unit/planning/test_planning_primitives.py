@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loomdata.planning import segment_cost
+from loomdata.planning import fit_cost, segment_cost
 from loomdata.planning._packing import Lanes, expand_units, next_fit
 from loomdata.schemas.spec import CostSpec
 
@@ -126,3 +126,24 @@ def test_balance_step_defers_an_image_sample_no_slot_can_hold() -> None:
     )
     assert asg.deferred.tolist() == [[2, 0, 40]]  # whole, for the next step
     assert sorted(asg.item.tolist()) == [0, 1, 3]
+
+
+def test_fit_cost_recovers_the_coefficients_from_measured_times() -> None:
+    rng = np.random.default_rng(0)
+    runs = [rng.integers(1, 4000, rng.integers(1, 12)) for _ in range(60)]
+    images = [np.where(rng.random(len(r)) < 0.3, rng.integers(0, 500, len(r)), 0) for r in runs]
+    true = CostSpec(attention=1.0, linear=24576.0, encoder=200.0)
+    secs = np.array([segment_cost(r, i, true).sum() for r, i in zip(runs, images, strict=True)]) * 1e-12
+    secs *= 1 + rng.normal(0, 1e-3, len(secs))  # measurement noise
+    got = fit_cost(runs, secs, images)
+    assert got.attention == 1.0
+    assert abs(got.linear / 24576.0 - 1) < 0.02 and abs(got.encoder / 200.0 - 1) < 0.05
+
+
+def test_fit_cost_rejects_mismatched_input() -> None:
+    import pytest
+
+    from loomdata.schemas.errors import PlanError
+
+    with pytest.raises(PlanError, match="one list of segment lengths per measured time"):
+        fit_cost([np.array([10])], [0.1, 0.2])

@@ -106,7 +106,7 @@ def balance_step(
     is_long = lane == 1
     long_idx = np.flatnonzero(is_long)
     if len(long_idx):
-        _place_long(long_idx, length, cost, st, p_rank, p_mb, lanes)
+        _place_long(long_idx, length, cost, st, p_rank, p_mb, lanes, float(cost.sum()))
     short = np.flatnonzero(~is_long)
     # items carried over from the previous step go first (into empty slots), then all others largest first
     order = short[np.lexsort((-cost[short], short >= carried))]
@@ -145,6 +145,7 @@ def _place_long(
     p_rank: np.ndarray,
     p_mb: np.ndarray,
     lanes: Lanes,
+    total_cost: float,
 ) -> None:
     """Pack long-lane segments into long sequences (next-fit decreasing) and give each sequence a whole
     free slot: in rounds, the largest sequences to the least loaded ranks that still have a free slot."""
@@ -152,9 +153,16 @@ def _place_long(
     by_len = np.argsort(-length[idx], kind="stable")
     bins = np.empty(len(idx), dtype=np.int64)
     bins[by_len] = next_fit(length[idx][by_len], cap)
+    dp, mb = st.cost.shape
+    # a long sequence heavier than half a rank's fair share is unpacked: one document per sequence
+    # (membership left a slot for every long segment, and padding costs nothing)
+    heavy_cap = max(total_cost / dp / 2, float(cost[idx].max()))
+    heavy = np.bincount(bins, weights=cost[idx])[bins] > heavy_cap
+    if heavy.any():
+        bins[heavy] = bins.max() + 1 + np.arange(int(heavy.sum()))
+        _, bins = np.unique(bins, return_inverse=True)
     n_bins = int(bins.max()) + 1
     bin_cost = np.bincount(bins, weights=cost[idx], minlength=n_bins)
-    dp, mb = st.cost.shape
     if n_bins > dp * mb:
         raise PlanError(f"a step needs {n_bins} long sequences but has only {dp * mb} slots; raise micro_batches")
     bin_rank = np.empty(n_bins, dtype=np.int64)

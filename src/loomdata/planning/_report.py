@@ -181,6 +181,7 @@ def plot_plan(plan_dir: Path, out_png: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     meta = read_plan(plan_dir)
     steps = pq.read_table(str(Path(plan_dir) / _STEPS_FILE)).to_pydict()
@@ -199,6 +200,8 @@ def plot_plan(plan_dir: Path, out_png: Path) -> None:
     for a, g, title in zip(ax[0], grids, ("loomdata", "baseline (shuffle, next-fit, round-robin)"), strict=True):
         im = a.imshow(g.T, aspect="auto", origin="lower", cmap="viridis", vmin=vmin, vmax=vmax, interpolation="nearest")
         a.set_title(f"{title}: rank cost / LB")
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+        a.yaxis.set_major_locator(MaxNLocator(integer=True))
         a.set_xlabel("step")
         a.set_ylabel("dp rank")
         fig.colorbar(im, ax=a)

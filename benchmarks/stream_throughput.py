@@ -254,7 +254,14 @@ def _measure(
     base_cpu = sum(r["cpu_s"] for r in base)
     lt, bt = sum(r["tokens"] for r in loom), sum(r["tokens"] for r in base)
     loom_side = _side(lt, wall, loom_cpu)
-    loom_side.update(rank_wait_s=m["rank_wait_s"], loader_calls=m["loader_calls"], sources=m["sources"])
+    built = sum(c["built_steps"] + c["on_demand_steps"] for c in m["constructors"])
+    loom_side.update(
+        rank_wait_s=m["rank_wait_s"],
+        loader_calls=m["loader_calls"],
+        sources=m["sources"],
+        builds=built,
+        build_ms_per_build=round(1000 * sum(c["build_s"] for c in m["constructors"]) / max(built, 1), 2),
+    )
     return {
         "consumers": n,
         "loomdata": loom_side,

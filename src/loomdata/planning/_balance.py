@@ -39,7 +39,7 @@ from loomdata.schemas.spec import CostSpec
 __all__ = ["Assignment", "balance_step", "deal_baseline"]
 
 _SWAP_ROUNDS = 16
-_TOLERANCE = 2e-4  # stop refining once the most and least loaded ranks differ by less than this fraction
+_TOLERANCE = 1e-3  # stop refining once the most and least loaded ranks differ by less than this fraction
 _MAX_CANDIDATES = 512  # segments per rank considered by one refinement round
 _FALLBACK_PASSES = 3  # vectorised passes for segments whose rank was full, before going one by one
 

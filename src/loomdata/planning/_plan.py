@@ -40,7 +40,7 @@ from loomdata.schemas.tables import TableKind, check_schema
 
 __all__ = ["PLANNER_VERSION", "PlanResult", "make_plan"]
 
-PLANNER_VERSION = "3"
+PLANNER_VERSION = "4"
 """Part of the plan id: bump it whenever the planner's output for the same inputs changes."""
 FILL = 0.96
 """Share of a step's slot capacity (dp * micro_batches * seq_len) the mixture draws: room to balance cost."""

@@ -138,7 +138,7 @@ def _check_slots(meta: PlanMeta, m: pa.Table) -> None:
     assert (used <= cap).all(), "a micro-batch exceeds its capacity"
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=planning_cases())
 def test_plans_cover_each_epoch_once_fit_capacity_track_the_mixture_and_are_deterministic(
     case: dict[str, Any], spec_of: Callable[..., Any], index_of: Callable[..., pa.Table]

@@ -261,6 +261,7 @@ def _measure(
         sources=m["sources"],
         builds=built,
         build_ms_per_build=round(1000 * sum(c["build_s"] for c in m["constructors"]) / max(built, 1), 2),
+        build_phases_s=[c["build_phases_s"] for c in m["constructors"]],
     )
     return {
         "consumers": n,

@@ -61,6 +61,10 @@ class ManifestSlice:
             out = out.take(np.flatnonzero(np.isin(out.dp_rank, np.asarray(ranks, dtype=out.dp_rank.dtype))))
         return out
 
+    def cached(self, step: int) -> bool:
+        """Whether `step`'s chunk is in memory (`rows` then does no I/O)."""
+        return step // self._chunk in self._cache
+
     def _chunk_rows(self, index: int) -> ManifestRows:
         hit = self._cache.get(index)
         if hit is not None:

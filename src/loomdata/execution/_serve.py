@@ -3,20 +3,34 @@
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from loomdata.execution._cluster import open_cluster
 from loomdata.execution._executor import Executor
+from loomdata.schemas.errors import ExecutionError
 
 __all__ = ["serve"]
 
-_log = logging.getLogger("loomdata.serve")
+
+def _report(m: dict[str, Any], json_out: bool) -> None:
+    """One metrics line: a JSON object on stdout with --json, else a readable line on stderr."""
+    rates = {k: v["samples_per_s"] for k, v in m["sources"].items()}
+    if json_out:
+        line = {"event": "metrics", "samples_per_s": rates, "queue_depth": m["queue_depth"]}
+        line["rank_wait_s"] = m["rank_wait_s"]
+        print(json.dumps(line), flush=True)
+    else:
+        print(
+            f"samples/s by source {rates}; constructor queue depth {m['queue_depth']}; rank wait s {m['rank_wait_s']}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def serve(
@@ -29,7 +43,11 @@ def serve(
     n_workers: int = 2,
     metrics_every_s: float = 10.0,
 ) -> None:
-    """Serve `plan_dir` until Ctrl-C/SIGTERM; `json_out` prints one JSON line at start and a summary at exit."""
+    """Serve `plan_dir` until Ctrl-C/SIGTERM, printing metrics every `metrics_every_s`.
+
+    With `json_out`, stdout carries JSON lines only: `serving` (the ServeInfo), `metrics`, `stopped`
+    (final metrics). The embedded cluster (no `scheduler`) has `n_workers` worker processes.
+    """
     stop = threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -45,7 +63,8 @@ def serve(
             Executor(plan_dir, client, constructors=constructors, window=window) as ex,
         ):
             info = ex.info
-            assert info is not None  # set by start()
+            if info is None:
+                raise ExecutionError(f"executor for {plan_dir} did not start")
             if json_out:
                 print(json.dumps({"event": "serving", **info.model_dump(mode="json")}), flush=True)
             else:
@@ -58,13 +77,7 @@ def serve(
             while not stop.wait(0.2):
                 if time.monotonic() >= next_log:
                     next_log = time.monotonic() + metrics_every_s
-                    m = ex.metrics()
-                    _log.info(
-                        "samples/s by source %s, queue depth %s, rank wait %s",
-                        {k: v["samples_per_s"] for k, v in m["sources"].items()},
-                        m["queue_depth"],
-                        m["rank_wait_s"],
-                    )
+                    _report(ex.metrics(), json_out)
             summary = ex.metrics()
         if json_out:
             print(json.dumps({"event": "stopped", "metrics": summary}, default=str), flush=True)

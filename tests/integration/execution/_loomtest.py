@@ -40,7 +40,14 @@ def write_corpus(root: Path, source: str, n_files: int, rows: int, seed: int, ma
 
 
 def make_spec(
-    tmp: Path, *, seq_len: int = 256, steps: int = 6, dp_size: int = 2, micro_batches: int = 2, tp_size: int = 1
+    tmp: Path,
+    *,
+    seq_len: int = 256,
+    steps: int = 6,
+    dp_size: int = 2,
+    micro_batches: int = 2,
+    tp_size: int = 1,
+    long_context: dict[str, int] | None = None,
 ) -> Spec:
     """A two-source Parquet spec over a corpus written under `tmp/data`."""
     data = tmp / "data"
@@ -68,6 +75,8 @@ def make_spec(
             "tp_size": tp_size,
         },
     }
+    if long_context is not None:
+        raw["long_context"] = long_context
     return parse_spec(raw, tmp)
 
 

@@ -71,7 +71,9 @@ def test_serve_runs_until_sigterm_and_cleans_up(stream_plan: Path, loomtest: Any
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
-    last = json.loads(out.strip().splitlines()[-1])
+    lines = [json.loads(line) for line in out.strip().splitlines()]  # --json: stdout is JSON lines only
+    assert {line["event"] for line in lines} <= {"metrics", "stopped"}
+    last = lines[-1]
     assert last["event"] == "stopped"
     assert last["metrics"]["rank_wait_s"].keys() == {"0", "1"}
     assert last["metrics"]["loader_samples"] > 0

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from distributed import Client
 
+from loomdata.client import StreamClient
 from loomdata.execution import Executor
 from loomdata.execution.protocol import constructor_dataset, read_serve_info
 
@@ -34,3 +36,21 @@ def test_every_batch_matches_an_independent_read(dask_client: Client, stream_pla
     assert set(m["sources"]) == set(meta.sources)
     assert not (stream_plan / "serve.json").exists()
     assert constructor_dataset(meta.plan_id, 0) not in dask_client.list_datasets()
+
+
+def test_long_context_lane_is_served_at_its_length(
+    dask_client: Client, tmp_path_factory: pytest.TempPathFactory, loomtest: Any
+) -> None:
+    spec = loomtest.make_spec(
+        tmp_path_factory.mktemp("long"), steps=4, long_context={"threshold": 300, "seq_len": 1024}
+    )
+    plan_dir = Path(loomtest.index_and_plan(spec, dask_client))
+    oracle = loomtest.Oracle(plan_dir)
+    lanes = set()
+    with Executor(plan_dir, dask_client):
+        for r in range(oracle.meta.dp_size):
+            with StreamClient(plan_dir, r) as stream:
+                for b in stream:
+                    oracle.check(b)  # also checks the lane's sequence length
+                    lanes.add((b.lane, len(b.input_ids)))
+    assert lanes == {(0, 256), (1, 1024)}

@@ -219,7 +219,9 @@ def read_segments(
                 first = 0
                 for im in smp.images:
                     if o <= first < o + ln:
-                        images.append(im)
+                        # Decoders may hand out read-only views (np.asarray of a PIL image); clients wrap
+                        # arrays without copying (torch.from_numpy needs writable memory), so own them here.
+                        images.append(im if im.flags.writeable else im.copy())
                         img_seg.append(i)
                         img_off.append(first - o)
                     first += (im.shape[0] // patch_size) * (im.shape[1] // patch_size)

@@ -55,6 +55,7 @@ def test_demo_corpus_all_formats(dask_client: Client, tmp_path: Path) -> None:
                     )
                     assert seg["sample"].tolist() == manifest.column("sample").to_numpy()[mask].tolist()
                     assert b.num_tokens == int(seg["length"].sum())
+                    assert b.input_ids.flags.writeable and b.labels.flags.writeable  # torch wraps them as is
                     assert (b.labels[b.num_tokens :] == IGNORE_INDEX).all()
                     starts = b.cu_seqlens[:-1]
                     for k, (src, sample, off, ln) in enumerate(seg.tolist()):
@@ -68,7 +69,7 @@ def test_demo_corpus_all_formats(dask_client: Client, tmp_path: Path) -> None:
                             assert any(starts[k] <= p < starts[k] + ln for p in b.image_positions)
                     for im, pos in zip(b.images, b.image_positions.tolist(), strict=True):
                         n = (im.shape[0] // patch) * (im.shape[1] // patch)
-                        assert im.dtype == np.uint8 and im.ndim == 3
+                        assert im.dtype == np.uint8 and im.ndim == 3 and im.flags.writeable
                         assert (b.input_ids[pos : pos + n] == placeholder).all()
                         images += 1
     assert all(v > 0 for v in seen.values()), seen

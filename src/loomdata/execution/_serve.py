@@ -42,11 +42,14 @@ def serve(
     json_out: bool = False,
     n_workers: int = 2,
     metrics_every_s: float = 10.0,
+    peers: int | None = None,
+    loaders_per_source: int = 1,
 ) -> None:
     """Serve `plan_dir` until Ctrl-C/SIGTERM, printing metrics every `metrics_every_s`.
 
     With `json_out`, stdout carries JSON lines only: `serving` (the ServeInfo), `metrics`, `stopped`
-    (final metrics). The embedded cluster (no `scheduler`) has `n_workers` worker processes.
+    (final metrics). The embedded cluster (no `scheduler`) has `n_workers` worker processes. `peers`
+    (processes per dp rank, default the plan's tp*pp*cp) and `loaders_per_source` go to the Executor.
     """
     stop = threading.Event()
     previous = {}
@@ -60,7 +63,14 @@ def serve(
     try:
         with (
             open_cluster(scheduler, n_workers=n_workers) as client,
-            Executor(plan_dir, client, constructors=constructors, window=window) as ex,
+            Executor(
+                plan_dir,
+                client,
+                constructors=constructors,
+                window=window,
+                peers=peers,
+                loaders_per_source=loaders_per_source,
+            ) as ex,
         ):
             info = ex.info
             if info is None:

@@ -1,0 +1,62 @@
+"""ManifestSlice: a constructor's ranks' rows per step, in (dp_rank, micro_batch) order, chunk by chunk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from loomdata.execution._manifest import ManifestSlice
+from loomdata.schemas import MANIFEST_SCHEMA, PLAN_FORMAT_VERSION, ManifestFile, PlanMeta, TableKind, write_table
+
+
+def _plan(tmp: Path, steps: int = 10, ranks: int = 3, mbs: int = 2) -> PlanMeta:
+    rows: dict[str, list[int]] = {c: [] for c in MANIFEST_SCHEMA.names}
+    sample = 0
+    for step in range(steps):
+        for r in range(ranks):
+            for mb in range(mbs):
+                for k in range(1 + (step + r + mb) % 3):  # 1-3 segments, in sequence order
+                    for c, v in zip(MANIFEST_SCHEMA.names, (step, r, mb, k % 2, sample, 0, 5, 0), strict=True):
+                        rows[c].append(v)
+                    sample += 1
+    table = pa.table({c: pa.array(rows[c], MANIFEST_SCHEMA.field(c).type) for c in MANIFEST_SCHEMA.names})
+    files = []
+    for first in range(0, steps, 4):  # several manifest files, step ranges not aligned with chunks
+        last = min(first + 3, steps - 1)
+        part = table.filter(
+            pa.compute.and_(pa.compute.greater_equal(table["step"], first), pa.compute.less_equal(table["step"], last))
+        )
+        rel = f"manifest/steps-{first}-{last}.parquet"
+        write_table(part, tmp / rel, TableKind.MANIFEST)
+        files.append(ManifestFile(path=rel, first_step=first, last_step=last, rows=part.num_rows))
+    return PlanMeta(
+        format_version=PLAN_FORMAT_VERSION,
+        plan_id="p",
+        spec={},
+        spec_hash="h",
+        sources=["a", "b"],
+        index_fingerprints={},
+        seed=0,
+        steps=steps,
+        dp_size=ranks,
+        micro_batches=mbs,
+        seq_len=64,
+        manifest=files,
+    )
+
+
+def test_rows_of_a_step_for_the_slice_ranks(tmp_path: Path) -> None:
+    meta = _plan(tmp_path)
+    sl = ManifestSlice(tmp_path, meta, [2, 1], chunk_steps=3, keep=1)
+    for step in range(meta.steps):
+        rows = sl.rows(step)
+        assert (rows.step == step).all()
+        assert set(rows.dp_rank.tolist()) == {1, 2}
+        key = rows.dp_rank.astype(int) * 10 + rows.micro_batch.astype(int)
+        assert (np.diff(key) >= 0).all()
+        assert (np.diff(rows.sample.astype(np.int64)) > 0).all()  # stored sequence order kept
+        assert len(rows) == sum(1 + (step + r + mb) % 3 for r in (1, 2) for mb in range(2))
+    only = sl.rows(4, [1])
+    assert set(only.dp_rank.tolist()) == {1} and sl.cached(4) and not sl.cached(0)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from loomdata.execution._manifest import ManifestSlice
 from loomdata.schemas import MANIFEST_SCHEMA, PLAN_FORMAT_VERSION, ManifestFile, PlanMeta, TableKind, write_table
@@ -25,9 +26,7 @@ def _plan(tmp: Path, steps: int = 10, ranks: int = 3, mbs: int = 2) -> PlanMeta:
     files = []
     for first in range(0, steps, 4):  # several manifest files, step ranges not aligned with chunks
         last = min(first + 3, steps - 1)
-        part = table.filter(
-            pa.compute.and_(pa.compute.greater_equal(table["step"], first), pa.compute.less_equal(table["step"], last))
-        )
+        part = table.filter(pc.and_(pc.greater_equal(table["step"], first), pc.less_equal(table["step"], last)))
         rel = f"manifest/steps-{first}-{last}.parquet"
         write_table(part, tmp / rel, TableKind.MANIFEST)
         files.append(ManifestFile(path=rel, first_step=first, last_step=last, rows=part.num_rows))

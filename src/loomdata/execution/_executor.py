@@ -79,7 +79,17 @@ class Executor:
     # ---- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> Executor:
-        """Create the actors, start building the first window, write serve.json; returns self."""
+        """Create the actors, start building the first window, write serve.json; returns self.
+
+        On failure everything created so far is released again before the error propagates.
+        """
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> Executor:
         current = {s: IndexFiles.of(self.spec.workdir, s).fingerprint() for s in self.meta.sources}
         check_fresh(self.meta, current)
         workers = sorted(self.client.scheduler_info()["workers"])

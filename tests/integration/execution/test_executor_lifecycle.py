@@ -17,7 +17,7 @@ from distributed import Client
 
 from loomdata.client import StreamClient
 from loomdata.execution import Executor
-from loomdata.schemas import StaleIndexError, read_plan
+from loomdata.schemas import ExecutionError, StaleIndexError, read_plan
 
 
 def test_stale_index_is_refused(dask_client: Client, stream_plan: Path, tmp_path: Path) -> None:
@@ -94,3 +94,19 @@ def test_plan_larger_than_window_holds_at_most_window_steps(dask_client: Client,
             time.sleep(0.05)
         # one step ahead for each of the 2 ranks, never more, whatever the plan length
         assert c["held_steps"] <= 2 and c["queue_depth"] <= 2 * meta.micro_batches
+
+
+def test_a_corrupt_source_file_fails_the_rank_with_its_path(
+    dask_client: Client, tmp_path_factory: pytest.TempPathFactory, loomtest: Any
+) -> None:
+    spec = loomtest.make_spec(tmp_path_factory.mktemp("corrupt"), steps=2)
+    plan_dir = Path(loomtest.index_and_plan(spec, dask_client))
+    victims = sorted((spec.workdir.parent / "data" / "web").glob("*.parquet"))
+    for v in victims:
+        v.write_bytes(b"PAR1 not parquet any more")
+    with (
+        Executor(plan_dir, dask_client),
+        StreamClient(plan_dir, 0, retry_s=5) as stream,
+        pytest.raises(ExecutionError, match=r"web/part-\d\.parquet: not a readable Parquet file"),
+    ):
+        list(stream)

@@ -33,6 +33,8 @@ from loomdata.schemas.plan import read_plan
 
 __all__ = ["DataConstructor", "Route"]
 
+_READ_ATTEMPTS = 4
+
 
 @dataclass(frozen=True, slots=True)
 class Route:
@@ -76,6 +78,7 @@ class _Stats:
     manifest_s: float = 0.0
     loaders_s: float = 0.0
     pack_s: float = 0.0
+    read_retries: int = 0
     wait_s: dict[int, float] = field(default_factory=dict)
     takes: dict[int, int] = field(default_factory=dict)
 
@@ -177,6 +180,7 @@ class DataConstructor:
             "built_steps": s.built_steps,
             "on_demand_steps": s.on_demand_steps,
             "loader_calls": s.loader_calls,
+            "read_retries": s.read_retries,
             "batches_taken": s.batches_taken,
             "build_s": round(s.build_s, 4),
             "build_phases_s": {
@@ -290,15 +294,8 @@ class DataConstructor:
         t1 = time.perf_counter()
         starts = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(rows.length, out=starts[1:])
-        groups, calls = self._requests(rows)
-        try:
-            answers: list[SegmentData] = list(await asyncio.gather(*calls))
-        except LoomError:
-            raise
-        except Exception as e:
-            raise ExecutionError(f"step {step}: a source loader failed ({type(e).__name__}: {e})") from e
+        groups, answers = await self._read_all(step, rows)
         t2 = time.perf_counter()
-        self._stats.loader_calls += len(calls)
         out = self._pack_step(step, ranks, rows, starts, groups, answers)  # vectorised, well under a ms per batch
         t3 = time.perf_counter()
         s = self._stats
@@ -307,6 +304,29 @@ class DataConstructor:
         s.loaders_s += t2 - t1
         s.pack_s += t3 - t2
         return out
+
+    async def _read_all(self, step: int, rows: ManifestRows) -> tuple[list[np.ndarray], list[SegmentData]]:
+        """All loader answers for `rows`; retried on the current routes when a loader is unreachable.
+
+        Data errors (a LoomError from a loader) fail at once; lost or replaced loaders (routes swapped
+        by `set_route`, a worker gone) are retried a few times, since the plan makes any read repeatable.
+        """
+        for attempt in range(_READ_ATTEMPTS):
+            groups, calls = self._requests(rows)
+            self._stats.loader_calls += len(calls)
+            try:
+                return groups, list(await asyncio.gather(*calls))
+            except LoomError:
+                raise
+            except Exception as e:
+                if attempt + 1 == _READ_ATTEMPTS:
+                    raise ExecutionError(
+                        f"step {step}: a source loader failed {_READ_ATTEMPTS} times ({type(e).__name__}: {e}); "
+                        "check the workers, or restart `loom serve`"
+                    ) from e
+                self._stats.read_retries += 1
+                await asyncio.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def _read(self, loader: Any, request: np.ndarray) -> Any:
         """An awaitable loader read: a direct call when the loader lives in this worker process.

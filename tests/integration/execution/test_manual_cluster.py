@@ -44,6 +44,7 @@ def manual_cluster(tmp_path: Path) -> Iterator[str]:
                     dask,
                     "worker",
                     address,
+                    "--no-nanny",
                     "--nthreads",
                     "1",
                     "--host",

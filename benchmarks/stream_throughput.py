@@ -320,6 +320,10 @@ def main() -> None:
                 rows.append(row)
                 _print_row(row)
             summary = {k: v for k, v in meta.summary.items() if isinstance(v, int | float | str)}
+            if "simulated_gain" in summary:  # what the loomdata side delivers on top: balanced ranks
+                print(
+                    f"plan balance: simulated step-time gain over the baseline packing {summary['simulated_gain']:.2f}x"
+                )
     result = {
         "benchmark": "stream_throughput",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

@@ -93,6 +93,11 @@ class StreamClient:
         """Micro-batches left to yield."""
         return (self.meta.steps - self._step) * self.meta.micro_batches - self._mb
 
+    @property
+    def dask_client(self) -> Client | None:
+        """The Dask client in use (None before the first batch); other StreamClients may share it."""
+        return self._client
+
     # ---- state ----------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:

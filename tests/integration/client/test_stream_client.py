@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from distributed import Client
 
-from loomdata.client import StreamClient
+from loomdata.client import StreamClient, verify_resume
 from loomdata.execution import Executor
-from loomdata.schemas import Batch, ContractError, read_manifest
+from loomdata.schemas import Batch, ContractError, read_manifest, read_plan
 
 
 def _same(a: Batch, b: Batch) -> None:
@@ -103,3 +103,9 @@ def test_client_continues_on_a_restarted_executor(dask_client: Client, stream_pl
     ]
     for b in got:
         oracle.check(b)
+
+
+def test_verify_resume_at_every_position(dask_client: Client, stream_plan: Path) -> None:
+    meta = read_plan(stream_plan)
+    with Executor(stream_plan, dask_client):
+        assert verify_resume(stream_plan, 1) == meta.steps * meta.micro_batches

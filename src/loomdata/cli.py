@@ -96,6 +96,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         constructors=args.constructors,
         window=args.window,
         json_out=args.json,
+        n_workers=args.workers,
+        peers=args.peers,
+        loaders_per_source=args.loaders_per_source,
     )
     return 0
 
@@ -160,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_, description=help_)
         sp.set_defaults(fn=fn)
         sp.add_argument("--json", action="store_true", help="print only JSON")
-        sp.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
         return sp
 
     g = add("generate", _cmd_generate, "write a seeded multi-source corpus (Parquet, JSONL, Megatron, WebDataset)")
@@ -185,6 +188,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--scheduler", default=None)
     s.add_argument("--constructors", type=int, default=1)
     s.add_argument("--window", type=int, default=2, help="steps built ahead of the slowest rank")
+    s.add_argument("--workers", type=int, default=2, help="worker processes of the embedded LocalCluster")
+    s.add_argument("--peers", type=int, default=None, help="processes per dp rank (default: the plan's tp*pp*cp)")
+    s.add_argument("--loaders-per-source", type=int, default=1, help="Source Loader actors per source")
 
     d = add("demo", _cmd_demo, "generate, index, plan, serve and train tiny ranks end to end")
     d.add_argument("--spec", default="configs/demo.yaml")

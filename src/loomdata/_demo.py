@@ -185,8 +185,12 @@ def run_demo(
     report["ranks"] = rank_rows
     report["executor"] = metrics
     report["total_s"] = round(time.perf_counter() - t0, 2)
-    for key in ("loader_memory_bytes", "loader_rss_bytes"):
-        if key in metrics:
-            echo(f"       {key}: {metrics[key]:,}")
+    n_loaders = len(metrics.get("loaders", []))
+    echo(
+        f"       {n_loaders} Source Loader actors hold the file state once: {metrics['loader_memory_bytes']:,} bytes "
+        f"(a loader per rank and DataLoader worker, ranks x 2 workers, would hold {2 * ranks} copies); "
+        f"{metrics['loader_calls']:,} batched loader calls for {metrics['loader_samples']:,} samples; "
+        f"worker processes' RSS {metrics['loader_rss_bytes'] / 2**20:,.0f} MiB"
+    )
     echo(f"done in {report['total_s']:.1f}s")
     return report

@@ -82,3 +82,17 @@ def test_corrupt_shard_names_the_file(demo_tree: Path, dask_client: Any, tmp_pat
     proc = _loom("index", "configs/demo.yaml", "--scheduler", dask_client.scheduler.address, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout
     assert bad.name in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_demo_end_to_end(demo_tree: Path) -> None:
+    """`loom demo` (what `make demo` runs): every stage, then 4 DDP ranks consume the whole plan."""
+    report = _json(_loom("demo", "--json", cwd=demo_tree))
+    ranks = report["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    total = sum(r["tokens"] for r in ranks)
+    assert total == report["plan"]["tokens"]
+    assert all(r["all_ranks_tokens"] == total for r in ranks)
+    assert all(r["first_loss"] > 0 and r["last_loss"] > 0 for r in ranks)
+    imbalance = report["plan"]["imbalance"]
+    assert imbalance["loomdata"]["mean"] < imbalance["baseline"]["mean"]
+    assert report["executor"]["loader_samples"] > 0

@@ -3,6 +3,7 @@
 Use:
     result = make_plan(spec)                     # reads workdir/index/<source>/ for every source
     result = make_plan(spec, index={"web": table}, fingerprints={"web": "..."})  # synthetic tables
+    result = make_plan(new_spec, resume_from=PlanResume(plan_dir=base_dir, at_step=s))  # elastic re-plan
     report = plan_report(result.plan_dir)        # the figures `loom plan/inspect --json` print
     plot_plan(result.plan_dir, Path("plan.png"))
 
@@ -27,12 +28,16 @@ Decisions, one module each (their docstrings say more):
 - _cost: cost(segment) = attention L^2 + linear L + encoder image_tokens^2, over the lane's cp size;
   fit_cost calibrates it from measured times.
 - _manifest: step-range partitions of bounded size (bounded memory whatever the plan's size).
+- _resume, elastic re-plans: steps < S are the base plan's rows; from S on each source's stream continues
+  where the base's membership stood (in-flight deferred pieces first) with the new dp_size/micro_batches
+  budget and the same mixture; the base must match in sources, fingerprints, seed, mixture, seq_len and
+  long_context (else PlanError listing every difference); the id hashes the base id and S.
 - _report: per-step imbalance max/LB for loomdata and the baseline (same membership: shuffled,
   next-fit, dealt round-robin), simulated gain, realized vs target mixture; the plot.
 """
 
 from loomdata.planning._cost import fit_cost, segment_cost
-from loomdata.planning._plan import PlanResult, make_plan
+from loomdata.planning._plan import PlanResult, PlanResume, make_plan
 from loomdata.planning._report import plan_report, plot_plan
 
-__all__ = ["PlanResult", "fit_cost", "make_plan", "plan_report", "plot_plan", "segment_cost"]
+__all__ = ["PlanResult", "PlanResume", "fit_cost", "make_plan", "plan_report", "plot_plan", "segment_cost"]

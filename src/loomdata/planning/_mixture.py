@@ -190,17 +190,22 @@ def _nearest(cum: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.where(take_lower, lower, j).astype(np.int64)
 
 
-def membership(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slots: int) -> np.ndarray:
-    """(steps+1, sources) stream pointers: segments of each source consumed before step t (row 0 is zeros)."""
+def membership(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slots: int | np.ndarray) -> np.ndarray:
+    """(steps+1, sources) stream pointers: segments of each source consumed before step t (row 0 is zeros).
+
+    `slots` is the step's dp_size * micro_batches, one number or one per step (an elastic re-plan changes
+    it from its resume step on); pointers of steps < t depend only on targets and slots of steps < t.
+    """
     steps, n_src = targets.shape
+    slot_arr = np.broadcast_to(np.asarray(slots, dtype=np.int64), (steps,))
     ptr = np.zeros((steps + 1, n_src), dtype=np.int64)
     for k, s in enumerate(streams):
         ptr[1:, k] = _nearest(s.cum, targets[:, k])
     np.maximum.accumulate(ptr, axis=0, out=ptr)
     short, n_long = _step_load(ptr, streams)
-    bad = np.flatnonzero((n_long > slots) | (short > (slots - n_long) * lanes.seq_len))
+    bad = np.flatnonzero((n_long > slot_arr) | (short > (slot_arr - n_long) * lanes.seq_len))
     if len(bad):
-        _repair(ptr, targets, streams, lanes, slots, int(bad[0]))
+        _repair(ptr, targets, streams, lanes, slot_arr, int(bad[0]))
     return ptr
 
 
@@ -216,10 +221,13 @@ def _step_load(ptr: np.ndarray, streams: Sequence[Stream]) -> tuple[np.ndarray, 
     return short, n_long
 
 
-def _repair(ptr: np.ndarray, targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slots: int, t0: int) -> None:
+def _repair(
+    ptr: np.ndarray, targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slot_arr: np.ndarray, t0: int
+) -> None:
     """From step t0 on, defer segments of the source most ahead of target until every step fits its slots."""
     n_src = ptr.shape[1]
     for t in range(t0, ptr.shape[0] - 1):
+        slots = int(slot_arr[t])
         row = np.maximum(ptr[t + 1], ptr[t])
         while True:
             short = n_long = 0

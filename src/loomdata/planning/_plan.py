@@ -32,13 +32,22 @@ from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream, build_stream, check_epochs, membership, step_weights
 from loomdata.planning._packing import Lanes, check_unsplittable, next_fit
 from loomdata.planning._report import ReportBuilder
+from loomdata.planning._resume import (
+    BasePlan,
+    PlanResume,
+    base_carry,
+    base_report_rows,
+    copy_base_rows,
+    open_base,
+    resume_parameters,
+)
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.layout import read_index
 from loomdata.schemas.plan import PLAN_FORMAT_VERSION, PlanMeta, read_plan
 from loomdata.schemas.spec import Spec
 from loomdata.schemas.tables import TableKind, check_schema
 
-__all__ = ["PLANNER_VERSION", "PlanResult", "make_plan"]
+__all__ = ["PLANNER_VERSION", "PlanResult", "PlanResume", "make_plan"]
 
 PLANNER_VERSION = "4"
 """Part of the plan id: bump it whenever the planner's output for the same inputs changes."""
@@ -70,11 +79,17 @@ def make_plan(
     progress: bool = False,
     index: Mapping[str, pa.Table] | None = None,
     fingerprints: Mapping[str, str] | None = None,
+    resume_from: PlanResume | None = None,
 ) -> PlanResult:
-    """Plan `spec` over its index (read from spec.workdir unless `index` is given) into workdir/plans/<id>/."""
+    """Plan `spec` over its index (read from spec.workdir unless `index` is given) into workdir/plans/<id>/.
+
+    With `resume_from`, an elastic re-plan: steps < resume_from.at_step are the base plan's rows and later
+    steps continue its streams with spec's (new) training shape (see _resume).
+    """
     weights = step_weights(spec)
     sources, fps = _load_index(spec, index, fingerprints)
-    plan_id = plan_id_of(spec, fps)
+    base = None if resume_from is None else open_base(resume_from, spec, fps, PLANNER_VERSION)
+    plan_id = plan_id_of(spec, fps, None if base is None else (base.meta.plan_id, base.at_step))
     final = spec.plans_dir / plan_id
     if (final / "plan.json").exists():
         return PlanResult(plan_dir=final, meta=read_plan(final))
@@ -83,19 +98,23 @@ def make_plan(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        meta = _plan_into(tmp, plan_id, spec, weights, sources, fps, progress)
+        meta = _plan_into(tmp, plan_id, spec, weights, sources, fps, progress, base)
         _publish(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return PlanResult(plan_dir=final, meta=meta)
 
 
-def plan_id_of(spec: Spec, fingerprints: Mapping[str, str]) -> str:
-    """Content hash of the spec, the index fingerprints and the planner version."""
-    blob = json.dumps(
-        {"spec": spec.canonical_json(), "index": dict(sorted(fingerprints.items())), "planner": PLANNER_VERSION},
-        sort_keys=True,
-    )
+def plan_id_of(spec: Spec, fingerprints: Mapping[str, str], resume: tuple[str, int] | None = None) -> str:
+    """Content hash of the spec, the index fingerprints, the planner version and (re-plans) base id and step."""
+    content: dict[str, object] = {
+        "spec": spec.canonical_json(),
+        "index": dict(sorted(fingerprints.items())),
+        "planner": PLANNER_VERSION,
+    }
+    if resume is not None:
+        content["resume"] = {"base_plan_id": resume[0], "at_step": resume[1]}
+    blob = json.dumps(content, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -160,6 +179,7 @@ def _plan_into(
     sources: list[_Source],
     fps: dict[str, str],
     progress: bool,
+    base: BasePlan | None = None,
 ) -> PlanMeta:
     tr = spec.training
     lanes = Lanes.of(spec)
@@ -168,7 +188,12 @@ def _plan_into(
     if budget < 1:
         raise PlanError(f"step budget is {budget} tokens; raise training.seq_len, dp_size or micro_batches")
     names = [s.name for s in sources]
-    targets = np.cumsum(weights * budget, axis=0)
+    mb = tr.micro_batches
+    start = 0 if base is None else base.at_step
+    shapes = [] if base is None else [*base.shapes, {"from_step": start, "dp_size": tr.dp_size, "micro_batches": mb}]
+    step_slots = _step_slots(shapes, tr.steps) if shapes else np.full(tr.steps, slots, dtype=np.int64)
+    step_budget = (step_slots * tr.seq_len * FILL).astype(np.int64)
+    targets = np.cumsum(weights * step_budget[:, None], axis=0)
     epoch_tokens = [int(s.num_tokens.sum(dtype=np.int64)) for s in sources]
     check_epochs(names, targets, epoch_tokens, [spec.source(n).max_epochs for n in names])
     max_seg = max(lanes.seq_len, lanes.long_seq_len or 0)
@@ -177,30 +202,46 @@ def _plan_into(
         check_unsplittable(s.name, s.sample, s.num_tokens, s.num_image_tokens, lanes)
         epochs = int((targets[-1, k] + max_seg) // epoch_tokens[k]) + 1 if epoch_tokens[k] else 1
         streams.append(build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs))
-    ptr = membership(targets, streams, lanes, slots)
-    drawn = sum(np.diff(st.cum[ptr[:, k]]) for k, st in enumerate(streams))
+    ptr = membership(targets, streams, lanes, step_slots)
+    drawn = sum(np.diff(st.cum[ptr[start:, k]]) for k, st in enumerate(streams))
     streams = [st.without_counts() for st in streams]
     empty = np.flatnonzero(np.asarray(drawn) == 0)
     if len(empty):
         raise PlanError(
-            f"step {int(empty[0])} draws no document: its budget of {budget} tokens "
+            f"step {int(empty[0]) + start} draws no document: its budget of {budget} tokens "
             f"(dp_size*micro_batches*seq_len*{FILL}) cannot be filled by any source's next document "
             f"({len(empty)} empty step(s)); raise micro_batches, dp_size or seq_len"
         )
 
     writer = ManifestWriter(out, plan_id)
-    report = ReportBuilder(tr.steps, names, tr.dp_size)
-    steps_iter: Iterable[int] = range(tr.steps)
+    report = ReportBuilder(tr.steps, names, tr.dp_size, rank_from=start, budgets=step_budget if shapes else None)
+    carry: _Items | None = None
+    if base is not None:
+        copy_base_rows(base, writer)
+        report.seed(base_report_rows(base), start)
+        carry = base_carry(
+            base,
+            ptr,
+            streams,
+            [s.sample for s in sources],
+            [s.num_tokens for s in sources],
+            [s.num_image_tokens for s in sources],
+            lanes,
+        )
+    steps_iter: Iterable[int] = range(start, tr.steps)
     if progress:
         from tqdm import tqdm
 
         steps_iter = tqdm(steps_iter, desc="plan", unit="step")
-    carry: _Items | None = None
     for t in steps_iter:
         carry = _plan_step(t, spec, lanes, sources, streams, ptr, weights[t], carry, writer, report)
     files = writer.close(tr.steps - 1)
     report.write(out)
     summary = report.summary()
+    parameters: dict[str, object] = {}
+    if base is not None:
+        summary["resumed"] = {"at_step": start, "imbalance": report.imbalance(start)}
+        parameters = {"resume": resume_parameters(base), "shape_schedule": shapes}
     summary["unplaced_after_last_step"] = (
         []
         if carry is None
@@ -231,12 +272,20 @@ def _plan_into(
             "short_cp_size": lanes.short_cp,
             "long_threshold": lanes.threshold,
             "baseline": "shuffled segments, next-fit packing per lane, sequences dealt round-robin",
+            **parameters,
         },
         manifest=files,
         summary=summary,
     )
     (out / "plan.json").write_text(meta.to_json())
     return meta
+
+
+def _step_slots(shapes: list[dict[str, int]], steps: int) -> np.ndarray:
+    """Slots (dp_size * micro_batches) of every step from a shape schedule [{from_step, dp_size, micro_batches}]."""
+    first = np.array([sh["from_step"] for sh in shapes], dtype=np.int64)
+    slots = np.array([sh["dp_size"] * sh["micro_batches"] for sh in shapes], dtype=np.int64)
+    return slots[np.searchsorted(first, np.arange(steps), side="right") - 1]
 
 
 _Items = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]

@@ -40,8 +40,14 @@ _RANKS_FILE = "report/ranks.parquet"
 class ReportBuilder:
     """Collects per-step figures while planning, then writes them and summarises them."""
 
-    def __init__(self, steps: int, sources: list[str], dp: int) -> None:
+    def __init__(
+        self, steps: int, sources: list[str], dp: int, *, rank_from: int = 0, budgets: np.ndarray | None = None
+    ) -> None:
+        """Figures of `steps` steps; per-rank costs from step `rank_from` on; `budgets`: per-step token budgets
+        when they differ between steps (a re-plan), which weights the mixture's target shares."""
         self.sources = sources
+        self.rank_from = rank_from
+        self.budgets = budgets
         self.tokens = np.zeros((steps, len(sources)), dtype=np.int64)
         self.weights = np.zeros((steps, len(sources)))
         self.cols = {
@@ -57,7 +63,7 @@ class ReportBuilder:
                 "deferred_tokens",
             )
         }
-        n_rank_steps = min(steps, RANK_STEPS)
+        n_rank_steps = min(steps - rank_from, RANK_STEPS)
         self.rank_loom = np.zeros((n_rank_steps, dp))
         self.rank_base = np.zeros((n_rank_steps, dp))
 
@@ -89,9 +95,30 @@ class ReportBuilder:
         c["base_seq_per_slot"][step] = base_seq_per_slot
         c["deferred_tokens"][step] = deferred_tokens
         c["mb_spread"][step] = float((slot_cost.max(axis=1)[used] / mean_mb[used]).mean()) if used.any() else 1.0
-        if step < len(self.rank_loom):
-            self.rank_loom[step] = loom_rank
-            self.rank_base[step] = base_rank
+        if 0 <= step - self.rank_from < len(self.rank_loom):
+            self.rank_loom[step - self.rank_from] = loom_rank
+            self.rank_base[step - self.rank_from] = base_rank
+
+    def seed(self, rows: dict[str, np.ndarray] | None, upto: int) -> None:
+        """Take the figures of steps < upto from another plan's report/steps.parquet columns (a re-plan's base)."""
+        if rows is None:
+            return
+        for name, col in self.cols.items():
+            if name in rows:
+                col[:upto] = rows[name][:upto]
+        for k, name in enumerate(self.sources):
+            for key, arr in ((f"tokens__{name}", self.tokens), (f"weight__{name}", self.weights)):
+                if key in rows:
+                    arr[:upto, k] = rows[key][:upto]
+
+    def imbalance(self, first: int = 0) -> dict[str, dict[str, float]]:
+        """Distribution of max rank cost / LB over steps >= first, for loomdata and the baseline."""
+        c = self.cols
+        lb = np.where(c["lb"][first:] > 0, c["lb"][first:], 1.0)
+        loom, base = c["loom_max"][first:] / lb, c["base_max"][first:] / lb
+        loom[c["lb"][first:] == 0] = 1.0
+        base[c["lb"][first:] == 0] = 1.0
+        return {"loomdata": _dist(loom), "baseline": _dist(base)}
 
     def write(self, plan_dir: Path) -> None:
         """Write report/steps.parquet and report/ranks.parquet."""
@@ -101,12 +128,14 @@ class ReportBuilder:
         for k, name in enumerate(self.sources):
             data[f"tokens__{name}"] = self.tokens[:, k]
             data[f"weight__{name}"] = self.weights[:, k]
+        if self.budgets is not None:
+            data["budget"] = self.budgets
         (plan_dir / "report").mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.table(data), str(plan_dir / _STEPS_FILE), compression="zstd")
         n, dp = self.rank_loom.shape
         ranks = pa.table(
             {
-                "step": np.repeat(np.arange(n, dtype=np.uint32), dp),
+                "step": np.repeat(np.arange(self.rank_from, self.rank_from + n, dtype=np.uint32), dp),
                 "dp_rank": np.tile(np.arange(dp, dtype=np.uint32), n),
                 "loom_cost": self.rank_loom.ravel(),
                 "base_cost": self.rank_base.ravel(),
@@ -121,7 +150,7 @@ class ReportBuilder:
         loom, base = c["loom_max"] / lb, c["base_max"] / lb
         loom[c["lb"] == 0] = 1.0
         base[c["lb"] == 0] = 1.0
-        err, realized, target = mixture_error(self.tokens, self.weights)
+        err, realized, target = mixture_error(self.tokens, self.weights, self.budgets)
         warm = min(MIXTURE_WARMUP, len(err) - 1)
         total = int(self.tokens.sum())
         return {
@@ -151,12 +180,21 @@ class ReportBuilder:
         }
 
 
-def mixture_error(tokens: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(worst error per step in pp, realized cumulative shares, target cumulative shares)."""
+def mixture_error(
+    tokens: np.ndarray, weights: np.ndarray, budgets: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(worst error per step in pp, realized cumulative shares, target cumulative shares).
+
+    Targets are the mean of the steps' weights, weighted by their token budgets when those differ (re-plans).
+    """
     cum = np.cumsum(tokens, axis=0).astype(np.float64)
     tot = cum.sum(axis=1, keepdims=True)
     realized = cum / np.where(tot > 0, tot, 1.0)
-    target = np.cumsum(weights, axis=0) / np.arange(1, len(weights) + 1)[:, None]
+    if budgets is None:
+        target = np.cumsum(weights, axis=0) / np.arange(1, len(weights) + 1)[:, None]
+    else:
+        b = np.asarray(budgets, dtype=np.float64)
+        target = np.cumsum(weights * b[:, None], axis=0) / np.maximum(np.cumsum(b), 1.0)[:, None]
     err = np.abs(realized - target).max(axis=1, initial=0.0) * 100.0 if len(tokens) else np.zeros(0)
     return err, realized, target
 
@@ -186,19 +224,30 @@ def plot_plan(plan_dir: Path, out_png: Path) -> None:
     meta = read_plan(plan_dir)
     steps = pq.read_table(str(Path(plan_dir) / _STEPS_FILE)).to_pydict()
     ranks = pq.read_table(str(Path(plan_dir) / _RANKS_FILE))
-    n = int(ranks["step"].to_numpy().astype(np.int64).max(initial=-1)) + 1
+    rank_steps = ranks["step"].to_numpy().astype(np.int64)
+    first = int(rank_steps.min(initial=0))
+    n = int(rank_steps.max(initial=-1)) + 1 - first
     dp = meta.dp_size
     lb = np.asarray(steps["lb"])
     safe_lb = np.where(lb > 0, lb, 1.0)
     fig, ax = plt.subplots(2, 2, figsize=(13, 8.5))
     grids = []
     for col in ("loom_cost", "base_cost"):
-        g = ranks[col].to_numpy().reshape(n, dp) / safe_lb[:n, None] if n else np.zeros((1, dp))
+        g = ranks[col].to_numpy().reshape(n, dp) / safe_lb[first : first + n, None] if n > 0 else np.zeros((1, dp))
         grids.append(g)
     vmax = max(1.05, float(max(g.max() for g in grids)))
     vmin = min(float(min(g.min() for g in grids)), 0.95)
     for a, g, title in zip(ax[0], grids, ("loomdata", "baseline (shuffle, next-fit, round-robin)"), strict=True):
-        im = a.imshow(g.T, aspect="auto", origin="lower", cmap="viridis", vmin=vmin, vmax=vmax, interpolation="nearest")
+        im = a.imshow(
+            g.T,
+            aspect="auto",
+            origin="lower",
+            cmap="viridis",
+            vmin=vmin,
+            vmax=vmax,
+            interpolation="nearest",
+            extent=(first - 0.5, first + max(n, 1) - 0.5, -0.5, dp - 0.5),
+        )
         a.set_title(f"{title}: rank cost / LB")
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
         a.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -217,7 +266,7 @@ def plot_plan(plan_dir: Path, out_png: Path) -> None:
     a = ax[1, 1]
     tok = np.stack([np.asarray(steps[f"tokens__{name}"]) for name in meta.sources], 1)
     w = np.stack([np.asarray(steps[f"weight__{name}"]) for name in meta.sources], 1)
-    _, realized, target = mixture_error(tok, w)
+    _, realized, target = mixture_error(tok, w, np.asarray(steps["budget"]) if "budget" in steps else None)
     for k, name in enumerate(meta.sources):
         line = a.plot(x, realized[:, k], lw=1.2, label=f"{name} realized")
         a.plot(x, target[:, k], lw=1, ls="--", color=line[0].get_color(), label=f"{name} target")

@@ -7,6 +7,9 @@ Per step the work is NumPy over that step's segments (membership slices, balanci
 the baseline, manifest rows); nothing loops per sample. Segments a step had no room for (image samples
 that cannot be split; rare) go first into the next step; any left after the last step are listed in
 the summary (`unplaced_after_last_step`), never dropped silently.
+`resume_from=PlanResume(plan_dir=..., at_step=S)` makes an elastic re-plan (see _resume): steps < S are the
+base's rows, later steps continue its streams and in-flight pieces with the spec's training shape; the
+per-step budgets then follow `parameters.shape_schedule`.
 
 Measured (benchmarks/plan_scale.py, dp 1024, 4 x 4K slots, this 2-core machine): about 1.3-1.6M
 indexed samples/s and 47-92 bytes of peak RSS per sample above the interpreter's (1M-50M samples);

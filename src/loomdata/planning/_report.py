@@ -225,7 +225,7 @@ def plot_plan(plan_dir: Path, out_png: Path) -> None:
     steps = pq.read_table(str(Path(plan_dir) / _STEPS_FILE)).to_pydict()
     ranks = pq.read_table(str(Path(plan_dir) / _RANKS_FILE))
     rank_steps = ranks["step"].to_numpy().astype(np.int64)
-    first = int(rank_steps.min(initial=0))
+    first = int(rank_steps.min()) if len(rank_steps) else 0
     n = int(rank_steps.max(initial=-1)) + 1 - first
     dp = meta.dp_size
     lb = np.asarray(steps["lb"])

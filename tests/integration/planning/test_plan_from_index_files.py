@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc_compute
+import pyarrow.parquet as pq
 import pytest
 
-from loomdata.planning import make_plan, plan_report, plot_plan
+from loomdata.planning import PlanResume, make_plan, plan_report, plot_plan
 from loomdata.schemas.errors import StaleIndexError
 from loomdata.schemas.layout import IndexFiles, read_index
 from loomdata.schemas.plan import check_fresh, read_manifest, read_plan
-from loomdata.schemas.spec import parse_spec
+from loomdata.schemas.spec import Spec, parse_spec
 from loomdata.schemas.tables import SHARDS_SCHEMA, TableKind, write_table
 
 SEQ_LEN, LONG_SEQ_LEN = 1024, 4096
@@ -62,8 +68,9 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_plan_from_index_files_with_a_long_lane(workdir: Path) -> None:
-    spec = parse_spec(
+def _spec(workdir: Path, dp_size: int = 8, steps: int = 40) -> Spec:
+    """Three sources (web, books with max_epochs, image captions), a curriculum and a long-context lane."""
+    return parse_spec(
         {
             "name": "e2e",
             "workdir": str(workdir),
@@ -79,12 +86,16 @@ def test_plan_from_index_files_with_a_long_lane(workdir: Path) -> None:
                     {"step": 30, "weights": {"web": 0.5, "books": 0.3, "captions": 0.2}},
                 ]
             },
-            "training": {"seq_len": SEQ_LEN, "steps": 40, "dp_size": 8, "micro_batches": 4},
+            "training": {"seq_len": SEQ_LEN, "steps": steps, "dp_size": dp_size, "micro_batches": 4},
             "long_context": {"threshold": SEQ_LEN, "seq_len": LONG_SEQ_LEN, "cp_size": 2},
         },
         workdir,
         check_paths=False,
     )
+
+
+def test_plan_from_index_files_with_a_long_lane(workdir: Path) -> None:
+    spec = _spec(workdir)
     res = make_plan(spec, progress=True)
     meta = read_plan(res.plan_dir)
     assert meta.long_seq_len == LONG_SEQ_LEN and meta.long_cp_size == 2
@@ -126,3 +137,61 @@ def test_plan_from_index_files_with_a_long_lane(workdir: Path) -> None:
     with pytest.raises(StaleIndexError, match="re-plan"):
         check_fresh(meta, {n: read_index(workdir, n, columns=["sample"])[2] for n in meta.sources})
     assert make_plan(spec).meta.plan_id != meta.plan_id
+
+
+def _plancheck() -> Any:
+    """The planner's shared coverage and slot checks (tests/unit/planning/_plancheck.py, loaded by path)."""
+    name = "loomtest_plancheck"
+    if name not in sys.modules:
+        path = Path(__file__).parents[2] / "unit" / "planning" / "_plancheck.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def test_replan_from_index_files_dp4_to_dp2_at_half_the_steps(workdir: Path) -> None:
+    """A job planned for dp 4 resumes at step 20 of 40 on dp 2: same stream, nothing lost or repeated."""
+    pc = _plancheck()
+    base = make_plan(_spec(workdir, dp_size=4))
+    at = base.meta.steps // 2
+    spec = _spec(workdir, dp_size=2)
+    res = make_plan(spec, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=at))
+    meta = read_plan(res.plan_dir)
+    assert meta.parameters["resume"] == {
+        "base_plan_id": base.meta.plan_id,
+        "at_step": at,
+        "base_dp_size": 4,
+        "base_micro_batches": 4,
+    }
+    check_fresh(meta, {n: read_index(workdir, n, columns=["sample"])[2] for n in meta.sources})
+    # steps < S: the base's rows; steps >= S: the new shape
+    assert read_manifest(res.plan_dir, meta, 0, at - 1).equals(read_manifest(base.plan_dir, base.meta, 0, at - 1))
+    m = read_manifest(res.plan_dir, meta)
+    new_rows = m.filter(pc_compute.greater_equal(m["step"], at))
+    pc.check_slots(meta, new_rows)
+    assert set(new_rows["dp_rank"].to_numpy().tolist()) == {0, 1}
+    # every token of every source once per epoch across the base's steps and the new ones
+    lengths, images = {}, {}
+    for name in meta.sources:
+        samples, _, _ = read_index(workdir, name)
+        lengths[name] = samples["num_tokens"].to_numpy().astype(np.int64)
+        images[name] = samples["num_image_tokens"].to_numpy().astype(np.int64)
+    deferred = pq.read_table(res.plan_dir / "report" / "steps.parquet")["deferred_tokens"].to_numpy() > 0
+    pc.check_coverage(meta, m, lengths, images, deferred)
+    # the new steps are as balanced as a fresh plan's, and the mixture stays on target across the change
+    rep = plan_report(res.plan_dir)
+    assert rep["resumed"]["imbalance"]["loomdata"]["mean"] <= 1.03 < rep["resumed"]["imbalance"]["baseline"]["mean"]
+    assert rep["worst_mixture_error_pp"] < 1.0
+    plot_plan(res.plan_dir, workdir / "replan.png")
+    assert (workdir / "replan.png").stat().st_size > 10_000
+    # deterministic: the same inputs give the same plan, byte for byte
+    files = {p.relative_to(res.plan_dir): p.read_bytes() for p in sorted(res.plan_dir.rglob("*")) if p.is_file()}
+    shutil.rmtree(res.plan_dir)
+    again = make_plan(spec, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=at))
+    assert {
+        p.relative_to(again.plan_dir): p.read_bytes() for p in sorted(again.plan_dir.rglob("*")) if p.is_file()
+    } == files

@@ -195,6 +195,9 @@ def test_resuming_with_the_same_shape_reproduces_the_base(tmp_path: Path, spec_o
     assert res.meta.plan_id != base.meta.plan_id
     assert read_manifest(res.plan_dir, res.meta, 0, 29).equals(read_manifest(base.plan_dir, base.meta))
     assert read_manifest(res.plan_dir, res.meta, 30, 35).num_rows > 0
+    # at_step = the base's last step + 1 extends it: the same rows as resuming at 15 (streams are prefix-stable)
+    ext = make_plan(spec, index=index, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=30))
+    assert read_manifest(ext.plan_dir, ext.meta).equals(read_manifest(res.plan_dir, res.meta))
 
 
 def test_replan_dp4_to_dp2_balances_the_new_steps_and_chains(tmp_path: Path, spec_of: Callable[..., Any]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -59,11 +60,12 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from loomdata.planning import make_plan, plan_report
+    from loomdata.planning import PlanResume, make_plan, plan_report
     from loomdata.schemas import load_spec
 
     spec = load_spec(args.spec, check_paths=False)
-    result = make_plan(spec, progress=_progress_wanted(args))
+    resume = None if args.resume_from is None else PlanResume(plan_dir=Path(args.resume_from), at_step=args.at_step)
+    result = make_plan(spec, progress=_progress_wanted(args), resume_from=resume)
     report = plan_report(result.plan_dir)
     if args.json:
         _print_json(report)
@@ -178,6 +180,13 @@ def _parser() -> argparse.ArgumentParser:
 
     pl = add("plan", _cmd_plan, "make the global plan (manifest) for SPEC from its index")
     pl.add_argument("spec")
+    pl.add_argument(
+        "--resume-from",
+        default=None,
+        metavar="PLAN_DIR",
+        help="elastic resume: keep this plan's steps before --at-step, re-plan the rest for SPEC's training shape",
+    )
+    pl.add_argument("--at-step", type=int, default=None, metavar="S")
 
     ins = add("inspect", _cmd_inspect, "report on a stored plan (imbalance vs baseline, mixture)")
     ins.add_argument("plan_dir")
@@ -203,7 +212,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `loom` console script."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "plan" and (args.resume_from is None) != (args.at_step is None):
+        parser.error("--resume-from and --at-step go together: the base plan dir and the step to re-plan from")
     try:
         code: int = args.fn(args)
         return code
@@ -212,6 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"loom {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and the like: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print(f"loom {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -96,3 +96,24 @@ def test_demo_end_to_end(demo_tree: Path) -> None:
     imbalance = report["plan"]["imbalance"]
     assert imbalance["loomdata"]["mean"] < imbalance["baseline"]["mean"]
     assert report["executor"]["loader_samples"] > 0
+
+
+def test_plan_resume_for_a_new_dp_size(demo_tree: Path, dask_client: Any, tmp_path: Path) -> None:
+    """`loom plan --resume-from --at-step`: the base's steps are kept, the rest is planned for the new dp."""
+    from loomdata.schemas import read_manifest, read_plan
+
+    _json(_loom("index", "configs/demo.yaml", "--scheduler", dask_client.scheduler.address, "--json", cwd=demo_tree))
+    base_dir = Path(_json(_loom("plan", "configs/demo.yaml", "--json", cwd=demo_tree))["plan_dir"])
+    spec = yaml.safe_load((demo_tree / "configs" / "demo.yaml").read_text())
+    spec["training"]["dp_size"] = 2
+    (demo_tree / "configs" / "demo-dp2.yaml").write_text(yaml.safe_dump(spec))
+    args = ("plan", "configs/demo-dp2.yaml", "--resume-from", str(base_dir), "--at-step", "10", "--json")
+    new_dir = Path(_json(_loom(*args, cwd=demo_tree))["plan_dir"])
+    base, new = read_plan(base_dir), read_plan(new_dir)
+    assert new.dp_size == 2 and new.parameters["resume"]["base_plan_id"] == base.plan_id
+    assert read_manifest(new_dir, new, 0, 9).equals(read_manifest(base_dir, base, 0, 9))
+    later = read_manifest(new_dir, new, 10)
+    assert set(later.column("dp_rank").to_pylist()) == {0, 1}
+    assert set(later.column("step").to_pylist()) == set(range(10, 20))
+    half = ("plan", "configs/demo-dp2.yaml", "--resume-from", str(base_dir))
+    assert _loom(*half, cwd=demo_tree).returncode == 2

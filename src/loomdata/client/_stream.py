@@ -3,8 +3,10 @@
 One actor call per step (all of the rank's micro-batches), with the next step requested while the
 current one is consumed. The position is a `StreamState`; a new client loaded with a saved state
 yields identical batches from there on, also against a restarted executor (constructors rebuild any
-step from the plan). Transient failures (executor restarting, worker lost) are retried by
-reconnecting through the published ServeInfo / serve.json until `retry_s` runs out.
+step from the plan). Transient failures (executor restarting, a worker and the constructor on it
+lost) are retried by re-resolving the constructor through the published dataset / ServeInfo and
+asking for the same step again, until `retry_s` runs out: every take names its (rank, step), so a
+recreated constructor rebuilds exactly that step from the manifest, and nothing is lost or repeated.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from loomdata.schemas.errors import ContractError, ExecutionError, LoomError
 from loomdata.schemas.plan import read_plan
 
 __all__ = ["StreamClient"]
+
+_RETRY_PAUSE_S = 0.25  # between attempts while the executor restarts or recreates a lost constructor
+_CHECK_S = 2.0  # while a take waits this long, check that its constructor is still the published one
 
 
 class StreamClient:
@@ -64,6 +69,7 @@ class StreamClient:
         self._step = start_step
         self._mb = 0
         self._actor: Any = None
+        self._actor_name = ""
         self._current: list[Batch] | None = None
         self._ahead: dict[int, Any] = {}
         self.wait_s = 0.0
@@ -142,6 +148,7 @@ class StreamClient:
     def _fetch(self, step: int) -> list[Batch]:
         """The rank's micro-batches of `step`; requests the next `prefetch` steps before waiting."""
         deadline = time.monotonic() + self._retry_s
+        last: Exception | None = None
         while True:
             try:
                 if self._actor is None:
@@ -152,15 +159,16 @@ class StreamClient:
                         self._ahead[s] = self._actor.take(self.dp_rank, s)
                 t0 = time.perf_counter()
                 try:
-                    batches: list[Batch] = fut.result()
+                    batches = self._wait(fut)
                 finally:
                     self.wait_s += time.perf_counter() - t0
                 break
-            except ExecutorUnavailable:
-                pass
+            except ExecutorUnavailable as e:
+                last = e
             except LoomError:
                 raise
-            except Exception as e:  # connection lost, actor gone, dataset not published (yet)
+            except Exception as e:  # connection lost, actor lost with its worker, not published (yet)
+                last = e
                 if time.monotonic() >= deadline:
                     raise ExecutionError(
                         f"plan {self.meta.plan_id}, dp rank {self.dp_rank}: no executor answered for step {step} "
@@ -168,18 +176,40 @@ class StreamClient:
                     ) from e
             if time.monotonic() >= deadline:
                 raise ExecutionError(
-                    f"plan {self.meta.plan_id}: the executor stayed unavailable for {self._retry_s:.0f}s; "
-                    "restart `loom serve`"
+                    f"plan {self.meta.plan_id}: the executor stayed unavailable for {self._retry_s:.0f}s "
+                    f"(last: {last}); restart `loom serve`"
                 )
-            self._actor = None
+            self._actor = None  # re-resolve: the executor re-publishes a recreated constructor under the same name
             self._ahead.clear()
-            time.sleep(0.5)
+            time.sleep(_RETRY_PAUSE_S)
         if len(batches) != self.meta.micro_batches or any(b.step != step for b in batches):
             raise ExecutionError(
                 f"executor answered step {step} of rank {self.dp_rank} with {len(batches)} batches "
                 f"(expected {self.meta.micro_batches}); the executor serves a different plan: restart it"
             )
         return batches
+
+    def _wait(self, fut: Any) -> list[Batch]:
+        """The take's result; a take from a constructor the executor has since replaced is abandoned.
+
+        A call to a constructor lost with its worker may never answer (Dask waits on the lost actor),
+        while the executor re-publishes a recreated one under the same name: ask that one instead.
+        """
+        while True:
+            try:
+                batches: list[Batch] = fut.result(timeout=_CHECK_S)
+                return batches
+            except TimeoutError:
+                if self._replaced():
+                    raise ExecutorUnavailable(f"constructor {self._actor_name} was replaced (worker lost)") from None
+
+    def _replaced(self) -> bool:
+        """Whether the published constructor of this rank is no longer the one this client calls."""
+        if self._client is None or self._actor is None:
+            return True
+        with self._client.as_current():
+            published = self._client.get_dataset(self._actor_name, default=None)
+        return published is None or published.key != self._actor.key
 
     def _attach(self) -> None:
         """Connect (once) and get the constructor that serves this rank."""
@@ -193,7 +223,7 @@ class StreamClient:
                 f"{self.plan_dir}` or point at the right scheduler"
             )
         self._prefetch = min(self._prefetch, max(info.window - 1, 0))  # deeper than the window gains nothing
-        name = info.constructor_for(self.dp_rank).name
+        name = self._actor_name = info.constructor_for(self.dp_rank).name
         with self._client.as_current():
             self._actor = self._client.get_dataset(name, default=None)
         if self._actor is None:
@@ -201,7 +231,8 @@ class StreamClient:
 
     def _serve_info(self) -> ServeInfo:
         """The running executor's ServeInfo: published on the scheduler, else serve.json."""
-        assert self._client is not None
+        if self._client is None:
+            raise ExecutorUnavailable("not connected to a scheduler yet")
         raw = self._client.get_dataset(serve_dataset(self.meta.plan_id), default=None)
         if raw is not None:
             return parse_serve_info(str(raw), f"dataset {serve_dataset(self.meta.plan_id)}")

@@ -6,6 +6,9 @@ loaders, and per rank `want` = the first step not yet taken by all its peers. St
 all ranks that need the step) and held until taken; memory is bounded by `window`, whatever the plan
 size.
 
+A constructor recreated after its worker died (`_recovery`) starts empty: the ranks' next takes name
+their steps, which it builds on demand or moves the window to, so nothing is skipped or repeated.
+
 Peers (tp/pp/cp ranks of one dp rank) take the same batches: a held step is released once `peers`
 takes of it arrived, so one read serves them all. A take outside the window (a resume, a restarted
 executor, a peer that fell behind after release) is built on demand and not held, so every take
@@ -33,7 +36,7 @@ from loomdata.schemas.plan import read_plan
 
 __all__ = ["DataConstructor", "Route"]
 
-_READ_ATTEMPTS = 4
+_READ_RETRY_S = 60.0  # how long a read waits for lost loaders to be recreated before the step fails
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,12 @@ def _local_instance(actor: Any) -> Any:
     if getattr(actor, "_address", None) != worker.address:
         return None
     return worker.state.actors.get(actor.key)
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned future's outcome, so asyncio does not log it as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 @dataclass
@@ -100,6 +109,7 @@ class DataConstructor:
         self._meta = read_plan(plan_dir)
         self._ranks = sorted(ranks)
         self._routes = dict(routes)
+        self._rerouted: asyncio.Event | None = None  # set (and replaced) by `set_route`; made on the loop
         self._window = window
         self._peers = peers
         self._manifest = ManifestSlice(plan_dir, self._meta, self._ranks)
@@ -165,8 +175,15 @@ class DataConstructor:
         return batches
 
     async def set_route(self, source_id: int, route: Route) -> None:
-        """Route a source's samples to a new set of loaders (scaling); builds in flight keep the old one."""
+        """Route a source's samples to a new set of loaders (scaling, a recreated loader).
+
+        Reads in flight on the old routes are abandoned and asked again on the new ones: a read to a
+        loader lost with its worker may never answer (Dask waits on the lost actor's future).
+        """
         self._routes[source_id] = route
+        if self._rerouted is not None:
+            self._rerouted.set()
+        self._rerouted = asyncio.Event()
 
     async def metrics(self) -> dict[str, Any]:
         """Queue depth (held batches), per-rank wait, build counters."""
@@ -306,27 +323,45 @@ class DataConstructor:
         return out
 
     async def _read_all(self, step: int, rows: ManifestRows) -> tuple[list[np.ndarray], list[SegmentData]]:
-        """All loader answers for `rows`; retried on the current routes when a loader is unreachable.
+        """All loader answers for `rows`; retried on the current routes while a loader is unreachable.
 
-        Data errors (a LoomError from a loader) fail at once; lost or replaced loaders (routes swapped
-        by `set_route`, a worker gone) are retried a few times, since the plan makes any read repeatable.
+        Data errors (a LoomError from a loader) fail at once. A lost loader (its worker died) refuses
+        calls or never answers; the executor recreates it and swaps the route (`set_route`) within
+        seconds, which abandons the reads in flight. Reads are retried for up to `_READ_RETRY_S`: the
+        plan makes any read repeatable.
         """
-        for attempt in range(_READ_ATTEMPTS):
-            groups, calls = self._requests(rows)
-            self._stats.loader_calls += len(calls)
+        deadline = time.monotonic() + _READ_RETRY_S
+        attempt = 0
+        while True:
+            if self._rerouted is None:
+                self._rerouted = asyncio.Event()
+            rerouted = asyncio.ensure_future(self._rerouted.wait())  # the event of the routes used below
             try:
-                return groups, list(await asyncio.gather(*calls))
+                groups, calls = self._requests(rows)  # a lost loader's handle may refuse the call right here
+                self._stats.loader_calls += len(calls)
+                gathered = asyncio.ensure_future(asyncio.gather(*calls))
+                await asyncio.wait([gathered, rerouted], return_when=asyncio.FIRST_COMPLETED)
+                if gathered.done():
+                    return groups, list(gathered.result())
+                gathered.cancel()  # routes changed under the read: ask the new loaders at once
+                gathered.add_done_callback(_consume)
+                attempt += 1
+                self._stats.read_retries += 1
+                continue
             except LoomError:
                 raise
             except Exception as e:
-                if attempt + 1 == _READ_ATTEMPTS:
+                if time.monotonic() >= deadline:
                     raise ExecutionError(
-                        f"step {step}: a source loader failed {_READ_ATTEMPTS} times ({type(e).__name__}: {e}); "
-                        "check the workers, or restart `loom serve`"
+                        f"step {step}: source loaders stayed unreachable for {_READ_RETRY_S:.0f}s, "
+                        f"{attempt + 1} attempts (last: {type(e).__name__}: {e}); check the workers, "
+                        "or restart `loom serve`"
                     ) from e
+                attempt += 1
                 self._stats.read_retries += 1
-                await asyncio.sleep(0.2 * (attempt + 1))
-        raise AssertionError("unreachable")
+                await asyncio.sleep(min(0.1 * attempt, 1.0))
+            finally:
+                rerouted.cancel()
 
     def _read(self, loader: Any, request: np.ndarray) -> Any:
         """An awaitable loader read: a direct call when the loader lives in this worker process.

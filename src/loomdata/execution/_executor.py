@@ -2,6 +2,8 @@
 
 Every actor is rebuilt from (plan dir, partition or rank group, step): a restarted executor serves
 the same batches, and a client reconnects to it through `serve.json` or the published ServeInfo.
+While running, a watchdog thread (`_recovery`) recreates every actor a dead worker took with it on a
+live worker, re-routes the constructors and re-publishes the handles (`recover()`).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -22,6 +25,7 @@ from distributed import Client, Future
 from loomdata.execution._constructor import DataConstructor, Route
 from loomdata.execution._loader import SourceLoader
 from loomdata.execution._partition import LoaderPartition, partition_source, rank_groups
+from loomdata.execution._recovery import RecoveryStats, Watchdog, lost_indices
 from loomdata.execution.protocol import (
     ConstructorInfo,
     LoaderInfo,
@@ -38,9 +42,14 @@ from loomdata.schemas.spec import Spec
 
 __all__ = ["Executor"]
 
+_CALL_TIMEOUT_S = 60.0  # creating an actor or a control call; steps themselves never wait on this
+
 
 class Executor:
-    """Serves one plan on a Dask cluster: loaders per source partition, constructors per rank group."""
+    """Serves one plan on a Dask cluster: loaders per source partition, constructors per rank group.
+
+    With `recover` (the default) lost actors are recreated while serving; see `recover()`.
+    """
 
     def __init__(
         self,
@@ -52,6 +61,7 @@ class Executor:
         loaders_per_source: int | Mapping[str, int] = 1,
         peers: int | None = None,
         start_step: int = 0,
+        recover: bool = True,
     ) -> None:
         self.plan_dir = Path(plan_dir).resolve()
         self.client = client
@@ -74,6 +84,10 @@ class Executor:
         self._groups: list[list[int]] = []
         self._published: list[str] = []
         self._workers: itertools.cycle[str] | None = None
+        self._lock = threading.RLock()  # the watchdog thread and the caller both change the actors
+        self._recover = recover
+        self._watchdog: Watchdog | None = None
+        self._unrouted: set[int] = set()  # sources whose new loaders some constructor does not know yet
         self.info: ServeInfo | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -84,12 +98,16 @@ class Executor:
         On failure everything created so far is released again before the error propagates.
         """
         try:
-            return self._start()
+            with self._lock:
+                self._start()
+            if self._recover:
+                self._watchdog = Watchdog(self.recover, name=f"loom-recovery-{self._tag}").start()
+            return self
         except BaseException:
             self.stop()
             raise
 
-    def _start(self) -> Executor:
+    def _start(self) -> None:
         current = {s: IndexFiles.of(self.spec.workdir, s).fingerprint() for s in self.meta.sources}
         check_fresh(self.meta, current)
         workers = sorted(self.client.scheduler_info()["workers"])
@@ -104,23 +122,8 @@ class Executor:
             for sid, futs in self._loader_futures.items():
                 self._loaders[sid] = [f.result() for f in futs]
             self._groups = rank_groups(self.meta.dp_size, self.n_constructors)
-            routes = {sid: Route(self._partitions[sid], self._loaders[sid]) for sid in self._loaders}
-            placed = [next(self._workers) for _ in self._groups]
-            self._constructor_futures = [
-                self.client.submit(
-                    DataConstructor,
-                    str(self.plan_dir),
-                    ranks,
-                    routes,
-                    self.window,
-                    self.peers,
-                    self.start_step,
-                    actor=True,
-                    workers=[w],
-                    key=f"loom-constructor-{self._tag}-{i}",
-                )
-                for i, (ranks, w) in enumerate(zip(self._groups, placed, strict=True))
-            ]
+            routes = self._routes()
+            self._constructor_futures = [self._submit_constructor(ranks, routes) for ranks in self._groups]
             self._constructors = [f.result() for f in self._constructor_futures]
             for fut in [c.start() for c in self._constructors]:
                 fut.result()
@@ -128,27 +131,17 @@ class Executor:
                 name = constructor_dataset(self.meta.plan_id, i)
                 self.client.publish_dataset(c, name=name, override=True)
                 self._published.append(name)
-        self.info = ServeInfo(
-            plan_id=self.meta.plan_id,
-            scheduler=self.client.scheduler.address,
-            window=self.window,
-            peers=self.peers,
-            constructors=[
-                ConstructorInfo(name=constructor_dataset(self.meta.plan_id, i), ranks=g, worker=w)
-                for i, (g, w) in enumerate(zip(self._groups, placed, strict=True))
-            ],
-            loaders=self._loader_infos(),
-            pid=os.getpid(),
-            started_at=time.time(),
-        )
-        name = serve_dataset(self.meta.plan_id)
-        self.client.publish_dataset(self.info.model_dump_json(), name=name, override=True)
-        self._published.append(name)
-        write_serve_info(self.plan_dir, self.info)
-        return self
+        self._published.append(serve_dataset(self.meta.plan_id))
+        self._publish_info(started_at=time.time())
 
     def stop(self) -> None:
-        """Unpublish, stop the actors, release them, and remove serve.json if it is still ours."""
+        """Stop the watchdog, unpublish, stop the actors, release them, remove serve.json if still ours."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        with self._lock:
+            self._stop()
+
+    def _stop(self) -> None:
         for name in self._published:
             with contextlib.suppress(Exception):  # already gone (scheduler restarted): nothing to undo
                 self.client.unpublish_dataset(name)
@@ -189,6 +182,10 @@ class Executor:
 
     def set_loaders(self, source: str, n: int) -> int:
         """Re-partition `source` over `n` loaders (add or remove), re-route every constructor; returns n used."""
+        with self._lock:
+            return self._set_loaders(source, n)
+
+    def _set_loaders(self, source: str, n: int) -> int:
         if self.info is None:
             raise ExecutionError("the executor is not running; call start() first")
         sid = self.meta.sources.index(source)
@@ -206,19 +203,69 @@ class Executor:
                 h.close().result(timeout=10)
         for f in old_futs:
             f.release()
-        self.info = self.info.model_copy(update={"loaders": self._loader_infos()})
-        write_serve_info(self.plan_dir, self.info)
+        self._publish_info(started_at=self.info.started_at)
         return len(parts)
+
+    # ---- recovery -------------------------------------------------------------------------------
+
+    @property
+    def recovery(self) -> RecoveryStats:
+        """What the watchdog has recreated so far (empty stats when recovery is off or not started)."""
+        return self._watchdog.stats if self._watchdog is not None else RecoveryStats()
+
+    def recover(self) -> int:
+        """Recreate every actor lost with its worker, re-route constructors, re-publish; returns how many.
+
+        Loaders are recreated from their partition, constructors from their rank group (they rebuild
+        whatever step a client asks for from the manifest), each on a live worker under a fresh key.
+        The watchdog calls this every 0.2 s; it is cheap when nothing is lost (local future states).
+        """
+        with self._lock:
+            if self.info is None:
+                return 0
+            lost_loaders = [(sid, i) for sid, futs in self._loader_futures.items() for i in lost_indices(futs)]
+            lost_constructors = lost_indices(self._constructor_futures)
+            if not lost_loaders and not lost_constructors and not self._unrouted:
+                return 0
+            self._use_live_workers()
+            with self.client.as_current():
+                new = {(sid, i): self._submit_loader(self._partitions[sid][i]) for sid, i in lost_loaders}
+                for (sid, i), fut in new.items():
+                    handle = fut.result(timeout=_CALL_TIMEOUT_S)
+                    self._loader_futures[sid][i].release()
+                    self._loader_futures[sid][i], self._loaders[sid][i] = fut, handle
+                    self._unrouted.add(sid)
+                routes = self._routes()
+                survivors = [c for i, c in enumerate(self._constructors) if i not in lost_constructors]
+                calls = [c.set_route(sid, routes[sid]) for c in survivors for sid in sorted(self._unrouted)]
+                for call in calls:
+                    call.result(timeout=_CALL_TIMEOUT_S)
+                self._unrouted.clear()
+                for i in lost_constructors:  # not started: the first take places its window
+                    fut = self._submit_constructor(self._groups[i], routes)
+                    handle = fut.result(timeout=_CALL_TIMEOUT_S)
+                    self.client.publish_dataset(handle, name=constructor_dataset(self.meta.plan_id, i), override=True)
+                    self._constructor_futures[i].release()
+                    self._constructor_futures[i], self._constructors[i] = fut, handle
+            self._publish_info(started_at=self.info.started_at)
+            return len(lost_loaders) + len(lost_constructors)
 
     # ---- metrics --------------------------------------------------------------------------------
 
     def metrics(self) -> dict[str, Any]:
-        """Per-source samples/s, per-loader counters, constructor queue depth and per-rank wait time."""
-        with self.client.as_current():
-            loader_futs = [(sid, h.metrics()) for sid, hs in self._loaders.items() for h in hs]
-            cons_futs = [c.metrics() for c in self._constructors]
-            loaders = [dict(f.result(timeout=30), source_id=sid) for sid, f in loader_futs]
-            cons = [f.result(timeout=30) for f in cons_futs]
+        """Per-source samples/s, per-loader counters, constructor queue depth and per-rank wait time.
+
+        An actor lost with its worker (not yet recreated) is left out rather than failing the report.
+        """
+        with self._lock, self.client.as_current():
+            sids = [sid for sid, hs in self._loaders.items() for _ in hs]
+            loader_handles = [h for hs in self._loaders.values() for h in hs]
+            loader_answers = _answers(loader_handles)
+            loaders = [dict(m, source_id=sid) for sid, m in zip(sids, loader_answers, strict=True) if m is not None]
+            rss_by_worker = {
+                str(h._address): m["rss_bytes"] for h, m in zip(loader_handles, loader_answers, strict=True) if m
+            }
+            cons = [m for m in _answers(self._constructors) if m is not None]
         sources: dict[str, dict[str, Any]] = {}
         for m in loaders:
             s = sources.setdefault(m["source"], {"loaders": 0, "samples": 0, "tokens": 0, "busy_s": 0.0, "rate": 0.0})
@@ -227,11 +274,6 @@ class Executor:
             s["tokens"] += m["tokens"]
             s["busy_s"] += m["busy_s"]
             s["rate"] += m["samples_per_s"] or 0.0
-        rss_by_worker = {}
-        for m, (sid, _) in zip(loaders, loader_futs, strict=True):
-            part = m["part"]
-            worker = self._partition_worker(sid, part)
-            rss_by_worker[worker] = m["rss_bytes"]
         wait: dict[str, float] = {}
         for c in cons:
             wait.update(c["rank_wait_s"])
@@ -255,6 +297,8 @@ class Executor:
             "rank_wait_s": wait,
             "constructors": cons,
             "loaders": loaders,
+            "recovered_actors": self.recovery.recovered,
+            "recovery_s": round(self.recovery.seconds, 3),
         }
 
     # ---- helpers --------------------------------------------------------------------------------
@@ -267,20 +311,67 @@ class Executor:
         files = IndexFiles.of(self.spec.workdir, name)
         shards = pq.read_table(str(files.samples), columns=["shard"]).column("shard").to_numpy()
         parts = partition_source(sid, name, shards, n)
+        return parts, [self._submit_loader(p) for p in parts]
+
+    def _next_worker(self) -> str:
         if self._workers is None:
-            raise ExecutionError("the executor is not started")
-        futs = [
-            self.client.submit(
-                SourceLoader,
-                str(self.plan_dir),
-                p,
-                actor=True,
-                workers=[next(self._workers)],
-                key=f"loom-loader-{self._tag}-{name}-{p.part}-{uuid.uuid4().hex[:6]}",
+            raise ExecutionError("the executor is not started; call start() first")
+        return next(self._workers)
+
+    def _use_live_workers(self) -> None:
+        """Place new actors round-robin over the workers alive now (a dead one's replacement included)."""
+        workers = sorted(self.client.scheduler_info()["workers"])
+        if not workers:
+            raise ExecutionError(
+                f"every worker of {self.client.scheduler.address} is gone; lost actors are recreated "
+                "as soon as a worker joins (start one, or restart `loom serve`)"
             )
-            for p in parts
-        ]
-        return parts, futs
+        self._workers = itertools.cycle(workers)
+
+    def _submit_loader(self, p: LoaderPartition) -> Future:
+        return self.client.submit(
+            SourceLoader,
+            str(self.plan_dir),
+            p,
+            actor=True,
+            workers=[self._next_worker()],
+            key=f"loom-loader-{self._tag}-{p.source}-{p.part}-{uuid.uuid4().hex[:6]}",
+        )
+
+    def _submit_constructor(self, ranks: list[int], routes: dict[int, Route]) -> Future:
+        return self.client.submit(
+            DataConstructor,
+            str(self.plan_dir),
+            ranks,
+            routes,
+            self.window,
+            self.peers,
+            self.start_step,
+            actor=True,
+            workers=[self._next_worker()],
+            key=f"loom-constructor-{self._tag}-{ranks[0]}-{uuid.uuid4().hex[:6]}",
+        )
+
+    def _routes(self) -> dict[int, Route]:
+        return {sid: Route(self._partitions[sid], self._loaders[sid]) for sid in self._loaders}
+
+    def _publish_info(self, *, started_at: float) -> None:
+        """Describe the actors as they are now: ServeInfo published on the scheduler and in serve.json."""
+        self.info = ServeInfo(
+            plan_id=self.meta.plan_id,
+            scheduler=self.client.scheduler.address,
+            window=self.window,
+            peers=self.peers,
+            constructors=[
+                ConstructorInfo(name=constructor_dataset(self.meta.plan_id, i), ranks=g, worker=str(c._address))
+                for i, (g, c) in enumerate(zip(self._groups, self._constructors, strict=True))
+            ],
+            loaders=self._loader_infos(),
+            pid=os.getpid(),
+            started_at=started_at,
+        )
+        self.client.publish_dataset(self.info.model_dump_json(), name=serve_dataset(self.meta.plan_id), override=True)
+        write_serve_info(self.plan_dir, self.info)
 
     def _partition_worker(self, sid: int, part: int) -> str:
         return str(self._loaders[sid][part]._address)
@@ -300,3 +391,20 @@ class Executor:
             for sid, parts in self._partitions.items()
             for i, p in enumerate(parts)
         ]
+
+
+def _answers(actors: list[Any]) -> list[dict[str, Any] | None]:
+    """`metrics()` of each actor, None for one that cannot answer (lost with its worker)."""
+    calls: list[Any] = []
+    for a in actors:
+        try:
+            calls.append(a.metrics())
+        except Exception:  # the handle of a lost actor refuses calls at once
+            calls.append(None)
+    out: list[dict[str, Any] | None] = []
+    for c in calls:
+        try:
+            out.append(c.result(timeout=30) if c is not None else None)
+        except Exception:
+            out.append(None)
+    return out

@@ -1,7 +1,8 @@
 """The streaming executor on Dask: Source Loader and Data Constructor actors, serving a plan's batches.
 
 `open_cluster` yields a Client (embedded LocalCluster or a running scheduler), `Executor` creates and
-publishes the actors of one plan, `serve` runs an executor until Ctrl-C/SIGTERM (`loom serve`).
+publishes the actors of one plan and recreates those lost with a worker, `serve` runs an executor
+until Ctrl-C/SIGTERM (`loom serve`).
 Clients find a running executor through `protocol` (serve.json and published datasets). Names are
 imported lazily so that a client importing `loomdata.execution.protocol` loads no executor code.
 """

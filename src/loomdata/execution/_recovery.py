@@ -55,6 +55,7 @@ class Watchdog:
         self._every_s = every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._streak = 0  # failed attempts in a row: the back-off grows with it
         self.stats = RecoveryStats()
 
     def start(self) -> Watchdog:
@@ -68,25 +69,30 @@ class Watchdog:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
+    def poll_once(self) -> float:
+        """One recovery attempt: records what it did; returns the pause before the next (backs off on errors)."""
+        t0 = time.monotonic()
+        try:
+            n = self._recover()
+        except Exception as e:  # a worker died during recovery, no worker left...: try again later
+            self._streak += 1
+            self.stats.failures += 1
+            self.stats.last_error = f"{type(e).__name__}: {e}"
+            logger.warning("recovering lost loomdata actors failed (will retry): %s", self.stats.last_error)
+            return min(self._every_s * 2**self._streak, 5.0)
+        self._streak = 0
+        if n:
+            dt = time.monotonic() - t0
+            s = self.stats
+            s.recovered += n
+            s.rounds += 1
+            s.seconds += dt
+            s.last_s = dt
+            s.history.append((time.time(), n, dt))
+            logger.warning("recreated %d lost loomdata actor(s) in %.2fs", n, dt)
+        return self._every_s
+
     def _run(self) -> None:
         pause = self._every_s
         while not self._stop.wait(pause):
-            t0 = time.monotonic()
-            try:
-                n = self._recover()
-            except Exception as e:  # a worker died during recovery, no worker left...: try again later
-                self.stats.failures += 1
-                self.stats.last_error = f"{type(e).__name__}: {e}"
-                logger.warning("recovering lost loomdata actors failed (will retry): %s", self.stats.last_error)
-                pause = min(pause * 2, 5.0)
-                continue
-            pause = self._every_s
-            if n:
-                dt = time.monotonic() - t0
-                s = self.stats
-                s.recovered += n
-                s.rounds += 1
-                s.seconds += dt
-                s.last_s = dt
-                s.history.append((time.time(), n, dt))
-                logger.warning("recreated %d lost loomdata actor(s) in %.2fs", n, dt)
+            pause = self.poll_once()

@@ -5,9 +5,13 @@ and how to get a handle to that actor. The executor publishes each constructor's
 Dask dataset under a deterministic name (`constructor_dataset`) and writes `ServeInfo` both to
 `PLAN_DIR/serve.json` and as the dataset `serve_dataset(plan_id)`, so a client given only a
 scheduler address finds it too, and a client can reconnect to a restarted executor of the same plan.
+A constructor recreated after its worker died is re-published under the same name (and ServeInfo
+rewritten with its new worker), so a client re-resolves the name and asks again.
 
 A constructor answers `take(dp_rank, step)` with that rank's micro-batches of that step
-(`list[Batch]`, in micro-batch order): one actor call per rank and step.
+(`list[Batch]`, in micro-batch order): one actor call per rank and step. The request names the step,
+so any constructor of the plan (a recreated one too) can rebuild it from the manifest; the position
+inside the step (micro_batch) stays with the client.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from distributed import Client
 
 from loomdata.client import StreamClient
 from loomdata.execution import Executor, open_cluster
+from loomdata.execution.protocol import ServeInfo
 from loomdata.schemas import Batch, read_manifest
 
 STEPS = 12
@@ -55,14 +56,6 @@ def _kill(client: Client, worker: str) -> float:
     return time.time()
 
 
-def _wait_recovered(ex: Executor, n: int) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while ex.recovery.recovered < n:
-        if time.monotonic() > deadline:
-            pytest.fail(f"only {ex.recovery.recovered} of {n} lost actors recreated: {ex.recovery}")
-        time.sleep(0.05)
-
-
 def _check_exact(plan_dir: Path, got: dict[int, list[Batch]], loomtest: Any) -> None:
     """Every rank's batches are the manifest's, each (source, sample, offset, length) once, tokens exact."""
     oracle = loomtest.Oracle(plan_dir)
@@ -81,36 +74,61 @@ def _check_exact(plan_dir: Path, got: dict[int, list[Batch]], loomtest: Any) -> 
         assert sum(oracle.check(b) for b in batches) == sum(n for (_, _, _, n), k in want.items() for _ in range(k))
 
 
-def _stream_through_kill(client: Client, plan_dir: Path, ex: Executor, victim: str) -> dict[int, list[Batch]]:
-    """Consume KILL_AT_STEP steps of each rank, kill `victim`, consume the rest (ranks interleaved)."""
+def _wait_recovered(ex: Executor, n: int) -> None:
+    """Poll (with a deadline) until the executor has recreated `n` actors in all."""
+    deadline = time.monotonic() + DEADLINE_S
+    while ex.recovery.recovered < n:
+        if time.monotonic() > deadline:
+            pytest.fail(f"only {ex.recovery.recovered} of {n} lost actors recreated: {ex.recovery}")
+        time.sleep(0.05)
+
+
+def _stream_through_kills(
+    client: Client, plan_dir: Path, ex: Executor, kills: dict[int, Callable[[ServeInfo], str]]
+) -> tuple[dict[int, list[Batch]], int]:
+    """Consume both ranks to the end, interleaved; before step k, SIGKILL the worker `kills[k]` picks.
+
+    Returns the batches and how many actors the killed workers held. Each pick sees the ServeInfo
+    of its moment (earlier kills recovered from).
+    """
     streams = {r: StreamClient(plan_dir, r, retry_s=DEADLINE_S) for r in (0, 1)}
+    got: dict[int, list[Batch]] = {r: [] for r in streams}
+    lost = 0
+    gap = killed_at = 0.0
     try:
-        mbs = streams[0].meta.micro_batches
-        got = {r: [next(s) for _ in range(KILL_AT_STEP * mbs)] for r, s in streams.items()}
-        killed_at = _kill(client, victim)
-        gap = 0.0
-        for _ in range((STEPS - KILL_AT_STEP) * mbs):
-            for r, s in streams.items():
-                t0 = time.monotonic()
-                got[r].append(next(s))
-                gap = max(gap, time.monotonic() - t0)
+        for step in range(STEPS):
+            if step in kills:
+                _wait_recovered(ex, lost)
+                assert ex.info is not None
+                victim = kills[step](ex.info)
+                lost += sum(_actors_on(ex.info, victim))
+                killed_at = _kill(client, victim)
+            for _ in range(streams[0].meta.micro_batches):
+                for r, s in streams.items():
+                    t0 = time.monotonic()
+                    got[r].append(next(s))
+                    gap = max(gap, time.monotonic() - t0)
         for s in streams.values():
             assert next(s, None) is None
     finally:
         for s in streams.values():
             s.close()
-    _wait_recovered_after(ex, killed_at)
-    print(f"\nworker kill: recreated after {ex.recovery.history[0][0] - killed_at:.2f}s, longest wait {gap:.2f}s")
-    return got
+    _wait_recovered(ex, lost)
+    print(f"\nworker kill: recreated after {ex.recovery.history[-1][0] - killed_at:.2f}s, longest wait {gap:.2f}s")
+    return got, lost
 
 
-def _wait_recovered_after(ex: Executor, killed_at: float) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not ex.recovery.history:
-        if time.monotonic() > deadline:
-            pytest.fail(f"no lost actor recreated within {DEADLINE_S}s: {ex.recovery}")
-        time.sleep(0.05)
-    assert ex.recovery.history[0][0] >= killed_at - 1.0
+def _constructor_worker(rank: int) -> Callable[[ServeInfo], str]:
+    """Picks the worker of the constructor serving `rank`."""
+    return lambda info: info.constructor_for(rank).worker
+
+
+def _loader_only_worker(info: ServeInfo) -> str:
+    """Picks a worker that holds loaders and no constructor."""
+    workers = [lo.worker for lo in info.loaders if _actors_on(info, lo.worker)[0] == 0]
+    if not workers:
+        pytest.fail(f"no worker holds only loaders: {info}")
+    return workers[0]
 
 
 def test_killed_worker_with_a_constructor_and_loaders_loses_nothing(
@@ -119,17 +137,14 @@ def test_killed_worker_with_a_constructor_and_loaders_loses_nothing(
     plan_dir = _plan(killable_client, tmp_path, loomtest)
     with Executor(plan_dir, killable_client, constructors=2, loaders_per_source=2) as ex:
         assert ex.info is not None
-        before = ex.info
-        victim = next(c.worker for c in before.constructors if 0 in c.ranks)
-        n_cons, n_loaders = _actors_on(before, victim)
-        assert n_cons == 1 and n_loaders >= 1, f"placement changed: {before}"
-        got = _stream_through_kill(killable_client, plan_dir, ex, victim)
-        _wait_recovered(ex, n_cons + n_loaders)
+        victim = ex.info.constructor_for(0).worker
+        assert _actors_on(ex.info, victim)[1] >= 1, f"placement changed: {ex.info}"  # loaders die with it too
+        got, lost = _stream_through_kills(killable_client, plan_dir, ex, {KILL_AT_STEP: _constructor_worker(0)})
         after = ex.info
         m = ex.metrics()
-    assert ex.recovery.recovered == n_cons + n_loaders  # the actors on the victim, nothing else
+    assert ex.recovery.recovered == lost >= 2  # the actors on the victim, nothing else
     assert victim not in {c.worker for c in after.constructors} | {lo.worker for lo in after.loaders}
-    assert m["recovered_actors"] == n_cons + n_loaders
+    assert m["recovered_actors"] == lost
     recreated = next(c for c in m["constructors"] if 0 in c["ranks"])
     assert recreated["rank_takes"]["0"] > 0  # rank 0's later steps came from the recreated constructor
     _check_exact(plan_dir, got, loomtest)
@@ -140,17 +155,24 @@ def test_killed_loader_only_worker_is_recovered(killable_client: Client, tmp_pat
     with Executor(plan_dir, killable_client, constructors=2, loaders_per_source=2) as ex:
         assert ex.info is not None
         before = ex.info
-        victims = [lo.worker for lo in before.loaders if _actors_on(before, lo.worker)[0] == 0]
-        assert victims, f"no worker holds only loaders: {before}"
-        victim = victims[0]
-        n_loaders = _actors_on(before, victim)[1]
-        got = _stream_through_kill(killable_client, plan_dir, ex, victim)
-        _wait_recovered(ex, n_loaders)
+        victim = _loader_only_worker(before)
+        got, lost = _stream_through_kills(killable_client, plan_dir, ex, {KILL_AT_STEP: _loader_only_worker})
         after = ex.info
         m = ex.metrics()
-    assert ex.recovery.recovered == n_loaders
+    assert ex.recovery.recovered == lost >= 1
     assert [c.worker for c in after.constructors] == [c.worker for c in before.constructors]  # untouched
     recreated = {(lo.source, lo.part) for lo in after.loaders if lo.name not in {b.name for b in before.loaders}}
-    assert len(recreated) == n_loaders and victim not in {lo.worker for lo in after.loaders}
+    assert len(recreated) == lost and victim not in {lo.worker for lo in after.loaders}
     assert sum(lo["samples"] for lo in m["loaders"] if (lo["source"], lo["part"]) in recreated) > 0
+    _check_exact(plan_dir, got, loomtest)
+
+
+def test_two_workers_killed_in_turn_lose_nothing(killable_client: Client, tmp_path: Path, loomtest: Any) -> None:
+    """Rank 0's constructor's worker dies, then (after recovery) rank 1's: both recreated, twice exact."""
+    plan_dir = _plan(killable_client, tmp_path, loomtest)
+    kills = {3: _constructor_worker(0), 7: _constructor_worker(1)}
+    with Executor(plan_dir, killable_client, constructors=2, loaders_per_source=2) as ex:
+        got, lost = _stream_through_kills(killable_client, plan_dir, ex, kills)
+        rounds = ex.recovery.rounds
+    assert ex.recovery.recovered == lost >= 2 and rounds >= 2
     _check_exact(plan_dir, got, loomtest)

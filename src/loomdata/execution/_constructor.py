@@ -107,6 +107,7 @@ class DataConstructor:
         if window < 1 or peers < 1:
             raise ExecutionError(f"window and peers must be >= 1 (got window={window}, peers={peers})")
         self._meta = read_plan(plan_dir)
+        self._image_token_id = int(self._meta.spec.get("images", {}).get("placeholder_token_id", -1))
         self._ranks = sorted(ranks)
         self._routes = dict(routes)
         self._rerouted: asyncio.Event | None = None  # set (and replaced) by `set_route`; made on the loop
@@ -336,6 +337,7 @@ class DataConstructor:
             if self._rerouted is None:
                 self._rerouted = asyncio.Event()
             rerouted = asyncio.ensure_future(self._rerouted.wait())  # the event of the routes used below
+            gathered: asyncio.Future[list[SegmentData]] | None = None
             try:
                 groups, calls = self._requests(rows)  # a lost loader's handle may refuse the call right here
                 self._stats.loader_calls += len(calls)
@@ -343,9 +345,7 @@ class DataConstructor:
                 await asyncio.wait([gathered, rerouted], return_when=asyncio.FIRST_COMPLETED)
                 if gathered.done():
                     return groups, list(gathered.result())
-                gathered.cancel()  # routes changed under the read: ask the new loaders at once
-                gathered.add_done_callback(_consume)
-                attempt += 1
+                attempt += 1  # routes changed under the read: ask the new loaders at once
                 self._stats.read_retries += 1
                 continue
             except LoomError:
@@ -360,8 +360,11 @@ class DataConstructor:
                 attempt += 1
                 self._stats.read_retries += 1
                 await asyncio.sleep(min(0.1 * attempt, 1.0))
-            finally:
+            finally:  # also when this build is cancelled (stop): no read or wait outlives it
                 rerouted.cancel()
+                if gathered is not None and not gathered.done():
+                    gathered.cancel()
+                    gathered.add_done_callback(_consume)
 
     def _read(self, loader: Any, request: np.ndarray) -> Any:
         """An awaitable loader read: a direct call when the loader lives in this worker process.
@@ -442,6 +445,7 @@ class DataConstructor:
                         tokens=flat[starts[lo] : starts[hi]],
                         images=[images[k] for k in in_mb.tolist()],
                         image_positions=(starts[all_img_row[in_mb]] - starts[lo] + all_img_off[in_mb]),
+                        image_token_id=self._image_token_id,
                     )
                 )
             out[r] = batches

@@ -10,7 +10,9 @@ Conventions (DESIGN.md, "Batch"):
   get `IGNORE_INDEX` (a model never learns to predict across a document boundary);
 - `position_ids` restart at 0 at every segment (a continuation of a split document restarts too);
   padding positions are 0;
-- `cu_seqlens = [0, l1, l1 + l2, ..., n]` (int32, one entry more than segments).
+- `cu_seqlens = [0, l1, l1 + l2, ..., n]` (int32, one entry more than segments);
+- with images, a label whose target is an image placeholder token is `IGNORE_INDEX` too (a model
+  predicts text, never the placeholders that stand for image patches).
 """
 
 from __future__ import annotations
@@ -64,11 +66,14 @@ def pack_batch(
     tokens: np.ndarray,
     images: list[np.ndarray] | None = None,
     image_positions: np.ndarray | None = None,
+    image_token_id: int | None = None,
 ) -> Batch:
     """One `Batch` from its `segments` (SEGMENT_DTYPE, sequence order) and their tokens end to end."""
     if segments.dtype != SEGMENT_DTYPE:
         raise ExecutionError(f"packing: segments have dtype {segments.dtype}, expected SEGMENT_DTYPE")
     input_ids, labels, position_ids, cu = pack_arrays(tokens, segments["length"], seq_len)
+    if images and image_token_id is not None:
+        labels[labels == image_token_id] = IGNORE_INDEX
     return Batch(
         step=step,
         dp_rank=dp_rank,

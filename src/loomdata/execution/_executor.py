@@ -335,6 +335,7 @@ class Executor:
             p,
             actor=True,
             workers=[self._next_worker()],
+            allow_other_workers=True,
             key=f"loom-loader-{self._tag}-{p.source}-{p.part}-{uuid.uuid4().hex[:6]}",
         )
 
@@ -349,6 +350,7 @@ class Executor:
             self.start_step,
             actor=True,
             workers=[self._next_worker()],
+            allow_other_workers=True,
             key=f"loom-constructor-{self._tag}-{ranks[0]}-{uuid.uuid4().hex[:6]}",
         )
 

@@ -61,9 +61,8 @@ def manual_cluster(tmp_path: Path) -> Iterator[str]:
     try:
         yield address
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
+        for p in reversed(procs):  # workers first, each to its end, while the scheduler still answers:
+            p.terminate()  # a worker that loses its scheduler first retries connecting for ~20 s
             try:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:

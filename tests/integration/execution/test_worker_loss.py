@@ -1,15 +1,19 @@
 """A SIGKILLed worker mid-stream: its actors are recreated, and every rank still gets exactly its manifest.
 
-Each test runs its own LocalCluster (worker processes under nannies, which restart a killed worker)
-since it kills a worker. Batches are checked three ways: the (step, micro_batch) sequence, the
-multiset of (source, sample, offset, length) against the manifest (nothing lost, nothing
-duplicated), and every token against an independent pyarrow read of the source files.
+Each test runs its own cluster (worker processes under nannies, which restart a killed worker) since
+it kills a worker: an Executor in the test process, or `serve` in a process of its own. Batches are
+checked three ways: the (step, micro_batch) sequence, the multiset of (source, sample, offset,
+length) against the manifest (nothing lost, nothing duplicated), and every token against an
+independent pyarrow read of the source files.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -175,4 +179,46 @@ def test_two_workers_killed_in_turn_lose_nothing(killable_client: Client, tmp_pa
         got, lost = _stream_through_kills(killable_client, plan_dir, ex, kills)
         rounds = ex.recovery.rounds
     assert ex.recovery.recovered == lost >= 2 and rounds >= 2
+    _check_exact(plan_dir, got, loomtest)
+
+
+def test_loom_serve_recovers_from_a_killed_worker(tmp_path: Path, loomtest: Any) -> None:
+    """The real serving path: `serve` in its own process (embedded cluster, metrics every 0.3 s) survives a kill."""
+    with open_cluster(n_workers=2, local_directory=tmp_path / "index-dask") as client:
+        plan_dir = _plan(client, tmp_path, loomtest)
+    code = (
+        "from loomdata.execution import serve\n"
+        "if __name__ == '__main__':\n"
+        f"    serve({str(plan_dir)!r}, json_out=True, metrics_every_s=0.3, n_workers=2, constructors=2,"
+        " loaders_per_source=2)\n"
+    )
+    script = tmp_path / "serve.py"
+    script.write_text(code)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        info = ServeInfo.model_validate({k: v for k, v in json.loads(proc.stdout.readline()).items() if k != "event"})
+        victim = info.constructor_for(0).worker
+        streams = {r: StreamClient(plan_dir, r, retry_s=DEADLINE_S) for r in (0, 1)}
+        try:
+            mbs = streams[0].meta.micro_batches
+            got = {r: [next(s) for _ in range(KILL_AT_STEP * mbs)] for r, s in streams.items()}
+            with Client(info.scheduler, timeout=30) as c:
+                _kill(c, victim)
+            for r, s in streams.items():
+                got[r].extend(s)
+        finally:
+            for s in streams.values():
+                s.close()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    last = json.loads(out.strip().splitlines()[-1])
+    assert last["event"] == "stopped" and last["metrics"]["recovered_actors"] >= 2
     _check_exact(plan_dir, got, loomtest)

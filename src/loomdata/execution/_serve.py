@@ -1,4 +1,7 @@
-"""`loom serve`: run an executor for a plan until Ctrl-C or SIGTERM, logging metrics, then shut down."""
+"""`loom serve`: run an executor for a plan until Ctrl-C or SIGTERM, logging metrics, then shut down.
+
+The executor recreates actors lost with a worker while serving; metrics lines count them.
+"""
 
 from __future__ import annotations
 
@@ -24,10 +27,12 @@ def _report(m: dict[str, Any], json_out: bool) -> None:
     if json_out:
         line = {"event": "metrics", "samples_per_s": rates, "queue_depth": m["queue_depth"]}
         line["rank_wait_s"] = m["rank_wait_s"]
+        line["recovered_actors"] = m["recovered_actors"]
         print(json.dumps(line), flush=True)
     else:
         print(
-            f"samples/s by source {rates}; constructor queue depth {m['queue_depth']}; rank wait s {m['rank_wait_s']}",
+            f"samples/s by source {rates}; constructor queue depth {m['queue_depth']}; rank wait s {m['rank_wait_s']}; "
+            f"actors recreated after worker loss {m['recovered_actors']}",
             file=sys.stderr,
             flush=True,
         )

@@ -219,6 +219,7 @@ def test_loom_serve_recovers_from_a_killed_worker(tmp_path: Path, loomtest: Any)
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0
-    last = json.loads(out.strip().splitlines()[-1])
-    assert last["event"] == "stopped" and last["metrics"]["recovered_actors"] >= 2
+    lines = [json.loads(line) for line in out.strip().splitlines()]
+    assert lines[-1]["event"] == "stopped" and lines[-1]["metrics"]["recovered_actors"] >= 2
+    assert all("recovered_actors" in line for line in lines if line["event"] == "metrics")
     _check_exact(plan_dir, got, loomtest)

@@ -1,4 +1,4 @@
-"""Fixtures for the streaming-stage integration tests: a real indexed corpus and its plan."""
+"""Integration fixtures shared by the streaming and client tests: a real indexed corpus and its plan."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 def _helpers() -> Any:
     name = "loomtest_stream_helpers"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_loomtest.py"))
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "execution" / "_loomtest.py")
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod

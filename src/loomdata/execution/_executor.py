@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from distributed import Client, Future
 
+from loomdata.execution._autoscale import Autoscaler, Autoscaling
 from loomdata.execution._constructor import DataConstructor, Route
 from loomdata.execution._loader import SourceLoader
 from loomdata.execution._partition import LoaderPartition, partition_source, rank_groups
@@ -48,7 +49,9 @@ _CALL_TIMEOUT_S = 60.0  # creating an actor or a control call; steps themselves 
 class Executor:
     """Serves one plan on a Dask cluster: loaders per source partition, constructors per rank group.
 
-    With `recover` (the default) lost actors are recreated while serving; see `recover()`.
+    With `recover` (the default) lost actors are recreated while serving; see `recover()`. With
+    `autoscale` (off by default; True or `Autoscaling` settings) a controller resizes each source's
+    loaders to demand x measured cost while serving; its decisions are in `metrics()["autoscale"]`.
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class Executor:
         peers: int | None = None,
         start_step: int = 0,
         recover: bool = True,
+        autoscale: bool | Autoscaling = False,
     ) -> None:
         self.plan_dir = Path(plan_dir).resolve()
         self.client = client
@@ -87,6 +91,8 @@ class Executor:
         self._lock = threading.RLock()  # the watchdog thread and the caller both change the actors
         self._recover = recover
         self._watchdog: Watchdog | None = None
+        self._autoscale = Autoscaling() if autoscale is True else (autoscale or None)
+        self._autoscaler: Autoscaler | None = None
         self._unrouted: set[int] = set()  # sources whose new loaders some constructor does not know yet
         self.info: ServeInfo | None = None
 
@@ -102,6 +108,8 @@ class Executor:
                 self._start()
             if self._recover:
                 self._watchdog = Watchdog(self.recover, name=f"loom-recovery-{self._tag}").start()
+            if self._autoscale is not None:
+                self._autoscaler = Autoscaler(self, self._autoscale, name=f"loom-autoscale-{self._tag}").start()
             return self
         except BaseException:
             self.stop()
@@ -135,7 +143,9 @@ class Executor:
         self._publish_info(started_at=time.time())
 
     def stop(self) -> None:
-        """Stop the watchdog, unpublish, stop the actors, release them, remove serve.json if still ours."""
+        """Stop the autoscaler and watchdog, unpublish, stop and release the actors, remove our serve.json."""
+        if self._autoscaler is not None:
+            self._autoscaler.stop()
         if self._watchdog is not None:
             self._watchdog.stop()
         with self._lock:
@@ -299,6 +309,7 @@ class Executor:
             "loaders": loaders,
             "recovered_actors": self.recovery.recovered,
             "recovery_s": round(self.recovery.seconds, 3),
+            "autoscale": self._autoscaler.report() if self._autoscaler is not None else {"enabled": False},
         }
 
     # ---- helpers --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ def _report(m: dict[str, Any], json_out: bool) -> None:
         line = {"event": "metrics", "samples_per_s": rates, "queue_depth": m["queue_depth"]}
         line["rank_wait_s"] = m["rank_wait_s"]
         line["recovered_actors"] = m["recovered_actors"]
+        line["loaders"] = {k: v["loaders"] for k, v in m["sources"].items()}
         print(json.dumps(line), flush=True)
     else:
         print(
@@ -49,12 +50,14 @@ def serve(
     metrics_every_s: float = 10.0,
     peers: int | None = None,
     loaders_per_source: int = 1,
+    autoscale: bool = False,
 ) -> None:
     """Serve `plan_dir` until Ctrl-C/SIGTERM, printing metrics every `metrics_every_s`.
 
     With `json_out`, stdout carries JSON lines only: `serving` (the ServeInfo), `metrics`, `stopped`
     (final metrics). The embedded cluster (no `scheduler`) has `n_workers` worker processes. `peers`
-    (processes per dp rank, default the plan's tp*pp*cp) and `loaders_per_source` go to the Executor.
+    (processes per dp rank, default the plan's tp*pp*cp), `loaders_per_source` (the start) and
+    `autoscale` (resize loaders to demand x cost while serving) go to the Executor.
     """
     stop = threading.Event()
     previous = {}
@@ -75,6 +78,7 @@ def serve(
                 window=window,
                 peers=peers,
                 loaders_per_source=loaders_per_source,
+                autoscale=autoscale,
             ) as ex,
         ):
             info = ex.info

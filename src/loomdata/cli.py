@@ -101,6 +101,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         n_workers=args.workers,
         peers=args.peers,
         loaders_per_source=args.loaders_per_source,
+        autoscale=args.autoscale,
     )
     return 0
 
@@ -200,6 +201,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=2, help="worker processes of the embedded LocalCluster")
     s.add_argument("--peers", type=int, default=None, help="processes per dp rank (default: the plan's tp*pp*cp)")
     s.add_argument("--loaders-per-source", type=int, default=1, help="Source Loader actors per source")
+    s.add_argument(
+        "--autoscale", action="store_true", help="resize each source's loaders by demand x measured cost while serving"
+    )
 
     d = add("demo", _cmd_demo, "generate, index, plan, serve and train tiny ranks end to end")
     d.add_argument("--spec", default="configs/demo.yaml")

@@ -129,14 +129,14 @@ def run_demo(
         index = build_index(spec, client, progress=progress).to_dict()
         report["index"] = index
         total = sum(int(s["samples"]) for s in index["sources"].values())
-        echo(f"[2/5] indexed {total:,} samples of {len(index['sources'])} sources in {time.perf_counter() - t:.1f}s")
+        echo(f"[2/5] indexed {total:,} samples of {len(index['sources'])} sources in {time.perf_counter() - t:.2f}s")
 
         t = time.perf_counter()
         result = make_plan(spec, progress=progress)
         plan = plan_report(result.plan_dir)
         report["plan"] = plan
         took = time.perf_counter() - t
-        echo(f"[3/5] planned {spec.training.steps} steps x {ranks} ranks in {took:.1f}s: {result.plan_dir}")
+        echo(f"[3/5] planned {spec.training.steps} steps x {ranks} ranks in {took:.2f}s: {result.plan_dir}")
         imb = plan["imbalance"]
         echo(
             f"       rank cost imbalance (max/lower bound, mean over steps): loomdata "

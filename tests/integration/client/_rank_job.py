@@ -6,7 +6,6 @@ Each batch is checked against an independent pyarrow read of the source files (t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -20,15 +19,10 @@ def main() -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    spec = importlib.util.spec_from_file_location(
-        "loomtest_stream_helpers", Path(__file__).parents[1] / "execution" / "_loomtest.py"
-    )
-    assert spec is not None and spec.loader is not None
-    helpers = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = helpers
-    spec.loader.exec_module(helpers)
+    sys.path.insert(0, str(Path(__file__).parents[2]))  # tests/, for the shared `loomtest` helpers
     from loomdata.schemas import SEGMENT_DTYPE, Batch
     from loomdata.torch import LoomDataset
+    from loomtest import stream as helpers
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     oracle = helpers.Oracle(Path(plan_dir))

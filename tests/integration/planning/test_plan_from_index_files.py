@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +17,7 @@ from loomdata.schemas.layout import IndexFiles, read_index
 from loomdata.schemas.plan import check_fresh, read_manifest, read_plan
 from loomdata.schemas.spec import Spec, parse_spec
 from loomdata.schemas.tables import SHARDS_SCHEMA, TableKind, write_table
+from loomtest import plancheck
 
 SEQ_LEN, LONG_SEQ_LEN = 1024, 4096
 
@@ -139,23 +137,11 @@ def test_plan_from_index_files_with_a_long_lane(workdir: Path) -> None:
     assert make_plan(spec).meta.plan_id != meta.plan_id
 
 
-def _plancheck() -> Any:
-    """The planner's shared coverage and slot checks (tests/unit/planning/_plancheck.py, loaded by path)."""
-    name = "loomtest_plancheck"
-    if name not in sys.modules:
-        path = Path(__file__).parents[2] / "unit" / "planning" / "_plancheck.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {path}")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
 
 
 def test_replan_from_index_files_dp4_to_dp2_at_half_the_steps(workdir: Path) -> None:
     """A job planned for dp 4 resumes at step 20 of 40 on dp 2: same stream, nothing lost or repeated."""
-    pc = _plancheck()
+    pc = plancheck
     base = make_plan(_spec(workdir, dp_size=4))
     at = base.meta.steps // 2
     spec = _spec(workdir, dp_size=2)

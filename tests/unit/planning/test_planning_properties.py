@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -17,22 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from loomdata.planning import make_plan
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.plan import read_manifest, read_plan
-
-
-def _load_plancheck() -> Any:
-    """The shared checks in _plancheck.py (loaded by path: tests are not a package)."""
-    name = "loomtest_plancheck"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_plancheck.py"))
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {Path(__file__).with_name('_plancheck.py')}")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-pc = _load_plancheck()
+from loomtest import plancheck as pc
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,7 +1,6 @@
 """Shared planner test checks: random planning cases, per-epoch coverage, slot capacity, plan files.
 
-Test modules load this file by path (tests are not a package under --import-mode=importlib): see
-`load_plancheck` in each module.
+Imported as `from loomtest import plancheck`.
 """
 
 from __future__ import annotations

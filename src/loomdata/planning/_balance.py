@@ -212,14 +212,27 @@ def _lpt_rounds(
         if not ok.all():
             failed = idx[~ok]
             idx, ranks, m, ln = idx[ok], ranks[ok], m[ok], ln[ok]
-        c = cost[idx]
-        st.cost[ranks, m] += c
-        st.room[ranks, m] -= ln
-        st.rank_cost[ranks] += c
-        p_rank[idx] = ranks
-        p_mb[idx] = m
+        _commit(st, idx, ranks, m, ln, cost[idx], p_rank, p_mb)
         if len(idx) < k:  # their rank was full: other ranks that have room take them now, whole
             _place_whole_many(failed, length, cost, st, p_rank, p_mb)
+
+
+def _commit(
+    st: _Slots,
+    items: np.ndarray,
+    ranks: np.ndarray,
+    mbs: np.ndarray,
+    length: np.ndarray,
+    cost: np.ndarray,
+    p_rank: np.ndarray,
+    p_mb: np.ndarray,
+) -> None:
+    """Record placements of `items` (each (rank, micro-batch) pair at most once): costs, room, and where."""
+    st.cost[ranks, mbs] += cost
+    st.room[ranks, mbs] -= length
+    st.rank_cost[ranks] += cost
+    p_rank[items] = ranks
+    p_mb[items] = mbs
 
 
 def _place_whole(
@@ -233,11 +246,7 @@ def _place_whole(
         return False
     r = int(np.argmin(np.where(has, st.rank_cost, np.inf)))
     m = int(np.argmin(np.where(fits[r], st.cost[r], np.inf)))
-    c = float(cost[i])
-    st.cost[r, m] += c
-    st.room[r, m] -= need
-    st.rank_cost[r] += c
-    p_rank[i], p_mb[i] = r, m
+    _commit(st, np.array([i]), np.array([r]), np.array([m]), np.array([need]), cost[[i]], p_rank, p_mb)
     return True
 
 
@@ -260,12 +269,7 @@ def _place_whole_many(
         m = sc.argmin(axis=1)
         ok = sc[np.arange(len(cand)), m] < np.inf
         i, r, m, ln = head[ok], cand[ok], m[ok], ln[ok]
-        c = cost[i]
-        st.cost[r, m] += c
-        st.room[r, m] -= ln
-        st.rank_cost[r] += c
-        p_rank[i] = r
-        p_mb[i] = m
+        _commit(st, i, r, m, ln, cost[i], p_rank, p_mb)
         if ok.all() and len(items) == 0:
             return
         items = np.concatenate([head[~ok], items])

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from _synthetic import index_table
 from loomdata.planning import make_plan, plan_report
 from loomdata.schemas import LongContextSpec, Spec, load_spec
 
@@ -71,15 +72,7 @@ def synthetic_index(spec: Spec, seed: int) -> dict[str, pa.Table]:
         n = int(min(MAX_SAMPLES, max(1000, 1.1 * total * weights[name] / mean)))
         rng = np.random.default_rng([seed, k])
         lengths = np.clip(rng.lognormal(mu, sigma, n), lo, hi).astype(np.uint32)
-        out[name] = pa.table(
-            {
-                "sample": pa.array(np.arange(n, dtype=np.uint64)),
-                "shard": pa.array(np.zeros(n, dtype=np.uint32)),
-                "row": pa.array(np.arange(n, dtype=np.uint64)),
-                "num_tokens": pa.array(lengths),
-                "num_image_tokens": pa.array(np.zeros(n, dtype=np.uint32)),
-            }
-        )
+        out[name] = index_table(lengths)
     return out
 
 

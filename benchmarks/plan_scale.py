@@ -30,6 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from _synthetic import index_table
+
 RESULTS = Path(__file__).resolve().parent / "results" / "plan_scale.json"
 DP, MICRO_BATCHES, SEQ_LEN = 1024, 4, 4096
 SOURCES = {"web": (0.8, 6.2, 1.1), "code": (0.2, 6.8, 1.2)}  # share of samples, log-normal mu, sigma
@@ -51,15 +53,7 @@ def synthetic_index(samples: int, seed: int = 0) -> dict[str, pa.Table]:
         for a in range(0, n, 1 << 20):
             b = min(n, a + (1 << 20))
             lengths[a:b] = np.clip(rng.lognormal(mu, sigma, b - a), 16, 100_000)
-        out[name] = pa.table(
-            {
-                "sample": pa.array(np.arange(n, dtype=np.uint64)),
-                "shard": pa.array(np.zeros(n, dtype=np.uint32)),
-                "row": pa.array(np.arange(n, dtype=np.uint64)),
-                "num_tokens": pa.array(lengths),
-                "num_image_tokens": pa.array(np.zeros(n, dtype=np.uint32)),
-            }
-        )
+        out[name] = index_table(lengths)
     return out
 
 

@@ -117,3 +117,30 @@ def test_plan_resume_for_a_new_dp_size(demo_tree: Path, dask_client: Any, tmp_pa
     assert set(later.column("step").to_pylist()) == set(range(10, 20))
     half = ("plan", "configs/demo-dp2.yaml", "--resume-from", str(base_dir))
     assert _loom(*half, cwd=demo_tree).returncode == 2
+
+
+@pytest.mark.parametrize("config", ["long-short", "multimodal"])
+def test_example_configs_index_and_plan(demo_tree: Path, dask_client: Any, config: str) -> None:
+    """The example specs in configs/ stay valid: they index and plan on the demo corpus."""
+    from loomdata.schemas import read_manifest, read_plan
+
+    spec = f"configs/{config}.yaml"
+    _json(_loom("index", spec, "--scheduler", dask_client.scheduler.address, "--json", cwd=demo_tree))
+    plan_dir = Path(_json(_loom("plan", spec, "--json", cwd=demo_tree))["plan_dir"])
+    meta = read_plan(plan_dir)
+    manifest = read_manifest(plan_dir, meta)
+    assert set(manifest.column("step").to_pylist()) == set(range(meta.steps))
+    if config == "long-short":
+        assert meta.long_seq_len == 16384
+        assert 1 in set(manifest.column("lane").to_pylist())
+    else:
+        captions = meta.sources.index("captions")
+        assert captions in set(manifest.column("source").to_pylist())
+
+
+def test_bench_configs_validate() -> None:
+    from loomdata.schemas import load_spec
+
+    for name in ("bench-short", "bench-long"):
+        spec = load_spec(REPO / "configs" / f"{name}.yaml", check_paths=False)
+        assert spec.training.dp_size > 0

@@ -144,3 +144,36 @@ def test_bench_configs_validate() -> None:
     for name in ("bench-short", "bench-long"):
         spec = load_spec(REPO / "configs" / f"{name}.yaml", check_paths=False)
         assert spec.training.dp_size > 0
+
+
+def test_progress_bar_on_a_terminal_only(demo_tree: Path, dask_client: Any, tmp_path: Path) -> None:
+    """On a terminal `loom index` shows a progress bar (on stderr); piped, it prints none."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    shutil.copytree(demo_tree / "configs", tmp_path / "configs")
+    shutil.copytree(demo_tree / "demo-work" / "data", tmp_path / "demo-work" / "data")
+    args = [sys.executable, "-m", "loomdata.cli", "index", "configs/demo.yaml"]
+    args += ["--scheduler", dask_client.scheduler.address]
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a 100-column terminal
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=secondary, text=True)
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            data = os.read(primary, 4096)
+        except OSError:  # the terminal closed: the process exited
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=300)
+    os.close(primary)
+    assert proc.returncode == 0
+    assert "loom index" in b"".join(chunks).decode(errors="replace")  # the tqdm bar's description
+    (tmp_path / "demo-work" / "work").rename(tmp_path / "old-work")  # force a rescan, now piped
+    piped = _loom("index", "configs/demo.yaml", "--scheduler", dask_client.scheduler.address, cwd=tmp_path)
+    assert piped.returncode == 0 and "loom index" not in piped.stderr

@@ -194,27 +194,30 @@ def _lpt_rounds(
     sequences (or by a big segment) sit out rounds until the others catch up, as in sequential LPT,
     while rounds stay dp wide when loads are even.
     """
+    # per-round work is a handful of NumPy calls on dp-sized arrays: ndarray methods, no wrappers
     n = len(order)
+    dp = len(st.rank_cost)
+    o_cost = cost[order]  # costs and lengths in dealing order, gathered once
+    o_len = length[order]
     pos = 0
     while pos < n:
-        ranks = np.argsort(st.rank_cost, kind="stable")
+        ranks = st.rank_cost.argsort(kind="stable")
         loads = st.rank_cost[ranks]
-        c0 = cost[order[pos]]
-        k = min(len(ranks), n - pos, max(1, int(np.searchsorted(loads, loads[0] + c0, side="right"))))
+        k = min(dp, n - pos, max(1, int(loads.searchsorted(loads[0] + o_cost[pos], side="right"))))
         idx = order[pos : pos + k]
+        ln = o_len[pos : pos + k]
+        c = o_cost[pos : pos + k]
         pos += k
         ranks = ranks[:k]
-        ln = length[idx]
         sc = st.cost[ranks]
         sc[st.room[ranks] < ln[:, None]] = np.inf
         m = sc.argmin(axis=1)
-        ok = sc[np.arange(k), m] < np.inf
-        if not ok.all():
-            failed = idx[~ok]
-            idx, ranks, m, ln = idx[ok], ranks[ok], m[ok], ln[ok]
-        _commit(st, idx, ranks, m, ln, cost[idx], p_rank, p_mb)
-        if len(idx) < k:  # their rank was full: other ranks that have room take them now, whole
-            _place_whole_many(failed, length, cost, st, p_rank, p_mb)
+        ok = sc.min(axis=1) < np.inf
+        if ok.all():
+            _commit(st, idx, ranks, m, ln, c, p_rank, p_mb)
+            continue
+        _commit(st, idx[ok], ranks[ok], m[ok], ln[ok], c[ok], p_rank, p_mb)
+        _place_whole_many(idx[~ok], length, cost, st, p_rank, p_mb)  # their rank was full: others take them
 
 
 def _commit(
@@ -377,14 +380,15 @@ def _refine(
     if dp < 2:
         return
     movable = (p_rank >= 0) & ~is_long
+    rc = st.rank_cost
     for _ in range(_SWAP_ROUNDS):
-        hi = int(np.argmax(st.rank_cost))
-        lo = int(np.argmin(st.rank_cost))
-        gap = st.rank_cost[hi] - st.rank_cost[lo]
-        if gap <= _TOLERANCE * st.rank_cost[hi]:
+        hi = int(rc.argmax())
+        lo = int(rc.argmin())
+        gap = rc[hi] - rc[lo]
+        if gap <= _TOLERANCE * rc[hi]:
             return
-        a = _subsample(np.flatnonzero(movable & (p_rank == hi)))
-        b = _subsample(np.flatnonzero(movable & (p_rank == lo)))
+        a = _subsample((movable & (p_rank == hi)).nonzero()[0])
+        b = _subsample((movable & (p_rank == lo)).nonzero()[0])
         if len(a) == 0:
             return
         # Candidate: move item a to lo (delta = c_a), or swap a with b (delta = c_a - c_b). Best delta is gap/2.
@@ -395,7 +399,7 @@ def _refine(
         delta = ca[:, None] - cb[None, :]
         # capacity: a goes into lo's slot of b (or lo's roomiest slot for a pure move), b into a's slot
         ma = p_mb[a]
-        mb_b = np.concatenate([[int(np.argmax(np.where(st.lane[lo] == 0, st.room[lo], -1)))], p_mb[b]])
+        mb_b = np.concatenate([[int(np.where(st.lane[lo] == 0, st.room[lo], -1).argmax())], p_mb[b]])
         room_lo = st.room[lo, mb_b] + lb
         room_hi = st.room[hi, ma] + la
         ok = (delta > 0) & (delta < gap) & (la[:, None] <= room_lo[None, :]) & (lb[None, :] <= room_hi[:, None])
@@ -403,7 +407,7 @@ def _refine(
         if not ok.any():
             return
         score = np.where(ok, np.abs(delta - gap / 2), np.inf)
-        i, j = np.unravel_index(int(np.argmin(score)), score.shape)
+        i, j = divmod(int(score.argmin()), score.shape[1])
         ia, ma_i, mbj = int(a[i]), int(ma[i]), int(mb_b[j])
         st.cost[hi, ma_i] -= ca[i]
         st.room[hi, ma_i] += la[i]

@@ -30,7 +30,8 @@ import numpy as np
 import pyarrow as pa
 
 from loomdata.planning._balance import balance_step, deal_baseline
-from loomdata.planning._cost import segment_cost
+from loomdata.planning._items import Items as _Items
+from loomdata.planning._items import StepItems
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream, build_stream, check_epochs, membership, step_weights
 from loomdata.planning._packing import Lanes, check_unsplittable, next_fit
@@ -236,8 +237,17 @@ def _plan_into(
         from tqdm import tqdm
 
         steps_iter = tqdm(steps_iter, desc="plan", unit="step")
+    items = StepItems(
+        [s.sample for s in sources],
+        [s.num_tokens for s in sources],
+        [s.num_image_tokens for s in sources],
+        streams,
+        ptr,
+        lanes,
+        spec.cost,
+    )
     for t in steps_iter:
-        carry = _plan_step(t, spec, lanes, sources, streams, ptr, weights[t], carry, writer, report)
+        carry = _plan_step(t, spec, lanes, len(sources), items, weights[t], carry, writer, report)
     files = writer.close(tr.steps - 1)
     report.write(out)
     summary = report.summary()
@@ -291,17 +301,12 @@ def _step_slots(shapes: list[dict[str, int]], steps: int) -> np.ndarray:
     return slots[np.searchsorted(first, np.arange(steps), side="right") - 1]
 
 
-_Items = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-"""A step's segments: (source id, sample, offset, length, lane, image tokens)."""
-
-
 def _plan_step(
     t: int,
     spec: Spec,
     lanes: Lanes,
-    sources: list[_Source],
-    streams: list[Stream],
-    ptr: np.ndarray,
+    n_sources: int,
+    items: StepItems,
     weights: np.ndarray,
     carry: _Items | None,
     writer: ManifestWriter,
@@ -313,16 +318,11 @@ def _plan_step(
     Returns this step's carry.
     """
     tr = spec.training
-    parts = [] if carry is None else [carry]
-    for k, (src, st) in enumerate(zip(sources, streams, strict=True)):
-        a, b = int(ptr[t, k]), int(ptr[t + 1, k])
-        if b > a:
-            doc, off, length, lane = st.segments(a, b, src.num_tokens, lanes)
-            img = np.where(length == src.num_tokens[doc], src.num_image_tokens[doc], 0)
-            ids = np.full(b - a, k, dtype=np.uint16)
-            parts.append((ids, src.sample[doc], off, length.astype(np.int64), lane, img))
-    src_id, sample, offset, length, lane, img = (np.concatenate(c) for c in zip(*parts, strict=True))
-    cost = segment_cost(length, img, spec.cost, lanes.cp(lane))
+    drawn, cost = items.step(t)
+    if carry is not None:
+        drawn = tuple(np.concatenate([c, d]) for c, d in zip(carry, drawn, strict=True))  # type: ignore[assignment]
+        cost = np.concatenate([items.cost_of(carry[3], carry[5], carry[4]), cost])
+    src_id, sample, offset, length, lane, img = drawn
     asg = balance_step(
         length,
         cost,
@@ -357,7 +357,7 @@ def _plan_step(
         },
     )
     lb = max(float(step_cost.sum()) / tr.dp_size, float(step_cost.max()))
-    tokens = np.bincount(placed_src, weights=asg.length, minlength=len(sources)).astype(np.int64)
+    tokens = np.bincount(placed_src, weights=asg.length, minlength=n_sources).astype(np.int64)
     base_per_slot = (int(base_seq.max()) + 1) / (tr.dp_size * tr.micro_batches)
     deferred = 0 if next_carry is None else int(next_carry[3].sum())
     rank_max_item = np.zeros(tr.dp_size)

@@ -1,0 +1,93 @@
+"""A step's segments and their costs, gathered for a block of consecutive steps at once.
+
+Step t's items are, source by source, the stream positions [ptr[t, k], ptr[t+1, k]) of every source k
+(source id, sample, offset, length, lane, image tokens) and their costs. Gathering them step by step costs
+a dozen small NumPy calls per source and step, which dominates at small dp (many steps, few segments
+each); here one block of steps (about BLOCK_SEGMENTS segments) is gathered with one call per column and
+source and laid out step-major (within a step: source order, then stream order), so a step's items are
+one contiguous slice. Every value is computed element-wise exactly as for a single step, so the items
+and costs are the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from loomdata.planning._cost import segment_cost
+from loomdata.planning._mixture import Stream
+from loomdata.planning._packing import Lanes
+from loomdata.schemas.spec import CostSpec
+
+__all__ = ["BLOCK_SEGMENTS", "Items", "StepItems"]
+
+BLOCK_SEGMENTS = 1 << 16
+"""Segments gathered per block (bounds the block's memory); a block holds at least one step."""
+
+Items = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""A step's segments: (source id, sample, offset, length, lane, image tokens)."""
+
+
+class StepItems:
+    """Items and costs of steps start..end-1 in order, gathered a block of steps at a time."""
+
+    def __init__(
+        self,
+        samples: Sequence[np.ndarray],
+        num_tokens: Sequence[np.ndarray],
+        num_image_tokens: Sequence[np.ndarray],
+        streams: Sequence[Stream],
+        ptr: np.ndarray,
+        lanes: Lanes,
+        cost_spec: CostSpec,
+    ) -> None:
+        self._samples = samples
+        self._tokens = num_tokens
+        self._images = num_image_tokens
+        self._streams = streams
+        self._ptr = ptr
+        self._lanes = lanes
+        self._cost_spec = cost_spec
+        self._seg_end = ptr.sum(axis=1, dtype=np.int64)  # segments drawn before step t (all sources)
+        self._first = 0
+        self._bounds = np.zeros(1, dtype=np.int64)  # block-relative start of each step of the block, and end
+        self._cols: tuple[np.ndarray, ...] = ()
+
+    def step(self, t: int) -> tuple[Items, np.ndarray]:
+        """Step t's items and their costs (t must not go backwards)."""
+        i = t - self._first
+        if not 0 <= i < len(self._bounds) - 1:
+            self._gather(t)
+            i = 0
+        a, b = int(self._bounds[i]), int(self._bounds[i + 1])
+        src_id, sample, offset, length, lane, img, cost = (c[a:b] for c in self._cols)
+        return (src_id, sample, offset, length, lane, img), cost
+
+    def cost_of(self, length: np.ndarray, img: np.ndarray, lane: np.ndarray) -> np.ndarray:
+        """Costs of segments of these lengths, image tokens and lanes."""
+        return segment_cost(length, img, self._cost_spec, self._lanes.cp(lane))
+
+    def _gather(self, t0: int) -> None:
+        """Gather the block of steps from t0 on that holds about BLOCK_SEGMENTS segments (at least one step)."""
+        last = len(self._ptr) - 1
+        t1 = int(np.searchsorted(self._seg_end, self._seg_end[t0] + BLOCK_SEGMENTS, side="right")) - 1
+        t1 = min(max(t1, t0 + 1), last)
+        parts = []
+        for k, st in enumerate(self._streams):
+            a, b = int(self._ptr[t0, k]), int(self._ptr[t1, k])
+            if b <= a:
+                continue
+            doc, off, length, lane = st.segments(a, b, self._tokens[k], self._lanes)
+            img = np.where(length == self._tokens[k][doc], self._images[k][doc], 0)
+            ids = np.full(b - a, k, dtype=np.uint16)
+            # the step of each segment: its position against the source's step boundaries
+            step = np.searchsorted(self._ptr[t0 : t1 + 1, k] - a, np.arange(b - a), side="right") - 1
+            parts.append((ids, self._samples[k][doc], off, length.astype(np.int64), lane, img, step))
+        cols = [np.concatenate(c) for c in zip(*parts, strict=True)]
+        order = np.argsort(cols[-1], kind="stable")  # step-major; within a step source order, then stream order
+        src_id, sample, offset, length, lane, img = (c[order] for c in cols[:-1])
+        cost = self.cost_of(length, img, lane)
+        self._cols = (src_id, sample, offset, length, lane, img, cost)
+        self._bounds = np.searchsorted(cols[-1][order], np.arange(t1 - t0 + 1), side="left")
+        self._first = t0

@@ -7,6 +7,12 @@ deterministically and keeps the current count unless the ideal moved by >= 1 and
 `Autoscaler` is the controller: a daemon thread in the serving process (like the recovery Watchdog)
 that every few seconds reads `Executor.metrics()` and the manifest's coming steps and calls
 `Executor.set_loaders` where the policy says so, recording each decision.
+
+Worker loss: a resize may run while actors are lost or being recreated, and a worker may die during
+a resize; both go through the executor's one lock and re-routing protocol (see `_executor`), so a
+resize never needs to wait for recovery: it replaces the source's loaders (lost ones included) with
+new ones on live workers. A round that fails (a worker died mid-call) is recorded in `last_error`
+and the next round decides again from the executor's state.
 """
 
 from __future__ import annotations
@@ -213,7 +219,7 @@ class Autoscaler:
             if v["samples"] > 0 and v["busy_s"] > 0:
                 self._costs[s] = (int(v["samples"]), float(v["busy_s"]))
         costs = estimate_costs(self._costs, tokens)
-        current = {s: int(m["sources"].get(s, {}).get("loaders", 0)) for s in ex.meta.sources}
+        current = ex.loader_counts()  # the executor's own count: a lost loader being recreated counts too
         loads = {
             s: SourceLoad(demand=demand[s], cost_s=costs[s], shards=self._shards[s], current=current[s])
             for s in ex.meta.sources
@@ -224,7 +230,7 @@ class Autoscaler:
         ideal = ideal_loaders(loads, budget=budget, step_rate=rate)
         done: list[dict[str, Any]] = []
         for s in sorted(want, key=lambda s: (want[s] - current[s], s)):  # shrink first
-            if want[s] == current[s] or current[s] == 0:  # 0: a lost loader the watchdog is recreating
+            if want[s] == current[s]:
                 continue
             new = ex.set_loaders(s, want[s])
             why = (

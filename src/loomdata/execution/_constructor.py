@@ -13,6 +13,15 @@ Peers (tp/pp/cp ranks of one dp rank) take the same batches: a held step is rele
 takes of it arrived, so one read serves them all. A take outside the window (a resume, a restarted
 executor, a peer that fell behind after release) is built on demand and not held, so every take
 succeeds; a take far ahead that nobody has consumed before it moves the rank's window there (resume).
+
+Re-routing (scaling, recovery) is race-free without pauses: `set_route` swaps a source's route in one
+step on the actor's event loop and bumps a route generation. Every read batch records the generation
+it was issued under; any loader read gives the true tokens of its samples, so an answer is always
+usable, whichever route it came from. A read still in flight when the route changes is abandoned and
+asked again on the new route, and an error from a read issued under an older generation (a retired
+loader's `LoaderRetired`, a released or lost actor) is retried at once on the current route rather
+than counted as a failure. The executor retires old loaders only after every live constructor
+acknowledged the new route, so no read is issued to a retired loader after that point.
 """
 
 from __future__ import annotations
@@ -111,6 +120,7 @@ class DataConstructor:
         self._ranks = sorted(ranks)
         self._routes = dict(routes)
         self._rerouted: asyncio.Event | None = None  # set (and replaced) by `set_route`; made on the loop
+        self._route_gen = 0  # bumped by every `set_route`
         self._window = window
         self._peers = peers
         self._manifest = ManifestSlice(plan_dir, self._meta, self._ranks)
@@ -182,6 +192,7 @@ class DataConstructor:
         loader lost with its worker may never answer (Dask waits on the lost actor's future).
         """
         self._routes[source_id] = route
+        self._route_gen += 1
         if self._rerouted is not None:
             self._rerouted.set()
         self._rerouted = asyncio.Event()
@@ -328,8 +339,9 @@ class DataConstructor:
 
         Data errors (a LoomError from a loader) fail at once. A lost loader (its worker died) refuses
         calls or never answers; the executor recreates it and swaps the route (`set_route`) within
-        seconds, which abandons the reads in flight. Reads are retried for up to `_READ_RETRY_S`: the
-        plan makes any read repeatable.
+        seconds, which abandons the reads in flight. An error from a read issued before the last
+        `set_route` (a retired loader) is retried at once on the current route. Reads are retried for
+        up to `_READ_RETRY_S`: the plan makes any read repeatable.
         """
         deadline = time.monotonic() + _READ_RETRY_S
         attempt = 0
@@ -338,6 +350,7 @@ class DataConstructor:
                 self._rerouted = asyncio.Event()
             rerouted = asyncio.ensure_future(self._rerouted.wait())  # the event of the routes used below
             gathered: asyncio.Future[list[SegmentData]] | None = None
+            gen = self._route_gen
             try:
                 groups, calls = self._requests(rows)  # a lost loader's handle may refuse the call right here
                 self._stats.loader_calls += len(calls)
@@ -348,9 +361,13 @@ class DataConstructor:
                 attempt += 1  # routes changed under the read: ask the new loaders at once
                 self._stats.read_retries += 1
                 continue
-            except LoomError:
-                raise
             except Exception as e:
+                if gen != self._route_gen and time.monotonic() < deadline:  # issued on a replaced route
+                    attempt += 1  # (a retired loader's LoaderRetired, a released actor): ask the new one now
+                    self._stats.read_retries += 1
+                    continue
+                if isinstance(e, LoomError):
+                    raise
                 if time.monotonic() >= deadline:
                     raise ExecutionError(
                         f"step {step}: source loaders stayed unreachable for {_READ_RETRY_S:.0f}s, "

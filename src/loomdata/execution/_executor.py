@@ -4,6 +4,19 @@ Every actor is rebuilt from (plan dir, partition or rank group, step): a restart
 the same batches, and a client reconnects to it through `serve.json` or the published ServeInfo.
 While running, a watchdog thread (`_recovery`) recreates every actor a dead worker took with it on a
 live worker, re-routes the constructors and re-publishes the handles (`recover()`).
+
+Resizing (`set_loaders`, called by the autoscaler) and recovery share one lock and one protocol, so
+they interleave safely with worker loss at any point:
+1. the new loaders are created and awaited; one lost while being created is created again;
+2. the executor's state switches to them (a constructor recreated from now on gets the new route);
+3. every live constructor is re-routed (`set_route`: atomic on its event loop); a constructor lost
+   meanwhile is skipped (the watchdog recreates it with the current routes);
+4. the old loaders are retired (closed, then released) only once every live constructor acknowledged
+   the new route. If one could not be reached but is not known lost, the source stays "unrouted" and
+   its old loaders stay open until `recover()` has re-routed every survivor.
+Reads that were already on their way to an old loader either finish (any loader's answer is correct
+for its samples) or fail fast with `LoaderRetired` and are retried on the new route by the
+constructor; no pause or timing assumption is involved.
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ from loomdata.execution._autoscale import Autoscaler, Autoscaling
 from loomdata.execution._constructor import DataConstructor, Route
 from loomdata.execution._loader import SourceLoader
 from loomdata.execution._partition import LoaderPartition, partition_source, rank_groups
-from loomdata.execution._recovery import RecoveryStats, Watchdog, lost_indices
+from loomdata.execution._recovery import RecoveryStats, Watchdog, is_lost, lost_indices
 from loomdata.execution.protocol import (
     ConstructorInfo,
     LoaderInfo,
@@ -94,6 +107,7 @@ class Executor:
         self._autoscale = Autoscaling() if autoscale is True else (autoscale or None)
         self._autoscaler: Autoscaler | None = None
         self._unrouted: set[int] = set()  # sources whose new loaders some constructor does not know yet
+        self._retiring: list[tuple[list[Any], list[Future]]] = []  # old loaders awaiting every re-route
         self.info: ServeInfo | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -157,6 +171,7 @@ class Executor:
                 self.client.unpublish_dataset(name)
         self._published.clear()
         with self.client.as_current():
+            self._retire()
             for c in self._constructors:
                 with contextlib.suppress(Exception):
                     c.stop().result(timeout=10)
@@ -195,26 +210,98 @@ class Executor:
         with self._lock:
             return self._set_loaders(source, n)
 
+    def loader_counts(self) -> dict[str, int]:
+        """Loaders per source as the executor holds them (a lost one not yet recreated included)."""
+        with self._lock:
+            return {self.meta.sources[sid]: len(parts) for sid, parts in self._partitions.items()}
+
     def _set_loaders(self, source: str, n: int) -> int:
         if self.info is None:
             raise ExecutionError("the executor is not running; call start() first")
         sid = self.meta.sources.index(source)
         with self.client.as_current():
+            self._use_live_workers()
             parts, futs = self._create_loaders(sid, source, n)
-            handles = [f.result() for f in futs]
-            route = Route(parts, handles)
-            for fut in [c.set_route(sid, route) for c in self._constructors]:
-                fut.result()
-            old_handles, old_futs = self._loaders[sid], self._loader_futures[sid]
+            handles = self._await_loaders(parts, futs)
+            old = (self._loaders[sid], self._loader_futures[sid])
             self._partitions[sid], self._loaders[sid], self._loader_futures[sid] = parts, handles, futs
-        time.sleep(0.2)  # let builds that started on the old route finish their reads
-        for h in old_handles:
-            with contextlib.suppress(Exception):
-                h.close().result(timeout=10)
-        for f in old_futs:
-            f.release()
+            self._retiring.append(old)
+            if self._route_survivors([sid]):
+                self._unrouted.discard(sid)
+            else:
+                self._unrouted.add(sid)  # recover() re-routes the survivors, then retires the old loaders
+            if not self._unrouted:
+                self._retire()
         self._publish_info(started_at=self.info.started_at)
         return len(parts)
+
+    def _await_loaders(self, parts: list[LoaderPartition], futs: list[Future]) -> list[Any]:
+        """Handles of freshly submitted loaders; one lost while being created is submitted again.
+
+        `futs` is updated in place. On failure every future of `futs` is released before raising.
+        """
+        handles: list[Any] = [None] * len(futs)
+        try:
+            for attempt in range(3):
+                for i, f in enumerate(futs):
+                    if handles[i] is not None:
+                        continue
+                    try:
+                        handles[i] = f.result(timeout=_CALL_TIMEOUT_S)
+                    except Exception:
+                        if attempt == 2:
+                            raise
+                        f.release()
+                        self._use_live_workers()
+                        futs[i] = self._submit_loader(parts[i])
+                if all(h is not None for h in handles):
+                    return handles
+            raise ExecutionError("loaders could not be created")  # pragma: no cover - the loop raised already
+        except BaseException:
+            for f in futs:
+                f.release()
+            raise
+
+    def _route_survivors(self, sids: list[int]) -> bool:
+        """Send the current routes of `sids` to every constructor not known lost; True if all acknowledged.
+
+        A constructor found lost (before or during the call) does not count against it: the watchdog
+        recreates it with the current routes.
+        """
+        routes = self._routes()
+        calls: list[tuple[int, Any]] = []
+        ok = True
+        for i, c in enumerate(self._constructors):
+            if is_lost(self._constructor_futures[i]):
+                continue
+            for sid in sids:
+                try:
+                    calls.append((i, c.set_route(sid, routes[sid])))
+                except Exception:  # the handle of an actor lost a moment ago refuses calls at once
+                    ok = ok and is_lost(self._constructor_futures[i])
+        for i, call in calls:
+            try:
+                call.result(timeout=_CALL_TIMEOUT_S)
+            except Exception:
+                ok = ok and is_lost(self._constructor_futures[i])
+        return ok
+
+    def _retire(self) -> None:
+        """Close and release the loaders replaced by resizes (only once every live constructor has re-routed)."""
+        retiring, self._retiring = self._retiring, []
+        closes = []
+        for handles, futs in retiring:
+            for h, f in zip(handles, futs, strict=True):
+                if is_lost(f):  # gone with its worker: nothing to close
+                    continue
+                with contextlib.suppress(Exception):  # lost a moment ago: the handle refuses calls
+                    closes.append(h.close())
+        for c in closes:
+            with contextlib.suppress(Exception):
+                c.result(timeout=10)
+        for _, futs in retiring:
+            for f in futs:
+                f.release()
 
     # ---- recovery -------------------------------------------------------------------------------
 
@@ -246,11 +333,11 @@ class Executor:
                     self._loader_futures[sid][i], self._loaders[sid][i] = fut, handle
                     self._unrouted.add(sid)
                 routes = self._routes()
-                survivors = [c for i, c in enumerate(self._constructors) if i not in lost_constructors]
-                calls = [c.set_route(sid, routes[sid]) for c in survivors for sid in sorted(self._unrouted)]
-                for call in calls:
-                    call.result(timeout=_CALL_TIMEOUT_S)
-                self._unrouted.clear()
+                if self._unrouted:
+                    if not self._route_survivors(sorted(self._unrouted)):
+                        raise ExecutionError("a live constructor did not take the new routes; retrying")
+                    self._unrouted.clear()
+                    self._retire()
                 for i in lost_constructors:  # not started: the first take places its window
                     fut = self._submit_constructor(self._groups[i], routes)
                     handle = fut.result(timeout=_CALL_TIMEOUT_S)

@@ -4,6 +4,11 @@ State is rebuilt from the plan and the partition alone: the shard paths, the ind
 sample -> (shard, row) for its own shards (sorted arrays, `searchsorted`), one opened format reader
 (file handles, Parquet metadata, tokenizer). Nothing of it is per rank. Reads run in the actor's own
 thread so the worker's event loop stays responsive and several loaders on one worker overlap.
+
+Retirement (scaling, `Executor.set_loaders`): `close()` runs after any read already in the loader's
+thread (one thread, FIFO) and cannot interleave with an inline read (both run on the worker's event
+loop); from then on every `read` fails fast with `LoaderRetired`, which is not a data error: the
+constructor that sent it (a read issued just before its route switched) asks the new route at once.
 """
 
 from __future__ import annotations
@@ -26,12 +31,19 @@ from loomdata.schemas.spec import Spec
 from loomdata.schemas.tables import TableKind, read_table
 from loomdata.sources import FormatReader, Sample, make_reader
 
-__all__ = ["REQUEST_DTYPE", "SegmentData", "SourceLoader", "read_segments"]
+__all__ = ["REQUEST_DTYPE", "LoaderRetired", "SegmentData", "SourceLoader", "read_segments"]
 
 _INLINE_TOKENS = 1 << 16  # requests up to this many tokens are read on the event loop
 
 REQUEST_DTYPE = np.dtype([("sample", np.uint64), ("offset", np.uint32), ("length", np.uint32)])
 """One requested segment: `length` tokens of `sample` starting at token `offset`."""
+
+
+class LoaderRetired(RuntimeError):
+    """A read reached a loader after `close()` (it was replaced by a resize): retry on the current route.
+
+    Deliberately not a LoomError: constructors fail a step at once only on data errors.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +111,15 @@ class SourceLoader:
         self._patch = spec.images.patch_size
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"loom-loader-{partition.source}-{partition.part}")
         self._counters = _Counters()
+        self._closed = False
 
     async def read(self, request: np.ndarray) -> SegmentData:
         """The segments of `request` (REQUEST_DTYPE): small reads inline, large ones in this actor's thread.
 
         A thread hop costs about a millisecond on a busy worker (GIL), more than a small read itself.
+        After `close()` it raises `LoaderRetired` at once.
         """
+        self._check_open()
         if int(request["length"].sum()) <= _INLINE_TOKENS:
             return self.read_now(request)
         loop = asyncio.get_running_loop()
@@ -112,6 +127,7 @@ class SourceLoader:
 
     def read_now(self, request: np.ndarray) -> SegmentData:
         """Synchronous `read` (the work itself); errors come back as picklable ExecutionError."""
+        self._check_open()
         t0 = time.perf_counter()
         try:
             out = read_segments(
@@ -150,9 +166,22 @@ class SourceLoader:
             "rss_bytes": _rss(),
         }
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LoaderRetired(
+                f"loader part {self.partition.part} of source {self.partition.source!r} was retired; "
+                "read from the current route"
+            )
+
     async def close(self) -> None:
-        """Release open files and the thread."""
-        self._pool.submit(self._reader.close).result()
+        """Retire: later reads fail fast with LoaderRetired; release open files and the thread.
+
+        Idempotent. A read running in the thread finishes first (one thread, FIFO); queued ones fail fast.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._reader.close)
         self._pool.shutdown(wait=False)
 
 

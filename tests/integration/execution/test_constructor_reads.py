@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from loomdata.execution._constructor import DataConstructor, Route
-from loomdata.execution._loader import SegmentData, SourceLoader
+from loomdata.execution._loader import REQUEST_DTYPE, SegmentData, SourceLoader
 from loomdata.execution._partition import partition_source
 from loomdata.schemas import ExecutionError, IndexFiles, Spec
 
@@ -70,3 +70,64 @@ def test_data_errors_are_not_retried(stream_plan: Path) -> None:
         return metrics
 
     assert asyncio.run(run())["read_retries"] == 0
+
+
+def test_retired_loader_fails_fast_and_is_not_a_data_error(stream_plan: Path) -> None:
+    from loomdata.execution._loader import LoaderRetired
+    from loomdata.schemas import LoomError
+
+    async def run() -> None:
+        route = _routes(stream_plan, lambda lo: lo)[0]
+        loader = route.loaders[0]
+        req = np.zeros(1, dtype=REQUEST_DTYPE)
+        req["sample"], req["length"] = route.partitions[0].first_sample, 1
+        assert len((await loader.read(req)).tokens) == 1
+        await loader.close()
+        await loader.close()  # idempotent
+        with pytest.raises(LoaderRetired) as e:
+            await loader.read(req)
+        assert not isinstance(e.value, LoomError)
+
+    asyncio.run(run())
+
+
+class _SwitchedUnderRead:
+    """A loader whose read lands after its constructor switched routes and it was retired (the resize race)."""
+
+    def __init__(self, inner: SourceLoader) -> None:
+        self.inner, self.calls = inner, 0
+        self.constructor: DataConstructor | None = None
+        self.new_routes: dict[int, Route] = {}
+
+    async def read(self, request: np.ndarray) -> SegmentData:
+        self.calls += 1
+        assert self.constructor is not None
+        for sid, route in self.new_routes.items():
+            await self.constructor.set_route(sid, route)  # the executor re-routes ...
+        await self.inner.close()  # ... and retires this loader before the request arrives
+        return await self.inner.read(request)
+
+
+def test_read_on_a_retired_loader_is_retried_on_the_new_route(stream_plan: Path, loomtest: Any) -> None:
+    oracle = loomtest.Oracle(stream_plan)
+
+    async def run() -> tuple[list[Any], dict[str, Any], list[_SwitchedUnderRead]]:
+        old: list[_SwitchedUnderRead] = []
+
+        def wrap(lo: SourceLoader) -> _SwitchedUnderRead:
+            old.append(_SwitchedUnderRead(lo))
+            return old[-1]
+
+        routes = _routes(stream_plan, wrap)
+        c = DataConstructor(str(stream_plan), [0, 1], routes, window=1)
+        fresh = _routes(stream_plan, lambda lo: lo)
+        for w in old:
+            w.constructor, w.new_routes = c, fresh
+        batches = await c.take(0, 0)
+        metrics = await c.metrics()
+        await c.stop()
+        return batches, metrics, old
+
+    batches, metrics, old = asyncio.run(run())
+    assert all(oracle.check(b) >= 0 for b in batches)
+    assert sum(w.calls for w in old) >= 1 and metrics["read_retries"] >= 1

@@ -36,7 +36,7 @@ from loomdata.planning._packing import Lanes, next_fit
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import CostSpec
 
-__all__ = ["Assignment", "balance_step", "deal_baseline"]
+__all__ = ["Assignment", "Dealt", "balance_step", "deal_baseline", "prepare_step"]
 
 _SWAP_ROUNDS = 16
 _TOLERANCE = 1e-3  # stop refining once the most and least loaded ranks differ by less than this fraction
@@ -77,6 +77,53 @@ class _Slots:
     rank_cost: np.ndarray  # [dp]
 
 
+@dataclass(slots=True)
+class Dealt:
+    """A step after long-lane placement and the LPT rounds: slot state, placements and the dealing order."""
+
+    st: _Slots
+    p_rank: np.ndarray  # int64 rank of each item, -1 while unplaced
+    p_mb: np.ndarray  # int64 micro-batch of each item, -1 while unplaced
+    order: np.ndarray  # short items in dealing order
+    long_idx: np.ndarray  # long-lane items
+    length: np.ndarray  # int64
+
+
+def prepare_step(
+    length: np.ndarray,
+    cost: np.ndarray,
+    lane: np.ndarray,
+    *,
+    dp: int,
+    micro_batches: int,
+    lanes: Lanes,
+    carried: int = 0,
+    views: tuple[_Slots, np.ndarray, np.ndarray] | None = None,
+) -> Dealt:
+    """Empty slots (or the given views of a block's state), long-lane sequences placed, the short items' order."""
+    length = length.astype(np.int64)
+    n = len(length)
+    if views is None:
+        st = _Slots(
+            cost=np.zeros((dp, micro_batches)),
+            room=np.full((dp, micro_batches), lanes.seq_len, dtype=np.int64),
+            lane=np.zeros((dp, micro_batches), dtype=np.uint8),
+            rank_cost=np.zeros(dp),
+        )
+        p_rank = np.full(n, -1, dtype=np.int64)
+        p_mb = np.full(n, -1, dtype=np.int64)
+    else:
+        st, p_rank, p_mb = views
+    is_long = lane == 1
+    long_idx = np.flatnonzero(is_long)
+    if len(long_idx):
+        _place_long(long_idx, length, cost, st, p_rank, p_mb, lanes, float(cost.sum()))
+    short = np.flatnonzero(~is_long)
+    # items carried over from the previous step go first (into empty slots), then all others largest first
+    order = short[np.lexsort((-cost[short], short >= carried))]
+    return Dealt(st, p_rank, p_mb, order, long_idx, length)
+
+
 def balance_step(
     length: np.ndarray,
     cost: np.ndarray,
@@ -88,29 +135,25 @@ def balance_step(
     lanes: Lanes,
     cost_spec: CostSpec,
     carried: int = 0,
+    dealt: Dealt | None = None,
 ) -> Assignment:
     """Assign a step's segments (length, cost, lane, splittable) to dp x micro_batches slots.
 
-    The first `carried` items were deferred by the previous step; they are placed first.
+    The first `carried` items were deferred by the previous step; they are placed first. `dealt`: the
+    step already prepared and dealt its LPT rounds (by deal_many, for a block of steps; no carried items).
     """
-    length = length.astype(np.int64)
-    n = len(length)
-    st = _Slots(
-        cost=np.zeros((dp, micro_batches)),
-        room=np.full((dp, micro_batches), lanes.seq_len, dtype=np.int64),
-        lane=np.zeros((dp, micro_batches), dtype=np.uint8),
-        rank_cost=np.zeros(dp),
+    if dealt is None:
+        dealt = prepare_step(length, cost, lane, dp=dp, micro_batches=micro_batches, lanes=lanes, carried=carried)
+        _lpt_rounds(dealt.order, dealt.length, cost, dealt.st, dealt.p_rank, dealt.p_mb)
+    st, p_rank, p_mb, order, long_idx, length = (
+        dealt.st,
+        dealt.p_rank,
+        dealt.p_mb,
+        dealt.order,
+        dealt.long_idx,
+        dealt.length,
     )
-    p_rank = np.full(n, -1, dtype=np.int64)
-    p_mb = np.full(n, -1, dtype=np.int64)
     is_long = lane == 1
-    long_idx = np.flatnonzero(is_long)
-    if len(long_idx):
-        _place_long(long_idx, length, cost, st, p_rank, p_mb, lanes, float(cost.sum()))
-    short = np.flatnonzero(~is_long)
-    # items carried over from the previous step go first (into empty slots), then all others largest first
-    order = short[np.lexsort((-cost[short], short >= carried))]
-    _lpt_rounds(order, length, cost, st, p_rank, p_mb)
     extra = _place_leftovers(order[p_rank[order] < 0], length, cost, splittable, st, p_rank, p_mb, lanes, cost_spec)
     _refine(length, cost, st, p_rank, p_mb, is_long)
 

@@ -54,12 +54,15 @@ class StepItems:
         self._bounds = np.zeros(1, dtype=np.int64)  # block-relative start of each step of the block, and end
         self._cols: tuple[np.ndarray, ...] = ()
 
+    def block(self, t: int) -> range:
+        """The steps gathered with step t (gathering them if needed; t must not go backwards)."""
+        if not 0 <= t - self._first < len(self._bounds) - 1:
+            self._gather(t)
+        return range(self._first, self._first + len(self._bounds) - 1)
+
     def step(self, t: int) -> tuple[Items, np.ndarray]:
         """Step t's items and their costs (t must not go backwards)."""
-        i = t - self._first
-        if not 0 <= i < len(self._bounds) - 1:
-            self._gather(t)
-            i = 0
+        i = t - self.block(t).start
         a, b = int(self._bounds[i]), int(self._bounds[i + 1])
         src_id, sample, offset, length, lane, img, cost = (c[a:b] for c in self._cols)
         return (src_id, sample, offset, length, lane, img), cost

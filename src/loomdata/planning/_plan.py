@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from loomdata.planning._balance import balance_step, deal_baseline
+from loomdata.planning._balance import Dealt, balance_step, deal_baseline
+from loomdata.planning._deal_many import deal_many
 from loomdata.planning._items import Items as _Items
 from loomdata.planning._items import StepItems
 from loomdata.planning._manifest import ManifestWriter
@@ -246,8 +247,22 @@ def _plan_into(
         lanes,
         spec.cost,
     )
+    dealt: dict[int, Dealt] = {}
     for t in steps_iter:
-        carry = _plan_step(t, spec, lanes, len(sources), items, weights[t], carry, writer, report)
+        if t not in dealt:  # the LPT rounds of a whole block of steps at once, as if nothing is carried in
+            steps = items.block(t)
+            blk = [items.step(s) for s in steps]
+            dealt = dict(
+                zip(
+                    steps,
+                    deal_many(
+                        [(d[3], c, d[4]) for d, c in blk], dp=tr.dp_size, micro_batches=tr.micro_batches, lanes=lanes
+                    ),
+                    strict=True,
+                )
+            )
+        pre = dealt.pop(t)
+        carry = _plan_step(t, spec, lanes, len(sources), items, weights[t], carry, writer, report, pre)
     files = writer.close(tr.steps - 1)
     report.write(out)
     summary = report.summary()
@@ -311,11 +326,13 @@ def _plan_step(
     carry: _Items | None,
     writer: ManifestWriter,
     report: ReportBuilder,
+    dealt: Dealt,
 ) -> _Items | None:
     """Balance step t, compute its baseline, write its manifest rows and record its figures.
 
     `carry` holds image samples the previous step had no room for; they go first into this step.
-    Returns this step's carry.
+    Returns this step's carry. `dealt`: the step's LPT rounds done as if nothing were carried in (used
+    only when nothing is).
     """
     tr = spec.training
     drawn, cost = items.step(t)
@@ -333,6 +350,7 @@ def _plan_step(
         lanes=lanes,
         cost_spec=spec.cost,
         carried=0 if carry is None else len(carry[0]),
+        dealt=dealt if carry is None else None,
     )
     next_carry: _Items | None = None
     in_step = np.ones(len(length), dtype=bool)

@@ -30,12 +30,13 @@ import numpy as np
 import pyarrow as pa
 
 from loomdata.planning._balance import Dealt, balance_step, deal_baseline
+from loomdata.planning._baseline import baseline_sequences, baseline_sequences_many
 from loomdata.planning._deal_many import deal_many
 from loomdata.planning._items import Items as _Items
 from loomdata.planning._items import StepItems
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream, build_stream, check_epochs, membership, step_weights
-from loomdata.planning._packing import Lanes, check_unsplittable, next_fit
+from loomdata.planning._packing import Lanes, check_unsplittable
 from loomdata.planning._report import ReportBuilder
 from loomdata.planning._resume import (
     BasePlan,
@@ -58,8 +59,6 @@ PLANNER_VERSION = "4"
 """Part of the plan id: bump it whenever the planner's output for the same inputs changes."""
 FILL = 0.96
 """Share of a step's slot capacity (dp * micro_batches * seq_len) the mixture draws: room to balance cost."""
-
-_BASELINE_SALT = 0xBA5E
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -248,6 +247,7 @@ def _plan_into(
         spec.cost,
     )
     dealt: dict[int, Dealt] = {}
+    base_seqs: dict[int, np.ndarray] = {}
     for t in steps_iter:
         if t not in dealt:  # the LPT rounds of a whole block of steps at once, as if nothing is carried in
             steps = items.block(t)
@@ -261,8 +261,10 @@ def _plan_into(
                     strict=True,
                 )
             )
-        pre = dealt.pop(t)
-        carry = _plan_step(t, spec, lanes, len(sources), items, weights[t], carry, writer, report, pre)
+            seqs = baseline_sequences_many(steps, spec.seed, [(d[3], d[4]) for d, _ in blk], lanes)
+            base_seqs = dict(zip(steps, seqs, strict=True))
+        pre, seq = dealt.pop(t), base_seqs.pop(t)
+        carry = _plan_step(t, spec, lanes, len(sources), items, weights[t], carry, writer, report, pre, seq)
     files = writer.close(tr.steps - 1)
     report.write(out)
     summary = report.summary()
@@ -327,12 +329,13 @@ def _plan_step(
     writer: ManifestWriter,
     report: ReportBuilder,
     dealt: Dealt,
+    base_seq: np.ndarray | None,
 ) -> _Items | None:
     """Balance step t, compute its baseline, write its manifest rows and record its figures.
 
     `carry` holds image samples the previous step had no room for; they go first into this step.
-    Returns this step's carry. `dealt`: the step's LPT rounds done as if nothing were carried in (used
-    only when nothing is).
+    Returns this step's carry. `dealt` and `base_seq`: the step's LPT rounds and baseline sequences
+    computed as if nothing were carried in or deferred (used only when so).
     """
     tr = spec.training
     drawn, cost = items.step(t)
@@ -359,7 +362,10 @@ def _plan_step(
         next_carry = (src_id[d], sample[d], (offset[d] + delta).astype(np.uint32), rest, lane[d], img[d])
         in_step[d[delta == 0]] = False  # wholly deferred: not part of this step (for LB and the baseline)
     step_cost = cost[in_step]
-    base_seq = _baseline_sequences(t, spec.seed, length[in_step], lane[in_step], lanes)
+    if carry is None and base_seq is not None and in_step.all():
+        pass  # the block's baseline (computed as if nothing is carried in or deferred) holds
+    else:
+        base_seq = baseline_sequences(t, spec.seed, length[in_step], lane[in_step], lanes)
     base = deal_baseline(base_seq, step_cost, tr.dp_size, tr.micro_batches)
     placed_src = src_id[asg.item]
     writer.add(
@@ -390,28 +396,3 @@ def _plan_step(
             "than sequences can take; raise micro_batches or seq_len, or lower the image sources' weights"
         )
     return next_carry
-
-
-def _baseline_sequences(t: int, seed: int, length: np.ndarray, lane: np.ndarray, lanes: Lanes) -> np.ndarray:
-    """Baseline sequence id of every segment: shuffled, next-fit per lane, sequences in stream order."""
-    n = len(length)
-    perm = np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, _BASELINE_SALT, t]).permutation(n)
-    seq_local = np.zeros(n, dtype=np.int64)
-    firsts = []
-    lp = lane[perm]
-    offset = 0
-    for ln in (0, 1):
-        pos = np.flatnonzero(lp == ln)
-        if len(pos) == 0:
-            continue
-        cap = lanes.seq_len if ln == 0 else int(lanes.long_seq_len or 0)
-        ids = next_fit(length[perm[pos]], cap)
-        seq_local[pos] = ids + offset
-        firsts.append(pos[np.flatnonzero(np.diff(ids, prepend=-1))])  # where each sequence starts
-        offset += int(ids[-1]) + 1
-    first = np.concatenate(firsts)
-    rank_of_seq = np.empty(len(first), dtype=np.int64)
-    rank_of_seq[np.argsort(first, kind="stable")] = np.arange(len(first))
-    out = np.empty(n, dtype=np.int64)
-    out[perm] = rank_of_seq[seq_local]
-    return out

@@ -3,15 +3,17 @@
 Each run is its own subprocess, so `ru_maxrss` is that run's peak. A run notes its RSS after imports,
 builds synthetic index tables (web 80% / code 20% of the samples, log-normal lengths, generated in
 chunks; the tables themselves are 28 bytes a sample and count towards the peak), then plans about one
-epoch at dp 1024 x 4 micro-batches x 4,096 tokens (steps = index tokens / step capacity). Side by
+epoch at dp 1024 (--dp) x 4 micro-batches x 4,096 tokens (steps = index tokens / step capacity). Side by
 side, in another subprocess on the same index, runs the naive planner a user writes today: one
 shuffle of all samples, concatenated and cut into sequences, dealt round-robin, one manifest file (no
 mixture schedule, no balancing, no report). Targets for loomdata: >= 1M samples/s and <= 100 bytes of
 peak RSS per sample above the post-import baseline (the interpreter and libraries take ~115 MB, which
-alone is 115 bytes a sample at 1M; the raw figure is printed too). Writes benchmarks/results/plan_scale.json.
+alone is 115 bytes a sample at 1M; the raw figure is printed too). Writes benchmarks/results/plan_scale.json
+(plan_scale_dp<N>.json for another --dp).
 
     .venv/bin/python benchmarks/plan_scale.py                    # 1M and 10M samples, about 1 minute
     .venv/bin/python benchmarks/plan_scale.py --sizes 1e6 1e7 5e7
+    .venv/bin/python benchmarks/plan_scale.py --sizes 1e6 --dp 8     # small dp: many steps, few segments each
 """
 
 from __future__ import annotations
@@ -145,7 +147,7 @@ def child_naive(samples: int, workdir: Path) -> dict[str, Any]:
 
 def run_child(kind: str, samples: int) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--samples", str(samples)],
+        [sys.executable, __file__, "--child", kind, "--samples", str(samples), "--dp", str(DP)],
         check=True,
         capture_output=True,
         text=True,
@@ -158,11 +160,14 @@ def run_child(kind: str, samples: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global DP
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7])
     ap.add_argument("--child", choices=["loom", "naive"], help=argparse.SUPPRESS)
     ap.add_argument("--samples", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--dp", type=int, default=DP, help=f"data-parallel size (default {DP})")
     args = ap.parse_args(argv)
+    DP = args.dp
     if args.child:
         with tempfile.TemporaryDirectory(prefix="loom-scale-") as d:
             fn = child_loom if args.child == "loom" else child_naive
@@ -200,12 +205,13 @@ def main(argv: list[str] | None = None) -> int:
                 "meets_goal": meets,
             }
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
+    results = RESULTS if DP == 1024 else RESULTS.with_name(f"plan_scale_dp{DP}.json")
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(
         json.dumps({"goal": {"samples_per_s": GOAL_RATE, "bytes_per_sample": GOAL_BYTES}, "runs": runs}, indent=1)
         + "\n"
     )
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
     return 0 if ok else 1
 
 

@@ -1,6 +1,8 @@
 """`loom serve`: run an executor for a plan until Ctrl-C or SIGTERM, logging metrics, then shut down.
 
-The executor recreates actors lost with a worker while serving; metrics lines count them.
+The executor recreates actors lost with a worker while serving; metrics lines count them. Serving
+autoscales loaders by default (`Executor` itself does not: a library caller that sizes loaders with
+`set_loaders` keeps control); resizes and recovery share one protocol (see `_executor`).
 """
 
 from __future__ import annotations
@@ -50,14 +52,15 @@ def serve(
     metrics_every_s: float = 10.0,
     peers: int | None = None,
     loaders_per_source: int = 1,
-    autoscale: bool = False,
+    autoscale: bool = True,
 ) -> None:
     """Serve `plan_dir` until Ctrl-C/SIGTERM, printing metrics every `metrics_every_s`.
 
     With `json_out`, stdout carries JSON lines only: `serving` (the ServeInfo), `metrics`, `stopped`
     (final metrics). The embedded cluster (no `scheduler`) has `n_workers` worker processes. `peers`
     (processes per dp rank, default the plan's tp*pp*cp), `loaders_per_source` (the start) and
-    `autoscale` (resize loaders to demand x cost while serving) go to the Executor.
+    `autoscale` (on by default here, unlike `Executor`: resize loaders to demand x cost while serving,
+    safe together with worker-loss recovery) go to the Executor.
     """
     stop = threading.Event()
     previous = {}

@@ -221,5 +221,6 @@ def test_loom_serve_recovers_from_a_killed_worker(tmp_path: Path, loomtest: Any)
     assert proc.returncode == 0
     lines = [json.loads(line) for line in out.strip().splitlines()]
     assert lines[-1]["event"] == "stopped" and lines[-1]["metrics"]["recovered_actors"] >= 2
+    assert lines[-1]["metrics"]["autoscale"]["enabled"] is True  # serve autoscales by default
     assert all("recovered_actors" in line for line in lines if line["event"] == "metrics")
     _check_exact(plan_dir, got, loomtest)

@@ -87,6 +87,7 @@ class Dealt:
     order: np.ndarray  # short items in dealing order
     long_idx: np.ndarray  # long-lane items
     length: np.ndarray  # int64
+    refined: bool = False  # the local search is done too (refine_many; only for steps with no leftovers)
 
 
 def prepare_step(
@@ -155,7 +156,8 @@ def balance_step(
     )
     is_long = lane == 1
     extra = _place_leftovers(order[p_rank[order] < 0], length, cost, splittable, st, p_rank, p_mb, lanes, cost_spec)
-    _refine(length, cost, st, p_rank, p_mb, is_long)
+    if not dealt.refined:
+        _refine(length, cost, st, p_rank, p_mb, is_long)
 
     # manifest order: by slot, then placement order (long items, LPT order, split pieces)
     placed = np.concatenate([long_idx, order])

@@ -37,6 +37,7 @@ from loomdata.planning._items import StepItems
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream, build_stream, check_epochs, membership, step_weights
 from loomdata.planning._packing import Lanes, check_unsplittable
+from loomdata.planning._refine_many import refine_many
 from loomdata.planning._report import ReportBuilder
 from loomdata.planning._resume import (
     BasePlan,
@@ -261,6 +262,9 @@ def _plan_into(
                     strict=True,
                 )
             )
+            dl = list(dealt.values())
+            whole = [i for i, d in enumerate(dl) if not (d.p_rank[d.order] < 0).any()]  # no leftovers
+            refine_many(dl, [c for _, c in blk], whole, [d[4] for d, _ in blk])
             seqs = baseline_sequences_many(steps, spec.seed, [(d[3], d[4]) for d, _ in blk], lanes)
             base_seqs = dict(zip(steps, seqs, strict=True))
         pre, seq = dealt.pop(t), base_seqs.pop(t)

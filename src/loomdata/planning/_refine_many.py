@@ -1,0 +1,144 @@
+"""The balancer's local search (_balance._refine) for a block of independent steps at once.
+
+Per step and round, _refine moves or swaps one short segment between the most and the least loaded
+rank, choosing among (at most _MAX_CANDIDATES evenly spaced) segments of those two ranks the pair whose
+cost difference is nearest half the gap. Here every round does that for all steps of the block still
+refining: each step's candidates are laid out in a padded (steps, |a|, 1 + |b|) grid whose valid
+entries keep their order, so the first best entry is the one _refine picks, and the updates are the
+same float operations in the same order. The plans are the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from loomdata.planning._balance import _MAX_CANDIDATES, _SWAP_ROUNDS, _TOLERANCE, Dealt
+
+__all__ = ["refine_many"]
+
+
+def _grid(members: np.ndarray, step: np.ndarray, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Subsampled members of each step in a padded (n_steps, width) grid (-1 = none) and their counts."""
+    count = np.bincount(step, minlength=n_steps)
+    first = np.zeros(n_steps + 1, dtype=np.int64)
+    np.cumsum(count, out=first[1:])
+    at = np.arange(len(members)) - first[step]  # position within its step's members
+    stride = -(-count // _MAX_CANDIDATES)  # as _subsample: every stride-th once there are too many
+    stride[count <= _MAX_CANDIDATES] = 1
+    keep = at % stride[step] == 0
+    members, step, at = members[keep], step[keep], at[keep] // stride[step[keep]]
+    n = np.bincount(step, minlength=n_steps)
+    grid = np.full((n_steps, int(n.max(initial=0))), -1, dtype=np.int64)
+    grid[step, at] = members
+    return grid, n
+
+
+def refine_many(
+    dealt: Sequence[Dealt], costs: Sequence[np.ndarray], steps: Sequence[int], lanes_of: Sequence[np.ndarray]
+) -> None:
+    """Run _refine on the given steps of `dealt` (cost and lane arrays of each), all at once."""
+    if not steps:
+        return
+    dp = dealt[steps[0]].st.cost.shape[0]
+    if dp < 2:
+        return
+    ds = [dealt[s] for s in steps]
+    ns = np.array([len(d.length) for d in ds], dtype=np.int64)
+    off = np.zeros(len(ds) + 1, dtype=np.int64)
+    np.cumsum(ns, out=off[1:])
+    g_cost = np.concatenate([costs[s] for s in steps] + [np.zeros(1)])
+    g_len = np.concatenate([d.length for d in ds] + [np.zeros(1, dtype=np.int64)])
+    p_rank = np.concatenate([d.p_rank for d in ds])
+    p_mb = np.concatenate([d.p_mb for d in ds])
+    movable = (p_rank >= 0) & np.concatenate([lanes_of[s] != 1 for s in steps])
+    step_of = np.repeat(np.arange(len(ds)), ns)
+    cost3 = np.stack([d.st.cost for d in ds])
+    room3 = np.stack([d.st.room for d in ds])
+    lane3 = np.stack([d.st.lane for d in ds])
+    rc = np.stack([d.st.rank_cost for d in ds])
+    dummy = len(g_cost) - 1
+    act = np.arange(len(ds))
+    for _ in range(_SWAP_ROUNDS):
+        if len(act) == 0:
+            break
+        hi = rc[act].argmax(axis=1)
+        lo = rc[act].argmin(axis=1)
+        gap = rc[act, hi] - rc[act, lo]
+        go = ~(gap <= _TOLERANCE * rc[act, hi])
+        act, hi, lo, gap = act[go], hi[go], lo[go], gap[go]
+        if len(act) == 0:
+            break
+        na = len(act)
+        slot = np.full(len(ds), -1, dtype=np.int64)
+        slot[act] = np.arange(na)
+        sl = slot[step_of]
+        in_act = sl >= 0
+        hi_of = np.where(in_act, hi[np.maximum(sl, 0)], -2)
+        lo_of = np.where(in_act, lo[np.maximum(sl, 0)], -2)
+        ia = np.flatnonzero(movable & (p_rank == hi_of))
+        ib = np.flatnonzero(movable & (p_rank == lo_of))
+        a, n_a = _grid(ia, sl[ia], na)
+        b, _ = _grid(ib, sl[ib], na)
+        if a.shape[1] == 0:  # no step has a movable segment on its most loaded rank
+            break
+        has_a = n_a > 0
+        a_ok = a >= 0
+        b_ok = np.concatenate([np.ones((na, 1), dtype=bool), b >= 0], axis=1)
+        a_i = np.where(a_ok, a, dummy)
+        b_i = np.where(b >= 0, b, dummy)
+        ca = g_cost[a_i]
+        cb = np.concatenate([np.zeros((na, 1)), g_cost[b_i]], axis=1)
+        la = g_len[a_i]
+        lb = np.concatenate([np.zeros((na, 1), dtype=np.int64), g_len[b_i]], axis=1)
+        delta = ca[:, :, None] - cb[:, None, :]
+        ma = np.where(a_ok, p_mb[np.maximum(a, 0)], 0)
+        lo_room = room3[act, lo]  # (na, mb)
+        lo_lane = lane3[act, lo]
+        roomiest = np.where(lo_lane == 0, lo_room, -1).argmax(axis=1)
+        mb_b = np.concatenate([roomiest[:, None], np.where(b >= 0, p_mb[np.maximum(b, 0)], 0)], axis=1)
+        rows = np.arange(na)[:, None]
+        room_lo = lo_room[rows, mb_b] + lb
+        room_hi = room3[act[:, None], hi[:, None], ma] + la
+        ok = (delta > 0) & (delta < gap[:, None, None])
+        ok &= (la[:, :, None] <= room_lo[:, None, :]) & (lb[:, None, :] <= room_hi[:, :, None])
+        ok &= (lo_lane[rows, mb_b] == 0)[:, None, :]
+        ok &= a_ok[:, :, None] & b_ok[:, None, :]
+        any_ok = ok.reshape(na, -1).any(axis=1)
+        go = has_a & any_ok
+        score = np.where(ok, np.abs(delta - gap[:, None, None] / 2), np.inf)
+        best = score.reshape(na, -1).argmin(axis=1)
+        i, j = np.divmod(best, score.shape[2])
+        r = np.flatnonzero(go)
+        s_, h_, l_, i_, j_ = act[r], hi[r], lo[r], i[r], j[r]
+        item_a = a[r, i_]
+        ma_i = ma[r, i_]
+        mbj = mb_b[r, j_]
+        c_a, l_a = ca[r, i_], la[r, i_]
+        cost3[s_, h_, ma_i] -= c_a
+        room3[s_, h_, ma_i] += l_a
+        cost3[s_, l_, mbj] += c_a
+        room3[s_, l_, mbj] -= l_a
+        p_rank[item_a], p_mb[item_a] = l_, mbj
+        sw = j_ > 0
+        if sw.any():
+            rs = r[sw]
+            item_b = b[rs, j_[sw] - 1]
+            c_b, l_b = cb[rs, j_[sw]], lb[rs, j_[sw]]
+            cost3[s_[sw], l_[sw], mbj[sw]] -= c_b
+            room3[s_[sw], l_[sw], mbj[sw]] += l_b
+            cost3[s_[sw], h_[sw], ma_i[sw]] += c_b
+            room3[s_[sw], h_[sw], ma_i[sw]] -= l_b
+            p_rank[item_b], p_mb[item_b] = h_[sw], ma_i[sw]
+        dl = delta[r, i_, j_]
+        rc[s_, h_] -= dl
+        rc[s_, l_] += dl
+        act = s_
+    for k, d in enumerate(ds):
+        d.st.cost[...] = cost3[k]
+        d.st.room[...] = room3[k]
+        d.st.rank_cost[...] = rc[k]
+        d.p_rank[...] = p_rank[off[k] : off[k + 1]]
+        d.p_mb[...] = p_mb[off[k] : off[k + 1]]
+        d.refined = True

@@ -4,7 +4,11 @@ The plan id is a content hash of (the spec's canonical JSON, the index fingerpri
 so the same inputs give the same id and byte-identical files; planning an id that already exists
 complete is a no-op. Files are written into a temporary folder beside the target and renamed into place.
 Per step the work is NumPy over that step's segments (membership slices, balancing rounds of dp_size,
-the baseline, manifest rows); nothing loops per sample. Segments a step had no room for (image samples
+the baseline, manifest rows); nothing loops per sample. Segments and costs are gathered a block of steps
+at a time (_items); up to dp BLOCK_DP_MAX the LPT rounds, local search and baseline sequences of a block
+are computed at once too (_deal_many, _refine_many, _baseline), since there a step is a few dozen
+segments and NumPy's fixed cost per call would dominate; a step that has anything carried in or deferred
+recomputes its own (the same bytes either way). Segments a step had no room for (image samples
 that cannot be split; rare) go first into the next step; any left after the last step are listed in
 the summary (`unplaced_after_last_step`), never dropped silently.
 `resume_from=PlanResume(plan_dir=..., at_step=S)` makes an elastic re-plan (see _resume): steps < S are the
@@ -60,6 +64,9 @@ PLANNER_VERSION = "4"
 """Part of the plan id: bump it whenever the planner's output for the same inputs changes."""
 FILL = 0.96
 """Share of a step's slot capacity (dp * micro_batches * seq_len) the mixture draws: room to balance cost."""
+BLOCK_DP_MAX = 256
+"""Up to this dp_size, steps are balanced a block at a time (see _block_ahead): many steps of few segments
+each, where NumPy's fixed cost per call dominates. Larger steps are balanced one by one (same bytes)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,27 +254,11 @@ def _plan_into(
         lanes,
         spec.cost,
     )
-    dealt: dict[int, Dealt] = {}
-    base_seqs: dict[int, np.ndarray] = {}
+    ahead: dict[int, tuple[Dealt, np.ndarray]] = {}
     for t in steps_iter:
-        if t not in dealt:  # the LPT rounds of a whole block of steps at once, as if nothing is carried in
-            steps = items.block(t)
-            blk = [items.step(s) for s in steps]
-            dealt = dict(
-                zip(
-                    steps,
-                    deal_many(
-                        [(d[3], c, d[4]) for d, c in blk], dp=tr.dp_size, micro_batches=tr.micro_batches, lanes=lanes
-                    ),
-                    strict=True,
-                )
-            )
-            dl = list(dealt.values())
-            whole = [i for i, d in enumerate(dl) if not (d.p_rank[d.order] < 0).any()]  # no leftovers
-            refine_many(dl, [c for _, c in blk], whole, [d[4] for d, _ in blk])
-            seqs = baseline_sequences_many(steps, spec.seed, [(d[3], d[4]) for d, _ in blk], lanes)
-            base_seqs = dict(zip(steps, seqs, strict=True))
-        pre, seq = dealt.pop(t), base_seqs.pop(t)
+        if tr.dp_size <= BLOCK_DP_MAX and t not in ahead:
+            ahead = _block_ahead(items, t, spec, lanes)
+        pre, seq = ahead.pop(t, (None, None))
         carry = _plan_step(t, spec, lanes, len(sources), items, weights[t], carry, writer, report, pre, seq)
     files = writer.close(tr.steps - 1)
     report.write(out)
@@ -315,6 +306,20 @@ def _plan_into(
     return meta
 
 
+def _block_ahead(items: StepItems, t: int, spec: Spec, lanes: Lanes) -> dict[int, tuple[Dealt, np.ndarray]]:
+    """The balancer's LPT rounds and local search and the baseline's sequences of the block of steps holding t,
+    computed for the whole block at once as if no step had anything carried in or deferred (each step
+    uses them only if so; else it computes its own)."""
+    tr = spec.training
+    steps = items.block(t)
+    blk = [items.step(s) for s in steps]
+    dealt = deal_many([(d[3], c, d[4]) for d, c in blk], dp=tr.dp_size, micro_batches=tr.micro_batches, lanes=lanes)
+    whole = [i for i, d in enumerate(dealt) if not (d.p_rank[d.order] < 0).any()]  # no leftovers
+    refine_many(dealt, [c for _, c in blk], whole, [d[4] for d, _ in blk])
+    seqs = baseline_sequences_many(steps, spec.seed, [(d[3], d[4]) for d, _ in blk], lanes)
+    return dict(zip(steps, zip(dealt, seqs, strict=True), strict=True))
+
+
 def _step_slots(shapes: list[dict[str, int]], steps: int) -> np.ndarray:
     """Slots (dp_size * micro_batches) of every step from a shape schedule [{from_step, dp_size, micro_batches}]."""
     first = np.array([sh["from_step"] for sh in shapes], dtype=np.int64)
@@ -332,7 +337,7 @@ def _plan_step(
     carry: _Items | None,
     writer: ManifestWriter,
     report: ReportBuilder,
-    dealt: Dealt,
+    dealt: Dealt | None,
     base_seq: np.ndarray | None,
 ) -> _Items | None:
     """Balance step t, compute its baseline, write its manifest rows and record its figures.
@@ -357,7 +362,7 @@ def _plan_step(
         lanes=lanes,
         cost_spec=spec.cost,
         carried=0 if carry is None else len(carry[0]),
-        dealt=dealt if carry is None else None,
+        dealt=None if carry is not None else dealt,
     )
     next_carry: _Items | None = None
     in_step = np.ones(len(length), dtype=bool)

@@ -200,9 +200,15 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--window", type=int, default=2, help="steps built ahead of the slowest rank")
     s.add_argument("--workers", type=int, default=2, help="worker processes of the embedded LocalCluster")
     s.add_argument("--peers", type=int, default=None, help="processes per dp rank (default: the plan's tp*pp*cp)")
-    s.add_argument("--loaders-per-source", type=int, default=1, help="Source Loader actors per source")
     s.add_argument(
-        "--autoscale", action="store_true", help="resize each source's loaders by demand x measured cost while serving"
+        "--loaders-per-source", type=int, default=1, help="Source Loader actors per source (the start, with autoscale)"
+    )
+    s.add_argument(
+        "--autoscale",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="resize each source's loaders by demand x measured cost while serving "
+        "(--no-autoscale: a fixed --loaders-per-source)",
     )
 
     d = add("demo", _cmd_demo, "generate, index, plan, serve and train tiny ranks end to end")

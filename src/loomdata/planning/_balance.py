@@ -116,10 +116,10 @@ def prepare_step(
     else:
         st, p_rank, p_mb = views
     is_long = lane == 1
-    long_idx = np.flatnonzero(is_long)
+    long_idx = is_long.nonzero()[0]
     if len(long_idx):
         _place_long(long_idx, length, cost, st, p_rank, p_mb, lanes, float(cost.sum()))
-    short = np.flatnonzero(~is_long)
+    short = (~is_long).nonzero()[0]
     # items carried over from the previous step go first (into empty slots), then all others largest first
     order = short[np.lexsort((-cost[short], short >= carried))]
     return Dealt(st, p_rank, p_mb, order, long_idx, length)

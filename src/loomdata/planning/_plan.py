@@ -395,7 +395,10 @@ def _plan_step(
     deferred = 0 if next_carry is None else int(next_carry[3].sum())
     rank_max_item = np.zeros(tr.dp_size)
     if len(asg.rank):  # rows are sorted by rank: one reduceat gives each rank's largest segment
-        starts = np.flatnonzero(np.diff(asg.rank, prepend=-1))
+        change = np.empty(len(asg.rank), dtype=bool)
+        change[0] = True
+        np.not_equal(asg.rank[1:], asg.rank[:-1], out=change[1:])
+        starts = change.nonzero()[0]
         rank_max_item[asg.rank[starts]] = np.maximum.reduceat(cost[asg.item], starts)
     report.add(t, tokens, weights, lb, asg.rank_cost, base, asg.slot_cost, base_per_slot, deferred, rank_max_item)
     if next_carry is not None and len(next_carry[0]) > tr.dp_size * tr.micro_batches:

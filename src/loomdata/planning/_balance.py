@@ -100,8 +100,10 @@ def prepare_step(
     lanes: Lanes,
     carried: int = 0,
     views: tuple[_Slots, np.ndarray, np.ndarray] | None = None,
+    order: np.ndarray | None = None,
 ) -> Dealt:
-    """Empty slots (or the given views of a block's state), long-lane sequences placed, the short items' order."""
+    """Empty slots (or the given views of a block's state), long-lane sequences placed, the short items' order
+    (or the given one, computed for a block)."""
     length = length.astype(np.int64)
     n = len(length)
     if views is None:
@@ -119,9 +121,10 @@ def prepare_step(
     long_idx = is_long.nonzero()[0]
     if len(long_idx):
         _place_long(long_idx, length, cost, st, p_rank, p_mb, lanes, float(cost.sum()))
-    short = (~is_long).nonzero()[0]
-    # items carried over from the previous step go first (into empty slots), then all others largest first
-    order = short[np.lexsort((-cost[short], short >= carried))]
+    if order is None:
+        short = (~is_long).nonzero()[0]
+        # items carried over from the previous step go first (into empty slots), then all others largest first
+        order = short[np.lexsort((-cost[short], short >= carried))]
     return Dealt(st, p_rank, p_mb, order, long_idx, length)
 
 
@@ -160,13 +163,17 @@ def balance_step(
         _refine(length, cost, st, p_rank, p_mb, is_long)
 
     # manifest order: by slot, then placement order (long items, LPT order, split pieces)
-    placed = np.concatenate([long_idx, order])
+    placed = np.concatenate([long_idx, order]) if len(long_idx) else order
     placed = placed[p_rank[placed] >= 0]
-    item = np.concatenate([placed, extra[0]])
-    delta = np.concatenate([np.zeros(len(placed), dtype=np.int64), extra[1]])
-    plen = np.concatenate([length[placed], extra[2]])
-    rank = np.concatenate([p_rank[placed], extra[3]])
-    mb = np.concatenate([p_mb[placed], extra[4]])
+    if len(extra[0]):
+        item = np.concatenate([placed, extra[0]])
+        delta = np.concatenate([np.zeros(len(placed), dtype=np.int64), extra[1]])
+        plen = np.concatenate([length[placed], extra[2]])
+        rank = np.concatenate([p_rank[placed], extra[3]])
+        mb = np.concatenate([p_mb[placed], extra[4]])
+    else:  # no split pieces (the common case): the same arrays without concatenating
+        item, delta = placed, np.zeros(len(placed), dtype=np.int64)
+        plen, rank, mb = length[placed], p_rank[placed], p_mb[placed]
     slot = rank * micro_batches + mb
     o = np.argsort(slot.astype(np.uint16 if dp * micro_batches <= 1 << 16 else np.int64), kind="stable")
     return Assignment(

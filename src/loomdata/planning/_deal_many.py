@@ -35,6 +35,13 @@ def deal_many(
     rank_cost = np.zeros((b, dp))
     p_rank = np.full(int(off[-1]), -1, dtype=np.int64)
     p_mb = np.full(int(off[-1]), -1, dtype=np.int64)
+    # each step's dealing order (short items, largest cost first, ties in item order), for all steps at once
+    all_cost = np.concatenate([s[1] for s in steps])
+    short = (np.concatenate([s[2] for s in steps]) != 1).nonzero()[0]
+    step_of = np.repeat(np.arange(b), ns)[short]
+    by = short[np.lexsort((-all_cost[short], step_of))]
+    cut = np.zeros(b + 1, dtype=np.int64)
+    np.cumsum(np.bincount(step_of, minlength=b), out=cut[1:])
     dealt = [
         prepare_step(
             length,
@@ -48,6 +55,7 @@ def deal_many(
                 p_rank[off[i] : off[i + 1]],
                 p_mb[off[i] : off[i + 1]],
             ),
+            order=by[cut[i] : cut[i + 1]] - off[i],
         )
         for i, (length, cost, lane) in enumerate(steps)
     ]

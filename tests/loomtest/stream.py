@@ -1,12 +1,16 @@
 """Test helpers for the streaming stage: a real corpus, a real index, a plan, and an independent oracle.
 
-Loaded by path (`load_helpers()` in the conftests and in the rank subprocess script), since test
-folders are not packages. The oracle reads the source Parquet files with pyarrow directly, never
+Imported as `from loomtest import stream` (the integration conftest's `loomtest` fixture returns it).
+The oracle reads the source Parquet files with pyarrow directly, never
 through loomdata's readers or loaders.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,8 +156,56 @@ class Oracle:
         return pos
 
 
-def load_helpers() -> Any:
-    """This module, for callers that load it by path."""
-    import sys
+SEGMENT_COLUMNS = ("source", "sample", "offset", "length")
 
-    return sys.modules[__name__]
+
+def switching_plan(
+    client: Any, tmp: Path, *, steps: int, switch: int, n_files: int, rows: int, seed: int, plan_seed: int
+) -> Path:
+    """A plan over two pre-tokenized sources (corpus `seed`) switching from 90% web to 90% code at `switch`."""
+    data = tmp / "data"
+    write_corpus(data, "web", n_files=n_files, rows=rows, seed=seed)
+    write_corpus(data, "code", n_files=n_files, rows=rows, seed=seed + 1)
+    raw: dict[str, Any] = {
+        "name": "switching",
+        "workdir": str(tmp / "work"),
+        "seed": plan_seed,
+        "sources": [
+            {"name": s, "format": "parquet", "paths": [str(data / s / "*.parquet")], "tokens_field": "tokens"}
+            for s in ("web", "code")
+        ],
+        "mixture": {
+            "schedule": [
+                {"step": 0, "weights": {"web": 0.9, "code": 0.1}},
+                {"step": switch - 1, "weights": {"web": 0.9, "code": 0.1}},
+                {"step": switch, "weights": {"web": 0.1, "code": 0.9}},
+            ]
+        },
+        "training": {"seq_len": 256, "steps": steps, "dp_size": 2, "micro_batches": 2},
+    }
+    return index_and_plan(parse_spec(raw, tmp), client)
+
+
+def kill_worker(client: Any, worker: str) -> float:
+    """SIGKILL the process of Dask `worker`; returns the wall time of the kill."""
+    pid = client.run(os.getpid, workers=[worker])[worker]
+    os.kill(pid, signal.SIGKILL)
+    return time.time()
+
+
+def check_exact(plan_dir: Path, got: dict[int, list[Batch]]) -> None:
+    """Every rank got its manifest in order: each (source, sample, offset, length) once, tokens exact."""
+    oracle = Oracle(plan_dir)
+    meta = oracle.meta
+    for rank, batches in got.items():
+        assert [(b.step, b.micro_batch, b.dp_rank) for b in batches] == [
+            (s, m, rank) for s in range(meta.steps) for m in range(meta.micro_batches)
+        ]
+        man = read_manifest(plan_dir, meta, dp_ranks=[rank])
+        cols = SEGMENT_COLUMNS
+        want = Counter(zip(*(man.column(c).to_numpy().astype(int).tolist() for c in cols), strict=True))
+        seen = Counter(
+            tuple(int(x) for x in row) for b in batches for row in zip(*(b.segments[c] for c in cols), strict=True)
+        )
+        assert seen == want, f"rank {rank}: lost {want - seen}, duplicated {seen - want}"
+        assert sum(oracle.check(b) for b in batches) == sum(n * k for (_, _, _, n), k in want.items())

@@ -18,38 +18,21 @@ from distributed import Client
 from loomdata.execution import Executor
 from loomdata.execution._autoscale import Autoscaling
 from loomdata.execution.protocol import read_serve_info
-from loomdata.schemas import parse_spec, read_manifest
+from loomdata.schemas import read_manifest
+from loomtest.stream import SEGMENT_COLUMNS as SEGMENT
+from loomtest.stream import switching_plan as make_switching_plan
 
 STEPS = 40
 SWITCH = 20  # web is heavy before, code after
-SEGMENT = ("source", "sample", "offset", "length")
 
 
 @pytest.fixture(scope="module")
 def switching_plan(dask_client: Client, tmp_path_factory: pytest.TempPathFactory, loomtest: Any) -> Path:
     """Two pre-tokenized sources of 8 shards each; the mixture switches from 90% web to 90% code."""
     tmp = tmp_path_factory.mktemp("autoscale")
-    data = tmp / "data"
-    loomtest.write_corpus(data, "web", n_files=8, rows=40, seed=11)
-    loomtest.write_corpus(data, "code", n_files=8, rows=40, seed=12)
-    raw: dict[str, Any] = {
-        "name": "autoscale-test",
-        "workdir": str(tmp / "work"),
-        "seed": 3,
-        "sources": [
-            {"name": s, "format": "parquet", "paths": [str(data / s / "*.parquet")], "tokens_field": "tokens"}
-            for s in ("web", "code")
-        ],
-        "mixture": {
-            "schedule": [
-                {"step": 0, "weights": {"web": 0.9, "code": 0.1}},
-                {"step": SWITCH - 1, "weights": {"web": 0.9, "code": 0.1}},
-                {"step": SWITCH, "weights": {"web": 0.1, "code": 0.9}},
-            ]
-        },
-        "training": {"seq_len": 256, "steps": STEPS, "dp_size": 2, "micro_batches": 2},
-    }
-    return Path(loomtest.index_and_plan(parse_spec(raw, tmp), dask_client))
+    return Path(
+        make_switching_plan(dask_client, tmp, steps=STEPS, switch=SWITCH, n_files=8, rows=40, seed=11, plan_seed=3)
+    )
 
 
 def _loaders(ex: Executor) -> dict[str, int]:

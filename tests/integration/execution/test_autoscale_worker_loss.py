@@ -10,8 +10,6 @@ with a deadline.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -24,12 +22,12 @@ from distributed import Client
 from loomdata.client import StreamClient
 from loomdata.execution import Executor, open_cluster
 from loomdata.execution._autoscale import Autoscaling
-from loomdata.schemas import Batch, parse_spec, read_manifest
+from loomdata.schemas import Batch
+from loomtest.stream import check_exact, kill_worker, switching_plan
 
 STEPS = 24
 SWITCH = 12  # web is heavy before, code after
 DEADLINE_S = 60.0
-SEGMENT = ("source", "sample", "offset", "length")
 
 
 @pytest.fixture
@@ -37,35 +35,6 @@ def cluster(tmp_path: Path) -> Iterator[Client]:
     """Three worker processes under nannies, Dask scratch in tmp."""
     with open_cluster(n_workers=3, local_directory=tmp_path / "dask") as client:
         yield client
-
-
-def _switching_plan(client: Client, tmp: Path, loomtest: Any) -> Path:
-    data = tmp / "data"
-    loomtest.write_corpus(data, "web", n_files=6, rows=32, seed=21)
-    loomtest.write_corpus(data, "code", n_files=6, rows=32, seed=22)
-    raw: dict[str, Any] = {
-        "name": "autoscale-loss",
-        "workdir": str(tmp / "work"),
-        "seed": 5,
-        "sources": [
-            {"name": s, "format": "parquet", "paths": [str(data / s / "*.parquet")], "tokens_field": "tokens"}
-            for s in ("web", "code")
-        ],
-        "mixture": {
-            "schedule": [
-                {"step": 0, "weights": {"web": 0.9, "code": 0.1}},
-                {"step": SWITCH - 1, "weights": {"web": 0.9, "code": 0.1}},
-                {"step": SWITCH, "weights": {"web": 0.1, "code": 0.9}},
-            ]
-        },
-        "training": {"seq_len": 256, "steps": STEPS, "dp_size": 2, "micro_batches": 2},
-    }
-    return Path(loomtest.index_and_plan(parse_spec(raw, tmp), client))
-
-
-def _kill(client: Client, worker: str) -> None:
-    pid = client.run(os.getpid, workers=[worker])[worker]
-    os.kill(pid, signal.SIGKILL)
 
 
 def _poll(ok: Callable[[], bool], what: str, ex: Executor) -> None:
@@ -80,25 +49,10 @@ def _decisions(ex: Executor) -> list[dict[str, Any]]:
     return list(ex.metrics()["autoscale"]["decisions"])
 
 
-def _check_exact(plan_dir: Path, got: dict[int, list[Batch]], loomtest: Any) -> None:
-    oracle = loomtest.Oracle(plan_dir)
-    meta = oracle.meta
-    for rank, batches in got.items():
-        assert [(b.step, b.micro_batch, b.dp_rank) for b in batches] == [
-            (s, m, rank) for s in range(meta.steps) for m in range(meta.micro_batches)
-        ]
-        man = read_manifest(plan_dir, meta, dp_ranks=[rank])
-        want = Counter(zip(*(man.column(c).to_numpy().astype(int).tolist() for c in SEGMENT), strict=True))
-        rows = (zip(*(b.segments[c] for c in SEGMENT), strict=True) for b in batches)
-        seen = Counter(tuple(int(x) for x in row) for rs in rows for row in rs)
-        assert seen == want, f"rank {rank}: lost {want - seen}, duplicated {seen - want}"
-        assert sum(oracle.check(b) for b in batches) == sum(n * k for (_, _, _, n), k in want.items())
-
-
 def test_autoscaling_through_worker_kills_loses_nothing(cluster: Client, tmp_path: Path, loomtest: Any) -> None:
     """Kill a constructor's worker and resize at once (resize during the loss), then kill the busiest
     loader worker right after the switch while the controller moves loaders to code (loss during resizes)."""
-    plan_dir = _switching_plan(cluster, tmp_path, loomtest)
+    plan_dir = switching_plan(cluster, tmp_path, steps=STEPS, switch=SWITCH, n_files=6, rows=32, seed=21, plan_seed=5)
     settings = Autoscaling(every_s=0.2, horizon_steps=4, budget=4)
     with Executor(plan_dir, cluster, constructors=2, loaders_per_source=1, autoscale=settings) as ex:
         streams = {r: StreamClient(plan_dir, r, retry_s=DEADLINE_S) for r in (0, 1)}
@@ -109,14 +63,14 @@ def test_autoscaling_through_worker_kills_loses_nothing(cluster: Client, tmp_pat
                 if step == 3:  # web is heavy: wait for the controller to have grown it, then kill and resize
                     _poll(lambda: ex.loader_counts()["web"] > 1, "web growing", ex)
                     assert ex.info is not None
-                    _kill(cluster, ex.info.constructor_for(0).worker)
+                    kill_worker(cluster, ex.info.constructor_for(0).worker)
                     kills += 1
                     ex.set_loaders("code", 3)  # races the watchdog for the lock: either order must hold
                 if step == SWITCH + 1:  # code is heavy: kill the worker with the most loaders mid-resizing
                     _poll(lambda: ex.loader_counts()["code"] > 1, "code growing", ex)
                     assert ex.info is not None
                     by_worker = Counter(lo.worker for lo in ex.info.loaders)
-                    _kill(cluster, by_worker.most_common(1)[0][0])
+                    kill_worker(cluster, by_worker.most_common(1)[0][0])
                     kills += 1
                 for _ in range(streams[0].meta.micro_batches):
                     for r, s in streams.items():
@@ -135,14 +89,14 @@ def test_autoscaling_through_worker_kills_loses_nothing(cluster: Client, tmp_pat
     assert kills == 2 and ex.recovery.recovered >= 2
     assert {d["source"] for d in decisions if d["new"] > d["old"]} == {"web", "code"}
     assert info is not None and sum(counts.values()) == len(info.loaders)
-    _check_exact(plan_dir, got, loomtest)
+    check_exact(plan_dir, got)
 
 
 def test_resize_with_a_dead_constructor_then_recover(cluster: Client, tmp_path: Path, loomtest: Any) -> None:
     """Recovery off, so each interleaving is forced: `set_loaders` after a constructor's worker died, and
     a worker dying inside `set_loaders` (after its loaders exist, before re-routing); both succeed,
     `recover()` recreates what was lost with the new routes, and both ranks still stream exactly."""
-    plan_dir = _switching_plan(cluster, tmp_path, loomtest)
+    plan_dir = switching_plan(cluster, tmp_path, steps=STEPS, switch=SWITCH, n_files=6, rows=32, seed=21, plan_seed=5)
     with Executor(plan_dir, cluster, constructors=2, loaders_per_source=1, recover=False) as ex:
         streams = {r: StreamClient(plan_dir, r, retry_s=DEADLINE_S) for r in (0, 1)}
         got: dict[int, list[Batch]] = {r: [] for r in streams}
@@ -151,7 +105,7 @@ def test_resize_with_a_dead_constructor_then_recover(cluster: Client, tmp_path: 
                 if step == 2:
                     assert ex.info is not None
                     dead = ex.info.constructor_for(1).worker
-                    _kill(cluster, dead)
+                    kill_worker(cluster, dead)
                     _poll(lambda: ex._constructor_futures[1].status != "finished", "loss noticed", ex)
                     assert ex.set_loaders("web", 3) == 3
                     assert ex.set_loaders("code", 2) == 2
@@ -163,7 +117,7 @@ def test_resize_with_a_dead_constructor_then_recover(cluster: Client, tmp_path: 
                     def create_then_kill(parts: Any, futs: Any, created: Any = created) -> Any:
                         handles = created(parts, futs)
                         assert ex.info is not None
-                        _kill(cluster, ex.info.constructor_for(0).worker)
+                        kill_worker(cluster, ex.info.constructor_for(0).worker)
                         _poll(lambda: ex._constructor_futures[0].status != "finished", "loss noticed", ex)
                         return handles
 
@@ -178,4 +132,4 @@ def test_resize_with_a_dead_constructor_then_recover(cluster: Client, tmp_path: 
             for s in streams.values():
                 s.close()
         assert ex.loader_counts() == {"web": 3, "code": 2}
-    _check_exact(plan_dir, got, loomtest)
+    check_exact(plan_dir, got)

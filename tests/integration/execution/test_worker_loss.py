@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,8 @@ from distributed import Client
 from loomdata.client import StreamClient
 from loomdata.execution import Executor, open_cluster
 from loomdata.execution.protocol import ServeInfo
-from loomdata.schemas import Batch, read_manifest
+from loomdata.schemas import Batch
+from loomtest.stream import check_exact, kill_worker
 
 STEPS = 12
 KILL_AT_STEP = 4
@@ -51,31 +51,6 @@ def _actors_on(info: Any, worker: str) -> tuple[int, int]:
         sum(c.worker == worker for c in info.constructors),
         sum(lo.worker == worker for lo in info.loaders),
     )
-
-
-def _kill(client: Client, worker: str) -> float:
-    """SIGKILL the process of `worker`; returns the wall time of the kill."""
-    pid = client.run(os.getpid, workers=[worker])[worker]
-    os.kill(pid, signal.SIGKILL)
-    return time.time()
-
-
-def _check_exact(plan_dir: Path, got: dict[int, list[Batch]], loomtest: Any) -> None:
-    """Every rank's batches are the manifest's, each (source, sample, offset, length) once, tokens exact."""
-    oracle = loomtest.Oracle(plan_dir)
-    meta = oracle.meta
-    for rank, batches in got.items():
-        assert [(b.step, b.micro_batch, b.dp_rank) for b in batches] == [
-            (s, m, rank) for s in range(meta.steps) for m in range(meta.micro_batches)
-        ]
-        man = read_manifest(plan_dir, meta, dp_ranks=[rank])
-        cols = ("source", "sample", "offset", "length")
-        want = Counter(zip(*(man.column(c).to_numpy().astype(int).tolist() for c in cols), strict=True))
-        seen = Counter(
-            tuple(int(x) for x in row) for b in batches for row in zip(*(b.segments[c] for c in cols), strict=True)
-        )
-        assert seen == want, f"rank {rank}: lost {want - seen}, duplicated {seen - want}"
-        assert sum(oracle.check(b) for b in batches) == sum(n for (_, _, _, n), k in want.items() for _ in range(k))
 
 
 def _wait_recovered(ex: Executor, n: int) -> None:
@@ -106,7 +81,7 @@ def _stream_through_kills(
                 assert ex.info is not None
                 victim = kills[step](ex.info)
                 lost += sum(_actors_on(ex.info, victim))
-                killed_at = _kill(client, victim)
+                killed_at = kill_worker(client, victim)
             for _ in range(streams[0].meta.micro_batches):
                 for r, s in streams.items():
                     t0 = time.monotonic()
@@ -151,7 +126,7 @@ def test_killed_worker_with_a_constructor_and_loaders_loses_nothing(
     assert m["recovered_actors"] == lost
     recreated = next(c for c in m["constructors"] if 0 in c["ranks"])
     assert recreated["rank_takes"]["0"] > 0  # rank 0's later steps came from the recreated constructor
-    _check_exact(plan_dir, got, loomtest)
+    check_exact(plan_dir, got)
 
 
 def test_killed_loader_only_worker_is_recovered(killable_client: Client, tmp_path: Path, loomtest: Any) -> None:
@@ -168,7 +143,7 @@ def test_killed_loader_only_worker_is_recovered(killable_client: Client, tmp_pat
     recreated = {(lo.source, lo.part) for lo in after.loaders if lo.name not in {b.name for b in before.loaders}}
     assert len(recreated) == lost and victim not in {lo.worker for lo in after.loaders}
     assert sum(lo["samples"] for lo in m["loaders"] if (lo["source"], lo["part"]) in recreated) > 0
-    _check_exact(plan_dir, got, loomtest)
+    check_exact(plan_dir, got)
 
 
 def test_two_workers_killed_in_turn_lose_nothing(killable_client: Client, tmp_path: Path, loomtest: Any) -> None:
@@ -179,7 +154,7 @@ def test_two_workers_killed_in_turn_lose_nothing(killable_client: Client, tmp_pa
         got, lost = _stream_through_kills(killable_client, plan_dir, ex, kills)
         rounds = ex.recovery.rounds
     assert ex.recovery.recovered == lost >= 2 and rounds >= 2
-    _check_exact(plan_dir, got, loomtest)
+    check_exact(plan_dir, got)
 
 
 def test_loom_serve_recovers_from_a_killed_worker(tmp_path: Path, loomtest: Any) -> None:
@@ -207,7 +182,7 @@ def test_loom_serve_recovers_from_a_killed_worker(tmp_path: Path, loomtest: Any)
             mbs = streams[0].meta.micro_batches
             got = {r: [next(s) for _ in range(KILL_AT_STEP * mbs)] for r, s in streams.items()}
             with Client(info.scheduler, timeout=30) as c:
-                _kill(c, victim)
+                kill_worker(c, victim)
             for r, s in streams.items():
                 got[r].extend(s)
         finally:
@@ -223,4 +198,4 @@ def test_loom_serve_recovers_from_a_killed_worker(tmp_path: Path, loomtest: Any)
     assert lines[-1]["event"] == "stopped" and lines[-1]["metrics"]["recovered_actors"] >= 2
     assert lines[-1]["metrics"]["autoscale"]["enabled"] is True  # serve autoscales by default
     assert all("recovered_actors" in line for line in lines if line["event"] == "metrics")
-    _check_exact(plan_dir, got, loomtest)
+    check_exact(plan_dir, got)

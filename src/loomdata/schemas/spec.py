@@ -71,6 +71,8 @@ class TokenizerSpec(_Frozen):
 
     kind: TokenizerKind = TokenizerKind.BYTES
     path: Path | None = None
+    pad_token_id: int = Field(default=0, ge=0)
+    """Token id written into a batch's padding positions (their labels are ignored, so only the id matters)."""
 
 
 class SourceSpec(_Frozen):
@@ -148,6 +150,13 @@ class CostSpec(_Frozen):
     encoder: float = Field(default=0.0, ge=0)
 
 
+class PlanningSpec(_Frozen):
+    """Planner settings that are not the training shape."""
+
+    fill: float = Field(default=0.96, gt=0, le=1)
+    """Share of a step's slot capacity (dp * micro_batches * seq_len) the mixture draws: room to balance cost."""
+
+
 class Spec(_Frozen):
     """A validated data-plane spec. `base_dir` is the folder relative paths were resolved against."""
 
@@ -161,6 +170,7 @@ class Spec(_Frozen):
     training: TrainingSpec
     long_context: LongContextSpec | None = None
     cost: CostSpec = Field(default_factory=CostSpec)
+    planning: PlanningSpec = Field(default_factory=PlanningSpec)
     base_dir: Path = Path(".")
 
     def source(self, name: str) -> SourceSpec:

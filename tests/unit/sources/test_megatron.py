@@ -13,7 +13,8 @@ from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.sources import make_reader
 from loomdata.sources import megatron as mg
-from loomdata.sources.megatron import MegatronReader, write_megatron
+from loomdata.sources.megatron import MegatronReader
+from loomdata.testing import write_megatron
 
 with warnings.catch_warnings():  # megatron-core warns that Transformer Engine / Apex are absent
     warnings.simplefilter("ignore")

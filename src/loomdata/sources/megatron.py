@@ -28,11 +28,9 @@ import pyarrow as pa
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
+from loomdata.sources._fields import DOCUMENT_COLUMN
 
 __all__ = ["DOCUMENT_COLUMN", "DTYPE_CODES", "IDX_HEADER", "IDX_MAGIC", "IDX_VERSION", "MegatronReader"]
-
-DOCUMENT_COLUMN = "document"
-"""The one metadata column a Megatron source can carry: the document number of each sequence."""
 
 # The .idx format, shared with the test writer (`loomdata.testing.write_megatron`).
 IDX_MAGIC = b"MMIDIDX\x00\x00"
@@ -176,14 +174,7 @@ class MegatronReader(FormatReader):
     """Scans and reads Megatron .bin/.idx datasets; one sample per sequence, `row` = sequence index."""
 
     def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
-        super().__init__(source, tokenizer, images)
-        unknown = [m for m in source.metadata if m != DOCUMENT_COLUMN]
-        if unknown:
-            raise SourceDataError(
-                f"<source {source.name}>",
-                f"a Megatron source has no metadata column(s) {', '.join(map(repr, unknown))}",
-                hint=f"the only metadata a Megatron source carries is {DOCUMENT_COLUMN!r}; fix `metadata`",
-            )
+        super().__init__(source, tokenizer, images)  # checks that `metadata` holds only DOCUMENT_COLUMN
         self._indexes: dict[Path, _Index] = {}
         self._bins: dict[Path, np.ndarray] = {}
 

@@ -169,12 +169,8 @@ class WebDatasetReader(FormatReader):
     """Scans and reads WebDataset tar shards; one sample per key run, `row` = its first header's offset."""
 
     def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
-        super().__init__(source, tokenizer, images)
-        if not source.text_field:
-            raise SourceDataError(
-                f"<source {source.name}>", "a webdataset source needs `text_field`", hint="set it in the spec"
-            )
-        self._text = source.text_field.lower()
+        super().__init__(source, tokenizer, images)  # checks that `text_field` is set
+        self._text = (source.text_field or "").lower()
         self._images = [e.lower() for e in source.image_field]
         self._shards: dict[Path, _Open] = {}
         self._lock = threading.Lock()  # open shards share one file position: one caller at a time

@@ -33,7 +33,7 @@ import pyarrow as pa
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
-from loomdata.sources.images import decode_image, image_tokens_array
+from loomdata.sources.images import decode_image, decoded_image_tokens, image_tokens_array
 from loomdata.sources.tokenizer import make_tokenizer
 
 __all__ = ["KEY_COLUMN", "WebDatasetReader"]
@@ -327,7 +327,7 @@ class WebDatasetReader(FormatReader):
         out: list[Sample] = []
         for r, text_tokens in zip(rows_list, encoded, strict=True):
             images = [decode_image(data, self.images, name=f"{path}:{name}") for name, data in payloads[r]]
-            n_img = sum((im.shape[0] // p) * (im.shape[1] // p) for im in images)
+            n_img = sum(decoded_image_tokens(im, p) for im in images)
             tokens = np.empty(n_img + len(text_tokens), dtype=np.int32)
             tokens[:n_img] = self.images.placeholder_token_id
             tokens[n_img:] = text_tokens

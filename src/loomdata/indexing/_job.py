@@ -32,7 +32,7 @@ from loomdata.indexing._fingerprint import (
     stat_shard,
 )
 from loomdata.indexing._summary import IndexSummary, SourceSummary
-from loomdata.indexing._task import Failure, FailureKind, PartOutcome, ScanJob, rebuild_source_error, run_scan
+from loomdata.indexing._task import Failure, FailureKind, PartOutcome, ScanJob, run_scan
 from loomdata.schemas.errors import IndexBuildError, SourceDataError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.spec import OnError, SourceSpec, Spec
@@ -138,12 +138,12 @@ def _failure_message(f: Failure) -> str:
 
 
 def _raise_failure(run: _SourceRun, f: Failure) -> None:
-    if f.kind is FailureKind.INTERNAL:
-        raise IndexBuildError(
-            f"{f.path}: the {run.source.format.value} reader of source {run.source.name!r} failed "
-            f"({f.message}); this is a bug in loomdata, report it with this traceback:\n{f.detail}"
-        )
-    raise rebuild_source_error(f)
+    if f.error is not None:
+        raise f.error  # the reader's SourceDataError as raised: file, row and hint crossed intact
+    raise IndexBuildError(
+        f"{f.path}: the {run.source.format.value} reader of source {run.source.name!r} failed "
+        f"({f.message}); this is a bug in loomdata, report it with this traceback:\n{f.detail}"
+    )
 
 
 def _task_exception(out: object) -> BaseException | object:

@@ -6,8 +6,19 @@ import importlib
 
 from loomdata.schemas.spec import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
+from loomdata.sources._fields import FIELD_RULES, FieldRules, check_fields, field_problems, metadata_problem
 
-__all__ = ["FormatReader", "Sample", "ScanResult", "make_reader"]
+__all__ = [
+    "FIELD_RULES",
+    "FieldRules",
+    "FormatReader",
+    "Sample",
+    "ScanResult",
+    "check_fields",
+    "field_problems",
+    "make_reader",
+    "metadata_problem",
+]
 
 _READERS: dict[SourceFormat, tuple[str, str]] = {
     SourceFormat.PARQUET: ("loomdata.sources.parquet", "ParquetReader"),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import importlib
 
+from loomdata.schemas.formats import FIELD_RULES, FieldRules, check_fields, field_problems, metadata_problem
 from loomdata.schemas.spec import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
-from loomdata.sources._fields import FIELD_RULES, FieldRules, check_fields, field_problems, metadata_problem
 
 __all__ = [
     "FIELD_RULES",

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from loomdata.schemas.formats import check_fields
 from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
-from loomdata.sources._fields import check_fields
 
 __all__ = ["FormatReader", "Sample", "ScanResult"]
 

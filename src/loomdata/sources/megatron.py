@@ -26,9 +26,9 @@ import numpy as np
 import pyarrow as pa
 
 from loomdata.schemas.errors import SourceDataError
+from loomdata.schemas.formats import DOCUMENT_COLUMN
 from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
-from loomdata.sources._fields import DOCUMENT_COLUMN
 
 __all__ = ["DOCUMENT_COLUMN", "DTYPE_CODES", "IDX_HEADER", "IDX_MAGIC", "IDX_VERSION", "MegatronReader"]
 

@@ -12,8 +12,8 @@ What a format accepts is declared once here, as data (`FIELD_RULES`, keyed by th
 
 `field_problems` and `metadata_problem` turn the table into the messages `load_spec` reports;
 `check_fields` raises them as one SourceDataError when a reader is made for a source that skipped
-validation. The module imports nothing of loomdata at run time but `schemas.errors`, so it can move
-into `schemas` unchanged.
+validation. It lives in `schemas` (the one package every stage may import) and imports nothing of
+loomdata at run time but `schemas.errors`.
 """
 
 from __future__ import annotations

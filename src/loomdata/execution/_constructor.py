@@ -41,6 +41,7 @@ from loomdata.execution._partition import LoaderPartition
 from loomdata.execution.protocol import ExecutorUnavailable
 from loomdata.schemas.batch import SEGMENT_DTYPE, Batch
 from loomdata.schemas.errors import ExecutionError, LoomError
+from loomdata.schemas.metrics import BuildPhases, ConstructorMetrics
 from loomdata.schemas.plan import read_plan
 
 __all__ = ["DataConstructor", "Route"]
@@ -197,29 +198,25 @@ class DataConstructor:
             self._rerouted.set()
         self._rerouted = asyncio.Event()
 
-    async def metrics(self) -> dict[str, Any]:
+    async def metrics(self) -> ConstructorMetrics:
         """Queue depth (held batches), per-rank wait, build counters."""
         s = self._stats
-        return {
-            "ranks": self._ranks,
-            "queue_depth": sum(len(h.batches) for h in self._held.values()),
-            "held_steps": len(self._held),
-            "building_steps": len({k[1] for k in self._pending}),
-            "want": {str(r): w for r, w in self._want.items()},
-            "built_steps": s.built_steps,
-            "on_demand_steps": s.on_demand_steps,
-            "loader_calls": s.loader_calls,
-            "read_retries": s.read_retries,
-            "batches_taken": s.batches_taken,
-            "build_s": round(s.build_s, 4),
-            "build_phases_s": {
-                "manifest": round(s.manifest_s, 4),
-                "loaders": round(s.loaders_s, 4),
-                "pack": round(s.pack_s, 4),
-            },
-            "rank_wait_s": {str(r): round(w, 4) for r, w in s.wait_s.items()},
-            "rank_takes": {str(r): n for r, n in s.takes.items()},
-        }
+        return ConstructorMetrics(
+            ranks=list(self._ranks),
+            queue_depth=sum(len(h.batches) for h in self._held.values()),
+            held_steps=len(self._held),
+            building_steps=len({k[1] for k in self._pending}),
+            want=dict(self._want),
+            built_steps=s.built_steps,
+            on_demand_steps=s.on_demand_steps,
+            loader_calls=s.loader_calls,
+            read_retries=s.read_retries,
+            batches_taken=s.batches_taken,
+            build_s=s.build_s,
+            build_phases_s=BuildPhases(manifest=s.manifest_s, loaders=s.loaders_s, pack=s.pack_s),
+            rank_wait_s=dict(s.wait_s),
+            rank_takes=dict(s.takes),
+        )
 
     async def stop(self) -> None:
         """Cancel builds in flight and drop held batches."""

@@ -18,7 +18,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -26,6 +25,7 @@ import pyarrow.parquet as pq
 from loomdata.execution._partition import LoaderPartition
 from loomdata.schemas.errors import ExecutionError, LoomError, StaleIndexError
 from loomdata.schemas.layout import IndexFiles
+from loomdata.schemas.metrics import LoaderMetrics
 from loomdata.schemas.plan import read_plan
 from loomdata.schemas.spec import Spec
 from loomdata.schemas.tables import TableKind, read_table
@@ -148,23 +148,23 @@ class SourceLoader:
         c.last_t = t1
         return out
 
-    async def metrics(self) -> dict[str, Any]:
+    async def metrics(self) -> LoaderMetrics:
         """Counters and rates of this loader (samples/s over its active wall time and per busy second)."""
         c = self._counters
         wall = (c.last_t - c.first_t) if c.first_t is not None and c.last_t is not None else 0.0
-        return {
-            "source": self.partition.source,
-            "part": self.partition.part,
-            "calls": c.calls,
-            "samples": c.samples,
-            "segments": c.segments,
-            "tokens": c.tokens,
-            "busy_s": round(c.busy_s, 4),
-            "samples_per_s": round(c.samples / wall, 1) if wall > 0 else None,
-            "samples_per_busy_s": round(c.samples / c.busy_s, 1) if c.busy_s > 0 else None,
-            "state_bytes": int(self._sample.nbytes + self._shard.nbytes + self._row.nbytes),
-            "rss_bytes": _rss(),
-        }
+        return LoaderMetrics(
+            source=self.partition.source,
+            part=self.partition.part,
+            calls=c.calls,
+            samples=c.samples,
+            segments=c.segments,
+            tokens=c.tokens,
+            busy_s=c.busy_s,
+            samples_per_s=c.samples / wall if wall > 0 else None,
+            samples_per_busy_s=c.samples / c.busy_s if c.busy_s > 0 else None,
+            state_bytes=int(self._sample.nbytes + self._shard.nbytes + self._row.nbytes),
+            rss_bytes=_rss(),
+        )
 
     def _check_open(self) -> None:
         if self._closed:

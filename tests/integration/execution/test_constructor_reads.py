@@ -13,7 +13,7 @@ import pytest
 from loomdata.execution._constructor import DataConstructor, Route
 from loomdata.execution._loader import REQUEST_DTYPE, SegmentData, SourceLoader
 from loomdata.execution._partition import partition_source
-from loomdata.schemas import ExecutionError, IndexFiles, Spec
+from loomdata.schemas import ConstructorMetrics, ExecutionError, IndexFiles, Spec
 
 
 class _Failing:
@@ -45,7 +45,7 @@ def _routes(plan_dir: Path, wrap: Any) -> dict[int, Route]:
 def test_unreachable_loader_is_retried(stream_plan: Path, loomtest: Any) -> None:
     oracle = loomtest.Oracle(stream_plan)
 
-    async def run() -> tuple[list[Any], dict[str, Any]]:
+    async def run() -> tuple[list[Any], ConstructorMetrics]:
         routes = _routes(stream_plan, lambda lo: _Failing(lo, 2, OSError("Unable to contact Actor's worker")))
         c = DataConstructor(str(stream_plan), [0, 1], routes, window=1)
         batches = await c.take(0, 0)
@@ -56,11 +56,11 @@ def test_unreachable_loader_is_retried(stream_plan: Path, loomtest: Any) -> None
     batches, metrics = asyncio.run(run())
     assert [b.micro_batch for b in batches] == list(range(oracle.meta.micro_batches))
     assert all(oracle.check(b) >= 0 for b in batches)
-    assert metrics["read_retries"] == 2
+    assert metrics.read_retries == 2
 
 
 def test_data_errors_are_not_retried(stream_plan: Path) -> None:
-    async def run() -> dict[str, Any]:
+    async def run() -> ConstructorMetrics:
         routes = _routes(stream_plan, lambda lo: _Failing(lo, 1, ExecutionError("x.parquet, row 3: corrupt")))
         c = DataConstructor(str(stream_plan), [0, 1], routes, window=1)
         with pytest.raises(ExecutionError, match=r"x.parquet, row 3: corrupt"):
@@ -69,7 +69,7 @@ def test_data_errors_are_not_retried(stream_plan: Path) -> None:
         await c.stop()
         return metrics
 
-    assert asyncio.run(run())["read_retries"] == 0
+    assert asyncio.run(run()).read_retries == 0
 
 
 def test_retired_loader_fails_fast_and_is_not_a_data_error(stream_plan: Path) -> None:
@@ -111,7 +111,7 @@ class _SwitchedUnderRead:
 def test_read_on_a_retired_loader_is_retried_on_the_new_route(stream_plan: Path, loomtest: Any) -> None:
     oracle = loomtest.Oracle(stream_plan)
 
-    async def run() -> tuple[list[Any], dict[str, Any], list[_SwitchedUnderRead]]:
+    async def run() -> tuple[list[Any], ConstructorMetrics, list[_SwitchedUnderRead]]:
         old: list[_SwitchedUnderRead] = []
 
         def wrap(lo: SourceLoader) -> _SwitchedUnderRead:
@@ -130,4 +130,4 @@ def test_read_on_a_retired_loader_is_retried_on_the_new_route(stream_plan: Path,
 
     batches, metrics, old = asyncio.run(run())
     assert all(oracle.check(b) >= 0 for b in batches)
-    assert sum(w.calls for w in old) >= 1 and metrics["read_retries"] >= 1
+    assert sum(w.calls for w in old) >= 1 and metrics.read_retries >= 1

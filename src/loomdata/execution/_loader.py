@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from loomdata.execution._partition import LoaderPartition
-from loomdata.schemas.errors import ExecutionError, LoomError, StaleIndexError
+from loomdata.schemas.errors import ExecutionError, StaleIndexError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
 from loomdata.schemas.plan import read_plan
@@ -126,17 +126,16 @@ class SourceLoader:
         return await loop.run_in_executor(self._pool, self.read_now, request)
 
     def read_now(self, request: np.ndarray) -> SegmentData:
-        """Synchronous `read` (the work itself); errors come back as picklable ExecutionError."""
+        """Synchronous `read` (the work itself).
+
+        A data error (a `SourceDataError` naming the file, row and fix) reaches the constructor and the
+        client intact: LoomErrors pickle by their arguments.
+        """
         self._check_open()
         t0 = time.perf_counter()
-        try:
-            out = read_segments(
-                self._reader, request, self._sample, self._shard, self._row, self._paths, self._patch, self.partition
-            )
-        except ExecutionError:
-            raise
-        except LoomError as e:  # some LoomErrors (SourceDataError) do not survive pickling: keep the message
-            raise ExecutionError(f"source {self.partition.source!r}: {e}") from None
+        out = read_segments(
+            self._reader, request, self._sample, self._shard, self._row, self._paths, self._patch, self.partition
+        )
         c = self._counters
         t1 = time.perf_counter()
         c.calls += 1

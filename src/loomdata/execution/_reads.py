@@ -116,7 +116,7 @@ class Reads:
                     raise
                 if time.monotonic() >= deadline:
                     raise ExecutionError(
-                        f"step {step}: source loaders stayed unreachable for {self._deadline_s:.0f}s, "
+                        f"step {step}: source loaders stayed unreachable for {self._deadline_s:g}s, "
                         f"{attempt + 1} attempts (last: {type(e).__name__}: {e}); check the workers, "
                         "or restart `loom serve`"
                     ) from e

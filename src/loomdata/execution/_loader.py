@@ -23,11 +23,11 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from loomdata.execution._partition import LoaderPartition
+from loomdata.execution._planspec import plan_spec
 from loomdata.schemas.errors import ExecutionError, StaleIndexError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
 from loomdata.schemas.plan import read_plan
-from loomdata.schemas.spec import Spec
 from loomdata.schemas.tables import TableKind, read_table
 from loomdata.sources import FormatReader, Sample, make_reader
 
@@ -78,7 +78,7 @@ class SourceLoader:
 
     def __init__(self, plan_dir: str, partition: LoaderPartition) -> None:
         meta = read_plan(plan_dir)
-        spec = Spec.model_validate(meta.spec)
+        spec = plan_spec(meta)
         self.partition = partition
         self._source = spec.source(partition.source)
         files = IndexFiles.of(spec.workdir, partition.source)

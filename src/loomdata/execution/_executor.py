@@ -504,7 +504,7 @@ def _answers(actors: list[Any]) -> list[dict[str, Any] | None]:
     out: list[dict[str, Any] | None] = []
     for c in calls:
         try:
-            out.append(c.result(timeout=30) if c is not None else None)
+            out.append(c.result(timeout=30).to_dict() if c is not None else None)  # typed metrics -> JSON shape
         except Exception:
             out.append(None)
     return out

@@ -1,4 +1,4 @@
-"""Data contracts between stages: the spec, stored table schemas, plan.json, the batch, errors."""
+"""Data contracts between stages: the spec, stored table schemas, plan.json, the batch, metrics, errors."""
 
 from loomdata.schemas.batch import IGNORE_INDEX, SEGMENT_DTYPE, Batch
 from loomdata.schemas.errors import (
@@ -12,6 +12,7 @@ from loomdata.schemas.errors import (
     StaleIndexError,
 )
 from loomdata.schemas.layout import IndexFiles, read_index
+from loomdata.schemas.metrics import BuildPhases, ConstructorMetrics, LoaderMetrics
 from loomdata.schemas.plan import (
     PLAN_FORMAT_VERSION,
     ManifestFile,
@@ -57,12 +58,15 @@ __all__ = [
     "SEGMENT_DTYPE",
     "SHARDS_SCHEMA",
     "Batch",
+    "BuildPhases",
+    "ConstructorMetrics",
     "ContractError",
     "CostSpec",
     "ExecutionError",
     "ImageSpec",
     "IndexBuildError",
     "IndexFiles",
+    "LoaderMetrics",
     "LongContextSpec",
     "LoomError",
     "ManifestFile",

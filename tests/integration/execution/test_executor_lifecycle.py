@@ -17,7 +17,7 @@ from distributed import Client
 
 from loomdata.client import StreamClient
 from loomdata.execution import Executor
-from loomdata.schemas import ExecutionError, StaleIndexError, read_plan
+from loomdata.schemas import SourceDataError, StaleIndexError, read_plan
 
 
 def test_stale_index_is_refused(dask_client: Client, stream_plan: Path, tmp_path: Path) -> None:
@@ -107,6 +107,7 @@ def test_a_corrupt_source_file_fails_the_rank_with_its_path(
     with (
         Executor(plan_dir, dask_client),
         StreamClient(plan_dir, 0, retry_s=5) as stream,
-        pytest.raises(ExecutionError, match=r"web/part-\d\.parquet: not a readable Parquet file"),
+        pytest.raises(SourceDataError, match=r"web/part-\d\.parquet: not a readable Parquet file") as e,
     ):
         list(stream)
+    assert e.value.path in {str(v) for v in victims}  # the loader's error crossed the actors intact

@@ -30,6 +30,7 @@ from loomdata.schemas.metrics import LoaderMetrics
 from loomdata.schemas.plan import read_plan
 from loomdata.schemas.tables import TableKind, read_table
 from loomdata.sources import FormatReader, Sample, make_reader
+from loomdata.sources.images import decoded_image_tokens
 
 __all__ = ["REQUEST_DTYPE", "LoaderRetired", "SegmentData", "SourceLoader", "read_segments"]
 
@@ -252,7 +253,7 @@ def read_segments(
                         images.append(im if im.flags.writeable else im.copy())
                         img_seg.append(i)
                         img_off.append(first - o)
-                    first += (im.shape[0] // patch_size) * (im.shape[1] // patch_size)
+                    first += decoded_image_tokens(im, patch_size)
     if not images:
         return SegmentData(tokens=tokens)
     order = np.lexsort((np.asarray(img_off), np.asarray(img_seg)))

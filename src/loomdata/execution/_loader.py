@@ -20,15 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from loomdata.execution._partition import LoaderPartition
 from loomdata.execution._planspec import plan_spec
-from loomdata.schemas.errors import ExecutionError, StaleIndexError
+from loomdata.schemas.errors import ExecutionError
+from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
 from loomdata.schemas.plan import read_plan
-from loomdata.schemas.tables import TableKind, read_table
 from loomdata.sources import FormatReader, Sample, make_reader
 from loomdata.sources.images import decoded_image_tokens
 
@@ -83,24 +82,13 @@ class SourceLoader:
         self.partition = partition
         self._source = spec.source(partition.source)
         files = IndexFiles.of(spec.workdir, partition.source)
-        fingerprint = files.fingerprint()
-        if fingerprint != meta.index_fingerprints.get(partition.source):
-            raise StaleIndexError(
-                f"plan {meta.plan_id}: index of {partition.source!r} changed since planning "
-                f"(plan {meta.index_fingerprints.get(partition.source)}, index {fingerprint}); "
-                "re-plan with `loom plan SPEC`"
-            )
-        read_table(files.samples, TableKind.INDEX, columns=[])  # validates kind, version and schema
-        table = pq.read_table(
-            str(files.samples),
-            columns=["sample", "shard", "row"],
-            filters=[("shard", ">=", partition.first_shard), ("shard", "<", partition.stop_shard)],
-        )
+        require_fresh(meta, spec.workdir, [partition.source])
+        table = files.samples_of_shards(partition.first_shard, partition.stop_shard, ["sample", "shard", "row"])
         order = np.argsort(table.column("sample").to_numpy(), kind="stable")
         self._sample = table.column("sample").to_numpy()[order].astype(np.uint64)
         self._shard = table.column("shard").to_numpy()[order].astype(np.int64)
         self._row = table.column("row").to_numpy()[order].astype(np.int64)
-        shards = read_table(files.shards, TableKind.SHARDS)
+        shards = files.shard_table()
         ids = shards.column("shard").to_pylist()
         paths = shards.column("path").to_pylist()
         self._paths = {

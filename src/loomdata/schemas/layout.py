@@ -1,12 +1,12 @@
 """Where each stage's files live under the spec's workdir, and typed readers for them.
 
-    workdir/index/<source>/samples.parquet   index table (INDEX_SCHEMA + metadata columns);
-                                             metadata `fingerprint` = content hash of the index
-    workdir/index/<source>/shards.parquet    shards table (SHARDS_SCHEMA)
-    workdir/index/<source>/errors.parquet    skipped shards/samples (ERRORS_SCHEMA), when any
-    workdir/plans/<plan_id>/plan.json        PlanMeta
-    workdir/plans/<plan_id>/manifest/steps-<first>-<last>.parquet   MANIFEST_SCHEMA
-    workdir/plans/<plan_id>/serve.json       ServeInfo, while an executor serves the plan
+workdir/index/<source>/samples.parquet   index table (INDEX_SCHEMA + metadata columns);
+                                         metadata `fingerprint` = content hash of the index
+workdir/index/<source>/shards.parquet    shards table (SHARDS_SCHEMA)
+workdir/index/<source>/errors.parquet    skipped shards/samples (ERRORS_SCHEMA), when any
+workdir/plans/<plan_id>/plan.json        PlanMeta
+workdir/plans/<plan_id>/manifest/steps-<first>-<last>.parquet   MANIFEST_SCHEMA
+workdir/plans/<plan_id>/serve.json       ServeInfo, while an executor serves the plan
 """
 
 from __future__ import annotations
@@ -52,11 +52,26 @@ class IndexFiles:
             raise IndexBuildError(f"{self.samples}: has no fingerprint; rebuild the index with `loom index`")
         return fp
 
+    def sample_shards(self) -> pa.Table:
+        """The `shard` column of the index (samples are in shard order): what loader partitioning needs."""
+        self._require()
+        return read_table(self.samples, TableKind.INDEX, columns=["shard"])
+
+    def samples_of_shards(self, first: int, stop: int, columns: list[str]) -> pa.Table:
+        """`columns` of the samples in shards [first, stop): one loader partition's part of the index."""
+        self._require()
+        return read_table(
+            self.samples, TableKind.INDEX, columns=columns, filters=[("shard", ">=", first), ("shard", "<", stop)]
+        )
+
+    def shard_table(self) -> pa.Table:
+        """The shards table (SHARDS_SCHEMA)."""
+        self._require()
+        return read_table(self.shards, TableKind.SHARDS)
+
     def _require(self) -> None:
         if not self.samples.exists() or not self.shards.exists():
-            raise IndexBuildError(
-                f"{self.root}: no index for source {self.root.name!r}; run `loom index SPEC` first"
-            )
+            raise IndexBuildError(f"{self.root}: no index for source {self.root.name!r}; run `loom index SPEC` first")
 
 
 def read_index(workdir: Path, source: str, columns: list[str] | None = None) -> tuple[pa.Table, pa.Table, str]:

@@ -105,11 +105,11 @@ def read_manifest(
     return dataset.to_table(filter=expr)
 
 
-def check_fresh(meta: PlanMeta, current: dict[str, str]) -> None:
-    """Raise StaleIndexError when any source's index fingerprint differs from the plan's."""
+def check_fresh(meta: PlanMeta, current: dict[str, str], sources: list[str] | None = None) -> None:
+    """Raise StaleIndexError when any of `sources` (default all) has an index fingerprint other than the plan's."""
     stale = [
         f"{s} (plan {meta.index_fingerprints.get(s)}, index {current.get(s)})"
-        for s in meta.sources
+        for s in (meta.sources if sources is None else sources)
         if meta.index_fingerprints.get(s) != current.get(s)
     ]
     if stale:

@@ -140,8 +140,13 @@ def table_metadata(path: str | Path) -> dict[str, str]:
     return {k.decode()[len("loomdata.") :]: v.decode() for k, v in meta.items() if k.startswith(b"loomdata.")}
 
 
-def read_table(path: str | Path, kind: TableKind, columns: list[str] | None = None) -> pa.Table:
-    """Read a stored table, rejecting a wrong kind, version or schema with a message naming the file."""
+def read_table(
+    path: str | Path,
+    kind: TableKind,
+    columns: list[str] | None = None,
+    filters: list[tuple[str, str, object]] | None = None,
+) -> pa.Table:
+    """Read a stored table (its `columns`, rows passing `filters`), rejecting a wrong kind, version or schema."""
     p = Path(path)
     if not p.exists():
         raise ContractError(f"{p}: no such {kind.value} table")
@@ -160,4 +165,4 @@ def read_table(path: str | Path, kind: TableKind, columns: list[str] | None = No
             f"(this loomdata reads version {VERSIONS[kind]}); rebuild it with this version of loomdata"
         )
     check_schema(schema, kind, str(p))
-    return pq.read_table(str(p), columns=columns)
+    return pq.read_table(str(p), columns=columns, filters=filters)

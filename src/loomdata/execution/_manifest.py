@@ -8,16 +8,18 @@ so memory does not grow with the plan.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from loomdata.schemas.plan import PlanMeta, read_manifest
+from loomdata.schemas.tables import MANIFEST_SCHEMA
 
 __all__ = ["ManifestRows", "ManifestSlice"]
 
-_COLUMNS = ("step", "dp_rank", "micro_batch", "source", "sample", "offset", "length", "lane")
+_COLUMNS = tuple(MANIFEST_SCHEMA.names)  # ManifestRows' fields, in the stored order (checked below)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,10 @@ class ManifestRows:
 
     def __len__(self) -> int:
         return len(self.step)
+
+
+if tuple(f.name for f in dataclasses.fields(ManifestRows)) != _COLUMNS:  # pragma: no cover - a programming error
+    raise ImportError(f"ManifestRows fields differ from MANIFEST_SCHEMA columns {_COLUMNS}; keep them the same")
 
 
 class ManifestSlice:

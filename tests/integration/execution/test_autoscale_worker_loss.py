@@ -65,7 +65,7 @@ def test_autoscaling_through_worker_kills_loses_nothing(cluster: Client, tmp_pat
                     assert ex.info is not None
                     kill_worker(cluster, ex.info.constructor_for(0).worker)
                     kills += 1
-                    ex.set_loaders("code", 3)  # races the watchdog for the lock: either order must hold
+                    ex.set_loaders("code", 3)  # queued behind the loop's recovery step: either order must hold
                 if step == SWITCH + 1:  # code is heavy: kill the worker with the most loaders mid-resizing
                     _poll(lambda: ex.loader_counts()["code"] > 1, "code growing", ex)
                     assert ex.info is not None
@@ -106,24 +106,24 @@ def test_resize_with_a_dead_constructor_then_recover(cluster: Client, tmp_path: 
                     assert ex.info is not None
                     dead = ex.info.constructor_for(1).worker
                     kill_worker(cluster, dead)
-                    _poll(lambda: ex._constructor_futures[1].status != "finished", "loss noticed", ex)
+                    _poll(lambda: ex._ops.fleet.constructors[1].lost, "loss noticed", ex)
                     assert ex.set_loaders("web", 3) == 3
                     assert ex.set_loaders("code", 2) == 2
                     assert ex.recover() >= 1
                     assert ex.info is not None and dead not in {c.worker for c in ex.info.constructors}
                 if step == 5:  # a loss during a resize: the worker dies after the new loaders exist
-                    created = ex._await_loaders
+                    created = ex._ops.await_loaders
 
                     def create_then_kill(parts: Any, futs: Any, created: Any = created) -> Any:
                         handles = created(parts, futs)
                         assert ex.info is not None
                         kill_worker(cluster, ex.info.constructor_for(0).worker)
-                        _poll(lambda: ex._constructor_futures[0].status != "finished", "loss noticed", ex)
+                        _poll(lambda: ex._ops.fleet.constructors[0].lost, "loss noticed", ex)
                         return handles
 
-                    ex._await_loaders = create_then_kill  # type: ignore[method-assign]
+                    ex._ops.await_loaders = create_then_kill  # type: ignore[method-assign]
                     assert ex.set_loaders("code", 2) == 2  # routes the survivor, skips the dead constructor
-                    ex._await_loaders = created  # type: ignore[method-assign]
+                    ex._ops.await_loaders = created  # type: ignore[method-assign]
                     assert ex.recover() >= 1
                 for _ in range(streams[0].meta.micro_batches):
                     for r, s in streams.items():

@@ -18,7 +18,6 @@ samples) or fail fast with `LoaderRetired` and are retried on the new route by t
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import time
@@ -35,10 +34,11 @@ from loomdata.execution._config import ServeConfig
 from loomdata.execution._constructor import DataConstructor
 from loomdata.execution._fleet import Actor, Fleet
 from loomdata.execution._loader import SourceLoader
-from loomdata.execution._outcome import best_effort, issue
+from loomdata.execution._outcome import issue
 from loomdata.execution._partition import LoaderPartition, partition_source, rank_groups
+from loomdata.execution._publish import Publisher
 from loomdata.execution._retry import retry_until
-from loomdata.execution.protocol import ServeInfo, constructor_dataset, serve_dataset, serve_path, write_serve_info
+from loomdata.execution.protocol import ServeInfo
 from loomdata.schemas.errors import ExecutionError, LoomError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.plan import PlanMeta, check_fresh
@@ -63,8 +63,7 @@ class FleetOps:
         self._shards: dict[int, np.ndarray] = {}  # index shard column per source id (read once)
         self._workers: itertools.cycle[str] = itertools.cycle([])
         self.fleet = Fleet(meta.plan_id, list(meta.sources), rank_groups(meta.dp_size, config.constructors))
-        self.info: ServeInfo | None = None
-        self._published: set[str] = set()  # dataset names this executor published (and unpublishes)
+        self.published = Publisher(client, plan_dir, meta.plan_id)
 
     # ---- start / stop ---------------------------------------------------------------------------
 
@@ -86,14 +85,12 @@ class FleetOps:
                 if not out.ok:
                     raise ExecutionError(f"a constructor did not start ({out.kind}: {out.error})")
             for i, a in enumerate(self.fleet.constructors):
-                self._publish_constructor(i, a)
+                self.published.constructor(i, a.handle)
         self.publish(started_at=time.time())
 
     def stop(self) -> None:
         """Unpublish, stop constructors, close loaders, release every future, remove our serve.json."""
-        for name in sorted(self._published):
-            best_effort(f"unpublishing {name}", functools.partial(self.client.unpublish_dataset, name))
-        self._published.clear()
+        self.published.withdraw()
         with self.client.as_current():
             self.retire_ready(everything=True)
             calls = [issue(a.future, a.handle, "stop") for a in self.fleet.constructors]
@@ -104,10 +101,6 @@ class FleetOps:
             a.future.release()
         self.fleet.constructors.clear()
         self.fleet.loaders.clear()
-        p = serve_path(self.plan_dir)
-        if self.info is not None and _serve_json_started_at(p) == self.info.started_at:
-            p.unlink(missing_ok=True)
-        self.info = None
 
     # ---- the protocol ---------------------------------------------------------------------------
 
@@ -141,7 +134,7 @@ class FleetOps:
             routed = self.route_stale()
             self.retire_ready()
             for i, actor in self._create_constructors(lost.constructors).items():  # not started: a take places it
-                self._publish_constructor(i, actor)
+                self.published.constructor(i, actor.handle)
                 self.fleet.replace_constructor(i, actor).future.release()
         self.publish()
         if not routed:
@@ -229,27 +222,23 @@ class FleetOps:
 
     # ---- publishing -----------------------------------------------------------------------------
 
+    @property
+    def info(self) -> ServeInfo | None:
+        """The ServeInfo published last (None before start and after stop)."""
+        return self.published.info
+
     def publish(self, *, started_at: float | None = None) -> ServeInfo:
         """Describe the actors as they are now: ServeInfo published on the scheduler and in serve.json."""
-        when = started_at if started_at is not None else (self.info.started_at if self.info else time.time())
-        self.info = self.fleet.serve_info(
+        last = self.published.info
+        info = self.fleet.serve_info(
             scheduler=self.client.scheduler.address,
             window=self.config.window,
             peers=self.peers,
             pid=os.getpid(),
-            started_at=when,
+            started_at=started_at if started_at is not None else (last.started_at if last else time.time()),
         )
-        name = serve_dataset(self.meta.plan_id)
-        self.client.publish_dataset(self.info.model_dump_json(), name=name, override=True)
-        self._published.add(name)
-        write_serve_info(self.plan_dir, self.info)
-        return self.info
-
-    def _publish_constructor(self, index: int, actor: Actor) -> None:
-        """Publish a constructor's handle under its deterministic name (clients re-resolve it after a loss)."""
-        name = constructor_dataset(self.meta.plan_id, index)
-        self.client.publish_dataset(actor.handle, name=name, override=True)
-        self._published.add(name)
+        self.published.serve_info(info)
+        return info
 
     # ---- helpers --------------------------------------------------------------------------------
 
@@ -295,11 +284,3 @@ class FleetOps:
         return self._submit(
             DataConstructor, str(self.plan_dir), ranks, routes, c.window, self.peers, c.start_step, key=key
         )
-
-
-def _serve_json_started_at(path: Path) -> float | None:
-    """`started_at` of the ServeInfo in `path`, None when absent or unreadable (another version wrote it)."""
-    try:
-        return ServeInfo.model_validate_json(path.read_text()).started_at
-    except (OSError, ValueError):  # missing, or not our format (pydantic's ValidationError is a ValueError)
-        return None

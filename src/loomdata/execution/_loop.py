@@ -87,6 +87,10 @@ class ControlLoop:
     # ---- the loop -------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        with self._ops.client.as_current():  # actor handles made on this thread bind to the executor's client
+            self._turns()
+
+    def _turns(self) -> None:
         while True:
             due = min(self._next_recovery if self._recover else float("inf"), self._next_round)
             pause = _POLL_S if self._gather is not None else max(0.0, due - time.monotonic())

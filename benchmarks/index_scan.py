@@ -43,8 +43,8 @@ from PIL import Image
 
 from loomdata.indexing import build_index
 from loomdata.schemas import ImageSpec, Spec, parse_spec
-from loomdata.sources.corpus import generate_corpus
 from loomdata.sources.images import image_tokens_array
+from loomdata.testing import generate_corpus
 
 RESULTS = Path(__file__).resolve().parent / "results" / "index_scan.json"
 GOAL = 0.8

@@ -19,9 +19,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _unit_tests_start_no_cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A unit test that starts a cluster or sleeps fails: those belong in tests/integration."""
+    """A unit test that starts a cluster or sleeps fails: those belong in tests/integration.
+
+    `time.sleep` and `asyncio.sleep` with a positive delay raise (a zero delay, a bare yield, is allowed).
+    """
     if f"{os.sep}unit{os.sep}" not in str(request.node.fspath):
         return
+    import asyncio
+    import time
+
     import distributed
 
     def _refuse(*args: object, **kwargs: object) -> None:
@@ -29,6 +35,25 @@ def _unit_tests_start_no_cluster(request: pytest.FixtureRequest, monkeypatch: py
 
     monkeypatch.setattr(distributed.LocalCluster, "__init__", _refuse)
     monkeypatch.setattr(distributed.Client, "__init__", _refuse)
+
+    real_sleep = time.sleep
+    real_async_sleep = asyncio.sleep
+
+    def _sleep_refused(how: str, delay: float) -> RuntimeError:
+        return RuntimeError(f"unit tests may not sleep ({how}({delay!r})); move this test to tests/integration")
+
+    def _no_sleep(seconds: float) -> None:
+        if seconds > 0:
+            raise _sleep_refused("time.sleep", seconds)
+        real_sleep(seconds)
+
+    async def _no_async_sleep(delay: float, result: object = None) -> object:
+        if delay > 0:
+            raise _sleep_refused("asyncio.sleep", delay)
+        return await real_async_sleep(delay, result)
+
+    monkeypatch.setattr(time, "sleep", _no_sleep)
+    monkeypatch.setattr(asyncio, "sleep", _no_async_sleep)
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from loomdata.execution import Executor, open_cluster, serve
     from loomdata.indexing import IndexSummary, build_index
     from loomdata.planning import PlanResult, make_plan, plan_report, plot_plan
-    from loomdata.sources.corpus import generate_corpus
+    from loomdata.testing import generate_corpus
 
 __version__ = "0.1.0"
 
@@ -77,7 +77,7 @@ _LAZY = {
     "make_plan": "loomdata.planning",
     "plan_report": "loomdata.planning",
     "plot_plan": "loomdata.planning",
-    "generate_corpus": "loomdata.sources.corpus",
+    "generate_corpus": "loomdata.testing",
 }
 
 

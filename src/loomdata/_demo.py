@@ -108,7 +108,7 @@ def run_demo(
     from loomdata.indexing import build_index
     from loomdata.planning import make_plan, plan_report
     from loomdata.schemas import load_spec
-    from loomdata.sources.corpus import generate_corpus
+    from loomdata.testing import generate_corpus
 
     report: dict[str, Any] = {}
     t0 = time.perf_counter()

@@ -29,7 +29,7 @@ def _progress_wanted(args: argparse.Namespace) -> bool:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from loomdata.sources.corpus import generate_corpus
+    from loomdata.testing import generate_corpus
 
     t0 = time.perf_counter()
     summary = generate_corpus(Path(args.dir), args.size, seed=args.seed)

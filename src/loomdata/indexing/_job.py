@@ -23,9 +23,16 @@ from tqdm import tqdm
 
 from loomdata.indexing._assemble import assemble, concat_scans, write_tables
 from loomdata.indexing._cache import ShardScan, load_scan, parts_dir, store_scan
-from loomdata.indexing._fingerprint import ShardStat, cache_key, index_fingerprint, scan_config_hash, stat_shard
+from loomdata.indexing._fingerprint import (
+    ShardStat,
+    cache_key,
+    index_fingerprint,
+    samples_content_hash,
+    scan_config_hash,
+    stat_shard,
+)
 from loomdata.indexing._summary import IndexSummary, SourceSummary
-from loomdata.indexing._task import Failure, FailureKind, PartOutcome, ScanJob, rebuild_source_error, run_scan
+from loomdata.indexing._task import Failure, FailureKind, PartOutcome, ScanJob, run_scan
 from loomdata.schemas.errors import IndexBuildError, SourceDataError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.spec import OnError, SourceSpec, Spec
@@ -117,7 +124,7 @@ def _prepare(spec: Spec, idx: int, source: SourceSpec) -> _SourceRun:
             run.scans.append(ShardScan(_empty_rows(), [(None, e.reason)], skipped=True))
             continue
         run.stats.append(stat)
-        run.keys.append(cache_key(stat.fingerprint, config))
+        run.keys.append(cache_key(stat, config))
         cached_at = run.cache_path(len(run.keys) - 1)
         run.scans.append(load_scan(cached_at) if cached_at is not None else None)
     run.missing = [i for i, s in enumerate(run.scans) if s is None]
@@ -131,12 +138,12 @@ def _failure_message(f: Failure) -> str:
 
 
 def _raise_failure(run: _SourceRun, f: Failure) -> None:
-    if f.kind is FailureKind.INTERNAL:
-        raise IndexBuildError(
-            f"{f.path}: the {run.source.format.value} reader of source {run.source.name!r} failed "
-            f"({f.message}); this is a bug in loomdata, report it with this traceback:\n{f.detail}"
-        )
-    raise rebuild_source_error(f)
+    if f.error is not None:
+        raise f.error  # the reader's SourceDataError as raised: file, row and hint crossed intact
+    raise IndexBuildError(
+        f"{f.path}: the {run.source.format.value} reader of source {run.source.name!r} failed "
+        f"({f.message}); this is a bug in loomdata, report it with this traceback:\n{f.detail}"
+    )
 
 
 def _task_exception(out: object) -> BaseException | object:
@@ -253,7 +260,7 @@ def _finish(run: _SourceRun) -> SourceSummary:
     if len(scans) != len(run.stats):  # every missing shard is scanned or the job raised
         raise IndexBuildError(f"source {run.source.name!r}: {len(run.stats) - len(scans)} shard(s) were not scanned")
     tables = assemble(run.source.name, run.stats, scans, run.source.metadata)
-    fp = index_fingerprint(run.config_hash, [s.fingerprint for s in run.stats])
+    fp = index_fingerprint(run.config_hash, [s.fingerprint for s in run.stats], samples_content_hash(tables.samples))
     f = run.files
     unchanged = (
         f.samples.exists()

@@ -1,13 +1,16 @@
-"""The scan task that runs on Dask workers: scan one part of one shard with a per-process reader.
+"""The scan task that runs on Dask workers: scan one part of one shard with a reader of its own.
 
-Failures travel back as data (`Failure`), not as raised exceptions: `SourceDataError` does not
-survive pickling, and the client decides between stopping (`on_error: error`) and skipping.
+Failures travel back as data (`Failure`), not as raised exceptions, so the client decides between
+stopping (`on_error: error`) and skipping. Bad input travels as the reader's `SourceDataError`
+itself: it pickles by its constructor arguments, so the client raises it with its path, row and hint.
+The reader lives exactly as long as the task: it is made at the start and closed at the end, so no
+file state outlives a scan (the next task may see a changed file at the same path) and no two tasks
+in one worker process share a reader.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,12 +19,9 @@ import pyarrow as pa
 
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
-from loomdata.sources import FormatReader, make_reader
+from loomdata.sources import make_reader
 
-__all__ = ["Failure", "FailureKind", "PartOutcome", "ScanJob", "rebuild_source_error", "run_scan"]
-
-_READERS: dict[str, FormatReader] = {}
-"""Readers of this worker process, keyed by the JSON of (source, tokenizer, images)."""
+__all__ = ["Failure", "FailureKind", "PartOutcome", "ScanJob", "run_scan"]
 
 
 class FailureKind(str, enum.Enum):
@@ -33,14 +33,23 @@ class FailureKind(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """Why a part could not be scanned; enough to rebuild the original error in the client."""
+    """Why a part could not be scanned: bad input (`error`, the reader's SourceDataError) or a reader bug."""
 
     kind: FailureKind
-    message: str  # str() of the original exception
     path: str
-    reason: str
-    row: int | None = None
+    message: str  # str() of the original exception (with its type name for an internal error)
+    error: SourceDataError | None = None  # set exactly when kind is SOURCE
     detail: str = ""  # traceback of an internal error
+
+    @property
+    def row(self) -> int | None:
+        """The bad row the reader named, if any."""
+        return None if self.error is None else self.error.row
+
+    @property
+    def reason(self) -> str:
+        """What is wrong, without the file and row (they are `path` and `row`)."""
+        return self.message if self.error is None else self.error.reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,16 +63,6 @@ class ScanJob:
     tokenizer: TokenizerSpec
     images: ImageSpec
     target_bytes: int
-
-    def reader_key(self) -> str:
-        return json.dumps(
-            [
-                self.source.model_dump(mode="json"),
-                self.tokenizer.model_dump(mode="json"),
-                self.images.model_dump(mode="json"),
-            ],
-            sort_keys=True,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,44 +78,26 @@ class PartOutcome:
     failure: Failure | None = None
 
 
-def _reader(job: ScanJob) -> FormatReader:
-    key = job.reader_key()
-    reader = _READERS.get(key)
-    if reader is None:
-        reader = make_reader(job.source, job.tokenizer, job.images)
-        _READERS[key] = reader
-    return reader
-
-
 def run_scan(job: ScanJob, part: int | None, num_parts: int | None) -> PartOutcome:
     """Scan part `part` of `num_parts`; `part=None` first splits the shard and scans part 0."""
     n = num_parts or 1
     p = part or 0
-    reader: FormatReader | None = None
     try:
-        reader = _reader(job)
-        if part is None:
-            n = max(int(reader.num_parts(job.path, job.target_bytes)), 1)
-        result = reader.scan(job.path, p, n)
+        reader = make_reader(job.source, job.tokenizer, job.images)
+        try:
+            if part is None:
+                n = max(int(reader.num_parts(job.path, job.target_bytes)), 1)
+            result = reader.scan(job.path, p, n)
+        finally:
+            reader.close()
         return PartOutcome(job.source_idx, job.shard_idx, p, n, rows=result.rows, errors=list(result.errors))
     except SourceDataError as e:
-        failure = Failure(FailureKind.SOURCE, str(e), e.path, e.reason, e.row)
+        failure = Failure(FailureKind.SOURCE, e.path, str(e), error=e)
     except OSError as e:
         err = SourceDataError(str(job.path), f"cannot read the file ({e})")
-        failure = Failure(FailureKind.SOURCE, str(err), err.path, err.reason)
+        failure = Failure(FailureKind.SOURCE, err.path, str(err), error=err)
     except Exception as e:
         failure = Failure(
-            FailureKind.INTERNAL, f"{type(e).__name__}: {e}", str(job.path), str(e), detail=traceback.format_exc()
+            FailureKind.INTERNAL, str(job.path), f"{type(e).__name__}: {e}", detail=traceback.format_exc()
         )
-    finally:
-        if reader is not None:
-            reader.close()  # drop file state: the next run may see a changed file at the same path
     return PartOutcome(job.source_idx, job.shard_idx, p, n, failure=failure)
-
-
-def rebuild_source_error(f: Failure) -> SourceDataError:
-    """The SourceDataError a task caught, with its attributes and message exactly as raised."""
-    err = SourceDataError.__new__(SourceDataError)
-    Exception.__init__(err, f.message)
-    err.path, err.row, err.reason = f.path, f.row, f.reason
-    return err

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from loomdata.schemas.errors import SpecError
+from loomdata.schemas.formats import field_problems, metadata_problem
 from loomdata.schemas.tables import INDEX_SCHEMA
 
 __all__ = [
@@ -233,9 +234,6 @@ def _key_path(loc: Sequence[int | str]) -> str:
     return out or "<root>"
 
 
-_MEGATRON_METADATA = "document"  # the one column a Megatron source carries (sources.megatron.DOCUMENT_COLUMN)
-
-
 def _metadata_problems(key: str, source: SourceSpec) -> list[str]:
     """Problems of a source's `metadata` list: index-column clashes, repeats, what its format can carry."""
     problems: list[str] = []
@@ -250,11 +248,8 @@ def _metadata_problems(key: str, source: SourceSpec) -> list[str]:
                 f"{mkey}: {m!r} clashes with an index column ({', '.join(index_columns)}); "
                 "rename it in the files or drop it from `metadata`"
             )
-        elif source.format is SourceFormat.MEGATRON and m != _MEGATRON_METADATA:
-            problems.append(
-                f"{mkey}: a megatron source carries only {_MEGATRON_METADATA!r} (each sequence's document "
-                f"number), not {m!r}; drop it from `metadata`"
-            )
+        elif (why := metadata_problem(source.format.value, m)) is not None:
+            problems.append(f"{mkey}: {why}")
         if m in seen:
             problems.append(f"{mkey}: {m!r} is listed twice; list each column once")
         seen.add(m)
@@ -270,14 +265,7 @@ def _semantic_problems(spec: Spec, check_paths: bool) -> list[str]:
         if s.name in seen:
             problems.append(f"{key}.name: duplicate source name {s.name!r}")
         seen.add(s.name)
-        if s.format in (SourceFormat.PARQUET,) and not (s.tokens_field or s.text_field):
-            problems.append(f"{key}: a parquet source needs `tokens_field` or `text_field`")
-        if s.format in (SourceFormat.JSONL, SourceFormat.WEBDATASET) and not s.text_field:
-            problems.append(f"{key}.text_field: required for format {s.format.value}")
-        if s.tokens_field and s.text_field:
-            problems.append(f"{key}: set either `tokens_field` or `text_field`, not both")
-        if s.image_field and s.format is not SourceFormat.WEBDATASET:
-            problems.append(f"{key}.image_field: images are supported for webdataset sources only")
+        problems.extend(field_problems(s, key))
         problems.extend(_metadata_problems(key, s))
         if check_paths:
             for j, pattern in enumerate(s.paths):

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import importlib
 
+from loomdata.schemas.formats import FIELD_RULES, FieldRules, check_fields, field_problems, metadata_problem
 from loomdata.schemas.spec import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
 
-__all__ = ["FormatReader", "Sample", "ScanResult", "make_reader"]
+__all__ = [
+    "FIELD_RULES",
+    "FieldRules",
+    "FormatReader",
+    "Sample",
+    "ScanResult",
+    "check_fields",
+    "field_problems",
+    "make_reader",
+    "metadata_problem",
+]
 
 _READERS: dict[SourceFormat, tuple[str, str]] = {
     SourceFormat.PARQUET: ("loomdata.sources.parquet", "ParquetReader"),

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from loomdata.schemas.formats import check_fields
 from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
 
 __all__ = ["FormatReader", "Sample", "ScanResult"]
@@ -45,6 +46,7 @@ class FormatReader(abc.ABC):
     """Scans and reads one source's shards; subclasses implement one on-disk format."""
 
     def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
+        check_fields(source)  # the format's field rules (`FIELD_RULES`), the same ones the spec is checked by
         self.source = source
         self.tokenizer_spec = tokenizer
         self.images = images

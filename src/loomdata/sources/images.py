@@ -13,7 +13,8 @@ and budget `max_pixels` (both from `ImageSpec`):
 The image is resized to `(gw * p) x (gh * p)` pixels and costs `gw * gh` tokens. The result stays
 within `max_pixels` except for images so thin that one side keeps its single patch. Sizes come from
 the image header only (no EXIF rotation is applied anywhere), so the scan counts exactly the tokens
-`decode_image`'s pixels fill.
+`decode_image`'s pixels fill; `decoded_image_tokens` reads that count back from a decoded image (the
+readers and the loaders use it, so the rule is written once).
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ import numpy as np
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec
 
-__all__ = ["decode_image", "image_grid_array", "image_tokens", "image_tokens_array", "resized_size"]
+__all__ = [
+    "decode_image",
+    "decoded_image_tokens",
+    "image_grid_array",
+    "image_tokens",
+    "image_tokens_array",
+    "resized_size",
+]
 
 
 def image_grid_array(widths: np.ndarray, heights: np.ndarray, spec: ImageSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -65,6 +73,14 @@ def resized_size(width: int, height: int, spec: ImageSpec) -> tuple[int, int]:
     """(width, height) in pixels an image is resized to: whole patches, per the module's rule."""
     gw, gh = image_grid_array(np.array([width]), np.array([height]), spec)
     return int(gw[0]) * spec.patch_size, int(gh[0]) * spec.patch_size
+
+
+def decoded_image_tokens(image: np.ndarray, patch_size: int) -> int:
+    """Tokens a decoded image (HWC, sized by `decode_image`) stands for: one per whole patch of its pixels.
+
+    Equals `image_tokens` of the image's original size: `decode_image` resizes to whole patches.
+    """
+    return (int(image.shape[0]) // patch_size) * (int(image.shape[1]) // patch_size)
 
 
 def decode_image(data: bytes, spec: ImageSpec, *, name: str = "<image bytes>") -> np.ndarray:

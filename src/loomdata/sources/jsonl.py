@@ -232,12 +232,8 @@ class JsonlReader(FormatReader):
     """Scans and reads JSONL shards of one source (plain, gzip or Zstandard)."""
 
     def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
-        super().__init__(source, tokenizer, images)
-        if source.text_field is None:
-            raise SourceDataError(
-                f"<source {source.name}>", "a jsonl source needs `text_field`", hint="set it in the spec"
-            )
-        self._field: str = source.text_field
+        super().__init__(source, tokenizer, images)  # checks that `text_field` is set
+        self._field: str = source.text_field or ""
         self._meta: list[str] = list(dict.fromkeys(source.metadata))
         self._guess: dict[str, pa.DataType] = {}  # kinds seen so far: only speed depends on them
         self._maps: dict[Path, tuple[BinaryIO, mmap.mmap | None]] = {}

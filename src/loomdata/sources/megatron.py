@@ -18,9 +18,7 @@ per file and gathers the requested sequences in one vectorised take.
 
 from __future__ import annotations
 
-import os
 import struct
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,19 +26,18 @@ import numpy as np
 import pyarrow as pa
 
 from loomdata.schemas.errors import SourceDataError
+from loomdata.schemas.formats import DOCUMENT_COLUMN
 from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
 
-__all__ = ["DOCUMENT_COLUMN", "MegatronReader", "write_megatron"]
+__all__ = ["DOCUMENT_COLUMN", "DTYPE_CODES", "IDX_HEADER", "IDX_MAGIC", "IDX_VERSION", "MegatronReader"]
 
-DOCUMENT_COLUMN = "document"
-"""The one metadata column a Megatron source can carry: the document number of each sequence."""
-
-_MAGIC = b"MMIDIDX\x00\x00"
-_VERSION = 1
-_HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, document count
+# The .idx format, shared with the test writer (`loomdata.testing.write_megatron`).
+IDX_MAGIC = b"MMIDIDX\x00\x00"
+IDX_VERSION = 1
+IDX_HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, document count
 # megatron-core's DType codes (indexed_dataset.DType); float codes exist there but hold no tokens.
-_CODES: dict[int, np.dtype] = {
+DTYPE_CODES: dict[int, np.dtype] = {
     1: np.dtype(np.uint8),
     2: np.dtype(np.int8),
     3: np.dtype(np.int16),
@@ -99,27 +96,27 @@ def _parse_index(prefix: Path) -> _Index:
     stamp = _stamp(idx_path, bin_path)
     idx_size, bin_size = stamp[0], stamp[2]
     rebuild = "rebuild it with Megatron's preprocess_data.py (or IndexedDatasetBuilder)"
-    if idx_size < _HEADER.size:
-        why = f"truncated .idx: {idx_size} bytes, shorter than the {_HEADER.size}-byte header"
+    if idx_size < IDX_HEADER.size:
+        why = f"truncated .idx: {idx_size} bytes, shorter than the {IDX_HEADER.size}-byte header"
         raise SourceDataError(str(idx_path), why, hint=rebuild)
     with open(idx_path, "rb") as f:
-        magic, version, code, n_seq, n_doc = _HEADER.unpack(f.read(_HEADER.size))
-    if magic != _MAGIC:
+        magic, version, code, n_seq, n_doc = IDX_HEADER.unpack(f.read(IDX_HEADER.size))
+    if magic != IDX_MAGIC:
         raise SourceDataError(
-            str(idx_path), f"not a Megatron .idx file (magic {magic!r}, expected {_MAGIC!r})", hint=rebuild
+            str(idx_path), f"not a Megatron .idx file (magic {magic!r}, expected {IDX_MAGIC!r})", hint=rebuild
         )
-    if version != _VERSION:
+    if version != IDX_VERSION:
         raise SourceDataError(
-            str(idx_path), f"unsupported .idx version {version} (loomdata reads version {_VERSION})", hint=rebuild
+            str(idx_path), f"unsupported .idx version {version} (loomdata reads version {IDX_VERSION})", hint=rebuild
         )
     if code in _FLOAT_CODES:
         raise SourceDataError(
             str(idx_path), f".bin dtype is {_FLOAT_CODES[code]}, not token ids", hint="use an integer token dtype"
         )
-    if code not in _CODES:
+    if code not in DTYPE_CODES:
         raise SourceDataError(str(idx_path), f"unknown dtype code {code} in the .idx header", hint=rebuild)
-    dtype = _CODES[code]
-    base = _HEADER.size + 4 * n_seq + 8 * n_seq + 8 * n_doc
+    dtype = DTYPE_CODES[code]
+    base = IDX_HEADER.size + 4 * n_seq + 8 * n_seq + 8 * n_doc
     if idx_size not in (base, base + n_seq):  # + n_seq: the int8 modes of a multimodal dataset
         raise SourceDataError(
             str(idx_path),
@@ -128,9 +125,9 @@ def _parse_index(prefix: Path) -> _Index:
             hint=rebuild,
         )
     mm = np.memmap(idx_path, dtype=np.uint8, mode="r")
-    lengths = np.frombuffer(mm, dtype="<i4", count=n_seq, offset=_HEADER.size)
-    pointers = np.frombuffer(mm, dtype="<i8", count=n_seq, offset=_HEADER.size + 4 * n_seq)
-    docs = np.frombuffer(mm, dtype="<i8", count=n_doc, offset=_HEADER.size + 12 * n_seq)
+    lengths = np.frombuffer(mm, dtype="<i4", count=n_seq, offset=IDX_HEADER.size)
+    pointers = np.frombuffer(mm, dtype="<i8", count=n_seq, offset=IDX_HEADER.size + 4 * n_seq)
+    docs = np.frombuffer(mm, dtype="<i8", count=n_doc, offset=IDX_HEADER.size + 12 * n_seq)
     itemsize = dtype.itemsize
     expected_bin = int(pointers[-1]) + int(lengths[-1]) * itemsize if n_seq else 0
     if bin_size != expected_bin:
@@ -177,14 +174,7 @@ class MegatronReader(FormatReader):
     """Scans and reads Megatron .bin/.idx datasets; one sample per sequence, `row` = sequence index."""
 
     def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
-        super().__init__(source, tokenizer, images)
-        unknown = [m for m in source.metadata if m != DOCUMENT_COLUMN]
-        if unknown:
-            raise SourceDataError(
-                f"<source {source.name}>",
-                f"a Megatron source has no metadata column(s) {', '.join(map(repr, unknown))}",
-                hint=f"the only metadata a Megatron source carries is {DOCUMENT_COLUMN!r}; fix `metadata`",
-            )
+        super().__init__(source, tokenizer, images)  # checks that `metadata` holds only DOCUMENT_COLUMN
         self._indexes: dict[Path, _Index] = {}
         self._bins: dict[Path, np.ndarray] = {}
 
@@ -261,47 +251,3 @@ class MegatronReader(FormatReader):
         self._bins.clear()
         self._indexes.clear()
 
-
-def write_megatron(prefix: Path, docs: Iterable[np.ndarray], dtype: type[np.integer] | np.dtype = np.uint16) -> int:
-    """Write `docs` as PREFIX.bin/PREFIX.idx, one sequence per document; returns the document count.
-
-    The bytes equal what megatron-core's `IndexedDatasetBuilder(bin, dtype)` writes for
-    `add_item(doc); end_document()` per document, then `finalize(idx)`. Token ids must fit `dtype`
-    (ValueError otherwise, instead of wrapping around). Files appear atomically (temp name, rename).
-    """
-    dt = np.dtype(dtype)
-    code = next((c for c, d in _CODES.items() if d == dt), None)
-    if code is None:
-        names = ", ".join(sorted(d.name for d in _CODES.values()))
-        raise ValueError(f"unsupported Megatron token dtype {dt.name} (supported: {names})")
-    idx_path, bin_path = _paths(prefix)
-    tmp_bin, tmp_idx = Path(f"{bin_path}.tmp"), Path(f"{idx_path}.tmp")
-    info = np.iinfo(dt)
-    lengths: list[int] = []
-    try:
-        with open(tmp_bin, "wb") as f:
-            for i, doc in enumerate(docs):
-                arr = np.asarray(doc)
-                if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
-                    raise ValueError(f"document {i}: expected a 1-D integer array, got {arr.dtype}{list(arr.shape)}")
-                if arr.size and (int(arr.min()) < info.min or int(arr.max()) > info.max):
-                    raise ValueError(f"document {i}: token ids outside the range of {dt.name}")
-                f.write(arr.astype(dt.newbyteorder("<"), copy=False).tobytes())
-                lengths.append(int(arr.size))
-        n = len(lengths)
-        lens = np.asarray(lengths, dtype="<i4")
-        pointers = np.zeros(n, dtype="<i8")
-        if n > 1:
-            np.cumsum(lens[:-1].astype(np.int64) * dt.itemsize, out=pointers[1:])
-        doc_indices = np.arange(n + 1, dtype="<i8")
-        with open(tmp_idx, "wb") as f:
-            f.write(_HEADER.pack(_MAGIC, _VERSION, code, n, n + 1))
-            f.write(lens.tobytes())
-            f.write(pointers.tobytes())
-            f.write(doc_indices.tobytes())
-        os.replace(tmp_bin, bin_path)
-        os.replace(tmp_idx, idx_path)
-    finally:
-        tmp_bin.unlink(missing_ok=True)
-        tmp_idx.unlink(missing_ok=True)
-    return n

@@ -50,13 +50,7 @@ class ParquetReader(FormatReader):
     """Scans and reads Parquet shards of one source."""
 
     def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
-        super().__init__(source, tokenizer, images)
-        if (source.tokens_field is None) == (source.text_field is None):
-            raise SourceDataError(
-                f"<source {source.name}>",
-                "a parquet source needs exactly one of `tokens_field` or `text_field`",
-                hint="set one of them in the spec",
-            )
+        super().__init__(source, tokenizer, images)  # checks that exactly one of the two fields is set
         self._field: str = source.tokens_field or source.text_field or ""
         self._pretokenized = source.tokens_field is not None
         self._files: dict[Path, _FileInfo] = {}

@@ -19,12 +19,10 @@ tokens by `images.image_tokens_array`. A sample's tokens are its image placehold
 
 from __future__ import annotations
 
-import io
-import os
 import re
 import tarfile
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -35,10 +33,10 @@ import pyarrow as pa
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
-from loomdata.sources.images import decode_image, image_tokens_array
+from loomdata.sources.images import decode_image, decoded_image_tokens, image_tokens_array
 from loomdata.sources.tokenizer import make_tokenizer
 
-__all__ = ["KEY_COLUMN", "WebDatasetReader", "write_webdataset_shard"]
+__all__ = ["KEY_COLUMN", "WebDatasetReader"]
 
 KEY_COLUMN = "__key__"
 """Metadata column holding each sample's key; any other metadata name is an extension carried as text."""
@@ -171,12 +169,8 @@ class WebDatasetReader(FormatReader):
     """Scans and reads WebDataset tar shards; one sample per key run, `row` = its first header's offset."""
 
     def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
-        super().__init__(source, tokenizer, images)
-        if not source.text_field:
-            raise SourceDataError(
-                f"<source {source.name}>", "a webdataset source needs `text_field`", hint="set it in the spec"
-            )
-        self._text = source.text_field.lower()
+        super().__init__(source, tokenizer, images)  # checks that `text_field` is set
+        self._text = (source.text_field or "").lower()
         self._images = [e.lower() for e in source.image_field]
         self._shards: dict[Path, _Open] = {}
         self._lock = threading.Lock()  # open shards share one file position: one caller at a time
@@ -333,7 +327,7 @@ class WebDatasetReader(FormatReader):
         out: list[Sample] = []
         for r, text_tokens in zip(rows_list, encoded, strict=True):
             images = [decode_image(data, self.images, name=f"{path}:{name}") for name, data in payloads[r]]
-            n_img = sum((im.shape[0] // p) * (im.shape[1] // p) for im in images)
+            n_img = sum(decoded_image_tokens(im, p) for im in images)
             tokens = np.empty(n_img + len(text_tokens), dtype=np.int32)
             tokens[:n_img] = self.images.placeholder_token_id
             tokens[n_img:] = text_tokens
@@ -347,51 +341,3 @@ class WebDatasetReader(FormatReader):
                 shard.file.close()
             self._shards.clear()
 
-
-def _as_bytes(value: object, where: str) -> bytes:
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    raise TypeError(f"{where}: payload must be bytes or str, got {type(value).__name__}")
-
-
-def write_webdataset_shard(path: Path, samples: Iterable[Mapping[str, bytes | str]]) -> int:
-    """Write `samples` (each `{"__key__": key, ext: payload, ...}`) as an uncompressed tar shard.
-
-    Members are `key.ext` in sorted extension order, like `webdataset.TarWriter`, with fixed mtime,
-    mode and owner so the same samples give byte-identical files. Returns the number of samples.
-    Keys must be non-empty, without a dot in their basename, and differ from the previous sample's
-    key (otherwise WebDataset would group members differently); extensions must not start with `_`.
-    The file appears atomically (temp name, rename).
-    """
-    tmp = Path(f"{path}.tmp")
-    n = 0
-    prev: str | None = None
-    try:
-        with open(tmp, "wb") as f, tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-            for i, sample in enumerate(samples):
-                key = sample.get(KEY_COLUMN)
-                if not isinstance(key, str) or not key or "." in key.rsplit("/", 1)[-1] or key.endswith("/"):
-                    raise ValueError(f"sample {i}: `__key__` must be a non-empty str without '.' in its basename")
-                if key == prev:
-                    raise ValueError(f"sample {i}: key {key!r} repeats the previous sample's key")
-                exts = sorted(k for k in sample if k != KEY_COLUMN)
-                if not exts:
-                    raise ValueError(f"sample {i} ({key!r}): no members besides `__key__`")
-                for ext in exts:
-                    if ext.startswith("_") or "/" in ext or ext != ext.strip():
-                        raise ValueError(f"sample {i} ({key!r}): bad extension {ext!r}")
-                    data = _as_bytes(sample[ext], f"sample {i} ({key!r}) .{ext}")
-                    ti = tarfile.TarInfo(f"{key}.{ext}")
-                    ti.size = len(data)
-                    ti.mtime = 0
-                    ti.mode = 0o444
-                    ti.uname = ti.gname = "bigdata"
-                    tar.addfile(ti, io.BytesIO(data))
-                prev = key
-                n += 1
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return n

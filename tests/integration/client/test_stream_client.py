@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from distributed import Client
 
-from loomdata.client import StreamClient, verify_resume
+from loomdata.client import StreamClient
 from loomdata.execution import Executor
 from loomdata.schemas import Batch, ContractError, read_manifest, read_plan
+from loomdata.testing import verify_resume
 
 
 def _same(a: Batch, b: Batch) -> None:

@@ -14,7 +14,7 @@ from loomdata.execution import Executor
 from loomdata.indexing import build_index
 from loomdata.planning import make_plan
 from loomdata.schemas import IGNORE_INDEX, IndexFiles, parse_spec, read_manifest, read_plan
-from loomdata.sources.corpus import generate_corpus
+from loomdata.testing import generate_corpus
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "demo.yaml"
 

@@ -155,3 +155,31 @@ def test_a_failed_dask_task_is_recognised(dask_client: Client) -> None:
     assert got[ok.key] == 7
     err = _task_exception(got[bad.key])
     assert isinstance(err, ValueError) and "invalid literal" in str(err)
+
+
+def test_a_bad_row_error_crosses_from_the_worker_with_file_row_and_hint(
+    tmp_path: Path, make_spec, dask_client: Client
+) -> None:
+    """The SourceDataError raised in a worker process reaches the caller whole (path, row, hint), not rebuilt."""
+    import struct
+
+    import numpy as np
+
+    from loomdata.sources.megatron import IDX_HEADER
+    from loomdata.testing import write_megatron
+
+    (tmp_path / "data").mkdir()
+    prefix = tmp_path / "data" / "ds"
+    write_megatron(prefix, [np.arange(1, 6) for _ in range(10)])
+    idx = Path(f"{prefix}.idx")
+    raw = bytearray(idx.read_bytes())
+    at = IDX_HEADER.size + 4 * 10 + 8 * 3  # the pointer of sequence 3
+    raw[at : at + 8] = struct.pack("<q", 2)
+    idx.write_bytes(bytes(raw))
+    spec = make_spec({"name": "papers", "format": "megatron", "paths": ["data/ds"]})
+    with pytest.raises(SourceDataError) as exc:
+        build_index(spec, dask_client)
+    err = exc.value
+    assert (err.path, err.row) == (str(idx), 3)
+    assert str(err).startswith(f"{idx}, row 3: corrupt .idx: sequence pointer 2")
+    assert err.hint is not None and "preprocess_data.py" in err.hint and err.hint in str(err)

@@ -174,7 +174,7 @@ def test_megatron_truncated_bin_error_and_skip(tmp_path: Path, make_spec, dask_c
 
 def test_generated_corpus_all_five_sources(tmp_path: Path, make_spec, dask_client: Client) -> None:
     """The seeded demo corpus, all formats in one job: sample counts match what the generator wrote."""
-    from loomdata.sources.corpus import generate_corpus
+    from loomdata.testing import generate_corpus
 
     corpus = generate_corpus(tmp_path / "c", "tiny", seed=1)
     sources = [

@@ -15,7 +15,7 @@ from loomdata.indexing import IndexSummary, SourceSummary
 from loomdata.indexing._assemble import assemble, write_tables
 from loomdata.indexing._cache import ShardScan
 from loomdata.indexing._fingerprint import ShardStat
-from loomdata.indexing._task import FailureKind, ScanJob, rebuild_source_error, run_scan
+from loomdata.indexing._task import FailureKind, ScanJob, run_scan
 from loomdata.schemas import (
     ImageSpec,
     IndexBuildError,
@@ -138,7 +138,7 @@ def test_run_scan_splits_scans_and_returns_failures_as_data(tmp_path: Path) -> N
     reader = make_reader(_job(bad).source, TokenizerSpec(), ImageSpec())
     with pytest.raises(SourceDataError) as direct:
         reader.num_parts(bad, 100)
-    rebuilt = rebuild_source_error(out.failure)
+    rebuilt = out.failure.error
     assert type(rebuilt) is SourceDataError
     assert (str(rebuilt), rebuilt.path, rebuilt.row, rebuilt.reason) == (
         str(direct.value),

@@ -11,7 +11,13 @@ import pytest
 
 from loomdata.indexing import fingerprint_file
 from loomdata.indexing._cache import ShardScan, load_scan, store_scan
-from loomdata.indexing._fingerprint import index_fingerprint, scan_config_hash, stat_shard
+from loomdata.indexing._fingerprint import (
+    cache_key,
+    index_fingerprint,
+    samples_content_hash,
+    scan_config_hash,
+    stat_shard,
+)
 from loomdata.schemas import SourceDataError, SourceFormat, Spec, parse_spec
 
 KIB = 1024
@@ -23,7 +29,7 @@ def _rewrite_keep_mtime(path: Path, data: bytes) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-def test_fingerprint_sees_head_tail_size_mtime_but_not_the_middle(tmp_path: Path) -> None:
+def test_fingerprint_is_content_head_tail_size_and_the_cache_key_adds_path_and_mtime(tmp_path: Path) -> None:
     path = tmp_path / "a.bin"
     data = bytearray(os.urandom(300 * KIB))
     path.write_bytes(bytes(data))
@@ -45,11 +51,23 @@ def test_fingerprint_sees_head_tail_size_mtime_but_not_the_middle(tmp_path: Path
     assert fingerprint_file(path) != fp
     _rewrite_keep_mtime(path, bytes(data))
     assert fingerprint_file(path) == fp
+    key = cache_key(stat_shard(path), "cfg")
+    assert cache_key(stat_shard(path), "cfg") == key
+    assert cache_key(stat_shard(path), "other") != key
+    # Identity is content: a touched or moved file keeps its fingerprint; the scan cache sees both changes.
     st = os.stat(path)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
-    touched = fingerprint_file(path)
-    assert touched != fp
-    assert fingerprint_file(path.rename(tmp_path / "b.bin")) != touched  # the path counts too
+    assert fingerprint_file(path) == fp
+    touched = cache_key(stat_shard(path), "cfg")
+    assert touched != key
+    moved = path.rename(tmp_path / "b.bin")
+    assert fingerprint_file(moved) == fp
+    assert cache_key(stat_shard(moved), "cfg") != touched
+    # The same bytes elsewhere: the same fingerprint.
+    copy = tmp_path / "sub" / "c.bin"
+    copy.parent.mkdir()
+    copy.write_bytes(bytes(data))
+    assert fingerprint_file(copy) == fp
 
 
 def test_small_file_and_megatron_prefix(tmp_path: Path) -> None:
@@ -102,12 +120,38 @@ def test_scan_config_hash_holds_exactly_the_fields_that_change_scan_output(tmp_p
     before = h(hf, "code")
     (tmp_path / "tok.json").write_text('{"other": 1}')
     assert h(hf, "code") != before
+    # ... and only its content: the same tokenizer.json elsewhere, or another pad id, scans the same.
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "tok.json").write_text('{"other": 1}')
+    moved = _spec(tmp_path, {"kind": "huggingface", "path": "sub/tok.json"})
+    padded = _spec(tmp_path, {"kind": "huggingface", "path": "tok.json", "pad_token_id": 7})
+    assert h(moved, "code") == h(padded, "code") == h(hf, "code")
 
 
-def test_index_fingerprint_depends_on_order_and_config() -> None:
+def test_index_fingerprint_depends_on_order_config_and_columns() -> None:
     assert index_fingerprint("c", ["a", "b"]) != index_fingerprint("c", ["b", "a"])
     assert index_fingerprint("c", ["a", "b"]) != index_fingerprint("d", ["a", "b"])
     assert index_fingerprint("c", ["ab"]) != index_fingerprint("c", ["a", "b"])
+    assert index_fingerprint("c", ["a"], "x") != index_fingerprint("c", ["a"], "y")
+
+
+def test_samples_content_hash_sees_every_index_column_not_chunking() -> None:
+    cols = {
+        "sample": pa.array([0, 1, 2], pa.uint64()),
+        "shard": pa.array([0, 0, 1], pa.uint32()),
+        "row": pa.array([0, 1, 0], pa.uint64()),
+        "num_tokens": pa.array([5, 7, 9], pa.uint32()),
+        "num_image_tokens": pa.array([0, 0, 4], pa.uint32()),
+    }
+    h = samples_content_hash(pa.table(cols))
+    chunked = pa.concat_tables([pa.table(cols).slice(0, 1), pa.table(cols).slice(1)])
+    assert samples_content_hash(chunked) == h
+    for name in cols:
+        changed = dict(cols)
+        values = changed[name].to_pylist()
+        values[1] += 1
+        changed[name] = pa.array(values, changed[name].type)
+        assert samples_content_hash(pa.table(changed)) != h, name
 
 
 def test_cache_roundtrip_and_bad_files_are_misses(tmp_path: Path) -> None:

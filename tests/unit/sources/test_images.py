@@ -12,7 +12,7 @@ from PIL import Image
 
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec
-from loomdata.sources.images import decode_image, image_tokens, image_tokens_array, resized_size
+from loomdata.sources.images import decode_image, decoded_image_tokens, image_tokens, image_tokens_array, resized_size
 
 SPEC = ImageSpec(patch_size=14, max_pixels=200_704)  # 1024 patches of 14x14
 
@@ -91,7 +91,7 @@ def test_decoded_pixels_fill_the_counted_patches(fmt: str, w: int, h: int) -> No
     rw, rh = resized_size(w, h, SPEC)
     assert arr.shape == (rh, rw, 3)
     assert arr.dtype == np.uint8
-    assert (arr.shape[0] // 14) * (arr.shape[1] // 14) == image_tokens(w, h, SPEC)
+    assert decoded_image_tokens(arr, SPEC.patch_size) == image_tokens(w, h, SPEC)
     # the colour survives decoding and resizing (JPEG is lossy: a small tolerance)
     assert np.abs(arr.reshape(-1, 3).mean(axis=0) - [200, 40, 90]).max() < 4
 

@@ -13,7 +13,8 @@ from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.sources import make_reader
 from loomdata.sources import megatron as mg
-from loomdata.sources.megatron import MegatronReader, write_megatron
+from loomdata.sources.megatron import MegatronReader
+from loomdata.testing import write_megatron
 
 with warnings.catch_warnings():  # megatron-core warns that Transformer Engine / Apex are absent
     warnings.simplefilter("ignore")
@@ -236,7 +237,7 @@ def test_corrupt_pointers_and_document_indices(good: Path) -> None:
 def test_read_out_of_range_and_unknown_metadata(good: Path) -> None:
     with pytest.raises(SourceDataError, match=r"row 10: sequence out of range \(dataset has 10\).*re-run `loom index`"):
         reader().read(good, np.array([0, 10]))
-    with pytest.raises(SourceDataError, match=r"no metadata column\(s\) 'lang'"):
+    with pytest.raises(SourceDataError, match=r"<source mg>: `metadata` 'lang': a megatron source carries only"):
         reader(metadata=["lang"])
 
 

@@ -19,7 +19,8 @@ from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, OnError, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.sources import make_reader
 from loomdata.sources.images import image_tokens
-from loomdata.sources.webdataset import WebDatasetReader, write_webdataset_shard
+from loomdata.sources.webdataset import WebDatasetReader
+from loomdata.testing import write_webdataset_shard
 
 SPEC = ImageSpec(patch_size=14, max_pixels=200_704, placeholder_token_id=32_000)
 SIZES = [(640, 480), (37, 91), (1200, 300), (14, 14), (450, 445), (100, 50), (300, 800)]

@@ -19,7 +19,7 @@ from PIL import Image
 
 from loomdata.schemas.spec import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec, load_spec
 from loomdata.sources import make_reader
-from loomdata.sources.corpus import CorpusSize, generate_corpus
+from loomdata.testing import CorpusSize, generate_corpus
 
 REPO = Path(__file__).resolve().parents[3]
 

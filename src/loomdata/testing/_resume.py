@@ -1,15 +1,19 @@
-"""A shipped check that resuming works: a client restored at any position yields the same batches."""
+"""The resume checker, a tool for tests, benchmarks and demos: a client restored at any position yields
+the same batches as the first pass."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from distributed import Client
 
-from loomdata.client._stream import StreamClient
+from loomdata.client import StreamClient
 from loomdata.schemas.batch import Batch
 from loomdata.schemas.errors import ExecutionError
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 __all__ = ["verify_resume"]
 

@@ -1,4 +1,4 @@
-"""A seeded multi-source corpus for demos, tests and benchmarks, written with the real libraries.
+"""A seeded multi-source corpus, a tool for tests, benchmarks and demos (`loom generate`).
 
 Layout under `out_dir` (every file a pure function of `(size, seed)`, byte-identical across runs):
 
@@ -36,9 +36,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-__all__ = ["CORPUS_SOURCES", "CorpusSize", "CorpusSummary", "SourceSummary", "generate_corpus"]
+from loomdata.testing._writers import write_megatron, write_webdataset_shard
 
-CORPUS_SOURCES = ("web", "code", "books", "papers", "captions")
+__all__ = ["CorpusSize", "CorpusSummary", "SourceSummary", "generate_corpus"]
+
 _VOCAB = 32000  # pre-tokenized ids stay below the default image placeholder id (32000)
 _LANGS = np.array(["en", "de", "fr", "es", "zh"])
 _LANG_P = np.array([0.6, 0.12, 0.1, 0.1, 0.08])
@@ -318,8 +319,6 @@ def _books(out: Path, plan: _Plan, seed: int, vocab: np.ndarray) -> SourceSummar
 
 
 def _papers(out: Path, plan: _Plan, seed: int) -> SourceSummary:
-    from loomdata.sources.megatron import write_megatron
-
     folder = out / "papers"
     folder.mkdir(parents=True, exist_ok=True)
     rng = _rng(seed, 4)
@@ -359,8 +358,6 @@ def _image(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
 
 def _captions(out: Path, plan: _Plan, seed: int, vocab: np.ndarray) -> SourceSummary:
     from PIL import Image
-
-    from loomdata.sources.webdataset import write_webdataset_shard
 
     folder = out / "captions"
     folder.mkdir(parents=True, exist_ok=True)

@@ -184,14 +184,14 @@ def run_demo(
             f"{r['data_wait_s']:>10.2f}s {r['first_loss']:>12.3f} {r['last_loss']:>11.3f}"
         )
     report["ranks"] = rank_rows
-    report["executor"] = metrics
+    report["executor"] = metrics.to_dict()  # the JSON edge: `loom demo --json`
     report["total_s"] = round(time.perf_counter() - t0, 2)
-    n_loaders = len(metrics.get("loaders", []))
     echo(
-        f"       {n_loaders} Source Loader actors hold the file state once: {metrics['loader_memory_bytes']:,} bytes "
+        f"       {len(metrics.loaders)} Source Loader actors hold the file state once: "
+        f"{metrics.loader_memory_bytes:,} bytes "
         f"(a loader per rank and DataLoader worker, ranks x 2 workers, would hold {2 * ranks} copies); "
-        f"{metrics['loader_calls']:,} batched loader calls for {metrics['loader_samples']:,} samples; "
-        f"worker processes' RSS {metrics['loader_rss_bytes'] / 2**20:,.0f} MiB"
+        f"{metrics.loader_calls:,} batched loader calls for {metrics.loader_samples:,} samples; "
+        f"worker processes' RSS {metrics.loader_rss_bytes / 2**20:,.0f} MiB"
     )
     echo(f"done in {report['total_s']:.1f}s")
     return report

@@ -19,11 +19,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from loomdata.execution._config import Autoscaling
+from loomdata.schemas.metrics import AutoscaleDecision, AutoscaleReport, AutoscaleRound
 from loomdata.schemas.plan import PlanMeta, read_manifest
 
 __all__ = ["Autoscaler", "Autoscaling", "Resize", "SourceLoad", "estimate_costs", "ideal_loaders", "plan_loaders"]
@@ -165,9 +165,9 @@ class Autoscaler:
         self._meta = meta
         self._shards = dict(shards)
         self._costs: dict[str, tuple[int, float]] = {}  # last measurement per source (loaders reset on resize)
-        self.decisions: list[dict[str, Any]] = []
+        self.decisions: list[AutoscaleDecision] = []
         self.rounds = 0
-        self.last: dict[str, Any] = {}
+        self.last: AutoscaleRound | None = None
         self.last_error: str | None = None
 
     def decide(
@@ -187,14 +187,14 @@ class Autoscaler:
         budget = cfg.budget or cfg.loaders_per_thread * max(1, threads)
         want = plan_loaders(loads, budget=budget, step_rate=cfg.step_rate, min_change=cfg.min_change)
         ideal = ideal_loaders(loads, budget=budget, step_rate=cfg.step_rate)
-        self.last = {
-            "time": time.time(),
-            "step": step,
-            "budget": budget,
-            "demand": {s: round(v, 3) for s, v in demand.items()},
-            "cost_ms": {s: round(v * 1e3, 4) for s, v in costs.items()},
-            "ideal": {s: round(v, 2) for s, v in ideal.items()},
-        }
+        self.last = AutoscaleRound(
+            time=time.time(),
+            step=step,
+            budget=budget,
+            demand=dict(demand),
+            cost_ms={s: v * 1e3 for s, v in costs.items()},
+            ideal=dict(ideal),
+        )
         self.rounds += 1
         return [
             Resize(
@@ -214,7 +214,7 @@ class Autoscaler:
     def record(self, r: Resize, new: int) -> None:
         """A resize was applied: `new` loaders now serve `r.source`."""
         self.decisions.append(
-            {"time": time.time(), "step": r.step, "source": r.source, "old": r.old, "new": new, "why": r.why}
+            AutoscaleDecision(time=time.time(), step=r.step, source=r.source, old=r.old, new=new, why=r.why)
         )
         logger.info("autoscale %s: %d -> %d loaders (%s)", r.source, r.old, new, r.why)
 
@@ -223,15 +223,15 @@ class Autoscaler:
         self.last_error = f"{type(error).__name__}: {error}"
         logger.warning("loomdata autoscaling round failed (will retry): %s", self.last_error)
 
-    def report(self) -> dict[str, Any]:
-        """Decisions so far and the inputs of the last round, for `Executor.metrics()["autoscale"]`."""
-        return {
-            "enabled": True,
-            "rounds": self.rounds,
-            "decisions": list(self.decisions),
-            "last": dict(self.last),
-            "last_error": self.last_error,
-        }
+    def report(self) -> AutoscaleReport:
+        """Decisions so far and the inputs of the last round, for `Executor.metrics().autoscale`."""
+        return AutoscaleReport(
+            enabled=True,
+            rounds=self.rounds,
+            decisions=tuple(self.decisions),
+            last=self.last,
+            last_error=self.last_error,
+        )
 
 
 def _demand(plan_dir: Path, meta: PlanMeta, step: int, horizon: int) -> tuple[dict[str, float], dict[str, float]]:

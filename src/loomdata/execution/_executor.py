@@ -25,6 +25,7 @@ from loomdata.execution._metrics import MetricsGather, summarize
 from loomdata.execution._recovery import RecoveryStats
 from loomdata.execution.protocol import ServeInfo
 from loomdata.schemas.errors import ExecutionError
+from loomdata.schemas.metrics import ExecutorMetrics
 from loomdata.schemas.plan import PlanMeta, read_plan
 from loomdata.schemas.spec import Spec
 
@@ -37,7 +38,7 @@ class Executor:
     Settings come in one `ServeConfig` (`config`); keyword `settings` override its fields (e.g.
     `constructors=2`, `autoscale=True`). With `recover` (the default) lost actors are recreated while
     serving; with `autoscale` a controller resizes each source's loaders to demand x measured cost
-    (its decisions are in `metrics()["autoscale"]`).
+    (its decisions are in `metrics().autoscale`).
     """
 
     def __init__(
@@ -134,7 +135,7 @@ class Executor:
         """What recovery has recreated so far (empty stats when not started)."""
         return self._loop.recovery.stats if self._loop is not None else RecoveryStats()
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> ExecutorMetrics:
         """Per-source samples/s, per-loader counters, constructor queue depth, per-rank wait, recovery, autoscale.
 
         Asked of the actors from the calling thread (the control loop goes on meanwhile); an actor
@@ -144,14 +145,8 @@ class Executor:
         with self.client.as_current():
             got = MetricsGather(loop.view, self.config.timings.metrics_timeout_s).collect()
         scaler = loop.autoscaler
-        stats = loop.recovery.stats
-        return summarize(
-            self.meta.plan_id,
-            got,
-            recovered=stats.recovered,
-            recovery_s=stats.seconds,
-            autoscale=scaler.report() if scaler is not None else {"enabled": False},
-        )
+        report = scaler.report() if scaler is not None else None
+        return summarize(self.meta.plan_id, got, recovery=loop.recovery.stats, autoscale=report)
 
     def _running(self) -> ControlLoop:
         if self._loop is None or not self._serving:

@@ -15,13 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from loomdata.execution._constructor import Route
-from loomdata.execution._dask import actor_worker
+from loomdata.execution._dask_actors import actor_address
 from loomdata.execution._partition import LoaderPartition
+from loomdata.execution._reads import Route
 from loomdata.execution._recovery import is_lost
 from loomdata.execution.protocol import ConstructorInfo, LoaderInfo, ServeInfo, constructor_dataset
 
-__all__ = ["Actor", "Fleet", "Lost", "Retiring"]
+__all__ = ["Actor", "Fleet", "Lost", "Retiring", "worker_of"]
+
+
+def worker_of(handle: Any) -> str:
+    """The address of the worker holding an actor handle ("unknown" if Dask no longer says)."""
+    return actor_address(handle) or "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +187,7 @@ class Fleet:
             window=window,
             peers=peers,
             constructors=[
-                ConstructorInfo(name=constructor_dataset(self.plan_id, i), ranks=g, worker=actor_worker(c.handle))
+                ConstructorInfo(name=constructor_dataset(self.plan_id, i), ranks=g, worker=worker_of(c.handle))
                 for i, (g, c) in enumerate(zip(self.groups, self.constructors, strict=True))
             ],
             loaders=[
@@ -194,7 +199,7 @@ class Fleet:
                     stop_shard=p.stop_shard,
                     first_sample=p.first_sample,
                     stop_sample=p.stop_sample,
-                    worker=actor_worker(a.handle),
+                    worker=worker_of(a.handle),
                 )
                 for sid, parts in self.partitions.items()
                 for p, a in zip(parts, self.loaders[sid], strict=True)

@@ -18,16 +18,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from loomdata.execution._partition import LoaderPartition
-from loomdata.schemas.errors import ExecutionError, LoomError, StaleIndexError
+from loomdata.execution._planspec import plan_spec
+from loomdata.schemas.errors import ExecutionError, StaleIndexError
 from loomdata.schemas.layout import IndexFiles
+from loomdata.schemas.metrics import LoaderMetrics
 from loomdata.schemas.plan import read_plan
-from loomdata.schemas.spec import Spec
 from loomdata.schemas.tables import TableKind, read_table
 from loomdata.sources import FormatReader, Sample, make_reader
 
@@ -78,7 +78,7 @@ class SourceLoader:
 
     def __init__(self, plan_dir: str, partition: LoaderPartition) -> None:
         meta = read_plan(plan_dir)
-        spec = Spec.model_validate(meta.spec)
+        spec = plan_spec(meta)
         self.partition = partition
         self._source = spec.source(partition.source)
         files = IndexFiles.of(spec.workdir, partition.source)
@@ -126,17 +126,16 @@ class SourceLoader:
         return await loop.run_in_executor(self._pool, self.read_now, request)
 
     def read_now(self, request: np.ndarray) -> SegmentData:
-        """Synchronous `read` (the work itself); errors come back as picklable ExecutionError."""
+        """Synchronous `read` (the work itself).
+
+        A data error (a `SourceDataError` naming the file, row and fix) reaches the constructor and the
+        client intact: LoomErrors pickle by their arguments.
+        """
         self._check_open()
         t0 = time.perf_counter()
-        try:
-            out = read_segments(
-                self._reader, request, self._sample, self._shard, self._row, self._paths, self._patch, self.partition
-            )
-        except ExecutionError:
-            raise
-        except LoomError as e:  # some LoomErrors (SourceDataError) do not survive pickling: keep the message
-            raise ExecutionError(f"source {self.partition.source!r}: {e}") from None
+        out = read_segments(
+            self._reader, request, self._sample, self._shard, self._row, self._paths, self._patch, self.partition
+        )
         c = self._counters
         t1 = time.perf_counter()
         c.calls += 1
@@ -148,23 +147,23 @@ class SourceLoader:
         c.last_t = t1
         return out
 
-    async def metrics(self) -> dict[str, Any]:
+    async def metrics(self) -> LoaderMetrics:
         """Counters and rates of this loader (samples/s over its active wall time and per busy second)."""
         c = self._counters
         wall = (c.last_t - c.first_t) if c.first_t is not None and c.last_t is not None else 0.0
-        return {
-            "source": self.partition.source,
-            "part": self.partition.part,
-            "calls": c.calls,
-            "samples": c.samples,
-            "segments": c.segments,
-            "tokens": c.tokens,
-            "busy_s": round(c.busy_s, 4),
-            "samples_per_s": round(c.samples / wall, 1) if wall > 0 else None,
-            "samples_per_busy_s": round(c.samples / c.busy_s, 1) if c.busy_s > 0 else None,
-            "state_bytes": int(self._sample.nbytes + self._shard.nbytes + self._row.nbytes),
-            "rss_bytes": _rss(),
-        }
+        return LoaderMetrics(
+            source=self.partition.source,
+            part=self.partition.part,
+            calls=c.calls,
+            samples=c.samples,
+            segments=c.segments,
+            tokens=c.tokens,
+            busy_s=c.busy_s,
+            samples_per_s=c.samples / wall if wall > 0 else None,
+            samples_per_busy_s=c.samples / c.busy_s if c.busy_s > 0 else None,
+            state_bytes=int(self._sample.nbytes + self._shard.nbytes + self._row.nbytes),
+            rss_bytes=_rss(),
+        )
 
     def _check_open(self) -> None:
         if self._closed:

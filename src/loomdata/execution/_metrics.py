@@ -13,13 +13,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from loomdata.execution._dask import actor_worker
-from loomdata.execution._fleet import Actor, Fleet
+from loomdata.execution._fleet import Actor, Fleet, worker_of
 from loomdata.execution._outcome import Call, issue
+from loomdata.execution._recovery import RecoveryStats
 from loomdata.execution._retry import Deadline
 from loomdata.execution.protocol import ServeInfo
+from loomdata.schemas.metrics import (
+    AutoscaleReport,
+    ConstructorMetrics,
+    ExecutorMetrics,
+    LoaderMetrics,
+    LoaderReport,
+    RecoveryReport,
+)
 
-__all__ = ["FleetView", "Gathered", "MetricsGather", "current_step", "measured_costs"]
+__all__ = ["FleetView", "Gathered", "MetricsGather", "current_step", "measured_costs", "summarize"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +51,10 @@ class FleetView:
 
 @dataclass(frozen=True, slots=True)
 class Gathered:
-    """The answers: per loader (source id, worker, metrics), per constructor metrics; lost actors left out."""
+    """The answers that came: per loader (source id, worker, metrics), per constructor; lost actors left out."""
 
-    loaders: list[tuple[int, str, dict[str, Any]]]
-    constructors: list[dict[str, Any]]
+    loaders: list[LoaderReport]
+    constructors: list[ConstructorMetrics]
 
 
 class MetricsGather:
@@ -69,69 +77,42 @@ class MetricsGather:
         loaders = []
         for sid, a, call in self._loaders:
             out = call.outcome(timeout=self._deadline.left)
-            if out.ok and out.value is not None:
-                loaders.append((sid, actor_worker(a.handle), dict(out.value)))
-        cons = [
-            dict(o.value)
-            for o in (c.outcome(timeout=self._deadline.left) for c in self._constructors)
-            if o.ok and o.value
-        ]
-        return Gathered(loaders=loaders, constructors=cons)
+            if out.ok and isinstance(out.value, LoaderMetrics):
+                loaders.append(LoaderReport(source_id=sid, worker=worker_of(a.handle), metrics=out.value))
+        cons = [c.outcome(timeout=self._deadline.left) for c in self._constructors]
+        return Gathered(loaders, [o.value for o in cons if o.ok and isinstance(o.value, ConstructorMetrics)])
 
 
 def measured_costs(g: Gathered) -> dict[str, tuple[int, float]]:
     """Per source name: (samples read, busy seconds) summed over its loaders that answered."""
     out: dict[str, tuple[int, float]] = {}
-    for _, _, m in g.loaders:
-        n, busy = out.get(m["source"], (0, 0.0))
-        out[m["source"]] = (n + int(m["samples"]), busy + float(m["busy_s"]))
+    for lo in g.loaders:
+        n, busy = out.get(lo.metrics.source, (0, 0.0))
+        out[lo.metrics.source] = (n + lo.metrics.samples, busy + lo.metrics.busy_s)
     return out
 
 
 def current_step(g: Gathered, steps: int) -> int:
     """The first step some rank has not taken yet (the consumers' position), from the constructors."""
-    wants = [int(w) for c in g.constructors for w in c["want"].values()]
+    wants = [w for c in g.constructors for w in c.want.values()]
     return min(min(wants, default=0), max(steps - 1, 0))
 
 
 def summarize(
-    plan_id: str, g: Gathered, *, recovered: int, recovery_s: float, autoscale: dict[str, Any]
-) -> dict[str, Any]:
-    """The executor's metrics report (see `Executor.metrics`)."""
-    loaders = [dict(m, source_id=sid) for sid, _, m in g.loaders]
-    rss_by_worker = {w: m["rss_bytes"] for _, w, m in g.loaders}
-    sources: dict[str, dict[str, Any]] = {}
-    for m in loaders:
-        s = sources.setdefault(m["source"], {"loaders": 0, "samples": 0, "tokens": 0, "busy_s": 0.0, "rate": 0.0})
-        s["loaders"] += 1
-        s["samples"] += m["samples"]
-        s["tokens"] += m["tokens"]
-        s["busy_s"] += m["busy_s"]
-        s["rate"] += m["samples_per_s"] or 0.0
-    wait: dict[str, float] = {}
-    for c in g.constructors:
-        wait.update(c["rank_wait_s"])
-    return {
-        "plan_id": plan_id,
-        "sources": {
-            k: {
-                "loaders": v["loaders"],
-                "samples": v["samples"],
-                "tokens": v["tokens"],
-                "samples_per_s": round(v["rate"], 1),
-                "busy_s": round(v["busy_s"], 4),
-            }
-            for k, v in sources.items()
-        },
-        "loader_samples": sum(m["samples"] for m in loaders),
-        "loader_calls": sum(m["calls"] for m in loaders),
-        "loader_memory_bytes": sum(m["state_bytes"] for m in loaders),
-        "loader_rss_bytes": sum(rss_by_worker.values()),
-        "queue_depth": sum(c["queue_depth"] for c in g.constructors),
-        "rank_wait_s": wait,
-        "constructors": g.constructors,
-        "loaders": loaders,
-        "recovered_actors": recovered,
-        "recovery_s": round(recovery_s, 3),
-        "autoscale": autoscale,
-    }
+    plan_id: str, g: Gathered, *, recovery: RecoveryStats, autoscale: AutoscaleReport | None
+) -> ExecutorMetrics:
+    """The executor's metrics (see `Executor.metrics`)."""
+    return ExecutorMetrics(
+        plan_id=plan_id,
+        loaders=tuple(g.loaders),
+        constructors=tuple(g.constructors),
+        recovery=RecoveryReport(
+            recovered=recovery.recovered,
+            rounds=recovery.rounds,
+            seconds=recovery.seconds,
+            last_s=recovery.last_s,
+            failures=recovery.failures,
+            last_error=recovery.last_error,
+        ),
+        autoscale=autoscale or AutoscaleReport(enabled=False),
+    )

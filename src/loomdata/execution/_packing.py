@@ -1,11 +1,13 @@
 """Pure batch building: a micro-batch's document segments and their tokens -> `Batch` arrays.
 
-No Dask, no I/O: the Data Constructor calls `pack_batch` once per micro-batch with the tokens of its
-segments laid end to end, in sequence order. Everything is vectorised over tokens; the only loop is
-over images (multimodal segments).
+No Dask, no I/O: the Data Constructor calls `pack_step` with a step's manifest rows and its loaders'
+answers, which scatters the tokens into manifest order and calls `pack_batch` once per micro-batch
+with the tokens of its segments laid end to end, in sequence order. Everything is vectorised over
+tokens; the only loops are over micro-batches and images (multimodal segments).
 
 Conventions (DESIGN.md, "Batch"):
-- `input_ids[:n]` are the segments' tokens end to end, then padding with `PAD_TOKEN_ID`;
+- `input_ids[:n]` are the segments' tokens end to end, then padding with the spec's
+  `tokenizer.pad_token_id` (`PackRules`);
 - `labels[i] = input_ids[i + 1]` inside a segment; the last token of every segment and all padding
   get `IGNORE_INDEX` (a model never learns to predict across a document boundary);
 - `position_ids` restart at 0 at every segment (a continuation of a split document restarts too);
@@ -17,19 +19,39 @@ Conventions (DESIGN.md, "Batch"):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from loomdata.schemas.batch import IGNORE_INDEX, SEGMENT_DTYPE, Batch
 from loomdata.schemas.errors import ExecutionError
+from loomdata.schemas.plan import PlanMeta
+from loomdata.schemas.spec import Spec
 
-__all__ = ["PAD_TOKEN_ID", "pack_arrays", "pack_batch"]
+if TYPE_CHECKING:  # annotations only: packing stays free of the loader's imports (formats, Arrow)
+    from loomdata.execution._loader import SegmentData
+    from loomdata.execution._manifest import ManifestRows
 
-PAD_TOKEN_ID = 0
-"""Token id written into padding positions (their labels are IGNORE_INDEX, so the value is inert)."""
+__all__ = ["PackRules", "pack_arrays", "pack_batch", "pack_step"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PackRules:
+    """The token ids packing writes or masks, from the plan's spec (the one place they are read)."""
+
+    pad_token_id: int
+    """Written into padding positions (their labels are IGNORE_INDEX, so the value is inert)."""
+    image_token_id: int
+    """The image placeholder token: a label that targets it is IGNORE_INDEX."""
+
+    @classmethod
+    def of(cls, spec: Spec) -> PackRules:
+        return cls(pad_token_id=spec.tokenizer.pad_token_id, image_token_id=spec.images.placeholder_token_id)
 
 
 def pack_arrays(
-    tokens: np.ndarray, lengths: np.ndarray, seq_len: int
+    tokens: np.ndarray, lengths: np.ndarray, seq_len: int, *, pad_token_id: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(input_ids, labels, position_ids, cu_seqlens) of segments of `lengths` whose tokens are `tokens`."""
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -43,7 +65,7 @@ def pack_arrays(
         )
     cu = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu[1:])
-    input_ids = np.full(seq_len, PAD_TOKEN_ID, dtype=np.int32)
+    input_ids = np.full(seq_len, pad_token_id, dtype=np.int32)
     input_ids[:total] = tokens
     position_ids = np.zeros(seq_len, dtype=np.int32)
     position_ids[:total] = np.arange(total, dtype=np.int32) - np.repeat(cu[:-1], lengths)
@@ -64,6 +86,7 @@ def pack_batch(
     seq_len: int,
     segments: np.ndarray,
     tokens: np.ndarray,
+    pad_token_id: int,
     images: list[np.ndarray] | None = None,
     image_positions: np.ndarray | None = None,
     image_token_id: int | None = None,
@@ -71,7 +94,7 @@ def pack_batch(
     """One `Batch` from its `segments` (SEGMENT_DTYPE, sequence order) and their tokens end to end."""
     if segments.dtype != SEGMENT_DTYPE:
         raise ExecutionError(f"packing: segments have dtype {segments.dtype}, expected SEGMENT_DTYPE")
-    input_ids, labels, position_ids, cu = pack_arrays(tokens, segments["length"], seq_len)
+    input_ids, labels, position_ids, cu = pack_arrays(tokens, segments["length"], seq_len, pad_token_id=pad_token_id)
     if images and image_token_id is not None:
         labels[labels == image_token_id] = IGNORE_INDEX
     return Batch(
@@ -87,3 +110,67 @@ def pack_batch(
         images=list(images or []),
         image_positions=(np.zeros(0, dtype=np.int32) if image_positions is None else image_positions.astype(np.int32)),
     )
+
+
+def pack_step(
+    meta: PlanMeta,
+    rules: PackRules,
+    step: int,
+    ranks: list[int],
+    rows: ManifestRows,
+    groups: list[np.ndarray],
+    answers: list[SegmentData],
+) -> dict[int, list[Batch]]:
+    """Every micro-batch of `ranks` at `step`: scatter loader answers into manifest order, then pack.
+
+    `rows` are the step's manifest rows ordered by (dp_rank, micro_batch); `answers[k]` holds the
+    tokens (and images) of rows `groups[k]`, in that order.
+    """
+    starts = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(rows.length, out=starts[1:])
+    flat = np.empty(int(starts[-1]), dtype=np.int32)
+    img_row: list[np.ndarray] = []
+    img_off: list[np.ndarray] = []
+    images: list[np.ndarray] = []
+    for sel, ans in zip(groups, answers, strict=True):
+        lens = rows.length[sel].astype(np.int64)
+        ans_starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        dst = np.repeat(starts[sel] - ans_starts, lens) + np.arange(int(lens.sum()), dtype=np.int64)
+        flat[dst] = ans.tokens
+        if ans.images:
+            images.extend(ans.images)
+            img_row.append(sel[ans.image_segment])
+            img_off.append(ans.image_offset)
+    all_img_row = np.concatenate(img_row) if img_row else np.zeros(0, dtype=np.int64)
+    all_img_off = np.concatenate(img_off) if img_off else np.zeros(0, dtype=np.int64)
+    mbs = meta.micro_batches
+    key = rows.dp_rank.astype(np.int64) * mbs + rows.micro_batch.astype(np.int64)
+    out: dict[int, list[Batch]] = {}
+    for r in ranks:
+        batches = []
+        for mb in range(mbs):
+            lo, hi = (int(x) for x in np.searchsorted(key, [r * mbs + mb, r * mbs + mb + 1]))
+            seg = np.empty(hi - lo, dtype=SEGMENT_DTYPE)
+            seg["source"] = rows.source[lo:hi]
+            seg["sample"] = rows.sample[lo:hi]
+            seg["offset"] = rows.offset[lo:hi]
+            seg["length"] = rows.length[lo:hi]
+            lane = int(rows.lane[lo]) if hi > lo else 0
+            in_mb = np.flatnonzero((all_img_row >= lo) & (all_img_row < hi))
+            batches.append(
+                pack_batch(
+                    step=step,
+                    dp_rank=r,
+                    micro_batch=mb,
+                    lane=lane,
+                    seq_len=meta.lane_seq_len(lane),
+                    segments=seg,
+                    tokens=flat[starts[lo] : starts[hi]],
+                    pad_token_id=rules.pad_token_id,
+                    images=[images[k] for k in in_mb.tolist()],
+                    image_positions=(starts[all_img_row[in_mb]] - starts[lo] + all_img_off[in_mb]),
+                    image_token_id=rules.image_token_id,
+                )
+            )
+        out[r] = batches
+    return out

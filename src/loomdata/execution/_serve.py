@@ -21,23 +21,30 @@ from loomdata.execution._cluster import open_cluster
 from loomdata.execution._config import Autoscaling, ServeConfig
 from loomdata.execution._executor import Executor
 from loomdata.schemas.errors import ExecutionError
+from loomdata.schemas.metrics import ExecutorMetrics
 
 __all__ = ["serve"]
 
 
-def _report(m: dict[str, Any], json_out: bool) -> None:
+def _report(m: ExecutorMetrics, json_out: bool) -> None:
     """One metrics line: a JSON object on stdout with --json, else a readable line on stderr."""
-    rates = {k: v["samples_per_s"] for k, v in m["sources"].items()}
+    sources = m.sources
+    rates = {k: round(v.samples_per_s, 1) for k, v in sources.items()}
+    wait = {str(r): round(w, 4) for r, w in m.rank_wait_s.items()}
     if json_out:
-        line = {"event": "metrics", "samples_per_s": rates, "queue_depth": m["queue_depth"]}
-        line["rank_wait_s"] = m["rank_wait_s"]
-        line["recovered_actors"] = m["recovered_actors"]
-        line["loaders"] = {k: v["loaders"] for k, v in m["sources"].items()}
+        line = {
+            "event": "metrics",
+            "samples_per_s": rates,
+            "queue_depth": m.queue_depth,
+            "rank_wait_s": wait,
+            "recovered_actors": m.recovery.recovered,
+            "loaders": {k: v.loaders for k, v in sources.items()},
+        }
         print(json.dumps(line), flush=True)
     else:
         print(
-            f"samples/s by source {rates}; constructor queue depth {m['queue_depth']}; rank wait s {m['rank_wait_s']}; "
-            f"actors recreated after worker loss {m['recovered_actors']}",
+            f"samples/s by source {rates}; constructor queue depth {m.queue_depth}; rank wait s {wait}; "
+            f"actors recreated after worker loss {m.recovery.recovered}",
             file=sys.stderr,
             flush=True,
         )
@@ -92,7 +99,7 @@ def serve(
                     _report(ex.metrics(), json_out)
             summary = ex.metrics()
         if json_out:
-            print(json.dumps({"event": "stopped", "metrics": summary}, default=str), flush=True)
+            print(json.dumps({"event": "stopped", "metrics": summary.to_dict()}, default=str), flush=True)
         else:
             print(f"stopped serving plan {info.plan_id}", file=sys.stderr, flush=True)
     finally:

@@ -1,4 +1,4 @@
-"""Data contracts between stages: the spec, stored table schemas, plan.json, the batch, errors."""
+"""Data contracts between stages: the spec, stored table schemas, plan.json, the batch, metrics, errors."""
 
 from loomdata.schemas.batch import IGNORE_INDEX, SEGMENT_DTYPE, Batch
 from loomdata.schemas.errors import (
@@ -12,6 +12,18 @@ from loomdata.schemas.errors import (
     StaleIndexError,
 )
 from loomdata.schemas.layout import IndexFiles, read_index
+from loomdata.schemas.metrics import (
+    AutoscaleDecision,
+    AutoscaleReport,
+    AutoscaleRound,
+    BuildPhases,
+    ConstructorMetrics,
+    ExecutorMetrics,
+    LoaderMetrics,
+    LoaderReport,
+    RecoveryReport,
+    SourceMetrics,
+)
 from loomdata.schemas.plan import (
     PLAN_FORMAT_VERSION,
     ManifestFile,
@@ -56,13 +68,21 @@ __all__ = [
     "PLAN_FORMAT_VERSION",
     "SEGMENT_DTYPE",
     "SHARDS_SCHEMA",
+    "AutoscaleDecision",
+    "AutoscaleReport",
+    "AutoscaleRound",
     "Batch",
+    "BuildPhases",
+    "ConstructorMetrics",
     "ContractError",
     "CostSpec",
     "ExecutionError",
+    "ExecutorMetrics",
     "ImageSpec",
     "IndexBuildError",
     "IndexFiles",
+    "LoaderMetrics",
+    "LoaderReport",
     "LongContextSpec",
     "LoomError",
     "ManifestFile",
@@ -72,8 +92,10 @@ __all__ = [
     "PlanError",
     "PlanMeta",
     "PlanningSpec",
+    "RecoveryReport",
     "SourceDataError",
     "SourceFormat",
+    "SourceMetrics",
     "SourceSpec",
     "Spec",
     "SpecError",

@@ -22,7 +22,7 @@ from distributed import Client
 from loomdata.client import StreamClient
 from loomdata.execution import Executor, open_cluster
 from loomdata.execution._autoscale import Autoscaling
-from loomdata.schemas import Batch
+from loomdata.schemas import AutoscaleDecision, Batch
 from loomtest.stream import check_exact, kill_worker, switching_plan
 
 STEPS = 24
@@ -41,12 +41,12 @@ def _poll(ok: Callable[[], bool], what: str, ex: Executor) -> None:
     end = time.monotonic() + DEADLINE_S
     while not ok():
         if time.monotonic() > end:
-            pytest.fail(f"{what} never happened: recovery {ex.recovery}, autoscale {ex.metrics()['autoscale']}")
+            pytest.fail(f"{what} never happened: recovery {ex.recovery}, autoscale {ex.metrics().autoscale}")
         time.sleep(0.05)
 
 
-def _decisions(ex: Executor) -> list[dict[str, Any]]:
-    return list(ex.metrics()["autoscale"]["decisions"])
+def _decisions(ex: Executor) -> list[AutoscaleDecision]:
+    return list(ex.metrics().autoscale.decisions)
 
 
 def test_autoscaling_through_worker_kills_loses_nothing(cluster: Client, tmp_path: Path, loomtest: Any) -> None:
@@ -82,12 +82,12 @@ def test_autoscaling_through_worker_kills_loses_nothing(cluster: Client, tmp_pat
                 s.close()
         _poll(lambda: ex.recovery.rounds >= 1, "recovery", ex)
         decisions = _decisions(ex)
-        retries = sum(c["read_retries"] for c in ex.metrics()["constructors"])
+        retries = sum(c.read_retries for c in ex.metrics().constructors)
         print(f"\n{len(decisions)} resizes, {ex.recovery.recovered} actors recreated, {retries} read retries")
         counts = ex.loader_counts()
         info = ex.info
     assert kills == 2 and ex.recovery.recovered >= 2
-    assert {d["source"] for d in decisions if d["new"] > d["old"]} == {"web", "code"}
+    assert {d.source for d in decisions if d.new > d.old} == {"web", "code"}
     assert info is not None and sum(counts.values()) == len(info.loaders)
     check_exact(plan_dir, got)
 

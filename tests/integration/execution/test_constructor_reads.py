@@ -13,7 +13,7 @@ import pytest
 from loomdata.execution._constructor import DataConstructor, Route
 from loomdata.execution._loader import REQUEST_DTYPE, SegmentData, SourceLoader
 from loomdata.execution._partition import partition_source
-from loomdata.schemas import ExecutionError, IndexFiles, Spec
+from loomdata.schemas import ConstructorMetrics, ExecutionError, IndexFiles, Spec
 
 
 class _Failing:
@@ -45,7 +45,7 @@ def _routes(plan_dir: Path, wrap: Any) -> dict[int, Route]:
 def test_unreachable_loader_is_retried(stream_plan: Path, loomtest: Any) -> None:
     oracle = loomtest.Oracle(stream_plan)
 
-    async def run() -> tuple[list[Any], dict[str, Any]]:
+    async def run() -> tuple[list[Any], ConstructorMetrics]:
         routes = _routes(stream_plan, lambda lo: _Failing(lo, 2, OSError("Unable to contact Actor's worker")))
         c = DataConstructor(str(stream_plan), [0, 1], routes, window=1)
         batches = await c.take(0, 0)
@@ -56,11 +56,11 @@ def test_unreachable_loader_is_retried(stream_plan: Path, loomtest: Any) -> None
     batches, metrics = asyncio.run(run())
     assert [b.micro_batch for b in batches] == list(range(oracle.meta.micro_batches))
     assert all(oracle.check(b) >= 0 for b in batches)
-    assert metrics["read_retries"] == 2
+    assert metrics.read_retries == 2
 
 
 def test_data_errors_are_not_retried(stream_plan: Path) -> None:
-    async def run() -> dict[str, Any]:
+    async def run() -> ConstructorMetrics:
         routes = _routes(stream_plan, lambda lo: _Failing(lo, 1, ExecutionError("x.parquet, row 3: corrupt")))
         c = DataConstructor(str(stream_plan), [0, 1], routes, window=1)
         with pytest.raises(ExecutionError, match=r"x.parquet, row 3: corrupt"):
@@ -69,7 +69,7 @@ def test_data_errors_are_not_retried(stream_plan: Path) -> None:
         await c.stop()
         return metrics
 
-    assert asyncio.run(run())["read_retries"] == 0
+    assert asyncio.run(run()).read_retries == 0
 
 
 def test_retired_loader_fails_fast_and_is_not_a_data_error(stream_plan: Path) -> None:
@@ -111,7 +111,7 @@ class _SwitchedUnderRead:
 def test_read_on_a_retired_loader_is_retried_on_the_new_route(stream_plan: Path, loomtest: Any) -> None:
     oracle = loomtest.Oracle(stream_plan)
 
-    async def run() -> tuple[list[Any], dict[str, Any], list[_SwitchedUnderRead]]:
+    async def run() -> tuple[list[Any], ConstructorMetrics, list[_SwitchedUnderRead]]:
         old: list[_SwitchedUnderRead] = []
 
         def wrap(lo: SourceLoader) -> _SwitchedUnderRead:
@@ -130,4 +130,78 @@ def test_read_on_a_retired_loader_is_retried_on_the_new_route(stream_plan: Path,
 
     batches, metrics, old = asyncio.run(run())
     assert all(oracle.check(b) >= 0 for b in batches)
-    assert sum(w.calls for w in old) >= 1 and metrics["read_retries"] >= 1
+    assert sum(w.calls for w in old) >= 1 and metrics.read_retries >= 1
+
+
+def test_a_source_data_error_reaches_the_take_intact(stream_plan: Path) -> None:
+    from loomdata.schemas import SourceDataError
+
+    bad = SourceDataError("/data/web-3.parquet", "column 'ids': null value", row=17, hint="re-export the shard")
+
+    async def run() -> ConstructorMetrics:
+        routes = _routes(stream_plan, lambda lo: _Failing(lo, 1, bad))
+        c = DataConstructor(str(stream_plan), [0, 1], routes, window=1)
+        with pytest.raises(SourceDataError) as e:
+            await c.take(0, 0)
+        assert (e.value.path, e.value.row, e.value.hint) == ("/data/web-3.parquet", 17, "re-export the shard")
+        assert len(await c.take(0, 0)) > 0  # reported once: the next take builds the step again
+        metrics = await c.metrics()
+        await c.stop()
+        return metrics
+
+    assert asyncio.run(run()).read_retries == 0
+
+
+def test_a_read_gives_up_after_the_deadline_with_the_last_error(stream_plan: Path) -> None:
+    from loomdata.execution._reads import Reads
+
+    async def run() -> None:
+        routes = _routes(stream_plan, lambda lo: _Failing(lo, 10**6, OSError("Unable to contact Actor's worker")))
+        c = DataConstructor(str(stream_plan), [0, 1], routes, window=1)
+        c._reads = Reads(routes, c._meta.plan_id, deadline_s=0.5)
+        with pytest.raises(
+            ExecutionError, match=r"unreachable for 0.5s, \d+ attempts \(last: OSError: Unable to contact"
+        ):
+            await c.take(0, 0)
+        await c.stop()
+
+    asyncio.run(run())
+
+
+class _Hangs:
+    """A loader lost with its worker: its reads never answer (Dask waits on the lost actor's future)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def read(self, request: np.ndarray) -> SegmentData:
+        self.calls += 1
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+def test_set_route_abandons_a_hanging_read_and_asks_the_new_loaders(stream_plan: Path, loomtest: Any) -> None:
+    oracle = loomtest.Oracle(stream_plan)
+
+    async def run() -> tuple[list[Any], ConstructorMetrics, list[_Hangs]]:
+        lost: list[_Hangs] = []
+
+        def wrap(lo: SourceLoader) -> _Hangs:
+            lost.append(_Hangs())
+            return lost[-1]
+
+        c = DataConstructor(str(stream_plan), [0, 1], _routes(stream_plan, wrap), window=1)
+        take = asyncio.ensure_future(c.take(1, 0))
+        while not any(h.calls for h in lost):
+            await asyncio.sleep(0.01)
+        assert not take.done()
+        for sid, route in _routes(stream_plan, lambda lo: lo).items():  # the executor recreated the loaders
+            await c.set_route(sid, route)
+        batches = await asyncio.wait_for(take, timeout=30)
+        metrics = await c.metrics()
+        await c.stop()
+        return batches, metrics, lost
+
+    batches, metrics, lost = asyncio.run(run())
+    assert all(oracle.check(b) >= 0 for b in batches)
+    assert metrics.read_retries >= 1 and all(h.calls <= 1 for h in lost)

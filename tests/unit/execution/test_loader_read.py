@@ -60,3 +60,24 @@ def test_bad_requests_are_named(setup: tuple[object, dict[int, Path], list[list[
     req["sample"], req["offset"], req["length"] = 30, 3, 3  # sample 30 has 5 tokens
     with pytest.raises(ExecutionError, match=r"row 0: sample 30 .* has 5 tokens but the plan uses tokens 3..5"):
         read_segments(reader, req, *args)  # type: ignore[arg-type]
+
+
+def test_a_data_error_names_file_and_row_and_survives_pickling(tmp_path: Path) -> None:
+    import pickle
+
+    from loomdata.schemas import SourceDataError
+
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"ids": pa.array([[1, 2], None, [3]], pa.list_(pa.int32()))}), bad)
+    src = SourceSpec(name="s", format=SourceFormat.PARQUET, paths=["*.parquet"], tokens_field="ids")
+    reader = make_reader(src, TokenizerSpec(), ImageSpec())
+    part = LoaderPartition(source_id=0, source="s", part=0, first_shard=0, stop_shard=1, first_sample=0, stop_sample=3)
+    req = np.zeros(1, dtype=REQUEST_DTYPE)
+    req["sample"], req["length"] = 1, 1
+    with pytest.raises(SourceDataError) as e:
+        read_segments(
+            reader, req, np.arange(3, dtype=np.uint64), np.zeros(3, np.int64), np.arange(3), {0: bad}, 14, part
+        )
+    back = pickle.loads(pickle.dumps(e.value))  # how it crosses from a loader actor to the client
+    assert type(back) is SourceDataError and str(back) == str(e.value)
+    assert (back.path, back.row, back.reason) == (str(bad), 1, "column 'ids': null value")

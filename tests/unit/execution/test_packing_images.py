@@ -28,6 +28,7 @@ def test_labels_never_target_image_placeholders() -> None:
         seq_len=12,
         segments=_segments([3, 7]),
         tokens=tokens,
+        pad_token_id=0,
         images=[img],
         image_positions=np.array([3]),
         image_token_id=PH,
@@ -41,6 +42,14 @@ def test_labels_never_target_image_placeholders() -> None:
 def test_text_only_batches_keep_every_label() -> None:
     tokens = np.array([1, PH, 3], dtype=np.int32)  # a text token that happens to share the id is not masked
     b = pack_batch(
-        step=0, dp_rank=0, micro_batch=0, lane=0, seq_len=3, segments=_segments([3]), tokens=tokens, image_token_id=PH
+        step=0,
+        dp_rank=0,
+        micro_batch=0,
+        lane=0,
+        seq_len=3,
+        segments=_segments([3]),
+        tokens=tokens,
+        pad_token_id=0,
+        image_token_id=PH,
     )
     assert b.labels.tolist() == [PH, 3, IGNORE_INDEX]

@@ -1,0 +1,35 @@
+"""The one place that reads Dask actor internals: a handle's worker address and a worker's live actors.
+
+Why: Dask routes an actor call through an RPC even between two actors of one worker process (when
+called from the event loop), so a constructor reading from a loader on its own worker pays both ends
+of a round trip for nothing; calling the local instance skips it. Dask has no public API for either
+fact (distributed 2026.8: `Actor._address`, set in `Actor.__init__` and pickled by `__reduce__`;
+`Worker.state.actors`, key -> instance). If Dask renames them, `local_instance` returns None and reads
+take the RPC path: slower, still correct. `actor_address` then returns None.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["actor_address", "local_instance"]
+
+
+def actor_address(actor: Any) -> str | None:
+    """The address of the worker holding `actor` (a `distributed.Actor` handle), None if unknown."""
+    address = getattr(actor, "_address", None)
+    return str(address) if address is not None else None
+
+
+def local_instance(actor: Any) -> Any:
+    """The object behind `actor` when it lives in this worker process, else None (call it remotely)."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except ValueError:  # not on a worker (a test calling a constructor directly)
+        return None
+    if actor_address(actor) != worker.address:
+        return None
+    actors = getattr(getattr(worker, "state", None), "actors", None)
+    return actors.get(actor.key) if actors is not None else None

@@ -1,0 +1,189 @@
+"""The read/route protocol of a Data Constructor: where each source is read, and reads that survive re-routing.
+
+Re-routing (scaling, recovery) is race-free without pauses: `set_route` swaps a source's route in one
+step on the actor's event loop and bumps the route generation. Any loader read gives the true tokens
+of its samples, so an answer is always usable, whichever route it came from. A read still in flight
+when the route changes is abandoned and asked again on the new route (a read to a loader lost with
+its worker may never answer: Dask waits on the lost actor's future). Every failed read is sorted by
+`classify`: a data error (LoomError) fails the step at once; a read refused because it was issued on
+a replaced route (a retired loader's `LoaderRetired`, a released actor) is asked again at once on the
+current route; a lost loader (its worker died) is retried with a short back-off, woken early by the
+next `set_route`, until `deadline_s`: the executor recreates lost loaders and swaps the route within
+seconds, and the plan makes any read repeatable. The executor retires old loaders only after every
+live constructor acknowledged the new route, so no read is issued to a retired loader after that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import time
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loomdata.execution._dask_actors import local_instance
+from loomdata.execution._loader import REQUEST_DTYPE, LoaderRetired, SegmentData
+from loomdata.execution._manifest import ManifestRows
+from loomdata.execution._partition import LoaderPartition
+from loomdata.schemas.errors import ExecutionError, LoomError
+
+__all__ = ["READ_DEADLINE_S", "Outcome", "Reads", "Route", "classify"]
+
+READ_DEADLINE_S = 60.0
+"""How long a read waits for lost loaders to be recreated before the step fails."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one source's samples are read: partition sample ranges and the loader actor of each."""
+
+    partitions: list[LoaderPartition]
+    loaders: list[Any]  # distributed.Actor of SourceLoader, one per partition
+
+    def part_of(self, samples: np.ndarray) -> np.ndarray:
+        """Partition index per sample (searchsorted over partition first samples)."""
+        starts = np.array([p.first_sample for p in self.partitions], dtype=np.uint64)
+        return np.searchsorted(starts, samples, side="right") - 1
+
+
+class Outcome(enum.Enum):
+    """How a failed actor call is handled."""
+
+    LOST = "lost"
+    """The actor is unreachable (its worker died or the link broke): wait for its replacement, retry."""
+    REFUSED = "refused"
+    """The actor refused the call (retired, or the call went out on a replaced route): use the current one."""
+    ERROR = "error"
+    """A real error (bad data, a bad request): do not retry."""
+
+
+def classify(error: Exception, *, stale: bool = False) -> Outcome:
+    """Sort a failed actor call: `stale` says the call was issued before the latest re-route.
+
+    A stale call is refused whatever it raised (a retired or released actor answers with assorted
+    errors, even a LoomError wrapping them); otherwise LoomErrors are data errors and anything else
+    (OSError, CommClosedError, a cancelled or released Dask future) means the actor is unreachable.
+    """
+    if stale or isinstance(error, LoaderRetired):
+        return Outcome.REFUSED
+    if isinstance(error, LoomError):
+        return Outcome.ERROR
+    return Outcome.LOST
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned future's outcome, so asyncio does not log it as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+class Reads:
+    """The routes of every source, their generation, and `read(step, rows)` across re-routes."""
+
+    def __init__(self, routes: Mapping[int, Route], plan_id: str, deadline_s: float = READ_DEADLINE_S) -> None:
+        self.routes = dict(routes)
+        self.generation = 0  # bumped by every `set_route`
+        self.calls = 0  # loader calls issued
+        self.retries = 0  # reads asked again (re-routed, refused, or unreachable)
+        self._plan_id = plan_id
+        self._deadline_s = deadline_s
+        self._rerouted: asyncio.Event | None = None  # set (and replaced) by `set_route`; made on the loop
+
+    def set_route(self, source_id: int, route: Route) -> None:
+        """Route a source to new loaders; wakes every read in flight or backing off on the old routes."""
+        self.routes[source_id] = route
+        self.generation += 1
+        if self._rerouted is not None:
+            self._rerouted.set()
+        self._rerouted = asyncio.Event()
+
+    async def read(self, step: int, rows: ManifestRows) -> tuple[list[np.ndarray], list[SegmentData]]:
+        """All loader answers for `rows`, as (row indices per request, answer per request)."""
+        deadline = time.monotonic() + self._deadline_s
+        attempt = 0
+        while True:
+            if self._rerouted is None:
+                self._rerouted = asyncio.Event()
+            rerouted, gen = self._rerouted, self.generation  # the routes this attempt uses
+            try:
+                answer = await self._attempt(rows, rerouted)
+            except Exception as e:
+                if classify(e, stale=gen != self.generation) is Outcome.ERROR:
+                    raise
+                if time.monotonic() >= deadline:
+                    raise ExecutionError(
+                        f"step {step}: source loaders stayed unreachable for {self._deadline_s:g}s, "
+                        f"{attempt + 1} attempts (last: {type(e).__name__}: {e}); check the workers, "
+                        "or restart `loom serve`"
+                    ) from e
+                attempt += 1
+                self.retries += 1
+                if gen == self.generation:  # nothing changed yet: back off until the route changes
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(rerouted.wait(), timeout=min(0.1 * attempt, 1.0))
+                continue
+            if answer is not None:
+                return answer
+            attempt += 1  # routes changed under the read: ask the new loaders at once
+            self.retries += 1
+
+    async def _attempt(
+        self, rows: ManifestRows, rerouted: asyncio.Event
+    ) -> tuple[list[np.ndarray], list[SegmentData]] | None:
+        """One round of requests; None if the routes changed before every answer came back."""
+        groups, calls = self._requests(rows)  # a lost loader's handle may refuse the call right here
+        self.calls += len(calls)
+        gathered: asyncio.Future[list[SegmentData]] = asyncio.ensure_future(asyncio.gather(*calls))
+        woke: asyncio.Future[Any] = asyncio.ensure_future(rerouted.wait())
+        try:
+            first: list[asyncio.Future[Any]] = [gathered, woke]
+            await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+            return (groups, list(gathered.result())) if gathered.done() else None
+        finally:  # also when the build is cancelled (stop): no read or wait outlives it
+            woke.cancel()
+            if not gathered.done():
+                gathered.cancel()
+                gathered.add_done_callback(_consume)
+
+    def _requests(self, rows: ManifestRows) -> tuple[list[np.ndarray], list[Awaitable[SegmentData]]]:
+        """One loader request per (source, partition) present in `rows`: (row indices, calls issued)."""
+        groups: list[np.ndarray] = []
+        targets: list[tuple[Any, np.ndarray]] = []
+        for src in np.unique(rows.source).tolist():
+            route = self.routes.get(int(src))
+            if route is None:
+                raise ExecutionError(f"no loader serves source id {src} of plan {self._plan_id}")
+            idx = np.flatnonzero(rows.source == src)
+            parts = route.part_of(rows.sample[idx])
+            for p in np.unique(parts).tolist():
+                sel = idx[parts == p]
+                req = np.empty(len(sel), dtype=REQUEST_DTYPE)
+                req["sample"] = rows.sample[sel]
+                req["offset"] = rows.offset[sel]
+                req["length"] = rows.length[sel]
+                groups.append(sel)
+                targets.append((route.loaders[int(p)], req))
+        calls: list[Awaitable[SegmentData]] = []
+        try:
+            for loader, req in targets:
+                calls.append(_call_read(loader, req))
+        except Exception:
+            for c in calls:  # calls made before one was refused: never awaited, close them
+                if asyncio.iscoroutine(c):
+                    c.close()
+            raise
+        return groups, calls
+
+
+def _call_read(loader: Any, request: np.ndarray) -> Awaitable[SegmentData]:
+    """An awaitable loader read: a direct call when the loader lives in this worker process.
+
+    Dask routes actor calls through an RPC even between actors of one worker (from the event loop);
+    calling the local instance saves both ends of that round trip.
+    """
+    local = local_instance(loader)
+    return local.read(request) if local is not None else loader.read(request)

@@ -1,0 +1,208 @@
+"""The Data Constructor's step window as a pure state machine: which steps to build, hold and release.
+
+No asyncio, no Dask, no I/O (like distributed's `WorkerState`): the actor feeds it events (a take
+arrives, a build finished, failed or was cancelled, a take ended) and carries out what it answers
+(`Build`s to start, a build to wait for, a held payload, or "build it on demand").
+
+Per rank `want` is the first step not yet taken by all its `peers`; steps `[want, want + window)` are
+built ahead, one `Build` per step for every rank of the group that needs it, and held until `peers`
+takes of each arrived. Held steps therefore always lie inside a rank's window: memory is bounded by
+`window` whatever the plan size. A take outside the window is served on demand (not held); a take far
+ahead of an idle rank moves its window there (a resume). A failed build is reported to the first take
+of each of its (rank, step) and then forgotten, so the next take of that step builds it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+__all__ = ["Admission", "Build", "Collected", "StepWindow"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Build:
+    """Build `step` for `ranks` (one loader request per (loader, step) for all of them); `id` is unique."""
+
+    id: int
+    step: int
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What to do when a take arrives: start `builds`, then raise `error` or wait for `wait` (if any)."""
+
+    builds: tuple[Build, ...] = ()
+    error: Exception | None = None
+    wait: Build | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Collected(Generic[T]):
+    """A take's answer once nothing is building for it: `error`, a held `payload`, or neither (on demand)."""
+
+    builds: tuple[Build, ...] = ()
+    error: Exception | None = None
+    payload: T | None = None
+
+
+@dataclass(slots=True)
+class _Held(Generic[T]):
+    payload: T
+    takes: int = 0
+
+
+class StepWindow(Generic[T]):
+    """Window bookkeeping for a group of ranks; `T` is what a built (rank, step) holds (its batches)."""
+
+    def __init__(self, ranks: Sequence[int], steps: int, window: int, peers: int, start_step: int = 0) -> None:
+        if window < 1 or peers < 1:
+            raise ValueError(f"window and peers must be >= 1 (got window={window}, peers={peers})")
+        self.ranks = sorted(ranks)
+        self.steps = steps
+        self.window = window
+        self.peers = peers
+        self.want = {r: start_step for r in self.ranks}
+        self._held: dict[tuple[int, int], _Held[T]] = {}
+        self._building: dict[tuple[int, int], Build] = {}
+        self._failed: dict[tuple[int, int], Exception] = {}
+        self._in_progress = {r: 0 for r in self.ranks}
+        self._active: set[int] = set()  # ranks that have taken something: the group window follows them
+        self._next_id = 0
+        self.stopped = False
+
+    # ---- events ---------------------------------------------------------------------------------
+
+    def admit(self, rank: int, step: int) -> Admission:
+        """A take of `(rank, step)` arrived (counted in progress until `finish`)."""
+        key = (rank, step)
+        self._in_progress[rank] += 1
+        self._active.add(rank)
+        builds = self._maybe_jump(rank, step)
+        if key in self._failed:
+            return Admission(builds, error=self._failed.pop(key))
+        if key not in self._held and key not in self._building and self.in_window(rank, step):
+            builds += self._schedule(only_rank=rank)
+        return Admission(builds, wait=self._building.get(key))
+
+    def collect(self, rank: int, step: int) -> Collected[T]:
+        """After waiting: the failure, or the held payload (counting this take; released after `peers`)."""
+        key = (rank, step)
+        if key in self._failed:
+            return Collected(error=self._failed.pop(key))
+        held = self._held.get(key)
+        if held is None:  # outside the window or already released: the caller builds it, unheld
+            return Collected()
+        held.takes += 1
+        builds = self._release(rank, step) if held.takes >= self.peers else ()
+        return Collected(builds, payload=held.payload)
+
+    def finish(self, rank: int) -> None:
+        """A take of `rank` ended (served, failed or cancelled)."""
+        self._in_progress[rank] -= 1
+
+    def built(self, build: Build, payloads: Mapping[int, T]) -> None:
+        """`build` finished: hold each rank's payload unless that rank already moved past the step."""
+        for r in build.ranks:
+            self._building.pop((r, build.step), None)
+            if build.step >= self.want[r] and not self.stopped:
+                self._held[(r, build.step)] = _Held(payloads[r])
+
+    def failed(self, build: Build, error: Exception) -> None:
+        """`build` failed: each of its (rank, step) reports `error` to its next take, once."""
+        for r in build.ranks:
+            self._building.pop((r, build.step), None)
+            self._failed[(r, build.step)] = error
+
+    def cancelled(self, build: Build) -> None:
+        """`build` was cancelled (stop): forget it."""
+        for r in build.ranks:
+            self._building.pop((r, build.step), None)
+
+    def start(self) -> tuple[Build, ...]:
+        """The first window's builds."""
+        return self._schedule()
+
+    def stop(self) -> None:
+        """Drop held payloads; schedule nothing more."""
+        self.stopped = True
+        self._held.clear()
+
+    # ---- views ----------------------------------------------------------------------------------
+
+    def in_window(self, rank: int, step: int) -> bool:
+        return self.want[rank] <= step < self.want[rank] + self.window
+
+    def held(self) -> list[T]:
+        """Payloads held now."""
+        return [h.payload for h in self._held.values()]
+
+    def held_keys(self) -> list[tuple[int, int]]:
+        return sorted(self._held)
+
+    @property
+    def building_steps(self) -> int:
+        """Distinct steps being built."""
+        return len({k[1] for k in self._building})
+
+    # ---- transitions ----------------------------------------------------------------------------
+
+    def _maybe_jump(self, rank: int, step: int) -> tuple[Build, ...]:
+        """A take beyond the window while the rank is idle (nothing taken or being taken): move the window.
+
+        That is a resume or a reconnect at a later step. With takes in progress (a client prefetching
+        deeper than the window, a peer ahead of another) the window stays and the take is built on demand.
+        """
+        if step < self.want[rank] + self.window or self._in_progress[rank] > 1:
+            return ()
+        if any(h.takes for (r, s), h in self._held.items() if r == rank and s < step):
+            return ()
+        self.want[rank] = step
+        self._drop_below(rank)
+        return self._schedule()
+
+    def _release(self, rank: int, step: int) -> tuple[Build, ...]:
+        """All peers took `step`: free it and everything older of the rank, and build further ahead."""
+        self.want[rank] = max(self.want[rank], step + 1)
+        self._drop_below(rank)
+        return self._schedule()
+
+    def _drop_below(self, rank: int) -> None:
+        """Forget held steps and unreported failures of `rank` before its `want`: it moved past them."""
+        for table in (self._held, self._failed):
+            for key in [k for k in table if k[0] == rank and k[1] < self.want[rank]]:
+                del table[key]
+
+    def _schedule(self, only_rank: int | None = None) -> tuple[Build, ...]:
+        """Builds for every (rank, step) in the window that is neither held, building nor failed.
+
+        Steps are built for all ranks of the group at once, from the slowest rank that has taken
+        anything (ranks nobody consumes do not hold the group back); `only_rank` builds one rank's
+        window when it ran ahead of the group's slowest rank.
+        """
+        if self.stopped:
+            return ()
+        ranks = [only_rank] if only_rank is not None else self.ranks
+        lead = [only_rank] if only_rank is not None else sorted(self._active) or self.ranks
+        lo = min(self.want[r] for r in lead)
+        out: list[Build] = []
+        for step in range(lo, min(lo + self.window, self.steps)):
+            need = tuple(
+                r
+                for r in ranks
+                if self.in_window(r, step)
+                and (r, step) not in self._held
+                and (r, step) not in self._building
+                and (r, step) not in self._failed
+            )
+            if need:
+                build = Build(self._next_id, step, need)
+                self._next_id += 1
+                for r in need:
+                    self._building[(r, step)] = build
+                out.append(build)
+        return tuple(out)

@@ -1,0 +1,86 @@
+"""The read/route protocol's pure parts: sorting a failed call, routing samples to partitions, requests."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from loomdata.execution._loader import LoaderRetired
+from loomdata.execution._manifest import ManifestRows
+from loomdata.execution._partition import LoaderPartition
+from loomdata.execution._reads import Outcome, Reads, Route, classify
+from loomdata.schemas import ExecutionError, SourceDataError
+
+
+@pytest.mark.parametrize(
+    ("error", "stale", "outcome"),
+    [
+        (SourceDataError("a.parquet", "corrupt", row=3), False, Outcome.ERROR),
+        (ExecutionError("sample 9 is not in loader part 0"), False, Outcome.ERROR),
+        (LoaderRetired("retired"), False, Outcome.REFUSED),
+        (OSError("Unable to contact Actor's worker"), False, Outcome.LOST),
+        (TimeoutError(), False, Outcome.LOST),
+        (KeyError("actor-abc"), False, Outcome.LOST),
+        (OSError("comm closed"), True, Outcome.REFUSED),
+        (ExecutionError("released actor"), True, Outcome.REFUSED),  # issued on a replaced route
+    ],
+)
+def test_classify(error: Exception, stale: bool, outcome: Outcome) -> None:
+    assert classify(error, stale=stale) is outcome
+
+
+def _parts(bounds: list[int]) -> list[LoaderPartition]:
+    return [
+        LoaderPartition(source_id=0, source="s", part=i, first_shard=i, stop_shard=i + 1, first_sample=a, stop_sample=b)
+        for i, (a, b) in enumerate(itertools.pairwise(bounds))
+    ]
+
+
+def test_route_sends_each_sample_to_its_partition() -> None:
+    route = Route(_parts([0, 10, 25, 40]), loaders=[None, None, None])
+    assert route.part_of(np.array([0, 9, 10, 24, 25, 39], dtype=np.uint64)).tolist() == [0, 0, 1, 1, 2, 2]
+
+
+class _Echo:
+    """A loader stand-in recording the requests it is sent (read is never awaited here)."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.got = name, []
+
+    def read(self, request: np.ndarray) -> str:
+        self.got.append(request)
+        return self.name
+
+
+def _rows(source: list[int], sample: list[int]) -> ManifestRows:
+    n = len(source)
+    z = np.zeros(n, dtype=np.uint32)
+    return ManifestRows(
+        step=z,
+        dp_rank=z,
+        micro_batch=z,
+        source=np.asarray(source, dtype=np.uint16),
+        sample=np.asarray(sample, dtype=np.uint64),
+        offset=np.arange(n, dtype=np.uint32),
+        length=np.full(n, 2, dtype=np.uint32),
+        lane=z,
+    )
+
+
+def test_one_request_per_source_partition_in_row_order() -> None:
+    a0, a1, b0 = _Echo("a0"), _Echo("a1"), _Echo("b0")
+    reads = Reads({0: Route(_parts([0, 10, 20]), [a0, a1]), 1: Route(_parts([0, 50]), [b0])}, plan_id="p")
+    rows = _rows([1, 0, 0, 0, 1], [7, 12, 3, 15, 8])
+    groups, calls = reads._requests(rows)
+    assert [g.tolist() for g in groups] == [[2], [1, 3], [0, 4]] and calls == ["a0", "a1", "b0"]
+    assert a1.got[0]["sample"].tolist() == [12, 15] and a1.got[0]["offset"].tolist() == [1, 3]
+    assert b0.got[0]["length"].tolist() == [2, 2]
+
+
+def test_a_source_without_a_route_is_an_error() -> None:
+    reads = Reads({0: Route(_parts([0, 10]), [_Echo("a")])}, plan_id="p")
+    with pytest.raises(ExecutionError, match="no loader serves source id 3 of plan p"):
+        reads._requests(_rows([3], [1]))
+    assert classify(ExecutionError("x")) is Outcome.ERROR

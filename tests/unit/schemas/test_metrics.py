@@ -1,0 +1,47 @@
+"""Typed actor metrics: pickle intact (they cross Dask) and `to_dict()` keeps the `--json` shape."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+
+import pytest
+
+from loomdata.schemas import BuildPhases, ConstructorMetrics, LoaderMetrics
+
+
+def test_loader_metrics_dict_shape_and_rounding() -> None:
+    m = LoaderMetrics(source="web", part=1, calls=3, samples=10, tokens=99, busy_s=0.123456, samples_per_s=12.345)
+    d = m.to_dict()
+    assert list(d) == [
+        "source", "part", "calls", "samples", "segments", "tokens", "busy_s",
+        "samples_per_s", "samples_per_busy_s", "state_bytes", "rss_bytes",
+    ]  # fmt: skip
+    assert d["busy_s"] == 0.1235 and d["samples_per_s"] == 12.3 and d["samples_per_busy_s"] is None
+    assert pickle.loads(pickle.dumps(m)) == m
+    json.dumps(d)
+
+
+def test_constructor_metrics_dict_keys_ranks_as_strings() -> None:
+    m = ConstructorMetrics(
+        ranks=[2, 3],
+        want={2: 5, 3: 4},
+        build_phases_s=BuildPhases(manifest=0.00001, loaders=1.23456, pack=0.5),
+        rank_wait_s={2: 0.123456, 3: 0.0},
+        rank_takes={2: 5, 3: 4},
+    )
+    d = m.to_dict()
+    assert d["want"] == {"2": 5, "3": 4} and d["rank_takes"] == {"2": 5, "3": 4}
+    assert d["rank_wait_s"] == {"2": 0.1235, "3": 0.0}
+    assert d["build_phases_s"] == {"manifest": 0.0, "loaders": 1.2346, "pack": 0.5}
+    assert pickle.loads(pickle.dumps(m)) == m
+    assert json.loads(json.dumps(d)) == d
+
+
+def test_metrics_are_frozen_and_keyword_only() -> None:
+    m = LoaderMetrics(source="a", part=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.calls = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        LoaderMetrics("a", 0)  # type: ignore[misc]

@@ -43,7 +43,6 @@ class Timings:
     stop_timeout_s: float = 60.0  # how long stop() waits for the control loop to finish its current step
     serve_poll_s: float = 0.2  # how often `serve` checks for Ctrl-C/SIGTERM
     connect_timeout_s: float = 30.0  # connecting a Client to a scheduler
-    read_retry_s: float = 60.0  # how long a constructor's read waits for lost loaders to come back
     client_retry_s: float = 60.0  # how long a StreamClient retries a step before failing
     client_retry_pause_s: float = 0.25  # between a StreamClient's attempts
     client_check_s: float = 2.0  # while a take waits this long, check its constructor is still published

@@ -249,7 +249,7 @@ def _measure(
         cpu0 = _worker_cpu(client)
         loom, wall = _run_consumers(_loom_consumer, lambda r: (str(plan_dir), r), n)
         loom_cpu = _worker_cpu(client) - cpu0 + sum(r["cpu_s"] for r in loom)
-        m = ex.metrics()
+        m = ex.metrics().to_dict()  # results are written as JSON
     base, bwall = _run_consumers(_baseline_consumer, lambda r: (files, r, n, seq_len, n_batches), n)
     base_cpu = sum(r["cpu_s"] for r in base)
     lt, bt = sum(r["tokens"] for r in loom), sum(r["tokens"] for r in base)

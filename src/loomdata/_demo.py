@@ -104,7 +104,7 @@ def run_demo(
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run every stage once and return the figures it printed."""
-    from loomdata.execution import Executor, open_cluster
+    from loomdata.execution import Executor, ServeConfig, open_cluster
     from loomdata.indexing import build_index
     from loomdata.planning import make_plan, plan_report
     from loomdata.schemas import load_spec
@@ -124,7 +124,8 @@ def run_demo(
     if spec.training.dp_size != ranks:
         spec = spec.model_copy(update={"training": spec.training.model_copy(update={"dp_size": ranks})})
     scratch = tempfile.mkdtemp(prefix="loom-demo-")
-    with open_cluster(scheduler, n_workers=2, local_directory=scratch) as client:
+    config = ServeConfig()  # the demo serves with the defaults: fixed loaders, recovery on
+    with open_cluster(scheduler, n_workers=config.n_workers, local_directory=scratch) as client:
         t = time.perf_counter()
         index = build_index(spec, client, progress=progress).to_dict()
         report["index"] = index
@@ -145,7 +146,7 @@ def run_demo(
             f"worst mixture error {plan['worst_mixture_error_pp']:.2f} pp"
         )
 
-        with Executor(result.plan_dir, client) as executor:
+        with Executor(result.plan_dir, client, config) as executor:
             echo(f"[4/5] serving with loaders and constructors on {len(client.scheduler_info()['workers'])} workers")
             ctx = mp.get_context("spawn")
             results = ctx.Queue()
@@ -183,14 +184,14 @@ def run_demo(
             f"{r['data_wait_s']:>10.2f}s {r['first_loss']:>12.3f} {r['last_loss']:>11.3f}"
         )
     report["ranks"] = rank_rows
-    report["executor"] = metrics
+    report["executor"] = metrics.to_dict()  # the JSON edge: `loom demo --json`
     report["total_s"] = round(time.perf_counter() - t0, 2)
-    n_loaders = len(metrics.get("loaders", []))
     echo(
-        f"       {n_loaders} Source Loader actors hold the file state once: {metrics['loader_memory_bytes']:,} bytes "
+        f"       {len(metrics.loaders)} Source Loader actors hold the file state once: "
+        f"{metrics.loader_memory_bytes:,} bytes "
         f"(a loader per rank and DataLoader worker, ranks x 2 workers, would hold {2 * ranks} copies); "
-        f"{metrics['loader_calls']:,} batched loader calls for {metrics['loader_samples']:,} samples; "
-        f"worker processes' RSS {metrics['loader_rss_bytes'] / 2**20:,.0f} MiB"
+        f"{metrics.loader_calls:,} batched loader calls for {metrics.loader_samples:,} samples; "
+        f"worker processes' RSS {metrics.loader_rss_bytes / 2**20:,.0f} MiB"
     )
     echo(f"done in {report['total_s']:.1f}s")
     return report

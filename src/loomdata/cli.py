@@ -90,19 +90,21 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from loomdata.execution import serve
+    from loomdata.execution import Autoscaling, ServeConfig, serve
 
-    serve(
-        Path(args.plan_dir),
-        scheduler=args.scheduler,
-        constructors=args.constructors,
-        window=args.window,
-        json_out=args.json,
-        n_workers=args.workers,
-        peers=args.peers,
-        loaders_per_source=args.loaders_per_source,
-        autoscale=args.autoscale,
-    )
+    try:
+        config = ServeConfig(
+            constructors=args.constructors,
+            window=args.window,
+            n_workers=args.workers,
+            peers=args.peers,
+            loaders_per_source=args.loaders_per_source,
+            autoscale=Autoscaling() if args.autoscale else None,
+        )
+    except ValueError as e:
+        print(f"loom serve: error: {e}", file=sys.stderr)
+        return 2
+    serve(Path(args.plan_dir), config, scheduler=args.scheduler, json_out=args.json)
     return 0
 
 
@@ -158,6 +160,9 @@ def _print_report(report: dict[str, Any]) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from loomdata.execution import ServeConfig
+
+    defaults = ServeConfig()  # the one place serving defaults live
     p = argparse.ArgumentParser(prog="loom", description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     sub = p.add_subparsers(dest="command", required=True)
@@ -177,7 +182,9 @@ def _parser() -> argparse.ArgumentParser:
     i = add("index", _cmd_index, "scan every source of SPEC into index tables (a Dask job)")
     i.add_argument("spec")
     i.add_argument("--scheduler", default=None, help="address of an existing Dask scheduler")
-    i.add_argument("--workers", type=int, default=2, help="worker processes of the embedded LocalCluster")
+    i.add_argument(
+        "--workers", type=int, default=defaults.n_workers, help="worker processes of the embedded LocalCluster"
+    )
 
     pl = add("plan", _cmd_plan, "make the global plan (manifest) for SPEC from its index")
     pl.add_argument("spec")
@@ -196,12 +203,17 @@ def _parser() -> argparse.ArgumentParser:
     s = add("serve", _cmd_serve, "serve a plan's batches from Source Loader and Data Constructor actors")
     s.add_argument("plan_dir")
     s.add_argument("--scheduler", default=None)
-    s.add_argument("--constructors", type=int, default=1)
-    s.add_argument("--window", type=int, default=2, help="steps built ahead of the slowest rank")
-    s.add_argument("--workers", type=int, default=2, help="worker processes of the embedded LocalCluster")
+    s.add_argument("--constructors", type=int, default=defaults.constructors)
+    s.add_argument("--window", type=int, default=defaults.window, help="steps built ahead of the slowest rank")
+    s.add_argument(
+        "--workers", type=int, default=defaults.n_workers, help="worker processes of the embedded LocalCluster"
+    )
     s.add_argument("--peers", type=int, default=None, help="processes per dp rank (default: the plan's tp*pp*cp)")
     s.add_argument(
-        "--loaders-per-source", type=int, default=1, help="Source Loader actors per source (the start, with autoscale)"
+        "--loaders-per-source",
+        type=int,
+        default=defaults.loaders_for(""),
+        help="Source Loader actors per source (the start, with autoscale)",
     )
     s.add_argument(
         "--autoscale",

@@ -23,8 +23,10 @@ from loomdata.client._state import StreamState
 from loomdata.execution.protocol import (
     ExecutorUnavailable,
     ServeInfo,
+    Timings,
     parse_serve_info,
     read_serve_info,
+    retry_until,
     serve_dataset,
 )
 from loomdata.schemas.batch import Batch
@@ -32,9 +34,6 @@ from loomdata.schemas.errors import ContractError, ExecutionError, LoomError
 from loomdata.schemas.plan import read_plan
 
 __all__ = ["StreamClient"]
-
-_RETRY_PAUSE_S = 0.25  # between attempts while the executor restarts or recreates a lost constructor
-_CHECK_S = 2.0  # while a take waits this long, check that its constructor is still the published one
 
 
 class StreamClient:
@@ -49,8 +48,10 @@ class StreamClient:
         start_step: int = 0,
         client: Client | None = None,
         prefetch: int = 1,
-        retry_s: float = 60.0,
+        retry_s: float | None = None,
+        timings: Timings | None = None,
     ) -> None:
+        """`retry_s` (default `timings.client_retry_s`): how long a step is retried while the executor is away."""
         self.plan_dir = Path(plan_dir)
         self.meta = read_plan(self.plan_dir)
         if not 0 <= dp_rank < self.meta.dp_size:
@@ -65,7 +66,10 @@ class StreamClient:
         self._client = client
         self._owns_client = client is None
         self._prefetch = max(0, prefetch)
-        self._retry_s = retry_s
+        self._timings = timings or Timings()
+        self._retry_s = retry_s if retry_s is not None else self._timings.client_retry_s
+        if self._retry_s <= 0:
+            raise ValueError(f"retry_s must be > 0 seconds, got {self._retry_s}")
         self._step = start_step
         self._mb = 0
         self._actor: Any = None
@@ -146,42 +150,49 @@ class StreamClient:
     # ---- transport ------------------------------------------------------------------------------
 
     def _fetch(self, step: int) -> list[Batch]:
-        """The rank's micro-batches of `step`; requests the next `prefetch` steps before waiting."""
-        deadline = time.monotonic() + self._retry_s
-        last: Exception | None = None
-        while True:
+        """The rank's micro-batches of `step`; requests the next `prefetch` steps before waiting.
+
+        Retried (re-resolving the constructor) while the executor is unavailable or unreachable, for
+        up to `retry_s`; a LoomError from the executor (bad data, a wrong rank) fails at once.
+        """
+
+        def attempt() -> list[Batch]:
+            if self._actor is None:
+                self._attach()
+            fut = self._ahead.pop(step, None) or self._actor.take(self.dp_rank, step)
+            for s in range(step + 1, min(step + 1 + self._prefetch, self.meta.steps)):
+                if s not in self._ahead:
+                    self._ahead[s] = self._actor.take(self.dp_rank, s)
+            t0 = time.perf_counter()
             try:
-                if self._actor is None:
-                    self._attach()
-                fut = self._ahead.pop(step, None) or self._actor.take(self.dp_rank, step)
-                for s in range(step + 1, min(step + 1 + self._prefetch, self.meta.steps)):
-                    if s not in self._ahead:
-                        self._ahead[s] = self._actor.take(self.dp_rank, s)
-                t0 = time.perf_counter()
-                try:
-                    batches = self._wait(fut)
-                finally:
-                    self.wait_s += time.perf_counter() - t0
-                break
-            except ExecutorUnavailable as e:
-                last = e
-            except LoomError:
-                raise
-            except Exception as e:  # connection lost, actor lost with its worker, not published (yet)
-                last = e
-                if time.monotonic() >= deadline:
-                    raise ExecutionError(
-                        f"plan {self.meta.plan_id}, dp rank {self.dp_rank}: no executor answered for step {step} "
-                        f"within {self._retry_s:.0f}s ({type(e).__name__}: {e}); is `loom serve` running?"
-                    ) from e
-            if time.monotonic() >= deadline:
-                raise ExecutionError(
+                return self._wait(fut)
+            finally:
+                self.wait_s += time.perf_counter() - t0
+
+        def give_up(e: Exception, attempts: int) -> Exception:
+            if isinstance(e, ExecutorUnavailable):
+                return ExecutionError(
                     f"plan {self.meta.plan_id}: the executor stayed unavailable for {self._retry_s:.0f}s "
-                    f"(last: {last}); restart `loom serve`"
+                    f"(last: {e}); restart `loom serve`"
                 )
+            return ExecutionError(
+                f"plan {self.meta.plan_id}, dp rank {self.dp_rank}: no executor answered for step {step} "
+                f"within {self._retry_s:.0f}s ({type(e).__name__}: {e}); is `loom serve` running?"
+            )
+
+        def reset(_: Exception) -> None:
             self._actor = None  # re-resolve: the executor re-publishes a recreated constructor under the same name
             self._ahead.clear()
-            time.sleep(_RETRY_PAUSE_S)
+
+        batches = retry_until(
+            attempt,
+            # connection lost, actor lost with its worker, not published (yet): retry; a data error: do not
+            retryable=lambda e: isinstance(e, ExecutorUnavailable) or not isinstance(e, LoomError),
+            give_up=give_up,
+            within_s=self._retry_s,
+            pause_s=self._timings.client_retry_pause_s,
+            on_retry=reset,
+        )
         if len(batches) != self.meta.micro_batches or any(b.step != step for b in batches):
             raise ExecutionError(
                 f"executor answered step {step} of rank {self.dp_rank} with {len(batches)} batches "
@@ -197,7 +208,7 @@ class StreamClient:
         """
         while True:
             try:
-                batches: list[Batch] = fut.result(timeout=_CHECK_S)
+                batches: list[Batch] = fut.result(timeout=self._timings.client_check_s)
                 return batches
             except TimeoutError:
                 if self._replaced():
@@ -215,7 +226,8 @@ class StreamClient:
         """Connect (once) and get the constructor that serves this rank."""
         if self._client is None:
             address = self._scheduler or read_serve_info(self.plan_dir).scheduler
-            self._client = Client(address, direct_to_workers=True, set_as_default=True, timeout=30)
+            timeout = self._timings.connect_timeout_s
+            self._client = Client(address, direct_to_workers=True, set_as_default=True, timeout=timeout)
         info = self._serve_info()
         if info.plan_id != self.meta.plan_id:
             raise ExecutionError(

@@ -2,7 +2,8 @@
 
 `open_cluster` yields a Client (embedded LocalCluster or a running scheduler), `Executor` creates and
 publishes the actors of one plan and recreates those lost with a worker, `serve` runs an executor
-until Ctrl-C/SIGTERM (`loom serve`).
+until Ctrl-C/SIGTERM (`loom serve`); `ServeConfig` (with `Autoscaling` and `Timings`) holds every
+serving setting, built once at the edge and passed down.
 Clients find a running executor through `protocol` (serve.json and published datasets). Names are
 imported lazily so that a client importing `loomdata.execution.protocol` loads no executor code.
 """
@@ -14,13 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from loomdata.execution._cluster import open_cluster
+    from loomdata.execution._config import Autoscaling, ServeConfig, Timings
     from loomdata.execution._executor import Executor
     from loomdata.execution._packing import pack_arrays, pack_batch
     from loomdata.execution._serve import serve
 
-__all__ = ["Executor", "open_cluster", "pack_arrays", "pack_batch", "serve"]
+__all__ = ["Autoscaling", "Executor", "ServeConfig", "Timings", "open_cluster", "pack_arrays", "pack_batch", "serve"]
 
 _WHERE = {
+    "Autoscaling": "loomdata.execution._config",
+    "ServeConfig": "loomdata.execution._config",
+    "Timings": "loomdata.execution._config",
     "Executor": "loomdata.execution._executor",
     "open_cluster": "loomdata.execution._cluster",
     "pack_arrays": "loomdata.execution._packing",

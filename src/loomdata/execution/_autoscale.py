@@ -4,38 +4,29 @@
 seconds one sample costs a loader, its shard count and its current loaders, it splits a loader budget
 in proportion to demand x cost (at least 1 per demanded source, at most one per shard), rounds
 deterministically and keeps the current count unless the ideal moved by >= 1 and >= 25% (no flapping).
-`Autoscaler` is the controller: a daemon thread in the serving process (like the recovery Watchdog)
-that every few seconds reads `Executor.metrics()` and the manifest's coming steps and calls
-`Executor.set_loaders` where the policy says so, recording each decision.
-
-Worker loss: a resize may run while actors are lost or being recreated, and a worker may die during
-a resize; both go through the executor's one lock and re-routing protocol (see `_executor`), so a
-resize never needs to wait for recovery: it replaces the source's loaders (lost ones included) with
-new ones on live workers. A round that fails (a worker died mid-call) is recorded in `last_error`
-and the next round decides again from the executor's state.
+`Autoscaler` turns one round's plain inputs (measured samples and busy seconds per source, the
+consumers' step, the current counts, the cluster's threads) and the manifest's coming steps into
+resizes, and records each decision. It knows nothing of the executor: the control loop (`_loop`)
+gathers the inputs, applies the resizes through the fleet's one re-routing protocol (`_actors`),
+and a round that fails (a worker died mid-call) is recorded in `last_error`; the next decides again.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
-from loomdata.schemas.errors import ExecutionError
-from loomdata.schemas.layout import IndexFiles
-from loomdata.schemas.plan import read_manifest
+from loomdata.execution._config import Autoscaling
+from loomdata.schemas.metrics import AutoscaleDecision, AutoscaleReport, AutoscaleRound
+from loomdata.schemas.plan import PlanMeta, read_manifest
 
-if TYPE_CHECKING:
-    from loomdata.execution._executor import Executor
-
-__all__ = ["Autoscaler", "Autoscaling", "SourceLoad", "estimate_costs", "ideal_loaders", "plan_loaders"]
+__all__ = ["Autoscaler", "Autoscaling", "Resize", "SourceLoad", "estimate_costs", "ideal_loaders", "plan_loaders"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +45,7 @@ class SourceLoad:
 
     def __post_init__(self) -> None:
         if self.demand < 0 or self.cost_s < 0 or self.shards < 1 or self.current < 0:
-            raise ExecutionError(f"invalid source load {self}: demand and cost must be >= 0, shards >= 1, current >= 0")
+            raise ValueError(f"invalid source load {self}: demand and cost must be >= 0, shards >= 1, current >= 0")
 
 
 def ideal_loaders(loads: Mapping[str, SourceLoad], *, budget: int, step_rate: float | None = None) -> dict[str, float]:
@@ -64,7 +55,7 @@ def ideal_loaders(loads: Mapping[str, SourceLoad], *, budget: int, step_rate: fl
     busy second per second), capped by `budget`; without it the whole budget is used.
     """
     if budget < 1:
-        raise ExecutionError(f"the loader budget must be >= 1, got {budget}")
+        raise ValueError(f"the loader budget must be >= 1, got {budget}")
     active = {s: ld for s, ld in loads.items() if ld.demand > 0}
     if not active:
         return {}
@@ -72,7 +63,7 @@ def ideal_loaders(loads: Mapping[str, SourceLoad], *, budget: int, step_rate: fl
     total = float(budget)
     if step_rate is not None:
         if step_rate < 0:
-            raise ExecutionError(f"the target step rate must be >= 0 steps/s, got {step_rate}")
+            raise ValueError(f"the target step rate must be >= 0 steps/s, got {step_rate}")
         total = min(total, sum(weight.values()) * step_rate)
     total = min(max(total, float(len(active))), float(sum(ld.shards for ld in active.values())))
     ideal: dict[str, float] = {}
@@ -151,145 +142,108 @@ def estimate_costs(
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Autoscaling:
-    """Controller settings: period, how many coming steps set the demand, budget, target rate, hysteresis."""
+class Resize:
+    """One decision of a round: set `source` from `old` to `new` loaders, and why."""
 
-    every_s: float = 5.0
-    horizon_steps: int = 32
-    budget: int | None = None  # default: loaders_per_thread x the cluster's worker threads
-    loaders_per_thread: int = 2
-    step_rate: float | None = None  # steps/s to sustain; None: use the whole budget
-    min_change: float = 0.25
-
-    def __post_init__(self) -> None:
-        if self.every_s <= 0 or self.horizon_steps < 1 or self.loaders_per_thread < 1 or self.min_change < 0:
-            raise ExecutionError(
-                f"invalid autoscaling settings {self}: every_s > 0, horizon_steps >= 1, "
-                "loaders_per_thread >= 1 and min_change >= 0 are required"
-            )
-        if self.budget is not None and self.budget < 1:
-            raise ExecutionError(f"autoscaling budget must be >= 1 loader, got {self.budget}")
+    source: str
+    old: int
+    new: int
+    step: int
+    why: str
 
 
 class Autoscaler:
-    """Every `every_s`, sets each source's loader count to what `plan_loaders` says (daemon thread)."""
+    """Decides loader counts per source from plain inputs each round, and records its decisions.
 
-    def __init__(self, executor: Executor, settings: Autoscaling | None = None, *, name: str = "loom-autoscale"):
-        self._ex = executor
-        self.settings = settings or Autoscaling()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+    No thread and no executor: the control loop gathers the measurements (`_metrics`), asks `decide`,
+    applies the resizes and reports each with `record`; `report()` is what `Executor.metrics()` shows.
+    """
+
+    def __init__(self, settings: Autoscaling, *, plan_dir: Path, meta: PlanMeta, shards: Mapping[str, int]) -> None:
+        self.settings = settings
+        self._plan_dir = plan_dir
+        self._meta = meta
+        self._shards = dict(shards)
         self._costs: dict[str, tuple[int, float]] = {}  # last measurement per source (loaders reset on resize)
-        self._shards = {s: _shard_count(executor, s) for s in executor.meta.sources}
-        self.decisions: list[dict[str, Any]] = []
+        self.decisions: list[AutoscaleDecision] = []
         self.rounds = 0
-        self.last: dict[str, Any] = {}
+        self.last: AutoscaleRound | None = None
         self.last_error: str | None = None
 
-    def start(self) -> Autoscaler:
-        """Start the control loop; returns self."""
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 60.0) -> None:
-        """Stop the loop and wait for a resize in progress to finish."""
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    def report(self) -> dict[str, Any]:
-        """Decisions so far and the inputs of the last round, for `Executor.metrics()["autoscale"]`."""
-        with self._lock:
-            return {
-                "enabled": True,
-                "rounds": self.rounds,
-                "decisions": list(self.decisions),
-                "last": dict(self.last),
-                "last_error": self.last_error,
-            }
-
-    def step_once(self) -> list[dict[str, Any]]:
-        """One control round: measure, decide, resize (shrinks first, to stay within budget); returns decisions."""
-        ex = self._ex
-        m = ex.metrics()
-        step = _current_step(m, ex.meta.steps)
-        demand, tokens = _demand(ex, step, self.settings.horizon_steps)
-        for s, v in m["sources"].items():
-            if v["samples"] > 0 and v["busy_s"] > 0:
-                self._costs[s] = (int(v["samples"]), float(v["busy_s"]))
+    def decide(
+        self, *, measured: Mapping[str, tuple[int, float]], step: int, current: Mapping[str, int], threads: int
+    ) -> list[Resize]:
+        """This round's resizes, shrinks first (to stay within budget); `measured`: source -> (samples, busy_s)."""
+        cfg = self.settings
+        demand, tokens = _demand(self._plan_dir, self._meta, step, cfg.horizon_steps)
+        for s, (n, busy) in measured.items():
+            if n > 0 and busy > 0:
+                self._costs[s] = (int(n), float(busy))
         costs = estimate_costs(self._costs, tokens)
-        current = ex.loader_counts()  # the executor's own count: a lost loader being recreated counts too
         loads = {
             s: SourceLoad(demand=demand[s], cost_s=costs[s], shards=self._shards[s], current=current[s])
-            for s in ex.meta.sources
+            for s in self._meta.sources
         }
-        budget = self.settings.budget or self.settings.loaders_per_thread * _threads(ex)
-        rate, hold = self.settings.step_rate, self.settings.min_change
-        want = plan_loaders(loads, budget=budget, step_rate=rate, min_change=hold)
-        ideal = ideal_loaders(loads, budget=budget, step_rate=rate)
-        done: list[dict[str, Any]] = []
-        for s in sorted(want, key=lambda s: (want[s] - current[s], s)):  # shrink first
-            if want[s] == current[s]:
-                continue
-            new = ex.set_loaders(s, want[s])
-            why = (
-                f"steps {step}..{step + self.settings.horizon_steps - 1}: {demand[s]:.2f} samples/step x "
-                f"{costs[s] * 1e3:.3f} ms/sample, ideal {ideal.get(s, 0.0):.2f} of budget {budget}"
+        budget = cfg.budget or cfg.loaders_per_thread * max(1, threads)
+        want = plan_loaders(loads, budget=budget, step_rate=cfg.step_rate, min_change=cfg.min_change)
+        ideal = ideal_loaders(loads, budget=budget, step_rate=cfg.step_rate)
+        self.last = AutoscaleRound(
+            time=time.time(),
+            step=step,
+            budget=budget,
+            demand=dict(demand),
+            cost_ms={s: v * 1e3 for s, v in costs.items()},
+            ideal=dict(ideal),
+        )
+        self.rounds += 1
+        return [
+            Resize(
+                source=s,
+                old=current[s],
+                new=want[s],
+                step=step,
+                why=(
+                    f"steps {step}..{step + cfg.horizon_steps - 1}: {demand[s]:.2f} samples/step x "
+                    f"{costs[s] * 1e3:.3f} ms/sample, ideal {ideal.get(s, 0.0):.2f} of budget {budget}"
+                ),
             )
-            done.append({"time": time.time(), "step": step, "source": s, "old": current[s], "new": new, "why": why})
-            logger.info("autoscale %s: %d -> %d loaders (%s)", s, current[s], new, why)
-        with self._lock:
-            self.rounds += 1
-            self.decisions.extend(done)
-            self.last = {
-                "time": time.time(),
-                "step": step,
-                "budget": budget,
-                "demand": {s: round(v, 3) for s, v in demand.items()},
-                "cost_ms": {s: round(v * 1e3, 4) for s, v in costs.items()},
-                "ideal": {s: round(v, 2) for s, v in ideal.items()},
-            }
-        return done
+            for s in sorted(want, key=lambda s: (want[s] - current[s], s))
+            if want[s] != current[s]
+        ]
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.settings.every_s):
-            try:
-                self.step_once()
-            except Exception as e:  # a worker died mid-resize, the executor is stopping...: try next round
-                self.last_error = f"{type(e).__name__}: {e}"
-                logger.warning("loomdata autoscaling round failed (will retry): %s", self.last_error)
+    def record(self, r: Resize, new: int) -> None:
+        """A resize was applied: `new` loaders now serve `r.source`."""
+        self.decisions.append(
+            AutoscaleDecision(time=time.time(), step=r.step, source=r.source, old=r.old, new=new, why=r.why)
+        )
+        logger.info("autoscale %s: %d -> %d loaders (%s)", r.source, r.old, new, r.why)
 
+    def failed(self, error: BaseException) -> None:
+        """A round failed (a worker died mid-resize, the executor is stopping...): the next round decides again."""
+        self.last_error = f"{type(error).__name__}: {error}"
+        logger.warning("loomdata autoscaling round failed (will retry): %s", self.last_error)
 
-def _current_step(metrics: Mapping[str, Any], steps: int) -> int:
-    """The first step some rank has not taken yet (the consumers' position), from the constructors."""
-    wants = [int(w) for c in metrics["constructors"] for w in c["want"].values()]
-    return min(min(wants, default=0), max(steps - 1, 0))
+    def report(self) -> AutoscaleReport:
+        """Decisions so far and the inputs of the last round, for `Executor.metrics().autoscale`."""
+        return AutoscaleReport(
+            enabled=True,
+            rounds=self.rounds,
+            decisions=tuple(self.decisions),
+            last=self.last,
+            last_error=self.last_error,
+        )
 
 
-def _demand(ex: Executor, step: int, horizon: int) -> tuple[dict[str, float], dict[str, float]]:
+def _demand(plan_dir: Path, meta: PlanMeta, step: int, horizon: int) -> tuple[dict[str, float], dict[str, float]]:
     """Per source: segments per step over steps [step, step + horizon), and mean tokens per segment."""
-    t = read_manifest(ex.plan_dir, ex.meta, step, min(step + horizon, ex.meta.steps) - 1)
+    t = read_manifest(plan_dir, meta, step, min(step + horizon, meta.steps) - 1)
     src = t.column("source").to_numpy()
     length = t.column("length").to_numpy()
-    n_steps = max(1, min(horizon, ex.meta.steps - step))
+    n_steps = max(1, min(horizon, meta.steps - step))
     demand: dict[str, float] = {}
     tokens: dict[str, float] = {}
-    for sid, name in enumerate(ex.meta.sources):
+    for sid, name in enumerate(meta.sources):
         sel = src == sid
         demand[name] = float(np.count_nonzero(sel)) / n_steps
         tokens[name] = float(length[sel].mean()) if sel.any() else 1.0
     return demand, tokens
-
-
-def _shard_count(ex: Executor, source: str) -> int:
-    """Non-empty shards of a source (a loader partition needs at least one)."""
-    files = IndexFiles.of(ex.spec.workdir, source)
-    shards = pq.read_table(str(files.samples), columns=["shard"]).column("shard").to_numpy()
-    return max(1, len(np.unique(shards)))
-
-
-def _threads(ex: Executor) -> int:
-    """Worker threads of the cluster now."""
-    workers = ex.client.scheduler_info()["workers"]
-    return max(1, sum(int(w.get("nthreads", 1)) for w in workers.values()))

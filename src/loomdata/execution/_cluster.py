@@ -9,10 +9,12 @@ from pathlib import Path
 
 from distributed import Client, LocalCluster
 
+from loomdata.execution._config import DEFAULT_WORKERS, Timings
+
 __all__ = ["connect", "open_cluster"]
 
 
-def connect(scheduler: str, *, timeout: float = 30.0, set_as_default: bool = True) -> Client:
+def connect(scheduler: str, *, timeout: float = Timings().connect_timeout_s, set_as_default: bool = True) -> Client:
     """A Client talking to workers directly (actor results never go through the scheduler)."""
     return Client(scheduler, timeout=timeout, direct_to_workers=True, set_as_default=set_as_default)
 
@@ -21,8 +23,9 @@ def connect(scheduler: str, *, timeout: float = 30.0, set_as_default: bool = Tru
 def open_cluster(
     scheduler: str | None = None,
     *,
-    n_workers: int = 2,
+    n_workers: int = DEFAULT_WORKERS,
     local_directory: str | Path | None = None,
+    connect_timeout_s: float = Timings().connect_timeout_s,
 ) -> Iterator[Client]:
     """Yield a Client: connected to `scheduler`, or to an embedded LocalCluster of `n_workers` processes.
 
@@ -31,7 +34,7 @@ def open_cluster(
     this without a scheduler need an `if __name__ == "__main__":` guard (workers are spawned).
     """
     if scheduler:
-        client = connect(scheduler)
+        client = connect(scheduler, timeout=connect_timeout_s)
         try:
             yield client
         finally:

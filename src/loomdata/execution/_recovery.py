@@ -1,42 +1,41 @@
-"""Recovery of actors lost with their worker: Dask never recreates an actor, so the serving process does.
+"""Recovery bookkeeping for actors lost with their worker: Dask never recreates an actor, so the serving process does.
 
 When a worker dies, the scheduler errs the task of every actor it held ("Worker holding Actor was
-lost") and tells each client holding its future within milliseconds, so `lost` is a local check of
-future states, no RPC. `Watchdog` polls it in a daemon thread of the serving process and calls the
-executor's `recover()`, which recreates each lost actor from (plan dir, partition or rank group) on a
-live worker and re-publishes it. Plans are deterministic, so a recreated actor serves byte for byte
-what the lost one would have; constructors retry reads on the new routes and clients retry the same
-step on the re-published constructor.
+lost") and tells each client holding its future within milliseconds, so `is_lost` is a local check
+of future states, no RPC. The control loop (`_loop`) checks every `Timings.recovery_every_s` and
+replaces what is lost (`_actors.FleetOps.replace_lost`); `RecoveryLog` records what it did and
+says how long to pause next (backing off while recovery fails, e.g. no worker is left). Plans are
+deterministic, so a recreated actor serves byte for byte what the lost one would have; constructors
+retry reads on the new routes and clients retry the same step on the re-published constructor.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
-from distributed import Future
+from loomdata.execution._retry import backoff
 
-__all__ = ["RecoveryStats", "Watchdog", "is_lost", "lost_indices"]
+__all__ = ["RecoveryLog", "RecoveryStats", "is_lost", "lost_indices"]
 
 logger = logging.getLogger(__name__)
 
 
-def is_lost(future: Future) -> bool:
+def is_lost(future: Any) -> bool:
     """Whether the actor behind a finished actor future is gone (its worker died, or it was released)."""
-    return future.status != "finished"
+    return bool(future.status != "finished")
 
 
-def lost_indices(futures: Iterable[Future]) -> list[int]:
-    """Positions of the lost actors among `futures`."""
+def lost_indices(futures: Iterable[Any]) -> list[int]:
+    """Positions of the lost actors among `futures` (distributed Futures: only `status` is read)."""
     return [i for i, f in enumerate(futures) if is_lost(f)]
 
 
 @dataclass
 class RecoveryStats:
-    """What the watchdog has done: actors recreated, seconds spent recreating, the last failure."""
+    """What recovery has done: actors recreated, seconds spent recreating, the last failure."""
 
     recovered: int = 0
     rounds: int = 0
@@ -47,52 +46,32 @@ class RecoveryStats:
     history: list[tuple[float, int, float]] = field(default_factory=list)  # (when, actors, seconds)
 
 
-class Watchdog:
-    """Calls `recover()` (returns how many actors it recreated) every `every_s` in a daemon thread."""
+class RecoveryLog:
+    """Records recovery rounds and picks the pause before the next: `every_s`, doubling per failure up to a cap."""
 
-    def __init__(self, recover: Callable[[], int], *, every_s: float = 0.2, name: str = "loom-recovery") -> None:
-        self._recover = recover
-        self._every_s = every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._streak = 0  # failed attempts in a row: the back-off grows with it
+    def __init__(self, *, every_s: float, max_pause_s: float) -> None:
+        self.every_s = every_s
+        self.max_pause_s = max_pause_s
         self.stats = RecoveryStats()
+        self._streak = 0  # failed rounds in a row
 
-    def start(self) -> Watchdog:
-        """Start polling; returns self."""
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop polling and wait for a recovery in progress to finish."""
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    def poll_once(self) -> float:
-        """One recovery attempt: records what it did; returns the pause before the next (backs off on errors)."""
-        t0 = time.monotonic()
-        try:
-            n = self._recover()
-        except Exception as e:  # a worker died during recovery, no worker left...: try again later
-            self._streak += 1
-            self.stats.failures += 1
-            self.stats.last_error = f"{type(e).__name__}: {e}"
-            logger.warning("recovering lost loomdata actors failed (will retry): %s", self.stats.last_error)
-            return min(self._every_s * 2**self._streak, 5.0)
+    def succeeded(self, actors: int, seconds: float, when: float) -> float:
+        """A round that recreated `actors` (0: nothing was lost) in `seconds`; returns the next pause."""
         self._streak = 0
-        if n:
-            dt = time.monotonic() - t0
+        if actors:
             s = self.stats
-            s.recovered += n
+            s.recovered += actors
             s.rounds += 1
-            s.seconds += dt
-            s.last_s = dt
-            s.history.append((time.time(), n, dt))
-            logger.warning("recreated %d lost loomdata actor(s) in %.2fs", n, dt)
-        return self._every_s
+            s.seconds += seconds
+            s.last_s = seconds
+            s.history.append((when, actors, seconds))
+            logger.warning("recreated %d lost loomdata actor(s) in %.2fs", actors, seconds)
+        return self.every_s
 
-    def _run(self) -> None:
-        pause = self._every_s
-        while not self._stop.wait(pause):
-            pause = self.poll_once()
+    def failed(self, error: BaseException) -> float:
+        """A round that raised (a worker died meanwhile, no worker left...); returns the longer next pause."""
+        self._streak += 1
+        self.stats.failures += 1
+        self.stats.last_error = f"{type(error).__name__}: {error}"
+        logger.warning("recovering lost loomdata actors failed (will retry): %s", self.stats.last_error)
+        return backoff(self._streak, base_s=self.every_s, cap_s=self.max_pause_s)

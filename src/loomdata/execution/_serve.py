@@ -2,7 +2,8 @@
 
 The executor recreates actors lost with a worker while serving; metrics lines count them. Serving
 autoscales loaders by default (`Executor` itself does not: a library caller that sizes loaders with
-`set_loaders` keeps control); resizes and recovery share one protocol (see `_executor`).
+`set_loaders` keeps control); resizes and recovery share one protocol (see `_actors`). Settings come
+in one `ServeConfig`, built here (or by `loom serve`) and passed down.
 """
 
 from __future__ import annotations
@@ -17,25 +18,33 @@ from types import FrameType
 from typing import Any
 
 from loomdata.execution._cluster import open_cluster
+from loomdata.execution._config import Autoscaling, ServeConfig
 from loomdata.execution._executor import Executor
 from loomdata.schemas.errors import ExecutionError
+from loomdata.schemas.metrics import ExecutorMetrics
 
 __all__ = ["serve"]
 
 
-def _report(m: dict[str, Any], json_out: bool) -> None:
+def _report(m: ExecutorMetrics, json_out: bool) -> None:
     """One metrics line: a JSON object on stdout with --json, else a readable line on stderr."""
-    rates = {k: v["samples_per_s"] for k, v in m["sources"].items()}
+    sources = m.sources
+    rates = {k: round(v.samples_per_s, 1) for k, v in sources.items()}
+    wait = {str(r): round(w, 4) for r, w in m.rank_wait_s.items()}
     if json_out:
-        line = {"event": "metrics", "samples_per_s": rates, "queue_depth": m["queue_depth"]}
-        line["rank_wait_s"] = m["rank_wait_s"]
-        line["recovered_actors"] = m["recovered_actors"]
-        line["loaders"] = {k: v["loaders"] for k, v in m["sources"].items()}
+        line = {
+            "event": "metrics",
+            "samples_per_s": rates,
+            "queue_depth": m.queue_depth,
+            "rank_wait_s": wait,
+            "recovered_actors": m.recovery.recovered,
+            "loaders": {k: v.loaders for k, v in sources.items()},
+        }
         print(json.dumps(line), flush=True)
     else:
         print(
-            f"samples/s by source {rates}; constructor queue depth {m['queue_depth']}; rank wait s {m['rank_wait_s']}; "
-            f"actors recreated after worker loss {m['recovered_actors']}",
+            f"samples/s by source {rates}; constructor queue depth {m.queue_depth}; rank wait s {wait}; "
+            f"actors recreated after worker loss {m.recovery.recovered}",
             file=sys.stderr,
             flush=True,
         )
@@ -43,25 +52,21 @@ def _report(m: dict[str, Any], json_out: bool) -> None:
 
 def serve(
     plan_dir: str | Path,
+    config: ServeConfig | None = None,
     *,
     scheduler: str | None = None,
-    constructors: int = 1,
-    window: int = 2,
     json_out: bool = False,
-    n_workers: int = 2,
-    metrics_every_s: float = 10.0,
-    peers: int | None = None,
-    loaders_per_source: int = 1,
-    autoscale: bool = True,
+    **settings: Any,
 ) -> None:
-    """Serve `plan_dir` until Ctrl-C/SIGTERM, printing metrics every `metrics_every_s`.
+    """Serve `plan_dir` until Ctrl-C/SIGTERM, printing metrics every `config.metrics_every_s`.
 
+    `config` defaults to `ServeConfig(autoscale=Autoscaling())`: `serve` autoscales unless told not to,
+    unlike `Executor`. Keyword `settings` override config fields (`constructors=2`, `autoscale=False`).
     With `json_out`, stdout carries JSON lines only: `serving` (the ServeInfo), `metrics`, `stopped`
-    (final metrics). The embedded cluster (no `scheduler`) has `n_workers` worker processes. `peers`
-    (processes per dp rank, default the plan's tp*pp*cp), `loaders_per_source` (the start) and
-    `autoscale` (on by default here, unlike `Executor`: resize loaders to demand x cost while serving,
-    safe together with worker-loss recovery) go to the Executor.
+    (final metrics). The embedded cluster (no `scheduler`) has `config.n_workers` worker processes.
     """
+    cfg = config or ServeConfig(autoscale=Autoscaling())
+    cfg = cfg.with_settings(**settings) if settings else cfg
     stop = threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -73,16 +78,8 @@ def serve(
             previous[sig] = signal.signal(sig, _on_signal)
     try:
         with (
-            open_cluster(scheduler, n_workers=n_workers) as client,
-            Executor(
-                plan_dir,
-                client,
-                constructors=constructors,
-                window=window,
-                peers=peers,
-                loaders_per_source=loaders_per_source,
-                autoscale=autoscale,
-            ) as ex,
+            open_cluster(scheduler, n_workers=cfg.n_workers, connect_timeout_s=cfg.timings.connect_timeout_s) as client,
+            Executor(plan_dir, client, cfg) as ex,
         ):
             info = ex.info
             if info is None:
@@ -95,14 +92,14 @@ def serve(
                     f"{len(info.constructors)} constructor(s), window {info.window}; Ctrl-C to stop",
                     flush=True,
                 )
-            next_log = time.monotonic() + metrics_every_s
-            while not stop.wait(0.2):
+            next_log = time.monotonic() + cfg.metrics_every_s
+            while not stop.wait(cfg.timings.serve_poll_s):
                 if time.monotonic() >= next_log:
-                    next_log = time.monotonic() + metrics_every_s
+                    next_log = time.monotonic() + cfg.metrics_every_s
                     _report(ex.metrics(), json_out)
             summary = ex.metrics()
         if json_out:
-            print(json.dumps({"event": "stopped", "metrics": summary}, default=str), flush=True)
+            print(json.dumps({"event": "stopped", "metrics": summary.to_dict()}, default=str), flush=True)
         else:
             print(f"stopped serving plan {info.plan_id}", file=sys.stderr, flush=True)
     finally:

@@ -11,7 +11,8 @@ rewritten with its new worker), so a client re-resolves the name and asks again.
 A constructor answers `take(dp_rank, step)` with that rank's micro-batches of that step
 (`list[Batch]`, in micro-batch order): one actor call per rank and step. The request names the step,
 so any constructor of the plan (a recreated one too) can rebuild it from the manifest; the position
-inside the step (micro_batch) stays with the client.
+inside the step (micro_batch) stays with the client. Both sides share the serving `Timings` (how
+long a client retries, how often it checks its constructor) and the retry helper (`retry_until`).
 """
 
 from __future__ import annotations
@@ -22,26 +23,28 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from loomdata.execution._config import Timings
+from loomdata.execution._retry import Deadline, retry_until
 from loomdata.schemas.errors import ContractError, ExecutionError
 
 __all__ = [
     "SERVE_FORMAT_VERSION",
-    "TAKE_METHOD",
     "ConstructorInfo",
+    "Deadline",
     "ExecutorUnavailable",
     "LoaderInfo",
     "ServeInfo",
+    "Timings",
     "constructor_dataset",
     "parse_serve_info",
     "read_serve_info",
+    "retry_until",
     "serve_dataset",
     "serve_path",
     "write_serve_info",
 ]
 
 SERVE_FORMAT_VERSION = 1
-TAKE_METHOD = "take"
-"""Constructor method a client calls: `take(dp_rank: int, step: int) -> list[Batch]`."""
 
 
 class ExecutorUnavailable(ExecutionError):

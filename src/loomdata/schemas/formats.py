@@ -18,15 +18,31 @@ loomdata at run time but `schemas.errors`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from loomdata.schemas.errors import SourceDataError
 
-if TYPE_CHECKING:
-    from loomdata.schemas.spec import SourceSpec
+
+class SourceSpec(Protocol):
+    """The fields of `spec.SourceSpec` these rules read (a Protocol: importing spec here would be a circle)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def format(self) -> Enum: ...
+    @property
+    def tokens_field(self) -> str | None: ...
+    @property
+    def text_field(self) -> str | None: ...
+    @property
+    def image_field(self) -> object: ...
+    @property
+    def metadata(self) -> Sequence[str]: ...
+
 
 __all__ = ["DOCUMENT_COLUMN", "FIELD_RULES", "FieldRules", "check_fields", "field_problems", "metadata_problem"]
 

@@ -1,9 +1,11 @@
-"""Typed metrics of the serving actors: what a Source Loader and a Data Constructor report.
+"""Typed metrics of serving: what a Source Loader, a Data Constructor and the Executor report.
 
 Frozen, slotted, keyword-only dataclasses: they cross processes by pickle (Dask actor calls) and are
 read by attribute in the executor and the autoscaler. `to_dict()` gives the JSON-ready shape that
 `loom serve --json` prints (string keys for per-rank maps, rounded seconds), the same as before these
-types existed.
+types existed. `ExecutorMetrics` is what `Executor.metrics()` returns: the actors' answers, the
+per-source sums, recovery and autoscaling (`AutoscaleReport` of `AutoscaleDecision`s and the last
+`AutoscaleRound`'s inputs); `to_dict()` is called only at the JSON edge (`loom serve --json`, the demo).
 """
 
 from __future__ import annotations
@@ -11,7 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BuildPhases", "ConstructorMetrics", "LoaderMetrics"]
+__all__ = [
+    "AutoscaleDecision",
+    "AutoscaleReport",
+    "AutoscaleRound",
+    "BuildPhases",
+    "ConstructorMetrics",
+    "ExecutorMetrics",
+    "LoaderMetrics",
+    "LoaderReport",
+    "RecoveryReport",
+    "SourceMetrics",
+]
 
 
 def _r4(x: float) -> float:
@@ -106,4 +119,191 @@ class ConstructorMetrics:
             "build_phases_s": self.build_phases_s.to_dict(),
             "rank_wait_s": {str(r): _r4(w) for r, w in self.rank_wait_s.items()},
             "rank_takes": {str(r): n for r, n in self.rank_takes.items()},
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoaderReport:
+    """One loader's answer as the executor received it: its source id and worker, and its metrics."""
+
+    source_id: int
+    worker: str
+    metrics: LoaderMetrics
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.metrics.to_dict(), "source_id": self.source_id}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceMetrics:
+    """One source summed over its loaders that answered."""
+
+    loaders: int = 0
+    samples: int = 0
+    tokens: int = 0
+    samples_per_s: float = 0.0
+    busy_s: float = 0.0
+
+    @staticmethod
+    def of(loaders: list[LoaderMetrics]) -> SourceMetrics:
+        return SourceMetrics(
+            loaders=len(loaders),
+            samples=sum(m.samples for m in loaders),
+            tokens=sum(m.tokens for m in loaders),
+            samples_per_s=sum(m.samples_per_s or 0.0 for m in loaders),
+            busy_s=sum(m.busy_s for m in loaders),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "loaders": self.loaders,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "samples_per_s": round(self.samples_per_s, 1),
+            "busy_s": _r4(self.busy_s),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AutoscaleDecision:
+    """One applied resize: when, at which consumer step, the source, loaders before and after, and why."""
+
+    time: float
+    step: int
+    source: str
+    old: int
+    new: int
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "step": self.step,
+            "source": self.source,
+            "old": self.old,
+            "new": self.new,
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AutoscaleRound:
+    """The inputs of one autoscaling round: consumer step, loader budget, per-source demand, cost and ideal."""
+
+    time: float
+    step: int
+    budget: int
+    demand: dict[str, float]  # samples per step over the horizon
+    cost_ms: dict[str, float]  # milliseconds per sample
+    ideal: dict[str, float]  # real-valued loaders
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "step": self.step,
+            "budget": self.budget,
+            "demand": {s: round(v, 3) for s, v in self.demand.items()},
+            "cost_ms": {s: round(v, 4) for s, v in self.cost_ms.items()},
+            "ideal": {s: round(v, 2) for s, v in self.ideal.items()},
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AutoscaleReport:
+    """The autoscaler's record: rounds run, decisions applied, the last round's inputs, the last failure."""
+
+    enabled: bool = False
+    rounds: int = 0
+    decisions: tuple[AutoscaleDecision, ...] = ()
+    last: AutoscaleRound | None = None
+    last_error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.enabled:
+            return {"enabled": False}
+        return {
+            "enabled": True,
+            "rounds": self.rounds,
+            "decisions": [d.to_dict() for d in self.decisions],
+            "last": self.last.to_dict() if self.last is not None else {},
+            "last_error": self.last_error,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecoveryReport:
+    """Recovery so far: actors recreated, rounds that recreated any, seconds spent, failed rounds."""
+
+    recovered: int = 0
+    rounds: int = 0
+    seconds: float = 0.0
+    last_s: float = 0.0
+    failures: int = 0
+    last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutorMetrics:
+    """What `Executor.metrics()` reports: every answering actor, per-source sums, recovery, autoscaling."""
+
+    plan_id: str
+    loaders: tuple[LoaderReport, ...] = ()
+    constructors: tuple[ConstructorMetrics, ...] = ()
+    recovery: RecoveryReport = field(default_factory=RecoveryReport)
+    autoscale: AutoscaleReport = field(default_factory=AutoscaleReport)
+
+    @property
+    def sources(self) -> dict[str, SourceMetrics]:
+        """Per source name (in the order loaders answered), summed over its loaders."""
+        by: dict[str, list[LoaderMetrics]] = {}
+        for lo in self.loaders:
+            by.setdefault(lo.metrics.source, []).append(lo.metrics)
+        return {s: SourceMetrics.of(ms) for s, ms in by.items()}
+
+    @property
+    def loader_samples(self) -> int:
+        return sum(lo.metrics.samples for lo in self.loaders)
+
+    @property
+    def loader_calls(self) -> int:
+        return sum(lo.metrics.calls for lo in self.loaders)
+
+    @property
+    def loader_memory_bytes(self) -> int:
+        """Memory of every loader's index arrays."""
+        return sum(lo.metrics.state_bytes for lo in self.loaders)
+
+    @property
+    def loader_rss_bytes(self) -> int:
+        """Resident memory of the worker processes holding loaders (each worker once)."""
+        return sum({lo.worker: lo.metrics.rss_bytes for lo in self.loaders}.values())
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(c.queue_depth for c in self.constructors)
+
+    @property
+    def rank_wait_s(self) -> dict[int, float]:
+        """Per dp rank, seconds its takes waited."""
+        out: dict[int, float] = {}
+        for c in self.constructors:
+            out.update(c.rank_wait_s)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape of `loom serve --json` (keys and rounding as before typed metrics)."""
+        return {
+            "plan_id": self.plan_id,
+            "sources": {k: v.to_dict() for k, v in self.sources.items()},
+            "loader_samples": self.loader_samples,
+            "loader_calls": self.loader_calls,
+            "loader_memory_bytes": self.loader_memory_bytes,
+            "loader_rss_bytes": self.loader_rss_bytes,
+            "queue_depth": self.queue_depth,
+            "rank_wait_s": {str(r): _r4(w) for r, w in self.rank_wait_s.items()},
+            "constructors": [c.to_dict() for c in self.constructors],
+            "loaders": [lo.to_dict() for lo in self.loaders],
+            "recovered_actors": self.recovery.recovered,
+            "recovery_s": round(self.recovery.seconds, 3),
+            "autoscale": self.autoscale.to_dict(),
         }

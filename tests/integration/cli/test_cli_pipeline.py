@@ -177,3 +177,10 @@ def test_progress_bar_on_a_terminal_only(demo_tree: Path, dask_client: Any, tmp_
     (tmp_path / "demo-work" / "work").rename(tmp_path / "old-work")  # force a rescan, now piped
     piped = _loom("index", "configs/demo.yaml", "--scheduler", dask_client.scheduler.address, cwd=tmp_path)
     assert piped.returncode == 0 and "loom index" not in piped.stderr
+
+
+def test_serve_refuses_a_bad_setting_before_starting_a_cluster(tmp_path: Path) -> None:
+    """`loom serve --window 0`: the ServeConfig built at the edge names the field; exit 2, no traceback."""
+    proc = _loom("serve", str(tmp_path), "--window", "0", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "ServeConfig.window must be >= 1" in proc.stderr and "Traceback" not in proc.stderr

@@ -84,10 +84,10 @@ def test_two_peers_get_identical_batches_from_one_read(dask_client: Client, stre
     step = man.column("step").to_numpy()
     # Rank 0 read once for both peers, plus rank 1's first window that its constructor built ahead.
     expected_segments = int(((rank == 0) | ((rank == 1) & (step < window))).sum())
-    assert sum(lo["segments"] for lo in m["loaders"]) == expected_segments
-    c0 = next(c for c in m["constructors"] if c["ranks"] == [0])
-    assert c0["on_demand_steps"] == 0 and c0["built_steps"] == meta.steps
-    assert c0["rank_takes"]["0"] == 2 * meta.steps
+    assert sum(lo.metrics.segments for lo in m.loaders) == expected_segments
+    c0 = next(c for c in m.constructors if c.ranks == [0])
+    assert c0.on_demand_steps == 0 and c0.built_steps == meta.steps
+    assert c0.rank_takes[0] == 2 * meta.steps
 
 
 def test_client_continues_on_a_restarted_executor(dask_client: Client, stream_plan: Path, loomtest: Any) -> None:

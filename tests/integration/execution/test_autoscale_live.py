@@ -36,7 +36,7 @@ def switching_plan(dask_client: Client, tmp_path_factory: pytest.TempPathFactory
 
 
 def _loaders(ex: Executor) -> dict[str, int]:
-    return {s: v["loaders"] for s, v in ex.metrics()["sources"].items()}
+    return {s: v.loaders for s, v in ex.metrics().sources.items()}
 
 
 def _wait_for(ex: Executor, want: dict[str, int], deadline_s: float = 20.0) -> None:
@@ -46,7 +46,7 @@ def _wait_for(ex: Executor, want: dict[str, int], deadline_s: float = 20.0) -> N
         if _loaders(ex) == want:
             return
         time.sleep(0.2)
-    pytest.fail(f"loaders never reached {want}: {_loaders(ex)}; autoscale {ex.metrics()['autoscale']}")
+    pytest.fail(f"loaders never reached {want}: {_loaders(ex)}; autoscale {ex.metrics().autoscale}")
 
 
 def test_loaders_follow_the_schedule_and_batches_stay_exact(
@@ -75,12 +75,13 @@ def test_loaders_follow_the_schedule_and_batches_stay_exact(
             take(range(6, SWITCH + 6))
             _wait_for(ex, {"web": 1, "code": 3})
             take(range(SWITCH + 6, STEPS))
-        report = ex.metrics()["autoscale"]
+        report = ex.metrics().autoscale
     want = read_manifest(switching_plan, meta)
     cols = [want.column(c).to_pylist() for c in ("dp_rank", "step", "micro_batch", *SEGMENT)]
     expected = collections.Counter(tuple(row) for row in zip(*cols, strict=True))
     assert got == expected  # every segment exactly once per rank, while loaders were replaced
-    grew = {d["source"] for d in report["decisions"] if d["new"] > d["old"]}
-    shrank = {d["source"] for d in report["decisions"] if d["new"] < d["old"]}
+    grew = {d.source for d in report.decisions if d.new > d.old}
+    shrank = {d.source for d in report.decisions if d.new < d.old}
     assert grew == {"web", "code"} and "web" in shrank  # web grew before the switch, code after
-    assert all(d["why"] and d["time"] > 0 and d["step"] >= 0 for d in report["decisions"])
+    assert all(d.why and d.time > 0 and d.step >= 0 for d in report.decisions)
+    assert report.rounds >= len(report.decisions) and report.last is not None and report.last.budget == 4

@@ -22,7 +22,7 @@ from distributed import Client
 from loomdata.client import StreamClient
 from loomdata.execution import Executor, open_cluster
 from loomdata.execution._autoscale import Autoscaling
-from loomdata.schemas import Batch
+from loomdata.schemas import AutoscaleDecision, Batch
 from loomtest.stream import check_exact, kill_worker, switching_plan
 
 STEPS = 24
@@ -41,12 +41,12 @@ def _poll(ok: Callable[[], bool], what: str, ex: Executor) -> None:
     end = time.monotonic() + DEADLINE_S
     while not ok():
         if time.monotonic() > end:
-            pytest.fail(f"{what} never happened: recovery {ex.recovery}, autoscale {ex.metrics()['autoscale']}")
+            pytest.fail(f"{what} never happened: recovery {ex.recovery}, autoscale {ex.metrics().autoscale}")
         time.sleep(0.05)
 
 
-def _decisions(ex: Executor) -> list[dict[str, Any]]:
-    return list(ex.metrics()["autoscale"]["decisions"])
+def _decisions(ex: Executor) -> list[AutoscaleDecision]:
+    return list(ex.metrics().autoscale.decisions)
 
 
 def test_autoscaling_through_worker_kills_loses_nothing(cluster: Client, tmp_path: Path, loomtest: Any) -> None:
@@ -65,7 +65,7 @@ def test_autoscaling_through_worker_kills_loses_nothing(cluster: Client, tmp_pat
                     assert ex.info is not None
                     kill_worker(cluster, ex.info.constructor_for(0).worker)
                     kills += 1
-                    ex.set_loaders("code", 3)  # races the watchdog for the lock: either order must hold
+                    ex.set_loaders("code", 3)  # queued behind the loop's recovery step: either order must hold
                 if step == SWITCH + 1:  # code is heavy: kill the worker with the most loaders mid-resizing
                     _poll(lambda: ex.loader_counts()["code"] > 1, "code growing", ex)
                     assert ex.info is not None
@@ -82,12 +82,12 @@ def test_autoscaling_through_worker_kills_loses_nothing(cluster: Client, tmp_pat
                 s.close()
         _poll(lambda: ex.recovery.rounds >= 1, "recovery", ex)
         decisions = _decisions(ex)
-        retries = sum(c["read_retries"] for c in ex.metrics()["constructors"])
+        retries = sum(c.read_retries for c in ex.metrics().constructors)
         print(f"\n{len(decisions)} resizes, {ex.recovery.recovered} actors recreated, {retries} read retries")
         counts = ex.loader_counts()
         info = ex.info
     assert kills == 2 and ex.recovery.recovered >= 2
-    assert {d["source"] for d in decisions if d["new"] > d["old"]} == {"web", "code"}
+    assert {d.source for d in decisions if d.new > d.old} == {"web", "code"}
     assert info is not None and sum(counts.values()) == len(info.loaders)
     check_exact(plan_dir, got)
 
@@ -106,24 +106,24 @@ def test_resize_with_a_dead_constructor_then_recover(cluster: Client, tmp_path: 
                     assert ex.info is not None
                     dead = ex.info.constructor_for(1).worker
                     kill_worker(cluster, dead)
-                    _poll(lambda: ex._constructor_futures[1].status != "finished", "loss noticed", ex)
+                    _poll(lambda: ex._ops.fleet.constructors[1].lost, "loss noticed", ex)
                     assert ex.set_loaders("web", 3) == 3
                     assert ex.set_loaders("code", 2) == 2
                     assert ex.recover() >= 1
                     assert ex.info is not None and dead not in {c.worker for c in ex.info.constructors}
                 if step == 5:  # a loss during a resize: the worker dies after the new loaders exist
-                    created = ex._await_loaders
+                    created = ex._ops.await_loaders
 
                     def create_then_kill(parts: Any, futs: Any, created: Any = created) -> Any:
                         handles = created(parts, futs)
                         assert ex.info is not None
                         kill_worker(cluster, ex.info.constructor_for(0).worker)
-                        _poll(lambda: ex._constructor_futures[0].status != "finished", "loss noticed", ex)
+                        _poll(lambda: ex._ops.fleet.constructors[0].lost, "loss noticed", ex)
                         return handles
 
-                    ex._await_loaders = create_then_kill  # type: ignore[method-assign]
+                    ex._ops.await_loaders = create_then_kill  # type: ignore[method-assign]
                     assert ex.set_loaders("code", 2) == 2  # routes the survivor, skips the dead constructor
-                    ex._await_loaders = created  # type: ignore[method-assign]
+                    ex._ops.await_loaders = created  # type: ignore[method-assign]
                     assert ex.recover() >= 1
                 for _ in range(streams[0].meta.micro_batches):
                     for r, s in streams.items():

@@ -44,9 +44,9 @@ def test_loaders_can_be_added_while_serving(dask_client: Client, stream_plan: Pa
     assert len(got) == meta.steps * meta.micro_batches
     for b in got:
         oracle.check(b)
-    web = [lo for lo in m["loaders"] if lo["source"] == "web"]
+    web = [lo.metrics for lo in m.loaders if lo.metrics.source == "web"]
     assert len(web) == 3 and len(info_loaders) == 3
-    assert sum(lo["samples"] for lo in web) > 0  # the new loaders served the later steps
+    assert sum(lo.samples for lo in web) > 0  # the new loaders served the later steps
 
 
 def test_serve_runs_until_sigterm_and_cleans_up(stream_plan: Path, loomtest: Any, tmp_path: Path) -> None:
@@ -88,12 +88,12 @@ def test_plan_larger_than_window_holds_at_most_window_steps(dask_client: Client,
         next(stream)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            c = ex.metrics()["constructors"][0]
-            if c["building_steps"] == 0:
+            c = ex.metrics().constructors[0]
+            if c.building_steps == 0:
                 break
             time.sleep(0.05)
         # one step ahead for each of the 2 ranks, never more, whatever the plan length
-        assert c["held_steps"] <= 2 and c["queue_depth"] <= 2 * meta.micro_batches
+        assert c.held_steps <= 2 and c.queue_depth <= 2 * meta.micro_batches
 
 
 def test_a_corrupt_source_file_fails_the_rank_with_its_path(

@@ -32,8 +32,9 @@ def test_every_batch_matches_an_independent_read(dask_client: Client, stream_pla
                             total += oracle.check(b)
         m = ex.metrics()
     assert total > 0
-    assert m["loader_samples"] > 0
-    assert set(m["sources"]) == set(meta.sources)
+    assert m.loader_samples > 0
+    assert set(m.sources) == set(meta.sources)
+    assert m.to_dict()["sources"].keys() == set(meta.sources)  # the --json shape
     assert not (stream_plan / "serve.json").exists()
     assert constructor_dataset(meta.plan_id, 0) not in dask_client.list_datasets()
 

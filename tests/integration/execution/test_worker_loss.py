@@ -123,9 +123,9 @@ def test_killed_worker_with_a_constructor_and_loaders_loses_nothing(
         m = ex.metrics()
     assert ex.recovery.recovered == lost >= 2  # the actors on the victim, nothing else
     assert victim not in {c.worker for c in after.constructors} | {lo.worker for lo in after.loaders}
-    assert m["recovered_actors"] == lost
-    recreated = next(c for c in m["constructors"] if 0 in c["ranks"])
-    assert recreated["rank_takes"]["0"] > 0  # rank 0's later steps came from the recreated constructor
+    assert m.recovery.recovered == lost and m.to_dict()["recovered_actors"] == lost
+    recreated = next(c for c in m.constructors if 0 in c.ranks)
+    assert recreated.rank_takes[0] > 0  # rank 0's later steps came from the recreated constructor
     check_exact(plan_dir, got)
 
 
@@ -142,7 +142,7 @@ def test_killed_loader_only_worker_is_recovered(killable_client: Client, tmp_pat
     assert [c.worker for c in after.constructors] == [c.worker for c in before.constructors]  # untouched
     recreated = {(lo.source, lo.part) for lo in after.loaders if lo.name not in {b.name for b in before.loaders}}
     assert len(recreated) == lost and victim not in {lo.worker for lo in after.loaders}
-    assert sum(lo["samples"] for lo in m["loaders"] if (lo["source"], lo["part"]) in recreated) > 0
+    assert sum(lo.metrics.samples for lo in m.loaders if (lo.metrics.source, lo.metrics.part) in recreated) > 0
     check_exact(plan_dir, got)
 
 

@@ -12,7 +12,6 @@ from loomdata.execution._autoscale import (
     ideal_loaders,
     plan_loaders,
 )
-from loomdata.schemas.errors import ExecutionError
 
 
 def load(demand: float, cost: float = 1e-3, shards: int = 64, current: int = 1) -> SourceLoad:
@@ -96,12 +95,14 @@ def test_costs_from_measurements_with_a_prior_on_one_scale() -> None:
 
 
 def test_invalid_inputs_raise_actionable_errors() -> None:
-    with pytest.raises(ExecutionError, match="budget must be >= 1"):
+    with pytest.raises(ValueError, match="budget must be >= 1"):
         plan_loaders({"a": load(1)}, budget=0)
-    with pytest.raises(ExecutionError, match="shards >= 1"):
+    with pytest.raises(ValueError, match="shards >= 1"):
         SourceLoad(demand=1, cost_s=1, shards=0, current=1)
-    with pytest.raises(ExecutionError, match="step rate"):
+    with pytest.raises(ValueError, match="step rate"):
         plan_loaders({"a": load(1)}, budget=2, step_rate=-1)
-    with pytest.raises(ExecutionError, match="every_s > 0"):
+    with pytest.raises(ValueError, match=r"Autoscaling.every_s must be > 0"):
         Autoscaling(every_s=0)
+    with pytest.raises(ValueError, match=r"Autoscaling.budget must be >= 1"):
+        Autoscaling(budget=0)
     assert plan_loaders({"a": load(0, current=3)}, budget=4) == {"a": 3}

@@ -1,0 +1,286 @@
+"""The remote operations on a plan's fleet: create, route, retire, replace what is lost, publish, stop.
+
+`FleetOps` is called from one thread only (the control loop's; the caller's before the loop starts
+and after it stopped), so it holds no lock; each operation makes its remote calls, sorts their
+outcomes (`_outcome`) and records them in the plain `Fleet`. Resizing and recovery are one protocol,
+so they interleave safely with worker loss at any point:
+1. new loaders are created and awaited; one lost while being created is created again;
+2. the fleet switches to them under a new route generation (a constructor recreated from now on gets
+   the new route);
+3. every live constructor is sent the routes it has not acknowledged (`set_route`: atomic on its
+   event loop); a lost one is skipped (it is recreated with the current routes), one that did not
+   answer is asked again by the next recovery round;
+4. replaced loaders retire (closed, then released) only once every live constructor acknowledged
+   the route that replaced them.
+Reads already on their way to an old loader either finish (any loader's answer is correct for its
+samples) or fail fast with `LoaderRetired` and are retried on the new route by the constructor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+from distributed import Client, Future
+
+from loomdata.execution._config import ServeConfig
+from loomdata.execution._constructor import DataConstructor
+from loomdata.execution._fleet import Actor, Fleet
+from loomdata.execution._loader import SourceLoader
+from loomdata.execution._outcome import issue
+from loomdata.execution._partition import LoaderPartition, partition_source, rank_groups
+from loomdata.execution._publish import Publisher
+from loomdata.execution._retry import retry_until
+from loomdata.execution.protocol import ServeInfo
+from loomdata.schemas.errors import ExecutionError, LoomError
+from loomdata.schemas.layout import IndexFiles
+from loomdata.schemas.plan import PlanMeta, check_fresh
+
+__all__ = ["FleetOps"]
+
+
+class FleetOps:
+    """Creates and maintains the actors of one plan on a Dask cluster (single-threaded use)."""
+
+    def __init__(
+        self, plan_dir: Path, client: Client, meta: PlanMeta, *, workdir: Path, peers: int, config: ServeConfig
+    ) -> None:
+        self.plan_dir = plan_dir
+        self.client = client
+        self.meta = meta
+        self.config = config
+        self.t = config.timings
+        self.peers = peers
+        self._workdir = workdir
+        self._tag = uuid.uuid4().hex[:8]
+        self._shards: dict[int, np.ndarray] = {}  # index shard column per source id (read once)
+        self._workers: itertools.cycle[str] = itertools.cycle([])
+        self.fleet = Fleet(meta.plan_id, list(meta.sources), rank_groups(meta.dp_size, config.constructors))
+        self.published = Publisher(client, plan_dir, meta.plan_id)
+
+    # ---- start / stop ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create every loader, then every constructor with their routes; start them; publish."""
+        current = {s: IndexFiles.of(self._workdir, s).fingerprint() for s in self.meta.sources}
+        check_fresh(self.meta, current)
+        if not self.client.scheduler_info()["workers"]:
+            raise ExecutionError(f"the cluster at {self.client.scheduler.address} has no workers; start some")
+        self._use_live_workers()
+        with self.client.as_current():
+            created = {sid: self._create_loaders(sid, self.config.loaders_for(name)) for sid, name in self._names()}
+            for sid, (parts, futs) in created.items():
+                self.fleet.set_loaders(sid, parts, self.await_loaders(parts, futs))
+            for a in self._create_constructors(list(range(len(self.fleet.groups)))).values():
+                self.fleet.add_constructor(a)
+            for c in [issue(a.future, a.handle, "start") for a in self.fleet.constructors]:
+                out = c.outcome(timeout=self.t.call_timeout_s)
+                if not out.ok:
+                    raise ExecutionError(f"a constructor did not start ({out.kind}: {out.error})")
+            for i, a in enumerate(self.fleet.constructors):
+                self.published.constructor(i, a.handle)
+        self.publish(started_at=time.time())
+
+    def stop(self) -> None:
+        """Unpublish, stop constructors, close loaders, release every future, remove our serve.json."""
+        self.published.withdraw()
+        with self.client.as_current():
+            self.retire_ready(everything=True)
+            calls = [issue(a.future, a.handle, "stop") for a in self.fleet.constructors]
+            calls += [issue(a.future, a.handle, "close") for actors in self.fleet.loaders.values() for a in actors]
+            for call in calls:
+                call.outcome(timeout=self.t.close_timeout_s)  # whatever happened, it is stopping now
+        for a in self.fleet.actors():
+            a.future.release()
+        self.fleet.constructors.clear()
+        self.fleet.loaders.clear()
+
+    # ---- the protocol ---------------------------------------------------------------------------
+
+    def resize(self, source: str, n: int) -> int:
+        """Re-partition `source` over `n` loaders, route every live constructor, retire the old; returns n used."""
+        sid = self.meta.sources.index(source)
+        with self.client.as_current():
+            self._use_live_workers()
+            parts, futs = self._create_loaders(sid, n)
+            self.fleet.set_loaders(sid, parts, self.await_loaders(parts, futs))
+            self.route_stale()
+            self.retire_ready()
+        self.publish()
+        return len(parts)
+
+    def replace_lost(self) -> int:
+        """Recreate every lost actor on a live worker, bring every route up to date, publish; returns how many.
+
+        Raises ExecutionError (after doing all it could) when a live constructor did not take its routes.
+        """
+        lost = self.fleet.lost()
+        if not lost and not self.fleet.stale() and not self.fleet.retiring:
+            return 0
+        self._use_live_workers()
+        with self.client.as_current():
+            if lost.loaders:
+                parts = [self.fleet.partitions[sid][i] for sid, i in lost.loaders]
+                fresh = self.await_loaders(parts, [self._submit_loader(p) for p in parts])
+                for (sid, i), actor in zip(lost.loaders, fresh, strict=True):
+                    self.fleet.replace_loader(sid, i, actor).future.release()
+            routed = self.route_stale()
+            self.retire_ready()
+            for i, actor in self._create_constructors(lost.constructors).items():  # not started: a take places it
+                self.published.constructor(i, actor.handle)
+                self.fleet.replace_constructor(i, actor).future.release()
+        self.publish()
+        if not routed:
+            raise ExecutionError("a live constructor did not take the new routes; retrying")
+        return lost.count
+
+    def route_stale(self) -> bool:
+        """Send each live constructor the routes it has not acknowledged; True if every one acknowledged.
+
+        A constructor found lost meanwhile does not count against it: it is recreated with the current routes.
+        """
+        gens = dict(self.fleet.route_generation)
+        cons = self.fleet.constructors
+        calls = [
+            (i, sid, issue(cons[i].future, cons[i].handle, "set_route", sid, self.fleet.route(sid)))
+            for i, sids in self.fleet.stale().items()
+            for sid in sids
+        ]
+        ok = True
+        for i, sid, call in calls:
+            out = call.outcome(timeout=self.t.call_timeout_s)
+            if out.ok:
+                self.fleet.acknowledge(i, sid, gens[sid])
+            elif out.kind != "lost":
+                ok = False
+        return ok
+
+    def retire_ready(self, *, everything: bool = False) -> None:
+        """Close and release the replaced loaders no live constructor routes to any more (all of them: `everything`)."""
+        ready = self.fleet.retiring if everything else self.fleet.take_retirable()
+        if everything:
+            self.fleet.retiring = []
+        actors = [a for r in ready for a in r.actors]
+        for call in [issue(a.future, a.handle, "close") for a in actors if not a.lost]:
+            call.outcome(timeout=self.t.close_timeout_s)  # lost meanwhile: nothing left to close
+        for a in actors:
+            a.future.release()
+
+    def await_loaders(self, parts: list[LoaderPartition], futs: list[Future]) -> list[Actor]:
+        """Actors of freshly submitted loaders; one lost while being created is submitted again."""
+        return self._await(futs, lambda i: self._submit_loader(parts[i]), what=lambda i: f"loader {parts[i]}")
+
+    def _create_constructors(self, indices: list[int]) -> dict[int, Actor]:
+        """Constructors of the rank groups `indices`, made with the current routes and awaited."""
+        routes = self.fleet.routes()
+        groups = [self.fleet.groups[i] for i in indices]
+        futs = [self._submit_constructor(g, routes) for g in groups]
+        actors = self._await(
+            futs, lambda k: self._submit_constructor(groups[k], routes), what=lambda k: f"ranks {groups[k]}"
+        )
+        return dict(zip(indices, actors, strict=True))
+
+    def _await(
+        self, futs: list[Future], resubmit: Callable[[int], Future], *, what: Callable[[int], str]
+    ) -> list[Actor]:
+        """Actors of submitted futures; one whose worker died while creating it is submitted again.
+
+        A data error (LoomError, e.g. a stale index) raises at once. On failure every future is released.
+        """
+        futs = list(futs)
+
+        def created(i: int) -> Actor:
+            def attempt() -> Actor:
+                return Actor(futs[i], futs[i].result(timeout=self.t.call_timeout_s))
+
+            def again(_: Exception) -> None:
+                futs[i].release()
+                self._use_live_workers()
+                futs[i] = resubmit(i)
+
+            return retry_until(
+                attempt,
+                retryable=lambda e: not isinstance(e, LoomError),
+                give_up=lambda e, n: ExecutionError(f"{what(i)} could not be created in {n} attempts: {e}"),
+                attempts=self.t.create_attempts,
+                on_retry=again,
+            )
+
+        try:
+            return [created(i) for i in range(len(futs))]
+        except BaseException:
+            for f in futs:
+                f.release()
+            raise
+
+    # ---- publishing -----------------------------------------------------------------------------
+
+    @property
+    def info(self) -> ServeInfo | None:
+        """The ServeInfo published last (None before start and after stop)."""
+        return self.published.info
+
+    def publish(self, *, started_at: float | None = None) -> ServeInfo:
+        """Describe the actors as they are now: ServeInfo published on the scheduler and in serve.json."""
+        last = self.published.info
+        info = self.fleet.serve_info(
+            scheduler=self.client.scheduler.address,
+            window=self.config.window,
+            peers=self.peers,
+            pid=os.getpid(),
+            started_at=started_at if started_at is not None else (last.started_at if last else time.time()),
+        )
+        self.published.serve_info(info)
+        return info
+
+    # ---- helpers --------------------------------------------------------------------------------
+
+    def shard_counts(self) -> dict[str, int]:
+        """Non-empty shards per source (the most loaders a source can have)."""
+        return {name: max(1, len(np.unique(self._shard_column(sid)))) for sid, name in self._names()}
+
+    def _names(self) -> list[tuple[int, str]]:
+        return list(enumerate(self.meta.sources))
+
+    def _shard_column(self, sid: int) -> np.ndarray:
+        if sid not in self._shards:
+            files = IndexFiles.of(self._workdir, self.meta.sources[sid])
+            self._shards[sid] = pq.read_table(str(files.samples), columns=["shard"]).column("shard").to_numpy()
+        return self._shards[sid]
+
+    def _create_loaders(self, sid: int, n: int) -> tuple[list[LoaderPartition], list[Future]]:
+        parts = partition_source(sid, self.meta.sources[sid], self._shard_column(sid), n)
+        return parts, [self._submit_loader(p) for p in parts]
+
+    def _use_live_workers(self) -> None:
+        """Place new actors round-robin over the workers alive now (a dead one's replacement included)."""
+        workers = sorted(self.client.scheduler_info()["workers"])
+        if not workers:
+            raise ExecutionError(
+                f"every worker of {self.client.scheduler.address} is gone; lost actors are recreated "
+                "as soon as a worker joins (start one, or restart `loom serve`)"
+            )
+        self._workers = itertools.cycle(workers)
+
+    def _submit(self, cls: type, *args: Any, key: str) -> Future:
+        return self.client.submit(
+            cls, *args, actor=True, workers=[next(self._workers)], allow_other_workers=True, key=key
+        )
+
+    def _submit_loader(self, p: LoaderPartition) -> Future:
+        key = f"loom-loader-{self._tag}-{p.source}-{p.part}-{uuid.uuid4().hex[:6]}"
+        return self._submit(SourceLoader, str(self.plan_dir), p, key=key)
+
+    def _submit_constructor(self, ranks: list[int], routes: dict[int, Any]) -> Future:
+        key = f"loom-constructor-{self._tag}-{ranks[0]}-{uuid.uuid4().hex[:6]}"
+        c = self.config
+        return self._submit(
+            DataConstructor, str(self.plan_dir), ranks, routes, c.window, self.peers, c.start_step, key=key
+        )

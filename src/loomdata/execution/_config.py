@@ -1,0 +1,126 @@
+"""Serving settings in one place: `ServeConfig` (what to serve with), `Autoscaling`, `Timings`.
+
+Built once at the edge (`loom serve`, `serve()`, the demo, a library caller) and passed down to the
+Executor and its control loop; nothing below reads a default of its own. Every field is validated
+when the config is made: a bad value raises ValueError naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+__all__ = ["DEFAULT_WORKERS", "Autoscaling", "ServeConfig", "Timings"]
+
+DEFAULT_WORKERS = 2
+"""Worker processes of the embedded LocalCluster (`loom index`, `loom serve`, the demo)."""
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) <= 0:
+            raise ValueError(f"{type(obj).__name__}.{name} must be > 0, got {getattr(obj, name)!r}")
+
+
+def _at_least_one(obj: Any, *names: str) -> None:
+    for name in names:
+        v = getattr(obj, name)
+        if v is not None and v < 1:
+            raise ValueError(f"{type(obj).__name__}.{name} must be >= 1, got {v!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timings:
+    """Every wait, period and retry budget of serving, executor and client side (seconds unless said)."""
+
+    call_timeout_s: float = 60.0  # creating an actor or a control call (set_route); steps never wait on it
+    close_timeout_s: float = 10.0  # stopping a constructor or closing a loader
+    metrics_timeout_s: float = 30.0  # an actor's metrics() answer
+    create_attempts: int = 3  # a loader lost while being created is submitted again, this many times in all
+    recovery_every_s: float = 0.2  # how often the control loop looks for lost actors
+    recovery_backoff_max_s: float = 5.0  # the longest pause after failed recoveries (doubles per failure)
+    stop_timeout_s: float = 60.0  # how long stop() waits for the control loop to finish its current step
+    serve_poll_s: float = 0.2  # how often `serve` checks for Ctrl-C/SIGTERM
+    connect_timeout_s: float = 30.0  # connecting a Client to a scheduler
+    client_retry_s: float = 60.0  # how long a StreamClient retries a step before failing
+    client_retry_pause_s: float = 0.25  # between a StreamClient's attempts
+    client_check_s: float = 2.0  # while a take waits this long, check its constructor is still published
+
+    def __post_init__(self) -> None:
+        _positive(self, *(f.name for f in fields(self) if f.name.endswith("_s")))
+        _at_least_one(self, "create_attempts")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Autoscaling:
+    """Controller settings: period, how many coming steps set the demand, budget, target rate, hysteresis."""
+
+    every_s: float = 5.0
+    horizon_steps: int = 32
+    budget: int | None = None  # default: loaders_per_thread x the cluster's worker threads
+    loaders_per_thread: int = 2
+    step_rate: float | None = None  # steps/s to sustain; None: use the whole budget
+    min_change: float = 0.25
+
+    def __post_init__(self) -> None:
+        _positive(self, "every_s")
+        _at_least_one(self, "horizon_steps", "budget", "loaders_per_thread")
+        if self.min_change < 0:
+            raise ValueError(f"Autoscaling.min_change must be >= 0, got {self.min_change!r}")
+        if self.step_rate is not None and self.step_rate < 0:
+            raise ValueError(f"Autoscaling.step_rate must be >= 0 steps/s, got {self.step_rate!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeConfig:
+    """How one plan is served: actor counts, window, peers, recovery, autoscaling, metrics, timings.
+
+    `autoscale` None: loader counts stay as set (`loaders_per_source`, `Executor.set_loaders`).
+    `peers` None: the plan's tp*pp*cp. `loaders_per_source` is one count or a count per source name
+    (1 for sources not named). `n_workers` sizes the embedded cluster only (no scheduler given).
+    """
+
+    constructors: int = 1
+    window: int = 2  # steps built ahead of the slowest rank
+    peers: int | None = None
+    loaders_per_source: int | Mapping[str, int] = 1
+    start_step: int = 0
+    recover: bool = True
+    autoscale: Autoscaling | None = None
+    n_workers: int = DEFAULT_WORKERS
+    metrics_every_s: float = 10.0  # `serve`'s metrics lines
+    timings: Timings = field(default_factory=Timings)
+
+    def __post_init__(self) -> None:
+        _at_least_one(self, "constructors", "window", "peers", "n_workers")
+        _positive(self, "metrics_every_s")
+        if self.start_step < 0:
+            raise ValueError(f"ServeConfig.start_step must be >= 0, got {self.start_step!r}")
+        n = self.loaders_per_source
+        if isinstance(n, Mapping):
+            bad = {k: v for k, v in n.items() if not isinstance(v, int) or v < 1}
+            if bad:
+                raise ValueError(f"ServeConfig.loaders_per_source must be >= 1 per source, got {bad}")
+            object.__setattr__(self, "loaders_per_source", dict(n))  # a copy: later edits by the caller do not leak in
+        elif n < 1:
+            raise ValueError(f"ServeConfig.loaders_per_source must be >= 1, got {n!r}")
+        if self.autoscale is not None and not isinstance(self.autoscale, Autoscaling):
+            raise ValueError(f"ServeConfig.autoscale must be Autoscaling settings or None, got {self.autoscale!r}")
+
+    def loaders_for(self, source: str) -> int:
+        """The starting loader count of `source`."""
+        n = self.loaders_per_source
+        return int(n.get(source, 1)) if isinstance(n, Mapping) else int(n)
+
+    def with_settings(self, **settings: Any) -> ServeConfig:
+        """A copy with some fields changed; `autoscale=True` means default Autoscaling, False none."""
+        if "autoscale" in settings and isinstance(settings["autoscale"], bool):
+            settings["autoscale"] = Autoscaling() if settings["autoscale"] else None
+        unknown = set(settings) - {f.name for f in fields(self)}
+        if unknown:
+            raise ValueError(
+                f"unknown serving settings {sorted(unknown)}; ServeConfig has {[f.name for f in fields(self)]}"
+            )
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return ServeConfig(**{**values, **settings})

@@ -1,0 +1,48 @@
+"""ServeConfig, Autoscaling and Timings: frozen, validated, every bad value named by its field."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from loomdata.execution import Autoscaling, ServeConfig, Timings
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    c = ServeConfig()
+    assert (c.constructors, c.window, c.n_workers, c.recover, c.autoscale) == (1, 2, 2, True, None)
+    assert c.timings.recovery_every_s == 0.2 and c.timings.client_retry_s == 60.0
+    assert c.loaders_for("web") == 1
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: ServeConfig(window=0), "ServeConfig.window"),
+        (lambda: ServeConfig(constructors=0), "ServeConfig.constructors"),
+        (lambda: ServeConfig(peers=0), "ServeConfig.peers"),
+        (lambda: ServeConfig(n_workers=0), "ServeConfig.n_workers"),
+        (lambda: ServeConfig(metrics_every_s=0), "ServeConfig.metrics_every_s"),
+        (lambda: ServeConfig(loaders_per_source={"web": 0}), "ServeConfig.loaders_per_source"),
+        (lambda: ServeConfig(start_step=-1), "ServeConfig.start_step"),
+        (lambda: Timings(call_timeout_s=0), "Timings.call_timeout_s"),
+        (lambda: Timings(create_attempts=0), "Timings.create_attempts"),
+        (lambda: Autoscaling(min_change=-1), "Autoscaling.min_change"),
+    ],
+)
+def test_a_bad_value_raises_value_error_naming_its_field(make: object, field: str) -> None:
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        make()  # type: ignore[operator]
+
+
+def test_frozen_and_overridable() -> None:
+    c = ServeConfig(loaders_per_source={"web": 3})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.window = 3  # type: ignore[misc]
+    assert c.loaders_for("web") == 3 and c.loaders_for("code") == 1
+    d = c.with_settings(window=4, autoscale=True)
+    assert d.window == 4 and d.autoscale == Autoscaling() and c.window == 2
+    assert c.with_settings(autoscale=False).autoscale is None
+    with pytest.raises(ValueError, match="unknown serving settings"):
+        c.with_settings(windows=3)

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 from distributed import Client, Future
 
 from loomdata.execution._config import ServeConfig
@@ -40,8 +39,9 @@ from loomdata.execution._publish import Publisher
 from loomdata.execution._retry import retry_until
 from loomdata.execution.protocol import ServeInfo
 from loomdata.schemas.errors import ExecutionError, LoomError
+from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
-from loomdata.schemas.plan import PlanMeta, check_fresh
+from loomdata.schemas.plan import PlanMeta
 
 __all__ = ["FleetOps"]
 
@@ -69,8 +69,7 @@ class FleetOps:
 
     def start(self) -> None:
         """Create every loader, then every constructor with their routes; start them; publish."""
-        current = {s: IndexFiles.of(self._workdir, s).fingerprint() for s in self.meta.sources}
-        check_fresh(self.meta, current)
+        require_fresh(self.meta, self._workdir)
         if not self.client.scheduler_info()["workers"]:
             raise ExecutionError(f"the cluster at {self.client.scheduler.address} has no workers; start some")
         self._use_live_workers()
@@ -252,7 +251,7 @@ class FleetOps:
     def _shard_column(self, sid: int) -> np.ndarray:
         if sid not in self._shards:
             files = IndexFiles.of(self._workdir, self.meta.sources[sid])
-            self._shards[sid] = pq.read_table(str(files.samples), columns=["shard"]).column("shard").to_numpy()
+            self._shards[sid] = files.sample_shards().column("shard").to_numpy()
         return self._shards[sid]
 
     def _create_loaders(self, sid: int, n: int) -> tuple[list[LoaderPartition], list[Future]]:

@@ -23,8 +23,9 @@ Decisions, one module each (their docstrings say more):
 - _packing, lanes and segments: documents longer than their lane are split into segments
   (offset, length), never dropped; documents above long_context.threshold go to the long lane; samples
   with images are never split. Baseline packer: next-fit in shuffled order (vectorised).
-- _balance, slots: lanes share a step by slots (a long sequence takes one whole slot and weighs
-  cost / long cp); load-aware vectorised LPT that packs as it balances, plus local swaps.
+- balance/, slots: lanes share a step by slots (a long sequence takes one whole slot and weighs
+  cost / long cp); load-aware vectorised LPT that packs as it balances, plus local swaps; one
+  implementation, run on blocks of steps (a step with carried-in items is dealt as a block of one).
 - _cost: cost(segment) = attention L^2 + linear L + encoder image_tokens^2, over the lane's cp size;
   fit_cost calibrates it from measured times.
 - _manifest: step-range partitions of bounded size (bounded memory whatever the plan's size).

@@ -20,6 +20,7 @@ reported worst error is over steps >= 20.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,27 @@ import pyarrow.parquet as pq
 
 from loomdata.schemas.plan import read_plan
 
-__all__ = ["ReportBuilder", "plan_report", "plot_plan"]
+__all__ = ["ReportBuilder", "StepFigures", "plan_report", "plot_plan"]
 
 RANK_STEPS = 64  # per-rank costs are kept for this many first steps (the plot's heatmaps)
 MIXTURE_WARMUP = 20  # the worst mixture error is taken over steps from here on
 _STEPS_FILE = "report/steps.parquet"
 _RANKS_FILE = "report/ranks.parquet"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepFigures:
+    """One step's figures, as the planner measured them."""
+
+    tokens: np.ndarray  # int64 [sources] tokens placed per source
+    weights: np.ndarray  # float64 [sources] the step's target mixture weights
+    lb: float  # lower bound max(total cost / dp, largest segment cost)
+    loom_rank: np.ndarray  # float64 [dp] cost per rank, loomdata
+    base_rank: np.ndarray  # float64 [dp] cost per rank, baseline
+    slot_cost: np.ndarray  # float64 [dp, micro_batches] cost per slot, loomdata
+    base_seq_per_slot: float  # baseline sequences per slot
+    deferred_tokens: int  # tokens deferred into the next step
+    rank_max_item: np.ndarray  # float64 [dp] each rank's largest segment cost
 
 
 class ReportBuilder:
@@ -67,33 +83,22 @@ class ReportBuilder:
         self.rank_loom = np.zeros((n_rank_steps, dp))
         self.rank_base = np.zeros((n_rank_steps, dp))
 
-    def add(
-        self,
-        step: int,
-        tokens: np.ndarray,
-        weights: np.ndarray,
-        lb: float,
-        loom_rank: np.ndarray,
-        base_rank: np.ndarray,
-        slot_cost: np.ndarray,
-        base_seq_per_slot: float,
-        deferred_tokens: int,
-        rank_max_item: np.ndarray,
-    ) -> None:
+    def add(self, step: int, fig: StepFigures) -> None:
         """Record one step's figures."""
-        self.tokens[step] = tokens
-        self.weights[step] = weights
+        self.tokens[step] = fig.tokens
+        self.weights[step] = fig.weights
+        loom_rank, base_rank, slot_cost = fig.loom_rank, fig.base_rank, fig.slot_cost
         c = self.cols
-        c["lb"][step] = lb
+        c["lb"][step] = fig.lb
         c["loom_max"][step] = loom_rank.max()
         c["loom_mean"][step] = np.add.reduce(loom_rank) / len(loom_rank)  # = .mean(), without its wrapper
         c["base_max"][step] = base_rank.max()
         c["base_mean"][step] = np.add.reduce(base_rank) / len(base_rank)
         # micro-batch spread of a rank: its most loaded micro-batch over that rank's own lower bound
-        mean_mb = np.maximum(np.add.reduce(slot_cost, axis=1) / slot_cost.shape[1], rank_max_item)
+        mean_mb = np.maximum(np.add.reduce(slot_cost, axis=1) / slot_cost.shape[1], fig.rank_max_item)
         used = mean_mb > 0
-        c["base_seq_per_slot"][step] = base_seq_per_slot
-        c["deferred_tokens"][step] = deferred_tokens
+        c["base_seq_per_slot"][step] = fig.base_seq_per_slot
+        c["deferred_tokens"][step] = fig.deferred_tokens
         c["mb_spread"][step] = float((slot_cost.max(axis=1)[used] / mean_mb[used]).mean()) if used.any() else 1.0
         if 0 <= step - self.rank_from < len(self.rank_loom):
             self.rank_loom[step - self.rank_from] = loom_rank

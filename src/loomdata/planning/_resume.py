@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
+from loomdata.planning._segments import Segments
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.plan import PlanMeta, read_manifest, read_plan
 from loomdata.schemas.spec import Spec
@@ -180,9 +181,9 @@ def base_carry(
     lengths: Sequence[np.ndarray],
     images: Sequence[np.ndarray],
     lanes: Lanes,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """Segments the base drew before at_step but had not placed by then: (source, sample, offset, length,
-    lane, image tokens), the carry into step at_step; None when there is none."""
+) -> Segments | None:
+    """Segments the base drew before at_step but had not placed by then, the carry into step at_step; None
+    when there is none."""
     s = base.at_step
     t0 = _carry_window_start(base)
     if t0 >= s:
@@ -240,8 +241,7 @@ def base_carry(
         )
     if not parts:
         return None
-    src, sample, offset, length, lane, img = (np.concatenate(c) for c in zip(*parts, strict=True))
-    return src, sample, offset, length, lane, img
+    return Segments.concat([Segments(*p) for p in parts])
 
 
 def _rows_of(base: BasePlan, k: int, samples: np.ndarray, wanted: np.ndarray) -> np.ndarray:

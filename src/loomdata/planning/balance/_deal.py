@@ -1,12 +1,16 @@
-"""The balancer's LPT rounds (see _balance) for a block of independent steps at once.
+"""LPT rounds for a block of steps at once: deal each step's short segments, largest first, in rounds.
 
-At small dp a step is ~15 rounds of a dozen NumPy calls on dp-sized arrays, so the fixed cost per call
-dominates. Steps that carry nothing in are independent, so their rounds run in lockstep: the slot
-state of the block is one (steps, dp, micro_batches) array, each step's state a view of it, and one
-round is the same NumPy calls over every step still dealing. Per step it computes exactly what
-_balance._lpt_rounds computes (same order, same comparisons, the same float additions in the same
-order), so the plans are the same bytes; a step whose round has items no slot of their rank can take
-hands them to _balance._place_whole_many, as a single step does.
+In a round the i-th largest goes to the i-th least loaded rank, into that rank's least loaded
+micro-batch with room. A round serves only the ranks sequential LPT would serve before the least
+loaded rank gets a second segment (load within the round's largest cost of the minimum), so ranks made
+heavy by long sequences or a big segment sit out until the others catch up; with even loads a round is
+dp wide. A segment whose rank has no slot with room goes at once to the least loaded rank that has one
+(state.place_whole_many). Items carried into a step from the previous one are dealt first.
+
+Steps are independent once their items are known, so their rounds run in lockstep: the block's slot
+state is one (steps, dp, micro_batches) array, each step's state a view of it, and one round is the same
+NumPy calls over every step still dealing (at small dp a step is ~15 rounds of a dozen calls on
+dp-sized arrays, where NumPy's fixed cost per call would dominate). A block may be one step.
 """
 
 from __future__ import annotations
@@ -15,16 +19,22 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from loomdata.planning._balance import Dealt, _place_whole_many, _Slots, prepare_step
 from loomdata.planning._packing import Lanes
+from loomdata.planning.balance._state import Dealt, Slots, place_whole_many, prepare
 
 __all__ = ["deal_many"]
 
 
 def deal_many(
-    steps: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], *, dp: int, micro_batches: int, lanes: Lanes
+    steps: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    *,
+    dp: int,
+    micro_batches: int,
+    lanes: Lanes,
+    carried: Sequence[int] | None = None,
 ) -> list[Dealt]:
-    """Prepare and deal (LPT rounds) every step of `steps` ((length, cost, lane) each, nothing carried in)."""
+    """Prepare and deal (LPT rounds) every step of `steps` ((length, cost, lane) each); the first
+    `carried[i]` items of step i were carried in from the step before and are dealt first."""
     b = len(steps)
     ns = np.array([len(s[0]) for s in steps], dtype=np.int64)
     off = np.zeros(b + 1, dtype=np.int64)
@@ -35,27 +45,28 @@ def deal_many(
     rank_cost = np.zeros((b, dp))
     p_rank = np.full(int(off[-1]), -1, dtype=np.int64)
     p_mb = np.full(int(off[-1]), -1, dtype=np.int64)
-    # each step's dealing order (short items, largest cost first, ties in item order), for all steps at once
+    # each step's dealing order (short items: carried ones first, then largest cost first, ties in item
+    # order), for all steps at once
     all_cost = np.concatenate([s[1] for s in steps])
     short = (np.concatenate([s[2] for s in steps]) != 1).nonzero()[0]
     step_of = np.repeat(np.arange(b), ns)[short]
-    by = short[np.lexsort((-all_cost[short], step_of))]
+    if carried is not None and any(carried):
+        fresh = short - off[step_of] >= np.asarray(carried, dtype=np.int64)[step_of]
+        by = short[np.lexsort((-all_cost[short], fresh, step_of))]
+    else:
+        by = short[np.lexsort((-all_cost[short], step_of))]
     cut = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(np.bincount(step_of, minlength=b), out=cut[1:])
     dealt = [
-        prepare_step(
+        prepare(
             length,
             cost,
             lane,
-            dp=dp,
-            micro_batches=micro_batches,
-            lanes=lanes,
-            views=(
-                _Slots(cost3[i], room3[i], lane3[i], rank_cost[i]),
-                p_rank[off[i] : off[i + 1]],
-                p_mb[off[i] : off[i + 1]],
-            ),
-            order=by[cut[i] : cut[i + 1]] - off[i],
+            Slots(cost3[i], room3[i], lane3[i], rank_cost[i]),
+            p_rank[off[i] : off[i + 1]],
+            p_mb[off[i] : off[i + 1]],
+            by[cut[i] : cut[i + 1]] - off[i],
+            lanes,
         )
         for i, (length, cost, lane) in enumerate(steps)
     ]
@@ -99,5 +110,5 @@ def deal_many(
         for i in np.flatnonzero(failed.any(axis=1)):  # their rank was full: other ranks take them (rare)
             s = int(act[i])
             d = dealt[s]
-            _place_whole_many(item[i][failed[i]] - off[s], d.length, steps[s][1], d.st, d.p_rank, d.p_mb)
+            place_whole_many(item[i][failed[i]] - off[s], d.length, steps[s][1], d.st, d.p_rank, d.p_mb)
     return dealt

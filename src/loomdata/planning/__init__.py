@@ -14,12 +14,12 @@ the same inputs give byte-identical files, and planning an existing complete pla
 written into a temporary folder and renamed into place.
 
 Decisions, one module each (their docstrings say more):
-- _mixture, step membership: every step draws fill (0.96) x dp_size x micro_batches x seq_len tokens,
+- _mixture, step membership: every step draws planning.fill (default 0.96) x dp_size x micro_batches x seq_len tokens,
   split by the interpolated weights (token shares); each source draws from its own seeded permutation,
   a new one per epoch; a credit accumulator (searchsorted over the stream's cumulative tokens, all
   steps at once) keeps each source's cumulative tokens within half a segment of its target. Errors:
   max_epochs exceeded (names source and step), an empty source with positive weight, a step no source
-  can fill (budget smaller than the documents), a schedule beyond steps, an unknown source.
+  can fill (budget smaller than the documents); the mixture's own rules are the spec's (parse_spec).
 - _packing, lanes and segments: documents longer than their lane are split into segments
   (offset, length), never dropped; documents above long_context.threshold go to the long lane; samples
   with images are never split. Baseline packer: next-fit in shuffled order (vectorised).

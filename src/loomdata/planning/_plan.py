@@ -58,8 +58,6 @@ __all__ = ["PLANNER_VERSION", "PlanResult", "PlanResume", "make_plan"]
 
 PLANNER_VERSION = "4"
 """Part of the plan id: bump it whenever the planner's output for the same inputs changes."""
-FILL = 0.96
-"""Share of a step's slot capacity (dp * micro_batches * seq_len) the mixture draws: room to balance cost."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,7 +187,8 @@ def _plan_into(
     tr = spec.training
     lanes = Lanes.of(spec)
     slots = tr.dp_size * tr.micro_batches
-    budget = int(slots * tr.seq_len * FILL)
+    fill = spec.planning.fill
+    budget = int(slots * tr.seq_len * fill)
     if budget < 1:
         raise PlanError(f"step budget is {budget} tokens; raise training.seq_len, dp_size or micro_batches")
     names = [s.name for s in sources]
@@ -197,7 +196,7 @@ def _plan_into(
     start = 0 if base is None else base.at_step
     shapes = [] if base is None else [*base.shapes, {"from_step": start, "dp_size": tr.dp_size, "micro_batches": mb}]
     step_slots = _step_slots(shapes, tr.steps) if shapes else np.full(tr.steps, slots, dtype=np.int64)
-    step_budget = (step_slots * tr.seq_len * FILL).astype(np.int64)
+    step_budget = (step_slots * tr.seq_len * fill).astype(np.int64)
     targets = np.cumsum(weights * step_budget[:, None], axis=0)
     epoch_tokens = [int(s.num_tokens.sum(dtype=np.int64)) for s in sources]
     check_epochs(names, targets, epoch_tokens, [spec.source(n).max_epochs for n in names])
@@ -214,7 +213,7 @@ def _plan_into(
     if len(empty):
         raise PlanError(
             f"step {int(empty[0]) + start} draws no document: its budget of {budget} tokens "
-            f"(dp_size*micro_batches*seq_len*{FILL}) cannot be filled by any source's next document "
+            f"(dp_size*micro_batches*seq_len*{fill}) cannot be filled by any source's next document "
             f"({len(empty)} empty step(s)); raise micro_batches, dp_size or seq_len"
         )
 
@@ -292,7 +291,7 @@ def _plan_into(
         long_cp_size=lanes.long_cp,
         parameters={
             "planner_version": PLANNER_VERSION,
-            "fill": FILL,
+            "fill": fill,
             "step_budget_tokens": budget,
             "cost": spec.cost.model_dump(mode="json"),
             "short_cp_size": lanes.short_cp,

@@ -79,6 +79,10 @@ def deal_many(
     g_len = np.concatenate([d.length[d.order] for d in dealt] + [np.zeros(1, dtype=np.int64)])
     pos = np.zeros(b, dtype=np.int64)
     lane_j = np.arange(dp)
+    # (steps * dp, micro_batches) views: a (step, rank) pair is one row, so a round indexes one axis
+    cost2 = cost3.reshape(b * dp, micro_batches)
+    room2 = room3.reshape(b * dp, micro_batches)
+    rc_flat = rank_cost.reshape(b * dp)
     while True:
         act = np.flatnonzero(pos < n_deal)
         if len(act) == 0:
@@ -90,25 +94,34 @@ def deal_many(
         # searchsorted(loads, loads[0] + c0, side="right") on each sorted row: how many loads are <= it
         within = (loads <= (loads[:, 0] + g_cost[at])[:, None]).sum(axis=1)
         k = np.minimum(np.minimum(dp, n_deal[act] - pos[act]), np.maximum(1, within))
-        valid = lane_j[None, :] < k[:, None]
-        gi = np.where(valid, at[:, None] + lane_j[None, :], len(g_item) - 1)
+        # the round's entries, step after step, each step's k least loaded ranks in order (flat: no padding)
+        w = int(k.max())
+        valid = lane_j[None, :w] < k[:, None]
+        rk = ranks[:, :w][valid]
+        first = np.cumsum(k) - k
+        j = np.arange(len(rk)) - np.repeat(first, k)  # position within its step's round
+        gi = np.repeat(at, k) + j
         ln, c, item = g_len[gi], g_cost[gi], g_item[gi]
-        rows = np.broadcast_to(act[:, None], ranks.shape)
-        sc = cost3[rows, ranks]
-        sc[room3[rows, ranks] < ln[:, :, None]] = np.inf
-        m = sc.argmin(axis=2)
-        ok = sc.min(axis=2) < np.inf
-        put = valid & ok
-        r_, k_, m_ = rows[put], ranks[put], m[put]
-        cost3[r_, k_, m_] += c[put]
-        room3[r_, k_, m_] -= ln[put]
-        rank_cost[r_, k_] += c[put]
-        p_rank[item[put]] = k_
-        p_mb[item[put]] = m_
+        row = np.repeat(act * dp, k) + rk
+        sc = cost2[row]
+        sc[room2[row] < ln[:, None]] = np.inf
+        m = sc.argmin(axis=1)
+        ok = sc[np.arange(len(m)), m] < np.inf
+        if ok.all():
+            r_, m_, c_, it, ln_ok, rk_ok = row, m, c, item, ln, rk
+        else:
+            r_, m_, c_, it, ln_ok, rk_ok = row[ok], m[ok], c[ok], item[ok], ln[ok], rk[ok]
+        cost2[r_, m_] += c_
+        room2[r_, m_] -= ln_ok
+        rc_flat[r_] += c_
+        p_rank[it] = rk_ok
+        p_mb[it] = m_
         pos[act] += k
-        failed = valid & ~ok
-        for i in np.flatnonzero(failed.any(axis=1)):  # their rank was full: other ranks take them (rare)
-            s = int(act[i])
-            d = dealt[s]
-            place_whole_many(item[i][failed[i]] - off[s], d.length, steps[s][1], d.st, d.p_rank, d.p_mb)
+        if not ok.all():  # their rank was full: other ranks take them (rare)
+            bad = np.flatnonzero(~ok)
+            for i in np.unique(np.repeat(np.arange(len(act)), k)[bad]):
+                s = int(act[i])
+                d = dealt[s]
+                mine = bad[(bad >= first[i]) & (bad < first[i] + k[i])]
+                place_whole_many(item[mine] - off[s], d.length, steps[s][1], d.st, d.p_rank, d.p_mb)
     return dealt

@@ -64,6 +64,10 @@ def refine_many(
     lane3 = np.stack([d.st.lane for d in ds])
     rc = np.stack([d.st.rank_cost for d in ds])
     dummy = len(g_cost) - 1
+    # (step, rank) of every movable item as one key (non-movable: a key no round asks for), so a round finds
+    # the members of each step's most and least loaded rank with one gather over the block's items
+    n_keys = len(ds) * dp
+    key = np.where(movable, step_of * dp + p_rank, n_keys)
     act = np.arange(len(ds))
     for _ in range(SWAP_ROUNDS):
         if len(act) == 0:
@@ -78,14 +82,14 @@ def refine_many(
         na = len(act)
         slot = np.full(len(ds), -1, dtype=np.int64)
         slot[act] = np.arange(na)
-        sl = slot[step_of]
-        in_act = sl >= 0
-        hi_of = np.where(in_act, hi[np.maximum(sl, 0)], -2)
-        lo_of = np.where(in_act, lo[np.maximum(sl, 0)], -2)
-        ia = np.flatnonzero(movable & (p_rank == hi_of))
-        ib = np.flatnonzero(movable & (p_rank == lo_of))
-        a, n_a = _grid(ia, sl[ia], na)
-        b, _ = _grid(ib, sl[ib], na)
+        tag = np.zeros(n_keys + 1, dtype=np.int8)
+        tag[act * dp + hi] = 1
+        tag[act * dp + lo] = 2
+        t_item = tag[key]
+        ia = np.flatnonzero(t_item == 1)
+        ib = np.flatnonzero(t_item == 2)
+        a, n_a = _grid(ia, slot[step_of[ia]], na)
+        b, _ = _grid(ib, slot[step_of[ib]], na)
         if a.shape[1] == 0:  # no step has a movable segment on its most loaded rank
             break
         has_a = n_a > 0
@@ -126,6 +130,7 @@ def refine_many(
         cost3[s_, l_, mbj] += c_a
         room3[s_, l_, mbj] -= l_a
         p_rank[item_a], p_mb[item_a] = l_, mbj
+        key[item_a] = s_ * dp + l_
         sw = j_ > 0
         if sw.any():
             rs = r[sw]
@@ -136,6 +141,7 @@ def refine_many(
             cost3[s_[sw], h_[sw], ma_i[sw]] += c_b
             room3[s_[sw], h_[sw], ma_i[sw]] -= l_b
             p_rank[item_b], p_mb[item_b] = h_[sw], ma_i[sw]
+            key[item_b] = s_[sw] * dp + h_[sw]
         dl = delta[r, i_, j_]
         rc[s_, h_] -= dl
         rc[s_, l_] += dl

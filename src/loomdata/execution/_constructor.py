@@ -116,7 +116,7 @@ class DataConstructor:
         if window < 1 or peers < 1:
             raise ExecutionError(f"window and peers must be >= 1 (got window={window}, peers={peers})")
         self._meta = read_plan(plan_dir)
-        self._image_token_id = int(self._meta.spec.get("images", {}).get("placeholder_token_id", -1))
+        self._image_token_id = self._meta.spec.images.placeholder_token_id
         self._ranks = sorted(ranks)
         self._routes = dict(routes)
         self._rerouted: asyncio.Event | None = None  # set (and replaced) by `set_route`; made on the loop

@@ -52,7 +52,6 @@ from loomdata.execution.protocol import (
 from loomdata.schemas.errors import ExecutionError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.plan import PlanMeta, check_fresh, read_plan
-from loomdata.schemas.spec import Spec
 
 __all__ = ["Executor"]
 
@@ -83,7 +82,7 @@ class Executor:
         self.plan_dir = Path(plan_dir).resolve()
         self.client = client
         self.meta: PlanMeta = read_plan(self.plan_dir)
-        self.spec = Spec.model_validate(self.meta.spec)
+        self.spec = self.meta.spec
         if window < 1:
             raise ExecutionError(f"window must be >= 1 step, got {window}")
         self.window = window

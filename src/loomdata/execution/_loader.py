@@ -27,7 +27,6 @@ from loomdata.execution._partition import LoaderPartition
 from loomdata.schemas.errors import ExecutionError, LoomError, StaleIndexError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.plan import read_plan
-from loomdata.schemas.spec import Spec
 from loomdata.schemas.tables import TableKind, read_table
 from loomdata.sources import FormatReader, Sample, make_reader
 
@@ -78,7 +77,7 @@ class SourceLoader:
 
     def __init__(self, plan_dir: str, partition: LoaderPartition) -> None:
         meta = read_plan(plan_dir)
-        spec = Spec.model_validate(meta.spec)
+        spec = meta.spec
         self.partition = partition
         self._source = spec.source(partition.source)
         files = IndexFiles.of(spec.workdir, partition.source)

@@ -50,7 +50,7 @@ from loomdata.planning._step import StepSink
 from loomdata.planning.balance import BalanceConfig, balance_block
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.layout import read_index
-from loomdata.schemas.plan import PLAN_FORMAT_VERSION, PlanMeta, read_plan
+from loomdata.schemas.plan import PLAN_FORMAT_VERSION, PlanMeta, PlanParameters, ResumeInfo, StepShape, read_plan
 from loomdata.schemas.spec import Spec
 from loomdata.schemas.tables import TableKind, check_schema
 
@@ -194,7 +194,7 @@ def _plan_into(
     names = [s.name for s in sources]
     mb = tr.micro_batches
     start = 0 if base is None else base.at_step
-    shapes = [] if base is None else [*base.shapes, {"from_step": start, "dp_size": tr.dp_size, "micro_batches": mb}]
+    shapes = [] if base is None else [*base.shapes, StepShape(from_step=start, dp_size=tr.dp_size, micro_batches=mb)]
     step_slots = _step_slots(shapes, tr.steps) if shapes else np.full(tr.steps, slots, dtype=np.int64)
     step_budget = (step_slots * tr.seq_len * fill).astype(np.int64)
     targets = np.cumsum(weights * step_budget[:, None], axis=0)
@@ -263,10 +263,10 @@ def _plan_into(
     files = writer.close(tr.steps - 1)
     report.write(out)
     summary = report.summary()
-    parameters: dict[str, object] = {}
+    resume: ResumeInfo | None = None
     if base is not None:
         summary["resumed"] = {"at_step": start, "imbalance": report.imbalance(start)}
-        parameters = {"resume": resume_parameters(base), "shape_schedule": shapes}
+        resume = resume_parameters(base)
     summary["unplaced_after_last_step"] = (
         []
         if carry is None
@@ -278,7 +278,7 @@ def _plan_into(
     meta = PlanMeta(
         format_version=PLAN_FORMAT_VERSION,
         plan_id=plan_id,
-        spec=spec.model_dump(mode="json"),
+        spec=spec,
         spec_hash=spec.spec_hash(),
         sources=names,
         index_fingerprints=fps,
@@ -289,16 +289,17 @@ def _plan_into(
         seq_len=tr.seq_len,
         long_seq_len=lanes.long_seq_len,
         long_cp_size=lanes.long_cp,
-        parameters={
-            "planner_version": PLANNER_VERSION,
-            "fill": fill,
-            "step_budget_tokens": budget,
-            "cost": spec.cost.model_dump(mode="json"),
-            "short_cp_size": lanes.short_cp,
-            "long_threshold": lanes.threshold,
-            "baseline": "shuffled segments, next-fit packing per lane, sequences dealt round-robin",
-            **parameters,
-        },
+        parameters=PlanParameters(
+            planner_version=PLANNER_VERSION,
+            fill=fill,
+            step_budget_tokens=budget,
+            cost=spec.cost,
+            short_cp_size=lanes.short_cp,
+            long_threshold=lanes.threshold,
+            baseline="shuffled segments, next-fit packing per lane, sequences dealt round-robin",
+            resume=resume,
+            shape_schedule=shapes or None,
+        ),
         manifest=files,
         summary=summary,
     )
@@ -306,8 +307,8 @@ def _plan_into(
     return meta
 
 
-def _step_slots(shapes: list[dict[str, int]], steps: int) -> np.ndarray:
-    """Slots (dp_size * micro_batches) of every step from a shape schedule [{from_step, dp_size, micro_batches}]."""
-    first = np.array([sh["from_step"] for sh in shapes], dtype=np.int64)
-    slots = np.array([sh["dp_size"] * sh["micro_batches"] for sh in shapes], dtype=np.int64)
+def _step_slots(shapes: list[StepShape], steps: int) -> np.ndarray:
+    """Slots (dp_size * micro_batches) of every step from a shape schedule."""
+    first = np.array([sh.from_step for sh in shapes], dtype=np.int64)
+    slots = np.array([sh.dp_size * sh.micro_batches for sh in shapes], dtype=np.int64)
     return slots[np.searchsorted(first, np.arange(steps), side="right") - 1]

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from loomdata.schemas.plan import read_plan
+from loomdata.schemas.tables import TableKind, read_table, write_table
 
 __all__ = ["ReportBuilder", "StepFigures", "plan_report", "plot_plan"]
 
@@ -135,8 +135,7 @@ class ReportBuilder:
             data[f"weight__{name}"] = self.weights[:, k]
         if self.budgets is not None:
             data["budget"] = self.budgets
-        (plan_dir / "report").mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table(data), str(plan_dir / _STEPS_FILE), compression="zstd")
+        write_table(pa.table(data), plan_dir / _STEPS_FILE, TableKind.PLAN_STEPS)
         n, dp = self.rank_loom.shape
         ranks = pa.table(
             {
@@ -146,7 +145,7 @@ class ReportBuilder:
                 "base_cost": self.rank_base.ravel(),
             }
         )
-        pq.write_table(ranks, str(plan_dir / _RANKS_FILE), compression="zstd")
+        write_table(ranks, plan_dir / _RANKS_FILE, TableKind.PLAN_RANKS)
 
     def summary(self) -> dict[str, Any]:
         """The plan's summary figures (stored in plan.json, printed by `loom plan` / `loom inspect`)."""
@@ -227,8 +226,8 @@ def plot_plan(plan_dir: Path, out_png: Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
     meta = read_plan(plan_dir)
-    steps = pq.read_table(str(Path(plan_dir) / _STEPS_FILE)).to_pydict()
-    ranks = pq.read_table(str(Path(plan_dir) / _RANKS_FILE))
+    steps = read_table(Path(plan_dir) / _STEPS_FILE, TableKind.PLAN_STEPS).to_pydict()
+    ranks = read_table(Path(plan_dir) / _RANKS_FILE, TableKind.PLAN_RANKS)
     rank_steps = ranks["step"].to_numpy().astype(np.int64)
     first = int(rank_steps.min()) if len(rank_steps) else 0
     n = int(rank_steps.max(initial=-1)) + 1 - first

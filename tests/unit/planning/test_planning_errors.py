@@ -68,7 +68,7 @@ def test_fill_sets_the_step_budget(tmp_path: Path, spec_of: Callable[..., Any], 
     spec = spec_of(tmp_path, ["web"], seq_len=64, dp=2, micro_batches=2, steps=5)
     half = spec.model_copy(update={"planning": spec.planning.model_copy(update={"fill": 0.5})})
     full, low = (make_plan(s, index={"web": index_of([8] * 2000)}).meta for s in (spec, half))
-    assert (full.parameters["step_budget_tokens"], low.parameters["step_budget_tokens"]) == (245, 128)
+    assert (full.parameters.step_budget_tokens, low.parameters.step_budget_tokens) == (245, 128)
     assert low.summary["tokens"] == 5 * 128 < full.summary["tokens"]
 
 

@@ -9,9 +9,10 @@ Use:
 
 The plan dir `workdir/plans/<plan_id>/` holds plan.json (PlanMeta), `manifest/steps-<first>-<last>.parquet`
 (MANIFEST_SCHEMA, sorted by step, dp_rank, micro_batch, then placement order) and `report/` (per-step
-figures). plan_id hashes the spec's canonical JSON, the index fingerprints and the planner version;
-the same inputs give byte-identical files, and planning an existing complete plan is a no-op. Files are
-written into a temporary folder and renamed into place.
+figures). plan_id hashes the spec's content (Spec.content_json: no workdir, base_dir or tokenizer path),
+the index fingerprints and the planner version; the same inputs give byte-identical files wherever they
+are, and planning an existing complete plan is a no-op. Files are written into a temporary folder and
+renamed into place.
 
 Decisions, one module each (their docstrings say more):
 - _mixture, step membership: every step draws planning.fill (default 0.96) x dp_size x micro_batches x seq_len tokens,

@@ -1,7 +1,8 @@
 """make_plan: spec + index tables -> plan dir (plan.json, manifest partitions, report), atomic and idempotent.
 
-The plan id is a content hash of (the spec's canonical JSON, the index fingerprints, PLANNER_VERSION),
-so the same inputs give the same id and byte-identical files; planning an id that already exists
+The plan id is a content hash of (the spec's content JSON: no workdir, base_dir or tokenizer path; the
+index fingerprints; PLANNER_VERSION), so the same inputs give the same id and byte-identical files
+wherever the spec, data and workdir are; planning an id that already exists
 complete is a no-op. Files are written into a temporary folder beside the target and renamed into place.
 The work is NumPy over a block of consecutive steps at a time (_items gathers their segments and
 costs, balance.balance_block deals, places leftovers, refines and computes the baseline for all of
@@ -109,9 +110,10 @@ def make_plan(
 
 
 def plan_id_of(spec: Spec, fingerprints: Mapping[str, str], resume: tuple[str, int] | None = None) -> str:
-    """Content hash of the spec, the index fingerprints, the planner version and (re-plans) base id and step."""
+    """Content hash of the spec (without locations: Spec.content_json), the index fingerprints, the planner
+    version and (re-plans) base id and step: the same spec and data give the same id wherever they are."""
     content: dict[str, object] = {
-        "spec": spec.canonical_json(),
+        "spec": spec.content_json(),
         "index": dict(sorted(fingerprints.items())),
         "planner": PLANNER_VERSION,
     }

@@ -17,7 +17,9 @@ from loomdata.planning import make_plan, plan_report, plot_plan
 from loomdata.schemas.errors import ContractError, StaleIndexError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.plan import check_fresh, read_manifest, read_plan
+from loomdata.schemas.spec import parse_spec
 from loomdata.schemas.tables import SHARDS_SCHEMA, TableKind, read_table, table_metadata, write_table
+from loomtest.golden_plans import plan_hashes
 
 
 def _web(n: int = 3000, seed: int = 0) -> np.ndarray:
@@ -135,3 +137,26 @@ def test_plan_json_holds_a_typed_spec_and_parameters_and_stamped_report_tables(
     (res.plan_dir / "plan.json").write_text(json.dumps({**raw, "format_version": 1}))
     with pytest.raises(ContractError, match=r"plan format version 1 is not supported.*re-plan"):
         read_plan(res.plan_dir)
+
+
+def test_plan_id_and_rows_do_not_depend_on_where_the_spec_data_and_workdir_are(tmp_path: Path, index_of: Any) -> None:
+    def spec_in(root: Path) -> Any:
+        raw = {
+            "name": "t",
+            "workdir": "work",  # relative: resolved against the spec's folder
+            "tokenizer": {"kind": "huggingface", "path": "tok/tokenizer.json", "pad_token_id": 3},
+            "sources": [{"name": "web", "format": "parquet", "paths": ["data/*.parquet"], "tokens_field": "ids"}],
+            "mixture": {"weights": {"web": 1.0}},
+            "training": {"seq_len": 128, "steps": 20, "dp_size": 4, "micro_batches": 2},
+        }
+        return parse_spec(raw, root, check_paths=False)
+
+    a, b = spec_in(tmp_path / "here"), spec_in(tmp_path / "there" / "deeper")
+    assert a.workdir != b.workdir and a.tokenizer.path != b.tokenizer.path
+    index = {"web": index_of(_web())}
+    pa_, pb = make_plan(a, index=index), make_plan(b, index=index)
+    assert pa_.meta.plan_id == pb.meta.plan_id
+    assert plan_hashes(pa_.plan_dir) == plan_hashes(pb.plan_dir)
+    # what the spec asks for still counts: another pad token id is another plan
+    other = b.model_copy(update={"tokenizer": b.tokenizer.model_copy(update={"pad_token_id": 4})})
+    assert make_plan(other, index=index).meta.plan_id != pa_.meta.plan_id

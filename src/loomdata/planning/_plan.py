@@ -252,8 +252,7 @@ def _plan_into(
         bar = tqdm(total=tr.steps - start, desc="plan", unit="step")
     t = start
     while t < tr.steps:
-        steps = items.block(t)
-        steps = range(t, steps.stop)
+        steps = range(t, items.block(t).stop)  # the gathered block from t on
         for b in balance_block(steps, [items.step(s) for s in steps], carry, cfg):
             sink.add(t, weights[t], b)
             carry = b.carry

@@ -77,51 +77,68 @@ def deal_many(
     g_item = np.concatenate([d.order + off[i] for i, d in enumerate(dealt)] + [np.zeros(1, dtype=np.int64)])
     g_cost = np.concatenate([steps[i][1][d.order] for i, d in enumerate(dealt)] + [np.zeros(1)])
     g_len = np.concatenate([d.length[d.order] for d in dealt] + [np.zeros(1, dtype=np.int64)])
-    pos = np.zeros(b, dtype=np.int64)
     lane_j = np.arange(dp)
     # (steps * dp, micro_batches) views: a (step, rank) pair is one row, so a round indexes one axis
     cost2 = cost3.reshape(b * dp, micro_batches)
     room2 = room3.reshape(b * dp, micro_batches)
     rc_flat = rank_cost.reshape(b * dp)
-    while True:
-        act = np.flatnonzero(pos < n_deal)
-        if len(act) == 0:
-            break
-        rc = rank_cost[act]
-        ranks = rc.argsort(axis=1, kind="stable")
-        loads = np.take_along_axis(rc, ranks, axis=1)
-        at = start[act] + pos[act]
-        # searchsorted(loads, loads[0] + c0, side="right") on each sorted row: how many loads are <= it
-        within = (loads <= (loads[:, 0] + g_cost[at])[:, None]).sum(axis=1)
-        k = np.minimum(np.minimum(dp, n_deal[act] - pos[act]), np.maximum(1, within))
-        # the round's entries, step after step, each step's k least loaded ranks in order (flat: no padding)
-        w = int(k.max())
-        valid = lane_j[None, :w] < k[:, None]
-        rk = ranks[:, :w][valid]
-        first = np.cumsum(k) - k
-        j = np.arange(len(rk)) - np.repeat(first, k)  # position within its step's round
-        gi = np.repeat(at, k) + j
-        ln, c, item = g_len[gi], g_cost[gi], g_item[gi]
-        row = np.repeat(act * dp, k) + rk
+    act = np.flatnonzero(n_deal > 0)  # the steps still dealing, and of each: its first row, next item, items left
+    act_row, at, left = act * dp, start[act], n_deal[act]
+    while len(act):
+        # each step's ranks least loaded first, and how many of them the round serves (k): those whose load is
+        # within the round's largest cost of the minimum, i.e. searchsorted(loads, loads[0] + c0, "right")
+        if len(act) == 1:  # one step dealing (a block of one, or the block's last): 1-d, slices, no gathers
+            s0, a0 = int(act[0]), int(at[0])
+            rc1 = rank_cost[s0]
+            rk = rc1.argsort(kind="stable")
+            loads1 = rc1[rk]
+            k0 = min(int(left[0]), max(1, int(loads1.searchsorted(loads1[0] + g_cost[a0], side="right"))))
+            k = np.array([k0])
+            rk = rk[:k0]
+            row = rk + s0 * dp
+            ln, c, item = g_len[a0 : a0 + k0], g_cost[a0 : a0 + k0], g_item[a0 : a0 + k0]
+        else:
+            rc = rank_cost if len(act) == b else rank_cost[act]
+            ranks = rc.argsort(axis=1, kind="stable")
+            rows = ranks + act_row[:, None]
+            loads = rc_flat[rows]
+            within = (loads <= (loads[:, :1] + g_cost[at][:, None])).sum(axis=1)
+            k = np.minimum(left, np.maximum(within, 1))  # within <= dp
+            # the round's entries, step after step: each step's k next items to its k least loaded ranks
+            w = int(k.max())
+            valid = lane_j[None, :w] < k[:, None]
+            row, rk = rows[:, :w][valid], ranks[:, :w][valid]
+            gi = np.repeat(at - (np.cumsum(k) - k), k) + np.arange(len(row))
+            ln, c, item = g_len[gi], g_cost[gi], g_item[gi]
         sc = cost2[row]
         sc[room2[row] < ln[:, None]] = np.inf
         m = sc.argmin(axis=1)
         ok = sc[np.arange(len(m)), m] < np.inf
-        if ok.all():
-            r_, m_, c_, it, ln_ok, rk_ok = row, m, c, item, ln, rk
-        else:
-            r_, m_, c_, it, ln_ok, rk_ok = row[ok], m[ok], c[ok], item[ok], ln[ok], rk[ok]
-        cost2[r_, m_] += c_
-        room2[r_, m_] -= ln_ok
-        rc_flat[r_] += c_
-        p_rank[it] = rk_ok
-        p_mb[it] = m_
-        pos[act] += k
-        if not ok.all():  # their rank was full: other ranks take them (rare)
-            bad = np.flatnonzero(~ok)
-            for i in np.unique(np.repeat(np.arange(len(act)), k)[bad]):
-                s = int(act[i])
-                d = dealt[s]
-                mine = bad[(bad >= first[i]) & (bad < first[i] + k[i])]
-                place_whole_many(item[mine] - off[s], d.length, steps[s][1], d.st, d.p_rank, d.p_mb)
+        every = bool(ok.all())
+        good = item
+        if not every:
+            row, m, c, ln, rk, good = row[ok], m[ok], c[ok], ln[ok], rk[ok], item[ok]
+        cost2[row, m] += c
+        room2[row, m] -= ln
+        rc_flat[row] += c
+        p_rank[good] = rk
+        p_mb[good] = m
+        if not every:  # their rank was full: other ranks take them, step by step
+            nok = ~ok
+            if len(act) == 1:
+                _place_failed(dealt[s0], item[nok] - off[s0], steps[s0][1])
+            else:
+                owner, failed = np.repeat(act, k)[nok], item[nok]
+                for s in owner[np.flatnonzero(np.diff(owner, prepend=-1))]:
+                    _place_failed(dealt[s], failed[owner == s] - off[s], steps[s][1])
+        at += k
+        left -= k
+        if not left.all():
+            keep = left > 0
+            act, act_row, at, left = act[keep], act_row[keep], at[keep], left[keep]
     return dealt
+
+
+def _place_failed(d: Dealt, items: np.ndarray, cost: np.ndarray) -> None:
+    """Items of step `d` whose rank had no slot with room this round: the least loaded ranks with room take them."""
+    place_whole_many(items, d.length, cost, d.st, d.p_rank, d.p_mb)

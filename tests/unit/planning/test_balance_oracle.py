@@ -100,9 +100,9 @@ def test_block_balancer_matches_the_per_step_oracle(case: dict[str, Any]) -> Non
         want = oracle.balance_chain(steps.start, cols, w_carry, **kw)
     except PlanError:
         with pytest.raises(PlanError):
-            balance_block(steps, drawn, carry, BalanceConfig(**kw))
+            list(balance_block(steps, drawn, carry, BalanceConfig(**kw)))
         return
-    got = balance_block(steps, drawn, carry, BalanceConfig(**kw))
+    got = list(balance_block(steps, drawn, carry, BalanceConfig(**kw)))
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         assert all(

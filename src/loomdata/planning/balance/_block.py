@@ -11,7 +11,7 @@ computed at once too, over each step's own segments (those it carried in, less t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,8 +61,9 @@ class BalancedStep:
 
 def balance_block(
     steps: range, drawn: Sequence[tuple[Segments, np.ndarray]], carry: Segments | None, cfg: BalanceConfig
-) -> list[BalancedStep]:
-    """Balance steps (their drawn segments and costs each); `carry` goes first into the first step."""
+) -> Iterator[BalancedStep]:
+    """Balance steps (their drawn segments and costs each); `carry` goes first into the first step. Yields the
+    steps in order, each step's placements made when it is taken (so one step's rows are alive at a time)."""
     inputs = list(drawn)
     carried = [0] * len(inputs)
     if carry is not None:
@@ -97,10 +98,8 @@ def balance_block(
         ],
         cfg.lanes,
     )
-    return [
-        BalancedStep(s, c, _assignment(d, e, cfg.micro_batches), m, nxt, q)
-        for (s, c), d, e, m, nxt, q in zip(inputs, dealt, extras, in_steps, carries, seqs, strict=True)
-    ]
+    for (s, c), d, e, m, nxt, q in zip(inputs, dealt, extras, in_steps, carries, seqs, strict=True):
+        yield BalancedStep(s, c, _assignment(d, e, cfg.micro_batches), m, nxt, q)
 
 
 def balance_step(

@@ -13,9 +13,48 @@ import pyarrow as pa
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from loomdata.schemas.plan import PlanMeta
+from loomdata.schemas.plan import PLAN_FORMAT_VERSION, PlanMeta, PlanParameters
+from loomdata.schemas.spec import CostSpec, Spec
 
-__all__ = ["check_coverage", "check_slots", "files_of", "longest_run", "planning_cases"]
+__all__ = ["check_coverage", "check_slots", "files_of", "longest_run", "plan_meta", "planning_cases"]
+
+
+def plan_meta(**fields: Any) -> PlanMeta:
+    """A PlanMeta for tests that need only some of its fields (the rest: a one-source spec, default parameters)."""
+    sources = fields.get("sources", ["web"])
+    spec = Spec.model_validate(
+        {
+            "name": "t",
+            "workdir": ".",
+            "sources": [{"name": n, "format": "parquet", "paths": ["x"], "tokens_field": "ids"} for n in sources],
+            "mixture": {"weights": dict.fromkeys(sources, 1.0)},
+            "training": {
+                "seq_len": fields.get("seq_len", 8),
+                "steps": fields.get("steps", 1),
+                "dp_size": fields.get("dp_size", 1),
+                "micro_batches": fields.get("micro_batches", 1),
+            },
+        }
+    )
+    parameters = PlanParameters(
+        planner_version="test", fill=0.96, step_budget_tokens=1, cost=CostSpec(), short_cp_size=1, baseline="-"
+    )
+    base: dict[str, Any] = {
+        "format_version": PLAN_FORMAT_VERSION,
+        "plan_id": "p",
+        "spec": spec,
+        "spec_hash": "h",
+        "sources": sources,
+        "index_fingerprints": {},
+        "seed": 0,
+        "steps": 1,
+        "dp_size": 1,
+        "micro_batches": 1,
+        "seq_len": 8,
+        "parameters": parameters,
+        "manifest": [],
+    }
+    return PlanMeta(**{**base, **fields})
 
 
 @st.composite

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 from loomdata.execution._manifest import ManifestSlice
 from loomdata.execution._packing import PackRules, pack_step
-from loomdata.execution._planspec import plan_spec
 from loomdata.execution._reads import Reads, Route
 from loomdata.execution._window import Admission, Build, StepWindow
 from loomdata.execution.protocol import ExecutorUnavailable
@@ -59,7 +58,7 @@ class DataConstructor:
         start_step: int = 0,
     ) -> None:
         self._meta = read_plan(plan_dir)
-        self._rules = PackRules.of(plan_spec(self._meta))
+        self._rules = PackRules.of(self._meta.spec)
         self._window: StepWindow[list[Batch]] = StepWindow(ranks, self._meta.steps, window, peers, start_step)
         self._ranks = self._window.ranks
         self._reads = Reads(routes, self._meta.plan_id)

@@ -27,7 +27,6 @@ from loomdata.execution.protocol import ServeInfo
 from loomdata.schemas.errors import ExecutionError
 from loomdata.schemas.metrics import ExecutorMetrics
 from loomdata.schemas.plan import PlanMeta, read_plan
-from loomdata.schemas.spec import Spec
 
 __all__ = ["Executor"]
 
@@ -48,7 +47,7 @@ class Executor:
         self.plan_dir = Path(plan_dir).resolve()
         self.client = client
         self.meta: PlanMeta = read_plan(self.plan_dir)
-        self.spec = Spec.model_validate(self.meta.spec)
+        self.spec = self.meta.spec
         t = self.spec.training
         peers = self.config.peers or t.tp_size * t.pp_size * t.cp_size
         self._ops = FleetOps(

@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 
 from loomdata.execution._partition import LoaderPartition
-from loomdata.execution._planspec import plan_spec
 from loomdata.schemas.errors import ExecutionError
 from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
@@ -78,7 +77,7 @@ class SourceLoader:
 
     def __init__(self, plan_dir: str, partition: LoaderPartition) -> None:
         meta = read_plan(plan_dir)
-        spec = plan_spec(meta)
+        spec = meta.spec
         self.partition = partition
         self._source = spec.source(partition.source)
         files = IndexFiles.of(spec.workdir, partition.source)

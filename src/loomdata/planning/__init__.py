@@ -9,22 +9,24 @@ Use:
 
 The plan dir `workdir/plans/<plan_id>/` holds plan.json (PlanMeta), `manifest/steps-<first>-<last>.parquet`
 (MANIFEST_SCHEMA, sorted by step, dp_rank, micro_batch, then placement order) and `report/` (per-step
-figures). plan_id hashes the spec's canonical JSON, the index fingerprints and the planner version;
-the same inputs give byte-identical files, and planning an existing complete plan is a no-op. Files are
-written into a temporary folder and renamed into place.
+figures). plan_id hashes the spec's content (Spec.content_json: no workdir, base_dir or tokenizer path),
+the index fingerprints and the planner version; the same inputs give byte-identical files wherever they
+are, and planning an existing complete plan is a no-op. Files are written into a temporary folder and
+renamed into place.
 
 Decisions, one module each (their docstrings say more):
-- _mixture, step membership: every step draws fill (0.96) x dp_size x micro_batches x seq_len tokens,
+- _mixture, step membership: every step draws planning.fill (default 0.96) x dp_size x micro_batches x seq_len tokens,
   split by the interpolated weights (token shares); each source draws from its own seeded permutation,
   a new one per epoch; a credit accumulator (searchsorted over the stream's cumulative tokens, all
   steps at once) keeps each source's cumulative tokens within half a segment of its target. Errors:
   max_epochs exceeded (names source and step), an empty source with positive weight, a step no source
-  can fill (budget smaller than the documents), a schedule beyond steps, an unknown source.
+  can fill (budget smaller than the documents); the mixture's own rules are the spec's (parse_spec).
 - _packing, lanes and segments: documents longer than their lane are split into segments
   (offset, length), never dropped; documents above long_context.threshold go to the long lane; samples
   with images are never split. Baseline packer: next-fit in shuffled order (vectorised).
-- _balance, slots: lanes share a step by slots (a long sequence takes one whole slot and weighs
-  cost / long cp); load-aware vectorised LPT that packs as it balances, plus local swaps.
+- balance/, slots: lanes share a step by slots (a long sequence takes one whole slot and weighs
+  cost / long cp); load-aware vectorised LPT that packs as it balances, plus local swaps; one
+  implementation, run on blocks of steps (a step with carried-in items is dealt as a block of one).
 - _cost: cost(segment) = attention L^2 + linear L + encoder image_tokens^2, over the lane's cp size;
   fit_cost calibrates it from measured times.
 - _manifest: step-range partitions of bounded size (bounded memory whatever the plan's size).

@@ -1,7 +1,7 @@
 """A step's segments and their costs, gathered for a block of consecutive steps at once.
 
 Step t's items are, source by source, the stream positions [ptr[t, k], ptr[t+1, k]) of every source k
-(source id, sample, offset, length, lane, image tokens) and their costs. Gathering them step by step costs
+(Segments: source id, sample, offset, length, lane, image tokens) and their costs. Gathering them step by step costs
 a dozen small NumPy calls per source and step, which dominates at small dp (many steps, few segments
 each); here one block of steps (about BLOCK_SEGMENTS segments) is gathered with one call per column and
 source and laid out step-major (within a step: source order, then stream order), so a step's items are
@@ -18,15 +18,13 @@ import numpy as np
 from loomdata.planning._cost import segment_cost
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
+from loomdata.planning._segments import Segments
 from loomdata.schemas.spec import CostSpec
 
-__all__ = ["BLOCK_SEGMENTS", "Items", "StepItems"]
+__all__ = ["BLOCK_SEGMENTS", "StepItems"]
 
 BLOCK_SEGMENTS = 1 << 16
 """Segments gathered per block (bounds the block's memory); a block holds at least one step."""
-
-Items = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-"""A step's segments: (source id, sample, offset, length, lane, image tokens)."""
 
 
 class StepItems:
@@ -60,16 +58,12 @@ class StepItems:
             self._gather(t)
         return range(self._first, self._first + len(self._bounds) - 1)
 
-    def step(self, t: int) -> tuple[Items, np.ndarray]:
-        """Step t's items and their costs (t must not go backwards)."""
+    def step(self, t: int) -> tuple[Segments, np.ndarray]:
+        """Step t's segments and their costs (t must not go backwards)."""
         i = t - self.block(t).start
         a, b = int(self._bounds[i]), int(self._bounds[i + 1])
         src_id, sample, offset, length, lane, img, cost = (c[a:b] for c in self._cols)
-        return (src_id, sample, offset, length, lane, img), cost
-
-    def cost_of(self, length: np.ndarray, img: np.ndarray, lane: np.ndarray) -> np.ndarray:
-        """Costs of segments of these lengths, image tokens and lanes."""
-        return segment_cost(length, img, self._cost_spec, self._lanes.cp(lane))
+        return Segments(src_id, sample, offset, length, lane, img), cost
 
     def _gather(self, t0: int) -> None:
         """Gather the block of steps from t0 on that holds about BLOCK_SEGMENTS segments (at least one step)."""
@@ -90,7 +84,7 @@ class StepItems:
         cols = [np.concatenate(c) for c in zip(*parts, strict=True)]
         order = np.argsort(cols[-1], kind="stable")  # step-major; within a step source order, then stream order
         src_id, sample, offset, length, lane, img = (c[order] for c in cols[:-1])
-        cost = self.cost_of(length, img, lane)
+        cost = segment_cost(length, img, self._cost_spec, self._lanes.cp(lane))
         self._cols = (src_id, sample, offset, length, lane, img, cost)
         self._bounds = np.searchsorted(cols[-1][order], np.arange(t1 - t0 + 1), side="left")
         self._first = t0

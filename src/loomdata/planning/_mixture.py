@@ -18,7 +18,8 @@ cumulative shares converge on the targets (after step 20 within 1 percentage poi
 few dozen documents). A step whose segments would not fit its slots defers the segments of the source
 most ahead of its target to the next step (a sequential repair that starts at the first such step).
 
-Errors (PlanError): an unknown source or a schedule milestone beyond training.steps; a source with a
+The mixture's own rules (known sources, weights, milestone steps) are the spec's (parse_spec); planning
+trusts a validated Spec and checks only what needs the data. Errors (PlanError): a source with a
 positive weight but no tokens; a source whose cumulative target exceeds max_epochs epochs (names the
 source and the first such step). A step that draws no segment at all (its budget is smaller than the
 next documents: a budget no source can fill) is refused by make_plan.
@@ -40,34 +41,17 @@ __all__ = ["Stream", "build_stream", "check_epochs", "membership", "step_weights
 
 
 def step_weights(spec: Spec) -> np.ndarray:
-    """(steps, sources) float64 token shares of every step, interpolated between milestones, rows summing to 1."""
+    """(steps, sources) float64 token shares of every step, interpolated between milestones, rows summing to 1.
+
+    The spec is validated (parse_spec): known sources, finite weights >= 0, a positive weight in every
+    milestone, milestone steps increasing and within training.steps; so every row has a positive sum.
+    """
     names = spec.source_names
-    steps = spec.training.steps
     ms = spec.mixture.milestones()
-    if not ms:
-        raise PlanError("mixture: no weights and no schedule milestones; give `mixture.weights`")
-    for i, m in enumerate(ms):
-        unknown = sorted(set(m.weights) - set(names))
-        if unknown:
-            raise PlanError(
-                f"mixture milestone {i} (step {m.step}): unknown source(s) {', '.join(map(repr, unknown))} "
-                f"(known: {', '.join(names)}); fix the name or add the source"
-            )
-        if spec.mixture.schedule is not None and m.step >= steps and i > 0:
-            raise PlanError(
-                f"mixture.schedule[{i}].step: {m.step} is beyond training.steps ({steps}); "
-                "drop the milestone or raise training.steps"
-            )
-        if i > 0 and m.step <= ms[i - 1].step:
-            raise PlanError(f"mixture.schedule[{i}].step: steps must increase ({ms[i - 1].step} then {m.step})")
     xs = np.array([m.step for m in ms], dtype=np.float64)
-    t = np.arange(steps, dtype=np.float64)
-    w = np.stack([np.interp(t, xs, [max(float(m.weights.get(n, 0.0)), 0.0) for m in ms]) for n in names], 1)
-    total = w.sum(axis=1)
-    zero = np.flatnonzero(~(total > 0))
-    if len(zero):
-        raise PlanError(f"mixture: all weights are zero at step {int(zero[0])}; give some source a positive weight")
-    return w / total[:, None]
+    t = np.arange(spec.training.steps, dtype=np.float64)
+    w = np.stack([np.interp(t, xs, [float(m.weights.get(n, 0.0)) for m in ms]) for n in names], 1)
+    return w / w.sum(axis=1)[:, None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,21 +20,37 @@ reported worst error is over steps >= 20.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from loomdata.schemas.plan import read_plan
+from loomdata.schemas.tables import TableKind, read_table, write_table
 
-__all__ = ["ReportBuilder", "plan_report", "plot_plan"]
+__all__ = ["ReportBuilder", "StepFigures", "plan_report", "plot_plan"]
 
 RANK_STEPS = 64  # per-rank costs are kept for this many first steps (the plot's heatmaps)
 MIXTURE_WARMUP = 20  # the worst mixture error is taken over steps from here on
 _STEPS_FILE = "report/steps.parquet"
 _RANKS_FILE = "report/ranks.parquet"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepFigures:
+    """One step's figures, as the planner measured them."""
+
+    tokens: np.ndarray  # int64 [sources] tokens placed per source
+    weights: np.ndarray  # float64 [sources] the step's target mixture weights
+    lb: float  # lower bound max(total cost / dp, largest segment cost)
+    loom_rank: np.ndarray  # float64 [dp] cost per rank, loomdata
+    base_rank: np.ndarray  # float64 [dp] cost per rank, baseline
+    slot_cost: np.ndarray  # float64 [dp, micro_batches] cost per slot, loomdata
+    base_seq_per_slot: float  # baseline sequences per slot
+    deferred_tokens: int  # tokens deferred into the next step
+    rank_max_item: np.ndarray  # float64 [dp] each rank's largest segment cost
 
 
 class ReportBuilder:
@@ -67,33 +83,22 @@ class ReportBuilder:
         self.rank_loom = np.zeros((n_rank_steps, dp))
         self.rank_base = np.zeros((n_rank_steps, dp))
 
-    def add(
-        self,
-        step: int,
-        tokens: np.ndarray,
-        weights: np.ndarray,
-        lb: float,
-        loom_rank: np.ndarray,
-        base_rank: np.ndarray,
-        slot_cost: np.ndarray,
-        base_seq_per_slot: float,
-        deferred_tokens: int,
-        rank_max_item: np.ndarray,
-    ) -> None:
+    def add(self, step: int, fig: StepFigures) -> None:
         """Record one step's figures."""
-        self.tokens[step] = tokens
-        self.weights[step] = weights
+        self.tokens[step] = fig.tokens
+        self.weights[step] = fig.weights
+        loom_rank, base_rank, slot_cost = fig.loom_rank, fig.base_rank, fig.slot_cost
         c = self.cols
-        c["lb"][step] = lb
+        c["lb"][step] = fig.lb
         c["loom_max"][step] = loom_rank.max()
         c["loom_mean"][step] = np.add.reduce(loom_rank) / len(loom_rank)  # = .mean(), without its wrapper
         c["base_max"][step] = base_rank.max()
         c["base_mean"][step] = np.add.reduce(base_rank) / len(base_rank)
         # micro-batch spread of a rank: its most loaded micro-batch over that rank's own lower bound
-        mean_mb = np.maximum(np.add.reduce(slot_cost, axis=1) / slot_cost.shape[1], rank_max_item)
+        mean_mb = np.maximum(np.add.reduce(slot_cost, axis=1) / slot_cost.shape[1], fig.rank_max_item)
         used = mean_mb > 0
-        c["base_seq_per_slot"][step] = base_seq_per_slot
-        c["deferred_tokens"][step] = deferred_tokens
+        c["base_seq_per_slot"][step] = fig.base_seq_per_slot
+        c["deferred_tokens"][step] = fig.deferred_tokens
         c["mb_spread"][step] = float((slot_cost.max(axis=1)[used] / mean_mb[used]).mean()) if used.any() else 1.0
         if 0 <= step - self.rank_from < len(self.rank_loom):
             self.rank_loom[step - self.rank_from] = loom_rank
@@ -130,8 +135,7 @@ class ReportBuilder:
             data[f"weight__{name}"] = self.weights[:, k]
         if self.budgets is not None:
             data["budget"] = self.budgets
-        (plan_dir / "report").mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table(data), str(plan_dir / _STEPS_FILE), compression="zstd")
+        write_table(pa.table(data), plan_dir / _STEPS_FILE, TableKind.PLAN_STEPS)
         n, dp = self.rank_loom.shape
         ranks = pa.table(
             {
@@ -141,7 +145,7 @@ class ReportBuilder:
                 "base_cost": self.rank_base.ravel(),
             }
         )
-        pq.write_table(ranks, str(plan_dir / _RANKS_FILE), compression="zstd")
+        write_table(ranks, plan_dir / _RANKS_FILE, TableKind.PLAN_RANKS)
 
     def summary(self) -> dict[str, Any]:
         """The plan's summary figures (stored in plan.json, printed by `loom plan` / `loom inspect`)."""
@@ -222,8 +226,8 @@ def plot_plan(plan_dir: Path, out_png: Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
     meta = read_plan(plan_dir)
-    steps = pq.read_table(str(Path(plan_dir) / _STEPS_FILE)).to_pydict()
-    ranks = pq.read_table(str(Path(plan_dir) / _RANKS_FILE))
+    steps = read_table(Path(plan_dir) / _STEPS_FILE, TableKind.PLAN_STEPS).to_pydict()
+    ranks = read_table(Path(plan_dir) / _RANKS_FILE, TableKind.PLAN_RANKS)
     rank_steps = ranks["step"].to_numpy().astype(np.int64)
     first = int(rank_steps.min()) if len(rank_steps) else 0
     n = int(rank_steps.max(initial=-1)) + 1 - first

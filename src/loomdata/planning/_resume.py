@@ -23,7 +23,7 @@ steps t0..S-1 minus the pieces the base's manifest placed in those steps are wha
 (placed pieces of a segment are always a prefix of it, so the rest is a suffix).
 
 Compatibility. The base must have been made by this planner version, over the same sources (same order),
-the same index fingerprints, seed, mixture, seq_len and long_context; else PlanError lists every
+the same index fingerprints, seed, mixture, planning.fill, seq_len and long_context; else PlanError lists every
 difference. The base may itself be a re-plan: `parameters.shape_schedule` records the shape of every
 step range ([{from_step, dp_size, micro_batches}], only in re-planned plans), so chains of re-plans
 reproduce the same membership. The new plan's id hashes the spec, the index fingerprints, the planner
@@ -36,17 +36,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
+from loomdata.planning._segments import Segments
 from loomdata.schemas.errors import PlanError
-from loomdata.schemas.plan import PlanMeta, read_manifest, read_plan
+from loomdata.schemas.plan import PlanMeta, ResumeInfo, StepShape, read_manifest, read_plan, stale_sources
 from loomdata.schemas.spec import Spec
+from loomdata.schemas.tables import TableKind, read_table
 
 __all__ = [
     "BasePlan",
@@ -82,15 +82,12 @@ class BasePlan:
     plan_dir: Path
     meta: PlanMeta
     at_step: int
-    shapes: list[dict[str, int]]  # [{from_step, dp_size, micro_batches}] of steps < at_step
+    shapes: list[StepShape]  # of steps < at_step
 
 
-def shape_schedule(meta: PlanMeta) -> list[dict[str, int]]:
+def shape_schedule(meta: PlanMeta) -> list[StepShape]:
     """The shape of every step range of a plan: its recorded schedule, or its one shape from step 0."""
-    recorded = meta.parameters.get("shape_schedule")
-    if recorded:
-        return [{k: int(v) for k, v in s.items()} for s in recorded]
-    return [{"from_step": 0, "dp_size": meta.dp_size, "micro_batches": meta.micro_batches}]
+    return meta.parameters.shapes(meta.dp_size, meta.micro_batches)
 
 
 def open_base(resume: PlanResume, spec: Spec, fingerprints: dict[str, str], planner_version: str) -> BasePlan:
@@ -99,30 +96,31 @@ def open_base(resume: PlanResume, spec: Spec, fingerprints: dict[str, str], plan
     meta = read_plan(plan_dir)
     s = resume.at_step
     problems: list[str] = []
-    if meta.parameters.get("planner_version") != planner_version:
+    if meta.parameters.planner_version != planner_version:
         problems.append(
-            f"planner version differs (base {meta.parameters.get('planner_version')}, this loomdata {planner_version}):"
+            f"planner version differs (base {meta.parameters.planner_version}, this loomdata {planner_version}):"
             " re-plan with the loomdata that made the base, or plan afresh"
         )
     if meta.sources != spec.source_names:
         problems.append(f"sources differ (base {meta.sources}, spec {spec.source_names}): same names in the same order")
-    fp_diff = [
-        f"{n} (base {meta.index_fingerprints.get(n)}, index {fingerprints.get(n)})"
-        for n in spec.source_names
-        if meta.index_fingerprints.get(n) != fingerprints.get(n)
-    ]
+    fp_diff = stale_sources(meta, fingerprints, spec.source_names)
     if fp_diff:
         problems.append(f"index fingerprints differ: {', '.join(fp_diff)}: the index changed since the base plan")
     if meta.seed != spec.seed:
         problems.append(f"seed differs (base {meta.seed}, spec {spec.seed})")
-    base_mixture = meta.spec.get("mixture")
-    if base_mixture != spec.mixture.model_dump(mode="json"):
-        problems.append(f"mixture differs (base {base_mixture}, spec {spec.mixture.model_dump(mode='json')})")
+    if meta.spec.mixture != spec.mixture:
+        problems.append(
+            f"mixture differs (base {meta.spec.mixture.model_dump(mode='json')}, "
+            f"spec {spec.mixture.model_dump(mode='json')})"
+        )
+    if meta.parameters.fill != spec.planning.fill:
+        problems.append(f"planning.fill differs (base {meta.parameters.fill}, spec {spec.planning.fill})")
     if meta.seq_len != spec.training.seq_len:
         problems.append(f"training.seq_len differs (base {meta.seq_len}, spec {spec.training.seq_len})")
-    base_lc = meta.spec.get("long_context")
-    spec_lc = None if spec.long_context is None else spec.long_context.model_dump(mode="json")
-    if base_lc != spec_lc:
+    if meta.spec.long_context != spec.long_context:
+        base_lc, spec_lc = (
+            None if lc is None else lc.model_dump(mode="json") for lc in (meta.spec.long_context, spec.long_context)
+        )
         problems.append(f"long_context differs (base {base_lc}, spec {spec_lc})")
     if not 1 <= s <= meta.steps:
         problems.append(f"at_step {s} is outside the base plan's steps 1..{meta.steps} (step 0: plan afresh)")
@@ -134,7 +132,7 @@ def open_base(resume: PlanResume, spec: Spec, fingerprints: dict[str, str], plan
             + "; ".join(problems)
             + ". Use the base plan's spec with only training.dp_size, micro_batches or steps changed"
         )
-    shapes = [sh for sh in shape_schedule(meta) if sh["from_step"] < s]
+    shapes = [sh for sh in shape_schedule(meta) if sh.from_step < s]
     return BasePlan(plan_dir, meta, s, shapes)
 
 
@@ -158,7 +156,7 @@ def base_report_rows(base: BasePlan) -> dict[str, np.ndarray] | None:
     path = base.plan_dir / _STEPS_FILE
     if not path.exists():
         return None
-    table = pq.read_table(str(path))
+    table = read_table(path, TableKind.PLAN_STEPS)
     return {name: table.column(name).to_numpy()[: base.at_step] for name in table.column_names}
 
 
@@ -180,9 +178,9 @@ def base_carry(
     lengths: Sequence[np.ndarray],
     images: Sequence[np.ndarray],
     lanes: Lanes,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """Segments the base drew before at_step but had not placed by then: (source, sample, offset, length,
-    lane, image tokens), the carry into step at_step; None when there is none."""
+) -> Segments | None:
+    """Segments the base drew before at_step but had not placed by then, the carry into step at_step; None
+    when there is none."""
     s = base.at_step
     t0 = _carry_window_start(base)
     if t0 >= s:
@@ -240,8 +238,7 @@ def base_carry(
         )
     if not parts:
         return None
-    src, sample, offset, length, lane, img = (np.concatenate(c) for c in zip(*parts, strict=True))
-    return src, sample, offset, length, lane, img
+    return Segments.concat([Segments(*p) for p in parts])
 
 
 def _rows_of(base: BasePlan, k: int, samples: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -268,11 +265,11 @@ def _mismatch(base: BasePlan, k: int, what: str) -> PlanError:
     )
 
 
-def resume_parameters(base: BasePlan) -> dict[str, Any]:
+def resume_parameters(base: BasePlan) -> ResumeInfo:
     """What plan.json `parameters.resume` records of the base."""
-    return {
-        "base_plan_id": base.meta.plan_id,
-        "at_step": base.at_step,
-        "base_dp_size": base.shapes[-1]["dp_size"],
-        "base_micro_batches": base.shapes[-1]["micro_batches"],
-    }
+    return ResumeInfo(
+        base_plan_id=base.meta.plan_id,
+        at_step=base.at_step,
+        base_dp_size=base.shapes[-1].dp_size,
+        base_micro_batches=base.shapes[-1].micro_batches,
+    )

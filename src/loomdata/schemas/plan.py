@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,24 @@ import pyarrow.dataset as ds
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from loomdata.schemas.errors import ContractError, StaleIndexError
+from loomdata.schemas.spec import CostSpec, Spec
 from loomdata.schemas.tables import MANIFEST_SCHEMA, TableKind, read_table
 
-__all__ = ["PLAN_FORMAT_VERSION", "ManifestFile", "PlanMeta", "check_fresh", "read_manifest", "read_plan"]
+__all__ = [
+    "PLAN_FORMAT_VERSION",
+    "ManifestFile",
+    "PlanMeta",
+    "PlanParameters",
+    "ResumeInfo",
+    "StepShape",
+    "check_fresh",
+    "read_manifest",
+    "read_plan",
+    "stale_sources",
+]
 
-PLAN_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 2
+"""2: `spec` is a typed Spec, `parameters` typed PlanParameters, the report tables stamped (kind, version)."""
 
 
 class ManifestFile(BaseModel):
@@ -28,13 +42,54 @@ class ManifestFile(BaseModel):
     rows: int
 
 
+class StepShape(BaseModel):
+    """The training shape of the steps from `from_step` on (until the next shape of a schedule)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    from_step: int
+    dp_size: int
+    micro_batches: int
+
+
+class ResumeInfo(BaseModel):
+    """Of an elastic re-plan: the base plan it continues, from which step, and the base's last shape."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    base_plan_id: str
+    at_step: int
+    base_dp_size: int
+    base_micro_batches: int
+
+
+class PlanParameters(BaseModel):
+    """How the planner made the plan: its version and the settings it used (plan.json `parameters`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    planner_version: str
+    fill: float
+    step_budget_tokens: int  # of the spec's training shape
+    cost: CostSpec
+    short_cp_size: int
+    long_threshold: int | None = None
+    baseline: str
+    resume: ResumeInfo | None = None  # re-plans only
+    shape_schedule: list[StepShape] | None = None  # re-plans only: the shape of every step range
+
+    def shapes(self, dp_size: int, micro_batches: int) -> list[StepShape]:
+        """The shape of every step range: the recorded schedule, or the plan's one shape from step 0."""
+        if self.shape_schedule:
+            return list(self.shape_schedule)
+        return [StepShape(from_step=0, dp_size=dp_size, micro_batches=micro_batches)]
+
+
 class PlanMeta(BaseModel):
-    """Contents of plan.json. `sources[i]` is the name of manifest source id `i`."""
+    """Contents of plan.json. `sources[i]` is the name of manifest source id `i`; `spec` is the spec the plan
+    was made from (validated once, when plan.json is read)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     format_version: int
     plan_id: str
-    spec: dict[str, Any]
+    spec: Spec
     spec_hash: str
     sources: list[str]
     index_fingerprints: dict[str, str]
@@ -45,7 +100,7 @@ class PlanMeta(BaseModel):
     seq_len: int
     long_seq_len: int | None = None
     long_cp_size: int = 1
-    parameters: dict[str, Any] = {}
+    parameters: PlanParameters
     manifest: list[ManifestFile]
     summary: dict[str, Any] = {}
 
@@ -105,15 +160,19 @@ def read_manifest(
     return dataset.to_table(filter=expr)
 
 
-def check_fresh(meta: PlanMeta, current: dict[str, str], sources: list[str] | None = None) -> None:
-    """Raise StaleIndexError when any of `sources` (default all) has an index fingerprint other than the plan's."""
-    stale = [
+def stale_sources(meta: PlanMeta, current: Mapping[str, str], sources: Sequence[str] | None = None) -> list[str]:
+    """`source (plan FP, index FP)` for each of `sources` (default all) whose index is not the plan's: the one rule."""
+    return [
         f"{s} (plan {meta.index_fingerprints.get(s)}, index {current.get(s)})"
         for s in (meta.sources if sources is None else sources)
         if meta.index_fingerprints.get(s) != current.get(s)
     ]
+
+
+def check_fresh(meta: PlanMeta, current: Mapping[str, str], sources: Sequence[str] | None = None) -> None:
+    """Raise StaleIndexError when any of `sources` (default all) has an index fingerprint other than the plan's."""
+    stale = stale_sources(meta, current, sources)
     if stale:
         raise StaleIndexError(
-            f"plan {meta.plan_id} was made on an older index of: {', '.join(stale)}; "
-            "re-plan with `loom plan SPEC`"
+            f"plan {meta.plan_id} was made on an older index of: {', '.join(stale)}; re-plan with `loom plan SPEC`"
         )

@@ -201,6 +201,13 @@ class Spec(_Frozen):
         """A stable JSON form of the spec (sorted keys, absolute paths): the input of `spec_hash`."""
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
+    def content_json(self) -> str:
+        """Canonical JSON of what the spec asks for, without where things are: no `workdir` or `base_dir`, and of
+        the tokenizer no `path` (its identity reaches a plan through the index fingerprints). Source `paths`
+        stay as written (relative patterns are location-free). The plan id hashes this."""
+        data = self.model_dump(mode="json", exclude={"workdir": True, "base_dir": True, "tokenizer": {"path"}})
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
     def spec_hash(self) -> str:
         """A content hash of the spec, recorded in every plan."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]

@@ -1,4 +1,4 @@
-"""Arrow schemas of the stored tables (index, shards, errors, manifest), versioned.
+"""Arrow schemas of the stored tables (index, shards, errors, manifest, a plan's report), versioned.
 
 Every table loomdata writes carries `loomdata.kind` and `loomdata.version` in its Parquet
 key-value metadata; `read_table` rejects a wrong kind, version or schema with a message that
@@ -20,6 +20,8 @@ __all__ = [
     "ERRORS_SCHEMA",
     "INDEX_SCHEMA",
     "MANIFEST_SCHEMA",
+    "PLAN_RANKS_SCHEMA",
+    "PLAN_STEPS_SCHEMA",
     "SHARDS_SCHEMA",
     "TableKind",
     "check_schema",
@@ -36,6 +38,8 @@ class TableKind(str, enum.Enum):
     SHARDS = "shards"
     ERRORS = "errors"
     MANIFEST = "manifest"
+    PLAN_STEPS = "plan_steps"
+    PLAN_RANKS = "plan_ranks"
 
 
 INDEX_SCHEMA = pa.schema(
@@ -83,11 +87,40 @@ MANIFEST_SCHEMA = pa.schema(
 )
 """One row per document segment placed in a packed sequence, sorted by (step, dp_rank, micro_batch)."""
 
+PLAN_STEPS_SCHEMA = pa.schema(
+    [
+        pa.field("step", pa.uint32(), nullable=False),
+        pa.field("tokens", pa.int64(), nullable=False),  # placed in the step
+        pa.field("lb", pa.float64(), nullable=False),  # lower bound max(total cost / dp, largest segment)
+        pa.field("loom_max", pa.float64(), nullable=False),  # most loaded rank's cost, loomdata
+        pa.field("loom_mean", pa.float64(), nullable=False),
+        pa.field("base_max", pa.float64(), nullable=False),  # the same for the baseline
+        pa.field("base_mean", pa.float64(), nullable=False),
+        pa.field("mb_spread", pa.float64(), nullable=False),  # micro-batch spread (1.0: as even as possible)
+        pa.field("base_seq_per_slot", pa.float64(), nullable=False),
+        pa.field("deferred_tokens", pa.float64(), nullable=False),  # into the next step
+    ]
+)
+"""report/steps.parquet, one row per step; per source `tokens__<name>` (int64) and `weight__<name>` (float64)
+follow, and `budget` (int64, the step's token budget) in re-plans."""
+
+PLAN_RANKS_SCHEMA = pa.schema(
+    [
+        pa.field("step", pa.uint32(), nullable=False),
+        pa.field("dp_rank", pa.uint32(), nullable=False),
+        pa.field("loom_cost", pa.float64(), nullable=False),
+        pa.field("base_cost", pa.float64(), nullable=False),
+    ]
+)
+"""report/ranks.parquet: the cost of every rank in a plan's first steps (the plot's heatmaps)."""
+
 _SCHEMAS: dict[TableKind, pa.Schema] = {
     TableKind.INDEX: INDEX_SCHEMA,
     TableKind.SHARDS: SHARDS_SCHEMA,
     TableKind.ERRORS: ERRORS_SCHEMA,
     TableKind.MANIFEST: MANIFEST_SCHEMA,
+    TableKind.PLAN_STEPS: PLAN_STEPS_SCHEMA,
+    TableKind.PLAN_RANKS: PLAN_RANKS_SCHEMA,
 }
 VERSIONS: dict[TableKind, int] = {k: 1 for k in TableKind}
 

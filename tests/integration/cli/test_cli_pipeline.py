@@ -110,7 +110,7 @@ def test_plan_resume_for_a_new_dp_size(demo_tree: Path, dask_client: Any, tmp_pa
     args = ("plan", "configs/demo-dp2.yaml", "--resume-from", str(base_dir), "--at-step", "10", "--json")
     new_dir = Path(_json(_loom(*args, cwd=demo_tree))["plan_dir"])
     base, new = read_plan(base_dir), read_plan(new_dir)
-    assert new.dp_size == 2 and new.parameters["resume"]["base_plan_id"] == base.plan_id
+    assert new.dp_size == 2 and new.parameters.resume is not None and new.parameters.resume.base_plan_id == base.plan_id
     assert read_manifest(new_dir, new, 0, 9).equals(read_manifest(base_dir, base, 0, 9))
     later = read_manifest(new_dir, new, 10)
     assert set(later.column("dp_rank").to_pylist()) == {0, 1}

@@ -14,6 +14,7 @@ from distributed import Client, get_task_stream
 from loomdata.indexing import IndexSummary, build_index
 from loomdata.schemas import IndexFiles, Spec, StaleIndexError, check_fresh, read_index
 from loomdata.schemas.plan import PlanMeta
+from loomtest.plancheck import plan_meta
 
 
 def _write(path: Path, lengths: list[int]) -> None:
@@ -34,20 +35,7 @@ def _scan_tasks(client: Client, spec: Spec) -> tuple[IndexSummary, list[str]]:
 
 
 def _plan_on(fp: str) -> PlanMeta:
-    return PlanMeta(
-        format_version=1,
-        plan_id="p",
-        spec={},
-        spec_hash="h",
-        sources=["web"],
-        index_fingerprints={"web": fp},
-        seed=0,
-        steps=1,
-        dp_size=1,
-        micro_batches=1,
-        seq_len=8,
-        manifest=[],
-    )
+    return plan_meta(index_fingerprints={"web": fp})
 
 
 def test_reruns_scan_only_what_changed(tmp_path: Path, make_spec, dask_client: Client) -> None:

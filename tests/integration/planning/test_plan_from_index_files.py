@@ -14,7 +14,7 @@ import pytest
 from loomdata.planning import PlanResume, make_plan, plan_report, plot_plan
 from loomdata.schemas.errors import StaleIndexError
 from loomdata.schemas.layout import IndexFiles, read_index
-from loomdata.schemas.plan import check_fresh, read_manifest, read_plan
+from loomdata.schemas.plan import ResumeInfo, check_fresh, read_manifest, read_plan
 from loomdata.schemas.spec import Spec, parse_spec
 from loomdata.schemas.tables import SHARDS_SCHEMA, TableKind, write_table
 from loomtest import plancheck
@@ -137,8 +137,6 @@ def test_plan_from_index_files_with_a_long_lane(workdir: Path) -> None:
     assert make_plan(spec).meta.plan_id != meta.plan_id
 
 
-
-
 def test_replan_from_index_files_dp4_to_dp2_at_half_the_steps(workdir: Path) -> None:
     """A job planned for dp 4 resumes at step 20 of 40 on dp 2: same stream, nothing lost or repeated."""
     pc = plancheck
@@ -147,12 +145,9 @@ def test_replan_from_index_files_dp4_to_dp2_at_half_the_steps(workdir: Path) -> 
     spec = _spec(workdir, dp_size=2)
     res = make_plan(spec, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=at))
     meta = read_plan(res.plan_dir)
-    assert meta.parameters["resume"] == {
-        "base_plan_id": base.meta.plan_id,
-        "at_step": at,
-        "base_dp_size": 4,
-        "base_micro_batches": 4,
-    }
+    assert meta.parameters.resume == ResumeInfo(
+        base_plan_id=base.meta.plan_id, at_step=at, base_dp_size=4, base_micro_batches=4
+    )
     check_fresh(meta, {n: read_index(workdir, n, columns=["sample"])[2] for n in meta.sources})
     # steps < S: the base's rows; steps >= S: the new shape
     assert read_manifest(res.plan_dir, meta, 0, at - 1).equals(read_manifest(base.plan_dir, base.meta, 0, at - 1))

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from loomdata.execution._manifest import ManifestSlice
-from loomdata.schemas import MANIFEST_SCHEMA, PLAN_FORMAT_VERSION, ManifestFile, PlanMeta, TableKind, write_table
+from loomdata.schemas import MANIFEST_SCHEMA, ManifestFile, PlanMeta, TableKind, write_table
+from loomtest.plancheck import plan_meta
 
 
 def _plan(tmp: Path, steps: int = 10, ranks: int = 3, mbs: int = 2) -> PlanMeta:
@@ -30,11 +31,7 @@ def _plan(tmp: Path, steps: int = 10, ranks: int = 3, mbs: int = 2) -> PlanMeta:
         rel = f"manifest/steps-{first}-{last}.parquet"
         write_table(part, tmp / rel, TableKind.MANIFEST)
         files.append(ManifestFile(path=rel, first_step=first, last_step=last, rows=part.num_rows))
-    return PlanMeta(
-        format_version=PLAN_FORMAT_VERSION,
-        plan_id="p",
-        spec={},
-        spec_hash="h",
+    return plan_meta(
         sources=["a", "b"],
         index_fingerprints={},
         seed=0,

@@ -11,13 +11,13 @@ import pyarrow as pa
 import pytest
 
 from loomdata.planning import make_plan
-from loomdata.schemas.errors import ContractError, PlanError
+from loomdata.schemas.errors import ContractError, PlanError, SpecError
 
 
-def test_unknown_source_in_the_mixture(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:
-    spec = spec_of(tmp_path, ["web"], weights={"web": 1.0, "wiki": 1.0}, validate=False)
-    with pytest.raises(PlanError, match=r"unknown source\(s\) 'wiki'.*known: web"):
-        make_plan(spec, index={"web": index_of([10] * 50)})
+def test_unknown_source_in_the_mixture_is_refused_by_the_spec(tmp_path: Path, spec_of: Callable[..., Any]) -> None:
+    # the mixture's rules live in parse_spec; planning trusts a validated Spec
+    with pytest.raises(SpecError, match=r"mixture.weights.wiki: unknown source 'wiki' \(known: web\)"):
+        spec_of(tmp_path, ["web"], weights={"web": 1.0, "wiki": 1.0})
 
 
 def test_missing_index_table_for_a_source(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:
@@ -54,19 +54,22 @@ def test_empty_source_with_zero_weight_is_fine(tmp_path: Path, spec_of: Callable
     assert res.meta.summary["mixture"]["code"]["tokens"] == 0
 
 
-def test_schedule_beyond_steps(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:
-    spec = spec_of(
-        tmp_path,
-        ["web"],
-        steps=10,
-        validate=False,
-        schedule=[
-            {"step": 0, "weights": {"web": 1.0}},
-            {"step": 10, "weights": {"web": 1.0}},
-        ],
-    )
-    with pytest.raises(PlanError, match=r"schedule\[1\].step: 10 is beyond training.steps \(10\)"):
-        make_plan(spec, index={"web": index_of([10] * 50)})
+def test_schedule_beyond_steps_is_refused_by_the_spec(tmp_path: Path, spec_of: Callable[..., Any]) -> None:
+    with pytest.raises(SpecError, match=r"schedule\[1\].step: 10 is beyond training.steps \(10\)"):
+        spec_of(
+            tmp_path,
+            ["web"],
+            steps=10,
+            schedule=[{"step": 0, "weights": {"web": 1.0}}, {"step": 10, "weights": {"web": 1.0}}],
+        )
+
+
+def test_fill_sets_the_step_budget(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:
+    spec = spec_of(tmp_path, ["web"], seq_len=64, dp=2, micro_batches=2, steps=5)
+    half = spec.model_copy(update={"planning": spec.planning.model_copy(update={"fill": 0.5})})
+    full, low = (make_plan(s, index={"web": index_of([8] * 2000)}).meta for s in (spec, half))
+    assert (full.parameters.step_budget_tokens, low.parameters.step_budget_tokens) == (245, 128)
+    assert low.summary["tokens"] == 5 * 128 < full.summary["tokens"]
 
 
 def test_max_epochs_names_source_and_step(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:

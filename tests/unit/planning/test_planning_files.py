@@ -14,10 +14,12 @@ import pytest
 
 from loomdata.planning import _manifest as manifest_module
 from loomdata.planning import make_plan, plan_report, plot_plan
-from loomdata.schemas.errors import StaleIndexError
+from loomdata.schemas.errors import ContractError, StaleIndexError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.plan import check_fresh, read_manifest, read_plan
-from loomdata.schemas.tables import SHARDS_SCHEMA, TableKind, write_table
+from loomdata.schemas.spec import parse_spec
+from loomdata.schemas.tables import SHARDS_SCHEMA, TableKind, read_table, table_metadata, write_table
+from loomtest.golden_plans import plan_hashes
 
 
 def _web(n: int = 3000, seed: int = 0) -> np.ndarray:
@@ -111,3 +113,50 @@ def test_plans_from_index_files_and_refuses_a_stale_index(
     with pytest.raises(StaleIndexError, match=r"web \(plan fp-1, index fp-2\).*re-plan"):
         check_fresh(meta, {"web": IndexFiles.of(tmp_path, "web").fingerprint()})
     assert make_plan(spec).meta.plan_id != meta.plan_id  # a new index gives a new plan
+
+
+def test_plan_json_holds_a_typed_spec_and_parameters_and_stamped_report_tables(
+    tmp_path: Path, spec_of: Callable[..., Any], index_of: Any
+) -> None:
+    spec = spec_of(tmp_path, ["web"], steps=12, dp=2, micro_batches=2)
+    res = make_plan(spec, index={"web": index_of(_web())})
+    meta = read_plan(res.plan_dir)
+    assert meta.spec == spec and meta.parameters.fill == spec.planning.fill == 0.96
+    assert meta.parameters.resume is None and meta.parameters.shape_schedule is None
+    for name, kind in (("steps", TableKind.PLAN_STEPS), ("ranks", TableKind.PLAN_RANKS)):
+        path = res.plan_dir / "report" / f"{name}.parquet"
+        assert table_metadata(path)["kind"] == kind.value
+        assert read_table(path, kind).num_rows > 0
+    # an unstamped report (as older planners wrote it) is refused where it is read back
+    steps = res.plan_dir / "report" / "steps.parquet"
+    pq.write_table(pq.read_table(steps).replace_schema_metadata(None), steps)
+    with pytest.raises(ContractError, match="expected a loomdata plan_steps table, found kind 'none'"):
+        plot_plan(res.plan_dir, tmp_path / "p.png")
+    # a plan.json of the previous format is refused with the fix
+    raw = json.loads((res.plan_dir / "plan.json").read_text())
+    (res.plan_dir / "plan.json").write_text(json.dumps({**raw, "format_version": 1}))
+    with pytest.raises(ContractError, match=r"plan format version 1 is not supported.*re-plan"):
+        read_plan(res.plan_dir)
+
+
+def test_plan_id_and_rows_do_not_depend_on_where_the_spec_data_and_workdir_are(tmp_path: Path, index_of: Any) -> None:
+    def spec_in(root: Path) -> Any:
+        raw = {
+            "name": "t",
+            "workdir": "work",  # relative: resolved against the spec's folder
+            "tokenizer": {"kind": "huggingface", "path": "tok/tokenizer.json", "pad_token_id": 3},
+            "sources": [{"name": "web", "format": "parquet", "paths": ["data/*.parquet"], "tokens_field": "ids"}],
+            "mixture": {"weights": {"web": 1.0}},
+            "training": {"seq_len": 128, "steps": 20, "dp_size": 4, "micro_batches": 2},
+        }
+        return parse_spec(raw, root, check_paths=False)
+
+    a, b = spec_in(tmp_path / "here"), spec_in(tmp_path / "there" / "deeper")
+    assert a.workdir != b.workdir and a.tokenizer.path != b.tokenizer.path
+    index = {"web": index_of(_web())}
+    pa_, pb = make_plan(a, index=index), make_plan(b, index=index)
+    assert pa_.meta.plan_id == pb.meta.plan_id
+    assert plan_hashes(pa_.plan_dir) == plan_hashes(pb.plan_dir)
+    # what the spec asks for still counts: another pad token id is another plan
+    other = b.model_copy(update={"tokenizer": b.tokenizer.model_copy(update={"pad_token_id": 4})})
+    assert make_plan(other, index=index).meta.plan_id != pa_.meta.plan_id

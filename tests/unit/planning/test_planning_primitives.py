@@ -61,7 +61,7 @@ def _check_assignment(asg: object, length: np.ndarray, seq_len: int, dp: int, mb
 
 
 def test_balance_step_moves_text_out_to_keep_an_image_sample_whole() -> None:
-    from loomdata.planning._balance import balance_step
+    from loomdata.planning.balance import balance_step
 
     length = np.array([55, 55, 30, 30, 25])
     cost = np.array([6.0, 6.0, 3.0, 3.0, 0.5])  # the image sample comes last, when no slot has 25 free
@@ -87,7 +87,7 @@ def test_balance_step_moves_text_out_to_keep_an_image_sample_whole() -> None:
     st.integers(1, 4),
 )
 def test_balance_step_places_every_token_once_within_capacity(lengths: list[int], dp: int, mb: int) -> None:
-    from loomdata.planning._balance import balance_step
+    from loomdata.planning.balance import balance_step
 
     length = np.array(lengths)
     cap = 100
@@ -111,7 +111,7 @@ def test_balance_step_places_every_token_once_within_capacity(lengths: list[int]
 
 
 def test_balance_step_defers_an_image_sample_no_slot_can_hold() -> None:
-    from loomdata.planning._balance import balance_step
+    from loomdata.planning.balance import balance_step
 
     length = np.array([40, 40, 40, 10])
     asg = balance_step(

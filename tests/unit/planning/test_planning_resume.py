@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from loomdata.planning import PlanResult, PlanResume, make_plan
 from loomdata.schemas.errors import PlanError
-from loomdata.schemas.plan import read_manifest, read_plan
+from loomdata.schemas.plan import StepShape, read_manifest, read_plan
 from loomtest import plancheck as pc
 
 _SKIPPABLE = ("draws no document", "found no room")
@@ -115,8 +115,8 @@ def _check_replan(
         res = _plan_or_skip(spec, index, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=at))
         meta = read_plan(res.plan_dir)
         assert meta == res.meta
-        assert meta.parameters["resume"]["base_plan_id"] == base.meta.plan_id
-        assert meta.parameters["resume"]["at_step"] == at
+        assert meta.parameters.resume is not None
+        assert (meta.parameters.resume.base_plan_id, meta.parameters.resume.at_step) == (base.meta.plan_id, at)
         assert meta.dp_size == new_kw["dp"] and meta.steps == new_kw["steps"]
 
         # (a) steps < S are the base's rows, byte for byte
@@ -195,13 +195,13 @@ def test_replan_dp4_to_dp2_balances_the_new_steps_and_chains(tmp_path: Path, spe
     assert resumed["mean"] <= 1.03
     assert resumed["max"] <= max(1.1, fresh.meta.summary["imbalance"]["loomdata"]["max"] + 0.05)
     assert mid.meta.summary["worst_mixture_error_pp"] < 1.5
-    assert mid.meta.parameters["shape_schedule"] == [
-        {"from_step": 0, "dp_size": 4, "micro_batches": 4},
-        {"from_step": 15, "dp_size": 2, "micro_batches": 4},
+    assert mid.meta.parameters.shape_schedule == [
+        StepShape(from_step=0, dp_size=4, micro_batches=4),
+        StepShape(from_step=15, dp_size=2, micro_batches=4),
     ]
     spec3 = spec_of(tmp_path, ["web", "code"], dp=3, **shape)
     last = make_plan(spec3, index=index, resume_from=PlanResume(plan_dir=mid.plan_dir, at_step=24))
-    assert [s["dp_size"] for s in last.meta.parameters["shape_schedule"]] == [4, 2, 3]
+    assert [s.dp_size for s in last.meta.parameters.shape_schedule or []] == [4, 2, 3]
     assert read_manifest(last.plan_dir, last.meta, 0, 23).equals(read_manifest(mid.plan_dir, mid.meta, 0, 23))
     m = read_manifest(last.plan_dir, last.meta)
     lengths = {n: t["num_tokens"].to_numpy() for n, t in index.items()}
@@ -272,7 +272,7 @@ def test_incompatible_sources_index_and_steps_are_all_listed(tmp_path: Path, spe
     base, index = _incompatible(tmp_path, spec_of)
     spec = spec_of(tmp_path, ["web", "code"], seq_len=512, steps=12, dp=2)
     changed = {**index, "code": _table(np.full(100, 50), np.zeros(100))}
-    with pytest.raises(PlanError, match=r"index fingerprints differ: code \(base mem-"):
+    with pytest.raises(PlanError, match=r"index fingerprints differ: code \(plan mem-"):
         make_plan(spec, index=changed, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=6))
     other = spec_of(tmp_path, ["code", "web"], seq_len=512, steps=12, dp=2)
     with pytest.raises(PlanError, match=r"sources differ \(base \['web', 'code'\], spec \['code', 'web'\]\)"):

@@ -1,11 +1,12 @@
-"""The balancer's local search (_balance._refine) for a block of independent steps at once.
+"""The balancer's local search for a block of steps at once, after their LPT rounds and leftovers.
 
-Per step and round, _refine moves or swaps one short segment between the most and the least loaded
-rank, choosing among (at most _MAX_CANDIDATES evenly spaced) segments of those two ranks the pair whose
-cost difference is nearest half the gap. Here every round does that for all steps of the block still
-refining: each step's candidates are laid out in a padded (steps, |a|, 1 + |b|) grid whose valid
-entries keep their order, so the first best entry is the one _refine picks, and the updates are the
-same float operations in the same order. The plans are the same bytes.
+Per step and round it moves or swaps one short segment between the most and the least loaded rank,
+choosing among (at most MAX_CANDIDATES evenly spaced) segments of those two ranks the pair whose cost
+difference is nearest half the gap (moving a to lo: delta c_a; swapping a and b: c_a - c_b; the best
+delta is gap/2), while that lowers the maximum (at most SWAP_ROUNDS rounds; a step stops once its
+ranks differ by less than TOLERANCE of the maximum). Every round does that for all steps of the block
+still refining: each step's candidates are laid out in a padded (steps, |a|, 1 + |b|) grid whose
+valid entries keep their order, so the first best entry is the one a step alone would pick.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from loomdata.planning._balance import _MAX_CANDIDATES, _SWAP_ROUNDS, _TOLERANCE, Dealt
+from loomdata.planning.balance._state import Dealt
+
+SWAP_ROUNDS = 16
+TOLERANCE = 1e-3  # stop refining once the most and least loaded ranks differ by less than this fraction
+MAX_CANDIDATES = 512  # segments per rank considered by one refinement round
 
 __all__ = ["refine_many"]
 
@@ -25,8 +30,8 @@ def _grid(members: np.ndarray, step: np.ndarray, n_steps: int) -> tuple[np.ndarr
     first = np.zeros(n_steps + 1, dtype=np.int64)
     np.cumsum(count, out=first[1:])
     at = np.arange(len(members)) - first[step]  # position within its step's members
-    stride = -(-count // _MAX_CANDIDATES)  # as _subsample: every stride-th once there are too many
-    stride[count <= _MAX_CANDIDATES] = 1
+    stride = -(-count // MAX_CANDIDATES)  # every stride-th once there are too many
+    stride[count <= MAX_CANDIDATES] = 1
     keep = at % stride[step] == 0
     members, step, at = members[keep], step[keep], at[keep] // stride[step[keep]]
     n = np.bincount(step, minlength=n_steps)
@@ -38,7 +43,7 @@ def _grid(members: np.ndarray, step: np.ndarray, n_steps: int) -> tuple[np.ndarr
 def refine_many(
     dealt: Sequence[Dealt], costs: Sequence[np.ndarray], steps: Sequence[int], lanes_of: Sequence[np.ndarray]
 ) -> None:
-    """Run _refine on the given steps of `dealt` (cost and lane arrays of each), all at once."""
+    """Local search on the given steps of `dealt` (cost and lane arrays of each), all at once."""
     if not steps:
         return
     dp = dealt[steps[0]].st.cost.shape[0]
@@ -59,28 +64,32 @@ def refine_many(
     lane3 = np.stack([d.st.lane for d in ds])
     rc = np.stack([d.st.rank_cost for d in ds])
     dummy = len(g_cost) - 1
+    # (step, rank) of every movable item as one key (non-movable: a key no round asks for), so a round finds
+    # the members of each step's most and least loaded rank with one gather over the block's items
+    n_keys = len(ds) * dp
+    key = np.where(movable, step_of * dp + p_rank, n_keys)
     act = np.arange(len(ds))
-    for _ in range(_SWAP_ROUNDS):
+    for _ in range(SWAP_ROUNDS):
         if len(act) == 0:
             break
         hi = rc[act].argmax(axis=1)
         lo = rc[act].argmin(axis=1)
         gap = rc[act, hi] - rc[act, lo]
-        go = ~(gap <= _TOLERANCE * rc[act, hi])
+        go = ~(gap <= TOLERANCE * rc[act, hi])
         act, hi, lo, gap = act[go], hi[go], lo[go], gap[go]
         if len(act) == 0:
             break
         na = len(act)
         slot = np.full(len(ds), -1, dtype=np.int64)
         slot[act] = np.arange(na)
-        sl = slot[step_of]
-        in_act = sl >= 0
-        hi_of = np.where(in_act, hi[np.maximum(sl, 0)], -2)
-        lo_of = np.where(in_act, lo[np.maximum(sl, 0)], -2)
-        ia = np.flatnonzero(movable & (p_rank == hi_of))
-        ib = np.flatnonzero(movable & (p_rank == lo_of))
-        a, n_a = _grid(ia, sl[ia], na)
-        b, _ = _grid(ib, sl[ib], na)
+        tag = np.zeros(n_keys + 1, dtype=np.int8)
+        tag[act * dp + hi] = 1
+        tag[act * dp + lo] = 2
+        t_item = tag[key]
+        ia = np.flatnonzero(t_item == 1)
+        ib = np.flatnonzero(t_item == 2)
+        a, n_a = _grid(ia, slot[step_of[ia]], na)
+        b, _ = _grid(ib, slot[step_of[ib]], na)
         if a.shape[1] == 0:  # no step has a movable segment on its most loaded rank
             break
         has_a = n_a > 0
@@ -121,6 +130,7 @@ def refine_many(
         cost3[s_, l_, mbj] += c_a
         room3[s_, l_, mbj] -= l_a
         p_rank[item_a], p_mb[item_a] = l_, mbj
+        key[item_a] = s_ * dp + l_
         sw = j_ > 0
         if sw.any():
             rs = r[sw]
@@ -131,6 +141,7 @@ def refine_many(
             cost3[s_[sw], h_[sw], ma_i[sw]] += c_b
             room3[s_[sw], h_[sw], ma_i[sw]] -= l_b
             p_rank[item_b], p_mb[item_b] = h_[sw], ma_i[sw]
+            key[item_b] = s_[sw] * dp + h_[sw]
         dl = delta[r, i_, j_]
         rc[s_, h_] -= dl
         rc[s_, l_] += dl
@@ -141,4 +152,3 @@ def refine_many(
         d.st.rank_cost[...] = rc[k]
         d.p_rank[...] = p_rank[off[k] : off[k + 1]]
         d.p_mb[...] = p_mb[off[k] : off[k + 1]]
-        d.refined = True

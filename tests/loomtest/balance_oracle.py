@@ -1,32 +1,15 @@
-"""Cost-balanced assignment of one step's segments to (dp_rank, micro_batch) slots, packing as it goes.
+"""Test oracle: the planner's per-step balancer as it was before the block code became the only one.
 
-Every step has dp_size x micro_batches slots; a slot holds one packed sequence. Lanes share a step by
-slots: long-lane segments are first packed next-fit-decreasing into long sequences (capacity
-long_context.seq_len), and each long sequence takes one whole free slot, least loaded rank first (its
-Batch has lane 1 and long_context.seq_len tokens, split over long_context.cp_size context-parallel
-ranks, so it weighs cost / cp on its dp rank); all other slots are short-lane sequences of capacity
-seq_len. Membership guarantees the short tokens fit the slots left over (see _mixture).
-
-The balancer is a vectorised LPT that packs while it balances: segments sorted by cost, largest first,
-are dealt in rounds; in a round the i-th largest goes to the i-th least loaded rank, into that rank's
-least loaded micro-batch with room (so micro-batches within a rank are even too). A round serves only
-the ranks sequential LPT would serve before the least loaded rank gets a second segment (load within
-the round's largest cost of the minimum), so ranks made heavy by a long sequence or a big segment sit
-out until the others catch up; with even loads a round is dp_size wide. A segment whose rank has no
-slot with room goes at once to the least loaded rank that has one (vectorised passes). What still
-fits nowhere whole is placed at the end: whole if room appeared, else text is split over the slots
-with most room (rare: a few per cent of steps at small dp); an image sample is never split: text is
-moved out of a slot to make room, and if no slot can (every slot full of image samples) it is deferred
-to the next step, where it goes first. Finally a local search moves or swaps one segment between the
-most and the least loaded ranks while that lowers the maximum (bounded rounds).
-The lower bound is LB = max(total cost / dp_size, largest segment cost).
-
-Cost: O(segments/dp) rounds of O(dp log dp) NumPy work per step; no per-segment Python loop except
-for the rare leftovers.
+Copied from loomdata.planning._balance (`balance_step` with `_lpt_rounds`, leftovers and `_refine`) and
+_baseline (`baseline_sequences`) at 00541df, with the switch to the block code removed, plus the
+per-step chain of _plan._plan_step (carry in, balance, defer, baseline). tests/unit/planning/
+test_balance_oracle.py checks that loomdata.planning.balance (the block code) gives the same bytes.
+Keep it as it is: it is the reference, not code to improve.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +19,39 @@ from loomdata.planning._packing import Lanes, next_fit
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import CostSpec
 
-__all__ = ["Assignment", "Dealt", "balance_step", "deal_baseline", "prepare_step"]
+__all__ = ["OracleStep", "balance_chain", "balance_step", "baseline_sequences"]
+
+_BASELINE_SALT = 0xBA5E
+
+
+def _perm(t: int, seed: int, n: int) -> np.ndarray:
+    return np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, _BASELINE_SALT, t]).permutation(n)
+
+
+def baseline_sequences(t: int, seed: int, length: np.ndarray, lane: np.ndarray, lanes: Lanes) -> np.ndarray:
+    """Baseline sequence id of every segment: shuffled, next-fit per lane, sequences in stream order."""
+    n = len(length)
+    perm = _perm(t, seed, n)
+    seq_local = np.zeros(n, dtype=np.int64)
+    firsts = []
+    lp = lane[perm]
+    offset = 0
+    for ln in (0, 1):
+        pos = np.flatnonzero(lp == ln)
+        if len(pos) == 0:
+            continue
+        cap = lanes.seq_len if ln == 0 else int(lanes.long_seq_len or 0)
+        ids = next_fit(length[perm[pos]], cap)
+        seq_local[pos] = ids + offset
+        firsts.append(pos[np.flatnonzero(np.diff(ids, prepend=-1))])  # where each sequence starts
+        offset += int(ids[-1]) + 1
+    first = np.concatenate(firsts)
+    rank_of_seq = np.empty(len(first), dtype=np.int64)
+    rank_of_seq[np.argsort(first, kind="stable")] = np.arange(len(first))
+    out = np.empty(n, dtype=np.int64)
+    out[perm] = rank_of_seq[seq_local]
+    return out
+
 
 _SWAP_ROUNDS = 16
 _TOLERANCE = 1e-3  # stop refining once the most and least loaded ranks differ by less than this fraction
@@ -87,7 +102,6 @@ class Dealt:
     order: np.ndarray  # short items in dealing order
     long_idx: np.ndarray  # long-lane items
     length: np.ndarray  # int64
-    refined: bool = False  # the local search is done too (refine_many; only for steps with no leftovers)
 
 
 def prepare_step(
@@ -99,32 +113,25 @@ def prepare_step(
     micro_batches: int,
     lanes: Lanes,
     carried: int = 0,
-    views: tuple[_Slots, np.ndarray, np.ndarray] | None = None,
-    order: np.ndarray | None = None,
 ) -> Dealt:
-    """Empty slots (or the given views of a block's state), long-lane sequences placed, the short items' order
-    (or the given one, computed for a block)."""
+    """Empty slots, long-lane sequences placed, the short items' order."""
     length = length.astype(np.int64)
     n = len(length)
-    if views is None:
-        st = _Slots(
-            cost=np.zeros((dp, micro_batches)),
-            room=np.full((dp, micro_batches), lanes.seq_len, dtype=np.int64),
-            lane=np.zeros((dp, micro_batches), dtype=np.uint8),
-            rank_cost=np.zeros(dp),
-        )
-        p_rank = np.full(n, -1, dtype=np.int64)
-        p_mb = np.full(n, -1, dtype=np.int64)
-    else:
-        st, p_rank, p_mb = views
+    st = _Slots(
+        cost=np.zeros((dp, micro_batches)),
+        room=np.full((dp, micro_batches), lanes.seq_len, dtype=np.int64),
+        lane=np.zeros((dp, micro_batches), dtype=np.uint8),
+        rank_cost=np.zeros(dp),
+    )
+    p_rank = np.full(n, -1, dtype=np.int64)
+    p_mb = np.full(n, -1, dtype=np.int64)
     is_long = lane == 1
     long_idx = is_long.nonzero()[0]
     if len(long_idx):
         _place_long(long_idx, length, cost, st, p_rank, p_mb, lanes, float(cost.sum()))
-    if order is None:
-        short = (~is_long).nonzero()[0]
-        # items carried over from the previous step go first (into empty slots), then all others largest first
-        order = short[np.lexsort((-cost[short], short >= carried))]
+    short = (~is_long).nonzero()[0]
+    # items carried over from the previous step go first (into empty slots), then all others largest first
+    order = short[np.lexsort((-cost[short], short >= carried))]
     return Dealt(st, p_rank, p_mb, order, long_idx, length)
 
 
@@ -139,16 +146,13 @@ def balance_step(
     lanes: Lanes,
     cost_spec: CostSpec,
     carried: int = 0,
-    dealt: Dealt | None = None,
 ) -> Assignment:
     """Assign a step's segments (length, cost, lane, splittable) to dp x micro_batches slots.
 
-    The first `carried` items were deferred by the previous step; they are placed first. `dealt`: the
-    step already prepared and dealt its LPT rounds (by deal_many, for a block of steps; no carried items).
+    The first `carried` items were deferred by the previous step; they are placed first.
     """
-    if dealt is None:
-        dealt = prepare_step(length, cost, lane, dp=dp, micro_batches=micro_batches, lanes=lanes, carried=carried)
-        _lpt_rounds(dealt.order, dealt.length, cost, dealt.st, dealt.p_rank, dealt.p_mb)
+    dealt = prepare_step(length, cost, lane, dp=dp, micro_batches=micro_batches, lanes=lanes, carried=carried)
+    _lpt_rounds(dealt.order, dealt.length, cost, dealt.st, dealt.p_rank, dealt.p_mb)
     st, p_rank, p_mb, order, long_idx, length = (
         dealt.st,
         dealt.p_rank,
@@ -159,8 +163,7 @@ def balance_step(
     )
     is_long = lane == 1
     extra = _place_leftovers(order[p_rank[order] < 0], length, cost, splittable, st, p_rank, p_mb, lanes, cost_spec)
-    if not dealt.refined:
-        _refine(length, cost, st, p_rank, p_mb, is_long)
+    _refine(length, cost, st, p_rank, p_mb, is_long)
 
     # manifest order: by slot, then placement order (long items, LPT order, split pieces)
     placed = np.concatenate([long_idx, order]) if len(long_idx) else order
@@ -477,19 +480,59 @@ def _refine(
         st.rank_cost[lo] += delta[i, j]
 
 
-def deal_baseline(seq_of_item: np.ndarray, item_cost: np.ndarray, dp: int, micro_batches: int) -> np.ndarray:
-    """Per-rank time of the baseline for the step's tokens: sequences dealt round-robin (j to rank j % dp).
+@dataclass(frozen=True, slots=True)
+class OracleStep:
+    """One step as the per-step planner balanced it: its segment columns (carried-in first), costs, the
+    assignment, the in-step mask, the carry into the next step and the baseline's sequences."""
 
-    The baseline packs less densely, so it may need more or fewer sequences (n) than the step's
-    dp * micro_batches slots. In steady state each rank runs micro_batches of its sequences per step and
-    the step's tokens take n / (dp * micro_batches) steps: a rank's time is its cost scaled to
-    micro_batches sequences, times that step count. This neither penalises the baseline for the
-    planner's fill nor lets it overfill a step.
-    """
-    n_seq = int(seq_of_item.max()) + 1 if len(seq_of_item) else 0
-    seq_cost = np.bincount(seq_of_item, weights=item_cost, minlength=n_seq)
-    rank_of_seq = np.arange(n_seq) % dp
-    cost = np.bincount(rank_of_seq, weights=seq_cost, minlength=dp)
-    count = np.bincount(rank_of_seq, minlength=dp)
-    per_step = cost * micro_batches / np.maximum(count, 1)
-    return per_step * (n_seq / (dp * micro_batches))
+    cols: tuple[np.ndarray, ...]  # (source, sample, offset, length, lane, image tokens)
+    cost: np.ndarray
+    asg: Assignment
+    in_step: np.ndarray
+    carry: tuple[np.ndarray, ...] | None
+    base_seq: np.ndarray
+
+
+def balance_chain(
+    first_step: int,
+    steps: Sequence[tuple[tuple[np.ndarray, ...], np.ndarray]],
+    carry: tuple[np.ndarray, ...] | None,
+    *,
+    dp: int,
+    micro_batches: int,
+    lanes: Lanes,
+    cost_spec: CostSpec,
+    seed: int,
+) -> list[OracleStep]:
+    """Balance consecutive steps (their segment columns and costs) one by one as _plan._plan_step did."""
+    out = []
+    for i, (drawn, cost) in enumerate(steps):
+        t = first_step + i
+        if carry is not None:
+            drawn = tuple(np.concatenate([c, d]) for c, d in zip(carry, drawn, strict=True))
+            c_cost = segment_cost(carry[3], carry[5], cost_spec, lanes.cp(carry[4]))
+            cost = np.concatenate([c_cost, cost])
+        src_id, sample, offset, length, lane, img = drawn
+        asg = balance_step(
+            length,
+            cost,
+            lane,
+            img == 0,
+            dp=dp,
+            micro_batches=micro_batches,
+            lanes=lanes,
+            cost_spec=cost_spec,
+            carried=0 if carry is None else len(carry[0]),
+        )
+        next_carry = None
+        in_step = np.ones(len(length), dtype=bool)
+        if len(asg.deferred):
+            d, delta, rest = asg.deferred.T
+            next_carry = (src_id[d], sample[d], (offset[d] + delta).astype(np.uint32), rest, lane[d], img[d])
+            in_step[d[delta == 0]] = False
+        base_seq = baseline_sequences(t, seed, length[in_step], lane[in_step], lanes)
+        out.append(OracleStep(drawn, cost, asg, in_step, next_carry, base_seq))
+        if next_carry is not None and len(next_carry[0]) > dp * micro_batches:
+            raise PlanError(f"step {t}: {len(next_carry[0])} samples with images found no room")
+        carry = next_carry
+    return out

@@ -1,10 +1,10 @@
 """The baseline's sequences: a step's segments shuffled (seeded by step), packed next-fit per lane.
 
 Sequence ids are numbered in stream order (by the position of each sequence's first segment in the
-shuffled order); deal_baseline (see _balance) deals them round-robin. `baseline_sequences` does one
-step; `baseline_sequences_many` does a block of steps with one next_fit per lane: the steps' shuffled
-segments are laid end to end with a separator of exactly one sequence's capacity before each step's
-first segment, so no sequence spans two steps and every step's ids come out as they do alone.
+shuffled order); deal_baseline deals them round-robin. `baseline_sequences_many` does a block of steps
+with one next_fit per lane: the steps' shuffled segments are laid end to end with a separator of exactly
+one sequence's capacity before each step's first segment, so no sequence spans two steps and every
+step's ids come out as they do alone.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 
 from loomdata.planning._packing import Lanes, next_fit
 
-__all__ = ["baseline_sequences", "baseline_sequences_many"]
+__all__ = ["baseline_sequences_many", "deal_baseline"]
 
 _BASELINE_SALT = 0xBA5E
 
@@ -24,35 +24,11 @@ def _perm(t: int, seed: int, n: int) -> np.ndarray:
     return np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, _BASELINE_SALT, t]).permutation(n)
 
 
-def baseline_sequences(t: int, seed: int, length: np.ndarray, lane: np.ndarray, lanes: Lanes) -> np.ndarray:
-    """Baseline sequence id of every segment: shuffled, next-fit per lane, sequences in stream order."""
-    n = len(length)
-    perm = _perm(t, seed, n)
-    seq_local = np.zeros(n, dtype=np.int64)
-    firsts = []
-    lp = lane[perm]
-    offset = 0
-    for ln in (0, 1):
-        pos = np.flatnonzero(lp == ln)
-        if len(pos) == 0:
-            continue
-        cap = lanes.seq_len if ln == 0 else int(lanes.long_seq_len or 0)
-        ids = next_fit(length[perm[pos]], cap)
-        seq_local[pos] = ids + offset
-        firsts.append(pos[np.flatnonzero(np.diff(ids, prepend=-1))])  # where each sequence starts
-        offset += int(ids[-1]) + 1
-    first = np.concatenate(firsts)
-    rank_of_seq = np.empty(len(first), dtype=np.int64)
-    rank_of_seq[np.argsort(first, kind="stable")] = np.arange(len(first))
-    out = np.empty(n, dtype=np.int64)
-    out[perm] = rank_of_seq[seq_local]
-    return out
-
-
 def baseline_sequences_many(
     ts: Sequence[int], seed: int, steps: Sequence[tuple[np.ndarray, np.ndarray]], lanes: Lanes
 ) -> list[np.ndarray]:
-    """baseline_sequences of steps ts (their (length, lane) each), computed for all of them at once."""
+    """Baseline sequence id of every segment of steps ts (their (length, lane) each): shuffled (seeded by step),
+    next-fit per lane, sequences numbered in stream order within each step."""
     perms = [_perm(t, seed, len(length)) for t, (length, _) in zip(ts, steps, strict=True)]
     ns = np.array([len(p) for p in perms], dtype=np.int64)
     off = np.zeros(len(ns) + 1, dtype=np.int64)
@@ -91,3 +67,21 @@ def baseline_sequences_many(
         o[p] = seq[off[i] : off[i + 1]]
         out.append(o)
     return out
+
+
+def deal_baseline(seq_of_item: np.ndarray, item_cost: np.ndarray, dp: int, micro_batches: int) -> np.ndarray:
+    """Per-rank time of the baseline for the step's tokens: sequences dealt round-robin (j to rank j % dp).
+
+    The baseline packs less densely, so it may need more or fewer sequences (n) than the step's
+    dp * micro_batches slots. In steady state each rank runs micro_batches of its sequences per step and
+    the step's tokens take n / (dp * micro_batches) steps: a rank's time is its cost scaled to
+    micro_batches sequences, times that step count. This neither penalises the baseline for the
+    planner's fill nor lets it overfill a step.
+    """
+    n_seq = int(seq_of_item.max()) + 1 if len(seq_of_item) else 0
+    seq_cost = np.bincount(seq_of_item, weights=item_cost, minlength=n_seq)
+    rank_of_seq = np.arange(n_seq) % dp
+    cost = np.bincount(rank_of_seq, weights=seq_cost, minlength=dp)
+    count = np.bincount(rank_of_seq, minlength=dp)
+    per_step = cost * micro_batches / np.maximum(count, 1)
+    return per_step * (n_seq / (dp * micro_batches))

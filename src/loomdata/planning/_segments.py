@@ -1,0 +1,37 @@
+"""Segments: the pieces of documents a step holds, as named columns (one entry per segment)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Segments"]
+
+_COLUMNS = ("source", "sample", "offset", "length", "lane", "image_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """Columns of a run of segments: which source and sample, where in the sample, how long, which lane,
+    and the sample's image tokens (non-zero only for a whole sample with images, which is never split)."""
+
+    source: np.ndarray  # uint16 source id (index into the plan's sources)
+    sample: np.ndarray  # uint64 sample id
+    offset: np.ndarray  # uint32 first token of the segment within the sample
+    length: np.ndarray  # int64 tokens
+    lane: np.ndarray  # uint8: 0 short, 1 long
+    image_tokens: np.ndarray  # uint32
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Segments]) -> Segments:
+        """The parts one after the other (column by column)."""
+        return cls(*(np.concatenate([getattr(p, c) for p in parts]) for c in _COLUMNS))
+
+    def take(self, idx: np.ndarray | slice) -> Segments:
+        """The segments at `idx` (an index array, a mask or a slice), in that order."""
+        return Segments(*(getattr(self, c)[idx] for c in _COLUMNS))

@@ -1,0 +1,39 @@
+"""Cost-balanced assignment of steps' segments to (dp_rank, micro_batch) slots, packing as it goes.
+
+Every step has dp_size x micro_batches slots; a slot holds one packed sequence. Lanes share a step by
+slots: long-lane segments are first packed next-fit-decreasing into long sequences (capacity
+long_context.seq_len), and each long sequence takes one whole free slot, least loaded rank first (its
+Batch has lane 1 and long_context.seq_len tokens, split over long_context.cp_size context-parallel
+ranks, so it weighs cost / cp on its dp rank); all other slots are short-lane sequences of capacity
+seq_len. Membership guarantees the short tokens fit the slots left over (see _mixture).
+
+One implementation, run a block of consecutive steps at a time (_block; a block may be one step):
+- _deal: a vectorised LPT that packs while it balances (segments largest first, dealt in rounds to
+  the least loaded ranks, into each rank's least loaded micro-batch with room); items carried in from
+  the step before go first;
+- _leftovers: what fits nowhere whole when its turn came is placed whole if room appeared, else text
+  is split over the slots with most room; an image sample is never split (text is moved out to make
+  room, or it is deferred to the next step);
+- _refine: a local search moves or swaps one segment between the most and the least loaded ranks
+  while that lowers the maximum (bounded rounds);
+- _baseline: the comparison baseline (shuffled, next-fit per lane, dealt round-robin).
+The lower bound is LB = max(total cost / dp_size, largest segment cost).
+
+Cost: O(segments/dp) rounds of O(dp log dp) NumPy work per step, run for all steps of a block at once
+(at small dp NumPy's fixed cost per call would dominate); no per-segment Python loop except for the
+rare leftovers.
+"""
+
+from loomdata.planning.balance._baseline import baseline_sequences_many, deal_baseline
+from loomdata.planning.balance._block import BalanceConfig, BalancedStep, balance_block, balance_step
+from loomdata.planning.balance._state import Assignment
+
+__all__ = [
+    "Assignment",
+    "BalanceConfig",
+    "BalancedStep",
+    "balance_block",
+    "balance_step",
+    "baseline_sequences_many",
+    "deal_baseline",
+]

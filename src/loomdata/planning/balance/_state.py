@@ -1,0 +1,176 @@
+"""The balancer's per-step slot state and the placements every phase shares (commit, place whole, long lane)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from loomdata.planning._packing import Lanes, next_fit
+from loomdata.schemas.errors import PlanError
+
+__all__ = ["Assignment", "Dealt", "Slots", "commit", "place_long", "place_whole", "place_whole_many", "prepare"]
+
+FALLBACK_PASSES = 3  # vectorised passes for segments whose rank was full, before going one by one
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Placed pieces of a step's items, in manifest order (rank, micro-batch, placement order)."""
+
+    item: np.ndarray  # int64 index into the step's items
+    delta: np.ndarray  # int64 tokens into the item where the piece starts (0 unless split)
+    length: np.ndarray  # int64 tokens of the piece
+    rank: np.ndarray  # int64
+    micro_batch: np.ndarray  # int64
+    lane: np.ndarray  # uint8
+    rank_cost: np.ndarray  # float64 [dp]
+    slot_cost: np.ndarray  # float64 [dp, micro_batches]
+    # int64 [n, 3] (item, offset delta, tokens) the step had no room for; the next step takes them first
+    deferred: np.ndarray
+
+
+@dataclass(slots=True)
+class Slots:
+    """Mutable slot state of one step (often views of a block's (steps, dp, micro_batches) arrays)."""
+
+    cost: np.ndarray  # [dp, mb]
+    room: np.ndarray  # [dp, mb] free tokens (0 for long slots)
+    lane: np.ndarray  # [dp, mb]
+    rank_cost: np.ndarray  # [dp]
+
+
+@dataclass(slots=True)
+class Dealt:
+    """A step after long-lane placement and the LPT rounds: slot state, placements and the dealing order."""
+
+    st: Slots
+    p_rank: np.ndarray  # int64 rank of each item, -1 while unplaced
+    p_mb: np.ndarray  # int64 micro-batch of each item, -1 while unplaced
+    order: np.ndarray  # short items in dealing order
+    long_idx: np.ndarray  # long-lane items
+    length: np.ndarray  # int64
+
+
+def prepare(
+    length: np.ndarray,
+    cost: np.ndarray,
+    lane: np.ndarray,
+    st: Slots,
+    p_rank: np.ndarray,
+    p_mb: np.ndarray,
+    order: np.ndarray,
+    lanes: Lanes,
+) -> Dealt:
+    """A step's empty slot state with its long-lane sequences placed, ready to deal `order` (its short items)."""
+    length = length.astype(np.int64)
+    long_idx = (lane == 1).nonzero()[0]
+    if len(long_idx):
+        place_long(long_idx, length, cost, st, p_rank, p_mb, lanes, float(cost.sum()))
+    return Dealt(st, p_rank, p_mb, order, long_idx, length)
+
+
+def place_long(
+    idx: np.ndarray,
+    length: np.ndarray,
+    cost: np.ndarray,
+    st: Slots,
+    p_rank: np.ndarray,
+    p_mb: np.ndarray,
+    lanes: Lanes,
+    total_cost: float,
+) -> None:
+    """Pack long-lane segments into long sequences (next-fit decreasing) and give each sequence a whole
+    free slot: in rounds, the largest sequences to the least loaded ranks that still have a free slot."""
+    cap = int(lanes.long_seq_len or 0)
+    by_len = np.argsort(-length[idx], kind="stable")
+    bins = np.empty(len(idx), dtype=np.int64)
+    bins[by_len] = next_fit(length[idx][by_len], cap)
+    dp, mb = st.cost.shape
+    # a long sequence heavier than half a rank's fair share is unpacked: one document per sequence
+    # (membership left a slot for every long segment, and padding costs nothing)
+    heavy_cap = max(total_cost / dp / 2, float(cost[idx].max()))
+    heavy = np.bincount(bins, weights=cost[idx])[bins] > heavy_cap
+    if heavy.any():
+        bins[heavy] = bins.max() + 1 + np.arange(int(heavy.sum()))
+        _, bins = np.unique(bins, return_inverse=True)
+    n_bins = int(bins.max()) + 1
+    bin_cost = np.bincount(bins, weights=cost[idx], minlength=n_bins)
+    if n_bins > dp * mb:
+        raise PlanError(f"a step needs {n_bins} long sequences but has only {dp * mb} slots; raise micro_batches")
+    bin_rank = np.empty(n_bins, dtype=np.int64)
+    bin_mb = np.empty(n_bins, dtype=np.int64)
+    todo = np.argsort(-bin_cost, kind="stable")
+    while len(todo):
+        free = (st.lane == 0) & (st.room == lanes.seq_len)
+        open_ranks = np.flatnonzero(free.any(axis=1))
+        ranks = open_ranks[np.argsort(st.rank_cost[open_ranks], kind="stable")][: len(todo)]
+        now, todo = todo[: len(ranks)], todo[len(ranks) :]
+        m = free[ranks].argmax(axis=1)
+        st.lane[ranks, m] = 1
+        st.room[ranks, m] = 0
+        st.cost[ranks, m] += bin_cost[now]
+        st.rank_cost[ranks] += bin_cost[now]
+        bin_rank[now] = ranks
+        bin_mb[now] = m
+    p_rank[idx] = bin_rank[bins]
+    p_mb[idx] = bin_mb[bins]
+
+
+def commit(
+    st: Slots,
+    items: np.ndarray,
+    ranks: np.ndarray,
+    mbs: np.ndarray,
+    length: np.ndarray,
+    cost: np.ndarray,
+    p_rank: np.ndarray,
+    p_mb: np.ndarray,
+) -> None:
+    """Record placements of `items` (each (rank, micro-batch) pair at most once): costs, room, and where."""
+    st.cost[ranks, mbs] += cost
+    st.room[ranks, mbs] -= length
+    st.rank_cost[ranks] += cost
+    p_rank[items] = ranks
+    p_mb[items] = mbs
+
+
+def place_whole(i: int, length: np.ndarray, cost: np.ndarray, st: Slots, p_rank: np.ndarray, p_mb: np.ndarray) -> bool:
+    """Put item i whole into the least loaded rank that has a slot with room (its least loaded such slot)."""
+    need = int(length[i])
+    fits = st.room >= need
+    has = fits.any(axis=1)
+    if not has.any():
+        return False
+    r = int(np.argmin(np.where(has, st.rank_cost, np.inf)))
+    m = int(np.argmin(np.where(fits[r], st.cost[r], np.inf)))
+    commit(st, np.array([i]), np.array([r]), np.array([m]), np.array([need]), cost[[i]], p_rank, p_mb)
+    return True
+
+
+def place_whole_many(
+    items: np.ndarray, length: np.ndarray, cost: np.ndarray, st: Slots, p_rank: np.ndarray, p_mb: np.ndarray
+) -> None:
+    """Place items whose rank was full: a few vectorised passes pairing them (largest first) with the least
+    loaded ranks that have room, then one by one; items no rank can hold whole stay for the leftover pass."""
+    items = items[np.argsort(-cost[items], kind="stable")]
+    for _ in range(FALLBACK_PASSES):
+        if len(items) == 0:
+            return
+        cand = np.flatnonzero(st.room.max(axis=1) >= length[items].min())
+        if len(cand) == 0:
+            return
+        cand = cand[np.argsort(st.rank_cost[cand], kind="stable")][: len(items)]
+        head, items = items[: len(cand)], items[len(cand) :]
+        ln = length[head]
+        sc = np.where(st.room[cand] >= ln[:, None], st.cost[cand], np.inf)
+        m = sc.argmin(axis=1)
+        ok = sc[np.arange(len(cand)), m] < np.inf
+        i, r, m, ln = head[ok], cand[ok], m[ok], ln[ok]
+        commit(st, i, r, m, ln, cost[i], p_rank, p_mb)
+        if ok.all() and len(items) == 0:
+            return
+        items = np.concatenate([head[~ok], items])
+        items = items[np.argsort(-cost[items], kind="stable")]
+    for i in items:
+        place_whole(int(i), length, cost, st, p_rank, p_mb)

@@ -67,3 +67,24 @@ def test_a_rewrite_that_changes_lengths_changes_the_fingerprint(tmp_path: Path, 
     second = build_index(spec, dask_client).sources["books"]
     assert second.rescanned == 1
     assert second.fingerprint != first.fingerprint
+
+
+def test_same_data_and_spec_elsewhere_give_the_same_plan(tmp_path: Path, dask_client: Client) -> None:
+    """Index and plan one corpus in two folders: the same plan id and the same manifest rows."""
+    from loomdata.planning import make_plan
+    from loomdata.schemas import read_manifest
+
+    a, b = tmp_path / "a", tmp_path / "moved" / "b"
+    _generate(a)
+    b.parent.mkdir()
+    _copy_with_new_times(a, b)
+    plans = []
+    for root in (a, b):
+        spec = load_spec(root / "configs" / "demo.yaml")
+        build_index(spec, dask_client)
+        plans.append(make_plan(spec))
+    pa_, pb_ = plans
+    assert pa_.plan_dir != pb_.plan_dir
+    assert pa_.meta.plan_id == pb_.meta.plan_id
+    assert read_manifest(pa_.plan_dir, pa_.meta).equals(read_manifest(pb_.plan_dir, pb_.meta))
+    assert pa_.meta.index_fingerprints == pb_.meta.index_fingerprints

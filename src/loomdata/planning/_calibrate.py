@@ -35,7 +35,16 @@ import pyarrow as pa
 import yaml
 
 from loomdata.planning._cost import fit_cost, segment_cost
-from loomdata.schemas import ContractError, CostSpec, IndexFiles, Spec, read_index, read_manifest, read_plan
+from loomdata.schemas import (
+    INDEX_SCHEMA,
+    ContractError,
+    CostSpec,
+    IndexFiles,
+    Spec,
+    read_index,
+    read_manifest,
+    read_plan,
+)
 
 __all__ = [
     "BalanceChange",
@@ -340,7 +349,7 @@ def read_spec_index(spec: Spec) -> tuple[dict[str, pa.Table], dict[str, str]] | 
         return None
     tables, fps = {}, {}
     for name in spec.source_names:  # a partial or broken index raises its own LoomError
-        samples, _, fp = read_index(spec.workdir, name, columns=["sample", "num_tokens", "num_image_tokens"])
+        samples, _, fp = read_index(spec.workdir, name, columns=list(INDEX_SCHEMA.names))
         tables[name], fps[name] = samples, fp
     return tables, fps
 

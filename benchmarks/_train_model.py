@@ -86,6 +86,7 @@ class _Block(nn.Module):
         if varlen is not None:
             cu_t = torch.tensor(cu, dtype=torch.int32, device=x.device)
             longest = int(np.diff(cu).max())
+            q, k, v = (z.contiguous() for z in (q, k, v))
             att = varlen(q, k, v, cu_t, cu_t, longest, longest, window_size=(-1, 0))
         else:  # one causal SDPA call per segment on (1, H, L, D) slices: 4-D, or SDPA takes its O(L^2)-memory math path
             qh, kh, vh = (z.transpose(0, 1).unsqueeze(0) for z in (q, k, v))

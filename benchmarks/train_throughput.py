@@ -29,7 +29,7 @@ before and after calibration, and the paper's figures (MegaScale-Data, arXiv 250
 2.63x at 8K, 3.09x at 16K on average; up to 4.54x) for reference. The machine is described in the JSON.
 
     .venv/bin/python benchmarks/train_throughput.py                 # ~10 minutes on 2 cores
-    .venv/bin/python benchmarks/train_throughput.py --quick         # ~1-2 minutes (4K and 8K, fewer steps)
+    .venv/bin/python benchmarks/train_throughput.py --quick         # under a minute (4K and 8K, 2 steps)
     .venv/bin/python benchmarks/train_throughput.py --device cuda --preset gpu --write-measurements m.jsonl
 """
 
@@ -318,34 +318,43 @@ def machine(threads: int, device: str, preset: str) -> dict[str, Any]:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print("\nmeasured step time (s, mean over steps) and loomdata-calibrated's measured gain (tokens/s ratio)")
+    print("\nmeasured step time (s, mean over steps); measured gain of loomdata (tokens/s), default / calibrated cost")
     head = (
-        f"{'ctx':>6} {'mb':>3} {'loom':>7} {'loom-cal':>8} {'mg-full':>8} {'mg-mask':>8} {'ff':>7} | "
-        f"{'vs mg-full':>10} {'vs mg-mask':>10} {'vs ff':>6} | {'sim gain':>8} {'paper':>6}"
+        f"{'ctx':>6} {'mb':>3} {'loom':>6} {'loom-cal':>8} {'mg-full':>7} {'mg-mask':>7} {'ff':>6} | "
+        f"{'vs mg-full':>11} {'vs mg-mask':>11} {'vs ff':>11} | {'sim gain':>8} {'paper':>6}"
     )
     print(head)
     for r in rows:
         a, g = r["arms"], r["gain"]
         paper = f"{r['paper_gain']:.2f}x" if r["paper_gain"] else f"<={PAPER_MAX}x"
-        print(
-            f"{r['seq_len']:>6} {r['micro_batches']:>3} {a['loomdata']['mean_step_seconds']:>7.3f} "
-            f"{a['loomdata-calibrated']['mean_step_seconds']:>8.3f} {a['megatron-full']['mean_step_seconds']:>8.3f} "
-            f"{a['megatron-masked']['mean_step_seconds']:>8.3f} {a['first-fit']['mean_step_seconds']:>7.3f} | "
-            f"{g['loomdata-calibrated_over_megatron-full']:>9.2f}x "
-            f"{g['loomdata-calibrated_over_megatron-masked']:>9.2f}x "
-            f"{g['loomdata-calibrated_over_first-fit']:>5.2f}x | "
-            f"{r['simulated_gain']['calibrated_cost']:>7.2f}x {paper:>6}"
+        gains = " ".join(
+            f"{g[f'loomdata_over_{b}']:>5.2f}/{g[f'loomdata-calibrated_over_{b}']:.2f}"
+            for b in ("megatron-full", "megatron-masked", "first-fit")
         )
+        secs = " ".join(
+            f"{a[k]['mean_step_seconds']:>{w}.3f}"
+            for k, w in (
+                ("loomdata", 6),
+                ("loomdata-calibrated", 8),
+                ("megatron-full", 7),
+                ("megatron-masked", 7),
+                ("first-fit", 6),
+            )
+        )
+        sim = r["simulated_gain"]["default_cost"]
+        print(f"{r['seq_len']:>6} {r['micro_batches']:>3} {secs} | {gains} | {sim:>7.2f}x {paper:>6}")
     print("\nthe calibration loop: rank imbalance (mean max/mean rank time), measured vs predicted")
     print(
-        f"{'ctx':>6} {'fitted linear':>13} {'R2':>6} {'med err':>7} | {'default: measured':>17} {'predicted':>9} | "
+        f"{'ctx':>6} {'fitted linear':>13} {'R2':>6} {'med err':>7} | {'default: measured':>17} {'predicted':>9} "
+        f"{'by fit':>6} | "
         f"{'calibrated: measured':>20} {'predicted':>9} | {'ff meas':>7} {'mg-mask meas':>12}"
     )
     for r in rows:
         a, f = r["arms"], r["fit"]
         print(
             f"{r['seq_len']:>6} {f['cost']['linear']:>13.0f} {f['r2']:>6.3f} {f['median_rel_error']:>7.1%} | "
-            f"{a['loomdata']['measured_imbalance']:>17.3f} {a['loomdata']['predicted_imbalance']:>9.3f} | "
+            f"{a['loomdata']['measured_imbalance']:>17.3f} {a['loomdata']['predicted_imbalance']:>9.3f} "
+            f"{r['predicted_under_fitted_cost']['default_plan']:>6.3f} | "
             f"{a['loomdata-calibrated']['measured_imbalance']:>20.3f} "
             f"{a['loomdata-calibrated']['predicted_imbalance']:>9.3f} | "
             f"{a['first-fit']['measured_imbalance']:>7.3f} {a['megatron-masked']['measured_imbalance']:>12.3f}"
@@ -369,14 +378,16 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     ax[0].set_ylabel("measured step time (s, slowest rank)")
     ax[0].set_yscale("log")
     ax[0].legend(fontsize=8)
-    for base, style in (("megatron-full", "o-"), ("megatron-masked", "s-"), ("first-fit", "^-")):
-        ax[1].plot(x, [r["gain"][f"loomdata-calibrated_over_{base}"] for r in rows], style, label=f"measured vs {base}")
-    ax[1].plot(x, [r["simulated_gain"]["calibrated_cost"] for r in rows], "k--", label="simulated (plan report)")
+    for base, color in (("megatron-full", "tab:green"), ("megatron-masked", "tab:red"), ("first-fit", "tab:purple")):
+        ax[1].plot(x, [r["gain"][f"loomdata_over_{base}"] for r in rows], "o-", color=color, label=f"vs {base}")
+        ax[1].plot(x, [r["gain"][f"loomdata-calibrated_over_{base}"] for r in rows], "s:", color=color, alpha=0.6)
+    ax[1].plot(x, [r["simulated_gain"]["default_cost"] for r in rows], "k--", label="simulated (plan report)")
     px = [i for i, r in enumerate(rows) if r["paper_gain"]]
     ax[1].plot(px, [rows[i]["paper_gain"] for i in px], "r*", ms=10, label="paper (avg)")
     ax[1].axhline(1.0, color="grey", lw=0.8)
     ax[1].set_xticks(x, labels)
-    ax[1].set_ylabel("gain of loomdata (calibrated)")
+    ax[1].set_ylabel("measured gain of loomdata (tokens/s)")
+    ax[1].set_title("solid: default cost, dotted: calibrated cost", fontsize=9)
     ax[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -385,7 +396,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--quick", action="store_true", help="4K and 8K only, 2 steps (about 1-2 minutes)")
+    ap.add_argument("--quick", action="store_true", help="4K and 8K only, 2 steps (under a minute)")
     ap.add_argument("--contexts", type=int, nargs="*", default=None, help="context lengths (default 4K-32K)")
     ap.add_argument("--steps", type=int, default=None, help="steps per context (default: per context)")
     ap.add_argument("--dp", type=int, default=4)
@@ -395,7 +406,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write-measurements", default=None, metavar="PATH", help="JSON lines for `loom calibrate`")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/train_throughput.json)")
+    ap.add_argument(
+        "--from-json", default=None, metavar="PATH", help="print the tables and redraw the PNG of a stored run"
+    )
     args = ap.parse_args(argv)
+    if args.from_json:
+        stored = json.loads(Path(args.from_json).read_text())
+        print(f"machine: {json.dumps(stored['machine'])}")
+        print_table(stored["runs"])
+        plot(stored["runs"], Path(args.from_json).with_suffix(".png"))
+        return 0
     torch.set_num_threads(args.threads)
     runs = dict(QUICK_RUNS if args.quick else DEFAULT_RUNS)
     if args.contexts:

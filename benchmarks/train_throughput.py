@@ -53,8 +53,15 @@ import torch
 
 from _synthetic import index_table
 from _train_model import PRESETS, RankTimer
-from loomdata.planning import Measurement, calibrate, make_plan, plan_report, segment_cost, write_measurements
-from loomdata.planning._calibrate import plan_rank_costs
+from loomdata.planning import (
+    Measurement,
+    calibrate,
+    make_plan,
+    plan_rank_costs,
+    plan_report,
+    segment_cost,
+    write_measurements,
+)
 from loomdata.schemas import CostSpec, Spec, parse_spec, read_manifest, read_plan
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -90,8 +90,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from loomdata.planning import balance_change, calibrate, read_measurements, with_cost_block
-    from loomdata.planning._calibrate import read_spec_index
+    from loomdata.planning import balance_change, calibrate, read_measurements, read_spec_index, with_cost_block
     from loomdata.schemas import load_spec
 
     spec = load_spec(args.spec, check_paths=False)

@@ -1,4 +1,4 @@
-"""The `loom` command: the one place that wires the stages (generate, index, plan, inspect, serve, demo).
+"""The `loom` command: the one place that wires the stages (generate, index, plan, inspect, calibrate, serve, demo).
 
 Every subcommand prints a human summary, or only JSON with `--json`. Errors loomdata raises on
 purpose (`LoomError`) print as one message without a traceback (add `--debug` to see it) and exit 2.
@@ -86,6 +86,54 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         _print_report(report)
         if args.plot:
             print(f"plot written to {args.plot}")
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from loomdata.planning import balance_change, calibrate, read_measurements, read_spec_index, with_cost_block
+    from loomdata.schemas import load_spec
+
+    spec = load_spec(args.spec, check_paths=False)
+    fit = calibrate(read_measurements(args.measurements))
+    out: dict[str, Any] = {"spec": args.spec, "measurements": args.measurements, "old_cost": spec.cost.model_dump()}
+    out.update(fit.to_dict())
+    if args.write_spec:
+        note = f"fitted by loom calibrate: {fit.runs} runs, R2 {fit.r2:.4f}, median error {fit.median_rel_error:.1%}"
+        text, kept = with_cost_block(Path(args.spec).read_text(), fit.cost, note)
+        Path(args.write_spec).write_text(text)
+        load_spec(args.write_spec, check_paths=False)  # the written spec must load
+        out["written_spec"] = {"path": args.write_spec, "comments_kept": kept}
+    index = read_spec_index(spec) if args.replan else None
+    if index is not None:
+        out["balance"] = balance_change(spec, fit.cost, index=index[0], fingerprints=index[1]).to_dict()
+    else:
+        out["balance"] = None
+    if args.json:
+        _print_json(out)
+        return 0
+    c = fit.cost
+    print(f"fitted on {fit.runs} runs: attention {c.attention:.6g}, linear {c.linear:.6g}, encoder {c.encoder:.6g}")
+    print(
+        f"  (was {spec.cost.attention:.6g} / {spec.cost.linear:.6g} / {spec.cost.encoder:.6g}); attention = linear "
+        f"at L = {fit.crossover_length:,.0f}; {fit.seconds_per_unit:.4g} s per cost unit"
+    )
+    print(
+        f"  fit quality: R2 {fit.r2:.4f}, relative error per run: median {fit.median_rel_error:.1%}, "
+        f"p90 {fit.p90_rel_error:.1%}"
+    )
+    if args.write_spec:
+        how = "comments kept" if out["written_spec"]["comments_kept"] else "comments dropped"
+        print(f"  spec with the fitted cost written to {args.write_spec} ({how})")
+    if out["balance"] is not None:
+        b = out["balance"]
+        old, new = b["old_plan_max_over_mean"]["fitted_cost"], b["new_plan_max_over_mean"]["fitted_cost"]
+        print(
+            f"  predicted max/mean rank cost under the fitted cost: plan with the old cost {old:.4f}, "
+            f"re-plan {new:.4f} (predicted step-time gain of the re-plan {b['predicted_gain_of_replan']:.3f}x)"
+        )
+    else:
+        why = "--no-replan" if not args.replan else f"no index under {spec.index_dir}"
+        print(f"  balance change not computed ({why})")
     return 0
 
 
@@ -199,6 +247,23 @@ def _parser() -> argparse.ArgumentParser:
     ins = add("inspect", _cmd_inspect, "report on a stored plan (imbalance vs baseline, mixture)")
     ins.add_argument("plan_dir")
     ins.add_argument("--plot", default=None, metavar="OUT.png")
+
+    cal = add(
+        "calibrate",
+        _cmd_calibrate,
+        "fit SPEC's cost model to measured times (MEASUREMENTS: JSON lines, one per rank per micro-batch or step: "
+        '{"lengths": [segment tokens, ...], "image_tokens": [...] optional, "seconds": float}); print the fit '
+        "quality and, when SPEC is indexed, how the predicted balance of a re-plan changes",
+    )
+    cal.add_argument("spec")
+    cal.add_argument("measurements")
+    cal.add_argument("--write-spec", default=None, metavar="OUT.yaml", help="write SPEC with the fitted `cost:` block")
+    cal.add_argument(
+        "--replan",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="plan with the old and the fitted cost (in a temporary folder) to compare their balance",
+    )
 
     s = add("serve", _cmd_serve, "serve a plan's batches from Source Loader and Data Constructor actors")
     s.add_argument("plan_dir")

@@ -29,6 +29,8 @@ Decisions, one module each (their docstrings say more):
   implementation, run on blocks of steps (a step with carried-in items is dealt as a block of one).
 - _cost: cost(segment) = attention L^2 + linear L + encoder image_tokens^2, over the lane's cp size;
   fit_cost calibrates it from measured times.
+- _calibrate, `loom calibrate`: the measurement file (JSON lines of segment lengths and seconds), the fit
+  and its quality (R², relative error per run), the spec's new `cost:` block, the balance change.
 - _manifest: step-range partitions of bounded size (bounded memory whatever the plan's size).
 - _resume, elastic re-plans: steps < S are the base plan's rows; from S on each source's stream continues
   where the base's membership stood (in-flight deferred pieces first) with the new dp_size/micro_batches
@@ -38,8 +40,38 @@ Decisions, one module each (their docstrings say more):
   next-fit, dealt round-robin), simulated gain, realized vs target mixture; the plot.
 """
 
+from loomdata.planning._calibrate import (
+    CalibrationFit,
+    Measurement,
+    MeasurementError,
+    balance_change,
+    calibrate,
+    plan_rank_costs,
+    read_measurements,
+    read_spec_index,
+    with_cost_block,
+    write_measurements,
+)
 from loomdata.planning._cost import fit_cost, segment_cost
 from loomdata.planning._plan import PlanResult, PlanResume, make_plan
 from loomdata.planning._report import plan_report, plot_plan
 
-__all__ = ["PlanResult", "PlanResume", "fit_cost", "make_plan", "plan_report", "plot_plan", "segment_cost"]
+__all__ = [
+    "CalibrationFit",
+    "Measurement",
+    "MeasurementError",
+    "PlanResult",
+    "PlanResume",
+    "balance_change",
+    "calibrate",
+    "fit_cost",
+    "make_plan",
+    "plan_rank_costs",
+    "plan_report",
+    "plot_plan",
+    "read_measurements",
+    "read_spec_index",
+    "segment_cost",
+    "with_cost_block",
+    "write_measurements",
+]

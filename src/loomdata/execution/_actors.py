@@ -33,7 +33,7 @@ from loomdata.execution._config import ServeConfig
 from loomdata.execution._constructor import DataConstructor
 from loomdata.execution._fleet import Actor, Fleet
 from loomdata.execution._loader import SourceLoader
-from loomdata.execution._outcome import issue
+from loomdata.execution._outcome import Kind, issue
 from loomdata.execution._partition import LoaderPartition, partition_source, rank_groups
 from loomdata.execution._publish import Publisher
 from loomdata.execution._retry import retry_until
@@ -157,7 +157,7 @@ class FleetOps:
             out = call.outcome(timeout=self.t.call_timeout_s)
             if out.ok:
                 self.fleet.acknowledge(i, sid, gens[sid])
-            elif out.kind != "lost":
+            elif out.kind is not Kind.LOST:
                 ok = False
         return ok
 

@@ -9,26 +9,47 @@ A call to a Dask actor fails in three different ways that callers must tell apar
 - error: the actor is alive and the call failed or timed out: a real failure to report.
 Callers issue many calls first (`issue`, non-blocking: actor methods return futures) and then wait
 for each (`Call.outcome`), so a round of calls to N actors costs one round trip, not N.
+
+Inside an actor (a Data Constructor reading from loaders) there is no actor future to ask, so
+`sort_read_failure` sorts a failed read with the same kinds from what it raised and whether it was
+issued on a route that has been replaced since (`stale`).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
 
 from distributed import Future
 
+from loomdata.execution._loader import LoaderRetired
 from loomdata.execution._recovery import is_lost
 from loomdata.execution.protocol import ExecutorUnavailable
+from loomdata.schemas.errors import LoomError
 
-__all__ = ["Call", "Outcome", "best_effort", "issue"]
+__all__ = ["Call", "Kind", "Outcome", "best_effort", "issue", "sort_read_failure"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Kind = Literal["ok", "lost", "refused", "error"]
+
+
+class Kind(str, enum.Enum):
+    """What became of an actor call (a str enum: compares equal to its value)."""
+
+    OK = "ok"
+    LOST = "lost"
+    """The actor is unreachable (its worker died or the link broke): wait for its replacement, retry."""
+    REFUSED = "refused"
+    """The actor or its handle refused the call (stopping, retired, a replaced route): retry on the current one."""
+    ERROR = "error"
+    """A real error (bad data, a bad request, a timeout of a live actor): report it, do not retry."""
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,15 +62,29 @@ class Outcome(Generic[T]):
 
     @property
     def ok(self) -> bool:
-        return self.kind == "ok"
+        return self.kind is Kind.OK
 
 
 def _sort(future: Future | None, error: BaseException, *, refused: bool) -> Kind:
     if future is not None and is_lost(future):
-        return "lost"
+        return Kind.LOST
     if refused or isinstance(error, ExecutorUnavailable):
-        return "refused"
-    return "error"
+        return Kind.REFUSED
+    return Kind.ERROR
+
+
+def sort_read_failure(error: Exception, *, stale: bool = False) -> Kind:
+    """Sort a failed read issued from inside an actor; `stale`: issued before the latest re-route.
+
+    A stale call is refused whatever it raised (a retired or released actor answers with assorted
+    errors, even a LoomError wrapping them); otherwise LoomErrors are data errors and anything else
+    (OSError, CommClosedError, a cancelled or released Dask future) means the actor is unreachable.
+    """
+    if stale or isinstance(error, LoaderRetired):
+        return Kind.REFUSED
+    if isinstance(error, LoomError):
+        return Kind.ERROR
+    return Kind.LOST
 
 
 class Call(Generic[T]):
@@ -71,7 +106,7 @@ class Call(Generic[T]):
         if self._refused is not None:
             return Outcome(_sort(self._future, self._refused, refused=True), error=self._refused)
         try:
-            return Outcome("ok", value=self._pending.result(timeout=timeout))
+            return Outcome(Kind.OK, value=self._pending.result(timeout=timeout))
         except Exception as e:  # the one place an actor call's failure is sorted: see the module docstring
             return Outcome(_sort(self._future, e, refused=False), error=e)
 

@@ -5,7 +5,7 @@ step on the actor's event loop and bumps the route generation. Any loader read g
 of its samples, so an answer is always usable, whichever route it came from. A read still in flight
 when the route changes is abandoned and asked again on the new route (a read to a loader lost with
 its worker may never answer: Dask waits on the lost actor's future). Every failed read is sorted by
-`classify`: a data error (LoomError) fails the step at once; a read refused because it was issued on
+`_outcome.sort_read_failure`: a data error (LoomError) fails the step at once; a read refused because it was issued on
 a replaced route (a retired loader's `LoaderRetired`, a released actor) is asked again at once on the
 current route; a lost loader (its worker died) is retried with a short back-off, woken early by the
 next `set_route`, until `deadline_s`: the executor recreates lost loaders and swaps the route within
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
@@ -26,12 +25,13 @@ from typing import Any
 import numpy as np
 
 from loomdata.execution._dask_actors import local_instance
-from loomdata.execution._loader import REQUEST_DTYPE, LoaderRetired, SegmentData
+from loomdata.execution._loader import REQUEST_DTYPE, SegmentData
 from loomdata.execution._manifest import ManifestRows
+from loomdata.execution._outcome import Kind, sort_read_failure
 from loomdata.execution._partition import LoaderPartition
-from loomdata.schemas.errors import ExecutionError, LoomError
+from loomdata.schemas.errors import ExecutionError
 
-__all__ = ["READ_DEADLINE_S", "Outcome", "Reads", "Route", "classify"]
+__all__ = ["READ_DEADLINE_S", "Reads", "Route"]
 
 READ_DEADLINE_S = 60.0
 """How long a read waits for lost loaders to be recreated before the step fails."""
@@ -48,31 +48,6 @@ class Route:
         """Partition index per sample (searchsorted over partition first samples)."""
         starts = np.array([p.first_sample for p in self.partitions], dtype=np.uint64)
         return np.searchsorted(starts, samples, side="right") - 1
-
-
-class Outcome(enum.Enum):
-    """How a failed actor call is handled."""
-
-    LOST = "lost"
-    """The actor is unreachable (its worker died or the link broke): wait for its replacement, retry."""
-    REFUSED = "refused"
-    """The actor refused the call (retired, or the call went out on a replaced route): use the current one."""
-    ERROR = "error"
-    """A real error (bad data, a bad request): do not retry."""
-
-
-def classify(error: Exception, *, stale: bool = False) -> Outcome:
-    """Sort a failed actor call: `stale` says the call was issued before the latest re-route.
-
-    A stale call is refused whatever it raised (a retired or released actor answers with assorted
-    errors, even a LoomError wrapping them); otherwise LoomErrors are data errors and anything else
-    (OSError, CommClosedError, a cancelled or released Dask future) means the actor is unreachable.
-    """
-    if stale or isinstance(error, LoaderRetired):
-        return Outcome.REFUSED
-    if isinstance(error, LoomError):
-        return Outcome.ERROR
-    return Outcome.LOST
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:
@@ -112,7 +87,7 @@ class Reads:
             try:
                 answer = await self._attempt(rows, rerouted)
             except Exception as e:
-                if classify(e, stale=gen != self.generation) is Outcome.ERROR:
+                if sort_read_failure(e, stale=gen != self.generation) is Kind.ERROR:
                     raise
                 if time.monotonic() >= deadline:
                     raise ExecutionError(

@@ -9,8 +9,10 @@ import pytest
 
 from loomdata.execution._loader import LoaderRetired
 from loomdata.execution._manifest import ManifestRows
+from loomdata.execution._outcome import Kind as Outcome
+from loomdata.execution._outcome import sort_read_failure as classify
 from loomdata.execution._partition import LoaderPartition
-from loomdata.execution._reads import Outcome, Reads, Route, classify
+from loomdata.execution._reads import Reads, Route
 from loomdata.schemas import ExecutionError, SourceDataError
 
 

@@ -85,8 +85,9 @@ def test_measured_times_calibrate_the_spec_and_the_fitted_spec_plans(
         assert balance[key]["own_cost"] >= 1.0 and balance[key]["fitted_cost"] >= 1.0
     # Planned for the fitted cost, the new plan is about as balanced under it as the old one or better. The
     # balancer is a heuristic (near, not at, the per-step optimum), so a fit from noisy measured times can
-    # leave the new plan a little behind: allow 2%, which still fails if the fitted cost were ignored.
-    new_fit, old_fit = balance["new_plan_max_over_mean"]["fitted_cost"], balance["old_plan_max_over_mean"]["fitted_cost"]
+    # leave the new plan a little behind: allow 2% (CI once saw 1.0075 against 1.0050).
+    new_fit = balance["new_plan_max_over_mean"]["fitted_cost"]
+    old_fit = balance["old_plan_max_over_mean"]["fitted_cost"]
     assert new_fit <= old_fit * 1.02
     assert fitted_path.read_text().startswith("# the stream-test corpus\n")
 

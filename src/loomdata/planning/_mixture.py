@@ -16,7 +16,8 @@ count is nearest to T[t, k]: one `searchsorted` per source over all steps at onc
 Each source's realized cumulative tokens stay within half a segment of its target on every prefix, so
 cumulative shares converge on the targets (after step 20 within 1 percentage point once a step holds a
 few dozen documents). A step whose segments would not fit its slots defers the segments of the source
-most ahead of its target to the next step (a sequential repair that only visits overflowing steps and the steps right after a deferral).
+most ahead of its target to the next step (a sequential repair that visits only overflowing steps and
+the steps right after a deferral).
 
 The mixture's own rules (known sources, weights, milestone steps) are the spec's (parse_spec); planning
 trusts a validated Spec and checks only what needs the data. Errors (PlanError): a source with a
@@ -225,7 +226,9 @@ class _Chunk:
         return np.flatnonzero((n_long > sl) | (short > (sl - n_long) * seq_len)) + self.c0
 
 
-def _repair(ptr: np.ndarray, targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slot_arr: np.ndarray) -> None:
+def _repair(
+    ptr: np.ndarray, targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slot_arr: np.ndarray
+) -> None:
     """Defer segments of the source most ahead of target, one at a time, until every step fits its slots.
 
     Sequential by nature (a deferral moves a segment into the next step), but only overflowing steps and

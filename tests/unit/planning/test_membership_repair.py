@@ -14,9 +14,7 @@ from loomdata.planning._mixture import Stream, build_stream, membership
 from loomdata.planning._packing import Lanes
 
 
-def _reference(
-    targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slots: np.ndarray
-) -> np.ndarray:
+def _reference(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slots: np.ndarray) -> np.ndarray:
     """The planner's original membership: nearest pointers, then a per-step repair from the first bad step."""
     steps, n_src = targets.shape
     ptr = np.zeros((steps + 1, n_src), dtype=np.int64)

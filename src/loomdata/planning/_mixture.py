@@ -100,18 +100,28 @@ def source_key(seed: int, name: str) -> list[int]:
 
 
 def build_stream(name: str, seed: int, lengths: np.ndarray, lanes: Lanes, epochs: int) -> Stream:
-    """The first `epochs` epochs of a source's seeded segment stream (one fresh permutation per epoch)."""
+    """The first `epochs` epochs of a source's seeded segment stream (one fresh permutation per epoch).
+
+    Memory: the stream keeps 4 bytes (doc) + 8 (cum) a segment; when no document needs splitting, the
+    permutation itself is the stream (no offset/length columns), and cum is summed in chunks.
+    """
     idx_dtype = np.uint32 if len(lengths) < 2**32 else np.int64
     docs = np.arange(len(lengths), dtype=idx_dtype)
     if not (lengths > 0).all():
         docs = docs[lengths > 0]
+    no_split = len(lengths) == 0 or int(lengths.max()) <= lanes.seq_len
+    n_ep = max(epochs, 1)
     doc_parts: list[np.ndarray] = []
     split_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     at = 0
-    for e in range(max(epochs, 1)):
+    for e in range(n_ep):
         rng = np.random.default_rng([*source_key(seed, name), e])
-        perm = docs.copy()
+        perm = docs if e == n_ep - 1 else docs.copy()  # the last epoch shuffles docs itself
         rng.shuffle(perm)  # in place on 4-byte indices: no 8-byte permutation array
+        if no_split:
+            doc_parts.append(perm)
+            at += len(perm)
+            continue
         doc, offset, length = expand_units(perm, lengths, lanes)
         del perm
         split = np.flatnonzero((offset > 0) | (length != lengths[doc]))
@@ -122,20 +132,33 @@ def build_stream(name: str, seed: int, lengths: np.ndarray, lanes: Lanes, epochs
     del docs
     doc = doc_parts[0] if len(doc_parts) == 1 else np.concatenate(doc_parts)
     doc_parts.clear()
-    split_pos = np.concatenate([p[0] for p in split_parts]).astype(np.int64)
-    split_off = np.concatenate([p[1] for p in split_parts]).astype(np.uint32)
-    split_len = np.concatenate([p[2] for p in split_parts]).astype(np.uint32)
-    length = lengths[doc].astype(np.uint32)
-    length[split_pos] = split_len
+    empty = np.zeros(0, dtype=np.int64)
+    split_pos = np.concatenate([p[0] for p in split_parts]).astype(np.int64) if split_parts else empty
+    split_off = (
+        np.concatenate([p[1] for p in split_parts]).astype(np.uint32) if split_parts else empty.astype(np.uint32)
+    )
+    split_len = (
+        np.concatenate([p[2] for p in split_parts]).astype(np.uint32) if split_parts else empty.astype(np.uint32)
+    )
     cum = np.zeros(len(doc) + 1, dtype=np.int64)
-    np.cumsum(length, out=cum[1:])
-    cum_short = cum_long = None
-    if lanes.has_long:
-        lane = lanes.lane_of(lengths[doc])
-        cum_short = np.zeros_like(cum)
-        np.cumsum(np.where(lane == 0, length, 0), out=cum_short[1:])
-        cum_long = np.zeros_like(cum)
-        np.cumsum(lane, out=cum_long[1:])
+    lane_all = lanes.lane_of(lengths) if lanes.has_long else None
+    cum_short = np.zeros_like(cum) if lanes.has_long else None
+    cum_long = np.zeros_like(cum) if lanes.has_long else None
+    step = 1 << 20
+    for a in range(0, len(doc), step):
+        b = min(len(doc), a + step)
+        length = lengths[doc[a:b]].astype(np.uint32, copy=False)
+        i, j = np.searchsorted(split_pos, [a, b])
+        if j > i:
+            length[split_pos[i:j] - a] = split_len[i:j]
+        np.cumsum(length, out=cum[a + 1 : b + 1])
+        cum[a + 1 : b + 1] += cum[a]
+        if lane_all is not None and cum_short is not None and cum_long is not None:
+            lane = lane_all[doc[a:b]]
+            np.cumsum(np.where(lane == 0, length, 0), out=cum_short[a + 1 : b + 1])
+            cum_short[a + 1 : b + 1] += cum_short[a]
+            np.cumsum(lane, out=cum_long[a + 1 : b + 1])
+            cum_long[a + 1 : b + 1] += cum_long[a]
     return Stream(doc, split_pos, split_off, split_len, cum, cum_short, cum_long, int(lengths.sum(dtype=np.int64)))
 
 

@@ -1,25 +1,31 @@
-"""How fast and how lean is planning at scale? Samples/s and peak RSS per indexed sample at dp 1024.
+"""How fast and how lean is planning at scale? Samples/s, peak RSS per indexed sample and time's slope in steps.
 
-Each run is its own subprocess, so `ru_maxrss` is that run's peak. A run notes its RSS after imports,
-builds synthetic index tables (web 80% / code 20% of the samples, log-normal lengths, generated in
-chunks; the tables themselves are 28 bytes a sample and count towards the peak), then plans about one
-epoch at dp 1024 (--dp) x 4 micro-batches x 4,096 tokens (steps = index tokens / step capacity). Side by
-side, in another subprocess on the same index, runs the naive planner a user writes today: one
-shuffle of all samples, concatenated and cut into sequences, dealt round-robin, one manifest file (no
-mixture schedule, no balancing, no report). Targets for loomdata: >= 1M samples/s and <= 100 bytes of
-peak RSS per sample above the post-import baseline (the interpreter and libraries take ~115 MB, which
-alone is 115 bytes a sample at 1M; the raw figure is printed too). Writes benchmarks/results/plan_scale.json
-(plan_scale_dp<N>.json for another --dp).
+Two parts, every run its own subprocess (so `ru_maxrss` is that run's peak):
 
-    .venv/bin/python benchmarks/plan_scale.py                    # 1M and 10M samples, about 1 minute
-    .venv/bin/python benchmarks/plan_scale.py --sizes 1e6 1e7 5e7
-    .venv/bin/python benchmarks/plan_scale.py --sizes 1e6 --dp 8     # small dp: many steps, few segments each
+- sweep: for dp in --dps and sources in --sources, plan one epoch of several index sizes (--sweep,
+  samples; steps = index tokens / step capacity, dp x 4 micro-batches x 4,096 tokens) and fit the slope
+  of log(seconds) over log(steps): 1.0 is linear in steps, 2.0 quadratic. Sources are synthetic
+  (log-normal lengths: "web" mu 6.2 sigma 1.1 for 80% of the samples, "code" mu 6.8 sigma 1.2 for 20%;
+  with many sources, alternating web and code sources share those samples).
+- memory: dp 1024, 2 sources, --sizes samples, side by side with the naive planner a user writes today
+  (one shuffle of all samples, concatenated and cut into sequences, dealt round-robin, one manifest file).
+
+Index tables are written to a workdir first (samples.parquet + shards.parquet, as `loom index` leaves
+them) and the planning process reads them itself, so peak RSS above the post-import baseline is what
+planning costs per indexed sample (the interpreter and libraries take ~115 MB, printed as raw B/s).
+Goals: >= 2M samples/s on one core, slope ~1.0, <= 32 bytes of peak RSS per sample at 10M+ samples.
+Writes benchmarks/results/plan_scale.json (--quick: plan_scale_quick.json).
+
+    .venv/bin/python benchmarks/plan_scale.py                 # sweep dp {4,8,64,1024} x {1,300} sources + 1M/10M
+    .venv/bin/python benchmarks/plan_scale.py --quick         # smaller sweep, 1M only (about a minute)
+    .venv/bin/python benchmarks/plan_scale.py --sweep 0 --sizes 1e6 1e7 5e7   # memory only
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import subprocess
 import sys
@@ -30,101 +36,131 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from _synthetic import index_table
 
 RESULTS = Path(__file__).resolve().parent / "results" / "plan_scale.json"
-DP, MICRO_BATCHES, SEQ_LEN = 1024, 4, 4096
-SOURCES = {"web": (0.8, 6.2, 1.1), "code": (0.2, 6.8, 1.2)}  # share of samples, log-normal mu, sigma
-GOAL_RATE = 1_000_000
-GOAL_BYTES = 100
+MICRO_BATCHES, SEQ_LEN = 4, 4096
+KINDS = [(0.8, 6.2, 1.1), (0.2, 6.8, 1.2)]  # web, code: share of samples, log-normal mu, sigma
+GOAL_RATE = 2_000_000
+GOAL_BYTES = 32
 
 
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def synthetic_index(samples: int, seed: int = 0) -> dict[str, pa.Table]:
-    """Index tables (INDEX_SCHEMA) for SOURCES, lengths drawn in chunks so no float64 copy of them exists."""
-    out = {}
-    for k, (name, (share, mu, sigma)) in enumerate(SOURCES.items()):
-        n = int(samples * share)
+def source_sizes(samples: int, n_sources: int) -> list[tuple[str, int, float, float]]:
+    """(name, samples, mu, sigma) of each source: web and code kinds alternating, sharing 80% / 20%."""
+    if n_sources == 1:
+        return [("web", samples, KINDS[0][1], KINDS[0][2])]
+    out = []
+    per_kind = [(n_sources + 1) // 2, n_sources // 2]
+    for k in range(n_sources):
+        share, mu, sigma = KINDS[k % 2]
+        out.append(
+            (f"{'web' if k % 2 == 0 else 'code'}{k:03d}", max(1, int(samples * share / per_kind[k % 2])), mu, sigma)
+        )
+    return out
+
+
+def write_index(samples: int, n_sources: int, workdir: Path, seed: int = 0) -> dict[str, Any]:
+    """Write synthetic index tables under workdir/index/<source>/; return names, steps per dp, weights."""
+    from loomdata.schemas.layout import IndexFiles
+    from loomdata.schemas.tables import TableKind, write_table
+
+    tokens = {}
+    for k, (name, n, mu, sigma) in enumerate(source_sizes(samples, n_sources)):
         rng = np.random.default_rng([seed, k])
         lengths = np.empty(n, dtype=np.uint32)
         for a in range(0, n, 1 << 20):
             b = min(n, a + (1 << 20))
             lengths[a:b] = np.clip(rng.lognormal(mu, sigma, b - a), 16, 100_000)
-        out[name] = index_table(lengths)
-    return out
-
-
-def _steps(index: dict[str, pa.Table]) -> tuple[int, dict[str, float]]:
-    tokens = {n: int(pc.sum(t["num_tokens"]).as_py()) for n, t in index.items()}
+        files = IndexFiles.of(workdir, name)
+        files.root.mkdir(parents=True, exist_ok=True)
+        write_table(index_table(lengths), files.samples, TableKind.INDEX, {"fingerprint": f"syn-{samples}-{name}"})
+        shards = pa.table(
+            {
+                "shard": pa.array([0], pa.uint32()),
+                "path": pa.array(["synthetic"]),
+                "size_bytes": pa.array([0], pa.uint64()),
+                "mtime_ns": pa.array([0], pa.int64()),
+                "fingerprint": pa.array(["synthetic"]),
+                "num_rows": pa.array([n], pa.uint64()),
+            }
+        )
+        write_table(shards, files.shards, TableKind.SHARDS)
+        tokens[name] = int(lengths.sum(dtype=np.int64))
     total = sum(tokens.values())
-    return max(1, total // (DP * MICRO_BATCHES * SEQ_LEN) - 1), {n: v / total for n, v in tokens.items()}
+    return {"tokens": total, "weights": {n: v / total for n, v in tokens.items()}}
 
 
-def child_loom(samples: int, workdir: Path) -> dict[str, Any]:
+def _steps(tokens: int, dp: int) -> int:
+    return max(1, tokens // (dp * MICRO_BATCHES * SEQ_LEN) - 1)
+
+
+def child_loom(workdir: Path, dp: int) -> dict[str, Any]:
     from loomdata.planning import make_plan
     from loomdata.schemas import parse_spec
 
     base = _rss_mb()
-    index = synthetic_index(samples)
-    steps, weights = _steps(index)
+    info = json.loads((workdir / "index-info.json").read_text())
+    steps = _steps(info["tokens"], dp)
     spec = parse_spec(
         {
             "name": "scale",
             "workdir": str(workdir),
-            "sources": [{"name": n, "format": "parquet", "paths": ["x"], "tokens_field": "t"} for n in index],
-            "mixture": {"weights": weights},
-            "training": {"seq_len": SEQ_LEN, "steps": steps, "dp_size": DP, "micro_batches": MICRO_BATCHES},
+            "sources": [{"name": n, "format": "parquet", "paths": ["x"], "tokens_field": "t"} for n in info["weights"]],
+            "mixture": {"weights": info["weights"]},
+            "training": {"seq_len": SEQ_LEN, "steps": steps, "dp_size": dp, "micro_batches": MICRO_BATCHES},
         },
         workdir,
         check_paths=False,
     )
     t0 = time.perf_counter()
-    res = make_plan(spec, index=index, fingerprints={n: f"synthetic-{samples}-{n}" for n in index})
+    res = make_plan(spec)
     secs = time.perf_counter() - t0
-    rows = sum(f.rows for f in res.meta.manifest)
     imb = res.meta.summary["imbalance"]
     return {
         "steps": steps,
         "seconds": secs,
         "rss_base_mb": base,
         "rss_peak_mb": _rss_mb(),
-        "manifest_rows": rows,
+        "manifest_rows": sum(f.rows for f in res.meta.manifest),
         "files": len(res.meta.manifest),
         "imbalance_mean": imb["loomdata"]["mean"],
         "baseline_imbalance_mean": imb["baseline"]["mean"],
     }
 
 
-def child_naive(samples: int, workdir: Path) -> dict[str, Any]:
+def child_naive(workdir: Path, dp: int) -> dict[str, Any]:
+    from loomdata.schemas.layout import read_index
     from loomdata.schemas.tables import MANIFEST_SCHEMA, TableKind, write_table
 
     base = _rss_mb()
-    index = synthetic_index(samples)
-    steps, _ = _steps(index)
+    info = json.loads((workdir / "index-info.json").read_text())
+    steps = _steps(info["tokens"], dp)
     t0 = time.perf_counter()
+    index = {n: read_index(workdir, n, columns=["sample", "num_tokens"])[0] for n in info["weights"]}
     src = np.concatenate([np.full(t.num_rows, k, dtype=np.uint16) for k, t in enumerate(index.values())])
     sample = np.concatenate([t["sample"].to_numpy() for t in index.values()])
     length = np.concatenate([t["num_tokens"].to_numpy() for t in index.values()])
+    del index
     perm = np.random.default_rng(0).permutation(len(src))
     src, sample, length = src[perm], sample[perm], length[perm]
     del perm
     start = np.cumsum(length, dtype=np.int64) - length
     seq = start // SEQ_LEN
     del start
-    slots = DP * MICRO_BATCHES
+    slots = dp * MICRO_BATCHES
     step = seq // slots
     keep = step < steps
     slot = seq[keep] % slots
     table = pa.Table.from_arrays(
         [
             pa.array(step[keep].astype(np.uint32)),
-            pa.array((slot % DP).astype(np.uint32)),
-            pa.array((slot // DP).astype(np.uint32)),
+            pa.array((slot % dp).astype(np.uint32)),
+            pa.array((slot // dp).astype(np.uint32)),
             pa.array(src[keep]),
             pa.array(sample[keep]),
             pa.array(np.zeros(int(keep.sum()), dtype=np.uint32)),
@@ -141,78 +177,98 @@ def child_naive(samples: int, workdir: Path) -> dict[str, Any]:
         "rss_base_mb": base,
         "rss_peak_mb": _rss_mb(),
         "manifest_rows": table.num_rows,
-        "files": 1,
     }
 
 
-def run_child(kind: str, samples: int) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--samples", str(samples), "--dp", str(DP)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+def _call(*args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True)
     r: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return r
+
+
+def run(kind: str, samples: int, n_sources: int, dp: int, workdir: Path) -> dict[str, Any]:
+    """Plan (loom or naive) the index in workdir (written first if missing); figures per indexed sample."""
+    if not (workdir / "index-info.json").exists():
+        _call("--child", "index", "--samples", str(samples), "--n-sources", str(n_sources), "--workdir", str(workdir))
+    r = _call("--child", kind, "--dp", str(dp), "--workdir", str(workdir))
+    r.update(samples=samples, sources=n_sources, dp=dp)
     r["samples_per_s"] = samples / r["seconds"]
     r["bytes_per_sample_raw"] = r["rss_peak_mb"] * 2**20 / samples
     r["bytes_per_sample"] = (r["rss_peak_mb"] - r["rss_base_mb"]) * 2**20 / samples
     return r
 
 
+def slope(runs: list[dict[str, Any]]) -> float:
+    """Least-squares slope of log(seconds) over log(steps)."""
+    if len(runs) < 2:
+        return math.nan
+    x = np.log([r["steps"] for r in runs])
+    y = np.log([r["seconds"] for r in runs])
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def _row(r: dict[str, Any], name: str = "loomdata", extra: str = "") -> str:
+    return (
+        f"{r['dp']:>6}{r['sources']:>5}{r['samples']:>12,}{r['steps']:>8}{name:>9}{r['seconds']:>9.2f}"
+        f"{r['samples_per_s']:>12,.0f}{r['rss_peak_mb']:>9.0f}{r['bytes_per_sample']:>9.1f}"
+        f"{r['bytes_per_sample_raw']:>8.1f}  {extra}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    global DP
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7])
-    ap.add_argument("--child", choices=["loom", "naive"], help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="smaller sweep and 1M samples only")
+    ap.add_argument("--sweep", nargs="+", type=float, help="index sizes (samples) of the sweep; 0: no sweep")
+    ap.add_argument("--dps", nargs="+", type=int, default=[4, 8, 64, 1024])
+    ap.add_argument("--sources", nargs="+", type=int, default=[1, 300])
+    ap.add_argument("--sizes", nargs="+", type=float, help="sizes (samples) of the memory part, dp 1024, 2 sources")
+    ap.add_argument("--child", choices=["index", "loom", "naive"], help=argparse.SUPPRESS)
     ap.add_argument("--samples", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--dp", type=int, default=DP, help=f"data-parallel size (default {DP})")
+    ap.add_argument("--n-sources", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--dp", type=int, default=1024, help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    DP = args.dp
-    if args.child:
-        with tempfile.TemporaryDirectory(prefix="loom-scale-") as d:
-            fn = child_loom if args.child == "loom" else child_naive
-            print(json.dumps(fn(args.samples, Path(d))))
+    if args.child == "index":
+        info = write_index(args.samples, args.n_sources, args.workdir)
+        (args.workdir / "index-info.json").write_text(json.dumps(info))
+        print(json.dumps({"tokens": info["tokens"]}))
         return 0
-    print(
-        f"{'samples':>11}{'steps':>7}{'planner':>9}{'seconds':>9}{'samples/s':>12}{'peak MB':>9}"
-        f"{'B/sample':>10}{'raw B/s':>9}{'rows':>11}  vs naive",
-        flush=True,
-    )
-    runs = []
-    ok = True
-    for size in args.sizes:
-        n = int(size)
-        loom, naive = run_child("loom", n), run_child("naive", n)
-        for name, r in (("loomdata", loom), ("naive", naive)):
-            ratio = f"{loom['seconds'] / naive['seconds']:.2f}x time" if name == "loomdata" else ""
-            print(
-                f"{n:>11,}{r['steps']:>7}{name:>9}{r['seconds']:>9.2f}{r['samples_per_s']:>12,.0f}"
-                f"{r['rss_peak_mb']:>9.0f}{r['bytes_per_sample']:>10.1f}{r['bytes_per_sample_raw']:>9.1f}"
-                f"{r['manifest_rows']:>11,}  {ratio}",
-                flush=True,
-            )
-        meets = loom["samples_per_s"] >= GOAL_RATE and loom["bytes_per_sample"] <= GOAL_BYTES
-        ok &= meets
-        runs.append(
-            {
-                "samples": n,
-                "dp": DP,
-                "micro_batches": MICRO_BATCHES,
-                "seq_len": SEQ_LEN,
-                "loomdata": loom,
-                "naive": naive,
-                "time_ratio": loom["seconds"] / naive["seconds"],
-                "meets_goal": meets,
-            }
-        )
-    results = RESULTS if DP == 1024 else RESULTS.with_name(f"plan_scale_dp{DP}.json")
+    if args.child:
+        fn = child_loom if args.child == "loom" else child_naive
+        print(json.dumps(fn(args.workdir, args.dp)))
+        return 0
+    sweep = args.sweep or ([1e5, 2e5, 4e5] if args.quick else [2.5e5, 5e5, 1e6])
+    sweep = [int(s) for s in sweep if s > 0]
+    sizes = [int(s) for s in (args.sizes or ([1e6] if args.quick else [1e6, 1e7]))]
+    head = f"{'dp':>6}{'src':>5}{'samples':>12}{'steps':>8}{'planner':>9}{'seconds':>9}{'samples/s':>12}"
+    print(f"{head}{'peak MB':>9}{'B/sample':>9}{'raw B/s':>8}", flush=True)
+    out: dict[str, Any] = {"goal": {"samples_per_s": GOAL_RATE, "bytes_per_sample": GOAL_BYTES, "slope": 1.0}}
+    out["sweep"] = []
+    for n_src in args.sources if sweep else []:
+        with tempfile.TemporaryDirectory(prefix="loom-scale-") as d:
+            dirs = {n: Path(d) / f"n{n}" for n in sweep}
+            for dp in args.dps:
+                runs = []
+                for n in sweep:
+                    dirs[n].mkdir(exist_ok=True)
+                    runs.append(run("loom", n, n_src, dp, dirs[n]))
+                    print(_row(runs[-1]), flush=True)
+                s = slope(runs)
+                print(f"{'':>6}{'':>5}  slope of log(time) over log(steps): {s:.2f}", flush=True)
+                out["sweep"].append({"dp": dp, "sources": n_src, "slope": s, "runs": runs})
+    out["memory"] = []
+    for n in sizes:
+        with tempfile.TemporaryDirectory(prefix="loom-scale-") as d:
+            loom = run("loom", n, 2, 1024, Path(d))
+            naive = run("naive", n, 2, 1024, Path(d))
+        print(_row(loom, extra=f"{loom['seconds'] / naive['seconds']:.2f}x naive's time"), flush=True)
+        print(_row(naive, "naive"), flush=True)
+        out["memory"].append({"loomdata": loom, "naive": naive, "time_ratio": loom["seconds"] / naive["seconds"]})
+    results = RESULTS.with_name("plan_scale_quick.json") if args.quick else RESULTS
     results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(
-        json.dumps({"goal": {"samples_per_s": GOAL_RATE, "bytes_per_sample": GOAL_BYTES}, "runs": runs}, indent=1)
-        + "\n"
-    )
+    results.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {results}")
-    return 0 if ok else 1
+    return 0
 
 
 if __name__ == "__main__":

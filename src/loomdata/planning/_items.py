@@ -18,7 +18,7 @@ import numpy as np
 from loomdata.planning._cost import segment_cost
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
-from loomdata.planning._segments import Segments
+from loomdata.planning._segments import SampleIds, Segments
 from loomdata.schemas.spec import CostSpec
 
 __all__ = ["BLOCK_SEGMENTS", "StepItems"]
@@ -32,7 +32,7 @@ class StepItems:
 
     def __init__(
         self,
-        samples: Sequence[np.ndarray],
+        samples: Sequence[SampleIds],
         num_tokens: Sequence[np.ndarray],
         num_image_tokens: Sequence[np.ndarray],
         streams: Sequence[Stream],

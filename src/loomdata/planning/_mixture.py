@@ -16,7 +16,8 @@ count is nearest to T[t, k]: one `searchsorted` per source over all steps at onc
 Each source's realized cumulative tokens stay within half a segment of its target on every prefix, so
 cumulative shares converge on the targets (after step 20 within 1 percentage point once a step holds a
 few dozen documents). A step whose segments would not fit its slots defers the segments of the source
-most ahead of its target to the next step (a sequential repair that starts at the first such step).
+most ahead of its target to the next step (a sequential repair that visits only overflowing steps and
+the steps right after a deferral).
 
 The mixture's own rules (known sources, weights, milestone steps) are the spec's (parse_spec); planning
 trusts a validated Spec and checks only what needs the data. Errors (PlanError): a source with a
@@ -99,18 +100,28 @@ def source_key(seed: int, name: str) -> list[int]:
 
 
 def build_stream(name: str, seed: int, lengths: np.ndarray, lanes: Lanes, epochs: int) -> Stream:
-    """The first `epochs` epochs of a source's seeded segment stream (one fresh permutation per epoch)."""
+    """The first `epochs` epochs of a source's seeded segment stream (one fresh permutation per epoch).
+
+    Memory: the stream keeps 4 bytes (doc) + 8 (cum) a segment; when no document needs splitting, the
+    permutation itself is the stream (no offset/length columns), and cum is summed in chunks.
+    """
     idx_dtype = np.uint32 if len(lengths) < 2**32 else np.int64
     docs = np.arange(len(lengths), dtype=idx_dtype)
     if not (lengths > 0).all():
         docs = docs[lengths > 0]
+    no_split = len(lengths) == 0 or int(lengths.max()) <= lanes.seq_len
+    n_ep = max(epochs, 1)
     doc_parts: list[np.ndarray] = []
     split_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     at = 0
-    for e in range(max(epochs, 1)):
+    for e in range(n_ep):
         rng = np.random.default_rng([*source_key(seed, name), e])
-        perm = docs.copy()
+        perm = docs if e == n_ep - 1 else docs.copy()  # the last epoch shuffles docs itself
         rng.shuffle(perm)  # in place on 4-byte indices: no 8-byte permutation array
+        if no_split:
+            doc_parts.append(perm)
+            at += len(perm)
+            continue
         doc, offset, length = expand_units(perm, lengths, lanes)
         del perm
         split = np.flatnonzero((offset > 0) | (length != lengths[doc]))
@@ -121,20 +132,33 @@ def build_stream(name: str, seed: int, lengths: np.ndarray, lanes: Lanes, epochs
     del docs
     doc = doc_parts[0] if len(doc_parts) == 1 else np.concatenate(doc_parts)
     doc_parts.clear()
-    split_pos = np.concatenate([p[0] for p in split_parts]).astype(np.int64)
-    split_off = np.concatenate([p[1] for p in split_parts]).astype(np.uint32)
-    split_len = np.concatenate([p[2] for p in split_parts]).astype(np.uint32)
-    length = lengths[doc].astype(np.uint32)
-    length[split_pos] = split_len
+    empty = np.zeros(0, dtype=np.int64)
+    split_pos = np.concatenate([p[0] for p in split_parts]).astype(np.int64) if split_parts else empty
+    split_off = (
+        np.concatenate([p[1] for p in split_parts]).astype(np.uint32) if split_parts else empty.astype(np.uint32)
+    )
+    split_len = (
+        np.concatenate([p[2] for p in split_parts]).astype(np.uint32) if split_parts else empty.astype(np.uint32)
+    )
     cum = np.zeros(len(doc) + 1, dtype=np.int64)
-    np.cumsum(length, out=cum[1:])
-    cum_short = cum_long = None
-    if lanes.has_long:
-        lane = lanes.lane_of(lengths[doc])
-        cum_short = np.zeros_like(cum)
-        np.cumsum(np.where(lane == 0, length, 0), out=cum_short[1:])
-        cum_long = np.zeros_like(cum)
-        np.cumsum(lane, out=cum_long[1:])
+    lane_all = lanes.lane_of(lengths) if lanes.has_long else None
+    cum_short = np.zeros_like(cum) if lanes.has_long else None
+    cum_long = np.zeros_like(cum) if lanes.has_long else None
+    step = 1 << 20
+    for a in range(0, len(doc), step):
+        b = min(len(doc), a + step)
+        length = lengths[doc[a:b]].astype(np.uint32, copy=False)
+        i, j = np.searchsorted(split_pos, [a, b])
+        if j > i:
+            length[split_pos[i:j] - a] = split_len[i:j]
+        np.cumsum(length, out=cum[a + 1 : b + 1])
+        cum[a + 1 : b + 1] += cum[a]
+        if lane_all is not None and cum_short is not None and cum_long is not None:
+            lane = lane_all[doc[a:b]]
+            np.cumsum(np.where(lane == 0, length, 0), out=cum_short[a + 1 : b + 1])
+            cum_short[a + 1 : b + 1] += cum_short[a]
+            np.cumsum(lane, out=cum_long[a + 1 : b + 1])
+            cum_long[a + 1 : b + 1] += cum_long[a]
     return Stream(doc, split_pos, split_off, split_len, cum, cum_short, cum_long, int(lengths.sum(dtype=np.int64)))
 
 
@@ -186,45 +210,111 @@ def membership(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slo
     for k, s in enumerate(streams):
         ptr[1:, k] = _nearest(s.cum, targets[:, k])
     np.maximum.accumulate(ptr, axis=0, out=ptr)
-    short, n_long = _step_load(ptr, streams)
-    bad = np.flatnonzero((n_long > slot_arr) | (short > (slot_arr - n_long) * lanes.seq_len))
-    if len(bad):
-        _repair(ptr, targets, streams, lanes, slot_arr, int(bad[0]))
+    _repair(ptr, targets, streams, lanes, slot_arr)
     return ptr
 
 
-def _step_load(ptr: np.ndarray, streams: Sequence[Stream]) -> tuple[np.ndarray, np.ndarray]:
-    """Short-lane tokens and long-lane segments of every step."""
-    short = np.zeros(ptr.shape[0] - 1, dtype=np.int64)
-    n_long = np.zeros(ptr.shape[0] - 1, dtype=np.int64)
-    for k, s in enumerate(streams):
-        cs = s.cum if s.cum_short is None else s.cum_short
-        short += np.diff(cs[ptr[:, k]])
-        if s.cum_long is not None:
-            n_long += np.diff(s.cum_long[ptr[:, k]])
-    return short, n_long
+REPAIR_CHUNK_CELLS = 1 << 20
+"""(steps x sources) cells of the stream counts looked up at once by the repair (bounds its memory)."""
+
+
+class _Chunk:
+    """Rows c0..c1 of the nearest pointers (copied before the repair rewrites them) and the stream counts
+    at them: short-lane tokens, long-lane segments and tokens, source by source (one lookup per source)."""
+
+    def __init__(self, ptr: np.ndarray, streams: Sequence[Stream], c0: int, c1: int) -> None:
+        self.c0 = c0
+        self.near = ptr[c0 : c1 + 1].copy()
+        n_rows, n_src = self.near.shape
+        self.short = np.empty((n_rows, n_src), dtype=np.int64)
+        self.cum = np.empty((n_rows, n_src), dtype=np.int64)
+        self.long: np.ndarray | None = None
+        for k, s in enumerate(streams):
+            col = self.near[:, k]
+            self.cum[:, k] = s.cum[col]
+            if s.cum_short is not None:
+                self.short[:, k] = s.cum_short[col]
+            else:
+                self.short[:, k] = self.cum[:, k]
+            if s.cum_long is not None:
+                if self.long is None:
+                    self.long = np.zeros((n_rows, n_src), dtype=np.int64)
+                self.long[:, k] = s.cum_long[col]
+
+    def bad_steps(self, slot_arr: np.ndarray, seq_len: int) -> np.ndarray:
+        """Steps (absolute) of the chunk that overflow their slots when every pointer is the nearest one."""
+        short = np.diff(self.short, axis=0).sum(axis=1)
+        n_long = np.zeros_like(short) if self.long is None else np.diff(self.long, axis=0).sum(axis=1)
+        sl = slot_arr[self.c0 : self.c0 + len(short)]
+        return np.flatnonzero((n_long > sl) | (short > (sl - n_long) * seq_len)) + self.c0
 
 
 def _repair(
-    ptr: np.ndarray, targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slot_arr: np.ndarray, t0: int
+    ptr: np.ndarray, targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slot_arr: np.ndarray
 ) -> None:
-    """From step t0 on, defer segments of the source most ahead of target until every step fits its slots."""
-    n_src = ptr.shape[1]
-    for t in range(t0, ptr.shape[0] - 1):
+    """Defer segments of the source most ahead of target, one at a time, until every step fits its slots.
+
+    Sequential by nature (a deferral moves a segment into the next step), but only overflowing steps and
+    the steps right after a deferral need work: while no deferral is pending, pointers are the nearest
+    ones and the next step to look at is the next overflowing one (found with NumPy over a chunk of
+    steps). A looked-at step costs a few NumPy calls over the sources plus one scalar update per deferred
+    segment, so the repair is linear in steps and sources. It matches the original per-step loop exactly.
+    """
+    steps, n_src = ptr.shape[0] - 1, ptr.shape[1]
+    if steps == 0:
+        return
+    seq_len = lanes.seq_len
+    rows = max(64, REPAIR_CHUNK_CELLS // max(n_src, 1))
+    cs_of = [s.cum if s.cum_short is None else s.cum_short for s in streams]
+    cl_of = [s.cum_long for s in streams]
+    has_long = any(c is not None for c in cl_of)
+    chunk: _Chunk | None = None
+    bad = np.zeros(0, dtype=np.int64)
+    # state before step t: p = repaired ptr[t], its short/long counts; `dirty` when p != nearest row t
+    p = p_cs = p_cl = np.zeros(0, dtype=np.int64)
+    dirty = False
+    t = 0
+    while t < steps:
+        if chunk is None or t + 1 > chunk.c0 + len(chunk.near) - 1:
+            chunk = _Chunk(ptr, streams, t, min(steps, t + rows))
+            bad = chunk.bad_steps(slot_arr, seq_len)
+        c0 = chunk.c0
+        if not dirty:
+            i = int(np.searchsorted(bad, t))
+            if i == len(bad):
+                t = c0 + len(chunk.near) - 1  # the chunk's steps all fit: go on with the next chunk
+                continue
+            t = int(bad[i])
+            j = t - c0
+            p, p_cs = chunk.near[j], chunk.short[j]
+            p_cl = chunk.long[j] if chunk.long is not None else p_cs
+        j = t + 1 - c0
+        r = chunk.near[j].copy()
+        r_cs = chunk.short[j].copy()
+        r_cl = chunk.long[j].copy() if chunk.long is not None else r_cs
+        short = int((r_cs - p_cs).sum())
+        n_long = int((r_cl - p_cl).sum()) if has_long else 0
         slots = int(slot_arr[t])
-        row = np.maximum(ptr[t + 1], ptr[t])
-        while True:
-            short = n_long = 0
-            for k, s in enumerate(streams):
-                cs = s.cum if s.cum_short is None else s.cum_short
-                short += int(cs[row[k]] - cs[ptr[t, k]])
-                if s.cum_long is not None:
-                    n_long += int(s.cum_long[row[k]] - s.cum_long[ptr[t, k]])
-            if n_long <= slots and short <= (slots - n_long) * lanes.seq_len:
-                break
-            ahead = np.array(
-                [streams[k].cum[row[k]] - targets[t, k] if row[k] > ptr[t, k] else -np.inf for k in range(n_src)]
-            )
-            k = int(np.argmax(ahead))
-            row[k] -= 1
-        ptr[t + 1] = row
+        if not (n_long <= slots and short <= (slots - n_long) * seq_len):
+            ahead = np.where(r > p, chunk.cum[j] - targets[t], -np.inf)
+            while True:
+                k = int(np.argmax(ahead))
+                rk = int(r[k])
+                cs = cs_of[k]
+                short -= int(cs[rk] - cs[rk - 1])
+                cl = cl_of[k]
+                if cl is not None:
+                    n_long -= int(cl[rk] - cl[rk - 1])
+                    r_cl[k] = cl[rk - 1]
+                rk -= 1
+                r[k] = rk
+                r_cs[k] = cs[rk]
+                ahead[k] = streams[k].cum[rk] - targets[t, k] if rk > p[k] else -np.inf
+                if n_long <= slots and short <= (slots - n_long) * seq_len:
+                    break
+            ptr[t + 1] = r
+            dirty = True
+        else:
+            dirty = False  # r is the nearest row: the next step starts clean
+        p, p_cs, p_cl = r, r_cs, (r_cl if has_long else r_cs)
+        t += 1

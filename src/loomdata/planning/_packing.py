@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loomdata.planning._segments import DenseIds
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import Spec
 
@@ -68,15 +69,19 @@ class Lanes:
         return np.where(lanes == 1, self.long_cp, self.short_cp).astype(np.int64)
 
 
-def check_unsplittable(source: str, samples: np.ndarray, lengths: np.ndarray, images: np.ndarray, lanes: Lanes) -> None:
+def check_unsplittable(
+    source: str, samples: np.ndarray | DenseIds, lengths: np.ndarray, images: np.ndarray, lanes: Lanes
+) -> None:
     """Raise PlanError when a sample with images exceeds its lane's capacity (it cannot be split)."""
-    lane = lanes.lane_of(lengths)
-    bad = np.flatnonzero((images > 0) & (lengths > lanes.capacity(lane)))
+    with_images = np.flatnonzero(images > 0)  # only these can fail: no per-sample 8-byte capacity array
+    lane = lanes.lane_of(lengths[with_images])
+    bad = with_images[lengths[with_images] > lanes.capacity(lane)]
     if len(bad):
         i = int(bad[0])
+        lane = lanes.lane_of(lengths[i : i + 1])
         raise PlanError(
             f"source {source!r}, sample {int(samples[i])}: {int(lengths[i])} tokens with "
-            f"{int(images[i])} image tokens exceed the lane capacity {int(lanes.capacity(lane[i : i + 1])[0])} "
+            f"{int(images[i])} image tokens exceed the lane capacity {int(lanes.capacity(lane)[0])} "
             f"and a sample with images cannot be split ({len(bad)} such sample(s)); no budget can hold it: "
             "raise training.seq_len or set long_context with a larger seq_len"
         )

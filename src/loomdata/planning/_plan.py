@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from loomdata.planning._items import StepItems
 from loomdata.planning._manifest import ManifestWriter
@@ -46,11 +47,11 @@ from loomdata.planning._resume import (
     open_base,
     resume_parameters,
 )
-from loomdata.planning._segments import Segments
+from loomdata.planning._segments import DenseIds, SampleIds, Segments
 from loomdata.planning._step import StepSink
 from loomdata.planning.balance import BalanceConfig, balance_block
 from loomdata.schemas.errors import PlanError
-from loomdata.schemas.layout import read_index
+from loomdata.schemas.layout import IndexFiles, read_index
 from loomdata.schemas.plan import PLAN_FORMAT_VERSION, PlanMeta, PlanParameters, ResumeInfo, StepShape, read_plan
 from loomdata.schemas.spec import Spec
 from loomdata.schemas.tables import TableKind, check_schema
@@ -72,7 +73,7 @@ class PlanResult:
 @dataclass(frozen=True, slots=True)
 class _Source:
     name: str
-    sample: np.ndarray
+    sample: SampleIds
     num_tokens: np.ndarray
     num_image_tokens: np.ndarray
 
@@ -137,35 +138,64 @@ def _publish(tmp: Path, final: Path) -> None:
 def _load_index(
     spec: Spec, index: Mapping[str, pa.Table] | None, fingerprints: Mapping[str, str] | None
 ) -> tuple[list[_Source], dict[str, str]]:
-    cols = ["sample", "num_tokens", "num_image_tokens"]
     out: list[_Source] = []
     fps: dict[str, str] = {}
     for name in spec.source_names:
         if index is None:
-            table, _, fp = read_index(spec.workdir, name, columns=cols)
+            src, fp = _read_source(spec.workdir, name)
         else:
             if name not in index:
                 raise PlanError(f"no index table given for source {name!r} (given: {', '.join(sorted(index))})")
             table = index[name]
             check_schema(table, TableKind.INDEX, f"index table of source {name!r}")
             fp = fingerprints[name] if fingerprints is not None and name in fingerprints else _fingerprint(table)
+            src = _Source(name, _np(table, "sample"), _np(table, "num_tokens"), _np(table, "num_image_tokens"))
         if fingerprints is not None and name in fingerprints:
             fp = fingerprints[name]
         fps[name] = fp
-        out.append(
-            _Source(
-                name,
-                _np(table, "sample"),
-                _np(table, "num_tokens"),
-                _np(table, "num_image_tokens"),
-            )
-        )
+        out.append(src)
     return out, fps
 
 
-def _np(table: pa.Table, col: str) -> np.ndarray:
-    arr = table.column(col)
-    return arr.combine_chunks().to_numpy() if arr.num_chunks != 1 else arr.chunk(0).to_numpy()
+def _read_source(workdir: Path, name: str) -> tuple[_Source, str]:
+    """One source's index columns, streamed in batches into compact arrays: 4 bytes a sample (num_tokens);
+    a dense `sample` column (0..n-1, as `loom index` writes it) and an all-zero `num_image_tokens` are
+    checked batch by batch and not stored, so reading costs little more than the arrays kept."""
+    _, _, fp = read_index(workdir, name, columns=[])  # checks the tables' kind, version and schema
+    pf = pq.ParquetFile(IndexFiles.of(workdir, name).samples, memory_map=False, pre_buffer=False)
+    n = pf.metadata.num_rows
+    tokens = np.empty(n, dtype=np.uint32)
+    sample: np.ndarray | None = None
+    images: np.ndarray | None = None
+    at = 0
+    cols = ["sample", "num_tokens", "num_image_tokens"]
+    for batch in pf.iter_batches(batch_size=_BATCH, columns=cols, use_threads=False):
+        b = at + batch.num_rows
+        tokens[at:b] = batch.column("num_tokens").to_numpy()
+        ids = batch.column("sample").to_numpy()
+        if sample is None and len(ids) and not (ids[0] == at and ids[-1] == b - 1 and (np.diff(ids) == 1).all()):
+            sample = np.empty(n, dtype=np.uint64)
+            sample[:at] = np.arange(at, dtype=np.uint64)
+        if sample is not None:
+            sample[at:b] = ids
+        img = batch.column("num_image_tokens").to_numpy()
+        if images is None and img.any():
+            images = np.zeros(n, dtype=np.uint32)
+        if images is not None:
+            images[at:b] = img
+        at = b
+    ids_of: SampleIds = DenseIds(n) if sample is None else sample
+    no_images = np.broadcast_to(np.zeros(1, np.uint32), (n,))
+    return _Source(name, ids_of, tokens, no_images if images is None else images), fp
+
+
+_BATCH = 1 << 16
+"""Rows read at a time from an index table."""
+
+
+def _np(table: pa.Table | pa.ChunkedArray, col: str | None) -> np.ndarray:
+    arr = table if col is None else table.column(col)
+    return arr.to_numpy() if arr.num_chunks != 1 else arr.chunk(0).to_numpy()
 
 
 def _fingerprint(table: pa.Table) -> str:

@@ -42,7 +42,7 @@ import numpy as np
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
-from loomdata.planning._segments import Segments
+from loomdata.planning._segments import DenseIds, SampleIds, Segments
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.plan import PlanMeta, ResumeInfo, StepShape, read_manifest, read_plan, stale_sources
 from loomdata.schemas.spec import Spec
@@ -174,7 +174,7 @@ def base_carry(
     base: BasePlan,
     ptr: np.ndarray,
     streams: Sequence[Stream],
-    samples: Sequence[np.ndarray],
+    samples: Sequence[SampleIds],
     lengths: Sequence[np.ndarray],
     images: Sequence[np.ndarray],
     lanes: Lanes,
@@ -241,10 +241,12 @@ def base_carry(
     return Segments.concat([Segments(*p) for p in parts])
 
 
-def _rows_of(base: BasePlan, k: int, samples: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+def _rows_of(base: BasePlan, k: int, samples: SampleIds, wanted: np.ndarray) -> np.ndarray:
     """Index-table rows (int64) of the sample ids `wanted` of source k."""
     n = len(samples)
-    if n and samples[0] == 0 and samples[-1] == n - 1 and bool((np.diff(samples.astype(np.int64)) == 1).all()):
+    if isinstance(samples, DenseIds) or (
+        n and samples[0] == 0 and samples[-1] == n - 1 and bool((np.diff(samples.astype(np.int64)) == 1).all())
+    ):
         rows = wanted.astype(np.int64)
         if len(rows) and rows.max() >= n:
             raise _mismatch(base, k, "sample ids beyond the index")

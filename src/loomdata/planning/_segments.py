@@ -7,9 +7,29 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Segments"]
+__all__ = ["DenseIds", "SampleIds", "Segments"]
 
 _COLUMNS = ("source", "sample", "offset", "length", "lane", "image_tokens")
+
+
+class DenseIds:
+    """The sample ids 0..n-1 of an index whose `sample` column is dense (as `loom index` writes it), without
+    storing them: `ids[rows]` is `rows` as uint64, so planning keeps no 8-byte id per indexed sample."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, rows: np.ndarray | int) -> np.ndarray:
+        return np.asarray(rows).astype(np.uint64)
+
+
+SampleIds = np.ndarray | DenseIds
+"""A source's sample id of each index row: stored, or dense (0..n-1) and not stored."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,81 @@
+"""The membership repair (only overflowing steps and those after a deferral are visited) gives exactly
+the pointers of the reference per-step loop it replaced, with and without a long lane, on fixed and
+per-step slots, across repair chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from loomdata.planning import _mixture
+from loomdata.planning._mixture import Stream, build_stream, membership
+from loomdata.planning._packing import Lanes
+
+
+def _reference(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slots: np.ndarray) -> np.ndarray:
+    """The planner's original membership: nearest pointers, then a per-step repair from the first bad step."""
+    steps, n_src = targets.shape
+    ptr = np.zeros((steps + 1, n_src), dtype=np.int64)
+    for k, s in enumerate(streams):
+        ptr[1:, k] = _mixture._nearest(s.cum, targets[:, k])
+    np.maximum.accumulate(ptr, axis=0, out=ptr)
+    for t in range(steps):
+        sl = int(slots[t])
+        row = np.maximum(ptr[t + 1], ptr[t])
+        while True:
+            short = n_long = 0
+            for k, s in enumerate(streams):
+                cs = s.cum if s.cum_short is None else s.cum_short
+                short += int(cs[row[k]] - cs[ptr[t, k]])
+                if s.cum_long is not None:
+                    n_long += int(s.cum_long[row[k]] - s.cum_long[ptr[t, k]])
+            if n_long <= sl and short <= (sl - n_long) * lanes.seq_len:
+                break
+            ahead = np.array(
+                [streams[k].cum[row[k]] - targets[t, k] if row[k] > ptr[t, k] else -np.inf for k in range(n_src)]
+            )
+            k = int(np.argmax(ahead))
+            row[k] -= 1
+        ptr[t + 1] = row
+    return ptr
+
+
+def _case(seed: int, n_src: int, steps: int, slots: int, lanes: Lanes) -> tuple[np.ndarray, list[Stream], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    budget = int(slots * lanes.seq_len * 0.96)
+    w = rng.random(n_src) + 0.1
+    w /= w.sum()
+    streams = []
+    for k in range(n_src):
+        n = int(steps * budget * w[k] / 300) + 50
+        lengths = np.clip(rng.lognormal(5.0, 1.3, n), 1, 6 * lanes.seq_len).astype(np.uint32)
+        tokens = int(lengths.sum())
+        epochs = int(steps * budget * w[k] // tokens) + 2
+        streams.append(build_stream(f"s{k}", seed, lengths, lanes, epochs))
+    step_slots = np.full(steps, slots, dtype=np.int64)
+    step_slots[steps // 2 :] = max(1, slots // 2)  # an elastic re-plan halves the slots
+    targets = np.cumsum(w * (step_slots * lanes.seq_len * 0.96)[:, None], axis=0)
+    return targets, streams, step_slots
+
+
+@pytest.mark.parametrize(
+    ("seed", "n_src", "steps", "slots", "long"),
+    [(0, 40, 300, 2, False), (1, 7, 400, 1, False), (2, 30, 200, 4, True), (3, 3, 500, 1, True)],
+)
+def test_repair_matches_the_reference_loop(
+    seed: int, n_src: int, steps: int, slots: int, long: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lanes = Lanes(seq_len=512, long_seq_len=2048, long_cp=2, threshold=512) if long else Lanes(seq_len=512)
+    targets, streams, step_slots = _case(seed, n_src, steps, slots, lanes)
+    want = _reference(targets, streams, lanes, step_slots)
+    monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", 7 * n_src)  # many chunks: boundaries get crossed
+    got = membership(targets, streams, lanes, step_slots)
+    near = np.zeros_like(want)
+    for k, s in enumerate(streams):
+        near[1:, k] = _mixture._nearest(s.cum, targets[:, k])
+    assert (want != np.maximum.accumulate(near, axis=0)).any()  # the case does need repairs
+    np.testing.assert_array_equal(got, want)
+    monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", 1 << 20)
+    np.testing.assert_array_equal(membership(targets, streams, lanes, step_slots), want)

@@ -18,7 +18,7 @@ from distributed import Client, LocalCluster
 from distributed.security import Security
 
 from loomdata.execution._config import DEFAULT_WORKERS, Timings
-from loomdata.execution._security import TlsFiles, embedded_tls, security_of
+from loomdata.execution._security import TLS_DIR, TlsFiles, embedded_tls, security_of
 from loomdata.schemas.errors import ExecutionError
 
 __all__ = ["INSECURE_WARNING", "connect", "open_cluster"]
@@ -56,8 +56,8 @@ def open_cluster(
 
     The embedded cluster binds to 127.0.0.1, uses one thread per worker, keeps its scratch files in
     `local_directory` (a fresh temporary folder, removed afterwards, when not given) and uses TLS:
-    `tls` if given, else fresh credentials written to `tls_dir` (0700; in memory without one, when
-    no other process needs to connect). A `scheduler` needs `tls` (the user's credentials). The
+    `tls` if given, else fresh credentials written to `tls_dir` (default: LOCAL_DIRECTORY/.loom-tls;
+    folder 0700, files 0600). A `scheduler` needs `tls` (the user's credentials). The
     dashboard is off unless `dashboard`, then on loopback. `insecure`: plain TCP, with a warning.
     Scripts that call this without a scheduler need an `if __name__ == "__main__":` guard.
     """
@@ -84,7 +84,8 @@ def open_cluster(
         Path(local_directory).mkdir(parents=True, exist_ok=True)
         security = None
         if not insecure:
-            security = security_of(tls or embedded_tls(Path(tls_dir) if tls_dir is not None else None))
+            folder = Path(tls_dir) if tls_dir is not None else Path(local_directory) / TLS_DIR
+            security = security_of(tls or embedded_tls(folder))
         cluster = stack.enter_context(
             LocalCluster(
                 n_workers=n_workers,

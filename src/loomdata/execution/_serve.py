@@ -28,6 +28,7 @@ from loomdata.execution._lock import serve_lock
 from loomdata.execution._security import TLS_DIR, TlsFiles
 from loomdata.schemas.errors import ExecutionError
 from loomdata.schemas.metrics import ExecutorMetrics
+from loomdata.schemas.plan import read_plan
 
 __all__ = ["serve"]
 
@@ -87,6 +88,7 @@ def serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, _on_signal)
     plan_dir = Path(plan_dir).resolve()
+    read_plan(plan_dir)  # a missing or bad plan says so before the lock and the cluster
     try:
         with (
             serve_lock(plan_dir),

@@ -44,8 +44,16 @@ def manual_cluster(tmp_path: Path, certs: Any) -> Iterator[str]:
     log = open(tmp_path / "cluster.log", "w")  # noqa: SIM115 - closed below
     procs = [
         subprocess.Popen(
-            [dask, "scheduler", "--host", "tls://127.0.0.1", "--port", str(port), "--no-dashboard"]
-            + _tls_args(certs, "scheduler"),
+            [
+                dask,
+                "scheduler",
+                "--host",
+                "tls://127.0.0.1",
+                "--port",
+                str(port),
+                "--no-dashboard",
+                *_tls_args(certs, "scheduler"),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

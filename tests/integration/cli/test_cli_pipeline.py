@@ -14,10 +14,21 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
+_CREDENTIALS: dict[str, str] = {}  # LOOM_TLS_* of the session's TLS cluster, for `--scheduler` runs
+
+
+@pytest.fixture(autouse=True)
+def _cluster_credentials(request: pytest.FixtureRequest) -> None:
+    """A test that uses `dask_client` runs `loom --scheduler` with that cluster's TLS files (LOOM_TLS_*)."""
+    if "dask_client" in request.fixturenames:
+        sec = request.getfixturevalue("dask_client").security
+        _CREDENTIALS.update(
+            LOOM_TLS_CA_FILE=sec.tls_ca_file, LOOM_TLS_CERT=sec.tls_client_cert, LOOM_TLS_KEY=sec.tls_client_key
+        )
 
 
 def _loom(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **(_CREDENTIALS if "--scheduler" in args else {}), "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
         [sys.executable, "-m", "loomdata.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )
@@ -159,7 +170,8 @@ def test_progress_bar_on_a_terminal_only(demo_tree: Path, dask_client: Any, tmp_
     args += ["--scheduler", dask_client.scheduler.address]
     primary, secondary = pty.openpty()
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a 100-column terminal
-    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=secondary, text=True)
+    env = {**os.environ, **_CREDENTIALS}
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=secondary, text=True, env=env)
     os.close(secondary)
     chunks = []
     while True:

@@ -38,6 +38,7 @@ from loomdata.execution.protocol import (
     env_security,
     parse_serve_info,
     pid_alive,
+    read_lock,
     read_serve_info,
     retry_until,
     serve_dataset,
@@ -287,6 +288,9 @@ class StreamClient:
                 tls = info.tls if info.scheduler == self._scheduler else None
             timeout = self._timings.connect_timeout_s
         else:
+            lock = read_lock(self.plan_dir)
+            if not serve_path(self.plan_dir).exists() and lock is not None and pid_alive(lock.host, lock.pid):
+                raise ExecutorUnavailable(f"`loom serve` pid {lock.pid} holds the plan and is starting")
             info = read_serve_info(self.plan_dir)
             if not self._fresh(info):
                 raise ExecutorUnavailable(f"serve.json names executor pid {info.pid}, which is gone: waiting")

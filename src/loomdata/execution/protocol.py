@@ -222,8 +222,8 @@ def pid_alive(host: str, pid: int) -> bool | None:
 def dead_server(plan_dir: str | Path, timings: Timings, *, now: float | None = None) -> str | None:
     """Why nobody serves `plan_dir` (an error message), or None while a serve runs or is starting.
 
-    Dead: serve.json's pid is gone (or, on another host, its heartbeat is older than
-    `timings.dead_after_s`), and no other live `loom serve` holds serve.lock (a restart under way).
+    Dead: serve.json's heartbeat is older than `timings.dead_after_s` and its pid is gone (or on
+    another host), and no other live `loom serve` holds serve.lock (a restart under way).
     """
     now = time.time() if now is None else now
     p = serve_path(plan_dir)
@@ -232,15 +232,13 @@ def dead_server(plan_dir: str | Path, timings: Timings, *, now: float | None = N
     except (OSError, ValueError):
         return None  # no serve.json (yet): `read_serve_info` says what to run
     alive = pid_alive(info.host, info.pid)
-    stale = now - info.heartbeat_at > timings.dead_after_s
-    if alive is True and not stale:
-        return None
-    if alive is None and not stale:
-        return None
+    if alive is True or now - info.heartbeat_at <= timings.dead_after_s:
+        return None  # running, or gone less than dead_after_s ago: a restart may still take the lock
     lock = read_lock(plan_dir)
     if lock is not None and lock.pid != info.pid and pid_alive(lock.host, lock.pid) is not False:
         return None  # another serve holds the plan: it is starting up
-    why = "is not running" if alive is False else f"sent no heartbeat for {now - info.heartbeat_at:.1f}s"
+    why = "is not running" if alive is False else "answers no more"
+    why += f" (no heartbeat for {now - info.heartbeat_at:.1f}s)"
     return (
         f"{p}: the executor of plan dir {Path(plan_dir)} (pid {info.pid} on {info.host or 'this host'}) {why}; "
         f"restart it with `loom serve {Path(plan_dir)}`"

@@ -21,7 +21,7 @@ from loomdata.execution._config import DEFAULT_WORKERS, Timings
 from loomdata.execution._security import TLS_DIR, TlsFiles, embedded_tls, security_of
 from loomdata.schemas.errors import ExecutionError
 
-__all__ = ["INSECURE_WARNING", "connect", "open_cluster"]
+__all__ = ["INSECURE_WARNING", "check_insecure_allowed", "connect", "open_cluster"]
 
 INSECURE_WARNING = (
     "loomdata: WARNING: --insecure: plain TCP without authentication; any local process of any user "
@@ -62,11 +62,7 @@ def open_cluster(
     Scripts that call this without a scheduler need an `if __name__ == "__main__":` guard.
     """
     if insecure:
-        if dask.config.get("distributed.comm.require-encryption", False):
-            raise ExecutionError(
-                "--insecure conflicts with Dask's distributed.comm.require-encryption setting; drop --insecure "
-                "(loomdata uses TLS by default) or unset DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"
-            )
+        check_insecure_allowed()
         print(INSECURE_WARNING, file=sys.stderr, flush=True)
     if scheduler:
         security = None if insecure else security_of(_needs_tls(scheduler, tls))
@@ -102,6 +98,15 @@ def open_cluster(
         if dashboard:
             print(f"loomdata: Dask dashboard at {client.dashboard_link}", file=sys.stderr, flush=True)
         yield client
+
+
+def check_insecure_allowed() -> None:
+    """ExecutionError when plain TCP is asked for while Dask's config requires encryption."""
+    if dask.config.get("distributed.comm.require-encryption", False):
+        raise ExecutionError(
+            "--insecure conflicts with Dask's distributed.comm.require-encryption setting; drop --insecure "
+            "(loomdata uses TLS by default) or unset DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"
+        )
 
 
 def _needs_tls(scheduler: str, tls: TlsFiles | None) -> TlsFiles:

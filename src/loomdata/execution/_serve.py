@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from loomdata.execution._cluster import open_cluster
+from loomdata.execution._cluster import check_insecure_allowed, open_cluster
 from loomdata.execution._config import Autoscaling, ServeConfig
 from loomdata.execution._executor import Executor
 from loomdata.execution._lock import serve_lock
@@ -89,6 +89,8 @@ def serve(
             previous[sig] = signal.signal(sig, _on_signal)
     plan_dir = Path(plan_dir).resolve()
     read_plan(plan_dir)  # a missing or bad plan says so before the lock and the cluster
+    if insecure:
+        check_insecure_allowed()
     try:
         with (
             serve_lock(plan_dir),

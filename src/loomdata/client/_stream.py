@@ -268,9 +268,10 @@ class StreamClient:
         return not self._fresh(info)
 
     def _fresh(self, info: ServeInfo) -> bool:
-        """Whether `info`'s executor looks alive: its pid runs (same host) and its heartbeat is recent."""
-        if pid_alive(info.host, info.pid) is False:
-            return False
+        """Whether `info`'s executor looks alive: its pid runs (same host), else (another host) a recent heartbeat."""
+        alive = pid_alive(info.host, info.pid)
+        if alive is not None:
+            return alive
         return time.time() - info.heartbeat_at <= self._timings.dead_after_s
 
     def _drop_client(self) -> None:

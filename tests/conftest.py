@@ -65,17 +65,27 @@ def scratch_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def dask_client(scratch_dir: Path) -> Iterator[object]:
-    """A real LocalCluster of 2 worker processes shared by the integration tests of one session."""
+    """A real LocalCluster of 2 worker processes shared by the integration tests of one session.
+
+    Secured like the clusters loomdata starts (TLS, credentials in files), so StreamClients find the
+    files through serve.json.
+    """
     from distributed import Client, LocalCluster
 
+    from loomdata.execution._security import embedded_tls, security_of
+
+    security = security_of(embedded_tls(scratch_dir / "tls"))
     cluster = LocalCluster(
         n_workers=2,
         threads_per_worker=1,
         processes=True,
+        host="127.0.0.1",
+        protocol="tls://",
+        security=security,
         dashboard_address=None,
         local_directory=str(scratch_dir / "dask"),
     )
-    client = Client(cluster)
+    client = Client(cluster, security=security)
     try:
         yield client
     finally:

@@ -102,9 +102,17 @@ def run_demo(
     scheduler: str | None = None,
     progress: bool = False,
     echo: Callable[[str], None] = print,
+    tls: Any = None,
+    insecure: bool = False,
+    dashboard: bool = False,
 ) -> dict[str, Any]:
-    """Run every stage once and return the figures it printed."""
+    """Run every stage once and return the figures it printed.
+
+    The embedded cluster uses TLS with credentials made in WORKDIR/.loom-tls (the ranks find them
+    through serve.json); `tls` reaches a given `scheduler`; `insecure` is plain TCP (ranks too).
+    """
     from loomdata.execution import Executor, ServeConfig, open_cluster
+    from loomdata.execution._security import TLS_DIR
     from loomdata.indexing import build_index
     from loomdata.planning import make_plan, plan_report
     from loomdata.schemas import load_spec
@@ -125,7 +133,18 @@ def run_demo(
         spec = spec.model_copy(update={"training": spec.training.model_copy(update={"dp_size": ranks})})
     scratch = tempfile.mkdtemp(prefix="loom-demo-")
     config = ServeConfig()  # the demo serves with the defaults: fixed loaders, recovery on
-    with open_cluster(scheduler, n_workers=config.n_workers, local_directory=scratch) as client:
+    if insecure:
+        os.environ["LOOM_INSECURE"] = "1"  # the spawned ranks accept the plain-TCP scheduler too
+    cluster = open_cluster(
+        scheduler,
+        n_workers=config.n_workers,
+        local_directory=scratch,
+        tls=tls,
+        tls_dir=spec.workdir / TLS_DIR,
+        insecure=insecure,
+        dashboard=dashboard,
+    )
+    with cluster as client:
         t = time.perf_counter()
         index = build_index(spec, client, progress=progress).to_dict()
         report["index"] = index

@@ -1,7 +1,10 @@
-"""The `loom` command: the one place that wires the stages (generate, index, plan, inspect, calibrate, serve, demo).
+"""The `loom` command: the one place that wires the stages (generate, index, plan, inspect, calibrate, serve,
+demo, certs).
 
 Every subcommand prints a human summary, or only JSON with `--json`. Errors loomdata raises on
 purpose (`LoomError`) print as one message without a traceback (add `--debug` to see it) and exit 2.
+Clusters are TLS-secured: embedded ones make their own credentials; `--tls-ca-file/--tls-cert/--tls-key`
+(or LOOM_TLS_*) reach an existing `--scheduler`; `--insecure` is plain TCP, with a warning.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from loomdata.schemas import LoomError
+from loomdata.schemas import LoomError, SpecError
 
 __all__ = ["main"]
 
@@ -42,13 +45,83 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_workdir(workdir: Path, origin: str) -> None:
+    """A workdir loomdata can create and write, else a SpecError saying why (not an OSError traceback later)."""
+    probe = Path(workdir)
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise SpecError([f"workdir: {workdir} lies under {probe}, which is a file, not a folder"], origin)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        what = "is not writable" if probe == Path(workdir) else f"cannot be created: {probe} is not writable"
+        raise SpecError([f"workdir: {workdir} {what} by this user; choose another workdir"], origin)
+
+
+def _tls(args: argparse.Namespace) -> Any:
+    """The user's TLS credentials from the flags or LOOM_TLS_* (None: none given); insecure conflicts."""
+    from loomdata.execution._security import user_tls
+    from loomdata.schemas import ExecutionError
+
+    try:
+        tls = user_tls(args.tls_ca_file, args.tls_cert, args.tls_key)
+    except ValueError as e:
+        raise ExecutionError(str(e)) from None
+    if tls is not None and args.insecure:
+        raise ExecutionError("--insecure and TLS credentials exclude each other; drop one")
+    return tls
+
+
+def _add_security(sp: argparse.ArgumentParser, *, dashboard: bool = True) -> None:
+    sp.add_argument("--tls-ca-file", default=None, help="CA certificate (PEM) of an existing TLS cluster")
+    sp.add_argument("--tls-cert", default=None, help="this client's certificate (PEM), signed by that CA")
+    sp.add_argument("--tls-key", default=None, help="this client's private key (PEM)")
+    sp.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plain TCP without authentication (anyone reaching the port can run code here); prints a warning",
+    )
+    if dashboard:
+        sp.add_argument("--dashboard", action="store_true", help="start the Dask dashboard, on 127.0.0.1 only")
+
+
+def _cmd_certs(args: argparse.Namespace) -> int:
+    from loomdata.execution._security import make_certs
+
+    made = make_certs(Path(args.dir), list(args.host), days=args.days)
+    out = {
+        "ca_file": str(made.ca_file),
+        **{role: {"cert": str(c), "key": str(k)} for role, (c, k) in made.roles.items()},
+    }
+    if args.json:
+        _print_json(out)
+    else:
+        print(f"CA and certificates written to {made.folder} (folder 0700, files 0600); valid {args.days} days")
+        for role, (c, k) in made.roles.items():
+            print(f"  {role:>9}: {c}  {k}")
+        print(
+            "  dask scheduler --tls-ca-file {ca} --tls-cert {s} --tls-key {sk} ...; loom serve PLAN --scheduler "
+            "tls://HOST:PORT --tls-ca-file {ca} --tls-cert {c} --tls-key {ck}".format(
+                ca=made.ca_file,
+                s=made.roles["scheduler"][0],
+                sk=made.roles["scheduler"][1],
+                c=made.roles["client"][0],
+                ck=made.roles["client"][1],
+            )
+        )
+    return 0
+
+
 def _cmd_index(args: argparse.Namespace) -> int:
     from loomdata.execution import open_cluster
     from loomdata.indexing import build_index
     from loomdata.schemas import load_spec
 
     spec = load_spec(args.spec)
-    with open_cluster(args.scheduler, n_workers=args.workers) as client:
+    _check_workdir(spec.workdir, args.spec)
+    tls = _tls(args)
+    with open_cluster(args.scheduler, n_workers=args.workers, tls=tls, insecure=args.insecure) as client:
         summary = build_index(spec, client, progress=_progress_wanted(args))
     out = summary.to_dict()
     if args.json:
@@ -64,6 +137,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from loomdata.schemas import load_spec
 
     spec = load_spec(args.spec, check_paths=False)
+    _check_workdir(spec.workdir, args.spec)
     resume = None if args.resume_from is None else PlanResume(plan_dir=Path(args.resume_from), at_step=args.at_step)
     result = make_plan(spec, progress=_progress_wanted(args), resume_from=resume)
     report = plan_report(result.plan_dir)
@@ -152,7 +226,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"loom serve: error: {e}", file=sys.stderr)
         return 2
-    serve(Path(args.plan_dir), config, scheduler=args.scheduler, json_out=args.json)
+    serve(
+        Path(args.plan_dir),
+        config,
+        scheduler=args.scheduler,
+        json_out=args.json,
+        tls=_tls(args),
+        insecure=args.insecure,
+        dashboard=args.dashboard,
+    )
     return 0
 
 
@@ -167,6 +249,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         scheduler=args.scheduler,
         progress=_progress_wanted(args),
         echo=(lambda _msg: None) if args.json else print,
+        tls=_tls(args),
+        insecure=args.insecure,
+        dashboard=args.dashboard,
     )
     if args.json:
         _print_json(report)
@@ -233,6 +318,7 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument(
         "--workers", type=int, default=defaults.n_workers, help="worker processes of the embedded LocalCluster"
     )
+    _add_security(i, dashboard=False)
 
     pl = add("plan", _cmd_plan, "make the global plan (manifest) for SPEC from its index")
     pl.add_argument("spec")
@@ -287,6 +373,7 @@ def _parser() -> argparse.ArgumentParser:
         help="resize each source's loaders by demand x measured cost while serving "
         "(--no-autoscale: a fixed --loaders-per-source)",
     )
+    _add_security(s)
 
     d = add("demo", _cmd_demo, "generate, index, plan, serve and train tiny ranks end to end")
     d.add_argument("--spec", default="configs/demo.yaml")
@@ -294,6 +381,12 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--size", choices=["tiny", "small", "large"], default="tiny")
     d.add_argument("--ranks", type=int, default=4)
     d.add_argument("--scheduler", default=None)
+    _add_security(d)
+
+    c = add("certs", _cmd_certs, "create a CA and scheduler, worker and client TLS certificates in DIR")
+    c.add_argument("dir")
+    c.add_argument("--host", action="append", default=[], help="a host name or IP to name in the certificates")
+    c.add_argument("--days", type=int, default=365, help="how long the certificates are valid")
     return p
 
 

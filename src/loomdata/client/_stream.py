@@ -7,10 +7,19 @@ step from the plan). Transient failures (executor restarting, a worker and the c
 lost) are retried by re-resolving the constructor through the published dataset / ServeInfo and
 asking for the same step again, until `retry_s` runs out: every take names its (rank, step), so a
 recreated constructor rebuilds exactly that step from the manifest, and nothing is lost or repeated.
+
+A restarted `loom serve` (new address, new credentials): a client that made its own Dask client
+drops it when serve.json names another executor, or names one whose pid is gone or whose heartbeat
+stopped, waits for the new serve.json and connects again; a dead executor that nobody restarts is
+an error within `Timings.dead_after_s` (`protocol.dead_server`). Connections use TLS, verifying the
+scheduler against the CA that serve.json names (files of this user only) or the client's own
+credentials (`security`, LOOM_TLS_*); a plain-TCP scheduler only with `insecure` (LOOM_INSECURE=1).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -24,10 +33,16 @@ from loomdata.execution.protocol import (
     ExecutorUnavailable,
     ServeInfo,
     Timings,
+    client_security,
+    dead_server,
+    env_security,
     parse_serve_info,
+    pid_alive,
+    read_lock,
     read_serve_info,
     retry_until,
     serve_dataset,
+    serve_path,
 )
 from loomdata.schemas.batch import Batch
 from loomdata.schemas.errors import ContractError, ExecutionError, LoomError
@@ -50,8 +65,14 @@ class StreamClient:
         prefetch: int = 1,
         retry_s: float | None = None,
         timings: Timings | None = None,
+        security: Any = None,
+        insecure: bool | None = None,
     ) -> None:
-        """`retry_s` (default `timings.client_retry_s`): how long a step is retried while the executor is away."""
+        """`retry_s` (default `timings.client_retry_s`): how long a step is retried while the executor is away.
+
+        `security`: this client's own `distributed.Security` (default: LOOM_TLS_* if set, else the files
+        serve.json names); `insecure` (default: LOOM_INSECURE=1): accept a plain-TCP scheduler.
+        """
         self.plan_dir = Path(plan_dir)
         self.meta = read_plan(self.plan_dir)
         if not 0 <= dp_rank < self.meta.dp_size:
@@ -61,6 +82,10 @@ class StreamClient:
             )
         if not 0 <= start_step <= self.meta.steps:
             raise ExecutionError(f"start_step {start_step} is outside plan {self.meta.plan_id} (0..{self.meta.steps})")
+        _check_rank_exists(self.meta, dp_rank, start_step)
+        self._security = security if security is not None else env_security()
+        self._insecure = insecure if insecure is not None else os.environ.get("LOOM_INSECURE", "") == "1"
+        self._attached: tuple[int, float] | None = None  # (pid, started_at) of the serve this client talks to
         self.dp_rank = dp_rank
         self._scheduler = scheduler
         self._client = client
@@ -183,6 +208,12 @@ class StreamClient:
         def reset(_: Exception) -> None:
             self._actor = None  # re-resolve: the executor re-publishes a recreated constructor under the same name
             self._ahead.clear()
+            if self._scheduler is None:
+                dead = dead_server(self.plan_dir, self._timings)
+                if dead is not None:
+                    raise ExecutionError(f"plan {self.meta.plan_id}, dp rank {self.dp_rank}, step {step}: {dead}")
+            if self._owns_client and self._client is not None and self._server_gone():
+                self._drop_client()  # a restarted serve: reconnect to the address serve.json will name
 
         batches = retry_until(
             attempt,
@@ -211,6 +242,8 @@ class StreamClient:
                 batches: list[Batch] = fut.result(timeout=self._timings.client_check_s)
                 return batches
             except TimeoutError:
+                if self._server_gone():
+                    raise ExecutorUnavailable("the executor this client talked to is gone (serve.json)") from None
                 if self._replaced():
                     raise ExecutorUnavailable(f"constructor {self._actor_name} was replaced (worker lost)") from None
 
@@ -222,12 +255,57 @@ class StreamClient:
             published = self._client.get_dataset(self._actor_name, default=None)
         return published is None or published.key != self._actor.key
 
-    def _attach(self) -> None:
-        """Connect (once) and get the constructor that serves this rank."""
-        if self._client is None:
-            address = self._scheduler or read_serve_info(self.plan_dir).scheduler
+    def _server_gone(self) -> bool:
+        """Whether serve.json now names another executor than ours, or ours has died (pid gone, no heartbeat)."""
+        if self._scheduler is not None or self._attached is None:
+            return False
+        try:
+            info = ServeInfo.model_validate_json(serve_path(self.plan_dir).read_text())
+        except (OSError, ValueError):
+            return False  # removed or being replaced: the next attempt reads it again
+        if (info.pid, info.started_at) != self._attached:
+            return True
+        return not self._fresh(info)
+
+    def _fresh(self, info: ServeInfo) -> bool:
+        """Whether `info`'s executor looks alive: its pid runs (same host), else (another host) a recent heartbeat."""
+        alive = pid_alive(info.host, info.pid)
+        if alive is not None:
+            return alive
+        return time.time() - info.heartbeat_at <= self._timings.dead_after_s
+
+    def _drop_client(self) -> None:
+        client, self._client, self._attached = self._client, None, None
+        if client is not None:
+            with contextlib.suppress(Exception):  # its scheduler is gone: closing is best effort
+                client.close(timeout=1)
+
+    def _connect(self) -> Client:
+        """A Dask client for the scheduler given, or the one serve.json names (only once it looks alive)."""
+        if self._scheduler is not None:
+            address, tls, info = self._scheduler, None, None
+            with contextlib.suppress(ExecutionError):
+                info = read_serve_info(self.plan_dir)
+                tls = info.tls if info.scheduler == self._scheduler else None
             timeout = self._timings.connect_timeout_s
-            self._client = Client(address, direct_to_workers=True, set_as_default=True, timeout=timeout)
+        else:
+            lock = read_lock(self.plan_dir)
+            if not serve_path(self.plan_dir).exists() and lock is not None and pid_alive(lock.host, lock.pid):
+                raise ExecutorUnavailable(f"`loom serve` pid {lock.pid} holds the plan and is starting")
+            info = read_serve_info(self.plan_dir)
+            if not self._fresh(info):
+                raise ExecutorUnavailable(f"serve.json names executor pid {info.pid}, which is gone: waiting")
+            address, tls = info.scheduler, info.tls
+            timeout = min(self._timings.connect_timeout_s, max(self._timings.dead_after_s, 5.0))
+        security = client_security(address, tls, plan_id=self.meta.plan_id, own=self._security, insecure=self._insecure)
+        client = Client(address, direct_to_workers=True, set_as_default=True, timeout=timeout, security=security)
+        self._attached = (info.pid, info.started_at) if info is not None and self._scheduler is None else None
+        return client
+
+    def _attach(self) -> None:
+        """Connect (once per executor) and get the constructor that serves this rank."""
+        if self._client is None:
+            self._client = self._connect()
         info = self._serve_info()
         if info.plan_id != self.meta.plan_id:
             raise ExecutionError(
@@ -249,3 +327,21 @@ class StreamClient:
         if raw is not None:
             return parse_serve_info(str(raw), f"dataset {serve_dataset(self.meta.plan_id)}")
         return read_serve_info(self.plan_dir)
+
+
+def _check_rank_exists(meta: Any, dp_rank: int, start_step: int) -> None:
+    """An elastic re-plan's rank that has no batches at `start_step` must start where it first has some."""
+    shapes = sorted(meta.parameters.shapes(meta.dp_size, meta.micro_batches), key=lambda sh: sh.from_step)
+    current = [sh for sh in shapes if sh.from_step <= start_step]
+    if not current or dp_rank < current[-1].dp_size:
+        return
+    later = [sh.from_step for sh in shapes if sh.from_step > start_step and dp_rank < sh.dp_size]
+    where = (
+        f"its first step in this plan is {later[0]}: start it with start_step={later[0]}"
+        if later
+        else "it has no steps after that in this plan"
+    )
+    raise ExecutionError(
+        f"dp rank {dp_rank} does not exist at step {start_step} of plan {meta.plan_id} (an elastic re-plan: "
+        f"{current[-1].dp_size} rank(s) from step {current[-1].from_step}); {where}"
+    )

@@ -2,8 +2,9 @@
 
 It implements the torchdata Stateful protocol (`state_dict` / `load_state_dict`), so a
 `StatefulDataLoader` or a training loop can checkpoint and resume the stream exactly. Batches are
-built a window ahead by the executor, so use it with `num_workers=0` (in the training process);
-with more workers every worker would stream the same rank.
+built a window ahead by the executor, so use it with `num_workers=0` (in the training process):
+under DataLoader workers the position would live in a worker process, and the training process's
+`state_dict()` would not see it, so iteration there is refused.
 """
 
 from __future__ import annotations
@@ -52,9 +53,17 @@ class LoomDataset(IterableDataset[dict[str, Any]]):
     """The micro-batches of one dp rank as dicts of tensors; Stateful for exact resume."""
 
     def __init__(
-        self, plan_dir: str | Path, dp_rank: int, scheduler: str | None = None, *, start_step: int = 0
+        self,
+        plan_dir: str | Path,
+        dp_rank: int,
+        scheduler: str | None = None,
+        *,
+        start_step: int = 0,
+        **stream_options: Any,
     ) -> None:
+        """`stream_options` go to the StreamClient (`security`, `insecure`, `retry_s`, `timings`...)."""
         super().__init__()
+        self._options = stream_options
         self.plan_dir = Path(plan_dir)
         self.dp_rank = dp_rank
         self.scheduler = scheduler
@@ -64,7 +73,9 @@ class LoomDataset(IterableDataset[dict[str, Any]]):
 
     def _stream(self) -> StreamClient:
         if self._client is None:  # created lazily, in the process that iterates
-            self._client = StreamClient(self.plan_dir, self.dp_rank, self.scheduler, start_step=self._start_step)
+            self._client = StreamClient(
+                self.plan_dir, self.dp_rank, self.scheduler, start_step=self._start_step, **self._options
+            )
             if self._pending_state is not None:
                 self._client.load_state_dict(self._pending_state)
                 self._pending_state = None
@@ -72,10 +83,12 @@ class LoomDataset(IterableDataset[dict[str, Any]]):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
-        if info is not None and info.num_workers > 1:
+        if info is not None:
             raise ExecutionError(
-                f"LoomDataset under a DataLoader with num_workers={info.num_workers}: every worker would "
-                "stream the same rank; use num_workers=0 or 1 (the executor already prefetches)"
+                f"LoomDataset under a DataLoader with num_workers={info.num_workers}: the stream position would "
+                "live in a worker process (state_dict() in the training process would not see it, and several "
+                "workers would stream the same rank); use DataLoader(dataset, batch_size=None, num_workers=0): "
+                "the executor already builds batches a window ahead"
             )
         stream = self._stream()
         for batch in stream:

@@ -63,7 +63,7 @@ class FleetOps:
         self._shards: dict[int, np.ndarray] = {}  # index shard column per source id (read once)
         self._workers: itertools.cycle[str] = itertools.cycle([])
         self.fleet = Fleet(meta.plan_id, list(meta.sources), rank_groups(meta.dp_size, config.constructors))
-        self.published = Publisher(client, plan_dir, meta.plan_id)
+        self.published = Publisher(client, plan_dir, meta.plan_id, heartbeat_s=config.timings.heartbeat_s)
 
     # ---- start / stop ---------------------------------------------------------------------------
 

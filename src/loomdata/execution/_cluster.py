@@ -1,22 +1,43 @@
-"""Cluster handling: an embedded LocalCluster of worker processes, or a connection to a running one."""
+"""Cluster handling: an embedded LocalCluster of worker processes, or a connection to a running one.
+
+Secured by default: the embedded cluster speaks TLS with mutual authentication, with credentials
+made for it at start (`_security.embedded_tls`); a running scheduler is reached with the user's
+own credentials (`--tls-*` or LOOM_TLS_*). Plain TCP only with `insecure`, which prints a warning.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import dask
 from distributed import Client, LocalCluster
+from distributed.security import Security
 
 from loomdata.execution._config import DEFAULT_WORKERS, Timings
+from loomdata.execution._security import TLS_DIR, TlsFiles, embedded_tls, security_of
+from loomdata.schemas.errors import ExecutionError
 
-__all__ = ["connect", "open_cluster"]
+__all__ = ["INSECURE_WARNING", "check_insecure_allowed", "connect", "open_cluster"]
+
+INSECURE_WARNING = (
+    "loomdata: WARNING: --insecure: plain TCP without authentication; any local process of any user "
+    "that reaches the scheduler port can run code in the workers and in this process"
+)
 
 
-def connect(scheduler: str, *, timeout: float = Timings().connect_timeout_s, set_as_default: bool = True) -> Client:
+def connect(
+    scheduler: str,
+    *,
+    timeout: float = Timings().connect_timeout_s,
+    set_as_default: bool = True,
+    security: Security | None = None,
+) -> Client:
     """A Client talking to workers directly (actor results never go through the scheduler)."""
-    return Client(scheduler, timeout=timeout, direct_to_workers=True, set_as_default=set_as_default)
+    return Client(scheduler, timeout=timeout, direct_to_workers=True, set_as_default=set_as_default, security=security)
 
 
 @contextlib.contextmanager
@@ -26,15 +47,28 @@ def open_cluster(
     n_workers: int = DEFAULT_WORKERS,
     local_directory: str | Path | None = None,
     connect_timeout_s: float = Timings().connect_timeout_s,
+    tls: TlsFiles | None = None,
+    tls_dir: str | Path | None = None,
+    insecure: bool = False,
+    dashboard: bool = False,
 ) -> Iterator[Client]:
     """Yield a Client: connected to `scheduler`, or to an embedded LocalCluster of `n_workers` processes.
 
-    The embedded cluster binds to 127.0.0.1, uses one thread per worker, and keeps its scratch files in
-    `local_directory` (a fresh temporary folder, removed afterwards, when not given). Scripts that call
-    this without a scheduler need an `if __name__ == "__main__":` guard (workers are spawned).
+    The embedded cluster binds to 127.0.0.1, uses one thread per worker, keeps its scratch files in
+    `local_directory` (a fresh temporary folder, removed afterwards, when not given) and uses TLS:
+    `tls` if given, else fresh credentials written to `tls_dir` (default: LOCAL_DIRECTORY/.loom-tls;
+    folder 0700, files 0600). A `scheduler` needs `tls` (the user's credentials). The
+    dashboard is off unless `dashboard`, then on loopback. `insecure`: plain TCP, with a warning.
+    Scripts that call this without a scheduler need an `if __name__ == "__main__":` guard.
     """
+    if insecure:
+        check_insecure_allowed()
+        print(INSECURE_WARNING, file=sys.stderr, flush=True)
     if scheduler:
-        client = connect(scheduler, timeout=connect_timeout_s)
+        security = None if insecure else security_of(_needs_tls(scheduler, tls))
+        if security is not None and "://" not in scheduler:
+            scheduler = f"tls://{scheduler}"
+        client = connect(scheduler, timeout=connect_timeout_s, security=security)
         try:
             yield client
         finally:
@@ -44,15 +78,47 @@ def open_cluster(
         if local_directory is None:
             local_directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="loom-dask-"))
         Path(local_directory).mkdir(parents=True, exist_ok=True)
+        security = None
+        if not insecure:
+            folder = Path(tls_dir) if tls_dir is not None else Path(local_directory) / TLS_DIR
+            security = security_of(tls or embedded_tls(folder))
         cluster = stack.enter_context(
             LocalCluster(
                 n_workers=n_workers,
                 threads_per_worker=1,
                 processes=True,
                 host="127.0.0.1",
-                dashboard_address="127.0.0.1:0",  # HTTP routes only (no bokeh), on a free local port
+                protocol="tcp://" if insecure else "tls://",
+                security=security,
+                dashboard_address="127.0.0.1:0" if dashboard else None,
                 local_directory=str(local_directory),
             )
         )
-        client = stack.enter_context(Client(cluster, direct_to_workers=True))
+        client = stack.enter_context(Client(cluster, direct_to_workers=True, security=security))
+        if dashboard:
+            print(f"loomdata: Dask dashboard at {client.dashboard_link}", file=sys.stderr, flush=True)
         yield client
+
+
+def check_insecure_allowed() -> None:
+    """ExecutionError when plain TCP is asked for while Dask's config requires encryption."""
+    if dask.config.get("distributed.comm.require-encryption", False):
+        raise ExecutionError(
+            "--insecure conflicts with Dask's distributed.comm.require-encryption setting; drop --insecure "
+            "(loomdata uses TLS by default) or unset DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"
+        )
+
+
+def _needs_tls(scheduler: str, tls: TlsFiles | None) -> TlsFiles:
+    if scheduler.startswith("tcp://"):
+        raise ExecutionError(
+            f"scheduler {scheduler} speaks plain TCP; loomdata connects with TLS only: start the scheduler with "
+            "TLS (`loom certs DIR` makes the certificates) or pass --insecure"
+        )
+    if tls is None:
+        raise ExecutionError(
+            f"connecting to scheduler {scheduler} needs TLS credentials: pass --tls-ca-file, --tls-cert and "
+            "--tls-key (or LOOM_TLS_CA_FILE, LOOM_TLS_CERT, LOOM_TLS_KEY; `loom certs DIR` makes them), "
+            "or --insecure for a plain-TCP scheduler"
+        )
+    return tls

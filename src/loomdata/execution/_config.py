@@ -46,6 +46,8 @@ class Timings:
     client_retry_s: float = 60.0  # how long a StreamClient retries a step before failing
     client_retry_pause_s: float = 0.25  # between a StreamClient's attempts
     client_check_s: float = 2.0  # while a take waits this long, check its constructor is still published
+    heartbeat_s: float = 1.0  # how often a serving executor refreshes serve.json's heartbeat_at
+    dead_after_s: float = 4.0  # a heartbeat this old (or a gone pid): a client says the executor is dead
 
     def __post_init__(self) -> None:
         _positive(self, *(f.name for f in fields(self) if f.name.endswith("_s")))

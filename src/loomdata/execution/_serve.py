@@ -4,6 +4,10 @@ The executor recreates actors lost with a worker while serving; metrics lines co
 autoscales loaders by default (`Executor` itself does not: a library caller that sizes loaders with
 `set_loaders` keeps control); resizes and recovery share one protocol (see `_actors`). Settings come
 in one `ServeConfig`, built here (or by `loom serve`) and passed down.
+
+One serve per plan dir (serve.lock, see `_lock`). The embedded cluster uses TLS with credentials made
+at start in PLAN_DIR/.loom-tls (0700; clients find them through serve.json); a given scheduler is
+reached with the user's credentials (`tls`); plain TCP only with `insecure`.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from loomdata.execution._cluster import open_cluster
+from loomdata.execution._cluster import check_insecure_allowed, open_cluster
 from loomdata.execution._config import Autoscaling, ServeConfig
 from loomdata.execution._executor import Executor
+from loomdata.execution._lock import serve_lock
+from loomdata.execution._security import TLS_DIR, TlsFiles
 from loomdata.schemas.errors import ExecutionError
 from loomdata.schemas.metrics import ExecutorMetrics
+from loomdata.schemas.plan import read_plan
 
 __all__ = ["serve"]
 
@@ -56,6 +63,9 @@ def serve(
     *,
     scheduler: str | None = None,
     json_out: bool = False,
+    tls: TlsFiles | None = None,
+    insecure: bool = False,
+    dashboard: bool = False,
     **settings: Any,
 ) -> None:
     """Serve `plan_dir` until Ctrl-C/SIGTERM, printing metrics every `config.metrics_every_s`.
@@ -64,6 +74,7 @@ def serve(
     unlike `Executor`. Keyword `settings` override config fields (`constructors=2`, `autoscale=False`).
     With `json_out`, stdout carries JSON lines only: `serving` (the ServeInfo), `metrics`, `stopped`
     (final metrics). The embedded cluster (no `scheduler`) has `config.n_workers` worker processes.
+    `tls`: the user's credentials (needed with `scheduler`); `insecure`: plain TCP (a warning is printed).
     """
     cfg = config or ServeConfig(autoscale=Autoscaling())
     cfg = cfg.with_settings(**settings) if settings else cfg
@@ -76,9 +87,22 @@ def serve(
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, _on_signal)
+    plan_dir = Path(plan_dir).resolve()
+    read_plan(plan_dir)  # a missing or bad plan says so before the lock and the cluster
+    if insecure:
+        check_insecure_allowed()
     try:
         with (
-            open_cluster(scheduler, n_workers=cfg.n_workers, connect_timeout_s=cfg.timings.connect_timeout_s) as client,
+            serve_lock(plan_dir),
+            open_cluster(
+                scheduler,
+                n_workers=cfg.n_workers,
+                connect_timeout_s=cfg.timings.connect_timeout_s,
+                tls=tls,
+                tls_dir=plan_dir / TLS_DIR,
+                insecure=insecure,
+                dashboard=dashboard,
+            ) as client,
             Executor(plan_dir, client, cfg) as ex,
         ):
             info = ex.info

@@ -13,13 +13,23 @@ A constructor answers `take(dp_rank, step)` with that rank's micro-batches of th
 so any constructor of the plan (a recreated one too) can rebuild it from the manifest; the position
 inside the step (micro_batch) stays with the client. Both sides share the serving `Timings` (how
 long a client retries, how often it checks its constructor) and the retry helper (`retry_until`).
+
+Trust: serve.json names the TLS files a client uses (paths only). A client accepts them only when
+they are owned by its own user and closed to others (`client_security`), and refuses a plain-TCP
+scheduler unless told `insecure`, so a forged serve.json cannot point a rank at a foreign scheduler.
+Liveness: serve.json carries the serving pid, host and a heartbeat time refreshed every second, and
+`serve.lock` names the serve that holds the plan; `dead_server` tells a client that nobody serves.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import stat
+import time
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -34,9 +44,17 @@ __all__ = [
     "ExecutorUnavailable",
     "LoaderInfo",
     "ServeInfo",
+    "ServeLock",
     "Timings",
+    "TlsInfo",
+    "client_security",
     "constructor_dataset",
+    "dead_server",
+    "env_security",
+    "lock_path",
     "parse_serve_info",
+    "pid_alive",
+    "read_lock",
     "read_serve_info",
     "retry_until",
     "serve_dataset",
@@ -44,7 +62,7 @@ __all__ = [
     "write_serve_info",
 ]
 
-SERVE_FORMAT_VERSION = 1
+SERVE_FORMAT_VERSION = 2
 
 
 class ExecutorUnavailable(ExecutionError):
@@ -76,6 +94,22 @@ class LoaderInfo(_Frozen):
     worker: str
 
 
+class TlsInfo(_Frozen):
+    """The PEM files a client presents and checks the scheduler against (paths, never key material)."""
+
+    ca_file: str
+    cert: str
+    key: str
+
+
+class ServeLock(_Frozen):
+    """Contents of serve.lock: which `loom serve` holds a plan dir."""
+
+    pid: int
+    host: str
+    started_at: float
+
+
 class ServeInfo(_Frozen):
     """Contents of serve.json: how clients find a running executor of a plan."""
 
@@ -88,6 +122,9 @@ class ServeInfo(_Frozen):
     loaders: list[LoaderInfo]
     pid: int
     started_at: float
+    host: str = ""
+    heartbeat_at: float = 0.0  # refreshed about every second while the executor serves
+    tls: TlsInfo | None = None  # None: a plain-TCP scheduler (`--insecure`) or in-memory credentials
 
     def constructor_for(self, dp_rank: int) -> ConstructorInfo:
         """The constructor serving `dp_rank` (ExecutionError when none does)."""
@@ -154,3 +191,116 @@ def read_serve_info(plan_dir: str | Path) -> ServeInfo:
             "or pass the scheduler address"
         ) from None
     return parse_serve_info(text, str(p))
+
+
+def lock_path(plan_dir: str | Path) -> Path:
+    """The lock a `loom serve` holds on its plan dir."""
+    return Path(plan_dir) / "serve.lock"
+
+
+def read_lock(plan_dir: str | Path) -> ServeLock | None:
+    """The serve.lock of `plan_dir` (None when absent or unreadable)."""
+    try:
+        return ServeLock.model_validate_json(lock_path(plan_dir).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def pid_alive(host: str, pid: int) -> bool | None:
+    """Whether process `pid` runs: True/False on this host, None (unknown) for another host."""
+    if host and host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def dead_server(plan_dir: str | Path, timings: Timings, *, now: float | None = None) -> str | None:
+    """Why nobody serves `plan_dir` (an error message), or None while a serve runs or is starting.
+
+    Dead: serve.json's heartbeat is older than `timings.dead_after_s` and its pid is gone (or on
+    another host), and no other live `loom serve` holds serve.lock (a restart under way).
+    """
+    now = time.time() if now is None else now
+    p = serve_path(plan_dir)
+    try:
+        info = ServeInfo.model_validate_json(p.read_text())
+    except (OSError, ValueError):
+        return None  # no serve.json (yet): `read_serve_info` says what to run
+    alive = pid_alive(info.host, info.pid)
+    if alive is True or now - info.heartbeat_at <= timings.dead_after_s:
+        return None  # running, or gone less than dead_after_s ago: a restart may still take the lock
+    lock = read_lock(plan_dir)
+    if lock is not None and lock.pid != info.pid and pid_alive(lock.host, lock.pid) is not False:
+        return None  # another serve holds the plan: it is starting up
+    why = "is not running" if alive is False else "answers no more"
+    why += f" (no heartbeat for {now - info.heartbeat_at:.1f}s)"
+    return (
+        f"{p}: the executor of plan dir {Path(plan_dir)} (pid {info.pid} on {info.host or 'this host'}) {why}; "
+        f"restart it with `loom serve {Path(plan_dir)}`"
+    )
+
+
+def env_security() -> Any:
+    """A client Security from LOOM_TLS_CA_FILE, LOOM_TLS_CERT and LOOM_TLS_KEY (None when unset)."""
+    from distributed.security import Security
+
+    names = ("LOOM_TLS_CA_FILE", "LOOM_TLS_CERT", "LOOM_TLS_KEY")
+    values = [os.environ.get(n) for n in names]
+    if not any(values):
+        return None
+    if not all(values):
+        got = [n for n, v in zip(names, values, strict=True) if v]
+        raise ExecutionError(f"set all of {', '.join(names)} or none (got {', '.join(got)})")
+    return Security(require_encryption=True, tls_ca_file=values[0], tls_client_cert=values[1], tls_client_key=values[2])
+
+
+def client_security(
+    scheduler: str, tls: TlsInfo | None, *, plan_id: str, own: Any = None, insecure: bool = False
+) -> Any:
+    """The `distributed.Security` a client uses for `scheduler`, given the TLS files serve.json names.
+
+    `own`: the client's own Security (or None: take the files serve.json names, after checking that
+    they belong to this user and nobody else can write them, or read the key). A plain-TCP
+    scheduler is refused unless `insecure`.
+    """
+    from distributed.security import Security
+
+    if not scheduler.startswith("tls://"):
+        if insecure:
+            return own
+        raise ExecutionError(
+            f"plan {plan_id}: the scheduler {scheduler} speaks plain TCP; loomdata clients connect only with "
+            "TLS. If that serve runs with --insecure on purpose, pass insecure=True (or set LOOM_INSECURE=1) "
+            "in the client too"
+        )
+    if own is not None:
+        return own
+    if tls is None:
+        raise ExecutionError(
+            f"plan {plan_id}: the scheduler {scheduler} needs TLS credentials and serve.json names none; pass "
+            "the client's own (LOOM_TLS_CA_FILE, LOOM_TLS_CERT, LOOM_TLS_KEY)"
+        )
+    for what, path in (("CA file", tls.ca_file), ("certificate", tls.cert), ("key", tls.key)):
+        _check_private(what, Path(path), secret=what == "key")
+    return Security(require_encryption=True, tls_ca_file=tls.ca_file, tls_client_cert=tls.cert, tls_client_key=tls.key)
+
+
+def _check_private(what: str, path: Path, *, secret: bool) -> None:
+    """Refuse a credential file that another user owns or can write (or, for a key, read)."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise ExecutionError(f"TLS {what} {path} named by serve.json: {e.strerror or e}") from None
+    open_to = stat.S_IRWXG | stat.S_IRWXO if secret else stat.S_IWGRP | stat.S_IWOTH
+    if st.st_uid != os.getuid() or st.st_mode & open_to:
+        raise ExecutionError(
+            f"TLS {what} {path} named by serve.json is owned by uid {st.st_uid} with mode "
+            f"{stat.S_IMODE(st.st_mode):o}; a client uses only credentials of its own user (uid {os.getuid()}) "
+            f"that others cannot {'read or ' if secret else ''}write: this serve.json was not written by "
+            "your `loom serve`"
+        )

@@ -348,6 +348,25 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path, *, check_paths: bool = T
     return spec
 
 
+def _duplicate_keys(node: yaml.Node | None, path: str = "") -> list[str]:
+    """Every mapping key given twice in the YAML node tree, by key path (YAML itself keeps the last one)."""
+    out: list[str] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            where = f"{path}.{key}" if path else key
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                out.append(f"{where}: given twice (lines {seen[key]} and {line}); keep one")
+            seen.setdefault(key, line)
+            out.extend(_duplicate_keys(value_node, where))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out.extend(_duplicate_keys(item, f"{path}[{i}]"))
+    return out
+
+
 def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
     """Read and validate a YAML spec file. `check_paths=False` skips the file-existence checks."""
     p = Path(path)
@@ -356,7 +375,10 @@ def load_spec(path: str | Path, *, check_paths: bool = True) -> Spec:
     except OSError as e:
         raise SpecError([f"<file>: cannot read spec: {e.strerror}"], str(p)) from None
     try:
+        duplicates = _duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise SpecError([f"<yaml>: not valid YAML: {e}"], str(p)) from None
+    if duplicates:
+        raise SpecError(duplicates, str(p))
     return parse_spec(data, p.parent, check_paths=check_paths, origin=str(p))

@@ -14,10 +14,21 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
+_CREDENTIALS: dict[str, str] = {}  # LOOM_TLS_* of the session's TLS cluster, for `--scheduler` runs
+
+
+@pytest.fixture(autouse=True)
+def _cluster_credentials(request: pytest.FixtureRequest) -> None:
+    """A test that uses `dask_client` runs `loom --scheduler` with that cluster's TLS files (LOOM_TLS_*)."""
+    if "dask_client" in request.fixturenames:
+        sec = request.getfixturevalue("dask_client").security
+        _CREDENTIALS.update(
+            LOOM_TLS_CA_FILE=sec.tls_ca_file, LOOM_TLS_CERT=sec.tls_client_cert, LOOM_TLS_KEY=sec.tls_client_key
+        )
 
 
 def _loom(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **(_CREDENTIALS if "--scheduler" in args else {}), "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
         [sys.executable, "-m", "loomdata.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )
@@ -119,6 +130,58 @@ def test_plan_resume_for_a_new_dp_size(demo_tree: Path, dask_client: Any, tmp_pa
     assert _loom(*half, cwd=demo_tree).returncode == 2
 
 
+def test_a_rank_new_in_an_elastic_re_plan_must_start_at_its_first_step(
+    demo_tree: Path, dask_client: Any, tmp_path: Path
+) -> None:
+    """dp 4 -> 6 from step 10: rank 5 has no batches before step 10; started at 0 it names step 10, not padding."""
+    from loomdata.client import StreamClient
+    from loomdata.schemas import ExecutionError
+
+    _json(_loom("index", "configs/demo.yaml", "--scheduler", dask_client.scheduler.address, "--json", cwd=demo_tree))
+    base_dir = _json(_loom("plan", "configs/demo.yaml", "--json", cwd=demo_tree))["plan_dir"]
+    spec = yaml.safe_load((demo_tree / "configs" / "demo.yaml").read_text())
+    spec["training"]["dp_size"] = 6
+    (demo_tree / "configs" / "demo-dp6.yaml").write_text(yaml.safe_dump(spec))
+    args = ("plan", "configs/demo-dp6.yaml", "--resume-from", str(base_dir), "--at-step", "10", "--json")
+    new_dir = Path(_json(_loom(*args, cwd=demo_tree))["plan_dir"])
+    with pytest.raises(ExecutionError, match="start_step=10"):
+        StreamClient(new_dir, 5)
+    StreamClient(new_dir, 5, start_step=10).close()  # from its first step it is a rank like any other
+    StreamClient(new_dir, 3).close()  # a rank of the base plan starts at 0 as before
+
+
+def test_a_key_given_twice_is_an_error_naming_it(demo_tree: Path, tmp_path: Path) -> None:
+    text = (demo_tree / "configs" / "demo.yaml").read_text().replace("training:\n", "training:\n  steps: 5000\n", 1)
+    spec = demo_tree / "configs" / "dup.yaml"
+    spec.write_text(text)
+    proc = _loom("plan", str(spec), cwd=demo_tree)
+    assert proc.returncode == 2 and "training.steps: given twice" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_workdir_under_a_file_is_a_clear_error(demo_tree: Path, tmp_path: Path) -> None:
+    spec = yaml.safe_load((demo_tree / "configs" / "demo.yaml").read_text())
+    (tmp_path / "a-file").write_text("not a folder")
+    spec["workdir"] = str(tmp_path / "a-file" / "work")
+    (demo_tree / "configs" / "under-file.yaml").write_text(yaml.safe_dump(spec))
+    for cmd in ("index", "plan"):
+        proc = _loom(cmd, "configs/under-file.yaml", cwd=demo_tree)
+        assert proc.returncode == 2, proc.stderr
+        assert "which is a file, not a folder" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_certs_makes_a_private_ca_and_role_certificates(tmp_path: Path) -> None:
+    out = _json(_loom("certs", str(tmp_path / "certs"), "--host", "node-1", "--json", cwd=tmp_path))
+    assert set(out) == {"ca_file", "scheduler", "worker", "client"}
+    assert (tmp_path / "certs").stat().st_mode & 0o777 == 0o700
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in (tmp_path / "certs").iterdir())
+    assert _loom("certs", str(tmp_path / "certs"), cwd=tmp_path).returncode == 2  # never over an existing CA
+
+
+def test_serve_on_a_plain_tcp_scheduler_needs_insecure(stream_plan: Path, tmp_path: Path) -> None:
+    proc = _loom("serve", str(stream_plan), "--scheduler", "tcp://127.0.0.1:1", cwd=tmp_path)
+    assert proc.returncode == 2 and "--insecure" in proc.stderr and "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("config", ["long-short", "multimodal"])
 def test_example_configs_index_and_plan(demo_tree: Path, dask_client: Any, config: str) -> None:
     """The example specs in configs/ stay valid: they index and plan on the demo corpus."""
@@ -159,7 +222,8 @@ def test_progress_bar_on_a_terminal_only(demo_tree: Path, dask_client: Any, tmp_
     args += ["--scheduler", dask_client.scheduler.address]
     primary, secondary = pty.openpty()
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a 100-column terminal
-    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=secondary, text=True)
+    env = {**os.environ, **_CREDENTIALS}
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=secondary, text=True, env=env)
     os.close(secondary)
     chunks = []
     while True:

@@ -35,3 +35,14 @@ def test_state_dict_resume_and_zero_copy(dask_client: Client, stream_plan: Path)
         assert (a["step"], a["micro_batch"]) == (b["step"], b["micro_batch"])
         for k in ("input_ids", "labels", "position_ids", "cu_seqlens"):
             assert torch.equal(a[k], b[k])
+
+
+def test_dataloader_workers_are_refused_with_the_way_to_use_it(stream_plan: Path) -> None:
+    """Under DataLoader workers the position would live in a worker: refused, saying num_workers=0."""
+    import pytest
+
+    from loomdata.schemas import ExecutionError
+
+    loader = torch.utils.data.DataLoader(LoomDataset(stream_plan, 0), batch_size=None, num_workers=1)
+    with pytest.raises(ExecutionError, match="num_workers=0"):
+        next(iter(loader))

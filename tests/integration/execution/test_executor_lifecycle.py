@@ -60,7 +60,7 @@ def test_serve_runs_until_sigterm_and_cleans_up(stream_plan: Path, loomtest: Any
         assert proc.stdout is not None
         first = json.loads(proc.stdout.readline())
         assert first["event"] == "serving" and first["plan_id"] == oracle.meta.plan_id
-        assert first["scheduler"].startswith("tcp://127.0.0.1:")
+        assert first["scheduler"].startswith("tls://127.0.0.1:")
         assert (stream_plan / "serve.json").exists()
         with StreamClient(stream_plan, 1) as stream:  # finds the executor through serve.json
             n = sum(oracle.check(b) for b in stream)
@@ -77,7 +77,7 @@ def test_serve_runs_until_sigterm_and_cleans_up(stream_plan: Path, loomtest: Any
     assert last["event"] == "stopped"
     assert last["metrics"]["rank_wait_s"].keys() == {"0", "1"}
     assert last["metrics"]["loader_samples"] > 0
-    assert not (stream_plan / "serve.json").exists()
+    assert not (stream_plan / "serve.json").exists() and not (stream_plan / "serve.lock").exists()
     assert read_plan(stream_plan).plan_id == oracle.meta.plan_id
     time.sleep(0)  # nothing left running: the process exited
 

@@ -14,6 +14,7 @@ import pytest
 
 from loomdata.client import StreamClient
 from loomdata.execution import Executor, open_cluster
+from loomdata.execution._security import TlsFiles, make_certs
 
 
 def _free_port() -> int:
@@ -23,15 +24,36 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def manual_cluster(tmp_path: Path) -> Iterator[str]:
+def certs(tmp_path: Path) -> Any:
+    """`loom certs`' CA and scheduler, worker and client certificates."""
+    return make_certs(tmp_path / "certs", ["127.0.0.1"])
+
+
+def _tls_args(certs: Any, role: str) -> list[str]:
+    cert, key = certs.roles[role]
+    return ["--tls-ca-file", str(certs.ca_file), "--tls-cert", str(cert), "--tls-key", str(key)]
+
+
+@pytest.fixture
+def manual_cluster(tmp_path: Path, certs: Any) -> Iterator[str]:
+    """A TLS scheduler and two TLS workers started by hand with the certificates of `loom certs`."""
     dask = str(Path(sys.executable).with_name("dask"))
     port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
+    address = f"tls://127.0.0.1:{port}"
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     log = open(tmp_path / "cluster.log", "w")  # noqa: SIM115 - closed below
     procs = [
         subprocess.Popen(
-            [dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+            [
+                dask,
+                "scheduler",
+                "--host",
+                "tls://127.0.0.1",
+                "--port",
+                str(port),
+                "--no-dashboard",
+                *_tls_args(certs, "scheduler"),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -52,6 +74,7 @@ def manual_cluster(tmp_path: Path) -> Iterator[str]:
                     "--no-dashboard",
                     "--local-directory",
                     str(tmp_path / f"w{i}"),
+                    *_tls_args(certs, "worker"),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -70,9 +93,12 @@ def manual_cluster(tmp_path: Path) -> Iterator[str]:
         log.close()
 
 
-def test_hand_started_cluster_serves_exact_batches(manual_cluster: str, stream_plan: Path, loomtest: Any) -> None:
+def test_hand_started_cluster_serves_exact_batches(
+    manual_cluster: str, certs: Any, stream_plan: Path, loomtest: Any
+) -> None:
     oracle = loomtest.Oracle(stream_plan)
-    with open_cluster(manual_cluster) as client:
+    cert, key = certs.roles["client"]
+    with open_cluster(manual_cluster, tls=TlsFiles(str(certs.ca_file), str(cert), str(key))) as client:
         client.wait_for_workers(2, timeout=60)
         with Executor(stream_plan, client, constructors=2, loaders_per_source=2) as ex:
             assert ex.info is not None and ex.info.scheduler == manual_cluster

@@ -24,7 +24,7 @@ from distributed import Client
 
 from loomdata.client import StreamClient
 from loomdata.execution import Executor, open_cluster
-from loomdata.execution.protocol import ServeInfo
+from loomdata.execution.protocol import ServeInfo, client_security
 from loomdata.schemas import Batch
 from loomtest.stream import check_exact, kill_worker
 
@@ -181,7 +181,8 @@ def test_loom_serve_recovers_from_a_killed_worker(tmp_path: Path, loomtest: Any)
         try:
             mbs = streams[0].meta.micro_batches
             got = {r: [next(s) for _ in range(KILL_AT_STEP * mbs)] for r, s in streams.items()}
-            with Client(info.scheduler, timeout=30) as c:
+            security = client_security(info.scheduler, info.tls, plan_id=info.plan_id)
+            with Client(info.scheduler, timeout=30, security=security) as c:
                 kill_worker(c, victim)
             for r, s in streams.items():
                 got[r].extend(s)

@@ -36,13 +36,18 @@ def test_plans_cover_each_epoch_once_fit_capacity_track_the_mixture_and_are_dete
         m = read_manifest(res.plan_dir, meta)
         assert m.num_rows == sum(f.rows for f in meta.manifest)
         pc.check_slots(meta, m)
-        deferred = pq.read_table(res.plan_dir / "report" / "steps.parquet")["deferred_tokens"].to_numpy() > 0
+        steps = pq.read_table(res.plan_dir / "report" / "steps.parquet")
+        deferred = steps["deferred_tokens"].to_numpy() > 0
         pc.check_coverage(meta, m, case["lengths"], case["images"], deferred)
         slots = spec.training.dp_size * spec.training.micro_batches
         assert meta.summary["unplaced_after_last_step"] == [] or any(v.any() for v in case["images"].values())
         if spec.long_context is None and slots >= 16:
             assert meta.summary["worst_mixture_error_pp"] <= 1.0
-        assert meta.summary["imbalance"]["loomdata"]["max"] >= 1.0 - 1e-9
+        # max rank cost / LB >= 1 on every step that deferred nothing (a step that defers part of a segment
+        # still counts the whole segment in its LB, so it may dip below 1: a known limit of the report)
+        lb, loom_max = steps["lb"].to_numpy(), steps["loom_max"].to_numpy()
+        whole = ~deferred & (lb > 0)
+        assert (loom_max[whole] >= lb[whole] * (1.0 - 1e-9)).all()
         first = pc.files_of(res.plan_dir)
         shutil.rmtree(res.plan_dir)
         again = make_plan(spec, index=index)

@@ -17,7 +17,7 @@ import pyarrow as pa
 from loomdata.indexing._cache import ShardScan
 from loomdata.indexing._fingerprint import ShardStat
 from loomdata.schemas.errors import IndexBuildError
-from loomdata.schemas.tables import ERRORS_SCHEMA, INDEX_SCHEMA, SHARDS_SCHEMA, TableKind, write_table
+from loomdata.schemas.tables import CHECKSUM_FIELD, ERRORS_SCHEMA, INDEX_SCHEMA, SHARDS_SCHEMA, TableKind, write_table
 
 __all__ = ["IndexTables", "assemble", "write_tables"]
 
@@ -65,8 +65,9 @@ def assemble(
         rows.column("row").cast(pa.uint64()),
         (rows.column("num_tokens") if kept else pa.array([], pa.uint32())).cast(pa.uint32()),
         (rows.column("num_image_tokens") if kept else pa.array([], pa.uint32())).cast(pa.uint32()),
+        (rows.column("checksum") if kept else pa.array([], pa.uint32())).cast(pa.uint32()),
     ]
-    fields = list(INDEX_SCHEMA)
+    fields = [*INDEX_SCHEMA, CHECKSUM_FIELD]
     for m in metadata:
         col = _metadata_column(rows, m, total)
         columns.append(col)

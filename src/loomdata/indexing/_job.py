@@ -36,7 +36,7 @@ from loomdata.indexing._task import Failure, FailureKind, PartOutcome, ScanJob, 
 from loomdata.schemas.errors import IndexBuildError, SourceDataError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.spec import OnError, SourceSpec, Spec
-from loomdata.schemas.tables import INDEX_SCHEMA, table_metadata
+from loomdata.schemas.tables import INDEX_COLUMNS, table_metadata
 
 __all__ = ["DEFAULT_PART_BYTES", "build_index"]
 
@@ -52,6 +52,7 @@ def _empty_rows() -> pa.Table:
             "row": pa.array([], pa.uint64()),
             "num_tokens": pa.array([], pa.uint32()),
             "num_image_tokens": pa.array([], pa.uint32()),
+            "checksum": pa.array([], pa.uint32()),
         }
     )
 
@@ -103,11 +104,11 @@ def _previous_paths(files: IndexFiles) -> set[str]:
 
 def _prepare(spec: Spec, idx: int, source: SourceSpec) -> _SourceRun:
     """Stat and fingerprint a source's shards and load the cached scans of unchanged ones."""
-    clash = [m for m in source.metadata if m in INDEX_SCHEMA.names]
+    clash = [m for m in source.metadata if m in INDEX_COLUMNS]
     if clash:
         raise IndexBuildError(
             f"source {source.name!r}: metadata column(s) {', '.join(map(repr, clash))} clash with index "
-            f"columns ({', '.join(INDEX_SCHEMA.names)}); rename them in the files or drop them from `metadata`"
+            f"columns ({', '.join(INDEX_COLUMNS)}); rename them in the files or drop them from `metadata`"
         )
     files = IndexFiles.of(spec.workdir, source.name)
     config = scan_config_hash(spec, source)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from loomdata.schemas.errors import SpecError
 from loomdata.schemas.formats import field_problems, metadata_problem
-from loomdata.schemas.tables import INDEX_SCHEMA
+from loomdata.schemas.tables import INDEX_COLUMNS
 
 __all__ = [
     "CostSpec",
@@ -244,7 +244,7 @@ def _key_path(loc: Sequence[int | str]) -> str:
 def _metadata_problems(key: str, source: SourceSpec) -> list[str]:
     """Problems of a source's `metadata` list: index-column clashes, repeats, what its format can carry."""
     problems: list[str] = []
-    index_columns = INDEX_SCHEMA.names
+    index_columns = INDEX_COLUMNS
     seen: set[str] = set()
     for j, m in enumerate(source.metadata):
         mkey = f"{key}.metadata[{j}]"

@@ -3,6 +3,9 @@
 Every table loomdata writes carries `loomdata.kind` and `loomdata.version` in its Parquet
 key-value metadata; `read_table` rejects a wrong kind, version or schema with a message that
 names the file and what differs.
+
+Index version 2 adds `checksum` (per-sample, see sources/_integrity): required in a stored index
+(`write_table`, `read_table`), not in the in-memory tables the planner takes (it never reads it).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import pyarrow.parquet as pq
 from loomdata.schemas.errors import ContractError
 
 __all__ = [
+    "CHECKSUM_FIELD",
     "ERRORS_SCHEMA",
+    "INDEX_COLUMNS",
     "INDEX_SCHEMA",
     "MANIFEST_SCHEMA",
     "PLAN_RANKS_SCHEMA",
@@ -53,6 +58,12 @@ INDEX_SCHEMA = pa.schema(
     ]
 )
 """Required columns of an index table; carried metadata columns follow them."""
+
+CHECKSUM_FIELD = pa.field("checksum", pa.uint32(), nullable=False)
+"""Per-sample checksum of the token stream; follows INDEX_SCHEMA's columns in every stored index."""
+
+INDEX_COLUMNS: tuple[str, ...] = (*INDEX_SCHEMA.names, CHECKSUM_FIELD.name)
+"""Every column name an index itself owns (metadata columns may not take these names)."""
 
 SHARDS_SCHEMA = pa.schema(
     [
@@ -122,17 +133,19 @@ _SCHEMAS: dict[TableKind, pa.Schema] = {
     TableKind.PLAN_STEPS: PLAN_STEPS_SCHEMA,
     TableKind.PLAN_RANKS: PLAN_RANKS_SCHEMA,
 }
-VERSIONS: dict[TableKind, int] = {k: 1 for k in TableKind}
+VERSIONS: dict[TableKind, int] = {**{k: 1 for k in TableKind}, TableKind.INDEX: 2}
+_STORED: dict[TableKind, list[pa.Field]] = {TableKind.INDEX: [CHECKSUM_FIELD]}
+"""Columns a stored table of the kind must have beyond its schema (the in-memory form may lack them)."""
 
 _KIND = b"loomdata.kind"
 _VERSION = b"loomdata.version"
 
 
-def check_schema(table: pa.Table | pa.Schema, kind: TableKind, where: str) -> None:
-    """Raise ContractError unless `table` has the required columns of `kind` with their exact types."""
+def check_schema(table: pa.Table | pa.Schema, kind: TableKind, where: str, *, stored: bool = False) -> None:
+    """Raise ContractError unless `table` has the required columns of `kind` (`stored`: of its file form)."""
     schema = table if isinstance(table, pa.Schema) else table.schema
     problems = []
-    for field in _SCHEMAS[kind]:
+    for field in [*_SCHEMAS[kind], *(_STORED.get(kind, []) if stored else [])]:
         idx = schema.get_field_index(field.name)
         if idx < 0:
             problems.append(f"missing column {field.name!r} ({field.type})")
@@ -150,7 +163,7 @@ def write_table(
     row_group_size: int | None = None,
 ) -> None:
     """Write `table` as Parquet (zstd) with its kind and version stamped in the metadata."""
-    check_schema(table, kind, str(path))
+    check_schema(table, kind, str(path), stored=True)
     meta = dict(table.schema.metadata or {})
     meta[_KIND] = kind.value.encode()
     meta[_VERSION] = str(VERSIONS[kind]).encode()
@@ -197,5 +210,5 @@ def read_table(
             f"{p}: {kind.value} table format version {got_version or 'none'} is not supported "
             f"(this loomdata reads version {VERSIONS[kind]}); rebuild it with this version of loomdata"
         )
-    check_schema(schema, kind, str(p))
+    check_schema(schema, kind, str(p), stored=True)
     return pq.read_table(str(p), columns=columns, filters=filters)

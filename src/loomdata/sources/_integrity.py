@@ -107,7 +107,7 @@ def _int32_le(tokens: np.ndarray) -> np.ndarray:
 def checksums(token_arrays: Sequence[np.ndarray]) -> np.ndarray:
     """uint32 checksum of each token array (one sample's full token stream each)."""
     return np.fromiter(
-        (zlib.crc32(np.ascontiguousarray(_int32_le(t))) for t in token_arrays),
+        (zlib.crc32(np.ascontiguousarray(_int32_le(t)).data) for t in token_arrays),
         dtype=np.uint32,
         count=len(token_arrays),
     )
@@ -115,7 +115,7 @@ def checksums(token_arrays: Sequence[np.ndarray]) -> np.ndarray:
 
 def checksums_flat(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Checksums of samples stored end to end: sample i is `flat[offsets[i]:offsets[i+1]]`."""
-    buf = memoryview(np.ascontiguousarray(_int32_le(flat))).cast("B")
+    buf = np.ascontiguousarray(_int32_le(flat)).data.cast("B")
     b = (np.asarray(offsets, dtype=np.int64) * 4).tolist()
     return np.fromiter((zlib.crc32(buf[s:e]) for s, e in itertools.pairwise(b)), np.uint32, len(b) - 1)
 
@@ -129,5 +129,5 @@ def prefixed_checksums(prefix_token: int, prefix_lengths: np.ndarray, token_arra
     longest = int(prefix_lengths.max()) if len(prefix_lengths) else 0
     pad = np.full(longest, prefix_token, dtype=_LE_INT32).tobytes()
     for i, (k, t) in enumerate(zip(prefix_lengths.tolist(), token_arrays, strict=True)):
-        out[i] = zlib.crc32(np.ascontiguousarray(_int32_le(t)), zlib.crc32(pad[: 4 * k]))
+        out[i] = zlib.crc32(np.ascontiguousarray(_int32_le(t)).data, zlib.crc32(pad[: 4 * k]))
     return out

@@ -1,0 +1,183 @@
+"""Content-verified serving: a file changed, deleted or truncated after indexing fails the step, never serves.
+
+Every case writes real files in one format, indexes and plans them with the real job and planner, changes
+a file the way a user would (rewritten in place, mtime put back as `cp -p` or `rsync -t` do, deleted,
+truncated) and streams every rank from a real executor on the session's LocalCluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from distributed import Client
+
+from loomdata.client import StreamClient
+from loomdata.execution import Executor
+from loomdata.indexing import build_index
+from loomdata.planning import make_plan
+from loomdata.schemas import Batch, LoomError, Spec, parse_spec, read_plan
+from loomdata.testing import write_megatron, write_webdataset_shard
+
+_FIX = "the file changed after indexing: re-run `loom index` and `loom plan`"
+_TEXT = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _spec(tmp: Path, source: dict[str, Any], **training: int) -> Spec:
+    raw = {
+        "name": "integrity",
+        "workdir": str(tmp / "work"),
+        "seed": 3,
+        "sources": [source],
+        "mixture": {"weights": {source["name"]: 1.0}},
+        "training": {"seq_len": 512, "steps": 6, "dp_size": 2, "micro_batches": 2, **training},
+    }
+    return parse_spec(raw, tmp)
+
+
+def _stream_all(plan_dir: Path, client: Client) -> list[Batch]:
+    """Every batch of every rank, from a real executor (raises what a rank would see)."""
+    meta = read_plan(plan_dir)
+    out: list[Batch] = []
+    with Executor(plan_dir, client, constructors=1):
+        for r in range(meta.dp_size):
+            with StreamClient(plan_dir, r, retry_s=20) as stream:
+                out.extend(stream)
+    return out
+
+
+def _jsonl(path: Path, lines: int, seed: int) -> list[str]:
+    """A plain JSONL file of `lines` texts of 300-600 letters (over 192 KiB for 500 lines)."""
+    rng = np.random.default_rng(seed)
+    texts = ["".join(rng.choice(list(_TEXT), size=int(n))) for n in rng.integers(300, 600, size=lines)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return texts
+
+
+def _keep_times(path: Path, change: Any) -> None:
+    """Apply `change(path)` and put the file's atime and mtime back (what `cp -p`/`rsync -t` leave)."""
+    st = os.stat(path)
+    change(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _edit_middle_lines(path: Path) -> None:
+    """Swap two letters in the texts of the middle fifth of the lines: same size, same first and last 64 KiB."""
+    lines = path.read_bytes().split(b"\n")
+    for i in range(len(lines) * 2 // 5, len(lines) * 3 // 5):
+        lines[i] = lines[i].replace(b"a", b"#").replace(b"b", b"a").replace(b"#", b"b")
+    path.write_bytes(b"\n".join(lines))
+
+
+def _jsonl_case(tmp: Path, verify: str) -> tuple[Spec, Path]:
+    path = tmp / "data" / "books.jsonl"
+    _jsonl(path, 500, seed=1)
+    assert path.stat().st_size > 3 * 64 * 1024  # the middle line is outside the fingerprinted edges
+    source = {"name": "books", "format": "jsonl", "paths": [str(path)], "text_field": "text"}
+    if verify != "sample":  # the default
+        source["verify"] = verify
+    return _spec(tmp, source, steps=60), path
+
+
+def test_same_size_rewrite_with_kept_mtime_fails_the_step(dask_client: Client, tmp_path: Path) -> None:
+    spec, path = _jsonl_case(tmp_path, "sample")
+    build_index(spec, dask_client)
+    plan_dir = make_plan(spec).plan_dir
+    _keep_times(path, _edit_middle_lines)
+    with pytest.raises(LoomError) as err:
+        _stream_all(plan_dir, dask_client)
+    msg = str(err.value)
+    assert str(path) in msg and "sample " in msg and "checksum" in msg and _FIX in msg, msg
+
+
+def test_verify_shard_and_off_do_not_see_a_kept_mtime_rewrite(dask_client: Client, tmp_path: Path) -> None:
+    """What `verify: shard | off` give up: the same rewrite is served (so the default's check is what catches it)."""
+    spec, path = _jsonl_case(tmp_path, "shard")
+    build_index(spec, dask_client)
+    plan_dir = make_plan(spec).plan_dir
+    before = _stream_all(plan_dir, dask_client)
+    _keep_times(path, _edit_middle_lines)
+    after = _stream_all(plan_dir, dask_client)
+    assert len(after) == len(before)
+    assert any(not np.array_equal(a.input_ids, b.input_ids) for a, b in zip(after, before, strict=True))
+
+
+def _parquet(tmp: Path) -> tuple[dict[str, Any], Path]:
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(1, 30_000, size=int(n), dtype=np.int32) for n in rng.integers(20, 400, size=120)]
+    path = tmp / "data" / "web.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"ids": pa.array(docs, pa.list_(pa.int32()))}), path, row_group_size=16)
+    return {"name": "web", "format": "parquet", "paths": [str(path)], "tokens_field": "ids"}, path
+
+
+def _parquet_plus_one(path: Path) -> None:
+    col = pq.read_table(path).column("ids").combine_chunks()
+    bumped = pa.ListArray.from_arrays(col.offsets, pa.compute.add(col.values, 1))
+    pq.write_table(pa.table({"ids": bumped}), path, row_group_size=16)
+
+
+def _megatron(tmp: Path) -> tuple[dict[str, Any], Path]:
+    rng = np.random.default_rng(6)
+    prefix = tmp / "data" / "papers"
+    prefix.parent.mkdir(parents=True)
+    write_megatron(prefix, [rng.integers(1, 30_000, size=int(n)) for n in rng.integers(50, 900, size=400)])
+    assert Path(f"{prefix}.bin").stat().st_size > 3 * 64 * 1024
+    return {"name": "papers", "format": "megatron", "paths": [str(prefix)]}, Path(f"{prefix}.bin")
+
+
+def _megatron_plus_seven(path: Path) -> None:
+    """Tokens + 7 in the middle third of the .bin (uint16): same size, same edges."""
+    data = np.fromfile(path, dtype="<u2")
+    third = len(data) // 3
+    data[third : 2 * third] += 7
+    data.tofile(path)
+
+
+def _webdataset(tmp: Path) -> tuple[dict[str, Any], Path]:
+    path = tmp / "data" / "caps.tar"
+    path.parent.mkdir(parents=True)
+    write_webdataset_shard(path, [{"__key__": f"s{i:04d}", "txt": f"a caption number {i} " * 5} for i in range(150)])
+    return {"name": "caps", "format": "webdataset", "paths": [str(path)], "text_field": "txt"}, path
+
+
+def _recase(path: Path) -> None:
+    path.write_bytes(path.read_bytes().replace(b"a caption", b"A CAPTION"))
+
+
+@pytest.mark.parametrize(
+    ("make", "change"),
+    [(_parquet, _parquet_plus_one), (_megatron, _megatron_plus_seven), (_webdataset, _recase)],
+    ids=["parquet", "megatron", "webdataset"],
+)
+def test_every_format_refuses_changed_tokens(dask_client: Client, tmp_path: Path, make: Any, change: Any) -> None:
+    source, path = make(tmp_path)
+    spec = _spec(tmp_path, source, steps=10)
+    build_index(spec, dask_client)
+    plan_dir = make_plan(spec).plan_dir
+    _keep_times(path, change)
+    with pytest.raises(LoomError) as err:
+        _stream_all(plan_dir, dask_client)
+    assert str(path.with_suffix("")) in str(err.value) and _FIX in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("how", ["deleted", "truncated"])
+def test_a_file_gone_while_serving_gets_the_serving_hint(dask_client: Client, tmp_path: Path, how: str) -> None:
+    spec, path = _jsonl_case(tmp_path, "sample")
+    build_index(spec, dask_client)
+    plan_dir = make_plan(spec).plan_dir
+    if how == "deleted":
+        path.unlink()
+    else:
+        os.truncate(path, path.stat().st_size // 2)
+    with pytest.raises(LoomError) as err:
+        _stream_all(plan_dir, dask_client)
+    msg = str(err.value)
+    assert str(path) in msg and _FIX in msg and "on_error" not in msg, msg

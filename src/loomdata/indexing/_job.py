@@ -33,10 +33,10 @@ from loomdata.indexing._fingerprint import (
 )
 from loomdata.indexing._summary import IndexSummary, SourceSummary
 from loomdata.indexing._task import Failure, FailureKind, PartOutcome, ScanJob, run_scan
-from loomdata.schemas.errors import IndexBuildError, SourceDataError
+from loomdata.schemas.errors import ContractError, IndexBuildError, SourceDataError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.spec import OnError, SourceSpec, Spec
-from loomdata.schemas.tables import INDEX_COLUMNS, table_metadata
+from loomdata.schemas.tables import INDEX_COLUMNS, TableKind, read_table, table_metadata
 
 __all__ = ["DEFAULT_PART_BYTES", "build_index"]
 
@@ -268,6 +268,7 @@ def _finish(run: _SourceRun) -> SourceSummary:
         and f.shards.exists()
         and f.errors.exists() == (tables.errors is not None)
         and _stored_fingerprint(f) == fp
+        and _stored_shards_equal(f, tables.shards)  # loaders check size and mtime against shards.parquet
     )
     if not unchanged:
         write_tables(tables, f.samples, f.shards, f.errors, fp)
@@ -284,6 +285,14 @@ def _finish(run: _SourceRun) -> SourceSummary:
         removed=run.removed,
         fingerprint=fp,
     )
+
+
+def _stored_shards_equal(files: IndexFiles, shards: pa.Table) -> bool:
+    """Whether the stored shards table holds exactly `shards` (a touched file keeps content, not mtime)."""
+    try:
+        return bool(read_table(files.shards, TableKind.SHARDS).equals(shards))
+    except (OSError, pa.ArrowException, ContractError):
+        return False
 
 
 def _stored_fingerprint(files: IndexFiles) -> str | None:

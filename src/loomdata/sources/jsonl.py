@@ -35,6 +35,7 @@ import enum
 import gzip
 import json
 import mmap
+import os
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -168,7 +169,19 @@ def _zstd_chunks(path: Path, size: int) -> Iterator[bytes]:
 
 
 def _stream(path: Path, comp: Compression) -> Iterator[bytes]:
-    """Decompressed chunks of a compressed file; decoder errors become SourceDataError naming it."""
+    """Decompressed chunks of a compressed file; decoder errors become SourceDataError naming it.
+
+    A zero-byte file is not a valid gzip or Zstandard stream (the decoders yield nothing for it): it is a
+    bad file, never silently an empty one.
+    """
+    try:
+        empty = os.stat(path).st_size == 0
+    except OSError as e:
+        raise SourceDataError(str(path), f"cannot read file ({e.strerror})") from None
+    if empty:
+        raise SourceDataError(
+            str(path), f"zero bytes: not a {comp.value} stream (an empty file compressed still has a header)"
+        )
     gen = _gzip_chunks(path, _BLOCK) if comp is Compression.GZIP else _zstd_chunks(path, _BLOCK // 4)
     try:
         yield from gen

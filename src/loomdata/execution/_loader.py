@@ -25,14 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from pyarrow.parquet import read_schema
 
 from loomdata.execution._partition import LoaderPartition
 from loomdata.execution._verify import Verifier, serving_error
-from loomdata.schemas.errors import ExecutionError, SourceDataError
+from loomdata.schemas.errors import ContractError, ExecutionError, SourceDataError
 from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
 from loomdata.schemas.plan import read_plan
+from loomdata.schemas.tables import CHECKSUM_FIELD
 from loomdata.sources import FormatReader, Sample, make_reader
 from loomdata.sources.images import decoded_image_tokens
 
@@ -97,6 +99,11 @@ class SourceLoader:
             partition.first_shard,
             partition.stop_shard,
         )
+        if self._verifier.samples and CHECKSUM_FIELD.name not in read_schema(files.samples).names:
+            raise ContractError(
+                f"{files.samples}: the index of source {partition.source!r} has no per-sample checksums to verify "
+                "reads against; re-run `loom index` (or set `verify: shard` on the source)"
+            )
         columns = ["sample", "shard", "row", *(["checksum"] if self._verifier.samples else [])]
         table = files.samples_of_shards(partition.first_shard, partition.stop_shard, columns)
         order = np.argsort(table.column("sample").to_numpy(), kind="stable")

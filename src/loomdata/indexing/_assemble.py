@@ -110,11 +110,20 @@ def _write_atomic(table: pa.Table, path: Path, kind: TableKind, meta: dict[str, 
     os.replace(tmp, path)
 
 
-def write_tables(tables: IndexTables, samples: Path, shards: Path, errors: Path, fingerprint: str) -> None:
-    """Write the tables (each atomically); remove a stale errors table when nothing was skipped."""
+def write_tables(
+    tables: IndexTables,
+    samples: Path,
+    shards: Path,
+    errors: Path,
+    fingerprint: str,
+    extra: dict[str, str] | None = None,
+) -> None:
+    """Write the tables (each atomically); remove a stale errors table when nothing was skipped.
+
+    `extra` goes into samples.parquet's metadata beside the fingerprint (the scan settings)."""
     if tables.errors is not None:
         _write_atomic(tables.errors, errors, TableKind.ERRORS)
     else:
         errors.unlink(missing_ok=True)
     _write_atomic(tables.shards, shards, TableKind.SHARDS, {"fingerprint": fingerprint})
-    _write_atomic(tables.samples, samples, TableKind.INDEX, {"fingerprint": fingerprint})
+    _write_atomic(tables.samples, samples, TableKind.INDEX, {"fingerprint": fingerprint, **(extra or {})})

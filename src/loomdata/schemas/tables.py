@@ -4,8 +4,9 @@ Every table loomdata writes carries `loomdata.kind` and `loomdata.version` in it
 key-value metadata; `read_table` rejects a wrong kind, version or schema with a message that
 names the file and what differs.
 
-Index version 2 adds `checksum` (per-sample, see sources/_integrity): required in a stored index
-(`write_table`, `read_table`), not in the in-memory tables the planner takes (it never reads it).
+Index version 2 adds `checksum` (per-sample, see sources/_integrity), which the index job always
+writes and loaders verify against. It is optional in the schema (checked for its type when present):
+the planner never reads it, and hand-made index tables (tests, tools) may leave it out.
 """
 
 from __future__ import annotations
@@ -134,19 +135,22 @@ _SCHEMAS: dict[TableKind, pa.Schema] = {
     TableKind.PLAN_RANKS: PLAN_RANKS_SCHEMA,
 }
 VERSIONS: dict[TableKind, int] = {**{k: 1 for k in TableKind}, TableKind.INDEX: 2}
-_STORED: dict[TableKind, list[pa.Field]] = {TableKind.INDEX: [CHECKSUM_FIELD]}
-"""Columns a stored table of the kind must have beyond its schema (the in-memory form may lack them)."""
+_OPTIONAL: dict[TableKind, list[pa.Field]] = {TableKind.INDEX: [CHECKSUM_FIELD]}
+"""Columns a table of the kind may have, with this exact type when it does."""
 
 _KIND = b"loomdata.kind"
 _VERSION = b"loomdata.version"
 
 
-def check_schema(table: pa.Table | pa.Schema, kind: TableKind, where: str, *, stored: bool = False) -> None:
-    """Raise ContractError unless `table` has the required columns of `kind` (`stored`: of its file form)."""
+def check_schema(table: pa.Table | pa.Schema, kind: TableKind, where: str) -> None:
+    """Raise ContractError unless `table` has the required columns of `kind` with their exact types."""
     schema = table if isinstance(table, pa.Schema) else table.schema
     problems = []
-    for field in [*_SCHEMAS[kind], *(_STORED.get(kind, []) if stored else [])]:
+    optional = {f.name for f in _OPTIONAL.get(kind, [])}
+    for field in [*_SCHEMAS[kind], *_OPTIONAL.get(kind, [])]:
         idx = schema.get_field_index(field.name)
+        if idx < 0 and field.name in optional:
+            continue
         if idx < 0:
             problems.append(f"missing column {field.name!r} ({field.type})")
         elif schema.field(idx).type != field.type:
@@ -163,7 +167,7 @@ def write_table(
     row_group_size: int | None = None,
 ) -> None:
     """Write `table` as Parquet (zstd) with its kind and version stamped in the metadata."""
-    check_schema(table, kind, str(path), stored=True)
+    check_schema(table, kind, str(path))
     meta = dict(table.schema.metadata or {})
     meta[_KIND] = kind.value.encode()
     meta[_VERSION] = str(VERSIONS[kind]).encode()
@@ -210,5 +214,5 @@ def read_table(
             f"{p}: {kind.value} table format version {got_version or 'none'} is not supported "
             f"(this loomdata reads version {VERSIONS[kind]}); rebuild it with this version of loomdata"
         )
-    check_schema(schema, kind, str(p), stored=True)
+    check_schema(schema, kind, str(p))
     return pq.read_table(str(p), columns=columns, filters=filters)

@@ -20,9 +20,11 @@ from distributed import Client
 
 from loomdata.client import StreamClient
 from loomdata.execution import Executor
+from loomdata.execution._loader import REQUEST_DTYPE, SourceLoader
+from loomdata.execution._partition import partition_source
 from loomdata.indexing import build_index
 from loomdata.planning import make_plan
-from loomdata.schemas import Batch, LoomError, Spec, parse_spec, read_plan
+from loomdata.schemas import Batch, IndexFiles, LoomError, SourceDataError, Spec, parse_spec, read_plan
 from loomdata.testing import write_megatron, write_webdataset_shard
 
 _FIX = "the file changed after indexing: re-run `loom index` and `loom plan`"
@@ -168,16 +170,49 @@ def test_every_format_refuses_changed_tokens(dask_client: Client, tmp_path: Path
     assert str(path.with_suffix("")) in str(err.value) and _FIX in str(err.value), str(err.value)
 
 
+def _loader(plan_dir: Path) -> SourceLoader:
+    """The Source Loader of the plan's one source, in this process (what a Dask actor runs)."""
+    meta = read_plan(plan_dir)
+    files = IndexFiles.of(meta.spec.workdir, meta.sources[0])
+    (part,) = partition_source(0, meta.sources[0], files.sample_shards().column("shard").to_numpy(), 1)
+    return SourceLoader(str(plan_dir), part)
+
+
+def _request(samples: list[int]) -> np.ndarray:
+    req = np.zeros(len(samples), dtype=REQUEST_DTYPE)
+    req["sample"] = samples
+    req["length"] = 1
+    return req
+
+
 @pytest.mark.parametrize("how", ["deleted", "truncated"])
 def test_a_file_gone_while_serving_gets_the_serving_hint(dask_client: Client, tmp_path: Path, how: str) -> None:
     spec, path = _jsonl_case(tmp_path, "sample")
     build_index(spec, dask_client)
     plan_dir = make_plan(spec).plan_dir
+    loader = _loader(plan_dir)  # started with the serve: the files were there
     if how == "deleted":
         path.unlink()
     else:
         os.truncate(path, path.stat().st_size // 2)
-    with pytest.raises(LoomError) as err:
-        _stream_all(plan_dir, dask_client)
+    with pytest.raises(SourceDataError) as err:
+        loader.read_now(_request([0, 499]))
     msg = str(err.value)
     assert str(path) in msg and _FIX in msg and "on_error" not in msg, msg
+    # A serve started after the change refuses at once, naming the file and the fix.
+    with pytest.raises(LoomError, match=r"re-run `loom index`") as refused:
+        _stream_all(plan_dir, dask_client)
+    assert str(path) in str(refused.value) and "on_error" not in str(refused.value)
+
+
+def test_serve_refuses_a_file_set_that_moved_on(dask_client: Client, tmp_path: Path) -> None:
+    """A shard the plan's globs match since planning: `loom serve` refuses before it starts a loader."""
+    _jsonl(tmp_path / "data" / "a.jsonl", 100, seed=2)
+    source = {"name": "books", "format": "jsonl", "paths": ["data/*.jsonl"], "text_field": "text"}
+    spec = _spec(tmp_path, source)
+    build_index(spec, dask_client)
+    plan_dir = make_plan(spec).plan_dir
+    _jsonl(tmp_path / "data" / "more.jsonl", 5, seed=9)
+    refused = pytest.raises(LoomError, match=r"(?s)were not indexed: .*more\.jsonl.*re-run `loom index`")
+    with refused, Executor(plan_dir, dask_client, constructors=1):
+        pass

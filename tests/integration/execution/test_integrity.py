@@ -7,6 +7,7 @@ truncated) and streams every rank from a real executor on the session's LocalClu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -216,3 +217,60 @@ def test_serve_refuses_a_file_set_that_moved_on(dask_client: Client, tmp_path: P
     refused = pytest.raises(LoomError, match=r"(?s)were not indexed: .*more\.jsonl.*re-run `loom index`")
     with refused, Executor(plan_dir, dask_client, constructors=1):
         pass
+
+
+def _png(value: int, w: int, h: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((h, w, 3), value, dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_images_stay_in_sequence_order_with_several_loaders(dask_client: Client, tmp_path: Path) -> None:
+    """Four shards served by four loaders: every batch's images follow their placeholders, and resume agrees."""
+    from loomdata.testing import verify_resume
+    from loomdata.testing._resume import _differs
+
+    data = tmp_path / "data"
+    data.mkdir()
+    per_shard = 30
+    for s in range(4):
+        samples = []
+        for j in range(per_shard):
+            g = s * per_shard + j  # the sample id: dense in (shard, row) order
+            samples.append(
+                {
+                    "__key__": f"k{g:04d}",
+                    "txt": f"caption {g} " * (3 + g % 5),
+                    "a.png": _png(g % 251, 28, 28),
+                    "b.png": _png((g + 100) % 251, 42, 28),
+                }
+            )
+        write_webdataset_shard(data / f"caps-{s}.tar", samples)
+    source = {"name": "caps", "format": "webdataset", "paths": [str(data / "*.tar")], "text_field": "txt"}
+    spec = _spec(tmp_path, {**source, "image_field": ["a.png", "b.png"]}, seq_len=256, steps=8)
+    build_index(spec, dask_client)
+    plan_dir = make_plan(spec).plan_dir
+    meta = read_plan(plan_dir)
+    patch = spec.images.patch_size
+    checked = 0
+    with Executor(plan_dir, dask_client, constructors=1, loaders_per_source=4):
+        batches = [b for r in range(meta.dp_size) for b in StreamClient(plan_dir, r, retry_s=20)]
+        for b in batches:
+            pos = b.image_positions.tolist()
+            assert pos == sorted(pos), (b.step, b.dp_rank, b.micro_batch, pos)
+            starts = b.cu_seqlens[:-1]
+            for im, p in zip(b.images, pos, strict=True):
+                k = int(np.searchsorted(starts, p, side="right")) - 1  # the segment holding the image
+                g = int(b.segments["sample"][k])
+                first = p - int(starts[k]) + int(b.segments["offset"][k])  # its token offset inside the sample
+                want = g % 251 if first == 0 else (g + 100) % 251  # a.png's 4 tokens come first, then b.png
+                assert int(im[0, 0, 0]) == want and first in (0, (28 // patch) ** 2)
+                checked += 1
+        assert verify_resume(plan_dir, 0, client=dask_client) > 0
+    assert checked > 20
+    twin = next(b for b in batches if len(b.images) > 1)  # verify_resume compares the images themselves
+    assert _differs(twin, dataclasses.replace(twin, images=twin.images[::-1])) == "images[0]"

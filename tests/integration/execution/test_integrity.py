@@ -274,3 +274,48 @@ def test_images_stay_in_sequence_order_with_several_loaders(dask_client: Client,
     assert checked > 20
     twin = next(b for b in batches if len(b.images) > 1)  # verify_resume compares the images themselves
     assert _differs(twin, dataclasses.replace(twin, images=twin.images[::-1])) == "images[0]"
+
+
+def test_a_reader_that_is_not_thread_safe_never_runs_two_reads_at_once(dask_client: Client, tmp_path: Path) -> None:
+    """A large read runs in the loader's thread; small reads that come meanwhile wait for it, not beside it."""
+    import asyncio
+    import threading
+    import time
+
+    rng = np.random.default_rng(8)
+    path = tmp_path / "data" / "long.parquet"
+    path.parent.mkdir(parents=True)
+    docs = [rng.integers(1, 30_000, size=1000, dtype=np.int32) for _ in range(120)]
+    pq.write_table(pa.table({"ids": pa.array(docs, pa.list_(pa.int32()))}), path, row_group_size=8)
+    spec = _spec(tmp_path, {"name": "web", "format": "parquet", "paths": [str(path)], "tokens_field": "ids"})
+    build_index(spec, dask_client)
+    loader = _loader(make_plan(spec).plan_dir)
+    assert not getattr(loader._reader, "thread_safe", False)
+    inside = threading.Lock()
+    overlaps: list[str] = []
+    real_read = loader._reader.read
+
+    def guarded(p: Path, rows: np.ndarray) -> Any:
+        if not inside.acquire(blocking=False):
+            overlaps.append(threading.current_thread().name)
+            return real_read(p, rows)
+        try:
+            time.sleep(0.05)  # widen the window a concurrent read would hit
+            return real_read(p, rows)
+        finally:
+            inside.release()
+
+    loader._reader.read = guarded  # type: ignore[method-assign]
+    big = _request(list(range(100)))
+    big["length"] = 1000  # 100,000 tokens: read in the loader's thread
+    small = [_request([100 + k]) for k in range(5)]  # one token each: inline reads
+
+    async def run() -> list[Any]:
+        first = asyncio.ensure_future(loader.read(big))
+        await asyncio.sleep(0.01)  # the large read is inside the reader now
+        return await asyncio.gather(first, *(loader.read(r) for r in small))
+
+    out = asyncio.run(run())
+    assert overlaps == []
+    assert [len(o.tokens) for o in out] == [100_000, 1, 1, 1, 1, 1]
+    np.testing.assert_array_equal(out[1].tokens, docs[100][:1])

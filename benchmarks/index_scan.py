@@ -13,6 +13,12 @@ figure, and with pyarrow's default pool (all cores), reported beside it. Writes
 benchmarks/results/index_scan.json. `noop s` is a re-run with nothing changed (zero tasks): the
 job's fixed cost.
 
+The index also checksums every sample's token stream (sources/_integrity: CRC-32 of int32 tokens),
+which reads a Megatron .bin and encodes raw text rather than only counting it. `cksum s` is the hash
+alone, one thread, over the source's own lengths (`cksum %`: its share of the index's worker time);
+the whole cost, extra reads and encoding included, is the difference of two runs of this script, one
+with PYTHONPATH at a loomdata without checksums.
+
     .venv/bin/python benchmarks/index_scan.py                    # small corpus, about 2 minutes
     .venv/bin/python benchmarks/index_scan.py --size large --data /big/disk/corpus
 """
@@ -187,6 +193,24 @@ def _index(spec: Spec, client: Any, names: list[str], fresh: bool = True) -> tup
     return took, sum(s.samples for s in summary.sources.values()), sum(s.tokens for s in summary.sources.values())
 
 
+def _checksum_s(spec: Spec, names: list[str], repeat: int = 3) -> float:
+    """Seconds (best of `repeat`, one thread) to checksum streams of the indexed lengths (the hash alone)."""
+    try:
+        from loomdata.sources._integrity import checksums_flat
+    except ImportError:  # a loomdata without checksums (the baseline of an A/B run)
+        return 0.0
+    tables = [pq.read_table(spec.index_dir / n / "samples.parquet", columns=["num_tokens"]) for n in names]
+    lengths = np.concatenate([t.column(0).to_numpy() for t in tables]).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    tokens = np.random.default_rng(0).integers(0, 50_000, size=int(offsets[-1]), dtype=np.int32)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        checksums_flat(tokens, offsets)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def _compare(spec: Spec, client: Any, label: str, names: list[str], n_workers: int, repeat: int) -> dict[str, Any]:
     """Index and floor runs interleaved (so load from other processes hits both alike); best of each."""
     cold = _index(spec, client, names)[0]  # pays worker imports and reader set-up
@@ -203,6 +227,7 @@ def _compare(spec: Spec, client: Any, label: str, names: list[str], n_workers: i
     floor_s, floor1_s = min(r[0] for r in floor_runs), min(r[0] for r in floor1_runs)
     nbytes = sum(_source_bytes(spec, n) for n in names)
     rate = samples / best
+    cksum = _checksum_s(spec, names)
     print(
         f"  {label:8s} workers={n_workers}: {best:.3f}s (floor {floor1_s:.3f}s 1 thread, {floor_s:.3f}s)",
         file=sys.stderr,
@@ -229,6 +254,8 @@ def _compare(spec: Spec, client: Any, label: str, names: list[str], n_workers: i
         "floor_mb_per_s": round(nbytes / floor_s / 1e6, 2),
         "ratio_per_worker": round(floor1_s / best / n_workers, 3),
         "ratio_per_worker_vs_threaded_floor": round(floor_s / best / n_workers, 3),
+        "checksum_s": round(cksum, 4),
+        "checksum_share": round(cksum / (best * n_workers), 4),
     }
 
 
@@ -294,7 +321,7 @@ def main() -> None:
 def _report(rows: list[dict[str, Any]]) -> None:
     head = f"{'source':8s} {'wk':>2s} {'samples':>8s} {'MB':>6s} {'index s':>8s} {'floor1 s':>8s} {'floor s':>8s} "
     head += f"{'noop s':>6s} {'idx smp/s':>10s} {'fl1 smp/s':>10s} {'idx MB/s':>8s} {'fl1 MB/s':>8s} "
-    head += f"{'ratio/wk':>8s} {'vs thr.':>7s}"
+    head += f"{'ratio/wk':>8s} {'vs thr.':>7s} {'cksum s':>7s} {'cksum %':>7s}"
     print(head)
     for r in rows:
         print(
@@ -302,7 +329,7 @@ def _report(rows: list[dict[str, Any]]) -> None:
             f"{r['floor_1thread_s']:>8.3f} {r['floor_s']:>8.3f} {r['index_noop_s']:>6.3f} "
             f"{r['index_samples_per_s']:>10.0f} {r['floor_1thread_samples_per_s']:>10.0f} {r['index_mb_per_s']:>8.1f} "
             f"{r['floor_1thread_mb_per_s']:>8.1f} {r['ratio_per_worker']:>8.2f} "
-            f"{r['ratio_per_worker_vs_threaded_floor']:>7.2f}"
+            f"{r['ratio_per_worker_vs_threaded_floor']:>7.2f} {r['checksum_s']:>7.3f} {100 * r['checksum_share']:>7.1f}"
         )
     print(
         "ratio/wk = floor time on one thread / index time / workers (a worker runs one thread); "

@@ -15,6 +15,12 @@ workers and scheduler for loomdata, consumers with their DataLoader workers for 
 `tokens per CPU-second` is the per-core figure; the ratio loomdata / baseline is printed per
 consumer count and written to benchmarks/results/stream_throughput.json.
 
+`--verify-repeat R` (default 3) also measures what content verification costs delivery: the same
+plan served with the sources' `verify: sample` (the default: every sample's checksum and its shard
+checked against the index) and with `verify: off`, R alternating runs each to the largest consumer
+count, best run reported (`verify_cost` in the results: tokens/s, CPU seconds of workers and
+consumers, the loaders' busy time, where the checks run, and the slowdown; goal under 5%). `--verify-repeat 0` skips it.
+
     .venv/bin/python benchmarks/stream_throughput.py                 # about 2-3 minutes
     .venv/bin/python benchmarks/stream_throughput.py --steps 800 --docs 40000
 """
@@ -65,17 +71,23 @@ def _write_data(root: Path, docs: int, seed: int) -> list[Path]:
     return files
 
 
-def _spec(root: Path, seq_len: int, steps: int, micro_batches: int) -> Any:
+def _spec(root: Path, seq_len: int, steps: int, micro_batches: int, verify: str = "sample") -> Any:
     from loomdata.schemas import parse_spec
 
     return parse_spec(
         {
             "name": "bench-stream",
-            "workdir": str(root / "work"),
+            "workdir": str(root / ("work" if verify == "sample" else f"work-verify-{verify}")),
             "seed": 0,
             "sources": [
-                {"name": "web", "format": "parquet", "paths": ["web/*.parquet"], "tokens_field": "tokens"},
-                {"name": "code", "format": "parquet", "paths": ["code/*.parquet"], "tokens_field": "tokens"},
+                {
+                    "name": name,
+                    "format": "parquet",
+                    "paths": [f"{name}/*.parquet"],
+                    "tokens_field": "tokens",
+                    "verify": verify,
+                }
+                for name in ("web", "code")
             ],
             "mixture": {"weights": {"web": 0.5, "code": 0.5}},
             "training": {"seq_len": seq_len, "steps": steps, "dp_size": DP, "micro_batches": micro_batches},
@@ -272,6 +284,41 @@ def _measure(
     }
 
 
+def _loom_only(client: Any, plan_dir: Path, n: int, window: int) -> dict[str, Any]:
+    """loomdata alone to `n` consumers (fresh executor): tokens/s and CPU seconds."""
+    from loomdata.execution import Executor
+
+    with Executor(plan_dir, client, window=window) as ex:
+        cpu0 = _worker_cpu(client)
+        loom, wall = _run_consumers(_loom_consumer, lambda r: (str(plan_dir), r), n)
+        cpu = _worker_cpu(client) - cpu0 + sum(r["cpu_s"] for r in loom)
+        busy = sum(src["busy_s"] for src in ex.metrics().to_dict()["sources"].values())
+    side = _side(sum(r["tokens"] for r in loom), wall, cpu)
+    side["loader_busy_s"] = round(busy, 4)  # time inside loader reads (where verification runs)
+    return side
+
+
+def _verify_cost(client: Any, plans: dict[str, Path], n: int, window: int, repeat: int) -> dict[str, Any]:
+    """Best of `repeat` alternating runs per verify mode; the slowdown of `sample` against `off`."""
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in plans}
+    for _ in range(repeat):
+        for mode, plan_dir in plans.items():
+            runs[mode].append(_loom_only(client, plan_dir, n, window))
+    best = {mode: max(rs, key=lambda r: r["tokens_per_s"]) for mode, rs in runs.items()}
+    on, off = best["sample"], best["off"]
+    return {
+        "consumers": n,
+        "repeat": repeat,
+        "best": best,
+        "all_tokens_per_s": {mode: [r["tokens_per_s"] for r in rs] for mode, rs in runs.items()},
+        "slowdown_tokens_per_s": round(1 - on["tokens_per_s"] / off["tokens_per_s"], 4),
+        "extra_cpu_per_token": round(on["cpu_s"] / on["tokens"] / (off["cpu_s"] / off["tokens"]) - 1, 4),
+        "extra_loader_busy": round(
+            min(r["loader_busy_s"] for r in runs["sample"]) / min(r["loader_busy_s"] for r in runs["off"]) - 1, 4
+        ),
+    }
+
+
 def _print_row(row: dict[str, Any]) -> None:
     for name in ("loomdata", "baseline"):
         r = row[name]
@@ -291,6 +338,7 @@ def main() -> None:
     ap.add_argument("--micro-batches", type=int, default=4)
     ap.add_argument("--window", type=int, default=2, help="executor window (steps built ahead per rank)")
     ap.add_argument("--consumers", type=int, nargs="+", default=list(CONSUMERS))
+    ap.add_argument("--verify-repeat", type=int, default=3, help="runs per verify mode (sample, off); 0: skip")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
 
@@ -319,6 +367,22 @@ def main() -> None:
                 row = _measure(client, plan_dir, files, n, meta.steps * meta.micro_batches, args.seq_len, args.window)
                 rows.append(row)
                 _print_row(row)
+            verify_cost = None
+            if args.verify_repeat > 0:
+                off = _spec(root, args.seq_len, args.steps, args.micro_batches, verify="off")
+                build_index(off, client)
+                plans = {"sample": Path(plan_dir), "off": Path(make_plan(off).plan_dir)}
+                n = max(args.consumers)
+                verify_cost = _verify_cost(client, plans, n, args.window, args.verify_repeat)
+                b = verify_cost["best"]
+                print(
+                    f"verify cost, {n} consumer(s), best of {args.verify_repeat}: sample "
+                    f"{b['sample']['tokens_per_s']:,} tokens/s ({b['sample']['cpu_s']:.1f} cpu s), off "
+                    f"{b['off']['tokens_per_s']:,} tokens/s ({b['off']['cpu_s']:.1f} cpu s): slowdown "
+                    f"{100 * verify_cost['slowdown_tokens_per_s']:.1f}%, CPU per token "
+                    f"{100 * verify_cost['extra_cpu_per_token']:+.1f}%, loader busy time "
+                    f"{100 * verify_cost['extra_loader_busy']:+.1f}%"
+                )
             summary = {k: v for k, v in meta.summary.items() if isinstance(v, int | float | str)}
             if "simulated_gain" in summary:  # what the loomdata side delivers on top: balanced ranks
                 print(
@@ -339,6 +403,7 @@ def main() -> None:
         },
         "plan_summary": summary,
         "rows": rows,
+        "verify_cost": verify_cost,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

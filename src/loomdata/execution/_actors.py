@@ -39,7 +39,7 @@ from loomdata.execution._publish import Publisher
 from loomdata.execution._retry import retry_until
 from loomdata.execution.protocol import ServeInfo
 from loomdata.schemas.errors import ExecutionError, LoomError
-from loomdata.schemas.freshness import require_fresh
+from loomdata.schemas.freshness import require_built_from, require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.plan import PlanMeta
 
@@ -70,6 +70,7 @@ class FleetOps:
     def start(self) -> None:
         """Create every loader, then every constructor with their routes; start them; publish."""
         require_fresh(self.meta, self._workdir)
+        require_built_from(self.meta.spec)  # nor have the settings or the files its globs match moved on
         if not self.client.scheduler_info()["workers"]:
             raise ExecutionError(f"the cluster at {self.client.scheduler.address} has no workers; start some")
         self._use_live_workers()

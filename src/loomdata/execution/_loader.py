@@ -5,6 +5,11 @@ sample -> (shard, row) for its own shards (sorted arrays, `searchsorted`), one o
 (file handles, Parquet metadata, tokenizer). Nothing of it is per rank. Reads run in the actor's own
 thread so the worker's event loop stays responsive and several loaders on one worker overlap.
 
+Integrity (`verify` per source, see _verify): a shard is checked against `shards.parquet` when the
+loader first reads it, and with `verify: sample` every sample read against its checksum in the index.
+A reader that is not `thread_safe` is never inside two reads at once: while a read runs in the thread,
+small reads queue behind it there instead of running inline.
+
 Retirement (scaling, `Executor.set_loaders`): `close()` runs after any read already in the loader's
 thread (one thread, FIFO) and cannot interleave with an inline read (both run on the worker's event
 loop); from then on every `read` fails fast with `LoaderRetired`, which is not a data error: the
@@ -20,13 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from pyarrow.parquet import read_schema
 
 from loomdata.execution._partition import LoaderPartition
-from loomdata.schemas.errors import ExecutionError
+from loomdata.execution._verify import Verifier, serving_error
+from loomdata.schemas.errors import ContractError, ExecutionError, SourceDataError
 from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
 from loomdata.schemas.plan import read_plan
+from loomdata.schemas.tables import CHECKSUM_FIELD
 from loomdata.sources import FormatReader, Sample, make_reader
 from loomdata.sources.images import decoded_image_tokens
 
@@ -82,12 +90,29 @@ class SourceLoader:
         self._source = spec.source(partition.source)
         files = IndexFiles.of(spec.workdir, partition.source)
         require_fresh(meta, spec.workdir, [partition.source])
-        table = files.samples_of_shards(partition.first_shard, partition.stop_shard, ["sample", "shard", "row"])
+        shards = files.shard_table()
+        self._verifier = Verifier.of(
+            partition.source,
+            self._source.verify,
+            self._source.format,
+            shards,
+            partition.first_shard,
+            partition.stop_shard,
+        )
+        if self._verifier.samples and CHECKSUM_FIELD.name not in read_schema(files.samples).names:
+            raise ContractError(
+                f"{files.samples}: the index of source {partition.source!r} has no per-sample checksums to verify "
+                "reads against; re-run `loom index` (or set `verify: shard` on the source)"
+            )
+        columns = ["sample", "shard", "row", *(["checksum"] if self._verifier.samples else [])]
+        table = files.samples_of_shards(partition.first_shard, partition.stop_shard, columns)
         order = np.argsort(table.column("sample").to_numpy(), kind="stable")
         self._sample = table.column("sample").to_numpy()[order].astype(np.uint64)
         self._shard = table.column("shard").to_numpy()[order].astype(np.int64)
         self._row = table.column("row").to_numpy()[order].astype(np.int64)
-        shards = files.shard_table()
+        self._checksum = (
+            table.column("checksum").to_numpy()[order].astype(np.uint32) if self._verifier.samples else None
+        )
         ids = shards.column("shard").to_pylist()
         paths = shards.column("path").to_pylist()
         self._paths = {
@@ -100,18 +125,25 @@ class SourceLoader:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"loom-loader-{partition.source}-{partition.part}")
         self._counters = _Counters()
         self._closed = False
+        self._in_thread = 0  # reads queued or running in the thread (changed only on the event loop)
 
     async def read(self, request: np.ndarray) -> SegmentData:
         """The segments of `request` (REQUEST_DTYPE): small reads inline, large ones in this actor's thread.
 
-        A thread hop costs about a millisecond on a busy worker (GIL), more than a small read itself.
+        A thread hop costs about a millisecond on a busy worker (GIL), more than a small read itself. A
+        reader that is not thread-safe takes a small read inline only while no read is in the thread.
         After `close()` it raises `LoaderRetired` at once.
         """
         self._check_open()
-        if int(request["length"].sum()) <= _INLINE_TOKENS:
+        small = int(request["length"].sum()) <= _INLINE_TOKENS
+        if small and (self._in_thread == 0 or self._reader.thread_safe):
             return self.read_now(request)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self.read_now, request)
+        self._in_thread += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._pool, self.read_now, request)
+        finally:
+            self._in_thread -= 1
 
     def read_now(self, request: np.ndarray) -> SegmentData:
         """Synchronous `read` (the work itself).
@@ -122,7 +154,16 @@ class SourceLoader:
         self._check_open()
         t0 = time.perf_counter()
         out = read_segments(
-            self._reader, request, self._sample, self._shard, self._row, self._paths, self._patch, self.partition
+            self._reader,
+            request,
+            self._sample,
+            self._shard,
+            self._row,
+            self._paths,
+            self._patch,
+            self.partition,
+            self._verifier,
+            self._checksum,
         )
         c = self._counters
         t1 = time.perf_counter()
@@ -190,8 +231,14 @@ def read_segments(
     paths: dict[int, Path],
     patch_size: int,
     partition: LoaderPartition,
+    verifier: Verifier | None = None,
+    checksum_of: np.ndarray | None = None,
 ) -> SegmentData:
-    """Read the samples a request names (one `reader.read` per shard) and cut out the segments."""
+    """Read the samples a request names (one `reader.read` per shard) and cut out the segments.
+
+    With a `verifier`, each shard is checked when first read, and (given `checksum_of`, aligned with
+    `sample_index`) every sample read is checked against its checksum in the index.
+    """
     if request.dtype != REQUEST_DTYPE:
         raise ExecutionError(f"loader request has dtype {request.dtype}, expected {REQUEST_DTYPE}")
     n = len(request)
@@ -219,8 +266,16 @@ def read_segments(
     for s in np.unique(shard):
         sel = np.flatnonzero(shard == s)
         path = paths[int(s)]
-        rows, inverse = np.unique(row[sel], return_inverse=True)
-        read: list[Sample] = reader.read(path, rows)
+        rows, first_at, inverse = np.unique(row[sel], return_index=True, return_inverse=True)
+        if verifier is not None:
+            verifier.open_shard(int(s), path)
+        try:
+            read: list[Sample] = reader.read(path, rows)
+        except (SourceDataError, OSError) as e:
+            raise serving_error(path, e) from None
+        if verifier is not None and checksum_of is not None and verifier.samples:
+            at = pos[sel][first_at]
+            verifier.check_samples(path, rows, samples[sel][first_at], checksum_of[at], read)
         for j, i in enumerate(sel.tolist()):
             smp = read[int(inverse[j])]
             o, ln = int(offset[i]), int(length[i])

@@ -124,7 +124,8 @@ def pack_step(
     """Every micro-batch of `ranks` at `step`: scatter loader answers into manifest order, then pack.
 
     `rows` are the step's manifest rows ordered by (dp_rank, micro_batch); `answers[k]` holds the
-    tokens (and images) of rows `groups[k]`, in that order.
+    tokens (and images) of rows `groups[k]`, in that order. Images end in sequence order whatever the
+    number of loaders (answers) they came from.
     """
     starts = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(rows.length, out=starts[1:])
@@ -143,6 +144,10 @@ def pack_step(
             img_off.append(ans.image_offset)
     all_img_row = np.concatenate(img_row) if img_row else np.zeros(0, dtype=np.int64)
     all_img_off = np.concatenate(img_off) if img_off else np.zeros(0, dtype=np.int64)
+    if len(images) > 1:  # answers come per loader: put images in sequence order (row, then offset in it)
+        order = np.lexsort((all_img_off, all_img_row))
+        all_img_row, all_img_off = all_img_row[order], all_img_off[order]
+        images = [images[k] for k in order.tolist()]
     mbs = meta.micro_batches
     key = rows.dp_rank.astype(np.int64) * mbs + rows.micro_batch.astype(np.int64)
     out: dict[int, list[Batch]] = {}

@@ -17,7 +17,7 @@ import pyarrow as pa
 from loomdata.indexing._cache import ShardScan
 from loomdata.indexing._fingerprint import ShardStat
 from loomdata.schemas.errors import IndexBuildError
-from loomdata.schemas.tables import ERRORS_SCHEMA, INDEX_SCHEMA, SHARDS_SCHEMA, TableKind, write_table
+from loomdata.schemas.tables import CHECKSUM_FIELD, ERRORS_SCHEMA, INDEX_SCHEMA, SHARDS_SCHEMA, TableKind, write_table
 
 __all__ = ["IndexTables", "assemble", "write_tables"]
 
@@ -65,8 +65,9 @@ def assemble(
         rows.column("row").cast(pa.uint64()),
         (rows.column("num_tokens") if kept else pa.array([], pa.uint32())).cast(pa.uint32()),
         (rows.column("num_image_tokens") if kept else pa.array([], pa.uint32())).cast(pa.uint32()),
+        (rows.column("checksum") if kept else pa.array([], pa.uint32())).cast(pa.uint32()),
     ]
-    fields = list(INDEX_SCHEMA)
+    fields = [*INDEX_SCHEMA, CHECKSUM_FIELD]
     for m in metadata:
         col = _metadata_column(rows, m, total)
         columns.append(col)
@@ -109,11 +110,20 @@ def _write_atomic(table: pa.Table, path: Path, kind: TableKind, meta: dict[str, 
     os.replace(tmp, path)
 
 
-def write_tables(tables: IndexTables, samples: Path, shards: Path, errors: Path, fingerprint: str) -> None:
-    """Write the tables (each atomically); remove a stale errors table when nothing was skipped."""
+def write_tables(
+    tables: IndexTables,
+    samples: Path,
+    shards: Path,
+    errors: Path,
+    fingerprint: str,
+    extra: dict[str, str] | None = None,
+) -> None:
+    """Write the tables (each atomically); remove a stale errors table when nothing was skipped.
+
+    `extra` goes into samples.parquet's metadata beside the fingerprint (the scan settings)."""
     if tables.errors is not None:
         _write_atomic(tables.errors, errors, TableKind.ERRORS)
     else:
         errors.unlink(missing_ok=True)
     _write_atomic(tables.shards, shards, TableKind.SHARDS, {"fingerprint": fingerprint})
-    _write_atomic(tables.samples, samples, TableKind.INDEX, {"fingerprint": fingerprint})
+    _write_atomic(tables.samples, samples, TableKind.INDEX, {"fingerprint": fingerprint, **(extra or {})})

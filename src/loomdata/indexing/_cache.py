@@ -1,6 +1,6 @@
 """Cached scan results, one Parquet file per shard under `index/<source>/_parts/<key>.parquet`.
 
-A cached file holds the shard's scan rows (`row, num_tokens, num_image_tokens`, metadata columns)
+A cached file holds the shard's scan rows (`row, num_tokens, num_image_tokens, checksum`, metadata columns)
 and, in its key-value metadata, whether the whole shard was skipped and the skipped samples. An
 unreadable or foreign cache file counts as a miss (the shard is scanned again), never as an error.
 """
@@ -17,12 +17,12 @@ import pyarrow.parquet as pq
 
 __all__ = ["ShardScan", "load_scan", "parts_dir", "store_scan"]
 
-_VERSION = b"1"
+_VERSION = b"2"
 _K_VERSION = b"loomdata.scan_cache"
 _K_SKIPPED = b"loomdata.skipped"
 _K_ERRORS = b"loomdata.errors"
 
-SCAN_COLUMNS = ("row", "num_tokens", "num_image_tokens")
+SCAN_COLUMNS = ("row", "num_tokens", "num_image_tokens", "checksum")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,24 +7,25 @@ and so the same plan ids:
 - the scan config hashes every spec setting that changes scan output (format, fields, metadata,
   on_error, the tokenizer's kind and the bytes of its tokenizer.json, the image rule), no path;
 - the index fingerprint hashes the scan config, the ordered shard fingerprints and the index's own
-  columns (so a rescan that finds other lengths changes it, whatever the edges of the file).
+  columns, the per-sample checksums included (so a rescan that finds other tokens changes it,
+  whatever the edges of the file, and a copy elsewhere keeps it).
 Change detection is another matter: the scan cache is keyed by `cache_key`, which adds the shard's
-path, size and mtime to its fingerprint, so a rewritten file is rescanned even where its edges match.
+path, size, mtime and ctime to its fingerprint, so a rewritten file is rescanned even where its edges
+match, and even when the rewrite kept size and mtime (`cp -p`, `rsync -t`, `os.utime`): the inode
+change time moves with every write and no user tool can set it back.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import SourceFormat, SourceSpec, Spec, TokenizerKind
+from loomdata.sources._integrity import ShardStat, stat_shard
 
 __all__ = [
     "ShardStat",
@@ -36,58 +37,9 @@ __all__ = [
     "stat_shard",
 ]
 
-_EDGE_BYTES = 64 * 1024
-SCAN_VERSION = 1
-_INDEX_COLUMNS = ("sample", "shard", "row", "num_tokens", "num_image_tokens")
+SCAN_VERSION = 2
 """Bump when scan output of the same files and config changes (invalidates every cached part)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ShardStat:
-    """One shard as found on disk: path, total size, newest mtime and content fingerprint."""
-
-    path: Path
-    size_bytes: int
-    mtime_ns: int
-    fingerprint: str
-
-
-def _files_of(path: Path, fmt: SourceFormat) -> list[Path]:
-    """The files a shard consists of (a Megatron prefix is its .idx and .bin)."""
-    if fmt is SourceFormat.MEGATRON:
-        return [Path(f"{path}.idx"), Path(f"{path}.bin")]
-    return [path]
-
-
-def _hash_file(h: hashlib._Hash, path: Path) -> tuple[int, int]:
-    """Feed `path`'s size and first/last 64 KiB into `h` (content only); return (size, mtime_ns)."""
-    try:
-        st = os.stat(path)
-        with open(path, "rb") as f:
-            head = f.read(_EDGE_BYTES)
-            if st.st_size > _EDGE_BYTES:
-                f.seek(max(st.st_size - _EDGE_BYTES, _EDGE_BYTES))
-                tail = f.read(_EDGE_BYTES)
-            else:
-                tail = b""
-    except OSError as e:
-        raise SourceDataError(str(path), f"cannot read the file ({e.strerror or e})") from None
-    h.update(f"{st.st_size}\0".encode())
-    h.update(head)
-    h.update(b"\0")
-    h.update(tail)
-    return int(st.st_size), int(st.st_mtime_ns)
-
-
-def stat_shard(path: Path, fmt: SourceFormat = SourceFormat.PARQUET) -> ShardStat:
-    """Size, mtime and fingerprint of one shard (raises SourceDataError when it cannot be read)."""
-    h = hashlib.sha256()
-    size, mtime = 0, 0
-    for f in _files_of(path, fmt):
-        s, m = _hash_file(h, f)
-        size += s
-        mtime = max(mtime, m)
-    return ShardStat(path=path, size_bytes=size, mtime_ns=mtime, fingerprint=h.hexdigest()[:32])
+_INDEX_COLUMNS = ("sample", "shard", "row", "num_tokens", "num_image_tokens", "checksum")
 
 
 def fingerprint_file(path: str | Path, fmt: SourceFormat = SourceFormat.PARQUET) -> str:
@@ -125,17 +77,18 @@ def _file_sha256(path: Path) -> str:
 
 
 def cache_key(stat: ShardStat, config_hash: str) -> str:
-    """Name of a shard's cached scan result: its content fingerprint, path, size and mtime under one config.
+    """Name of a shard's cached scan result: its content fingerprint, path, size, mtime and ctime under one config.
 
-    Path and mtime take part here (not in the fingerprint) so that a file rewritten in its middle, which
-    the edge bytes do not see, is rescanned rather than served from the cache.
+    Path and times take part here (not in the fingerprint) so that a file rewritten in its middle, which
+    the edge bytes do not see, is rescanned rather than served from the cache; ctime catches a rewrite
+    whose size and mtime were put back.
     """
-    key = f"{stat.fingerprint}:{stat.path}:{stat.size_bytes}:{stat.mtime_ns}:{config_hash}"
+    key = f"{stat.fingerprint}:{stat.path}:{stat.size_bytes}:{stat.mtime_ns}:{stat.ctime_ns}:{config_hash}"
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def samples_content_hash(samples: pa.Table) -> str:
-    """Hash of an index table's own columns (sample, shard, row, num_tokens, num_image_tokens)."""
+    """Hash of an index table's own columns (sample, shard, row, num_tokens, num_image_tokens, checksum)."""
     h = hashlib.blake2b(digest_size=16)
     for name in _INDEX_COLUMNS:
         col = samples.column(name)

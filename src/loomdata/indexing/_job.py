@@ -8,6 +8,7 @@ shard is cached at once (a stopped job keeps its progress), and every source is 
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import uuid
@@ -33,10 +34,11 @@ from loomdata.indexing._fingerprint import (
 )
 from loomdata.indexing._summary import IndexSummary, SourceSummary
 from loomdata.indexing._task import Failure, FailureKind, PartOutcome, ScanJob, run_scan
-from loomdata.schemas.errors import IndexBuildError, SourceDataError
+from loomdata.schemas.errors import ContractError, IndexBuildError, SourceDataError
+from loomdata.schemas.freshness import SETTINGS_KEY, scan_settings
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.spec import OnError, SourceSpec, Spec
-from loomdata.schemas.tables import INDEX_SCHEMA, table_metadata
+from loomdata.schemas.tables import INDEX_COLUMNS, TableKind, read_table, table_metadata
 
 __all__ = ["DEFAULT_PART_BYTES", "build_index"]
 
@@ -52,6 +54,7 @@ def _empty_rows() -> pa.Table:
             "row": pa.array([], pa.uint64()),
             "num_tokens": pa.array([], pa.uint32()),
             "num_image_tokens": pa.array([], pa.uint32()),
+            "checksum": pa.array([], pa.uint32()),
         }
     )
 
@@ -68,6 +71,7 @@ class _SourceRun:
     keys: list[str | None]  # cache file key per shard; None: not cacheable (unreadable)
     scans: list[ShardScan | None]
     removed: int
+    settings: str = ""  # scan_settings JSON, recorded in samples.parquet
     missing: list[int] = field(default_factory=list)
     parts: dict[int, dict[int, PartOutcome]] = field(default_factory=dict)
 
@@ -103,16 +107,17 @@ def _previous_paths(files: IndexFiles) -> set[str]:
 
 def _prepare(spec: Spec, idx: int, source: SourceSpec) -> _SourceRun:
     """Stat and fingerprint a source's shards and load the cached scans of unchanged ones."""
-    clash = [m for m in source.metadata if m in INDEX_SCHEMA.names]
+    clash = [m for m in source.metadata if m in INDEX_COLUMNS]
     if clash:
         raise IndexBuildError(
             f"source {source.name!r}: metadata column(s) {', '.join(map(repr, clash))} clash with index "
-            f"columns ({', '.join(INDEX_SCHEMA.names)}); rename them in the files or drop them from `metadata`"
+            f"columns ({', '.join(INDEX_COLUMNS)}); rename them in the files or drop them from `metadata`"
         )
     files = IndexFiles.of(spec.workdir, source.name)
     config = scan_config_hash(spec, source)
     paths = spec.resolve_paths(source)
-    run = _SourceRun(idx, source, files, config, [], [], [], removed=0)
+    settings = json.dumps(scan_settings(spec, source), sort_keys=True)
+    run = _SourceRun(idx, source, files, config, [], [], [], removed=0, settings=settings)
     for path in paths:
         try:
             stat = stat_shard(path, source.format)
@@ -267,9 +272,11 @@ def _finish(run: _SourceRun) -> SourceSummary:
         and f.shards.exists()
         and f.errors.exists() == (tables.errors is not None)
         and _stored_fingerprint(f) == fp
+        and _stored_shards_equal(f, tables.shards)  # loaders check size and mtime against shards.parquet
+        and _stored_settings(f) == run.settings
     )
     if not unchanged:
-        write_tables(tables, f.samples, f.shards, f.errors, fp)
+        write_tables(tables, f.samples, f.shards, f.errors, fp, {SETTINGS_KEY: run.settings})
     _collect_garbage(run)
     samples = tables.samples
     return SourceSummary(
@@ -283,6 +290,21 @@ def _finish(run: _SourceRun) -> SourceSummary:
         removed=run.removed,
         fingerprint=fp,
     )
+
+
+def _stored_shards_equal(files: IndexFiles, shards: pa.Table) -> bool:
+    """Whether the stored shards table holds exactly `shards` (a touched file keeps content, not mtime)."""
+    try:
+        return bool(read_table(files.shards, TableKind.SHARDS).equals(shards))
+    except (OSError, pa.ArrowException, ContractError):
+        return False
+
+
+def _stored_settings(files: IndexFiles) -> str | None:
+    try:
+        return table_metadata(files.samples).get(SETTINGS_KEY)
+    except (OSError, pa.ArrowException):
+        return None
 
 
 def _stored_fingerprint(files: IndexFiles) -> str | None:

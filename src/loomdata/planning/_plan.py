@@ -51,6 +51,7 @@ from loomdata.planning._segments import DenseIds, SampleIds, Segments
 from loomdata.planning._step import StepSink
 from loomdata.planning.balance import BalanceConfig, balance_block
 from loomdata.schemas.errors import PlanError
+from loomdata.schemas.freshness import require_built_from
 from loomdata.schemas.layout import IndexFiles, read_index
 from loomdata.schemas.plan import PLAN_FORMAT_VERSION, PlanMeta, PlanParameters, ResumeInfo, StepShape, read_plan
 from loomdata.schemas.spec import Spec
@@ -138,6 +139,8 @@ def _publish(tmp: Path, final: Path) -> None:
 def _load_index(
     spec: Spec, index: Mapping[str, pa.Table] | None, fingerprints: Mapping[str, str] | None
 ) -> tuple[list[_Source], dict[str, str]]:
+    if index is None:
+        require_built_from(spec)  # the index on disk fits the spec's settings and the files its globs match now
     out: list[_Source] = []
     fps: dict[str, str] = {}
     for name in spec.source_names:

@@ -49,6 +49,7 @@ from loomdata.schemas.spec import (
     TokenizerKind,
     TokenizerSpec,
     TrainingSpec,
+    VerifyMode,
     load_spec,
     parse_spec,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "TokenizerKind",
     "TokenizerSpec",
     "TrainingSpec",
+    "VerifyMode",
     "check_fresh",
     "load_spec",
     "parse_spec",

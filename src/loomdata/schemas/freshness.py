@@ -1,18 +1,42 @@
-"""Whether a plan's index is still the index on disk: the one staleness rule, applied by every stage.
+"""Whether an index and a plan still fit what is on disk: the one staleness rule, applied by every stage.
 
-A plan records each source's index fingerprint (a content hash, see indexing/_fingerprint); serving,
-loading and re-planning compare it with the fingerprint of the index there now, here and nowhere else.
+Two checks, both here and nowhere else:
+- `require_fresh`: a plan records each source's index fingerprint (a content hash, see
+  indexing/_fingerprint); serving, loading and re-planning compare it with the index there now.
+- `require_built_from`: an index records the scan settings it was built with (`scan_settings`: format,
+  fields, metadata, on_error, the tokenizer's kind and a hash of its tokenizer.json, the image rule,
+  the resolved shard list of the globs) in samples.parquet's metadata; `loom plan` and `loom serve`
+  refuse, listing every difference, when the spec's settings or the current glob expansion differ.
+  (Older indexes fail on their table version; an index table written by hand records nothing and is
+  not compared.)
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from loomdata.schemas.errors import StaleIndexError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.plan import PlanMeta, check_fresh
+from loomdata.schemas.spec import SourceFormat, SourceSpec, Spec, TokenizerKind
+from loomdata.schemas.tables import table_metadata
 
-__all__ = ["current_fingerprints", "require_fresh"]
+__all__ = [
+    "SETTINGS_KEY",
+    "current_fingerprints",
+    "index_differences",
+    "require_built_from",
+    "require_fresh",
+    "scan_settings",
+]
+
+SETTINGS_KEY = "settings"
+"""Key (under `loomdata.`) of the scan settings JSON in samples.parquet's metadata."""
+_SETTINGS_VERSION = 1
 
 
 def current_fingerprints(workdir: Path, sources: Sequence[str]) -> dict[str, str]:
@@ -24,3 +48,83 @@ def require_fresh(meta: PlanMeta, workdir: Path, sources: Sequence[str] | None =
     """Raise StaleIndexError (listing every changed source) unless `sources` (default all) are as planned."""
     names = list(meta.sources if sources is None else sources)
     check_fresh(meta, current_fingerprints(workdir, names), names)
+
+
+def _file_sha256(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:32]
+    except OSError:
+        return "missing"
+
+
+def scan_settings(spec: Spec, source: SourceSpec) -> dict[str, Any]:
+    """What `source`'s index is built from: every spec setting that changes its scan, and its shard list now."""
+    settings: dict[str, Any] = {
+        "version": _SETTINGS_VERSION,
+        "format": source.format.value,
+        "tokens_field": source.tokens_field,
+        "text_field": source.text_field,
+        "image_field": list(source.image_field),
+        "metadata": list(source.metadata),
+        "on_error": source.on_error.value,
+        "shards": [str(p) for p in spec.resolve_paths(source)],
+        "matches": {p: len(spec.resolve_paths(source.model_copy(update={"paths": [p]}))) for p in source.paths},
+    }
+    if source.text_field is not None:  # only raw text is tokenized during the scan
+        tok = spec.tokenizer
+        settings["tokenizer"] = tok.kind.value
+        if tok.kind is TokenizerKind.HUGGINGFACE and tok.path is not None:
+            settings["tokenizer_sha256"] = _file_sha256(tok.path)
+    if source.format is SourceFormat.WEBDATASET:
+        settings["images"] = spec.images.model_dump(mode="json")
+    return settings
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _differences(spec: Spec, source: SourceSpec, recorded: dict[str, Any]) -> list[str]:
+    now = scan_settings(spec, source)
+    out: list[str] = []
+    for key in sorted((set(now) | set(recorded)) - {"shards", "matches", "version"}):
+        if now.get(key) != recorded.get(key):
+            out.append(f"{key}: indexed with {_show(recorded.get(key))}, the spec now says {_show(now.get(key))}")
+    before, after = set(recorded.get("shards", [])), set(now["shards"])
+    added, gone = sorted(after - before), sorted(before - after)
+    if added:
+        out.append(f"{len(added)} shard(s) the globs match now were not indexed: {', '.join(added[:5])}")
+    if gone:
+        out.append(f"{len(gone)} indexed shard(s) the globs no longer match: {', '.join(gone[:5])}")
+    matched = recorded.get("matches", {})
+    for pattern, n in now["matches"].items():
+        if n == 0 and matched.get(pattern, 0) > 0:
+            out.append(f"path {pattern!r} matches nothing now (it matched {matched[pattern]} at indexing)")
+    return out
+
+
+def index_differences(spec: Spec, sources: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """Per source (default all of the spec's), how the spec and glob expansion differ from its index's record."""
+    out: dict[str, list[str]] = {}
+    for name in spec.source_names if sources is None else sources:
+        files = IndexFiles.of(spec.workdir, name)
+        if not files.samples.exists():
+            continue  # the readers that follow say `run loom index` for a missing index
+        raw = table_metadata(files.samples).get(SETTINGS_KEY)
+        if raw is None:  # a hand-made index table (tests, tools): nothing recorded to compare with
+            continue
+        diffs = _differences(spec, spec.source(name), json.loads(raw))
+        if diffs:
+            out[name] = diffs
+    return out
+
+
+def require_built_from(spec: Spec, sources: Sequence[str] | None = None) -> None:
+    """Raise StaleIndexError, listing every difference, unless each source's index fits the spec and the files now."""
+    diffs = index_differences(spec, sources)
+    if diffs:
+        lines = "\n".join(f"  - source {s!r}: {d}" for s, ds in diffs.items() for d in ds)
+        raise StaleIndexError(
+            f"the index under {spec.workdir / 'index'} was built from other settings or files than the spec "
+            f"names now:\n{lines}\nre-run `loom index` (then `loom plan`)"
+        )

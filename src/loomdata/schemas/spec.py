@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from loomdata.schemas.errors import SpecError
 from loomdata.schemas.formats import field_problems, metadata_problem
-from loomdata.schemas.tables import INDEX_SCHEMA
+from loomdata.schemas.tables import INDEX_COLUMNS
 
 __all__ = [
     "CostSpec",
@@ -35,6 +35,7 @@ __all__ = [
     "TokenizerKind",
     "TokenizerSpec",
     "TrainingSpec",
+    "VerifyMode",
     "load_spec",
     "parse_spec",
 ]
@@ -54,6 +55,14 @@ class OnError(str, enum.Enum):
 
     ERROR = "error"
     SKIP = "skip"
+
+
+class VerifyMode(str, enum.Enum):
+    """What a Source Loader checks against the index: each sample's checksum and its shard, the shard only, nothing."""
+
+    SAMPLE = "sample"
+    SHARD = "shard"
+    OFF = "off"
 
 
 class TokenizerKind(str, enum.Enum):
@@ -88,6 +97,7 @@ class SourceSpec(_Frozen):
     metadata: list[str] = Field(default_factory=list)
     on_error: OnError = OnError.ERROR
     max_epochs: float | None = Field(default=None, gt=0)
+    verify: VerifyMode = VerifyMode.SAMPLE  # a serving setting: not part of the plan id (`content_json`)
 
     @field_validator("image_field", mode="before")
     @classmethod
@@ -205,7 +215,10 @@ class Spec(_Frozen):
         """Canonical JSON of what the spec asks for, without where things are: no `workdir` or `base_dir`, and of
         the tokenizer no `path` (its identity reaches a plan through the index fingerprints). Source `paths`
         stay as written (relative patterns are location-free). The plan id hashes this."""
-        data = self.model_dump(mode="json", exclude={"workdir": True, "base_dir": True, "tokenizer": {"path"}})
+        data = self.model_dump(
+            mode="json",
+            exclude={"workdir": True, "base_dir": True, "tokenizer": {"path"}, "sources": {"__all__": {"verify"}}},
+        )
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def spec_hash(self) -> str:
@@ -244,7 +257,7 @@ def _key_path(loc: Sequence[int | str]) -> str:
 def _metadata_problems(key: str, source: SourceSpec) -> list[str]:
     """Problems of a source's `metadata` list: index-column clashes, repeats, what its format can carry."""
     problems: list[str] = []
-    index_columns = INDEX_SCHEMA.names
+    index_columns = INDEX_COLUMNS
     seen: set[str] = set()
     for j, m in enumerate(source.metadata):
         mkey = f"{key}.metadata[{j}]"

@@ -3,6 +3,10 @@
 Every table loomdata writes carries `loomdata.kind` and `loomdata.version` in its Parquet
 key-value metadata; `read_table` rejects a wrong kind, version or schema with a message that
 names the file and what differs.
+
+Index version 2 adds `checksum` (per-sample, see sources/_integrity), which the index job always
+writes and loaders verify against. It is optional in the schema (checked for its type when present):
+the planner never reads it, and hand-made index tables (tests, tools) may leave it out.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import pyarrow.parquet as pq
 from loomdata.schemas.errors import ContractError
 
 __all__ = [
+    "CHECKSUM_FIELD",
     "ERRORS_SCHEMA",
+    "INDEX_COLUMNS",
     "INDEX_SCHEMA",
     "MANIFEST_SCHEMA",
     "PLAN_RANKS_SCHEMA",
@@ -53,6 +59,12 @@ INDEX_SCHEMA = pa.schema(
     ]
 )
 """Required columns of an index table; carried metadata columns follow them."""
+
+CHECKSUM_FIELD = pa.field("checksum", pa.uint32(), nullable=False)
+"""Per-sample checksum of the token stream; follows INDEX_SCHEMA's columns in every stored index."""
+
+INDEX_COLUMNS: tuple[str, ...] = (*INDEX_SCHEMA.names, CHECKSUM_FIELD.name)
+"""Every column name an index itself owns (metadata columns may not take these names)."""
 
 SHARDS_SCHEMA = pa.schema(
     [
@@ -122,7 +134,9 @@ _SCHEMAS: dict[TableKind, pa.Schema] = {
     TableKind.PLAN_STEPS: PLAN_STEPS_SCHEMA,
     TableKind.PLAN_RANKS: PLAN_RANKS_SCHEMA,
 }
-VERSIONS: dict[TableKind, int] = {k: 1 for k in TableKind}
+VERSIONS: dict[TableKind, int] = {**{k: 1 for k in TableKind}, TableKind.INDEX: 2}
+_OPTIONAL: dict[TableKind, list[pa.Field]] = {TableKind.INDEX: [CHECKSUM_FIELD]}
+"""Columns a table of the kind may have, with this exact type when it does."""
 
 _KIND = b"loomdata.kind"
 _VERSION = b"loomdata.version"
@@ -132,8 +146,11 @@ def check_schema(table: pa.Table | pa.Schema, kind: TableKind, where: str) -> No
     """Raise ContractError unless `table` has the required columns of `kind` with their exact types."""
     schema = table if isinstance(table, pa.Schema) else table.schema
     problems = []
-    for field in _SCHEMAS[kind]:
+    optional = {f.name for f in _OPTIONAL.get(kind, [])}
+    for field in [*_SCHEMAS[kind], *_OPTIONAL.get(kind, [])]:
         idx = schema.get_field_index(field.name)
+        if idx < 0 and field.name in optional:
+            continue
         if idx < 0:
             problems.append(f"missing column {field.name!r} ({field.type})")
         elif schema.field(idx).type != field.type:

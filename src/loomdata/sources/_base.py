@@ -4,6 +4,11 @@ A format reader knows nothing of Dask, plans or ranks. The index job calls `num_
 (one task per part of a shard); Source Loader actors call `read` with the `row` values the scan
 produced. One reader instance may keep file state (open handles, Parquet metadata, decompressed
 blocks) between calls; it is created where it is used, never pickled with that state.
+
+Threads: a reader whose `thread_safe` is False (the default) may be called from one thread at a time
+only; whoever shares it across threads (a Source Loader reads small requests on its event loop and
+large ones in a thread) must serialise its calls. A reader that sets `thread_safe = True` guards its
+own state and may be called concurrently.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +32,8 @@ class ScanResult:
     """Lengths of the samples of one part of one shard.
 
     `rows` has columns `row: uint64` (the location `read` takes), `num_tokens: uint32`,
-    `num_image_tokens: uint32`, then the source's metadata columns, in shard order.
+    `num_image_tokens: uint32`, `checksum: uint32` (of the token stream `read` returns, see
+    `sources._integrity`), then the source's metadata columns, in shard order.
     `errors` lists skipped samples as (row or None, message); only non-empty with `on_error: skip`.
     """
 
@@ -44,6 +51,9 @@ class Sample:
 
 class FormatReader(abc.ABC):
     """Scans and reads one source's shards; subclasses implement one on-disk format."""
+
+    thread_safe: ClassVar[bool] = False
+    """Whether `scan`/`read`/`close` may run in several threads at once (else callers serialise them)."""
 
     def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
         check_fields(source)  # the format's field rules (`FIELD_RULES`), the same ones the spec is checked by

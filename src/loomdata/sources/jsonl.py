@@ -35,6 +35,7 @@ import enum
 import gzip
 import json
 import mmap
+import os
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -168,7 +169,19 @@ def _zstd_chunks(path: Path, size: int) -> Iterator[bytes]:
 
 
 def _stream(path: Path, comp: Compression) -> Iterator[bytes]:
-    """Decompressed chunks of a compressed file; decoder errors become SourceDataError naming it."""
+    """Decompressed chunks of a compressed file; decoder errors become SourceDataError naming it.
+
+    A zero-byte file is not a valid gzip or Zstandard stream (the decoders yield nothing for it): it is a
+    bad file, never silently an empty one.
+    """
+    try:
+        empty = os.stat(path).st_size == 0
+    except OSError as e:
+        raise SourceDataError(str(path), f"cannot read file ({e.strerror})") from None
+    if empty:
+        raise SourceDataError(
+            str(path), f"zero bytes: not a {comp.value} stream (an empty file compressed still has a header)"
+        )
     gen = _gzip_chunks(path, _BLOCK) if comp is Compression.GZIP else _zstd_chunks(path, _BLOCK // 4)
     try:
         yield from gen
@@ -254,24 +267,28 @@ class JsonlReader(FormatReader):
         comp = compression_of(path)
         rows: list[np.ndarray] = []
         counts: list[np.ndarray] = []
+        checks: list[np.ndarray] = []
         errors: _Errors = []
         meta: dict[str, list[pa.Array]] = {m: [] for m in self._meta}
         kinds: dict[str, pa.DataType] = {}  # the type of each metadata field in this part, once seen
         where = _Where(path, comp)
         for lines in self._blocks_of_part(path, comp, part, num_parts):
-            r, c, e, cols = self._scan_block(path, lines, where, kinds)
+            r, c, k, e, cols = self._scan_block(path, lines, where, kinds)
             self._settle_kinds(path, r, cols, kinds, where)
             rows.append(r)
             counts.append(c)
+            checks.append(k)
             errors.extend(e)
             for m, col in cols.items():
                 meta[m].append(col)
         row = np.concatenate(rows) if rows else np.zeros(0, dtype=np.uint64)
         cnt = np.concatenate(counts) if counts else np.zeros(0, dtype=np.uint32)
+        chk = np.concatenate(checks) if checks else np.zeros(0, dtype=np.uint32)
         columns: dict[str, pa.Array | pa.ChunkedArray] = {
             "row": pa.array(row, type=pa.uint64()),
             "num_tokens": pa.array(cnt, type=pa.uint32()),
             "num_image_tokens": pa.array(np.zeros(len(row), dtype=np.uint32), type=pa.uint32()),
+            "checksum": pa.array(chk, type=pa.uint32()),
         }
         for m in self._meta:
             kind = kinds.get(m, pa.null())
@@ -365,13 +382,15 @@ class JsonlReader(FormatReader):
 
     def _scan_block(
         self, path: Path, lines: _Lines, where: _Where, kinds: dict[str, pa.DataType]
-    ) -> tuple[np.ndarray, np.ndarray, _Errors, dict[str, pa.Array]]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, _Errors, dict[str, pa.Array]]:
+        """Rows, token counts, checksums, skipped lines and metadata columns of one block."""
         keep = _nonblank(lines)
         rows = lines.rows[keep]
         fast = self._fast_block(lines, keep, kinds)
         if fast is not None:
             texts, cols = fast
-            return rows, make_tokenizer(self.tokenizer_spec).count_batch(texts).astype(np.uint32), [], cols
+            counts, checks = make_tokenizer(self.tokenizer_spec).count_and_check(texts)
+            return rows, counts, checks, [], cols
         # Slow path: parse each line to find and name the bad ones.
         good_rows: list[int] = []
         good_texts: list[str] = []
@@ -391,9 +410,9 @@ class JsonlReader(FormatReader):
                 raise SourceDataError(str(path), where(int(r)) + why, row=int(r))
             else:
                 errors.append((int(r), where(int(r)) + why))
-        counts = make_tokenizer(self.tokenizer_spec).count_batch(good_texts).astype(np.uint32)
+        counts, checks = make_tokenizer(self.tokenizer_spec).count_and_check(good_texts)
         cols = {m: pa.array(values[m], type=line_kinds.get(m, pa.null())) for m in self._meta}
-        return np.array(good_rows, dtype=np.uint64), counts, errors, cols
+        return np.array(good_rows, dtype=np.uint64), counts, checks, errors, cols
 
     def _check_meta(
         self, path: Path, where: _Where, row: int, obj: dict[str, object], kinds: dict[str, pa.DataType]

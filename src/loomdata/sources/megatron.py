@@ -12,8 +12,8 @@ of documents), then `lengths` int32[S], `pointers` int64[S] (byte offset of each
 .bin), `document_indices` int64[D], and for multimodal datasets `modes` int8[S]. The .bin holds the
 tokens of all sequences back to back in that dtype.
 
-Scanning reads only the .idx (memory-mapped) and the .bin's size; `read` memory-maps the .bin once
-per file and gathers the requested sequences in one vectorised take.
+Scanning reads the .idx (memory-mapped) and the .bin, whose tokens it checksums in chunks of about
+`_CHECK_TOKENS`; `read` memory-maps the .bin once per file and slices the requested sequences.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.formats import DOCUMENT_COLUMN
 from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
+from loomdata.sources._integrity import checksums_flat
 
 __all__ = ["DOCUMENT_COLUMN", "DTYPE_CODES", "IDX_HEADER", "IDX_MAGIC", "IDX_VERSION", "MegatronReader"]
 
@@ -49,6 +50,7 @@ _FLOAT_CODES = {6: "float64", 7: "float32"}
 _SAFE_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16))  # every value is a valid int32 token id
 _INT32_MAX = int(np.iinfo(np.int32).max)
 _ROWS_PER_PART_MIN = 1 << 20  # never split an index into parts smaller than this many sequences
+_CHECK_TOKENS = 1 << 24  # tokens cast to int32 and checksummed at once during a scan
 _STALE = "the index is stale for this dataset; re-run `loom index`"
 
 
@@ -207,11 +209,35 @@ class MegatronReader(FormatReader):
             "row": pa.array(rows, type=pa.uint64()),
             "num_tokens": pa.array(index.lengths[lo:hi].astype(np.uint32), type=pa.uint32()),
             "num_image_tokens": pa.array(np.zeros(hi - lo, dtype=np.uint32), type=pa.uint32()),
+            "checksum": pa.array(self._checksums(path, index, lo, hi), type=pa.uint32()),
         }
         if DOCUMENT_COLUMN in self.source.metadata:
             doc = np.searchsorted(index.document_indices, rows.astype(np.int64), side="right") - 1
             columns[DOCUMENT_COLUMN] = pa.array(doc.astype(np.uint64), type=pa.uint64())
         return ScanResult(rows=pa.table(columns))
+
+    def _checksums(self, path: Path, index: _Index, lo: int, hi: int) -> np.ndarray:
+        """Checksums of sequences lo..hi, from the .bin in chunks of about `_CHECK_TOKENS` tokens.
+
+        `_check_part` has proved the sequences contiguous, so a chunk is one slice of the memory map. Token ids
+        outside int32 are left to `read` to reject (they wrap here, so such a sample could never verify anyway).
+        """
+        out = np.empty(hi - lo, dtype=np.uint32)
+        if hi <= lo:
+            return out
+        data = self._bin(path, index)
+        lengths = index.lengths[lo:hi].astype(np.int64)
+        ends = np.cumsum(lengths)
+        first = int(index.pointers[lo]) // index.dtype.itemsize
+        a = 0
+        while a < hi - lo:
+            done = int(ends[a - 1]) if a else 0
+            b = max(int(np.searchsorted(ends, done + _CHECK_TOKENS, side="right")), a + 1)
+            flat = data[first + done : first + int(ends[b - 1])]
+            offs = np.concatenate([[0], ends[a:b] - done])
+            out[a:b] = checksums_flat(flat.astype(np.int32), offs)
+            a = b
+        return out
 
     def _bin(self, path: Path, index: _Index) -> np.ndarray:
         """The .bin as a read-only array of its dtype, memory-mapped once per file."""
@@ -250,4 +276,3 @@ class MegatronReader(FormatReader):
     def close(self) -> None:
         self._bins.clear()
         self._indexes.clear()
-

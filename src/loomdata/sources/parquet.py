@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
+from loomdata.sources._integrity import checksums_flat
 from loomdata.sources.tokenizer import Tokenizer, make_tokenizer
 
 __all__ = ["ParquetReader"]
@@ -136,7 +137,7 @@ class ParquetReader(FormatReader):
                 [np.arange(info.rg_starts[g], info.rg_starts[g + 1], dtype=np.uint64) for g in rgs]
             )
         col = table.column(self._field).combine_chunks()
-        counts, bad, reasons = self._count(col)
+        counts, checks, bad, reasons = self._count(col)
         errors: list[tuple[int | None, str]] = []
         if bad.any():
             bad_idx = np.flatnonzero(bad)
@@ -152,6 +153,7 @@ class ParquetReader(FormatReader):
                 "row": pa.array(first_rows[keep], type=pa.uint64()),
                 "num_tokens": pa.array(counts[keep], type=pa.uint32()),
                 "num_image_tokens": pa.array(np.zeros(n_keep, dtype=np.uint32), type=pa.uint32()),
+                "checksum": pa.array(checks[keep], type=pa.uint32()),
             }
         )
         keep_arr = pa.array(keep)
@@ -159,8 +161,12 @@ class ParquetReader(FormatReader):
             out = out.append_column(m, table.column(m).filter(keep_arr))
         return ScanResult(rows=out, errors=errors)
 
-    def _count(self, col: pa.Array) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
-        """Token counts per row, a mask of bad rows, and the reason for each bad row."""
+    def _count(self, col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, str]]:
+        """Token counts and checksums per row, a mask of bad rows, and the reason for each bad row.
+
+        Pre-tokenized rows are hashed from the token column's values buffer as read (one pass, no copy
+        per row); the checksums of bad rows are meaningless and dropped with them.
+        """
         n = len(col)
         reasons: dict[int, str] = {}
         bad = np.zeros(n, dtype=bool)
@@ -175,10 +181,23 @@ class ParquetReader(FormatReader):
                 if not bad[i]:
                     bad[i] = True
                     reasons[i] = why
+            checks = self._checksums(col)
         else:
             safe = col.fill_null("") if col.null_count else col
-            counts = self._tokenizer().count_batch(safe).astype(np.uint32)
-        return counts, bad, reasons
+            counts, checks = self._tokenizer().count_and_check(safe)
+        return counts, checks, bad, reasons
+
+    @staticmethod
+    def _checksums(col: pa.Array) -> np.ndarray:
+        """Checksums of a list column's rows (token ids as int32, as `read` returns them)."""
+        if pa.types.is_fixed_size_list(col.type):
+            col = col.cast(pa.list_(col.type.value_type))
+        offsets = col.offsets.to_numpy().astype(np.int64)
+        values = col.values
+        if values.null_count:
+            values = values.fill_null(0)
+        flat = values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+        return checksums_flat(flat.astype(np.int32, copy=False), offsets - offsets[0])
 
     def _bad_token_rows(self, col: pa.Array) -> dict[int, str]:
         """Rows whose token lists hold nulls or ids outside [0, int32 max]."""

@@ -1,6 +1,6 @@
 """Tokenizers for raw-text sources: the built-in byte-level one and Hugging Face `tokenizers`.
 
-The index job only needs token counts (`count_batch`), loaders need the tokens (`encode_batch`);
+The index job needs token counts and checksums (`count_and_check`), loaders the tokens (`encode_batch`);
 both take a batch of texts as a Python sequence or an Arrow string array, so callers that already
 hold Arrow columns (Parquet) never build Python strings for counting. `count_batch` always equals
 the lengths of `encode_batch`. `make_tokenizer` caches one tokenizer per spec per process.
@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import TokenizerKind, TokenizerSpec
+from loomdata.sources._integrity import checksums, checksums_flat
 
 __all__ = ["BYTE_VOCAB_SIZE", "ByteTokenizer", "HFTokenizer", "Texts", "Tokenizer", "make_tokenizer"]
 
@@ -41,6 +42,12 @@ class Tokenizer(abc.ABC):
     @abc.abstractmethod
     def count_batch(self, texts: Texts) -> np.ndarray:
         """uint32 token counts, equal to the lengths of `encode_batch(texts)`."""
+
+    def count_and_check(self, texts: Texts) -> tuple[np.ndarray, np.ndarray]:
+        """uint32 token counts and checksums (`sources._integrity`) of `encode_batch(texts)`."""
+        tokens = self.encode_batch(texts)
+        counts = np.fromiter((len(t) for t in tokens), dtype=np.uint32, count=len(tokens))
+        return counts, checksums(tokens)
 
 
 def _as_arrow(texts: Texts) -> pa.Array:
@@ -70,6 +77,17 @@ class ByteTokenizer(Tokenizer):
     def count_batch(self, texts: Texts) -> np.ndarray:
         arr = _as_arrow(texts)
         return pc.binary_length(arr).to_numpy(zero_copy_only=False).astype(np.uint32)
+
+    def count_and_check(self, texts: Texts) -> tuple[np.ndarray, np.ndarray]:
+        arr = _as_arrow(texts)
+        if len(arr) == 0:
+            return np.zeros(0, np.uint32), np.zeros(0, np.uint32)
+        offsets_buf, data_buf = arr.buffers()[1], arr.buffers()[2]
+        offsets = np.frombuffer(offsets_buf, dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+        data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+        flat = data[offsets[0] : offsets[-1]].astype(np.int32)
+        rel = offsets - offsets[0]
+        return np.diff(rel).astype(np.uint32), checksums_flat(flat, rel)
 
 
 class HFTokenizer(Tokenizer):

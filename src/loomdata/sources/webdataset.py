@@ -11,7 +11,7 @@ only that sample's members. Tar is sequential, so a shard is one part (`num_part
 only uncompressed tars are supported (byte offsets into a compressed stream cannot be sought).
 
 The scan walks the 512-byte headers (seeking over member data), reads the text members to count
-their tokens with the spec's tokenizer (one batched call per shard) and reads only the headers of
+and checksum their tokens with the spec's tokenizer (one batched call per shard) and reads only the headers of
 image members (Pillow's `Image.open` parses the header without decoding pixels) to count image
 tokens by `images.image_tokens_array`. A sample's tokens are its image placeholders
 (`ImageSpec.placeholder_token_id`, one per patch, images in order) followed by its text tokens.
@@ -33,6 +33,7 @@ import pyarrow as pa
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
+from loomdata.sources._integrity import prefixed_checksums
 from loomdata.sources.images import decode_image, decoded_image_tokens, image_tokens_array
 from loomdata.sources.tokenizer import make_tokenizer
 
@@ -168,6 +169,8 @@ def _payload(shard: _Open, ti: tarfile.TarInfo) -> bytes:
 class WebDatasetReader(FormatReader):
     """Scans and reads WebDataset tar shards; one sample per key run, `row` = its first header's offset."""
 
+    thread_safe = True  # every entry point holds `_lock`
+
     def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
         super().__init__(source, tokenizer, images)  # checks that `text_field` is set
         self._text = (source.text_field or "").lower()
@@ -272,7 +275,8 @@ class WebDatasetReader(FormatReader):
             texts.append(text)
             for m in self.source.metadata:
                 meta[m].append(values[m])
-        text_tokens = make_tokenizer(self.tokenizer_spec).count_batch(texts).astype(np.uint64)
+        encoded = make_tokenizer(self.tokenizer_spec).encode_batch(texts)
+        text_tokens = np.fromiter((len(t) for t in encoded), dtype=np.uint64, count=len(encoded))
         per_image = image_tokens_array(np.array(widths, dtype=np.int64), np.array(heights, dtype=np.int64), self.images)
         img_tokens = np.bincount(np.array(img_owner, dtype=np.int64), weights=per_image, minlength=len(rows))
         img_tokens = img_tokens.astype(np.uint64)
@@ -284,6 +288,10 @@ class WebDatasetReader(FormatReader):
             "row": pa.array(np.array(rows, dtype=np.uint64), type=pa.uint64()),
             "num_tokens": pa.array(total.astype(np.uint32), type=pa.uint32()),
             "num_image_tokens": pa.array(img_tokens.astype(np.uint32), type=pa.uint32()),
+            "checksum": pa.array(
+                prefixed_checksums(self.images.placeholder_token_id, img_tokens.astype(np.int64), encoded),
+                type=pa.uint32(),
+            ),
         }
         for m in self.source.metadata:
             columns[m] = pa.array(meta[m], type=pa.string())
@@ -340,4 +348,3 @@ class WebDatasetReader(FormatReader):
                 shard.tar.close()
                 shard.file.close()
             self._shards.clear()
-

@@ -1,5 +1,5 @@
 """The resume checker, a tool for tests, benchmarks and demos: a client restored at any position yields
-the same batches as the first pass."""
+the same batches as the first pass, every array of them compared (images and their positions too)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,22 @@ if TYPE_CHECKING:
 
 __all__ = ["verify_resume"]
 
-_FIELDS = ("input_ids", "labels", "position_ids", "cu_seqlens", "segments")
+_FIELDS = ("input_ids", "labels", "position_ids", "cu_seqlens", "segments", "image_positions")
 
 
-def _same(a: Batch, b: Batch) -> bool:
+def _differs(a: Batch, b: Batch) -> str | None:
+    """The first part of a batch that differs between `a` and `b` (every array, each image), or None."""
     if (a.step, a.dp_rank, a.micro_batch, a.lane) != (b.step, b.dp_rank, b.micro_batch, b.lane):
-        return False
-    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in _FIELDS)
+        return "position (step, dp_rank, micro_batch, lane)"
+    for f in _FIELDS:
+        if not np.array_equal(getattr(a, f), getattr(b, f)):
+            return f
+    if len(a.images) != len(b.images):
+        return f"images ({len(a.images)} vs {len(b.images)})"
+    for k, (x, y) in enumerate(zip(a.images, b.images, strict=True)):
+        if x.shape != y.shape or x.dtype != y.dtype or not np.array_equal(x, y):
+            return f"images[{k}]"
+    return None
 
 
 def verify_resume(
@@ -54,10 +63,11 @@ def verify_resume(
             resumed.load_state_dict(states[i])
             again = next(resumed)
             resumed.close()
-            if not _same(batches[i], again):
+            what = _differs(batches[i], again)
+            if what is not None:
                 raise ExecutionError(
-                    f"resume mismatch for dp rank {dp_rank} at state {states[i]}: the batch differs from the "
-                    "one first streamed; the executor does not rebuild steps deterministically"
+                    f"resume mismatch for dp rank {dp_rank} at state {states[i]}: the batch's {what} differs from "
+                    "the one first streamed; the executor does not rebuild steps deterministically"
                 )
             checked += 1
     return checked

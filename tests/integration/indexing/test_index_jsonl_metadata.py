@@ -78,7 +78,7 @@ def test_jsonl_metadata_columns_in_samples(tmp_path: Path, make_spec: SpecFactor
     every = [o for n in names for o in objs[n]]
     assert (s.shards, s.samples, s.skipped) == (3, len(every), 0)
     samples, _, _ = read_index(spec.workdir, "web")
-    assert samples.column_names == ["sample", "shard", "row", "num_tokens", "num_image_tokens", *META]
+    assert samples.column_names == ["sample", "shard", "row", "num_tokens", "num_image_tokens", "checksum", *META]
     types = {m: samples.schema.field(m).type for m in META}
     assert types == {
         "url": pa.string(),

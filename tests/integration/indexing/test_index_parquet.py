@@ -69,7 +69,8 @@ def test_pretokenized_index_content_parts_and_metadata(tmp_path: Path, make_spec
 
     samples, shards, fp = read_index(spec.workdir, "web")
     assert fp == s.fingerprint
-    assert samples.column_names == ["sample", "shard", "row", "num_tokens", "num_image_tokens", "quality", "lang"]
+    index_columns = ["sample", "shard", "row", "num_tokens", "num_image_tokens", "checksum"]
+    assert samples.column_names == [*index_columns, "quality", "lang"]
     assert samples.column("sample").to_pylist() == list(range(len(lengths)))
     expected_shard = np.repeat(np.arange(4), [len(t) for t in truth])
     np.testing.assert_array_equal(samples.column("shard").to_numpy(), expected_shard)

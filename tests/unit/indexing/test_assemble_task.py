@@ -38,6 +38,7 @@ def _rows(rows: list[int], tokens: list[int], **meta: pa.Array) -> pa.Table:
             "row": pa.array(rows, pa.uint64()),
             "num_tokens": pa.array(tokens, pa.uint32()),
             "num_image_tokens": pa.array([0] * len(rows), pa.uint32()),
+            "checksum": pa.array([r * 7 + 1 for r in rows], pa.uint32()),
             **meta,
         }
     )
@@ -55,7 +56,7 @@ def test_assemble_dense_ids_skipped_shards_errors_and_metadata_promotion() -> No
         ShardScan(_rows([0, 1], [7, 8], q=pa.array([4, 5], pa.int64()))),
     ]
     t = assemble("web", stats, scans, ["q"])
-    assert t.samples.column_names == ["sample", "shard", "row", "num_tokens", "num_image_tokens", "q"]
+    assert t.samples.column_names == ["sample", "shard", "row", "num_tokens", "num_image_tokens", "checksum", "q"]
     assert t.samples.column("sample").to_pylist() == [0, 1, 2, 3, 4]
     assert t.samples.column("shard").to_pylist() == [0, 0, 0, 1, 1]  # dense over indexed shards
     assert t.samples.column("row").to_pylist() == [0, 1, 3, 0, 1]

@@ -142,6 +142,7 @@ def test_samples_content_hash_sees_every_index_column_not_chunking() -> None:
         "row": pa.array([0, 1, 0], pa.uint64()),
         "num_tokens": pa.array([5, 7, 9], pa.uint32()),
         "num_image_tokens": pa.array([0, 0, 4], pa.uint32()),
+        "checksum": pa.array([11, 12, 13], pa.uint32()),
     }
     h = samples_content_hash(pa.table(cols))
     chunked = pa.concat_tables([pa.table(cols).slice(0, 1), pa.table(cols).slice(1)])
@@ -160,6 +161,7 @@ def test_cache_roundtrip_and_bad_files_are_misses(tmp_path: Path) -> None:
             "row": pa.array([0, 2], pa.uint64()),
             "num_tokens": pa.array([5, 7], pa.uint32()),
             "num_image_tokens": pa.array([0, 0], pa.uint32()),
+            "checksum": pa.array([1, 2], pa.uint32()),
             "lang": ["en", "de"],
         }
     )

@@ -146,7 +146,7 @@ def test_metadata_checked_per_format(tmp_path: Path) -> None:
     data["sources"][3]["metadata"] = ["document", "title", "sample"]  # megatron: only `document`
     problems = _problems(data, tmp_path)
     text = "\n".join(problems)
-    clash = "clashes with an index column (sample, shard, row, num_tokens, num_image_tokens)"
+    clash = "clashes with an index column (sample, shard, row, num_tokens, num_image_tokens, checksum)"
     assert f"sources[0].metadata[1]: 'row' {clash}; rename it in the files or drop it from `metadata`" in text
     assert f"sources[2].metadata[1]: 'num_tokens' {clash}" in text
     assert "sources[2].metadata[2]: 'lang' is listed twice; list each column once" in text

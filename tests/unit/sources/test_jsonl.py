@@ -310,8 +310,8 @@ def test_metadata_carried_with_one_type_everywhere(tmp_path: Path, suffix: str) 
     n = r.num_parts(path, 2048)
     assert (n > 5) == (suffix == ".jsonl")  # plain files split into byte ranges
     parts = [r.scan(path, p, n).rows for p in range(n)]
-    assert all(t.column_names[:3] == ["row", "num_tokens", "num_image_tokens"] for t in parts)
-    assert all(t.column_names[3:] == META for t in parts)
+    assert all(t.column_names[:4] == ["row", "num_tokens", "num_image_tokens", "checksum"] for t in parts)
+    assert all(t.column_names[4:] == META for t in parts)
     for t in parts:  # each part types a column by the kinds it saw: the rule, or null when it saw none
         assert t.schema.field("quality").type in (pa.float64(), pa.null())
         assert t.schema.field("never").type == pa.null()
@@ -413,7 +413,7 @@ def test_metadata_empty_and_absent(tmp_path: Path) -> None:
     p = tmp_path / "e.jsonl"
     _write(p, [])
     t = _meta_reader(metadata=["url"]).scan(p, 0, 1).rows
-    assert t.column_names == ["row", "num_tokens", "num_image_tokens", "url"] and t.num_rows == 0
+    assert t.column_names == ["row", "num_tokens", "num_image_tokens", "checksum", "url"] and t.num_rows == 0
     p2 = tmp_path / "a.jsonl.gz"
     _write(p2, [json.dumps({"text": "x"})] * 3)
     t = _meta_reader(metadata=["url"]).scan(p2, 0, 1).rows

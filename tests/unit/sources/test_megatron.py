@@ -80,7 +80,7 @@ def test_scan_and_read_match_megatron_reader_with_multi_sequence_documents(tmp_p
     res = r.scan(tmp_path / "ds", 0, 1)
     assert res.errors == []
     t = res.rows
-    assert t.column_names == ["row", "num_tokens", "num_image_tokens", "document"]
+    assert t.column_names == ["row", "num_tokens", "num_image_tokens", "checksum", "document"]
     assert t.column("row").to_pylist() == list(range(len(ref)))
     assert t.column("num_tokens").to_numpy().tolist() == ref.sequence_lengths.tolist()
     assert t.column("num_image_tokens").to_numpy().sum() == 0
@@ -241,9 +241,12 @@ def test_read_out_of_range_and_unknown_metadata(good: Path) -> None:
         reader(metadata=["lang"])
 
 
-def test_scan_never_uses_bin_content(good: Path) -> None:
+def test_scan_checksums_bin_content(good: Path) -> None:
     before = reader().scan(good, 0, 1).rows
     b = Path(f"{good}.bin")
     b.write_bytes(b"\xff" * b.stat().st_size)  # same size, different tokens
-    assert reader().scan(good, 0, 1).rows.equals(before)
+    after = reader().scan(good, 0, 1).rows
+    assert after.drop_columns(["checksum"]).equals(before.drop_columns(["checksum"]))  # lengths from the .idx
+    changed = before.column("checksum").to_numpy() != after.column("checksum").to_numpy()
+    assert changed[before.column("num_tokens").to_numpy() > 0].all()
     assert set(reader().read(good, np.array([0]))[0].tokens.tolist()) == {0xFFFF}

@@ -60,7 +60,7 @@ def test_pretokenized_scan_counts_metadata_and_exact_read(tmp_path: Path, typ: p
     n_parts, results = _scan_all(r, path, target_bytes=20_000)
     assert n_parts > 1
     rows = pa.concat_tables([res.rows for res in results])
-    assert rows.column_names == ["row", "num_tokens", "num_image_tokens", "quality", "lang"]
+    assert rows.column_names == ["row", "num_tokens", "num_image_tokens", "checksum", "quality", "lang"]
     assert rows.schema.field("row").type == pa.uint64()
     assert rows.schema.field("num_tokens").type == pa.uint32()
     assert rows.schema.field("quality").type == pa.float32()
@@ -240,4 +240,4 @@ def test_missing_and_empty_files(tmp_path: Path) -> None:
     assert r.num_parts(empty, 100) == 1
     res = r.scan(empty, 0, 1)
     assert res.rows.num_rows == 0
-    assert res.rows.column_names == ["row", "num_tokens", "num_image_tokens", "lang"]
+    assert res.rows.column_names == ["row", "num_tokens", "num_image_tokens", "checksum", "lang"]

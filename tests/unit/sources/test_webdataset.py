@@ -105,7 +105,7 @@ def test_scan_counts_text_and_image_tokens(shard: tuple[Path, list[dict[str, Any
     res = r.scan(path, 0, 1)
     assert res.errors == []
     t = res.rows
-    assert t.column_names == ["row", "num_tokens", "num_image_tokens", "__key__", "cls", "json"]
+    assert t.column_names == ["row", "num_tokens", "num_image_tokens", "checksum", "__key__", "cls", "json"]
     assert t.schema.field("row").type == pa.uint64()
     offsets = first_member_offsets(path)
     assert t.column("__key__").to_pylist() == [s["__key__"] for s in samples]

@@ -1,0 +1,121 @@
+"""A Source Loader's checks of what it reads against the index: the shard when opened, every sample read.
+
+`verify: sample` (the default) checks both; `shard` only the shard: its size, mtime and content
+fingerprint as `shards.parquet` recorded them, once per shard per loader; `off` nothing. A difference
+is a SourceDataError naming the file (and the sample), with the fix for serving: the file changed after
+indexing, so re-run `loom index` and `loom plan`. Read errors of a shard that passed the open check
+(deleted or truncated while serving) get the same hint instead of the index job's `on_error: skip`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from loomdata.schemas.errors import SourceDataError
+from loomdata.schemas.spec import SourceFormat, VerifyMode
+from loomdata.sources import Sample
+from loomdata.sources._integrity import checksums, stat_shard
+
+__all__ = ["SERVING_HINT", "ShardCheck", "Verifier", "serving_error"]
+
+SERVING_HINT = "the file changed after indexing: re-run `loom index` and `loom plan`"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardCheck:
+    """What the index recorded of one shard."""
+
+    size_bytes: int
+    mtime_ns: int
+    fingerprint: str
+
+
+def serving_error(path: Path | str, error: BaseException) -> SourceDataError:
+    """A read failure while serving, as a SourceDataError with the serving hint.
+
+    The index job's hints (`on_error: skip`, re-run `loom index` alone) do not fit a file that failed after
+    it was indexed; a reader's own specific hint (fix the tokenized data) is kept.
+    """
+    if isinstance(error, SourceDataError):
+        if error.hint is not None and "loom index" not in error.hint:
+            return error
+        return SourceDataError(error.path, error.reason, row=error.row, hint=SERVING_HINT)
+    why = getattr(error, "strerror", None) or str(error)
+    return SourceDataError(str(path), f"cannot read the file while serving ({why})", hint=SERVING_HINT)
+
+
+@dataclass(slots=True)
+class Verifier:
+    """Checks shards on first use and samples on every read, per the source's `verify` mode."""
+
+    source: str
+    mode: VerifyMode
+    fmt: SourceFormat
+    shards: dict[int, ShardCheck]
+    opened: set[int] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, source: str, mode: VerifyMode, fmt: SourceFormat, table: pa.Table, first: int, stop: int) -> Verifier:
+        """A verifier of shards [first, stop) of a shards table (SHARDS_SCHEMA)."""
+        ids = table.column("shard").to_pylist()
+        size = table.column("size_bytes").to_pylist()
+        mtime = table.column("mtime_ns").to_pylist()
+        fp = table.column("fingerprint").to_pylist()
+        shards = {
+            int(i): ShardCheck(int(s), int(m), str(f))
+            for i, s, m, f in zip(ids, size, mtime, fp, strict=True)
+            if first <= i < stop
+        }
+        return cls(source, mode, fmt, shards)
+
+    @property
+    def samples(self) -> bool:
+        """Whether every sample read is checked (its checksum is needed)."""
+        return self.mode is VerifyMode.SAMPLE
+
+    def open_shard(self, shard: int, path: Path) -> None:
+        """Check a shard against the index the first time this loader reads it."""
+        if self.mode is VerifyMode.OFF or shard in self.opened:
+            return
+        want = self.shards[shard]
+        try:
+            got = stat_shard(path, self.fmt)
+        except SourceDataError as e:
+            raise SourceDataError(
+                e.path,
+                f"{e.reason}: it was indexed ({want.size_bytes} bytes) but is gone or unreadable now",
+                hint=SERVING_HINT,
+            ) from None
+        diffs = []
+        if got.size_bytes != want.size_bytes:
+            diffs.append(f"size {got.size_bytes} bytes, indexed {want.size_bytes}")
+        if got.mtime_ns != want.mtime_ns:
+            diffs.append(f"mtime {got.mtime_ns} ns, indexed {want.mtime_ns}")
+        if got.fingerprint != want.fingerprint:
+            diffs.append("content fingerprint differs")
+        if diffs:
+            raise SourceDataError(
+                str(path), f"shard {shard} of source {self.source!r}: " + "; ".join(diffs), hint=SERVING_HINT
+            )
+        self.opened.add(shard)
+
+    def check_samples(
+        self, path: Path, rows: np.ndarray, samples: np.ndarray, expected: np.ndarray, read: list[Sample]
+    ) -> None:
+        """Compare the checksums of `read` (the samples at `rows`) with the index's `expected` ones."""
+        got = checksums([s.tokens for s in read])
+        bad = np.flatnonzero(got != expected)
+        if len(bad):
+            i = int(bad[0])
+            raise SourceDataError(
+                str(path),
+                f"sample {int(samples[i])} of source {self.source!r}: its {len(read[i].tokens)} tokens have checksum "
+                f"{int(got[i]):08x}, the index recorded {int(expected[i]):08x} "
+                f"({len(bad)} of {len(read)} samples read differ)",
+                row=int(rows[i]),
+                hint=SERVING_HINT,
+            )

@@ -1,8 +1,12 @@
 """The block balancer (loomdata.planning.balance) against the per-step oracle (loomtest.balance_oracle).
 
 Random chains of small steps (text and unsplittable image samples, dp 1..40, 1..4 micro-batches, long
-lane on or off) are balanced by both; every step's placements, slot costs, deferrals, carry and
-baseline sequences must be the same bytes.
+lane on or off) are balanced by both. The oracle is the per-step code before the wide local search
+(planning.balance._wide); the wide search runs after dealing, leftovers and the pairwise rounds and
+never raises a step's maximum, so: every step's segments, costs, deferrals and carry are the oracle's
+bytes, its most loaded rank costs at most the oracle's, every segment's tokens are placed exactly once
+(or deferred), and no sequence holds more than its capacity. Tiny steps are also checked against the
+exact optimum (loomtest.exact_balance).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from loomdata.planning.balance import BalanceConfig, balance_block
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import CostSpec
 from loomtest import balance_oracle as oracle
+from loomtest.exact_balance import exact_max
 
 
 def _step(rng: np.random.Generator, lanes: Lanes, dp: int, mb: int, image_share: float, cost: CostSpec) -> Segments:
@@ -114,11 +119,70 @@ def test_block_balancer_matches_the_per_step_oracle(case: dict[str, Any]) -> Non
             )
         )
         assert _same(w.cost, g.cost)
-        for f in ("item", "delta", "length", "rank", "micro_batch", "lane", "rank_cost", "slot_cost", "deferred"):
-            assert _same(getattr(w.asg, f), getattr(g.asg, f)), f
+        assert _same(w.asg.deferred, g.asg.deferred)
+        assert g.asg.rank_cost.max() <= w.asg.rank_cost.max() * (1 + 1e-12) + 1e-9
+        _check_placement(g, lanes, dp, mb)
         assert _same(w.in_step, np.ones(len(g.cost), bool) if g.in_step is None else g.in_step)
         assert (w.carry is None) == (g.carry is None)
         if w.carry is not None and g.carry is not None:
             gc = (g.carry.source, g.carry.sample, g.carry.offset, g.carry.length, g.carry.lane, g.carry.image_tokens)
             assert all(_same(a, b) for a, b in zip(w.carry, gc, strict=True))
-        assert _same(w.base_seq, g.base_seq)
+
+
+def _check_placement(g: Any, lanes: Lanes, dp: int, mb: int) -> None:
+    """Every in-step segment's tokens placed once (less what it defers), slots within capacity, costs consistent."""
+    a = g.asg
+    n = len(g.cost)
+    placed = np.bincount(a.item, weights=a.length, minlength=n)
+    deferred = np.bincount(a.deferred[:, 0], weights=a.deferred[:, 2], minlength=n) if len(a.deferred) else 0
+    assert np.array_equal(placed + deferred, g.segs.length.astype(np.float64))
+    slot = a.rank * mb + a.micro_batch
+    tokens = np.bincount(slot, weights=a.length, minlength=dp * mb)
+    long_slot = np.bincount(slot, weights=a.lane == 1, minlength=dp * mb) > 0
+    assert (tokens <= np.where(long_slot, int(lanes.long_seq_len or 0), lanes.seq_len)).all()
+    assert not (long_slot & (np.bincount(slot, weights=a.lane == 0, minlength=dp * mb) > 0)).any()
+    assert np.allclose(a.slot_cost.sum(axis=1), a.rank_cost)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    dp=st.integers(2, 3),
+    mb=st.integers(1, 2),
+    n=st.integers(2, 10),
+)
+def test_tiny_steps_are_near_the_exact_optimum(seed: int, dp: int, mb: int, n: int) -> None:
+    """On tiny steps that pack whole, the planner's maximum is within 6% of the enumerated optimum (it is a
+    local search: capacity-bound tiny steps can need two coordinated changes it does not try)."""
+    rng = np.random.default_rng(seed)
+    seq_len = 64
+    ln = rng.integers(1, seq_len + 1, n)
+    ln = ln[np.cumsum(ln) <= int(0.95 * dp * mb * seq_len)]
+    if len(ln) == 0:
+        return
+    cs = CostSpec(attention=1.0, linear=50.0)
+    c = segment_cost(ln, None, cs, 1)
+    a = balance_block(
+        range(1),
+        [
+            (
+                Segments(
+                    np.zeros(len(ln), np.uint16),
+                    np.arange(len(ln), dtype=np.uint64),
+                    np.zeros(len(ln), np.uint32),
+                    ln.astype(np.uint32),
+                    np.zeros(len(ln), np.uint8),
+                    np.zeros(len(ln), np.uint32),
+                ),
+                c,
+            )
+        ],
+        None,
+        BalanceConfig(dp=dp, micro_batches=mb, lanes=Lanes(seq_len=seq_len), cost_spec=cs, seed=0),
+    )
+    got = next(iter(a)).asg
+    opt = exact_max(ln, c, dp=dp, micro_batches=mb, seq_len=seq_len)
+    if len(got.item) != len(ln) or len(got.deferred):
+        return  # split pieces: the enumeration covers whole segments only
+    assert got.rank_cost.max() <= opt * 1.06
+    assert got.rank_cost.max() >= opt * (1 - 1e-12)

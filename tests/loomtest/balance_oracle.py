@@ -3,8 +3,9 @@
 Copied from loomdata.planning._balance (`balance_step` with `_lpt_rounds`, leftovers and `_refine`) and
 _baseline (`baseline_sequences`) at 00541df, with the switch to the block code removed, plus the
 per-step chain of _plan._plan_step (carry in, balance, defer, baseline). tests/unit/planning/
-test_balance_oracle.py checks that loomdata.planning.balance (the block code) gives the same bytes.
-Keep it as it is: it is the reference, not code to improve.
+test_balance_oracle.py checks that loomdata.planning.balance (the block code, which adds the wide local
+search of balance._wide after these phases) gives the same segments, costs, deferrals and carry, and a
+most loaded rank no costlier than this code's. Keep it as it is: it is the reference, not code to improve.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from loomdata.planning._baselines import BASELINE_DESCRIPTION
 from loomdata.planning._items import StepItems
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream, build_stream, check_epochs, membership, step_weights
@@ -59,7 +60,7 @@ from loomdata.schemas.tables import TableKind, check_schema
 
 __all__ = ["PLANNER_VERSION", "PlanResult", "PlanResume", "make_plan"]
 
-PLANNER_VERSION = "4"
+PLANNER_VERSION = "5"
 """Part of the plan id: bump it whenever the planner's output for the same inputs changes."""
 
 
@@ -253,7 +254,9 @@ def _plan_into(
         )
 
     writer = ManifestWriter(out, plan_id)
-    report = ReportBuilder(tr.steps, names, tr.dp_size, rank_from=start, budgets=step_budget if shapes else None)
+    report = ReportBuilder(
+        tr.steps, names, tr.dp_size, rank_from=start, budgets=step_budget if shapes else None, pp_size=tr.pp_size
+    )
     carry: Segments | None = None
     if base is not None:
         copy_base_rows(base, writer)
@@ -277,7 +280,13 @@ def _plan_into(
         spec.cost,
     )
     cfg = BalanceConfig(dp=tr.dp_size, micro_batches=mb, lanes=lanes, cost_spec=spec.cost, seed=spec.seed)
-    sink = StepSink(writer=writer, report=report, dp=tr.dp_size, micro_batches=mb, n_sources=len(sources))
+    sink = StepSink(
+        writer=writer,
+        report=report,
+        dp=tr.dp_size,
+        micro_batches=mb,
+        n_sources=len(sources),
+    )
     bar = None
     if progress:
         from tqdm import tqdm
@@ -330,7 +339,7 @@ def _plan_into(
             cost=spec.cost,
             short_cp_size=lanes.short_cp,
             long_threshold=lanes.threshold,
-            baseline="shuffled segments, next-fit packing per lane, sequences dealt round-robin",
+            baseline=BASELINE_DESCRIPTION,
             resume=resume,
             shape_schedule=shapes or None,
         ),

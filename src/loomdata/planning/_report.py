@@ -1,21 +1,26 @@
-"""Per-step plan figures (loomdata vs baseline imbalance, realized vs target mixture), the summary, the plot.
+"""Per-step plan figures (loomdata vs two baselines, pipeline bubble, realized vs target mixture), the
+summary, the plot.
 
 Stored in the plan dir so `loom inspect` never recomputes: `report/steps.parquet` (one row per step:
-tokens, LB, max and mean rank cost for loomdata and baseline, micro-batch spread (mean over ranks of
-max micro-batch cost / max(mean micro-batch cost, largest segment of the rank): 1.0 is as even as the
-rank's segments allow), baseline sequences per slot, tokens deferred to the next step, tokens and
-target weight per source) and
-`report/ranks.parquet` (per-rank cost of the first steps, for the plot).
+tokens, LB, max and mean rank cost for loomdata and for both baselines of planning._baselines:
+`concat_*` (Megatron-style concat-and-chunk) and `packed_*` (shuffled packing, exactly micro_batches
+sequences per rank, overflow waits: `packed_waiting_tokens`), `base_max` = the stronger (lower) of the
+two baselines' max for that step, micro-batch spread (mean over ranks of max micro-batch cost /
+max(mean micro-batch cost, largest segment of the rank): 1.0 is as even as the rank's segments allow),
+pipeline time `pp_time` and `pp_time_even`, tokens deferred to the next step, tokens and target weight
+per source) and `report/ranks.parquet` (per-rank cost of the first steps, for the plot).
 
-Imbalance is max rank cost / LB with LB = max(total cost / dp_size, largest segment cost); the
-simulated gain is sum(max_baseline) / sum(max_loomdata) over all steps (step time is set by the most
-loaded rank). Padding is free in the cost model, so the baseline is not charged for packing less
-densely (next-fit in shuffled order fills about 82% of a 4K sequence for web-like lengths and so needs
-more sequences than the step has slots: `baseline_sequences_per_slot`): each baseline rank's cost is
-scaled to micro_batches sequences, then by that ratio, which keeps its mean at total / dp; its max/LB
-measures only how unevenly round-robin dealing spreads cost. The mixture
-error of step t is |realized cumulative share - target cumulative share| in percentage points; the
-reported worst error is over steps >= 20.
+Imbalance is max rank cost / LB with LB = max(total cost / dp_size, largest segment cost); a gain is
+sum(max_baseline) / sum(max_loomdata) over all steps (step time is set by the most loaded rank); the
+headline `simulated_gain` is against the stronger baseline overall (the lower sum), and
+`gain.per_step_vs_stronger` the distribution of min(concat_max, packed_max) / loom_max per step.
+Pipeline (1F1B, training.pp_size stages): a rank's step takes its micro-batches' sum plus a bubble of
+(pp - 1) x its slowest micro-batch (warm-up and cool-down run at the pace of the slowest), so
+pp_time = max over ranks of (rank cost + (pp - 1) x max micro-batch cost); pp_time_even is the same
+with every micro-batch at its rank's mean; the summary gives the bubble's share of pp_time and how much
+longer uneven micro-batches make the step (pp_time / pp_time_even - 1); with pp_size 1 both are 0.
+The mixture error of step t is |realized cumulative share - target cumulative share| in percentage
+points; the reported worst error is over steps >= 20.
 """
 
 from __future__ import annotations
@@ -46,9 +51,10 @@ class StepFigures:
     weights: np.ndarray  # float64 [sources] the step's target mixture weights
     lb: float  # lower bound max(total cost / dp, largest segment cost)
     loom_rank: np.ndarray  # float64 [dp] cost per rank, loomdata
-    base_rank: np.ndarray  # float64 [dp] cost per rank, baseline
+    concat_rank: np.ndarray  # float64 [dp] time per rank, concat-and-chunk baseline
+    packed_rank: np.ndarray  # float64 [dp] time per rank, packed baseline
     slot_cost: np.ndarray  # float64 [dp, micro_batches] cost per slot, loomdata
-    base_seq_per_slot: float  # baseline sequences per slot
+    packed_waiting_tokens: int  # tokens the packed baseline leaves for its next step
     deferred_tokens: int  # tokens deferred into the next step
     rank_max_item: np.ndarray  # float64 [dp] each rank's largest segment cost
 
@@ -57,11 +63,20 @@ class ReportBuilder:
     """Collects per-step figures while planning, then writes them and summarises them."""
 
     def __init__(
-        self, steps: int, sources: list[str], dp: int, *, rank_from: int = 0, budgets: np.ndarray | None = None
+        self,
+        steps: int,
+        sources: list[str],
+        dp: int,
+        *,
+        rank_from: int = 0,
+        budgets: np.ndarray | None = None,
+        pp_size: int = 1,
     ) -> None:
         """Figures of `steps` steps; per-rank costs from step `rank_from` on; `budgets`: per-step token budgets
-        when they differ between steps (a re-plan), which weights the mixture's target shares."""
+        when they differ between steps (a re-plan), which weights the mixture's target shares; `pp_size`:
+        pipeline stages (for the 1F1B bubble)."""
         self.sources = sources
+        self.pp_size = pp_size
         self.rank_from = rank_from
         self.budgets = budgets
         self.tokens = np.zeros((steps, len(sources)), dtype=np.int64)
@@ -72,37 +87,49 @@ class ReportBuilder:
                 "lb",
                 "loom_max",
                 "loom_mean",
+                "concat_max",
+                "concat_mean",
+                "packed_max",
+                "packed_mean",
                 "base_max",
-                "base_mean",
                 "mb_spread",
-                "base_seq_per_slot",
+                "pp_time",
+                "pp_time_even",
+                "packed_waiting_tokens",
                 "deferred_tokens",
             )
         }
         n_rank_steps = min(steps - rank_from, RANK_STEPS)
         self.rank_loom = np.zeros((n_rank_steps, dp))
-        self.rank_base = np.zeros((n_rank_steps, dp))
+        self.rank_concat = np.zeros((n_rank_steps, dp))
+        self.rank_packed = np.zeros((n_rank_steps, dp))
 
     def add(self, step: int, fig: StepFigures) -> None:
         """Record one step's figures."""
         self.tokens[step] = fig.tokens
         self.weights[step] = fig.weights
-        loom_rank, base_rank, slot_cost = fig.loom_rank, fig.base_rank, fig.slot_cost
+        loom_rank, slot_cost = fig.loom_rank, fig.slot_cost
         c = self.cols
         c["lb"][step] = fig.lb
         c["loom_max"][step] = loom_rank.max()
         c["loom_mean"][step] = np.add.reduce(loom_rank) / len(loom_rank)  # = .mean(), without its wrapper
-        c["base_max"][step] = base_rank.max()
-        c["base_mean"][step] = np.add.reduce(base_rank) / len(base_rank)
+        for name, r in (("concat", fig.concat_rank), ("packed", fig.packed_rank)):
+            c[f"{name}_max"][step] = r.max()
+            c[f"{name}_mean"][step] = np.add.reduce(r) / len(r)
+        c["base_max"][step] = min(c["concat_max"][step], c["packed_max"][step])
+        bubble = self.pp_size - 1
+        c["pp_time"][step] = (loom_rank + bubble * slot_cost.max(axis=1)).max()
+        c["pp_time_even"][step] = (loom_rank * (1 + bubble / slot_cost.shape[1])).max()
+        c["packed_waiting_tokens"][step] = fig.packed_waiting_tokens
         # micro-batch spread of a rank: its most loaded micro-batch over that rank's own lower bound
         mean_mb = np.maximum(np.add.reduce(slot_cost, axis=1) / slot_cost.shape[1], fig.rank_max_item)
         used = mean_mb > 0
-        c["base_seq_per_slot"][step] = fig.base_seq_per_slot
         c["deferred_tokens"][step] = fig.deferred_tokens
         c["mb_spread"][step] = float((slot_cost.max(axis=1)[used] / mean_mb[used]).mean()) if used.any() else 1.0
         if 0 <= step - self.rank_from < len(self.rank_loom):
             self.rank_loom[step - self.rank_from] = loom_rank
-            self.rank_base[step - self.rank_from] = base_rank
+            self.rank_concat[step - self.rank_from] = fig.concat_rank
+            self.rank_packed[step - self.rank_from] = fig.packed_rank
 
     def seed(self, rows: dict[str, np.ndarray] | None, upto: int) -> None:
         """Take the figures of steps < upto from another plan's report/steps.parquet columns (a re-plan's base)."""
@@ -117,13 +144,17 @@ class ReportBuilder:
                     arr[:upto, k] = rows[key][:upto]
 
     def imbalance(self, first: int = 0) -> dict[str, dict[str, float]]:
-        """Distribution of max rank cost / LB over steps >= first, for loomdata and the baseline."""
+        """Distribution of max rank cost / LB over steps >= first: loomdata, each baseline, and `baseline` (the
+        stronger baseline of each step)."""
         c = self.cols
-        lb = np.where(c["lb"][first:] > 0, c["lb"][first:], 1.0)
-        loom, base = c["loom_max"][first:] / lb, c["base_max"][first:] / lb
-        loom[c["lb"][first:] == 0] = 1.0
-        base[c["lb"][first:] == 0] = 1.0
-        return {"loomdata": _dist(loom), "baseline": _dist(base)}
+        lb = c["lb"][first:]
+        safe = np.where(lb > 0, lb, 1.0)
+        out = {}
+        for key, col in (("loomdata", "loom"), ("concat_chunk", "concat"), ("packed", "packed"), ("baseline", "base")):
+            x = c[f"{col}_max"][first:] / safe
+            x[lb == 0] = 1.0
+            out[key] = _dist(x)
+        return out
 
     def write(self, plan_dir: Path) -> None:
         """Write report/steps.parquet and report/ranks.parquet."""
@@ -142,7 +173,8 @@ class ReportBuilder:
                 "step": np.repeat(np.arange(self.rank_from, self.rank_from + n, dtype=np.uint32), dp),
                 "dp_rank": np.tile(np.arange(dp, dtype=np.uint32), n),
                 "loom_cost": self.rank_loom.ravel(),
-                "base_cost": self.rank_base.ravel(),
+                "concat_cost": self.rank_concat.ravel(),
+                "packed_cost": self.rank_packed.ravel(),
             }
         )
         write_table(ranks, plan_dir / _RANKS_FILE, TableKind.PLAN_RANKS)
@@ -150,28 +182,38 @@ class ReportBuilder:
     def summary(self) -> dict[str, Any]:
         """The plan's summary figures (stored in plan.json, printed by `loom plan` / `loom inspect`)."""
         c = self.cols
-        lb = np.where(c["lb"] > 0, c["lb"], 1.0)
-        loom, base = c["loom_max"] / lb, c["base_max"] / lb
-        loom[c["lb"] == 0] = 1.0
-        base[c["lb"] == 0] = 1.0
         err, realized, target = mixture_error(self.tokens, self.weights, self.budgets)
         warm = min(MIXTURE_WARMUP, len(err) - 1)
         total = int(self.tokens.sum())
+        loom_sum = max(float(c["loom_max"].sum()), 1e-300)
+        gains = {
+            "concat_chunk": float(c["concat_max"].sum()) / loom_sum,
+            "packed": float(c["packed_max"].sum()) / loom_sum,
+        }
+        stronger = min(gains, key=lambda k: gains[k])
+        per_step = c["base_max"] / np.where(c["loom_max"] > 0, c["loom_max"], 1.0)
+        pp_t = max(float(c["pp_time"].sum()), 1e-300)
         return {
             "steps": len(self.tokens),
             "tokens": total,
-            "imbalance": {"loomdata": _dist(loom), "baseline": _dist(base)},
+            "imbalance": self.imbalance(),
             "max_over_mean": {
-                "loomdata": float(np.mean(c["loom_max"] / np.where(c["loom_mean"] > 0, c["loom_mean"], 1.0))),
-                "baseline": float(np.mean(c["base_max"] / np.where(c["base_mean"] > 0, c["base_mean"], 1.0))),
+                key: float(np.mean(c[f"{col}_max"] / np.where(c[f"{col}_mean"] > 0, c[f"{col}_mean"], 1.0)))
+                for key, col in (("loomdata", "loom"), ("concat_chunk", "concat"), ("packed", "packed"))
             },
             "micro_batch_spread": float(np.mean(c["mb_spread"])),
-            "baseline_sequences_per_slot": float(np.mean(c["base_seq_per_slot"])),
+            "pipeline": {
+                "pp_size": self.pp_size,
+                "bubble_share": 1.0 - float(c["loom_max"].sum()) / pp_t if self.pp_size > 1 else 0.0,
+                "uneven_micro_batch_cost": pp_t / max(float(c["pp_time_even"].sum()), 1e-300) - 1.0,
+            },
+            "packed_waiting_tokens_mean": float(np.mean(c["packed_waiting_tokens"])),
             "deferred": {
                 "steps": int((c["deferred_tokens"] > 0).sum()),
                 "tokens": int(c["deferred_tokens"].sum()),
             },
-            "simulated_gain": float(c["base_max"].sum() / max(c["loom_max"].sum(), 1e-300)),
+            "simulated_gain": gains[stronger],
+            "gain": {**gains, "stronger_baseline": stronger, "per_step_vs_stronger": _dist(per_step)},
             "worst_mixture_error_pp": float(err[warm:].max()) if len(err) else 0.0,
             "mixture": {
                 name: {
@@ -218,7 +260,8 @@ def plan_report(plan_dir: Path) -> dict[str, Any]:
 
 
 def plot_plan(plan_dir: Path, out_png: Path) -> None:
-    """PNG: per-rank cost heatmaps (loomdata vs baseline), max/LB per step, realized vs target mixture."""
+    """PNG: per-rank cost heatmaps (loomdata vs the stronger baseline), max/LB per step (loomdata and both
+    baselines), realized vs target mixture."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -235,13 +278,17 @@ def plot_plan(plan_dir: Path, out_png: Path) -> None:
     lb = np.asarray(steps["lb"])
     safe_lb = np.where(lb > 0, lb, 1.0)
     fig, ax = plt.subplots(2, 2, figsize=(13, 8.5))
+    s = meta.summary
+    strong = s.get("gain", {}).get("stronger_baseline", "concat_chunk")
+    base_col = "packed_cost" if strong == "packed" else "concat_cost"
     grids = []
-    for col in ("loom_cost", "base_cost"):
+    for col in ("loom_cost", base_col):
         g = ranks[col].to_numpy().reshape(n, dp) / safe_lb[first : first + n, None] if n > 0 else np.zeros((1, dp))
         grids.append(g)
     vmax = max(1.05, float(max(g.max() for g in grids)))
     vmin = min(float(min(g.min() for g in grids)), 0.95)
-    for a, g, title in zip(ax[0], grids, ("loomdata", "baseline (shuffle, next-fit, round-robin)"), strict=True):
+    titles = ("loomdata", f"baseline {strong}")
+    for a, g, title in zip(ax[0], grids, titles, strict=True):
         im = a.imshow(
             g.T,
             aspect="auto",
@@ -260,11 +307,11 @@ def plot_plan(plan_dir: Path, out_png: Path) -> None:
         fig.colorbar(im, ax=a)
     x = np.asarray(steps["step"])
     a = ax[1, 0]
-    a.plot(x, np.asarray(steps["base_max"]) / safe_lb, label="baseline max/LB", color="tab:red", lw=1)
+    a.plot(x, np.asarray(steps["concat_max"]) / safe_lb, label="concat-and-chunk max/LB", color="tab:red", lw=1)
+    a.plot(x, np.asarray(steps["packed_max"]) / safe_lb, label="packed max/LB", color="tab:orange", lw=1)
     a.plot(x, np.asarray(steps["loom_max"]) / safe_lb, label="loomdata max/LB", color="tab:blue", lw=1)
     a.axhline(1.0, color="grey", lw=0.8, ls="--")
-    s = meta.summary
-    a.set_title(f"most loaded rank / lower bound per step (simulated gain {s.get('simulated_gain', 0):.3f}x)")
+    a.set_title(f"most loaded rank / lower bound per step (gain {s.get('simulated_gain', 0):.3f}x over {strong})")
     a.set_xlabel("step")
     a.legend()
     a = ax[1, 1]

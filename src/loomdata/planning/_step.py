@@ -1,4 +1,4 @@
-"""One balanced step into the plan: its manifest rows and its report figures (loomdata vs the baseline)."""
+"""One balanced step into the plan: its manifest rows and its report figures (loomdata vs both baselines)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._report import ReportBuilder, StepFigures
-from loomdata.planning.balance import BalancedStep, deal_baseline
+from loomdata.planning.balance import BalancedStep
 
 __all__ = ["StepSink"]
 
@@ -25,9 +25,8 @@ class StepSink:
 
     def add(self, t: int, weights: np.ndarray, b: BalancedStep) -> None:
         """Write step t's manifest rows and record its figures (target mixture `weights`)."""
-        segs, asg, dp, mb = b.segs, b.asg, self.dp, self.micro_batches
+        segs, asg, dp = b.segs, b.asg, self.dp
         step_cost = b.cost if b.in_step is None else b.cost[b.in_step]
-        base = deal_baseline(b.base_seq, step_cost, dp, mb)
         placed_src = segs.source[asg.item]
         self.writer.add(
             t,
@@ -53,9 +52,10 @@ class StepSink:
             weights=weights,
             lb=max(float(step_cost.sum()) / dp, float(step_cost.max())),
             loom_rank=asg.rank_cost,
-            base_rank=base,
+            concat_rank=b.concat_rank,
+            packed_rank=b.packed_rank,
             slot_cost=asg.slot_cost,
-            base_seq_per_slot=(int(b.base_seq.max()) + 1) / (dp * mb),
+            packed_waiting_tokens=b.packed_waiting,
             deferred_tokens=0 if b.carry is None else int(b.carry.length.sum()),
             rank_max_item=rank_max_item,
         )

@@ -106,10 +106,15 @@ PLAN_STEPS_SCHEMA = pa.schema(
         pa.field("lb", pa.float64(), nullable=False),  # lower bound max(total cost / dp, largest segment)
         pa.field("loom_max", pa.float64(), nullable=False),  # most loaded rank's cost, loomdata
         pa.field("loom_mean", pa.float64(), nullable=False),
-        pa.field("base_max", pa.float64(), nullable=False),  # the same for the baseline
-        pa.field("base_mean", pa.float64(), nullable=False),
+        pa.field("concat_max", pa.float64(), nullable=False),  # the same for the concat-and-chunk baseline
+        pa.field("concat_mean", pa.float64(), nullable=False),
+        pa.field("packed_max", pa.float64(), nullable=False),  # the same for the packed baseline
+        pa.field("packed_mean", pa.float64(), nullable=False),
+        pa.field("base_max", pa.float64(), nullable=False),  # the stronger baseline: min(concat_max, packed_max)
         pa.field("mb_spread", pa.float64(), nullable=False),  # micro-batch spread (1.0: as even as possible)
-        pa.field("base_seq_per_slot", pa.float64(), nullable=False),
+        pa.field("pp_time", pa.float64(), nullable=False),  # 1F1B step time with loomdata's micro-batches
+        pa.field("pp_time_even", pa.float64(), nullable=False),  # the same with even micro-batches per rank
+        pa.field("packed_waiting_tokens", pa.float64(), nullable=False),  # left by the packed baseline
         pa.field("deferred_tokens", pa.float64(), nullable=False),  # into the next step
     ]
 )
@@ -121,7 +126,8 @@ PLAN_RANKS_SCHEMA = pa.schema(
         pa.field("step", pa.uint32(), nullable=False),
         pa.field("dp_rank", pa.uint32(), nullable=False),
         pa.field("loom_cost", pa.float64(), nullable=False),
-        pa.field("base_cost", pa.float64(), nullable=False),
+        pa.field("concat_cost", pa.float64(), nullable=False),
+        pa.field("packed_cost", pa.float64(), nullable=False),
     ]
 )
 """report/ranks.parquet: the cost of every rank in a plan's first steps (the plot's heatmaps)."""

@@ -1,8 +1,12 @@
 """The block balancer (loomdata.planning.balance) against the per-step oracle (loomtest.balance_oracle).
 
 Random chains of small steps (text and unsplittable image samples, dp 1..40, 1..4 micro-batches, long
-lane on or off) are balanced by both; every step's placements, slot costs, deferrals, carry and
-baseline sequences must be the same bytes.
+lane on or off) are balanced by both. The oracle is the per-step code before the wide local search
+(planning.balance._wide); the wide search runs after dealing, leftovers and the pairwise rounds and
+never raises a step's maximum, so: every step's segments, costs, deferrals and carry are the oracle's
+bytes, its most loaded rank costs at most the oracle's, every segment's tokens are placed exactly once
+(or deferred), and no sequence holds more than its capacity. Tiny steps are also checked against the
+exact optimum (loomtest.exact_balance).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from loomdata.planning.balance import BalanceConfig, balance_block
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import CostSpec
 from loomtest import balance_oracle as oracle
+from loomtest.exact_balance import exact_max
 
 
 def _step(rng: np.random.Generator, lanes: Lanes, dp: int, mb: int, image_share: float, cost: CostSpec) -> Segments:
@@ -114,11 +119,61 @@ def test_block_balancer_matches_the_per_step_oracle(case: dict[str, Any]) -> Non
             )
         )
         assert _same(w.cost, g.cost)
-        for f in ("item", "delta", "length", "rank", "micro_batch", "lane", "rank_cost", "slot_cost", "deferred"):
-            assert _same(getattr(w.asg, f), getattr(g.asg, f)), f
+        assert _same(w.asg.deferred, g.asg.deferred)
+        assert g.asg.rank_cost.max() <= w.asg.rank_cost.max() * (1 + 1e-12) + 1e-9
+        _check_placement(g, lanes, dp, mb)
         assert _same(w.in_step, np.ones(len(g.cost), bool) if g.in_step is None else g.in_step)
         assert (w.carry is None) == (g.carry is None)
         if w.carry is not None and g.carry is not None:
             gc = (g.carry.source, g.carry.sample, g.carry.offset, g.carry.length, g.carry.lane, g.carry.image_tokens)
             assert all(_same(a, b) for a, b in zip(w.carry, gc, strict=True))
-        assert _same(w.base_seq, g.base_seq)
+
+
+def _check_placement(g: Any, lanes: Lanes, dp: int, mb: int) -> None:
+    """Every in-step segment's tokens placed once (less what it defers), slots within capacity, costs consistent."""
+    a = g.asg
+    n = len(g.cost)
+    placed = np.bincount(a.item, weights=a.length, minlength=n)
+    deferred = np.bincount(a.deferred[:, 0], weights=a.deferred[:, 2], minlength=n) if len(a.deferred) else 0
+    assert np.array_equal(placed + deferred, g.segs.length.astype(np.float64))
+    slot = a.rank * mb + a.micro_batch
+    tokens = np.bincount(slot, weights=a.length, minlength=dp * mb)
+    long_slot = np.bincount(slot, weights=a.lane == 1, minlength=dp * mb) > 0
+    assert (tokens <= np.where(long_slot, int(lanes.long_seq_len or 0), lanes.seq_len)).all()
+    assert not (long_slot & (np.bincount(slot, weights=a.lane == 0, minlength=dp * mb) > 0)).any()
+    assert np.allclose(a.slot_cost.sum(axis=1), a.rank_cost)
+
+
+def _tiny(seed: int) -> tuple[float, float] | None:
+    """(planner max, exact optimum) of one seeded tiny step, or None when it splits or defers."""
+    rng = np.random.default_rng(seed)
+    dp, mb, n, seq_len = int(rng.integers(2, 4)), int(rng.integers(1, 3)), int(rng.integers(2, 11)), 64
+    ln = rng.integers(1, seq_len + 1, n)
+    ln = ln[np.cumsum(ln) <= int(0.95 * dp * mb * seq_len)]
+    if len(ln) == 0:
+        return None
+    cs = CostSpec(attention=1.0, linear=50.0)
+    c = segment_cost(ln, None, cs, 1)
+    z = np.zeros(len(ln), np.uint32)
+    segs = Segments(
+        z.astype(np.uint16), np.arange(len(ln), dtype=np.uint64), z, ln.astype(np.uint32), z.astype(np.uint8), z
+    )
+    cfg = BalanceConfig(dp=dp, micro_batches=mb, lanes=Lanes(seq_len=seq_len), cost_spec=cs, seed=0)
+    got = next(iter(balance_block(range(1), [(segs, c)], None, cfg))).asg
+    if len(got.item) != len(ln) or len(got.deferred):
+        return None  # split pieces: the enumeration covers whole segments only
+    return float(got.rank_cost.max()), exact_max(ln, c, dp=dp, micro_batches=mb, seq_len=seq_len)
+
+
+def test_tiny_steps_against_the_exact_optimum() -> None:
+    """300 seeded tiny steps (dp 2-3, 1-2 micro-batches, <= 10 segments): never below the optimum (the
+    enumeration is right), at it within 0.1% in at least 95% of them (measured: 288 of 300; before the wide
+    search 282), worst 3.5% on these seeds. A local search, it can miss where capacity binds and two
+    coordinated changes are needed: a random search found a step (seed 28110 of an earlier generator) 19%
+    above the optimum, so this bounds the typical case, not every case."""
+    pairs = [p for p in map(_tiny, range(300)) if p is not None]
+    ratio = np.array([g / o for g, o in pairs])
+    assert len(ratio) >= 250
+    assert (ratio >= 1 - 1e-12).all()
+    assert (ratio <= 1.001).mean() >= 0.95
+    assert ratio.max() <= 1.05

@@ -16,7 +16,9 @@ One implementation, run a block of consecutive steps at a time (_block; a block 
   room, or it is deferred to the next step);
 - _refine: a local search moves or swaps one segment between the most and the least loaded ranks
   while that lowers the maximum (bounded rounds);
-- _baseline: the comparison baseline (shuffled, next-fit per lane, dealt round-robin).
+- _wide: then a wider local search: the most loaded ranks (several disjoint units per round at large
+  dp) move a segment to any partner rank with room, swap one, or trade it for several cheap segments of
+  one partner micro-batch, until the step is within 0.1% of its lower bound or nothing improves;
 The lower bound is LB = max(total cost / dp_size, largest segment cost).
 
 Cost: O(segments/dp) rounds of O(dp log dp) NumPy work per step, run for all steps of a block at once
@@ -24,7 +26,6 @@ Cost: O(segments/dp) rounds of O(dp log dp) NumPy work per step, run for all ste
 rare leftovers.
 """
 
-from loomdata.planning.balance._baseline import baseline_sequences_many, deal_baseline
 from loomdata.planning.balance._block import BalanceConfig, BalancedStep, balance_block, balance_step
 from loomdata.planning.balance._state import Assignment
 
@@ -34,6 +35,4 @@ __all__ = [
     "BalancedStep",
     "balance_block",
     "balance_step",
-    "baseline_sequences_many",
-    "deal_baseline",
 ]

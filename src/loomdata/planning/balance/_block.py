@@ -1,12 +1,12 @@
 """Balance a block of consecutive steps: LPT rounds of all steps at once, leftovers step by step, local search.
 
-Per step the phases are LPT rounds (_deal) -> leftovers (_leftovers) -> local search (_refine). What a
+Per step the phases are LPT rounds (_deal) -> leftovers (_leftovers) -> local search (_refine, _wide). What a
 step defers (image samples no slot could take, text the step had no room left for) goes first into the
 next step: the first step of a block takes the previous block's carry in its dealing; a later step of
 the block that receives a carry is dealt again as a block of one step with it (rare), before its
 leftovers. A step's deferrals depend only on its rounds and leftovers, never on its local search, so
-the local search of the whole block runs last, at once. The baseline's sequences of the block are
-computed at once too, over each step's own segments (those it carried in, less those it wholly deferred).
+the local search of the whole block runs last, at once. (The baselines a plan is compared with are
+computed per step by planning._baselines, over each step's own segments.)
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loomdata.planning._baselines import baselines_many
 from loomdata.planning._cost import segment_cost
 from loomdata.planning._packing import Lanes
 from loomdata.planning._segments import Segments
-from loomdata.planning.balance._baseline import baseline_sequences_many
 from loomdata.planning.balance._deal import deal_many
 from loomdata.planning.balance._leftovers import place_leftovers
 from loomdata.planning.balance._refine import refine_many
@@ -56,7 +56,9 @@ class BalancedStep:
     asg: Assignment
     in_step: np.ndarray | None  # bool per segment: False when wholly deferred; None when all are in the step
     carry: Segments | None  # what the step defers (goes first into the next step)
-    base_seq: np.ndarray  # baseline sequence of each in-step segment
+    concat_rank: np.ndarray  # [dp] per-rank time of the concat-and-chunk baseline (planning._baselines)
+    packed_rank: np.ndarray  # [dp] per-rank time of the packed baseline
+    packed_waiting: int  # tokens the packed baseline could not fit
 
 
 def balance_block(
@@ -89,17 +91,22 @@ def balance_block(
         carries.append(carry)
         in_steps.append(in_step)
     refine_many(dealt, [c for _, c in inputs], range(len(inputs)), [s.lane for s, _ in inputs])
-    seqs = baseline_sequences_many(
+    own = [
+        (s.length, s.image_tokens) if m is None else (s.length[m], s.image_tokens[m])
+        for (s, _), m in zip(inputs, in_steps, strict=True)
+    ]
+    concat, packed, waiting = baselines_many(
         steps,
-        cfg.seed,
-        [
-            (s.length, s.lane) if m is None else (s.length[m], s.lane[m])
-            for (s, _), m in zip(inputs, in_steps, strict=True)
-        ],
-        cfg.lanes,
+        own,
+        seed=cfg.seed,
+        seq_len=cfg.lanes.seq_len,
+        dp=cfg.dp,
+        micro_batches=cfg.micro_batches,
+        cost_spec=cfg.cost_spec,
+        cp=cfg.lanes.short_cp,
     )
-    for (s, c), d, e, m, nxt, q in zip(inputs, dealt, extras, in_steps, carries, seqs, strict=True):
-        yield BalancedStep(s, c, _assignment(d, e, cfg.micro_batches), m, nxt, q)
+    for k, ((s, c), d, e, m, nxt) in enumerate(zip(inputs, dealt, extras, in_steps, carries, strict=True)):
+        yield BalancedStep(s, c, _assignment(d, e, cfg.micro_batches), m, nxt, concat[k], packed[k], int(waiting[k]))
 
 
 def balance_step(

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from loomdata.planning.balance._state import Dealt
+from loomdata.planning.balance._wide import WideState, wide_search
 
 SWAP_ROUNDS = 16
 TOLERANCE = 1e-3  # stop refining once the most and least loaded ranks differ by less than this fraction
@@ -146,6 +147,11 @@ def refine_many(
         rc[s_, h_] -= dl
         rc[s_, l_] += dl
         act = s_
+    placed = p_rank >= 0
+    top = np.zeros(len(ds))
+    np.maximum.at(top, step_of[placed], g_cost[:-1][placed])
+    lb = np.maximum(rc.sum(axis=1) / dp, top)
+    wide_search(WideState(cost3, room3, rc, p_rank, p_mb, key, g_cost, g_len, step_of, lb), dp)
     for k, d in enumerate(ds):
         d.st.cost[...] = cost3[k]
         d.st.room[...] = room3[k]

@@ -1,0 +1,100 @@
+"""The plan's two baselines (planning._baselines) and the report's gain and pipeline figures (_report)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from loomdata.planning._baselines import baselines_many, concat_chunk
+from loomdata.planning._cost import segment_cost
+from loomdata.planning._report import ReportBuilder, StepFigures
+from loomdata.schemas.spec import CostSpec
+
+COST = CostSpec(attention=1.0, linear=10.0)
+L = 100
+
+
+def _c(*lengths: int) -> float:
+    return float(segment_cost(np.array(lengths), None, COST, 1).sum())
+
+
+def test_concat_chunk_cuts_documents_at_row_boundaries() -> None:
+    # two documents of 75 tokens: rows [75 | 25] and [50]; one rank, two rows: its time is the pieces' cost
+    got = concat_chunk(
+        np.array([75, 75]), np.zeros(2, np.int64), t=3, seed=1, seq_len=L, dp=1, micro_batches=2, cost_spec=COST, cp=1
+    )
+    assert np.allclose(got, [_c(75, 25, 50)])
+
+
+def test_concat_chunk_deals_row_j_to_rank_j_mod_dp_and_scales_partial_steps() -> None:
+    # 3 full rows over dp 2, micro_batches 2: rank 0 gets rows 0 and 2, rank 1 row 1 (scaled to 2 rows), x 3/4
+    got = concat_chunk(
+        np.array([L, L, L]), np.zeros(3, np.int64), t=0, seed=0, seq_len=L, dp=2, micro_batches=2, cost_spec=COST, cp=1
+    )
+    assert np.allclose(got, [2 * _c(L) * 0.75, 2 * _c(L) * 0.75])
+
+
+def _many(steps: list[list[int]], dp: int, mb: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return baselines_many(
+        range(len(steps)),
+        [(np.array(x), np.zeros(len(x), np.int64)) for x in steps],
+        seed=2,
+        seq_len=L,
+        dp=dp,
+        micro_batches=mb,
+        cost_spec=COST,
+        cp=1,
+    )
+
+
+def test_packed_baseline_counts_what_does_not_fit_as_waiting_and_in_its_time() -> None:
+    _, packed, waiting = _many([[60, 60], [30, 20]], 1, 1)
+    assert list(waiting) == [60, 0]
+    assert np.allclose(packed[0], [_c(60) * 2.0])  # half the step's tokens packed: twice the time for them
+    assert np.allclose(packed[1], [_c(30, 20)])
+
+
+def test_packed_baseline_cuts_long_documents_into_sequences() -> None:
+    _, packed, waiting = _many([[250]], 3, 1)
+    assert waiting[0] == 0
+    assert np.allclose(np.sort(packed[0]), np.sort([_c(L), _c(L), _c(50)]))
+
+
+def test_a_block_of_steps_gives_each_step_its_own_concat_chunk() -> None:
+    rng = np.random.default_rng(0)
+    steps = [list(rng.integers(1, 3 * L, int(rng.integers(1, 30)))) for _ in range(6)]
+    concat, _, _ = _many(steps, 3, 2)
+    for t, x in enumerate(steps):
+        one = concat_chunk(
+            np.array(x), np.zeros(len(x), np.int64), t=t, seed=2, seq_len=L, dp=3, micro_batches=2, cost_spec=COST, cp=1
+        )
+        assert np.allclose(one, concat[t])
+
+
+def _fig(loom: list[float], concat: list[float], packed: list[float], slots: list[list[float]]) -> StepFigures:
+    return StepFigures(
+        tokens=np.array([10]),
+        weights=np.array([1.0]),
+        lb=float(np.mean(loom)),
+        loom_rank=np.array(loom),
+        concat_rank=np.array(concat),
+        packed_rank=np.array(packed),
+        slot_cost=np.array(slots),
+        packed_waiting_tokens=0,
+        deferred_tokens=0,
+        rank_max_item=np.array([1.0, 1.0]),
+    )
+
+
+def test_report_gain_is_against_the_stronger_baseline_and_states_the_1f1b_bubble() -> None:
+    r = ReportBuilder(2, ["a"], 2, pp_size=3)
+    r.add(0, _fig([4.0, 4.0], [6.0, 2.0], [5.0, 3.0], [[3.0, 1.0], [2.0, 2.0]]))
+    r.add(1, _fig([4.0, 4.0], [4.0, 4.0], [8.0, 0.0], [[2.0, 2.0], [2.0, 2.0]]))
+    s = r.summary()
+    assert np.isclose(s["gain"]["concat_chunk"], 10 / 8) and np.isclose(s["gain"]["packed"], 13 / 8)
+    assert s["gain"]["stronger_baseline"] == "concat_chunk"
+    assert np.isclose(s["simulated_gain"], 10 / 8)
+    assert np.isclose(s["gain"]["per_step_vs_stronger"]["max"], 5 / 4)  # step 0: packed is the stronger one
+    # step 0: rank 0 runs 4 + (3 - 1) x 3 = 10, rank 1 4 + 2 x 2 = 8; even micro-batches: 4 x (1 + 2 / 2) = 8
+    assert np.isclose(r.cols["pp_time"][0], 10.0) and np.isclose(r.cols["pp_time_even"][0], 8.0)
+    assert np.isclose(s["pipeline"]["uneven_micro_batch_cost"], 18 / 16 - 1)
+    assert np.isclose(s["pipeline"]["bubble_share"], 1 - 8 / 18)

@@ -19,6 +19,7 @@ credentials (`security`, LOOM_TLS_*); a plain-TCP scheduler only with `insecure`
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -49,6 +50,8 @@ from loomdata.schemas.errors import ContractError, ExecutionError, LoomError
 from loomdata.schemas.plan import read_plan
 
 __all__ = ["StreamClient"]
+
+_MAX_PENDING_TELEMETRY = 1024
 
 
 class StreamClient:
@@ -104,6 +107,7 @@ class StreamClient:
         self.wait_s = 0.0
         """Seconds this client spent blocked waiting for batches."""
         self.batches = 0
+        self._telemetry: list[tuple[int, float]] = []  # recorded step times not yet sent (ride on the next take)
 
     # ---- iteration ------------------------------------------------------------------------------
 
@@ -133,6 +137,42 @@ class StreamClient:
         """The Dask client in use (None before the first batch); other StreamClients may share it."""
         return self._client
 
+    # ---- telemetry ------------------------------------------------------------------------------
+
+    def record_step_time(self, step: int, seconds: float) -> None:
+        """Report this rank's measured time for `step` (e.g. its forward+backward seconds); no round trip.
+
+        Sent with the next take (or on `close`); `loom serve` writes it with the step's predicted cost to
+        PLAN_DIR/telemetry.jsonl, which `loom calibrate` reads. Best effort: a report on a take that
+        fails over to a recreated constructor may be lost.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < self.meta.steps:
+            raise ValueError(
+                f"step must be a step of plan {self.meta.plan_id} (0..{self.meta.steps - 1}), got {step!r}"
+            )
+        number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+        if not number or not math.isfinite(seconds) or seconds <= 0:
+            raise ValueError(f"seconds must be a positive finite number, got {seconds!r}")
+        self._telemetry.append((step, float(seconds)))
+        del self._telemetry[:-_MAX_PENDING_TELEMETRY]  # bounded: a client that never takes again keeps the newest
+
+    def _take(self, step: int) -> Any:
+        """Ask for `step`, carrying the step times recorded since the last take."""
+        if not self._telemetry:
+            return self._actor.take(self.dp_rank, step)
+        sent, self._telemetry = self._telemetry, []
+        return self._actor.take(self.dp_rank, step, sent)
+
+    def _flush_telemetry(self) -> None:
+        """Send step times no take carried (the last steps), in one call; best effort, on close."""
+        if not self._telemetry or self._client is None:
+            return
+        sent, self._telemetry = self._telemetry, []
+        with contextlib.suppress(Exception):  # telemetry never fails a close
+            if self._actor is None:
+                self._attach()
+            self._actor.record_telemetry(self.dp_rank, sent).result(timeout=self._timings.client_check_s)
+
     # ---- state ----------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -157,7 +197,8 @@ class StreamClient:
     # ---- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Drop pending requests and close the Dask client if this StreamClient made it."""
+        """Send unsent step times, drop pending requests, close the Dask client if this StreamClient made it."""
+        self._flush_telemetry()
         self._ahead.clear()
         self._actor = None
         if self._owns_client and self._client is not None:
@@ -184,10 +225,10 @@ class StreamClient:
         def attempt() -> list[Batch]:
             if self._actor is None:
                 self._attach()
-            fut = self._ahead.pop(step, None) or self._actor.take(self.dp_rank, step)
+            fut = self._ahead.pop(step, None) or self._take(step)
             for s in range(step + 1, min(step + 1 + self._prefetch, self.meta.steps)):
                 if s not in self._ahead:
-                    self._ahead[s] = self._actor.take(self.dp_rank, s)
+                    self._ahead[s] = self._take(s)
             t0 = time.perf_counter()
             try:
                 return self._wait(fut)

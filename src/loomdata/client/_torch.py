@@ -94,6 +94,10 @@ class LoomDataset(IterableDataset[dict[str, Any]]):
         for batch in stream:
             yield batch_to_tensors(batch)
 
+    def record_step_time(self, step: int, seconds: float) -> None:
+        """Report this rank's measured time for `step` (see StreamClient.record_step_time); no round trip."""
+        self._stream().record_step_time(step, seconds)
+
     def state_dict(self) -> dict[str, Any]:
         """The stream position (see StreamClient.state_dict)."""
         if self._client is not None:

@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from loomdata.execution._manifest import ManifestSlice
 from loomdata.execution._packing import PackRules, pack_step
 from loomdata.execution._reads import Reads, Route
+from loomdata.execution._telemetry import TelemetryBuffer, valid_report
 from loomdata.execution._window import Admission, Build, StepWindow
 from loomdata.execution.protocol import ExecutorUnavailable
 from loomdata.schemas.batch import Batch
 from loomdata.schemas.errors import ExecutionError, LoomError
-from loomdata.schemas.metrics import BuildPhases, ConstructorMetrics
+from loomdata.schemas.metrics import BuildPhases, ConstructorMetrics, StepTelemetry
 from loomdata.schemas.plan import read_plan
 
 __all__ = ["DataConstructor", "Route"]
@@ -67,6 +68,7 @@ class DataConstructor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="loom-constructor")
         self._stats = _Stats(wait_s={r: 0.0 for r in self._ranks}, takes={r: 0 for r in self._ranks})
+        self._telemetry = TelemetryBuffer(self._meta)
 
     # ---- public actor methods -------------------------------------------------------------------
 
@@ -75,14 +77,20 @@ class DataConstructor:
         self._launch(self._window.start())
         return self._ranks
 
-    async def take(self, dp_rank: int, step: int) -> list[Batch]:
-        """All micro-batches of `dp_rank` at `step`, in order (waits while they are being built)."""
+    async def take(self, dp_rank: int, step: int, telemetry: list[tuple[int, float]] | None = None) -> list[Batch]:
+        """All micro-batches of `dp_rank` at `step`, in order (waits while they are being built).
+
+        `telemetry`: (step, seconds) the rank measured for earlier steps, riding on this take; kept
+        for `drain_telemetry` (an invalid pair is dropped, never fails the take).
+        """
         if dp_rank not in self._window.want:
             raise ExecutionError(f"dp rank {dp_rank} is not served by this constructor (ranks {self._ranks})")
         if not 0 <= step < self._meta.steps:
             raise ExecutionError(f"step {step} is outside plan {self._meta.plan_id} (steps 0..{self._meta.steps - 1})")
         if self._window.stopped:
             raise ExecutorUnavailable("the executor is stopping; reconnect to a running one")
+        if telemetry:
+            await self._record(dp_rank, telemetry)
         t0 = time.perf_counter()
         admission = self._window.admit(dp_rank, step)
         try:
@@ -93,6 +101,15 @@ class DataConstructor:
         self._stats.takes[dp_rank] += 1
         self._stats.batches_taken += len(batches)
         return batches
+
+    async def record_telemetry(self, dp_rank: int, telemetry: list[tuple[int, float]]) -> None:
+        """Step times a rank sends without a take (its last steps, on close)."""
+        if dp_rank in self._window.want:
+            await self._record(dp_rank, telemetry)
+
+    async def drain_telemetry(self) -> list[StepTelemetry]:
+        """The step times recorded since the last drain (one per rank and step), emptying the buffer."""
+        return self._telemetry.drain()
 
     async def set_route(self, source_id: int, route: Route) -> None:
         """Route a source's samples to a new set of loaders (scaling, a recreated loader).
@@ -128,6 +145,25 @@ class DataConstructor:
         for t in list(self._tasks):
             t.cancel()
         self._pool.shutdown(wait=False)
+
+    async def _record(self, rank: int, reports: list[tuple[int, float]]) -> None:
+        """Buffer a rank's measured step times with the segment lengths of those steps (from the manifest)."""
+        for item in reports:
+            step, secs = item if isinstance(item, (tuple, list)) and len(item) == 2 else (None, None)
+            if not valid_report(step, secs, self._meta.steps):
+                self._telemetry.dropped += 1
+                continue
+            step = int(step)
+            try:
+                if self._manifest.cached(step):
+                    rows = self._manifest.rows(step, [rank])
+                else:  # an older chunk: file I/O, off the event loop
+                    loop = asyncio.get_running_loop()
+                    rows = await loop.run_in_executor(self._pool, self._manifest.rows, step, [rank])
+            except Exception:  # telemetry is best effort: a failing read fails the builds, not this take
+                self._telemetry.dropped += 1
+                continue
+            self._telemetry.add(rank, step, float(secs), rows)
 
     # ---- the window's builds --------------------------------------------------------------------
 

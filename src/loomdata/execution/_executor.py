@@ -23,9 +23,10 @@ from loomdata.execution._config import ServeConfig
 from loomdata.execution._loop import ControlLoop
 from loomdata.execution._metrics import MetricsGather, summarize
 from loomdata.execution._recovery import RecoveryStats
+from loomdata.execution._telemetry import drain_telemetry
 from loomdata.execution.protocol import ServeInfo
 from loomdata.schemas.errors import ExecutionError
-from loomdata.schemas.metrics import ExecutorMetrics
+from loomdata.schemas.metrics import ExecutorMetrics, StepTelemetry
 from loomdata.schemas.plan import PlanMeta, read_plan
 
 __all__ = ["Executor"]
@@ -146,6 +147,12 @@ class Executor:
         scaler = loop.autoscaler
         report = scaler.report() if scaler is not None else None
         return summarize(self.meta.plan_id, got, recovery=loop.recovery.stats, autoscale=report)
+
+    def telemetry(self) -> list[StepTelemetry]:
+        """Step times the ranks recorded since the last call (drained from the constructors), by (step, rank)."""
+        loop = self._running()
+        with self.client.as_current():
+            return drain_telemetry(loop.view, self.config.timings.metrics_timeout_s)
 
     def _running(self) -> ControlLoop:
         if self._loop is None or not self._serving:

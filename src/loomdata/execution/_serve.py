@@ -26,15 +26,26 @@ from loomdata.execution._config import Autoscaling, ServeConfig
 from loomdata.execution._executor import Executor
 from loomdata.execution._lock import serve_lock
 from loomdata.execution._security import TLS_DIR, TlsFiles
+from loomdata.execution._telemetry import TELEMETRY_FILE, append_telemetry, imbalance
 from loomdata.schemas.errors import ExecutionError
-from loomdata.schemas.metrics import ExecutorMetrics
+from loomdata.schemas.metrics import ExecutorMetrics, StepTelemetry
 from loomdata.schemas.plan import read_plan
 
 __all__ = ["serve"]
 
 
-def _report(m: ExecutorMetrics, json_out: bool) -> None:
-    """One metrics line: a JSON object on stdout with --json, else a readable line on stderr."""
+def _write_telemetry(ex: Executor, plan_dir: Path) -> list[StepTelemetry]:
+    """Drain the ranks' recorded step times and append them to PLAN_DIR/telemetry.jsonl."""
+    records = ex.telemetry()
+    append_telemetry(plan_dir, records)
+    return records
+
+
+def _report(m: ExecutorMetrics, json_out: bool, telemetry: dict[str, Any] | None = None) -> None:
+    """One metrics line: a JSON object on stdout with --json, else a readable line on stderr.
+
+    `telemetry`: predicted vs measured imbalance of the latest step every rank reported (None: none did).
+    """
     sources = m.sources
     rates = {k: round(v.samples_per_s, 1) for k, v in sources.items()}
     wait = {str(r): round(w, 4) for r, w in m.rank_wait_s.items()}
@@ -47,11 +58,19 @@ def _report(m: ExecutorMetrics, json_out: bool) -> None:
             "recovered_actors": m.recovery.recovered,
             "loaders": {k: v.loaders for k, v in sources.items()},
         }
+        if telemetry is not None:
+            line["telemetry"] = telemetry
         print(json.dumps(line), flush=True)
     else:
         print(
             f"samples/s by source {rates}; constructor queue depth {m.queue_depth}; rank wait s {wait}; "
-            f"actors recreated after worker loss {m.recovery.recovered}",
+            f"actors recreated after worker loss {m.recovery.recovered}"
+            + (
+                f"; step {telemetry['step']} imbalance predicted {telemetry['predicted_imbalance']} "
+                f"measured {telemetry['measured_imbalance']} ({TELEMETRY_FILE})"
+                if telemetry is not None
+                else ""
+            ),
             file=sys.stderr,
             flush=True,
         )
@@ -120,7 +139,9 @@ def serve(
             while not stop.wait(cfg.timings.serve_poll_s):
                 if time.monotonic() >= next_log:
                     next_log = time.monotonic() + cfg.metrics_every_s
-                    _report(ex.metrics(), json_out)
+                    recorded = _write_telemetry(ex, plan_dir)
+                    _report(ex.metrics(), json_out, imbalance(recorded, ex.meta.dp_size))
+            _write_telemetry(ex, plan_dir)  # what the ranks sent since the last line, before the actors go
             summary = ex.metrics()
         if json_out:
             print(json.dumps({"event": "stopped", "metrics": summary.to_dict()}, default=str), flush=True)

@@ -23,6 +23,7 @@ from loomdata.schemas.metrics import (
     LoaderReport,
     RecoveryReport,
     SourceMetrics,
+    StepTelemetry,
 )
 from loomdata.schemas.plan import (
     PLAN_FORMAT_VERSION,
@@ -107,6 +108,7 @@ __all__ = [
     "SpecError",
     "StaleIndexError",
     "StepShape",
+    "StepTelemetry",
     "TableKind",
     "TokenizerKind",
     "TokenizerSpec",

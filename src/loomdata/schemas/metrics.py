@@ -24,6 +24,7 @@ __all__ = [
     "LoaderReport",
     "RecoveryReport",
     "SourceMetrics",
+    "StepTelemetry",
 ]
 
 
@@ -306,4 +307,30 @@ class ExecutorMetrics:
             "recovered_actors": self.recovery.recovered,
             "recovery_s": round(self.recovery.seconds, 3),
             "autoscale": self.autoscale.to_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepTelemetry:
+    """One rank's step as trained: the segment lengths it held, the plan's predicted cost, the measured seconds.
+
+    `predicted` is in the plan's cost units (`parameters.cost`, divided by the lane's cp size); `seconds`
+    is what the rank measured (`StreamClient.record_step_time`). `to_json` is a `loom calibrate`
+    measurement line (`lengths`, `seconds`) with `step`, `rank` and `predicted` as extra keys.
+    """
+
+    step: int
+    dp_rank: int
+    lengths: list[int]
+    predicted: float
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the calibrate measurement keys first, then where it came from."""
+        return {
+            "lengths": list(self.lengths),
+            "seconds": self.seconds,
+            "step": self.step,
+            "rank": self.dp_rank,
+            "predicted": self.predicted,
         }

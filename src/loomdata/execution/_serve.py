@@ -141,10 +141,11 @@ def serve(
                     next_log = time.monotonic() + cfg.metrics_every_s
                     recorded = _write_telemetry(ex, plan_dir)
                     _report(ex.metrics(), json_out, imbalance(recorded, ex.meta.dp_size))
-            _write_telemetry(ex, plan_dir)  # what the ranks sent since the last line, before the actors go
+            final = _write_telemetry(ex, plan_dir)  # what the ranks sent since the last line, before the actors go
             summary = ex.metrics()
         if json_out:
-            print(json.dumps({"event": "stopped", "metrics": summary.to_dict()}, default=str), flush=True)
+            line = {"event": "stopped", "metrics": summary.to_dict(), "telemetry": imbalance(final, ex.meta.dp_size)}
+            print(json.dumps(line, default=str), flush=True)
         else:
             print(f"stopped serving plan {info.plan_id}", file=sys.stderr, flush=True)
     finally:

@@ -68,7 +68,7 @@ class DataConstructor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="loom-constructor")
         self._stats = _Stats(wait_s={r: 0.0 for r in self._ranks}, takes={r: 0 for r in self._ranks})
-        self._telemetry = TelemetryBuffer(self._meta)
+        self._telemetry = TelemetryBuffer.of(self._meta)
 
     # ---- public actor methods -------------------------------------------------------------------
 

@@ -64,13 +64,19 @@ class TelemetryBuffer:
     synchronous step waits for it.
     """
 
-    def __init__(self, meta: PlanMeta, capacity: int = 4096) -> None:
-        self._cost = meta.parameters.cost
-        self._cp = (meta.parameters.short_cp_size, meta.long_cp_size)
+    def __init__(self, cost: CostSpec, cp: tuple[int, int] = (1, 1), capacity: int = 4096) -> None:
+        """`cost`: the plan's cost model; `cp`: the cp size of the short and the long lane."""
+        self._cost = cost
+        self._cp = cp
         self._capacity = max(1, capacity)
         self._pending: OrderedDict[tuple[int, int], StepTelemetry] = OrderedDict()
         self.dropped = 0
         """Records dropped: invalid, or pushed out of a full buffer."""
+
+    @classmethod
+    def of(cls, meta: PlanMeta) -> TelemetryBuffer:
+        """A buffer costing steps as the plan's planner did (`parameters.cost`, the lanes' cp sizes)."""
+        return cls(meta.parameters.cost, (meta.parameters.short_cp_size, meta.long_cp_size))
 
     def add(self, rank: int, step: int, seconds: float, rows: ManifestRows) -> None:
         """Record `rank`'s measured `seconds` for `step`; `rows` are the manifest rows of (step, rank)."""

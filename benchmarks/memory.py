@@ -15,7 +15,9 @@ source has had many documents read):
   the index `build_index` built on an embedded cluster.
 
 Ratios are printed both as the issue defines them (baseline total / loomdata with rank excess) and
-like for like (both sides' ranks counted above an idle torch process). Results go to
+like for like (every process of both sides counted whole). A rank's excess is its private memory
+(Private_Clean + Private_Dirty) above an idle torch process's: with R ranks mapping torch's
+libraries, PSS gives each rank 1/R of those pages, which can put a rank's PSS below an idle process's. Results go to
 benchmarks/results/memory.json with a per-process breakdown of loomdata's side.
 
     .venv/bin/python benchmarks/memory.py --quick     # N 10, 100; R 4 (a few minutes on 2 cores)
@@ -56,6 +58,19 @@ def pss(pid: int) -> int:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return 0
     return 0
+
+
+def uss(pid: int) -> int:
+    """Private (unshared) bytes of one process: what it costs beyond pages other processes map too."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    total += int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return 0
+    return total
 
 
 def tree(pid: int) -> list[tuple[int, int, str]]:
@@ -302,23 +317,25 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
             cmds.put("metrics")
             m = answers.get(timeout=120)
             rank_pss = [pss(pid) for pid in pids]
+            rank_uss = [uss(pid) for pid in pids]
             parts: dict[str, float] = {"serving process (scheduler + executor)": 0.0, "dask workers": 0.0}
-            parts["nannies and helpers"] = 0.0
-            for pid, depth, name in tree(serve_pid):  # serve -> nannies -> workers (+ resource trackers)
+            parts["helpers (resource tracker)"] = 0.0
+            for pid, depth, name in tree(serve_pid):  # LocalCluster's nannies live in the serving process
                 v = pss(pid) / MIB
                 key = (
                     "serving process (scheduler + executor)"
                     if depth == 0
                     else "dask workers"
-                    if pid in m["worker_pids"] or (depth >= 2 and name != "resource_tracker")
-                    else "nannies and helpers"
+                    if pid in m["worker_pids"] or name != "resource_tracker"
+                    else "helpers (resource tracker)"
                 )
                 parts[key] += v
-            parts["ranks above idle torch"] = sum(max(0, r - idle) for r in rank_pss) / MIB
+            # PSS splits torch's shared library pages among all R ranks, so a rank's PSS can fall below an
+            # idle torch process measured alone: a rank's excess is its private memory above the idle one's
+            parts["ranks above idle torch"] = sum(max(0, r - idle) for r in rank_uss) / MIB
             cluster = sum(v for k, v in parts.items() if k != "ranks above idle torch")
             out[phase] = {
                 "total_mib": cluster + parts["ranks above idle torch"],
-                "like_for_like_mib": cluster + parts["ranks above idle torch"],
                 "all_processes_mib": cluster + sum(rank_pss) / MIB,
                 "per_rank_excess_mib": parts["ranks above idle torch"] / ranks,
                 "breakdown_mib": {k: round(v, 1) for k, v in parts.items()},
@@ -341,15 +358,15 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
     return out
 
 
-def measure_idle() -> int:
-    """PSS of an idle rank process (torch imported, nothing else)."""
+def measure_idle() -> tuple[int, int]:
+    """(PSS, private bytes) of an idle rank process (torch imported, nothing else)."""
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Queue(), ctx.Event()
     p = ctx.Process(target=idle_torch, args=(ready, stop))
     p.start()
     pid = _wait(ready, 1, "idle", [p])[0][1]
     time.sleep(0.5)
-    v = pss(pid)
+    v = pss(pid), uss(pid)
     stop.set()
     p.join(timeout=30)
     return v
@@ -401,8 +418,8 @@ def main() -> None:
     from loomdata.planning import make_plan
 
     rows: list[dict[str, Any]] = []
-    idle = measure_idle()
-    print(f"idle torch process: {idle / MIB:.0f} MiB PSS", flush=True)
+    idle_pss, idle = measure_idle()
+    print(f"idle torch process: {idle_pss / MIB:.0f} MiB PSS, {idle / MIB:.0f} MiB private", flush=True)
     header = (
         f"{'N':>4} {'R':>3} {'phase':>5} | {'pyarrow':>8} {'pre_buf=F':>9} | {'loomdata':>8} {'(ranks)':>8} | "
         f"{'x pyarrow':>9} {'x pb=F':>7} | like-for-like x pyarrow, x pb=F"
@@ -440,9 +457,9 @@ def main() -> None:
                     )
                     lo["ratio_default"] = ratio(bd, lo["total_mib"])
                     lo["ratio_no_prebuffer"] = ratio(bn, lo["total_mib"])
-                    idle_mib = r * idle / MIB  # like for like: the baseline's ranks above an idle torch process too
-                    lo["like_for_like_ratio_default"] = ratio(bd - idle_mib, lo["like_for_like_mib"])
-                    lo["like_for_like_ratio_no_prebuffer"] = ratio(bn - idle_mib, lo["like_for_like_mib"])
+                    # like for like: every process of both sides counted whole (loomdata's ranks included)
+                    lo["like_for_like_ratio_default"] = ratio(bd, lo["all_processes_mib"])
+                    lo["like_for_like_ratio_no_prebuffer"] = ratio(bn, lo["all_processes_mib"])
                 rows.append(row)
                 print(header)
                 for phase in ("cover", "warm"):
@@ -475,7 +492,8 @@ def main() -> None:
             "baseline_num_workers": 2,
             "quick": args.quick,
         },
-        "idle_torch_mib": round(idle / MIB, 1),
+        "idle_torch_pss_mib": round(idle_pss / MIB, 1),
+        "idle_torch_private_mib": round(idle / MIB, 1),
         "seconds": round(time.perf_counter() - t_all, 1),
         "rows": rows,
     }

@@ -12,8 +12,9 @@ seconds, the per-token prior before (one slow cold read is not a cost).
 consumers' step, the current counts, the cluster's threads, the clock) and the manifest's coming
 steps into resizes, holds a source resized less than `source_gap_s` ago and any resize less than
 `fleet_gap_s` after the last, and records each decision with its inputs. It knows nothing of the
-executor: the control loop (`_loop`) gathers the inputs, applies the resizes through the fleet's one re-routing protocol (`_actors`),
-and a round that fails (a worker died mid-call) is recorded in `last_error`; the next decides again.
+executor: the control loop (`_loop`) gathers the inputs, applies the resizes through the fleet's one
+re-routing protocol (`_actors`), and a round that fails (a worker died mid-call) is recorded in
+`last_error`; the next decides again.
 """
 
 from __future__ import annotations

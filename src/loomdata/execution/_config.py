@@ -56,7 +56,14 @@ class Timings:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Autoscaling:
-    """Controller settings: period, how many coming steps set the demand, budget, target rate, hysteresis."""
+    """Controller settings: period, how many coming steps set the demand, budget, target rate, hysteresis.
+
+    Stability: a source's measured cost replaces the per-token prior only after `min_samples` samples
+    and `min_busy_s` busy seconds (one slow cold read is not a cost); measurements are kept across
+    loader replacement, older rounds weighted by `cost_decay` (1.0: cumulative). A source is resized
+    at most once per `source_interval_s` and the fleet at most once per `resize_interval_s`
+    (None: 4 and 2 periods).
+    """
 
     every_s: float = 5.0
     horizon_steps: int = 32
@@ -64,14 +71,37 @@ class Autoscaling:
     loaders_per_thread: int = 2
     step_rate: float | None = None  # steps/s to sustain; None: use the whole budget
     min_change: float = 0.25
+    min_samples: int = 64
+    min_busy_s: float = 0.25
+    cost_decay: float = 0.8
+    source_interval_s: float | None = None
+    resize_interval_s: float | None = None
 
     def __post_init__(self) -> None:
         _positive(self, "every_s")
-        _at_least_one(self, "horizon_steps", "budget", "loaders_per_thread")
+        _at_least_one(self, "horizon_steps", "budget", "loaders_per_thread", "min_samples")
         if self.min_change < 0:
             raise ValueError(f"Autoscaling.min_change must be >= 0, got {self.min_change!r}")
         if self.step_rate is not None and self.step_rate < 0:
             raise ValueError(f"Autoscaling.step_rate must be >= 0 steps/s, got {self.step_rate!r}")
+        if self.min_busy_s < 0:
+            raise ValueError(f"Autoscaling.min_busy_s must be >= 0 seconds, got {self.min_busy_s!r}")
+        if not 0.0 < self.cost_decay <= 1.0:
+            raise ValueError(f"Autoscaling.cost_decay must be in (0, 1] (1: cumulative), got {self.cost_decay!r}")
+        for name in ("source_interval_s", "resize_interval_s"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ValueError(f"Autoscaling.{name} must be >= 0 seconds or None, got {v!r}")
+
+    @property
+    def source_gap_s(self) -> float:
+        """The least time between two resizes of one source."""
+        return 4 * self.every_s if self.source_interval_s is None else self.source_interval_s
+
+    @property
+    def fleet_gap_s(self) -> float:
+        """The least time between two rounds that resize anything."""
+        return 2 * self.every_s if self.resize_interval_s is None else self.resize_interval_s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -175,8 +175,21 @@ class AutoscaleDecision:
     old: int
     new: int
     why: str
+    demand: float | None = None  # the inputs behind it: samples per step over the horizon
+    cost_ms: float | None = None  # milliseconds per sample the policy used
+    cost_samples: float | None = None  # weighted samples behind that cost (0: the per-token prior)
+    ideal: float | None = None  # real-valued loaders
+    budget: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The original six keys, then each input that was recorded (absent when None)."""
+        inputs = {
+            "demand": self.demand,
+            "cost_ms": self.cost_ms,
+            "cost_samples": self.cost_samples,
+            "ideal": self.ideal,
+            "budget": self.budget,
+        }
         return {
             "time": self.time,
             "step": self.step,
@@ -184,6 +197,7 @@ class AutoscaleDecision:
             "old": self.old,
             "new": self.new,
             "why": self.why,
+            **{k: v for k, v in inputs.items() if v is not None},
         }
 
 
@@ -197,6 +211,8 @@ class AutoscaleRound:
     demand: dict[str, float]  # samples per step over the horizon
     cost_ms: dict[str, float]  # milliseconds per sample
     ideal: dict[str, float]  # real-valued loaders
+    cost_samples: dict[str, float] = field(default_factory=dict)  # weighted samples behind each cost (0: prior)
+    held: dict[str, str] = field(default_factory=dict)  # sources whose change waits, and why
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -206,6 +222,8 @@ class AutoscaleRound:
             "demand": {s: round(v, 3) for s, v in self.demand.items()},
             "cost_ms": {s: round(v, 4) for s, v in self.cost_ms.items()},
             "ideal": {s: round(v, 2) for s, v in self.ideal.items()},
+            "cost_samples": {s: round(v, 1) for s, v in self.cost_samples.items()},
+            "held": dict(self.held),
         }
 
 

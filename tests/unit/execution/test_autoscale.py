@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 
 from loomdata.execution._autoscale import (
     PRIOR_S_PER_TOKEN,
+    Autoscaler,
     Autoscaling,
     SourceLoad,
     estimate_costs,
@@ -106,3 +110,99 @@ def test_invalid_inputs_raise_actionable_errors() -> None:
     with pytest.raises(ValueError, match=r"Autoscaling.budget must be >= 1"):
         Autoscaling(budget=0)
     assert plan_loaders({"a": load(0, current=3)}, budget=4) == {"a": 3}
+
+
+# ---- the stable controller: decisions from plain inputs and a clock passed in (no cluster, no sleeps) ----
+
+SOURCES = ("a", "b")
+
+
+def scaler(**settings: object) -> Autoscaler:
+    """An Autoscaler over two 16-shard sources; `decide_for` never reads the plan directory."""
+    meta = SimpleNamespace(sources=SOURCES, steps=1000)
+    cfg = Autoscaling(every_s=1.0, budget=8, **settings)  # type: ignore[arg-type]
+    return Autoscaler(cfg, plan_dir=Path("unused"), meta=meta, shards={s: 16 for s in SOURCES})  # type: ignore[arg-type]
+
+
+def decide(
+    sc: Autoscaler,
+    counts: dict[str, int],
+    measured: dict[str, tuple[int, float]],
+    now: float,
+    demand: dict[str, float] | None = None,
+) -> dict[str, int]:
+    """One round at clock `now`; applies and records the resizes, returns the new counts."""
+    resizes = sc.decide_for(
+        demand=demand or {"a": 10.0, "b": 10.0},
+        tokens={"a": 100.0, "b": 100.0},
+        measured=measured,
+        step=0,
+        current=counts,
+        threads=2,
+        now=now,
+    )
+    for r in resizes:
+        sc.record(r, r.new)
+        counts = {**counts, r.source: r.new}
+    return counts
+
+
+def test_one_slow_cold_read_does_not_take_the_budget() -> None:
+    sc = scaler()
+    # a's first read opened its files: 1 sample in 40.7 ms; b read 1,000 samples at 0.5 ms each
+    counts = decide(sc, {"a": 1, "b": 1}, {"a": (1, 0.0407), "b": (1000, 0.5)}, now=0.0)
+    assert counts == {"a": 4, "b": 4}  # a stays on the per-token prior (b's scale): equal demand, equal share
+    assert sc.last is not None and sc.last.cost_samples["a"] == 0 and sc.last.cost_samples["b"] == 1000
+    assert sc.last.cost_ms["a"] == pytest.approx(0.5)
+    # the same inputs to the old rule (one read's cost used as is) hand a all but one loader
+    naive = estimate_costs({"a": (1, 0.0407), "b": (1000, 0.5)}, {"a": 100.0, "b": 100.0})
+    loads = {s: load(10, naive[s], shards=16, current=1) for s in SOURCES}
+    assert plan_loaders(loads, budget=8) == {"a": 7, "b": 1}
+
+
+def test_measured_cost_survives_loader_replacement() -> None:
+    sc = scaler(cost_decay=1.0, min_busy_s=0.0)
+    decide(sc, {"a": 1, "b": 1}, {"a": (500, 0.5), "b": (500, 0.5)}, now=0.0)
+    # a's loaders were replaced: their counters restarted, and the new ones' first 10 reads were cold
+    decide(sc, {"a": 1, "b": 1}, {"a": (10, 0.5), "b": (1000, 1.0)}, now=100.0)
+    assert sc.costs.totals["a"] == pytest.approx((510, 1.0))  # the old 500 kept, the 10 new ones added
+    assert sc.last is not None and sc.last.cost_ms["a"] == pytest.approx(1.0 / 510 * 1e3)
+
+
+def test_no_resize_within_the_minimum_interval() -> None:
+    sc = scaler(source_interval_s=30.0, resize_interval_s=10.0, min_samples=1, min_busy_s=0.0)
+    flat = {"a": (1000, 1.0), "b": (1000, 1.0)}
+    counts = decide(sc, {"a": 1, "b": 1}, flat, now=0.0, demand={"a": 30.0, "b": 10.0})
+    assert counts == {"a": 6, "b": 2}
+    # the schedule flips at once: nothing moves within the fleet's 10 s, nor a source within its 30 s
+    for now in (5.0, 9.9, 20.0, 29.9):
+        assert decide(sc, counts, flat, now=now, demand={"a": 10.0, "b": 30.0}) == {"a": 6, "b": 2}
+        assert sc.last is not None and set(sc.last.held) == {"a", "b"} and "waits" in sc.last.held["a"]
+    assert decide(sc, counts, flat, now=30.0, demand={"a": 10.0, "b": 30.0}) == {"a": 2, "b": 6}
+    assert len(sc.decisions) == 4 and all(d.demand is not None and d.budget == 8 for d in sc.decisions)
+    assert sc.decisions[-1].to_dict()["cost_samples"] > 1  # decayed, no new reads since
+
+
+def test_held_shrink_trims_grows_to_the_budget() -> None:
+    sc = scaler(source_interval_s=30.0, resize_interval_s=0.0, min_samples=1, min_busy_s=0.0)
+    flat = {"a": (1000, 1.0), "b": (1000, 1.0)}
+    counts = decide(sc, {"a": 1, "b": 4}, flat, now=0.0, demand={"a": 30.0, "b": 10.0})
+    assert counts == {"a": 6, "b": 2}
+    # b was just resized and would grow back; a, resized too, must wait: nothing exceeds the 8 loaders
+    counts = decide(sc, counts, flat, now=1.0, demand={"a": 10.0, "b": 30.0})
+    assert counts == {"a": 6, "b": 2} and sum(counts.values()) <= 8
+
+
+def test_hysteresis_over_rounds_with_noisy_costs() -> None:
+    sc = scaler(source_interval_s=0.0, resize_interval_s=0.0, min_samples=1, min_busy_s=0.0)
+    counts = {"a": 1, "b": 1}
+    seen = []
+    total = {"a": 0.0, "b": 0.0}
+    for i, noise in enumerate([1.0, 1.3, 0.7, 1.25, 0.8, 1.3, 0.75]):  # a's cost per round wobbles by +-30%
+        total["a"] += 1.0 * noise
+        total["b"] += 1.0
+        measured = {"a": (1000 * (i + 1), total["a"]), "b": (1000 * (i + 1), total["b"])}
+        counts = decide(sc, counts, measured, now=float(i), demand={"a": 30.0, "b": 10.0})
+        seen.append(counts)
+    assert seen[0] == {"a": 6, "b": 2} and all(s == seen[0] for s in seen)
+    assert len(sc.decisions) == 2  # one resize per source, then the decayed estimate holds them

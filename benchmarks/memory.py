@@ -1,0 +1,506 @@
+"""Loader CPU memory, side by side: R replicated per-rank DataLoaders vs one loomdata executor.
+
+Sum of PSS (`/proc/PID/smaps_rollup`) over every process involved, for N Parquet sources x 4 shards x
+2,000 short documents each and R ranks, at first coverage (every source read once) and warm (every
+source has had many documents read):
+
+- baseline: each of R spawned rank processes (torch imported) runs `DataLoader(num_workers=2)` over an
+  IterableDataset whose forked workers open every source's files with `pyarrow.parquet.ParquetFile`
+  (kept open, as a replicated loader does) and read row groups source by source; once with pyarrow's
+  defaults (`pre_buffer=True`), once with `pre_buffer=False`. Counted: rank + its 2 workers.
+- loomdata: one serving process (embedded LocalCluster scheduler + `Executor` with default
+  autoscaling, as `loom serve` runs it) with its nannies and 2 worker processes, plus each of R rank
+  processes iterating `LoomDataset(plan_dir, rank)`, counted as its PSS above an idle torch process
+  (one that imported torch and did nothing), as the issue defines it. The plan is `make_plan` over
+  the index `build_index` built on an embedded cluster.
+
+Ratios are printed both as the issue defines them (baseline total / loomdata with rank excess) and
+like for like (every process of both sides counted whole). A rank's excess is its private memory
+(Private_Clean + Private_Dirty) above an idle torch process's: with R ranks mapping torch's
+libraries, PSS gives each rank 1/R of those pages, which can put a rank's PSS below an idle process's. Results go to
+benchmarks/results/memory.json with a per-process breakdown of loomdata's side.
+
+    .venv/bin/python benchmarks/memory.py --quick     # N 10, 100; R 4 (a few minutes on 2 cores)
+    .venv/bin/python benchmarks/memory.py             # N 10, 100, 300; R 4, 8, 16 (long)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import queue
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results" / "memory.json"
+MIB = 1 << 20
+ROW_GROUP = 128
+
+
+# ---- PSS ------------------------------------------------------------------------------------------
+
+
+def pss(pid: int) -> int:
+    """Proportional set size of one process in bytes (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return 0
+    return 0
+
+
+def uss(pid: int) -> int:
+    """Private (unshared) bytes of one process: what it costs beyond pages other processes map too."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    total += int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return 0
+    return total
+
+
+def tree(pid: int) -> list[tuple[int, int, str]]:
+    """(pid, depth, name) of a process and all its descendants."""
+    import psutil
+
+    root = psutil.Process(pid)
+    out = [(pid, 0, "root")]
+    for child in root.children(recursive=True):
+        try:
+            depth, p = 1, child.ppid()
+            while p != pid and p > 1:
+                depth, p = depth + 1, psutil.Process(p).ppid()
+            cmd = " ".join(child.cmdline())
+            name = "resource_tracker" if "resource_tracker" in cmd else "child"
+            out.append((child.pid, depth, name))
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def tree_pss(pid: int) -> int:
+    return sum(pss(p) for p, _, _ in tree(pid))
+
+
+# ---- data -----------------------------------------------------------------------------------------
+
+
+def write_data(root: Path, n_sources: int, shards: int, docs: int, mean_len: float, seed: int) -> list[list[str]]:
+    """N sources of `shards` Parquet files of `docs` pre-tokenized short documents (128-row row groups)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    files: list[list[str]] = []
+    for s in range(n_sources):
+        d = root / f"s{s:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        files.append([])
+        for k in range(shards):
+            lens = np.clip(rng.lognormal(np.log(mean_len), 0.6, size=docs), 8, 4000).astype(np.int64)
+            offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+            values = rng.integers(1, 50_000, size=int(offsets[-1]), dtype=np.int32)
+            arr = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+            path = d / f"part-{k}.parquet"
+            pq.write_table(pa.table({"tokens": arr}), path, row_group_size=ROW_GROUP)
+            files[-1].append(str(path))
+    return files
+
+
+def make_spec(root: Path, n_sources: int, ranks: int, steps: int, seq_len: int) -> Any:
+    from loomdata.schemas import parse_spec
+
+    names = [f"s{s:03d}" for s in range(n_sources)]
+    return parse_spec(
+        {
+            "name": f"bench-memory-{n_sources}-{ranks}",
+            "workdir": str(root / "work"),
+            "seed": 0,
+            "sources": [
+                {"name": n, "format": "parquet", "paths": [f"{n}/*.parquet"], "tokens_field": "tokens"} for n in names
+            ],
+            "mixture": {"weights": {n: 1.0 / n_sources for n in names}},
+            "training": {"seq_len": seq_len, "steps": steps, "dp_size": ranks, "micro_batches": 1},
+        },
+        root,
+    )
+
+
+# ---- processes (each spawned) ---------------------------------------------------------------------
+
+
+def idle_torch(ready: Any, stop: Any) -> None:
+    """An idle rank: torch imported, nothing else."""
+    import torch  # noqa: F401
+
+    ready.put(("idle", os.getpid()))
+    stop.wait()
+
+
+def _replicated(files: list[list[str]], passes: int, pre_buffer: bool) -> Any:
+    """A replicated per-rank loader: every worker opens every source's files and reads row groups.
+
+    Pass 0 reads one row group of every source (first coverage); each later pass reads the next
+    file's next row group of every source, so after `passes` passes each worker has opened
+    min(passes, shards) files per source and read `passes` x 128 documents of each. Defined here, not
+    at module level, so that the serving process never imports torch.
+    """
+    import pyarrow.parquet as pq
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+
+    class Replicated(IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self) -> Iterator[Any]:
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            info = get_worker_info()
+            wid = info.id if info else 0
+            handles: dict[str, Any] = {}  # kept open, as a replicated loader over all sources does
+            for p in range(passes):
+                for src in files:
+                    path = src[(p + wid) % len(src)]
+                    f = handles.get(path)
+                    if f is None:
+                        f = handles[path] = pq.ParquetFile(path, pre_buffer=pre_buffer)
+                    g = (p // len(src) * 2 + wid) % f.metadata.num_row_groups
+                    col = f.read_row_group(g, columns=["tokens"]).column(0).combine_chunks()
+                    yield p, torch.from_numpy(col.values.to_numpy(zero_copy_only=False))
+            while True:  # stay alive with every file open: the rank measures after its last real item
+                time.sleep(0.05)
+                yield -1, torch.empty(0, dtype=torch.int32)
+
+    return Replicated()
+
+
+def baseline_rank(files: list[list[str]], passes: int, pre_buffer: bool, ready: Any, go: Any, stop: Any) -> None:
+    """A rank with `DataLoader(num_workers=2)`; reports at first coverage and after `passes` passes."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    torch.set_num_threads(1)
+    loader = DataLoader(
+        _replicated(files, passes, pre_buffer),
+        batch_size=None,
+        num_workers=2,
+        prefetch_factor=2,
+        multiprocessing_context="fork",
+    )
+    n = len(files)
+    it = iter(loader)
+    for i in range(2 * n * passes):  # the workers alternate: 2n items = both have read every source once
+        next(it)
+        if i + 1 == 2 * n:
+            ready.put(("cover", os.getpid()))
+            go.wait()
+    ready.put(("warm", os.getpid()))
+    stop.wait()
+    del it
+
+
+def loom_rank(plan_dir: str, rank: int, cover: int, warm: int, ready: Any, go: Any, stop: Any) -> None:
+    """A rank iterating `LoomDataset`; reports after step `cover` and after step `warm`."""
+    import torch
+
+    from loomdata.torch import LoomDataset
+
+    torch.set_num_threads(1)
+    ds = LoomDataset(plan_dir, rank)
+    for step, _ in enumerate(ds):
+        if step == cover:
+            ready.put(("cover", os.getpid()))
+            go.wait()
+        if step == warm:
+            break
+    ready.put(("warm", os.getpid()))
+    stop.wait()
+    ds.close()
+
+
+def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: Any) -> None:
+    """What `loom serve` runs: an embedded cluster (scheduler here, 2 workers) and an autoscaling Executor."""
+    from loomdata.execution import Autoscaling, Executor, ServeConfig, open_cluster
+
+    with (
+        open_cluster(n_workers=2, local_directory=local_dir) as client,
+        Executor(plan_dir, client, ServeConfig(autoscale=Autoscaling())) as ex,
+    ):
+        ready.put(("serving", os.getpid()))
+        while (cmd := cmds.get()) != "stop":
+            if cmd == "metrics":
+                m = ex.metrics()
+                workers = {w: (v.get("id"), v.get("pid")) for w, v in client.scheduler_info()["workers"].items()}
+                answers.put(
+                    {
+                        "loaders": sum(v.loaders for v in m.sources.values()),
+                        "loader_memory_bytes": m.to_dict()["loader_memory_bytes"],
+                        "loader_rss_bytes": m.to_dict()["loader_rss_bytes"],
+                        "autoscale_rounds": m.autoscale.rounds,
+                        "autoscale_decisions": len(m.autoscale.decisions),
+                        "worker_pids": [pid for _, pid in workers.values()],
+                    }
+                )
+
+
+# ---- orchestration --------------------------------------------------------------------------------
+
+
+def _wait(q: Any, n: int, what: str, procs: list[Any], timeout_s: float = 1800.0) -> list[Any]:
+    """`n` messages `what` from `q`, failing fast when a process died."""
+    got: list[Any] = []
+    end = time.monotonic() + timeout_s
+    while len(got) < n:
+        try:
+            msg = q.get(timeout=1.0)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > end:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"waiting for {what}: a process failed (exit codes {dead}) or timed out") from None
+            continue
+        if msg[0] != what:
+            raise RuntimeError(f"expected {what!r}, got {msg!r}")
+        got.append(msg)
+    return got
+
+
+def measure_baseline(files: list[list[str]], ranks: int, passes: int, pre_buffer: bool) -> dict[str, Any]:
+    """Sum of PSS over R ranks and their DataLoader workers, at first coverage and warm."""
+    ctx = mp.get_context("spawn")
+    ready, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
+    procs = [ctx.Process(target=baseline_rank, args=(files, passes, pre_buffer, ready, go, stop)) for _ in range(ranks)]
+    t0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    out: dict[str, Any] = {}
+    for phase, release in (("cover", go), ("warm", stop)):
+        pids = [m[1] for m in _wait(ready, ranks, phase, procs)]
+        per_rank = [tree_pss(pid) for pid in pids]
+        out[phase] = {"total_mib": sum(per_rank) / MIB, "per_rank_mib": sum(per_rank) / ranks / MIB}
+        release.set()
+    for p in procs:
+        p.join(timeout=60)
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: int, idle: int) -> dict[str, Any]:
+    """Sum of PSS over the serving process tree plus each rank's excess over an idle torch process."""
+    ctx = mp.get_context("spawn")
+    ready, cmds, answers = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    go, stop = ctx.Event(), ctx.Event()
+    t0 = time.perf_counter()
+    server = ctx.Process(target=loom_serve, args=(str(plan_dir), str(local_dir), ready, cmds, answers))
+    server.start()
+    serve_pid = _wait(ready, 1, "serving", [server], timeout_s=600)[0][1]
+    procs = [ctx.Process(target=loom_rank, args=(str(plan_dir), r, cover, warm, ready, go, stop)) for r in range(ranks)]
+    for p in procs:
+        p.start()
+    out: dict[str, Any] = {}
+    try:
+        for phase, release in (("cover", go), ("warm", stop)):
+            pids = [m[1] for m in _wait(ready, ranks, phase, [server, *procs])]
+            cmds.put("metrics")
+            m = answers.get(timeout=120)
+            rank_pss = [pss(pid) for pid in pids]
+            rank_uss = [uss(pid) for pid in pids]
+            parts: dict[str, float] = {"serving process (scheduler + executor)": 0.0, "dask workers": 0.0}
+            parts["helpers (resource tracker)"] = 0.0
+            for pid, depth, name in tree(serve_pid):  # LocalCluster's nannies live in the serving process
+                v = pss(pid) / MIB
+                key = (
+                    "serving process (scheduler + executor)"
+                    if depth == 0
+                    else "dask workers"
+                    if pid in m["worker_pids"] or name != "resource_tracker"
+                    else "helpers (resource tracker)"
+                )
+                parts[key] += v
+            # PSS splits torch's shared library pages among all R ranks, so a rank's PSS can fall below an
+            # idle torch process measured alone: a rank's excess is its private memory above the idle one's
+            parts["ranks above idle torch"] = sum(max(0, r - idle) for r in rank_uss) / MIB
+            cluster = sum(v for k, v in parts.items() if k != "ranks above idle torch")
+            out[phase] = {
+                "total_mib": cluster + parts["ranks above idle torch"],
+                "all_processes_mib": cluster + sum(rank_pss) / MIB,
+                "per_rank_excess_mib": parts["ranks above idle torch"] / ranks,
+                "breakdown_mib": {k: round(v, 1) for k, v in parts.items()},
+                "loader_memory_mib": round(m["loader_memory_bytes"] / MIB, 1),
+                "loader_rss_mib": round(m["loader_rss_bytes"] / MIB, 1),
+                "loaders": m["loaders"],
+                "autoscale_rounds": m["autoscale_rounds"],
+                "autoscale_decisions": m["autoscale_decisions"],
+            }
+            release.set()
+        for p in procs:
+            p.join(timeout=60)
+    finally:
+        cmds.put("stop")
+        server.join(timeout=120)
+        for p in [*procs, server]:
+            if p.is_alive():
+                p.kill()
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def measure_idle() -> tuple[int, int]:
+    """(PSS, private bytes) of an idle rank process (torch imported, nothing else)."""
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=idle_torch, args=(ready, stop))
+    p.start()
+    pid = _wait(ready, 1, "idle", [p])[0][1]
+    time.sleep(0.5)
+    v = pss(pid), uss(pid)
+    stop.set()
+    p.join(timeout=30)
+    return v
+
+
+def coverage_steps(plan_dir: Path, warm_docs: int) -> tuple[int, int, int]:
+    """(first step by which every source was read once, first step by which each had `warm_docs`, steps)."""
+    import numpy as np
+
+    from loomdata.schemas import read_manifest, read_plan
+
+    meta = read_plan(plan_dir)
+    t = read_manifest(plan_dir, meta)
+    src = t.column("source").to_numpy().astype(np.int64)
+    step = t.column("step").to_numpy().astype(np.int64)
+    n = len(meta.sources)
+    counts = np.zeros((meta.steps, n), dtype=np.int64)
+    np.add.at(counts, (step, src), 1)
+    cum = np.cumsum(counts, axis=0)
+    covered = np.flatnonzero((cum > 0).all(axis=1))
+    warmed = np.flatnonzero((cum >= warm_docs).all(axis=1))
+    cover = int(covered[0]) if len(covered) else meta.steps - 1
+    warm = int(warmed[0]) if len(warmed) else meta.steps - 1
+    return cover, max(warm, cover + 1), meta.steps
+
+
+def ratio(a: float, b: float) -> float:
+    return round(a / b, 2) if b > 0 else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sources", type=int, nargs="+", default=[10, 100, 300])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[4, 8, 16])
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--docs", type=int, default=2000, help="documents per shard")
+    ap.add_argument("--mean-len", type=float, default=200.0, help="mean tokens per document (lognormal)")
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--passes", type=int, default=8, help="baseline: row groups read per source per worker (warm)")
+    ap.add_argument("--warm-docs", type=int, default=128, help="loomdata: documents per source read before warm")
+    ap.add_argument("--quick", action="store_true", help="N 10, 100 and R 4")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    if args.quick:
+        args.sources, args.ranks = [10, 100], [4]
+
+    from loomdata.execution import open_cluster
+    from loomdata.indexing import build_index
+    from loomdata.planning import make_plan
+
+    rows: list[dict[str, Any]] = []
+    idle_pss, idle = measure_idle()
+    print(f"idle torch process: {idle_pss / MIB:.0f} MiB PSS, {idle / MIB:.0f} MiB private", flush=True)
+    header = (
+        f"{'N':>4} {'R':>3} {'phase':>5} | {'pyarrow':>8} {'pre_buf=F':>9} | {'loomdata':>8} {'(ranks)':>8} | "
+        f"{'x pyarrow':>9} {'x pb=F':>7} | like-for-like x pyarrow, x pb=F"
+    )
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="loom-bench-memory-") as tmp:
+        os.environ["TMPDIR"] = tmp
+        for n in args.sources:
+            root = Path(tmp) / f"n{n}"
+            t = time.perf_counter()
+            files = write_data(root, n, args.shards, args.docs, args.mean_len, seed=n)
+            per_step_docs = args.seq_len / (args.mean_len * math.exp(0.18))
+            for r in args.ranks:
+                steps = math.ceil(1.6 * n * args.warm_docs / (r * per_step_docs)) + 8
+                spec = make_spec(root, n, r, steps, args.seq_len)
+                if r == args.ranks[0]:  # one index per N: the ranks change only the plan
+                    with open_cluster(n_workers=2, local_directory=root / "dask-index") as client:
+                        build_index(spec, client)
+                plan_dir = make_plan(spec).plan_dir
+                cover, warm, total = coverage_steps(plan_dir, args.warm_docs)
+                print(
+                    f"N={n} R={r}: data, index and plan in {time.perf_counter() - t:.1f}s; {total} steps, "
+                    f"first coverage at step {cover}, warm at step {warm}",
+                    flush=True,
+                )
+                row: dict[str, Any] = {"sources": n, "ranks": r, "cover_step": cover, "warm_step": warm}
+                row["baseline_default"] = measure_baseline(files, r, args.passes, pre_buffer=True)
+                row["baseline_no_prebuffer"] = measure_baseline(files, r, args.passes, pre_buffer=False)
+                row["loomdata"] = measure_loom(plan_dir, root / f"dask-serve-{r}", r, cover, warm, idle)
+                for phase in ("cover", "warm"):
+                    lo = row["loomdata"][phase]
+                    bd, bn = (
+                        row["baseline_default"][phase]["total_mib"],
+                        row["baseline_no_prebuffer"][phase]["total_mib"],
+                    )
+                    lo["ratio_default"] = ratio(bd, lo["total_mib"])
+                    lo["ratio_no_prebuffer"] = ratio(bn, lo["total_mib"])
+                    # like for like: every process of both sides counted whole (loomdata's ranks included)
+                    lo["like_for_like_ratio_default"] = ratio(bd, lo["all_processes_mib"])
+                    lo["like_for_like_ratio_no_prebuffer"] = ratio(bn, lo["all_processes_mib"])
+                rows.append(row)
+                print(header)
+                for phase in ("cover", "warm"):
+                    lo = row["loomdata"][phase]
+                    print(
+                        f"{n:>4} {r:>3} {phase:>5} | {row['baseline_default'][phase]['total_mib']:>8,.0f} "
+                        f"{row['baseline_no_prebuffer'][phase]['total_mib']:>9,.0f} | {lo['total_mib']:>8,.0f} "
+                        f"{lo['breakdown_mib']['ranks above idle torch']:>8,.0f} | {lo['ratio_default']:>9.2f} "
+                        f"{lo['ratio_no_prebuffer']:>7.2f} | {lo['like_for_like_ratio_default']:.2f}, "
+                        f"{lo['like_for_like_ratio_no_prebuffer']:.2f}"
+                    )
+                    print(
+                        f"{'':>15} loomdata breakdown MiB {lo['breakdown_mib']}; loader cache "
+                        f"{lo['loader_memory_mib']} MiB in {lo['loaders']} loaders; "
+                        f"autoscale {lo['autoscale_decisions']} resizes in {lo['autoscale_rounds']} rounds",
+                        flush=True,
+                    )
+    result = {
+        "benchmark": "memory",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "parameters": {
+            "shards": args.shards,
+            "docs_per_shard": args.docs,
+            "mean_len": args.mean_len,
+            "row_group_rows": ROW_GROUP,
+            "seq_len": args.seq_len,
+            "baseline_passes": args.passes,
+            "warm_docs_per_source": args.warm_docs,
+            "dask_workers": 2,
+            "baseline_num_workers": 2,
+            "quick": args.quick,
+        },
+        "idle_torch_pss_mib": round(idle_pss / MIB, 1),
+        "idle_torch_private_mib": round(idle / MIB, 1),
+        "seconds": round(time.perf_counter() - t_all, 1),
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out} in {result['seconds']:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from distributed import Client, Future, as_completed
+from distributed import Client, Future, wait
 from tqdm import tqdm
 
 from loomdata.indexing._assemble import assemble, concat_scans, write_tables
@@ -46,6 +46,7 @@ DEFAULT_PART_BYTES = 64 * 1024 * 1024
 """Target size of one scan task's part of a shard."""
 
 _UNREADABLE = "unreadable"
+_WAIT_S = 1.0  # the scan loop wakes at least this often (a finished part is taken as soon as it is done)
 
 
 def _empty_rows() -> pa.Table:
@@ -151,13 +152,6 @@ def _raise_failure(run: _SourceRun, f: Failure) -> None:
     )
 
 
-def _task_exception(out: object) -> BaseException | object:
-    """The exception of a failed future as `as_completed(..., raise_errors=False)` yields it."""
-    if isinstance(out, tuple) and len(out) == 3 and isinstance(out[1], BaseException):
-        return out[1]  # (type, exception, traceback)
-    return out
-
-
 class _Scanner:
     """Submits scan tasks, collects parts into whole-shard scans, caches each finished shard."""
 
@@ -194,15 +188,24 @@ class _Scanner:
         nones = [None] * len(jobs)
         futures: list[Future] = self.client.map(run_scan, jobs, nones, nones, key=keys, pure=False)
         self.pending.update(futures)
-        done = as_completed(futures, with_results=True, raise_errors=False)  # results gathered in batches
+        # distributed.wait in rounds, not as_completed(with_results=True) + add(): under load (TLS clusters,
+        # many small parts) that iterator was seen to miss a finished future and wait forever.
         try:
-            for fut, out in done:
-                self.pending.discard(fut)
-                if not isinstance(out, PartOutcome):  # the task itself failed (lost worker, cancelled)
-                    e = _task_exception(out)
-                    raise IndexBuildError(f"scan task {fut.key} failed: {type(e).__name__}: {e}")
-                for extra in self._accept(out):
-                    done.add(extra)
+            while self.pending:
+                try:
+                    done, _ = wait(list(self.pending), timeout=_WAIT_S, return_when="FIRST_COMPLETED")
+                except TimeoutError:  # nothing finished within _WAIT_S: wait again (a fresh wait each round)
+                    continue
+                for fut in sorted(done, key=lambda f: str(f.key)):  # a fixed order: same cache writes each run
+                    self.pending.discard(fut)
+                    if fut.status != "finished":  # the task itself failed (lost worker, cancelled)
+                        e = fut.exception() if fut.status == "error" else fut.status
+                        raise IndexBuildError(f"scan task {fut.key} failed: {type(e).__name__}: {e}")
+                    out = fut.result()
+                    fut.release()
+                    if not isinstance(out, PartOutcome):
+                        raise IndexBuildError(f"scan task {fut.key} returned {type(out).__name__}, not a PartOutcome")
+                    self._accept(out)
         finally:
             if self.pending:
                 self.client.cancel(list(self.pending))
@@ -229,7 +232,7 @@ class _Scanner:
                 key = self._key(run, shard, p)
                 f = self.client.submit(run_scan, job, p, out.num_parts, key=key, pure=False, priority=1)
                 extra.append(f)
-            self.pending.update(extra)
+            self.pending.update(extra)  # the run loop waits on everything pending
         if len(parts) == out.num_parts:
             ordered = [parts[p] for p in range(out.num_parts)]
             tables = [o.rows for o in ordered if o.rows is not None]

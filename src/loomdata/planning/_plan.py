@@ -13,10 +13,11 @@ the last step are listed in the summary (`unplaced_after_last_step`), never drop
 base's rows, later steps continue its streams and in-flight pieces with the spec's training shape; the
 per-step budgets then follow `parameters.shape_schedule`.
 
-Measured (benchmarks/plan_scale.py, dp 1024, 4 x 4K slots, this 2-core machine): about 1.3-1.6M
-indexed samples/s and 47-92 bytes of peak RSS per sample above the interpreter's (1M-50M samples);
-the index tables themselves are 28 of those bytes. At dp 8 (`--dp 8`: 1M samples are 8,323 steps of ~120
-segments) about 0.6M samples/s, at dp 64 about 1.1M (before block balancing: 0.22M and 0.7M).
+Measured (benchmarks/plan_scale.py on this shared 2-core machine, so read them as orders of magnitude;
+results/plan_scale*.json hold the figures): at dp 1024 with 2 sources 0.6-0.85M indexed samples/s and
+33 bytes of peak RSS per sample above the interpreter at 10M samples (the index is read in batches into
+compact arrays); at dp 8 / 64 about 0.4M / 0.7M samples/s, where the per-step Python of the block
+balancer, the report and the sink, not membership, is the bound.
 """
 
 from __future__ import annotations

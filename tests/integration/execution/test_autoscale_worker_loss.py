@@ -53,7 +53,17 @@ def test_autoscaling_through_worker_kills_loses_nothing(cluster: Client, tmp_pat
     """Kill a constructor's worker and resize at once (resize during the loss), then kill the busiest
     loader worker right after the switch while the controller moves loaders to code (loss during resizes)."""
     plan_dir = switching_plan(cluster, tmp_path, steps=STEPS, switch=SWITCH, n_files=6, rows=32, seed=21, plan_seed=5)
-    settings = Autoscaling(every_s=0.2, horizon_steps=4, budget=4)
+    # This test is about resizes during worker loss, not about the autoscaler's stability rules: let every
+    # round act on what it measured (no minimum sample count, no minimum time between resizes).
+    settings = Autoscaling(
+        every_s=0.2,
+        horizon_steps=4,
+        budget=4,
+        min_samples=1,
+        min_busy_s=0.0,
+        source_interval_s=0.0,
+        resize_interval_s=0.0,
+    )
     with Executor(plan_dir, cluster, constructors=2, loaders_per_source=1, autoscale=settings) as ex:
         streams = {r: StreamClient(plan_dir, r, retry_s=DEADLINE_S) for r in (0, 1)}
         got: dict[int, list[Batch]] = {r: [] for r in streams}

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from loomdata.schemas.spec import SourceFormat, SourceSpec, Spec, TokenizerKind
+from loomdata.schemas.freshness import scan_config
+from loomdata.schemas.spec import SourceFormat, SourceSpec, Spec
 from loomdata.sources._integrity import ShardStat, stat_shard
 
 __all__ = [
@@ -48,32 +49,9 @@ def fingerprint_file(path: str | Path, fmt: SourceFormat = SourceFormat.PARQUET)
 
 
 def scan_config_hash(spec: Spec, source: SourceSpec) -> str:
-    """A hash of every spec field that changes `source`'s scan output."""
-    config: dict[str, object] = {
-        "scan_version": SCAN_VERSION,
-        "format": source.format.value,
-        "tokens_field": source.tokens_field,
-        "text_field": source.text_field,
-        "image_field": list(source.image_field),
-        "metadata": list(source.metadata),
-        "on_error": source.on_error.value,
-    }
-    if source.text_field is not None:  # only raw text is tokenized during the scan
-        tok = spec.tokenizer
-        config["tokenizer"] = tok.kind.value
-        if tok.kind is TokenizerKind.HUGGINGFACE and tok.path is not None:
-            config["tokenizer_file"] = _file_sha256(tok.path)
-    if source.format is SourceFormat.WEBDATASET:
-        config["images"] = spec.images.model_dump(mode="json")
+    """A hash of every spec field that changes `source`'s scan output (schemas.freshness.scan_config)."""
+    config = {"scan_version": SCAN_VERSION, **scan_config(spec, source)}
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def _file_sha256(path: Path) -> str:
-    """sha256 of a whole (small) file such as tokenizer.json; "missing" when it cannot be read."""
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:32]
-    except OSError:
-        return "missing"  # the spec check reports a missing tokenizer; the hash only has to differ
 
 
 def cache_key(stat: ShardStat, config_hash: str) -> str:

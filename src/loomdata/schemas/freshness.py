@@ -28,9 +28,11 @@ from loomdata.schemas.tables import table_metadata
 __all__ = [
     "SETTINGS_KEY",
     "current_fingerprints",
+    "file_sha256",
     "index_differences",
     "require_built_from",
     "require_fresh",
+    "scan_config",
     "scan_settings",
 ]
 
@@ -50,34 +52,42 @@ def require_fresh(meta: PlanMeta, workdir: Path, sources: Sequence[str] | None =
     check_fresh(meta, current_fingerprints(workdir, names), names)
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 of a whole (small) file such as tokenizer.json; "missing" when it cannot be read."""
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()[:32]
     except OSError:
-        return "missing"
+        return "missing"  # the spec check reports a missing tokenizer; the value only has to differ
 
 
-def scan_settings(spec: Spec, source: SourceSpec) -> dict[str, Any]:
-    """What `source`'s index is built from: every spec setting that changes its scan, and its shard list now."""
-    settings: dict[str, Any] = {
-        "version": _SETTINGS_VERSION,
+def scan_config(spec: Spec, source: SourceSpec) -> dict[str, Any]:
+    """Every spec setting that changes `source`'s scan output (no path): what the scan cache and the index hash."""
+    config: dict[str, Any] = {
         "format": source.format.value,
         "tokens_field": source.tokens_field,
         "text_field": source.text_field,
         "image_field": list(source.image_field),
         "metadata": list(source.metadata),
         "on_error": source.on_error.value,
-        "shards": [str(p) for p in spec.resolve_paths(source)],
-        "matches": {p: len(spec.resolve_paths(source.model_copy(update={"paths": [p]}))) for p in source.paths},
     }
     if source.text_field is not None:  # only raw text is tokenized during the scan
         tok = spec.tokenizer
-        settings["tokenizer"] = tok.kind.value
+        config["tokenizer"] = tok.kind.value
         if tok.kind is TokenizerKind.HUGGINGFACE and tok.path is not None:
-            settings["tokenizer_sha256"] = _file_sha256(tok.path)
+            config["tokenizer_sha256"] = file_sha256(tok.path)
     if source.format is SourceFormat.WEBDATASET:
-        settings["images"] = spec.images.model_dump(mode="json")
-    return settings
+        config["images"] = spec.images.model_dump(mode="json")
+    return config
+
+
+def scan_settings(spec: Spec, source: SourceSpec) -> dict[str, Any]:
+    """What `source`'s index is built from: its scan config, and its shard list and glob matches now."""
+    return {
+        "version": _SETTINGS_VERSION,
+        **scan_config(spec, source),
+        "shards": [str(p) for p in spec.resolve_paths(source)],
+        "matches": {p: len(spec.resolve_paths(source.model_copy(update={"paths": [p]}))) for p in source.paths},
+    }
 
 
 def _show(value: Any) -> str:

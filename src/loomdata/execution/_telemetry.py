@@ -6,9 +6,9 @@ manifest rows it reads anyway) and the predicted cost, and keeps them in a bound
 executor drains it. `loom serve` appends the drained records to PLAN_DIR/telemetry.jsonl, lines that
 `loom calibrate` reads as measurements.
 
-The predicted cost is the plan's formula computed here from `CostSpec` (execution may not import
-planning): attention * L^2 + linear * L per segment, divided by the lane's cp size. The manifest has no
-image-token counts, so the encoder term is left out of `predicted`.
+The predicted cost is the plan's own formula, `CostSpec.of` (in schemas, so execution needs no planning):
+attention * L^2 + linear * L per segment, divided by the lane's cp size. The manifest has no image-token
+counts, so the encoder term is left out of `predicted`.
 """
 
 from __future__ import annotations
@@ -45,9 +45,8 @@ TELEMETRY_FILE = "telemetry.jsonl"
 
 def predicted_cost(length: np.ndarray, lane: np.ndarray, cost: CostSpec, cp: Sequence[int]) -> float:
     """Sum of the text terms of the plan's cost over segments of `length` in `lane` (cp[lane] ranks share one)."""
-    n = np.asarray(length, dtype=np.float64)
-    per_lane = np.asarray(cp, dtype=np.float64)[np.asarray(lane, dtype=np.int64)]
-    return float(((cost.attention * n * n + cost.linear * n) / per_lane).sum())
+    per_lane = np.asarray(cp, dtype=np.int64)[np.asarray(lane, dtype=np.int64)]
+    return float(cost.of(length, None, per_lane).sum())
 
 
 def valid_report(step: Any, seconds: Any, steps: int) -> bool:

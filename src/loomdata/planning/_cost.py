@@ -25,12 +25,7 @@ def segment_cost(
     lengths: np.ndarray, image_tokens: np.ndarray | None, cost: CostSpec, cp_size: int | np.ndarray = 1
 ) -> np.ndarray:
     """Cost (float64) of each segment of `lengths` tokens (with `image_tokens`) on one rank of its cp group."""
-    n = np.asarray(lengths, dtype=np.float64)
-    out = cost.attention * n * n + cost.linear * n
-    if image_tokens is not None and cost.encoder:
-        img = np.asarray(image_tokens, dtype=np.float64)
-        out += cost.encoder * img * img
-    return out / np.asarray(cp_size, dtype=np.float64)
+    return cost.of(lengths, image_tokens, cp_size)
 
 
 def fit_cost(

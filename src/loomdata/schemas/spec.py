@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -159,6 +160,18 @@ class CostSpec(_Frozen):
     attention: float = Field(default=1.0, ge=0)
     linear: float = Field(default=24576.0, ge=0)
     encoder: float = Field(default=0.0, ge=0)
+
+    def of(self, lengths: Any, image_tokens: Any = None, cp_size: Any = 1) -> np.ndarray:
+        """Cost (float64) of each segment of `lengths` tokens (with `image_tokens`) on one rank of its cp group.
+
+        The one formula: the planner balances it, serving predicts step times with it.
+        """
+        n = np.asarray(lengths, dtype=np.float64)
+        out = self.attention * n * n + self.linear * n
+        if image_tokens is not None and self.encoder:
+            img = np.asarray(image_tokens, dtype=np.float64)
+            out = out + self.encoder * img * img
+        return out / np.asarray(cp_size, dtype=np.float64)
 
 
 class PlanningSpec(_Frozen):

@@ -1,6 +1,6 @@
 """loomdata: multi-source training data, planned globally with balanced attention cost, streamed on Dask.
 
-The public API, one import away (stages load lazily, so `import loomdata` stays cheap):
+The public API, one import away (every name loads lazily, so `import loomdata` and a training rank stay cheap):
 
 - spec and contracts: `load_spec`, `Spec`, `Batch`, `PlanMeta`, `read_plan`, and the errors
   (`LoomError` and its subclasses);
@@ -14,27 +14,26 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from loomdata.schemas import (
-    Batch,
-    ContractError,
-    ExecutionError,
-    IndexBuildError,
-    LoomError,
-    PlanError,
-    PlanMeta,
-    SourceDataError,
-    Spec,
-    SpecError,
-    StaleIndexError,
-    load_spec,
-    read_plan,
-)
-
 if TYPE_CHECKING:
     from loomdata.client import StreamClient
     from loomdata.execution import Executor, open_cluster, serve
     from loomdata.indexing import IndexSummary, build_index
     from loomdata.planning import PlanResult, make_plan, plan_report, plot_plan
+    from loomdata.schemas import (
+        Batch,
+        ContractError,
+        ExecutionError,
+        IndexBuildError,
+        LoomError,
+        PlanError,
+        PlanMeta,
+        SourceDataError,
+        Spec,
+        SpecError,
+        StaleIndexError,
+        load_spec,
+        read_plan,
+    )
     from loomdata.testing import generate_corpus
 
 __version__ = "0.1.0"
@@ -67,6 +66,19 @@ __all__ = [
 ]
 
 _LAZY = {
+    "Batch": "loomdata.schemas",
+    "ContractError": "loomdata.schemas",
+    "ExecutionError": "loomdata.schemas",
+    "IndexBuildError": "loomdata.schemas",
+    "LoomError": "loomdata.schemas",
+    "PlanError": "loomdata.schemas",
+    "PlanMeta": "loomdata.schemas",
+    "SourceDataError": "loomdata.schemas",
+    "Spec": "loomdata.schemas",
+    "SpecError": "loomdata.schemas",
+    "StaleIndexError": "loomdata.schemas",
+    "load_spec": "loomdata.schemas",
+    "read_plan": "loomdata.schemas",
     "StreamClient": "loomdata.client",
     "Executor": "loomdata.execution",
     "open_cluster": "loomdata.execution",

@@ -47,7 +47,7 @@ from loomdata.execution.protocol import (
 )
 from loomdata.schemas.batch import Batch
 from loomdata.schemas.errors import ContractError, ExecutionError, LoomError
-from loomdata.schemas.plan import read_plan
+from loomdata.schemas.header import PlanHeader, read_plan_header
 
 __all__ = ["StreamClient"]
 
@@ -77,7 +77,7 @@ class StreamClient:
         serve.json names); `insecure` (default: LOOM_INSECURE=1): accept a plain-TCP scheduler.
         """
         self.plan_dir = Path(plan_dir)
-        self.meta = read_plan(self.plan_dir)
+        self.meta = read_plan_header(self.plan_dir)
         if not 0 <= dp_rank < self.meta.dp_size:
             raise ExecutionError(
                 f"dp rank {dp_rank} is outside plan {self.meta.plan_id} (dp_size {self.meta.dp_size}); "
@@ -370,9 +370,9 @@ class StreamClient:
         return read_serve_info(self.plan_dir)
 
 
-def _check_rank_exists(meta: Any, dp_rank: int, start_step: int) -> None:
+def _check_rank_exists(meta: PlanHeader, dp_rank: int, start_step: int) -> None:
     """An elastic re-plan's rank that has no batches at `start_step` must start where it first has some."""
-    shapes = sorted(meta.parameters.shapes(meta.dp_size, meta.micro_batches), key=lambda sh: sh.from_step)
+    shapes = meta.shapes
     current = [sh for sh in shapes if sh.from_step <= start_step]
     if not current or dp_rank < current[-1].dp_size:
         return

@@ -21,7 +21,7 @@ from loomdata.client._state import StreamState
 from loomdata.client._stream import StreamClient
 from loomdata.schemas.batch import Batch
 from loomdata.schemas.errors import ExecutionError
-from loomdata.schemas.plan import read_plan
+from loomdata.schemas.header import read_plan_header
 
 __all__ = ["LoomDataset", "batch_to_tensors"]
 
@@ -104,7 +104,7 @@ class LoomDataset(IterableDataset[dict[str, Any]]):
             return self._client.state_dict()
         if self._pending_state is not None:
             return dict(self._pending_state)
-        meta = read_plan(self.plan_dir)  # not iterated yet: the start position, without connecting
+        meta = read_plan_header(self.plan_dir)  # not iterated yet: the start position, without connecting
         return StreamState(plan_id=meta.plan_id, dp_rank=self.dp_rank, step=self._start_step, micro_batch=0).as_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

@@ -1,69 +1,79 @@
-"""Data contracts between stages: the spec, stored table schemas, plan.json, the batch, metrics, errors."""
+"""Data contracts between stages: the spec, stored table schemas, plan.json, the batch, metrics, errors.
 
-from loomdata.schemas.batch import IGNORE_INDEX, SEGMENT_DTYPE, Batch
-from loomdata.schemas.errors import (
-    ContractError,
-    ExecutionError,
-    IndexBuildError,
-    LoomError,
-    PlanError,
-    SourceDataError,
-    SpecError,
-    StaleIndexError,
-)
-from loomdata.schemas.layout import IndexFiles, read_index
-from loomdata.schemas.metrics import (
-    AutoscaleDecision,
-    AutoscaleReport,
-    AutoscaleRound,
-    BuildPhases,
-    ConstructorMetrics,
-    ExecutorMetrics,
-    LoaderMetrics,
-    LoaderReport,
-    RecoveryReport,
-    SourceMetrics,
-    StepTelemetry,
-)
-from loomdata.schemas.plan import (
-    PLAN_FORMAT_VERSION,
-    ManifestFile,
-    PlanMeta,
-    PlanParameters,
-    ResumeInfo,
-    StepShape,
-    check_fresh,
-    read_manifest,
-    read_plan,
-)
-from loomdata.schemas.spec import (
-    CostSpec,
-    ImageSpec,
-    LongContextSpec,
-    Milestone,
-    MixtureSpec,
-    OnError,
-    PlanningSpec,
-    SourceFormat,
-    SourceSpec,
-    Spec,
-    TokenizerKind,
-    TokenizerSpec,
-    TrainingSpec,
-    VerifyMode,
-    load_spec,
-    parse_spec,
-)
-from loomdata.schemas.tables import (
-    ERRORS_SCHEMA,
-    INDEX_SCHEMA,
-    MANIFEST_SCHEMA,
-    SHARDS_SCHEMA,
-    TableKind,
-    read_table,
-    table_metadata,
-    write_table,
-)
+Names load lazily (PEP 562), so a training rank that needs only `Batch` and the errors imports neither the
+pydantic spec nor pyarrow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loomdata.schemas.batch import IGNORE_INDEX, SEGMENT_DTYPE, Batch
+    from loomdata.schemas.errors import (
+        ContractError,
+        ExecutionError,
+        IndexBuildError,
+        LoomError,
+        PlanError,
+        SourceDataError,
+        SpecError,
+        StaleIndexError,
+    )
+    from loomdata.schemas.layout import IndexFiles, read_index
+    from loomdata.schemas.metrics import (
+        AutoscaleDecision,
+        AutoscaleReport,
+        AutoscaleRound,
+        BuildPhases,
+        ConstructorMetrics,
+        ExecutorMetrics,
+        LoaderMetrics,
+        LoaderReport,
+        RecoveryReport,
+        SourceMetrics,
+        StepTelemetry,
+    )
+    from loomdata.schemas.plan import (
+        PLAN_FORMAT_VERSION,
+        ManifestFile,
+        PlanMeta,
+        PlanParameters,
+        ResumeInfo,
+        StepShape,
+        check_fresh,
+        read_manifest,
+        read_plan,
+    )
+    from loomdata.schemas.spec import (
+        CostSpec,
+        ImageSpec,
+        LongContextSpec,
+        Milestone,
+        MixtureSpec,
+        OnError,
+        PlanningSpec,
+        SourceFormat,
+        SourceSpec,
+        Spec,
+        TokenizerKind,
+        TokenizerSpec,
+        TrainingSpec,
+        VerifyMode,
+        load_spec,
+        parse_spec,
+    )
+    from loomdata.schemas.tables import (
+        ERRORS_SCHEMA,
+        INDEX_SCHEMA,
+        MANIFEST_SCHEMA,
+        SHARDS_SCHEMA,
+        TableKind,
+        read_table,
+        table_metadata,
+        write_table,
+    )
 
 __all__ = [
     "ERRORS_SCHEMA",
@@ -124,3 +134,69 @@ __all__ = [
     "table_metadata",
     "write_table",
 ]
+
+_LAZY = {
+    "IGNORE_INDEX": "loomdata.schemas.batch",
+    "SEGMENT_DTYPE": "loomdata.schemas.batch",
+    "Batch": "loomdata.schemas.batch",
+    "ContractError": "loomdata.schemas.errors",
+    "ExecutionError": "loomdata.schemas.errors",
+    "IndexBuildError": "loomdata.schemas.errors",
+    "LoomError": "loomdata.schemas.errors",
+    "PlanError": "loomdata.schemas.errors",
+    "SourceDataError": "loomdata.schemas.errors",
+    "SpecError": "loomdata.schemas.errors",
+    "StaleIndexError": "loomdata.schemas.errors",
+    "IndexFiles": "loomdata.schemas.layout",
+    "read_index": "loomdata.schemas.layout",
+    "AutoscaleDecision": "loomdata.schemas.metrics",
+    "AutoscaleReport": "loomdata.schemas.metrics",
+    "AutoscaleRound": "loomdata.schemas.metrics",
+    "BuildPhases": "loomdata.schemas.metrics",
+    "ConstructorMetrics": "loomdata.schemas.metrics",
+    "ExecutorMetrics": "loomdata.schemas.metrics",
+    "LoaderMetrics": "loomdata.schemas.metrics",
+    "LoaderReport": "loomdata.schemas.metrics",
+    "RecoveryReport": "loomdata.schemas.metrics",
+    "SourceMetrics": "loomdata.schemas.metrics",
+    "StepTelemetry": "loomdata.schemas.metrics",
+    "PLAN_FORMAT_VERSION": "loomdata.schemas.plan",
+    "ManifestFile": "loomdata.schemas.plan",
+    "PlanMeta": "loomdata.schemas.plan",
+    "PlanParameters": "loomdata.schemas.plan",
+    "ResumeInfo": "loomdata.schemas.plan",
+    "StepShape": "loomdata.schemas.plan",
+    "check_fresh": "loomdata.schemas.plan",
+    "read_manifest": "loomdata.schemas.plan",
+    "read_plan": "loomdata.schemas.plan",
+    "CostSpec": "loomdata.schemas.spec",
+    "ImageSpec": "loomdata.schemas.spec",
+    "LongContextSpec": "loomdata.schemas.spec",
+    "Milestone": "loomdata.schemas.spec",
+    "MixtureSpec": "loomdata.schemas.spec",
+    "OnError": "loomdata.schemas.spec",
+    "PlanningSpec": "loomdata.schemas.spec",
+    "SourceFormat": "loomdata.schemas.spec",
+    "SourceSpec": "loomdata.schemas.spec",
+    "Spec": "loomdata.schemas.spec",
+    "TokenizerKind": "loomdata.schemas.spec",
+    "TokenizerSpec": "loomdata.schemas.spec",
+    "TrainingSpec": "loomdata.schemas.spec",
+    "VerifyMode": "loomdata.schemas.spec",
+    "load_spec": "loomdata.schemas.spec",
+    "parse_spec": "loomdata.schemas.spec",
+    "ERRORS_SCHEMA": "loomdata.schemas.tables",
+    "INDEX_SCHEMA": "loomdata.schemas.tables",
+    "MANIFEST_SCHEMA": "loomdata.schemas.tables",
+    "SHARDS_SCHEMA": "loomdata.schemas.tables",
+    "TableKind": "loomdata.schemas.tables",
+    "read_table": "loomdata.schemas.tables",
+    "table_metadata": "loomdata.schemas.tables",
+    "write_table": "loomdata.schemas.tables",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'loomdata.schemas' has no attribute {name!r}")

@@ -12,6 +12,7 @@ import pyarrow.dataset as ds
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from loomdata.schemas.errors import ContractError, StaleIndexError
+from loomdata.schemas.header import PLAN_FORMAT_VERSION, load_plan_json
 from loomdata.schemas.spec import CostSpec, Spec
 from loomdata.schemas.tables import MANIFEST_SCHEMA, TableKind, read_table
 
@@ -28,8 +29,6 @@ __all__ = [
     "stale_sources",
 ]
 
-PLAN_FORMAT_VERSION = 2
-"""2: `spec` is a typed Spec, `parameters` typed PlanParameters, the report tables stamped (kind, version)."""
 
 
 class ManifestFile(BaseModel):
@@ -119,19 +118,7 @@ class PlanMeta(BaseModel):
 
 def read_plan(plan_dir: str | Path) -> PlanMeta:
     """Read and validate plan.json, rejecting an unknown format version."""
-    p = Path(plan_dir) / "plan.json"
-    try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ContractError(f"{p}: no plan here; make one with `loom plan SPEC`") from None
-    except json.JSONDecodeError as e:
-        raise ContractError(f"{p}: not valid JSON ({e})") from None
-    version = raw.get("format_version")
-    if version != PLAN_FORMAT_VERSION:
-        raise ContractError(
-            f"{p}: plan format version {version} is not supported (this loomdata reads version "
-            f"{PLAN_FORMAT_VERSION}); re-plan with `loom plan SPEC`"
-        )
+    p, raw = load_plan_json(plan_dir)
     try:
         return PlanMeta.model_validate(raw)
     except ValidationError as e:

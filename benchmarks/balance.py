@@ -40,7 +40,12 @@ CONFIGS = {
     "bench-short": ROOT / "configs" / "bench-short.yaml",
     "bench-long": ROOT / "configs" / "bench-long.yaml",
     "bench-long-lanes": ROOT / "configs" / "bench-long.yaml",  # + a long lane, see LANES_*
+    "bench-long-4k": ROOT / "configs" / "bench-long.yaml",  # the long-tail mix at 4K x 2 micro-batches
 }
+# bench-long-4k: the shape where the per-step problem is the limit (issue 10: dp 8 x 2 x 4096, ~29% books)
+SHORT4K_SEQ_LEN, SHORT4K_MICRO_BATCHES = 4096, 2
+LOOKAHEAD = 2
+"""planning.lookahead of the "with look-ahead" rows (each config runs without and with it)."""
 # bench-long-lanes: bench-long with 8K short sequences and a 32K long lane over 4 context-parallel ranks
 LANES_SEQ_LEN, LANES_MICRO_BATCHES = 8192, 8
 LANES_LONG_CONTEXT = LongContextSpec(threshold=8192, seq_len=32768, cp_size=4)
@@ -76,17 +81,21 @@ def synthetic_index(spec: Spec, seed: int) -> dict[str, pa.Table]:
     return out
 
 
-def run(config: str, dp: int, steps: int, workdir: Path, png_dir: Path | None) -> dict[str, Any]:
+def run(config: str, dp: int, steps: int, workdir: Path, png_dir: Path | None, lookahead: int = 0) -> dict[str, Any]:
     base = load_spec(CONFIGS[config], check_paths=False)
     training = base.training.model_copy(update={"dp_size": dp, "steps": steps})
     if config == "bench-long-lanes":
         training = training.model_copy(update={"seq_len": LANES_SEQ_LEN, "micro_batches": LANES_MICRO_BATCHES})
         base = base.model_copy(update={"long_context": LANES_LONG_CONTEXT})
+    if config == "bench-long-4k":
+        training = training.model_copy(update={"seq_len": SHORT4K_SEQ_LEN, "micro_batches": SHORT4K_MICRO_BATCHES})
+    base = base.model_copy(update={"planning": base.planning.model_copy(update={"lookahead": lookahead})})
     mixture = base.mixture
     if mixture.schedule is not None:  # scale the curriculum's milestones to the benchmark's steps
         ms = [m.model_copy(update={"step": m.step * steps // base.training.steps}) for m in mixture.schedule]
         mixture = mixture.model_copy(update={"schedule": ms})
-    spec = base.model_copy(update={"training": training, "mixture": mixture, "workdir": workdir / f"{config}-{dp}"})
+    wd = workdir / f"{config}-{dp}-{lookahead}"
+    spec = base.model_copy(update={"training": training, "mixture": mixture, "workdir": wd})
     index = synthetic_index(spec, seed=0)
     samples = sum(t.num_rows for t in index.values())
     t0 = time.perf_counter()
@@ -100,6 +109,7 @@ def run(config: str, dp: int, steps: int, workdir: Path, png_dir: Path | None) -
     return {
         "config": config,
         "dp": dp,
+        "lookahead": lookahead,
         "micro_batches": spec.training.micro_batches,
         "seq_len": spec.training.seq_len,
         "long_context": spec.long_context.model_dump() if spec.long_context else None,
@@ -153,32 +163,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dp", nargs="+", type=int, default=[8, 64, 512])
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--plots", action="store_true", help="also write each plan's plot_plan PNG")
+    ap.add_argument("--lookahead", nargs="+", type=int, default=[0, LOOKAHEAD], help="planning.lookahead values")
+    ap.add_argument("--out", default="balance", help="results file stem under benchmarks/results/")
     args = ap.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
     hdr = (
-        f"{'config':<17}{'dp':>5}{'steps':>6}{'samples':>10}{'plan s':>8}"
+        f"{'config':<17}{'K':>3}{'dp':>5}{'steps':>6}{'samples':>10}{'plan s':>8}"
         f"{'loom mean':>10}{'max':>7}{'concat':>8}{'packed':>8}{'g concat':>9}{'g packed':>9}{'gain':>7}"
         f"{'mb spread':>10}{'mix pp':>7}  goal"
     )
     print(hdr, flush=True)
     with tempfile.TemporaryDirectory(prefix="loom-balance-") as d:
         for cfg in args.configs:
-            for dp in args.dp:
-                r = run(cfg, dp, args.steps, Path(d), RESULTS if args.plots else None)
+            for dp, la in ((dp, la) for dp in args.dp for la in args.lookahead):
+                r = run(cfg, dp, args.steps, Path(d), RESULTS if args.plots else None, la)
                 rows.append(r)
                 lo, g = r["loomdata"], r["gain"]
                 verdict = "ok" if r["meets_goal"] else "MISS"
                 print(
-                    f"{cfg:<17}{dp:>5}{r['steps']:>6}{r['indexed_samples']:>10}{r['plan_seconds']:>8.1f}"
+                    f"{cfg:<17}{la:>3}{dp:>5}{r['steps']:>6}{r['indexed_samples']:>10}{r['plan_seconds']:>8.1f}"
                     f"{lo['mean']:>10.4f}{lo['max']:>7.3f}{r['concat_chunk']['mean']:>8.3f}{r['packed']['mean']:>8.3f}"
                     f"{g['concat_chunk']:>9.3f}{g['packed']:>9.3f}{r['simulated_gain']:>7.3f}"
                     f"{r['micro_batch_spread']:>10.3f}{r['worst_mixture_error_pp']:>7.3f}  {verdict}",
                     flush=True,
                 )
-    (RESULTS / "balance.json").write_text(json.dumps({"goal_mean_max_over_lb": GOAL, "runs": rows}, indent=1) + "\n")
-    plot(rows, RESULTS / "balance.png")
-    print(f"wrote {RESULTS / 'balance.json'} and {RESULTS / 'balance.png'}")
+    out = RESULTS / f"{args.out}.json"
+    out.write_text(json.dumps({"goal_mean_max_over_lb": GOAL, "runs": rows}, indent=1) + "\n")
+    plot([r for r in rows if r["lookahead"] == args.lookahead[-1]], RESULTS / f"{args.out}.png")
+    print(f"wrote {out} and {RESULTS / (args.out + '.png')}")
     return 0 if all(r["meets_goal"] for r in rows) else 1
 
 

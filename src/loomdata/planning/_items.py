@@ -6,7 +6,8 @@ a dozen small NumPy calls per source and step, which dominates at small dp (many
 each); here one block of steps (about BLOCK_SEGMENTS segments) is gathered with one call per column and
 source and laid out step-major (within a step: source order, then stream order), so a step's items are
 one contiguous slice. Every value is computed element-wise exactly as for a single step, so the items
-and costs are the same bytes.
+and costs are the same bytes. With look-ahead membership (`assignment`, see _lookahead) a step's segments
+of a source are the positions assigned to it instead of one pointer range; the layout is the same.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from loomdata.planning._cost import segment_cost
+from loomdata.planning._lookahead import StepAssignment, segments_at
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 from loomdata.planning._segments import SampleIds, Segments
@@ -39,6 +41,7 @@ class StepItems:
         ptr: np.ndarray,
         lanes: Lanes,
         cost_spec: CostSpec,
+        assignment: StepAssignment | None = None,
     ) -> None:
         self._samples = samples
         self._tokens = num_tokens
@@ -47,7 +50,11 @@ class StepItems:
         self._ptr = ptr
         self._lanes = lanes
         self._cost_spec = cost_spec
-        self._seg_end = ptr.sum(axis=1, dtype=np.int64)  # segments drawn before step t (all sources)
+        self._asg = assignment
+        if assignment is None:
+            self._seg_end = ptr.sum(axis=1, dtype=np.int64)  # segments drawn before step t (all sources)
+        else:
+            self._seg_end = np.concatenate([[0], np.cumsum(assignment.counts(len(ptr) - 1))])
         self._first = 0
         self._bounds = np.zeros(1, dtype=np.int64)  # block-relative start of each step of the block, and end
         self._cols: tuple[np.ndarray, ...] = ()
@@ -72,6 +79,15 @@ class StepItems:
         t1 = min(max(t1, t0 + 1), last)
         parts = []
         for k, st in enumerate(self._streams):
+            if self._asg is not None:
+                pos, at = self._asg.range(k, t0, t1)
+                if len(pos) == 0:
+                    continue
+                doc, off, length, lane = segments_at(st, pos, self._tokens[k], self._lanes)
+                img = np.where(length == self._tokens[k][doc], self._images[k][doc], 0)
+                ids = np.full(len(pos), k, dtype=np.uint16)
+                parts.append((ids, self._samples[k][doc], off, length.astype(np.int64), lane, img, at - t0))
+                continue
             a, b = int(self._ptr[t0, k]), int(self._ptr[t1, k])
             if b <= a:
                 continue

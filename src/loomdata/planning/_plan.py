@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from loomdata.planning._baselines import BASELINE_DESCRIPTION
 from loomdata.planning._items import StepItems
+from loomdata.planning._lookahead import assign_steps, natural_positions
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream, build_stream, check_epochs, membership, step_weights
 from loomdata.planning._packing import Lanes, check_unsplittable
@@ -245,6 +246,13 @@ def _plan_into(
         streams.append(build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs))
     ptr = membership(targets, streams, lanes, step_slots)
     drawn = sum(np.diff(st.cum[ptr[start:, k]]) for k, st in enumerate(streams))
+    assignment = None
+    if spec.planning.lookahead > 0:
+        step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
+        pos, nat = natural_positions(ptr, start, tr.steps)
+        assignment = assign_steps(
+            pos, nat, streams, lanes, step_slots, step_dp, spec.planning.lookahead, start, tr.steps
+        )
     streams = [st.without_counts() for st in streams]
     empty = np.flatnonzero(np.asarray(drawn) == 0)
     if len(empty):
@@ -279,6 +287,7 @@ def _plan_into(
         ptr,
         lanes,
         spec.cost,
+        assignment,
     )
     cfg = BalanceConfig(dp=tr.dp_size, micro_batches=mb, lanes=lanes, cost_spec=spec.cost, seed=spec.seed)
     sink = StepSink(
@@ -356,3 +365,10 @@ def _step_slots(shapes: list[StepShape], steps: int) -> np.ndarray:
     first = np.array([sh.from_step for sh in shapes], dtype=np.int64)
     slots = np.array([sh.dp_size * sh.micro_batches for sh in shapes], dtype=np.int64)
     return slots[np.searchsorted(first, np.arange(steps), side="right") - 1]
+
+
+def _step_dp(shapes: list[StepShape], steps: int) -> np.ndarray:
+    """dp_size of every step from a shape schedule."""
+    first = np.array([sh.from_step for sh in shapes], dtype=np.int64)
+    dp = np.array([sh.dp_size for sh in shapes], dtype=np.int64)
+    return dp[np.searchsorted(first, np.arange(steps), side="right") - 1]

@@ -122,6 +122,11 @@ def open_base(resume: PlanResume, spec: Spec, fingerprints: dict[str, str], plan
             None if lc is None else lc.model_dump(mode="json") for lc in (meta.spec.long_context, spec.long_context)
         )
         problems.append(f"long_context differs (base {base_lc}, spec {spec_lc})")
+    if spec.planning.lookahead or meta.spec.planning.lookahead:
+        problems.append(
+            f"planning.lookahead is {meta.spec.planning.lookahead} in the base and {spec.planning.lookahead} in the "
+            "spec: elastic re-plans of look-ahead membership are not supported yet; plan with planning.lookahead: 0"
+        )
     if not 1 <= s <= meta.steps:
         problems.append(f"at_step {s} is outside the base plan's steps 1..{meta.steps} (step 0: plan afresh)")
     if s >= spec.training.steps:

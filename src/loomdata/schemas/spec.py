@@ -179,6 +179,9 @@ class PlanningSpec(_Frozen):
 
     fill: float = Field(default=0.96, gt=0, le=1)
     """Share of a step's slot capacity (dp * micro_batches * seq_len) the mixture draws: room to balance cost."""
+    lookahead: int = Field(default=0, ge=0, le=64)
+    """Look-ahead membership window K in steps: a short-lane segment longer than half a sequence may move up
+    to K steps from its natural step so that steps hold a multiple of dp of them (0: off, membership as drawn)."""
 
 
 class Spec(_Frozen):

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint bench clean install
+.PHONY: demo test test-fast lint bench clean install peers-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,13 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/balance.py
 	$(BIN)/python benchmarks/plan_scale.py
 	$(BIN)/python benchmarks/stream_throughput.py
+
+# Peer loaders for side-by-side benchmarks, in their own venv (never loomdata dependencies). Mosaic Streaming
+# imports torchvision, which does not load next to the CPU torch: benchmarks/_peer_stubs stands in for it.
+peers-venv:
+	test -x benchmarks/.venv-peers/bin/python || $(PYTHON) -m venv benchmarks/.venv-peers
+	benchmarks/.venv-peers/bin/pip install --quiet "torch==2.13.0" "mosaicml-streaming==0.13.0" boto3
+	benchmarks/.venv-peers/bin/pip uninstall --quiet --yes torchvision
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache demo-work

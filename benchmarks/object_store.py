@@ -1,0 +1,342 @@
+"""Delivery from object storage: the same corpus on local disk and on an S3-protocol server, with latency.
+
+One pre-tokenized Parquet source is written locally and uploaded to moto's S3 server on loopback
+(`moto[server]`, a test dependency). A loopback proxy (`_latency_proxy.py`) in front of the server adds
+0, 20 or 100 ms to every request and counts requests and bytes. For each latency and for the shuffles
+`global` and `block` (when the spec supports it), loomdata indexes and plans once, then a fresh embedded
+cluster serves the plan to `--consumers` rank processes that read every step:
+
+- delivered tokens/s per consumer, consumer wait per step (time blocked in the iterator / steps),
+- requests per step and bytes fetched per byte delivered (the proxy's counts over the run),
+- side by side, Mosaic Streaming reading the same documents converted to MDS from the same server
+  through the same proxy (a DataLoader(num_workers=2) per consumer; its shuffle on). Mosaic runs in the
+  peers' own venv (`make peers-venv`, never a loomdata dependency); without it the Mosaic rows are skipped.
+
+Goal (issue 9): at 100 ms, consumer wait per step within 10% of the local-disk run with `block` shuffle,
+and at least 2x Mosaic's delivered tokens/s per consumer. Writes benchmarks/results/object_store.json.
+
+    .venv/bin/python benchmarks/object_store.py                      # about 5-10 minutes
+    .venv/bin/python benchmarks/object_store.py --latencies 0 100 --docs 4000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from _latency_proxy import LatencyProxy
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "object_store.json"
+PEERS_PYTHON = HERE / ".venv-peers" / "bin" / "python"
+BUCKET = "loom-bench"
+CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _write_docs(root: Path, docs: int, seed: int, per_file: int = 2000) -> tuple[list[Path], Path]:
+    """Pre-tokenized Parquet files (row groups of 256 documents) and the same documents as one .npz."""
+    rng = np.random.default_rng(seed)
+    lens = np.clip(rng.lognormal(np.log(700.0), 0.9, size=docs), 16, 16_000).astype(np.int64)
+    values = rng.integers(1, 50_000, size=int(lens.sum()), dtype=np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    (root / "parquet").mkdir(parents=True)
+    files = []
+    for k, a in enumerate(range(0, docs, per_file)):
+        b = min(docs, a + per_file)
+        off = (offsets[a : b + 1] - offsets[a]).astype(np.int32)
+        arr = pa.ListArray.from_arrays(pa.array(off), pa.array(values[offsets[a] : offsets[b]]))
+        path = root / "parquet" / f"part-{k:03d}.parquet"
+        pq.write_table(pa.table({"tokens": arr}), path, row_group_size=256)
+        files.append(path)
+    npz = root / "docs.npz"
+    np.savez(npz, tokens=values, offsets=offsets)
+    return files, npz
+
+
+def _upload(s3: Any, local: Path, prefix: str) -> int:
+    n = 0
+    for p in sorted(local.rglob("*")):
+        if p.is_file():
+            s3.upload_file(str(p), BUCKET, f"{prefix}/{p.relative_to(local)}")
+            n += 1
+    return n
+
+
+def _spec(root: Path, paths: str, shuffle: str, seq_len: int, steps: int, dp: int, tag: str) -> Any:
+    from loomdata.schemas import parse_spec
+
+    source: dict[str, Any] = {"name": "web", "format": "parquet", "paths": [paths], "tokens_field": "tokens"}
+    if shuffle != "global":
+        source["shuffle"] = shuffle
+    return parse_spec(
+        {
+            "name": f"bench-objstore-{tag}",
+            "workdir": str(root / f"work-{tag}"),
+            "seed": 0,
+            "sources": [source],
+            "mixture": {"weights": {"web": 1.0}},
+            "training": {"seq_len": seq_len, "steps": steps, "dp_size": dp, "micro_batches": 1},
+        },
+        root,
+        check_paths=False,
+    )
+
+
+def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -> None:
+    from loomdata.client import StreamClient
+
+    c = StreamClient(plan_dir, rank)
+    ready.put(rank)
+    start.wait()
+    t0 = time.time()
+    tokens = n = 0
+    first = None
+    for b in c:
+        tokens += int(b.cu_seqlens[-1])
+        n += 1
+        if first is None:
+            first = time.time() - t0
+    t1 = time.time()
+    wait, steps = c.wait_s, c.meta.steps
+    c.close()
+    out.put(
+        {
+            "rank": rank,
+            "tokens": tokens,
+            "batches": n,
+            "t0": t0,
+            "t1": t1,
+            "wait_s": wait,
+            "steps": steps,
+            "first_s": first,
+        }
+    )
+
+
+def _run_consumers(plan_dir: Path, n: int) -> list[dict[str, Any]]:
+    ctx = mp.get_context("spawn")
+    ready, out, start = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_consumer, args=(str(plan_dir), r, ready, start, out)) for r in range(n)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    start.set()
+    rows = [out.get(timeout=1800) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    return rows
+
+
+plans_of: dict[str, Path] = {}  # spec name -> its plan dir
+
+
+def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path) -> dict[str, Any]:
+    """Serve an indexed and planned spec on a fresh embedded cluster (its workers see the proxy's endpoint)."""
+    from loomdata.execution import Executor, open_cluster
+
+    plan_dir = plans_of[spec.name]
+    if proxy is not None:
+        os.environ["AWS_ENDPOINT_URL"] = proxy.url
+    with open_cluster(n_workers=2, local_directory=root / "dask") as client, Executor(plan_dir, client):
+        if proxy is not None:
+            proxy.reset()
+        t = time.perf_counter()
+        rows = _run_consumers(plan_dir, consumers)
+        wall = time.perf_counter() - t
+        counts = proxy.reset() if proxy is not None else None
+    tokens = sum(r["tokens"] for r in rows)
+    steps = rows[0]["steps"]
+    out: dict[str, Any] = {
+        "tokens": tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s_per_consumer": round(tokens / wall / consumers),
+        "wait_per_step_ms": round(1000 * max(r["wait_s"] for r in rows) / steps, 3),
+        "first_batch_s": round(max(r["first_s"] or 0.0 for r in rows), 3),
+        "steps": steps,
+    }
+    if counts is not None:
+        out.update(
+            requests=counts.requests,
+            requests_per_step=round(counts.requests / steps, 2),
+            fetched_per_delivered=round(counts.bytes_down / max(4 * tokens, 1), 3),
+        )
+    return out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _mosaic_run(remote: str, consumers: int, samples: int, proxy: LatencyProxy, root: Path) -> dict[str, Any]:
+    """Each consumer a rank process of the peers' venv streaming its partition of the documents (fresh cache)."""
+    env = {**os.environ, **CREDS, "S3_ENDPOINT_URL": proxy.url, "PYTHONPATH": str(HERE / "_peer_stubs")}
+    proxy.reset()
+    procs = []
+    cache = root / f"mosaic-cache-{time.time_ns()}"  # shared by the consumers of one node, as Mosaic wants
+    port = _free_port()
+    for r in range(consumers):  # one node, `consumers` ranks (as torchrun starts them): each its own partition
+        dist = {
+            "WORLD_SIZE": str(consumers),
+            "RANK": str(r),
+            "LOCAL_WORLD_SIZE": str(consumers),
+            "LOCAL_RANK": str(r),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        args = [str(PEERS_PYTHON), str(HERE / "_mosaic_child.py"), "read", remote, str(cache), str(samples), "8"]
+        procs.append(subprocess.Popen(args, env=env | dist, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    rows = []
+    for p in procs:
+        out, err = p.communicate(timeout=1800)
+        if p.returncode != 0:
+            raise RuntimeError(f"Mosaic consumer failed (exit {p.returncode}): {err[-2000:]}")
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+    wall = max(r["seconds"] for r in rows)  # from each consumer's dataset construction (imports excluded)
+    counts = proxy.reset()
+    tokens = sum(r["tokens"] for r in rows)
+    batches = sum(len(r["waits"]) for r in rows)
+    return {
+        "tokens": tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s_per_consumer": round(tokens / wall / consumers),
+        "wait_per_batch_ms": round(1000 * sum(sum(r["waits"]) for r in rows) / max(batches, 1), 3),
+        "first_batch_s": round(max(r["first_batch_s"] for r in rows), 3),
+        "requests": counts.requests,
+        "fetched_per_delivered": round(counts.bytes_down / max(4 * tokens, 1), 3),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", type=int, default=8000)
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--dp", type=int, default=2)
+    ap.add_argument("--consumers", type=int, default=2)
+    ap.add_argument("--latencies", type=float, nargs="+", default=[0, 20, 100], help="ms added per request")
+    ap.add_argument("--shuffles", nargs="+", default=["global", "block"])
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from loomdata.execution import open_cluster
+    from loomdata.indexing import build_index
+    from loomdata.planning import make_plan
+
+    os.environ.update(CREDS)
+    results: dict[str, Any] = {"runs": []}
+    with tempfile.TemporaryDirectory(prefix="loom-bench-objstore-") as tmp:
+        root = Path(tmp)
+        files, npz = _write_docs(root, args.docs, seed=0)
+        tokens = int(np.load(npz)["offsets"][-1])
+        steps = max(1, int(tokens * 0.9) // (args.seq_len * args.dp) - 1)
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+        server.start()
+        host, port = server.get_host_and_port()
+        direct = f"http://{host}:{port}"
+        os.environ["AWS_ENDPOINT_URL"] = direct
+        s3 = boto3.client("s3", endpoint_url=direct)
+        s3.create_bucket(Bucket=BUCKET)
+        _upload(s3, root / "parquet", "parquet")
+        mosaic = PEERS_PYTHON.exists()
+        if mosaic:
+            mds = root / "mds"
+            env = {**os.environ, "PYTHONPATH": str(HERE / "_peer_stubs")}
+            subprocess.run(
+                [str(PEERS_PYTHON), str(HERE / "_mosaic_child.py"), "convert", str(npz), str(mds)], check=True, env=env
+            )
+            _upload(s3, mds, "mds")
+        print(
+            f"{len(files)} files, {args.docs} documents, {tokens:,} tokens; "
+            f"{steps} steps x dp {args.dp} x {args.seq_len}"
+        )
+        plans: dict[str, Any] = {}
+        with open_cluster(n_workers=2, local_directory=root / "dask-index") as client:
+            local = _spec(root, "parquet/*.parquet", "global", args.seq_len, steps, args.dp, "local")
+            build_index(local, client)
+            plans_of[local.name] = Path(make_plan(local).plan_dir)
+            for sh in args.shuffles:
+                try:
+                    spec = _spec(root, f"s3://{BUCKET}/parquet/*.parquet", sh, args.seq_len, steps, args.dp, f"s3-{sh}")
+                except Exception as e:  # a shuffle this loomdata does not have: say so, go on
+                    print(f"shuffle {sh}: not supported here ({type(e).__name__}: {e})")
+                    continue
+                build_index(spec, client)
+                plans_of[spec.name] = Path(make_plan(spec).plan_dir)
+                plans[sh] = spec
+        header = f"{'side':<22}{'ms':>5}{'tok/s/consumer':>16}{'wait/step ms':>14}{'req/step':>10}{'fetch/deliv':>12}"
+        print(header)
+        row = _loom_run(local, args.consumers, None, root)
+        results["runs"].append({"side": "loomdata local", "latency_ms": 0, **row})
+        print(f"{'loomdata local':<22}{0:>5}{row['tokens_per_s_per_consumer']:>16,}{row['wait_per_step_ms']:>14.2f}")
+        for ms in args.latencies:
+            proxy = LatencyProxy(port, ms / 1000)
+            try:
+                for sh, spec in plans.items():
+                    row = _loom_run(spec, args.consumers, proxy, root)
+                    results["runs"].append({"side": f"loomdata s3 {sh}", "latency_ms": ms, **row})
+                    print(
+                        f"{'loomdata s3 ' + sh:<22}{ms:>5.0f}{row['tokens_per_s_per_consumer']:>16,}"
+                        f"{row['wait_per_step_ms']:>14.2f}{row['requests_per_step']:>10.2f}"
+                        f"{row['fetched_per_delivered']:>12.3f}"
+                    )
+                if mosaic:
+                    row = _mosaic_run(f"s3://{BUCKET}/mds", args.consumers, args.docs, proxy, root)
+                    results["runs"].append({"side": "mosaic s3", "latency_ms": ms, **row})
+                    print(
+                        f"{'mosaic s3':<22}{ms:>5.0f}{row['tokens_per_s_per_consumer']:>16,}"
+                        f"{row['wait_per_batch_ms']:>14.2f}{'':>10}{row['fetched_per_delivered']:>12.3f}"
+                    )
+            finally:
+                proxy.close()
+        server.stop()
+    by = {(r["side"], r["latency_ms"]): r for r in results["runs"]}
+    local_wait = by[("loomdata local", 0)]["wait_per_step_ms"]
+    summary = {}
+    for (side, ms), r in by.items():
+        if side.startswith("loomdata s3"):
+            m = by.get(("mosaic s3", ms))
+            summary[f"{side} @{ms:g}ms"] = {
+                "wait_vs_local": round(r["wait_per_step_ms"] / max(local_wait, 1e-9), 3),
+                "tokens_per_s_vs_mosaic": None
+                if m is None
+                else round(r["tokens_per_s_per_consumer"] / m["tokens_per_s_per_consumer"], 3),
+            }
+    for k, v in summary.items():
+        print(
+            f"{k}: wait per step {v['wait_vs_local']:.2f}x the local run; "
+            f"tokens/s {v['tokens_per_s_vs_mosaic']}x Mosaic"
+        )
+    results.update(
+        benchmark="object_store",
+        machine={"cpus": os.cpu_count(), "python": platform.python_version()},
+        parameters=vars(args) | {"out": str(args.out), "steps": steps, "tokens": tokens},
+        summary=summary,
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -108,6 +108,13 @@ def glob(pattern: str, options: StorageOptions | None = None, policy: RetryPolic
 
     _STATS.add("list")
     found = _retry(run, pattern, "listing", policy)
+    if not found and proto in ("s3", "gs", "gcs"):  # no match: say so when the bucket itself is missing
+        bucket = pattern.split("://", 1)[1].split("/", 1)[0]
+        _STATS.add("head")
+        if not _retry(lambda: fs.exists(bucket), pattern, "bucket check", policy):
+            raise ObjectNotFoundError(
+                pattern, f"bucket {bucket!r} does not exist (or is not visible to these credentials)"
+            )
     return sorted(p if "://" in p else f"{proto}://{p}" for p in found)
 
 

@@ -59,7 +59,7 @@ def corpus(s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _spec(tmp: Path, data: str, s3: S3Server | None) -> Spec:
     raw = yaml.safe_load(CONFIG.read_text().replace("../demo-work/data", data))
     raw["workdir"] = str(tmp / "work")
-    raw["training"]["steps"] = 10
+    raw["training"]["steps"] = 12
     if s3 is not None:  # the secret in the spec too: it must reach no file either
         for src in raw["sources"]:
             src["storage_options"] = {"s3": {"key": s3.key_id, "secret": s3.secret}}

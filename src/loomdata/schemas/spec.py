@@ -378,6 +378,17 @@ def _semantic_problems(spec: Spec, check_paths: bool) -> list[str]:
     return problems
 
 
+def _with_options(source: Any, shared: Mapping[str, Any]) -> Any:
+    """A source mapping with the top-level `storage_options` under its own (its own win per protocol key)."""
+    if not isinstance(source, Mapping):
+        return source
+    own = source.get("storage_options") or {}
+    if not isinstance(own, Mapping):
+        return source  # the model's validation reports it
+    merged = {p: {**dict(shared.get(p) or {}), **dict(own.get(p) or {})} for p in {*shared, *own}}
+    return {**source, "storage_options": merged}
+
+
 def parse_spec(data: Mapping[str, Any], base_dir: Path, *, check_paths: bool = True, origin: str | None = None) -> Spec:
     """Validate a spec mapping; relative paths resolve against `base_dir`. Raises one SpecError."""
     if not isinstance(data, Mapping):
@@ -387,6 +398,11 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path, *, check_paths: bool = T
     raw["base_dir"] = base_dir
     if "workdir" in raw and isinstance(raw["workdir"], str) and not Path(raw["workdir"]).is_absolute():
         raw["workdir"] = str((base_dir / raw["workdir"]).resolve())
+    shared = raw.pop("storage_options", None)  # top-level options: every source's, under its own per protocol
+    if isinstance(shared, Mapping) and isinstance(raw.get("sources"), list):
+        raw["sources"] = [_with_options(src, shared) for src in raw["sources"]]
+    elif shared is not None:
+        raise SpecError(["storage_options: expected a mapping of protocol -> options"], origin)
     tok = raw.get("tokenizer")
     if isinstance(tok, Mapping) and isinstance(tok.get("path"), str) and not Path(tok["path"]).is_absolute():
         raw["tokenizer"] = {**tok, "path": str((base_dir / tok["path"]).resolve())}

@@ -91,3 +91,28 @@ def test_storage_options_reach_the_source_but_no_dump_repr_or_hash(tmp_path: Pat
 def test_a_spec_without_storage_options_dumps_as_before(tmp_path: Path) -> None:
     dumped = _spec(tmp_path, "x").sources[0].model_dump(mode="json")
     assert "storage_options" not in dumped
+
+
+def test_top_level_storage_options_reach_every_source_under_its_own(tmp_path: Path) -> None:
+    raw = {
+        "name": "t",
+        "workdir": str(tmp_path / "w"),
+        "storage_options": {"s3": {"endpoint_url": "http://127.0.0.1:1", "secret": "sharedSEC"}},
+        "sources": [
+            {"name": "a", "format": "parquet", "paths": ["s3://bkt/a/*.parquet"], "tokens_field": "tokens"},
+            {
+                "name": "b",
+                "format": "parquet",
+                "paths": ["s3://bkt/b/*.parquet"],
+                "tokens_field": "tokens",
+                "storage_options": {"s3": {"secret": "ownSEC"}},
+            },
+        ],
+        "mixture": {"weights": {"a": 1.0, "b": 1.0}},
+        "training": {"seq_len": 64, "steps": 2, "dp_size": 1, "micro_batches": 1},
+    }
+    spec = parse_spec(raw, tmp_path, check_paths=False)
+    a, b = (s.storage_options["s3"] for s in spec.sources)
+    assert a == {"endpoint_url": "http://127.0.0.1:1", "secret": "sharedSEC"}
+    assert b == {"endpoint_url": "http://127.0.0.1:1", "secret": "ownSEC"}
+    assert "sharedSEC" not in spec.canonical_json() and "ownSEC" not in spec.canonical_json()

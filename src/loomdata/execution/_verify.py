@@ -94,8 +94,9 @@ class Verifier:
         diffs = []
         if got.size_bytes != want.size_bytes:
             diffs.append(f"size {got.size_bytes} bytes, indexed {want.size_bytes}")
-        if got.mtime_ns != want.mtime_ns:
-            diffs.append(f"mtime {got.mtime_ns} ns, indexed {want.mtime_ns}")
+        if got.mtime_ns != want.mtime_ns:  # an object's mtime_ns is a stamp of its ETag/version
+            what = "ETag/version changed" if got.version else f"mtime {got.mtime_ns} ns, indexed {want.mtime_ns}"
+            diffs.append(what)
         if got.fingerprint != want.fingerprint:
             diffs.append("content fingerprint differs")
         if diffs:

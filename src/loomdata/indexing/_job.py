@@ -47,7 +47,7 @@ from loomdata.schemas.freshness import SETTINGS_KEY, scan_settings
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.spec import OnError, SourceSpec, Spec
 from loomdata.schemas.tables import INDEX_COLUMNS, TableKind, read_table, table_metadata
-from loomdata.sources._integrity import files_of
+from loomdata.sources._integrity import files_of, version_stamp
 from loomdata.storage import Location, identity, is_url
 
 __all__ = ["DEFAULT_PART_BYTES", "build_index"]
@@ -125,7 +125,7 @@ def _stat(path: Location, source: SourceSpec, memo: dict[str, ObjectMemo], seen:
     version, size = ",".join(i.version for i in idents), sum(i.size for i in idents)
     old = memo.get(str(path))
     if old is not None and all(i.version for i in idents) and (old.version, old.size) == (version, size):
-        stat = ShardStat(path, size, 0, old.fingerprint, version=version)
+        stat = ShardStat(path, size, version_stamp(version), old.fingerprint, version=version)
     else:
         stat = stat_shard(path, source.format, source.storage_options)
     seen[str(path)] = ObjectMemo(stat.version, stat.size_bytes, stat.fingerprint)

@@ -17,7 +17,8 @@ A shard's `fingerprint` hashes its size and first/last 64 KiB (both files of a M
 is content, never path or time. `ctime_ns` (the inode change time, which no user tool can set back)
 serves change detection only. An object (a URL) is hashed the same way through two range reads, so a
 copy in a bucket has the fingerprint of the local file; its `version` (ETag or version id) takes the
-place of the times for change detection, and its times are 0.
+place of the times for change detection: `mtime_ns` holds `version_stamp(version)` (a CRC-32 of it), so
+the loaders' open check, which compares size, mtime and fingerprint, compares the ETag too.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = [
     "files_of",
     "prefixed_checksums",
     "stat_shard",
+    "version_stamp",
 ]
 
 CHECKSUM = "crc32-int32le"
@@ -63,6 +65,11 @@ class ShardStat:
     fingerprint: str
     ctime_ns: int = 0
     version: str = ""  # objects: the ETag/version id of each file, joined; "" for local files
+
+
+def version_stamp(version: str) -> int:
+    """What an object's `mtime_ns` holds: a CRC-32 of its ETag/version (0 for none), changed by every rewrite."""
+    return zlib.crc32(version.encode()) if version else 0
 
 
 def files_of(path: Location, fmt: SourceFormat) -> list[Location]:
@@ -118,9 +125,8 @@ def stat_shard(
             n, v = _hash_object(h, str(url), options)
             total += n
             versions.append(v)
-        return ShardStat(
-            path=path, size_bytes=total, mtime_ns=0, fingerprint=h.hexdigest()[:32], version=",".join(versions)
-        )
+        version = ",".join(versions)
+        return ShardStat(path, total, version_stamp(version), h.hexdigest()[:32], version=version)
     size, mtime, ctime = 0, 0, 0
     for f in files_of(path, fmt):
         st = _hash_file(h, f)

@@ -234,3 +234,39 @@ def test_connection_resets_mid_response_are_retried(dask_client: Client, s3: S3S
 def test_a_missing_bucket_is_an_error_naming_the_url(tmp_path: Path, s3: S3Server) -> None:
     with pytest.raises(ObjectNotFoundError, match=r"s3://no-such-bucket/web/\*\.parquet: bucket 'no-such-bucket'"):
         _small_spec(tmp_path, "s3://no-such-bucket/web/*.parquet")
+
+
+def test_a_same_size_rewrite_with_the_same_edges_is_refused_by_its_etag(
+    dask_client: Client, s3: S3Server, tmp_path: Path
+) -> None:
+    """`verify: shard` reads no sample checksums: only the ETag can tell this rewrite apart."""
+    rng = np.random.default_rng(5)
+    letters = list("abcdefghijklmnopqrstuvwxyz")
+    texts = ["".join(rng.choice(letters, size=int(n))) for n in rng.integers(300, 600, size=500)]
+    body = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+    assert len(body) > 3 * 64 * 1024
+    s3.boto3().put_object(Bucket=BUCKET, Key="etag/books.jsonl", Body=body)
+    url = f"s3://{BUCKET}/etag/books.jsonl"
+    source = {"name": "books", "format": "jsonl", "paths": [url], "text_field": "text", "verify": "shard"}
+    raw = {
+        "name": "etag",
+        "workdir": str(tmp_path / "work"),
+        "sources": [source],
+        "mixture": {"weights": {"books": 1.0}},
+        "training": {"seq_len": 512, "steps": 6, "dp_size": 2, "micro_batches": 2},
+    }
+    spec = parse_spec(raw, tmp_path)
+    build_index(spec, dask_client)
+    plan_dir = make_plan(spec).plan_dir
+    lines = body.split(b"\n")
+    for i in range(len(lines) * 2 // 5, len(lines) * 3 // 5):  # swap a and b: same size, same 64 KiB edges
+        lines[i] = lines[i].replace(b"a", b"#").replace(b"b", b"a").replace(b"#", b"b")
+    changed = b"\n".join(lines)
+    assert len(changed) == len(body) and changed[:65536] == body[:65536] and changed[-65536:] == body[-65536:]
+    s3.boto3().put_object(Bucket=BUCKET, Key="etag/books.jsonl", Body=changed)
+    with pytest.raises(LoomError) as err, Executor(plan_dir, dask_client, constructors=1):
+        for rank in range(2):
+            with StreamClient(plan_dir, rank, retry_s=20) as stream:
+                list(stream)
+    msg = str(err.value)
+    assert url in msg and "ETag/version changed" in msg and _FIX in msg, msg

@@ -22,7 +22,6 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from pyarrow.parquet import read_schema
@@ -37,6 +36,7 @@ from loomdata.schemas.plan import read_plan
 from loomdata.schemas.tables import CHECKSUM_FIELD
 from loomdata.sources import FormatReader, Sample, make_reader
 from loomdata.sources.images import decoded_image_tokens
+from loomdata.storage import Location, location
 
 __all__ = ["REQUEST_DTYPE", "LoaderRetired", "SegmentData", "SourceLoader", "read_segments"]
 
@@ -116,7 +116,7 @@ class SourceLoader:
         ids = shards.column("shard").to_pylist()
         paths = shards.column("path").to_pylist()
         self._paths = {
-            int(s): Path(p)
+            int(s): location(p)  # a URL stays a string (Path would fold its "//")
             for s, p in zip(ids, paths, strict=True)
             if partition.first_shard <= s < partition.stop_shard
         }
@@ -228,7 +228,7 @@ def read_segments(
     sample_index: np.ndarray,
     shard_of: np.ndarray,
     row_of: np.ndarray,
-    paths: dict[int, Path],
+    paths: dict[int, Location],
     patch_size: int,
     partition: LoaderPartition,
     verifier: Verifier | None = None,

@@ -19,6 +19,7 @@ from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import SourceFormat, VerifyMode
 from loomdata.sources import Sample
 from loomdata.sources._integrity import checksums, stat_shard
+from loomdata.storage import Location
 
 __all__ = ["SERVING_HINT", "ShardCheck", "Verifier", "serving_error"]
 
@@ -77,7 +78,7 @@ class Verifier:
         """Whether every sample read is checked (its checksum is needed)."""
         return self.mode is VerifyMode.SAMPLE
 
-    def open_shard(self, shard: int, path: Path) -> None:
+    def open_shard(self, shard: int, path: Location) -> None:
         """Check a shard against the index the first time this loader reads it."""
         if self.mode is VerifyMode.OFF or shard in self.opened:
             return
@@ -93,8 +94,9 @@ class Verifier:
         diffs = []
         if got.size_bytes != want.size_bytes:
             diffs.append(f"size {got.size_bytes} bytes, indexed {want.size_bytes}")
-        if got.mtime_ns != want.mtime_ns:
-            diffs.append(f"mtime {got.mtime_ns} ns, indexed {want.mtime_ns}")
+        if got.mtime_ns != want.mtime_ns:  # an object's mtime_ns is a stamp of its ETag/version
+            what = "ETag/version changed" if got.version else f"mtime {got.mtime_ns} ns, indexed {want.mtime_ns}"
+            diffs.append(what)
         if got.fingerprint != want.fingerprint:
             diffs.append("content fingerprint differs")
         if diffs:
@@ -104,7 +106,7 @@ class Verifier:
         self.opened.add(shard)
 
     def check_samples(
-        self, path: Path, rows: np.ndarray, samples: np.ndarray, expected: np.ndarray, read: list[Sample]
+        self, path: Location, rows: np.ndarray, samples: np.ndarray, expected: np.ndarray, read: list[Sample]
     ) -> None:
         """Compare the checksums of `read` (the samples at `rows`) with the index's `expected` ones."""
         got = checksums([s.tokens for s in read])

@@ -27,6 +27,7 @@ import pyarrow as pa
 from loomdata.schemas.freshness import scan_config
 from loomdata.schemas.spec import SourceFormat, SourceSpec, Spec
 from loomdata.sources._integrity import ShardStat, stat_shard
+from loomdata.storage import location
 
 __all__ = [
     "ShardStat",
@@ -45,7 +46,7 @@ _INDEX_COLUMNS = ("sample", "shard", "row", "num_tokens", "num_image_tokens", "c
 
 def fingerprint_file(path: str | Path, fmt: SourceFormat = SourceFormat.PARQUET) -> str:
     """The content fingerprint of one shard: changes with its size or first/last 64 KiB, not with path or mtime."""
-    return stat_shard(Path(path), fmt).fingerprint
+    return stat_shard(location(path), fmt).fingerprint
 
 
 def scan_config_hash(spec: Spec, source: SourceSpec) -> str:
@@ -62,6 +63,8 @@ def cache_key(stat: ShardStat, config_hash: str) -> str:
     whose size and mtime were put back.
     """
     key = f"{stat.fingerprint}:{stat.path}:{stat.size_bytes}:{stat.mtime_ns}:{stat.ctime_ns}:{config_hash}"
+    if stat.version:  # objects only: local keys stay as they were (existing caches stay valid)
+        key += f":{stat.version}"
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 

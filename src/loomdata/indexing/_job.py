@@ -23,7 +23,15 @@ from distributed import Client, Future, wait
 from tqdm import tqdm
 
 from loomdata.indexing._assemble import assemble, concat_scans, write_tables
-from loomdata.indexing._cache import ShardScan, load_scan, parts_dir, store_scan
+from loomdata.indexing._cache import (
+    ObjectMemo,
+    ShardScan,
+    load_objects,
+    load_scan,
+    parts_dir,
+    store_objects,
+    store_scan,
+)
 from loomdata.indexing._fingerprint import (
     ShardStat,
     cache_key,
@@ -39,6 +47,8 @@ from loomdata.schemas.freshness import SETTINGS_KEY, scan_settings
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.spec import OnError, SourceSpec, Spec
 from loomdata.schemas.tables import INDEX_COLUMNS, TableKind, read_table, table_metadata
+from loomdata.sources._integrity import files_of, version_stamp
+from loomdata.storage import Location, identity, is_url
 
 __all__ = ["DEFAULT_PART_BYTES", "build_index"]
 
@@ -75,6 +85,7 @@ class _SourceRun:
     settings: str = ""  # scan_settings JSON, recorded in samples.parquet
     missing: list[int] = field(default_factory=list)
     parts: dict[int, dict[int, PartOutcome]] = field(default_factory=dict)
+    objects: dict[str, ObjectMemo] = field(default_factory=dict)  # URL shards as stat'ed now (the next run's memo)
 
     def cache_path(self, shard: int) -> Path | None:
         key = self.keys[shard]
@@ -106,6 +117,21 @@ def _previous_paths(files: IndexFiles) -> set[str]:
     return out
 
 
+def _stat(path: Location, source: SourceSpec, memo: dict[str, ObjectMemo], seen: dict[str, ObjectMemo]) -> ShardStat:
+    """A shard's stat; an object whose version and size match the memo costs one HEAD and no data read."""
+    if not is_url(path):
+        return stat_shard(path, source.format, source.storage_options)
+    idents = [identity(f, source.storage_options) for f in files_of(path, source.format)]
+    version, size = ",".join(i.version for i in idents), sum(i.size for i in idents)
+    old = memo.get(str(path))
+    if old is not None and all(i.version for i in idents) and (old.version, old.size) == (version, size):
+        stat = ShardStat(path, size, version_stamp(version), old.fingerprint, version=version)
+    else:
+        stat = stat_shard(path, source.format, source.storage_options)
+    seen[str(path)] = ObjectMemo(stat.version, stat.size_bytes, stat.fingerprint)
+    return stat
+
+
 def _prepare(spec: Spec, idx: int, source: SourceSpec) -> _SourceRun:
     """Stat and fingerprint a source's shards and load the cached scans of unchanged ones."""
     clash = [m for m in source.metadata if m in INDEX_COLUMNS]
@@ -119,9 +145,10 @@ def _prepare(spec: Spec, idx: int, source: SourceSpec) -> _SourceRun:
     paths = spec.resolve_paths(source)
     settings = json.dumps(scan_settings(spec, source), sort_keys=True)
     run = _SourceRun(idx, source, files, config, [], [], [], removed=0, settings=settings)
+    memo = load_objects(files.root)
     for path in paths:
         try:
-            stat = stat_shard(path, source.format)
+            stat = _stat(path, source, memo, run.objects)
         except SourceDataError as e:
             if source.on_error is OnError.ERROR:
                 raise
@@ -281,6 +308,7 @@ def _finish(run: _SourceRun) -> SourceSummary:
     if not unchanged:
         write_tables(tables, f.samples, f.shards, f.errors, fp, {SETTINGS_KEY: run.settings})
     _collect_garbage(run)
+    store_objects(f.root, run.objects)
     samples = tables.samples
     return SourceSummary(
         shards=tables.shards.num_rows,

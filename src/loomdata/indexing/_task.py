@@ -13,13 +13,13 @@ from __future__ import annotations
 import enum
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow as pa
 
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
 from loomdata.sources import make_reader
+from loomdata.storage import Location
 
 __all__ = ["Failure", "FailureKind", "PartOutcome", "ScanJob", "run_scan"]
 
@@ -58,7 +58,7 @@ class ScanJob:
 
     source_idx: int
     shard_idx: int
-    path: Path
+    path: Location
     source: SourceSpec
     tokenizer: TokenizerSpec
     images: ImageSpec

@@ -99,6 +99,8 @@ class SourceSpec(_Frozen):
     on_error: OnError = OnError.ERROR
     max_epochs: float | None = Field(default=None, gt=0)
     verify: VerifyMode = VerifyMode.SAMPLE  # a serving setting: not part of the plan id (`content_json`)
+    storage_options: dict[str, dict[str, Any]] = Field(default_factory=dict, exclude=True, repr=False)
+    """fsspec options per protocol for URL `paths` (`{s3: {endpoint_url: ...}}`): never dumped, shown or written."""
 
     @field_validator("image_field", mode="before")
     @classmethod
@@ -219,8 +221,8 @@ class Spec(_Frozen):
     def plans_dir(self) -> Path:
         return self.workdir / "plans"
 
-    def resolve_paths(self, source: SourceSpec) -> list[Path]:
-        """Every file (or Megatron prefix) a source's `paths` match, sorted, deduplicated."""
+    def resolve_paths(self, source: SourceSpec) -> list[Path | str]:
+        """Every file (or Megatron prefix) a source's `paths` match, sorted, deduplicated (URLs stay strings)."""
         return _resolve(self.base_dir, source)
 
     def canonical_json(self) -> str:
@@ -242,14 +244,39 @@ class Spec(_Frozen):
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
 
 
-def _resolve(base_dir: Path, source: SourceSpec) -> list[Path]:
-    found: list[Path] = []
+def _resolve(base_dir: Path, source: SourceSpec) -> list[Path | str]:
+    found: list[Path | str] = []
     for pattern in source.paths:
-        found.extend(_match(base_dir, pattern, source.format))
-    return sorted(set(found))
+        found.extend(_match(base_dir, pattern, source.format, source.storage_options))
+    # Local paths sort as paths (as they always did: plans stay byte-identical), object URLs after them.
+    return sorted(set(found), key=lambda p: (0, p, "") if isinstance(p, Path) else (1, Path(), p))
 
 
-def _match(base_dir: Path, pattern: str, fmt: SourceFormat) -> list[Path]:
+def _match(
+    base_dir: Path, pattern: str, fmt: SourceFormat, options: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[Path | str]:
+    from loomdata.storage import _url  # a leaf module (no loomdata imports): URLs are told apart here
+
+    if _url.is_url(pattern):
+        from loomdata.storage import _fs  # lazy: fsspec is only needed for URL patterns
+
+        return _match_objects(pattern, fmt, options or {}, _fs.glob)
+    if pattern.startswith("file://"):
+        pattern = pattern[len("file://") :]
+    return list(_match_local(base_dir, pattern, fmt))
+
+
+def _match_objects(pattern: str, fmt: SourceFormat, options: Mapping[str, Any], glob_fn: Any) -> list[Path | str]:
+    """Object URLs a URL pattern matches (Megatron: prefixes whose .idx and .bin both exist)."""
+    if fmt is SourceFormat.MEGATRON:
+        stem = pattern[:-4] if pattern.endswith((".idx", ".bin")) else pattern
+        idx = glob_fn(stem + ".idx", options)
+        bins = set(glob_fn(stem + ".bin", options))
+        return [u[:-4] for u in idx if u[:-4] + ".bin" in bins]
+    return list(glob_fn(pattern, options))
+
+
+def _match_local(base_dir: Path, pattern: str, fmt: SourceFormat) -> list[Path]:
     full = Path(pattern) if Path(pattern).is_absolute() else base_dir / pattern
     if fmt is SourceFormat.MEGATRON:
         # A Megatron path is a prefix: PREFIX.idx and PREFIX.bin; globs match the .idx files.
@@ -305,7 +332,7 @@ def _semantic_problems(spec: Spec, check_paths: bool) -> list[str]:
         problems.extend(_metadata_problems(key, s))
         if check_paths:
             for j, pattern in enumerate(s.paths):
-                if not _match(spec.base_dir, pattern, s.format):
+                if not _match(spec.base_dir, pattern, s.format, s.storage_options):
                     what = "no .idx/.bin pair matches" if s.format is SourceFormat.MEGATRON else "no file matches"
                     problems.append(f"{key}.paths[{j}]: {what} {pattern!r} (relative to {spec.base_dir})")
     if spec.tokenizer.kind is TokenizerKind.HUGGINGFACE:
@@ -354,6 +381,17 @@ def _semantic_problems(spec: Spec, check_paths: bool) -> list[str]:
     return problems
 
 
+def _with_options(source: Any, shared: Mapping[str, Any]) -> Any:
+    """A source mapping with the top-level `storage_options` under its own (its own win per protocol key)."""
+    if not isinstance(source, Mapping):
+        return source
+    own = source.get("storage_options") or {}
+    if not isinstance(own, Mapping):
+        return source  # the model's validation reports it
+    merged = {p: {**dict(shared.get(p) or {}), **dict(own.get(p) or {})} for p in {*shared, *own}}
+    return {**source, "storage_options": merged}
+
+
 def parse_spec(data: Mapping[str, Any], base_dir: Path, *, check_paths: bool = True, origin: str | None = None) -> Spec:
     """Validate a spec mapping; relative paths resolve against `base_dir`. Raises one SpecError."""
     if not isinstance(data, Mapping):
@@ -363,6 +401,11 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path, *, check_paths: bool = T
     raw["base_dir"] = base_dir
     if "workdir" in raw and isinstance(raw["workdir"], str) and not Path(raw["workdir"]).is_absolute():
         raw["workdir"] = str((base_dir / raw["workdir"]).resolve())
+    shared = raw.pop("storage_options", None)  # top-level options: every source's, under its own per protocol
+    if isinstance(shared, Mapping) and isinstance(raw.get("sources"), list):
+        raw["sources"] = [_with_options(src, shared) for src in raw["sources"]]
+    elif shared is not None:
+        raise SpecError(["storage_options: expected a mapping of protocol -> options"], origin)
     tok = raw.get("tokenizer")
     if isinstance(tok, Mapping) and isinstance(tok.get("path"), str) and not Path(tok["path"]).is_absolute():
         raw["tokenizer"] = {**tok, "path": str((base_dir / tok["path"]).resolve())}

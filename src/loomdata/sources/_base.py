@@ -2,7 +2,8 @@
 
 A format reader knows nothing of Dask, plans or ranks. The index job calls `num_parts` and `scan`
 (one task per part of a shard); Source Loader actors call `read` with the `row` values the scan
-produced. One reader instance may keep file state (open handles, Parquet metadata, decompressed
+produced; a path is a `Location` (a local `Path`, or an object URL string read through
+`loomdata.storage`). One reader instance may keep file state (open handles, Parquet metadata, decompressed
 blocks) between calls; it is created where it is used, never pickled with that state.
 
 Threads: a reader whose `thread_safe` is False (the default) may be called from one thread at a time
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from loomdata.schemas.formats import check_fields
 from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
+from loomdata.storage import Location
 
 __all__ = ["FormatReader", "Sample", "ScanResult"]
 
@@ -62,11 +63,11 @@ class FormatReader(abc.ABC):
         self.images = images
 
     @abc.abstractmethod
-    def num_parts(self, path: Path, target_bytes: int) -> int:
+    def num_parts(self, path: Location, target_bytes: int) -> int:
         """How many independently scannable parts `path` splits into (row groups, byte ranges), >= 1."""
 
     @abc.abstractmethod
-    def scan(self, path: Path, part: int, num_parts: int) -> ScanResult:
+    def scan(self, path: Location, part: int, num_parts: int) -> ScanResult:
         """Lengths of the samples in part `part` of `num_parts` of `path`.
 
         Raises SourceDataError (naming file and row) on bad input when the source's on_error is
@@ -74,7 +75,7 @@ class FormatReader(abc.ABC):
         """
 
     @abc.abstractmethod
-    def read(self, path: Path, rows: np.ndarray) -> list[Sample]:
+    def read(self, path: Location, rows: np.ndarray) -> list[Sample]:
         """The samples at `rows` (values of the scan's `row` column) of `path`, in the order given."""
 
     def close(self) -> None:  # noqa: B027 - optional hook; readers without state have nothing to release

@@ -15,7 +15,10 @@ catches every change of length.
 
 A shard's `fingerprint` hashes its size and first/last 64 KiB (both files of a Megatron pair); it
 is content, never path or time. `ctime_ns` (the inode change time, which no user tool can set back)
-serves change detection only.
+serves change detection only. An object (a URL) is hashed the same way through two range reads, so a
+copy in a bucket has the fingerprint of the local file; its `version` (ETag or version id) takes the
+place of the times for change detection: `mtime_ns` holds `version_stamp(version)` (a CRC-32 of it), so
+the loaders' open check, which compares size, mtime and fingerprint, compares the ETag too.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import numpy as np
 
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import SourceFormat
+from loomdata.storage import Location, StorageOptions, identity, is_url, read_range
 
 __all__ = [
     "CHECKSUM",
@@ -41,6 +45,7 @@ __all__ = [
     "files_of",
     "prefixed_checksums",
     "stat_shard",
+    "version_stamp",
 ]
 
 CHECKSUM = "crc32-int32le"
@@ -52,23 +57,44 @@ _LE_INT32 = np.dtype("<i4")
 
 @dataclass(frozen=True, slots=True)
 class ShardStat:
-    """One shard as found on disk: path, total size, newest mtime and ctime, content fingerprint."""
+    """One shard as found: path or URL, total size, newest mtime and ctime, content fingerprint, object version."""
 
-    path: Path
+    path: Location
     size_bytes: int
     mtime_ns: int
     fingerprint: str
     ctime_ns: int = 0
+    version: str = ""  # objects: the ETag/version id of each file, joined; "" for local files
 
 
-def files_of(path: Path, fmt: SourceFormat) -> list[Path]:
+def version_stamp(version: str) -> int:
+    """What an object's `mtime_ns` holds: a CRC-32 of its ETag/version (0 for none), changed by every rewrite."""
+    return zlib.crc32(version.encode()) if version else 0
+
+
+def files_of(path: Location, fmt: SourceFormat) -> list[Location]:
     """The files a shard consists of (a Megatron prefix is its .idx and .bin)."""
     if fmt is SourceFormat.MEGATRON:
+        if is_url(path):
+            return [f"{path}.idx", f"{path}.bin"]
         return [Path(f"{path}.idx"), Path(f"{path}.bin")]
     return [path]
 
 
-def _hash_file(h: hashlib._Hash, path: Path) -> os.stat_result:
+def _hash_object(h: hashlib._Hash, url: str, options: StorageOptions | None) -> tuple[int, str]:
+    """Feed an object's size and first/last 64 KiB into `h` (two range reads); return its size and version."""
+    ident = identity(url, options)
+    size = ident.size
+    head = read_range(url, 0, min(size, _EDGE_BYTES), options)
+    tail = read_range(url, max(size - _EDGE_BYTES, _EDGE_BYTES), size, options) if size > _EDGE_BYTES else b""
+    h.update(f"{size}\0".encode())
+    h.update(head)
+    h.update(b"\0")
+    h.update(tail)
+    return size, ident.version
+
+
+def _hash_file(h: hashlib._Hash, path: Location) -> os.stat_result:
     """Feed `path`'s size and first/last 64 KiB into `h` (content only); return its stat."""
     try:
         st = os.stat(path)
@@ -88,9 +114,19 @@ def _hash_file(h: hashlib._Hash, path: Path) -> os.stat_result:
     return st
 
 
-def stat_shard(path: Path, fmt: SourceFormat = SourceFormat.PARQUET) -> ShardStat:
+def stat_shard(
+    path: Location, fmt: SourceFormat = SourceFormat.PARQUET, options: StorageOptions | None = None
+) -> ShardStat:
     """Size, mtime, ctime and fingerprint of one shard (raises SourceDataError when it cannot be read)."""
     h = hashlib.sha256()
+    if is_url(path):
+        total, versions = 0, []
+        for url in files_of(path, fmt):
+            n, v = _hash_object(h, str(url), options)
+            total += n
+            versions.append(v)
+        version = ",".join(versions)
+        return ShardStat(path, total, version_stamp(version), h.hexdigest()[:32], version=version)
     size, mtime, ctime = 0, 0, 0
     for f in files_of(path, fmt):
         st = _hash_file(h, f)

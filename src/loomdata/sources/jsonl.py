@@ -39,7 +39,6 @@ import os
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -51,6 +50,7 @@ from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
 from loomdata.sources.tokenizer import make_tokenizer
+from loomdata.storage import Location, ObjectView, StorageOptions, identity, is_url, open_input, suffix_of
 
 __all__ = ["Compression", "JsonlReader", "compression_of"]
 
@@ -96,9 +96,9 @@ class Compression(enum.Enum):
     ZSTD = "zstd"
 
 
-def compression_of(path: Path) -> Compression:
+def compression_of(path: Location) -> Compression:
     """`.gz` is gzip, `.zst`/`.zstd` is Zstandard, anything else is plain text."""
-    suffix = path.suffix.lower()
+    suffix = suffix_of(path).lower()
     if suffix == ".gz":
         return Compression.GZIP
     if suffix in (".zst", ".zstd"):
@@ -140,16 +140,16 @@ def _nonblank(lines: _Lines) -> np.ndarray:
     return out
 
 
-def _gzip_chunks(path: Path, size: int) -> Iterator[bytes]:
-    with gzip.open(path, "rb") as f:
+def _gzip_chunks(path: Location, size: int, options: StorageOptions | None = None) -> Iterator[bytes]:
+    with open_input(path, options) as raw, gzip.open(raw, "rb") as f:
         while chunk := f.read(size):
             yield chunk
 
 
-def _zstd_chunks(path: Path, size: int) -> Iterator[bytes]:
+def _zstd_chunks(path: Location, size: int, options: StorageOptions | None = None) -> Iterator[bytes]:
     """Decompressed chunks of every frame; a frame cut short raises (zstandard's reader would not)."""
     dctx = zstandard.ZstdDecompressor()
-    with open(path, "rb") as f:
+    with open_input(path, options) as f:
         dobj = dctx.decompressobj()
         open_frame = False
         while data := f.read(size):
@@ -168,21 +168,21 @@ def _zstd_chunks(path: Path, size: int) -> Iterator[bytes]:
             raise EOFError("the Zstandard stream ends inside a frame")
 
 
-def _stream(path: Path, comp: Compression) -> Iterator[bytes]:
+def _stream(path: Location, comp: Compression, options: StorageOptions | None = None) -> Iterator[bytes]:
     """Decompressed chunks of a compressed file; decoder errors become SourceDataError naming it.
 
     A zero-byte file is not a valid gzip or Zstandard stream (the decoders yield nothing for it): it is a
     bad file, never silently an empty one.
     """
     try:
-        empty = os.stat(path).st_size == 0
+        empty = identity(path, options).size == 0
     except OSError as e:
         raise SourceDataError(str(path), f"cannot read file ({e.strerror})") from None
     if empty:
         raise SourceDataError(
             str(path), f"zero bytes: not a {comp.value} stream (an empty file compressed still has a header)"
         )
-    gen = _gzip_chunks(path, _BLOCK) if comp is Compression.GZIP else _zstd_chunks(path, _BLOCK // 4)
+    gen = _gzip_chunks(path, _BLOCK, options) if comp is Compression.GZIP else _zstd_chunks(path, _BLOCK // 4, options)
     try:
         yield from gen
     except (EOFError, OSError, zlib.error, zstandard.ZstdError) as e:
@@ -223,9 +223,10 @@ def _read_range(f: BinaryIO, start: int, stop: int) -> Iterator[bytes]:
 class _Where:
     """`line N: ` prefixes for error messages; plain files count newlines forward, only when asked."""
 
-    def __init__(self, path: Path, comp: Compression) -> None:
+    def __init__(self, path: Location, comp: Compression, options: StorageOptions | None = None) -> None:
         self._path = path
         self._comp = comp
+        self._options = options
         self._pos = 0
         self._lines = 0
 
@@ -234,7 +235,7 @@ class _Where:
             return f"line {row + 1}: "
         if row < self._pos:
             self._pos, self._lines = 0, 0
-        with open(self._path, "rb") as f:
+        with open_input(self._path, self._options) as f:
             for chunk in _read_range(f, self._pos, row):
                 self._lines += chunk.count(b"\n")
         self._pos = row
@@ -249,19 +250,20 @@ class JsonlReader(FormatReader):
         self._field: str = source.text_field or ""
         self._meta: list[str] = list(dict.fromkeys(source.metadata))
         self._guess: dict[str, pa.DataType] = {}  # kinds seen so far: only speed depends on them
-        self._maps: dict[Path, tuple[BinaryIO, mmap.mmap | None]] = {}
-        self._decoded: collections.OrderedDict[Path, _Lines] = collections.OrderedDict()
+        self._maps: dict[Location, tuple[BinaryIO | None, mmap.mmap | ObjectView | None]] = {}
+        self._decoded: collections.OrderedDict[Location, _Lines] = collections.OrderedDict()
         self._decoded_bytes = 0
+        self._opts = source.storage_options
 
     # ---- protocol -----------------------------------------------------------------------------
 
-    def num_parts(self, path: Path, target_bytes: int) -> int:
+    def num_parts(self, path: Location, target_bytes: int) -> int:
         size = self._size(path)
         if compression_of(path) is not Compression.NONE or size == 0:
             return 1
         return max(1, -(-size // max(int(target_bytes), 1)))
 
-    def scan(self, path: Path, part: int, num_parts: int) -> ScanResult:
+    def scan(self, path: Location, part: int, num_parts: int) -> ScanResult:
         if not 0 <= part < num_parts:
             raise ValueError(f"part {part} out of range for {num_parts} parts")
         comp = compression_of(path)
@@ -271,7 +273,7 @@ class JsonlReader(FormatReader):
         errors: _Errors = []
         meta: dict[str, list[pa.Array]] = {m: [] for m in self._meta}
         kinds: dict[str, pa.DataType] = {}  # the type of each metadata field in this part, once seen
-        where = _Where(path, comp)
+        where = _Where(path, comp, self._opts)
         for lines in self._blocks_of_part(path, comp, part, num_parts):
             r, c, k, e, cols = self._scan_block(path, lines, where, kinds)
             self._settle_kinds(path, r, cols, kinds, where)
@@ -295,7 +297,7 @@ class JsonlReader(FormatReader):
             columns[m] = pa.chunked_array([c.cast(kind) for c in meta[m]], type=kind)
         return ScanResult(rows=pa.table(columns), errors=errors)
 
-    def read(self, path: Path, rows: np.ndarray) -> list[Sample]:
+    def read(self, path: Location, rows: np.ndarray) -> list[Sample]:
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) == 0:
             return []
@@ -306,27 +308,28 @@ class JsonlReader(FormatReader):
 
     def close(self) -> None:
         for f, mm in self._maps.values():
-            if mm is not None:
+            if isinstance(mm, mmap.mmap):
                 mm.close()
-            f.close()
+            if f is not None:
+                f.close()
         self._maps.clear()
         self._decoded.clear()
         self._decoded_bytes = 0
 
     # ---- scanning -----------------------------------------------------------------------------
 
-    def _size(self, path: Path) -> int:
+    def _size(self, path: Location) -> int:
         try:
-            return path.stat().st_size
+            return identity(path, self._opts).size
         except OSError as e:
             raise SourceDataError(str(path), f"cannot read file ({e.strerror})") from None
 
-    def _blocks_of_part(self, path: Path, comp: Compression, part: int, num_parts: int) -> Iterator[_Lines]:
+    def _blocks_of_part(self, path: Location, comp: Compression, part: int, num_parts: int) -> Iterator[_Lines]:
         if comp is not Compression.NONE:
             if part != 0:  # one part only; later parts are empty
                 return
             line0 = 0
-            for off, block in _line_blocks(_stream(path, comp)):
+            for off, block in _line_blocks(_stream(path, comp, self._opts)):
                 lines = _split_lines(off, block, line0)
                 line0 += len(lines.starts)
                 yield lines
@@ -334,7 +337,7 @@ class JsonlReader(FormatReader):
         size = self._size(path)
         lo, hi = part * size // num_parts, (part + 1) * size // num_parts
         try:
-            with open(path, "rb") as f:
+            with open_input(path, self._opts, size=size) as f:
                 start = 0 if lo == 0 else self._next_line_start(f, lo - 1)
                 if start >= hi:
                     return
@@ -357,7 +360,7 @@ class JsonlReader(FormatReader):
                 return f.tell() - len(chunk) + i + 1
 
     def _settle_kinds(
-        self, path: Path, rows: np.ndarray, cols: dict[str, pa.Array], kinds: dict[str, pa.DataType], where: _Where
+        self, path: Location, rows: np.ndarray, cols: dict[str, pa.Array], kinds: dict[str, pa.DataType], where: _Where
     ) -> None:
         """Record each metadata column's type in this part; a block of another kind is an error."""
         for m, col in cols.items():
@@ -370,7 +373,7 @@ class JsonlReader(FormatReader):
                 raise self._kind_error(path, where(r), r, m, col.type, seen)
 
     def _kind_error(
-        self, path: Path, at: str, row: int, field: str, got: pa.DataType, seen: pa.DataType
+        self, path: Location, at: str, row: int, field: str, got: pa.DataType, seen: pa.DataType
     ) -> SourceDataError:
         """The error for a metadata field whose kind differs from that of earlier lines."""
         return SourceDataError(
@@ -381,7 +384,7 @@ class JsonlReader(FormatReader):
         )
 
     def _scan_block(
-        self, path: Path, lines: _Lines, where: _Where, kinds: dict[str, pa.DataType]
+        self, path: Location, lines: _Lines, where: _Where, kinds: dict[str, pa.DataType]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, _Errors, dict[str, pa.Array]]:
         """Rows, token counts, checksums, skipped lines and metadata columns of one block."""
         keep = _nonblank(lines)
@@ -415,7 +418,7 @@ class JsonlReader(FormatReader):
         return np.array(good_rows, dtype=np.uint64), counts, checks, errors, cols
 
     def _check_meta(
-        self, path: Path, where: _Where, row: int, obj: dict[str, object], kinds: dict[str, pa.DataType]
+        self, path: Location, where: _Where, row: int, obj: dict[str, object], kinds: dict[str, pa.DataType]
     ) -> str | None:
         """Why a parsed line's metadata cannot be carried (None if it can); raises on a kind clash."""
         found: dict[str, pa.DataType] = {}
@@ -523,20 +526,25 @@ class JsonlReader(FormatReader):
 
     # ---- reading ------------------------------------------------------------------------------
 
-    def _mmap(self, path: Path) -> mmap.mmap | None:
+    def _mmap(self, path: Location) -> mmap.mmap | ObjectView | None:
+        """A memory map of a local file; a range-reading view of an object (read in 256 KiB pages)."""
         entry = self._maps.get(path)
+        if entry is None and is_url(path):
+            n = self._size(path)
+            entry = (None, ObjectView(str(path), n, self._opts) if n else None)
+            self._maps[path] = entry
         if entry is None:
             try:
                 f = open(path, "rb")  # noqa: SIM115 (kept open with the map until close())
             except OSError as e:
                 raise SourceDataError(str(path), f"cannot read file ({e.strerror})") from None
-            size = path.stat().st_size
+            size = os.fstat(f.fileno()).st_size
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
             entry = (f, mm)
             self._maps[path] = entry
         return entry[1]
 
-    def _raw_plain(self, path: Path, rows: np.ndarray) -> list[bytes]:
+    def _raw_plain(self, path: Location, rows: np.ndarray) -> list[bytes]:
         mm = self._mmap(path)
         size = 0 if mm is None else len(mm)
         out = []
@@ -552,7 +560,7 @@ class JsonlReader(FormatReader):
             out.append(mm[r : end if end >= 0 else size])
         return out
 
-    def _decode_all(self, path: Path, comp: Compression, upto: int) -> _Lines:
+    def _decode_all(self, path: Location, comp: Compression, upto: int) -> _Lines:
         """Decompressed lines up to line `upto` (all of them, cached, when the file fits the budget)."""
         cached = self._decoded.get(path)
         if cached is not None:
@@ -562,7 +570,7 @@ class JsonlReader(FormatReader):
         total = 0
         n_lines = 0
         complete = True
-        for _, block in _line_blocks(_stream(path, comp)):
+        for _, block in _line_blocks(_stream(path, comp, self._opts)):
             parts.append(block)
             total += len(block)
             n_lines += block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
@@ -578,7 +586,7 @@ class JsonlReader(FormatReader):
                 self._decoded_bytes -= len(old.data)
         return lines
 
-    def _raw_compressed(self, path: Path, comp: Compression, rows: np.ndarray) -> list[bytes]:
+    def _raw_compressed(self, path: Location, comp: Compression, rows: np.ndarray) -> list[bytes]:
         lines = self._decode_all(path, comp, int(rows.max()))
         n = len(lines.starts)
         bad = (rows < 0) | (rows >= n)
@@ -592,8 +600,8 @@ class JsonlReader(FormatReader):
             )
         return [lines.data[lines.starts[r] : lines.ends[r]] for r in rows.tolist()]
 
-    def _text_of_line(self, path: Path, comp: Compression, row: int, line: bytes) -> str:
+    def _text_of_line(self, path: Location, comp: Compression, row: int, line: bytes) -> str:
         text, _, why = self._parse(line)
         if why is not None:
-            raise SourceDataError(str(path), _Where(path, comp)(row) + why, row=row)
+            raise SourceDataError(str(path), _Where(path, comp, self._opts)(row) + why, row=row)
         return text

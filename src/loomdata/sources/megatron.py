@@ -19,6 +19,7 @@ Scanning reads the .idx (memory-mapped) and the .bin, whose tokens it checksums 
 from __future__ import annotations
 
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from loomdata.schemas.formats import DOCUMENT_COLUMN
 from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
 from loomdata.sources._integrity import checksums_flat
+from loomdata.storage import Location, ObjectView, StorageOptions, fetch_to_cache, identity, is_url, suffix_of
 
 __all__ = ["DOCUMENT_COLUMN", "DTYPE_CODES", "IDX_HEADER", "IDX_MAGIC", "IDX_VERSION", "MegatronReader"]
 
@@ -58,8 +60,8 @@ _STALE = "the index is stale for this dataset; re-run `loom index`"
 class _Index:
     """A parsed, validated .idx: arrays are read-only views of one memory map."""
 
-    idx_path: Path
-    bin_path: Path
+    idx_path: Location
+    bin_path: Location
     dtype: np.dtype
     lengths: np.ndarray  # int32[S]
     pointers: np.ndarray  # int64[S], byte offsets into the .bin
@@ -72,36 +74,55 @@ class _Index:
         return len(self.lengths)
 
 
-def _paths(prefix: Path) -> tuple[Path, Path]:
+def _paths(prefix: Location) -> tuple[Location, Location]:
+    if is_url(prefix):
+        return f"{prefix}.idx", f"{prefix}.bin"
     return Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
 
 
-def _stamp(idx_path: Path, bin_path: Path) -> tuple[int, int, int, int]:
-    """Sizes and mtimes of both files; a missing file is a SourceDataError naming it."""
+def _stamp(idx_path: Location, bin_path: Location, options: StorageOptions | None = None) -> tuple[int, int, int, int]:
+    """Sizes and mtimes (objects: a CRC of the ETag/version) of both files; a missing file is a SourceDataError."""
     out: list[int] = []
     for p in (idx_path, bin_path):
         try:
-            st = p.stat()
+            ident = identity(p, options)
         except OSError as e:
             raise SourceDataError(
                 str(p),
-                f"missing or unreadable Megatron {p.suffix} file ({e.strerror})",
+                f"missing or unreadable Megatron {suffix_of(p)} file ({e.strerror})",
                 hint="a Megatron source needs both PREFIX.idx and PREFIX.bin; restore the file or fix `paths`",
             ) from None
-        out += [st.st_size, st.st_mtime_ns]
+        out += [ident.size, ident.mtime_ns or zlib.crc32(ident.version.encode())]
     return out[0], out[1], out[2], out[3]
 
 
-def _parse_index(prefix: Path) -> _Index:
-    """Read and check the .idx header and arrays (never the .bin's content, only its size)."""
+class _RemoteTokens:
+    """A .bin object as a sliceable token array: `tokens[a:b]` is one range read (256 KiB pages cached)."""
+
+    def __init__(self, url: str, size: int, dtype: np.dtype, options: StorageOptions | None) -> None:
+        self._view = ObjectView(url, size, options)
+        self._dtype = dtype
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        isz = self._dtype.itemsize
+        return np.frombuffer(self._view[key.start * isz : key.stop * isz], dtype=self._dtype)
+
+
+def _parse_index(prefix: Location, options: StorageOptions | None = None) -> _Index:
+    """Read and check the .idx header and arrays (never the .bin's content, only its size).
+
+    An object's .idx is fetched once to the local cache (`loomdata.storage.cache_dir`) and memory-mapped
+    from there; its .bin stays remote and is read by range.
+    """
     idx_path, bin_path = _paths(prefix)
-    stamp = _stamp(idx_path, bin_path)
+    stamp = _stamp(idx_path, bin_path, options)
+    local_idx = fetch_to_cache(str(idx_path), options) if is_url(idx_path) else idx_path
     idx_size, bin_size = stamp[0], stamp[2]
     rebuild = "rebuild it with Megatron's preprocess_data.py (or IndexedDatasetBuilder)"
     if idx_size < IDX_HEADER.size:
         why = f"truncated .idx: {idx_size} bytes, shorter than the {IDX_HEADER.size}-byte header"
         raise SourceDataError(str(idx_path), why, hint=rebuild)
-    with open(idx_path, "rb") as f:
+    with open(local_idx, "rb") as f:
         magic, version, code, n_seq, n_doc = IDX_HEADER.unpack(f.read(IDX_HEADER.size))
     if magic != IDX_MAGIC:
         raise SourceDataError(
@@ -126,7 +147,7 @@ def _parse_index(prefix: Path) -> _Index:
             f"document indices need {base} (or {base + n_seq} with modes)",
             hint=rebuild,
         )
-    mm = np.memmap(idx_path, dtype=np.uint8, mode="r")
+    mm = np.memmap(local_idx, dtype=np.uint8, mode="r")
     lengths = np.frombuffer(mm, dtype="<i4", count=n_seq, offset=IDX_HEADER.size)
     pointers = np.frombuffer(mm, dtype="<i8", count=n_seq, offset=IDX_HEADER.size + 4 * n_seq)
     docs = np.frombuffer(mm, dtype="<i8", count=n_doc, offset=IDX_HEADER.size + 12 * n_seq)
@@ -135,7 +156,7 @@ def _parse_index(prefix: Path) -> _Index:
     if bin_size != expected_bin:
         raise SourceDataError(
             str(bin_path),
-            f".bin is {bin_size} bytes, but its .idx ({idx_path.name}) says {expected_bin} "
+            f".bin is {bin_size} bytes, but its .idx ({str(idx_path).rsplit('/', 1)[-1]}) says {expected_bin} "
             f"({n_seq} sequences of {dtype.name})",
             hint="the .bin and .idx do not belong together or one is truncated; rebuild the pair",
         )
@@ -177,27 +198,28 @@ class MegatronReader(FormatReader):
 
     def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
         super().__init__(source, tokenizer, images)  # checks that `metadata` holds only DOCUMENT_COLUMN
-        self._indexes: dict[Path, _Index] = {}
-        self._bins: dict[Path, np.ndarray] = {}
+        self._indexes: dict[Location, _Index] = {}
+        self._bins: dict[Location, np.ndarray | _RemoteTokens] = {}
+        self._opts = source.storage_options
 
-    def _index(self, prefix: Path) -> _Index:
-        """The parsed .idx of `prefix`, cached until either file's size or mtime changes."""
+    def _index(self, prefix: Location) -> _Index:
+        """The parsed .idx of `prefix`, cached until either file's size or mtime changes (objects: parsed once)."""
         cached = self._indexes.get(prefix)
-        if cached is not None and cached.stamp == _stamp(cached.idx_path, cached.bin_path):
+        if cached is not None and (is_url(prefix) or cached.stamp == _stamp(cached.idx_path, cached.bin_path)):
             return cached
         self._bins.pop(prefix, None)
-        index = _parse_index(prefix)
+        index = _parse_index(prefix, self._opts)
         self._indexes[prefix] = index
         return index
 
-    def num_parts(self, path: Path, target_bytes: int) -> int:
+    def num_parts(self, path: Location, target_bytes: int) -> int:
         """Contiguous ranges of sequences, about `target_bytes` of .idx each (scans read only the .idx)."""
         index = self._index(path)
         by_bytes = -(-index.stamp[0] // max(int(target_bytes), 1))
         by_rows = max(index.num_sequences // _ROWS_PER_PART_MIN, 1)
         return int(max(1, min(by_bytes, by_rows)))
 
-    def scan(self, path: Path, part: int, num_parts: int) -> ScanResult:
+    def scan(self, path: Location, part: int, num_parts: int) -> ScanResult:
         if not 0 <= part < num_parts:
             raise ValueError(f"part {part} out of range for {num_parts} parts")
         index = self._index(path)
@@ -216,7 +238,7 @@ class MegatronReader(FormatReader):
             columns[DOCUMENT_COLUMN] = pa.array(doc.astype(np.uint64), type=pa.uint64())
         return ScanResult(rows=pa.table(columns))
 
-    def _checksums(self, path: Path, index: _Index, lo: int, hi: int) -> np.ndarray:
+    def _checksums(self, path: Location, index: _Index, lo: int, hi: int) -> np.ndarray:
         """Checksums of sequences lo..hi, from the .bin in chunks of about `_CHECK_TOKENS` tokens.
 
         `_check_part` has proved the sequences contiguous, so a chunk is one slice of the memory map. Token ids
@@ -239,18 +261,20 @@ class MegatronReader(FormatReader):
             a = b
         return out
 
-    def _bin(self, path: Path, index: _Index) -> np.ndarray:
-        """The .bin as a read-only array of its dtype, memory-mapped once per file."""
+    def _bin(self, path: Location, index: _Index) -> np.ndarray | _RemoteTokens:
+        """The .bin as a read-only array of its dtype, memory-mapped once per file (an object: read by range)."""
         arr = self._bins.get(path)
         if arr is None:
             if index.bin_size == 0:
                 arr = np.zeros(0, dtype=index.dtype)
+            elif is_url(index.bin_path):
+                arr = _RemoteTokens(str(index.bin_path), index.bin_size, index.dtype.newbyteorder("<"), self._opts)
             else:
                 arr = np.memmap(index.bin_path, dtype=index.dtype.newbyteorder("<"), mode="r")
             self._bins[path] = arr
         return arr
 
-    def read(self, path: Path, rows: np.ndarray) -> list[Sample]:
+    def read(self, path: Location, rows: np.ndarray) -> list[Sample]:
         index = self._index(path)
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) == 0:

@@ -4,14 +4,15 @@ Parts are contiguous groups of row groups of about `target_bytes` each; `row` is
 inside the file. Counting is columnar: list lengths come from `list_value_length`, text counts from
 the tokenizer's batch count. `read` maps rows to row groups with a binary search, reads only those
 row groups (only the content column) and keeps a few decoded row groups in a small LRU cache, so
-neighbouring reads do not decode the same row group again.
+neighbouring reads do not decode the same row group again. An object URL is opened as a range-reading
+file (`loomdata.storage.open_input`): the footer and each row group's column chunks are range GETs.
 """
 
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +24,7 @@ from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
 from loomdata.sources._integrity import checksums_flat
 from loomdata.sources.tokenizer import Tokenizer, make_tokenizer
+from loomdata.storage import Location, is_url, open_input
 
 __all__ = ["ParquetReader"]
 
@@ -54,19 +56,25 @@ class ParquetReader(FormatReader):
         super().__init__(source, tokenizer, images)  # checks that exactly one of the two fields is set
         self._field: str = source.tokens_field or source.text_field or ""
         self._pretokenized = source.tokens_field is not None
-        self._files: dict[Path, _FileInfo] = {}
-        self._cache: collections.OrderedDict[tuple[Path, int], pa.Array] = collections.OrderedDict()
+        self._files: dict[Location, _FileInfo] = {}
+        self._handles: list[BinaryIO] = []  # range-reading files of URL shards, closed with the reader
+        self._cache: collections.OrderedDict[tuple[Location, int], pa.Array] = collections.OrderedDict()
         self._cache_bytes = 0
 
     # ---- file state -------------------------------------------------------------------------
 
-    def _open(self, path: Path) -> _FileInfo:
+    def _open(self, path: Location) -> _FileInfo:
         info = self._files.get(path)
         if info is not None:
             return info
+        handle: BinaryIO | None = None
         try:
-            pf = pq.ParquetFile(str(path))
+            # A URL: pyarrow reads the footer and then each row group's column chunks by range requests.
+            handle = open_input(path, self.source.storage_options) if is_url(path) else None
+            pf = pq.ParquetFile(handle if handle is not None else str(path))
         except (OSError, pa.ArrowException) as e:
+            if handle is not None:
+                handle.close()
             raise SourceDataError(str(path), f"not a readable Parquet file ({e})") from None
         md = pf.metadata
         sizes = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], dtype=np.int64)
@@ -75,9 +83,11 @@ class ParquetReader(FormatReader):
         self._check_schema(path, pf.schema_arrow)
         info = _FileInfo(pf, starts, nbytes)
         self._files[path] = info
+        if handle is not None:
+            self._handles.append(handle)
         return info
 
-    def _check_schema(self, path: Path, schema: pa.Schema) -> None:
+    def _check_schema(self, path: Location, schema: pa.Schema) -> None:
         """Whole-file problems: a missing column or a content column of the wrong type."""
         names = set(schema.names)
         for col in [self._field, *self.source.metadata]:
@@ -104,7 +114,7 @@ class ParquetReader(FormatReader):
 
     # ---- protocol -----------------------------------------------------------------------------
 
-    def num_parts(self, path: Path, target_bytes: int) -> int:
+    def num_parts(self, path: Location, target_bytes: int) -> int:
         info = self._open(path)
         n_rg = len(info.rg_bytes)
         if n_rg == 0:
@@ -124,7 +134,7 @@ class ParquetReader(FormatReader):
         owner = np.minimum((mid / weight.sum() * num_parts).astype(np.int64), num_parts - 1)
         return np.flatnonzero(owner == part)
 
-    def scan(self, path: Path, part: int, num_parts: int) -> ScanResult:
+    def scan(self, path: Location, part: int, num_parts: int) -> ScanResult:
         info = self._open(path)
         rgs = self._part_row_groups(info, part, num_parts)
         columns = [self._field, *[m for m in self.source.metadata if m != self._field]]
@@ -227,7 +237,7 @@ class ParquetReader(FormatReader):
     def _tokenizer(self) -> Tokenizer:
         return make_tokenizer(self.tokenizer_spec)
 
-    def _read_row_groups(self, path: Path, info: _FileInfo, rgs: np.ndarray, columns: list[str]) -> pa.Table:
+    def _read_row_groups(self, path: Location, info: _FileInfo, rgs: np.ndarray, columns: list[str]) -> pa.Table:
         try:
             return info.file.read_row_groups([int(g) for g in rgs], columns=columns)
         except (OSError, pa.ArrowException) as e:
@@ -235,7 +245,7 @@ class ParquetReader(FormatReader):
                 str(path), f"cannot read row groups {int(rgs[0])}..{int(rgs[-1])} (corrupt or truncated: {e})"
             ) from None
 
-    def _row_group(self, path: Path, info: _FileInfo, g: int) -> pa.Array:
+    def _row_group(self, path: Location, info: _FileInfo, g: int) -> pa.Array:
         """The content column of row group `g`, from the LRU cache when possible."""
         key = (path, g)
         hit = self._cache.get(key)
@@ -250,7 +260,7 @@ class ParquetReader(FormatReader):
             self._cache_bytes -= old.nbytes
         return arr
 
-    def read(self, path: Path, rows: np.ndarray) -> list[Sample]:
+    def read(self, path: Location, rows: np.ndarray) -> list[Sample]:
         info = self._open(path)
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) == 0:
@@ -277,7 +287,7 @@ class ParquetReader(FormatReader):
         tokens = self._tokens_of(path, taken)
         return [Sample(tokens=t) for t in tokens]
 
-    def _tokens_of(self, path: Path, taken: pa.Array) -> list[np.ndarray]:
+    def _tokens_of(self, path: Location, taken: pa.Array) -> list[np.ndarray]:
         if not self._pretokenized:
             return self._tokenizer().encode_batch(taken)
         if pa.types.is_fixed_size_list(taken.type):
@@ -294,5 +304,8 @@ class ParquetReader(FormatReader):
         for info in self._files.values():
             info.file.close()
         self._files.clear()
+        for handle in self._handles:
+            handle.close()
+        self._handles.clear()
         self._cache.clear()
         self._cache_bytes = 0

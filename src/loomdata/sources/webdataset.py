@@ -19,12 +19,13 @@ tokens by `images.image_tokens_array`. A sample's tokens are its image placehold
 
 from __future__ import annotations
 
+import os
 import re
 import tarfile
 import threading
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -36,6 +37,7 @@ from loomdata.sources._base import FormatReader, Sample, ScanResult
 from loomdata.sources._integrity import prefixed_checksums
 from loomdata.sources.images import decode_image, decoded_image_tokens, image_tokens_array
 from loomdata.sources.tokenizer import make_tokenizer
+from loomdata.storage import Location, StorageOptions, identity, is_url, open_input
 
 __all__ = ["KEY_COLUMN", "WebDatasetReader"]
 
@@ -81,11 +83,11 @@ def _split_name(name: str) -> tuple[str, str] | None:
     return m.group(1), m.group(2).lower()
 
 
-def _open_shard(path: Path) -> _Open:
-    """Open `path` as an uncompressed tar; whole-file problems are SourceDataErrors naming it."""
+def _open_shard(path: Location, options: StorageOptions | None = None) -> _Open:
+    """Open `path` as an uncompressed tar (an object: headers by range reads); problems name the file."""
     try:
-        st = path.stat()
-        f = open(path, "rb")  # noqa: SIM115 (kept open by the reader until close())
+        ident = identity(path, options)
+        f = open_input(path, options, size=ident.size)  # kept open by the reader until close()
     except OSError as e:
         raise SourceDataError(str(path), f"cannot open the tar shard ({e.strerror})") from None
     head = f.read(6)
@@ -103,10 +105,10 @@ def _open_shard(path: Path) -> _Open:
     except (tarfile.TarError, EOFError, OSError) as e:
         f.close()
         raise SourceDataError(str(path), f"not a readable tar file ({e})") from None
-    return _Open(f, tar, st.st_size, st.st_mtime_ns)
+    return _Open(f, tar, ident.size, ident.mtime_ns or zlib.crc32(ident.version.encode()))
 
 
-def _members(shard: _Open, path: Path, start: int) -> Iterator[tarfile.TarInfo]:
+def _members(shard: _Open, path: Location, start: int) -> Iterator[tarfile.TarInfo]:
     """Headers from byte `start` to the end-of-archive marker; truncation and corruption raise."""
     pos = start
     f = shard.file
@@ -137,7 +139,7 @@ def _members(shard: _Open, path: Path, start: int) -> Iterator[tarfile.TarInfo]:
         pos = shard.tar.offset
 
 
-def _samples(shard: _Open, path: Path, start: int = 0, *, first_only: bool = False) -> Iterator[_RawSample]:
+def _samples(shard: _Open, path: Location, start: int = 0, *, first_only: bool = False) -> Iterator[_RawSample]:
     """Group members into samples by key, the way webdataset's `group_by_keys` does."""
     cur: _RawSample | None = None
     for ti in _members(shard, path, start):
@@ -175,15 +177,17 @@ class WebDatasetReader(FormatReader):
         super().__init__(source, tokenizer, images)  # checks that `text_field` is set
         self._text = (source.text_field or "").lower()
         self._images = [e.lower() for e in source.image_field]
-        self._shards: dict[Path, _Open] = {}
+        self._shards: dict[Location, _Open] = {}
         self._lock = threading.Lock()  # open shards share one file position: one caller at a time
 
-    def _shard(self, path: Path) -> _Open:
+    def _shard(self, path: Location) -> _Open:
         """The open shard, reopened when the file changed since it was opened."""
         shard = self._shards.get(path)
+        if shard is not None and is_url(path):
+            return shard  # an object is checked once, when opened (a HEAD per read would cost a round trip)
         if shard is not None:
             try:
-                st = path.stat()
+                st = os.stat(path)
             except OSError:
                 st = None
             if st is not None and (st.st_size, st.st_mtime_ns) == (shard.size, shard.mtime_ns):
@@ -191,11 +195,11 @@ class WebDatasetReader(FormatReader):
             shard.tar.close()
             shard.file.close()
             del self._shards[path]
-        shard = _open_shard(path)
+        shard = _open_shard(path, self.source.storage_options)
         self._shards[path] = shard
         return shard
 
-    def num_parts(self, path: Path, target_bytes: int) -> int:
+    def num_parts(self, path: Location, target_bytes: int) -> int:
         """Always 1: tar headers can only be found by walking the file from its start."""
         return 1
 
@@ -208,19 +212,19 @@ class WebDatasetReader(FormatReader):
             return f"no .{self._text} member (text_field); members: {have}"
         return None
 
-    def _fail(self, path: Path, sample: _RawSample, why: str, errors: list[tuple[int | None, str]]) -> None:
+    def _fail(self, path: Location, sample: _RawSample, why: str, errors: list[tuple[int | None, str]]) -> None:
         msg = f"sample {sample.key!r} at byte {sample.offset}: {why}"
         if self.source.on_error is OnError.ERROR:
             raise SourceDataError(str(path), msg, row=sample.offset)
         errors.append((sample.offset, msg))
 
-    def scan(self, path: Path, part: int, num_parts: int) -> ScanResult:
+    def scan(self, path: Location, part: int, num_parts: int) -> ScanResult:
         if (part, num_parts) != (0, 1):
             raise ValueError(f"a tar shard is one part; got part {part} of {num_parts}")
         with self._lock:
             return self._scan(path)
 
-    def _scan(self, path: Path) -> ScanResult:
+    def _scan(self, path: Location) -> ScanResult:
         from PIL import Image
 
         shard = self._shard(path)
@@ -297,7 +301,7 @@ class WebDatasetReader(FormatReader):
             columns[m] = pa.array(meta[m], type=pa.string())
         return ScanResult(rows=pa.table(columns), errors=errors)
 
-    def _sample_at(self, path: Path, shard: _Open, row: int) -> _RawSample:
+    def _sample_at(self, path: Location, shard: _Open, row: int) -> _RawSample:
         """The sample whose first member header is at byte `row`."""
         if row < 0 or row % _BLOCK or row >= shard.size:
             raise SourceDataError(str(path), "not a member header offset", row=row, hint=_STALE)
@@ -312,7 +316,7 @@ class WebDatasetReader(FormatReader):
             raise SourceDataError(str(path), f"sample {sample.key!r}: {why}", row=row, hint=_STALE)
         return sample
 
-    def read(self, path: Path, rows: np.ndarray) -> list[Sample]:
+    def read(self, path: Location, rows: np.ndarray) -> list[Sample]:
         rows_list = [int(r) for r in np.asarray(rows, dtype=np.int64)]
         if not rows_list:
             return []

@@ -1,0 +1,61 @@
+"""Where source files live: local paths (plain `open`/mmap) or object URLs (s3://, gs://, https://) via fsspec.
+
+One small API for readers and the index job: `location` and `is_url` tell the two apart, `glob`,
+`identity` (size + ETag/version, or the file's stat), `open_input` / `ObjectView` / `read_range` read,
+`fetch_to_cache` keeps a small object on local disk. Transient errors are retried with back-off
+(`RetryPolicy`); the rest raise a `StorageError` naming the URL. `storage_options` are never
+written: `redact` hides their secrets wherever they are shown.
+"""
+
+from loomdata.storage._errors import AccessDeniedError, ObjectNotFoundError, StorageError, TransientStorageError
+from loomdata.storage._fs import (
+    ObjectIdentity,
+    ObjectView,
+    RangeFile,
+    StorageOptions,
+    cache_dir,
+    exists,
+    fetch_to_cache,
+    glob,
+    identity,
+    open_input,
+    read_range,
+    request_stats,
+    reset_request_stats,
+)
+from loomdata.storage._options import REDACTED, options_for, redact
+from loomdata.storage._retry import ErrorKind, RetryPolicy, classify, retrying
+from loomdata.storage._url import REMOTE_PROTOCOLS, Location, is_url, location, protocol_of, suffix_of
+
+__all__ = [
+    "REDACTED",
+    "REMOTE_PROTOCOLS",
+    "AccessDeniedError",
+    "ErrorKind",
+    "Location",
+    "ObjectIdentity",
+    "ObjectNotFoundError",
+    "ObjectView",
+    "RangeFile",
+    "RetryPolicy",
+    "StorageError",
+    "StorageOptions",
+    "TransientStorageError",
+    "cache_dir",
+    "classify",
+    "exists",
+    "fetch_to_cache",
+    "glob",
+    "identity",
+    "is_url",
+    "location",
+    "open_input",
+    "options_for",
+    "protocol_of",
+    "read_range",
+    "redact",
+    "request_stats",
+    "reset_request_stats",
+    "retrying",
+    "suffix_of",
+]

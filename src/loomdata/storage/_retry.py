@@ -1,0 +1,145 @@
+"""Which storage errors are worth retrying, and a retry loop with exponential back-off.
+
+Throttling (429, SlowDown), 5xx, timeouts and dropped connections are transient: retried with
+back-off. A missing bucket or object and a refused credential are not: they become
+`ObjectNotFoundError` / `AccessDeniedError` naming the URL at once. The classifier walks the exception
+chain (`__cause__`, `__context__`), so it sees botocore's, aiohttp's and fsspec's errors alike without
+importing any of them.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from loomdata.storage._errors import AccessDeniedError, ObjectNotFoundError, StorageError, TransientStorageError
+
+__all__ = ["ErrorKind", "RetryPolicy", "classify", "retrying"]
+
+T = TypeVar("T")
+
+
+class ErrorKind(str, enum.Enum):
+    """What a storage exception means for the caller."""
+
+    TRANSIENT = "transient"
+    NOT_FOUND = "not_found"
+    DENIED = "denied"
+    OTHER = "other"
+
+
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404", "NoSuchVersion"})
+_DENIED_CODES = frozenset(
+    {"AccessDenied", "403", "401", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "Forbidden"}
+)
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown", "Throttling", "ThrottlingException", "RequestThrottled", "TooManyRequests", "429",
+        "RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
+        "500", "502", "503", "504",
+    }
+)  # fmt: skip
+_TRANSIENT_NAMES = frozenset(
+    {
+        "EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError", "ConnectTimeoutError",
+        "ServerDisconnectedError", "ClientPayloadError", "ClientOSError", "ClientConnectionError",
+        "IncompleteRead", "ResponseStreamingError", "ProtocolError", "ServerTimeoutError",
+    }
+)  # fmt: skip
+
+
+def _chain(e: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def _kind_of_one(e: BaseException) -> ErrorKind | None:
+    response = getattr(e, "response", None)
+    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+    status = getattr(e, "status", None) or getattr(e, "code", None)
+    for c in (code, str(status) if isinstance(status, int) else None):
+        if c in _NOT_FOUND_CODES:
+            return ErrorKind.NOT_FOUND
+        if c in _DENIED_CODES:
+            return ErrorKind.DENIED
+        if c in _TRANSIENT_CODES or (c is not None and c.isdigit() and 500 <= int(c) < 600):
+            return ErrorKind.TRANSIENT
+    if isinstance(e, FileNotFoundError):
+        return ErrorKind.NOT_FOUND
+    if isinstance(e, PermissionError):
+        return ErrorKind.DENIED
+    if isinstance(e, (ConnectionError, TimeoutError)) or type(e).__name__ in _TRANSIENT_NAMES:
+        return ErrorKind.TRANSIENT
+    return None
+
+
+def classify(e: BaseException) -> ErrorKind:
+    """The kind of a storage exception: the first specific kind found along its chain."""
+    for link in _chain(e):
+        kind = _kind_of_one(link)
+        if kind is not None:
+            return kind
+    return ErrorKind.OTHER
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """How often and how patiently transient errors are retried: `base_s * 2**i`, capped, with jitter."""
+
+    attempts: int = 6
+    base_s: float = 0.05
+    max_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.base_s < 0 or self.max_s < self.base_s:
+            raise ValueError(f"bad retry policy {self}: need attempts >= 1 and 0 <= base_s <= max_s")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt `attempt` (0-based): full jitter over the capped exponential."""
+        return random.uniform(0, min(self.max_s, self.base_s * 2**attempt))
+
+
+DEFAULT_POLICY = RetryPolicy()
+
+
+def _short(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:300]
+
+
+def retrying(
+    fn: Callable[[], T],
+    url: str,
+    what: str,
+    policy: RetryPolicy = DEFAULT_POLICY,
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> T:
+    """`fn()`, retried on transient errors; every failure ends as a StorageError naming `url`."""
+    for attempt in range(policy.attempts):
+        try:
+            return fn()
+        except StorageError:
+            raise
+        except Exception as e:
+            kind = classify(e)
+            if kind is ErrorKind.NOT_FOUND:
+                raise ObjectNotFoundError(url, f"{what}: no such bucket or object ({_short(e)})") from None
+            if kind is ErrorKind.DENIED:
+                raise AccessDeniedError(url, f"{what}: access denied ({_short(e)})") from None
+            if kind is ErrorKind.OTHER:
+                raise StorageError(url, f"{what} failed ({_short(e)})") from None
+            if attempt + 1 == policy.attempts:
+                raise TransientStorageError(
+                    url, f"{what} failed {policy.attempts} times, the last with {_short(e)}"
+                ) from None
+            if on_retry is not None:
+                on_retry(e)
+            time.sleep(policy.delay(attempt))
+    raise AssertionError("unreachable")  # the loop returns or raises

@@ -1,0 +1,186 @@
+"""A real S3-protocol server on loopback for tests: moto's ThreadedMotoServer, credentials for the test only.
+
+`S3Server.start()` binds a free 127.0.0.1 port, sets `AWS_*` variables (a fresh random secret key, the
+endpoint) in this process and, through `client.run`, in the Dask workers, and clears the s3fs instance
+cache so no filesystem made for another endpoint survives. `stop()` puts every variable back.
+`DroppingProxy` forwards TCP to the server and cuts the first N responses mid-body with a reset.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_ENV_KEYS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_ENDPOINT_URL",
+    "AWS_DEFAULT_REGION",
+    "AWS_EC2_METADATA_DISABLED",
+    "LOOMDATA_CACHE_DIR",
+)
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _apply_env(env: dict[str, str | None]) -> dict[str, str | None]:
+    """Set (or, for None, remove) variables; return their previous values. Also runs in Dask workers."""
+    import s3fs
+
+    old = {k: os.environ.get(k) for k in env}
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    s3fs.S3FileSystem.clear_instance_cache()
+    return old
+
+
+@dataclass
+class S3Server:
+    """moto's S3 server on a loopback port, with this test's credentials in the environment."""
+
+    cache_dir: Path
+    dask_client: Any = None
+    secret: str = field(default_factory=lambda: "loomSECRET" + secrets.token_hex(12))
+    key_id: str = "loomtestkeyid"
+    port: int = 0
+    _server: Any = None
+    _old: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str | None]:
+        return {
+            "AWS_ACCESS_KEY_ID": self.key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "LOOMDATA_CACHE_DIR": str(self.cache_dir),
+        }
+
+    def start(self) -> S3Server:
+        from moto.server import ThreadedMotoServer
+
+        self.port = free_port()
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+        self._old = _apply_env(self.env())
+        if self.dask_client is not None:
+            self.dask_client.run(_apply_env, self.env())
+        return self
+
+    def stop(self) -> None:
+        if self.dask_client is not None:
+            self.dask_client.run(_apply_env, self._old)
+        _apply_env(self._old)
+        if self._server is not None:
+            self._server.stop()
+
+    def boto3(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
+
+    def upload_dir(self, local: Path, bucket: str, prefix: str) -> list[str]:
+        """Upload every file under `local` to `s3://bucket/prefix/<relative path>` (bucket created); returns keys."""
+        s3 = self.boto3()
+        existing = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
+        if bucket not in existing:
+            s3.create_bucket(Bucket=bucket)
+        keys = []
+        for p in sorted(local.rglob("*")):
+            if p.is_file():
+                key = f"{prefix}/{p.relative_to(local).as_posix()}"
+                s3.upload_file(str(p), bucket, key)
+                keys.append(key)
+        return keys
+
+
+class DroppingProxy:
+    """A loopback TCP proxy to `target` that cuts the first `drops` responses after `cut` bytes with a reset."""
+
+    def __init__(self, target_port: int, drops: int, cut: int = 200) -> None:
+        self.target_port = target_port
+        self.drops_left = drops
+        self.dropped = 0
+        self.connections = 0
+        self.cut = cut
+        self._lock = threading.Lock()
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self._sock.settimeout(0.2)
+        self.port = int(self._sock.getsockname()[1])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                continue
+            with self._lock:
+                self.connections += 1
+                drop = self.drops_left > 0
+                self.drops_left -= int(drop)
+            threading.Thread(target=self._pipe, args=(conn, drop), daemon=True).start()
+
+    def _pipe(self, conn: socket.socket, drop: bool) -> None:
+        up = socket.create_connection(("127.0.0.1", self.target_port), timeout=3)
+        conn.settimeout(3)
+
+        def forward_requests() -> None:
+            try:
+                while data := conn.recv(65536):
+                    up.sendall(data)
+            except OSError:
+                pass
+
+        reader = threading.Thread(target=forward_requests, daemon=True)
+        reader.start()
+        sent = 0
+        try:
+            while data := up.recv(65536):
+                if drop and sent + len(data) > self.cut:
+                    conn.sendall(data[: max(0, self.cut - sent)])
+                    # A reset, not a clean close: linger 0; SHUT_RD wakes the request thread's recv (a socket
+                    # is only really closed once no thread is blocked on it), then close() sends the RST.
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                    conn.shutdown(socket.SHUT_RD)
+                    reader.join(timeout=2)
+                    with self._lock:
+                        self.dropped += 1
+                    break
+                conn.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+        finally:
+            up.close()
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sock.close()

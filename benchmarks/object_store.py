@@ -154,9 +154,8 @@ def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path)
     with open_cluster(n_workers=2, local_directory=root / "dask") as client, Executor(plan_dir, client):
         if proxy is not None:
             proxy.reset()
-        t = time.perf_counter()
         rows = _run_consumers(plan_dir, consumers)
-        wall = time.perf_counter() - t
+        wall = max(r["t1"] for r in rows) - min(r["t0"] for r in rows)  # from the consumers' common start
         counts = proxy.reset() if proxy is not None else None
     tokens = sum(r["tokens"] for r in rows)
     steps = rows[0]["steps"]

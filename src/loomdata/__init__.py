@@ -2,7 +2,8 @@
 
 The public API, one import away (stages load lazily, so `import loomdata` stays cheap):
 
-- spec and contracts: `load_spec`, `Spec`, `Batch`, `PlanMeta`, `read_plan`, and the errors
+- spec and contracts: `load_spec`, `Spec`, `Batch` (and `reassemble_cp` for CP shards), `PlanMeta`,
+  `read_plan`, and the errors
   (`LoomError` and its subclasses);
 - index: `build_index`, `IndexSummary`; plan: `make_plan`, `PlanResult`, `plan_report`, `plot_plan`;
 - stream: `open_cluster`, `Executor`, `serve`, `StreamClient` (and `loomdata.torch.LoomDataset`);
@@ -28,6 +29,7 @@ from loomdata.schemas import (
     StaleIndexError,
     load_spec,
     read_plan,
+    reassemble_cp,
 )
 
 if TYPE_CHECKING:
@@ -63,6 +65,7 @@ __all__ = [
     "plan_report",
     "plot_plan",
     "read_plan",
+    "reassemble_cp",
     "serve",
 ]
 

@@ -1,6 +1,14 @@
 """Data contracts between stages: the spec, stored table schemas, plan.json, the batch, metrics, errors."""
 
-from loomdata.schemas.batch import IGNORE_INDEX, SEGMENT_DTYPE, Batch
+from loomdata.schemas.batch import IGNORE_INDEX, SEGMENT_DTYPE, Batch, reassemble_cp
+from loomdata.schemas.context_parallel import (
+    cp_chunk_bounds,
+    cp_group_size,
+    cp_imbalance,
+    cp_positions,
+    cp_rank_costs,
+    lane_cp_sizes,
+)
 from loomdata.schemas.errors import (
     ContractError,
     ExecutionError,
@@ -115,12 +123,19 @@ __all__ = [
     "TrainingSpec",
     "VerifyMode",
     "check_fresh",
+    "cp_chunk_bounds",
+    "cp_group_size",
+    "cp_imbalance",
+    "cp_positions",
+    "cp_rank_costs",
+    "lane_cp_sizes",
     "load_spec",
     "parse_spec",
     "read_index",
     "read_manifest",
     "read_plan",
     "read_table",
+    "reassemble_cp",
     "table_metadata",
     "write_table",
 ]

@@ -17,9 +17,7 @@ __all__ = ["IGNORE_INDEX", "SEGMENT_DTYPE", "Batch", "reassemble_cp"]
 IGNORE_INDEX = -100
 """Label value across document boundaries and padding (ignored by cross-entropy)."""
 
-SEGMENT_DTYPE = np.dtype(
-    [("source", np.uint16), ("sample", np.uint64), ("offset", np.uint32), ("length", np.uint32)]
-)
+SEGMENT_DTYPE = np.dtype([("source", np.uint16), ("sample", np.uint64), ("offset", np.uint32), ("length", np.uint32)])
 """Provenance of each document segment in a batch, in sequence order."""
 
 
@@ -107,9 +105,7 @@ def reassemble_cp(shards: Sequence[Batch]) -> Batch:
         return first
     ranks = sorted(s.cp_rank for s in shards)
     if ranks != list(range(first.cp_size)) or any(s.positions is None for s in shards):
-        raise ValueError(
-            f"reassemble_cp: need one shard of each CP rank 0..{first.cp_size - 1}, got ranks {ranks}"
-        )
+        raise ValueError(f"reassemble_cp: need one shard of each CP rank 0..{first.cp_size - 1}, got ranks {ranks}")
     for s in shards[1:]:
         if not (np.array_equal(s.cu_seqlens, first.cu_seqlens) and np.array_equal(s.segments, first.segments)):
             raise ValueError("reassemble_cp: shards disagree on the sequence's documents (cu_seqlens / segments)")

@@ -24,7 +24,7 @@ def test_layout_pairs_chunk_i_with_chunk_2cp_minus_1_minus_i() -> None:
 
 
 def test_layout_refuses_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="cp_rank must be in 0..1"):
+    with pytest.raises(ValueError, match=r"cp_rank must be in 0\.\.1"):
         cp_positions(16, 2, 2)
     with pytest.raises(ValueError, match="too short for 8"):
         cp_chunk_bounds(6, 4)

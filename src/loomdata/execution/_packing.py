@@ -193,7 +193,7 @@ def shard_batch(batch: Batch, cp_rank: int, cp_size: int, *, image_token_id: int
     Images go to every shard that holds any of their placeholder tokens (`image_token_id` marks
     them; an image's run of placeholders ends at the next non-placeholder token or the next image).
     """
-    if batch.positions is not None:
+    if batch.is_shard:
         raise ValueError(f"shard_batch: step {batch.step} micro-batch {batch.micro_batch} is already a shard")
     if cp_size == 1:
         if cp_rank != 0:
@@ -230,7 +230,7 @@ def shard_batch(batch: Batch, cp_rank: int, cp_size: int, *, image_token_id: int
         image_positions=img_pos,
         cp_rank=cp_rank,
         cp_size=cp_size,
-        positions=pos.astype(np.int32),
+        sequence_len=n,
     )
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from loomdata.schemas.context_parallel import cp_positions
+
 __all__ = ["IGNORE_INDEX", "SEGMENT_DTYPE", "Batch", "reassemble_cp"]
 
 IGNORE_INDEX = -100
@@ -31,7 +33,7 @@ class Batch:
     of multimodal samples, in sequence order, and `image_positions` the index of each image's first
     placeholder token in the sequence.
 
-    A shard (`positions` not None) holds the sequence positions `positions` (int32, ascending: CP
+    A shard (cp_size > 1; `positions` not None) holds the sequence positions `positions` (int32, ascending: CP
     rank `cp_rank` of `cp_size` holds chunks cp_rank and 2*cp_size-1-cp_rank of 2*cp_size); its
     `input_ids[k]`, `labels[k]`, `position_ids[k]` are those of sequence position `positions[k]`.
     `cu_seqlens`, `segments` and `image_positions` stay in whole-sequence coordinates (ring attention
@@ -53,27 +55,32 @@ class Batch:
     """This batch's CP rank (0 for a whole micro-batch)."""
     cp_size: int = 1
     """How many CP shards the micro-batch was cut into (1: this is the whole micro-batch)."""
-    positions: np.ndarray | None = None
-    """Sequence positions held (int32), None for a whole micro-batch."""
+    sequence_len: int = 0
+    """A shard: the whole sequence's length (its positions follow from it, so they never cross the wire)."""
+
+    @property
+    def positions(self) -> np.ndarray | None:
+        """Sequence positions held (int32, ascending), None for a whole micro-batch."""
+        if self.cp_size == 1:
+            return None
+        return cp_positions(self.sequence_len, self.cp_size, self.cp_rank).astype(np.int32)
 
     @property
     def num_tokens(self) -> int:
         """Real (non-padding) tokens in the batch (in a shard: the real tokens it holds)."""
         real = int(self.cu_seqlens[-1]) if len(self.cu_seqlens) else 0
-        if self.positions is None:
-            return real
-        return int(np.count_nonzero(self.positions < real))
+        pos = self.positions
+        return real if pos is None else int(np.count_nonzero(pos < real))
 
     @property
     def is_shard(self) -> bool:
         """Whether this is one CP rank's shard of a micro-batch (not the whole of it)."""
-        return self.positions is not None
+        return self.cp_size > 1
 
     def held_positions(self) -> np.ndarray:
         """Sequence positions (int32) of this batch's entries: `positions`, or 0..len-1 for a whole batch."""
-        if self.positions is not None:
-            return self.positions
-        return np.arange(len(self.input_ids), dtype=np.int32)
+        pos = self.positions
+        return np.arange(len(self.input_ids), dtype=np.int32) if pos is None else pos
 
     def segment_ids(self) -> np.ndarray:
         """Per entry, the index (int32) of its document in `segments` / `cu_seqlens`; -1 for padding."""
@@ -101,10 +108,10 @@ def reassemble_cp(shards: Sequence[Batch]) -> Batch:
                 f"reassemble_cp: shards of different micro-batches: (step, dp_rank, micro_batch, lane, cp_size) "
                 f"{key} and {(s.step, s.dp_rank, s.micro_batch, s.lane, s.cp_size)}"
             )
-    if first.cp_size == 1 and len(shards) == 1 and first.positions is None:
+    if first.cp_size == 1 and len(shards) == 1:
         return first
     ranks = sorted(s.cp_rank for s in shards)
-    if ranks != list(range(first.cp_size)) or any(s.positions is None for s in shards):
+    if ranks != list(range(first.cp_size)) or len({s.sequence_len for s in shards}) != 1:
         raise ValueError(f"reassemble_cp: need one shard of each CP rank 0..{first.cp_size - 1}, got ranks {ranks}")
     for s in shards[1:]:
         if not (np.array_equal(s.cu_seqlens, first.cu_seqlens) and np.array_equal(s.segments, first.segments)):

@@ -273,13 +273,16 @@ class StreamClient:
             pause_s=self._timings.client_retry_pause_s,
             on_retry=reset,
         )
-        want_cp = self.cp_rank if self.cp_rank is not None else 0
-        if len(batches) != self.meta.micro_batches or any(
-            b.step != step or b.cp_rank != want_cp % b.cp_size for b in batches
-        ):
+        if len(batches) != self.meta.micro_batches or any(b.step != step for b in batches):
             raise ExecutionError(
                 f"executor answered step {step} of rank {self.dp_rank} with {len(batches)} batches "
                 f"(expected {self.meta.micro_batches}); the executor serves a different plan: restart it"
+            )
+        want_cp = self.cp_rank if self.cp_rank is not None else 0
+        if any(b.cp_rank != want_cp % b.cp_size or (self.cp_rank is None and b.cp_size > 1) for b in batches):
+            raise ExecutionError(
+                f"executor answered step {step} of rank {self.dp_rank} with the shards of other CP ranks "
+                f"({[(b.cp_rank, b.cp_size) for b in batches]}, asked cp rank {self.cp_rank}); restart `loom serve`"
             )
         return batches
 

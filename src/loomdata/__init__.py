@@ -2,7 +2,8 @@
 
 The public API, one import away (every name loads lazily, so `import loomdata` and a training rank stay cheap):
 
-- spec and contracts: `load_spec`, `Spec`, `Batch`, `PlanMeta`, `read_plan`, and the errors
+- spec and contracts: `load_spec`, `Spec`, `Batch` (and `reassemble_cp` for CP shards), `PlanMeta`,
+  `read_plan`, and the errors
   (`LoomError` and its subclasses);
 - index: `build_index`, `IndexSummary`; plan: `make_plan`, `PlanResult`, `plan_report`, `plot_plan`;
 - stream: `open_cluster`, `Executor`, `serve`, `StreamClient` (and `loomdata.torch.LoomDataset`);
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
         StaleIndexError,
         load_spec,
         read_plan,
+        reassemble_cp,
     )
     from loomdata.testing import generate_corpus
 
@@ -62,6 +64,7 @@ __all__ = [
     "plan_report",
     "plot_plan",
     "read_plan",
+    "reassemble_cp",
     "serve",
 ]
 
@@ -79,6 +82,7 @@ _LAZY = {
     "StaleIndexError": "loomdata.schemas",
     "load_spec": "loomdata.schemas",
     "read_plan": "loomdata.schemas",
+    "reassemble_cp": "loomdata.schemas",
     "StreamClient": "loomdata.client",
     "Executor": "loomdata.execution",
     "open_cluster": "loomdata.execution",

@@ -46,6 +46,7 @@ from loomdata.execution.protocol import (
     serve_path,
 )
 from loomdata.schemas.batch import Batch
+from loomdata.schemas.context_parallel import cp_group_check
 from loomdata.schemas.errors import ContractError, ExecutionError, LoomError
 from loomdata.schemas.header import PlanHeader, read_plan_header
 
@@ -55,7 +56,7 @@ _MAX_PENDING_TELEMETRY = 1024
 
 
 class StreamClient:
-    """Iterate one dp rank's micro-batches of a plan, step by step, in order; usable from any process."""
+    """Iterate one dp rank's micro-batches of a plan (or one CP peer's shards of them), step by step, in order."""
 
     def __init__(
         self,
@@ -70,11 +71,14 @@ class StreamClient:
         timings: Timings | None = None,
         security: Any = None,
         insecure: bool | None = None,
+        cp_rank: int | None = None,
     ) -> None:
         """`retry_s` (default `timings.client_retry_s`): how long a step is retried while the executor is away.
 
         `security`: this client's own `distributed.Security` (default: LOOM_TLS_* if set, else the files
         serve.json names); `insecure` (default: LOOM_INSECURE=1): accept a plain-TCP scheduler.
+        `cp_rank`: this process is that context-parallel peer of `dp_rank` (0..cp_group_size(meta)-1)
+        and receives only its shard of each micro-batch (`Batch.positions`); None: whole micro-batches.
         """
         self.plan_dir = Path(plan_dir)
         self.meta = read_plan_header(self.plan_dir)
@@ -86,6 +90,9 @@ class StreamClient:
         if not 0 <= start_step <= self.meta.steps:
             raise ExecutionError(f"start_step {start_step} is outside plan {self.meta.plan_id} (0..{self.meta.steps})")
         _check_rank_exists(self.meta, dp_rank, start_step)
+        if cp_rank is not None:
+            cp_group_check(self.meta, cp_rank)
+        self.cp_rank = cp_rank
         self._security = security if security is not None else env_security()
         self._insecure = insecure if insecure is not None else os.environ.get("LOOM_INSECURE", "") == "1"
         self._attached: tuple[int, float] | None = None  # (pid, started_at) of the serve this client talks to
@@ -158,10 +165,11 @@ class StreamClient:
 
     def _take(self, step: int) -> Any:
         """Ask for `step`, carrying the step times recorded since the last take."""
+        cp = {} if self.cp_rank is None else {"cp_rank": self.cp_rank}
         if not self._telemetry:
-            return self._actor.take(self.dp_rank, step)
+            return self._actor.take(self.dp_rank, step, **cp)
         sent, self._telemetry = self._telemetry, []
-        return self._actor.take(self.dp_rank, step, sent)
+        return self._actor.take(self.dp_rank, step, sent, **cp)
 
     def _flush_telemetry(self) -> None:
         """Send step times no take carried (the last steps), in one call; best effort, on close."""
@@ -269,6 +277,12 @@ class StreamClient:
             raise ExecutionError(
                 f"executor answered step {step} of rank {self.dp_rank} with {len(batches)} batches "
                 f"(expected {self.meta.micro_batches}); the executor serves a different plan: restart it"
+            )
+        want_cp = self.cp_rank if self.cp_rank is not None else 0
+        if any(b.cp_rank != want_cp % b.cp_size or (self.cp_rank is None and b.cp_size > 1) for b in batches):
+            raise ExecutionError(
+                f"executor answered step {step} of rank {self.dp_rank} with the shards of other CP ranks "
+                f"({[(b.cp_rank, b.cp_size) for b in batches]}, asked cp rank {self.cp_rank}); restart `loom serve`"
             )
         return batches
 

@@ -43,6 +43,10 @@ def batch_to_tensors(batch: Batch) -> dict[str, Any]:
         "micro_batch": batch.micro_batch,
         "lane": batch.lane,
     }
+    pos = batch.positions
+    if pos is not None:  # a context-parallel shard: which sequence positions it holds
+        out["positions"] = _tensor(pos)
+        out["cp_rank"], out["cp_size"] = batch.cp_rank, batch.cp_size
     if batch.images:
         out["images"] = [_tensor(im) for im in batch.images]
         out["image_positions"] = _tensor(batch.image_positions)

@@ -17,10 +17,20 @@ if TYPE_CHECKING:
     from loomdata.execution._cluster import open_cluster
     from loomdata.execution._config import Autoscaling, ServeConfig, Timings
     from loomdata.execution._executor import Executor
-    from loomdata.execution._packing import pack_arrays, pack_batch
+    from loomdata.execution._packing import pack_arrays, pack_batch, shard_batch
     from loomdata.execution._serve import serve
 
-__all__ = ["Autoscaling", "Executor", "ServeConfig", "Timings", "open_cluster", "pack_arrays", "pack_batch", "serve"]
+__all__ = [
+    "Autoscaling",
+    "Executor",
+    "ServeConfig",
+    "Timings",
+    "open_cluster",
+    "pack_arrays",
+    "pack_batch",
+    "serve",
+    "shard_batch",
+]
 
 _WHERE = {
     "Autoscaling": "loomdata.execution._config",
@@ -31,6 +41,7 @@ _WHERE = {
     "pack_arrays": "loomdata.execution._packing",
     "pack_batch": "loomdata.execution._packing",
     "serve": "loomdata.execution._serve",
+    "shard_batch": "loomdata.execution._packing",
 }
 
 

@@ -9,7 +9,7 @@ let takes wait on them, record metrics.
 State is rebuildable from the plan and a step number. A constructor recreated after its worker died
 (`_recovery`) starts empty: the ranks' next takes name their steps, which it builds on demand or moves
 the window to, so nothing is skipped or repeated. Peers (tp/pp/cp ranks of one dp rank) take the same
-batches; one read serves them all.
+batches; one read serves them all (a take naming a `cp_rank` gets only that CP rank's shards of them).
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from loomdata.execution._manifest import ManifestSlice
-from loomdata.execution._packing import PackRules, pack_step
+from loomdata.execution._packing import PackRules, pack_step, peer_batches
 from loomdata.execution._reads import Reads, Route
 from loomdata.execution._telemetry import TelemetryBuffer, valid_report
 from loomdata.execution._window import Admission, Build, StepWindow
 from loomdata.execution.protocol import ExecutorUnavailable
 from loomdata.schemas.batch import Batch
+from loomdata.schemas.context_parallel import cp_group_check
 from loomdata.schemas.errors import ExecutionError, LoomError
 from loomdata.schemas.metrics import BuildPhases, ConstructorMetrics, StepTelemetry
 from loomdata.schemas.plan import read_plan
@@ -77,12 +78,22 @@ class DataConstructor:
         self._launch(self._window.start())
         return self._ranks
 
-    async def take(self, dp_rank: int, step: int, telemetry: list[tuple[int, float]] | None = None) -> list[Batch]:
+    async def take(
+        self,
+        dp_rank: int,
+        step: int,
+        telemetry: list[tuple[int, float]] | None = None,
+        cp_rank: int | None = None,
+    ) -> list[Batch]:
         """All micro-batches of `dp_rank` at `step`, in order (waits while they are being built).
 
         `telemetry`: (step, seconds) the rank measured for earlier steps, riding on this take; kept
-        for `drain_telemetry` (an invalid pair is dropped, never fails the take).
+        for `drain_telemetry` (an invalid pair is dropped, never fails the take). `cp_rank`: the
+        taker is that CP peer of the dp rank and receives only its shards (`_packing.peer_batches`);
+        None: the whole micro-batches.
         """
+        if cp_rank is not None:
+            cp_group_check(self._meta, cp_rank)
         if dp_rank not in self._window.want:
             raise ExecutionError(f"dp rank {dp_rank} is not served by this constructor (ranks {self._ranks})")
         if not 0 <= step < self._meta.steps:
@@ -100,6 +111,8 @@ class DataConstructor:
         self._stats.wait_s[dp_rank] += time.perf_counter() - t0
         self._stats.takes[dp_rank] += 1
         self._stats.batches_taken += len(batches)
+        if cp_rank is not None:  # the window holds whole batches: one read serves every peer
+            return peer_batches(self._meta, self._rules, batches, cp_rank)
         return batches
 
     async def record_telemetry(self, dp_rank: int, telemetry: list[tuple[int, float]]) -> None:

@@ -15,6 +15,11 @@ Conventions (DESIGN.md, "Batch"):
 - `cu_seqlens = [0, l1, l1 + l2, ..., n]` (int32, one entry more than segments);
 - with images, a label whose target is an image placeholder token is `IGNORE_INDEX` too (a model
   predicts text, never the placeholders that stand for image patches).
+
+Context parallelism: `shard_batch` cuts a packed micro-batch into the shard one CP rank holds (the
+layout of `schemas.context_parallel`: chunks i and 2cp-1-i of 2cp), after packing, so labels and
+position ids are those of the whole sequence; `peer_batches` gives a CP peer the shards of its
+step's micro-batches, each by its lane's cp size (a lane of cp 1 is served whole to every peer).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from loomdata.schemas.batch import IGNORE_INDEX, SEGMENT_DTYPE, Batch
+from loomdata.schemas.context_parallel import cp_group_check, cp_positions, lane_cp_sizes
 from loomdata.schemas.errors import ExecutionError
 from loomdata.schemas.plan import PlanMeta
 from loomdata.schemas.spec import Spec
@@ -33,7 +39,7 @@ if TYPE_CHECKING:  # annotations only: packing stays free of the loader's import
     from loomdata.execution._loader import SegmentData
     from loomdata.execution._manifest import ManifestRows
 
-__all__ = ["PackRules", "pack_arrays", "pack_batch", "pack_step"]
+__all__ = ["PackRules", "pack_arrays", "pack_batch", "pack_step", "peer_batches", "shard_batch"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,4 +184,65 @@ def pack_step(
                 )
             )
         out[r] = batches
+    return out
+
+
+def shard_batch(batch: Batch, cp_rank: int, cp_size: int, *, image_token_id: int | None = None) -> Batch:
+    """CP rank `cp_rank`'s shard of a whole micro-batch cut `cp_size` ways (the batch itself for cp_size 1).
+
+    Images go to every shard that holds any of their placeholder tokens (`image_token_id` marks
+    them; an image's run of placeholders ends at the next non-placeholder token or the next image).
+    """
+    if batch.is_shard:
+        raise ValueError(f"shard_batch: step {batch.step} micro-batch {batch.micro_batch} is already a shard")
+    if cp_size == 1:
+        if cp_rank != 0:
+            raise ValueError(f"cp_rank must be 0 for cp_size 1, got {cp_rank}")
+        return batch
+    n = len(batch.input_ids)
+    pos = cp_positions(n, cp_size, cp_rank)
+    images, img_pos = batch.images, batch.image_positions
+    if images:
+        held = np.zeros(n + 1, dtype=np.int64)
+        held[pos + 1] = 1
+        np.cumsum(held, out=held)  # held[k] = held positions before k
+        start = img_pos.astype(np.int64)
+        end = np.full(len(start), n, dtype=np.int64)
+        other = np.flatnonzero(batch.input_ids != image_token_id) if image_token_id is not None else None
+        if other is not None and len(other):
+            at = np.searchsorted(other, start)
+            end = np.where(at < len(other), other[np.minimum(at, len(other) - 1)], n)
+        end = np.minimum(end, np.r_[start[1:], n])
+        end = np.maximum(end, start + 1)  # an image holds at least its first position
+        keep = np.flatnonzero(held[np.minimum(end, n)] - held[np.minimum(start, n)] > 0)
+        images, img_pos = [images[k] for k in keep.tolist()], img_pos[keep]
+    return Batch(
+        step=batch.step,
+        dp_rank=batch.dp_rank,
+        micro_batch=batch.micro_batch,
+        lane=batch.lane,
+        input_ids=batch.input_ids[pos],
+        labels=batch.labels[pos],
+        position_ids=batch.position_ids[pos],
+        cu_seqlens=batch.cu_seqlens,
+        segments=batch.segments,
+        images=list(images),
+        image_positions=img_pos,
+        cp_rank=cp_rank,
+        cp_size=cp_size,
+        sequence_len=n,
+    )
+
+
+def peer_batches(meta: PlanMeta, rules: PackRules, batches: list[Batch], cp_rank: int) -> list[Batch]:
+    """What CP peer `cp_rank` of a dp rank receives of its micro-batches: each one's shard by its lane's cp size.
+
+    A lane of cp size k < cp_group_size is sharded k ways and peer c takes shard c % k (cp 1: whole).
+    """
+    cp_group_check(meta, cp_rank)
+    cps = lane_cp_sizes(meta)
+    out = []
+    for b in batches:
+        k = cps[b.lane] if b.lane < len(cps) else 1
+        out.append(shard_batch(b, cp_rank % k, k, image_token_id=rules.image_token_id))
     return out

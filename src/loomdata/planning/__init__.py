@@ -36,6 +36,8 @@ Decisions, one module each (their docstrings say more):
   where the base's membership stood (in-flight deferred pieces first) with the new dp_size/micro_batches
   budget and the same mixture; the base must match in sources, fingerprints, seed, mixture, seq_len and
   long_context (else PlanError listing every difference); the id hashes the base id and S.
+- _cp_report: how evenly each long-lane sequence splits over its CP ranks in the served layout
+  (schemas.context_parallel), read from the manifest by plan_report; not stored.
 - _report: per-step imbalance max/LB for loomdata and the baseline (same membership: shuffled,
   next-fit, dealt round-robin), simulated gain, realized vs target mixture; the plot.
 """

@@ -20,7 +20,9 @@ pp_time = max over ranks of (rank cost + (pp - 1) x max micro-batch cost); pp_ti
 with every micro-batch at its rank's mean; the summary gives the bubble's share of pp_time and how much
 longer uneven micro-batches make the step (pp_time / pp_time_even - 1); with pp_size 1 both are 0.
 The mixture error of step t is |realized cumulative share - target cumulative share| in percentage
-points; the reported worst error is over steps >= 20.
+points; the reported worst error is over steps >= 20. With a long lane of cp > 1, `plan_report` adds
+`context_parallel` (planning._cp_report: each long sequence's CP ranks priced in the served layout),
+computed from the manifest when asked, never stored.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from loomdata.planning._cp_report import cp_figures
 from loomdata.schemas.plan import read_plan
 from loomdata.schemas.tables import TableKind, read_table, write_table
 
@@ -256,6 +259,9 @@ def plan_report(plan_dir: Path) -> dict[str, Any]:
     meta = read_plan(plan_dir)
     out: dict[str, Any] = {"plan_dir": str(Path(plan_dir)), "plan_id": meta.plan_id}
     out.update(meta.summary)
+    cp = cp_figures(Path(plan_dir), meta)  # read from the manifest, not stored: plans stay byte-identical
+    if cp is not None:
+        out["context_parallel"] = cp
     return out
 
 

@@ -10,7 +10,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from loomdata.schemas.batch import IGNORE_INDEX, SEGMENT_DTYPE, Batch
+    from loomdata.schemas.batch import IGNORE_INDEX, SEGMENT_DTYPE, Batch, reassemble_cp
+    from loomdata.schemas.context_parallel import (
+        cp_chunk_bounds,
+        cp_group_size,
+        cp_imbalance,
+        cp_positions,
+        cp_rank_costs,
+        lane_cp_sizes,
+    )
     from loomdata.schemas.errors import (
         ContractError,
         ExecutionError,
@@ -125,17 +133,31 @@ __all__ = [
     "TrainingSpec",
     "VerifyMode",
     "check_fresh",
+    "cp_chunk_bounds",
+    "cp_group_size",
+    "cp_imbalance",
+    "cp_positions",
+    "cp_rank_costs",
+    "lane_cp_sizes",
     "load_spec",
     "parse_spec",
     "read_index",
     "read_manifest",
     "read_plan",
     "read_table",
+    "reassemble_cp",
     "table_metadata",
     "write_table",
 ]
 
 _LAZY = {
+    "cp_chunk_bounds": "loomdata.schemas.context_parallel",
+    "cp_group_size": "loomdata.schemas.context_parallel",
+    "cp_imbalance": "loomdata.schemas.context_parallel",
+    "cp_positions": "loomdata.schemas.context_parallel",
+    "cp_rank_costs": "loomdata.schemas.context_parallel",
+    "lane_cp_sizes": "loomdata.schemas.context_parallel",
+    "reassemble_cp": "loomdata.schemas.batch",
     "IGNORE_INDEX": "loomdata.schemas.batch",
     "SEGMENT_DTYPE": "loomdata.schemas.batch",
     "Batch": "loomdata.schemas.batch",

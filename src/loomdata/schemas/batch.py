@@ -1,30 +1,43 @@
-"""What a rank receives for one micro-batch: NumPy arrays, wrapped without copying by the torch adapter."""
+"""What a rank receives for one micro-batch: NumPy arrays, wrapped without copying by the torch adapter.
+
+A context-parallel (CP) peer may receive only its shard of a micro-batch (`Batch.positions` names the
+positions it holds, in the layout of `schemas.context_parallel`); `reassemble_cp` puts the shards of
+all `cp_size` peers back into the whole micro-batch.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["IGNORE_INDEX", "SEGMENT_DTYPE", "Batch"]
+from loomdata.schemas.context_parallel import cp_positions
+
+__all__ = ["IGNORE_INDEX", "SEGMENT_DTYPE", "Batch", "reassemble_cp"]
 
 IGNORE_INDEX = -100
 """Label value across document boundaries and padding (ignored by cross-entropy)."""
 
-SEGMENT_DTYPE = np.dtype(
-    [("source", np.uint16), ("sample", np.uint64), ("offset", np.uint32), ("length", np.uint32)]
-)
+SEGMENT_DTYPE = np.dtype([("source", np.uint16), ("sample", np.uint64), ("offset", np.uint32), ("length", np.uint32)])
 """Provenance of each document segment in a batch, in sequence order."""
 
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """One packed micro-batch for one data-parallel rank.
+    """One packed micro-batch for one data-parallel rank, or one CP rank's shard of it.
 
-    `input_ids`, `labels` and `position_ids` have the lane's sequence length; `cu_seqlens` has one
-    entry more than there are documents (the last entry is the number of real tokens; padding follows).
-    `images` holds decoded image arrays (HWC uint8) of multimodal samples, in sequence order, and
-    `image_positions` the index of each image's first placeholder token in `input_ids`.
+    `input_ids`, `labels` and `position_ids` have the lane's sequence length (a shard: the length of
+    the positions it holds); `cu_seqlens` has one entry more than there are documents (the last entry
+    is the number of real tokens; padding follows). `images` holds decoded image arrays (HWC uint8)
+    of multimodal samples, in sequence order, and `image_positions` the index of each image's first
+    placeholder token in the sequence.
+
+    A shard (cp_size > 1; `positions` not None) holds the sequence positions `positions` (int32, ascending: CP
+    rank `cp_rank` of `cp_size` holds chunks cp_rank and 2*cp_size-1-cp_rank of 2*cp_size); its
+    `input_ids[k]`, `labels[k]`, `position_ids[k]` are those of sequence position `positions[k]`.
+    `cu_seqlens`, `segments` and `image_positions` stay in whole-sequence coordinates (ring attention
+    needs every document boundary); `images` are those whose placeholder tokens it holds any of.
     """
 
     step: int
@@ -38,8 +51,95 @@ class Batch:
     segments: np.ndarray
     images: list[np.ndarray] = field(default_factory=list)
     image_positions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    cp_rank: int = 0
+    """This batch's CP rank (0 for a whole micro-batch)."""
+    cp_size: int = 1
+    """How many CP shards the micro-batch was cut into (1: this is the whole micro-batch)."""
+    sequence_len: int = 0
+    """A shard: the whole sequence's length (its positions follow from it, so they never cross the wire)."""
+
+    @property
+    def positions(self) -> np.ndarray | None:
+        """Sequence positions held (int32, ascending), None for a whole micro-batch."""
+        if self.cp_size == 1:
+            return None
+        return cp_positions(self.sequence_len, self.cp_size, self.cp_rank).astype(np.int32)
 
     @property
     def num_tokens(self) -> int:
-        """Real (non-padding) tokens in the batch."""
-        return int(self.cu_seqlens[-1]) if len(self.cu_seqlens) else 0
+        """Real (non-padding) tokens in the batch (in a shard: the real tokens it holds)."""
+        real = int(self.cu_seqlens[-1]) if len(self.cu_seqlens) else 0
+        pos = self.positions
+        return real if pos is None else int(np.count_nonzero(pos < real))
+
+    @property
+    def is_shard(self) -> bool:
+        """Whether this is one CP rank's shard of a micro-batch (not the whole of it)."""
+        return self.cp_size > 1
+
+    def held_positions(self) -> np.ndarray:
+        """Sequence positions (int32) of this batch's entries: `positions`, or 0..len-1 for a whole batch."""
+        pos = self.positions
+        return np.arange(len(self.input_ids), dtype=np.int32) if pos is None else pos
+
+    def segment_ids(self) -> np.ndarray:
+        """Per entry, the index (int32) of its document in `segments` / `cu_seqlens`; -1 for padding."""
+        pos = self.held_positions()
+        cu = self.cu_seqlens
+        if len(cu) < 2:
+            return np.full(len(pos), -1, dtype=np.int32)
+        ids = np.searchsorted(cu, pos, side="right").astype(np.int32) - 1
+        ids[pos >= cu[-1]] = -1
+        return ids
+
+
+def reassemble_cp(shards: Sequence[Batch]) -> Batch:
+    """The whole micro-batch from the shards of all its CP ranks (any order); raises ValueError if they do not fit.
+
+    A whole batch (cp_size 1) is returned as it is.
+    """
+    if not shards:
+        raise ValueError("reassemble_cp: no shards given")
+    first = shards[0]
+    key = (first.step, first.dp_rank, first.micro_batch, first.lane, first.cp_size)
+    for s in shards:
+        if (s.step, s.dp_rank, s.micro_batch, s.lane, s.cp_size) != key:
+            raise ValueError(
+                f"reassemble_cp: shards of different micro-batches: (step, dp_rank, micro_batch, lane, cp_size) "
+                f"{key} and {(s.step, s.dp_rank, s.micro_batch, s.lane, s.cp_size)}"
+            )
+    if first.cp_size == 1 and len(shards) == 1:
+        return first
+    ranks = sorted(s.cp_rank for s in shards)
+    if ranks != list(range(first.cp_size)) or len({s.sequence_len for s in shards}) != 1:
+        raise ValueError(f"reassemble_cp: need one shard of each CP rank 0..{first.cp_size - 1}, got ranks {ranks}")
+    for s in shards[1:]:
+        if not (np.array_equal(s.cu_seqlens, first.cu_seqlens) and np.array_equal(s.segments, first.segments)):
+            raise ValueError("reassemble_cp: shards disagree on the sequence's documents (cu_seqlens / segments)")
+    pos = np.concatenate([s.held_positions() for s in shards]).astype(np.int64)
+    n = len(pos)
+    if not np.array_equal(np.bincount(pos, minlength=n), np.ones(n, dtype=np.int64)):
+        raise ValueError(f"reassemble_cp: the shards' positions do not cover 0..{n - 1} exactly once")
+
+    def whole(name: str) -> np.ndarray:
+        parts = [getattr(s, name) for s in shards]
+        out = np.empty(n, dtype=parts[0].dtype)
+        out[pos] = np.concatenate(parts)
+        return out
+
+    img_pos = np.concatenate([s.image_positions for s in shards]).astype(np.int64)
+    imgs = [im for s in shards for im in s.images]
+    uniq, pick = np.unique(img_pos, return_index=True)  # an image a chunk boundary cuts is in two shards
+    return Batch(
+        step=first.step,
+        dp_rank=first.dp_rank,
+        micro_batch=first.micro_batch,
+        lane=first.lane,
+        input_ids=whole("input_ids"),
+        labels=whole("labels"),
+        position_ids=whole("position_ids"),
+        cu_seqlens=first.cu_seqlens,
+        segments=first.segments,
+        images=[imgs[k] for k in pick.tolist()],
+        image_positions=uniq.astype(np.int32),
+    )

@@ -38,6 +38,7 @@ class PlanHeader:
     dp_size: int
     micro_batches: int
     shapes: tuple[ShapeRange, ...]  # sorted by from_step; one range unless an elastic re-plan
+    lane_cp: tuple[int, int] = (1, 1)  # context-parallel size of the short and long lane (1 without a long lane)
 
     def shape_at(self, step: int) -> ShapeRange:
         """The shape in force at `step`."""
@@ -76,7 +77,10 @@ def read_plan_header(plan_dir: str | Path) -> PlanHeader:
                 key=lambda sh: sh.from_step,
             )
         )
-        return PlanHeader(str(raw["plan_id"]), int(raw["steps"]), dp, mb, shapes)
+        params = raw.get("parameters") or {}
+        long_cp = int(raw.get("long_cp_size", 1)) if raw.get("long_seq_len") is not None else 1
+        lane_cp = (int(params.get("short_cp_size", 1)), long_cp)
+        return PlanHeader(str(raw["plan_id"]), int(raw["steps"]), dp, mb, shapes, lane_cp)
     except (KeyError, TypeError, ValueError) as e:
         raise ContractError(
             f"{p}: invalid plan.json header ({type(e).__name__}: {e}); re-plan with `loom plan SPEC`"

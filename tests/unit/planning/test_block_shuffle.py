@@ -80,6 +80,21 @@ def test_blocks_are_runs_of_one_shard_and_windows_draw_from_few_blocks(shuffled_
     assert (np.diff(blk[: bounds[1]]) != 0).mean() > 0.5
 
 
+@pytest.mark.parametrize(("block_size", "window"), [(1, 1), (1, 7), (5000, 1), (37, 1000), (64, 3)])
+def test_block_permutation_covers_every_document_at_any_block_and_window_size(block_size: int, window: int) -> None:
+    """Degenerate sizes too: one-document blocks, blocks larger than a shard, one window over everything."""
+    t = _table(_lengths(3001), shards=5)
+    lay = _layout(t, block_size, window)
+    rows = lay.permutation(np.random.default_rng(block_size * 31 + window))
+    assert np.array_equal(np.sort(rows), np.arange(3001))
+    blk = np.searchsorted(lay.starts, rows, side="right") - 1
+    first_seen = np.unique(blk, return_index=True)[1]
+    order = blk[np.sort(first_seen)]  # blocks in the order the plan opens them
+    win_of = np.empty(lay.num_blocks, dtype=np.int64)
+    win_of[order] = np.arange(lay.num_blocks) // window
+    assert (np.diff(win_of[blk]) >= 0).all()  # a window's documents are all drawn before the next window's
+
+
 def _window_blocks(blk: np.ndarray, window: int) -> list[list[int]]:
     """The blocks of each window, in plan order (a window is `window` blocks drawn completely)."""
     out: list[list[int]] = []

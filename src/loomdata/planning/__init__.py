@@ -21,6 +21,9 @@ Decisions, one module each (their docstrings say more):
   steps at once) keeps each source's cumulative tokens within half a segment of its target. Errors:
   max_epochs exceeded (names source and step), an empty source with positive weight, a step no source
   can fill (budget smaller than the documents); the mixture's own rules are the spec's (parse_spec).
+- _shuffle, the I/O-aware block shuffle (spec `shuffle: block`: block order permuted per epoch, documents
+  shuffled within windows of blocks) and the per-source shuffle figures of the summary (Spearman
+  correlation with storage order, storage jump, LRU block-read amplification).
 - _packing, lanes and segments: documents longer than their lane are split into segments
   (offset, length), never dropped; documents above long_context.threshold go to the long lane; samples
   with images are never split. Baseline packer: next-fit in shuffled order (vectorised).

@@ -7,7 +7,8 @@ weights interpolated linearly (held before the first milestone and after the las
 T[t, k] = B * sum_{s <= t} w[s, k].
 
 Streams. Source k yields its non-empty documents in a seeded permutation
-(seed, crc32(source name), epoch), a new permutation every epoch, epochs concatenated; documents longer
+(seed, crc32(source name), epoch), a new permutation every epoch, epochs concatenated (uniform, or with
+spec `shuffle: block` the block shuffle of planning._shuffle, whose reads are mostly sequential); documents longer
 than their lane are expanded into consecutive segments (see _packing). cum_k is the stream's cumulative
 token count.
 
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loomdata.planning._packing import Lanes, expand_units
+from loomdata.planning._shuffle import BlockLayout
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import Spec
 
@@ -99,15 +101,21 @@ def source_key(seed: int, name: str) -> list[int]:
     return [int(seed) & 0xFFFFFFFFFFFFFFFF, zlib.crc32(name.encode())]
 
 
-def build_stream(name: str, seed: int, lengths: np.ndarray, lanes: Lanes, epochs: int) -> Stream:
+def build_stream(
+    name: str, seed: int, lengths: np.ndarray, lanes: Lanes, epochs: int, blocks: BlockLayout | None = None
+) -> Stream:
     """The first `epochs` epochs of a source's seeded segment stream (one fresh permutation per epoch).
 
+    `blocks` (spec `shuffle: block`): each epoch's permutation is the block shuffle of planning._shuffle
+    (block order permuted, documents shuffled within windows of blocks) from the same per-epoch generator;
+    None: a uniform permutation of all documents. Either way every non-empty document once per epoch.
     Memory: the stream keeps 4 bytes (doc) + 8 (cum) a segment; when no document needs splitting, the
     permutation itself is the stream (no offset/length columns), and cum is summed in chunks.
     """
     idx_dtype = np.uint32 if len(lengths) < 2**32 else np.int64
-    docs = np.arange(len(lengths), dtype=idx_dtype)
-    if not (lengths > 0).all():
+    nonempty = bool((lengths > 0).all())
+    docs = np.arange(len(lengths), dtype=idx_dtype) if blocks is None else np.zeros(0, dtype=idx_dtype)
+    if blocks is None and not nonempty:
         docs = docs[lengths > 0]
     no_split = len(lengths) == 0 or int(lengths.max()) <= lanes.seq_len
     n_ep = max(epochs, 1)
@@ -116,8 +124,13 @@ def build_stream(name: str, seed: int, lengths: np.ndarray, lanes: Lanes, epochs
     at = 0
     for e in range(n_ep):
         rng = np.random.default_rng([*source_key(seed, name), e])
-        perm = docs if e == n_ep - 1 else docs.copy()  # the last epoch shuffles docs itself
-        rng.shuffle(perm)  # in place on 4-byte indices: no 8-byte permutation array
+        if blocks is None:
+            perm = docs if e == n_ep - 1 else docs.copy()  # the last epoch shuffles docs itself
+            rng.shuffle(perm)  # in place on 4-byte indices: no 8-byte permutation array
+        else:
+            rows = blocks.permutation(rng)
+            perm = (rows if nonempty else rows[lengths[rows] > 0]).astype(idx_dtype)
+            del rows
         if no_split:
             doc_parts.append(perm)
             at += len(perm)

@@ -51,6 +51,7 @@ from loomdata.planning._resume import (
     resume_parameters,
 )
 from loomdata.planning._segments import DenseIds, SampleIds, Segments
+from loomdata.planning._shuffle import FIGURE_SEGMENTS, BlockLayout, layout_of, shuffle_figures, storage_runs
 from loomdata.planning._step import StepSink
 from loomdata.planning.balance import BalanceConfig, balance_block
 from loomdata.schemas.errors import PlanError
@@ -80,6 +81,8 @@ class _Source:
     sample: SampleIds
     num_tokens: np.ndarray
     num_image_tokens: np.ndarray
+    runs: np.ndarray  # int64 starts of runs of one shard in storage order, n appended (planning._shuffle)
+    order: np.ndarray | None  # index rows in storage order; None: already so
 
 
 def make_plan(
@@ -155,7 +158,10 @@ def _load_index(
             table = index[name]
             check_schema(table, TableKind.INDEX, f"index table of source {name!r}")
             fp = fingerprints[name] if fingerprints is not None and name in fingerprints else _fingerprint(table)
-            src = _Source(name, _np(table, "sample"), _np(table, "num_tokens"), _np(table, "num_image_tokens"))
+            runs, order = storage_runs(_np(table, "shard"), _np(table, "row"))
+            src = _Source(
+                name, _np(table, "sample"), _np(table, "num_tokens"), _np(table, "num_image_tokens"), runs, order
+            )
         if fingerprints is not None and name in fingerprints:
             fp = fingerprints[name]
         fps[name] = fp
@@ -174,7 +180,9 @@ def _read_source(workdir: Path, name: str) -> tuple[_Source, str]:
     sample: np.ndarray | None = None
     images: np.ndarray | None = None
     at = 0
-    cols = ["sample", "num_tokens", "num_image_tokens"]
+    cols = ["sample", "shard", "num_tokens", "num_image_tokens"]
+    changes: list[np.ndarray] = []  # where the shard changes (index rows are in (shard, row) order)
+    last_shard: int | None = None
     for batch in pf.iter_batches(batch_size=_BATCH, columns=cols, use_threads=False):
         b = at + batch.num_rows
         tokens[at:b] = batch.column("num_tokens").to_numpy()
@@ -184,6 +192,12 @@ def _read_source(workdir: Path, name: str) -> tuple[_Source, str]:
             sample[:at] = np.arange(at, dtype=np.uint64)
         if sample is not None:
             sample[at:b] = ids
+        sh = batch.column("shard").to_numpy()
+        if len(sh):
+            if last_shard is not None and int(sh[0]) != last_shard:
+                changes.append(np.array([at], dtype=np.int64))
+            changes.append(np.flatnonzero(sh[1:] != sh[:-1]).astype(np.int64) + at + 1)
+            last_shard = int(sh[-1])
         img = batch.column("num_image_tokens").to_numpy()
         if images is None and img.any():
             images = np.zeros(n, dtype=np.uint32)
@@ -192,7 +206,8 @@ def _read_source(workdir: Path, name: str) -> tuple[_Source, str]:
         at = b
     ids_of: SampleIds = DenseIds(n) if sample is None else sample
     no_images = np.broadcast_to(np.zeros(1, np.uint32), (n,))
-    return _Source(name, ids_of, tokens, no_images if images is None else images), fp
+    runs = np.concatenate([[0], *changes, [n]]).astype(np.int64) if n else np.zeros(1, dtype=np.int64)
+    return _Source(name, ids_of, tokens, no_images if images is None else images, runs, None), fp
 
 
 _BATCH = 1 << 16
@@ -240,11 +255,14 @@ def _plan_into(
     check_epochs(names, targets, epoch_tokens, [spec.source(n).max_epochs for n in names])
     max_seg = max(lanes.seq_len, lanes.long_seq_len or 0)
     streams: list[Stream] = []
+    layouts = [layout_of(spec.source(s.name), s.runs, s.order) for s in sources]
     for k, s in enumerate(sources):
         check_unsplittable(s.name, s.sample, s.num_tokens, s.num_image_tokens, lanes)
         epochs = int((targets[-1, k] + max_seg) // epoch_tokens[k]) + 1 if epoch_tokens[k] else 1
-        streams.append(build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs))
+        blocks = layouts[k] if spec.source(s.name).shuffle_blocks is not None else None
+        streams.append(build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs, blocks))
     ptr = membership(targets, streams, lanes, step_slots)
+    shuffle = _shuffle_figures(spec, sources, layouts, streams, ptr, lanes)
     drawn = sum(np.diff(st.cum[ptr[start:, k]]) for k, st in enumerate(streams))
     assignment = None
     if spec.planning.lookahead > 0:
@@ -315,6 +333,7 @@ def _plan_into(
         bar.close()
     files = writer.close(tr.steps - 1)
     report.write(out)
+    report.set_shuffle(shuffle)
     summary = report.summary()
     resume: ResumeInfo | None = None
     if base is not None:
@@ -358,6 +377,24 @@ def _plan_into(
     )
     (out / "plan.json").write_text(meta.to_json())
     return meta
+
+
+def _shuffle_figures(
+    spec: Spec,
+    sources: list[_Source],
+    layouts: list[BlockLayout],
+    streams: list[Stream],
+    ptr: np.ndarray,
+    lanes: Lanes,
+) -> dict[str, dict[str, float | int | str]]:
+    """Per source, what its shuffle gives and costs in reads (planning._shuffle), over the stream it draws."""
+    out: dict[str, dict[str, float | int | str]] = {}
+    for k, s in enumerate(sources):
+        st = streams[k]
+        doc, _, length, _ = st.segments(0, min(int(ptr[-1, k]), FIGURE_SEGMENTS), s.num_tokens, lanes)
+        figs = shuffle_figures(spec.source(s.name), layouts[k], doc, length, s.num_tokens)
+        out[s.name] = figs.to_dict()
+    return out
 
 
 def _step_slots(shapes: list[StepShape], steps: int) -> np.ndarray:

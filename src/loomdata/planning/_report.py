@@ -23,6 +23,11 @@ The mixture error of step t is |realized cumulative share - target cumulative sh
 points; the reported worst error is over steps >= 20. With a long lane of cp > 1, `plan_report` adds
 `context_parallel` (planning._cp_report: each long sequence's CP ranks priced in the served layout),
 computed from the manifest when asked, never stored.
+Shuffle (summary `shuffle`, per source, planning._shuffle.ShuffleFigures): the shuffle mode and blocks,
+`spearman` (rank correlation of storage position and plan position: ~0 is no file-order trend),
+`mean_jump_docs` / `mean_jump_share` (storage distance of consecutive planned documents), and
+`read_amplification` / `fetches_per_segment` of a reader fetching whole blocks and keeping `window` of
+them (bytes fetched per byte delivered, bytes estimated as tokens).
 """
 
 from __future__ import annotations
@@ -80,6 +85,7 @@ class ReportBuilder:
         pipeline stages (for the 1F1B bubble)."""
         self.sources = sources
         self.pp_size = pp_size
+        self._shuffle: dict[str, dict[str, float | int | str]] = {}
         self.rank_from = rank_from
         self.budgets = budgets
         self.tokens = np.zeros((steps, len(sources)), dtype=np.int64)
@@ -182,6 +188,10 @@ class ReportBuilder:
         )
         write_table(ranks, plan_dir / _RANKS_FILE, TableKind.PLAN_RANKS)
 
+    def set_shuffle(self, figures: dict[str, dict[str, float | int | str]]) -> None:
+        """Per-source shuffle figures (planning._shuffle) for the summary's `shuffle` section."""
+        self._shuffle = dict(figures)
+
     def summary(self) -> dict[str, Any]:
         """The plan's summary figures (stored in plan.json, printed by `loom plan` / `loom inspect`)."""
         c = self.cols
@@ -226,6 +236,7 @@ class ReportBuilder:
                 }
                 for k, name in enumerate(self.sources)
             },
+            "shuffle": self._shuffle,
         }
 
 

@@ -23,9 +23,9 @@ steps t0..S-1 minus the pieces the base's manifest placed in those steps are wha
 (placed pieces of a segment are always a prefix of it, so the rest is a suffix).
 
 Compatibility. The base must have been made by this planner version, over the same sources (same order),
-the same index fingerprints, seed, mixture, planning.fill, seq_len and long_context; else PlanError lists every
-difference. The base may itself be a re-plan: `parameters.shape_schedule` records the shape of every
-step range ([{from_step, dp_size, micro_batches}], only in re-planned plans), so chains of re-plans
+the same index fingerprints, seed, mixture, shuffle settings, planning.fill, seq_len and long_context; else
+PlanError lists every difference. The base may itself be a re-plan: `parameters.shape_schedule` records the
+shape of every step range ([{from_step, dp_size, micro_batches}], only in re-planned plans), so chains of re-plans
 reproduce the same membership. The new plan's id hashes the spec, the index fingerprints, the planner
 version, the base plan id and S; plan.json `parameters.resume` holds {base_plan_id, at_step,
 base_dp_size, base_micro_batches}.
@@ -112,6 +112,12 @@ def open_base(resume: PlanResume, spec: Spec, fingerprints: dict[str, str], plan
         problems.append(
             f"mixture differs (base {meta.spec.mixture.model_dump(mode='json')}, "
             f"spec {spec.mixture.model_dump(mode='json')})"
+        )
+    base_shuffle = {s.name: s.shuffle_blocks for s in meta.spec.sources}
+    new_shuffle = {s.name: s.shuffle_blocks for s in spec.sources}
+    if base_shuffle != new_shuffle:
+        problems.append(
+            f"shuffle differs (base {base_shuffle}, spec {new_shuffle}; None: global, else (block_size, window))"
         )
     if meta.parameters.fill != spec.planning.fill:
         problems.append(f"planning.fill differs (base {meta.parameters.fill}, spec {spec.planning.fill})")

@@ -13,11 +13,11 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from loomdata.schemas.errors import SpecError
 from loomdata.schemas.formats import field_problems, metadata_problem
@@ -30,6 +30,7 @@ __all__ = [
     "Milestone",
     "MixtureSpec",
     "OnError",
+    "ShuffleMode",
     "SourceFormat",
     "SourceSpec",
     "Spec",
@@ -56,6 +57,13 @@ class OnError(str, enum.Enum):
 
     ERROR = "error"
     SKIP = "skip"
+
+
+class ShuffleMode(str, enum.Enum):
+    """How a source's stream orders its documents each epoch: one global permutation, or blocks of storage."""
+
+    GLOBAL = "global"
+    BLOCK = "block"
 
 
 class VerifyMode(str, enum.Enum):
@@ -101,11 +109,44 @@ class SourceSpec(_Frozen):
     verify: VerifyMode = VerifyMode.SAMPLE  # a serving setting: not part of the plan id (`content_json`)
     storage_options: dict[str, dict[str, Any]] = Field(default_factory=dict, exclude=True, repr=False)
     """fsspec options per protocol for URL `paths` (`{s3: {endpoint_url: ...}}`): never dumped, shown or written."""
+    shuffle: ShuffleMode = ShuffleMode.GLOBAL
+    """`global`: a fresh permutation of all documents every epoch; `block`: the order of blocks of `block_size`
+    documents consecutive in storage (within one shard) is shuffled every epoch and documents are shuffled
+    within each `window` of consecutive blocks of that order, so a reader fetching whole blocks reads
+    mostly sequentially (planning._shuffle)."""
+    block_size: int | None = Field(default=None, gt=0)
+    """Documents per block (shuffle: block; default 1024): about one Parquet row group or a few MiB of a file."""
+    window: int | None = Field(default=None, gt=0)
+    """Blocks whose documents are shuffled together (shuffle: block; default 16): a loader keeps this many."""
+
+    BLOCK_SIZE_DEFAULT: ClassVar[int] = 1024
+    WINDOW_DEFAULT: ClassVar[int] = 16
+    SHUFFLE_FIELDS: ClassVar[tuple[str, ...]] = ("shuffle", "block_size", "window")
+    """Left out of the plan id while `shuffle` is global, so plans made before these fields keep their ids."""
 
     @field_validator("image_field", mode="before")
     @classmethod
     def _one_or_many(cls, v: Any) -> Any:
         return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _block_fields_need_block(self) -> SourceSpec:
+        """`block_size` / `window` only shape a block shuffle: with `shuffle: global` they would be ignored."""
+        given = [f for f in ("block_size", "window") if getattr(self, f) is not None]
+        if given and self.shuffle is not ShuffleMode.BLOCK:
+            names = " and ".join(given)
+            raise ValueError(
+                f"{names} set, but they shape only shuffle: block (this source's shuffle is "
+                f"{self.shuffle.value}); set shuffle: block or drop {names}"
+            )
+        return self
+
+    @property
+    def shuffle_blocks(self) -> tuple[int, int] | None:
+        """(block_size, window) of a block shuffle, defaults filled in; None for the global shuffle."""
+        if self.shuffle is not ShuffleMode.BLOCK:
+            return None
+        return (self.block_size or self.BLOCK_SIZE_DEFAULT, self.window or self.WINDOW_DEFAULT)
 
 
 class ImageSpec(_Frozen):
@@ -237,6 +278,13 @@ class Spec(_Frozen):
             mode="json",
             exclude={"workdir": True, "base_dir": True, "tokenizer": {"path"}, "sources": {"__all__": {"verify"}}},
         )
+        for src, s in zip(data["sources"], self.sources, strict=True):
+            blocks = s.shuffle_blocks
+            if blocks is None:  # the default shuffle keeps the plan ids of specs written before it
+                for f in SourceSpec.SHUFFLE_FIELDS:
+                    src.pop(f, None)
+            else:  # defaults resolved: leaving block_size out or giving its default is the same plan
+                src["block_size"], src["window"] = blocks
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def spec_hash(self) -> str:

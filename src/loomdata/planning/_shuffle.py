@@ -1,0 +1,240 @@
+"""The I/O-aware block shuffle of a source's stream, and the figures that say what a shuffle costs and gives.
+
+Storage order. Index rows are in (shard, row) order (`loom index` writes them so), so a run of consecutive
+index rows with the same shard is a run of neighbours in one file. A *block* is `block_size` consecutive
+documents of one such run (the last block of a run may be shorter; a block never spans two shards).
+
+Block shuffle (spec `shuffle: block`, as Mosaic Streaming's py1b): every epoch, from the source's seeded
+generator (seed, crc32(name), epoch), the order of all blocks is permuted, the permuted order is cut into
+windows of `window` consecutive blocks, and the documents of each window are shuffled among themselves.
+So every document is drawn exactly once per epoch, and the documents of one window come from `window`
+blocks only: a loader that fetches whole blocks and keeps the last `window` of them reads each block
+once per epoch, sequentially inside it. NumPy throughout: one block permutation, one repeat, one stable
+argsort of (window, random key) per epoch; no per-document Python.
+
+Figures (ShuffleFigures, in the plan summary under `shuffle`), measured on the stream prefix the plan
+draws (at most its first FIGURE_SEGMENTS segments), where p[i] is the storage position (index row) of
+the document of the plan's i-th segment of the source:
+- `spearman`: Spearman rank correlation between plan position i and p[i]; near 0 means no trend with
+  file order (both shuffles), near 1 means the plan reads the files front to back.
+- `mean_jump_docs`: mean |p[i+1] - p[i]|, how far consecutive planned documents lie apart in storage;
+  `mean_jump_share` is it over the source's documents (about 1/3 for a global shuffle).
+- `read_amplification`: bytes fetched per byte delivered by a reader that fetches whole blocks (the
+  source's own blocks under `shuffle: block`, blocks of the default size for `global`) into an LRU cache
+  of `window` blocks (its memory): a segment whose block is not cached costs the whole block. Bytes are
+  estimated as tokens (a document's bytes are about proportional to its tokens; exact for Megatron
+  .bin). A block shuffle gives about 1.0 (each block fetched once per epoch); a global shuffle about
+  (1 - window / blocks) x a block's bytes per document's.
+- `fetches_per_segment`: block fetches of that reader per segment delivered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from loomdata.schemas.spec import SourceSpec
+
+__all__ = [
+    "FIGURE_SEGMENTS",
+    "BlockLayout",
+    "ShuffleFigures",
+    "layout_of",
+    "lru_hits",
+    "shuffle_figures",
+    "storage_runs",
+]
+
+FIGURE_SEGMENTS = 1 << 18
+"""The shuffle figures are measured on at most this many first segments of a source's stream (bounds their cost)."""
+
+
+def storage_runs(shard: np.ndarray, row: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(run starts (int64, with n appended), order) of index rows by shard: runs of one shard, consecutive in
+    storage. `order` is None when the rows are in (shard, row) order already (as `loom index` writes them),
+    else the index rows in storage order (hand-made tables)."""
+    n = len(shard)
+    shard = np.asarray(shard)
+    order: np.ndarray | None = None
+    if n > 1 and row is not None:
+        ds = np.diff(shard.astype(np.int64))
+        dr = np.diff(np.asarray(row).astype(np.int64))
+        if ((ds < 0) | ((ds == 0) & (dr < 0))).any():
+            order = np.lexsort((row, shard)).astype(np.int64)
+            shard = shard[order]
+    change = np.flatnonzero(shard[1:] != shard[:-1]) + 1 if n > 1 else np.zeros(0, dtype=np.int64)
+    starts = np.concatenate([[0], change, [n]]).astype(np.int64) if n else np.zeros(1, dtype=np.int64)
+    return starts, order
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLayout:
+    """A source's blocks: block b holds storage positions starts[b]:starts[b+1]; `order` maps positions to
+    index rows (None: the same), `window` blocks are shuffled together."""
+
+    starts: np.ndarray  # int64, num_blocks + 1
+    order: np.ndarray | None
+    block_size: int
+    window: int
+
+    @classmethod
+    def of(cls, runs: np.ndarray, order: np.ndarray | None, block_size: int, window: int) -> BlockLayout:
+        """Cut every run of one shard (storage_runs) into blocks of `block_size` documents."""
+        if block_size < 1 or window < 1:
+            raise ValueError(f"block_size and window must be >= 1, got {block_size} and {window}")
+        lens = np.diff(runs)
+        nblk = -(-lens // block_size)  # ceil; 0 for an empty run
+        run_of = np.repeat(np.arange(len(lens)), nblk)
+        first = np.cumsum(nblk) - nblk
+        k = np.arange(int(nblk.sum()), dtype=np.int64) - first[run_of]
+        starts = np.concatenate([runs[:-1][run_of] + k * block_size, runs[-1:]]).astype(np.int64)
+        return cls(starts, order, block_size, window)
+
+    @property
+    def num_docs(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.starts) - 1
+
+    def positions(self, rows: np.ndarray) -> np.ndarray:
+        """Storage positions (int64) of index rows."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.order is None:
+            return rows
+        inv = np.empty(len(self.order), dtype=np.int64)
+        inv[self.order] = np.arange(len(self.order), dtype=np.int64)
+        return inv[rows]
+
+    def permutation(self, rng: np.random.Generator) -> np.ndarray:
+        """One epoch's order of all index rows (int64): blocks permuted, documents shuffled within windows."""
+        n, nb = self.num_docs, self.num_blocks
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        sizes = np.diff(self.starts)
+        bperm = rng.permutation(nb)
+        sz = sizes[bperm]
+        out_first = np.cumsum(sz) - sz
+        pos = np.arange(n, dtype=np.int64) + np.repeat(self.starts[bperm] - out_first, sz)
+        win = np.repeat(np.arange(nb, dtype=np.uint64) // np.uint64(self.window), sz)
+        key = (win << np.uint64(32)) | rng.integers(0, 1 << 32, size=n, dtype=np.uint64)
+        del win
+        pos = pos[np.argsort(key, kind="stable")]
+        return pos if self.order is None else self.order[pos]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShuffleFigures:
+    """What a source's shuffle gives (no trend with storage order) and costs (reads); see the module doc."""
+
+    mode: str
+    block_size: int
+    window: int
+    segments: int  # measured on this many first segments
+    spearman: float
+    mean_jump_docs: float
+    mean_jump_share: float
+    read_amplification: float
+    fetches_per_segment: float
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+def shuffle_figures(
+    source: SourceSpec, layout: BlockLayout, doc: np.ndarray, length: np.ndarray, lengths: np.ndarray
+) -> ShuffleFigures:
+    """Figures of the segments (`doc` index rows, `length` tokens) a plan draws from `source` over `layout`
+    (the source's blocks; for a global shuffle, blocks of the default size); `lengths` are its documents'
+    tokens by index row."""
+    m = min(len(doc), FIGURE_SEGMENTS)
+    p = layout.positions(doc[:m])
+    seg_len = np.asarray(length[:m], dtype=np.float64)
+    spearman = 0.0
+    if m > 2:
+        rank = np.empty(m, dtype=np.float64)
+        rank[np.argsort(p, kind="stable")] = np.arange(m, dtype=np.float64)
+        c = np.corrcoef(np.arange(m, dtype=np.float64), rank)[0, 1]
+        spearman = float(c) if np.isfinite(c) else 0.0
+    jump = float(np.abs(np.diff(p)).mean()) if m > 1 else 0.0
+    amp = fetch = 0.0
+    if m:
+        blk = np.searchsorted(layout.starts, p, side="right") - 1
+        stored = lengths if layout.order is None else lengths[layout.order]
+        block_tokens = np.add.reduceat(stored.astype(np.float64), layout.starts[:-1])
+        miss = ~lru_hits(blk, layout.window)
+        amp = float(block_tokens[blk[miss]].sum() / max(seg_len.sum(), 1.0))
+        fetch = int(miss.sum()) / m
+    return ShuffleFigures(
+        mode=source.shuffle.value,
+        block_size=layout.block_size,
+        window=layout.window,
+        segments=m,
+        spearman=spearman,
+        mean_jump_docs=jump,
+        mean_jump_share=jump / max(layout.num_docs, 1),
+        read_amplification=amp,
+        fetches_per_segment=fetch,
+    )
+
+
+def lru_hits(keys: np.ndarray, capacity: int) -> np.ndarray:
+    """For each access of the sequence `keys`, whether an LRU cache of `capacity` entries holds it already.
+
+    Access i of key b, last used at j < i, hits iff fewer than `capacity` other keys were used in (j, i),
+    i.e. fewer than `capacity` positions k in (j, i) have their next use after i. Those counts are range
+    queries over (k, next[k]), answered for all accesses at once with a merge-sort tree: one sort of the
+    next-use array per level, log2(n) levels, no Python loop over accesses (O(n log^2 n)).
+    """
+    m = len(keys)
+    hit = np.zeros(m, dtype=bool)
+    if m < 2:
+        return hit
+    by_key = np.argsort(keys, kind="stable")
+    same = keys[by_key][1:] == keys[by_key][:-1]
+    prev = np.full(m, -1, dtype=np.int64)
+    nxt = np.full(m, m, dtype=np.int64)  # m: never used again (within the sequence)
+    prev[by_key[1:][same]] = by_key[:-1][same]
+    nxt[by_key[:-1][same]] = by_key[1:][same]
+    q = np.flatnonzero(prev >= 0)
+    close = q - prev[q] - 1 < capacity  # fewer accesses than capacity in between: surely a hit
+    hit[q[close]] = True
+    q = q[~close]
+    if len(q):
+        # other keys in (j, i) = #{k in [j+1, i): next[k] > i}
+        upto_i, upto_j = _later_than(nxt, [q, prev[q] + 1], q)
+        count = upto_i - upto_j
+        hit[q] = count < capacity
+    return hit
+
+
+def _later_than(values: np.ndarray, xs: list[np.ndarray], t: np.ndarray) -> list[np.ndarray]:
+    """For each x of xs and query q, #{k < x[q] : values[k] > t[q]} (values in [0, n]). The prefix [0, x)
+    splits into one dyadic node per set bit of x, and each node's sorted values answer with one
+    searchsorted; the nodes of a level are sorted once for all query sets."""
+    n = len(values)
+    levels = max(int(n - 1).bit_length(), 1)
+    size = 1 << levels
+    pad = np.full(size, -1, dtype=np.int64)  # padding never counts (-1 <= any t)
+    pad[:n] = values
+    span = np.int64(n + 2)  # keys node * span + value + 1 keep nodes apart and sorted
+    outs = [np.zeros(len(x), dtype=np.int64) for x in xs]
+    for level in range(levels + 1):
+        s = 1 << level
+        ons = [(x >> level) & 1 == 1 for x in xs]
+        if not any(on.any() for on in ons):
+            continue
+        keys = np.sort(pad.reshape(-1, s), axis=1).ravel() + 1
+        keys += np.repeat(np.arange(size // s, dtype=np.int64) * span, s)
+        for x, on, out in zip(xs, ons, outs, strict=True):
+            node = (x[on] >> (level + 1)) << 1  # the size-s node starting at (x >> (level+1)) << (level+1)
+            out[on] += s - (np.searchsorted(keys, node * span + t[on] + 1, side="right") - node * s)
+    return outs
+
+
+def layout_of(source: SourceSpec, runs: np.ndarray, order: np.ndarray | None) -> BlockLayout:
+    """The source's block layout: its own blocks under `shuffle: block`, default-size reference blocks else."""
+    block_size, window = source.shuffle_blocks or (SourceSpec.BLOCK_SIZE_DEFAULT, SourceSpec.WINDOW_DEFAULT)
+    return BlockLayout.of(runs, order, block_size, window)

@@ -46,7 +46,7 @@ __all__ = [
     "storage_runs",
 ]
 
-FIGURE_SEGMENTS = 1 << 18
+FIGURE_SEGMENTS = 1 << 16
 """The shuffle figures are measured on at most this many first segments of a source's stream (bounds their cost)."""
 
 

@@ -19,13 +19,22 @@ alone, one thread, over the source's own lengths (`cksum %`: its share of the in
 the whole cost, extra reads and encoding included, is the difference of two runs of this script, one
 with PYTHONPATH at a loomdata without checksums.
 
+`--checksum-cost` measures the checksums' share of the scan in one process instead (no Dask, so the
+figures do not drown in a shared machine's noise): every shard of a source scanned by its reader on one
+thread, CPU time best of `--repeat`, with the real checksums and with the hash calls replaced by zeros
+(alternating), next to the hash alone over the source's own token streams, and for Megatron the time to
+read the .bin bytes alone (what the scan reads only for the checksums). Writes
+benchmarks/results/index_scan_checksum.json.
+
     .venv/bin/python benchmarks/index_scan.py                    # small corpus, about 2 minutes
+    .venv/bin/python benchmarks/index_scan.py --checksum-cost    # in-process checksum cost, about 1 minute
     .venv/bin/python benchmarks/index_scan.py --size large --data /big/disk/corpus
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import io
 import json
@@ -53,6 +62,7 @@ from loomdata.sources.images import image_tokens_array
 from loomdata.testing import generate_corpus
 
 RESULTS = Path(__file__).resolve().parent / "results" / "index_scan.json"
+CHECKSUM_RESULTS = RESULTS.with_name("index_scan_checksum.json")
 GOAL = 0.8
 
 SOURCES: dict[str, dict[str, Any]] = {
@@ -193,21 +203,23 @@ def _index(spec: Spec, client: Any, names: list[str], fresh: bool = True) -> tup
     return took, sum(s.samples for s in summary.sources.values()), sum(s.tokens for s in summary.sources.values())
 
 
-def _checksum_s(spec: Spec, names: list[str], repeat: int = 3) -> float:
-    """Seconds (best of `repeat`, one thread) to checksum streams of the indexed lengths (the hash alone)."""
+def _checksum_s(spec: Spec, names: list[str], repeat: int = 3, lengths: np.ndarray | None = None) -> float:
+    """CPU seconds (best of `repeat`, one thread) to checksum int32 streams of the indexed lengths (or of
+    `lengths`): the hash alone."""
     try:
         from loomdata.sources._integrity import checksums_flat
     except ImportError:  # a loomdata without checksums (the baseline of an A/B run)
         return 0.0
-    tables = [pq.read_table(spec.index_dir / n / "samples.parquet", columns=["num_tokens"]) for n in names]
-    lengths = np.concatenate([t.column(0).to_numpy() for t in tables]).astype(np.int64)
+    if lengths is None:
+        tables = [pq.read_table(spec.index_dir / n / "samples.parquet", columns=["num_tokens"]) for n in names]
+        lengths = np.concatenate([t.column(0).to_numpy() for t in tables]).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     tokens = np.random.default_rng(0).integers(0, 50_000, size=int(offsets[-1]), dtype=np.int32)
     best = float("inf")
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         checksums_flat(tokens, offsets)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
     return best
 
 
@@ -259,6 +271,109 @@ def _compare(spec: Spec, client: Any, label: str, names: list[str], n_workers: i
     }
 
 
+# ---- --checksum-cost: the checksums' share of one process's scan ---------------------------------
+
+
+def _no_checksums() -> contextlib.ExitStack:
+    """Replace every hash call of the scan by zeros (the counting, reading and tokenising stay)."""
+    from loomdata.sources import megatron, parquet, tokenizer, webdataset
+
+    def zeros_flat(flat: np.ndarray, offsets: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+        return np.zeros(len(offsets) - 1, dtype=np.uint32)
+
+    def zeros_prefixed(token: int, prefix: np.ndarray, arrays: list[np.ndarray]) -> np.ndarray:
+        return np.zeros(len(arrays), dtype=np.uint32)
+
+    def count_only(self: tokenizer.Tokenizer, texts: tokenizer.Texts) -> tuple[np.ndarray, np.ndarray]:
+        counts = self.count_batch(texts)
+        return counts, np.zeros(len(counts), dtype=np.uint32)
+
+    stack = contextlib.ExitStack()
+    for obj, name, stub in [
+        (parquet, "checksums_flat", zeros_flat),
+        (megatron, "checksums_flat", zeros_flat),
+        (webdataset, "prefixed_checksums", zeros_prefixed),
+        (tokenizer.Tokenizer, "count_and_check", count_only),
+        (tokenizer.ByteTokenizer, "count_and_check", count_only),
+    ]:
+        stack.enter_context(_patched(obj, name, stub))
+    return stack
+
+
+@contextlib.contextmanager
+def _patched(obj: Any, name: str, value: Any) -> Any:
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+def _scan_source(spec: Spec, name: str) -> tuple[float, np.ndarray]:
+    """CPU seconds to scan every shard of `name` with a fresh reader (parts as the index job cuts them), and
+    the samples' token counts."""
+    from loomdata.indexing._job import DEFAULT_PART_BYTES
+    from loomdata.sources import make_reader
+
+    source = spec.source(name)
+    reader = make_reader(source, spec.tokenizer, spec.images)
+    t0, counts = time.process_time(), []
+    for path in spec.resolve_paths(source):
+        parts = reader.num_parts(path, DEFAULT_PART_BYTES)
+        counts += [reader.scan(path, p, parts).rows.column("num_tokens").to_numpy() for p in range(parts)]
+    reader.close()
+    return time.process_time() - t0, np.concatenate(counts).astype(np.int64)
+
+
+def _read_bin_s(spec: Spec, name: str, chunk: int = 1 << 22) -> float:
+    """CPU seconds to read a Megatron source's .bin files through one reused buffer (the bytes alone)."""
+    buf = bytearray(chunk)
+    t0 = time.process_time()
+    for p in spec.resolve_paths(spec.source(name)):
+        with open(f"{p}.bin", "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+    return time.process_time() - t0
+
+
+def _checksum_cost(spec: Spec, names: list[str], repeat: int) -> list[dict[str, Any]]:
+    """Per source: scan CPU time with and without the hash calls (alternating, best of `repeat`), the hash alone."""
+    pa.set_cpu_count(1)  # as in a Dask worker (OMP_NUM_THREADS=1, one thread)
+    rows = []
+    for name in names:
+        _scan_source(spec, name)  # warm: imports, page cache
+        with_runs, without_runs = [], []
+        for _ in range(repeat):
+            with_runs.append(_scan_source(spec, name)[0])
+            with _no_checksums():
+                without_runs.append(_scan_source(spec, name)[0])
+        lengths = _scan_source(spec, name)[1]
+        w, wo = min(with_runs), min(without_runs)
+        row = {
+            "source": name,
+            "format": SOURCES[name]["format"],
+            "samples": len(lengths),
+            "tokens": int(lengths.sum()),
+            "scan_cpu_s": round(w, 4),
+            "scan_cpu_no_checksum_s": round(wo, 4),
+            "scan_runs_s": [round(x, 4) for x in with_runs],
+            "scan_no_checksum_runs_s": [round(x, 4) for x in without_runs],
+            "checksum_cost": round(w / wo - 1, 4) if wo > 0 else None,
+            "hash_alone_s": round(_checksum_s(spec, [name], repeat, lengths), 4),
+        }
+        if SOURCES[name]["format"] == "megatron":
+            row["read_bin_s"] = round(min(_read_bin_s(spec, name) for _ in range(repeat)), 4)
+        print(
+            f"  {name:8s} scan {w:.3f}s cpu, without hashing {wo:.3f}s "
+            f"(+{100 * (w / wo - 1) if wo else float('nan'):.1f}%), hash alone {row['hash_alone_s']:.3f}s"
+            + (f", .bin read alone {row['read_bin_s']:.3f}s" if "read_bin_s" in row else ""),
+            file=sys.stderr,
+        )
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="small", choices=["tiny", "small", "large"], help="corpus size to generate")
@@ -267,7 +382,12 @@ def main() -> None:
     ap.add_argument("--sources", default=",".join(SOURCES), help="comma-separated: " + ",".join(SOURCES))
     ap.add_argument("--workers", default="1,2", help="worker counts to run, comma-separated")
     ap.add_argument("--repeat", type=int, default=5, help="timed runs per measurement (the best is reported)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=None, help=f"results file (default {RESULTS.name})")
+    ap.add_argument(
+        "--checksum-cost",
+        action="store_true",
+        help=f"in-process scan with and without the hash calls instead (default out {CHECKSUM_RESULTS.name})",
+    )
     args = ap.parse_args()
 
     from distributed import Client, LocalCluster
@@ -281,6 +401,18 @@ def main() -> None:
         corpus = generate_corpus(root, args.size, args.seed)
         print(f"corpus {args.size} at {root} ready in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
         spec = _spec(root, scratch / "work", names)
+        if args.checksum_cost:
+            _write(
+                args.out or CHECKSUM_RESULTS,
+                {
+                    "benchmark": "index_scan_checksum",
+                    "corpus": corpus.to_dict() | {"root": str(root)},
+                    "cpus": os.cpu_count(),
+                    "repeat": args.repeat,
+                    "results": _checksum_cost(spec, names, args.repeat),
+                },
+            )
+            return
         rows: list[dict[str, Any]] = []
         for n_workers in workers:
             with (
@@ -311,11 +443,15 @@ def main() -> None:
                 str(r["workers"]): r["ratio_per_worker"] for r in rows if r["source"] == "all"
             },
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
-        print(f"wrote {args.out}", file=sys.stderr)
+        _write(args.out or RESULTS, out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _write(path: Path, out: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def _report(rows: list[dict[str, Any]]) -> None:

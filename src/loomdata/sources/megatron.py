@@ -12,8 +12,8 @@ of documents), then `lengths` int32[S], `pointers` int64[S] (byte offset of each
 .bin), `document_indices` int64[D], and for multimodal datasets `modes` int8[S]. The .bin holds the
 tokens of all sequences back to back in that dtype.
 
-Scanning reads the .idx (memory-mapped) and the .bin, whose tokens it checksums in chunks of about
-`_CHECK_TOKENS`; `read` memory-maps the .bin once per file and slices the requested sequences.
+Scanning reads the .idx (memory-mapped) and the .bin, whose tokens it checksums (cast to int32 in
+cache-sized blocks); `read` memory-maps the .bin once per file and slices the requested sequences.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ _FLOAT_CODES = {6: "float64", 7: "float32"}
 _SAFE_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16))  # every value is a valid int32 token id
 _INT32_MAX = int(np.iinfo(np.int32).max)
 _ROWS_PER_PART_MIN = 1 << 20  # never split an index into parts smaller than this many sequences
-_CHECK_TOKENS = 1 << 24  # tokens cast to int32 and checksummed at once during a scan
 _STALE = "the index is stale for this dataset; re-run `loom index`"
 
 
@@ -239,27 +238,17 @@ class MegatronReader(FormatReader):
         return ScanResult(rows=pa.table(columns))
 
     def _checksums(self, path: Location, index: _Index, lo: int, hi: int) -> np.ndarray:
-        """Checksums of sequences lo..hi, from the .bin in chunks of about `_CHECK_TOKENS` tokens.
+        """Checksums of sequences lo..hi, hashed from one slice of the memory-mapped .bin.
 
-        `_check_part` has proved the sequences contiguous, so a chunk is one slice of the memory map. Token ids
-        outside int32 are left to `read` to reject (they wrap here, so such a sample could never verify anyway).
+        `_check_part` has proved the sequences contiguous, so they are one slice; `checksums_flat` casts it to
+        int32 block by block. Token ids outside int32 are left to `read` to reject (they wrap here, so such a
+        sample could never verify anyway).
         """
-        out = np.empty(hi - lo, dtype=np.uint32)
         if hi <= lo:
-            return out
-        data = self._bin(path, index)
-        lengths = index.lengths[lo:hi].astype(np.int64)
-        ends = np.cumsum(lengths)
+            return np.zeros(0, dtype=np.uint32)
+        offsets = np.concatenate([[0], np.cumsum(index.lengths[lo:hi], dtype=np.int64)])
         first = int(index.pointers[lo]) // index.dtype.itemsize
-        a = 0
-        while a < hi - lo:
-            done = int(ends[a - 1]) if a else 0
-            b = max(int(np.searchsorted(ends, done + _CHECK_TOKENS, side="right")), a + 1)
-            flat = data[first + done : first + int(ends[b - 1])]
-            offs = np.concatenate([[0], ends[a:b] - done])
-            out[a:b] = checksums_flat(flat.astype(np.int32), offs)
-            a = b
-        return out
+        return checksums_flat(self._bin(path, index)[first : first + int(offsets[-1])], offsets)
 
     def _bin(self, path: Location, index: _Index) -> np.ndarray | _RemoteTokens:
         """The .bin as a read-only array of its dtype, memory-mapped once per file (an object: read by range)."""

@@ -206,8 +206,8 @@ class ParquetReader(FormatReader):
         values = col.values
         if values.null_count:
             values = values.fill_null(0)
-        flat = values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
-        return checksums_flat(flat.astype(np.int32, copy=False), offsets - offsets[0])
+        flat = values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]  # int32 ids: hashed in place
+        return checksums_flat(flat, offsets - offsets[0])
 
     def _bad_token_rows(self, col: pa.Array) -> dict[int, str]:
         """Rows whose token lists hold nulls or ids outside [0, int32 max]."""

@@ -85,9 +85,8 @@ class ByteTokenizer(Tokenizer):
         offsets_buf, data_buf = arr.buffers()[1], arr.buffers()[2]
         offsets = np.frombuffer(offsets_buf, dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
         data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-        flat = data[offsets[0] : offsets[-1]].astype(np.int32)
-        rel = offsets - offsets[0]
-        return np.diff(rel).astype(np.uint32), checksums_flat(flat, rel)
+        rel = offsets - offsets[0]  # the bytes are the tokens: hashed as int32 without an int32 copy
+        return np.diff(rel).astype(np.uint32), checksums_flat(data[offsets[0] : offsets[-1]], rel)
 
 
 class HFTokenizer(Tokenizer):

@@ -34,6 +34,7 @@ from loomdata.execution._constructor import DataConstructor
 from loomdata.execution._dask_actors import release
 from loomdata.execution._fleet import Actor, Fleet
 from loomdata.execution._loader import SourceLoader
+from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._outcome import Kind, issue
 from loomdata.execution._partition import LoaderPartition, partition_source, rank_groups
 from loomdata.execution._publish import Publisher
@@ -290,7 +291,8 @@ class FleetOps:
 
     def _submit_loader(self, p: LoaderPartition) -> Future:
         key = f"loom-loader-{self._tag}-{p.source}-{p.part}-{uuid.uuid4().hex[:6]}"
-        return self._submit(SourceLoader, str(self.plan_dir), p, key=key)
+        policy = CachePolicy.of(self.config.loader_memory, self.config.window)
+        return self._submit(SourceLoader, str(self.plan_dir), p, policy, key=key)
 
     def _submit_constructor(self, ranks: list[int]) -> Future:
         key = f"loom-constructor-{self._tag}-{ranks[0]}-{uuid.uuid4().hex[:6]}"

@@ -143,6 +143,7 @@ class Reads:
                 req["sample"] = rows.sample[sel]
                 req["offset"] = rows.offset[sel]
                 req["length"] = rows.length[sel]
+                req["step"] = rows.step[sel]
                 groups.append(sel)
                 targets.append((route.loaders[int(p)], req))
         calls: list[Awaitable[SegmentData]] = []

@@ -165,21 +165,34 @@ class WorkerPool:
             return e.value if e is not None else None
 
     def offer(self, owner: int, key: UnitKey, value: Any, nbytes: int, next_use: int) -> bool:
-        """Keep a unit needed next at step `next_use`, evicting farther ones while over budget; False: not kept."""
+        """Keep a unit needed next at step `next_use`, evicting units needed later while over budget.
+
+        A unit is kept even when everything held is needed sooner: the read that offers it holds it
+        anyway until it returns, and `trim` (after each served read) restores the budget with the
+        next uses then known. False: not kept (larger than the whole budget).
+        """
         with self.lock:
             self._drop(owner, key)
-            while self.nbytes + nbytes > self.budget and self.nbytes > 0:
-                o, k, far = max(
-                    ((o, k, e) for o, d in self._owned.items() for k, e in d.items()), key=lambda t: t[2].next_use
-                )
-                if far.next_use <= next_use:
-                    return False  # everything held is needed sooner than this one
-                self._drop(o, k)
-            if self.nbytes + nbytes > self.budget:
+            if nbytes > self.budget:
                 return False
+            while self.nbytes + nbytes > self.budget and self.nbytes > 0:
+                o, k, far = self._farthest()
+                if far.next_use <= next_use:
+                    break
+                self._drop(o, k)
             self._owned.setdefault(owner, {})[key] = _Entry(value, nbytes, next_use)
             self.nbytes += nbytes
             return True
+
+    def trim(self) -> None:
+        """Evict the units whose next use is farthest until the pool is within its budget."""
+        with self.lock:
+            while self.nbytes > self.budget:
+                o, k, _ = self._farthest()
+                self._drop(o, k)
+
+    def _farthest(self) -> tuple[int, UnitKey, _Entry]:
+        return max(((o, k, e) for o, d in self._owned.items() for k, e in d.items()), key=lambda t: t[2].next_use)
 
     def held(self, owner: int) -> list[UnitKey]:
         with self.lock:
@@ -291,10 +304,12 @@ class PlanUnitCache:
                 self.newest = newest
             held = self._pool.held(self._owner)
             if not held:
+                self._pool.trim()
                 return
             nxt = self.uses.next_use(np.array([self._key(k) for k in held], dtype=np.int64), self.floor)
             limit = self.newest + self.policy.horizon_steps
             self._pool.update(self._owner, {k: (int(n) if n <= limit else -1) for k, n in zip(held, nxt, strict=True)})
+            self._pool.trim()
 
     def close(self) -> None:
         """Drop every unit of this loader and leave the pool (idempotent)."""

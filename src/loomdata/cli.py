@@ -222,6 +222,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             peers=args.peers,
             loaders_per_source=args.loaders_per_source,
             autoscale=Autoscaling() if args.autoscale else None,
+            loader_memory=args.loader_memory * 1024 * 1024,
         )
     except ValueError as e:
         print(f"loom serve: error: {e}", file=sys.stderr)
@@ -365,6 +366,13 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=defaults.loaders_for(""),
         help="Source Loader actors per source (the start, with autoscale)",
+    )
+    s.add_argument(
+        "--loader-memory",
+        type=int,
+        default=defaults.loader_memory // (1024 * 1024),
+        metavar="MIB",
+        help="MiB of decoded row groups the loaders on one worker keep together, each until its last planned use",
     )
     s.add_argument(
         "--autoscale",

@@ -31,8 +31,10 @@ from distributed import Client, Future
 
 from loomdata.execution._config import ServeConfig
 from loomdata.execution._constructor import DataConstructor
+from loomdata.execution._dask_actors import release
 from loomdata.execution._fleet import Actor, Fleet
 from loomdata.execution._loader import SourceLoader
+from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._outcome import Kind, issue
 from loomdata.execution._partition import LoaderPartition, partition_source, rank_groups
 from loomdata.execution._publish import Publisher
@@ -99,6 +101,7 @@ class FleetOps:
                 call.outcome(timeout=self.t.close_timeout_s)  # whatever happened, it is stopping now
         for a in self.fleet.actors():
             a.future.release()
+        release(a.handle for a in self.fleet.actors())
         self.fleet.constructors.clear()
         self.fleet.loaders.clear()
 
@@ -130,12 +133,16 @@ class FleetOps:
                 parts = [self.fleet.partitions[sid][i] for sid, i in lost.loaders]
                 fresh = self.await_loaders(parts, [self._submit_loader(p) for p in parts])
                 for (sid, i), actor in zip(lost.loaders, fresh, strict=True):
-                    self.fleet.replace_loader(sid, i, actor).future.release()
+                    gone = self.fleet.replace_loader(sid, i, actor)
+                    gone.future.release()
+                    release([gone.handle])
             routed = self.route_stale()
             self.retire_ready()
             for i, actor in self._create_constructors(lost.constructors).items():  # not started: a take places it
                 self.published.constructor(i, actor.handle)
-                self.fleet.replace_constructor(i, actor).future.release()
+                gone = self.fleet.replace_constructor(i, actor)
+                gone.future.release()
+                release([gone.handle])
         self.publish()
         if not routed:
             raise ExecutionError("a live constructor did not take the new routes; retrying")
@@ -172,19 +179,27 @@ class FleetOps:
             call.outcome(timeout=self.t.close_timeout_s)  # lost meanwhile: nothing left to close
         for a in actors:
             a.future.release()
+        release(a.handle for a in actors)  # the handles' own futures: else the worker keeps the retired actor
 
     def await_loaders(self, parts: list[LoaderPartition], futs: list[Future]) -> list[Actor]:
         """Actors of freshly submitted loaders; one lost while being created is submitted again."""
         return self._await(futs, lambda i: self._submit_loader(parts[i]), what=lambda i: f"loader {parts[i]}")
 
     def _create_constructors(self, indices: list[int]) -> dict[int, Actor]:
-        """Constructors of the rank groups `indices`, made with the current routes and awaited."""
-        routes = self.fleet.routes()
+        """Constructors of the rank groups `indices`, created, awaited, then given the current routes.
+
+        Routes go by `set_route`, not as creation arguments (see `_dask_actors`: arguments would pin
+        every loader they name for the constructor's life). Raises ExecutionError if one refused them.
+        """
         groups = [self.fleet.groups[i] for i in indices]
-        futs = [self._submit_constructor(g, routes) for g in groups]
-        actors = self._await(
-            futs, lambda k: self._submit_constructor(groups[k], routes), what=lambda k: f"ranks {groups[k]}"
-        )
+        futs = [self._submit_constructor(g) for g in groups]
+        actors = self._await(futs, lambda k: self._submit_constructor(groups[k]), what=lambda k: f"ranks {groups[k]}")
+        routes = self.fleet.routes()
+        calls = [issue(a.future, a.handle, "set_route", sid, r) for a in actors for sid, r in routes.items()]
+        for call in calls:
+            out = call.outcome(timeout=self.t.call_timeout_s)
+            if not out.ok and out.kind is not Kind.LOST:  # a lost one is recreated by the next recovery
+                raise ExecutionError(f"a new constructor did not take its routes ({out.kind}: {out.error})")
         return dict(zip(indices, actors, strict=True))
 
     def _await(
@@ -276,11 +291,10 @@ class FleetOps:
 
     def _submit_loader(self, p: LoaderPartition) -> Future:
         key = f"loom-loader-{self._tag}-{p.source}-{p.part}-{uuid.uuid4().hex[:6]}"
-        return self._submit(SourceLoader, str(self.plan_dir), p, key=key)
+        policy = CachePolicy.of(self.config.loader_memory, self.config.window)
+        return self._submit(SourceLoader, str(self.plan_dir), p, policy, key=key)
 
-    def _submit_constructor(self, ranks: list[int], routes: dict[int, Any]) -> Future:
+    def _submit_constructor(self, ranks: list[int]) -> Future:
         key = f"loom-constructor-{self._tag}-{ranks[0]}-{uuid.uuid4().hex[:6]}"
         c = self.config
-        return self._submit(
-            DataConstructor, str(self.plan_dir), ranks, routes, c.window, self.peers, c.start_step, key=key
-        )
+        return self._submit(DataConstructor, str(self.plan_dir), ranks, {}, c.window, self.peers, c.start_step, key=key)

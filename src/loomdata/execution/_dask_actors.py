@@ -6,13 +6,24 @@ of a round trip for nothing; calling the local instance skips it. Dask has no pu
 fact (distributed 2026.8: `Actor._address`, set in `Actor.__init__` and pickled by `__reduce__`;
 `Worker.state.actors`, key -> instance). If Dask renames them, `local_instance` returns None and reads
 take the RPC path: slower, still correct. `actor_address` then returns None.
+
+Creation: a constructor gets its routes by `set_route` once created, never as task arguments. Handles
+in a task's arguments become its dependencies (an `Actor` is a `TaskRef`), and the scheduler keeps the
+task's arguments for the task's life: with the embedded scheduler they are live handles holding futures
+of their loaders, so every loader a constructor started with stayed on its worker after a resize.
+
+`release(handles)`: every handle holds its own `Future` of the actor's key (`Actor._future`, made when
+the handle is unpickled where a client is reachable), so a replaced loader stays on its worker while any
+stale handle object lives, and handles caught in reference cycles live until a garbage collection.
+Retiring releases those futures at once; a handle's methods still work (they do not need the future).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["actor_address", "local_instance"]
+__all__ = ["actor_address", "local_instance", "release"]
 
 
 def actor_address(actor: Any) -> str | None:
@@ -33,3 +44,11 @@ def local_instance(actor: Any) -> Any:
         return None
     actors = getattr(getattr(worker, "state", None), "actors", None)
     return actors.get(actor.key) if actors is not None else None
+
+
+def release(handles: Iterable[Any]) -> None:
+    """Drop the key reference each of these `distributed.Actor` handles holds (idempotent)."""
+    for h in handles:
+        fut = getattr(h, "_future", None)
+        if fut is not None and hasattr(fut, "release"):
+            fut.release()

@@ -10,6 +10,12 @@ loader first reads it, and with `verify: sample` every sample read against its c
 A reader that is not `thread_safe` is never inside two reads at once: while a read runs in the thread,
 small reads queue behind it there instead of running inline.
 
+Caching (`_loader_cache`, with a `CachePolicy`): each request names the step of every segment; the
+loader reads the manifest a chunk of steps ahead of the newest step it served, counts which read units
+(row groups) its pending steps need, hands the reader a `PlanUnitCache` that keeps a unit only until
+its last planned use, and counts each served segment off. Planning is a hint: if it fails (a file the
+reader cannot open yet), those units are simply not kept, and the read reports the real error.
+
 Retirement (scaling, `Executor.set_loaders`): `close()` runs after any read already in the loader's
 thread (one thread, FIFO) and cannot interleave with an inline read (both run on the worker's event
 loop); from then on every `read` fails fast with `LoaderRetired`, which is not a data error: the
@@ -19,20 +25,23 @@ constructor that sent it (a read issued just before its route switched) asks the
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 from pyarrow.parquet import read_schema
 
+from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, unit_key
 from loomdata.execution._partition import LoaderPartition
 from loomdata.execution._verify import Verifier, serving_error
-from loomdata.schemas.errors import ContractError, ExecutionError, SourceDataError
+from loomdata.schemas.errors import ContractError, ExecutionError, LoomError, SourceDataError
 from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
-from loomdata.schemas.plan import read_plan
+from loomdata.schemas.plan import PlanMeta, read_manifest, read_plan
 from loomdata.schemas.tables import CHECKSUM_FIELD
 from loomdata.sources import FormatReader, Sample, make_reader
 from loomdata.sources.images import decoded_image_tokens
@@ -42,8 +51,11 @@ __all__ = ["REQUEST_DTYPE", "LoaderRetired", "SegmentData", "SourceLoader", "rea
 
 _INLINE_TOKENS = 1 << 16  # requests up to this many tokens are read on the event loop
 
-REQUEST_DTYPE = np.dtype([("sample", np.uint64), ("offset", np.uint32), ("length", np.uint32)])
-"""One requested segment: `length` tokens of `sample` starting at token `offset`."""
+REQUEST_DTYPE = np.dtype([("sample", np.uint64), ("offset", np.uint32), ("length", np.uint32), ("step", np.uint32)])
+"""One requested segment: `length` tokens of `sample` starting at token `offset`, for plan step `step`.
+
+`step` only tells the loader's cache which planned use a read serves; it never changes what is read.
+"""
 
 
 class LoaderRetired(RuntimeError):
@@ -76,6 +88,7 @@ class _Counters:
     segments: int = 0
     tokens: int = 0
     busy_s: float = 0.0
+    plan_errors: int = 0  # manifest chunks or shards the cache could not plan (their units are not kept)
     first_t: float | None = None
     last_t: float | None = None
 
@@ -83,7 +96,7 @@ class _Counters:
 class SourceLoader:
     """Dask actor serving `read(request)` for the samples of one partition of one source."""
 
-    def __init__(self, plan_dir: str, partition: LoaderPartition) -> None:
+    def __init__(self, plan_dir: str, partition: LoaderPartition, cache: CachePolicy | None = None) -> None:
         meta = read_plan(plan_dir)
         spec = meta.spec
         self.partition = partition
@@ -122,6 +135,7 @@ class SourceLoader:
         }
         self._reader: FormatReader = make_reader(self._source, spec.tokenizer, spec.images)
         self._patch = spec.images.patch_size
+        self._plan = _PlanAhead(plan_dir, meta, self, cache) if cache is not None else None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"loom-loader-{partition.source}-{partition.part}")
         self._counters = _Counters()
         self._closed = False
@@ -153,6 +167,8 @@ class SourceLoader:
         """
         self._check_open()
         t0 = time.perf_counter()
+        if self._plan is not None:
+            self._plan.ahead(request["step"])
         out = read_segments(
             self._reader,
             request,
@@ -165,6 +181,8 @@ class SourceLoader:
             self._verifier,
             self._checksum,
         )
+        if self._plan is not None:
+            self._plan.served(request)
         c = self._counters
         t1 = time.perf_counter()
         c.calls += 1
@@ -210,7 +228,76 @@ class SourceLoader:
             return
         self._closed = True
         await asyncio.get_running_loop().run_in_executor(self._pool, self._reader.close)
+        if self._plan is not None:
+            self._plan.close()
         self._pool.shutdown(wait=False)
+
+
+class _PlanAhead:
+    """A loader's look at its future: plans its cache from the manifest and counts served reads off."""
+
+    def __init__(self, plan_dir: str, meta: PlanMeta, loader: SourceLoader, policy: CachePolicy) -> None:
+        self._plan_dir = plan_dir
+        self._meta = meta
+        self._loader = loader
+        self._policy = policy
+        self._planned: set[int] = set()  # manifest chunks counted
+        self._lock = threading.Lock()
+        shard_of = {str(p): s for s, p in loader._paths.items()}
+        self.cache = PlanUnitCache(meta.plan_id, meta.steps, policy, shard_of)
+        loader._reader.use_unit_cache(self.cache)
+
+    def keys(self, samples: np.ndarray) -> np.ndarray:
+        """Unit key per sample of this partition (-1 where the reader cannot tell)."""
+        lo = self._loader
+        pos = np.minimum(np.searchsorted(lo._sample, samples), max(len(lo._sample) - 1, 0))
+        shard, row = lo._shard[pos], lo._row[pos]
+        out = np.full(len(samples), -1, dtype=np.int64)
+        for s in np.unique(shard).tolist():
+            sel = np.flatnonzero(shard == s)
+            try:
+                units = lo._reader.units(lo._paths[int(s)], row[sel])
+            except (LoomError, OSError, pa.ArrowException):  # the read itself reports it, with the verifier's words
+                lo._counters.plan_errors += 1
+                continue
+            if units is not None:
+                out[sel] = np.where(units >= 0, unit_key(s, units), -1)
+        return out
+
+    def ahead(self, steps: np.ndarray) -> None:
+        """Count the planned reads of every manifest chunk from the lowest step asked to the horizon."""
+        if len(steps) == 0:
+            return
+        chunk = self._policy.chunk_steps
+        first = int(np.min(steps)) // chunk
+        last = min(int(np.max(steps)) + self._policy.horizon_steps, self._meta.steps - 1) // chunk
+        with self._lock:
+            for c in range(first, last + 1):
+                if c not in self._planned:
+                    self._planned.add(c)
+                    self._plan_chunk(c)
+
+    def _plan_chunk(self, c: int) -> None:
+        p = self._loader.partition
+        chunk = self._policy.chunk_steps
+        try:
+            t = read_manifest(self._plan_dir, self._meta, c * chunk, (c + 1) * chunk - 1)
+        except (LoomError, OSError, pa.ArrowException):
+            self._loader._counters.plan_errors += 1
+            return
+        src = t.column("source").to_numpy()
+        sample = t.column("sample").to_numpy().astype(np.uint64)
+        mine = (src == p.source_id) & (sample >= p.first_sample) & (sample < p.stop_sample)
+        keys = self.keys(sample[mine])
+        ok = keys >= 0
+        self.cache.plan(keys[ok], t.column("step").to_numpy()[mine][ok])
+
+    def served(self, request: np.ndarray) -> None:
+        """The segments of `request` were read: count their uses off (drops units at their last use)."""
+        self.cache.served(self.keys(request["sample"]), request["step"].astype(np.int64))
+
+    def close(self) -> None:
+        self.cache.close()
 
 
 def _rss() -> int:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from loomdata.execution._dask_actors import local_instance
+from loomdata.execution._dask_actors import local_instance, release
 from loomdata.execution._loader import REQUEST_DTYPE, SegmentData
 from loomdata.execution._manifest import ManifestRows
 from loomdata.execution._outcome import Kind, sort_read_failure
@@ -70,7 +70,10 @@ class Reads:
 
     def set_route(self, source_id: int, route: Route) -> None:
         """Route a source to new loaders; wakes every read in flight or backing off on the old routes."""
+        old = self.routes.get(source_id)
         self.routes[source_id] = route
+        if old is not None:  # the old handles' key references: a retired loader must not outlive its route
+            release(old.loaders)
         self.generation += 1
         if self._rerouted is not None:
             self._rerouted.set()
@@ -140,6 +143,7 @@ class Reads:
                 req["sample"] = rows.sample[sel]
                 req["offset"] = rows.offset[sel]
                 req["length"] = rows.length[sel]
+                req["step"] = rows.step[sel]
                 groups.append(sel)
                 targets.append((route.loaders[int(p)], req))
         calls: list[Awaitable[SegmentData]] = []

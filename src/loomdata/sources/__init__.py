@@ -6,14 +6,17 @@ import importlib
 
 from loomdata.schemas.formats import FIELD_RULES, FieldRules, check_fields, field_problems, metadata_problem
 from loomdata.schemas.spec import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
-from loomdata.sources._base import FormatReader, Sample, ScanResult
+from loomdata.sources._base import FormatReader, LruUnitCache, Sample, ScanResult, UnitCache, UnitKey
 
 __all__ = [
     "FIELD_RULES",
     "FieldRules",
     "FormatReader",
+    "LruUnitCache",
     "Sample",
     "ScanResult",
+    "UnitCache",
+    "UnitKey",
     "check_fields",
     "field_problems",
     "make_reader",

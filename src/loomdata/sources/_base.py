@@ -10,13 +10,21 @@ Threads: a reader whose `thread_safe` is False (the default) may be called from 
 only; whoever shares it across threads (a Source Loader reads small requests on its event loop and
 large ones in a thread) must serialise its calls. A reader that sets `thread_safe = True` guards its
 own state and may be called concurrently.
+
+Read units: a format whose reads decode whole blocks (Parquet row groups) says which block each row
+lives in (`units`) and keeps decoded blocks in its `unit_cache`, keyed `(str(path), unit)`. The cache
+belongs to whoever drives the reads: by default a small LRU; a Source Loader sets its own
+(`use_unit_cache`), which knows from the plan which blocks a pending step still needs (a hint the
+reader cannot have) and keeps each only until its last use.
 """
 
 from __future__ import annotations
 
 import abc
+import collections
+import threading
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +33,13 @@ from loomdata.schemas.formats import check_fields
 from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
 from loomdata.storage import Location
 
-__all__ = ["FormatReader", "Sample", "ScanResult"]
+__all__ = ["FormatReader", "LruUnitCache", "Sample", "ScanResult", "UnitCache", "UnitKey"]
+
+UnitKey = tuple[str, int]
+"""A read unit's cache key: (str(path), unit)."""
+
+DEFAULT_UNIT_CACHE_BYTES = 32 * 1024 * 1024
+"""Decoded read units a reader keeps by default (no owner set a cache): a few neighbouring blocks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +64,50 @@ class Sample:
     images: list[np.ndarray] = field(default_factory=list)  # HWC uint8, resized per ImageSpec
 
 
+class UnitCache(Protocol):
+    """Decoded read units between reads; `key` is `(str(path), unit)`. Must be safe to call from several threads."""
+
+    def get(self, key: UnitKey) -> Any | None:
+        """The unit kept under `key`, or None."""
+
+    def put(self, key: UnitKey, value: Any, nbytes: int) -> None:
+        """Offer a freshly decoded unit of `nbytes`; the cache decides whether (and how long) to keep it."""
+
+
+class LruUnitCache:
+    """The default `UnitCache`: the most recently used units up to `max_bytes` (at least the last one)."""
+
+    def __init__(self, max_bytes: int = DEFAULT_UNIT_CACHE_BYTES) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"LruUnitCache max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._items: collections.OrderedDict[UnitKey, tuple[Any, int]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: UnitKey) -> Any | None:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is None:
+                return None
+            self._items.move_to_end(key)
+            return hit[0]
+
+    def put(self, key: UnitKey, value: Any, nbytes: int) -> None:
+        with self._lock:
+            old = self._items.pop(key, None)
+            self.nbytes += nbytes - (old[1] if old else 0)
+            self._items[key] = (value, nbytes)
+            while self.nbytes > self.max_bytes and len(self._items) > 1:
+                _, (_, n) = self._items.popitem(last=False)
+                self.nbytes -= n
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self.nbytes = 0
+
+
 class FormatReader(abc.ABC):
     """Scans and reads one source's shards; subclasses implement one on-disk format."""
 
@@ -61,6 +119,15 @@ class FormatReader(abc.ABC):
         self.source = source
         self.tokenizer_spec = tokenizer
         self.images = images
+        self.unit_cache: UnitCache = LruUnitCache()
+
+    def use_unit_cache(self, cache: UnitCache) -> None:
+        """Keep decoded read units in `cache` from now on (its owner decides what stays)."""
+        self.unit_cache = cache
+
+    def units(self, path: Location, rows: np.ndarray) -> np.ndarray | None:
+        """The read unit (e.g. row group, int64) each of `rows` lives in; None: this format has no units to cache."""
+        return None
 
     @abc.abstractmethod
     def num_parts(self, path: Location, target_bytes: int) -> int:
@@ -79,4 +146,4 @@ class FormatReader(abc.ABC):
         """The samples at `rows` (values of the scan's `row` column) of `path`, in the order given."""
 
     def close(self) -> None:  # noqa: B027 - optional hook; readers without state have nothing to release
-        """Release open files and caches."""
+        """Release open files and caches (a cache set by `use_unit_cache` is its owner's to clear)."""

@@ -3,14 +3,16 @@
 Parts are contiguous groups of row groups of about `target_bytes` each; `row` is the row number
 inside the file. Counting is columnar: list lengths come from `list_value_length`, text counts from
 the tokenizer's batch count. `read` maps rows to row groups with a binary search, reads only those
-row groups (only the content column) and keeps a few decoded row groups in a small LRU cache, so
-neighbouring reads do not decode the same row group again. An object URL is opened as a range-reading
-file (`loomdata.storage.open_input`): the footer and each row group's column chunks are range GETs.
+row groups (only the content column) and keeps decoded row groups in its `unit_cache` (a row group
+is a read unit, `units`): by default a small LRU; a Source Loader's cache keeps a row group exactly
+while a pending step of the plan still needs it. Files open with `pre_buffer=False`: pre-buffering
+keeps every open file's raw column chunks, which a cache of decoded row groups makes redundant. An object
+URL is opened as a range-reading file (`loomdata.storage.open_input`): the footer and each row group's
+column chunks are range GETs.
 """
 
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -21,7 +23,7 @@ import pyarrow.parquet as pq
 
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
-from loomdata.sources._base import FormatReader, Sample, ScanResult
+from loomdata.sources._base import FormatReader, LruUnitCache, Sample, ScanResult
 from loomdata.sources._integrity import checksums_flat
 from loomdata.sources.tokenizer import Tokenizer, make_tokenizer
 from loomdata.storage import Location, is_url, open_input
@@ -29,7 +31,6 @@ from loomdata.storage import Location, is_url, open_input
 __all__ = ["ParquetReader"]
 
 _INT32_MAX = np.iinfo(np.int32).max
-_CACHE_BYTES = 256 * 1024 * 1024  # decoded row groups kept by one reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +59,6 @@ class ParquetReader(FormatReader):
         self._pretokenized = source.tokens_field is not None
         self._files: dict[Location, _FileInfo] = {}
         self._handles: list[BinaryIO] = []  # range-reading files of URL shards, closed with the reader
-        self._cache: collections.OrderedDict[tuple[Location, int], pa.Array] = collections.OrderedDict()
-        self._cache_bytes = 0
 
     # ---- file state -------------------------------------------------------------------------
 
@@ -71,7 +70,7 @@ class ParquetReader(FormatReader):
         try:
             # A URL: pyarrow reads the footer and then each row group's column chunks by range requests.
             handle = open_input(path, self.source.storage_options) if is_url(path) else None
-            pf = pq.ParquetFile(handle if handle is not None else str(path))
+            pf = pq.ParquetFile(handle if handle is not None else str(path), pre_buffer=False)
         except (OSError, pa.ArrowException) as e:
             if handle is not None:
                 handle.close()
@@ -246,19 +245,21 @@ class ParquetReader(FormatReader):
             ) from None
 
     def _row_group(self, path: Location, info: _FileInfo, g: int) -> pa.Array:
-        """The content column of row group `g`, from the LRU cache when possible."""
-        key = (path, g)
-        hit = self._cache.get(key)
+        """The content column of row group `g`, from the unit cache when it holds it."""
+        key = (str(path), g)
+        hit = self.unit_cache.get(key)
         if hit is not None:
-            self._cache.move_to_end(key)
             return hit
         arr = self._read_row_groups(path, info, np.array([g]), [self._field]).column(0).combine_chunks()
-        self._cache[key] = arr
-        self._cache_bytes += arr.nbytes
-        while self._cache_bytes > _CACHE_BYTES and len(self._cache) > 1:
-            _, old = self._cache.popitem(last=False)
-            self._cache_bytes -= old.nbytes
+        self.unit_cache.put(key, arr, arr.nbytes)
         return arr
+
+    def units(self, path: Location, rows: np.ndarray) -> np.ndarray:
+        """The row group of each row (rows out of range map to -1; `read` reports them)."""
+        info = self._open(path)
+        rows = np.asarray(rows, dtype=np.int64)
+        g = np.searchsorted(info.rg_starts, rows, side="right") - 1
+        return np.where((rows >= 0) & (rows < info.num_rows), g, -1).astype(np.int64)
 
     def read(self, path: Location, rows: np.ndarray) -> list[Sample]:
         info = self._open(path)
@@ -307,5 +308,5 @@ class ParquetReader(FormatReader):
         for handle in self._handles:
             handle.close()
         self._handles.clear()
-        self._cache.clear()
-        self._cache_bytes = 0
+        if isinstance(self.unit_cache, LruUnitCache):  # the default cache is the reader's own; a set one its owner's
+            self.unit_cache.clear()

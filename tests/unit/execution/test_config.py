@@ -14,6 +14,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert (c.constructors, c.window, c.n_workers, c.recover, c.autoscale) == (1, 2, 2, True, None)
     assert c.timings.recovery_every_s == 0.2 and c.timings.client_retry_s == 60.0
     assert c.loaders_for("web") == 1
+    assert c.loader_memory == 256 * 1024 * 1024  # per worker, shared by its loaders
 
 
 @pytest.mark.parametrize(
@@ -26,6 +27,7 @@ def test_defaults_are_the_documented_ones() -> None:
         (lambda: ServeConfig(metrics_every_s=0), "ServeConfig.metrics_every_s"),
         (lambda: ServeConfig(loaders_per_source={"web": 0}), "ServeConfig.loaders_per_source"),
         (lambda: ServeConfig(start_step=-1), "ServeConfig.start_step"),
+        (lambda: ServeConfig(loader_memory=-1), "ServeConfig.loader_memory"),
         (lambda: Timings(call_timeout_s=0), "Timings.call_timeout_s"),
         (lambda: Timings(create_attempts=0), "Timings.create_attempts"),
         (lambda: Autoscaling(min_change=-1), "Autoscaling.min_change"),

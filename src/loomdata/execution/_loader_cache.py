@@ -1,0 +1,318 @@
+"""Plan-driven caching of decoded read units (Parquet row groups) for Source Loaders: Belady's rule.
+
+No LRU can know whether a row group will be read again; a loader can: the manifest names every
+future read. So a loader learns, a few steps ahead of the newest step it served, which units each
+step needs (`UnitUses`: pending segment reads per (unit, step)), keeps a decoded unit only while a
+pending step within the horizon still needs it, and drops it as soon as its last such use is served.
+
+All loaders of one plan in one worker process share one budget (`WorkerPool`, `ServeConfig.loader_memory`):
+they are separate actors but one process's memory. Over budget, the unit whose next use is farthest
+is evicted, whichever loader it belongs to (steps of one plan are one timeline for every source); a
+new unit needed later than everything held is not kept at all. A unit not kept is only read again:
+what a read returns never depends on the cache.
+
+Threads: loaders read in their own threads and on the worker's event loop; every operation on a pool
+and on the uses of its loaders holds the pool's lock (each is a few NumPy calls on small arrays).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loomdata.sources import UnitKey
+
+__all__ = ["CachePolicy", "PlanUnitCache", "UnitUses", "WorkerPool", "pool_for", "unit_key"]
+
+_UNIT_BITS = 24  # row groups per file below 2**24; a unit key is shard << 24 | unit
+
+
+def unit_key(shard: np.ndarray | int, unit: np.ndarray | int) -> np.ndarray:
+    """One int64 per (shard, unit): the key `UnitUses` counts by."""
+    return (np.asarray(shard, dtype=np.int64) << _UNIT_BITS) | np.asarray(unit, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CachePolicy:
+    """How a loader caches: the worker's budget (bytes, shared by its loaders) and the look-ahead.
+
+    `horizon_steps`: a unit is kept only for a use at most this many steps after the newest step
+    served (the serving window and a few steps beyond); `chunk_steps`: manifest steps read at a time.
+    """
+
+    worker_bytes: int
+    horizon_steps: int
+    chunk_steps: int = 32
+
+    def __post_init__(self) -> None:
+        if self.worker_bytes < 0:
+            raise ValueError(f"CachePolicy.worker_bytes must be >= 0, got {self.worker_bytes!r}")
+        if self.horizon_steps < 1 or self.chunk_steps < 1:
+            raise ValueError(f"CachePolicy horizon_steps and chunk_steps must be >= 1, got {self!r}")
+
+    @classmethod
+    def of(cls, loader_memory: int, window: int) -> CachePolicy:
+        """The policy serving uses: the configured budget, the window plus a few steps."""
+        return cls(worker_bytes=loader_memory, horizon_steps=window + 2)
+
+
+class UnitUses:
+    """Pending uses of units by steps: how many segment reads of each (unit key, step) are still to come.
+
+    Pure NumPy over sorted arrays; `span` (the plan's step count) makes (key rank, step) one sortable code.
+    """
+
+    def __init__(self, span: int) -> None:
+        self.span = max(int(span), 1)
+        self._keys = np.zeros(0, dtype=np.int64)  # distinct unit keys, sorted
+        self._code = np.zeros(0, dtype=np.int64)  # rank(key) * span + step, sorted, distinct
+        self._left = np.zeros(0, dtype=np.int64)  # segment reads still to come
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self._left))
+
+    def add(self, keys: np.ndarray, steps: np.ndarray) -> None:
+        """Count one planned read per (keys[i], steps[i]) (a manifest segment), merged with those held."""
+        k0, s0 = self._pairs()
+        k = np.concatenate([k0, np.asarray(keys, dtype=np.int64)])
+        s = np.concatenate([s0, np.asarray(steps, dtype=np.int64)])
+        c = np.concatenate([self._left, np.ones(len(keys), dtype=np.int64)])
+        self._build(k, s, c)
+
+    def consume(self, keys: np.ndarray, steps: np.ndarray) -> None:
+        """Segment reads served: one use of each (keys[i], steps[i]) less (unplanned pairs are ignored)."""
+        pos, ok = self._find(np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64))
+        np.subtract.at(self._left, pos[ok], 1)
+        np.maximum(self._left, 0, out=self._left)
+
+    def next_use(self, keys: np.ndarray, floor: int) -> np.ndarray:
+        """Per key, the first step >= `floor` with a pending use; -1 where none is known."""
+        keys = np.asarray(keys, dtype=np.int64)
+        out = np.full(len(keys), -1, dtype=np.int64)
+        if len(self._keys) == 0 or len(keys) == 0:
+            return out
+        rank = np.searchsorted(self._keys, keys)
+        known = rank < len(self._keys)
+        known[known] = self._keys[rank[known]] == keys[known]
+        r = rank[known]
+        lo = np.searchsorted(self._code, r * self.span + max(int(floor), 0))
+        hi = np.searchsorted(self._code, (r + 1) * self.span)
+        live = np.flatnonzero(self._left > 0)
+        if len(live) == 0:
+            return out
+        i = np.searchsorted(live, lo)
+        first = live[np.minimum(i, len(live) - 1)]
+        found = (i < len(live)) & (first < hi)
+        out[np.flatnonzero(known)[found]] = self._code[first[found]] - r[found] * self.span
+        return out
+
+    def prune(self, floor: int) -> None:
+        """Forget uses before `floor` (served, or skipped by a resume) and spent ones."""
+        k, s = self._pairs()
+        keep = (s >= floor) & (self._left > 0)
+        self._build(k[keep], s[keep], self._left[keep])
+
+    def _pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        rank = self._code // self.span
+        return self._keys[rank], self._code - rank * self.span
+
+    def _build(self, k: np.ndarray, s: np.ndarray, c: np.ndarray) -> None:
+        self._keys = np.unique(k)
+        code = np.searchsorted(self._keys, k).astype(np.int64) * self.span + s
+        order = np.argsort(code, kind="stable")
+        code, c = code[order], c[order]
+        if len(code):
+            starts = np.flatnonzero(np.concatenate([[True], code[1:] != code[:-1]]))
+            self._code, self._left = code[starts], np.add.reduceat(c, starts)
+        else:
+            self._code, self._left = code, c
+
+    def _find(self, keys: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of (key, step) pairs in the code array and whether each is planned."""
+        if len(self._keys) == 0:
+            return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=bool)
+        rank = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
+        code = rank.astype(np.int64) * self.span + steps
+        pos = np.minimum(np.searchsorted(self._code, code), len(self._code) - 1)
+        ok = (self._keys[rank] == keys) & (steps >= 0) & (steps < self.span) & (self._code[pos] == code)
+        return pos, ok
+
+
+@dataclass(slots=True)
+class _Entry:
+    value: Any
+    nbytes: int
+    next_use: int
+
+
+class WorkerPool:
+    """The decoded units all loaders of one plan keep in one worker process, under one byte budget."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.nbytes = 0
+        self.lock = threading.RLock()
+        self.owners = 0
+        self._owned: dict[int, dict[UnitKey, _Entry]] = {}
+
+    def get(self, owner: int, key: UnitKey) -> Any | None:
+        with self.lock:
+            e = self._owned.get(owner, {}).get(key)
+            return e.value if e is not None else None
+
+    def offer(self, owner: int, key: UnitKey, value: Any, nbytes: int, next_use: int) -> bool:
+        """Keep a unit needed next at step `next_use`, evicting units needed later while over budget.
+
+        A unit is kept even when everything held is needed sooner: the read that offers it holds it
+        anyway until it returns, and `trim` (after each served read) restores the budget with the
+        next uses then known. False: not kept (larger than the whole budget).
+        """
+        with self.lock:
+            self._drop(owner, key)
+            if nbytes > self.budget:
+                return False
+            while self.nbytes + nbytes > self.budget and self.nbytes > 0:
+                o, k, far = self._farthest()
+                if far.next_use <= next_use:
+                    break
+                self._drop(o, k)
+            self._owned.setdefault(owner, {})[key] = _Entry(value, nbytes, next_use)
+            self.nbytes += nbytes
+            return True
+
+    def trim(self) -> None:
+        """Evict the units whose next use is farthest until the pool is within its budget."""
+        with self.lock:
+            while self.nbytes > self.budget:
+                o, k, _ = self._farthest()
+                self._drop(o, k)
+
+    def _farthest(self) -> tuple[int, UnitKey, _Entry]:
+        return max(((o, k, e) for o, d in self._owned.items() for k, e in d.items()), key=lambda t: t[2].next_use)
+
+    def held(self, owner: int) -> list[UnitKey]:
+        with self.lock:
+            return list(self._owned.get(owner, {}))
+
+    def owner_bytes(self, owner: int) -> int:
+        with self.lock:
+            return sum(e.nbytes for e in self._owned.get(owner, {}).values())
+
+    def update(self, owner: int, next_uses: dict[UnitKey, int]) -> None:
+        """New next uses of an owner's units; a unit with none (-1) is dropped: its last use was served."""
+        with self.lock:
+            mine = self._owned.get(owner, {})
+            for key, n in next_uses.items():
+                if n < 0:
+                    self._drop(owner, key)
+                elif (e := mine.get(key)) is not None:
+                    e.next_use = n
+
+    def drop_owner(self, owner: int) -> None:
+        with self.lock:
+            for e in self._owned.pop(owner, {}).values():
+                self.nbytes -= e.nbytes
+
+    def _drop(self, owner: int, key: UnitKey) -> None:
+        e = self._owned.get(owner, {}).pop(key, None)
+        if e is not None:
+            self.nbytes -= e.nbytes
+
+
+_POOLS: dict[str, WorkerPool] = {}  # per plan id, in this worker process: the one object its loaders share
+_POOLS_LOCK = threading.Lock()
+_OWNERS = itertools.count()
+
+
+def pool_for(plan_id: str, budget: int) -> tuple[WorkerPool, int]:
+    """This process's pool of `plan_id` (made on first use; the latest budget applies) and a new owner id."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(plan_id)
+        if pool is None:
+            pool = _POOLS[plan_id] = WorkerPool(budget)
+        pool.budget = budget
+        pool.owners += 1
+        return pool, next(_OWNERS)
+
+
+def _leave(plan_id: str, pool: WorkerPool, owner: int) -> None:
+    with _POOLS_LOCK:
+        pool.drop_owner(owner)
+        pool.owners -= 1
+        if pool.owners <= 0 and _POOLS.get(plan_id) is pool:
+            del _POOLS[plan_id]
+
+
+class PlanUnitCache:
+    """One loader's `UnitCache` (sources._base): keeps a unit while a planned step within the horizon needs it.
+
+    The loader tells it what the plan will read (`plan`) and what it served (`served`); the reader
+    offers and asks for units by `(path, unit)`, which `shard_of` maps to the loader's shard ids.
+    """
+
+    def __init__(self, plan_id: str, steps: int, policy: CachePolicy, shard_of: dict[str, int]) -> None:
+        self.policy = policy
+        self.uses = UnitUses(steps)
+        self.newest = -1  # the newest step served
+        self._plan_id = plan_id
+        self._shard_of = shard_of
+        self._pool, self._owner = pool_for(plan_id, policy.worker_bytes)
+        self._closed = False
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of decoded units this loader holds now."""
+        return self._pool.owner_bytes(self._owner)
+
+    @property
+    def floor(self) -> int:
+        """Uses before this step are over (a constructor lags the newest step by at most about a window)."""
+        return self.newest - self.policy.horizon_steps
+
+    def _key(self, key: UnitKey) -> int:
+        path, unit = key
+        return int(unit_key(self._shard_of[str(path)], int(unit)))
+
+    def get(self, key: UnitKey) -> Any | None:
+        return self._pool.get(self._owner, key)
+
+    def put(self, key: UnitKey, value: Any, nbytes: int) -> None:
+        if self._closed or str(key[0]) not in self._shard_of:
+            return
+        with self._pool.lock:
+            n = int(self.uses.next_use(np.array([self._key(key)]), self.floor)[0])
+            if 0 <= n <= max(self.newest, 0) + self.policy.horizon_steps:
+                self._pool.offer(self._owner, key, value, nbytes, n)
+
+    def plan(self, keys: np.ndarray, steps: np.ndarray) -> None:
+        """Planned segment reads (unit key, step) of steps not planned before."""
+        with self._pool.lock:
+            self.uses.add(keys, steps)
+
+    def served(self, keys: np.ndarray, steps: np.ndarray) -> None:
+        """Segment reads served: count them off and drop every held unit whose last use (in the horizon) is over."""
+        with self._pool.lock:
+            self.uses.consume(keys, steps)
+            if len(steps):
+                newest = max(self.newest, int(np.max(steps)))
+                if newest // self.policy.chunk_steps != self.newest // self.policy.chunk_steps:
+                    self.uses.prune(newest - self.policy.horizon_steps)  # keeps the arrays small
+                self.newest = newest
+            held = self._pool.held(self._owner)
+            if not held:
+                self._pool.trim()
+                return
+            nxt = self.uses.next_use(np.array([self._key(k) for k in held], dtype=np.int64), self.floor)
+            limit = self.newest + self.policy.horizon_steps
+            self._pool.update(self._owner, {k: (int(n) if n <= limit else -1) for k, n in zip(held, nxt, strict=True)})
+            self._pool.trim()
+
+    def close(self) -> None:
+        """Drop every unit of this loader and leave the pool (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            _leave(self._plan_id, self._pool, self._owner)

@@ -1,0 +1,122 @@
+"""Plan-driven unit caching: pending uses, the shared budget (farthest next use goes), last-use drops."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, UnitUses, WorkerPool, unit_key
+from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
+from loomdata.sources import make_reader
+
+
+def test_uses_count_down_and_next_use_skips_spent_and_old_steps() -> None:
+    u = UnitUses(span=100)
+    k = unit_key(np.array([0, 0, 1, 1, 1]), np.array([2, 2, 0, 0, 0]))
+    u.add(k, np.array([5, 9, 5, 5, 7]))  # key (0,2) at steps 5, 9; key (1,0) twice at 5, once at 7
+    a, b = int(k[0]), int(k[2])
+    assert u.next_use(np.array([a, b, 12345]), floor=0).tolist() == [5, 5, -1]
+    u.consume(np.array([b]), np.array([5]))
+    assert u.next_use(np.array([b]), 0).tolist() == [5]  # one of its two step-5 reads is still to come
+    u.consume(np.array([b, a, a]), np.array([5, 5, 5]))  # a's second step-5 read was never planned: ignored
+    assert u.next_use(np.array([a, b]), 0).tolist() == [9, 7]
+    assert u.next_use(np.array([a, b]), floor=8).tolist() == [9, -1]  # uses before the floor are over
+    u.prune(8)
+    assert len(u) == 1 and u.next_use(np.array([a]), 0).tolist() == [9]
+    u.add(np.array([b]), np.array([20]))  # a later chunk merges in
+    assert u.next_use(np.array([a, b]), 0).tolist() == [9, 20]
+
+
+def test_pool_evicts_the_farthest_next_use_across_owners() -> None:
+    pool = WorkerPool(budget=300)
+    assert pool.offer(1, ("x", 0), "x0", 100, next_use=10)
+    assert pool.offer(2, ("y", 0), "y0", 100, next_use=30)
+    assert pool.offer(1, ("x", 1), "x1", 100, next_use=20)
+    assert pool.offer(2, ("y", 1), "y1", 100, next_use=15)  # over budget: y0 (step 30) goes
+    assert pool.get(2, ("y", 0)) is None and pool.get(1, ("x", 1)) == "x1" and pool.nbytes == 300
+    assert pool.offer(1, ("x", 2), "x2", 100, next_use=40)  # needed later than all held: kept while its read runs
+    pool.trim()  # ... and the first to go when the budget is restored
+    assert pool.get(1, ("x", 2)) is None and pool.nbytes == 300
+    assert not pool.offer(1, ("x", 3), "x3", 301, next_use=0)  # larger than the whole budget
+    pool.update(1, {("x", 0): -1, ("x", 1): 12})  # x0's last use served
+    assert pool.get(1, ("x", 0)) is None and pool.held(1) == [("x", 1)] and pool.nbytes == 200
+    pool.drop_owner(2)
+    assert pool.nbytes == 100 and pool.owner_bytes(1) == 100
+
+
+def test_policy_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="worker_bytes"):
+        CachePolicy(worker_bytes=-1, horizon_steps=2)
+    assert CachePolicy.of(1 << 20, window=3).horizon_steps == 5
+
+
+@pytest.fixture
+def shard(tmp_path: Path) -> Path:
+    """One Parquet file of 12 rows in 4 row groups of 3 (row r holds tokens [r, r + 1])."""
+    p = tmp_path / "s.parquet"
+    pq.write_table(
+        pa.table({"ids": pa.array([[r, r + 1] for r in range(12)], pa.list_(pa.int32()))}), p, row_group_size=3
+    )
+    return p
+
+
+def _reader(shard: Path) -> object:
+    src = SourceSpec(name="s", format=SourceFormat.PARQUET, paths=["*.parquet"], tokens_field="ids")
+    return make_reader(src, TokenizerSpec(), ImageSpec())
+
+
+def test_a_row_group_is_fetched_once_kept_while_planned_and_dropped_at_its_last_use(shard: Path) -> None:
+    reader = _reader(shard)
+    fetched: list[int] = []
+    real = reader._read_row_groups  # type: ignore[attr-defined]
+
+    def counting(path, info, rgs, columns):  # type: ignore[no-untyped-def]
+        fetched.extend(int(g) for g in rgs)
+        return real(path, info, rgs, columns)
+
+    reader._read_row_groups = counting  # type: ignore[attr-defined]
+    cache = PlanUnitCache(
+        "plan-a", steps=10, policy=CachePolicy(worker_bytes=1 << 20, horizon_steps=4), shard_of={str(shard): 7}
+    )
+    reader.use_unit_cache(cache)  # type: ignore[attr-defined]
+    # the plan: step 0 reads rows 0, 4; step 1 rows 1, 7; step 2 row 2; step 3 row 5
+    plan_rows = {0: [0, 4], 1: [1, 7], 2: [2], 3: [5]}
+    steps = np.concatenate([[s] * len(r) for s, r in plan_rows.items()])
+    rows = np.concatenate(list(plan_rows.values()))
+    keys = unit_key(7, reader.units(shard, rows))  # type: ignore[attr-defined]
+    assert reader.units(shard, np.array([0, 3, 11, 12])).tolist() == [0, 1, 3, -1]  # type: ignore[attr-defined]
+    cache.plan(keys, steps)
+    held = []
+    for s, r in plan_rows.items():
+        got = reader.read(shard, np.array(r))  # type: ignore[attr-defined]
+        assert [x.tokens.tolist() for x in got] == [[v, v + 1] for v in r]  # what is read never depends on the cache
+        sel = steps == s
+        cache.served(keys[sel], steps[sel])
+        held.append(sorted(k[1] for k in cache._pool.held(cache._owner)))
+    assert sorted(fetched) == [0, 1, 2]  # each row group once: group 0 (steps 0-2), 1 (0 and 3), 2 (1)
+    # after step 0: groups 0 and 1 are still needed; after 1: group 2 (row 7) is done; after 3: nothing
+    assert held == [[0, 1], [0, 1], [1], []]
+    assert cache.nbytes == 0
+    cache.close()
+    cache.close()
+
+
+def test_under_budget_pressure_the_unit_needed_soonest_stays(shard: Path) -> None:
+    reader = _reader(shard)
+    one_group = reader._read_row_groups(shard, reader._open(shard), np.array([0]), ["ids"]).column(0).combine_chunks()  # type: ignore[attr-defined]
+    budget = int(one_group.nbytes) + 1  # room for one row group
+    cache = PlanUnitCache(
+        "plan-b", steps=10, policy=CachePolicy(worker_bytes=budget, horizon_steps=8), shard_of={str(shard): 0}
+    )
+    reader.use_unit_cache(cache)  # type: ignore[attr-defined]
+    rows = np.array([0, 3, 1, 4])  # step 0 reads groups 0 and 1; group 1 is needed again at step 1, group 0 at step 5
+    steps = np.array([0, 0, 5, 1])
+    cache.plan(unit_key(0, reader.units(shard, rows)), steps)  # type: ignore[attr-defined]
+    reader.read(shard, rows[:2])  # type: ignore[attr-defined]
+    cache.served(unit_key(0, reader.units(shard, rows[:2])), steps[:2])  # type: ignore[attr-defined]
+    assert [k[1] for k in cache._pool.held(cache._owner)] == [1]  # group 1 (next use step 1) beat group 0 (step 5)
+    cache.close()

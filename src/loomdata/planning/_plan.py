@@ -45,6 +45,7 @@ from loomdata.planning._resume import (
     BasePlan,
     PlanResume,
     base_carry,
+    base_positions,
     base_report_rows,
     copy_base_rows,
     open_base,
@@ -247,9 +248,25 @@ def _plan_into(
     ptr = membership(targets, streams, lanes, step_slots)
     drawn = sum(np.diff(st.cum[ptr[start:, k]]) for k, st in enumerate(streams))
     assignment = None
-    if spec.planning.lookahead > 0:
+    carry: Segments | None = None
+    # a re-plan with look-ahead anywhere (the spec, the base, or the base's own base) finds its positions by sets
+    lookahead_replan = base is not None and (
+        spec.planning.lookahead > 0 or base.meta.spec.planning.lookahead > 0 or base.meta.parameters.resume is not None
+    )
+    if spec.planning.lookahead > 0 or lookahead_replan:
         step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
-        pos, nat = natural_positions(ptr, start, tr.steps)
+        if base is not None:  # what the base placed before S is excluded, what it drew before S and deferred is in
+            pos, nat, carry = base_positions(
+                base,
+                ptr,
+                streams,
+                [s.sample for s in sources],
+                [s.num_tokens for s in sources],
+                [s.num_image_tokens for s in sources],
+                lanes,
+            )
+        else:
+            pos, nat = natural_positions(ptr, start, tr.steps)
         assignment = assign_steps(
             pos, nat, streams, lanes, step_slots, step_dp, spec.planning.lookahead, start, tr.steps
         )
@@ -266,10 +283,10 @@ def _plan_into(
     report = ReportBuilder(
         tr.steps, names, tr.dp_size, rank_from=start, budgets=step_budget if shapes else None, pp_size=tr.pp_size
     )
-    carry: Segments | None = None
     if base is not None:
         copy_base_rows(base, writer)
         report.seed(base_report_rows(base), start)
+    if base is not None and not lookahead_replan:
         carry = base_carry(
             base,
             ptr,

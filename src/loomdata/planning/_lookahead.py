@@ -105,24 +105,28 @@ def assign_steps(
     t1: int,
     *,
     final: bool = True,
+    planned_before: int = 0,
 ) -> StepAssignment:
-    """Assigned steps (t0..t1-1) of the positions `pos` (natural steps `nat`, clipped into t0..t1-1) of every
-    source. `slots`/`dp` are per step (indexed by absolute step); streams must still hold their counts.
+    """Assigned steps (t0..t1-1) of the positions `pos` of every source, natural steps `nat` (counted clipped
+    into t0..t1-1; one before t0, which a re-plan's base deferred, still moves at most K steps from it).
+    `slots`/`dp` are per step (indexed by absolute step); streams must still hold their counts.
     `final`: t1-1 is the plan's last step, which takes every heavy segment left (else the window is a
-    prefix of a longer plan, as when a re-plan recomputes its base's first steps)."""
+    prefix of a longer plan). `planned_before`: short-lane tokens planned before t0 (a re-plan's base steps),
+    part of the prefix the mixture tolerance is a share of."""
     n = t1 - t0
     seq = lanes.seq_len
     src_parts, nat_parts, len_parts, long_parts = [], [], [], []
     for s, (p, nt) in enumerate(zip(pos, nat, strict=True)):
         st = streams[s]
         src_parts.append(np.full(len(p), s, dtype=np.int64))
-        nat_parts.append(np.clip(nt, t0, t1 - 1) - t0)
+        nat_parts.append(np.asarray(nt, dtype=np.int64) - t0)
         len_parts.append(st.cum[p + 1] - st.cum[p])
         long_parts.append(
             np.zeros(len(p), dtype=bool) if st.cum_long is None else (st.cum_long[p + 1] - st.cum_long[p]) > 0
         )
     src = np.concatenate(src_parts)
-    nt = np.concatenate(nat_parts)
+    raw = np.concatenate(nat_parts)  # window-relative natural steps, < 0 for what a re-plan's base deferred
+    nt = np.clip(raw, 0, n - 1)
     length = np.concatenate(len_parts)
     is_long = np.concatenate(long_parts)
     flat_pos = np.concatenate([np.asarray(p, dtype=np.int64) for p in pos])
@@ -134,15 +138,18 @@ def assign_steps(
 
     heavy = ~is_long & (length > HEAVY_SHARE * seq)
     hi_idx = np.flatnonzero(heavy)
-    hi_idx = hi_idx[np.lexsort((flat_pos[hi_idx], src[hi_idx], nt[hi_idx]))]
+    hi_idx = hi_idx[np.lexsort((flat_pos[hi_idx], src[hi_idx], raw[hi_idx]))]
     c = np.cumsum(np.bincount(nt[hi_idx], minlength=n))
     a = (c + dpt // 2) // dpt * dpt
-    lo = np.concatenate([np.zeros(min(k, n), dtype=np.int64), c[: max(n - k, 0)]])
+    # no heavy segment later than K steps after its natural step (also those a re-plan's base deferred)
+    lo = np.searchsorted(raw[hi_idx], np.arange(n) - k, side="right")
     hi = c[np.minimum(np.arange(n) + k, n - 1)]
     a = np.clip(a, lo, hi)
     hc = np.zeros(len(hi_idx) + 1, dtype=np.int64)
     np.cumsum(length[hi_idx], out=hc[1:])
-    slack = MIXTURE_TOLERANCE * np.cumsum(np.bincount(nt[~is_long], weights=length[~is_long], minlength=n))
+    slack = MIXTURE_TOLERANCE * (
+        planned_before + np.cumsum(np.bincount(nt[~is_long], weights=length[~is_long], minlength=n))
+    )
     h_nat = hc[c]
     a = np.clip(
         a, np.searchsorted(hc, h_nat - slack, side="left"), np.searchsorted(hc, h_nat + slack, side="right") - 1
@@ -159,7 +166,7 @@ def assign_steps(
     h_asg_tok = np.bincount(np.minimum(h_step, n - 1), weights=length[hi_idx], minlength=n).astype(np.int64)
 
     li_idx = np.flatnonzero(~heavy & ~is_long)
-    li_idx = li_idx[np.lexsort((flat_pos[li_idx], src[li_idx], nt[li_idx]))]
+    li_idx = li_idx[np.lexsort((flat_pos[li_idx], src[li_idx], raw[li_idx]))]
     l_len = length[li_idx]
     lc = np.zeros(len(li_idx) + 1, dtype=np.int64)
     np.cumsum(l_len, out=lc[1:])

@@ -267,8 +267,19 @@ def _plan_into(
             )
         else:
             pos, nat = natural_positions(ptr, start, tr.steps)
+        short_cum = [st.cum if st.cum_short is None else st.cum_short for st in streams]
+        before = sum(int(c[ptr[start, k]]) for k, c in enumerate(short_cum))  # short tokens of steps < start
         assignment = assign_steps(
-            pos, nat, streams, lanes, step_slots, step_dp, spec.planning.lookahead, start, tr.steps
+            pos,
+            nat,
+            streams,
+            lanes,
+            step_slots,
+            step_dp,
+            spec.planning.lookahead,
+            start,
+            tr.steps,
+            planned_before=before,
         )
     streams = [st.without_counts() for st in streams]
     empty = np.flatnonzero(np.asarray(drawn) == 0)

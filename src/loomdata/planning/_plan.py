@@ -63,7 +63,7 @@ from loomdata.schemas.tables import TableKind, check_schema
 
 __all__ = ["PLANNER_VERSION", "PlanResult", "PlanResume", "make_plan"]
 
-PLANNER_VERSION = "5"
+PLANNER_VERSION = "6"
 """Part of the plan id: bump it whenever the planner's output for the same inputs changes."""
 
 
@@ -249,11 +249,14 @@ def _plan_into(
     drawn = sum(np.diff(st.cum[ptr[start:, k]]) for k, st in enumerate(streams))
     assignment = None
     carry: Segments | None = None
+    # image samples cannot be split: with them in the mix membership stays as drawn (moved segments would
+    # crowd steps the balancer must fit unsplittable samples into)
+    lookahead = 0 if any(s.num_image_tokens.any() for s in sources) else spec.planning.lookahead
     # a re-plan with look-ahead anywhere (the spec, the base, or the base's own base) finds its positions by sets
     lookahead_replan = base is not None and (
-        spec.planning.lookahead > 0 or base.meta.spec.planning.lookahead > 0 or base.meta.parameters.resume is not None
+        lookahead > 0 or base.meta.spec.planning.lookahead > 0 or base.meta.parameters.resume is not None
     )
-    if spec.planning.lookahead > 0 or lookahead_replan:
+    if lookahead > 0 or lookahead_replan:
         step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
         if base is not None:  # what the base placed before S is excluded, what it drew before S and deferred is in
             pos, nat, carry = base_positions(
@@ -276,7 +279,7 @@ def _plan_into(
             lanes,
             step_slots,
             step_dp,
-            spec.planning.lookahead,
+            lookahead,
             start,
             tr.steps,
             planned_before=before,

@@ -135,12 +135,37 @@ def test_assign_steps_covers_positions_and_bounds_heavy_moves(
     )
 
 
-def test_lookahead_zero_is_the_default_and_keeps_membership() -> None:
+def test_lookahead_two_is_the_default_and_zero_keeps_membership() -> None:
     from loomdata.schemas.spec import PlanningSpec
 
-    assert PlanningSpec().lookahead == 0
+    assert PlanningSpec().lookahead == 2
     with pytest.raises(ValueError):
         PlanningSpec(lookahead=-1)
+
+
+def test_lookahead_keeps_every_epoch_before_the_next(
+    tmp_path: Path, spec_of: Callable[..., Spec], index_of: Callable[..., pa.Table]
+) -> None:
+    """A source that wraps its epoch within the plan: no segment of the next epoch before one of the last."""
+    rng = np.random.default_rng(4)
+    web = np.clip(rng.lognormal(6.2, 1.1, 8000), 16, 100_000).astype(np.uint32)
+    papers = np.clip(rng.lognormal(8.8, 0.6, 120), 1000, 60_000).astype(np.uint32)  # ~1M tokens an epoch
+    index = {"web": index_of(web), "papers": index_of(papers)}
+    plans = {}
+    for k in (0, 2):
+        mix = {"web": 0.4, "papers": 0.6}
+        spec = spec_of(tmp_path / str(k), ["web", "papers"], weights=mix, seq_len=SEQ, steps=60, dp=8)
+        spec = spec.model_copy(update={"planning": spec.planning.model_copy(update={"lookahead": k})})
+        plans[k] = make_plan(spec, index=index)
+    on = plans[2]
+    m = read_manifest(on.plan_dir, on.meta)
+    assert not read_manifest(plans[0].plan_dir, plans[0].meta).equals(m)
+    epochs = m.filter(pa.compute.equal(m["source"], 1))["length"].to_numpy().sum() / papers.sum()
+    assert epochs > 2.0, epochs  # the epoch boundaries fall inside the plan
+    deferred = pq.read_table(on.plan_dir / "report" / "steps.parquet")["deferred_tokens"].to_numpy() > 0
+    zeros = {n: np.zeros(len(v), dtype=np.int64) for n, v in (("web", web), ("papers", papers))}
+    pc.check_coverage(on.meta, m, {"web": web, "papers": papers}, zeros, deferred)
+    assert on.meta.summary["unplaced_after_last_step"] == []
 
 
 def _crossings(spec: Spec, index: dict[str, pa.Table]) -> np.ndarray:

@@ -251,10 +251,14 @@ def _plan_into(
     carry: Segments | None = None
     # image samples cannot be split: with them in the mix membership stays as drawn (moved segments would
     # crowd steps the balancer must fit unsplittable samples into)
-    lookahead = 0 if any(s.num_image_tokens.any() for s in sources) else spec.planning.lookahead
-    # a re-plan with look-ahead anywhere (the spec, the base, or the base's own base) finds its positions by sets
-    lookahead_replan = base is not None and (
-        lookahead > 0 or base.meta.spec.planning.lookahead > 0 or base.meta.parameters.resume is not None
+    images = any(s.num_image_tokens.any() for s in sources)
+    lookahead = 0 if images else spec.planning.lookahead
+    # a re-plan with look-ahead anywhere (the spec, the base, or the base's own base) finds its positions by
+    # sets; with images in the mix (the base has the same index) every plan of the chain drew as membership did
+    lookahead_replan = (
+        base is not None
+        and not images
+        and (lookahead > 0 or base.meta.spec.planning.lookahead > 0 or base.meta.parameters.resume is not None)
     )
     if lookahead > 0 or lookahead_replan:
         step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)

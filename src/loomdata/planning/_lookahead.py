@@ -19,7 +19,14 @@ NumPy over all segments of the planned steps at once, a short loop only over ste
   remaining token room: the cumulative light tokens through t are the natural ones plus the heavy tokens
   the look-ahead took out of steps <= t (one searchsorted), so every step's total stays the natural one
   within a segment; a step whose short tokens would exceed its slots pushes its last lights on;
-- long-lane segments stay in their natural step.
+- long-lane segments stay in their natural step, and so do (counted in the steps' room) segments drawn within
+  K+1 steps of their source's epoch start and all of a source whose epoch lasts under PIN_WINDOWS*(K+1) steps:
+  no move crosses an epoch (a straggler left behind the next epoch's first step comes back to it);
+- the last step takes only what fits: heavy and light segments the steps after t cannot take are placed by t.
+A re-plan (see _resume) passes the positions its base left, those the base deferred with natural steps
+before t0 (still moved at most K from them) and the base's short tokens (`planned_before`, for the tolerance).
+make_plan keeps membership as drawn for mixes with image samples (unsplittable: the balancer needs the
+steps' spare room).
 The result is an assigned step per stream position; a step's segments of one source are no longer one
 contiguous range, so StepItems gathers them through `StepAssignment` (same column layout). Every position
 drawn for the planned steps gets exactly one step (the property tests check all positions).

@@ -22,6 +22,14 @@ tokens; from the last step t0 < S into which nothing was carried, the segments t
 steps t0..S-1 minus the pieces the base's manifest placed in those steps are what was still in flight
 (placed pieces of a segment are always a prefix of it, so the rest is a suffix).
 
+Look-ahead membership (planning.lookahead > 0 in the spec, the base or a base before it; see _lookahead):
+steps of the base were not pointer ranges, so the base's manifest before S is the truth (base_positions):
+its pieces are matched to stream positions by (document, segment) key, earliest occurrence first; the new
+steps plan every position before the new plan's last pointer that the base did not place (those it drew
+before S and placed later get natural step S), a partly placed segment's rest is the carry into S. The
+look-ahead restarts at S, so with the base's own shape the new steps are not the base's bytes (K = 0 they
+are). Changing K at a re-plan is allowed.
+
 Compatibility. The base must have been made by this planner version, over the same sources (same order),
 the same index fingerprints, seed, mixture, planning.fill, seq_len and long_context; else PlanError lists every
 difference. The base may itself be a re-plan: `parameters.shape_schedule` records the shape of every

@@ -45,6 +45,7 @@ from loomdata.planning._resume import (
     BasePlan,
     PlanResume,
     base_carry,
+    base_positions,
     base_report_rows,
     copy_base_rows,
     open_base,
@@ -63,7 +64,7 @@ from loomdata.schemas.tables import TableKind, check_schema
 
 __all__ = ["PLANNER_VERSION", "PlanResult", "PlanResume", "make_plan"]
 
-PLANNER_VERSION = "5"
+PLANNER_VERSION = "6"
 """Part of the plan id: bump it whenever the planner's output for the same inputs changes."""
 
 
@@ -265,11 +266,45 @@ def _plan_into(
     shuffle = _shuffle_figures(spec, sources, layouts, streams, ptr, lanes)
     drawn = sum(np.diff(st.cum[ptr[start:, k]]) for k, st in enumerate(streams))
     assignment = None
-    if spec.planning.lookahead > 0:
+    carry: Segments | None = None
+    # image samples cannot be split: with them in the mix membership stays as drawn (moved segments would
+    # crowd steps the balancer must fit unsplittable samples into)
+    images = any(s.num_image_tokens.any() for s in sources)
+    lookahead = 0 if images else spec.planning.lookahead
+    # a re-plan with look-ahead anywhere (the spec, the base, or the base's own base) finds its positions by
+    # sets; with images in the mix (the base has the same index) every plan of the chain drew as membership did
+    lookahead_replan = (
+        base is not None
+        and not images
+        and (lookahead > 0 or base.meta.spec.planning.lookahead > 0 or base.meta.parameters.resume is not None)
+    )
+    if lookahead > 0 or lookahead_replan:
         step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
-        pos, nat = natural_positions(ptr, start, tr.steps)
+        if base is not None:  # what the base placed before S is excluded, what it drew before S and deferred is in
+            pos, nat, carry = base_positions(
+                base,
+                ptr,
+                streams,
+                [s.sample for s in sources],
+                [s.num_tokens for s in sources],
+                [s.num_image_tokens for s in sources],
+                lanes,
+            )
+        else:
+            pos, nat = natural_positions(ptr, start, tr.steps)
+        short_cum = [st.cum if st.cum_short is None else st.cum_short for st in streams]
+        before = sum(int(c[ptr[start, k]]) for k, c in enumerate(short_cum))  # short tokens of steps < start
         assignment = assign_steps(
-            pos, nat, streams, lanes, step_slots, step_dp, spec.planning.lookahead, start, tr.steps
+            pos,
+            nat,
+            streams,
+            lanes,
+            step_slots,
+            step_dp,
+            lookahead,
+            start,
+            tr.steps,
+            planned_before=before,
         )
     streams = [st.without_counts() for st in streams]
     empty = np.flatnonzero(np.asarray(drawn) == 0)
@@ -284,10 +319,10 @@ def _plan_into(
     report = ReportBuilder(
         tr.steps, names, tr.dp_size, rank_from=start, budgets=step_budget if shapes else None, pp_size=tr.pp_size
     )
-    carry: Segments | None = None
     if base is not None:
         copy_base_rows(base, writer)
         report.seed(base_report_rows(base), start)
+    if base is not None and not lookahead_replan:
         carry = base_carry(
             base,
             ptr,

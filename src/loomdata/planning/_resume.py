@@ -22,6 +22,14 @@ tokens; from the last step t0 < S into which nothing was carried, the segments t
 steps t0..S-1 minus the pieces the base's manifest placed in those steps are what was still in flight
 (placed pieces of a segment are always a prefix of it, so the rest is a suffix).
 
+Look-ahead membership (planning.lookahead > 0 in the spec, the base or a base before it; see _lookahead):
+steps of the base were not pointer ranges, so the base's manifest before S is the truth (base_positions):
+its pieces are matched to stream positions by (document, segment) key, earliest occurrence first; the new
+steps plan every position before the new plan's last pointer that the base did not place (those it drew
+before S and placed later get natural step S), a partly placed segment's rest is the carry into S. The
+look-ahead restarts at S, so with the base's own shape the new steps are not the base's bytes (K = 0 they
+are). Changing K at a re-plan is allowed.
+
 Compatibility. The base must have been made by this planner version, over the same sources (same order),
 the same index fingerprints, seed, mixture, shuffle settings, planning.fill, seq_len and long_context; else
 PlanError lists every difference. The base may itself be a re-plan: `parameters.shape_schedule` records the
@@ -52,6 +60,7 @@ __all__ = [
     "BasePlan",
     "PlanResume",
     "base_carry",
+    "base_positions",
     "base_report_rows",
     "copy_base_rows",
     "open_base",
@@ -128,11 +137,6 @@ def open_base(resume: PlanResume, spec: Spec, fingerprints: dict[str, str], plan
             None if lc is None else lc.model_dump(mode="json") for lc in (meta.spec.long_context, spec.long_context)
         )
         problems.append(f"long_context differs (base {base_lc}, spec {spec_lc})")
-    if spec.planning.lookahead or meta.spec.planning.lookahead:
-        problems.append(
-            f"planning.lookahead is {meta.spec.planning.lookahead} in the base and {spec.planning.lookahead} in the "
-            "spec: elastic re-plans of look-ahead membership are not supported yet; plan with planning.lookahead: 0"
-        )
     if not 1 <= s <= meta.steps:
         problems.append(f"at_step {s} is outside the base plan's steps 1..{meta.steps} (step 0: plan afresh)")
     if s >= spec.training.steps:
@@ -250,6 +254,96 @@ def base_carry(
     if not parts:
         return None
     return Segments.concat([Segments(*p) for p in parts])
+
+
+def base_positions(
+    base: BasePlan,
+    ptr: np.ndarray,
+    streams: Sequence[Stream],
+    samples: Sequence[SampleIds],
+    lengths: Sequence[np.ndarray],
+    images: Sequence[np.ndarray],
+    lanes: Lanes,
+) -> tuple[list[np.ndarray], list[np.ndarray], Segments | None]:
+    """Re-plan with look-ahead membership (base or spec): per source the stream positions the new steps
+    plan (those drawn for steps at_step.. minus what the base placed before at_step, plus what it drew before
+    at_step and placed later), their natural steps (at least at_step), and the in-flight rests (the carry).
+
+    The base's manifest of steps < at_step is the truth: its pieces are matched to stream positions by
+    (document, segment) key, the earliest occurrences first (look-ahead keeps each length class in stream
+    order, and a key recurs only an epoch later); a partly placed segment's rest is carried into at_step.
+    Every position before ptr[-1] is either placed before at_step, carried, or returned: nothing twice."""
+    s = base.at_step
+    placed = read_manifest(base.plan_dir, base.meta, 0, s - 1)
+    p_src = placed.column("source").to_numpy()
+    pos_out, nat_out, parts = [], [], []
+    for k, st in enumerate(streams):
+        sel = p_src == k
+        rows = _rows_of(base, k, samples[k], placed.column("sample").to_numpy()[sel])
+        p_off = placed.column("offset").to_numpy()[sel].astype(np.int64)
+        p_len = placed.column("length").to_numpy()[sel].astype(np.int64)
+        end = int(ptr[-1, k])
+        state = _match_placed(st, lengths[k], lanes, end, rows, p_off, p_len)
+        if state is None:  # the base placed pieces beyond the new plan's positions: look at the whole stream
+            state = _match_placed(st, lengths[k], lanes, len(st.doc), rows, p_off, p_len)
+        if state is None:
+            raise _mismatch(base, k, "placed pieces its membership did not draw")
+        doc, off, seg_len, lane, done = state
+        n = min(end, len(doc))
+        free = np.flatnonzero(done[:n] == 0)
+        pos_out.append(free)
+        nat_out.append(np.maximum(np.searchsorted(ptr[:, k], free, side="right") - 1, s).astype(np.int64))
+        cut = np.flatnonzero((done > 0) & (done < seg_len))
+        if len(cut):
+            r_len = seg_len[cut] - done[cut]
+            ntok = lengths[k][doc[cut]].astype(np.int64)
+            parts.append(
+                (
+                    np.full(len(cut), k, dtype=np.uint16),
+                    samples[k][doc[cut]],
+                    (off[cut] + done[cut]).astype(np.uint32),
+                    r_len,
+                    lane[cut],
+                    np.where(r_len == ntok, images[k][doc[cut]], 0),
+                )
+            )
+    carry = Segments.concat([Segments(*p) for p in parts]) if parts else None
+    return pos_out, nat_out, carry
+
+
+def _match_placed(
+    st: Stream,
+    lengths: np.ndarray,
+    lanes: Lanes,
+    end: int,
+    rows: np.ndarray,
+    p_off: np.ndarray,
+    p_len: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(doc, offset, length, lane, placed tokens) of stream positions [0, end), the placed pieces (index rows,
+    offsets, lengths) given to the earliest occurrences of their segment; None when some piece matches none."""
+    doc, off, seg_len, lane = st.segments(0, end, lengths, lanes)
+    seg_len = seg_len.astype(np.int64)
+    cap = lanes.capacity(lane)
+    width = int((lengths.max(initial=0) // max(lanes.seq_len, 1)) + 2)  # segments a document has, at most
+    key = doc.astype(np.int64) * width + off.astype(np.int64) // cap
+    p_cap = lanes.capacity(lanes.lane_of(lengths[rows]))
+    p_key = rows * width + p_off // p_cap  # a placed piece lies inside one segment
+    order = np.argsort(key, kind="stable")  # by key, stream order within a key
+    sk = key[order]
+    first = np.searchsorted(sk, sk, side="left")
+    occ = np.empty(end, dtype=np.int64)
+    occ[order] = np.arange(end) - first  # which occurrence of its key a position is
+    uk = np.unique(sk)
+    i = np.minimum(np.searchsorted(uk, p_key), max(len(uk) - 1, 0))
+    if len(p_key) and (len(uk) == 0 or (uk[i] != p_key).any()):
+        return None
+    tokens = np.bincount(i, weights=p_len, minlength=len(uk)).astype(np.int64)
+    g = np.searchsorted(uk, key)
+    if (tokens > np.bincount(g, weights=seg_len, minlength=len(uk))).any():
+        return None
+    done = np.clip(tokens[g] - occ * seg_len, 0, seg_len)
+    return doc, off.astype(np.int64), seg_len, lane, done
 
 
 def _rows_of(base: BasePlan, k: int, samples: SampleIds, wanted: np.ndarray) -> np.ndarray:

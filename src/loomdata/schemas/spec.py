@@ -222,9 +222,10 @@ class PlanningSpec(_Frozen):
 
     fill: float = Field(default=0.96, gt=0, le=1)
     """Share of a step's slot capacity (dp * micro_batches * seq_len) the mixture draws: room to balance cost."""
-    lookahead: int = Field(default=0, ge=0, le=64)
-    """Look-ahead membership window K in steps: a short-lane segment longer than half a sequence may move up
-    to K steps from its natural step so that steps hold a multiple of dp of them (0: off, membership as drawn)."""
+    lookahead: int = Field(default=2, ge=0, le=64)
+    """Look-ahead membership window K in steps: a short-lane segment longer than 0.85 of a sequence may move up
+    to K steps from its natural step so that steps hold a multiple of dp of them (0: off, membership as drawn;
+    2 by default: on the long-tail 4K mix mean max/LB 1.036-1.055 -> 1.012-1.016 at dp 8-512, K = 3 adds nothing)."""
 
 
 class Spec(_Frozen):

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute
+import pyarrow.parquet as pq
 import pytest
 
 from loomdata.planning import PlanResult, PlanResume, make_plan
 from loomdata.planning._lookahead import HEAVY_SHARE, assign_steps, natural_positions
 from loomdata.planning._mixture import build_stream, membership, step_weights
 from loomdata.planning._packing import Lanes
-from loomdata.schemas.errors import PlanError
 from loomdata.schemas.plan import read_manifest
 from loomdata.schemas.spec import Spec
+from loomtest import plancheck as pc
 
 SEQ = 4096
 
@@ -132,19 +135,133 @@ def test_assign_steps_covers_positions_and_bounds_heavy_moves(
     )
 
 
-def test_lookahead_zero_is_the_default_and_keeps_membership() -> None:
+def test_lookahead_two_is_the_default_and_zero_keeps_membership() -> None:
     from loomdata.schemas.spec import PlanningSpec
 
-    assert PlanningSpec().lookahead == 0
+    assert PlanningSpec().lookahead == 2
     with pytest.raises(ValueError):
         PlanningSpec(lookahead=-1)
 
 
-def test_replan_of_a_lookahead_plan_is_refused(
-    tmp_path: Path, spec_of: Callable[..., Spec], index_of: Callable[..., Any]
+def test_lookahead_keeps_every_epoch_before_the_next(
+    tmp_path: Path, spec_of: Callable[..., Spec], index_of: Callable[..., pa.Table]
+) -> None:
+    """A source that wraps its epoch within the plan: no segment of the next epoch before one of the last."""
+    rng = np.random.default_rng(4)
+    web = np.clip(rng.lognormal(6.2, 1.1, 8000), 16, 100_000).astype(np.uint32)
+    papers = np.clip(rng.lognormal(8.8, 0.6, 120), 1000, 60_000).astype(np.uint32)  # ~1M tokens an epoch
+    index = {"web": index_of(web), "papers": index_of(papers)}
+    plans = {}
+    for k in (0, 2):
+        mix = {"web": 0.4, "papers": 0.6}
+        spec = spec_of(tmp_path / str(k), ["web", "papers"], weights=mix, seq_len=SEQ, steps=60, dp=8)
+        spec = spec.model_copy(update={"planning": spec.planning.model_copy(update={"lookahead": k})})
+        plans[k] = make_plan(spec, index=index)
+    on = plans[2]
+    m = read_manifest(on.plan_dir, on.meta)
+    assert not read_manifest(plans[0].plan_dir, plans[0].meta).equals(m)
+    epochs = m.filter(pa.compute.equal(m["source"], 1))["length"].to_numpy().sum() / papers.sum()
+    assert epochs > 2.0, epochs  # the epoch boundaries fall inside the plan
+    deferred = pq.read_table(on.plan_dir / "report" / "steps.parquet")["deferred_tokens"].to_numpy() > 0
+    zeros = {n: np.zeros(len(v), dtype=np.int64) for n, v in (("web", web), ("papers", papers))}
+    pc.check_coverage(on.meta, m, {"web": web, "papers": papers}, zeros, deferred)
+    assert on.meta.summary["unplaced_after_last_step"] == []
+
+
+def _crossings(spec: Spec, index: dict[str, pa.Table]) -> np.ndarray:
+    """Per step S, how many heavy segments the look-ahead moves across the boundary before S (either way)."""
+    lanes = Lanes.of(spec)
+    n_steps, dp = spec.training.steps, spec.training.dp_size
+    slots = np.full(n_steps, dp * spec.training.micro_batches, dtype=np.int64)
+    lengths = [index[n].column("num_tokens").to_numpy() for n in spec.source_names]
+    targets = np.cumsum(step_weights(spec) * (slots * SEQ * spec.planning.fill)[:, None], axis=0)
+    streams = [build_stream(n, spec.seed, ln, lanes, 3) for n, ln in zip(spec.source_names, lengths, strict=True)]
+    ptr = membership(targets, streams, lanes, slots)
+    pos, nat = natural_positions(ptr, 0, n_steps)
+    asg = assign_steps(pos, nat, streams, lanes, slots, np.full(n_steps, dp), spec.planning.lookahead, 0, n_steps)
+    out = np.zeros(n_steps + 1, dtype=np.int64)
+    for k in range(len(streams)):
+        natural = np.searchsorted(ptr[:, k], asg.pos[k], side="right") - 1
+        lo, hi = np.minimum(natural, asg.step[k]), np.maximum(natural, asg.step[k])
+        moved = lo < hi  # crosses every boundary before S for lo < S <= hi
+        np.add.at(out, lo[moved] + 1, 1)
+        np.add.at(out, hi[moved] + 1, -1)
+    return np.cumsum(out)[:n_steps]
+
+
+def _mean_from(plan: PlanResult, at: int) -> float:
+    """Mean max rank cost / LB over steps >= at, from the plan's report."""
+    t = pq.read_table(plan.plan_dir / "report" / "steps.parquet")
+    return float((t["loom_max"].to_numpy() / t["lb"].to_numpy())[at:].mean())
+
+
+def _check_replan(base: PlanResult, res: PlanResult, at: int, index: dict[str, pa.Table]) -> None:
+    """Steps < at are the base's rows; base and new steps plan every token once per epoch; new steps fit."""
+    assert read_manifest(res.plan_dir, res.meta, 0, at - 1).equals(read_manifest(base.plan_dir, base.meta, 0, at - 1))
+    m = read_manifest(res.plan_dir, res.meta)
+    lengths = {n: t.column("num_tokens").to_numpy() for n, t in index.items()}
+    images = {n: t.column("num_image_tokens").to_numpy() for n, t in index.items()}
+    deferred = pq.read_table(res.plan_dir / "report" / "steps.parquet")["deferred_tokens"].to_numpy() > 0
+    pc.check_coverage(res.meta, m, lengths, images, deferred)
+    pc.check_slots(res.meta, m.filter(pa.compute.greater_equal(m["step"], at)))
+
+
+@pytest.mark.parametrize(("dp_from", "dp_to"), [(8, 4), (4, 8)])
+def test_replan_inside_a_lookahead_window_plans_every_token_once(
+    tmp_path: Path, spec_of: Callable[..., Spec], index_of: Callable[..., Any], dp_from: int, dp_to: int
 ) -> None:
     index = _books_corpus(index_of)
-    base = make_plan(_spec(spec_of, tmp_path, 2, steps=12), index=index)
-    spec = _spec(spec_of, tmp_path, 2, dp=4, steps=12)
-    with pytest.raises(PlanError, match="look-ahead membership are not supported"):
-        make_plan(spec, index=index, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=6))
+    base_spec = _spec(spec_of, tmp_path, 2, dp=dp_from)
+    cross = _crossings(base_spec, index)
+    at = int(np.flatnonzero(cross[10:] >= 2)[0]) + 10  # the base moved heavy segments across this boundary
+    base = make_plan(base_spec, index=index)
+    spec = _spec(spec_of, tmp_path, 2, dp=dp_to, steps=44)
+    res = make_plan(spec, index=index, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=at))
+    _check_replan(base, res, at, index)
+    # the new steps still balance better than membership as drawn would (a fresh plan of the new shape, K = 0)
+    fresh_off = make_plan(_spec(spec_of, tmp_path / "off", 0, dp=dp_to, steps=44), index=index)
+    resumed = res.meta.summary["resumed"]["imbalance"]["loomdata"]["mean"]
+    assert resumed == pytest.approx(_mean_from(res, at))
+    assert resumed < _mean_from(fresh_off, at) - 0.005, (resumed, _mean_from(fresh_off, at))
+    assert res.meta.summary["worst_mixture_error_pp"] <= 1.0
+    # deterministic: the same inputs give the same id and byte-identical files
+    first = pc.files_of(res.plan_dir)
+    shutil.rmtree(res.plan_dir)
+    again = make_plan(spec, index=index, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=at))
+    assert again.plan_dir == res.plan_dir and pc.files_of(again.plan_dir) == first
+
+
+@pytest.mark.parametrize(("k_base", "k_new"), [(2, 0), (0, 2), (2, 5)])
+def test_replans_may_change_the_lookahead_and_chain(
+    tmp_path: Path, spec_of: Callable[..., Spec], index_of: Callable[..., Any], k_base: int, k_new: int
+) -> None:
+    """Look-ahead switched on, off or widened at a re-plan, then re-planned again: every token once per epoch."""
+    index = _books_corpus(index_of)
+    base = make_plan(_spec(spec_of, tmp_path, k_base, dp=8, steps=30), index=index)
+    mid = make_plan(
+        _spec(spec_of, tmp_path, k_new, dp=4, steps=30),
+        index=index,
+        resume_from=PlanResume(plan_dir=base.plan_dir, at_step=11),
+    )
+    _check_replan(base, mid, 11, index)
+    last = make_plan(
+        _spec(spec_of, tmp_path, k_new, dp=6, steps=36),
+        index=index,
+        resume_from=PlanResume(plan_dir=mid.plan_dir, at_step=19),
+    )
+    _check_replan(mid, last, 19, index)
+    assert [s.dp_size for s in last.meta.parameters.shape_schedule or []] == [8, 4, 6]
+
+
+def test_assign_steps_keeps_a_deferred_position_within_k_of_its_natural_step() -> None:
+    """A position a re-plan's base deferred (natural step before t0) is assigned by its natural step + K."""
+    lanes = Lanes(seq_len=SEQ)
+    lengths = np.full(64, SEQ - 10, dtype=np.uint32)  # all heavy
+    st = build_stream("h", 0, lengths, lanes, 1)
+    pos = [np.arange(40, dtype=np.int64)]
+    nat = [np.concatenate([[3, 4], np.repeat(np.arange(5, 24), 2)]).astype(np.int64)]  # two deferred from 3, 4
+    slots, dp = np.full(24, 16, dtype=np.int64), np.full(24, 3, dtype=np.int64)
+    asg = assign_steps(pos, nat, [st], lanes, slots, dp, 2, 5, 24)
+    step_of = dict(zip(asg.pos[0].tolist(), asg.step[0].tolist(), strict=True))
+    assert step_of[0] <= 5 and step_of[1] <= 6
+    assert sorted(step_of) == list(range(40))

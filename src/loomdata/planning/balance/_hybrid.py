@@ -1,0 +1,262 @@
+"""Hybrid encoder/backbone local search (`cost.balance: both`), for a block of steps at once.
+
+When the vision encoder and the language backbone run on different stages or devices, a step takes as
+long as the slower stage, so what counts is each part's most loaded rank, not the most loaded sum. A
+rank's load is a vector (E_r encoder, B_r backbone); the objective of a step is
+
+    max over ranks of max(E_r / LB_E, B_r / LB_B),   LB_X = max(total X / dp, largest segment's X)
+
+(each part normalized by its own lower bound, 1.0 being as even as that part allows). The search starts
+from the summed-cost plan (the `sum` balancer's placement, so a step's segments, deferrals and carries are
+those of `sum`) and never raises a step's objective, so `both` is never worse than `sum` on it. A round
+takes every active step's rank h of largest objective and its partner ranks (all others at small dp; at
+large dp the HYBRID_PARTNERS least loaded by the objective and by h's binding part) and scores, in padded
+(steps, |a|, |partners| or |b|) grids: moving a segment a of h to a partner's roomiest micro-batch, and
+swapping a for a partner's segment b (room checked in both slots). It takes the candidate that leaves the
+pair with the smallest objective if that is below h's; a step stops when its objective is within
+HYBRID_TOLERANCE of 1, when nothing helps, or after HYBRID_ROUNDS rounds. h's candidates are its segments
+with the most of its binding part (the encoder-heavy image samples when the encoder binds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from loomdata.planning.balance._state import Dealt
+
+__all__ = ["hybrid_objective", "hybrid_search"]
+
+HYBRID_ROUNDS = 64
+HYBRID_TOLERANCE = 1e-3  # a step whose objective is within this of 1.0 is done
+HYBRID_PARTNERS = 8  # partner ranks of h (all other ranks at dp <= this + 1)
+HYBRID_A = 24  # segments of h considered per round (the most of its binding part first)
+HYBRID_B = 96  # segments of the partners considered per round (swaps), evenly spaced
+
+
+def hybrid_objective(enc: np.ndarray, bb: np.ndarray, lb_enc: np.ndarray, lb_bb: np.ndarray) -> np.ndarray:
+    """Per step (rows of (steps, dp) loads) max over ranks of max(enc / lb_enc, bb / lb_bb) (a part whose LB
+    is 0 does not count)."""
+    ie = np.where(lb_enc > 0, 1.0 / np.where(lb_enc > 0, lb_enc, 1.0), 0.0)
+    ib = np.where(lb_bb > 0, 1.0 / np.where(lb_bb > 0, lb_bb, 1.0), 0.0)
+    return np.maximum(enc * ie[:, None], bb * ib[:, None]).max(axis=1)
+
+
+def _top(members: np.ndarray, unit: np.ndarray, n_units: int, cap: int) -> np.ndarray:
+    """The first `cap` members of each unit (members sorted by unit, best first) in a padded grid (-1 = none)."""
+    count = np.bincount(unit, minlength=n_units)
+    first = np.zeros(n_units + 1, dtype=np.int64)
+    np.cumsum(count, out=first[1:])
+    at = np.arange(len(members)) - first[unit]
+    keep = at < cap
+    grid = np.full((n_units, int(min(cap, count.max(initial=0)))), -1, dtype=np.int64)
+    grid[unit[keep], at[keep]] = members[keep]
+    return grid
+
+
+def _spaced(members: np.ndarray, unit: np.ndarray, n_units: int, cap: int) -> np.ndarray:
+    """At most `cap` evenly spaced members of each unit (members sorted by unit) in a padded grid (-1 = none)."""
+    count = np.bincount(unit, minlength=n_units)
+    first = np.zeros(n_units + 1, dtype=np.int64)
+    np.cumsum(count, out=first[1:])
+    at = np.arange(len(members)) - first[unit]
+    stride = np.maximum(1, -(-count // cap))
+    keep = at % stride[unit] == 0
+    members, unit, at = members[keep], unit[keep], at[keep] // stride[unit[keep]]
+    grid = np.full((n_units, int(np.bincount(unit, minlength=n_units).max(initial=0))), -1, dtype=np.int64)
+    grid[unit, at] = members
+    return grid
+
+
+def hybrid_search(
+    dealt: Sequence[Dealt], costs: Sequence[np.ndarray], encs: Sequence[np.ndarray], lanes_of: Sequence[np.ndarray]
+) -> None:
+    """Lower every step's hybrid objective (module docstring) by moves and swaps, updating `dealt` in place.
+
+    `costs[i]` and `encs[i]` are step i's items' summed cost and encoder part (backbone = cost - encoder);
+    slot and rank costs stay summed costs (what the report and serving read).
+    """
+    if not dealt:
+        return
+    dp = dealt[0].st.cost.shape[0]
+    if dp < 2:
+        return
+    n_steps = len(dealt)
+    ns = np.array([len(d.length) for d in dealt], dtype=np.int64)
+    off = np.zeros(n_steps + 1, dtype=np.int64)
+    np.cumsum(ns, out=off[1:])
+    g_cost = np.concatenate([*costs, np.zeros(1)])
+    g_enc = np.concatenate([*encs, np.zeros(1)])
+    g_bb = g_cost - g_enc
+    g_len = np.concatenate([d.length for d in dealt] + [np.zeros(1, dtype=np.int64)])
+    p_rank = np.concatenate([d.p_rank for d in dealt])
+    p_mb = np.concatenate([d.p_mb for d in dealt])
+    step_of = np.repeat(np.arange(n_steps), ns)
+    placed = p_rank >= 0
+    movable = placed & np.concatenate([lane != 1 for lane in lanes_of])
+    cost3 = np.stack([d.st.cost for d in dealt])
+    room3 = np.stack([d.st.room for d in dealt])
+    lane3 = np.stack([d.st.lane for d in dealt])
+    rc = np.stack([d.st.rank_cost for d in dealt])
+    n_keys = n_steps * dp
+    slot_key = np.where(placed, step_of * dp + np.maximum(p_rank, 0), n_keys)
+    enc = np.bincount(slot_key, weights=g_enc[:-1], minlength=n_keys + 1)[:n_keys].reshape(n_steps, dp)
+    bb = rc - enc  # split pieces (text) and long sequences are in rank_cost: backbone
+    top_e = np.zeros(n_steps)
+    top_b = np.zeros(n_steps)
+    np.maximum.at(top_e, step_of[placed], g_enc[:-1][placed])
+    np.maximum.at(top_b, step_of[placed], g_bb[:-1][placed])
+    lb_e = np.maximum(enc.sum(axis=1) / dp, top_e)
+    lb_b = np.maximum(bb.sum(axis=1) / dp, top_b)
+    ie = np.where(lb_e > 0, 1.0 / np.where(lb_e > 0, lb_e, 1.0), 0.0)
+    ib = np.where(lb_b > 0, 1.0 / np.where(lb_b > 0, lb_b, 1.0), 0.0)
+    key = np.where(movable, step_of * dp + np.maximum(p_rank, 0), n_keys)
+    dummy = len(g_cost) - 1
+    st = _State(dp, g_cost, g_enc, g_len, cost3, room3, rc, enc, p_rank, p_mb, key)
+    act = np.flatnonzero(lb_e > 0)  # steps without encoder load have nothing to rebalance
+    for _ in range(HYBRID_ROUNDS):
+        if len(act) == 0:
+            break
+        e_n, b_n = enc[act] * ie[act, None], bb[act] * ib[act, None]
+        obj = np.maximum(e_n, b_n)
+        h = obj.argmax(axis=1)
+        rows = np.arange(len(act))
+        top = obj[rows, h]
+        go = top > 1 + HYBRID_TOLERANCE
+        act, h, top, e_n, b_n, obj = act[go], h[go], top[go], e_n[go], b_n[go], obj[go]
+        na = len(act)
+        if na == 0:
+            break
+        rows = np.arange(na)
+        enc_binds = e_n[rows, h] >= b_n[rows, h]
+        # partners: all other ranks, or the least loaded by the objective and by h's binding part
+        if dp <= HYBRID_PARTNERS + 1:
+            part = np.broadcast_to(np.arange(dp), (na, dp)).copy()
+            part[part == h[:, None]] = -1
+        else:
+            half = HYBRID_PARTNERS // 2
+            by_obj = obj.argsort(axis=1, kind="stable")[:, :half]
+            by_part = np.where(enc_binds[:, None], e_n, b_n).argsort(axis=1, kind="stable")[:, : HYBRID_PARTNERS - half]
+            part = np.concatenate([by_obj, by_part], axis=1)
+            part[part == h[:, None]] = -1
+        # h's candidates, the most of its binding part first
+        unit_of = np.full(n_keys + 1, -1, dtype=np.int64)
+        unit_of[act * dp + h] = rows
+        ia = np.flatnonzero(unit_of[key] >= 0)
+        if len(ia) == 0:
+            break
+        ua = unit_of[key[ia]]
+        val = np.where(enc_binds[ua], g_enc[ia], g_bb[ia])
+        o = np.lexsort((-val, ua))
+        a = _top(ia[o], ua[o], na, HYBRID_A)
+        a_ok = a >= 0
+        a_i = np.where(a_ok, a, dummy)
+        ea, ba, la = g_enc[a_i], g_bb[a_i], g_len[a_i]
+        ma = np.where(a_ok, p_mb[np.maximum(a, 0)], 0)
+        room_a = room3[act[:, None], h[:, None], ma]
+        eh, bh = enc[act, h], bb[act, h]
+        s_ie, s_ib = ie[act], ib[act]
+        # moves: a to a partner's roomiest short micro-batch
+        p_ok = part >= 0
+        p_r = np.maximum(part, 0)
+        room_p = np.where(lane3[act[:, None], p_r] == 0, room3[act[:, None], p_r], -1)  # (na, P, mb)
+        best_mb = room_p.argmax(axis=2)
+        rmax = np.where(p_ok, np.take_along_axis(room_p, best_mb[:, :, None], axis=2)[:, :, 0], -1)
+        oh = np.maximum((eh[:, None] - ea) * s_ie[:, None], (bh[:, None] - ba) * s_ib[:, None])  # (na, A)
+        ep, bp = enc[act[:, None], p_r], bb[act[:, None], p_r]  # (na, P)
+        op = np.maximum(
+            (ep[:, None, :] + ea[:, :, None]) * s_ie[:, None, None],
+            (bp[:, None, :] + ba[:, :, None]) * s_ib[:, None, None],
+        )
+        s_move = np.maximum(oh[:, :, None], op)
+        s_move = np.where(a_ok[:, :, None] & (la[:, :, None] <= rmax[:, None, :]), s_move, np.inf).reshape(na, -1)
+        bm = s_move.argmin(axis=1)
+        vm = s_move[rows, bm]
+        # swaps: a for a segment b of a partner
+        pu = np.full(n_keys + 1, -1, dtype=np.int64)
+        pk = (act[:, None] * dp + p_r)[p_ok]
+        pu[pk] = np.broadcast_to(rows[:, None], part.shape)[p_ok]
+        ib_ = np.flatnonzero(pu[key] >= 0)
+        ub = pu[key[ib_]]
+        o = np.argsort(ub, kind="stable")
+        b = _spaced(ib_[o], ub[o], na, HYBRID_B)
+        if b.shape[1]:
+            b_ok = b >= 0
+            b_i = np.where(b_ok, b, dummy)
+            eb, bbb, lbn = g_enc[b_i], g_bb[b_i], g_len[b_i]
+            rb = np.where(b_ok, p_rank[np.maximum(b, 0)], 0)
+            mbb = np.where(b_ok, p_mb[np.maximum(b, 0)], 0)
+            room_b = room3[act[:, None], rb, mbb]
+            de = ea[:, :, None] - eb[:, None, :]
+            db = ba[:, :, None] - bbb[:, None, :]
+            oh2 = np.maximum(
+                (eh[:, None, None] - de) * s_ie[:, None, None], (bh[:, None, None] - db) * s_ib[:, None, None]
+            )
+            er, br = enc[act[:, None], rb], bb[act[:, None], rb]
+            ob2 = np.maximum((er[:, None, :] + de) * s_ie[:, None, None], (br[:, None, :] + db) * s_ib[:, None, None])
+            ok = a_ok[:, :, None] & b_ok[:, None, :]
+            ok &= (la[:, :, None] <= (room_b + lbn)[:, None, :]) & (lbn[:, None, :] <= (room_a + la)[:, :, None])
+            s_swap = np.where(ok, np.maximum(oh2, ob2), np.inf).reshape(na, -1)
+            bs = s_swap.argmin(axis=1)
+            vs = s_swap[rows, bs]
+        else:
+            vs = np.full(na, np.inf)
+            bs = np.zeros(na, dtype=np.int64)
+        gain = top * (1 - 1e-9)
+        take_move = (vm <= vs) & (vm < gain)
+        take_swap = (vs < vm) & (vs < gain)
+        r = np.flatnonzero(take_move)
+        i, q = np.divmod(bm[r], part.shape[1])
+        s_ = act[r]
+        _move(st, a[r, i], s_, h[r], ma[r, i], p_r[r, q], best_mb[r, q])
+        r = np.flatnonzero(take_swap)
+        if len(r):
+            i, j = np.divmod(bs[r], b.shape[1])
+            s_, bi = act[r], b[r, j]
+            rbj, mbj = rb[r, j], mbb[r, j]
+            _move(st, a[r, i], s_, h[r], ma[r, i], rbj, mbj)
+            _move(st, bi, s_, rbj, mbj, h[r], ma[r, i])
+        bb = rc - enc
+        act = act[take_move | take_swap]
+    for k, d in enumerate(dealt):
+        d.st.cost[...] = cost3[k]
+        d.st.room[...] = room3[k]
+        d.st.rank_cost[...] = rc[k]
+        d.p_rank[...] = p_rank[off[k] : off[k + 1]]
+        d.p_mb[...] = p_mb[off[k] : off[k + 1]]
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    """The block's flattened search state (arrays updated in place by _move)."""
+
+    dp: int
+    g_cost: np.ndarray  # item summed cost (dummy 0 at the end)
+    g_enc: np.ndarray  # item encoder part
+    g_len: np.ndarray
+    cost3: np.ndarray  # (steps, dp, mb) slot summed cost
+    room3: np.ndarray
+    rc: np.ndarray  # (steps, dp) rank summed cost
+    enc: np.ndarray  # (steps, dp) rank encoder load
+    p_rank: np.ndarray
+    p_mb: np.ndarray
+    key: np.ndarray  # step * dp + rank of movable items
+
+
+def _move(
+    w: _State, item: np.ndarray, s: np.ndarray, r0: np.ndarray, m0: np.ndarray, r1: np.ndarray, m1: np.ndarray
+) -> None:
+    """Move items (at most one per step) from slot (s, r0, m0) to (s, r1, m1)."""
+    c, e, ln = w.g_cost[item], w.g_enc[item], w.g_len[item]
+    w.cost3[s, r0, m0] -= c
+    w.room3[s, r0, m0] += ln
+    w.rc[s, r0] -= c
+    w.enc[s, r0] -= e
+    w.cost3[s, r1, m1] += c
+    w.room3[s, r1, m1] -= ln
+    w.rc[s, r1] += c
+    w.enc[s, r1] += e
+    w.p_rank[item], w.p_mb[item] = r1, m1
+    w.key[item] = s * w.dp + r1

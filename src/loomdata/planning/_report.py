@@ -32,8 +32,11 @@ Encoder and backbone (only when the cost model has an encoder term, CostSpec.has
 per step the encoder part (image tokens) and the backbone part (text and placeholder tokens) of every rank's
 load, for loomdata and both baselines (`{loom,concat,packed}_{enc,bb}_{max,mean}`, `enc_lb`, `bb_lb`: each
 part's LB), and in the summary per system each part's max/mean and max/LB, the hybrid objective
-max(enc max / enc LB, bb max / bb LB) (what `cost.balance: both` minimizes) and the hybrid step time
-sum over steps of max(enc max, bb max) (encoder and backbone on different stages of equal speed).
+max(enc max / enc LB, bb max / bb LB) (what `cost.balance: both` minimizes), the hybrid step time
+`step_time` = sum over steps of bb mean x max(enc max / enc mean, bb max / bb mean) (encoder and backbone
+on different stages, each sized so that its mean per-rank load takes the same time: the step waits for
+the slower stage; in backbone cost units) with its `gain` over each baseline, and `step_time_equal_speed`
+= sum over steps of max(enc max, bb max) (both stages at the same speed: the backbone dominates).
 """
 
 from __future__ import annotations
@@ -208,7 +211,13 @@ class ReportBuilder:
                     "max_over_lb": _dist(ratio(bm, pc["bb_lb"])),
                 },
                 "objective": _dist(obj),
-                "step_time": float(np.maximum(em, bm).sum()),
+                "step_time": float(
+                    (
+                        pc[f"{col}_bb_mean"]
+                        * np.maximum(ratio(em, pc[f"{col}_enc_mean"]), ratio(bm, pc[f"{col}_bb_mean"]))
+                    ).sum()
+                ),
+                "step_time_equal_speed": float(np.maximum(em, bm).sum()),
             }
         loom_t = max(out["loomdata"]["step_time"], 1e-300)
         out["gain"] = {key: out[key]["step_time"] / loom_t for key, _ in _SYSTEMS[1:]}

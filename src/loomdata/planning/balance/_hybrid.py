@@ -34,6 +34,8 @@ HYBRID_TOLERANCE = 1e-3  # a step whose objective is within this of 1.0 is done
 HYBRID_PARTNERS = 8  # partner ranks of h (all other ranks at dp <= this + 1)
 HYBRID_A = 24  # segments of h considered per round (the most of its binding part first)
 HYBRID_B = 96  # segments of the partners considered per round (swaps), evenly spaced
+HYBRID_EXCHANGE_A = 8  # segments of h considered for exchanges
+HYBRID_EXCHANGE_MAX = 8  # at most this many of a partner slot's lightest segments for one of h's
 
 
 def hybrid_objective(enc: np.ndarray, bb: np.ndarray, lb_enc: np.ndarray, lb_bb: np.ndarray) -> np.ndarray:
@@ -218,14 +220,110 @@ def hybrid_search(
             rbj, mbj = rb[r, j], mbb[r, j]
             _move(st, a[r, i], s_, h[r], ma[r, i], rbj, mbj)
             _move(st, bi, s_, rbj, mbj, h[r], ma[r, i])
+        done = take_move | take_swap
+        # exchanges (only where no move or swap helps): a for the j lightest segments of one partner slot
+        r = np.flatnonzero(~done)
+        if len(r):
+            xa = slice(0, HYBRID_EXCHANGE_A)
+            ex = _exchanges(st, act[r], part[r], a[r, xa], ie[act[r]], ib[act[r]], h[r], ma[r, xa])
+            g = np.flatnonzero(ex.score < gain[r])
+            rg = r[g]
+            _move(st, a[rg, ex.i[g]], act[rg], h[rg], ma[rg, ex.i[g]], ex.rank[g], ex.mb[g])
+            for col in ex.members[g].T:
+                ok = col >= 0
+                _move(st, col[ok], act[rg][ok], ex.rank[g][ok], ex.mb[g][ok], h[rg][ok], ma[rg, ex.i[g]][ok])
+            done[rg] = True
         bb = rc - enc
-        act = act[take_move | take_swap]
+        act = act[done]
     for k, d in enumerate(dealt):
         d.st.cost[...] = cost3[k]
         d.st.room[...] = room3[k]
         d.st.rank_cost[...] = rc[k]
         d.p_rank[...] = p_rank[off[k] : off[k + 1]]
         d.p_mb[...] = p_mb[off[k] : off[k + 1]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Exchange:
+    """The best exchange of each unit: h's candidate i for the members of partner slot (rank, mb)."""
+
+    score: np.ndarray  # (n,) the pair's objective after it (inf: none)
+    i: np.ndarray  # (n,) column of h's candidate
+    rank: np.ndarray  # (n,) partner rank
+    mb: np.ndarray  # (n,) partner micro-batch
+    members: np.ndarray  # (n, HYBRID_EXCHANGE_MAX) the partner slot's segments that go to h (-1: none)
+
+
+def _exchanges(
+    w: _State,
+    u_step: np.ndarray,
+    partners: np.ndarray,
+    a: np.ndarray,
+    ie: np.ndarray,
+    ib: np.ndarray,
+    h: np.ndarray,
+    ma: np.ndarray,
+) -> _Exchange:
+    """For units (step, heavy rank h, partners, h's candidates a), score trading a for the j = 2..J lightest
+    segments (by encoder part, then backbone) of each partner slot and return each unit's best."""
+    dp, jmax = w.dp, HYBRID_EXCHANGE_MAX
+    n, n_p = partners.shape
+    mb = w.cost3.shape[2]
+    n_slots = n * n_p * mb
+    p_r = np.maximum(partners, 0)
+    slot_key = ((u_step[:, None] * dp + p_r)[:, :, None] * mb + np.arange(mb)).reshape(n, n_p * mb)
+    valid = np.repeat(partners >= 0, mb, axis=1)
+    lut = np.full(w.cost3.shape[0] * dp * mb + 1, -1, dtype=np.int64)
+    lut[slot_key[valid]] = np.arange(n_slots).reshape(n, n_p * mb)[valid]
+    movable = w.key < w.cost3.shape[0] * dp
+    pos = lut[np.where(movable, w.key * mb + np.maximum(w.p_mb, 0), len(lut) - 1)]
+    sel = np.flatnonzero(pos >= 0)
+    sid = pos[sel]
+    g_bb = w.g_cost - w.g_enc
+    o = np.lexsort((g_bb[sel], w.g_enc[sel], sid))
+    sel, sid = sel[o], sid[o]
+    cnt = np.bincount(sid, minlength=n_slots)
+    first = np.zeros(n_slots + 1, dtype=np.int64)
+    np.cumsum(cnt, out=first[1:])
+    at = np.arange(len(sel)) - first[sid]
+    keep = at < jmax
+    ce, cb, cl = np.zeros((n_slots, jmax)), np.zeros((n_slots, jmax)), np.zeros((n_slots, jmax), dtype=np.int64)
+    ce[sid[keep], at[keep]] = w.g_enc[sel[keep]]
+    cb[sid[keep], at[keep]] = g_bb[sel[keep]]
+    cl[sid[keep], at[keep]] = w.g_len[sel[keep]]
+    have = np.arange(2, jmax + 1)[None, :] <= cnt[:, None]
+    se = np.cumsum(ce, axis=1)[:, 1:].reshape(n, n_p * mb, jmax - 1)
+    sb = np.cumsum(cb, axis=1)[:, 1:].reshape(n, n_p * mb, jmax - 1)
+    sl = np.cumsum(cl, axis=1)[:, 1:].reshape(n, n_p * mb, jmax - 1)
+    have = have.reshape(n, n_p * mb, jmax - 1)
+    s_rank = np.repeat(p_r, mb, axis=1)
+    s_mb = np.tile(np.arange(mb), (n, n_p))
+    rows = np.arange(n)[:, None]
+    room_s = w.room3[u_step[:, None], s_rank, s_mb]  # (n, S)
+    er, br = w.enc[u_step[:, None], s_rank], (w.rc - w.enc)[u_step[:, None], s_rank]
+    a_ok = a >= 0
+    a_i = np.where(a_ok, a, len(w.g_cost) - 1)
+    ea, ba, la = w.g_enc[a_i], g_bb[a_i], w.g_len[a_i]
+    room_a = w.room3[u_step[:, None], h[:, None], ma]
+    eh, bh = w.enc[u_step, h], (w.rc - w.enc)[u_step, h]
+    de = ea[:, :, None, None] - se[:, None]  # (n, A, S, J)
+    db = ba[:, :, None, None] - sb[:, None]
+    x_ie, x_ib = ie[:, None, None, None], ib[:, None, None, None]
+    oh = np.maximum((eh[:, None, None, None] - de) * x_ie, (bh[:, None, None, None] - db) * x_ib)
+    op = np.maximum((er[:, None, :, None] + de) * x_ie, (br[:, None, :, None] + db) * x_ib)
+    ok = a_ok[:, :, None, None] & have[:, None]
+    ok &= la[:, :, None, None] <= (room_s[:, :, None] + sl)[:, None]
+    ok &= sl[:, None] <= (room_a + la)[:, :, None, None]
+    score = np.where(ok, np.maximum(oh, op), np.inf).reshape(n, -1)
+    best = score.argmin(axis=1) if score.shape[1] else np.zeros(n, dtype=np.int64)
+    val = score[rows[:, 0], best] if score.shape[1] else np.full(n, np.inf)
+    i, rest = np.divmod(best, n_p * mb * (jmax - 1))
+    e, j = np.divmod(rest, jmax - 1)
+    sidx = rows[:, 0] * n_p * mb + e
+    t = np.arange(jmax)[None, :]
+    idx = np.minimum(first[sidx][:, None] + t, max(len(sel) - 1, 0))
+    members = np.where(t < (j + 2)[:, None], sel[idx] if len(sel) else -1, -1)
+    return _Exchange(val, i, s_rank[rows[:, 0], e], s_mb[rows[:, 0], e], members)
 
 
 @dataclass(frozen=True, slots=True)

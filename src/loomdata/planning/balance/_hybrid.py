@@ -33,7 +33,12 @@ HYBRID_ROUNDS = 64
 HYBRID_TOLERANCE = 1e-3  # a step whose objective is within this of 1.0 is done
 HYBRID_PARTNERS = 8  # partner ranks of h (all other ranks at dp <= this + 1)
 HYBRID_A = 24  # segments of h considered per round (the most of its binding part first)
-HYBRID_B = 96  # segments of the partners considered per round (swaps), evenly spaced
+HYBRID_B = 96  # segments of a lone unit's partners considered per round (swaps), evenly spaced
+HYBRID_MULTI_B = 32  # the same for a unit of a step with several units
+HYBRID_MULTI_A = 8  # segments of h considered per round in a step with several units
+HYBRID_MULTI_PARTNERS = 3  # partner ranks of each unit when a step runs several units in a round
+HYBRID_MIN_GAIN = 1e-4  # a round lowering a step's objective by less than this fraction is no real gain
+HYBRID_STALL = 6  # a step stops after this many rounds without a real gain
 HYBRID_EXCHANGE_A = 8  # segments of h considered for exchanges
 HYBRID_EXCHANGE_MAX = 8  # at most this many of a partner slot's lightest segments for one of h's
 
@@ -46,20 +51,57 @@ def hybrid_objective(enc: np.ndarray, bb: np.ndarray, lb_enc: np.ndarray, lb_bb:
     return np.maximum(enc * ie[:, None], bb * ib[:, None]).max(axis=1)
 
 
-def _top(members: np.ndarray, unit: np.ndarray, n_units: int, cap: int) -> np.ndarray:
-    """The first `cap` members of each unit (members sorted by unit, best first) in a padded grid (-1 = none)."""
+def _units(obj: np.ndarray, e_n: np.ndarray, b_n: np.ndarray, dp: int) -> tuple[np.ndarray, ...]:
+    """The round's units: (row of the step, heavy rank h, partner ranks (n, P), -1 = none).
+
+    A step with U > 1 ranks over the tolerance gets min(U, dp // (HYBRID_MULTI_PARTNERS + 1)) units on
+    disjoint ranks: unit k is its k-th rank of largest objective with HYBRID_MULTI_PARTNERS of every n_u-th
+    rank from its k-th least loaded on; a step of one unit pairs h with all other ranks (small dp) or with
+    the least loaded ranks by the objective and by h's binding part."""
+    na = len(obj)
+    by = obj.argsort(axis=1, kind="stable")
+    over = (obj > 1 + HYBRID_TOLERANCE).sum(axis=1)
+    n_u = np.clip(np.minimum(over, dp // (HYBRID_MULTI_PARTNERS + 1)), 1, None)
+    u_row = np.repeat(np.arange(na), n_u)
+    k = np.arange(len(u_row)) - np.repeat(np.cumsum(n_u) - n_u, n_u)
+    h = by[u_row, dp - 1 - k]
+    if dp <= HYBRID_PARTNERS + 1:  # then one unit per step
+        part = np.broadcast_to(np.arange(dp), (len(h), dp)).copy()
+        part[part == h[:, None]] = -1
+        return u_row, h, part
+    p = n_u[u_row][:, None]
+    jj = np.arange(HYBRID_PARTNERS)[None, :]
+    idx = k[:, None] + jj * p
+    part = by[u_row[:, None], np.minimum(idx, dp - 1)]
+    part[(idx >= dp - p) | ((jj >= HYBRID_MULTI_PARTNERS) & (p > 1))] = -1
+    lone = n_u[u_row] == 1
+    if lone.any():  # the least loaded by the objective, and by h's binding part
+        r, hl = u_row[lone], h[lone]
+        binds = e_n[r, hl] >= b_n[r, hl]
+        half = HYBRID_PARTNERS // 2
+        by_part = np.where(binds[:, None], e_n[r], b_n[r]).argsort(axis=1, kind="stable")
+        part[lone] = np.concatenate([by[r, :half], by_part[:, : HYBRID_PARTNERS - half]], axis=1)
+    part[part == h[:, None]] = -1
+    width = int((part >= 0).sum(axis=1).max(initial=1))
+    if width < part.shape[1]:  # only steps of several units: their partners come first
+        part = part[:, :width]
+    return u_row, h, part
+
+
+def _top(members: np.ndarray, unit: np.ndarray, n_units: int, cap: np.ndarray) -> np.ndarray:
+    """The first `cap[u]` members of each unit u (members sorted by unit, best first) in a padded grid (-1 = none)."""
     count = np.bincount(unit, minlength=n_units)
     first = np.zeros(n_units + 1, dtype=np.int64)
     np.cumsum(count, out=first[1:])
     at = np.arange(len(members)) - first[unit]
-    keep = at < cap
-    grid = np.full((n_units, int(min(cap, count.max(initial=0)))), -1, dtype=np.int64)
+    keep = at < cap[unit]
+    grid = np.full((n_units, int(np.minimum(cap, count).max(initial=0))), -1, dtype=np.int64)
     grid[unit[keep], at[keep]] = members[keep]
     return grid
 
 
-def _spaced(members: np.ndarray, unit: np.ndarray, n_units: int, cap: int) -> np.ndarray:
-    """At most `cap` evenly spaced members of each unit (members sorted by unit) in a padded grid (-1 = none)."""
+def _spaced(members: np.ndarray, unit: np.ndarray, n_units: int, cap: np.ndarray) -> np.ndarray:
+    """At most `cap[u]` evenly spaced members of each unit u (members sorted by unit) in a padded grid (-1: none)."""
     count = np.bincount(unit, minlength=n_units)
     first = np.zeros(n_units + 1, dtype=np.int64)
     np.cumsum(count, out=first[1:])
@@ -118,105 +160,103 @@ def hybrid_search(
     dummy = len(g_cost) - 1
     st = _State(dp, g_cost, g_enc, g_len, cost3, room3, rc, enc, p_rank, p_mb, key)
     act = np.flatnonzero(lb_e > 0)  # steps without encoder load have nothing to rebalance
+    best_max = np.full(n_steps, np.inf)  # each step's objective at its last real gain
+    stall = np.zeros(n_steps, dtype=np.int64)  # rounds since then
     for _ in range(HYBRID_ROUNDS):
         if len(act) == 0:
             break
         e_n, b_n = enc[act] * ie[act, None], bb[act] * ib[act, None]
         obj = np.maximum(e_n, b_n)
-        h = obj.argmax(axis=1)
-        rows = np.arange(len(act))
-        top = obj[rows, h]
-        go = top > 1 + HYBRID_TOLERANCE
-        act, h, top, e_n, b_n, obj = act[go], h[go], top[go], e_n[go], b_n[go], obj[go]
-        na = len(act)
-        if na == 0:
+        step_max = obj.max(axis=1)
+        gained = step_max < best_max[act] * (1 - HYBRID_MIN_GAIN)
+        best_max[act[gained]] = step_max[gained]
+        stall[act] = np.where(gained, 0, stall[act] + 1)
+        go = (step_max > 1 + HYBRID_TOLERANCE) & (stall[act] <= HYBRID_STALL)
+        act, e_n, b_n, obj = act[go], e_n[go], b_n[go], obj[go]
+        if len(act) == 0:
             break
-        rows = np.arange(na)
+        u_row, h, part = _units(obj, e_n, b_n, dp)
+        us = act[u_row]  # the step of each unit
+        nu = len(us)
+        rows = np.arange(nu)
+        top = obj[u_row, h]
+        e_n, b_n = e_n[u_row], b_n[u_row]
         enc_binds = e_n[rows, h] >= b_n[rows, h]
-        # partners: all other ranks, or the least loaded by the objective and by h's binding part
-        if dp <= HYBRID_PARTNERS + 1:
-            part = np.broadcast_to(np.arange(dp), (na, dp)).copy()
-            part[part == h[:, None]] = -1
-        else:
-            half = HYBRID_PARTNERS // 2
-            by_obj = obj.argsort(axis=1, kind="stable")[:, :half]
-            by_part = np.where(enc_binds[:, None], e_n, b_n).argsort(axis=1, kind="stable")[:, : HYBRID_PARTNERS - half]
-            part = np.concatenate([by_obj, by_part], axis=1)
-            part[part == h[:, None]] = -1
         # h's candidates, the most of its binding part first
         unit_of = np.full(n_keys + 1, -1, dtype=np.int64)
-        unit_of[act * dp + h] = rows
+        unit_of[us * dp + h] = rows
         ia = np.flatnonzero(unit_of[key] >= 0)
         if len(ia) == 0:
             break
         ua = unit_of[key[ia]]
         val = np.where(enc_binds[ua], g_enc[ia], g_bb[ia])
         o = np.lexsort((-val, ua))
-        a = _top(ia[o], ua[o], na, HYBRID_A)
+        lone = (np.bincount(u_row, minlength=len(act)) == 1)[u_row]
+        a = _top(ia[o], ua[o], nu, np.where(lone, HYBRID_A, HYBRID_MULTI_A))
         a_ok = a >= 0
         a_i = np.where(a_ok, a, dummy)
         ea, ba, la = g_enc[a_i], g_bb[a_i], g_len[a_i]
         ma = np.where(a_ok, p_mb[np.maximum(a, 0)], 0)
-        room_a = room3[act[:, None], h[:, None], ma]
-        eh, bh = enc[act, h], bb[act, h]
-        s_ie, s_ib = ie[act], ib[act]
+        room_a = room3[us[:, None], h[:, None], ma]
+        eh, bh = enc[us, h], bb[us, h]
+        s_ie, s_ib = ie[us], ib[us]
         # moves: a to a partner's roomiest short micro-batch
         p_ok = part >= 0
         p_r = np.maximum(part, 0)
-        room_p = np.where(lane3[act[:, None], p_r] == 0, room3[act[:, None], p_r], -1)  # (na, P, mb)
+        room_p = np.where(lane3[us[:, None], p_r] == 0, room3[us[:, None], p_r], -1)  # (na, P, mb)
         best_mb = room_p.argmax(axis=2)
         rmax = np.where(p_ok, np.take_along_axis(room_p, best_mb[:, :, None], axis=2)[:, :, 0], -1)
         oh = np.maximum((eh[:, None] - ea) * s_ie[:, None], (bh[:, None] - ba) * s_ib[:, None])  # (na, A)
-        ep, bp = enc[act[:, None], p_r], bb[act[:, None], p_r]  # (na, P)
+        ep, bp = enc[us[:, None], p_r], bb[us[:, None], p_r]  # (na, P)
         op = np.maximum(
             (ep[:, None, :] + ea[:, :, None]) * s_ie[:, None, None],
             (bp[:, None, :] + ba[:, :, None]) * s_ib[:, None, None],
         )
         s_move = np.maximum(oh[:, :, None], op)
-        s_move = np.where(a_ok[:, :, None] & (la[:, :, None] <= rmax[:, None, :]), s_move, np.inf).reshape(na, -1)
+        s_move = np.where(a_ok[:, :, None] & (la[:, :, None] <= rmax[:, None, :]), s_move, np.inf).reshape(nu, -1)
         bm = s_move.argmin(axis=1)
         vm = s_move[rows, bm]
         # swaps: a for a segment b of a partner
         pu = np.full(n_keys + 1, -1, dtype=np.int64)
-        pk = (act[:, None] * dp + p_r)[p_ok]
+        pk = (us[:, None] * dp + p_r)[p_ok]
         pu[pk] = np.broadcast_to(rows[:, None], part.shape)[p_ok]
         ib_ = np.flatnonzero(pu[key] >= 0)
         ub = pu[key[ib_]]
         o = np.argsort(ub, kind="stable")
-        b = _spaced(ib_[o], ub[o], na, HYBRID_B)
+        b = _spaced(ib_[o], ub[o], nu, np.where(lone, HYBRID_B, HYBRID_MULTI_B))
         if b.shape[1]:
             b_ok = b >= 0
             b_i = np.where(b_ok, b, dummy)
             eb, bbb, lbn = g_enc[b_i], g_bb[b_i], g_len[b_i]
             rb = np.where(b_ok, p_rank[np.maximum(b, 0)], 0)
             mbb = np.where(b_ok, p_mb[np.maximum(b, 0)], 0)
-            room_b = room3[act[:, None], rb, mbb]
+            room_b = room3[us[:, None], rb, mbb]
             de = ea[:, :, None] - eb[:, None, :]
             db = ba[:, :, None] - bbb[:, None, :]
             oh2 = np.maximum(
                 (eh[:, None, None] - de) * s_ie[:, None, None], (bh[:, None, None] - db) * s_ib[:, None, None]
             )
-            er, br = enc[act[:, None], rb], bb[act[:, None], rb]
+            er, br = enc[us[:, None], rb], bb[us[:, None], rb]
             ob2 = np.maximum((er[:, None, :] + de) * s_ie[:, None, None], (br[:, None, :] + db) * s_ib[:, None, None])
             ok = a_ok[:, :, None] & b_ok[:, None, :]
             ok &= (la[:, :, None] <= (room_b + lbn)[:, None, :]) & (lbn[:, None, :] <= (room_a + la)[:, :, None])
-            s_swap = np.where(ok, np.maximum(oh2, ob2), np.inf).reshape(na, -1)
+            s_swap = np.where(ok, np.maximum(oh2, ob2), np.inf).reshape(nu, -1)
             bs = s_swap.argmin(axis=1)
             vs = s_swap[rows, bs]
         else:
-            vs = np.full(na, np.inf)
-            bs = np.zeros(na, dtype=np.int64)
+            vs = np.full(nu, np.inf)
+            bs = np.zeros(nu, dtype=np.int64)
         gain = top * (1 - 1e-9)
         take_move = (vm <= vs) & (vm < gain)
         take_swap = (vs < vm) & (vs < gain)
         r = np.flatnonzero(take_move)
         i, q = np.divmod(bm[r], part.shape[1])
-        s_ = act[r]
+        s_ = us[r]
         _move(st, a[r, i], s_, h[r], ma[r, i], p_r[r, q], best_mb[r, q])
         r = np.flatnonzero(take_swap)
         if len(r):
             i, j = np.divmod(bs[r], b.shape[1])
-            s_, bi = act[r], b[r, j]
+            s_, bi = us[r], b[r, j]
             rbj, mbj = rb[r, j], mbb[r, j]
             _move(st, a[r, i], s_, h[r], ma[r, i], rbj, mbj)
             _move(st, bi, s_, rbj, mbj, h[r], ma[r, i])
@@ -225,16 +265,16 @@ def hybrid_search(
         r = np.flatnonzero(~done)
         if len(r):
             xa = slice(0, HYBRID_EXCHANGE_A)
-            ex = _exchanges(st, act[r], part[r], a[r, xa], ie[act[r]], ib[act[r]], h[r], ma[r, xa])
+            ex = _exchanges(st, us[r], part[r], a[r, xa], ie[us[r]], ib[us[r]], h[r], ma[r, xa])
             g = np.flatnonzero(ex.score < gain[r])
             rg = r[g]
-            _move(st, a[rg, ex.i[g]], act[rg], h[rg], ma[rg, ex.i[g]], ex.rank[g], ex.mb[g])
+            _move(st, a[rg, ex.i[g]], us[rg], h[rg], ma[rg, ex.i[g]], ex.rank[g], ex.mb[g])
             for col in ex.members[g].T:
                 ok = col >= 0
-                _move(st, col[ok], act[rg][ok], ex.rank[g][ok], ex.mb[g][ok], h[rg][ok], ma[rg, ex.i[g]][ok])
+                _move(st, col[ok], us[rg][ok], ex.rank[g][ok], ex.mb[g][ok], h[rg][ok], ma[rg, ex.i[g]][ok])
             done[rg] = True
         bb = rc - enc
-        act = act[done]
+        act = np.unique(us[done])
     for k, d in enumerate(dealt):
         d.st.cost[...] = cost3[k]
         d.st.room[...] = room3[k]

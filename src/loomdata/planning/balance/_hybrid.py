@@ -8,14 +8,19 @@ rank's load is a vector (E_r encoder, B_r backbone); the objective of a step is
 
 (each part normalized by its own lower bound, 1.0 being as even as that part allows). The search starts
 from the summed-cost plan (the `sum` balancer's placement, so a step's segments, deferrals and carries are
-those of `sum`) and never raises a step's objective, so `both` is never worse than `sum` on it. A round
-takes every active step's rank h of largest objective and its partner ranks (all others at small dp; at
-large dp the HYBRID_PARTNERS least loaded by the objective and by h's binding part) and scores, in padded
-(steps, |a|, |partners| or |b|) grids: moving a segment a of h to a partner's roomiest micro-batch, and
-swapping a for a partner's segment b (room checked in both slots). It takes the candidate that leaves the
-pair with the smallest objective if that is below h's; a step stops when its objective is within
-HYBRID_TOLERANCE of 1, when nothing helps, or after HYBRID_ROUNDS rounds. h's candidates are its segments
-with the most of its binding part (the encoder-heavy image samples when the encoder binds).
+those of `sum`) and never raises a step's objective, so `both` is never worse than `sum` on it.
+
+A round works on units: a step's rank h of largest objective with its partner ranks (all other ranks at
+small dp; at large dp the HYBRID_PARTNERS least loaded by the objective and by h's binding part, or, when
+several ranks are over the tolerance, up to dp // (HYBRID_MULTI_PARTNERS + 1) units per step on disjoint
+ranks). A unit scores, in padded (units, |a|, |partners| or |b|) grids: moving a segment a of h to a
+partner's roomiest short micro-batch, swapping a for a partner's segment b (room checked in both slots),
+and (where neither helps) trading a for the j <= HYBRID_EXCHANGE_MAX lightest segments of one partner
+micro-batch (an image sample for several short texts, when every rank is full). It takes the candidate
+that leaves the pair with the smallest objective if that is below h's. h's candidates are its segments
+with the most of its binding part (the image samples when the encoder binds). A step stops when its
+objective is within HYBRID_TOLERANCE of 1, when no unit improves, after HYBRID_STALL rounds without a
+real gain, or after HYBRID_ROUNDS rounds. All units of a block run a round together.
 """
 
 from __future__ import annotations
@@ -61,7 +66,8 @@ def _units(obj: np.ndarray, e_n: np.ndarray, b_n: np.ndarray, dp: int) -> tuple[
     na = len(obj)
     by = obj.argsort(axis=1, kind="stable")
     over = (obj > 1 + HYBRID_TOLERANCE).sum(axis=1)
-    n_u = np.clip(np.minimum(over, dp // (HYBRID_MULTI_PARTNERS + 1)), 1, None)
+    most = dp // (HYBRID_MULTI_PARTNERS + 1) if dp > HYBRID_PARTNERS + 1 else 1  # units share no rank
+    n_u = np.clip(np.minimum(over, most), 1, None)
     u_row = np.repeat(np.arange(na), n_u)
     k = np.arange(len(u_row)) - np.repeat(np.cumsum(n_u) - n_u, n_u)
     h = by[u_row, dp - 1 - k]

@@ -178,7 +178,8 @@ def balance_step(
     carried: int = 0,
 ) -> Assignment:
     """Assign one step's segments (length, cost, lane, splittable) to dp x micro_batches slots: the block
-    code on a block of one step. The first `carried` items came from the step before and are placed first."""
+    code on a block of one step. The first `carried` items came from the step before and are placed first.
+    It balances the summed cost (`cost.balance: both` needs the segments' image tokens: balance_block)."""
     cfg = BalanceConfig(dp=dp, micro_batches=micro_batches, lanes=lanes, cost_spec=cost_spec, seed=0)
     dealt = deal_many([(length, cost, lane)], dp=dp, micro_batches=micro_batches, lanes=lanes, carried=[carried])
     extra = _leftovers(dealt[0], cost, splittable, cfg)

@@ -15,6 +15,9 @@
   counted by that factor instead of going first into the next step; next-fit, not first-fit, whose
   backfill has no vectorised form here and would pack a little denser.)
 
+With `part="encoder"` (or "backbone") the same layouts are priced by that part of the cost alone
+(CostSpec.parts): the baselines' encoder and backbone loads per rank, for the report of `cost.balance: both`.
+
 Both use one shuffle per step, seeded by (plan seed, salt, step), so they are deterministic. Long-lane
 segments are treated like text (no framework has loomdata's lanes): short cp, seq_len rows.
 """
@@ -22,10 +25,11 @@ segments are treated like text (no framework has loomdata's lanes): short cp, se
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
-from loomdata.planning._cost import segment_cost
+from loomdata.planning._cost import segment_cost, segment_parts
 from loomdata.planning._packing import next_fit
 from loomdata.schemas.spec import CostSpec
 
@@ -69,9 +73,17 @@ def baselines_many(
     micro_batches: int,
     cost_spec: CostSpec,
     cp: int,
+    part: Literal["all", "backbone", "encoder"] = "all",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Both baselines for a block of steps ((length, image tokens) of each step's own segments), at once:
-    (concat_chunk per-rank time [steps, dp], packed per-rank time [steps, dp], packed tokens waiting [steps])."""
+    (concat_chunk per-rank time [steps, dp], packed per-rank time [steps, dp], packed tokens waiting [steps]);
+    times of one `part` of the cost only when asked."""
+
+    def price(plen: np.ndarray, pimg: np.ndarray) -> np.ndarray:
+        if part == "all":
+            return segment_cost(plen, pimg, cost_spec, cp)
+        return segment_parts(plen, pimg, cost_spec, cp)[0 if part == "backbone" else 1]
+
     b = len(steps)
     perms = [_perm(seed, _SALT, t, len(ln)) for t, (ln, _) in zip(ts, steps, strict=True)]
     ns = np.array([len(p) for p in perms], dtype=np.int64)
@@ -90,7 +102,7 @@ def baselines_many(
     row, plen, pimg, seg = _pieces(ln, im, local + base[step_of] * seq_len, seq_len)
     st = step_of[seg]
     key = st * dp + (row - base[st]) % dp
-    concat = np.bincount(key, weights=segment_cost(plen, pimg, cost_spec, cp), minlength=keys).reshape(b, dp)
+    concat = np.bincount(key, weights=price(plen, pimg), minlength=keys).reshape(b, dp)
     rows = np.maximum((n_rows[:, None] - np.arange(dp)[None, :] + dp - 1) // dp, 1)
     concat *= micro_batches / rows * (n_rows / (dp * micro_batches))[:, None]
     # packed: documents cut into seq_len pieces, next-fit with a new sequence at each step's first piece
@@ -107,7 +119,7 @@ def baselines_many(
     seq = seq - np.maximum.accumulate(np.where(p_first, seq, 0))  # sequence index within its step
     inside = seq < dp * micro_batches
     key = st[inside] * dp + seq[inside] % dp
-    cost = segment_cost(plen[inside], pimg[inside], cost_spec, cp)
+    cost = price(plen[inside], pimg[inside])
     done = np.bincount(st[inside], weights=plen[inside], minlength=b)
     packed = np.bincount(key, weights=cost, minlength=keys).reshape(b, dp) * (tokens / np.maximum(done, 1))[:, None]
     return concat, packed, tokens - done

@@ -1,9 +1,11 @@
 """The cost model: simulated compute of one document segment, the quantity the balancer equalizes.
 
-cost(segment) = attention * L^2 + linear * L + encoder * image_tokens^2, divided by the context-parallel
+cost(segment) = attention * L^2 + linear * L + encoder * I * min(I, encoder_window) + encoder_linear * I
+(I: image tokens), divided by the context-parallel
 size of the lane the segment is planned into (a lane's sequence is split evenly over its cp ranks, so
 one dp rank's timeline carries 1/cp of it). Padding costs nothing: packed sequences are run unpadded
-(variable-length attention), so only document segments count.
+(variable-length attention), so only document segments count. `segment_parts` gives the backbone part
+(the L terms) and the encoder part (the I terms) apart, for `cost.balance: both` (schemas.spec.CostSpec).
 
 `fit_cost` calibrates the coefficients from measured step or micro-batch times (least squares); put the
 result under `cost:` in the spec.
@@ -18,7 +20,7 @@ import numpy as np
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import CostSpec
 
-__all__ = ["fit_cost", "segment_cost"]
+__all__ = ["fit_cost", "segment_cost", "segment_parts"]
 
 
 def segment_cost(
@@ -26,6 +28,13 @@ def segment_cost(
 ) -> np.ndarray:
     """Cost (float64) of each segment of `lengths` tokens (with `image_tokens`) on one rank of its cp group."""
     return cost.of(lengths, image_tokens, cp_size)
+
+
+def segment_parts(
+    lengths: np.ndarray, image_tokens: np.ndarray | None, cost: CostSpec, cp_size: int | np.ndarray = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """(backbone, encoder) cost (float64) of each segment on one rank of its cp group; their sum is `segment_cost`."""
+    return cost.parts(lengths, image_tokens, cp_size)
 
 
 def fit_cost(

@@ -28,6 +28,15 @@ Shuffle (summary `shuffle`, per source, planning._shuffle.ShuffleFigures): the s
 `mean_jump_docs` / `mean_jump_share` (storage distance of consecutive planned documents), and
 `read_amplification` / `fetches_per_segment` of a reader fetching whole blocks and keeping `window` of
 them (bytes fetched per byte delivered, bytes estimated as tokens).
+Encoder and backbone (only when the cost model has an encoder term, CostSpec.has_encoder; summary `hybrid`):
+per step the encoder part (image tokens) and the backbone part (text and placeholder tokens) of every rank's
+load, for loomdata and both baselines (`{loom,concat,packed}_{enc,bb}_{max,mean}`, `enc_lb`, `bb_lb`: each
+part's LB), and in the summary per system each part's max/mean and max/LB, the hybrid objective
+max(enc max / enc LB, bb max / bb LB) (what `cost.balance: both` minimizes), the hybrid step time
+`step_time` = sum over steps of bb mean x max(enc max / enc mean, bb max / bb mean) (encoder and backbone
+on different stages, each sized so that its mean per-rank load takes the same time: the step waits for
+the slower stage; in backbone cost units) with its `gain` over each baseline, and `step_time_equal_speed`
+= sum over steps of max(enc max, bb max) (both stages at the same speed: the backbone dominates).
 """
 
 from __future__ import annotations
@@ -43,12 +52,32 @@ from loomdata.planning._cp_report import cp_figures
 from loomdata.schemas.plan import read_plan
 from loomdata.schemas.tables import TableKind, read_table, write_table
 
-__all__ = ["ReportBuilder", "StepFigures", "plan_report", "plot_plan"]
+__all__ = ["PartFigures", "ReportBuilder", "StepFigures", "plan_report", "plot_plan"]
 
 RANK_STEPS = 64  # per-rank costs are kept for this many first steps (the plot's heatmaps)
 MIXTURE_WARMUP = 20  # the worst mixture error is taken over steps from here on
 _STEPS_FILE = "report/steps.parquet"
 _RANKS_FILE = "report/ranks.parquet"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartFigures:
+    """One step's encoder and backbone loads per rank (loomdata and both baselines) and each part's LB."""
+
+    balance: str  # the plan's cost.balance (sum | both)
+    lb_enc: float  # max(total encoder cost / dp, largest segment's encoder cost)
+    lb_bb: float  # the same for the backbone part
+    loom_enc: np.ndarray  # float64 [dp]
+    loom_bb: np.ndarray
+    concat_enc: np.ndarray
+    concat_bb: np.ndarray
+    packed_enc: np.ndarray
+    packed_bb: np.ndarray
+
+
+_SYSTEMS = (("loomdata", "loom"), ("concat_chunk", "concat"), ("packed", "packed"))
+_MAX_MEAN = ("max", "mean")
+_PART_COLUMNS = ("enc_lb", "bb_lb", *(f"{c}_{x}_{y}" for _, c in _SYSTEMS for x in ("enc", "bb") for y in _MAX_MEAN))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +94,7 @@ class StepFigures:
     packed_waiting_tokens: int  # tokens the packed baseline leaves for its next step
     deferred_tokens: int  # tokens deferred into the next step
     rank_max_item: np.ndarray  # float64 [dp] each rank's largest segment cost
+    parts: PartFigures | None = None  # encoder and backbone apart (cost models with an encoder term)
 
 
 class ReportBuilder:
@@ -108,6 +138,8 @@ class ReportBuilder:
                 "deferred_tokens",
             )
         }
+        self.part_cols: dict[str, np.ndarray] = {}  # encoder/backbone columns, once a step brings parts
+        self._balance = "sum"
         n_rank_steps = min(steps - rank_from, RANK_STEPS)
         self.rank_loom = np.zeros((n_rank_steps, dp))
         self.rank_concat = np.zeros((n_rank_steps, dp))
@@ -135,10 +167,61 @@ class ReportBuilder:
         used = mean_mb > 0
         c["deferred_tokens"][step] = fig.deferred_tokens
         c["mb_spread"][step] = float((slot_cost.max(axis=1)[used] / mean_mb[used]).mean()) if used.any() else 1.0
+        if fig.parts is not None:
+            self._add_parts(step, fig.parts)
         if 0 <= step - self.rank_from < len(self.rank_loom):
             self.rank_loom[step - self.rank_from] = loom_rank
             self.rank_concat[step - self.rank_from] = fig.concat_rank
             self.rank_packed[step - self.rank_from] = fig.packed_rank
+
+    def _add_parts(self, step: int, p: PartFigures) -> None:
+        """Record one step's encoder and backbone figures (allocating their columns on the first)."""
+        pc = self.part_cols
+        if not pc:
+            pc.update({k: np.zeros(len(self.tokens)) for k in _PART_COLUMNS})
+        self._balance = p.balance
+        pc["enc_lb"][step] = p.lb_enc
+        pc["bb_lb"][step] = p.lb_bb
+        for _, col in _SYSTEMS:
+            for x in ("enc", "bb"):
+                r = getattr(p, f"{col}_{x}")
+                pc[f"{col}_{x}_max"][step] = r.max()
+                pc[f"{col}_{x}_mean"][step] = r.mean()
+
+    def hybrid(self) -> dict[str, Any] | None:
+        """Encoder and backbone imbalance apart per system (module docstring), or None without parts."""
+        pc = self.part_cols
+        if not pc:
+            return None
+
+        def ratio(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            return np.where(y > 0, x / np.where(y > 0, y, 1.0), 1.0)
+
+        out: dict[str, Any] = {"balance": self._balance}
+        for key, col in _SYSTEMS:
+            em, bm = pc[f"{col}_enc_max"], pc[f"{col}_bb_max"]
+            obj = np.maximum(ratio(em, pc["enc_lb"]), ratio(bm, pc["bb_lb"]))
+            out[key] = {
+                "encoder": {
+                    "max_over_mean": _dist(ratio(em, pc[f"{col}_enc_mean"])),
+                    "max_over_lb": _dist(ratio(em, pc["enc_lb"])),
+                },
+                "backbone": {
+                    "max_over_mean": _dist(ratio(bm, pc[f"{col}_bb_mean"])),
+                    "max_over_lb": _dist(ratio(bm, pc["bb_lb"])),
+                },
+                "objective": _dist(obj),
+                "step_time": float(
+                    (
+                        pc[f"{col}_bb_mean"]
+                        * np.maximum(ratio(em, pc[f"{col}_enc_mean"]), ratio(bm, pc[f"{col}_bb_mean"]))
+                    ).sum()
+                ),
+                "step_time_equal_speed": float(np.maximum(em, bm).sum()),
+            }
+        loom_t = max(out["loomdata"]["step_time"], 1e-300)
+        out["gain"] = {key: out[key]["step_time"] / loom_t for key, _ in _SYSTEMS[1:]}
+        return out
 
     def seed(self, rows: dict[str, np.ndarray] | None, upto: int) -> None:
         """Take the figures of steps < upto from another plan's report/steps.parquet columns (a re-plan's base)."""
@@ -147,6 +230,9 @@ class ReportBuilder:
         for name, col in self.cols.items():
             if name in rows:
                 col[:upto] = rows[name][:upto]
+        for name in _PART_COLUMNS:  # the base plan's encoder/backbone figures, if it had them
+            if name in rows:
+                self.part_cols.setdefault(name, np.zeros(len(self.tokens)))[:upto] = rows[name][:upto]
         for k, name in enumerate(self.sources):
             for key, arr in ((f"tokens__{name}", self.tokens), (f"weight__{name}", self.weights)):
                 if key in rows:
@@ -170,6 +256,7 @@ class ReportBuilder:
         steps = len(self.tokens)
         data: dict[str, Any] = {"step": np.arange(steps, dtype=np.uint32), "tokens": self.tokens.sum(axis=1)}
         data.update(self.cols)
+        data.update(self.part_cols)
         for k, name in enumerate(self.sources):
             data[f"tokens__{name}"] = self.tokens[:, k]
             data[f"weight__{name}"] = self.weights[:, k]
@@ -237,6 +324,7 @@ class ReportBuilder:
                 for k, name in enumerate(self.sources)
             },
             "shuffle": self._shuffle,
+            **({"hybrid": hybrid} if (hybrid := self.hybrid()) is not None else {}),
         }
 
 

@@ -58,5 +58,6 @@ class StepSink:
             packed_waiting_tokens=b.packed_waiting,
             deferred_tokens=0 if b.carry is None else int(b.carry.length.sum()),
             rank_max_item=rank_max_item,
+            parts=b.parts,
         )
         self.report.add(t, fig)

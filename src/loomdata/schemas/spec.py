@@ -17,13 +17,22 @@ from typing import Any, ClassVar
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from loomdata.schemas.errors import SpecError
 from loomdata.schemas.formats import field_problems, metadata_problem
 from loomdata.schemas.tables import INDEX_COLUMNS
 
 __all__ = [
+    "CostBalance",
     "CostSpec",
     "ImageSpec",
     "LongContextSpec",
@@ -197,24 +206,108 @@ class LongContextSpec(_Frozen):
     cp_size: int = Field(default=1, gt=0)
 
 
+class CostBalance(str, enum.Enum):
+    """What the balancer equalizes: the summed cost of a rank (`sum`), or its encoder and backbone parts
+    apart (`both`: the vision encoder and the language backbone run on different stages or devices, so a
+    step takes as long as the slower of the two stages)."""
+
+    SUM = "sum"
+    BOTH = "both"
+
+
 class CostSpec(_Frozen):
-    """cost(segment) = attention * L^2 + linear * L + encoder * image_tokens^2."""
+    """cost(segment) = backbone + encoder part, over the lane's cp size (`of`; `parts` gives both apart).
+
+    backbone = attention * L^2 + linear * L (L: text plus image placeholder tokens);
+    encoder = encoder * I * min(I, encoder_window) + encoder_linear * I (I: the segment's image tokens,
+    one per patch): each image's patches attend to one another (a ViT over one image), so a segment of k
+    whole images of P patches costs k * (encoder * P^2 + encoder_linear * P). Without `encoder_window` all of
+    a segment's image tokens attend together (encoder * I^2, the model before encoder parts existed).
+    The encoder terms default to 0 (plans as before); for a ViT-L/14 at 448 px (1024 patches, d 1024, 24
+    layers) beside a 7B backbone (d 4096, 32 layers) in these units (attention = 1 per token pair of one
+    backbone) they are encoder 0.1875, encoder_linear 1152, encoder_window 1024: the values
+    `balance: both` fills in when none of the three is given.
+    """
 
     attention: float = Field(default=1.0, ge=0)
     linear: float = Field(default=24576.0, ge=0)
     encoder: float = Field(default=0.0, ge=0)
+    encoder_linear: float = Field(default=0.0, ge=0)
+    """Encoder cost per image token (its MLPs and projections), in the units of `linear`."""
+    encoder_window: int | None = Field(default=None, gt=0)
+    """Patches per image (tokens that attend together in the encoder); None: all of a segment's image tokens."""
+    balance: CostBalance = CostBalance.SUM
+    """`sum`: balance each rank's summed cost; `both`: minimize max(encoder max / its LB, backbone max / its LB)."""
+
+    VIT_L14_448: ClassVar[dict[str, float | int]] = {
+        "encoder": 0.1875,
+        "encoder_linear": 1152.0,
+        "encoder_window": 1024,
+    }
+    """Encoder terms of a ViT-L/14 at 448 px beside a 7B backbone (see the class docstring)."""
+    _NEW_FIELDS: ClassVar[tuple[str, ...]] = ("encoder_linear", "encoder_window", "balance")
+    """Left out of dumps while at their defaults, so specs and plan ids from before them stay the same."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _both_defaults(cls, data: Any) -> Any:
+        """`balance: both` with no encoder term given takes the ViT-L/14 448 px terms."""
+        if not isinstance(data, Mapping):
+            return data
+        both = str(getattr(data.get("balance"), "value", data.get("balance"))) == "both"
+        if both and not any(data.get(k) is not None for k in cls.VIT_L14_448):
+            return {**data, **cls.VIT_L14_448}
+        return data
+
+    @model_validator(mode="after")
+    def _both_needs_encoder(self) -> CostSpec:
+        if self.balance is CostBalance.BOTH and not self.has_encoder:
+            raise ValueError(
+                "balance: both balances the encoder and the backbone apart, but the encoder terms are 0; "
+                "set encoder and/or encoder_linear (or leave all three encoder keys out for the ViT-L/14 defaults)"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        out = handler(self)
+        if isinstance(out, dict):
+            for k in self._NEW_FIELDS:
+                if k in out and getattr(self, k) == type(self).model_fields[k].default:
+                    del out[k]
+        return out
+
+    @property
+    def has_encoder(self) -> bool:
+        """Whether image tokens cost anything (an encoder part exists)."""
+        return bool(self.encoder or self.encoder_linear)
 
     def of(self, lengths: Any, image_tokens: Any = None, cp_size: Any = 1) -> np.ndarray:
         """Cost (float64) of each segment of `lengths` tokens (with `image_tokens`) on one rank of its cp group.
 
-        The one formula: the planner balances it, serving predicts step times with it.
+        The one formula: the planner balances it, serving predicts step times with it (the sum of `parts`).
         """
         n = np.asarray(lengths, dtype=np.float64)
         out = self.attention * n * n + self.linear * n
-        if image_tokens is not None and self.encoder:
-            img = np.asarray(image_tokens, dtype=np.float64)
-            out = out + self.encoder * img * img
+        if image_tokens is not None and self.has_encoder:
+            out = out + self._encoder_raw(np.asarray(image_tokens, dtype=np.float64))
         return out / np.asarray(cp_size, dtype=np.float64)
+
+    def parts(self, lengths: Any, image_tokens: Any = None, cp_size: Any = 1) -> tuple[np.ndarray, np.ndarray]:
+        """(backbone, encoder) cost (float64) of each segment on one rank of its cp group; they add up to `of`
+        (up to rounding). A cp group splits its sequence's images over its peers' encoder too."""
+        n = np.asarray(lengths, dtype=np.float64)
+        cp = np.asarray(cp_size, dtype=np.float64)
+        backbone = (self.attention * n * n + self.linear * n) / cp
+        if image_tokens is None or not self.has_encoder:
+            return backbone, np.zeros(np.broadcast_shapes(n.shape, cp.shape))
+        return backbone, self._encoder_raw(np.asarray(image_tokens, dtype=np.float64)) / cp
+
+    def _encoder_raw(self, img: np.ndarray) -> np.ndarray:
+        """The encoder part of a segment with `img` image tokens, before the cp split."""
+        window = img if self.encoder_window is None else np.minimum(img, float(self.encoder_window))
+        out = self.encoder * img * window
+        return out + self.encoder_linear * img if self.encoder_linear else out
 
 
 class PlanningSpec(_Frozen):

@@ -19,6 +19,8 @@ One implementation, run a block of consecutive steps at a time (_block; a block 
 - _wide: then a wider local search: the most loaded ranks (several disjoint units per round at large
   dp) move a segment to any partner rank with room, swap one, or trade it for several cheap segments of
   one partner micro-batch, until the step is within 0.1% of its lower bound or nothing improves;
+- _hybrid (`cost.balance: both` only): from that placement, moves, swaps and exchanges that lower the
+  larger of the encoder and backbone maxima, each over its own lower bound (never raising it);
 The lower bound is LB = max(total cost / dp_size, largest segment cost).
 
 Cost: O(segments/dp) rounds of O(dp log dp) NumPy work per step, run for all steps of a block at once

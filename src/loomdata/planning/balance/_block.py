@@ -5,7 +5,8 @@ step defers (image samples no slot could take, text the step had no room left fo
 next step: the first step of a block takes the previous block's carry in its dealing; a later step of
 the block that receives a carry is dealt again as a block of one step with it (rare), before its
 leftovers. A step's deferrals depend only on its rounds and leftovers, never on its local search, so
-the local search of the whole block runs last, at once. (The baselines a plan is compared with are
+the local search of the whole block runs last, at once; with `cost.balance: both` the hybrid
+encoder/backbone search (_hybrid) follows it, from the summed-cost placement. (The baselines a plan is compared with are
 computed per step by planning._baselines, over each step's own segments.)
 """
 
@@ -17,15 +18,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from loomdata.planning._baselines import baselines_many
-from loomdata.planning._cost import segment_cost
+from loomdata.planning._cost import segment_cost, segment_parts
 from loomdata.planning._packing import Lanes
+from loomdata.planning._report import PartFigures
 from loomdata.planning._segments import Segments
 from loomdata.planning.balance._deal import deal_many
+from loomdata.planning.balance._hybrid import hybrid_search
 from loomdata.planning.balance._leftovers import place_leftovers
 from loomdata.planning.balance._refine import refine_many
 from loomdata.planning.balance._state import Assignment, Dealt
 from loomdata.schemas.errors import PlanError
-from loomdata.schemas.spec import CostSpec
+from loomdata.schemas.spec import CostBalance, CostSpec
 
 __all__ = ["BalanceConfig", "BalancedStep", "balance_block", "balance_step"]
 
@@ -59,6 +62,7 @@ class BalancedStep:
     concat_rank: np.ndarray  # [dp] per-rank time of the concat-and-chunk baseline (planning._baselines)
     packed_rank: np.ndarray  # [dp] per-rank time of the packed baseline
     packed_waiting: int  # tokens the packed baseline could not fit
+    parts: PartFigures | None = None  # encoder and backbone apart (cost models with an encoder term)
 
 
 def balance_block(
@@ -91,6 +95,9 @@ def balance_block(
         carries.append(carry)
         in_steps.append(in_step)
     refine_many(dealt, [c for _, c in inputs], range(len(inputs)), [s.lane for s, _ in inputs])
+    encs = [_encoder_part(s, cfg) for s, _ in inputs] if cfg.cost_spec.has_encoder else None
+    if encs is not None and cfg.cost_spec.balance is CostBalance.BOTH:
+        hybrid_search(dealt, [c for _, c in inputs], encs, [s.lane for s, _ in inputs])
     own = [
         (s.length, s.image_tokens) if m is None else (s.length[m], s.image_tokens[m])
         for (s, _), m in zip(inputs, in_steps, strict=True)
@@ -105,8 +112,57 @@ def balance_block(
         cost_spec=cfg.cost_spec,
         cp=cfg.lanes.short_cp,
     )
+    parts = None if encs is None else _part_figures(steps, own, inputs, dealt, encs, in_steps, cfg)
     for k, ((s, c), d, e, m, nxt) in enumerate(zip(inputs, dealt, extras, in_steps, carries, strict=True)):
-        yield BalancedStep(s, c, _assignment(d, e, cfg.micro_batches), m, nxt, concat[k], packed[k], int(waiting[k]))
+        asg = _assignment(d, e, cfg.micro_batches)
+        p = None if parts is None else parts[k]
+        yield BalancedStep(s, c, asg, m, nxt, concat[k], packed[k], int(waiting[k]), p)
+
+
+def _encoder_part(segs: Segments, cfg: BalanceConfig) -> np.ndarray:
+    """The encoder part of each segment's cost (as the step's items are costed)."""
+    return segment_parts(segs.length, segs.image_tokens, cfg.cost_spec, cfg.lanes.cp(segs.lane))[1]
+
+
+def _part_figures(
+    steps: range,
+    own: Sequence[tuple[np.ndarray, np.ndarray]],
+    inputs: Sequence[tuple[Segments, np.ndarray]],
+    dealt: Sequence[Dealt],
+    encs: Sequence[np.ndarray],
+    in_steps: Sequence[np.ndarray | None],
+    cfg: BalanceConfig,
+) -> list[PartFigures]:
+    """Each step's encoder and backbone loads per rank (loomdata and both baselines) and each part's LB."""
+    kw = {
+        "seed": cfg.seed,
+        "seq_len": cfg.lanes.seq_len,
+        "dp": cfg.dp,
+        "micro_batches": cfg.micro_batches,
+        "cost_spec": cfg.cost_spec,
+        "cp": cfg.lanes.short_cp,
+    }
+    c_enc, p_enc, _ = baselines_many(steps, own, part="encoder", **kw)  # type: ignore[arg-type]
+    c_bb, p_bb, _ = baselines_many(steps, own, part="backbone", **kw)  # type: ignore[arg-type]
+    out = []
+    for k, ((_, cost), d, enc, m) in enumerate(zip(inputs, dealt, encs, in_steps, strict=True)):
+        placed = d.p_rank >= 0
+        loom_enc = np.bincount(d.p_rank[placed], weights=enc[placed], minlength=cfg.dp)
+        e, b = (enc, cost - enc) if m is None else (enc[m], (cost - enc)[m])
+        out.append(
+            PartFigures(
+                balance=cfg.cost_spec.balance.value,
+                lb_enc=max(float(e.sum()) / cfg.dp, float(e.max(initial=0.0))),
+                lb_bb=max(float(b.sum()) / cfg.dp, float(b.max(initial=0.0))),
+                loom_enc=loom_enc,
+                loom_bb=d.st.rank_cost - loom_enc,
+                concat_enc=c_enc[k],
+                concat_bb=c_bb[k],
+                packed_enc=p_enc[k],
+                packed_bb=p_bb[k],
+            )
+        )
+    return out
 
 
 def balance_step(
@@ -122,7 +178,8 @@ def balance_step(
     carried: int = 0,
 ) -> Assignment:
     """Assign one step's segments (length, cost, lane, splittable) to dp x micro_batches slots: the block
-    code on a block of one step. The first `carried` items came from the step before and are placed first."""
+    code on a block of one step. The first `carried` items came from the step before and are placed first.
+    It balances the summed cost (`cost.balance: both` needs the segments' image tokens: balance_block)."""
     cfg = BalanceConfig(dp=dp, micro_batches=micro_batches, lanes=lanes, cost_spec=cost_spec, seed=0)
     dealt = deal_many([(length, cost, lane)], dp=dp, micro_batches=micro_batches, lanes=lanes, carried=[carried])
     extra = _leftovers(dealt[0], cost, splittable, cfg)

@@ -190,17 +190,24 @@ def test_block_shuffle_plans_every_token_once_per_epoch(tmp_path: Path, spec_of:
 
 
 def test_block_shuffle_replan_continues_the_stream(tmp_path: Path, spec_of: Callable[..., Spec]) -> None:
-    """dp 4 -> 2 at step 15: steps before are the base's, the stream goes on, every token once per epoch."""
+    """dp 4 -> 2 at step 15: steps before are the base's, the stream goes on, every token once per epoch.
+
+    Look-ahead off: only then does a same-shape re-plan reproduce the base's bytes (look-ahead restarts at S)."""
     lengths = {"web": _lengths(3000, 3), "code": _lengths(900, 4)}
     index = {n: _table(ln, shards=4) for n, ln in lengths.items()}
     shuffle = {"shuffle": "block", "block_size": 50, "window": 3}
+
+    def no_lookahead(s: Spec) -> Spec:
+        return s.model_copy(update={"planning": s.planning.model_copy(update={"lookahead": 0})})
+
     base = make_plan(
-        _with_shuffle(spec_of(tmp_path, ["web", "code"], seq_len=512, steps=40, dp=4), **shuffle), index=index
+        no_lookahead(_with_shuffle(spec_of(tmp_path, ["web", "code"], seq_len=512, steps=40, dp=4), **shuffle)),
+        index=index,
     )
-    same = _with_shuffle(spec_of(tmp_path, ["web", "code"], seq_len=512, steps=40, dp=4), **shuffle)
+    same = no_lookahead(_with_shuffle(spec_of(tmp_path, ["web", "code"], seq_len=512, steps=40, dp=4), **shuffle))
     ext = make_plan(same, index=index, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=15))
     assert read_manifest(ext.plan_dir, ext.meta).equals(read_manifest(base.plan_dir, base.meta))
-    spec = _with_shuffle(spec_of(tmp_path, ["web", "code"], seq_len=512, steps=44, dp=2), **shuffle)
+    spec = no_lookahead(_with_shuffle(spec_of(tmp_path, ["web", "code"], seq_len=512, steps=44, dp=2), **shuffle))
     res = make_plan(spec, index=index, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=15))
     meta = read_plan(res.plan_dir)
     assert read_manifest(res.plan_dir, meta, 0, 14).equals(read_manifest(base.plan_dir, base.meta, 0, 14))
@@ -210,7 +217,9 @@ def test_block_shuffle_replan_continues_the_stream(tmp_path: Path, spec_of: Call
     # (a plan of ~300 web documents ends inside a window of 3 blocks, whose unused documents count)
     assert meta.summary["shuffle"]["web"]["read_amplification"] < 1.5
     # a different shuffle cannot continue the base's streams
-    other = _with_shuffle(spec_of(tmp_path, ["web", "code"], seq_len=512, steps=44, dp=2), shuffle="block")
+    other = no_lookahead(
+        _with_shuffle(spec_of(tmp_path, ["web", "code"], seq_len=512, steps=44, dp=2), shuffle="block")
+    )
     with pytest.raises(PlanError, match="shuffle differs"):
         make_plan(other, index=index, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=15))
 

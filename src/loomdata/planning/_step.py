@@ -22,6 +22,7 @@ class StepSink:
     dp: int
     micro_batches: int
     n_sources: int
+    report_from: int = 0  # the report's step 0 is this step (a range's own report, planning._ranges)
 
     def add(self, t: int, weights: np.ndarray, b: BalancedStep) -> None:
         """Write step t's manifest rows and record its figures (target mixture `weights`)."""
@@ -59,4 +60,4 @@ class StepSink:
             deferred_tokens=0 if b.carry is None else int(b.carry.length.sum()),
             rank_max_item=rank_max_item,
         )
-        self.report.add(t, fig)
+        self.report.add(t - self.report_from, fig)

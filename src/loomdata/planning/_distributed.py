@@ -21,26 +21,60 @@ workdir (a shared filesystem, as the embedded LocalCluster does).
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._ranges import PlanWork, RangePart, balanced_steps, plan_range, same_carry
 from loomdata.planning._segments import Segments
+from loomdata.schemas.layout import IndexFiles
+from loomdata.schemas.spec import Spec
 
-__all__ = ["RANGES_PER_WORKER", "Executor", "fix_up", "plan_ranges", "split_ranges", "worker_count"]
+__all__ = [
+    "CLUSTER_MIN_SAMPLES",
+    "RANGES_PER_WORKER",
+    "Executor",
+    "fix_up",
+    "indexed_samples",
+    "plan_ranges",
+    "split_ranges",
+    "wants_cluster",
+    "worker_count",
+]
 
 RANGES_PER_WORKER = 4
 """Ranges per worker: several, so a slow worker does not hold the whole plan back."""
+
+CLUSTER_MIN_SAMPLES = 20_000_000
+"""`loom plan` starts an embedded cluster only for an index of at least this many samples: starting one
+(about 3-8 s here) and sending the work (about 0.12 s per million samples) costs more than it saves below
+(balancing runs at about 0.5-1M samples/s a core; see benchmarks/plan_scale.py --workers)."""
 
 
 class Executor(Protocol):
     """What planning needs of a cluster: submit a function, get a future with `.result()`."""
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any: ...
+
+
+def indexed_samples(spec: Spec) -> int:
+    """Samples in the spec's index on disk (from the tables' Parquet footers; 0 for a source not indexed)."""
+    total = 0
+    for name in spec.source_names:
+        path = IndexFiles.of(spec.workdir, name).samples
+        if path.exists():
+            total += pq.ParquetFile(path).metadata.num_rows
+    return total
+
+
+def wants_cluster(spec: Spec, workers: int) -> bool:
+    """Whether planning `spec` on an embedded cluster of `workers` processes pays (CLUSTER_MIN_SAMPLES)."""
+    return workers >= 2 and indexed_samples(spec) >= CLUSTER_MIN_SAMPLES
 
 
 def worker_count(client: Executor) -> int:
@@ -97,6 +131,7 @@ def fix_up(work: PlanWork, out: Path, part: RangePart, carry: Segments) -> Range
     """`part` (balanced with nothing carried in) re-balanced from its first step with the true `carry` until a
     step carries out what it carried out speculatively, through the end of that step's partition; the
     partitions and report rows of those steps are rewritten, the rest kept."""
+    cpu = time.thread_time()
     writer = ManifestWriter(out, work.plan_id, work.bounds, first_step=part.first)
     sink = work.sink(writer, part.report, report_from=part.first)
     carries = dict(part.carries)
@@ -114,4 +149,7 @@ def fix_up(work: PlanWork, out: Path, part: RangePart, carry: Segments) -> Range
             break
     files = writer.close(stop - 1)
     kept = [f for f in part.files if f.first_step >= stop]
-    return RangePart(first=part.first, stop=part.stop, files=[*files, *kept], report=part.report, carries=carries)
+    cpu = part.cpu_seconds + time.thread_time() - cpu
+    return RangePart(
+        first=part.first, stop=part.stop, files=[*files, *kept], report=part.report, carries=carries, cpu_seconds=cpu
+    )

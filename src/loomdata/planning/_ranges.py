@@ -2,7 +2,7 @@
 
 `PlanWork` is everything balancing needs once membership is done (the index columns, the streams, the step
 pointers or look-ahead assignment, the shape, the cost model, the weights and the manifest partition
-bounds); it is picklable (a broadcast all-zero image column travels as its length), so planning._distributed
+bounds); it is picklable (an all-zero image column travels as its length), so planning._distributed
 can send it to workers once. `balanced_steps` yields the balanced steps of [first, stop) from a given
 incoming carry; a step's result depends only on its drawn segments and its incoming carry (blocks are
 dealt jointly but element-wise per step: the golden plans are the same at any block size), which is what
@@ -12,6 +12,7 @@ partitions and a report over the range (`RangePart`), as a worker does.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -86,8 +87,9 @@ class PlanWork:
 
 
 def _wire_column(a: np.ndarray) -> np.ndarray | int:
-    """An all-zero broadcast column (stride 0) as its length; any other column as is."""
-    return len(a) if a.ndim == 1 and a.strides == (0,) and (len(a) == 0 or not a[0]) else a
+    """An all-zero column (text only: the common case) as its length; any other column as is."""
+    zero = a.strides == (0,) and (len(a) == 0 or not a[0]) if a.ndim == 1 else False
+    return len(a) if zero or not a.any() else a
 
 
 def _restore(state: dict[str, Any]) -> PlanWork:
@@ -119,6 +121,7 @@ class RangePart:
     files: list[ManifestFile]
     report: ReportBuilder  # over the range: its step i is step first + i
     carries: dict[int, Segments]  # step -> what it deferred into the next step (steps that deferred only)
+    cpu_seconds: float = 0.0  # CPU time balancing and writing it took (thread time, where it ran)
 
     @property
     def final_carry(self) -> Segments | None:
@@ -135,6 +138,7 @@ def range_report(work: PlanWork, first: int, stop: int) -> ReportBuilder:
 def plan_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments | None = None) -> RangePart:
     """Balance steps first..stop-1 (a partition bound and the bound or step count ending a later one) with
     `carry` into the first, write their manifest partitions under `out`, return their figures and carries."""
+    cpu = time.thread_time()
     writer = ManifestWriter(out, work.plan_id, work.bounds, first_step=first)
     report = range_report(work, first, stop)
     sink = work.sink(writer, report, report_from=first)
@@ -143,7 +147,9 @@ def plan_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments
         sink.add(t, work.weights[t], b)
         if b.carry is not None:
             carries[t] = b.carry
-    return RangePart(first=first, stop=stop, files=writer.close(stop - 1), report=report, carries=carries)
+    files = writer.close(stop - 1)
+    cpu = time.thread_time() - cpu
+    return RangePart(first=first, stop=stop, files=files, report=report, carries=carries, cpu_seconds=cpu)
 
 
 def merge_report(into: ReportBuilder, part: ReportBuilder, first: int) -> None:

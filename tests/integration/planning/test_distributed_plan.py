@@ -25,7 +25,9 @@ def _files(plan_dir: Path) -> dict[str, bytes]:
     return {p.relative_to(plan_dir).as_posix(): p.read_bytes() for p in sorted(plan_dir.rglob("*")) if p.is_file()}
 
 
-def _plan_twice(name: str, wd: Path, client: Any, ranges: int | None) -> tuple[Path, dict[str, bytes], dict[str, bytes]]:
+def _plan_twice(
+    name: str, wd: Path, client: Any, ranges: int | None
+) -> tuple[Path, dict[str, bytes], dict[str, bytes]]:
     """(single-process plan dir kept aside, its files, the cluster plan's files) of golden case `name`."""
     spec, index, kw = CASES[name](wd)
     single = make_plan(spec, index=index, **kw).plan_dir

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,10 +93,30 @@ def _wire_column(a: np.ndarray) -> np.ndarray | int:
 
 
 def _restore(state: dict[str, Any]) -> PlanWork:
+    """The work from its pickled state; arrays Dask received out of band may sit unaligned in its frames
+    (NumPy is then slower on them): those are copied."""
     state["num_image_tokens"] = [
-        np.broadcast_to(np.zeros(1, np.uint32), (a,)) if isinstance(a, int) else a for a in state["num_image_tokens"]
+        np.broadcast_to(np.zeros(1, np.uint32), (a,)) if isinstance(a, int) else _aligned(a)
+        for a in state["num_image_tokens"]
     ]
+    state["num_tokens"] = [_aligned(a) for a in state["num_tokens"]]
+    state["samples"] = [_aligned(a) if isinstance(a, np.ndarray) else a for a in state["samples"]]
+    state["streams"] = [
+        replace(
+            st,
+            doc=_aligned(st.doc),
+            split_pos=_aligned(st.split_pos),
+            split_off=_aligned(st.split_off),
+            split_len=_aligned(st.split_len),
+        )
+        for st in state["streams"]
+    ]
+    state["ptr"] = _aligned(state["ptr"])
     return PlanWork(**state)
+
+
+def _aligned(a: np.ndarray) -> np.ndarray:
+    return a if a.flags.aligned else a.copy()
 
 
 def balanced_steps(work: PlanWork, first: int, stop: int, carry: Segments | None) -> Iterator[tuple[int, BalancedStep]]:

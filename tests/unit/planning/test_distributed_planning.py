@@ -18,11 +18,13 @@ import pytest
 from loomdata.planning import _distributed as distributed_module
 from loomdata.planning import _manifest as manifest_module
 from loomdata.planning import make_plan
-from loomdata.planning._distributed import split_ranges
+from loomdata.planning._distributed import indexed_samples, split_ranges, wants_cluster
 from loomdata.planning._manifest import ManifestWriter, file_bounds
 from loomdata.planning._ranges import PlanWork, same_carry
 from loomdata.planning._segments import Segments
+from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.plan import read_plan
+from loomdata.schemas.tables import TableKind, write_table
 from loomtest.golden_plans import CASES
 
 
@@ -124,3 +126,17 @@ def test_a_text_only_work_sends_no_image_column_and_ranges_need_no_fix_up(
     n = sum(len(t) for t in work.num_tokens)
     assert all(a.strides == (0,) for a in work.num_image_tokens)  # restored as broadcast zeros
     assert max(pool.sent) < 40 * n  # num_tokens 4 B + stream 4 B a sample, no 4-byte image column per copy
+
+
+def test_the_embedded_cluster_is_wanted_only_for_a_large_enough_index_and_two_workers(
+    tmp_path: Path, spec_of: Callable[..., Any], index_of: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = spec_of(tmp_path, ["web", "code"], steps=4)
+    assert indexed_samples(spec) == 0  # nothing indexed yet
+    for name, n in (("web", 300), ("code", 200)):
+        files = IndexFiles.of(tmp_path, name)
+        write_table(index_of(np.full(n, 50)), files.samples, TableKind.INDEX, {"fingerprint": name})
+    assert indexed_samples(spec) == 500
+    assert not wants_cluster(spec, 2)  # far below CLUSTER_MIN_SAMPLES
+    monkeypatch.setattr(distributed_module, "CLUSTER_MIN_SAMPLES", 500)
+    assert wants_cluster(spec, 2) and not wants_cluster(spec, 1)

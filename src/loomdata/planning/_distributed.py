@@ -10,7 +10,8 @@ carry, step by step, until a step's outgoing carry equals the speculative one at
 on every step has the same inputs, so the same result), finishes that partition and rewrites the
 partitions and report rows it touched. A step's result depends only on its drawn segments and its
 incoming carry, so the stitched plan is byte-identical to the one-process plan. Most steps carry
-nothing, so a fix-up is rare and short.
+nothing, so a fix-up is rare and short. A range refused (PlanError) with nothing carried in is planned
+again here with its true carry; a refusal is final only with the true carry.
 
 `client` is anything with `submit(fn, *args) -> future` whose futures have `.result()`: a
 distributed.Client (the work is then scattered to every worker once) or a concurrent.futures executor;
@@ -34,6 +35,7 @@ import pyarrow.parquet as pq
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._ranges import PlanWork, RangePart, balanced_steps, plan_range, same_carry
 from loomdata.planning._segments import Segments
+from loomdata.schemas.errors import PlanError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.spec import Spec
 
@@ -120,12 +122,23 @@ def plan_ranges(
         for i, (first, stop) in enumerate(ranges)
     ]
     true = carry
-    for i, fut in enumerate(futures):
-        part: RangePart = fut.result()
-        if i > 0 and true is not None:
-            part = fix_up(work, out, part, true)
-        on_part(part)
-        true = part.final_carry
+    try:
+        for i, fut in enumerate(futures):
+            try:
+                part: RangePart = fut.result()
+            except PlanError:  # refused with nothing carried in: only the true carry can tell
+                if i == 0 or true is None:
+                    raise
+                part = plan_range(work, out, *ranges[i], true)
+            else:
+                if i > 0 and true is not None:
+                    part = fix_up(work, out, part, true)
+            on_part(part)
+            true = part.final_carry
+    except BaseException:
+        for fut in futures:
+            fut.cancel()
+        raise
     return true
 
 

@@ -6,7 +6,9 @@ wherever the spec, data and workdir are; planning an id that already exists
 complete is a no-op. Files are written into a temporary folder beside the target and renamed into place.
 The work is NumPy over a block of consecutive steps at a time (_items gathers their segments and
 costs, balance.balance_block deals, places leftovers, refines and computes the baseline for all of
-them, _step writes each step's manifest rows and figures); nothing loops per sample. Segments a step
+them, _step writes each step's manifest rows and figures; _ranges runs that over a range of steps);
+nothing loops per sample. With `client=`, membership runs here and ranges of steps are balanced and
+written on the cluster's workers (_distributed), byte-identical to planning in one process. Segments a step
 had no room for (image samples that cannot be split; rare) go first into the next step; any left after
 the last step are listed in the summary (`unplaced_after_last_step`), never dropped silently.
 `resume_from=PlanResume(plan_dir=..., at_step=S)` makes an elastic re-plan (see _resume): steps < S are the

@@ -315,21 +315,24 @@ def cluster_part(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def project(one: dict[str, Any], multi: dict[str, Any], samples: float = 1e9) -> dict[str, float]:
     """CPU-bound seconds to plan `samples` on N workers (a core each) from the measured per-sample rates: the
-    serial part (one process), the scatter, and the distributed balancing CPU (which includes its overhead
-    over one process: `work_efficiency`) shared by N workers."""
+    serial part (one process), the broadcast of the work (one copy to a worker, then Dask's replicate doubles
+    the holders each round: 1 + ceil(log2 N) copy rounds, the per-round rate from the measured run), and
+    the distributed balancing CPU (which includes its overhead over one process: `work_efficiency`) shared
+    by N workers."""
     scale = samples / one["samples"]
     serial = one["serial_cpu_seconds"] * scale
-    scatter = multi["scatter_seconds"] / multi["samples"] * samples
+    rounds = 1 + math.ceil(math.log2(max(multi["workers"], 1)))
+    per_round = multi["scatter_seconds"] / rounds / multi["samples"] * samples
     balance = multi["balance_cpu_seconds"] / multi["samples"] * samples
     out = {
         "serial_s": serial,
-        "scatter_s": scatter,
+        "scatter_round_s": per_round,
         "balance_1_process_s": one["balance_cpu_seconds"] * scale,
         "work_efficiency": one["balance_cpu_seconds"] / max(multi["balance_cpu_seconds"], 1e-9),
         "workers_1_s": serial + one["balance_cpu_seconds"] * scale,
     }
     for w in (2, 8, 32, 128):
-        out[f"workers_{w}_s"] = serial + scatter + balance / w
+        out[f"workers_{w}_s"] = serial + per_round * (1 + math.ceil(math.log2(w))) + balance / w
     return out
 
 

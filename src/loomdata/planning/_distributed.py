@@ -58,7 +58,7 @@ CLUSTER_MIN_SAMPLES = 20_000_000
 """`loom plan` starts an embedded cluster only for an index of at least this many samples. Measured at 10M
 samples, dp 64 (benchmarks/plan_scale.py --workers 1 2): 2 workers save about 4.5 s of balancing CPU
 (17.3 s in one process, 25.5 s summed over two) less 0.8 s of sending the work, while starting the
-cluster takes 4-8 s: it pays from about 10-20M samples on idle cores."""
+cluster takes 2-8 s: it pays from about 10-20M samples on idle cores."""
 
 
 class Executor(Protocol):

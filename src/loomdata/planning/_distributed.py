@@ -134,6 +134,7 @@ def plan_ranges(
             else:
                 if i > 0 and true is not None:
                     part = fix_up(work, out, part, true)
+            _check_written(out, part)
             on_part(part)
             true = part.final_carry
     except BaseException:
@@ -141,6 +142,17 @@ def plan_ranges(
             fut.cancel()
         raise
     return true
+
+
+def _check_written(out: Path, part: RangePart) -> None:
+    """PlanError when a worker's partition file is not where this process looks (no shared workdir)."""
+    missing = [f.path for f in part.files if not (out / f.path).is_file()]
+    if missing:
+        raise PlanError(
+            f"a worker wrote manifest partition {missing[0]} (and {len(missing) - 1} more) where this process "
+            f"cannot see it under {out}: planning on a cluster needs the workdir on a filesystem every worker "
+            "shares; plan without --scheduler (or with --workers 1) otherwise"
+        )
 
 
 def _worker_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments | None) -> RangePart:

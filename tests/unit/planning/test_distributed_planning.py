@@ -22,6 +22,7 @@ from loomdata.planning._distributed import indexed_samples, split_ranges, wants_
 from loomdata.planning._manifest import ManifestWriter, file_bounds
 from loomdata.planning._ranges import PlanWork, same_carry
 from loomdata.planning._segments import Segments
+from loomdata.schemas.errors import PlanError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.plan import read_plan
 from loomdata.schemas.tables import TableKind, write_table
@@ -140,3 +141,19 @@ def test_the_embedded_cluster_is_wanted_only_for_a_large_enough_index_and_two_wo
     assert not wants_cluster(spec, 2)  # far below CLUSTER_MIN_SAMPLES
     monkeypatch.setattr(distributed_module, "CLUSTER_MIN_SAMPLES", 500)
     assert wants_cluster(spec, 2) and not wants_cluster(spec, 1)
+
+
+class _ElsewherePool(_PicklingPool):
+    """Workers on another machine: each task writes its files into a folder of its own."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        work, out, *rest = args
+        elsewhere = out.parent / f"elsewhere-{len(self.sent)}"
+        return super().submit(fn, work, elsewhere, *rest, **kwargs)
+
+
+def test_a_cluster_that_does_not_share_the_workdir_is_refused(tmp_path: Path) -> None:
+    spec, index, kw = CASES["web4k_dp8"](tmp_path)
+    with pytest.raises(PlanError, match="needs the workdir on a filesystem every worker shares"):
+        make_plan(spec, index=index, client=_ElsewherePool(), ranges=2, **kw)
+    assert not (spec.plans_dir / "plan.json").exists() and not any(spec.plans_dir.glob("*/plan.json"))

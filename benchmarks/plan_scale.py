@@ -9,6 +9,10 @@ Two parts, every run its own subprocess (so `ru_maxrss` is that run's peak):
   with many sources, alternating web and code sources share those samples).
 - memory: dp 1024, 2 sources, --sizes samples, side by side with the naive planner a user writes today
   (one shuffle of all samples, concatenated and cut into sequences, dealt round-robin, one manifest file).
+- cluster (--workers 1 2): --dist-sizes samples at --dist-dp, 2 sources, planned in one process and on an
+  embedded LocalCluster of N workers (its start not timed): the serial part (index reading, membership),
+  the balancing part, the scatter of the work to the workers, the speedup, and a projection to 1B
+  samples on N workers from the measured per-sample rates (writes results/plan_scale_cluster.json alone).
 
 Index tables are written to a workdir first (samples.parquet + shards.parquet, as `loom index` leaves
 them) and the planning process reads them itself, so peak RSS above the post-import baseline is what
@@ -19,14 +23,18 @@ Writes benchmarks/results/plan_scale.json (--quick: plan_scale_quick.json).
     .venv/bin/python benchmarks/plan_scale.py                 # sweep dp {4,8,64,1024} x {1,300} sources + 1M/10M
     .venv/bin/python benchmarks/plan_scale.py --quick         # smaller sweep, 1M only (about a minute)
     .venv/bin/python benchmarks/plan_scale.py --sweep 0 --sizes 1e6 1e7 5e7   # memory only
+    .venv/bin/python benchmarks/plan_scale.py --workers 1 2 --dist-sizes 5e6  # 1 vs 2 workers (cluster part)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import math
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -99,11 +107,33 @@ def _steps(tokens: int, dp: int) -> int:
     return max(1, tokens // (dp * MICRO_BATCHES * SEQ_LEN) - 1)
 
 
-def child_loom(workdir: Path, dp: int) -> dict[str, Any]:
-    from loomdata.planning import make_plan
+def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
+    """Plan the index in workdir at dp; with workers > 1 on an embedded LocalCluster of that many processes
+    (its start not timed), timing the serial part (index reading and membership) and the balancing apart."""
+    from loomdata.planning import _distributed, _plan, make_plan
     from loomdata.schemas import parse_spec
 
     base = _rss_mb()
+    marks: dict[str, float] = {}
+
+    part_cpu: list[float] = []  # CPU seconds of each range on its worker (RangePart.cpu_seconds)
+
+    def timed(fn: Any, name: str) -> Any:
+        def run(*a: Any, **kw: Any) -> Any:
+            marks.setdefault(f"{name}_start", time.perf_counter())
+            marks.setdefault(f"{name}_start_cpu", time.process_time())
+            if name == "ranges":  # collect each range's CPU time as it is stitched
+                take = a[5]
+                a = (*a[:5], lambda part: (part_cpu.append(part.cpu_seconds), take(part)))
+            out = fn(*a, **kw)
+            marks[f"{name}_end"] = time.perf_counter()
+            marks[f"{name}_end_cpu"] = time.process_time()
+            return out
+
+        return run
+
+    _plan._balance_into = timed(_plan._balance_into, "balance")  # type: ignore[attr-defined]
+    _plan.plan_ranges = timed(_distributed.plan_ranges, "ranges")  # type: ignore[attr-defined]
     info = json.loads((workdir / "index-info.json").read_text())
     steps = _steps(info["tokens"], dp)
     spec = parse_spec(
@@ -117,13 +147,49 @@ def child_loom(workdir: Path, dp: int) -> dict[str, Any]:
         workdir,
         check_paths=False,
     )
-    t0 = time.perf_counter()
-    res = make_plan(spec)
-    secs = time.perf_counter() - t0
+    shutil.rmtree(spec.plans_dir, ignore_errors=True)  # an earlier run's plan of the same id would be reused
+    started = 0.0
+    with contextlib.ExitStack() as stack:
+        client = None
+        if workers > 1:
+            from loomdata.execution import open_cluster
+
+            t_start = time.perf_counter()
+            client = stack.enter_context(open_cluster(n_workers=workers))
+            client.run(importlib.import_module, "loomdata.planning._ranges")  # warm: imports done once per worker
+            started = time.perf_counter() - t_start
+            sent: list[float] = []
+            scatter = client.scatter
+
+            def timed_scatter(*a: Any, **kw: Any) -> Any:
+                t = time.perf_counter()
+                out = scatter(*a, **kw)
+                sent.append(time.perf_counter() - t)
+                return out
+
+            client.scatter = timed_scatter  # type: ignore[method-assign]
+        t0, c0 = time.perf_counter(), time.process_time()
+        res = make_plan(spec, client=client)
+        secs = time.perf_counter() - t0
     imb = res.meta.summary["imbalance"]
+    first = min(marks.get("balance_start", math.inf), marks.get("ranges_start", math.inf))
+    first_cpu = min(marks.get("balance_start_cpu", math.inf), marks.get("ranges_start_cpu", math.inf))
+    parallel = max(marks.get("balance_end", 0.0), marks.get("ranges_end", 0.0)) - first
+    if workers > 1:  # the ranges' CPU on the workers (the driver waits), plus the driver's own (fix-ups, merging)
+        balance_cpu = sum(part_cpu) + marks["ranges_end_cpu"] - marks["ranges_start_cpu"]
+    else:
+        balance_cpu = marks["balance_end_cpu"] - marks["balance_start_cpu"]
     return {
         "steps": steps,
+        "workers": workers,
         "seconds": secs,
+        "serial_seconds": first - t0,  # index reading, membership, shuffle figures
+        "balance_seconds": parallel,  # balancing and writing (on the workers when workers > 1)
+        "serial_cpu_seconds": first_cpu - c0,
+        "balance_cpu_seconds": balance_cpu,  # summed over the workers
+        "ranges": len(part_cpu),
+        "scatter_seconds": sent[0] if workers > 1 and sent else 0.0,
+        "cluster_start_seconds": started,  # LocalCluster start and imports, not timed
         "rss_base_mb": base,
         "rss_peak_mb": _rss_mb(),
         "manifest_rows": sum(f.rows for f in res.meta.manifest),
@@ -186,11 +252,11 @@ def _call(*args: str) -> dict[str, Any]:
     return r
 
 
-def run(kind: str, samples: int, n_sources: int, dp: int, workdir: Path) -> dict[str, Any]:
+def run(kind: str, samples: int, n_sources: int, dp: int, workdir: Path, workers: int = 1) -> dict[str, Any]:
     """Plan (loom or naive) the index in workdir (written first if missing); figures per indexed sample."""
     if not (workdir / "index-info.json").exists():
         _call("--child", "index", "--samples", str(samples), "--n-sources", str(n_sources), "--workdir", str(workdir))
-    r = _call("--child", kind, "--dp", str(dp), "--workdir", str(workdir))
+    r = _call("--child", kind, "--dp", str(dp), "--workdir", str(workdir), "--workers", str(workers))
     r.update(samples=samples, sources=n_sources, dp=dp)
     r["samples_per_s"] = samples / r["seconds"]
     r["bytes_per_sample_raw"] = r["rss_peak_mb"] * 2**20 / samples
@@ -215,6 +281,61 @@ def _row(r: dict[str, Any], name: str = "loomdata", extra: str = "") -> str:
     )
 
 
+def cluster_part(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Plan each --dist-sizes index (2 sources, --dist-dp) on each of --workers workers; speedup over 1.
+
+    Wall-clock speedups need idle cores; on a loaded machine the CPU figures say more: `cpu_bound_seconds` is
+    serial CPU + scatter + the workers' summed balancing CPU / workers (what an idle machine with a core per
+    worker would take), `cpu_bound_speedup` the one-process CPU total over it."""
+    out = []
+    print(f"cluster part: dp {args.dist_dp}, 2 sources, workers {args.workers}", flush=True)
+    for n in [int(s) for s in args.dist_sizes]:
+        with tempfile.TemporaryDirectory(prefix="loom-scale-") as d:
+            runs = [run("loom", n, 2, args.dist_dp, Path(d), w) for w in args.workers]
+        one = next((r for r in runs if r["workers"] == 1), runs[0])
+        one_cpu = one["serial_cpu_seconds"] + one["balance_cpu_seconds"]
+        for r in runs:
+            w = r["workers"]
+            r["speedup"] = one["seconds"] / r["seconds"]
+            r["cpu_bound_seconds"] = r["serial_cpu_seconds"] + r["scatter_seconds"] + r["balance_cpu_seconds"] / w
+            r["cpu_bound_speedup"] = one_cpu / r["cpu_bound_seconds"]
+            extra = (
+                f"{w} worker(s), {r['ranges']} ranges: wall {r['seconds']:.1f}s = serial {r['serial_seconds']:.1f}s"
+                f" + balancing {r['balance_seconds']:.1f}s (scatter {r['scatter_seconds']:.2f}s; cluster start"
+                f" {r['cluster_start_seconds']:.1f}s not counted), speedup {r['speedup']:.2f}x; CPU: serial"
+                f" {r['serial_cpu_seconds']:.1f}s, balancing {r['balance_cpu_seconds']:.1f}s summed, CPU-bound"
+                f" {r['cpu_bound_seconds']:.1f}s, speedup {r['cpu_bound_speedup']:.2f}x"
+            )
+            print(_row(r, extra=extra), flush=True)
+        multi = [r for r in runs if r["workers"] > 1]
+        out.append({"samples": n, "runs": runs, "projection_1b": project(one, multi[0] if multi else one)})
+        print(f"  projection to 1B samples: {json.dumps(out[-1]['projection_1b'])}", flush=True)
+    return out
+
+
+def project(one: dict[str, Any], multi: dict[str, Any], samples: float = 1e9) -> dict[str, float]:
+    """CPU-bound seconds to plan `samples` on N workers (a core each) from the measured per-sample rates: the
+    serial part (one process), the broadcast of the work (one copy to a worker, then Dask's replicate doubles
+    the holders each round: 1 + ceil(log2 N) copy rounds, the per-round rate from the measured run), and
+    the distributed balancing CPU (which includes its overhead over one process: `work_efficiency`) shared
+    by N workers."""
+    scale = samples / one["samples"]
+    serial = one["serial_cpu_seconds"] * scale
+    rounds = 1 + math.ceil(math.log2(max(multi["workers"], 1)))
+    per_round = multi["scatter_seconds"] / rounds / multi["samples"] * samples
+    balance = multi["balance_cpu_seconds"] / multi["samples"] * samples
+    out = {
+        "serial_s": serial,
+        "scatter_round_s": per_round,
+        "balance_1_process_s": one["balance_cpu_seconds"] * scale,
+        "work_efficiency": one["balance_cpu_seconds"] / max(multi["balance_cpu_seconds"], 1e-9),
+        "workers_1_s": serial + one["balance_cpu_seconds"] * scale,
+    }
+    for w in (2, 8, 32, 128):
+        out[f"workers_{w}_s"] = serial + per_round * (1 + math.ceil(math.log2(w))) + balance / w
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sweep and 1M samples only")
@@ -222,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dps", nargs="+", type=int, default=[4, 8, 64, 1024])
     ap.add_argument("--sources", nargs="+", type=int, default=[1, 300])
     ap.add_argument("--sizes", nargs="+", type=float, help="sizes (samples) of the memory part, dp 1024, 2 sources")
+    ap.add_argument("--workers", nargs="+", type=int, default=[], help="cluster part: plan on 1 and N workers")
+    ap.add_argument("--dist-sizes", nargs="+", type=float, default=[5e6], help="samples of the cluster part")
+    ap.add_argument("--dist-dp", type=int, default=64, help="dp of the cluster part (2 sources)")
     ap.add_argument("--child", choices=["index", "loom", "naive"], help=argparse.SUPPRESS)
     ap.add_argument("--samples", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--n-sources", type=int, help=argparse.SUPPRESS)
@@ -234,12 +358,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"tokens": info["tokens"]}))
         return 0
     if args.child:
-        fn = child_loom if args.child == "loom" else child_naive
-        print(json.dumps(fn(args.workdir, args.dp)))
+        r = (
+            child_loom(args.workdir, args.dp, (args.workers or [1])[0])
+            if args.child == "loom"
+            else child_naive(args.workdir, args.dp)
+        )
+        print(json.dumps(r))
         return 0
-    sweep = args.sweep or ([1e5, 2e5, 4e5] if args.quick else [2.5e5, 5e5, 1e6])
+    only_cluster = bool(args.workers) and args.sweep is None and args.sizes is None  # --workers alone: that part
+    sweep = [0.0] if only_cluster else args.sweep or ([1e5, 2e5, 4e5] if args.quick else [2.5e5, 5e5, 1e6])
     sweep = [int(s) for s in sweep if s > 0]
-    sizes = [int(s) for s in (args.sizes or ([1e6] if args.quick else [1e6, 1e7]))]
+    sizes = [] if only_cluster else [int(s) for s in (args.sizes or ([1e6] if args.quick else [1e6, 1e7]))]
     head = f"{'dp':>6}{'src':>5}{'samples':>12}{'steps':>8}{'planner':>9}{'seconds':>9}{'samples/s':>12}"
     print(f"{head}{'peak MB':>9}{'B/sample':>9}{'raw B/s':>8}", flush=True)
     out: dict[str, Any] = {"goal": {"samples_per_s": GOAL_RATE, "bytes_per_sample": GOAL_BYTES, "slope": 1.0}}
@@ -264,7 +393,10 @@ def main(argv: list[str] | None = None) -> int:
         print(_row(loom, extra=f"{loom['seconds'] / naive['seconds']:.2f}x naive's time"), flush=True)
         print(_row(naive, "naive"), flush=True)
         out["memory"].append({"loomdata": loom, "naive": naive, "time_ratio": loom["seconds"] / naive["seconds"]})
+    out["cluster"] = cluster_part(args) if args.workers else []
     results = RESULTS.with_name("plan_scale_quick.json") if args.quick else RESULTS
+    if only_cluster:
+        results = RESULTS.with_name("plan_scale_cluster.json")
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {results}")

@@ -133,13 +133,19 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from loomdata.planning import PlanResume, make_plan, plan_report
+    from loomdata.planning import PlanResume, make_plan, plan_report, wants_cluster
     from loomdata.schemas import load_spec
 
     spec = load_spec(args.spec, check_paths=False)
     _check_workdir(spec.workdir, args.spec)
     resume = None if args.resume_from is None else PlanResume(plan_dir=Path(args.resume_from), at_step=args.at_step)
-    result = make_plan(spec, progress=_progress_wanted(args), resume_from=resume)
+    if args.scheduler or wants_cluster(spec, args.workers):  # an embedded cluster for 20M+ samples only
+        from loomdata.execution import open_cluster
+
+        with open_cluster(args.scheduler, n_workers=args.workers, tls=_tls(args), insecure=args.insecure) as client:
+            result = make_plan(spec, progress=_progress_wanted(args), resume_from=resume, client=client)
+    else:
+        result = make_plan(spec, progress=_progress_wanted(args), resume_from=resume)
     report = plan_report(result.plan_dir)
     if args.json:
         _print_json(report)
@@ -330,6 +336,14 @@ def _parser() -> argparse.ArgumentParser:
         help="elastic resume: keep this plan's steps before --at-step, re-plan the rest for SPEC's training shape",
     )
     pl.add_argument("--at-step", type=int, default=None, metavar="S")
+    pl.add_argument("--scheduler", default=None, help="balance step ranges on this Dask scheduler's workers")
+    pl.add_argument(
+        "--workers",
+        type=int,
+        default=defaults.n_workers,
+        help="worker processes of an embedded LocalCluster, started only for an index of 20M+ samples; 1: never",
+    )
+    _add_security(pl, dashboard=False)
 
     ins = add("inspect", _cmd_inspect, "report on a stored plan (imbalance vs baseline, mixture)")
     ins.add_argument("plan_dir")

@@ -4,6 +4,7 @@ Use:
     result = make_plan(spec)                     # reads workdir/index/<source>/ for every source
     result = make_plan(spec, index={"web": table}, fingerprints={"web": "..."})  # synthetic tables
     result = make_plan(new_spec, resume_from=PlanResume(plan_dir=base_dir, at_step=s))  # elastic re-plan
+    result = make_plan(spec, client=dask_client)  # step ranges balanced on the cluster's workers, same bytes
     report = plan_report(result.plan_dir)        # the figures `loom plan/inspect --json` print
     plot_plan(result.plan_dir, Path("plan.png"))
 
@@ -34,7 +35,12 @@ Decisions, one module each (their docstrings say more):
   fit_cost calibrates it from measured times.
 - _calibrate, `loom calibrate`: the measurement file (JSON lines of segment lengths and seconds), the fit
   and its quality (R², relative error per run), the spec's new `cost:` block, the balance change.
-- _manifest: step-range partitions of bounded size (bounded memory whatever the plan's size).
+- _manifest: step-range partitions of bounded size (bounded memory whatever the plan's size), their
+  bounds fixed up front from the segments membership draws.
+- _ranges, _distributed: balancing a range of steps from a given carry (PlanWork: what it needs, picklable);
+  on a cluster (make_plan(client=...)) ranges are balanced on the workers speculatively with nothing
+  carried in, then stitched in order, re-balancing a range's first steps when a carry crosses into it,
+  until its carries agree: byte-identical to the one-process plan. `wants_cluster`: the embedded-cluster rule.
 - _resume, elastic re-plans: steps < S are the base plan's rows; from S on each source's stream continues
   where the base's membership stood (in-flight deferred pieces first) with the new dp_size/micro_batches
   budget and the same mixture; the base must match in sources, fingerprints, seed, mixture, seq_len and
@@ -58,10 +64,12 @@ from loomdata.planning._calibrate import (
     write_measurements,
 )
 from loomdata.planning._cost import fit_cost, segment_cost
+from loomdata.planning._distributed import CLUSTER_MIN_SAMPLES, wants_cluster
 from loomdata.planning._plan import PlanResult, PlanResume, make_plan
 from loomdata.planning._report import plan_report, plot_plan
 
 __all__ = [
+    "CLUSTER_MIN_SAMPLES",
     "CalibrationFit",
     "Measurement",
     "MeasurementError",
@@ -77,6 +85,7 @@ __all__ = [
     "read_measurements",
     "read_spec_index",
     "segment_cost",
+    "wants_cluster",
     "with_cost_block",
     "write_measurements",
 ]

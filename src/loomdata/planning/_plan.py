@@ -6,7 +6,9 @@ wherever the spec, data and workdir are; planning an id that already exists
 complete is a no-op. Files are written into a temporary folder beside the target and renamed into place.
 The work is NumPy over a block of consecutive steps at a time (_items gathers their segments and
 costs, balance.balance_block deals, places leftovers, refines and computes the baseline for all of
-them, _step writes each step's manifest rows and figures); nothing loops per sample. Segments a step
+them, _step writes each step's manifest rows and figures; _ranges runs that over a range of steps);
+nothing loops per sample. With `client=`, membership runs here and ranges of steps are balanced and
+written on the cluster's workers (_distributed), byte-identical to planning in one process. Segments a step
 had no room for (image samples that cannot be split; rare) go first into the next step; any left after
 the last step are listed in the summary (`unplaced_after_last_step`), never dropped silently.
 `resume_from=PlanResume(plan_dir=..., at_step=S)` makes an elastic re-plan (see _resume): steps < S are the
@@ -29,17 +31,19 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loomdata.planning._baselines import BASELINE_DESCRIPTION
-from loomdata.planning._items import StepItems
+from loomdata.planning._distributed import RANGES_PER_WORKER, Executor, plan_ranges, split_ranges, worker_count
 from loomdata.planning._lookahead import assign_steps, natural_positions
-from loomdata.planning._manifest import ManifestWriter
+from loomdata.planning._manifest import ManifestWriter, file_bounds
 from loomdata.planning._mixture import Stream, build_stream, check_epochs, membership, step_weights
 from loomdata.planning._packing import Lanes, check_unsplittable
+from loomdata.planning._ranges import PlanWork, RangePart, balanced_steps, merge_report
 from loomdata.planning._report import ReportBuilder
 from loomdata.planning._resume import (
     BasePlan,
@@ -54,7 +58,7 @@ from loomdata.planning._resume import (
 from loomdata.planning._segments import DenseIds, SampleIds, Segments
 from loomdata.planning._shuffle import FIGURE_SEGMENTS, BlockLayout, layout_of, shuffle_figures, storage_runs
 from loomdata.planning._step import StepSink
-from loomdata.planning.balance import BalanceConfig, balance_block
+from loomdata.planning.balance import BalanceConfig
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.freshness import require_built_from
 from loomdata.schemas.layout import IndexFiles, read_index
@@ -93,11 +97,16 @@ def make_plan(
     index: Mapping[str, pa.Table] | None = None,
     fingerprints: Mapping[str, str] | None = None,
     resume_from: PlanResume | None = None,
+    client: Executor | None = None,
+    ranges: int | None = None,
 ) -> PlanResult:
     """Plan `spec` over its index (read from spec.workdir unless `index` is given) into workdir/plans/<id>/.
 
     With `resume_from`, an elastic re-plan: steps < resume_from.at_step are the base plan's rows and later
-    steps continue its streams with spec's (new) training shape (see _resume).
+    steps continue its streams with spec's (new) training shape (see _resume). With `client` (a
+    distributed.Client or a concurrent.futures executor whose workers see the workdir), step ranges are
+    balanced on its workers (`ranges` of them, default RANGES_PER_WORKER per worker; see _distributed):
+    the plan is byte-identical to the one-process plan.
     """
     weights = step_weights(spec)
     sources, fps = _load_index(spec, index, fingerprints)
@@ -111,7 +120,7 @@ def make_plan(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        meta = _plan_into(tmp, plan_id, spec, weights, sources, fps, progress, base)
+        meta = _plan_into(tmp, plan_id, spec, weights, sources, fps, progress, base, client, ranges)
         _publish(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -237,6 +246,8 @@ def _plan_into(
     fps: dict[str, str],
     progress: bool,
     base: BasePlan | None = None,
+    client: Executor | None = None,
+    ranges: int | None = None,
 ) -> PlanMeta:
     tr = spec.training
     lanes = Lanes.of(spec)
@@ -315,7 +326,9 @@ def _plan_into(
             f"({len(empty)} empty step(s)); raise micro_batches, dp_size or seq_len"
         )
 
-    writer = ManifestWriter(out, plan_id)
+    drawn_per_step = np.diff(ptr.sum(axis=1, dtype=np.int64))  # fixes the manifest partitions up front
+    bounds = file_bounds(drawn_per_step)
+    writer = ManifestWriter(out, plan_id, bounds)
     report = ReportBuilder(
         tr.steps, names, tr.dp_size, rank_from=start, budgets=step_budget if shapes else None, pp_size=tr.pp_size
     )
@@ -332,41 +345,47 @@ def _plan_into(
             [s.num_image_tokens for s in sources],
             lanes,
         )
-    items = StepItems(
-        [s.sample for s in sources],
-        [s.num_tokens for s in sources],
-        [s.num_image_tokens for s in sources],
-        streams,
-        ptr,
-        lanes,
-        spec.cost,
-        assignment,
-    )
-    cfg = BalanceConfig(dp=tr.dp_size, micro_batches=mb, lanes=lanes, cost_spec=spec.cost, seed=spec.seed)
-    sink = StepSink(
-        writer=writer,
-        report=report,
-        dp=tr.dp_size,
-        micro_batches=mb,
-        n_sources=len(sources),
+    work = PlanWork(
+        plan_id=plan_id,
+        names=names,
+        samples=[s.sample for s in sources],
+        num_tokens=[s.num_tokens for s in sources],
+        num_image_tokens=[s.num_image_tokens for s in sources],
+        streams=streams,
+        ptr=ptr,
+        assignment=assignment,
+        cfg=BalanceConfig(dp=tr.dp_size, micro_batches=mb, lanes=lanes, cost_spec=spec.cost, seed=spec.seed),
+        weights=weights,
+        start=start,
+        steps=tr.steps,
+        bounds=bounds,
+        pp_size=tr.pp_size,
     )
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=tr.steps - start, desc="plan", unit="step")
-    t = start
-    while t < tr.steps:
-        steps = range(t, items.block(t).stop)  # the gathered block from t on
-        for b in balance_block(steps, [items.step(s) for s in steps], carry, cfg):
-            sink.add(t, weights[t], b)
-            carry = b.carry
-            t += 1
-        if bar is not None:
-            bar.update(len(steps))
+    sink = work.sink(writer, report)
+    if client is None:
+        carry = _balance_into(sink, work, start, tr.steps, carry, bar)
+        files = writer.close(tr.steps - 1)
+    else:  # the partition holding a re-plan's first step (and base rows) here, the rest on the cluster
+        head = start if start in bounds else work.bound_after(start)
+        carry = _balance_into(sink, work, start, head, carry, bar)
+        files = writer.close(head - 1) if head else []
+        n = ranges if ranges is not None else RANGES_PER_WORKER * worker_count(client)
+
+        def take(part: RangePart) -> None:
+            merge_report(report, part.report, part.first)
+            files.extend(part.files)
+            if bar is not None:
+                bar.update(part.stop - part.first)
+
+        if head < tr.steps:
+            carry = plan_ranges(client, work, out, carry, split_ranges(work, n, head), take)
     if bar is not None:
         bar.close()
-    files = writer.close(tr.steps - 1)
     report.write(out)
     report.set_shuffle(shuffle)
     summary = report.summary()
@@ -412,6 +431,20 @@ def _plan_into(
     )
     (out / "plan.json").write_text(meta.to_json())
     return meta
+
+
+def _balance_into(
+    sink: StepSink, work: PlanWork, first: int, stop: int, carry: Segments | None, bar: Any
+) -> Segments | None:
+    """Balance steps first..stop-1 in this process into `sink`, `carry` into the first; return the last carry."""
+    for t, b in balanced_steps(work, first, stop, carry):
+        sink.add(t, work.weights[t], b)
+        carry = b.carry
+        if bar is not None and t + 1 == work.bound_after(t):
+            bar.update(t + 1 - work.start - bar.n)
+    if bar is not None:
+        bar.update(stop - work.start - bar.n)
+    return carry
 
 
 def _shuffle_figures(

@@ -22,6 +22,7 @@ class StepSink:
     dp: int
     micro_batches: int
     n_sources: int
+    report_from: int = 0  # the report's step 0 is this step (a range's own report, planning._ranges)
 
     def add(self, t: int, weights: np.ndarray, b: BalancedStep) -> None:
         """Write step t's manifest rows and record its figures (target mixture `weights`)."""
@@ -60,4 +61,4 @@ class StepSink:
             rank_max_item=rank_max_item,
             parts=b.parts,
         )
-        self.report.add(t, fig)
+        self.report.add(t - self.report_from, fig)

@@ -30,7 +30,6 @@ __all__ = [
 ]
 
 
-
 class ManifestFile(BaseModel):
     """One manifest Parquet file and the inclusive step range it holds."""
 

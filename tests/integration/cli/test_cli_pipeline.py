@@ -62,9 +62,15 @@ def test_index_plan_inspect(demo_tree: Path, dask_client: Any) -> None:
         k: v["fingerprint"] for k, v in sources.items()
     }
 
+    on_cluster = _json(_loom("plan", "configs/demo.yaml", "--scheduler", addr, "--json", cwd=demo_tree))
+    cluster_dir = Path(on_cluster["plan_dir"]).rename(demo_tree / "cluster-plan")
     plan = _json(_loom("plan", "configs/demo.yaml", "--json", cwd=demo_tree))
     plan_dir = Path(plan["plan_dir"])
     assert (plan_dir / "plan.json").is_file()
+    assert plan["plan_id"] == on_cluster["plan_id"]  # balanced on the cluster's workers: the same bytes
+    files = sorted(p.relative_to(plan_dir) for p in plan_dir.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(cluster_dir) for p in cluster_dir.rglob("*") if p.is_file())
+    assert all((plan_dir / f).read_bytes() == (cluster_dir / f).read_bytes() for f in files)
     again_plan = _json(_loom("plan", "configs/demo.yaml", "--json", cwd=demo_tree))
     assert again_plan["plan_id"] == plan["plan_id"]
 

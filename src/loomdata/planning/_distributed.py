@@ -1,0 +1,212 @@
+"""Planning on a cluster: step ranges balanced and written on workers in parallel, stitched byte-identically.
+
+Membership runs once, in the calling process (sequential by nature and cheap); then the steps are cut
+into contiguous ranges at manifest partition bounds (`split_ranges`, about equal drawn segments each)
+and every range is balanced on a worker *speculatively*, as if nothing were carried into its first step
+(the first range gets the true incoming carry), writing its own partition files (planning._ranges).
+Stitching, in step order: when the previous range's final carry (true, after its own fix-up) is empty
+the speculation was exact; otherwise `fix_up` re-balances the range from its first step with the true
+carry, step by step, until a step's outgoing carry equals the speculative one at that step (from there
+on every step has the same inputs, so the same result), finishes that partition and rewrites the
+partitions and report rows it touched. A step's result depends only on its drawn segments and its
+incoming carry, so the stitched plan is byte-identical to the one-process plan. Most steps carry
+nothing, so a fix-up is rare and short. A range refused (PlanError) with nothing carried in is planned
+again here with its true carry; a refusal is final only with the true carry.
+
+`client` is anything with `submit(fn, *args) -> future` whose futures have `.result()`: a
+distributed.Client (the work is then scattered to every worker once) or a concurrent.futures executor;
+planning itself imports no Dask. Workers write into the plan's temporary folder, so they must see the
+workdir (a shared filesystem, as the embedded LocalCluster does).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import itertools
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from loomdata.planning._manifest import ManifestWriter
+from loomdata.planning._ranges import PlanWork, RangePart, balanced_steps, plan_range, same_carry
+from loomdata.planning._segments import Segments
+from loomdata.schemas.errors import PlanError
+from loomdata.schemas.layout import IndexFiles
+from loomdata.schemas.spec import Spec
+
+__all__ = [
+    "CLUSTER_MIN_SAMPLES",
+    "RANGES_PER_WORKER",
+    "Executor",
+    "fix_up",
+    "indexed_samples",
+    "plan_ranges",
+    "split_ranges",
+    "wants_cluster",
+    "worker_count",
+]
+
+RANGES_PER_WORKER = 4
+"""Ranges per worker: several, so a slow worker does not hold the whole plan back."""
+
+CLUSTER_MIN_SAMPLES = 20_000_000
+"""`loom plan` starts an embedded cluster only for an index of at least this many samples. Measured at 10M
+samples, dp 64 (benchmarks/plan_scale.py --workers 1 2): 2 workers save about 4.5 s of balancing CPU
+(17.3 s in one process, 25.5 s summed over two) less 0.8 s of sending the work, while starting the
+cluster takes 2-8 s: it pays from about 10-20M samples on idle cores."""
+
+
+class Executor(Protocol):
+    """What planning needs of a cluster: submit a function, get a future with `.result()`."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any: ...
+
+
+def indexed_samples(spec: Spec) -> int:
+    """Samples in the spec's index on disk (from the tables' Parquet footers; 0 for a source not indexed)."""
+    total = 0
+    for name in spec.source_names:
+        path = IndexFiles.of(spec.workdir, name).samples
+        if path.exists():
+            total += pq.ParquetFile(path).metadata.num_rows
+    return total
+
+
+def wants_cluster(spec: Spec, workers: int) -> bool:
+    """Whether planning `spec` on an embedded cluster of `workers` processes pays (CLUSTER_MIN_SAMPLES)."""
+    return workers >= 2 and indexed_samples(spec) >= CLUSTER_MIN_SAMPLES
+
+
+def worker_count(client: Executor) -> int:
+    """Workers of a distributed.Client (scheduler_info) or a concurrent.futures pool (_max_workers); 1 if unknown."""
+    info = getattr(client, "scheduler_info", None)
+    if callable(info):
+        return max(1, len(info()["workers"]))
+    return max(1, int(getattr(client, "_max_workers", 1)))
+
+
+def split_ranges(work: PlanWork, n: int, first: int) -> list[tuple[int, int]]:
+    """At most `n` contiguous ranges [a, b) of steps first..steps-1 (`first` a manifest partition bound), cut at
+    partition bounds, of about equal drawn segments each."""
+    if n < 1:
+        raise ValueError(f"ranges must be >= 1, got {n}")
+    if first not in work.bounds:
+        raise ValueError(f"step {first} is not the first step of a manifest partition")
+    bounds = work.bounds[work.bounds >= first]
+    cum = np.concatenate([[0], np.cumsum(np.diff(work.ptr.sum(axis=1, dtype=np.int64)))])  # segments before step t
+    at = cum[bounds]
+    goals = at[0] + (at[-1] - at[0]) * np.arange(1, n) / n
+    cuts = np.unique(np.concatenate([[0], np.searchsorted(at, goals, side="left"), [len(bounds) - 1]]))
+    return [(int(bounds[a]), int(bounds[b])) for a, b in itertools.pairwise(cuts) if b > a]
+
+
+def plan_ranges(
+    client: Executor,
+    work: PlanWork,
+    out: Path,
+    carry: Segments | None,
+    ranges: list[tuple[int, int]],
+    on_part: Callable[[RangePart], None],
+) -> Segments | None:
+    """Balance `ranges` on the cluster (`carry` into the first), fix each up in order and hand it to `on_part`
+    (in step order, exact); return what the last step carries out."""
+    is_dask = callable(getattr(client, "scatter", None))
+    payload: Any = client.scatter(work, broadcast=True, hash=False) if is_dask else work  # type: ignore[attr-defined]
+    extra: dict[str, Any] = {"pure": False} if is_dask else {}
+    futures = [
+        client.submit(_worker_range, payload, out, first, stop, carry if i == 0 else None, **extra)
+        for i, (first, stop) in enumerate(ranges)
+    ]
+    true = carry
+    try:
+        for i, fut in enumerate(futures):
+            try:
+                part: RangePart = fut.result()
+            except PlanError:  # refused with nothing carried in: only the true carry can tell
+                if i == 0 or true is None:
+                    raise
+                part = plan_range(work, out, *ranges[i], true)
+            else:
+                if i > 0 and true is not None:
+                    part = fix_up(work, out, part, true)
+            _check_written(out, part)
+            on_part(part)
+            true = part.final_carry
+    except BaseException:
+        for fut in futures:
+            fut.cancel()
+        raise
+    return true
+
+
+def _check_written(out: Path, part: RangePart) -> None:
+    """PlanError when a worker's partition file is not where this process looks (no shared workdir)."""
+    missing = [f.path for f in part.files if not (out / f.path).is_file()]
+    if missing:
+        raise PlanError(
+            f"a worker wrote manifest partition {missing[0]} (and {len(missing) - 1} more) where this process "
+            f"cannot see it under {out}: planning on a cluster needs the workdir on a filesystem every worker "
+            "shares; plan without --scheduler (or with --workers 1) otherwise"
+        )
+
+
+def _worker_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments | None) -> RangePart:
+    """plan_range on a worker, its allocator tuned first (tune_allocator)."""
+    tune_allocator()
+    return plan_range(work, out, first, stop, carry)
+
+
+def tune_allocator() -> None:
+    """Let glibc keep freed blocks below 32 MB for reuse (M_MMAP_THRESHOLD) in this worker process.
+
+    Dask starts workers with MALLOC_TRIM_THRESHOLD_ set, which pins glibc's mmap threshold at 128 KB: every
+    temporary array of the balancer above that is then a fresh mmap, page-faulted in and unmapped again,
+    which costs 1.3-1.5x the CPU of the same balancing in a plain process (measured). Nothing on other C
+    libraries (no glibc: no-op); memory is still trimmed at the heap top as Dask asks.
+    """
+    global _TUNED
+    if _TUNED:
+        return
+    _TUNED = True
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+_M_MMAP_THRESHOLD = -3
+_TUNED = False
+
+
+def fix_up(work: PlanWork, out: Path, part: RangePart, carry: Segments) -> RangePart:
+    """`part` (balanced with nothing carried in) re-balanced from its first step with the true `carry` until a
+    step carries out what it carried out speculatively, through the end of that step's partition; the
+    partitions and report rows of those steps are rewritten, the rest kept."""
+    cpu = time.thread_time()
+    writer = ManifestWriter(out, work.plan_id, work.bounds, first_step=part.first)
+    sink = work.sink(writer, part.report, report_from=part.first)
+    carries = dict(part.carries)
+    stop = part.stop
+    converged = False
+    for t, b in balanced_steps(work, part.first, part.stop, carry):
+        sink.add(t, work.weights[t], b)
+        if b.carry is None:
+            carries.pop(t, None)
+        else:
+            carries[t] = b.carry
+        if not converged and same_carry(b.carry, part.carries.get(t)):
+            converged, stop = True, work.bound_after(t)
+        if t + 1 == stop:
+            break
+    files = writer.close(stop - 1)
+    kept = [f for f in part.files if f.first_step >= stop]
+    cpu = part.cpu_seconds + time.thread_time() - cpu
+    return RangePart(
+        first=part.first, stop=part.stop, files=[*files, *kept], report=part.report, carries=carries, cpu_seconds=cpu
+    )

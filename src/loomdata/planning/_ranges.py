@@ -1,0 +1,206 @@
+"""Balance and write one contiguous range of steps: what one process (or one cluster worker) does after membership.
+
+`PlanWork` is everything balancing needs once membership is done (the index columns, the streams, the step
+pointers or look-ahead assignment, the shape, the cost model, the weights and the manifest partition
+bounds); it is picklable (an all-zero image column travels as its length), so planning._distributed
+can send it to workers once. `balanced_steps` yields the balanced steps of [first, stop) from a given
+incoming carry; a step's result depends only on its drawn segments and its incoming carry (blocks are
+dealt jointly but element-wise per step: the golden plans are the same at any block size), which is what
+lets ranges be balanced apart and stitched together. `plan_range` balances a range into its own manifest
+partitions and a report over the range (`RangePart`), as a worker does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loomdata.planning._items import StepItems
+from loomdata.planning._lookahead import StepAssignment
+from loomdata.planning._manifest import ManifestWriter
+from loomdata.planning._mixture import Stream
+from loomdata.planning._report import RANK_STEPS, ReportBuilder
+from loomdata.planning._segments import SampleIds, Segments
+from loomdata.planning._step import StepSink
+from loomdata.planning.balance import BalanceConfig, BalancedStep, balance_block
+from loomdata.schemas.plan import ManifestFile
+
+__all__ = ["PlanWork", "RangePart", "balanced_steps", "merge_report", "plan_range", "same_carry"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanWork:
+    """What balancing steps start..steps-1 needs, fixed once membership is done (sent to workers as is)."""
+
+    plan_id: str
+    names: list[str]
+    samples: list[SampleIds]
+    num_tokens: list[np.ndarray]
+    num_image_tokens: list[np.ndarray]
+    streams: list[Stream]  # without their counts
+    ptr: np.ndarray  # (steps + 1, sources) stream positions before each step
+    assignment: StepAssignment | None  # look-ahead membership, or None (ptr ranges)
+    cfg: BalanceConfig
+    weights: np.ndarray  # (steps, sources) target weights of every step
+    start: int  # first step planned here (a re-plan's at_step, else 0)
+    steps: int
+    bounds: np.ndarray  # manifest partition bounds (_manifest.file_bounds), `start` among them
+    pp_size: int
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        state["num_image_tokens"] = [_wire_column(a) for a in self.num_image_tokens]
+        return _restore, (state,)
+
+    def items(self) -> StepItems:
+        """A fresh gatherer of the steps' segments and costs."""
+        return StepItems(
+            self.samples,
+            self.num_tokens,
+            self.num_image_tokens,
+            self.streams,
+            self.ptr,
+            self.cfg.lanes,
+            self.cfg.cost_spec,
+            self.assignment,
+        )
+
+    def sink(self, writer: ManifestWriter, report: ReportBuilder, report_from: int = 0) -> StepSink:
+        """Where balanced steps go: `writer` and `report` (whose step 0 is step `report_from`)."""
+        return StepSink(
+            writer=writer,
+            report=report,
+            dp=self.cfg.dp,
+            micro_batches=self.cfg.micro_batches,
+            n_sources=len(self.names),
+            report_from=report_from,
+        )
+
+    def bound_after(self, step: int) -> int:
+        """First step of the manifest partition after the one holding `step` (the step count after the last)."""
+        return int(self.bounds[np.searchsorted(self.bounds, step, side="right")])
+
+
+def _wire_column(a: np.ndarray) -> np.ndarray | int:
+    """An all-zero column (text only: the common case) as its length; any other column as is."""
+    zero = a.strides == (0,) and (len(a) == 0 or not a[0]) if a.ndim == 1 else False
+    return len(a) if zero or not a.any() else a
+
+
+def _restore(state: dict[str, Any]) -> PlanWork:
+    """The work from its pickled state; arrays Dask received out of band may sit unaligned in its frames
+    (NumPy is then slower on them): those are copied."""
+    state["num_image_tokens"] = [
+        np.broadcast_to(np.zeros(1, np.uint32), (a,)) if isinstance(a, int) else _aligned(a)
+        for a in state["num_image_tokens"]
+    ]
+    state["num_tokens"] = [_aligned(a) for a in state["num_tokens"]]
+    state["samples"] = [_aligned(a) if isinstance(a, np.ndarray) else a for a in state["samples"]]
+    state["streams"] = [
+        replace(
+            st,
+            doc=_aligned(st.doc),
+            split_pos=_aligned(st.split_pos),
+            split_off=_aligned(st.split_off),
+            split_len=_aligned(st.split_len),
+        )
+        for st in state["streams"]
+    ]
+    state["ptr"] = _aligned(state["ptr"])
+    return PlanWork(**state)
+
+
+def _aligned(a: np.ndarray) -> np.ndarray:
+    return a if a.flags.aligned else a.copy()
+
+
+def balanced_steps(work: PlanWork, first: int, stop: int, carry: Segments | None) -> Iterator[tuple[int, BalancedStep]]:
+    """(step, balanced step) for steps first..stop-1 in order, `carry` going first into step `first`; the caller
+    may stop early (a block is balanced when its first step is taken)."""
+    items = work.items()
+    t = first
+    while t < stop:
+        steps = range(t, min(items.block(t).stop, stop))
+        for b in balance_block(steps, [items.step(s) for s in steps], carry, work.cfg):
+            yield t, b
+            carry = b.carry
+            t += 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RangePart:
+    """A balanced range [first, stop): its manifest partitions, its report rows, what each step carried out."""
+
+    first: int
+    stop: int
+    files: list[ManifestFile]
+    report: ReportBuilder  # over the range: its step i is step first + i
+    carries: dict[int, Segments]  # step -> what it deferred into the next step (steps that deferred only)
+    cpu_seconds: float = 0.0  # CPU time balancing and writing it took (thread time, where it ran)
+
+    @property
+    def final_carry(self) -> Segments | None:
+        """What the range's last step carries into the next range."""
+        return self.carries.get(self.stop - 1)
+
+
+def range_report(work: PlanWork, first: int, stop: int) -> ReportBuilder:
+    """An empty report over steps first..stop-1 (indexed from 0) that keeps the per-rank costs the plan keeps."""
+    rank_from = work.start - first if first - work.start < RANK_STEPS else stop - first
+    return ReportBuilder(stop - first, work.names, work.cfg.dp, rank_from=rank_from, pp_size=work.pp_size)
+
+
+def plan_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments | None = None) -> RangePart:
+    """Balance steps first..stop-1 (a partition bound and the bound or step count ending a later one) with
+    `carry` into the first, write their manifest partitions under `out`, return their figures and carries."""
+    cpu = time.thread_time()
+    writer = ManifestWriter(out, work.plan_id, work.bounds, first_step=first)
+    report = range_report(work, first, stop)
+    sink = work.sink(writer, report, report_from=first)
+    carries: dict[int, Segments] = {}
+    for t, b in balanced_steps(work, first, stop, carry):
+        sink.add(t, work.weights[t], b)
+        if b.carry is not None:
+            carries[t] = b.carry
+    files = writer.close(stop - 1)
+    cpu = time.thread_time() - cpu
+    return RangePart(first=first, stop=stop, files=files, report=report, carries=carries, cpu_seconds=cpu)
+
+
+def merge_report(into: ReportBuilder, part: ReportBuilder, first: int) -> None:
+    """Copy a range report's rows (its step i is step first + i) into the plan's report."""
+    n = len(part.tokens)
+    into.tokens[first : first + n] = part.tokens
+    into.weights[first : first + n] = part.weights
+    for name, col in part.cols.items():
+        into.cols[name][first : first + n] = col
+    # a range report's per-rank row i is step start + i, as the plan's (range_report picks its rank_from so)
+    lo, hi = max(first - into.rank_from, 0), min(first + n - into.rank_from, len(into.rank_loom))
+    for dst, src in (
+        (into.rank_loom, part.rank_loom),
+        (into.rank_concat, part.rank_concat),
+        (into.rank_packed, part.rank_packed),
+    ):
+        dst[lo:hi] = src[lo:hi]
+
+
+def same_carry(a: Segments | None, b: Segments | None) -> bool:
+    """Whether two carries are the same segments (both none, or equal columns of equal types)."""
+    if a is None or b is None:
+        return a is b
+    return all(
+        x.dtype == y.dtype and np.array_equal(x, y)
+        for x, y in (
+            (a.source, b.source),
+            (a.sample, b.sample),
+            (a.offset, b.offset),
+            (a.length, b.length),
+            (a.lane, b.lane),
+            (a.image_tokens, b.image_tokens),
+        )
+    )

@@ -1,0 +1,159 @@
+"""Planning in step ranges (planning._ranges, planning._distributed) without a cluster: fixed manifest bounds,
+range cuts, carry fix-ups and the work's pickled form, through an in-process executor that pickles what it
+is sent as a worker process would."""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from loomdata.planning import _distributed as distributed_module
+from loomdata.planning import _manifest as manifest_module
+from loomdata.planning import make_plan
+from loomdata.planning._distributed import indexed_samples, split_ranges, wants_cluster
+from loomdata.planning._manifest import ManifestWriter, file_bounds
+from loomdata.planning._ranges import PlanWork, same_carry
+from loomdata.planning._segments import Segments
+from loomdata.schemas.errors import PlanError
+from loomdata.schemas.layout import IndexFiles
+from loomdata.schemas.plan import read_plan
+from loomdata.schemas.tables import TableKind, write_table
+from loomtest.golden_plans import CASES
+
+
+class _PicklingPool:
+    """Runs tasks on threads, each on a pickled copy of its arguments and result (as worker processes do)."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(2)
+        self.sent: list[int] = []  # pickled bytes of each task's arguments
+        self.works: list[PlanWork] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        blob = pickle.dumps((args, kwargs))
+        self.sent.append(len(blob))
+        a, kw = pickle.loads(blob)
+        self.works.extend(x for x in a if isinstance(x, PlanWork))
+        return self._pool.submit(lambda: pickle.loads(pickle.dumps(fn(*a, **kw))))
+
+
+def _files(plan_dir: Path) -> dict[str, bytes]:
+    return {p.relative_to(plan_dir).as_posix(): p.read_bytes() for p in sorted(plan_dir.rglob("*")) if p.is_file()}
+
+
+def test_file_bounds_close_a_partition_once_it_holds_enough_drawn_segments() -> None:
+    drawn = np.array([3, 0, 5, 1, 1, 1, 9, 2])
+    b = file_bounds(drawn, 4)
+    assert b.tolist() == [0, 3, 7, 8]  # 3+0+5 >= 4 at step 2; 1+1+1 < 4, +9 at step 6; the rest (2) last
+    assert file_bounds(np.zeros(5, dtype=np.int64), 4).tolist() == [0, 5]
+    assert file_bounds(np.full(3, 100), 1).tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="rows_per_file must be >= 1"):
+        file_bounds(drawn, 0)
+
+
+def test_a_writer_starts_and_ends_only_at_partition_bounds(tmp_path: Path) -> None:
+    bounds = np.array([0, 3, 6])
+    with pytest.raises(ValueError, match="first_step 2 is not the first step of a partition"):
+        ManifestWriter(tmp_path, "p", bounds, first_step=2)
+    w = ManifestWriter(tmp_path, "p", bounds, first_step=3)
+    cols = {c: np.zeros(2, dtype=np.uint32) for c in ["dp_rank", "micro_batch", "sample", "offset", "length"]}
+    w.add(4, {**cols, "source": np.zeros(2, np.uint16), "lane": np.zeros(2, np.uint8)})
+    with pytest.raises(ValueError, match="step 4 is not the last step of a partition"):
+        w.close(4)
+    files = ManifestWriter(tmp_path, "p", bounds, first_step=3).close(5)
+    assert [(f.path, f.first_step, f.last_step, f.rows) for f in files] == [
+        ("manifest/steps-00000003-00000005.parquet", 3, 5, 0)
+    ]
+
+
+def test_same_carry_compares_every_column_and_its_type() -> None:
+    def segs(length: list[int], dtype: Any = np.int64) -> Segments:
+        n = len(length)
+        z = np.zeros(n, dtype=np.uint32)
+        return Segments(np.zeros(n, np.uint16), z.astype(np.uint64), z, np.array(length, dtype), z.astype(np.uint8), z)
+
+    assert same_carry(None, None) and not same_carry(segs([1]), None) and not same_carry(None, segs([1]))
+    assert same_carry(segs([1, 2]), segs([1, 2]))
+    assert not same_carry(segs([1, 2]), segs([1, 3])) and not same_carry(segs([1]), segs([1, 2]))
+    assert not same_carry(segs([1]), segs([1], np.int32))
+
+
+@pytest.mark.parametrize(("name", "ranges"), [("images_defer_dp3", 1000), ("elastic_images_in_flight", 1000)])
+def test_ranges_fixed_up_give_the_one_process_plan_byte_for_byte(
+    name: str, ranges: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 40)
+    fixed: list[tuple[int, int]] = []
+    real_fix_up = distributed_module.fix_up
+
+    def counting_fix_up(work: PlanWork, out: Path, part: Any, carry: Segments) -> Any:
+        fixed.append((part.first, part.stop))
+        return real_fix_up(work, out, part, carry)
+
+    monkeypatch.setattr(distributed_module, "fix_up", counting_fix_up)
+    spec, index, kw = CASES[name](tmp_path)
+    single = make_plan(spec, index=index, **kw).plan_dir
+    want = _files(single.rename(single.with_name("single")))
+    pool = _PicklingPool()
+    spec, index, kw = CASES[name](tmp_path)
+    got = _files(make_plan(spec, index=index, client=pool, ranges=ranges, **kw).plan_dir)
+    assert len(pool.sent) > 3 and fixed  # several ranges, and some were fixed up
+    assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
+    work = pool.works[0]
+    cuts = split_ranges(work, ranges, fixed[0][0])  # ranges are contiguous, cut at bounds, cover the rest
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(cuts)) and cuts[-1][1] == work.steps
+    assert all(a in work.bounds and b in work.bounds for a, b in cuts)
+
+
+def test_a_text_only_work_sends_no_image_column_and_ranges_need_no_fix_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 200)
+    spec, index, kw = CASES["web4k_dp8"](tmp_path)
+    pool = _PicklingPool()
+    res = make_plan(spec, index=index, client=pool, ranges=3, **kw)
+    assert len(pool.sent) == 3 and len(read_plan(res.plan_dir).manifest) >= 3
+    deferred = pq.read_table(res.plan_dir / "report" / "steps.parquet")["deferred_tokens"].to_numpy()
+    assert not deferred.any()
+    work = pool.works[0]
+    n = sum(len(t) for t in work.num_tokens)
+    assert all(a.strides == (0,) for a in work.num_image_tokens)  # restored as broadcast zeros
+    assert max(pool.sent) < 40 * n  # num_tokens 4 B + stream 4 B a sample, no 4-byte image column per copy
+
+
+def test_the_embedded_cluster_is_wanted_only_for_a_large_enough_index_and_two_workers(
+    tmp_path: Path, spec_of: Callable[..., Any], index_of: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = spec_of(tmp_path, ["web", "code"], steps=4)
+    assert indexed_samples(spec) == 0  # nothing indexed yet
+    for name, n in (("web", 300), ("code", 200)):
+        files = IndexFiles.of(tmp_path, name)
+        write_table(index_of(np.full(n, 50)), files.samples, TableKind.INDEX, {"fingerprint": name})
+    assert indexed_samples(spec) == 500
+    assert not wants_cluster(spec, 2)  # far below CLUSTER_MIN_SAMPLES
+    monkeypatch.setattr(distributed_module, "CLUSTER_MIN_SAMPLES", 500)
+    assert wants_cluster(spec, 2) and not wants_cluster(spec, 1)
+
+
+class _ElsewherePool(_PicklingPool):
+    """Workers on another machine: each task writes its files into a folder of its own."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        work, out, *rest = args
+        elsewhere = out.parent / f"elsewhere-{len(self.sent)}"
+        return super().submit(fn, work, elsewhere, *rest, **kwargs)
+
+
+def test_a_cluster_that_does_not_share_the_workdir_is_refused(tmp_path: Path) -> None:
+    spec, index, kw = CASES["web4k_dp8"](tmp_path)
+    with pytest.raises(PlanError, match="needs the workdir on a filesystem every worker shares"):
+        make_plan(spec, index=index, client=_ElsewherePool(), ranges=2, **kw)
+    assert not (spec.plans_dir / "plan.json").exists() and not any(spec.plans_dir.glob("*/plan.json"))

@@ -179,6 +179,12 @@ def merge_report(into: ReportBuilder, part: ReportBuilder, first: int) -> None:
     into.weights[first : first + n] = part.weights
     for name, col in part.cols.items():
         into.cols[name][first : first + n] = col
+    if part.part_cols:  # encoder/backbone columns (cost models with an encoder term)
+        if not into.part_cols:
+            into.part_cols.update({k: np.zeros(len(into.tokens)) for k in part.part_cols})
+        for name, col in part.part_cols.items():
+            into.part_cols[name][first : first + n] = col
+        into._balance = part._balance
     # a range report's per-rank row i is step start + i, as the plan's (range_report picks its rank_from so)
     lo, hi = max(first - into.rank_from, 0), min(first + n - into.rank_from, len(into.rank_loom))
     for dst, src in (

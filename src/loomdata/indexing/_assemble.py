@@ -18,6 +18,7 @@ from loomdata.indexing._cache import ShardScan
 from loomdata.indexing._fingerprint import ShardStat
 from loomdata.schemas.errors import IndexBuildError
 from loomdata.schemas.tables import CHECKSUM_FIELD, ERRORS_SCHEMA, INDEX_SCHEMA, SHARDS_SCHEMA, TableKind, write_table
+from loomdata.sources._integrity import CHECKSUM
 
 __all__ = ["IndexTables", "assemble", "write_tables"]
 
@@ -120,10 +121,12 @@ def write_tables(
 ) -> None:
     """Write the tables (each atomically); remove a stale errors table when nothing was skipped.
 
-    `extra` goes into samples.parquet's metadata beside the fingerprint (the scan settings)."""
+    `extra` goes into samples.parquet's metadata beside the fingerprint (the scan settings), and `checksum`
+    names the definition of the per-sample checksums (`sources._integrity.CHECKSUM`), which loaders check."""
     if tables.errors is not None:
         _write_atomic(tables.errors, errors, TableKind.ERRORS)
     else:
         errors.unlink(missing_ok=True)
     _write_atomic(tables.shards, shards, TableKind.SHARDS, {"fingerprint": fingerprint})
-    _write_atomic(tables.samples, samples, TableKind.INDEX, {"fingerprint": fingerprint, **(extra or {})})
+    meta = {"fingerprint": fingerprint, "checksum": CHECKSUM, **(extra or {})}
+    _write_atomic(tables.samples, samples, TableKind.INDEX, meta)

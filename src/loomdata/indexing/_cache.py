@@ -1,8 +1,10 @@
 """Cached scan results, one Parquet file per shard under `index/<source>/_parts/<key>.parquet`.
 
 A cached file holds the shard's scan rows (`row, num_tokens, num_image_tokens, checksum`, metadata columns)
-and, in its key-value metadata, whether the whole shard was skipped and the skipped samples. An
-unreadable or foreign cache file counts as a miss (the shard is scanned again), never as an error.
+and, in its key-value metadata, whether the whole shard was skipped, the skipped samples and the checksum
+definition its checksums follow (`sources._integrity.CHECKSUM`). An unreadable or foreign cache file, or
+one of another checksum definition, counts as a miss (the shard is scanned again), never as an error: an
+incremental `loom index` under a new definition rescans every shard.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from loomdata.sources._integrity import CHECKSUM
 
 __all__ = [
     "ObjectMemo",
@@ -31,6 +35,7 @@ _VERSION = b"2"
 _K_VERSION = b"loomdata.scan_cache"
 _K_SKIPPED = b"loomdata.skipped"
 _K_ERRORS = b"loomdata.errors"
+_K_CHECKSUM = b"loomdata.checksum"
 
 SCAN_COLUMNS = ("row", "num_tokens", "num_image_tokens", "checksum")
 
@@ -55,6 +60,7 @@ def store_scan(path: Path, scan: ShardScan) -> None:
     meta[_K_VERSION] = _VERSION
     meta[_K_SKIPPED] = b"1" if scan.skipped else b"0"
     meta[_K_ERRORS] = json.dumps([[r, m] for r, m in scan.errors]).encode()
+    meta[_K_CHECKSUM] = CHECKSUM.encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     pq.write_table(scan.rows.replace_schema_metadata(meta), str(tmp), compression="zstd")
@@ -62,13 +68,15 @@ def store_scan(path: Path, scan: ShardScan) -> None:
 
 
 def load_scan(path: Path) -> ShardScan | None:
-    """The cached scan at `path`, or None when it is missing, unreadable or of another version."""
+    """The cached scan at `path`, or None when it is missing, unreadable, of another version or checksum."""
     if not path.is_file():
         return None
     try:
         table = pq.read_table(str(path))
         meta = table.schema.metadata or {}
-        if meta.get(_K_VERSION) != _VERSION or any(c not in table.column_names for c in SCAN_COLUMNS):
+        if meta.get(_K_VERSION) != _VERSION or meta.get(_K_CHECKSUM) != CHECKSUM.encode():
+            return None
+        if any(c not in table.column_names for c in SCAN_COLUMNS):
             return None
         errors = [(None if r is None else int(r), str(m)) for r, m in json.loads(meta[_K_ERRORS])]
         skipped = meta.get(_K_SKIPPED) == b"1"

@@ -34,7 +34,9 @@ def _samples(dtype: np.dtype, seed: int = 0) -> tuple[np.ndarray, np.ndarray, li
     return flat, offsets, [flat[a:b] for a, b in itertools.pairwise(offsets)]
 
 
-@pytest.mark.parametrize(("dtype", "le"), [("<i4", "<i4"), ("u1", "u1"), ("<u2", "<u2"), ("<i8", "<i8"), (">i4", "<i4")])
+@pytest.mark.parametrize(
+    ("dtype", "le"), [("<i4", "<i4"), ("u1", "u1"), ("<u2", "<u2"), ("<i8", "<i8"), (">i4", "<i4")]
+)
 def test_flat_and_listed_checksums_equal_the_definition(dtype: str, le: str) -> None:
     flat, offsets, arrays = _samples(np.dtype(dtype))
     want = _definition(arrays, le)  # the ids in their stored dtype, little-endian
@@ -91,3 +93,26 @@ def test_byte_text_scan_records_what_verify_computes(tmp_path: Path) -> None:
     scanned, verified = _scan_and_read(src, tmp_path / "t.parquet")
     assert np.array_equal(scanned, verified)
     assert np.array_equal(scanned, _definition([np.frombuffer(t.encode(), np.uint8) for t in texts], "u1"))  # raw
+
+
+@pytest.mark.parametrize("value_type", [pa.int32(), pa.int64(), pa.uint16()])
+def test_parquet_tokens_are_hashed_in_the_columns_own_type(tmp_path: Path, value_type: pa.DataType) -> None:
+    _, _, docs = _samples(np.dtype("<i4"), seed=5)
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"ids": pa.array([d.tolist() for d in docs], pa.list_(value_type))}), path)
+    src = SourceSpec(name="p", format=SourceFormat.PARQUET, paths=["x"], tokens_field="ids")
+    scanned, verified = _scan_and_read(src, path)
+    stored = np.dtype(value_type.to_pandas_dtype())
+    assert np.array_equal(scanned, verified) and np.array_equal(scanned, _definition(docs, stored.str))
+
+
+def test_jsonl_byte_text_is_hashed_as_its_utf8_bytes(tmp_path: Path) -> None:
+    import json
+
+    texts = ["", "é", "hello", "naïve 🙂 text" * 50]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    src = SourceSpec(name="j", format=SourceFormat.JSONL, paths=["x"], text_field="text")
+    scanned, verified = _scan_and_read(src, path)
+    assert np.array_equal(scanned, verified)
+    assert np.array_equal(scanned, _definition([np.frombuffer(t.encode(), np.uint8) for t in texts], "u1"))

@@ -2,7 +2,8 @@
 
 A cached file holds the shard's scan rows (`row, num_tokens, num_image_tokens, checksum`, metadata columns)
 and, in its key-value metadata, whether the whole shard was skipped, the skipped samples and the checksum
-definition its checksums follow (`sources._integrity.CHECKSUM`). An unreadable or foreign cache file, or
+definition its checksums follow (`sources._integrity.CHECKSUM`); the rows' own metadata carries the shard's
+checksum dtype (`tag_checksum_dtype`, set by the scan task). An unreadable or foreign cache file, or
 one of another checksum definition, counts as a miss (the shard is scanned again), never as an error: an
 incremental `loom index` under a new definition rescans every shard.
 """
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -23,12 +25,14 @@ from loomdata.sources._integrity import CHECKSUM
 __all__ = [
     "ObjectMemo",
     "ShardScan",
+    "checksum_dtype_of",
     "load_objects",
     "load_scan",
     "objects_file",
     "parts_dir",
     "store_objects",
     "store_scan",
+    "tag_checksum_dtype",
 ]
 
 _VERSION = b"2"
@@ -36,6 +40,7 @@ _K_VERSION = b"loomdata.scan_cache"
 _K_SKIPPED = b"loomdata.skipped"
 _K_ERRORS = b"loomdata.errors"
 _K_CHECKSUM = b"loomdata.checksum"
+_K_DTYPE = b"loomdata.checksum_dtype"
 
 SCAN_COLUMNS = ("row", "num_tokens", "num_image_tokens", "checksum")
 
@@ -47,6 +52,19 @@ class ShardScan:
     rows: pa.Table
     errors: list[tuple[int | None, str]] = field(default_factory=list)
     skipped: bool = False
+
+
+def tag_checksum_dtype(rows: pa.Table, dtype: np.dtype) -> pa.Table:
+    """`rows` (a scan's) tagged with the dtype its checksums were computed in (`FormatReader.checksum_dtype`)."""
+    meta = dict(rows.schema.metadata or {})
+    meta[_K_DTYPE] = np.dtype(dtype).name.encode()
+    return rows.replace_schema_metadata(meta)
+
+
+def checksum_dtype_of(scan: ShardScan) -> str | None:
+    """The checksum dtype a shard's scan was tagged with (None: untagged, e.g. a shard skipped whole)."""
+    value = (scan.rows.schema.metadata or {}).get(_K_DTYPE)
+    return value.decode() if value is not None else None
 
 
 def parts_dir(root: Path) -> Path:
@@ -82,7 +100,8 @@ def load_scan(path: Path) -> ShardScan | None:
         skipped = meta.get(_K_SKIPPED) == b"1"
     except (OSError, pa.ArrowException, KeyError, ValueError, TypeError):
         return None
-    return ShardScan(rows=table.replace_schema_metadata(None), errors=errors, skipped=skipped)
+    kept = {_K_DTYPE: meta[_K_DTYPE]} if _K_DTYPE in meta else None
+    return ShardScan(rows=table.replace_schema_metadata(kept), errors=errors, skipped=skipped)
 
 
 _OBJECTS_VERSION = 1

@@ -15,8 +15,9 @@ and no int32 copy (XXH3 runs at memory speed, ~11 GB/s here against zlib CRC-32'
 uint16 `.bin` is half the bytes of its int32 stream); the loaders cast the int32 tokens they read back
 to the dtype of the shard they read (exact: the values came from that dtype) and hash with the same
 `checksums_flat`, the one implementation. The dtype is a property of the stored shard (the `.idx`
-header, the Parquet schema, the tokenizer kind), covered by the shard's fingerprint; a shard rewritten
-in another dtype reads differently hashed bytes and fails as changed, which it is. 32 bits suffice to
+header, the Parquet schema, the tokenizer kind), covered by the shard's fingerprint and recorded in the
+index (samples.parquet metadata `checksum_dtype`; loaders take it from what they read): a shard
+rewritten in another dtype hashes other bytes and fails as changed, which it is. 32 bits suffice to
 detect change (a changed sample of the same length passes with probability 2**-32; XXH3 hashes the
 length too), not to resist an adversary. What is left is the per-sample call (~0.3 us: a slice and a
 hash call, run as a C-level `map`): the floor for sources of many short samples.

@@ -355,3 +355,18 @@ def test_an_index_of_another_checksum_definition_is_refused_then_rescanned(
     assert again.rescanned == len(parts)
     assert pq.read_schema(files.samples).metadata[b"loomdata.checksum"] == CHECKSUM.encode()
     assert len(_stream_all(make_plan(spec).plan_dir, dask_client)) == 6 * 2 * 2  # steps x ranks x micro-batches
+
+
+@pytest.mark.parametrize(("make", "dtype"), [(_parquet, "int32"), (_megatron, "uint16"), (_webdataset, "int32")])
+def test_the_index_records_the_checksum_dtype_of_its_shards(
+    dask_client: Client, tmp_path: Path, make: Any, dtype: str
+) -> None:
+    source, _ = make(tmp_path)
+    spec = _spec(tmp_path, source)
+    build_index(spec, dask_client)
+    meta = pq.read_schema(IndexFiles.of(spec.workdir, source["name"]).samples).metadata
+    assert meta[b"loomdata.checksum_dtype"] == dtype.encode()
+    IndexFiles.of(spec.workdir, source["name"]).samples.unlink()
+    again = build_index(spec, dask_client).sources[source["name"]]  # rewritten from the scan cache alone
+    assert again.rescanned == 0
+    assert pq.read_schema(IndexFiles.of(spec.workdir, source["name"]).samples).metadata == meta

@@ -206,17 +206,18 @@ def _offsets_of(token_arrays: Sequence[np.ndarray]) -> np.ndarray:
 def prefixed_checksums(prefix_token: int, prefix_lengths: np.ndarray, token_arrays: Sequence[np.ndarray]) -> np.ndarray:
     """int32 checksums of streams made of `prefix_lengths[i]` copies of `prefix_token`, then `token_arrays[i]`.
 
-    The image placeholders of a multimodal sample come first; this hashes them without building the stream
-    (XXH3's streaming state over the placeholders, then the tokens, equals one call on the whole stream).
+    The image placeholders of a multimodal sample come first: the streams are laid out end to end in one
+    int32 buffer (placeholders filled, tokens scattered after them, no per-sample loop) and hashed flat.
     """
     n = len(token_arrays)
     if n == 0:
         return np.zeros(0, dtype=np.uint32)
     k = np.asarray(prefix_lengths, dtype=np.int64)
-    pad = np.full(int(k.max()), prefix_token, dtype=TOKEN_DTYPE).data.cast("B")
-    out = np.empty(n, dtype=np.uint64)
-    for i, (m, t) in enumerate(zip((k * 4).tolist(), token_arrays, strict=True)):  # one per WebDataset sample
-        h = xxhash.xxh3_64(pad[:m])
-        h.update(np.ascontiguousarray(t, dtype=TOKEN_DTYPE).data.cast("B") if len(t) else b"")
-        out[i] = h.intdigest()
-    return (out & _MASK32).astype(np.uint32)
+    tok_offsets = _offsets_of(token_arrays)
+    tok_len = np.diff(tok_offsets)
+    offsets = np.concatenate([[0], np.cumsum(k + tok_len)])
+    flat = np.full(int(offsets[-1]), prefix_token, dtype=TOKEN_DTYPE)
+    if tok_offsets[-1]:
+        shift = np.repeat(offsets[:-1] + k - tok_offsets[:-1], tok_len)  # where each sample's tokens move to
+        flat[np.arange(int(tok_offsets[-1])) + shift] = np.concatenate(token_arrays)
+    return checksums_flat(flat, offsets)

@@ -13,18 +13,18 @@ figure, and with pyarrow's default pool (all cores), reported beside it. Writes
 benchmarks/results/index_scan.json. `noop s` is a re-run with nothing changed (zero tasks): the
 job's fixed cost.
 
-The index also checksums every sample's token stream (sources/_integrity: CRC-32 of int32 tokens),
-which reads a Megatron .bin and encodes raw text rather than only counting it. `cksum s` is the hash
-alone, one thread, over the source's own lengths (`cksum %`: its share of the index's worker time);
-the whole cost, extra reads and encoding included, is the difference of two runs of this script, one
-with PYTHONPATH at a loomdata without checksums.
+The index also checksums every sample's token stream (sources/_integrity: XXH3-64 of the ids in the
+shard's stored dtype, the raw UTF-8 bytes for byte-tokenized text), which reads a Megatron .bin.
+`cksum s` is the hash alone (int32 streams), one thread, over the source's own lengths (`cksum %`: its
+share of the index's worker time); the whole cost, extra reads included, is the difference of two runs of
+this script, one with PYTHONPATH at a loomdata without checksums.
 
 `--checksum-cost` measures the checksums' share of the scan in one process instead (no Dask, so the
 figures do not drown in a shared machine's noise): every shard of a source scanned by its reader on one
 thread, CPU time best of `--repeat`, with the real checksums and with the hash calls replaced by zeros
-(alternating), next to the hash alone over the source's own token streams, and for Megatron the time to
-read the .bin bytes alone (what the scan reads only for the checksums). Writes
-benchmarks/results/index_scan_checksum.json.
+(alternating), next to the hash alone over the source's own token streams in its checksum dtype, and for
+Megatron the time to read the .bin bytes alone (what the scan reads only for the checksums). Writes
+benchmarks/results/index_scan_checksum.json (with the definition's name, `checksum`).
 
     .venv/bin/python benchmarks/index_scan.py                    # small corpus, about 2 minutes
     .venv/bin/python benchmarks/index_scan.py --checksum-cost    # in-process checksum cost, about 1 minute
@@ -203,8 +203,10 @@ def _index(spec: Spec, client: Any, names: list[str], fresh: bool = True) -> tup
     return took, sum(s.samples for s in summary.sources.values()), sum(s.tokens for s in summary.sources.values())
 
 
-def _checksum_s(spec: Spec, names: list[str], repeat: int = 3, lengths: np.ndarray | None = None) -> float:
-    """CPU seconds (best of `repeat`, one thread) to checksum int32 streams of the indexed lengths (or of
+def _checksum_s(
+    spec: Spec, names: list[str], repeat: int = 3, lengths: np.ndarray | None = None, dtype: str = "<i4"
+) -> float:
+    """CPU seconds (best of `repeat`, one thread) to checksum `dtype` streams of the indexed lengths (or of
     `lengths`): the hash alone."""
     try:
         from loomdata.sources._integrity import checksums_flat
@@ -214,7 +216,8 @@ def _checksum_s(spec: Spec, names: list[str], repeat: int = 3, lengths: np.ndarr
         tables = [pq.read_table(spec.index_dir / n / "samples.parquet", columns=["num_tokens"]) for n in names]
         lengths = np.concatenate([t.column(0).to_numpy() for t in tables]).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    tokens = np.random.default_rng(0).integers(0, 50_000, size=int(offsets[-1]), dtype=np.int32)
+    high = min(50_000, int(np.iinfo(np.dtype(dtype)).max))
+    tokens = np.random.default_rng(0).integers(0, high, size=int(offsets[-1])).astype(dtype)
     best = float("inf")
     for _ in range(repeat):
         t0 = time.process_time()
@@ -278,7 +281,7 @@ def _no_checksums() -> contextlib.ExitStack:
     """Replace every hash call of the scan by zeros (the counting, reading and tokenising stay)."""
     from loomdata.sources import megatron, parquet, tokenizer, webdataset
 
-    def zeros_flat(flat: np.ndarray, offsets: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+    def zeros_flat(flat: np.ndarray, offsets: np.ndarray, *_: Any) -> np.ndarray:
         return np.zeros(len(offsets) - 1, dtype=np.uint32)
 
     def zeros_prefixed(token: int, prefix: np.ndarray, arrays: list[np.ndarray]) -> np.ndarray:
@@ -310,9 +313,9 @@ def _patched(obj: Any, name: str, value: Any) -> Any:
         setattr(obj, name, old)
 
 
-def _scan_source(spec: Spec, name: str) -> tuple[float, np.ndarray]:
-    """CPU seconds to scan every shard of `name` with a fresh reader (parts as the index job cuts them), and
-    the samples' token counts."""
+def _scan_source(spec: Spec, name: str) -> tuple[float, np.ndarray, str]:
+    """CPU seconds to scan every shard of `name` with a fresh reader (parts as the index job cuts them), the
+    samples' token counts, and the checksum dtype of its first shard."""
     from loomdata.indexing._job import DEFAULT_PART_BYTES
     from loomdata.sources import make_reader
 
@@ -322,8 +325,12 @@ def _scan_source(spec: Spec, name: str) -> tuple[float, np.ndarray]:
     for path in spec.resolve_paths(source):
         parts = reader.num_parts(path, DEFAULT_PART_BYTES)
         counts += [reader.scan(path, p, parts).rows.column("num_tokens").to_numpy() for p in range(parts)]
+    took = time.process_time() - t0
+    paths = spec.resolve_paths(source)
+    checksum_dtype = getattr(reader, "checksum_dtype", None)  # absent in a loomdata of the int32 definition
+    dtype = np.dtype(checksum_dtype(paths[0])).str if checksum_dtype is not None and paths else "<i4"
     reader.close()
-    return time.process_time() - t0, np.concatenate(counts).astype(np.int64)
+    return took, np.concatenate(counts).astype(np.int64), dtype
 
 
 def _read_bin_s(spec: Spec, name: str, chunk: int = 1 << 22) -> float:
@@ -337,6 +344,13 @@ def _read_bin_s(spec: Spec, name: str, chunk: int = 1 << 22) -> float:
     return time.process_time() - t0
 
 
+def _checksum_name() -> str:
+    """The checksum definition of the loomdata on the path (its `CHECKSUM`)."""
+    from loomdata.sources import _integrity
+
+    return str(getattr(_integrity, "CHECKSUM", "?"))
+
+
 def _checksum_cost(spec: Spec, names: list[str], repeat: int) -> list[dict[str, Any]]:
     """Per source: scan CPU time with and without the hash calls (alternating, best of `repeat`), the hash alone."""
     pa.set_cpu_count(1)  # as in a Dask worker (OMP_NUM_THREADS=1, one thread)
@@ -348,7 +362,7 @@ def _checksum_cost(spec: Spec, names: list[str], repeat: int) -> list[dict[str, 
             with_runs.append(_scan_source(spec, name)[0])
             with _no_checksums():
                 without_runs.append(_scan_source(spec, name)[0])
-        lengths = _scan_source(spec, name)[1]
+        _, lengths, dtype = _scan_source(spec, name)
         w, wo = min(with_runs), min(without_runs)
         row = {
             "source": name,
@@ -360,7 +374,8 @@ def _checksum_cost(spec: Spec, names: list[str], repeat: int) -> list[dict[str, 
             "scan_runs_s": [round(x, 4) for x in with_runs],
             "scan_no_checksum_runs_s": [round(x, 4) for x in without_runs],
             "checksum_cost": round(w / wo - 1, 4) if wo > 0 else None,
-            "hash_alone_s": round(_checksum_s(spec, [name], repeat, lengths), 4),
+            "checksum_dtype": dtype,
+            "hash_alone_s": round(_checksum_s(spec, [name], repeat, lengths, dtype), 4),
         }
         if SOURCES[name]["format"] == "megatron":
             row["read_bin_s"] = round(min(_read_bin_s(spec, name) for _ in range(repeat)), 4)
@@ -409,6 +424,7 @@ def main() -> None:
                     "corpus": corpus.to_dict() | {"root": str(root)},
                     "cpus": os.cpu_count(),
                     "repeat": args.repeat,
+                    "checksum": _checksum_name(),
                     "results": _checksum_cost(spec, names, args.repeat),
                 },
             )

@@ -32,17 +32,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-from pyarrow.parquet import read_schema
 
 from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, unit_key
 from loomdata.execution._partition import LoaderPartition
-from loomdata.execution._verify import Verifier, serving_error
-from loomdata.schemas.errors import ContractError, ExecutionError, LoomError, SourceDataError
+from loomdata.execution._verify import Verifier, require_checksums, serving_error
+from loomdata.schemas.errors import ExecutionError, LoomError, SourceDataError
 from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
 from loomdata.schemas.plan import PlanMeta, read_manifest, read_plan
-from loomdata.schemas.tables import CHECKSUM_FIELD
 from loomdata.sources import FormatReader, Sample, make_reader
 from loomdata.sources.images import decoded_image_tokens
 from loomdata.storage import Location, location
@@ -112,11 +110,8 @@ class SourceLoader:
             partition.first_shard,
             partition.stop_shard,
         )
-        if self._verifier.samples and CHECKSUM_FIELD.name not in read_schema(files.samples).names:
-            raise ContractError(
-                f"{files.samples}: the index of source {partition.source!r} has no per-sample checksums to verify "
-                "reads against; re-run `loom index` (or set `verify: shard` on the source)"
-            )
+        if self._verifier.samples:
+            require_checksums(files.samples, partition.source)
         columns = ["sample", "shard", "row", *(["checksum"] if self._verifier.samples else [])]
         table = files.samples_of_shards(partition.first_shard, partition.stop_shard, columns)
         order = np.argsort(table.column("sample").to_numpy(), kind="stable")
@@ -362,7 +357,8 @@ def read_segments(
             raise serving_error(path, e) from None
         if verifier is not None and checksum_of is not None and verifier.samples:
             at = pos[sel][first_at]
-            verifier.check_samples(path, rows, samples[sel][first_at], checksum_of[at], read)
+            dtype = reader.checksum_dtype(path)
+            verifier.check_samples(path, rows, samples[sel][first_at], checksum_of[at], read, dtype)
         for j, i in enumerate(sel.tolist()):
             smp = read[int(inverse[j])]
             o, ln = int(offset[i]), int(length[i])

@@ -5,6 +5,10 @@ fingerprint as `shards.parquet` recorded them, once per shard per loader; `off` 
 is a SourceDataError naming the file (and the sample), with the fix for serving: the file changed after
 indexing, so re-run `loom index` and `loom plan`. Read errors of a shard that passed the open check
 (deleted or truncated while serving) get the same hint instead of the index job's `on_error: skip`.
+
+Sample checks need the index's checksums to be of this loomdata's definition (`sources._integrity.CHECKSUM`,
+recorded in samples.parquet's metadata): `require_checksums` refuses an index of another definition, or of
+none recorded (built before it was), with "re-run `loom index` and `loom plan`", never a false "file changed".
 """
 
 from __future__ import annotations
@@ -14,16 +18,37 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from loomdata.schemas.errors import SourceDataError
+from loomdata.schemas.errors import ContractError, SourceDataError
 from loomdata.schemas.spec import SourceFormat, VerifyMode
+from loomdata.schemas.tables import CHECKSUM_FIELD
 from loomdata.sources import Sample
-from loomdata.sources._integrity import checksums, stat_shard
+from loomdata.sources._integrity import CHECKSUM, TOKEN_DTYPE, checksums, stat_shard
 from loomdata.storage import Location
 
-__all__ = ["SERVING_HINT", "ShardCheck", "Verifier", "serving_error"]
+__all__ = ["CHECKSUM_KEY", "SERVING_HINT", "ShardCheck", "Verifier", "require_checksums", "serving_error"]
 
 SERVING_HINT = "the file changed after indexing: re-run `loom index` and `loom plan`"
+CHECKSUM_KEY = b"loomdata.checksum"
+"""samples.parquet metadata key naming the index's checksum definition (written by `indexing._assemble`)."""
+
+
+def require_checksums(samples: Path, source: str) -> None:
+    """Refuse an index whose per-sample checksums are missing or of another definition than `CHECKSUM`."""
+    schema = pq.read_schema(str(samples))
+    if CHECKSUM_FIELD.name not in schema.names:
+        raise ContractError(
+            f"{samples}: the index of source {source!r} has no per-sample checksums to verify reads against; "
+            "re-run `loom index` and `loom plan` (or set `verify: shard` on the source)"
+        )
+    got = (schema.metadata or {}).get(CHECKSUM_KEY, b"").decode()
+    if got != CHECKSUM:
+        what = f"checksums of definition {got!r}" if got else "checksums of no recorded definition (an older loomdata)"
+        raise ContractError(
+            f"{samples}: the index of source {source!r} holds {what}, this loomdata verifies {CHECKSUM!r}; "
+            "re-run `loom index` and `loom plan` (or set `verify: shard` on the source)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +131,18 @@ class Verifier:
         self.opened.add(shard)
 
     def check_samples(
-        self, path: Location, rows: np.ndarray, samples: np.ndarray, expected: np.ndarray, read: list[Sample]
+        self,
+        path: Location,
+        rows: np.ndarray,
+        samples: np.ndarray,
+        expected: np.ndarray,
+        read: list[Sample],
+        dtype: np.dtype = TOKEN_DTYPE,
     ) -> None:
-        """Compare the checksums of `read` (the samples at `rows`) with the index's `expected` ones."""
-        got = checksums([s.tokens for s in read])
+        """Compare the checksums of `read` (the samples at `rows`) with the index's `expected` ones.
+
+        `dtype` is the checksum dtype of the shard read (`FormatReader.checksum_dtype`)."""
+        got = checksums([s.tokens for s in read], dtype)
         bad = np.flatnonzero(got != expected)
         if len(bad):
             i = int(bad[0])

@@ -14,21 +14,24 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from loomdata.indexing._cache import ShardScan
+from loomdata.indexing._cache import ShardScan, checksum_dtype_of
 from loomdata.indexing._fingerprint import ShardStat
 from loomdata.schemas.errors import IndexBuildError
 from loomdata.schemas.tables import CHECKSUM_FIELD, ERRORS_SCHEMA, INDEX_SCHEMA, SHARDS_SCHEMA, TableKind, write_table
+from loomdata.sources._integrity import CHECKSUM
 
 __all__ = ["IndexTables", "assemble", "write_tables"]
 
 
 @dataclass(frozen=True, slots=True)
 class IndexTables:
-    """The three tables of one source's index (errors is None when nothing was skipped)."""
+    """The three tables of one source's index (errors is None when nothing was skipped), and the dtypes its
+    shards' checksums were computed in (sorted, distinct)."""
 
     samples: pa.Table
     shards: pa.Table
     errors: pa.Table | None
+    checksum_dtypes: tuple[str, ...] = ()
 
 
 def concat_scans(tables: list[pa.Table], where: str, what: str = "shards") -> pa.Table:
@@ -101,7 +104,8 @@ def assemble(
             [pa.array(err_path, pa.string()), pa.array(err_row, pa.int64()), pa.array(err_msg, pa.string())],
             schema=ERRORS_SCHEMA,
         )
-    return IndexTables(samples=samples, shards=shards, errors=errors)
+    dtypes = tuple(sorted({d for i in kept if (d := checksum_dtype_of(scans[i])) is not None}))
+    return IndexTables(samples=samples, shards=shards, errors=errors, checksum_dtypes=dtypes)
 
 
 def _write_atomic(table: pa.Table, path: Path, kind: TableKind, meta: dict[str, str] | None = None) -> None:
@@ -120,10 +124,14 @@ def write_tables(
 ) -> None:
     """Write the tables (each atomically); remove a stale errors table when nothing was skipped.
 
-    `extra` goes into samples.parquet's metadata beside the fingerprint (the scan settings)."""
+    `extra` goes into samples.parquet's metadata beside the fingerprint (the scan settings), and `checksum`
+    names the definition of the per-sample checksums (`sources._integrity.CHECKSUM`), which loaders check, and
+    `checksum_dtype` the dtype(s) the shards' ids were hashed in (comma-separated)."""
     if tables.errors is not None:
         _write_atomic(tables.errors, errors, TableKind.ERRORS)
     else:
         errors.unlink(missing_ok=True)
     _write_atomic(tables.shards, shards, TableKind.SHARDS, {"fingerprint": fingerprint})
-    _write_atomic(tables.samples, samples, TableKind.INDEX, {"fingerprint": fingerprint, **(extra or {})})
+    meta = {"fingerprint": fingerprint, "checksum": CHECKSUM, "checksum_dtype": ",".join(tables.checksum_dtypes)}
+    meta.update(extra or {})
+    _write_atomic(tables.samples, samples, TableKind.INDEX, meta)

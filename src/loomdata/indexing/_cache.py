@@ -1,8 +1,11 @@
 """Cached scan results, one Parquet file per shard under `index/<source>/_parts/<key>.parquet`.
 
 A cached file holds the shard's scan rows (`row, num_tokens, num_image_tokens, checksum`, metadata columns)
-and, in its key-value metadata, whether the whole shard was skipped and the skipped samples. An
-unreadable or foreign cache file counts as a miss (the shard is scanned again), never as an error.
+and, in its key-value metadata, whether the whole shard was skipped, the skipped samples and the checksum
+definition its checksums follow (`sources._integrity.CHECKSUM`); the rows' own metadata carries the shard's
+checksum dtype (`tag_checksum_dtype`, set by the scan task). An unreadable or foreign cache file, or
+one of another checksum definition, counts as a miss (the shard is scanned again), never as an error: an
+incremental `loom index` under a new definition rescans every shard.
 """
 
 from __future__ import annotations
@@ -13,24 +16,31 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from loomdata.sources._integrity import CHECKSUM
 
 __all__ = [
     "ObjectMemo",
     "ShardScan",
+    "checksum_dtype_of",
     "load_objects",
     "load_scan",
     "objects_file",
     "parts_dir",
     "store_objects",
     "store_scan",
+    "tag_checksum_dtype",
 ]
 
 _VERSION = b"2"
 _K_VERSION = b"loomdata.scan_cache"
 _K_SKIPPED = b"loomdata.skipped"
 _K_ERRORS = b"loomdata.errors"
+_K_CHECKSUM = b"loomdata.checksum"
+_K_DTYPE = b"loomdata.checksum_dtype"
 
 SCAN_COLUMNS = ("row", "num_tokens", "num_image_tokens", "checksum")
 
@@ -44,6 +54,19 @@ class ShardScan:
     skipped: bool = False
 
 
+def tag_checksum_dtype(rows: pa.Table, dtype: np.dtype) -> pa.Table:
+    """`rows` (a scan's) tagged with the dtype its checksums were computed in (`FormatReader.checksum_dtype`)."""
+    meta = dict(rows.schema.metadata or {})
+    meta[_K_DTYPE] = np.dtype(dtype).name.encode()
+    return rows.replace_schema_metadata(meta)
+
+
+def checksum_dtype_of(scan: ShardScan) -> str | None:
+    """The checksum dtype a shard's scan was tagged with (None: untagged, e.g. a shard skipped whole)."""
+    value = (scan.rows.schema.metadata or {}).get(_K_DTYPE)
+    return value.decode() if value is not None else None
+
+
 def parts_dir(root: Path) -> Path:
     """Folder of a source's cached per-shard scans."""
     return root / "_parts"
@@ -55,6 +78,7 @@ def store_scan(path: Path, scan: ShardScan) -> None:
     meta[_K_VERSION] = _VERSION
     meta[_K_SKIPPED] = b"1" if scan.skipped else b"0"
     meta[_K_ERRORS] = json.dumps([[r, m] for r, m in scan.errors]).encode()
+    meta[_K_CHECKSUM] = CHECKSUM.encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     pq.write_table(scan.rows.replace_schema_metadata(meta), str(tmp), compression="zstd")
@@ -62,19 +86,22 @@ def store_scan(path: Path, scan: ShardScan) -> None:
 
 
 def load_scan(path: Path) -> ShardScan | None:
-    """The cached scan at `path`, or None when it is missing, unreadable or of another version."""
+    """The cached scan at `path`, or None when it is missing, unreadable, of another version or checksum."""
     if not path.is_file():
         return None
     try:
         table = pq.read_table(str(path))
         meta = table.schema.metadata or {}
-        if meta.get(_K_VERSION) != _VERSION or any(c not in table.column_names for c in SCAN_COLUMNS):
+        if meta.get(_K_VERSION) != _VERSION or meta.get(_K_CHECKSUM) != CHECKSUM.encode():
+            return None
+        if any(c not in table.column_names for c in SCAN_COLUMNS):
             return None
         errors = [(None if r is None else int(r), str(m)) for r, m in json.loads(meta[_K_ERRORS])]
         skipped = meta.get(_K_SKIPPED) == b"1"
     except (OSError, pa.ArrowException, KeyError, ValueError, TypeError):
         return None
-    return ShardScan(rows=table.replace_schema_metadata(None), errors=errors, skipped=skipped)
+    kept = {_K_DTYPE: meta[_K_DTYPE]} if _K_DTYPE in meta else None
+    return ShardScan(rows=table.replace_schema_metadata(kept), errors=errors, skipped=skipped)
 
 
 _OBJECTS_VERSION = 1

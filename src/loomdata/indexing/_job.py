@@ -47,7 +47,7 @@ from loomdata.schemas.freshness import SETTINGS_KEY, scan_settings
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.spec import OnError, SourceSpec, Spec
 from loomdata.schemas.tables import INDEX_COLUMNS, TableKind, read_table, table_metadata
-from loomdata.sources._integrity import files_of, version_stamp
+from loomdata.sources._integrity import CHECKSUM, files_of, version_stamp
 from loomdata.storage import Location, identity, is_url
 
 __all__ = ["DEFAULT_PART_BYTES", "build_index"]
@@ -304,6 +304,7 @@ def _finish(run: _SourceRun) -> SourceSummary:
         and _stored_fingerprint(f) == fp
         and _stored_shards_equal(f, tables.shards)  # loaders check size and mtime against shards.parquet
         and _stored_settings(f) == run.settings
+        and _stored_meta(f, "checksum") == CHECKSUM  # an index of another checksum definition is rewritten
     )
     if not unchanged:
         write_tables(tables, f.samples, f.shards, f.errors, fp, {SETTINGS_KEY: run.settings})
@@ -339,8 +340,12 @@ def _stored_settings(files: IndexFiles) -> str | None:
 
 
 def _stored_fingerprint(files: IndexFiles) -> str | None:
+    return _stored_meta(files, "fingerprint")
+
+
+def _stored_meta(files: IndexFiles, key: str) -> str | None:
     try:
-        return table_metadata(files.samples).get("fingerprint")
+        return table_metadata(files.samples).get(key)
     except (OSError, pa.ArrowException):
         return None
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from loomdata.indexing._cache import tag_checksum_dtype
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
 from loomdata.sources import make_reader
@@ -88,9 +89,10 @@ def run_scan(job: ScanJob, part: int | None, num_parts: int | None) -> PartOutco
             if part is None:
                 n = max(int(reader.num_parts(job.path, job.target_bytes)), 1)
             result = reader.scan(job.path, p, n)
+            rows = tag_checksum_dtype(result.rows, reader.checksum_dtype(job.path))
         finally:
             reader.close()
-        return PartOutcome(job.source_idx, job.shard_idx, p, n, rows=result.rows, errors=list(result.errors))
+        return PartOutcome(job.source_idx, job.shard_idx, p, n, rows=rows, errors=list(result.errors))
     except SourceDataError as e:
         failure = Failure(FailureKind.SOURCE, e.path, str(e), error=e)
     except OSError as e:

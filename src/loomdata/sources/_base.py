@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from loomdata.schemas.formats import check_fields
 from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
+from loomdata.sources._integrity import TOKEN_DTYPE
 from loomdata.storage import Location
 
 __all__ = ["FormatReader", "LruUnitCache", "Sample", "ScanResult", "UnitCache", "UnitKey"]
@@ -47,8 +48,8 @@ class ScanResult:
     """Lengths of the samples of one part of one shard.
 
     `rows` has columns `row: uint64` (the location `read` takes), `num_tokens: uint32`,
-    `num_image_tokens: uint32`, `checksum: uint32` (of the token stream `read` returns, see
-    `sources._integrity`), then the source's metadata columns, in shard order.
+    `num_image_tokens: uint32`, `checksum: uint32` (of the token stream `read` returns, hashed in
+    `checksum_dtype(path)`, see `sources._integrity`), then the source's metadata columns, in shard order.
     `errors` lists skipped samples as (row or None, message); only non-empty with `on_error: skip`.
     """
 
@@ -144,6 +145,13 @@ class FormatReader(abc.ABC):
     @abc.abstractmethod
     def read(self, path: Location, rows: np.ndarray) -> list[Sample]:
         """The samples at `rows` (values of the scan's `row` column) of `path`, in the order given."""
+
+    def checksum_dtype(self, path: Location) -> np.dtype:
+        """The dtype `path`'s samples are checksummed in: how the shard stores its ids (default int32).
+
+        The scan hashes the stored ids in it; verification casts the int32 tokens `read` returns to it.
+        """
+        return TOKEN_DTYPE
 
     def close(self) -> None:  # noqa: B027 - optional hook; readers without state have nothing to release
         """Release open files and caches (a cache set by `use_unit_cache` is its owner's to clear)."""

@@ -4,16 +4,23 @@ The index job records both; Source Loaders recompute them when they open a shard
 (`verify: sample | shard | off`), so a file changed after indexing fails the step instead of serving
 other tokens.
 
-Checksum: CRC-32 (`zlib.crc32`) of the sample's full token stream as little-endian int32 bytes (image
-placeholder tokens first, exactly what `FormatReader.read` returns), stored as uint32. Why this hash:
-xxhash is not installed here, and `zlib.crc32` is the fastest hash the standard library has (about
-1-2 GB/s of int32 bytes on this machine, i.e. 250-500 M tokens/s; a NumPy multiply-add hash over the
-same tokens measured slower). One implementation, `checksums_flat`, serves the scan and the loaders'
-verification: int32 buffers are hashed in place, any other dtype (text bytes, a uint16 .bin) is cast
-in cache-sized blocks, and the per-sample calls run as a C-level `map` over slices. Hashing the int32
-stream is the cost floor: 4 bytes a token, however narrow the source stores them. 32 bits suffice to
-detect change (a changed sample passes unnoticed with probability 2**-32), not to resist an adversary;
-the token count, checked too, catches every change of length.
+Checksum (`CHECKSUM`, recorded in the index and checked by the loaders): the low 32 bits of XXH3-64
+(seed 0) of the sample's token ids as the shard stores them, little-endian, in the shard's *checksum
+dtype* (`FormatReader.checksum_dtype`): a Megatron pair's `.bin` dtype (uint16 mostly), a pre-tokenized
+Parquet column's value type (int32 mostly), uint8 for text read with the byte tokenizer (whose tokens
+are the UTF-8 bytes: the hash is of the raw text, and the byte count is the token count), int32 for
+text tokenized by Hugging Face and for WebDataset (image placeholder tokens first, exactly the stream
+`FormatReader.read` returns). Why: the scan hashes the bytes it already holds, in place, with no cast
+and no int32 copy (XXH3 runs at memory speed, ~11 GB/s here against zlib CRC-32's ~3.5 GB/s, and a
+uint16 `.bin` is half the bytes of its int32 stream); the loaders cast the int32 tokens they read back
+to the dtype of the shard they read (exact: the values came from that dtype) and hash with the same
+`checksums_flat`, the one implementation. The dtype is a property of the stored shard (the `.idx`
+header, the Parquet schema, the tokenizer kind), covered by the shard's fingerprint and recorded in the
+index (samples.parquet metadata `checksum_dtype`; loaders take it from what they read): a shard
+rewritten in another dtype hashes other bytes and fails as changed, which it is. 32 bits suffice to
+detect change (a changed sample of the same length passes with probability 2**-32; XXH3 hashes the
+length too), not to resist an adversary. What is left is the per-sample call (~0.3 us: a slice and a
+hash call, run as a C-level `map`): the floor for sources of many short samples.
 
 A shard's `fingerprint` hashes its size and first/last 64 KiB (both files of a Megatron pair); it
 is content, never path or time. `ctime_ns` (the inode change time, which no user tool can set back)
@@ -34,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import SourceFormat
@@ -41,6 +49,7 @@ from loomdata.storage import Location, StorageOptions, identity, is_url, read_ra
 
 __all__ = [
     "CHECKSUM",
+    "TOKEN_DTYPE",
     "ShardStat",
     "checksums",
     "checksums_flat",
@@ -50,12 +59,16 @@ __all__ = [
     "version_stamp",
 ]
 
-CHECKSUM = "crc32-int32le"
-"""Name of the per-sample checksum definition; change it with the definition (not yet recorded in the index)."""
+CHECKSUM = "xxh3_64-low32-stored-le/1"
+"""Name of the per-sample checksum definition, recorded in the index (samples.parquet metadata `checksum`) and
+in every cached scan; loaders refuse an index with another (or none). Change it with the definition."""
+
+TOKEN_DTYPE = np.dtype("<i4")
+"""The dtype of `Sample.tokens`, and the checksum dtype of sources that store no narrower ids."""
 
 _EDGE_BYTES = 64 * 1024
-_LE_INT32 = np.dtype("<i4")
-_BLOCK_TOKENS = 1 << 18  # tokens cast to int32 at once (1 MiB: the cast and the hash stay in L2)
+_MASK32 = np.uint64(0xFFFFFFFF)
+_xxh3 = xxhash.xxh3_64_intdigest
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,74 +152,50 @@ def stat_shard(
     return ShardStat(path=path, size_bytes=size, mtime_ns=mtime, fingerprint=h.hexdigest()[:32], ctime_ns=ctime)
 
 
-def _crc_slices(buf: memoryview, bounds: list[int], start: list[int] | None = None) -> Iterator[int]:
-    """CRC-32 of `buf[bounds[i]:bounds[i+1]]` for each i, continuing from `start[i]` when given.
-
-    The iteration runs in C (`map` over slices): no Python frame per sample, only the zlib call.
-    """
-    pieces = map(buf.__getitem__, map(slice, bounds[:-1], bounds[1:]))
-    return map(zlib.crc32, pieces) if start is None else map(zlib.crc32, pieces, start)
+def _low32(digests: Iterator[int], n: int) -> np.ndarray:
+    """uint32 low halves of `n` 64-bit digests."""
+    return (np.fromiter(digests, np.uint64, n) & _MASK32).astype(np.uint32)
 
 
-def checksums(token_arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """uint32 checksum of each token array (one sample's full token stream each)."""
-    if not token_arrays:
-        return np.zeros(0, dtype=np.uint32)
-    if all(t.dtype == _LE_INT32 and t.flags.c_contiguous for t in token_arrays):  # readers return these
-        buffers = map(operator.attrgetter("data"), token_arrays)  # hashed in place
-        return np.fromiter(map(zlib.crc32, buffers), np.uint32, len(token_arrays))
-    return checksums_flat(np.concatenate(token_arrays), _offsets_of(token_arrays))
+def _le(dtype: np.dtype) -> np.dtype:
+    """`dtype` in little-endian byte order (single-byte dtypes unchanged)."""
+    little = dtype.byteorder in "<|" or (dtype.byteorder == "=" and np.little_endian)
+    return dtype if little else dtype.newbyteorder("<")
 
 
-def checksums_flat(flat: np.ndarray, offsets: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
-    """Checksums of samples stored end to end: sample i is `flat[offsets[i]:offsets[i+1]]`.
+def checksums_flat(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Checksums of samples stored end to end: sample i is `flat[offsets[i]:offsets[i+1]]`, hashed in `flat`'s dtype.
 
-    `flat` may hold token ids of any integer dtype (a uint8 text buffer, a uint16 Megatron memory map):
-    int32 little-endian is hashed in place; any other dtype is cast to int32 in blocks of `_BLOCK_TOKENS`
-    that stay in cache between the cast and the hash (no full-size int32 copy written and read back).
-    `start` (uint32 per sample) continues each CRC from a value, the CRC of a prefix hashed before.
+    The one implementation of the definition: the scan passes the ids as stored (a uint16 `.bin` slice, a
+    Parquet values buffer, the UTF-8 bytes of a text column), hashed in place; verification passes what it
+    read cast to the shard's checksum dtype. A big-endian or strided `flat` is copied little-endian first.
     """
     offsets = np.asarray(offsets, dtype=np.int64)
     n = len(offsets) - 1
     if n <= 0:
         return np.zeros(0, dtype=np.uint32)
-    init = start.astype(np.int64).tolist() if start is not None else None
-    if flat.dtype == _LE_INT32 and flat.flags.c_contiguous:
-        buf = flat.data.cast("B")
-        return np.fromiter(_crc_slices(buf, (offsets * 4).tolist(), init), np.uint32, n)
-    return _checksums_cast(flat, offsets, init if init is not None else [0] * n)
+    dtype = _le(flat.dtype)
+    if flat.dtype != dtype or not flat.flags.c_contiguous:
+        flat = np.ascontiguousarray(flat, dtype=dtype)
+    buf = flat.data.cast("B") if flat.size else memoryview(b"")
+    bounds = (offsets * dtype.itemsize).tolist()
+    pieces = map(buf.__getitem__, map(slice, bounds[:-1], bounds[1:]))  # a C-level map: no Python frame per sample
+    return _low32(map(_xxh3, pieces), n)
 
 
-def _checksums_cast(flat: np.ndarray, offsets: np.ndarray, init: list[int]) -> np.ndarray:
-    """`checksums_flat` of a `flat` that is not int32 LE: cast block by block into one reused int32 buffer.
+def checksums(token_arrays: Sequence[np.ndarray], dtype: np.dtype | str = TOKEN_DTYPE) -> np.ndarray:
+    """uint32 checksum of each token array (one sample's full token stream each), hashed as `dtype`.
 
-    A block holds whole samples; a sample longer than a block is cast and hashed in pieces, its CRC
-    carried from piece to piece (`zlib.crc32(piece, crc)`), which equals one call on the whole.
+    `dtype` is the checksum dtype of the shard the arrays come from (`FormatReader.checksum_dtype`); int32
+    arrays hashed as int32 are hashed in place, anything else is concatenated and cast once.
     """
-    n = len(offsets) - 1
-    out = np.empty(n, dtype=np.uint32)
-    block = np.empty(_BLOCK_TOKENS, dtype=_LE_INT32)
-    mv = block.data.cast("B")
-    ends = offsets[1:]
-    a = 0
-    while a < n:
-        lo = int(offsets[a])
-        b = int(np.searchsorted(ends, lo + _BLOCK_TOKENS, side="right"))
-        if b > a:  # samples a..b-1 fit in one block
-            hi = int(offsets[b])
-            np.copyto(block[: hi - lo], flat[lo:hi], casting="unsafe")
-            bounds = ((offsets[a : b + 1] - lo) * 4).tolist()
-            out[a:b] = np.fromiter(_crc_slices(mv, bounds, init[a:b]), np.uint32, b - a)
-            a = b
-            continue
-        crc, hi = init[a], int(offsets[a + 1])  # one sample longer than a block
-        for s in range(lo, hi, _BLOCK_TOKENS):
-            e = min(s + _BLOCK_TOKENS, hi)
-            np.copyto(block[: e - s], flat[s:e], casting="unsafe")
-            crc = zlib.crc32(mv[: 4 * (e - s)], crc)
-        out[a] = crc
-        a += 1
-    return out
+    if not token_arrays:
+        return np.zeros(0, dtype=np.uint32)
+    dtype = _le(np.dtype(dtype))
+    if all(t.dtype == dtype and t.flags.c_contiguous for t in token_arrays):  # readers return these
+        return _low32(map(_xxh3, map(operator.attrgetter("data"), token_arrays)), len(token_arrays))
+    flat = np.concatenate(token_arrays) if len(token_arrays) > 1 else token_arrays[0]
+    return checksums_flat(flat.astype(dtype, copy=False), _offsets_of(token_arrays))
 
 
 def _offsets_of(token_arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -215,14 +204,20 @@ def _offsets_of(token_arrays: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def prefixed_checksums(prefix_token: int, prefix_lengths: np.ndarray, token_arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """Checksums of streams made of `prefix_lengths[i]` copies of `prefix_token`, then `token_arrays[i]`.
+    """int32 checksums of streams made of `prefix_lengths[i]` copies of `prefix_token`, then `token_arrays[i]`.
 
-    The image placeholders of a multimodal sample come first; this hashes them without building the stream.
+    The image placeholders of a multimodal sample come first: the streams are laid out end to end in one
+    int32 buffer (placeholders filled, tokens scattered after them, no per-sample loop) and hashed flat.
     """
     n = len(token_arrays)
     if n == 0:
         return np.zeros(0, dtype=np.uint32)
-    k = (np.asarray(prefix_lengths, dtype=np.int64) * 4).tolist()
-    pad = np.full(max(k) // 4, prefix_token, dtype=_LE_INT32).data.cast("B")
-    heads = np.fromiter(map(zlib.crc32, map(pad.__getitem__, map(slice, k))), np.uint32, n)
-    return checksums_flat(np.concatenate(token_arrays), _offsets_of(token_arrays), start=heads)
+    k = np.asarray(prefix_lengths, dtype=np.int64)
+    tok_offsets = _offsets_of(token_arrays)
+    tok_len = np.diff(tok_offsets)
+    offsets = np.concatenate([[0], np.cumsum(k + tok_len)])
+    flat = np.full(int(offsets[-1]), prefix_token, dtype=TOKEN_DTYPE)
+    if tok_offsets[-1]:
+        shift = np.repeat(offsets[:-1] + k - tok_offsets[:-1], tok_len)  # where each sample's tokens move to
+        flat[np.arange(int(tok_offsets[-1])) + shift] = np.concatenate(token_arrays)
+    return checksums_flat(flat, offsets)

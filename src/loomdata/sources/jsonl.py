@@ -306,6 +306,10 @@ class JsonlReader(FormatReader):
         texts = [self._text_of_line(path, comp, int(r), line) for r, line in zip(rows, raw, strict=True)]
         return [Sample(tokens=t) for t in make_tokenizer(self.tokenizer_spec).encode_batch(texts)]
 
+    def checksum_dtype(self, path: Location) -> np.dtype:
+        """The tokenizer's (uint8 with the byte tokenizer: the raw UTF-8 text is hashed)."""
+        return make_tokenizer(self.tokenizer_spec).checksum_dtype
+
     def close(self) -> None:
         for f, mm in self._maps.values():
             if isinstance(mm, mmap.mmap):

@@ -12,8 +12,8 @@ of documents), then `lengths` int32[S], `pointers` int64[S] (byte offset of each
 .bin), `document_indices` int64[D], and for multimodal datasets `modes` int8[S]. The .bin holds the
 tokens of all sequences back to back in that dtype.
 
-Scanning reads the .idx (memory-mapped) and the .bin, whose tokens it checksums (cast to int32 in
-cache-sized blocks); `read` memory-maps the .bin once per file and slices the requested sequences.
+Scanning reads the .idx (memory-mapped) and the .bin, whose tokens it checksums in the .bin's own dtype
+(in place, `checksum_dtype`); `read` memory-maps the .bin once per file and slices the requested sequences.
 """
 
 from __future__ import annotations
@@ -240,9 +240,8 @@ class MegatronReader(FormatReader):
     def _checksums(self, path: Location, index: _Index, lo: int, hi: int) -> np.ndarray:
         """Checksums of sequences lo..hi, hashed from one slice of the memory-mapped .bin.
 
-        `_check_part` has proved the sequences contiguous, so they are one slice; `checksums_flat` casts it to
-        int32 block by block. Token ids outside int32 are left to `read` to reject (they wrap here, so such a
-        sample could never verify anyway).
+        `_check_part` has proved the sequences contiguous, so they are one slice, hashed in place in the .bin's
+        dtype (`checksum_dtype`). Token ids outside int32 are left to `read` to reject.
         """
         if hi <= lo:
             return np.zeros(0, dtype=np.uint32)
@@ -262,6 +261,10 @@ class MegatronReader(FormatReader):
                 arr = np.memmap(index.bin_path, dtype=index.dtype.newbyteorder("<"), mode="r")
             self._bins[path] = arr
         return arr
+
+    def checksum_dtype(self, path: Location) -> np.dtype:
+        """The .bin's dtype (from the .idx header): its tokens are hashed as stored."""
+        return self._index(path).dtype
 
     def read(self, path: Location, rows: np.ndarray) -> list[Sample]:
         index = self._index(path)

@@ -198,14 +198,14 @@ class ParquetReader(FormatReader):
 
     @staticmethod
     def _checksums(col: pa.Array) -> np.ndarray:
-        """Checksums of a list column's rows (token ids as int32, as `read` returns them)."""
+        """Checksums of a list column's rows: the token ids in the column's own value type (`checksum_dtype`)."""
         if pa.types.is_fixed_size_list(col.type):
             col = col.cast(pa.list_(col.type.value_type))
         offsets = col.offsets.to_numpy().astype(np.int64)
         values = col.values
         if values.null_count:
             values = values.fill_null(0)
-        flat = values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]  # int32 ids: hashed in place
+        flat = values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]  # the stored ids: hashed in place
         return checksums_flat(flat, offsets - offsets[0])
 
     def _bad_token_rows(self, col: pa.Array) -> dict[int, str]:
@@ -287,6 +287,12 @@ class ParquetReader(FormatReader):
             raise SourceDataError(str(path), f"column {self._field!r}: null value", row=int(rows[i]))
         tokens = self._tokens_of(path, taken)
         return [Sample(tokens=t) for t in tokens]
+
+    def checksum_dtype(self, path: Location) -> np.dtype:
+        """A token column's value type as this file stores it; for text, the tokenizer's (uint8: the bytes)."""
+        if not self._pretokenized:
+            return self._tokenizer().checksum_dtype
+        return np.dtype(self._open(path).file.schema_arrow.field(self._field).type.value_type.to_pandas_dtype())
 
     def _tokens_of(self, path: Location, taken: pa.Array) -> list[np.ndarray]:
         if not self._pretokenized:

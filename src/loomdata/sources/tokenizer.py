@@ -12,7 +12,7 @@ import abc
 import functools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeAlias
+from typing import ClassVar, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import TokenizerKind, TokenizerSpec
-from loomdata.sources._integrity import checksums, checksums_flat
+from loomdata.sources._integrity import TOKEN_DTYPE, checksums, checksums_flat
 
 __all__ = ["BYTE_VOCAB_SIZE", "ByteTokenizer", "HFTokenizer", "Texts", "Tokenizer", "make_tokenizer"]
 
@@ -34,6 +34,8 @@ class Tokenizer(abc.ABC):
     """Turns a batch of texts into int32 token arrays, or just counts their tokens."""
 
     vocab_size: int
+    checksum_dtype: ClassVar[np.dtype] = TOKEN_DTYPE
+    """The dtype texts' tokens are checksummed in (`sources._integrity`): int32 ids unless narrower ones say it all."""
 
     @abc.abstractmethod
     def encode_batch(self, texts: Texts) -> list[np.ndarray]:
@@ -47,7 +49,7 @@ class Tokenizer(abc.ABC):
         """uint32 token counts and checksums (`sources._integrity`) of `encode_batch(texts)`."""
         tokens = self.encode_batch(texts)
         counts = np.fromiter((len(t) for t in tokens), dtype=np.uint32, count=len(tokens))
-        return counts, checksums(tokens)
+        return counts, checksums(tokens, self.checksum_dtype)
 
 
 def _as_arrow(texts: Texts) -> pa.Array:
@@ -63,6 +65,7 @@ class ByteTokenizer(Tokenizer):
     """Tokens are the UTF-8 bytes of the text (vocab 256): no files, exact, vectorised."""
 
     vocab_size = BYTE_VOCAB_SIZE
+    checksum_dtype: ClassVar[np.dtype] = np.dtype(np.uint8)  # the tokens are the UTF-8 bytes: the raw text is hashed
 
     def encode_batch(self, texts: Texts) -> list[np.ndarray]:
         arr = _as_arrow(texts)
@@ -85,7 +88,7 @@ class ByteTokenizer(Tokenizer):
         offsets_buf, data_buf = arr.buffers()[1], arr.buffers()[2]
         offsets = np.frombuffer(offsets_buf, dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
         data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-        rel = offsets - offsets[0]  # the bytes are the tokens: hashed as int32 without an int32 copy
+        rel = offsets - offsets[0]  # the bytes are the tokens: the text's own bytes are hashed, in place
         return np.diff(rel).astype(np.uint32), checksums_flat(data[offsets[0] : offsets[-1]], rel)
 
 

@@ -319,3 +319,54 @@ def test_a_reader_that_is_not_thread_safe_never_runs_two_reads_at_once(dask_clie
     assert overlaps == []
     assert [len(o.tokens) for o in out] == [100_000, 1, 1, 1, 1, 1]
     np.testing.assert_array_equal(out[1].tokens, docs[100][:1])
+
+
+def _stamp_checksum(path: Path, name: str | None) -> None:
+    """Rewrite a Parquet file with its `loomdata.checksum` metadata set to `name` (None: removed), the rest kept."""
+    table = pq.read_table(path)
+    meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"loomdata.checksum"}
+    if name is not None:
+        meta[b"loomdata.checksum"] = name.encode()
+    pq.write_table(table.replace_schema_metadata(meta), path)
+
+
+@pytest.mark.parametrize("old", ["crc32-int32le", None])
+def test_an_index_of_another_checksum_definition_is_refused_then_rescanned(
+    dask_client: Client, tmp_path: Path, old: str | None
+) -> None:
+    """An index built under an older definition (or before one was recorded): never a false "file changed"."""
+    from loomdata.sources._integrity import CHECKSUM
+
+    source, _ = _megatron(tmp_path)
+    spec = _spec(tmp_path, source)
+    build_index(spec, dask_client)
+    files = IndexFiles.of(spec.workdir, "papers")
+    parts = sorted((files.root / "_parts").glob("*.parquet"))
+    assert parts and pq.read_schema(files.samples).metadata[b"loomdata.checksum"] == CHECKSUM.encode()
+    plan_dir = make_plan(spec).plan_dir
+    for p in [files.samples, *parts]:  # what an older loomdata left behind
+        _stamp_checksum(p, old)
+    with pytest.raises(LoomError) as err:
+        _loader(plan_dir)
+    msg = str(err.value)
+    assert "re-run `loom index` and `loom plan`" in msg and CHECKSUM in msg and "changed after" not in msg, msg
+    assert (old or "no recorded definition") in msg
+    again = build_index(spec, dask_client).sources["papers"]  # an incremental run rescans every shard
+    assert again.rescanned == len(parts)
+    assert pq.read_schema(files.samples).metadata[b"loomdata.checksum"] == CHECKSUM.encode()
+    assert len(_stream_all(make_plan(spec).plan_dir, dask_client)) == 6 * 2 * 2  # steps x ranks x micro-batches
+
+
+@pytest.mark.parametrize(("make", "dtype"), [(_parquet, "int32"), (_megatron, "uint16"), (_webdataset, "int32")])
+def test_the_index_records_the_checksum_dtype_of_its_shards(
+    dask_client: Client, tmp_path: Path, make: Any, dtype: str
+) -> None:
+    source, _ = make(tmp_path)
+    spec = _spec(tmp_path, source)
+    build_index(spec, dask_client)
+    meta = pq.read_schema(IndexFiles.of(spec.workdir, source["name"]).samples).metadata
+    assert meta[b"loomdata.checksum_dtype"] == dtype.encode()
+    IndexFiles.of(spec.workdir, source["name"]).samples.unlink()
+    again = build_index(spec, dask_client).sources[source["name"]]  # rewritten from the scan cache alone
+    assert again.rescanned == 0
+    assert pq.read_schema(IndexFiles.of(spec.workdir, source["name"]).samples).metadata == meta

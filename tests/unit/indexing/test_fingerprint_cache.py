@@ -177,3 +177,17 @@ def test_cache_roundtrip_and_bad_files_are_misses(tmp_path: Path) -> None:
     assert load_scan(path) is None
     pq.write_table(rows, path)  # a Parquet file, but not one of ours
     assert load_scan(path) is None
+
+
+def test_a_cached_scan_of_another_checksum_definition_is_a_miss(tmp_path: Path) -> None:
+    rows = pa.table({c: pa.array([1], pa.uint32()) for c in ("row", "num_tokens", "num_image_tokens", "checksum")})
+    path = tmp_path / "k.parquet"
+    store_scan(path, ShardScan(rows))
+    assert load_scan(path) is not None
+    table = pq.read_table(path)
+    for name in (b"crc32-int32le", None):  # an older definition, or none recorded
+        meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"loomdata.checksum"}
+        if name is not None:
+            meta[b"loomdata.checksum"] = name
+        pq.write_table(table.replace_schema_metadata(meta), path)
+        assert load_scan(path) is None

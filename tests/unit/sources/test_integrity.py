@@ -1,27 +1,29 @@
-"""Per-sample checksums: every fast path equals the definition (CRC-32 of the int32 LE token stream), and a
-reader's scan records what verifying its own reads computes."""
+"""Per-sample checksums: every path equals the definition (low 32 bits of XXH3-64 of the token ids, little-endian,
+in the shard's checksum dtype), and a reader's scan records what verifying its own reads computes."""
 
 from __future__ import annotations
 
 import itertools
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import xxhash
 
 from loomdata.schemas.spec import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.sources import make_reader
-from loomdata.sources._integrity import _BLOCK_TOKENS, checksums, checksums_flat, prefixed_checksums
+from loomdata.sources._integrity import CHECKSUM, checksums, checksums_flat, prefixed_checksums
 from loomdata.testing import write_megatron
 
-_LENGTHS = [0, 1, 5, 1000, _BLOCK_TOKENS - 1, _BLOCK_TOKENS, _BLOCK_TOKENS + 1, 2 * _BLOCK_TOKENS + 7, 0, 2]
+_BLOCK = 1 << 18
+_LENGTHS = [0, 1, 5, 1000, _BLOCK - 1, _BLOCK, _BLOCK + 1, 2 * _BLOCK + 7, 0, 2]
 
 
-def _definition(arrays: list[np.ndarray]) -> np.ndarray:
-    return np.array([zlib.crc32(a.astype("<i4").tobytes()) for a in arrays], dtype=np.uint32)
+def _definition(arrays: list[np.ndarray], dtype: str = "<i4") -> np.ndarray:
+    digests = [xxhash.xxh3_64_intdigest(a.astype(dtype).tobytes()) & 0xFFFFFFFF for a in arrays]
+    return np.array(digests, dtype=np.uint32)
 
 
 def _samples(dtype: np.dtype, seed: int = 0) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -32,16 +34,26 @@ def _samples(dtype: np.dtype, seed: int = 0) -> tuple[np.ndarray, np.ndarray, li
     return flat, offsets, [flat[a:b] for a, b in itertools.pairwise(offsets)]
 
 
-@pytest.mark.parametrize("dtype", ["<i4", "u1", "<u2", "<i8", ">i4"])
-def test_flat_and_listed_checksums_equal_the_definition(dtype: str) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "le"), [("<i4", "<i4"), ("u1", "u1"), ("<u2", "<u2"), ("<i8", "<i8"), (">i4", "<i4")]
+)
+def test_flat_and_listed_checksums_equal_the_definition(dtype: str, le: str) -> None:
     flat, offsets, arrays = _samples(np.dtype(dtype))
-    want = _definition(arrays)
-    assert np.array_equal(checksums_flat(flat, offsets), want)  # in place (int32) or cast block by block
-    assert np.array_equal(checksums(arrays), want)
-    strided = [a[::2] for a in arrays]  # views that cannot be hashed in place
-    assert np.array_equal(checksums(strided), _definition(strided))
+    want = _definition(arrays, le)  # the ids in their stored dtype, little-endian
+    assert np.array_equal(checksums_flat(flat, offsets), want)  # hashed in place (big-endian: swapped first)
+    as_read = [a.astype(np.int32) for a in arrays]  # what a reader returns, cast back to the stored dtype
+    assert np.array_equal(checksums(as_read, le), want)
+    assert np.array_equal(checksums(arrays, le), want)
+    strided = [a[::2] for a in as_read]  # views that cannot be hashed in place
+    assert np.array_equal(checksums(strided, le), _definition(strided, le))
     assert np.array_equal(checksums_flat(flat, offsets[4:11]), want[4:10])  # offsets need not start at 0
     assert len(set(want.tolist())) > len(want) // 2  # the data differ, so must most checksums
+    if le != "<i4":  # the dtype is part of the definition: the same ids hashed as int32 differ
+        assert not np.array_equal(checksums(as_read), want)
+
+
+def test_definition_is_named() -> None:
+    assert CHECKSUM.startswith("xxh3_64")
 
 
 def test_prefixed_checksums_hash_the_placeholders_first() -> None:
@@ -55,29 +67,52 @@ def test_prefixed_checksums_hash_the_placeholders_first() -> None:
 def test_empty_inputs() -> None:
     assert len(checksums([])) == 0 and len(prefixed_checksums(7, np.zeros(0, np.int64), [])) == 0
     assert len(checksums_flat(np.zeros(0, np.uint16), np.array([0]))) == 0
-    assert checksums([np.zeros(0, np.int32)]).tolist() == [zlib.crc32(b"")]
+    assert checksums([np.zeros(0, np.int32)]).tolist() == [xxhash.xxh3_64_intdigest(b"") & 0xFFFFFFFF]
 
 
 def _scan_and_read(source: SourceSpec, path: Path) -> tuple[np.ndarray, np.ndarray]:
     reader = make_reader(source, TokenizerSpec(), ImageSpec())
     rows = reader.scan(path, 0, 1).rows
     read = reader.read(path, rows.column("row").to_numpy())
-    return rows.column("checksum").to_numpy(), checksums([s.tokens for s in read])
+    return rows.column("checksum").to_numpy(), checksums([s.tokens for s in read], reader.checksum_dtype(path))
 
 
 def test_megatron_scan_records_what_verify_computes(tmp_path: Path) -> None:
     _, _, docs = _samples(np.dtype("<u2"), seed=3)
-    write_megatron(tmp_path / "ds", docs, np.uint16)  # a sequence of 3 blocks and more: hashed in pieces
+    write_megatron(tmp_path / "ds", docs, np.uint16)  # sequences of up to 2**19 tokens, hashed in place
     src = SourceSpec(name="mg", format=SourceFormat.MEGATRON, paths=["x"])
     scanned, verified = _scan_and_read(src, tmp_path / "ds")
-    assert np.array_equal(scanned, verified) and np.array_equal(scanned, _definition(docs))
+    assert np.array_equal(scanned, verified) and np.array_equal(scanned, _definition(docs, "<u2"))  # the .bin's dtype
 
 
 def test_byte_text_scan_records_what_verify_computes(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
-    texts = ["", "é", *("".join(rng.choice(list("abcdé xyz"), int(n))) for n in rng.integers(0, 3 * _BLOCK_TOKENS, 12))]
+    texts = ["", "é", *("".join(rng.choice(list("abcdé xyz"), int(n))) for n in rng.integers(0, 3 * _BLOCK, 12))]
     pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet", row_group_size=5)
     src = SourceSpec(name="s", format=SourceFormat.PARQUET, paths=["x"], text_field="text")
     scanned, verified = _scan_and_read(src, tmp_path / "t.parquet")
     assert np.array_equal(scanned, verified)
-    assert np.array_equal(scanned, _definition([np.frombuffer(t.encode(), np.uint8) for t in texts]))
+    assert np.array_equal(scanned, _definition([np.frombuffer(t.encode(), np.uint8) for t in texts], "u1"))  # raw
+
+
+@pytest.mark.parametrize("value_type", [pa.int32(), pa.int64(), pa.uint16()])
+def test_parquet_tokens_are_hashed_in_the_columns_own_type(tmp_path: Path, value_type: pa.DataType) -> None:
+    _, _, docs = _samples(np.dtype("<i4"), seed=5)
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"ids": pa.array([d.tolist() for d in docs], pa.list_(value_type))}), path)
+    src = SourceSpec(name="p", format=SourceFormat.PARQUET, paths=["x"], tokens_field="ids")
+    scanned, verified = _scan_and_read(src, path)
+    stored = np.dtype(value_type.to_pandas_dtype())
+    assert np.array_equal(scanned, verified) and np.array_equal(scanned, _definition(docs, stored.str))
+
+
+def test_jsonl_byte_text_is_hashed_as_its_utf8_bytes(tmp_path: Path) -> None:
+    import json
+
+    texts = ["", "é", "hello", "naïve 🙂 text" * 50]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    src = SourceSpec(name="j", format=SourceFormat.JSONL, paths=["x"], text_field="text")
+    scanned, verified = _scan_and_read(src, path)
+    assert np.array_equal(scanned, verified)
+    assert np.array_equal(scanned, _definition([np.frombuffer(t.encode(), np.uint8) for t in texts], "u1"))

@@ -141,9 +141,9 @@ def check_coverage(
         epoch = int(base[-1])
         cum = np.cumsum(np.bincount(s_step, weights=size, minlength=meta.steps))
         start, end = base[sample] + off, base[sample] + off + size
-        # an image sample a full step had no room for moves to the next step: epoch ends blur by as many
-        # steps as deferrals ran in a row
-        slack = 1 + longest_run(deferred) if images[name].any() else 0
+        # what a full step defers (an image sample it had no room for, the rest of a split text segment) goes
+        # into the next step: epoch ends blur by as many steps as deferrals ran in a row
+        slack = 1 + longest_run(deferred) if deferred.any() else 0
         for e in range(int(cum[-1] // epoch) + 1):
             # steps entirely before the end of epoch e: every token at most e+1 times
             t_end = int(np.searchsorted(cum, (e + 1) * epoch, side="left"))

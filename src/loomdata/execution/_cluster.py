@@ -91,6 +91,9 @@ def open_cluster(
                 protocol="tcp://" if insecure else "tls://",
                 security=security,
                 dashboard_address="127.0.0.1:0" if dashboard else None,
+                # without a dashboard the scheduler still serves Dask's HTTP routes (health, metrics): on a
+                # free loopback port, not on 8787 (taken by any other cluster on the host: a warning each start)
+                scheduler_kwargs=None if dashboard else {"dashboard_address": "127.0.0.1:0"},
                 local_directory=str(local_directory),
             )
         )

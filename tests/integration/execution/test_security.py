@@ -208,3 +208,20 @@ def test_insecure_with_require_encryption_is_a_clear_error(tmp_path: Path, serve
         env=env,
     )
     assert proc.returncode == 2 and "require-encryption" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_embedded_cluster_has_no_dashboard_and_keeps_http_on_loopback(tmp_path: Path) -> None:
+    """No dashboard unless asked for; Dask's HTTP routes on a free loopback port (8787 is often taken)."""
+    import urllib.error
+    import urllib.request
+
+    with open_cluster(n_workers=1, local_directory=tmp_path) as client:
+        host, port = client.run_on_scheduler(
+            lambda dask_scheduler: (dask_scheduler.http_server.address, dask_scheduler.http_server.port)
+        )
+        assert host == "127.0.0.1" and port != 8787  # not Dask's default port: no clash, no warning per start
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+            assert r.status == 200
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10)
+        assert e.value.code == 404

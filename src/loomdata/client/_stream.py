@@ -127,6 +127,8 @@ class StreamClient:
         self.wait_s = 0.0
         """Seconds this client spent blocked waiting for batches."""
         self.batches = 0
+        self.calls = 0
+        """Calls this client made to its constructor for batches (each carries one or more steps)."""
         self._telemetry: list[tuple[int, float]] = []  # recorded step times not yet sent (ride on the next take)
 
     # ---- iteration ------------------------------------------------------------------------------
@@ -179,6 +181,7 @@ class StreamClient:
     def _take(self, step: int, count: int) -> Any:
         """Ask for `step` and up to `count - 1` more, carrying the step times recorded since the last take."""
         cp = {} if self.cp_rank is None else {"cp_rank": self.cp_rank}
+        self.calls += 1
         if not self._telemetry:
             return self._actor.take_steps(self.dp_rank, step, count, **cp)
         sent, self._telemetry = self._telemetry, []

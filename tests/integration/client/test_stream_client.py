@@ -67,7 +67,7 @@ def test_load_state_dict_rejects_another_plan_or_version(stream_plan: Path) -> N
 def test_two_peers_get_identical_batches_from_one_read(dask_client: Client, stream_plan: Path, loomtest: Any) -> None:
     meta = loomtest.Oracle(stream_plan).meta
     window = 2
-    with Executor(stream_plan, dask_client, constructors=2, window=window, peers=2) as ex:
+    with Executor(stream_plan, dask_client, constructors=2, window=window, peers=2, bytes_in_flight=0) as ex:
         a, b = StreamClient(stream_plan, 0), StreamClient(stream_plan, 0)
         got_a: list[Batch] = []
         got_b: list[Batch] = []

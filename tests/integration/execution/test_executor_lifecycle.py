@@ -84,7 +84,10 @@ def test_serve_runs_until_sigterm_and_cleans_up(stream_plan: Path, loomtest: Any
 
 def test_plan_larger_than_window_holds_at_most_window_steps(dask_client: Client, stream_plan: Path) -> None:
     meta = read_plan(stream_plan)
-    with Executor(stream_plan, dask_client, window=1) as ex, StreamClient(stream_plan, 0, prefetch=0) as stream:
+    with (
+        Executor(stream_plan, dask_client, window=1, bytes_in_flight=0) as ex,
+        StreamClient(stream_plan, 0, prefetch=0) as stream,
+    ):
         next(stream)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

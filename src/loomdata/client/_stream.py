@@ -1,8 +1,8 @@
 """StreamClient: a training rank's iterator over its micro-batches, from a running executor.
 
 Delivery in bulk: one actor call (`take_steps`) answers the step asked for and every following step
-the constructor already built, up to the steps its window holds (`ServeConfig.bytes_in_flight`, or
-this client's own `bytes_in_flight`); the next call is sent while the steps received are consumed.
+the constructor already built, up to half the steps its window holds (`ServeConfig.bytes_in_flight`,
+or this client's own `bytes_in_flight`); the next call is sent while the steps received are consumed.
 Steps received but not yet yielded stay in this client only: `state_dict` names the next micro-batch
 yielded, so a resume asks for those steps again. The position is a `StreamState`; a new client loaded with a saved state
 yields identical batches from there on, also against a restarted executor (constructors rebuild any
@@ -84,7 +84,7 @@ class StreamClient:
         `cp_rank`: this process is that context-parallel peer of `dp_rank` (0..cp_group_size(meta)-1)
         and receives only its shard of each micro-batch (`Batch.positions`); None: whole micro-batches.
         `bytes_in_flight`: at most about this many bytes of batches requested and held ahead (at least
-        one step; default: as many steps as the executor's window, which follows its own bound).
+        one step; default: half the executor's window, which follows the executor's own bound).
         `prefetch` 0: no call is sent before the steps received are used up (else one call ahead).
         """
         self.plan_dir = Path(plan_dir)
@@ -299,7 +299,7 @@ class StreamClient:
         self.wait_s += time.perf_counter() - t0
 
     def _count(self) -> int:
-        """Steps to ask for in one call: the executor's window, fewer under this client's own bytes bound."""
+        """Steps to ask for in one call: half the executor's window, fewer under this client's own bytes bound."""
         n = self._per_call
         if self._bytes_in_flight is not None:
             n = min(n, self._bytes_in_flight // self._step_nbytes) if self._step_nbytes else 1
@@ -420,7 +420,9 @@ class StreamClient:
                 f"the executor serves plan {info.plan_id}, not {self.meta.plan_id}; start `loom serve "
                 f"{self.plan_dir}` or point at the right scheduler"
             )
-        self._per_call = max(1, info.window)  # more than the window holds is never ready at once
+        # Half the window per call: the call sent ahead then asks for steps inside the window even while
+        # this rank's peers (tp/pp/cp) are a call behind (a step outside it would be built again, on demand).
+        self._per_call = max(1, info.window // 2 if self._prefetch else info.window)
         name = self._actor_name = info.constructor_for(self.dp_rank).name
         with self._client.as_current():
             self._actor = self._client.get_dataset(name, default=None)

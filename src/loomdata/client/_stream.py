@@ -164,7 +164,8 @@ class StreamClient:
     def record_step_time(self, step: int, seconds: float) -> None:
         """Report this rank's measured time for `step` (e.g. its forward+backward seconds); no round trip.
 
-        Sent with the next take (or on `close`); `loom serve` writes it with the step's predicted cost to
+        Sent with the next call for batches (one call carries several steps, so a report may wait a few
+        steps), or on `close`; `loom serve` writes it with the step's predicted cost to
         PLAN_DIR/telemetry.jsonl, which `loom calibrate` reads. Best effort: a report on a take that
         fails over to a recreated constructor may be lost.
         """

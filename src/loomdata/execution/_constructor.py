@@ -38,6 +38,8 @@ from loomdata.schemas.plan import read_plan
 
 __all__ = ["DataConstructor", "Route"]
 
+_MANIFEST_CHUNK = 32  # manifest steps read at a time
+
 
 @dataclass
 class _Stats:
@@ -69,7 +71,8 @@ class DataConstructor:
         self._window: StepWindow[list[Batch]] = StepWindow(ranks, self._meta.steps, window, peers, start_step)
         self._ranks = self._window.ranks
         self._reads = Reads(routes, self._meta.plan_id)
-        self._manifest = ManifestSlice(plan_dir, self._meta, self._ranks)
+        chunks = 2 + -(-self._window.window // _MANIFEST_CHUNK)  # the window's chunks stay in memory
+        self._manifest = ManifestSlice(plan_dir, self._meta, self._ranks, chunk_steps=_MANIFEST_CHUNK, keep=chunks)
         self._done: dict[int, asyncio.Future[None]] = {}  # Build.id -> resolved when that build ends
         self._tasks: set[asyncio.Task[None]] = set()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="loom-constructor")
@@ -137,15 +140,17 @@ class DataConstructor:
             raise ExecutionError(f"take_steps: count must be an int >= 1, got {count!r}")
         out = [await self.take(dp_rank, step, telemetry, cp_rank)]
         more = self._window.ready_run(dp_rank, step + 1, min(count, self._meta.steps - step) - 1)
+        builds: list[Build] = []
         for s in range(step + 1, step + 1 + more):
             got = self._window.collect(dp_rank, s)
-            self._launch(got.builds)
+            builds.extend(got.builds)
             if got.payload is None:  # pragma: no cover - ready_run saw it held, nothing ran in between
                 break
             batches = got.payload
             self._stats.takes[dp_rank] += 1
             self._stats.batches_taken += len(batches)
             out.append(peer_batches(self._meta, self._rules, batches, cp_rank) if cp_rank is not None else batches)
+        self._launch(tuple(builds))  # the steps these takes released, built ahead as one group of reads
         return out
 
     async def record_telemetry(self, dp_rank: int, telemetry: list[tuple[int, float]]) -> None:

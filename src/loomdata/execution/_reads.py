@@ -11,6 +11,9 @@ current route; a lost loader (its worker died) is retried with a short back-off,
 next `set_route`, until `deadline_s`: the executor recreates lost loaders and swaps the route within
 seconds, and the plan makes any read repeatable. The executor retires old loaders only after every
 live constructor acknowledged the new route, so no read is issued to a retired loader after that.
+
+`read_steps` reads several steps' rows with one request per (source, partition) for all of them and
+cuts the answers back per step (`split_answers`: views into each answer, no copy).
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ takes of each arrived. Held steps therefore always lie inside a rank's window: m
 `window` whatever the plan size. A take outside the window is served on demand (not held); a take far
 ahead of an idle rank moves its window there (a resume). A failed build is reported to the first take
 of each of its (rank, step) and then forgotten, so the next take of that step builds it again.
+`ready_run` says how many held steps one take may carry on; `build_groups` cuts the builds started
+together into groups read with one loader request each.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def build_groups(builds: Sequence[Build], want: Mapping[int, int], most: int) ->
 
 @dataclass(frozen=True, slots=True)
 class Build:
-    """Build `step` for `ranks` (one loader request per (loader, step) for all of them); `id` is unique."""
+    """Build `step` for `ranks` (read with the builds started with it: `build_groups`); `id` is unique."""
 
     id: int
     step: int

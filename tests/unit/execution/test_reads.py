@@ -7,12 +7,11 @@ import itertools
 import numpy as np
 import pytest
 
-from loomdata.execution._loader import LoaderRetired
+from loomdata.execution._loader import LoaderRetired, SegmentData
 from loomdata.execution._manifest import ManifestRows
 from loomdata.execution._outcome import Kind as Outcome
 from loomdata.execution._outcome import sort_read_failure as classify
 from loomdata.execution._partition import LoaderPartition
-from loomdata.execution._loader import SegmentData
 from loomdata.execution._reads import Reads, Route, concat_rows, split_answers
 from loomdata.schemas import ExecutionError, SourceDataError
 

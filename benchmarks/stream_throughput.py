@@ -342,16 +342,17 @@ def _side(tokens: int, wall: float, cpu: float, first_s: float | None = None) ->
 
 
 def _measure(
-    client: Any, plan_dir: Path, files: list[str], n: int, n_batches: int, seq_len: int, window: int
+    client: Any, plan_dir: Path, files: list[str], n: int, n_batches: int, seq_len: int, settings: dict[str, int]
 ) -> dict[str, Any]:
     """One side-by-side row: loomdata to `n` consumers (fresh executor), then the baseline to `n` consumers."""
     from loomdata.execution import Executor
 
-    with Executor(plan_dir, client, window=window) as ex:
+    with Executor(plan_dir, client, **settings) as ex:
         cpu0 = _worker_cpu(client)
         loom, wall = _run_consumers(_loom_consumer, lambda r: (str(plan_dir), r), n)
         loom_cpu = _worker_cpu(client) - cpu0 + sum(r["cpu_s"] for r in loom)
         m = ex.metrics().to_dict()  # results are written as JSON
+        window_steps = ex.window
     peers = {}
     for kind in _PEERS:
         rows, pwall = _run_consumers(_baseline_consumer, lambda r, k=kind: (k, files, r, n, seq_len, n_batches), n)
@@ -360,6 +361,7 @@ def _measure(
     loom_side = _side(lt, wall, loom_cpu, max(r["first_s"] for r in loom))
     built = sum(c["built_steps"] + c["on_demand_steps"] for c in m["constructors"])
     loom_side.update(
+        window_steps=window_steps,
         rank_wait_s=m["rank_wait_s"],
         loader_calls=m["loader_calls"],
         sources=m["sources"],
@@ -378,11 +380,11 @@ def _measure(
     return row
 
 
-def _loom_only(client: Any, plan_dir: Path, n: int, window: int) -> dict[str, Any]:
+def _loom_only(client: Any, plan_dir: Path, n: int, settings: dict[str, int]) -> dict[str, Any]:
     """loomdata alone to `n` consumers (fresh executor): tokens/s and CPU seconds."""
     from loomdata.execution import Executor
 
-    with Executor(plan_dir, client, window=window) as ex:
+    with Executor(plan_dir, client, **settings) as ex:
         cpu0 = _worker_cpu(client)
         loom, wall = _run_consumers(_loom_consumer, lambda r: (str(plan_dir), r), n)
         cpu = _worker_cpu(client) - cpu0 + sum(r["cpu_s"] for r in loom)
@@ -392,12 +394,12 @@ def _loom_only(client: Any, plan_dir: Path, n: int, window: int) -> dict[str, An
     return side
 
 
-def _verify_cost(client: Any, plans: dict[str, Path], n: int, window: int, repeat: int) -> dict[str, Any]:
+def _verify_cost(client: Any, plans: dict[str, Path], n: int, settings: dict[str, int], repeat: int) -> dict[str, Any]:
     """Best of `repeat` alternating runs per verify mode; the slowdown of `sample` against `off`."""
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in plans}
     for _ in range(repeat):
         for mode, plan_dir in plans.items():
-            runs[mode].append(_loom_only(client, plan_dir, n, window))
+            runs[mode].append(_loom_only(client, plan_dir, n, settings))
     best = {mode: max(rs, key=lambda r: r["tokens_per_s"]) for mode, rs in runs.items()}
     on, off = best["sample"], best["off"]
     return {
@@ -434,13 +436,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=800, help="plan steps (each rank: steps x micro-batches)")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--micro-batches", type=int, default=4)
-    ap.add_argument("--window", type=int, default=2, help="executor window (steps built ahead per rank)")
+    ap.add_argument("--window", type=int, default=2, help="executor window (steps built ahead per rank, at least)")
+    ap.add_argument(
+        "--bytes-in-flight", type=int, default=None, help="executor bytes bound per rank (default ServeConfig's)"
+    )
     ap.add_argument("--consumers", type=int, nargs="+", default=list(CONSUMERS))
     ap.add_argument("--verify-repeat", type=int, default=3, help="runs per verify mode (sample, off); 0: skip")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
 
     from loomdata.execution import open_cluster
+
+    settings = {"window": args.window}  # the Executor's serving settings (window, bytes bound)
+    if args.bytes_in_flight is not None:
+        settings["bytes_in_flight"] = args.bytes_in_flight
     from loomdata.indexing import build_index
     from loomdata.planning import make_plan
     from loomdata.schemas import read_plan
@@ -465,7 +474,7 @@ def main() -> None:
                 "  ratio/s ratio/core ratio/1st  (loomdata / peer)"
             )
             for n in args.consumers:
-                row = _measure(client, plan_dir, files, n, meta.steps * meta.micro_batches, args.seq_len, args.window)
+                row = _measure(client, plan_dir, files, n, meta.steps * meta.micro_batches, args.seq_len, settings)
                 rows.append(row)
                 _print_row(row)
             verify_cost = None
@@ -474,7 +483,7 @@ def main() -> None:
                 build_index(off, client)
                 plans = {"sample": Path(plan_dir), "off": Path(make_plan(off).plan_dir)}
                 n = max(args.consumers)
-                verify_cost = _verify_cost(client, plans, n, args.window, args.verify_repeat)
+                verify_cost = _verify_cost(client, plans, n, settings, args.verify_repeat)
                 b = verify_cost["best"]
                 print(
                     f"verify cost, {n} consumer(s), best of {args.verify_repeat}: sample "
@@ -500,6 +509,7 @@ def main() -> None:
             "dp_size": DP,
             "dask_workers": 2,
             "window": args.window,
+            "bytes_in_flight": args.bytes_in_flight,
             "peer_num_workers": 2,
             "peers": {"greedy": _PackedParquet.__doc__, "concat_cut": _ConcatCut.__doc__},
         },

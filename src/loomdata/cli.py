@@ -229,6 +229,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             loaders_per_source=args.loaders_per_source,
             autoscale=Autoscaling() if args.autoscale else None,
             loader_memory=args.loader_memory * 1024 * 1024,
+            bytes_in_flight=args.bytes_in_flight * 1024,
         )
     except ValueError as e:
         print(f"loom serve: error: {e}", file=sys.stderr)
@@ -387,6 +388,13 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.loader_memory // (1024 * 1024),
         metavar="MIB",
         help="MiB of decoded row groups the loaders on one worker keep together, each until its last planned use",
+    )
+    s.add_argument(
+        "--bytes-in-flight",
+        type=int,
+        default=defaults.bytes_in_flight // 1024,
+        metavar="KIB",
+        help="KiB of a rank's batches built ahead and moved per call (the window widens to hold them)",
     )
     s.add_argument(
         "--autoscale",

@@ -1,7 +1,10 @@
 """StreamClient: a training rank's iterator over its micro-batches, from a running executor.
 
-One actor call per step (all of the rank's micro-batches), with the next step requested while the
-current one is consumed. The position is a `StreamState`; a new client loaded with a saved state
+Delivery in bulk: one actor call (`take_steps`) answers the step asked for and every following step
+the constructor already built, up to half the steps its window holds (`ServeConfig.bytes_in_flight`,
+or this client's own `bytes_in_flight`); the next call is sent while the steps received are consumed.
+Steps received but not yet yielded stay in this client only: `state_dict` names the next micro-batch
+yielded, so a resume asks for those steps again. The position is a `StreamState`; a new client loaded with a saved state
 yields identical batches from there on, also against a restarted executor (constructors rebuild any
 step from the plan). Transient failures (executor restarting, a worker and the constructor on it
 lost) are retried by re-resolving the constructor through the published dataset / ServeInfo and
@@ -72,6 +75,7 @@ class StreamClient:
         security: Any = None,
         insecure: bool | None = None,
         cp_rank: int | None = None,
+        bytes_in_flight: int | None = None,
     ) -> None:
         """`retry_s` (default `timings.client_retry_s`): how long a step is retried while the executor is away.
 
@@ -79,6 +83,9 @@ class StreamClient:
         serve.json names); `insecure` (default: LOOM_INSECURE=1): accept a plain-TCP scheduler.
         `cp_rank`: this process is that context-parallel peer of `dp_rank` (0..cp_group_size(meta)-1)
         and receives only its shard of each micro-batch (`Batch.positions`); None: whole micro-batches.
+        `bytes_in_flight`: at most about this many bytes of batches requested and held ahead (at least
+        one step; default: half the executor's window, which follows the executor's own bound).
+        `prefetch` 0: no call is sent before the steps received are used up (else one call ahead).
         """
         self.plan_dir = Path(plan_dir)
         self.meta = read_plan_header(self.plan_dir)
@@ -101,6 +108,11 @@ class StreamClient:
         self._client = client
         self._owns_client = client is None
         self._prefetch = max(0, prefetch)
+        if bytes_in_flight is not None and bytes_in_flight < 0:
+            raise ValueError(f"bytes_in_flight must be >= 0 bytes, got {bytes_in_flight!r}")
+        self._bytes_in_flight = bytes_in_flight
+        self._step_nbytes = 0  # bytes of one received step (measured on the first answer)
+        self._per_call = 1  # steps asked per call: the executor's window (set on attach)
         self._timings = timings or Timings()
         self._retry_s = retry_s if retry_s is not None else self._timings.client_retry_s
         if self._retry_s <= 0:
@@ -110,10 +122,13 @@ class StreamClient:
         self._actor: Any = None
         self._actor_name = ""
         self._current: list[Batch] | None = None
-        self._ahead: dict[int, Any] = {}
+        self._got: dict[int, list[Batch]] = {}  # steps received, not yet yielded
+        self._pending: tuple[int, Any] | None = None  # (first step, future) of the call sent ahead
         self.wait_s = 0.0
         """Seconds this client spent blocked waiting for batches."""
         self.batches = 0
+        self.calls = 0
+        """Calls this client made to its constructor for batches (each carries one or more steps)."""
         self._telemetry: list[tuple[int, float]] = []  # recorded step times not yet sent (ride on the next take)
 
     # ---- iteration ------------------------------------------------------------------------------
@@ -149,7 +164,8 @@ class StreamClient:
     def record_step_time(self, step: int, seconds: float) -> None:
         """Report this rank's measured time for `step` (e.g. its forward+backward seconds); no round trip.
 
-        Sent with the next take (or on `close`); `loom serve` writes it with the step's predicted cost to
+        Sent with the next call for batches (one call carries several steps, so a report may wait a few
+        steps), or on `close`; `loom serve` writes it with the step's predicted cost to
         PLAN_DIR/telemetry.jsonl, which `loom calibrate` reads. Best effort: a report on a take that
         fails over to a recreated constructor may be lost.
         """
@@ -163,13 +179,14 @@ class StreamClient:
         self._telemetry.append((step, float(seconds)))
         del self._telemetry[:-_MAX_PENDING_TELEMETRY]  # bounded: a client that never takes again keeps the newest
 
-    def _take(self, step: int) -> Any:
-        """Ask for `step`, carrying the step times recorded since the last take."""
+    def _take(self, step: int, count: int) -> Any:
+        """Ask for `step` and up to `count - 1` more, carrying the step times recorded since the last take."""
         cp = {} if self.cp_rank is None else {"cp_rank": self.cp_rank}
+        self.calls += 1
         if not self._telemetry:
-            return self._actor.take(self.dp_rank, step, **cp)
+            return self._actor.take_steps(self.dp_rank, step, count, **cp)
         sent, self._telemetry = self._telemetry, []
-        return self._actor.take(self.dp_rank, step, sent, **cp)
+        return self._actor.take_steps(self.dp_rank, step, count, sent, **cp)
 
     def _flush_telemetry(self) -> None:
         """Send step times no take carried (the last steps), in one call; best effort, on close."""
@@ -200,14 +217,16 @@ class StreamClient:
             )
         self._step, self._mb = s.step, s.micro_batch
         self._current = None
-        self._ahead.clear()
+        self._got.clear()
+        self._pending = None
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Send unsent step times, drop pending requests, close the Dask client if this StreamClient made it."""
         self._flush_telemetry()
-        self._ahead.clear()
+        self._got.clear()
+        self._pending = None
         self._actor = None
         if self._owns_client and self._client is not None:
             self._client.close()
@@ -224,24 +243,26 @@ class StreamClient:
     # ---- transport ------------------------------------------------------------------------------
 
     def _fetch(self, step: int) -> list[Batch]:
-        """The rank's micro-batches of `step`; requests the next `prefetch` steps before waiting.
+        """The rank's micro-batches of `step`: received already, or asked for (with the steps after it).
 
+        Then, while fewer than half a call's steps are left received, the next call is sent ahead.
         Retried (re-resolving the constructor) while the executor is unavailable or unreachable, for
         up to `retry_s`; a LoomError from the executor (bad data, a wrong rank) fails at once.
         """
 
-        def attempt() -> list[Batch]:
+        def attempt() -> None:
             if self._actor is None:
                 self._attach()
-            fut = self._ahead.pop(step, None) or self._take(step)
-            for s in range(step + 1, min(step + 1 + self._prefetch, self.meta.steps)):
-                if s not in self._ahead:
-                    self._ahead[s] = self._take(s)
-            t0 = time.perf_counter()
-            try:
-                return self._wait(fut)
-            finally:
-                self.wait_s += time.perf_counter() - t0
+            if step not in self._got:
+                pending, self._pending = self._pending, None
+                count = self._count()
+                fut = pending[1] if pending is not None and pending[0] == step else self._take(step, count)
+                t0 = time.perf_counter()
+                try:
+                    self._accept(step, self._wait(fut))
+                finally:
+                    self._wait_s(t0)
+            self._ask_ahead(step)
 
         def give_up(e: Exception, attempts: int) -> Exception:
             if isinstance(e, ExecutorUnavailable):
@@ -256,7 +277,7 @@ class StreamClient:
 
         def reset(_: Exception) -> None:
             self._actor = None  # re-resolve: the executor re-publishes a recreated constructor under the same name
-            self._ahead.clear()
+            self._pending = None
             if self._scheduler is None:
                 dead = dead_server(self.plan_dir, self._timings)
                 if dead is not None:
@@ -264,7 +285,7 @@ class StreamClient:
             if self._owns_client and self._client is not None and self._server_gone():
                 self._drop_client()  # a restarted serve: reconnect to the address serve.json will name
 
-        batches = retry_until(
+        retry_until(
             attempt,
             # connection lost, actor lost with its worker, not published (yet): retry; a data error: do not
             retryable=lambda e: isinstance(e, ExecutorUnavailable) or not isinstance(e, LoomError),
@@ -273,6 +294,40 @@ class StreamClient:
             pause_s=self._timings.client_retry_pause_s,
             on_retry=reset,
         )
+        return self._got.pop(step)
+
+    def _wait_s(self, t0: float) -> None:
+        self.wait_s += time.perf_counter() - t0
+
+    def _count(self) -> int:
+        """Steps to ask for in one call: half the executor's window, fewer under this client's own bytes bound."""
+        n = self._per_call
+        if self._bytes_in_flight is not None:
+            n = min(n, self._bytes_in_flight // self._step_nbytes) if self._step_nbytes else 1
+        return max(1, n)
+
+    def _ask_ahead(self, step: int) -> None:
+        """Send the next call (from the first step not received) once at most half a call's steps are left."""
+        end = step + 1
+        while end in self._got:
+            end += 1
+        left, count = end - step - 1, self._count()
+        if self._prefetch and self._pending is None and end < self.meta.steps and left <= count // 2:
+            self._pending = (end, self._take(end, max(1, count - left)))
+
+    def _accept(self, step: int, answer: list[list[Batch]]) -> None:
+        """Check an answer (consecutive steps from `step`, each the rank's micro-batches) and keep its steps."""
+        if not isinstance(answer, list) or not answer:
+            raise ExecutionError(
+                f"executor answered step {step} of rank {self.dp_rank} with {answer!r}; restart `loom serve`"
+            )
+        for k, batches in enumerate(answer):
+            self._check(step + k, batches)
+        if not self._step_nbytes:
+            self._step_nbytes = max(1, sum(_nbytes(b) for b in answer[0]))
+        self._got.update((step + k, batches) for k, batches in enumerate(answer))
+
+    def _check(self, step: int, batches: list[Batch]) -> None:
         if len(batches) != self.meta.micro_batches or any(b.step != step for b in batches):
             raise ExecutionError(
                 f"executor answered step {step} of rank {self.dp_rank} with {len(batches)} batches "
@@ -284,9 +339,8 @@ class StreamClient:
                 f"executor answered step {step} of rank {self.dp_rank} with the shards of other CP ranks "
                 f"({[(b.cp_rank, b.cp_size) for b in batches]}, asked cp rank {self.cp_rank}); restart `loom serve`"
             )
-        return batches
 
-    def _wait(self, fut: Any) -> list[Batch]:
+    def _wait(self, fut: Any) -> list[list[Batch]]:
         """The take's result; a take from a constructor the executor has since replaced is abandoned.
 
         A call to a constructor lost with its worker may never answer (Dask waits on the lost actor),
@@ -294,8 +348,8 @@ class StreamClient:
         """
         while True:
             try:
-                batches: list[Batch] = fut.result(timeout=self._timings.client_check_s)
-                return batches
+                answer: list[list[Batch]] = fut.result(timeout=self._timings.client_check_s)
+                return answer
             except TimeoutError:
                 if self._server_gone():
                     raise ExecutorUnavailable("the executor this client talked to is gone (serve.json)") from None
@@ -367,7 +421,9 @@ class StreamClient:
                 f"the executor serves plan {info.plan_id}, not {self.meta.plan_id}; start `loom serve "
                 f"{self.plan_dir}` or point at the right scheduler"
             )
-        self._prefetch = min(self._prefetch, max(info.window - 1, 0))  # deeper than the window gains nothing
+        # Half the window per call: the call sent ahead then asks for steps inside the window even while
+        # this rank's peers (tp/pp/cp) are a call behind (a step outside it would be built again, on demand).
+        self._per_call = max(1, info.window // 2 if self._prefetch else info.window)
         name = self._actor_name = info.constructor_for(self.dp_rank).name
         with self._client.as_current():
             self._actor = self._client.get_dataset(name, default=None)
@@ -382,6 +438,12 @@ class StreamClient:
         if raw is not None:
             return parse_serve_info(str(raw), f"dataset {serve_dataset(self.meta.plan_id)}")
         return read_serve_info(self.plan_dir)
+
+
+def _nbytes(batch: Batch) -> int:
+    """Bytes of a batch's arrays (what moving it costs)."""
+    arrays = [batch.input_ids, batch.labels, batch.position_ids, batch.cu_seqlens, *batch.images]
+    return sum(a.nbytes for a in arrays)
 
 
 def _check_rank_exists(meta: PlanHeader, dp_rank: int, start_step: int) -> None:

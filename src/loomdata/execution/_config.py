@@ -11,13 +11,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["DEFAULT_LOADER_MEMORY", "DEFAULT_WORKERS", "Autoscaling", "ServeConfig", "Timings"]
+from loomdata.execution._window import step_bytes
+
+__all__ = [
+    "DEFAULT_BYTES_IN_FLIGHT",
+    "DEFAULT_LOADER_MEMORY",
+    "DEFAULT_WORKERS",
+    "MAX_STEPS_AHEAD",
+    "Autoscaling",
+    "ServeConfig",
+    "Timings",
+]
 
 DEFAULT_WORKERS = 2
 """Worker processes of the embedded LocalCluster (`loom index`, `loom serve`, the demo)."""
 
 DEFAULT_LOADER_MEMORY = 256 * 1024 * 1024
 """Bytes of decoded row groups all Source Loaders of a plan on one worker keep together (`--loader-memory`)."""
+
+DEFAULT_BYTES_IN_FLIGHT = 4 * 1024 * 1024
+"""Bytes of one rank's packed batches built ahead and moved per take (`--bytes-in-flight`)."""
+
+MAX_STEPS_AHEAD = 64
+"""The most steps `bytes_in_flight` alone builds ahead (tiny steps: per-call costs are amortized long before)."""
 
 
 def _positive(obj: Any, *names: str) -> None:
@@ -114,7 +130,10 @@ class ServeConfig:
     `autoscale` None: loader counts stay as set (`loaders_per_source`, `Executor.set_loaders`).
     `loader_memory`: bytes of decoded read units (row groups) the loaders on one worker keep together,
     each only until its last use in the next `window` + 2 steps (`_loader_cache`; 0: keep none).
-    `peers` None: the plan's tp*pp*cp. `loaders_per_source` is one count or a count per source name
+    `bytes_in_flight`: bytes of one rank's batches built ahead of it and moved in one take: the window
+    is `max(window, bytes_in_flight // bytes of a rank's step)` steps, at most MAX_STEPS_AHEAD
+    (`steps_ahead`), and a client takes every step ready up to it in one call (the `window` + 2 above
+    is that window). `peers` None: the plan's tp*pp*cp. `loaders_per_source` is one count or a count per source name
     (1 for sources not named). `n_workers` sizes the embedded cluster only (no scheduler given).
     """
 
@@ -127,6 +146,7 @@ class ServeConfig:
     autoscale: Autoscaling | None = None
     n_workers: int = DEFAULT_WORKERS
     loader_memory: int = DEFAULT_LOADER_MEMORY
+    bytes_in_flight: int = DEFAULT_BYTES_IN_FLIGHT
     metrics_every_s: float = 10.0  # `serve`'s metrics lines
     timings: Timings = field(default_factory=Timings)
 
@@ -135,6 +155,8 @@ class ServeConfig:
         _positive(self, "metrics_every_s")
         if self.start_step < 0:
             raise ValueError(f"ServeConfig.start_step must be >= 0, got {self.start_step!r}")
+        if self.bytes_in_flight < 0:
+            raise ValueError(f"ServeConfig.bytes_in_flight must be >= 0 bytes, got {self.bytes_in_flight!r}")
         if self.loader_memory < 0:
             raise ValueError(f"ServeConfig.loader_memory must be >= 0 bytes, got {self.loader_memory!r}")
         n = self.loaders_per_source
@@ -147,6 +169,19 @@ class ServeConfig:
             raise ValueError(f"ServeConfig.loaders_per_source must be >= 1, got {n!r}")
         if self.autoscale is not None and not isinstance(self.autoscale, Autoscaling):
             raise ValueError(f"ServeConfig.autoscale must be Autoscaling settings or None, got {self.autoscale!r}")
+
+    def steps_ahead(self, step_bytes: int) -> int:
+        """Steps built ahead of a rank whose step is `step_bytes` bytes: `window`, or more to hold `bytes_in_flight`.
+
+        What the bytes bound adds is capped at MAX_STEPS_AHEAD; `window` itself is never lowered.
+        """
+        if step_bytes < 1:
+            raise ValueError(f"step_bytes must be >= 1, got {step_bytes!r}")
+        return max(self.window, min(self.bytes_in_flight // step_bytes, MAX_STEPS_AHEAD))
+
+    def for_plan(self, seq_len: int, micro_batches: int) -> ServeConfig:
+        """This config with `window` widened to hold `bytes_in_flight` of a plan's steps (what Executor uses)."""
+        return self.with_settings(window=self.steps_ahead(step_bytes(seq_len, micro_batches)))
 
     def loaders_for(self, source: str) -> int:
         """The starting loader count of `source`."""

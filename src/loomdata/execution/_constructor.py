@@ -10,6 +10,11 @@ State is rebuildable from the plan and a step number. A constructor recreated af
 (`_recovery`) starts empty: the ranks' next takes name their steps, which it builds on demand or moves
 the window to, so nothing is skipped or repeated. Peers (tp/pp/cp ranks of one dp rank) take the same
 batches; one read serves them all (a take naming a `cp_rank` gets only that CP rank's shards of them).
+
+Delivery in bulk: `take_steps` answers a step and every following step already held, up to the count
+asked (a client asks for as many as keep its bytes in flight), in one call. Builds started together
+are read together (`_window.build_groups`): one loader request per (loader, group of steps), each
+segment naming its step, then packed step by step.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from loomdata.execution._manifest import ManifestSlice
 from loomdata.execution._packing import PackRules, pack_step, peer_batches
 from loomdata.execution._reads import Reads, Route
 from loomdata.execution._telemetry import TelemetryBuffer, valid_report
-from loomdata.execution._window import Admission, Build, StepWindow
+from loomdata.execution._window import Admission, Build, StepWindow, build_groups
 from loomdata.execution.protocol import ExecutorUnavailable
 from loomdata.schemas.batch import Batch
 from loomdata.schemas.context_parallel import cp_group_check
@@ -32,6 +37,8 @@ from loomdata.schemas.metrics import BuildPhases, ConstructorMetrics, StepTeleme
 from loomdata.schemas.plan import read_plan
 
 __all__ = ["DataConstructor", "Route"]
+
+_MANIFEST_CHUNK = 32  # manifest steps read at a time
 
 
 @dataclass
@@ -48,7 +55,7 @@ class _Stats:
 
 
 class DataConstructor:
-    """Dask actor serving `take(dp_rank, step)` for a contiguous group of dp ranks."""
+    """Dask actor serving `take(dp_rank, step)` and `take_steps(dp_rank, step, count)` for a group of dp ranks."""
 
     def __init__(
         self,
@@ -64,7 +71,8 @@ class DataConstructor:
         self._window: StepWindow[list[Batch]] = StepWindow(ranks, self._meta.steps, window, peers, start_step)
         self._ranks = self._window.ranks
         self._reads = Reads(routes, self._meta.plan_id)
-        self._manifest = ManifestSlice(plan_dir, self._meta, self._ranks)
+        chunks = 2 + -(-self._window.window // _MANIFEST_CHUNK)  # the window's chunks stay in memory
+        self._manifest = ManifestSlice(plan_dir, self._meta, self._ranks, chunk_steps=_MANIFEST_CHUNK, keep=chunks)
         self._done: dict[int, asyncio.Future[None]] = {}  # Build.id -> resolved when that build ends
         self._tasks: set[asyncio.Task[None]] = set()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="loom-constructor")
@@ -114,6 +122,36 @@ class DataConstructor:
         if cp_rank is not None:  # the window holds whole batches: one read serves every peer
             return peer_batches(self._meta, self._rules, batches, cp_rank)
         return batches
+
+    async def take_steps(
+        self,
+        dp_rank: int,
+        step: int,
+        count: int,
+        telemetry: list[tuple[int, float]] | None = None,
+        cp_rank: int | None = None,
+    ) -> list[list[Batch]]:
+        """`step`'s micro-batches (as `take`), then those of each following step already built, up to `count` steps.
+
+        The steps after the first are only the ones held now (never waited for), so the answer comes
+        as soon as `step` is ready; each counts as a take of that step (released after `peers`).
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ExecutionError(f"take_steps: count must be an int >= 1, got {count!r}")
+        out = [await self.take(dp_rank, step, telemetry, cp_rank)]
+        more = self._window.ready_run(dp_rank, step + 1, min(count, self._meta.steps - step) - 1)
+        builds: list[Build] = []
+        for s in range(step + 1, step + 1 + more):
+            got = self._window.collect(dp_rank, s)
+            builds.extend(got.builds)
+            if got.payload is None:  # pragma: no cover - ready_run saw it held, nothing ran in between
+                break
+            batches = got.payload
+            self._stats.takes[dp_rank] += 1
+            self._stats.batches_taken += len(batches)
+            out.append(peer_batches(self._meta, self._rules, batches, cp_rank) if cp_rank is not None else batches)
+        self._launch(tuple(builds))  # the steps these takes released, built ahead as one group of reads
+        return out
 
     async def record_telemetry(self, dp_rank: int, telemetry: list[tuple[int, float]]) -> None:
         """Step times a rank sends without a take (its last steps, on close)."""
@@ -197,43 +235,53 @@ class DataConstructor:
         return batches
 
     def _launch(self, builds: tuple[Build, ...]) -> None:
-        """Start the builds the window asked for, each resolving a future its takes wait on."""
+        """Start the builds the window asked for, in groups read together; each resolves a future its takes wait on."""
         loop = asyncio.get_running_loop()
-        for b in builds:
-            self._done[b.id] = loop.create_future()
-            task = asyncio.ensure_future(self._build_into_window(b))
+        for group in build_groups(builds, self._window.want, self._window.window):
+            for b in group:
+                self._done[b.id] = loop.create_future()
+            task = asyncio.ensure_future(self._build_into_window(group))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _build_into_window(self, build: Build) -> None:
-        done = self._done[build.id]
+    async def _build_into_window(self, group: tuple[Build, ...]) -> None:
         try:
-            built = await self._build(build.step, list(build.ranks))
+            built = await self._build_many([(b.step, list(b.ranks)) for b in group])
         except asyncio.CancelledError:
-            self._window.cancelled(build)
-            del self._done[build.id]
-            done.cancel()
+            for b in group:
+                self._window.cancelled(b)
+                self._done.pop(b.id).cancel()
             raise
-        except Exception as e:  # reported to the takes of this build, once each
-            err = e if isinstance(e, LoomError) else ExecutionError(f"building step {build.step}: {e}")
-            self._window.failed(build, err)
+        except Exception as e:  # reported to the takes of these builds, once each
+            for b in group:
+                err = e if isinstance(e, LoomError) else ExecutionError(f"building step {b.step}: {e}")
+                self._window.failed(b, err)
         else:
-            self._window.built(build, built)
-            self._stats.built_steps += 1
-        del self._done[build.id]
-        done.set_result(None)
+            for b, payloads in zip(group, built, strict=True):
+                self._window.built(b, payloads)
+            self._stats.built_steps += len(group)
+        for b in group:
+            self._done.pop(b.id).set_result(None)
 
     async def _build(self, step: int, ranks: list[int]) -> dict[int, list[Batch]]:
         """Read the segments of `step` for `ranks` from the loaders and pack every micro-batch."""
+        return (await self._build_many([(step, ranks)]))[0]
+
+    async def _build_many(self, work: list[tuple[int, list[int]]]) -> list[dict[int, list[Batch]]]:
+        """Build several (step, ranks) with one loader request per (source, partition) for all of them."""
         t0 = time.perf_counter()
-        if self._manifest.cached(step):
-            rows = self._manifest.rows(step, ranks)
+        if all(self._manifest.cached(step) for step, _ in work):
+            rows = [self._manifest.rows(step, ranks) for step, ranks in work]
         else:  # reading a manifest chunk is file I/O: off the event loop
-            rows = await asyncio.get_running_loop().run_in_executor(self._pool, self._manifest.rows, step, ranks)
+            loop = asyncio.get_running_loop()
+            rows = await loop.run_in_executor(self._pool, lambda: [self._manifest.rows(st, rk) for st, rk in work])
         t1 = time.perf_counter()
-        groups, answers = await self._reads.read(step, rows)
+        answers = await self._reads.read_steps([step for step, _ in work], rows)
         t2 = time.perf_counter()
-        out = pack_step(self._meta, self._rules, step, ranks, rows, groups, answers)  # well under a ms per batch
+        out = [  # well under a ms per batch
+            pack_step(self._meta, self._rules, step, ranks, r, groups, datas)
+            for (step, ranks), r, (groups, datas) in zip(work, rows, answers, strict=True)
+        ]
         t3 = time.perf_counter()
         s = self._stats
         s.build_s += t3 - t0

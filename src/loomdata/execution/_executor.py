@@ -48,6 +48,7 @@ class Executor:
         self.plan_dir = Path(plan_dir).resolve()
         self.client = client
         self.meta: PlanMeta = read_plan(self.plan_dir)
+        self.config = self.config.for_plan(self.meta.seq_len, self.meta.micro_batches)  # window holds bytes_in_flight
         self.spec = self.meta.spec
         t = self.spec.training
         peers = self.config.peers or t.tp_size * t.pp_size * t.cp_size

@@ -11,14 +11,18 @@ current route; a lost loader (its worker died) is retried with a short back-off,
 next `set_route`, until `deadline_s`: the executor recreates lost loaders and swaps the route within
 seconds, and the plan makes any read repeatable. The executor retires old loaders only after every
 live constructor acknowledged the new route, so no read is issued to a retired loader after that.
+
+`read_steps` reads several steps' rows with one request per (source, partition) for all of them and
+cuts the answers back per step (`split_answers`: views into each answer, no copy).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,10 +35,49 @@ from loomdata.execution._outcome import Kind, sort_read_failure
 from loomdata.execution._partition import LoaderPartition
 from loomdata.schemas.errors import ExecutionError
 
-__all__ = ["READ_DEADLINE_S", "Reads", "Route"]
+__all__ = ["READ_DEADLINE_S", "Answers", "Reads", "Route", "concat_rows", "split_answers"]
 
 READ_DEADLINE_S = 60.0
 """How long a read waits for lost loaders to be recreated before the step fails."""
+
+Answers = tuple[list[np.ndarray], list[SegmentData]]
+"""Loader answers for some manifest rows: (row indices per request, answer per request)."""
+
+
+def concat_rows(parts: Sequence[ManifestRows]) -> ManifestRows:
+    """Several steps' manifest rows end to end (in the order given)."""
+    if len(parts) == 1:
+        return parts[0]
+    cols = [f.name for f in dataclasses.fields(ManifestRows)]
+    return ManifestRows(*(np.concatenate([getattr(p, c) for p in parts]) for c in cols))
+
+
+def split_answers(lengths: np.ndarray, bounds: Sequence[int], answers: Answers) -> list[Answers]:
+    """Cut the answers for rows laid end to end into the answers of each part `[bounds[i], bounds[i+1])`.
+
+    `lengths`: every row's token count. A request's row indices ascend, so each part's rows are one
+    contiguous slice of it, and their tokens one contiguous slice of its answer (a view, no copy).
+    """
+    groups, datas = answers
+    out: list[Answers] = [([], []) for _ in range(len(bounds) - 1)]
+    for sel, data in zip(groups, datas, strict=True):
+        cuts = np.searchsorted(sel, bounds)
+        tok = np.zeros(len(sel) + 1, dtype=np.int64)
+        np.cumsum(lengths[sel], out=tok[1:])
+        for i in range(len(bounds) - 1):
+            a, b = int(cuts[i]), int(cuts[i + 1])
+            if a == b:
+                continue
+            if data.images:
+                pick = np.flatnonzero((data.image_segment >= a) & (data.image_segment < b))
+                images = [data.images[k] for k in pick.tolist()]
+                image_segment, image_offset = data.image_segment[pick] - a, data.image_offset[pick]
+            else:
+                images, image_segment, image_offset = [], data.image_segment[:0], data.image_offset[:0]
+            part = SegmentData(data.tokens[tok[a] : tok[b]], images, image_segment, image_offset)
+            out[i][0].append(sel[a:b] - bounds[i])
+            out[i][1].append(part)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +122,20 @@ class Reads:
             self._rerouted.set()
         self._rerouted = asyncio.Event()
 
-    async def read(self, step: int, rows: ManifestRows) -> tuple[list[np.ndarray], list[SegmentData]]:
+    async def read_steps(self, steps: Sequence[int], rows: Sequence[ManifestRows]) -> list[Answers]:
+        """The answers for several steps' rows, with one request per (source, partition) for all of them."""
+        if len(rows) == 1:
+            return [await self.read(steps[0], rows[0])]
+        both = concat_rows(rows)
+        bounds = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in rows], out=bounds[1:])
+        return split_answers(both.length, bounds.tolist(), await self._read(f"steps {steps[0]}-{steps[-1]}", both))
+
+    async def read(self, step: int, rows: ManifestRows) -> Answers:
         """All loader answers for `rows`, as (row indices per request, answer per request)."""
+        return await self._read(f"step {step}", rows)
+
+    async def _read(self, what: str, rows: ManifestRows) -> Answers:
         deadline = time.monotonic() + self._deadline_s
         attempt = 0
         while True:
@@ -94,7 +149,7 @@ class Reads:
                     raise
                 if time.monotonic() >= deadline:
                     raise ExecutionError(
-                        f"step {step}: source loaders stayed unreachable for {self._deadline_s:g}s, "
+                        f"{what}: source loaders stayed unreachable for {self._deadline_s:g}s, "
                         f"{attempt + 1} attempts (last: {type(e).__name__}: {e}); check the workers, "
                         "or restart `loom serve`"
                     ) from e

@@ -10,6 +10,8 @@ takes of each arrived. Held steps therefore always lie inside a rank's window: m
 `window` whatever the plan size. A take outside the window is served on demand (not held); a take far
 ahead of an idle rank moves its window there (a resume). A failed build is reported to the first take
 of each of its (rank, step) and then forgotten, so the next take of that step builds it again.
+`ready_run` says how many held steps one take may carry on; `build_groups` cuts the builds started
+together into groups read with one loader request each.
 """
 
 from __future__ import annotations
@@ -18,14 +20,39 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["Admission", "Build", "Collected", "StepWindow"]
+__all__ = ["Admission", "Build", "Collected", "StepWindow", "build_groups", "step_bytes"]
 
 T = TypeVar("T")
+
+_BATCH_ARRAYS = 3  # input_ids, labels, position_ids: int32[seq_len] each (cu_seqlens and segments are small)
+
+
+def step_bytes(seq_len: int, micro_batches: int) -> int:
+    """About how many bytes one rank's step of packed batches takes (text; images come on top)."""
+    return max(1, micro_batches * seq_len * 4 * _BATCH_ARRAYS)
+
+
+def build_groups(builds: Sequence[Build], want: Mapping[int, int], most: int) -> list[tuple[Build, ...]]:
+    """Cut builds started together into groups read with one loader request each (per loader).
+
+    A group holds at most `most` consecutive builds. When the first build is a step a rank wants now
+    (nothing ahead of it is held: a start, a resume, a rank catching up), the groups grow 1, 2, 4, ...
+    so that step is not kept waiting for the reads of the steps behind it.
+    """
+    most = max(1, most)
+    urgent = bool(builds) and any(want[r] >= builds[0].step for r in builds[0].ranks)
+    out: list[tuple[Build, ...]] = []
+    i, size = 0, 1 if urgent else most
+    while i < len(builds):
+        out.append(tuple(builds[i : i + size]))
+        i += size
+        size = min(2 * size, most)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
 class Build:
-    """Build `step` for `ranks` (one loader request per (loader, step) for all of them); `id` is unique."""
+    """Build `step` for `ranks` (read with the builds started with it: `build_groups`); `id` is unique."""
 
     id: int
     step: int
@@ -140,6 +167,13 @@ class StepWindow(Generic[T]):
     def held(self) -> list[T]:
         """Payloads held now."""
         return [h.payload for h in self._held.values()]
+
+    def ready_run(self, rank: int, step: int, most: int) -> int:
+        """How many consecutive steps from `step` (at most `most`) are held for `rank`: one take can carry them."""
+        n = 0
+        while n < most and (rank, step + n) in self._held and (rank, step + n) not in self._failed:
+            n += 1
+        return n
 
     def held_keys(self) -> list[tuple[int, int]]:
         return sorted(self._held)

@@ -24,6 +24,7 @@ from loomtest.stream import check_exact
 from ._serving import Serving
 
 STEPS = 10
+BULK = ("--window", "4", "--bytes-in-flight", "0")  # 2 steps per call: steps are left to take after a kill
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def restart_plan(dask_client: Any, tmp_path_factory: pytest.TempPathFactory, loo
 
 def test_clients_continue_across_a_killed_and_restarted_serve(restart_plan: Path, tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
-    first = Serving(restart_plan, log)
+    first = Serving(restart_plan, log, *BULK)
     try:
         second = subprocess.run(
             [sys.executable, "-m", "loomdata.cli", "serve", str(restart_plan), "--no-autoscale"],
@@ -52,7 +53,7 @@ def test_clients_continue_across_a_killed_and_restarted_serve(restart_plan: Path
         mbs = streams[0].meta.micro_batches
         got: dict[int, list[Batch]] = {r: [next(s) for _ in range(3 * mbs)] for r, s in streams.items()}
         first.kill()
-        restarted = Serving(restart_plan, log)  # takes over the dead serve's lock; new port, new certificates
+        restarted = Serving(restart_plan, log, *BULK)  # takes over the dead serve's lock; new port, new certificates
         try:
             new = read_serve_info(restart_plan)
             assert new.pid == restarted.pid and new.scheduler != old.scheduler
@@ -69,7 +70,7 @@ def test_clients_continue_across_a_killed_and_restarted_serve(restart_plan: Path
 
 
 def test_a_dead_serve_is_an_error_within_5_s(restart_plan: Path, tmp_path: Path) -> None:
-    serving = Serving(restart_plan, tmp_path / "serve.log")
+    serving = Serving(restart_plan, tmp_path / "serve.log", *BULK)
     try:
         stream = StreamClient(restart_plan, 0, retry_s=60)
         next(stream)

@@ -64,10 +64,14 @@ def test_load_state_dict_rejects_another_plan_or_version(stream_plan: Path) -> N
         stream.load_state_dict({**state, "dp_rank": 1})
 
 
-def test_two_peers_get_identical_batches_from_one_read(dask_client: Client, stream_plan: Path, loomtest: Any) -> None:
+@pytest.mark.parametrize("bytes_in_flight", [0, None], ids=["window-2", "bulk"])
+def test_two_peers_get_identical_batches_from_one_read(
+    dask_client: Client, stream_plan: Path, loomtest: Any, bytes_in_flight: int | None
+) -> None:
     meta = loomtest.Oracle(stream_plan).meta
-    window = 2
-    with Executor(stream_plan, dask_client, constructors=2, window=window, peers=2) as ex:
+    bound = {} if bytes_in_flight is None else {"bytes_in_flight": bytes_in_flight}
+    with Executor(stream_plan, dask_client, constructors=2, window=2, peers=2, **bound) as ex:
+        window = ex.window  # 2, or (bulk) as many steps as the default bytes bound holds
         a, b = StreamClient(stream_plan, 0), StreamClient(stream_plan, 0)
         got_a: list[Batch] = []
         got_b: list[Batch] = []
@@ -88,6 +92,10 @@ def test_two_peers_get_identical_batches_from_one_read(dask_client: Client, stre
     c0 = next(c for c in m.constructors if c.ranks == [0])
     assert c0.on_demand_steps == 0 and c0.built_steps == meta.steps
     assert c0.rank_takes[0] == 2 * meta.steps
+    if bytes_in_flight is None:  # several steps per call
+        assert window > 2 and a.calls < meta.steps and b.calls < meta.steps
+    else:
+        assert a.calls == b.calls == meta.steps
 
 
 def test_client_continues_on_a_restarted_executor(dask_client: Client, stream_plan: Path, loomtest: Any) -> None:

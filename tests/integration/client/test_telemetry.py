@@ -110,8 +110,11 @@ def test_peers_reports_merge_and_drain_once(dask_client: Any, stream_plan: Path)
     want = _manifest_lengths(stream_plan, meta)
     with Executor(stream_plan, dask_client, peers=2) as ex:
         ex.telemetry()  # nothing recorded yet, or left over from another test's executor: start empty
-        a, b = StreamClient(stream_plan, 0), StreamClient(stream_plan, 0)  # two peers (tp ranks) of dp rank 0
-        torch_rank = LoomDataset(stream_plan, 1)
+        # one step per call (bytes_in_flight=0): the take of step 1 carries step 0's reports; with several
+        # steps per call they ride on the next call, some steps later
+        one = {"bytes_in_flight": 0}
+        a, b = StreamClient(stream_plan, 0, **one), StreamClient(stream_plan, 0, **one)  # two peers of dp rank 0
+        torch_rank = LoomDataset(stream_plan, 1, **one)
         ranks = iter(torch_rank)
         for _ in range(meta.micro_batches):
             next(a), next(b), next(ranks)

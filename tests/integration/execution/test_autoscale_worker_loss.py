@@ -64,7 +64,8 @@ def test_autoscaling_through_worker_kills_loses_nothing(cluster: Client, tmp_pat
         source_interval_s=0.0,
         resize_interval_s=0.0,
     )
-    with Executor(plan_dir, cluster, constructors=2, loaders_per_source=1, autoscale=settings) as ex:
+    bulk = {"window": 4, "bytes_in_flight": 0}  # 2 steps per call; later steps still read after each resize
+    with Executor(plan_dir, cluster, constructors=2, loaders_per_source=1, autoscale=settings, **bulk) as ex:
         streams = {r: StreamClient(plan_dir, r, retry_s=DEADLINE_S) for r in (0, 1)}
         got: dict[int, list[Batch]] = {r: [] for r in streams}
         kills = 0

@@ -205,3 +205,46 @@ def test_set_route_abandons_a_hanging_read_and_asks_the_new_loaders(stream_plan:
     batches, metrics, lost = asyncio.run(run())
     assert all(oracle.check(b) >= 0 for b in batches)
     assert metrics.read_retries >= 1 and all(h.calls <= 1 for h in lost)
+
+
+class _Counting:
+    """A real loader that records the steps each request names."""
+
+    def __init__(self, inner: SourceLoader) -> None:
+        self.inner, self.steps_per_request = inner, []
+
+    async def read(self, request: np.ndarray) -> SegmentData:
+        self.steps_per_request.append(len(np.unique(request["step"])))
+        return await self.inner.read(request)
+
+
+def test_take_steps_carries_every_held_step_read_in_few_requests(stream_plan: Path, loomtest: Any) -> None:
+    oracle = loomtest.Oracle(stream_plan)
+    steps = oracle.meta.steps
+
+    async def run() -> tuple[list[list[Any]], list[list[Any]], ConstructorMetrics, list[_Counting]]:
+        links: list[_Counting] = []
+
+        def wrap(lo: SourceLoader) -> _Counting:
+            links.append(_Counting(lo))
+            return links[-1]
+
+        c = DataConstructor(str(stream_plan), [0, 1], _routes(stream_plan, wrap), window=steps)
+        await c.start()
+        while (await c.metrics()).held_steps < 2 * steps:  # the whole plan is in the window: all built ahead
+            await asyncio.sleep(0.02)
+        with pytest.raises(ExecutionError, match="count must be an int >= 1"):
+            await c.take_steps(0, 0, 0)
+        all_of_0 = await c.take_steps(0, 0, steps + 5)  # asking past the plan's end is capped at it
+        two_of_1 = await c.take_steps(1, 0, 2)
+        metrics = await c.metrics()
+        await c.stop()
+        return all_of_0, two_of_1, metrics, links
+
+    all_of_0, two_of_1, metrics, links = asyncio.run(run())
+    assert [[b.step for b in bs] for bs in all_of_0] == [[s] * oracle.meta.micro_batches for s in range(steps)]
+    assert [{b.dp_rank for b in bs} for bs in all_of_0 + two_of_1] == [{0}] * steps + [{1}] * 2
+    assert all(oracle.check(b) >= 0 for bs in all_of_0 + two_of_1 for b in bs)
+    assert metrics.rank_takes == {0: steps, 1: 2} and metrics.on_demand_steps == 0
+    # one loader request per group of steps (1, 2, 4 ... steps), not one per step
+    assert metrics.loader_calls < steps * len(links) and max(n for lo in links for n in lo.steps_per_request) > 1

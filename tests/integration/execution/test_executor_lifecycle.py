@@ -34,7 +34,8 @@ def test_stale_index_is_refused(dask_client: Client, stream_plan: Path, tmp_path
 def test_loaders_can_be_added_while_serving(dask_client: Client, stream_plan: Path, loomtest: Any) -> None:
     oracle = loomtest.Oracle(stream_plan)
     meta = oracle.meta
-    with Executor(stream_plan, dask_client, loaders_per_source={"web": 1, "code": 1}) as ex:
+    # window 2 (no bytes bound widening it): the later steps are read after the resize
+    with Executor(stream_plan, dask_client, loaders_per_source={"web": 1, "code": 1}, bytes_in_flight=0) as ex:
         with StreamClient(stream_plan, 0) as stream:
             got = [next(stream) for _ in range(2 * meta.micro_batches)]
             assert ex.set_loaders("web", 3) == 3
@@ -84,7 +85,10 @@ def test_serve_runs_until_sigterm_and_cleans_up(stream_plan: Path, loomtest: Any
 
 def test_plan_larger_than_window_holds_at_most_window_steps(dask_client: Client, stream_plan: Path) -> None:
     meta = read_plan(stream_plan)
-    with Executor(stream_plan, dask_client, window=1) as ex, StreamClient(stream_plan, 0, prefetch=0) as stream:
+    with (
+        Executor(stream_plan, dask_client, window=1, bytes_in_flight=0) as ex,
+        StreamClient(stream_plan, 0, prefetch=0) as stream,
+    ):
         next(stream)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

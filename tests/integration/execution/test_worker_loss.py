@@ -31,6 +31,7 @@ from loomtest.stream import check_exact, kill_worker
 STEPS = 12
 KILL_AT_STEP = 4
 DEADLINE_S = 90.0
+BULK = {"window": 4, "bytes_in_flight": 0}  # 2 steps per call, and steps left to take from recreated actors
 
 
 @pytest.fixture
@@ -114,7 +115,7 @@ def test_killed_worker_with_a_constructor_and_loaders_loses_nothing(
     killable_client: Client, tmp_path: Path, loomtest: Any
 ) -> None:
     plan_dir = _plan(killable_client, tmp_path, loomtest)
-    with Executor(plan_dir, killable_client, constructors=2, loaders_per_source=2) as ex:
+    with Executor(plan_dir, killable_client, constructors=2, loaders_per_source=2, **BULK) as ex:
         assert ex.info is not None
         victim = ex.info.constructor_for(0).worker
         assert _actors_on(ex.info, victim)[1] >= 1, f"placement changed: {ex.info}"  # loaders die with it too
@@ -131,7 +132,7 @@ def test_killed_worker_with_a_constructor_and_loaders_loses_nothing(
 
 def test_killed_loader_only_worker_is_recovered(killable_client: Client, tmp_path: Path, loomtest: Any) -> None:
     plan_dir = _plan(killable_client, tmp_path, loomtest)
-    with Executor(plan_dir, killable_client, constructors=2, loaders_per_source=2) as ex:
+    with Executor(plan_dir, killable_client, constructors=2, loaders_per_source=2, **BULK) as ex:
         assert ex.info is not None
         before = ex.info
         victim = _loader_only_worker(before)
@@ -150,7 +151,7 @@ def test_two_workers_killed_in_turn_lose_nothing(killable_client: Client, tmp_pa
     """Rank 0's constructor's worker dies, then (after recovery) rank 1's: both recreated, twice exact."""
     plan_dir = _plan(killable_client, tmp_path, loomtest)
     kills = {3: _constructor_worker(0), 7: _constructor_worker(1)}
-    with Executor(plan_dir, killable_client, constructors=2, loaders_per_source=2) as ex:
+    with Executor(plan_dir, killable_client, constructors=2, loaders_per_source=2, **BULK) as ex:
         got, lost = _stream_through_kills(killable_client, plan_dir, ex, kills)
         rounds = ex.recovery.rounds
     assert ex.recovery.recovered == lost >= 2 and rounds >= 2
@@ -165,7 +166,7 @@ def test_loom_serve_recovers_from_a_killed_worker(tmp_path: Path, loomtest: Any)
         "from loomdata.execution import serve\n"
         "if __name__ == '__main__':\n"
         f"    serve({str(plan_dir)!r}, json_out=True, metrics_every_s=0.3, n_workers=2, constructors=2,"
-        " loaders_per_source=2)\n"
+        " loaders_per_source=2, window=4, bytes_in_flight=0)\n"
     )
     script = tmp_path / "serve.py"
     script.write_text(code)

@@ -7,6 +7,8 @@ import dataclasses
 import pytest
 
 from loomdata.execution import Autoscaling, ServeConfig, Timings
+from loomdata.execution._config import DEFAULT_BYTES_IN_FLIGHT, MAX_STEPS_AHEAD
+from loomdata.execution._window import step_bytes
 
 
 def test_defaults_are_the_documented_ones() -> None:
@@ -28,6 +30,7 @@ def test_defaults_are_the_documented_ones() -> None:
         (lambda: ServeConfig(loaders_per_source={"web": 0}), "ServeConfig.loaders_per_source"),
         (lambda: ServeConfig(start_step=-1), "ServeConfig.start_step"),
         (lambda: ServeConfig(loader_memory=-1), "ServeConfig.loader_memory"),
+        (lambda: ServeConfig(bytes_in_flight=-1), "ServeConfig.bytes_in_flight"),
         (lambda: Timings(call_timeout_s=0), "Timings.call_timeout_s"),
         (lambda: Timings(create_attempts=0), "Timings.create_attempts"),
         (lambda: Autoscaling(min_change=-1), "Autoscaling.min_change"),
@@ -48,3 +51,19 @@ def test_frozen_and_overridable() -> None:
     assert c.with_settings(autoscale=False).autoscale is None
     with pytest.raises(ValueError, match="unknown serving settings"):
         c.with_settings(windows=3)
+
+
+def test_the_window_follows_the_bytes_in_flight_bound() -> None:
+    c = ServeConfig()
+    assert c.bytes_in_flight == DEFAULT_BYTES_IN_FLIGHT == 4 * 1024 * 1024
+    per_step = step_bytes(4096, 1)  # input_ids, labels, position_ids: int32[4096] each
+    assert per_step == 3 * 4 * 4096
+    assert c.steps_ahead(per_step) == MAX_STEPS_AHEAD  # 85 steps fit: capped
+    assert c.steps_ahead(step_bytes(8192, 8)) == 4 * 1024 * 1024 // (8 * 8192 * 12) == 5
+    assert c.steps_ahead(step_bytes(32768, 16)) == 2  # a step larger than the bound: the window stays
+    assert ServeConfig(bytes_in_flight=0, window=3).steps_ahead(per_step) == 3
+    widened = c.for_plan(8192, 8)
+    assert widened.window == 5 and widened.bytes_in_flight == c.bytes_in_flight and c.window == 2
+    assert widened.for_plan(8192, 8) == widened  # idempotent: the Executor may apply it to a widened config
+    with pytest.raises(ValueError, match="step_bytes"):
+        c.steps_ahead(0)

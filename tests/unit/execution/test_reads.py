@@ -7,12 +7,12 @@ import itertools
 import numpy as np
 import pytest
 
-from loomdata.execution._loader import LoaderRetired
+from loomdata.execution._loader import LoaderRetired, SegmentData
 from loomdata.execution._manifest import ManifestRows
 from loomdata.execution._outcome import Kind as Outcome
 from loomdata.execution._outcome import sort_read_failure as classify
 from loomdata.execution._partition import LoaderPartition
-from loomdata.execution._reads import Reads, Route
+from loomdata.execution._reads import Reads, Route, concat_rows, split_answers
 from loomdata.schemas import ExecutionError, SourceDataError
 
 
@@ -86,3 +86,36 @@ def test_a_source_without_a_route_is_an_error() -> None:
     with pytest.raises(ExecutionError, match="no loader serves source id 3 of plan p"):
         reads._requests(_rows([3], [1]))
     assert classify(ExecutionError("x")) is Outcome.ERROR
+
+
+def test_answers_for_several_steps_split_back_into_each_steps_answers() -> None:
+    # 3 steps of 2, 3 and 2 rows; two requests (partitions) across all of them, rows ascending in each
+    lengths = np.array([2, 1, 3, 2, 1, 4, 2], dtype=np.uint32)
+    bounds = [0, 2, 5, 7]
+    sel_a, sel_b = np.array([0, 2, 3, 6]), np.array([1, 4, 5])
+    tok_a = np.arange(100, 100 + int(lengths[sel_a].sum()), dtype=np.int32)
+    tok_b = np.arange(200, 200 + int(lengths[sel_b].sum()), dtype=np.int32)
+    img = [np.full((1, 2), k, dtype=np.float32) for k in range(3)]
+    data_a = SegmentData(tok_a, img, np.array([1, 3, 3], dtype=np.int32), np.array([0, 0, 1], dtype=np.int32))
+    data_b = SegmentData(tok_b)
+    parts = split_answers(lengths, bounds, ([sel_a, sel_b], [data_a, data_b]))
+    assert len(parts) == 3
+    (g0, d0), (g1, d1), (g2, d2) = parts
+    assert [g.tolist() for g in g0] == [[0], [1]] and d0[0].tokens.tolist() == [100, 101]
+    assert d0[1].tokens.tolist() == [200] and d0[0].images == []
+    assert [g.tolist() for g in g1] == [[0, 1], [2]]  # step 1's rows 2, 3 (request a), 4 (b), relative
+    assert d1[0].tokens.tolist() == [102, 103, 104, 105, 106]
+    assert d1[0].image_segment.tolist() == [0] and d1[0].images[0][0, 0] == 0
+    assert d1[1].tokens.tolist() == [201]
+    assert [g.tolist() for g in g2] == [[1], [0]] and d2[0].tokens.tolist() == [107, 108]
+    assert d2[0].image_segment.tolist() == [0, 0] and d2[0].image_offset.tolist() == [0, 1]
+    assert [im[0, 0] for im in d2[0].images] == [1, 2]
+    assert d2[1].tokens.tolist() == [202, 203, 204, 205]
+    assert np.shares_memory(d1[0].tokens, tok_a)  # views, no copy
+
+
+def test_several_steps_rows_concatenate_in_order() -> None:
+    a, b = _rows([0, 0], [5, 6]), _rows([0], [7])
+    both = concat_rows([a, b])
+    assert both.sample.tolist() == [5, 6, 7] and len(both) == 3
+    assert concat_rows([a]) is a

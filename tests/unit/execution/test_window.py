@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from loomdata.execution._window import Build, StepWindow
+from loomdata.execution._window import Build, StepWindow, build_groups
 
 
 class _Sim:
@@ -219,3 +219,38 @@ def test_held_steps_stay_inside_each_ranks_window_whatever_the_order(seed: int) 
             assert w.want[rank] <= s < w.want[rank] + window
         assert len(w.held_keys()) <= window * len(w.ranks)
         assert w.building_steps <= window * len(w.ranks)
+
+
+def _builds(steps: range, ranks: tuple[int, ...] = (0, 1)) -> tuple[Build, ...]:
+    return tuple(Build(i, s, ranks) for i, s in enumerate(steps))
+
+
+def test_builds_wanted_now_are_read_in_growing_groups_the_rest_in_full_ones() -> None:
+    want = {0: 0, 1: 0}
+    sizes = [len(g) for g in build_groups(_builds(range(0, 20)), want, most=8)]
+    assert sizes == [1, 2, 4, 8, 5]  # step 0 is wanted now: it does not wait for the reads behind it
+    sizes = [len(g) for g in build_groups(_builds(range(4, 24)), want, most=8)]
+    assert sizes == [8, 8, 4]  # far ahead of every rank: as few loader requests as the bound allows
+    groups = build_groups(_builds(range(0, 5)), want, most=1)
+    assert [[b.step for b in g] for g in groups] == [[0], [1], [2], [3], [4]]
+    assert build_groups((), want, most=4) == []
+    flat = [b for g in build_groups(_builds(range(0, 20)), want, most=3) for b in g]
+    assert [b.step for b in flat] == list(range(20))  # every build once, in order
+
+
+def test_ready_run_counts_the_held_steps_one_take_can_carry() -> None:
+    sim = _Sim(StepWindow([0], steps=10, window=4, peers=1))
+    sim.launch(sim.w.start())
+    builds = {b.step: b for b in sim.started}
+    for s in (0, 1, 3):  # step 2 is still being built
+        sim.finish(builds[s])
+    assert sim.w.ready_run(0, 0, most=10) == 2 and sim.w.ready_run(0, 0, most=1) == 1
+    assert sim.w.ready_run(0, 2, most=10) == 0 and sim.w.ready_run(0, 3, most=10) == 1
+    assert sim.take(0, 0) == "s0r0" and sim.w.ready_run(0, 1, most=3) == 1
+    sim.finish(builds[2])
+    assert sim.w.ready_run(0, 1, most=3) == 3
+    for s in (1, 2, 3):  # what take_steps does for the steps after the first: collect each
+        got = sim.w.collect(0, s)
+        sim.launch(got.builds)
+        assert got.payload == f"s{s}r0"
+    assert sim.w.want[0] == 4 and sorted(b.step for b in sim.running.values()) == [4, 5, 6, 7]

@@ -223,6 +223,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             loaders_per_source=args.loaders_per_source,
             autoscale=Autoscaling() if args.autoscale else None,
             loader_memory=args.loader_memory * 1024 * 1024,
+            loader_prefetch=args.loader_prefetch,
         )
     except ValueError as e:
         print(f"loom serve: error: {e}", file=sys.stderr)
@@ -373,6 +374,13 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.loader_memory // (1024 * 1024),
         metavar="MIB",
         help="MiB of decoded row groups the loaders on one worker keep together, each until its last planned use",
+    )
+    s.add_argument(
+        "--loader-prefetch",
+        type=int,
+        default=defaults.loader_prefetch,
+        metavar="N",
+        help="row groups each loader reads ahead at once for its next planned steps, within --loader-memory (0: none)",
     )
     s.add_argument(
         "--autoscale",

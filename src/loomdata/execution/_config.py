@@ -11,13 +11,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["DEFAULT_LOADER_MEMORY", "DEFAULT_WORKERS", "Autoscaling", "ServeConfig", "Timings"]
+__all__ = [
+    "DEFAULT_LOADER_MEMORY",
+    "DEFAULT_LOADER_PREFETCH",
+    "DEFAULT_WORKERS",
+    "Autoscaling",
+    "ServeConfig",
+    "Timings",
+]
 
 DEFAULT_WORKERS = 2
 """Worker processes of the embedded LocalCluster (`loom index`, `loom serve`, the demo)."""
 
 DEFAULT_LOADER_MEMORY = 256 * 1024 * 1024
 """Bytes of decoded row groups all Source Loaders of a plan on one worker keep together (`--loader-memory`)."""
+
+DEFAULT_LOADER_PREFETCH = 8
+"""Read units (row groups) each Source Loader reads ahead at once (`--loader-prefetch`): hides a GET's latency."""
 
 
 def _positive(obj: Any, *names: str) -> None:
@@ -114,6 +124,8 @@ class ServeConfig:
     `autoscale` None: loader counts stay as set (`loaders_per_source`, `Executor.set_loaders`).
     `loader_memory`: bytes of decoded read units (row groups) the loaders on one worker keep together,
     each only until its last use in the next `window` + 2 steps (`_loader_cache`; 0: keep none).
+    `loader_prefetch`: read units each loader reads ahead at once for its next planned steps, within
+    `loader_memory` (`_prefetch`; 0, or `loader_memory` 0: no read-ahead).
     `peers` None: the plan's tp*pp*cp. `loaders_per_source` is one count or a count per source name
     (1 for sources not named). `n_workers` sizes the embedded cluster only (no scheduler given).
     """
@@ -127,6 +139,7 @@ class ServeConfig:
     autoscale: Autoscaling | None = None
     n_workers: int = DEFAULT_WORKERS
     loader_memory: int = DEFAULT_LOADER_MEMORY
+    loader_prefetch: int = DEFAULT_LOADER_PREFETCH
     metrics_every_s: float = 10.0  # `serve`'s metrics lines
     timings: Timings = field(default_factory=Timings)
 
@@ -137,6 +150,8 @@ class ServeConfig:
             raise ValueError(f"ServeConfig.start_step must be >= 0, got {self.start_step!r}")
         if self.loader_memory < 0:
             raise ValueError(f"ServeConfig.loader_memory must be >= 0 bytes, got {self.loader_memory!r}")
+        if self.loader_prefetch < 0:
+            raise ValueError(f"ServeConfig.loader_prefetch must be >= 0 units in flight, got {self.loader_prefetch!r}")
         n = self.loaders_per_source
         if isinstance(n, Mapping):
             bad = {k: v for k, v in n.items() if not isinstance(v, int) or v < 1}

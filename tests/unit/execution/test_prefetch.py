@@ -70,9 +70,8 @@ class _GatedReader(ParquetReader):
 
 def _setup(shard: Path, limit: int, budget: int = 1 << 20, plan_id: str = "p") -> tuple[Any, ...]:
     gate, log, live = threading.Event(), [], [0, 0]
-    cache = PlanUnitCache(
-        plan_id, steps=50, policy=CachePolicy(worker_bytes=budget, horizon_steps=6, prefetch=limit), shard_of={str(shard): 3}
-    )
+    policy = CachePolicy(worker_bytes=budget, horizon_steps=6, prefetch=limit)
+    cache = PlanUnitCache(plan_id, steps=50, policy=policy, shard_of={str(shard): 3})
     pf = Prefetcher(cache, lambda: _GatedReader(gate, log, live), {3: shard}, limit, "t")
     main = ParquetReader(SRC, TokenizerSpec(), ImageSpec())
     main.use_unit_cache(pf)
@@ -127,7 +126,7 @@ def test_nothing_is_kept_beyond_the_budget_and_the_soonest_units_are_kept(shard:
 
 
 def test_a_failed_read_ahead_is_counted_and_the_read_that_needs_it_reports_the_error(shard: Path) -> None:
-    gate, log, _, cache, pf, main, _, rows, _ = _setup(shard, limit=2, plan_id="p3")
+    gate, _, _, cache, pf, main, _, rows, _ = _setup(shard, limit=2, plan_id="p3")
     shard.write_bytes(b"not parquet at all")  # the read-ahead's own reader opens the file now and fails
     gate.set()
     pf.pump(np.array([0]))

@@ -144,19 +144,23 @@ def _run_consumers(plan_dir: Path, n: int) -> list[dict[str, Any]]:
 plans_of: dict[str, Path] = {}  # spec name -> its plan dir
 
 
-def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path) -> dict[str, Any]:
+def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path, prefetch: int) -> dict[str, Any]:
     """Serve an indexed and planned spec on a fresh embedded cluster (its workers see the proxy's endpoint)."""
     from loomdata.execution import Executor, open_cluster
 
     plan_dir = plans_of[spec.name]
     if proxy is not None:
         os.environ["AWS_ENDPOINT_URL"] = proxy.url
-    with open_cluster(n_workers=2, local_directory=root / "dask") as client, Executor(plan_dir, client):
+    with (
+        open_cluster(n_workers=2, local_directory=root / "dask") as client,
+        Executor(plan_dir, client, loader_prefetch=prefetch) as ex,
+    ):
         if proxy is not None:
             proxy.reset()
         rows = _run_consumers(plan_dir, consumers)
         wall = max(r["t1"] for r in rows) - min(r["t0"] for r in rows)  # from the consumers' common start
         counts = proxy.reset() if proxy is not None else None
+        loaders = [lo.metrics for lo in ex.metrics().loaders]
     tokens = sum(r["tokens"] for r in rows)
     steps = rows[0]["steps"]
     out: dict[str, Any] = {
@@ -166,6 +170,10 @@ def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path)
         "wait_per_step_ms": round(1000 * max(r["wait_s"] for r in rows) / steps, 3),
         "first_batch_s": round(max(r["first_s"] or 0.0 for r in rows), 3),
         "steps": steps,
+        "loader_prefetch": prefetch,
+        "prefetched_units": sum(m.prefetched for m in loaders),
+        "prefetch_hits": sum(m.prefetch_hits for m in loaders),
+        "prefetch_errors": sum(m.prefetch_errors for m in loaders),
     }
     if counts is not None:
         out.update(
@@ -224,6 +232,8 @@ def _mosaic_run(remote: str, consumers: int, samples: int, proxy: LatencyProxy, 
 
 
 def main() -> None:
+    from loomdata.execution import ServeConfig
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=8000)
     ap.add_argument("--seq-len", type=int, default=4096)
@@ -231,6 +241,12 @@ def main() -> None:
     ap.add_argument("--consumers", type=int, default=2)
     ap.add_argument("--latencies", type=float, nargs="+", default=[0, 20, 100], help="ms added per request")
     ap.add_argument("--shuffles", nargs="+", default=["global", "block"])
+    ap.add_argument(
+        "--prefetch", type=int, default=ServeConfig().loader_prefetch, help="row groups each loader reads ahead"
+    )
+    ap.add_argument(
+        "--no-prefetch-at", type=float, nargs="*", default=[100], help="latencies (ms) also run with prefetch off"
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
@@ -285,20 +301,25 @@ def main() -> None:
                 plans[sh] = spec
         header = f"{'side':<22}{'ms':>5}{'tok/s/consumer':>16}{'wait/step ms':>14}{'req/step':>10}{'fetch/deliv':>12}"
         print(header)
-        row = _loom_run(local, args.consumers, None, root)
-        results["runs"].append({"side": "loomdata local", "latency_ms": 0, **row})
-        print(f"{'loomdata local':<22}{0:>5}{row['tokens_per_s_per_consumer']:>16,}{row['wait_per_step_ms']:>14.2f}")
+        for side, pf in [("loomdata local", args.prefetch), ("loomdata local no-pf", 0)]:
+            row = _loom_run(local, args.consumers, None, root, pf)
+            results["runs"].append({"side": side, "latency_ms": 0, **row})
+            print(f"{side:<22}{0:>5}{row['tokens_per_s_per_consumer']:>16,}{row['wait_per_step_ms']:>14.2f}")
         for ms in args.latencies:
             proxy = LatencyProxy(port, ms / 1000)
             try:
                 for sh, spec in plans.items():
-                    row = _loom_run(spec, args.consumers, proxy, root)
-                    results["runs"].append({"side": f"loomdata s3 {sh}", "latency_ms": ms, **row})
-                    print(
-                        f"{'loomdata s3 ' + sh:<22}{ms:>5.0f}{row['tokens_per_s_per_consumer']:>16,}"
-                        f"{row['wait_per_step_ms']:>14.2f}{row['requests_per_step']:>10.2f}"
-                        f"{row['fetched_per_delivered']:>12.3f}"
-                    )
+                    runs = [(f"loomdata s3 {sh}", args.prefetch)]
+                    if ms in args.no_prefetch_at and args.prefetch > 0:
+                        runs.append((f"loomdata s3 {sh} no-pf", 0))
+                    for side, pf in runs:
+                        row = _loom_run(spec, args.consumers, proxy, root, pf)
+                        results["runs"].append({"side": side, "latency_ms": ms, **row})
+                        print(
+                            f"{side:<22}{ms:>5.0f}{row['tokens_per_s_per_consumer']:>16,}"
+                            f"{row['wait_per_step_ms']:>14.2f}{row['requests_per_step']:>10.2f}"
+                            f"{row['fetched_per_delivered']:>12.3f}"
+                        )
                 if mosaic:
                     row = _mosaic_run(f"s3://{BUCKET}/mds", args.consumers, args.docs, proxy, root)
                     results["runs"].append({"side": "mosaic s3", "latency_ms": ms, **row})
@@ -313,7 +334,7 @@ def main() -> None:
     local_wait = by[("loomdata local", 0)]["wait_per_step_ms"]
     summary = {}
     for (side, ms), r in by.items():
-        if side.startswith("loomdata s3"):
+        if side.startswith("loomdata s3") and not side.endswith("no-pf"):
             m = by.get(("mosaic s3", ms))
             summary[f"{side} @{ms:g}ms"] = {
                 "wait_vs_local": round(r["wait_per_step_ms"] / max(local_wait, 1e-9), 3),

@@ -1,10 +1,12 @@
 """Delivery from object storage: the same corpus on local disk and on an S3-protocol server, with latency.
 
-One pre-tokenized Parquet source is written locally and uploaded to moto's S3 server on loopback
-(`moto[server]`, a test dependency). A loopback proxy (`_latency_proxy.py`) in front of the server adds
-0, 20 or 100 ms to every request and counts requests and bytes. For each latency and for the shuffles
-`global` and `block` (when the spec supports it), loomdata indexes and plans once, then a fresh embedded
-cluster serves the plan to `--consumers` rank processes that read every step:
+One pre-tokenized Parquet source (row groups of 256 documents) is written locally and uploaded to
+moto's S3 server on loopback (`moto[server]`, a test dependency). A loopback proxy (`_latency_proxy.py`)
+in front of the server adds 0, 20 or 100 ms to every request and counts requests and bytes. For the
+shuffles `global` and `block` (blocks of one row group, `--block-window` of them shuffled together),
+loomdata indexes and plans once (local and S3), then a fresh embedded cluster serves each plan (local
+disk; S3 at each latency; with prefetch off at 100 ms too) to `--consumers` rank processes that read
+every step:
 
 - delivered tokens/s per consumer, consumer wait per step (time blocked in the iterator / steps),
 - requests per step and bytes fetched per byte delivered (the proxy's counts over the run),
@@ -43,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "object_store.json"
 PEERS_PYTHON = HERE / ".venv-peers" / "bin" / "python"
 BUCKET = "loom-bench"
+ROW_GROUP = 256  # documents per Parquet row group (the loaders' read unit)
 CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
@@ -59,7 +62,7 @@ def _write_docs(root: Path, docs: int, seed: int, per_file: int = 2000) -> tuple
         off = (offsets[a : b + 1] - offsets[a]).astype(np.int32)
         arr = pa.ListArray.from_arrays(pa.array(off), pa.array(values[offsets[a] : offsets[b]]))
         path = root / "parquet" / f"part-{k:03d}.parquet"
-        pq.write_table(pa.table({"tokens": arr}), path, row_group_size=256)
+        pq.write_table(pa.table({"tokens": arr}), path, row_group_size=ROW_GROUP)
         files.append(path)
     npz = root / "docs.npz"
     np.savez(npz, tokens=values, offsets=offsets)
@@ -75,12 +78,17 @@ def _upload(s3: Any, local: Path, prefix: str) -> int:
     return n
 
 
-def _spec(root: Path, paths: str, shuffle: str, seq_len: int, steps: int, dp: int, tag: str) -> Any:
+def _spec(root: Path, paths: str, shuffle: str, seq_len: int, steps: int, dp: int, tag: str, window: int = 4) -> Any:
+    """One Parquet source; `block`: blocks of one row group, `window` of them shuffled together.
+
+    The default block shuffle (1024 documents x a window of 16) spans more documents than the benchmark's
+    corpus, which would make it a global shuffle here; blocks aligned with row groups are what `block` is for.
+    """
     from loomdata.schemas import parse_spec
 
     source: dict[str, Any] = {"name": "web", "format": "parquet", "paths": [paths], "tokens_field": "tokens"}
     if shuffle != "global":
-        source["shuffle"] = shuffle
+        source.update(shuffle=shuffle, block_size=ROW_GROUP, window=window)
     return parse_spec(
         {
             "name": f"bench-objstore-{tag}",
@@ -241,6 +249,7 @@ def main() -> None:
     ap.add_argument("--consumers", type=int, default=2)
     ap.add_argument("--latencies", type=float, nargs="+", default=[0, 20, 100], help="ms added per request")
     ap.add_argument("--shuffles", nargs="+", default=["global", "block"])
+    ap.add_argument("--block-window", type=int, default=4, help="row-group blocks shuffled together (`block`)")
     ap.add_argument(
         "--prefetch", type=int, default=ServeConfig().loader_prefetch, help="row groups each loader reads ahead"
     )
@@ -287,12 +296,18 @@ def main() -> None:
         )
         plans: dict[str, Any] = {}
         with open_cluster(n_workers=2, local_directory=root / "dask-index") as client:
-            local = _spec(root, "parquet/*.parquet", "global", args.seq_len, steps, args.dp, "local")
-            build_index(local, client)
-            plans_of[local.name] = Path(make_plan(local).plan_dir)
+            locals_ = {}
+            for sh in args.shuffles:
+                local = _spec(
+                    root, "parquet/*.parquet", sh, args.seq_len, steps, args.dp, f"local-{sh}", args.block_window
+                )
+                build_index(local, client)
+                plans_of[local.name] = Path(make_plan(local).plan_dir)
+                locals_[sh] = local
             for sh in args.shuffles:
                 try:
-                    spec = _spec(root, f"s3://{BUCKET}/parquet/*.parquet", sh, args.seq_len, steps, args.dp, f"s3-{sh}")
+                    url = f"s3://{BUCKET}/parquet/*.parquet"
+                    spec = _spec(root, url, sh, args.seq_len, steps, args.dp, f"s3-{sh}", args.block_window)
                 except Exception as e:  # a shuffle this loomdata does not have: say so, go on
                     print(f"shuffle {sh}: not supported here ({type(e).__name__}: {e})")
                     continue
@@ -301,10 +316,12 @@ def main() -> None:
                 plans[sh] = spec
         header = f"{'side':<22}{'ms':>5}{'tok/s/consumer':>16}{'wait/step ms':>14}{'req/step':>10}{'fetch/deliv':>12}"
         print(header)
-        for side, pf in [("loomdata local", args.prefetch), ("loomdata local no-pf", 0)]:
-            row = _loom_run(local, args.consumers, None, root, pf)
-            results["runs"].append({"side": side, "latency_ms": 0, **row})
-            print(f"{side:<22}{0:>5}{row['tokens_per_s_per_consumer']:>16,}{row['wait_per_step_ms']:>14.2f}")
+        for sh, local in locals_.items():
+            runs = [(f"loomdata local {sh}", args.prefetch)] + ([(f"loomdata local {sh} no-pf", 0)] * (sh == "block"))
+            for side, pf in runs:
+                row = _loom_run(local, args.consumers, None, root, pf)
+                results["runs"].append({"side": side, "latency_ms": 0, **row})
+                print(f"{side:<22}{0:>5}{row['tokens_per_s_per_consumer']:>16,}{row['wait_per_step_ms']:>14.2f}")
         for ms in args.latencies:
             proxy = LatencyProxy(port, ms / 1000)
             try:
@@ -331,11 +348,11 @@ def main() -> None:
                 proxy.close()
         server.stop()
     by = {(r["side"], r["latency_ms"]): r for r in results["runs"]}
-    local_wait = by[("loomdata local", 0)]["wait_per_step_ms"]
     summary = {}
     for (side, ms), r in by.items():
         if side.startswith("loomdata s3") and not side.endswith("no-pf"):
             m = by.get(("mosaic s3", ms))
+            local_wait = by[(side.replace(" s3 ", " local "), 0)]["wait_per_step_ms"]  # the same shuffle, local disk
             summary[f"{side} @{ms:g}ms"] = {
                 "wait_vs_local": round(r["wait_per_step_ms"] / max(local_wait, 1e-9), 3),
                 "tokens_per_s_vs_mosaic": None

@@ -39,7 +39,7 @@ __all__ = [
 
 _UNIT_BITS = 24  # row groups per file below 2**24; a unit key is shard << 24 | unit
 
-PREFETCH_STEPS = 8
+PREFETCH_STEPS = 16
 """Steps beyond the window + 2 a prefetching loader looks (and keeps units) ahead: a few GET latencies of steps."""
 
 
@@ -325,9 +325,11 @@ class PlanUnitCache:
 
     def put_ahead(self, key: UnitKey, value: Any, nbytes: int, front: int) -> bool:
         """Offer a unit read ahead for a use within the horizon of step `front`; kept only if it fits (strict)."""
-        if self._closed or str(key[0]) not in self._shard_of:
+        if str(key[0]) not in self._shard_of:
             return False
         with self._pool.lock:
+            if self._closed:  # checked under the lock: `close` may run in another thread
+                return False
             n = int(self.uses.next_use(np.array([self._key(key)]), self.floor)[0])
             if not 0 <= n <= max(self.newest, front, 0) + self.policy.horizon_steps:
                 return False

@@ -3,7 +3,8 @@
 The loader's `PlanUnitCache` already knows which read units (Parquet row groups) its pending steps
 need. `Prefetcher` turns that into reads ahead: the units with a pending use within the cache's
 horizon that are neither held nor in flight, in plan order (earliest use first), at most `limit` in
-flight on its own threads, each thread with a reader of its own (readers are not thread-safe). A
+flight on the worker process's read-ahead threads (shared by its loaders), each read with a reader
+of the loader's own that no other read uses meanwhile (readers are not thread-safe; at most `limit`). A
 unit read ahead is offered to the cache strictly (it counts against the worker's budget, never
 pushes out a unit needed sooner) and dropped at its last use like any other. Nothing is issued while
 the budget is spent or a unit read ahead found no room, and a failed unit is not read ahead again,
@@ -32,6 +33,22 @@ from loomdata.sources import FormatReader, UnitKey
 from loomdata.storage import Location
 
 __all__ = ["PrefetchCounters", "Prefetcher", "plan_prefetch"]
+
+
+_THREADS = 32
+"""Threads reading ahead in one worker process, shared by all its loaders (each bounded by its own `limit`)."""
+
+_SHARED: ThreadPoolExecutor | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_threads() -> ThreadPoolExecutor:
+    """This process's read-ahead threads (made on first use): hundreds of loaders must not own a pool each."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            _SHARED = ThreadPoolExecutor(_THREADS, thread_name_prefix="loom-prefetch")
+        return _SHARED
 
 
 def plan_prefetch(keys: np.ndarray, steps: np.ndarray, busy: np.ndarray, slots: int) -> np.ndarray:
@@ -75,7 +92,8 @@ class Prefetcher:
         self._make_reader = make_reader
         self._paths = paths
         self._shard_of = {str(p): s for s, p in paths.items()}
-        self._pool = ThreadPoolExecutor(max(limit, 1), thread_name_prefix=f"loom-prefetch-{name}")
+        self._pool = _shared_threads()
+        self.name = name
         self._lock = threading.Lock()
         self._inflight: dict[int, Future[None]] = {}
         self._fresh: set[int] = set()  # read ahead and kept, not yet asked for
@@ -197,7 +215,7 @@ class Prefetcher:
         return None if shard is None else int(unit_key(shard, int(key[1])))
 
     def close(self) -> None:
-        """Stop reading ahead: queued reads are cancelled, running ones finish and close their readers."""
+        """Stop reading ahead: this loader's queued reads are cancelled, running ones finish and close their readers."""
         with self._lock:
             if self._closed:
                 return
@@ -205,6 +223,5 @@ class Prefetcher:
             free, self._free = self._free, []
             for fut in self._inflight.values():
                 fut.cancel()
-        self._pool.shutdown(wait=False, cancel_futures=True)
         for reader in free:
             reader.close()

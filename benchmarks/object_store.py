@@ -8,7 +8,9 @@ loomdata indexes and plans once (local and S3), then a fresh embedded cluster se
 disk; S3 at each latency; with prefetch off at 100 ms too) to `--consumers` rank processes that read
 every step:
 
-- delivered tokens/s per consumer, consumer wait per step (time blocked in the iterator / steps),
+- delivered tokens/s per consumer, consumer wait per step (time blocked in the iterator / steps; with
+  `--step-ms`, each consumer also spends that long per batch, as a training step would, so the wait is
+  what the serving window did not hide), the spread of the waits (p50/p99/max, seconds in waits > 50 ms),
 - requests per step and bytes fetched per byte delivered (the proxy's counts over the run),
 - side by side, Mosaic Streaming reading the same documents converted to MDS from the same server
   through the same proxy (a DataLoader(num_workers=2) per consumer; its shuffle on). Mosaic runs in the
@@ -103,7 +105,7 @@ def _spec(root: Path, paths: str, shuffle: str, seq_len: int, steps: int, dp: in
     )
 
 
-def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -> None:
+def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any, step_s: float = 0.0) -> None:
     from loomdata.client import StreamClient
 
     c = StreamClient(plan_dir, rank)
@@ -112,11 +114,18 @@ def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -> Non
     t0 = time.time()
     tokens = n = 0
     first = None
+    gaps = []  # seconds each batch took to arrive
+    t = time.perf_counter()
     for b in c:
+        now = time.perf_counter()
+        gaps.append(now - t)
         tokens += int(b.cu_seqlens[-1])
         n += 1
         if first is None:
             first = time.time() - t0
+        if step_s > 0:
+            time.sleep(step_s)  # the rank's training step: the serving window has this long to stay ahead
+        t = time.perf_counter()
     t1 = time.time()
     wait, steps = c.wait_s, c.meta.steps
     c.close()
@@ -130,14 +139,18 @@ def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -> Non
             "wait_s": wait,
             "steps": steps,
             "first_s": first,
+            "gaps": gaps,
         }
     )
+
+
+STEP_S = 0.0  # --step-ms / 1000
 
 
 def _run_consumers(plan_dir: Path, n: int) -> list[dict[str, Any]]:
     ctx = mp.get_context("spawn")
     ready, out, start = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_consumer, args=(str(plan_dir), r, ready, start, out)) for r in range(n)]
+    procs = [ctx.Process(target=_consumer, args=(str(plan_dir), r, ready, start, out, STEP_S)) for r in range(n)]
     for p in procs:
         p.start()
     for _ in procs:
@@ -178,6 +191,7 @@ def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path,
         "wait_per_step_ms": round(1000 * max(r["wait_s"] for r in rows) / steps, 3),
         "first_batch_s": round(max(r["first_s"] or 0.0 for r in rows), 3),
         "steps": steps,
+        **_gap_stats([g for r in rows for g in r["gaps"][1:]]),  # after the first batch
         "loader_prefetch": prefetch,
         "prefetched_units": sum(m.prefetched for m in loaders),
         "prefetch_hits": sum(m.prefetch_hits for m in loaders),
@@ -190,6 +204,17 @@ def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path,
             fetched_per_delivered=round(counts.bytes_down / max(4 * tokens, 1), 3),
         )
     return out
+
+
+def _gap_stats(gaps: list[float]) -> dict[str, Any]:
+    """How the waits for batches after the first are spread: median, p99, max, and the seconds in waits over 50 ms."""
+    g = np.asarray(gaps or [0.0])
+    return {
+        "gap_p50_ms": round(1000 * float(np.median(g)), 2),
+        "gap_p99_ms": round(1000 * float(np.quantile(g, 0.99)), 2),
+        "gap_max_ms": round(1000 * float(g.max()), 1),
+        "stall_s": round(float(g[g > 0.05].sum()), 3),
+    }
 
 
 def _free_port() -> int:
@@ -256,8 +281,16 @@ def main() -> None:
     ap.add_argument(
         "--no-prefetch-at", type=float, nargs="*", default=[100], help="latencies (ms) also run with prefetch off"
     )
+    ap.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="simulated training step per batch in each loomdata consumer (0: read as fast as possible)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
+    global STEP_S
+    STEP_S = args.step_ms / 1000
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
 
     import boto3

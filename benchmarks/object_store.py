@@ -1,12 +1,16 @@
 """Delivery from object storage: the same corpus on local disk and on an S3-protocol server, with latency.
 
-One pre-tokenized Parquet source is written locally and uploaded to moto's S3 server on loopback
-(`moto[server]`, a test dependency). A loopback proxy (`_latency_proxy.py`) in front of the server adds
-0, 20 or 100 ms to every request and counts requests and bytes. For each latency and for the shuffles
-`global` and `block` (when the spec supports it), loomdata indexes and plans once, then a fresh embedded
-cluster serves the plan to `--consumers` rank processes that read every step:
+One pre-tokenized Parquet source (row groups of 256 documents) is written locally and uploaded to
+moto's S3 server on loopback (`moto[server]`, a test dependency). A loopback proxy (`_latency_proxy.py`)
+in front of the server adds 0, 20 or 100 ms to every request and counts requests and bytes. For the
+shuffles `global` and `block` (blocks of one row group, `--block-window` of them shuffled together),
+loomdata indexes and plans once (local and S3), then a fresh embedded cluster serves each plan (local
+disk; S3 at each latency; with prefetch off at 100 ms too) to `--consumers` rank processes that read
+every step:
 
-- delivered tokens/s per consumer, consumer wait per step (time blocked in the iterator / steps),
+- delivered tokens/s per consumer, consumer wait per step (time blocked in the iterator / steps; with
+  `--step-ms`, each consumer also spends that long per batch, as a training step would, so the wait is
+  what the serving window did not hide), the spread of the waits (p50/p99/max, seconds in waits > 50 ms),
 - requests per step and bytes fetched per byte delivered (the proxy's counts over the run),
 - side by side, Mosaic Streaming reading the same documents converted to MDS from the same server
   through the same proxy (a DataLoader(num_workers=2) per consumer; its shuffle on). Mosaic runs in the
@@ -43,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "object_store.json"
 PEERS_PYTHON = HERE / ".venv-peers" / "bin" / "python"
 BUCKET = "loom-bench"
+ROW_GROUP = 256  # documents per Parquet row group (the loaders' read unit)
 CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
@@ -59,7 +64,7 @@ def _write_docs(root: Path, docs: int, seed: int, per_file: int = 2000) -> tuple
         off = (offsets[a : b + 1] - offsets[a]).astype(np.int32)
         arr = pa.ListArray.from_arrays(pa.array(off), pa.array(values[offsets[a] : offsets[b]]))
         path = root / "parquet" / f"part-{k:03d}.parquet"
-        pq.write_table(pa.table({"tokens": arr}), path, row_group_size=256)
+        pq.write_table(pa.table({"tokens": arr}), path, row_group_size=ROW_GROUP)
         files.append(path)
     npz = root / "docs.npz"
     np.savez(npz, tokens=values, offsets=offsets)
@@ -75,12 +80,17 @@ def _upload(s3: Any, local: Path, prefix: str) -> int:
     return n
 
 
-def _spec(root: Path, paths: str, shuffle: str, seq_len: int, steps: int, dp: int, tag: str) -> Any:
+def _spec(root: Path, paths: str, shuffle: str, seq_len: int, steps: int, dp: int, tag: str, window: int = 4) -> Any:
+    """One Parquet source; `block`: blocks of one row group, `window` of them shuffled together.
+
+    The default block shuffle (1024 documents x a window of 16) spans more documents than the benchmark's
+    corpus, which would make it a global shuffle here; blocks aligned with row groups are what `block` is for.
+    """
     from loomdata.schemas import parse_spec
 
     source: dict[str, Any] = {"name": "web", "format": "parquet", "paths": [paths], "tokens_field": "tokens"}
     if shuffle != "global":
-        source["shuffle"] = shuffle
+        source.update(shuffle=shuffle, block_size=ROW_GROUP, window=window)
     return parse_spec(
         {
             "name": f"bench-objstore-{tag}",
@@ -95,7 +105,7 @@ def _spec(root: Path, paths: str, shuffle: str, seq_len: int, steps: int, dp: in
     )
 
 
-def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -> None:
+def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any, step_s: float = 0.0) -> None:
     from loomdata.client import StreamClient
 
     c = StreamClient(plan_dir, rank)
@@ -104,11 +114,18 @@ def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -> Non
     t0 = time.time()
     tokens = n = 0
     first = None
+    gaps = []  # seconds each batch took to arrive
+    t = time.perf_counter()
     for b in c:
+        now = time.perf_counter()
+        gaps.append(now - t)
         tokens += int(b.cu_seqlens[-1])
         n += 1
         if first is None:
             first = time.time() - t0
+        if step_s > 0:
+            time.sleep(step_s)  # the rank's training step: the serving window has this long to stay ahead
+        t = time.perf_counter()
     t1 = time.time()
     wait, steps = c.wait_s, c.meta.steps
     c.close()
@@ -122,14 +139,18 @@ def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -> Non
             "wait_s": wait,
             "steps": steps,
             "first_s": first,
+            "gaps": gaps,
         }
     )
+
+
+STEP_S = 0.0  # --step-ms / 1000
 
 
 def _run_consumers(plan_dir: Path, n: int) -> list[dict[str, Any]]:
     ctx = mp.get_context("spawn")
     ready, out, start = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_consumer, args=(str(plan_dir), r, ready, start, out)) for r in range(n)]
+    procs = [ctx.Process(target=_consumer, args=(str(plan_dir), r, ready, start, out, STEP_S)) for r in range(n)]
     for p in procs:
         p.start()
     for _ in procs:
@@ -144,19 +165,23 @@ def _run_consumers(plan_dir: Path, n: int) -> list[dict[str, Any]]:
 plans_of: dict[str, Path] = {}  # spec name -> its plan dir
 
 
-def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path) -> dict[str, Any]:
+def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path, prefetch: int) -> dict[str, Any]:
     """Serve an indexed and planned spec on a fresh embedded cluster (its workers see the proxy's endpoint)."""
     from loomdata.execution import Executor, open_cluster
 
     plan_dir = plans_of[spec.name]
     if proxy is not None:
         os.environ["AWS_ENDPOINT_URL"] = proxy.url
-    with open_cluster(n_workers=2, local_directory=root / "dask") as client, Executor(plan_dir, client):
+    with (
+        open_cluster(n_workers=2, local_directory=root / "dask") as client,
+        Executor(plan_dir, client, loader_prefetch=prefetch) as ex,
+    ):
         if proxy is not None:
             proxy.reset()
         rows = _run_consumers(plan_dir, consumers)
         wall = max(r["t1"] for r in rows) - min(r["t0"] for r in rows)  # from the consumers' common start
         counts = proxy.reset() if proxy is not None else None
+        loaders = [lo.metrics for lo in ex.metrics().loaders]
     tokens = sum(r["tokens"] for r in rows)
     steps = rows[0]["steps"]
     out: dict[str, Any] = {
@@ -166,6 +191,11 @@ def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path)
         "wait_per_step_ms": round(1000 * max(r["wait_s"] for r in rows) / steps, 3),
         "first_batch_s": round(max(r["first_s"] or 0.0 for r in rows), 3),
         "steps": steps,
+        **_gap_stats([g for r in rows for g in r["gaps"][1:]]),  # after the first batch
+        "loader_prefetch": prefetch,
+        "prefetched_units": sum(m.prefetched for m in loaders),
+        "prefetch_hits": sum(m.prefetch_hits for m in loaders),
+        "prefetch_errors": sum(m.prefetch_errors for m in loaders),
     }
     if counts is not None:
         out.update(
@@ -174,6 +204,17 @@ def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path)
             fetched_per_delivered=round(counts.bytes_down / max(4 * tokens, 1), 3),
         )
     return out
+
+
+def _gap_stats(gaps: list[float]) -> dict[str, Any]:
+    """How the waits for batches after the first are spread: median, p99, max, and the seconds in waits over 50 ms."""
+    g = np.asarray(gaps or [0.0])
+    return {
+        "gap_p50_ms": round(1000 * float(np.median(g)), 2),
+        "gap_p99_ms": round(1000 * float(np.quantile(g, 0.99)), 2),
+        "gap_max_ms": round(1000 * float(g.max()), 1),
+        "stall_s": round(float(g[g > 0.05].sum()), 3),
+    }
 
 
 def _free_port() -> int:
@@ -224,6 +265,8 @@ def _mosaic_run(remote: str, consumers: int, samples: int, proxy: LatencyProxy, 
 
 
 def main() -> None:
+    from loomdata.execution import ServeConfig
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=8000)
     ap.add_argument("--seq-len", type=int, default=4096)
@@ -231,8 +274,23 @@ def main() -> None:
     ap.add_argument("--consumers", type=int, default=2)
     ap.add_argument("--latencies", type=float, nargs="+", default=[0, 20, 100], help="ms added per request")
     ap.add_argument("--shuffles", nargs="+", default=["global", "block"])
+    ap.add_argument("--block-window", type=int, default=4, help="row-group blocks shuffled together (`block`)")
+    ap.add_argument(
+        "--prefetch", type=int, default=ServeConfig().loader_prefetch, help="row groups each loader reads ahead"
+    )
+    ap.add_argument(
+        "--no-prefetch-at", type=float, nargs="*", default=[100], help="latencies (ms) also run with prefetch off"
+    )
+    ap.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="simulated training step per batch in each loomdata consumer (0: read as fast as possible)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
+    global STEP_S
+    STEP_S = args.step_ms / 1000
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
 
     import boto3
@@ -271,12 +329,18 @@ def main() -> None:
         )
         plans: dict[str, Any] = {}
         with open_cluster(n_workers=2, local_directory=root / "dask-index") as client:
-            local = _spec(root, "parquet/*.parquet", "global", args.seq_len, steps, args.dp, "local")
-            build_index(local, client)
-            plans_of[local.name] = Path(make_plan(local).plan_dir)
+            locals_ = {}
+            for sh in args.shuffles:
+                local = _spec(
+                    root, "parquet/*.parquet", sh, args.seq_len, steps, args.dp, f"local-{sh}", args.block_window
+                )
+                build_index(local, client)
+                plans_of[local.name] = Path(make_plan(local).plan_dir)
+                locals_[sh] = local
             for sh in args.shuffles:
                 try:
-                    spec = _spec(root, f"s3://{BUCKET}/parquet/*.parquet", sh, args.seq_len, steps, args.dp, f"s3-{sh}")
+                    url = f"s3://{BUCKET}/parquet/*.parquet"
+                    spec = _spec(root, url, sh, args.seq_len, steps, args.dp, f"s3-{sh}", args.block_window)
                 except Exception as e:  # a shuffle this loomdata does not have: say so, go on
                     print(f"shuffle {sh}: not supported here ({type(e).__name__}: {e})")
                     continue
@@ -285,20 +349,27 @@ def main() -> None:
                 plans[sh] = spec
         header = f"{'side':<22}{'ms':>5}{'tok/s/consumer':>16}{'wait/step ms':>14}{'req/step':>10}{'fetch/deliv':>12}"
         print(header)
-        row = _loom_run(local, args.consumers, None, root)
-        results["runs"].append({"side": "loomdata local", "latency_ms": 0, **row})
-        print(f"{'loomdata local':<22}{0:>5}{row['tokens_per_s_per_consumer']:>16,}{row['wait_per_step_ms']:>14.2f}")
+        for sh, local in locals_.items():
+            runs = [(f"loomdata local {sh}", args.prefetch)] + ([(f"loomdata local {sh} no-pf", 0)] * (sh == "block"))
+            for side, pf in runs:
+                row = _loom_run(local, args.consumers, None, root, pf)
+                results["runs"].append({"side": side, "latency_ms": 0, **row})
+                print(f"{side:<22}{0:>5}{row['tokens_per_s_per_consumer']:>16,}{row['wait_per_step_ms']:>14.2f}")
         for ms in args.latencies:
             proxy = LatencyProxy(port, ms / 1000)
             try:
                 for sh, spec in plans.items():
-                    row = _loom_run(spec, args.consumers, proxy, root)
-                    results["runs"].append({"side": f"loomdata s3 {sh}", "latency_ms": ms, **row})
-                    print(
-                        f"{'loomdata s3 ' + sh:<22}{ms:>5.0f}{row['tokens_per_s_per_consumer']:>16,}"
-                        f"{row['wait_per_step_ms']:>14.2f}{row['requests_per_step']:>10.2f}"
-                        f"{row['fetched_per_delivered']:>12.3f}"
-                    )
+                    runs = [(f"loomdata s3 {sh}", args.prefetch)]
+                    if ms in args.no_prefetch_at and args.prefetch > 0:
+                        runs.append((f"loomdata s3 {sh} no-pf", 0))
+                    for side, pf in runs:
+                        row = _loom_run(spec, args.consumers, proxy, root, pf)
+                        results["runs"].append({"side": side, "latency_ms": ms, **row})
+                        print(
+                            f"{side:<22}{ms:>5.0f}{row['tokens_per_s_per_consumer']:>16,}"
+                            f"{row['wait_per_step_ms']:>14.2f}{row['requests_per_step']:>10.2f}"
+                            f"{row['fetched_per_delivered']:>12.3f}"
+                        )
                 if mosaic:
                     row = _mosaic_run(f"s3://{BUCKET}/mds", args.consumers, args.docs, proxy, root)
                     results["runs"].append({"side": "mosaic s3", "latency_ms": ms, **row})
@@ -310,11 +381,11 @@ def main() -> None:
                 proxy.close()
         server.stop()
     by = {(r["side"], r["latency_ms"]): r for r in results["runs"]}
-    local_wait = by[("loomdata local", 0)]["wait_per_step_ms"]
     summary = {}
     for (side, ms), r in by.items():
-        if side.startswith("loomdata s3"):
+        if side.startswith("loomdata s3") and not side.endswith("no-pf"):
             m = by.get(("mosaic s3", ms))
+            local_wait = by[(side.replace(" s3 ", " local "), 0)]["wait_per_step_ms"]  # the same shuffle, local disk
             summary[f"{side} @{ms:g}ms"] = {
                 "wait_vs_local": round(r["wait_per_step_ms"] / max(local_wait, 1e-9), 3),
                 "tokens_per_s_vs_mosaic": None

@@ -230,6 +230,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             autoscale=Autoscaling() if args.autoscale else None,
             loader_memory=args.loader_memory * 1024 * 1024,
             bytes_in_flight=args.bytes_in_flight * 1024,
+            loader_prefetch=args.loader_prefetch,
         )
     except ValueError as e:
         print(f"loom serve: error: {e}", file=sys.stderr)
@@ -395,6 +396,13 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.bytes_in_flight // 1024,
         metavar="KIB",
         help="KiB of a rank's batches built ahead and moved per call (the window widens to hold them)",
+    )
+    s.add_argument(
+        "--loader-prefetch",
+        type=int,
+        default=defaults.loader_prefetch,
+        metavar="N",
+        help="row groups each loader reads ahead at once for its next planned steps, within --loader-memory (0: none)",
     )
     s.add_argument(
         "--autoscale",

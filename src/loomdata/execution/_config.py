@@ -16,6 +16,7 @@ from loomdata.execution._window import step_bytes
 __all__ = [
     "DEFAULT_BYTES_IN_FLIGHT",
     "DEFAULT_LOADER_MEMORY",
+    "DEFAULT_LOADER_PREFETCH",
     "DEFAULT_WORKERS",
     "MAX_STEPS_AHEAD",
     "Autoscaling",
@@ -34,6 +35,9 @@ DEFAULT_BYTES_IN_FLIGHT = 4 * 1024 * 1024
 
 MAX_STEPS_AHEAD = 64
 """The most steps `bytes_in_flight` alone builds ahead (tiny steps: per-call costs are amortized long before)."""
+
+DEFAULT_LOADER_PREFETCH = 8
+"""Read units (row groups) each Source Loader reads ahead at once (`--loader-prefetch`): hides a GET's latency."""
 
 
 def _positive(obj: Any, *names: str) -> None:
@@ -133,7 +137,10 @@ class ServeConfig:
     `bytes_in_flight`: bytes of one rank's batches built ahead of it and moved in one take: the window
     is `max(window, bytes_in_flight // bytes of a rank's step)` steps, at most MAX_STEPS_AHEAD
     (`steps_ahead`), and a client takes every step ready up to it in one call (the `window` + 2 above
-    is that window). `peers` None: the plan's tp*pp*cp. `loaders_per_source` is one count or a count per source name
+    is that window).
+    `loader_prefetch`: read units each loader reads ahead at once for its next planned steps, within
+    `loader_memory` (`_prefetch`; 0, or `loader_memory` 0: no read-ahead).
+    `peers` None: the plan's tp*pp*cp. `loaders_per_source` is one count or a count per source name
     (1 for sources not named). `n_workers` sizes the embedded cluster only (no scheduler given).
     """
 
@@ -147,6 +154,7 @@ class ServeConfig:
     n_workers: int = DEFAULT_WORKERS
     loader_memory: int = DEFAULT_LOADER_MEMORY
     bytes_in_flight: int = DEFAULT_BYTES_IN_FLIGHT
+    loader_prefetch: int = DEFAULT_LOADER_PREFETCH
     metrics_every_s: float = 10.0  # `serve`'s metrics lines
     timings: Timings = field(default_factory=Timings)
 
@@ -159,6 +167,8 @@ class ServeConfig:
             raise ValueError(f"ServeConfig.bytes_in_flight must be >= 0 bytes, got {self.bytes_in_flight!r}")
         if self.loader_memory < 0:
             raise ValueError(f"ServeConfig.loader_memory must be >= 0 bytes, got {self.loader_memory!r}")
+        if self.loader_prefetch < 0:
+            raise ValueError(f"ServeConfig.loader_prefetch must be >= 0 units in flight, got {self.loader_prefetch!r}")
         n = self.loaders_per_source
         if isinstance(n, Mapping):
             bad = {k: v for k, v in n.items() if not isinstance(v, int) or v < 1}

@@ -15,6 +15,8 @@ loader reads the manifest a chunk of steps ahead of the newest step it served, c
 (row groups) its pending steps need, hands the reader a `PlanUnitCache` that keeps a unit only until
 its last planned use, and counts each served segment off. Planning is a hint: if it fails (a file the
 reader cannot open yet), those units are simply not kept, and the read reports the real error.
+With `CachePolicy.prefetch` (`_prefetch`), the units pending steps need are read ahead, in plan order,
+a bounded number at once on the loader's prefetch threads, into the same cache and budget.
 
 Retirement (scaling, `Executor.set_loaders`): `close()` runs after any read already in the loader's
 thread (one thread, FIFO) and cannot interleave with an inline read (both run on the worker's event
@@ -35,6 +37,7 @@ import pyarrow as pa
 
 from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, unit_key
 from loomdata.execution._partition import LoaderPartition
+from loomdata.execution._prefetch import Prefetcher
 from loomdata.execution._verify import Verifier, require_checksums, serving_error
 from loomdata.schemas.errors import ExecutionError, LoomError, SourceDataError
 from loomdata.schemas.freshness import require_fresh
@@ -164,6 +167,7 @@ class SourceLoader:
         t0 = time.perf_counter()
         if self._plan is not None:
             self._plan.ahead(request["step"])
+            self._plan.pump(request["step"])
         out = read_segments(
             self._reader,
             request,
@@ -178,6 +182,7 @@ class SourceLoader:
         )
         if self._plan is not None:
             self._plan.served(request)
+            self._plan.pump(None)
         c = self._counters
         t1 = time.perf_counter()
         c.calls += 1
@@ -205,7 +210,15 @@ class SourceLoader:
             samples_per_busy_s=c.samples / c.busy_s if c.busy_s > 0 else None,
             state_bytes=int(self._sample.nbytes + self._shard.nbytes + self._row.nbytes),
             rss_bytes=_rss(),
+            **self._prefetch_counts(),
         )
+
+    def _prefetch_counts(self) -> dict[str, int]:
+        pf = self._plan.prefetch if self._plan is not None else None
+        if pf is None:
+            return {}
+        c = pf.counters
+        return {"prefetched": c.prefetched, "prefetch_hits": c.hits, "prefetch_errors": c.errors}
 
     def _check_open(self) -> None:
         if self._closed:
@@ -240,7 +253,17 @@ class _PlanAhead:
         self._lock = threading.Lock()
         shard_of = {str(p): s for s, p in loader._paths.items()}
         self.cache = PlanUnitCache(meta.plan_id, meta.steps, policy, shard_of)
-        loader._reader.use_unit_cache(self.cache)
+        self.prefetch: Prefetcher | None = None
+        if policy.prefetch > 0 and policy.worker_bytes > 0:
+            spec, part = meta.spec, loader.partition
+            self.prefetch = Prefetcher(
+                self.cache,
+                lambda: make_reader(loader._source, spec.tokenizer, spec.images),
+                loader._paths,
+                policy.prefetch,
+                f"{part.source}-{part.part}",
+            )
+        loader._reader.use_unit_cache(self.prefetch if self.prefetch is not None else self.cache)
 
     def keys(self, samples: np.ndarray) -> np.ndarray:
         """Unit key per sample of this partition (-1 where the reader cannot tell)."""
@@ -291,7 +314,14 @@ class _PlanAhead:
         """The segments of `request` were read: count their uses off (drops units at their last use)."""
         self.cache.served(self.keys(request["sample"]), request["step"].astype(np.int64))
 
+    def pump(self, steps: np.ndarray | None) -> None:
+        """Read ahead what the pending steps need (no-op without prefetch)."""
+        if self.prefetch is not None:
+            self.prefetch.pump(steps)
+
     def close(self) -> None:
+        if self.prefetch is not None:
+            self.prefetch.close()
         self.cache.close()
 
 

@@ -26,9 +26,21 @@ import numpy as np
 
 from loomdata.sources import UnitKey
 
-__all__ = ["CachePolicy", "PlanUnitCache", "UnitUses", "WorkerPool", "pool_for", "unit_key"]
+__all__ = [
+    "PREFETCH_STEPS",
+    "CachePolicy",
+    "PlanUnitCache",
+    "UnitUses",
+    "WorkerPool",
+    "pool_for",
+    "split_key",
+    "unit_key",
+]
 
 _UNIT_BITS = 24  # row groups per file below 2**24; a unit key is shard << 24 | unit
+
+PREFETCH_STEPS = 16
+"""Steps beyond the window + 2 a prefetching loader looks (and keeps units) ahead: a few GET latencies of steps."""
 
 
 def unit_key(shard: np.ndarray | int, unit: np.ndarray | int) -> np.ndarray:
@@ -36,28 +48,38 @@ def unit_key(shard: np.ndarray | int, unit: np.ndarray | int) -> np.ndarray:
     return (np.asarray(shard, dtype=np.int64) << _UNIT_BITS) | np.asarray(unit, dtype=np.int64)
 
 
+def split_key(key: int) -> tuple[int, int]:
+    """The (shard, unit) of a unit key."""
+    return int(key) >> _UNIT_BITS, int(key) & ((1 << _UNIT_BITS) - 1)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CachePolicy:
     """How a loader caches: the worker's budget (bytes, shared by its loaders) and the look-ahead.
 
     `horizon_steps`: a unit is kept only for a use at most this many steps after the newest step
-    served (the serving window and a few steps beyond); `chunk_steps`: manifest steps read at a time.
+    served (the serving window and a few steps beyond); `chunk_steps`: manifest steps read at a time;
+    `prefetch`: units a loader reads ahead at once (`_prefetch`; 0: none), for uses within the horizon.
     """
 
     worker_bytes: int
     horizon_steps: int
     chunk_steps: int = 32
+    prefetch: int = 0
 
     def __post_init__(self) -> None:
         if self.worker_bytes < 0:
             raise ValueError(f"CachePolicy.worker_bytes must be >= 0, got {self.worker_bytes!r}")
         if self.horizon_steps < 1 or self.chunk_steps < 1:
             raise ValueError(f"CachePolicy horizon_steps and chunk_steps must be >= 1, got {self!r}")
+        if self.prefetch < 0:
+            raise ValueError(f"CachePolicy.prefetch must be >= 0 units in flight, got {self.prefetch!r}")
 
     @classmethod
-    def of(cls, loader_memory: int, window: int) -> CachePolicy:
-        """The policy serving uses: the configured budget, the window plus a few steps."""
-        return cls(worker_bytes=loader_memory, horizon_steps=window + 2)
+    def of(cls, loader_memory: int, window: int, prefetch: int = 0) -> CachePolicy:
+        """The policy serving uses: the configured budget, the window plus a few steps (more to read ahead into)."""
+        extra = PREFETCH_STEPS if prefetch > 0 and loader_memory > 0 else 0
+        return cls(worker_bytes=loader_memory, horizon_steps=window + 2 + extra, prefetch=prefetch)
 
 
 class UnitUses:
@@ -109,6 +131,16 @@ class UnitUses:
         found = (i < len(live)) & (first < hi)
         out[np.flatnonzero(known)[found]] = self._code[first[found]] - r[found] * self.span
         return out
+
+    def pending(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Keys with a pending use in steps lo..hi and the first such step, in plan order (step, then key)."""
+        k, s = self._pairs()
+        m = (self._left > 0) & (s >= lo) & (s <= hi)
+        k, s = k[m], s[m]
+        keys, first = np.unique(k, return_index=True)  # pairs are sorted by (key, step): the first is the earliest
+        steps = s[first]
+        order = np.lexsort((keys, steps))
+        return keys[order], steps[order]
 
     def prune(self, floor: int) -> None:
         """Forget uses before `floor` (served, or skipped by a resume) and spent ones."""
@@ -164,12 +196,13 @@ class WorkerPool:
             e = self._owned.get(owner, {}).get(key)
             return e.value if e is not None else None
 
-    def offer(self, owner: int, key: UnitKey, value: Any, nbytes: int, next_use: int) -> bool:
+    def offer(self, owner: int, key: UnitKey, value: Any, nbytes: int, next_use: int, strict: bool = False) -> bool:
         """Keep a unit needed next at step `next_use`, evicting units needed later while over budget.
 
         A unit is kept even when everything held is needed sooner: the read that offers it holds it
         anyway until it returns, and `trim` (after each served read) restores the budget with the
-        next uses then known. False: not kept (larger than the whole budget).
+        next uses then known. `strict` (a read ahead, which nobody holds yet): not kept then either.
+        False: not kept (larger than the whole budget, or strict and no room).
         """
         with self.lock:
             self._drop(owner, key)
@@ -178,6 +211,8 @@ class WorkerPool:
             while self.nbytes + nbytes > self.budget and self.nbytes > 0:
                 o, k, far = self._farthest()
                 if far.next_use <= next_use:
+                    if strict:
+                        return False
                     break
                 self._drop(o, k)
             self._owned.setdefault(owner, {})[key] = _Entry(value, nbytes, next_use)
@@ -287,6 +322,32 @@ class PlanUnitCache:
             n = int(self.uses.next_use(np.array([self._key(key)]), self.floor)[0])
             if 0 <= n <= max(self.newest, 0) + self.policy.horizon_steps:
                 self._pool.offer(self._owner, key, value, nbytes, n)
+
+    def put_ahead(self, key: UnitKey, value: Any, nbytes: int, front: int) -> bool:
+        """Offer a unit read ahead for a use within the horizon of step `front`; kept only if it fits (strict)."""
+        if str(key[0]) not in self._shard_of:
+            return False
+        with self._pool.lock:
+            if self._closed:  # checked under the lock: `close` may run in another thread
+                return False
+            n = int(self.uses.next_use(np.array([self._key(key)]), self.floor)[0])
+            if not 0 <= n <= max(self.newest, front, 0) + self.policy.horizon_steps:
+                return False
+            return self._pool.offer(self._owner, key, value, nbytes, n, strict=True)
+
+    def pending(self, front: int) -> tuple[np.ndarray, np.ndarray]:
+        """Units with a pending use from the floor to the horizon of step `front`, in plan order, and that use."""
+        with self._pool.lock:
+            return self.uses.pending(max(self.floor, 0), max(self.newest, front, 0) + self.policy.horizon_steps)
+
+    def held_keys(self) -> np.ndarray:
+        """Unit keys (int64) of the units this loader holds now."""
+        return np.array([self._key(k) for k in self._pool.held(self._owner)], dtype=np.int64)
+
+    @property
+    def full(self) -> bool:
+        """Whether the worker's budget is spent (a read ahead would only push out a unit needed sooner)."""
+        return self._pool.nbytes >= self._pool.budget
 
     def plan(self, keys: np.ndarray, steps: np.ndarray) -> None:
         """Planned segment reads (unit key, step) of steps not planned before."""

@@ -51,6 +51,11 @@ class LoaderMetrics:
     """Memory of the loader's index arrays (sample -> shard, row)."""
     rss_bytes: int = 0
     """Resident memory of the worker process the loader lives in (0 where psutil cannot tell)."""
+    prefetched: int = 0
+    """Read units (row groups) read ahead of need and kept; `prefetch_hits` of them were then asked for."""
+    prefetch_hits: int = 0
+    prefetch_errors: int = 0
+    """Reads ahead that failed (the read that needed the unit read it again and reported any error)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: rates to 0.1, seconds to 1e-4."""
@@ -66,6 +71,9 @@ class LoaderMetrics:
             "samples_per_busy_s": None if self.samples_per_busy_s is None else round(self.samples_per_busy_s, 1),
             "state_bytes": self.state_bytes,
             "rss_bytes": self.rss_bytes,
+            "prefetched": self.prefetched,
+            "prefetch_hits": self.prefetch_hits,
+            "prefetch_errors": self.prefetch_errors,
         }
 
 

@@ -15,7 +15,8 @@ Read units: a format whose reads decode whole blocks (Parquet row groups) says w
 lives in (`units`) and keeps decoded blocks in its `unit_cache`, keyed `(str(path), unit)`. The cache
 belongs to whoever drives the reads: by default a small LRU; a Source Loader sets its own
 (`use_unit_cache`), which knows from the plan which blocks a pending step still needs (a hint the
-reader cannot have) and keeps each only until its last use.
+reader cannot have) and keeps each only until its last use. `load_unit` decodes one unit outside any
+cache, so a second reader can read units ahead and offer them to the same cache.
 """
 
 from __future__ import annotations
@@ -128,6 +129,13 @@ class FormatReader(abc.ABC):
 
     def units(self, path: Location, rows: np.ndarray) -> np.ndarray | None:
         """The read unit (e.g. row group, int64) each of `rows` lives in; None: this format has no units to cache."""
+        return None
+
+    def load_unit(self, path: Location, unit: int) -> tuple[Any, int] | None:
+        """Decode read unit `unit` of `path` without touching the unit cache: (value, nbytes) as `read` would keep it.
+
+        For a read ahead (a Source Loader's prefetch) in a reader of its own; None: no units in this format.
+        """
         return None
 
     @abc.abstractmethod

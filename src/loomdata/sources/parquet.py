@@ -250,9 +250,20 @@ class ParquetReader(FormatReader):
         hit = self.unit_cache.get(key)
         if hit is not None:
             return hit
-        arr = self._read_row_groups(path, info, np.array([g]), [self._field]).column(0).combine_chunks()
+        arr = self._decode_row_group(path, info, g)
         self.unit_cache.put(key, arr, arr.nbytes)
         return arr
+
+    def _decode_row_group(self, path: Location, info: _FileInfo, g: int) -> pa.Array:
+        return self._read_row_groups(path, info, np.array([g]), [self._field]).column(0).combine_chunks()
+
+    def load_unit(self, path: Location, unit: int) -> tuple[pa.Array, int]:
+        """Row group `unit`'s content column, decoded exactly as `read` keeps it (for a read ahead)."""
+        info = self._open(path)
+        if not 0 <= unit < len(info.rg_bytes):
+            raise SourceDataError(str(path), f"no row group {unit} (file has {len(info.rg_bytes)})")
+        arr = self._decode_row_group(path, info, int(unit))
+        return arr, arr.nbytes
 
     def units(self, path: Location, rows: np.ndarray) -> np.ndarray:
         """The row group of each row (rows out of range map to -1; `read` reports them)."""

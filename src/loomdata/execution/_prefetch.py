@@ -1,0 +1,227 @@
+"""Plan-driven read-ahead for Source Loaders: fetch the units the next planned steps need before they are asked.
+
+The loader's `PlanUnitCache` already knows which read units (Parquet row groups) its pending steps
+need. `Prefetcher` turns that into reads ahead: the units with a pending use within the cache's
+horizon that are neither held nor in flight, in plan order (earliest use first), at most `limit` in
+flight on the worker process's read-ahead threads (shared by its loaders), each read with a reader
+of the loader's own that no other read uses meanwhile (readers are not thread-safe; at most `limit`). A
+unit read ahead is offered to the cache strictly (it counts against the worker's budget, never
+pushes out a unit needed sooner) and dropped at its last use like any other. Nothing is issued while
+the budget is spent or a unit read ahead found no room, and a failed unit is not read ahead again,
+until the next step is served.
+
+The loader's own reader sees the cache through `Prefetcher` (a `UnitCache`): a `get` of a unit in
+flight waits for that read instead of issuing a second one. Served bytes never depend on it: a unit
+read ahead is the same decoded array `read` would keep. A failed read ahead keeps nothing and is
+counted (`errors`); the step that needs the unit reads it itself, so the real error (retried by
+storage where transient) is reported by that read, with the verifier's words.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loomdata.execution._loader_cache import PlanUnitCache, split_key, unit_key
+from loomdata.sources import FormatReader, UnitKey
+from loomdata.storage import Location
+
+__all__ = ["PrefetchCounters", "Prefetcher", "plan_prefetch"]
+
+
+_THREADS = 32
+"""Threads reading ahead in one worker process, shared by all its loaders (each bounded by its own `limit`)."""
+
+_SHARED: ThreadPoolExecutor | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_threads() -> ThreadPoolExecutor:
+    """This process's read-ahead threads (made on first use): hundreds of loaders must not own a pool each."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            _SHARED = ThreadPoolExecutor(_THREADS, thread_name_prefix="loom-prefetch")
+        return _SHARED
+
+
+def plan_prefetch(keys: np.ndarray, steps: np.ndarray, busy: np.ndarray, slots: int) -> np.ndarray:
+    """The units to read ahead now: of `keys` (pending, in plan order, first use `steps`), not `busy`, `slots` at most.
+
+    Pure: `busy` are the keys held or in flight. Plan order (earliest first use, then key) is kept.
+    """
+    if slots <= 0 or len(keys) == 0:
+        return np.zeros(0, dtype=np.int64)
+    free = ~np.isin(keys, busy)
+    return np.asarray(keys, dtype=np.int64)[free][:slots]
+
+
+@dataclass
+class PrefetchCounters:
+    """What a loader's read-ahead did: units kept, later used (hits), waited for, failed, not kept."""
+
+    issued: int = 0
+    prefetched: int = 0
+    hits: int = 0
+    waited: int = 0
+    errors: int = 0
+    dropped: int = 0  # read but not kept (no room, or no longer planned)
+
+
+class Prefetcher:
+    """One loader's read-ahead and its reader's view of the cache (`get`/`put` of `UnitCache`)."""
+
+    def __init__(
+        self,
+        cache: PlanUnitCache,
+        make_reader: Callable[[], FormatReader],
+        paths: dict[int, Location],
+        limit: int,
+        name: str,
+    ) -> None:
+        self.cache = cache
+        self.limit = limit
+        self.counters = PrefetchCounters()
+        self.last_error: str | None = None
+        self._make_reader = make_reader
+        self._paths = paths
+        self._shard_of = {str(p): s for s, p in paths.items()}
+        self._pool = _shared_threads()
+        self.name = name
+        self._lock = threading.Lock()
+        self._inflight: dict[int, Future[None]] = {}
+        self._fresh: set[int] = set()  # read ahead and kept, not yet asked for
+        self._declined: set[int] = set()  # read ahead but not kept: not again until a step is served
+        self._declined_at = -1  # the cache's newest step when they were declined
+        self._stalled = False  # a unit was not kept for want of room: wait for the next served step
+        self._free: list[FormatReader] = []
+        self._front = -1  # the newest step asked for
+        self._closed = False
+
+    # ---- UnitCache, for the loader's own reader ----------------------------------------------
+
+    def get(self, key: UnitKey) -> Any | None:
+        k = self._int_key(key)
+        with self._lock:
+            fut = self._inflight.get(k) if k is not None else None
+        if fut is not None:
+            wait_for([fut])
+            with self._lock:
+                self.counters.waited += 1
+        value = self.cache.get(key)
+        if value is not None and k is not None:
+            with self._lock:
+                if k in self._fresh:
+                    self._fresh.discard(k)
+                    self.counters.hits += 1
+        return value
+
+    def put(self, key: UnitKey, value: Any, nbytes: int) -> None:
+        self.cache.put(key, value, nbytes)
+
+    # ---- read-ahead ----------------------------------------------------------------------------
+
+    def pump(self, steps: np.ndarray | None = None) -> None:
+        """Issue reads ahead for the pending uses up to the horizon of the newest step asked (or served)."""
+        if self._closed or self.limit <= 0:
+            return
+        if steps is not None and len(steps):
+            self._front = max(self._front, int(np.max(steps)))
+        c = self.cache
+        if c.full:
+            return
+        front = max(self._front, c.newest, 0)
+        keys, first = c.pending(front)
+        held = c.held_keys()
+        with self._lock:
+            if c.newest != self._declined_at:
+                self._declined.clear()
+                self._declined_at = c.newest
+                self._stalled = False
+            if self._stalled:
+                return
+            slots = self.limit - len(self._inflight)
+            busy = np.concatenate([held, np.fromiter([*self._inflight, *self._declined], dtype=np.int64)])
+            todo = plan_prefetch(keys, first, busy, slots)
+            for k in todo.tolist():
+                shard, unit = split_key(k)
+                path = self._paths.get(shard)
+                if path is None:
+                    continue
+                self.counters.issued += 1
+                self._inflight[k] = self._pool.submit(self._fetch, k, path, unit, front)
+
+    def in_flight(self) -> int:
+        """Reads ahead issued and not finished."""
+        with self._lock:
+            return len(self._inflight)
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until no read ahead is in flight (each finished one may issue the next); False on timeout."""
+        while True:
+            with self._lock:
+                futs = list(self._inflight.values())
+            if not futs:
+                return True
+            done, _ = wait_for(futs, timeout)
+            if not done:
+                return False
+
+    def _fetch(self, k: int, path: Location, unit: int, front: int) -> None:
+        reader = self._take_reader()
+        try:
+            got = reader.load_unit(path, unit)
+            kept = got is not None and self.cache.put_ahead((str(path), unit), got[0], got[1], front)
+            with self._lock:
+                if kept:
+                    self.counters.prefetched += 1
+                    self._fresh.add(k)
+                else:
+                    self.counters.dropped += 1
+                    self._declined.add(k)
+                    self._stalled = True  # no room: units needed later would not fit either
+        except Exception as e:  # the read that needs the unit reads it again and reports the real error
+            with self._lock:
+                self.counters.errors += 1
+                self.last_error = f"{path}, unit {unit}: {type(e).__name__}: {e}"
+                self._declined.add(k)
+        finally:
+            self._give_back(reader)
+            with self._lock:
+                self._inflight.pop(k, None)
+        self.pump()
+
+    def _take_reader(self) -> FormatReader:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return self._make_reader()
+
+    def _give_back(self, reader: FormatReader) -> None:
+        with self._lock:
+            if not self._closed:
+                self._free.append(reader)
+                return
+        reader.close()
+
+    def _int_key(self, key: UnitKey) -> int | None:
+        shard = self._shard_of.get(str(key[0]))
+        return None if shard is None else int(unit_key(shard, int(key[1])))
+
+    def close(self) -> None:
+        """Stop reading ahead: this loader's queued reads are cancelled, running ones finish and close their readers."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            free, self._free = self._free, []
+            for fut in self._inflight.values():
+                fut.cancel()
+        for reader in free:
+            reader.close()

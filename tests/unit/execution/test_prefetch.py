@@ -1,0 +1,139 @@
+"""Plan-driven read-ahead: which units, in which order, how many at once, within the budget, and failures."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, UnitUses, unit_key
+from loomdata.execution._prefetch import Prefetcher, plan_prefetch
+from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
+from loomdata.schemas.errors import SourceDataError
+from loomdata.sources.parquet import ParquetReader
+from loomdata.storage import Location
+
+SRC = SourceSpec(name="s", format=SourceFormat.PARQUET, paths=["*.parquet"], tokens_field="ids")
+
+
+def test_pending_lists_units_by_their_first_use_in_the_range_then_key() -> None:
+    u = UnitUses(span=100)
+    k = unit_key(0, np.array([5, 3, 5, 9, 1, 7]))
+    u.add(k, np.array([4, 2, 1, 2, 30, 0]))
+    u.consume(unit_key(0, np.array([7])), np.array([0]))  # unit 7's only use is served: not pending
+    keys, first = u.pending(1, 10)
+    assert (keys & 0xFFFFFF).tolist() == [5, 3, 9] and first.tolist() == [1, 2, 2]  # unit 1 (step 30) is too far
+    keys, first = u.pending(3, 40)
+    assert (keys & 0xFFFFFF).tolist() == [5, 1] and first.tolist() == [4, 30]  # unit 5's step-1 use is before lo
+
+
+def test_plan_prefetch_keeps_plan_order_skips_busy_units_and_bounds_the_count() -> None:
+    keys = np.array([50, 30, 90, 10, 70])
+    steps = np.array([1, 2, 2, 3, 3])
+    assert plan_prefetch(keys, steps, np.array([30, 10]), slots=2).tolist() == [50, 90]
+    assert plan_prefetch(keys, steps, np.array([], dtype=np.int64), slots=10).tolist() == [50, 30, 90, 10, 70]
+    assert plan_prefetch(keys, steps, np.array([50]), slots=0).tolist() == []
+
+
+@pytest.fixture
+def shard(tmp_path: Path) -> Path:
+    """One Parquet file of 24 rows in 8 row groups of 3 (row r holds tokens [r, r + 1])."""
+    p = tmp_path / "s.parquet"
+    pq.write_table(
+        pa.table({"ids": pa.array([[r, r + 1] for r in range(24)], pa.list_(pa.int32()))}), p, row_group_size=3
+    )
+    return p
+
+
+class _GatedReader(ParquetReader):
+    """A real Parquet reader whose read-ahead waits for a gate and records what it loads and how many at once."""
+
+    def __init__(self, gate: threading.Event, log: list[int], live: list[int]) -> None:
+        super().__init__(SRC, TokenizerSpec(), ImageSpec())
+        self.gate, self.log, self.live = gate, log, live
+
+    def load_unit(self, path: Location, unit: int) -> tuple[pa.Array, int]:
+        self.live[0] += 1
+        self.live[1] = max(self.live[1], self.live[0])
+        self.gate.wait(10)
+        self.log.append(unit)
+        try:
+            return super().load_unit(path, unit)
+        finally:
+            self.live[0] -= 1
+
+
+def _setup(shard: Path, limit: int, budget: int = 1 << 20, plan_id: str = "p") -> tuple[Any, ...]:
+    gate, log, live = threading.Event(), [], [0, 0]
+    policy = CachePolicy(worker_bytes=budget, horizon_steps=6, prefetch=limit)
+    cache = PlanUnitCache(plan_id, steps=50, policy=policy, shard_of={str(shard): 3})
+    pf = Prefetcher(cache, lambda: _GatedReader(gate, log, live), {3: shard}, limit, "t")
+    main = ParquetReader(SRC, TokenizerSpec(), ImageSpec())
+    main.use_unit_cache(pf)
+    # the plan: step s reads row group order[s] (rows 3g, 3g+1); row group 7 is first needed at step 20
+    order = [4, 1, 6, 0, 2, 5]
+    rows = np.array([3 * g + i for g in order for i in (0, 1)] + [21])
+    steps = np.array([s for s in range(len(order)) for _ in (0, 1)] + [20])
+    cache.plan(unit_key(3, main.units(shard, rows)), steps)
+    return gate, log, live, cache, pf, main, order, rows, steps
+
+
+def test_reads_ahead_in_plan_order_within_the_horizon_and_the_in_flight_bound(shard: Path) -> None:
+    gate, log, live, cache, pf, main, order, rows, steps = _setup(shard, limit=2)
+    pf.pump(np.array([0]))
+    assert pf.in_flight() == 2 and pf.counters.issued == 2  # the bound holds before anything finishes
+    gate.set()
+    assert pf.settle(10)
+    assert live[1] == 2  # never more than two at once
+    assert sorted(log) == sorted(order)  # the units of steps 0..6 (horizon 6), not group 7 (step 20)
+    assert pf.counters.prefetched == 6 and pf.counters.errors == 0
+    for s in range(len(order)):  # the served rows equal a plain read; every unit comes from the read-ahead
+        sel = steps == s
+        got = main.read(shard, rows[sel])
+        assert [x.tokens.tolist() for x in got] == [[r, r + 1] for r in rows[sel].tolist()]
+        cache.served(unit_key(3, main.units(shard, rows[sel])), steps[sel])
+    assert pf.counters.hits == 6 and cache.nbytes == 0  # each dropped at its last use
+    pf.close()
+    cache.close()
+
+
+def test_one_at_a_time_follows_the_plan_exactly(shard: Path) -> None:
+    gate, log, _, cache, pf, _, order, _, _ = _setup(shard, limit=1, plan_id="p1")
+    gate.set()
+    pf.pump(np.array([0]))
+    assert pf.settle(10)
+    assert log == order
+    pf.close()
+    cache.close()
+
+
+def test_nothing_is_kept_beyond_the_budget_and_the_soonest_units_are_kept(shard: Path) -> None:
+    one = ParquetReader(SRC, TokenizerSpec(), ImageSpec()).load_unit(shard, 0)[1]
+    gate, log, _, cache, pf, _, order, _, _ = _setup(shard, limit=1, budget=2 * one + 1, plan_id="p2")
+    gate.set()
+    pf.pump(np.array([0]))
+    assert pf.settle(10)
+    held = sorted(k[1] for k in cache._pool.held(cache._owner))
+    assert held == sorted(order[:2]) and cache.nbytes <= 2 * one + 1  # the two needed first; the budget is full
+    assert pf.counters.prefetched == 2 and len(log) == 3 and pf.counters.dropped == 1  # then it stops issuing
+    pf.close()
+    cache.close()
+
+
+def test_a_failed_read_ahead_is_counted_and_the_read_that_needs_it_reports_the_error(shard: Path) -> None:
+    gate, _, _, cache, pf, main, _, rows, _ = _setup(shard, limit=2, plan_id="p3")
+    shard.write_bytes(b"not parquet at all")  # the read-ahead's own reader opens the file now and fails
+    gate.set()
+    pf.pump(np.array([0]))
+    assert pf.settle(10)
+    assert pf.counters.errors > 0 and pf.counters.prefetched == 0 and "s.parquet" in str(pf.last_error)
+    main._files.clear()  # the loader's reader opens the file anew, as a fresh loader would
+    with pytest.raises(SourceDataError, match="not a readable Parquet file"):
+        main.read(shard, rows[:2])
+    pf.close()
+    cache.close()

@@ -98,7 +98,9 @@ def test_autoscaling_through_worker_kills_loses_nothing(cluster: Client, tmp_pat
         counts = ex.loader_counts()
         info = ex.info
     assert kills == 2 and ex.recovery.recovered >= 2
-    assert {d.source for d in decisions if d.new > d.old} == {"web", "code"}
+    # the controller grew web (polled above); code grew by the queued set_loaders and, when its measured
+    # cost calls for it, by the controller too (with read-ahead its reads may be cheap enough not to)
+    assert "web" in {d.source for d in decisions if d.new > d.old}
     assert info is not None and sum(counts.values()) == len(info.loaders)
     check_exact(plan_dir, got)
 

@@ -31,6 +31,7 @@ consumers, the loaders' busy time, where the checks run, and the slowdown; goal 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -38,7 +39,7 @@ import platform
 import resource
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,30 @@ def _cpu_s() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
+def _consume(items: Iterable[dict[str, Any]], t0: float) -> tuple[int, int, float]:
+    """Real tokens and batches of `items`, and the seconds from `t0` to the first one."""
+    tokens = batches = 0
+    first = 0.0
+    for item in items:
+        tokens += int(item["cu_seqlens"][-1])
+        batches += 1
+        if batches == 1:
+            first = time.time() - t0
+    return tokens, batches, first
+
+
+def _report(rank: int, tokens: int, batches: int, t0: float, t1: float, cpu0: float, first: float) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "tokens": tokens,
+        "batches": batches,
+        "t0": t0,
+        "t1": t1,
+        "cpu_s": _cpu_s() - cpu0,
+        "first_s": first,
+    }
+
+
 def _loom_consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -> None:
     from loomdata.torch import LoomDataset
 
@@ -118,26 +143,10 @@ def _loom_consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -
     ready.put(rank)
     start.wait()
     cpu0, t0 = _cpu_s(), time.time()
-    tokens = batches = 0
-    first = 0.0
-    for item in ds:
-        tokens += int(item["cu_seqlens"][-1])
-        batches += 1
-        if batches == 1:
-            first = time.time() - t0
+    tokens, batches, first = _consume(ds, t0)
     t1 = time.time()
     ds.close()
-    out.put(
-        {
-            "rank": rank,
-            "tokens": tokens,
-            "batches": batches,
-            "t0": t0,
-            "t1": t1,
-            "cpu_s": _cpu_s() - cpu0,
-            "first_s": first,
-        }
-    )
+    out.put(_report(rank, tokens, batches, t0, t1, cpu0, first))
 
 
 class _PackedParquet(IterableDataset):  # type: ignore[type-arg]
@@ -257,28 +266,11 @@ def _baseline_consumer(
     ready.put(rank)
     start.wait()
     cpu0, t0 = _cpu_s(), time.time()
-    tokens = batches = 0
     it = iter(loader)
-    first = 0.0
-    for _ in range(n):
-        item = next(it)
-        tokens += int(item["cu_seqlens"][-1])
-        batches += 1
-        if batches == 1:
-            first = time.time() - t0
+    tokens, batches, first = _consume(itertools.islice(it, n), t0)
     t1 = time.time()
     del it  # joins the DataLoader workers, so their CPU time is counted as reaped children
-    out.put(
-        {
-            "rank": rank,
-            "tokens": tokens,
-            "batches": batches,
-            "t0": t0,
-            "t1": t1,
-            "cpu_s": _cpu_s() - cpu0,
-            "first_s": first,
-        }
-    )
+    out.put(_report(rank, tokens, batches, t0, t1, cpu0, first))
 
 
 def _run_consumers(target: Any, args_of: Any, n: int) -> tuple[list[dict[str, Any]], float]:

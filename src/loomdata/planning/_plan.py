@@ -289,6 +289,11 @@ def _plan_into(
         and not images
         and (lookahead > 0 or base.meta.spec.planning.lookahead > 0 or base.meta.parameters.resume is not None)
     )
+    samples, num_tokens, num_images = (
+        [s.sample for s in sources],
+        [s.num_tokens for s in sources],
+        [s.num_image_tokens for s in sources],
+    )
     if lookahead > 0 or lookahead_replan:
         step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
         if base is not None:  # what the base placed before S is excluded, what it drew before S and deferred is in
@@ -296,9 +301,9 @@ def _plan_into(
                 base,
                 ptr,
                 streams,
-                [s.sample for s in sources],
-                [s.num_tokens for s in sources],
-                [s.num_image_tokens for s in sources],
+                samples,
+                num_tokens,
+                num_images,
                 lanes,
             )
         else:
@@ -340,17 +345,17 @@ def _plan_into(
             base,
             ptr,
             streams,
-            [s.sample for s in sources],
-            [s.num_tokens for s in sources],
-            [s.num_image_tokens for s in sources],
+            samples,
+            num_tokens,
+            num_images,
             lanes,
         )
     work = PlanWork(
         plan_id=plan_id,
         names=names,
-        samples=[s.sample for s in sources],
-        num_tokens=[s.num_tokens for s in sources],
-        num_image_tokens=[s.num_image_tokens for s in sources],
+        samples=samples,
+        num_tokens=num_tokens,
+        num_image_tokens=num_images,
         streams=streams,
         ptr=ptr,
         assignment=assignment,

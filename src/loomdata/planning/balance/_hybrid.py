@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loomdata.planning.balance._state import Dealt
+from loomdata.planning.balance._wide import _grid as _spaced  # at most cap evenly spaced members per unit
 
 __all__ = ["hybrid_objective", "hybrid_search"]
 
@@ -108,20 +109,6 @@ def _top(members: np.ndarray, unit: np.ndarray, n_units: int, cap: np.ndarray) -
     keep = at < cap[unit]
     grid = np.full((n_units, int(np.minimum(cap, count).max(initial=0))), -1, dtype=np.int64)
     grid[unit[keep], at[keep]] = members[keep]
-    return grid
-
-
-def _spaced(members: np.ndarray, unit: np.ndarray, n_units: int, cap: np.ndarray) -> np.ndarray:
-    """At most `cap[u]` evenly spaced members of each unit u (members sorted by unit) in a padded grid (-1: none)."""
-    count = np.bincount(unit, minlength=n_units)
-    first = np.zeros(n_units + 1, dtype=np.int64)
-    np.cumsum(count, out=first[1:])
-    at = np.arange(len(members)) - first[unit]
-    stride = np.maximum(1, -(-count // cap))
-    keep = at % stride[unit] == 0
-    members, unit, at = members[keep], unit[keep], at[keep] // stride[unit[keep]]
-    grid = np.full((n_units, int(np.bincount(unit, minlength=n_units).max(initial=0))), -1, dtype=np.int64)
-    grid[unit, at] = members
     return grid
 
 

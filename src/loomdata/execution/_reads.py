@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from loomdata.execution._dask_actors import local_instance, release
+from loomdata.execution._dask_actors import detach, local_instance
 from loomdata.execution._loader import REQUEST_DTYPE, SegmentData
 from loomdata.execution._manifest import ManifestRows
 from loomdata.execution._outcome import Kind, sort_read_failure
@@ -104,6 +104,8 @@ class Reads:
 
     def __init__(self, routes: Mapping[int, Route], plan_id: str, deadline_s: float = READ_DEADLINE_S) -> None:
         self.routes = dict(routes)
+        for route in self.routes.values():
+            detach(route.loaders)
         self.generation = 0  # bumped by every `set_route`
         self.calls = 0  # loader calls issued
         self.retries = 0  # reads asked again (re-routed, refused, or unreachable)
@@ -113,10 +115,8 @@ class Reads:
 
     def set_route(self, source_id: int, route: Route) -> None:
         """Route a source to new loaders; wakes every read in flight or backing off on the old routes."""
-        old = self.routes.get(source_id)
+        detach(route.loaders)  # no key references here: the fleet's keep loaders alive (see `_dask_actors`)
         self.routes[source_id] = route
-        if old is not None:  # the old handles' key references: a retired loader must not outlive its route
-            release(old.loaders)
         self.generation += 1
         if self._rerouted is not None:
             self._rerouted.set()

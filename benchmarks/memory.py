@@ -11,13 +11,14 @@ source has had many documents read):
 - loomdata: one serving process (embedded LocalCluster scheduler + `Executor` with default
   autoscaling, as `loom serve` runs it) with its nannies and 2 worker processes, plus each of R rank
   processes iterating `LoomDataset(plan_dir, rank)`, counted as its PSS above an idle torch process
-  (one that imported torch and did nothing), as the issue defines it. The plan is `make_plan` over
-  the index `build_index` built on an embedded cluster.
+  (one that imported torch and did nothing, running beside the ranks), as the issue defines it. The
+  plan is `make_plan` over the index `build_index` built on an embedded cluster.
 
 Ratios are printed both as the issue defines them (baseline total / loomdata with rank excess) and
 like for like (every process of both sides counted whole). A rank's excess is its private memory
-(Private_Clean + Private_Dirty) above an idle torch process's: with R ranks mapping torch's
-libraries, PSS gives each rank 1/R of those pages, which can put a rank's PSS below an idle process's. Results go to
+(Private_Clean + Private_Dirty) above that of an idle torch process running beside the ranks: with R
+ranks mapping torch's libraries, PSS gives each rank 1/R of those pages (so a rank's PSS can fall
+below an idle process's), and an idle process measured alone holds all of them privately. Results go to
 benchmarks/results/memory.json with a per-process breakdown of loomdata's side.
 
     .venv/bin/python benchmarks/memory.py --quick     # N 10, 100; R 4 (a few minutes on 2 cores)
@@ -308,8 +309,11 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
     server.start()
     serve_pid = _wait(ready, 1, "serving", [server], timeout_s=600)[0][1]
     procs = [ctx.Process(target=loom_rank, args=(str(plan_dir), r, cover, warm, ready, go, stop)) for r in range(ranks)]
-    for p in procs:
+    idle_ready = ctx.Queue()  # an idle torch process beside the ranks: it shares torch's pages with them as they do
+    companion = ctx.Process(target=idle_torch, args=(idle_ready, stop))
+    for p in [*procs, companion]:
         p.start()
+    companion_pid = _wait(idle_ready, 1, "idle companion", [companion])[0][1]
     out: dict[str, Any] = {}
     try:
         for phase, release in (("cover", go), ("warm", stop)):
@@ -330,14 +334,19 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
                     else "helpers (resource tracker)"
                 )
                 parts[key] += v
-            # PSS splits torch's shared library pages among all R ranks, so a rank's PSS can fall below an
-            # idle torch process measured alone: a rank's excess is its private memory above the idle one's
-            parts["ranks above idle torch"] = sum(max(0, r - idle) for r in rank_uss) / MIB
+            # A rank's excess is its private memory above that of an idle torch process running beside the
+            # ranks (measured at the same moment): torch's library pages are shared by all of them, so
+            # neither counts them as private. (Against an idle process measured alone, whose torch pages
+            # are all private, every rank's excess came out 0: sessions 2-3 under-counted the ranks.)
+            idle_now = uss(companion_pid)
+            parts["ranks above idle torch"] = sum(max(0, r - idle_now) for r in rank_uss) / MIB
             cluster = sum(v for k, v in parts.items() if k != "ranks above idle torch")
             out[phase] = {
                 "total_mib": cluster + parts["ranks above idle torch"],
                 "all_processes_mib": cluster + sum(rank_pss) / MIB,
                 "per_rank_excess_mib": parts["ranks above idle torch"] / ranks,
+                "idle_companion_private_mib": round(idle_now / MIB, 1),
+                "rank_private_mib": [round(r / MIB, 1) for r in rank_uss],
                 "breakdown_mib": {k: round(v, 1) for k, v in parts.items()},
                 "loader_memory_mib": round(m["loader_memory_bytes"] / MIB, 1),
                 "loader_rss_mib": round(m["loader_rss_bytes"] / MIB, 1),
@@ -346,12 +355,12 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
                 "autoscale_decisions": m["autoscale_decisions"],
             }
             release.set()
-        for p in procs:
+        for p in [*procs, companion]:
             p.join(timeout=60)
     finally:
         cmds.put("stop")
         server.join(timeout=120)
-        for p in [*procs, server]:
+        for p in [*procs, companion, server]:
             if p.is_alive():
                 p.kill()
     out["seconds"] = round(time.perf_counter() - t0, 1)

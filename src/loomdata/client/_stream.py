@@ -28,18 +28,18 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from distributed import Client
-
+from loomdata.client._direct import DirectConstructor
 from loomdata.client._state import StreamState
 from loomdata.execution.protocol import (
     ExecutorUnavailable,
     ServeInfo,
     Timings,
     client_security,
+    client_ssl_context,
     dead_server,
-    env_security,
+    env_tls,
     parse_serve_info,
     pid_alive,
     read_lock,
@@ -52,6 +52,9 @@ from loomdata.schemas.batch import Batch
 from loomdata.schemas.context_parallel import cp_group_check
 from loomdata.schemas.errors import ContractError, ExecutionError, LoomError
 from loomdata.schemas.header import PlanHeader, read_plan_header
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 __all__ = ["StreamClient"]
 
@@ -100,7 +103,10 @@ class StreamClient:
         if cp_rank is not None:
             cp_group_check(self.meta, cp_rank)
         self.cp_rank = cp_rank
-        self._security = security if security is not None else env_security()
+        self._security = security if security is not None else env_tls()  # a Security, a TlsInfo or None
+        # The rank gateway (no Dask client in this process) unless LOOM_TRANSPORT=dask, a scheduler or a
+        # Dask client is given, or the executor publishes no gateway for this rank's constructor.
+        self._direct = os.environ.get("LOOM_TRANSPORT", "direct") != "dask"
         self._insecure = insecure if insecure is not None else os.environ.get("LOOM_INSECURE", "") == "1"
         self._attached: tuple[int, float] | None = None  # (pid, started_at) of the serve this client talks to
         self.dp_rank = dp_rank
@@ -190,7 +196,7 @@ class StreamClient:
 
     def _flush_telemetry(self) -> None:
         """Send step times no take carried (the last steps), in one call; best effort, on close."""
-        if not self._telemetry or self._client is None:
+        if not self._telemetry or (self._client is None and self._actor is None):
             return
         sent, self._telemetry = self._telemetry, []
         with contextlib.suppress(Exception):  # telemetry never fails a close
@@ -227,7 +233,7 @@ class StreamClient:
         self._flush_telemetry()
         self._got.clear()
         self._pending = None
-        self._actor = None
+        self._drop_actor()
         if self._owns_client and self._client is not None:
             self._client.close()
             self._client = None
@@ -276,7 +282,7 @@ class StreamClient:
             )
 
         def reset(_: Exception) -> None:
-            self._actor = None  # re-resolve: the executor re-publishes a recreated constructor under the same name
+            self._drop_actor()  # re-resolve: the executor re-publishes a recreated constructor under the same name
             self._pending = None
             if self._scheduler is None:
                 dead = dead_server(self.plan_dir, self._timings)
@@ -358,6 +364,12 @@ class StreamClient:
 
     def _replaced(self) -> bool:
         """Whether the published constructor of this rank is no longer the one this client calls."""
+        if isinstance(self._actor, DirectConstructor):
+            try:
+                info = read_serve_info(self.plan_dir)
+            except ExecutionError:
+                return False  # being rewritten: the next check reads it again
+            return info.constructor_for(self.dp_rank).gateway != self._actor.address
         if self._client is None or self._actor is None:
             return True
         with self._client.as_current():
@@ -389,8 +401,48 @@ class StreamClient:
             with contextlib.suppress(Exception):  # its scheduler is gone: closing is best effort
                 client.close(timeout=1)
 
+    def _drop_actor(self) -> None:
+        actor, self._actor = self._actor, None
+        if isinstance(actor, DirectConstructor):
+            actor.close()
+
+    def _live_serve_info(self) -> ServeInfo:
+        """serve.json's ServeInfo, once the executor it names looks alive (else ExecutorUnavailable)."""
+        lock = read_lock(self.plan_dir)
+        if not serve_path(self.plan_dir).exists() and lock is not None and pid_alive(lock.host, lock.pid):
+            raise ExecutorUnavailable(f"`loom serve` pid {lock.pid} holds the plan and is starting")
+        info = read_serve_info(self.plan_dir)
+        if not self._fresh(info):
+            raise ExecutorUnavailable(f"serve.json names executor pid {info.pid}, which is gone: waiting")
+        return info
+
+    def _attach_direct(self) -> bool:
+        """Connect to this rank's constructor through its worker's gateway; False where none is published."""
+        info = self._live_serve_info()
+        self._check_plan(info)
+        c = info.constructor_for(self.dp_rank)
+        if c.gateway is None:
+            return False
+        ctx = client_ssl_context(
+            c.gateway, info.tls, plan_id=self.meta.plan_id, own=self._security, insecure=self._insecure
+        )
+        self._actor = DirectConstructor(c.gateway, c.name, ctx, timeout=self._timings.connect_timeout_s)
+        self._actor_name = c.name
+        self._per_call = max(1, info.window // 2 if self._prefetch else info.window)
+        self._attached = (info.pid, info.started_at)
+        return True
+
+    def _check_plan(self, info: ServeInfo) -> None:
+        if info.plan_id != self.meta.plan_id:
+            raise ExecutionError(
+                f"the executor serves plan {info.plan_id}, not {self.meta.plan_id}; start `loom serve "
+                f"{self.plan_dir}` or point at the right scheduler"
+            )
+
     def _connect(self) -> Client:
         """A Dask client for the scheduler given, or the one serve.json names (only once it looks alive)."""
+        from distributed import Client
+
         if self._scheduler is not None:
             address, tls, info = self._scheduler, None, None
             with contextlib.suppress(ExecutionError):
@@ -398,12 +450,7 @@ class StreamClient:
                 tls = info.tls if info.scheduler == self._scheduler else None
             timeout = self._timings.connect_timeout_s
         else:
-            lock = read_lock(self.plan_dir)
-            if not serve_path(self.plan_dir).exists() and lock is not None and pid_alive(lock.host, lock.pid):
-                raise ExecutorUnavailable(f"`loom serve` pid {lock.pid} holds the plan and is starting")
-            info = read_serve_info(self.plan_dir)
-            if not self._fresh(info):
-                raise ExecutorUnavailable(f"serve.json names executor pid {info.pid}, which is gone: waiting")
+            info = self._live_serve_info()
             address, tls = info.scheduler, info.tls
             timeout = min(self._timings.connect_timeout_s, max(self._timings.dead_after_s, 5.0))
         security = client_security(address, tls, plan_id=self.meta.plan_id, own=self._security, insecure=self._insecure)
@@ -413,14 +460,12 @@ class StreamClient:
 
     def _attach(self) -> None:
         """Connect (once per executor) and get the constructor that serves this rank."""
+        if self._direct and self._client is None and self._scheduler is None and self._attach_direct():
+            return
         if self._client is None:
             self._client = self._connect()
         info = self._serve_info()
-        if info.plan_id != self.meta.plan_id:
-            raise ExecutionError(
-                f"the executor serves plan {info.plan_id}, not {self.meta.plan_id}; start `loom serve "
-                f"{self.plan_dir}` or point at the right scheduler"
-            )
+        self._check_plan(info)
         # Half the window per call: the call sent ahead then asks for steps inside the window even while
         # this rank's peers (tp/pp/cp) are a call behind (a step outside it would be built again, on demand).
         self._per_call = max(1, info.window // 2 if self._prefetch else info.window)

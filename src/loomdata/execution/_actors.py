@@ -39,7 +39,7 @@ from loomdata.execution._outcome import Kind, issue
 from loomdata.execution._partition import LoaderPartition, partition_source, rank_groups
 from loomdata.execution._publish import Publisher
 from loomdata.execution._retry import retry_until
-from loomdata.execution.protocol import ServeInfo
+from loomdata.execution.protocol import ServeInfo, constructor_dataset
 from loomdata.schemas.errors import ExecutionError, LoomError
 from loomdata.schemas.freshness import require_built_from, require_fresh
 from loomdata.schemas.layout import IndexFiles
@@ -200,6 +200,11 @@ class FleetOps:
             out = call.outcome(timeout=self.t.call_timeout_s)
             if not out.ok and out.kind is not Kind.LOST:  # a lost one is recreated by the next recovery
                 raise ExecutionError(f"a new constructor did not take its routes ({out.kind}: {out.error})")
+        names = [constructor_dataset(self.meta.plan_id, i) for i in indices]
+        opened = [issue(a.future, a.handle, "open_gateway", n) for a, n in zip(actors, names, strict=True)]
+        for i, call in zip(indices, opened, strict=True):  # no gateway (or lost meanwhile): ranks use Dask calls
+            out = call.outcome(timeout=self.t.call_timeout_s)
+            self.fleet.gateways[i] = out.value if out.ok else None
         return dict(zip(indices, actors, strict=True))
 
     def _await(

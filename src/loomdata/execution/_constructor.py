@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from loomdata.execution import _gateway
 from loomdata.execution._manifest import ManifestSlice
 from loomdata.execution._packing import PackRules, pack_step, peer_batches
 from loomdata.execution._reads import Reads, Route
@@ -78,6 +79,7 @@ class DataConstructor:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="loom-constructor")
         self._stats = _Stats(wait_s={r: 0.0 for r in self._ranks}, takes={r: 0 for r in self._ranks})
         self._telemetry = TelemetryBuffer.of(self._meta)
+        self._published_as = ""  # the name ranks ask for through this worker's gateway
 
     # ---- public actor methods -------------------------------------------------------------------
 
@@ -190,8 +192,14 @@ class DataConstructor:
             rank_takes=dict(s.takes),
         )
 
+    async def open_gateway(self, name: str) -> str | None:
+        """Serve ranks' takes under `name` on this worker's gateway (`_gateway`): its address (None: Dask only)."""
+        self._published_as = name
+        return await _gateway.register(name, self)
+
     async def stop(self) -> None:
         """Cancel builds in flight and drop held batches."""
+        _gateway.unregister(self._published_as, self)
         self._window.stop()
         for t in list(self._tasks):
             t.cancel()

@@ -83,6 +83,7 @@ class Fleet:
     route_generation: dict[int, int] = field(default_factory=dict)  # source id -> generation of its route
     acknowledged: list[dict[int, int]] = field(default_factory=list)  # per constructor: source id -> generation
     retiring: list[Retiring] = field(default_factory=list)
+    gateways: dict[int, str | None] = field(default_factory=dict)  # constructor index -> its rank gateway
 
     # ---- routes ---------------------------------------------------------------------------------
 
@@ -187,7 +188,12 @@ class Fleet:
             window=window,
             peers=peers,
             constructors=[
-                ConstructorInfo(name=constructor_dataset(self.plan_id, i), ranks=g, worker=worker_of(c.handle))
+                ConstructorInfo(
+                    name=constructor_dataset(self.plan_id, i),
+                    ranks=g,
+                    worker=worker_of(c.handle),
+                    gateway=self.gateways.get(i),
+                )
                 for i, (g, c) in enumerate(zip(self.groups, self.constructors, strict=True))
             ],
             loaders=[

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import stat
 import time
 from pathlib import Path
@@ -48,9 +49,11 @@ __all__ = [
     "Timings",
     "TlsInfo",
     "client_security",
+    "client_ssl_context",
     "constructor_dataset",
     "dead_server",
     "env_security",
+    "env_tls",
     "lock_path",
     "parse_serve_info",
     "pid_alive",
@@ -74,11 +77,16 @@ class _Frozen(BaseModel):
 
 
 class ConstructorInfo(_Frozen):
-    """One Data Constructor: its published dataset name and the dp ranks it serves."""
+    """One Data Constructor: its published dataset name, the dp ranks it serves, where ranks reach it.
+
+    `gateway`: the address of its worker's rank gateway (`_gateway`), None where it has none (ranks
+    then call it through Dask).
+    """
 
     name: str
     ranks: list[int]
     worker: str
+    gateway: str | None = None
 
 
 class LoaderInfo(_Frozen):
@@ -245,10 +253,8 @@ def dead_server(plan_dir: str | Path, timings: Timings, *, now: float | None = N
     )
 
 
-def env_security() -> Any:
-    """A client Security from LOOM_TLS_CA_FILE, LOOM_TLS_CERT and LOOM_TLS_KEY (None when unset)."""
-    from distributed.security import Security
-
+def env_tls() -> TlsInfo | None:
+    """A client's own TLS files from LOOM_TLS_CA_FILE, LOOM_TLS_CERT and LOOM_TLS_KEY (None when unset)."""
     names = ("LOOM_TLS_CA_FILE", "LOOM_TLS_CERT", "LOOM_TLS_KEY")
     values = [os.environ.get(n) for n in names]
     if not any(values):
@@ -256,7 +262,56 @@ def env_security() -> Any:
     if not all(values):
         got = [n for n, v in zip(names, values, strict=True) if v]
         raise ExecutionError(f"set all of {', '.join(names)} or none (got {', '.join(got)})")
-    return Security(require_encryption=True, tls_ca_file=values[0], tls_client_cert=values[1], tls_client_key=values[2])
+    return TlsInfo(ca_file=str(values[0]), cert=str(values[1]), key=str(values[2]))
+
+
+def env_security() -> Any:
+    """A client Security from LOOM_TLS_CA_FILE, LOOM_TLS_CERT and LOOM_TLS_KEY (None when unset)."""
+    tls = env_tls()
+    return _security_of(tls) if tls is not None else None
+
+
+def _security_of(tls: TlsInfo) -> Any:
+    from distributed.security import Security
+
+    return Security(require_encryption=True, tls_ca_file=tls.ca_file, tls_client_cert=tls.cert, tls_client_key=tls.key)
+
+
+def client_ssl_context(
+    address: str, tls: TlsInfo | None, *, plan_id: str, own: Any = None, insecure: bool = False
+) -> ssl.SSLContext | None:
+    """The TLS context a rank connects to a constructor's gateway with (None: plain TCP, only if `insecure`).
+
+    The same rules as `client_security`: `own` (a `distributed.Security`, or the client's own files
+    as a TlsInfo) wins; else the files serve.json names, checked to belong to this user. The server
+    is verified against the cluster's CA and sees the client's certificate (mutual TLS, as Dask).
+    """
+    if not address.startswith("tls://"):
+        if insecure:
+            return None
+        raise ExecutionError(
+            f"plan {plan_id}: the gateway {address} speaks plain TCP; loomdata clients connect only with "
+            "TLS. If that serve runs with --insecure on purpose, pass insecure=True (or set LOOM_INSECURE=1) "
+            "in the client too"
+        )
+    if own is not None and not isinstance(own, TlsInfo):
+        context: ssl.SSLContext = own.get_connection_args("client")["ssl_context"]
+        return context
+    files = own if isinstance(own, TlsInfo) else tls
+    if files is None:
+        raise ExecutionError(
+            f"plan {plan_id}: the gateway {address} needs TLS credentials and serve.json names none; pass "
+            "the client's own (LOOM_TLS_CA_FILE, LOOM_TLS_CERT, LOOM_TLS_KEY)"
+        )
+    if own is None:
+        for what, path in (("CA file", files.ca_file), ("certificate", files.cert), ("key", files.key)):
+            _check_private(what, Path(path), secret=what == "key")
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=files.ca_file)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(files.cert, files.key)
+    ctx.check_hostname = False  # a cluster CA of its own, and IP addresses: as Dask's own comms
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
 
 
 def client_security(
@@ -268,8 +323,6 @@ def client_security(
     they belong to this user and nobody else can write them, or read the key). A plain-TCP
     scheduler is refused unless `insecure`.
     """
-    from distributed.security import Security
-
     if not scheduler.startswith("tls://"):
         if insecure:
             return own
@@ -278,6 +331,8 @@ def client_security(
             "TLS. If that serve runs with --insecure on purpose, pass insecure=True (or set LOOM_INSECURE=1) "
             "in the client too"
         )
+    if isinstance(own, TlsInfo):
+        return _security_of(own)
     if own is not None:
         return own
     if tls is None:
@@ -287,7 +342,7 @@ def client_security(
         )
     for what, path in (("CA file", tls.ca_file), ("certificate", tls.cert), ("key", tls.key)):
         _check_private(what, Path(path), secret=what == "key")
-    return Security(require_encryption=True, tls_ca_file=tls.ca_file, tls_client_cert=tls.cert, tls_client_key=tls.key)
+    return _security_of(tls)
 
 
 def _check_private(what: str, path: Path, *, secret: bool) -> None:

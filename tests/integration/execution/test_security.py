@@ -159,10 +159,16 @@ print(json.dumps(out))
 
 
 def _forge(plan_dir: Path, tmp_path: Path, **changes: Any) -> Path:
-    """A copy of the plan dir whose serve.json is the real one with `changes` (what a writer of the dir could do)."""
+    """A copy of the plan dir whose serve.json is the real one with `changes` (what a writer of the dir could do).
+
+    A forged scheduler address is also every constructor's gateway address (where ranks connect).
+    """
     copy = tmp_path / "forged"
     shutil.copytree(plan_dir, copy, ignore=shutil.ignore_patterns("serve.json", "serve.lock", ".loom-tls"))
-    write_serve_info(copy, read_serve_info(plan_dir).model_copy(update=changes))
+    real = read_serve_info(plan_dir)
+    if "scheduler" in changes:
+        changes["constructors"] = [c.model_copy(update={"gateway": changes["scheduler"]}) for c in real.constructors]
+    write_serve_info(copy, real.model_copy(update=changes))
     return copy
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from distributed import Client
 
 from loomdata.client import StreamClient
@@ -66,7 +67,10 @@ def test_reads_survive_a_worker_client_reconnect(dask_client: Client, stream_pla
     check_exact(stream_plan, got)
 
 
-def test_a_rank_whose_client_reconnects_goes_on(dask_client: Client, stream_plan: Path, loomtest: Any) -> None:
+def test_a_rank_whose_dask_client_reconnects_goes_on(
+    dask_client: Client, stream_plan: Path, loomtest: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOOM_TRANSPORT", "dask")  # ranks call their constructor through a Dask client
     meta = loomtest.Oracle(stream_plan).meta
     with Executor(stream_plan, dask_client, window=2, bytes_in_flight=0):
         streams = {r: StreamClient(stream_plan, r) for r in range(meta.dp_size)}

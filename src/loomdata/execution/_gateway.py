@@ -1,0 +1,130 @@
+"""The rank gateway: one TLS listener per worker process that serves ranks' takes from its constructors.
+
+Why: see `_wire`. A rank connects straight to the worker holding its constructor (the address
+serve.json names for it), authenticated like the cluster's own comms (the worker's TLS listen
+context: the cluster CA, client certificates required), and asks by the constructor's published
+name. The listener runs on the worker's event loop and calls the constructor's coroutines directly,
+so a take costs one socket round trip and no Dask message. A connection's requests are answered in
+the order they came; constructors are held weakly (a released actor is gone from here too, and a
+rank asking for it is told to re-resolve).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import weakref
+from typing import Any
+
+from loomdata.execution._wire import (
+    HEADER,
+    MAGIC,
+    MAX_BODY,
+    REQUEST,
+    WireError,
+    decode_request,
+    encode_answer,
+    lengths_format,
+)
+from loomdata.execution.protocol import ExecutorUnavailable
+from loomdata.schemas.errors import ExecutionError
+
+__all__ = ["METHODS", "register", "unregister"]
+
+logger = logging.getLogger(__name__)
+
+METHODS = frozenset({"take", "take_steps", "record_telemetry"})
+"""What a rank may ask of its constructor through the gateway."""
+
+
+class _Gateway:
+    """The listener of this worker process and the constructors it serves, by published name."""
+
+    def __init__(self) -> None:
+        self.targets: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+        self.address: str | None = None
+        self._server: asyncio.base_events.Server | None = None
+
+    async def open(self, host: str, scheme: str, ssl_context: ssl.SSLContext | None) -> str:
+        if self._server is None:
+            self._server = await asyncio.start_server(self._serve, host=host, port=0, ssl=ssl_context)
+            port = self._server.sockets[0].getsockname()[1]
+            self.address = f"{scheme}://{host}:{port}"
+        assert self.address is not None
+        return self.address
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        try:
+            while True:
+                try:
+                    head = await reader.readexactly(HEADER.size)
+                except asyncio.IncompleteReadError:
+                    return  # the rank closed its connection
+                magic, kind, request_id, n_buffers = HEADER.unpack(head)
+                if magic != MAGIC or kind != REQUEST or n_buffers != 0:
+                    raise WireError(f"not a gateway request frame from {peer}")
+                (length,) = lengths_format(0).unpack(await reader.readexactly(lengths_format(0).size))
+                if length > MAX_BODY:
+                    raise WireError(f"a request of {length} bytes from {peer}")
+                target, method, args, kwargs = decode_request(await reader.readexactly(length))
+                value, error = await self._call(target, method, args, kwargs)
+                writer.writelines(_answer(request_id, value, error))
+                await writer.drain()
+        except (WireError, ConnectionError, asyncio.IncompleteReadError, ssl.SSLError) as e:
+            logger.info("gateway: dropped the connection from %s (%s: %s)", peer, type(e).__name__, e)
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _call(self, target: str, method: str, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, bool]:
+        """(value, False) or (exception, True): what the rank's call raised is raised again at the rank."""
+        if method not in METHODS:
+            return ExecutionError(f"the gateway serves {sorted(METHODS)}, not {method!r}"), True
+        constructor = self.targets.get(target)
+        if constructor is None:
+            return ExecutorUnavailable(f"constructor {target} is not served on this worker (any more)"), True
+        try:
+            return await getattr(constructor, method)(*args, **kwargs), False
+        except Exception as e:  # the rank decides: a LoomError fails it, anything else is retried
+            return e, True
+
+
+def _answer(request_id: int, value: Any, error: bool) -> list[bytes | memoryview]:
+    try:
+        return encode_answer(request_id, value, error=error)
+    except Exception as e:  # an exception that does not pickle still reaches the rank, as text
+        return encode_answer(request_id, ExecutionError(f"{type(value).__name__}: {value} ({e})"), error=True)
+
+
+_GATEWAY = _Gateway()
+
+
+async def register(name: str, constructor: Any) -> str | None:
+    """Serve `constructor` under `name` on this worker's gateway (opened on first use); its address.
+
+    None when not on a Dask worker (a constructor made directly in a test): ranks then use Dask calls.
+    """
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except ValueError:
+        return None
+    scheme, _, rest = str(worker.address).partition("://")
+    host = rest.rsplit(":", 1)[0].strip("[]")
+    ctx = None
+    if scheme == "tls":
+        ctx = worker.security.get_listen_args("worker")["ssl_context"]
+    address = await _GATEWAY.open(host, scheme, ctx)
+    _GATEWAY.targets[name] = constructor
+    return address
+
+
+def unregister(name: str, constructor: Any) -> None:
+    """Stop serving `constructor` under `name` (another constructor since registered there stays)."""
+    if _GATEWAY.targets.get(name) is constructor:
+        del _GATEWAY.targets[name]

@@ -33,7 +33,7 @@ from loomdata.planning._cost import segment_cost, segment_parts
 from loomdata.planning._packing import next_fit
 from loomdata.schemas.spec import CostSpec
 
-__all__ = ["BASELINE_DESCRIPTION", "baselines_many", "concat_chunk"]
+__all__ = ["BASELINE_DESCRIPTION", "baselines_flat", "baselines_many", "concat_chunk"]
 
 _SALT = 0xC0C4
 
@@ -46,6 +46,12 @@ BASELINE_DESCRIPTION = (
 
 def _perm(seed: int, salt: int, t: int, n: int) -> np.ndarray:
     return np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, salt, t]).permutation(n)
+
+
+def perms(seed: int, salt: int, ts: Sequence[int], ns: np.ndarray) -> np.ndarray:
+    """_perm(seed, salt, t, n) of every (t, n), concatenated."""
+    out = [_perm(seed, salt, int(t), int(n)) for t, n in zip(ts, ns, strict=True)]
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
 def _pieces(length: np.ndarray, image: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[np.ndarray, ...]:
@@ -78,24 +84,48 @@ def baselines_many(
     """Both baselines for a block of steps ((length, image tokens) of each step's own segments), at once:
     (concat_chunk per-rank time [steps, dp], packed per-rank time [steps, dp], packed tokens waiting [steps]);
     times of one `part` of the cost only when asked."""
+    ns = np.array([len(s[0]) for s in steps], dtype=np.int64)
+    length = np.concatenate([s[0] for s in steps]) if len(steps) else np.zeros(0, dtype=np.int64)
+    image = np.concatenate([s[1] for s in steps]) if len(steps) else np.zeros(0, dtype=np.int64)
+    return baselines_flat(
+        ts, length, image, ns, seed=seed, seq_len=seq_len, dp=dp, micro_batches=micro_batches,
+        cost_spec=cost_spec, cp=cp, part=part,
+    )
+
+
+def baselines_flat(
+    ts: Sequence[int],
+    length: np.ndarray,
+    image: np.ndarray,
+    ns: np.ndarray,
+    *,
+    seed: int,
+    seq_len: int,
+    dp: int,
+    micro_batches: int,
+    cost_spec: CostSpec,
+    cp: int,
+    part: Literal["all", "backbone", "encoder"] = "all",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """baselines_many on a block's own segments laid out flat (`ns[i]` of step ts[i], one step after the other)."""
 
     def price(plen: np.ndarray, pimg: np.ndarray) -> np.ndarray:
         if part == "all":
             return segment_cost(plen, pimg, cost_spec, cp)
         return segment_parts(plen, pimg, cost_spec, cp)[0 if part == "backbone" else 1]
 
-    b = len(steps)
-    perms = [_perm(seed, _SALT, t, len(ln)) for t, (ln, _) in zip(ts, steps, strict=True)]
-    ns = np.array([len(p) for p in perms], dtype=np.int64)
+    b = len(ns)
+    ns = np.asarray(ns, dtype=np.int64)
+    first = np.zeros(b + 1, dtype=np.int64)
+    np.cumsum(ns, out=first[1:])
     step_of = np.repeat(np.arange(b), ns)
-    ln = np.concatenate([s[0][p] for s, p in zip(steps, perms, strict=True)]).astype(np.int64)
-    im = np.concatenate([s[1][p] for s, p in zip(steps, perms, strict=True)]).astype(np.int64)
+    idx = perms(seed, _SALT, ts, ns) + first[:-1][step_of]
+    ln = length[idx].astype(np.int64)
+    im = image[idx].astype(np.int64)
     tokens = np.bincount(step_of, weights=ln, minlength=b)
     keys = b * dp
     # concat_chunk: each step's documents end to end from a row start of its own
     cum = np.cumsum(ln) - ln
-    first = np.zeros(b + 1, dtype=np.int64)
-    np.cumsum(ns, out=first[1:])
     local = cum - cum[np.minimum(first[step_of], len(cum) - 1)]
     n_rows = -(-tokens.astype(np.int64) // seq_len)
     base = np.cumsum(n_rows) - n_rows

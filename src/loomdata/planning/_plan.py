@@ -43,7 +43,7 @@ from loomdata.planning._lookahead import assign_steps, natural_positions
 from loomdata.planning._manifest import ManifestWriter, file_bounds
 from loomdata.planning._mixture import Stream, build_stream, check_epochs, membership, step_weights
 from loomdata.planning._packing import Lanes, check_unsplittable
-from loomdata.planning._ranges import PlanWork, RangePart, balanced_steps, merge_report
+from loomdata.planning._ranges import PlanWork, RangePart, balanced_blocks, merge_report
 from loomdata.planning._report import ReportBuilder
 from loomdata.planning._resume import (
     BasePlan,
@@ -442,11 +442,11 @@ def _balance_into(
     sink: StepSink, work: PlanWork, first: int, stop: int, carry: Segments | None, bar: Any
 ) -> Segments | None:
     """Balance steps first..stop-1 in this process into `sink`, `carry` into the first; return the last carry."""
-    for t, b in balanced_steps(work, first, stop, carry):
-        sink.add(t, work.weights[t], b)
-        carry = b.carry
-        if bar is not None and t + 1 == work.bound_after(t):
-            bar.update(t + 1 - work.start - bar.n)
+    for blk in balanced_blocks(work, first, stop, carry):
+        sink.add_block(blk, work.weights[blk.steps.start : blk.steps.stop])
+        carry = blk.carry
+        if bar is not None:
+            bar.update(blk.steps.stop - work.start - bar.n)
     if bar is not None:
         bar.update(stop - work.start - bar.n)
     return carry

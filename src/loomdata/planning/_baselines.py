@@ -33,7 +33,7 @@ from loomdata.planning._cost import segment_cost, segment_parts
 from loomdata.planning._packing import next_fit
 from loomdata.schemas.spec import CostSpec
 
-__all__ = ["BASELINE_DESCRIPTION", "baselines_flat", "baselines_many", "concat_chunk"]
+__all__ = ["BASELINE_DESCRIPTION", "baselines_flat", "baselines_many", "concat_chunk", "perms"]
 
 _SALT = 0xC0C4
 
@@ -49,9 +49,83 @@ def _perm(seed: int, salt: int, t: int, n: int) -> np.ndarray:
 
 
 def perms(seed: int, salt: int, ts: Sequence[int], ns: np.ndarray) -> np.ndarray:
-    """_perm(seed, salt, t, n) of every (t, n), concatenated."""
-    out = [_perm(seed, salt, int(t), int(n)) for t, n in zip(ts, ns, strict=True)]
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+    """_perm(seed, salt, t, n) of every (t, n), concatenated (the same bits): the seed sequences of all steps
+    are hashed at once (_seed_states), and one generator is re-seeded per step."""
+    ts = np.asarray(ts, dtype=np.int64)
+    ns = np.asarray(ns, dtype=np.int64)
+    if len(ts) == 0:
+        return np.zeros(0, dtype=np.int64)
+    if ts.min() < 0 or ts.max() > _MASK32:  # outside one 32-bit entropy word: numpy's own seeding
+        return np.concatenate([_perm(seed, salt, int(t), int(n)) for t, n in zip(ts, ns, strict=True)])
+    words = [*_uint32_words(int(seed) & 0xFFFFFFFFFFFFFFFF), salt]
+    state = _seed_states(words, ts.astype(np.uint32)).tolist()
+    bg = np.random.PCG64(0)
+    gen = np.random.Generator(bg)
+    first = np.zeros(len(ns) + 1, dtype=np.int64)
+    np.cumsum(ns, out=first[1:])
+    out = np.arange(int(first[-1]), dtype=np.int64) - np.repeat(first[:-1], ns)  # each step's arange(n)
+    mult, mask = _PCG_MULT, (1 << 128) - 1
+    for (s0, s1, i0, i1), a, b in zip(state, first[:-1].tolist(), first[1:].tolist(), strict=True):
+        if b - a < 2:
+            continue  # nothing to shuffle (and a shuffle of fewer than 2 draws nothing)
+        inc = (((i0 << 64) | i1) << 1 | 1) & mask  # pcg_setseq_128_srandom_r: state 0, step, += seed, step
+        st = ((((s0 << 64) | s1) + inc) * mult + inc) & mask
+        bg.state = {"bit_generator": "PCG64", "state": {"state": st, "inc": inc}, "has_uint32": 0, "uinteger": 0}
+        gen.shuffle(out[a:b])  # what permutation(n) does to arange(n), in place
+    return out
+
+
+_MASK32 = 0xFFFFFFFF
+_PCG_MULT = (2549297995355413924 << 64) | 4865540595714422341  # PCG's default 128-bit multiplier
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
+
+
+def _uint32_words(n: int) -> list[int]:
+    """A non-negative int as SeedSequence reads it: 32-bit words, least significant first ([0] for 0)."""
+    out = [n & _MASK32]
+    n >>= 32
+    while n:
+        out.append(n & _MASK32)
+        n >>= 32
+    return out
+
+
+def _seed_states(words: list[int], last: np.ndarray) -> np.ndarray:
+    """(len(last), 4) uint64: SeedSequence(words + [last[i]]).generate_state(4, uint64) of every i, at once
+    (NumPy's SeedSequence hashing with a pool of 4 words; its hash constants do not depend on the data)."""
+    n = len(last)
+    entropy = [np.full(n, w, dtype=np.uint32) for w in words] + [last.astype(np.uint32)]
+    hc = _INIT_A
+
+    def hashmix(v: np.ndarray) -> np.ndarray:
+        nonlocal hc
+        v = v ^ np.uint32(hc)
+        hc = (hc * _MULT_A) & _MASK32
+        v = v * np.uint32(hc)
+        return v ^ (v >> np.uint32(16))
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        r = np.uint32(_MIX_L) * x - np.uint32(_MIX_R) * y
+        return r ^ (r >> np.uint32(16))
+
+    zero = np.zeros(n, dtype=np.uint32)
+    pool = [hashmix(entropy[i] if i < len(entropy) else zero) for i in range(4)]
+    for i_src in range(4):
+        for i_dst in range(4):
+            if i_src != i_dst:
+                pool[i_dst] = mix(pool[i_dst], hashmix(pool[i_src]))
+    for i_src in range(4, len(entropy)):
+        for i_dst in range(4):
+            pool[i_dst] = mix(pool[i_dst], hashmix(entropy[i_src]))
+    hb = _INIT_B
+    out = np.empty((n, 8), dtype=np.uint32)
+    for i in range(8):
+        v = pool[i % 4] ^ np.uint32(hb)
+        hb = (hb * _MULT_B) & _MASK32
+        v = v * np.uint32(hb)
+        out[:, i] = v ^ (v >> np.uint32(16))
+    return out.view("<u8").astype(np.uint64).reshape(n, 4)
 
 
 def _pieces(length: np.ndarray, image: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[np.ndarray, ...]:
@@ -88,8 +162,17 @@ def baselines_many(
     length = np.concatenate([s[0] for s in steps]) if len(steps) else np.zeros(0, dtype=np.int64)
     image = np.concatenate([s[1] for s in steps]) if len(steps) else np.zeros(0, dtype=np.int64)
     return baselines_flat(
-        ts, length, image, ns, seed=seed, seq_len=seq_len, dp=dp, micro_batches=micro_batches,
-        cost_spec=cost_spec, cp=cp, part=part,
+        ts,
+        length,
+        image,
+        ns,
+        seed=seed,
+        seq_len=seq_len,
+        dp=dp,
+        micro_batches=micro_batches,
+        cost_spec=cost_spec,
+        cp=cp,
+        part=part,
     )
 
 

@@ -51,14 +51,14 @@ def _perm(seed: int, salt: int, t: int, n: int) -> np.ndarray:
 def perms(seed: int, salt: int, ts: Sequence[int], ns: np.ndarray) -> np.ndarray:
     """_perm(seed, salt, t, n) of every (t, n), concatenated (the same bits): the seed sequences of all steps
     are hashed at once (_seed_states), and one generator is re-seeded per step."""
-    ts = np.asarray(ts, dtype=np.int64)
+    steps = np.asarray(ts, dtype=np.int64)
     ns = np.asarray(ns, dtype=np.int64)
-    if len(ts) == 0:
+    if len(steps) == 0:
         return np.zeros(0, dtype=np.int64)
-    if ts.min() < 0 or ts.max() > _MASK32:  # outside one 32-bit entropy word: numpy's own seeding
-        return np.concatenate([_perm(seed, salt, int(t), int(n)) for t, n in zip(ts, ns, strict=True)])
+    if steps.min() < 0 or steps.max() > _MASK32:  # outside one 32-bit entropy word: numpy's own seeding
+        return np.concatenate([_perm(seed, salt, int(t), int(n)) for t, n in zip(steps, ns, strict=True)])
     words = [*_uint32_words(int(seed) & 0xFFFFFFFFFFFFFFFF), salt]
-    state = _seed_states(words, ts.astype(np.uint32)).tolist()
+    state = _seed_states(words, steps.astype(np.uint32)).tolist()
     bg = np.random.PCG64(0)
     gen = np.random.Generator(bg)
     first = np.zeros(len(ns) + 1, dtype=np.int64)
@@ -106,7 +106,7 @@ def _seed_states(words: list[int], last: np.ndarray) -> np.ndarray:
         return v ^ (v >> np.uint32(16))
 
     def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        r = np.uint32(_MIX_L) * x - np.uint32(_MIX_R) * y
+        r: np.ndarray = (np.uint32(_MIX_L) * x - np.uint32(_MIX_R) * y).astype(np.uint32, copy=False)
         return r ^ (r >> np.uint32(16))
 
     zero = np.zeros(n, dtype=np.uint32)

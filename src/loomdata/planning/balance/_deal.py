@@ -106,13 +106,13 @@ def deal_flat(
     is_long = all_lane == 1
     short = (~is_long).nonzero()[0]
     step_of = np.repeat(np.arange(b), ns)[short]
-    if carried is not None and any(carried):
-        fresh = short - off[step_of] >= np.asarray(carried, dtype=np.int64)[step_of]
-        by = short[np.lexsort((-all_cost[short], fresh, step_of))]
-    else:
-        by = short[np.lexsort((-all_cost[short], step_of))]
     cut = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(np.bincount(step_of, minlength=b), out=cut[1:])
+    by = short[_by_cost(all_cost[short], step_of, cut)]
+    for i in [] if carried is None else np.flatnonzero(np.asarray(carried, dtype=np.int64) > 0).tolist():
+        own = np.sort(by[cut[i] : cut[i + 1]])  # a step with carried items: those first (then largest cost first)
+        fresh = own - off[i] >= carried[i]  # type: ignore[index]
+        by[cut[i] : cut[i + 1]] = own[np.lexsort((-all_cost[own], fresh))]
     long_idx = is_long.nonzero()[0]
     long_cut = np.searchsorted(long_idx, off)
     fd = FlatDeal(cost3, room3, lane3, rank_cost, p_rank, p_mb, length, by, cut, off, long_idx, long_cut)
@@ -186,6 +186,22 @@ def deal_flat(
             keep = left > 0
             act, act_row, at, left = act[keep], act_row[keep], at[keep], left[keep]
     return fd
+
+
+def _by_cost(cost: np.ndarray, step: np.ndarray, cut: np.ndarray) -> np.ndarray:
+    """Positions of items (grouped by `step`, ascending; step i's are cut[i]..cut[i+1]-1) ordered by step, then
+    largest cost first, ties in position order: np.lexsort((-cost, step)), as row-wise sorts of a padded
+    (steps, widest step) grid when the steps are alike in size (several times faster for small steps)."""
+    n, b = len(cost), len(cut) - 1
+    cnt = np.diff(cut)
+    width = int(cnt.max(initial=0))
+    if n == 0 or b * width > 2 * n + 1024:
+        return np.lexsort((-cost, step))
+    at = np.arange(n) - cut[step]
+    grid = np.full((b, width), np.inf)
+    grid[step, at] = -cost
+    o = np.argsort(grid, axis=1, kind="stable") + cut[:-1, None]
+    return o[np.arange(width)[None, :] < cnt[:, None]]
 
 
 def _place_failed(d: Dealt, items: np.ndarray, cost: np.ndarray) -> None:

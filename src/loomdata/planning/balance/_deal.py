@@ -109,15 +109,16 @@ def deal_flat(
     cut = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(np.bincount(step_of, minlength=b), out=cut[1:])
     by = short[_by_cost(all_cost[short], step_of, cut)]
-    for i in [] if carried is None else np.flatnonzero(np.asarray(carried, dtype=np.int64) > 0).tolist():
-        own = np.sort(by[cut[i] : cut[i + 1]])  # a step with carried items: those first (then largest cost first)
-        fresh = own - off[i] >= carried[i]  # type: ignore[index]
-        by[cut[i] : cut[i + 1]] = own[np.lexsort((-all_cost[own], fresh))]
+    n_carried = np.zeros(b, dtype=np.int64) if carried is None else np.asarray(carried, dtype=np.int64)
+    for c_i in np.flatnonzero(n_carried > 0).tolist():
+        own = np.sort(by[cut[c_i] : cut[c_i + 1]])  # a step with carried items: those first, then largest cost
+        fresh = own - off[c_i] >= n_carried[c_i]
+        by[cut[c_i] : cut[c_i + 1]] = own[np.lexsort((-all_cost[own], fresh))]
     long_idx = is_long.nonzero()[0]
     long_cut = np.searchsorted(long_idx, off)
     fd = FlatDeal(cost3, room3, lane3, rank_cost, p_rank, p_mb, length, by, cut, off, long_idx, long_cut)
-    for i in np.flatnonzero(np.diff(long_cut)):  # steps with long-lane items: their long sequences first
-        d, a = fd.view(int(i)), int(off[i])
+    for i in np.flatnonzero(np.diff(long_cut)).tolist():  # steps with long-lane items: their long sequences first
+        d, a = fd.view(i), int(off[i])
         c = all_cost[a : int(off[i + 1])]
         place_long(d.long_idx, d.length, c, d.st, d.p_rank, d.p_mb, lanes, float(c.sum()))
     # the block's short items in dealing order, step after step: global item index, cost, length

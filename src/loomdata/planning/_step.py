@@ -124,8 +124,9 @@ def _segment_sums(values: np.ndarray, off: np.ndarray) -> tuple[np.ndarray, np.n
     total = np.zeros(len(n))
     top = np.zeros(len(n))
     by = np.argsort(n, kind="stable")
-    sizes, first = np.unique(n[by], return_index=True)
-    for size, a, b in zip(sizes.tolist(), first.tolist(), [*first[1:].tolist(), len(n)], strict=True):
+    sorted_n = n[by]
+    first = np.flatnonzero(np.concatenate([[True], sorted_n[1:] != sorted_n[:-1]])) if len(n) else np.zeros(0, np.int64)
+    for size, a, b in zip(sorted_n[first].tolist(), first.tolist(), [*first[1:].tolist(), len(n)], strict=True):
         runs = by[a:b]
         if size == 0:
             raise ValueError("a step without segments")

@@ -26,7 +26,7 @@ from loomdata.planning.balance._deal import FlatDeal, deal_flat, deal_many
 from loomdata.planning.balance._hybrid import hybrid_search
 from loomdata.planning.balance._leftovers import place_leftovers
 from loomdata.planning.balance._refine import refine_flat, refine_many
-from loomdata.planning.balance._state import Assignment, Dealt
+from loomdata.planning.balance._state import Assignment, Dealt, members
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import CostBalance, CostSpec
 
@@ -161,7 +161,7 @@ def balance_span(
     fd = deal_flat(segs.length, cost, segs.lane, off, dp=dp, micro_batches=mb, lanes=cfg.lanes, carried=first_carried)
     # leftovers (what the LPT rounds could not place), step by step in the few steps that have them
     order_step = np.repeat(np.arange(nb), np.diff(fd.cut))
-    left_steps = np.unique(order_step[fd.p_rank[fd.order] < 0])
+    left_steps = members(order_step[fd.p_rank[fd.order] < 0], nb)
     extras: dict[int, tuple[np.ndarray, ...]] = {}
     new_carry: Segments | None = None
     in_step: np.ndarray | None = None
@@ -353,16 +353,6 @@ def balance_step(
 def _with_carry(carry: Segments, drawn: tuple[Segments, np.ndarray], cfg: BalanceConfig) -> tuple[Segments, np.ndarray]:
     segs, cost = drawn
     return Segments.concat([carry, segs]), np.concatenate([cfg.cost_of(carry), cost])
-
-
-def _deal(inputs: Sequence[tuple[Segments, np.ndarray]], carried: list[int], cfg: BalanceConfig) -> list[Dealt]:
-    return deal_many(
-        [(s.length, c, s.lane) for s, c in inputs],
-        dp=cfg.dp,
-        micro_batches=cfg.micro_batches,
-        lanes=cfg.lanes,
-        carried=carried,
-    )
 
 
 def _leftovers(d: Dealt, cost: np.ndarray, splittable: np.ndarray, cfg: BalanceConfig) -> tuple[np.ndarray, ...]:

@@ -160,8 +160,7 @@ def deal_flat(
             row, rk = rows[:, :w][valid], ranks[:, :w][valid]
             gi = np.repeat(at - (np.cumsum(k) - k), k) + np.arange(len(row))
             ln, c, item = g_len[gi], g_cost[gi], g_item[gi]
-        sc = cost2[row]
-        sc[room2[row] < ln[:, None]] = np.inf
+        sc = np.where(room2[row] < ln[:, None], np.inf, cost2[row])
         m = sc.argmin(axis=1)
         ok = sc[np.arange(len(m)), m] < np.inf
         every = bool(ok.all())

@@ -138,12 +138,14 @@ def refine_flat(
         room_lo = lo_room[rows, mb_b] + lb
         room_hi = room3[act[:, None], hi[:, None], ma] + la
         ok = (delta > 0) & (delta < gap[:, None, None])
-        ok &= (la[:, :, None] <= room_lo[:, None, :]) & (lb[:, None, :] <= room_hi[:, :, None])
-        ok &= (lo_lane[rows, mb_b] == 0)[:, None, :]
-        ok &= a_ok[:, :, None] & b_ok[:, None, :]
+        ok &= la[:, :, None] <= room_lo[:, None, :]
+        ok &= lb[:, None, :] <= room_hi[:, :, None]
+        ok &= a_ok[:, :, None] & (b_ok & (lo_lane[rows, mb_b] == 0))[:, None, :]
         any_ok = ok.reshape(na, -1).any(axis=1)
         go = has_a & any_ok
-        score = np.where(ok, np.abs(delta - gap[:, None, None] / 2), np.inf)
+        score = delta - gap[:, None, None] / 2
+        np.abs(score, out=score)
+        score[~ok] = np.inf
         best = score.reshape(na, -1).argmin(axis=1)
         i, j = np.divmod(best, score.shape[2])
         r = np.flatnonzero(go)

@@ -278,8 +278,19 @@ def _placed(
         plen = np.concatenate([plen, *(e[2] for _, e in pieces)])
         rank = np.concatenate([rank, *(e[3] for _, e in pieces)])
         mbs = np.concatenate([mbs, *(e[4] for _, e in pieces)])
-    o = np.argsort(((step * dp + rank) * mb + mbs) * 3 + phase, kind="stable")
+    o = _lexsort_small([phase, rank * mb + mbs, step], [3, dp * mb, nb])
     return step[o], item[o], delta[o], plen[o], rank[o], mbs[o]
+
+
+def _lexsort_small(keys: list[np.ndarray], sizes: list[int]) -> np.ndarray:
+    """np.lexsort(keys) (last key primary) of non-negative keys below `sizes`: one stable 16-bit radix pass a
+    key (least significant first) where all fit 16 bits, several times faster than one stable int64 sort."""
+    if max(sizes) > 1 << 16:
+        return np.lexsort(keys)
+    o = np.argsort(keys[0].astype(np.uint16), kind="stable")
+    for k in keys[1:]:
+        o = o[np.argsort(k.astype(np.uint16)[o], kind="stable")]
+    return o
 
 
 def _encoder_part(segs: Segments, cfg: BalanceConfig) -> np.ndarray:

@@ -3,8 +3,9 @@
 `PlanWork` is everything balancing needs once membership is done (the index columns, the streams, the step
 pointers or look-ahead assignment, the shape, the cost model, the weights and the manifest partition
 bounds); it is picklable (an all-zero image column travels as its length), so planning._distributed
-can send it to workers once. `balanced_steps` yields the balanced steps of [first, stop) from a given
-incoming carry; a step's result depends only on its drawn segments and its incoming carry (blocks are
+can send it to workers once. `balanced_blocks` yields the balanced blocks of [first, stop) from a given
+incoming carry (`balanced_steps` the same step by step, for the distributed fix-up); a step's result
+depends only on its drawn segments and its incoming carry (blocks are
 dealt jointly but element-wise per step: the golden plans are the same at any block size), which is what
 lets ranges be balanced apart and stitched together. `plan_range` balances a range into its own manifest
 partitions and a report over the range (`RangePart`), as a worker does.

@@ -1,4 +1,5 @@
-"""One balanced step into the plan: its manifest rows and its report figures (loomdata vs both baselines)."""
+"""Balanced steps into the plan: their manifest rows and report figures (loomdata vs both baselines), a block
+at a time (`add_block`, NumPy over the block) or one step (`add`, the distributed fix-up's path)."""
 
 from __future__ import annotations
 

@@ -2,9 +2,11 @@
 
 Per step the phases are LPT rounds (_deal) -> leftovers (_leftovers) -> local search (_refine, _wide). What a
 step defers (image samples no slot could take, text the step had no room left for) goes first into the
-next step: the first step of a block takes the previous block's carry in its dealing; a later step of
-the block that receives a carry is dealt again as a block of one step with it (rare), before its
-leftovers. A step's deferrals depend only on its rounds and leftovers, never on its local search, so
+next step: the first step of a block takes the previous block's carry in its dealing, and a block ends at
+the first step that defers (rare: the next block starts with its carry; a step's result depends only on
+its segments and its carry, never on its block). A block is laid out flat (balance_span: one array per
+column, a step's items contiguous) and comes back as a BalancedBlock, so no phase but the leftovers does
+Python work per step. A step's deferrals depend only on its rounds and leftovers, never on its local search, so
 the local search of the whole block runs last, at once; with `cost.balance: both` the hybrid
 encoder/backbone search (_hybrid) follows it, from the summed-cost placement. (The baselines a plan is compared with are
 computed per step by planning._baselines, over each step's own segments.)

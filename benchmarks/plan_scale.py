@@ -336,6 +336,24 @@ def project(one: dict[str, Any], multi: dict[str, Any], samples: float = 1e9) ->
     return out
 
 
+def profile(samples: int, n_sources: int, dp: int, top: int = 30) -> int:
+    """Plan one index in this process under cProfile and print the top functions by own and cumulative time."""
+    import cProfile
+    import pstats
+
+    with tempfile.TemporaryDirectory(prefix="loom-scale-") as d:
+        _call("--child", "index", "--samples", str(samples), "--n-sources", str(n_sources), "--workdir", d)
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.runcall(child_loom, Path(d), dp)
+        secs = time.perf_counter() - t0
+    print(f"{samples:,} samples, {n_sources} source(s), dp {dp}: {secs:.2f} s under the profiler")
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sweep and 1M samples only")
@@ -346,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", nargs="+", type=int, default=[], help="cluster part: plan on 1 and N workers")
     ap.add_argument("--dist-sizes", nargs="+", type=float, default=[5e6], help="samples of the cluster part")
     ap.add_argument("--dist-dp", type=int, default=64, help="dp of the cluster part (2 sources)")
+    ap.add_argument(
+        "--profile", type=float, metavar="SAMPLES", help="cProfile one plan of SAMPLES samples (--dps[0], --sources[0])"
+    )
     ap.add_argument("--child", choices=["index", "loom", "naive"], help=argparse.SUPPRESS)
     ap.add_argument("--samples", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--n-sources", type=int, help=argparse.SUPPRESS)
@@ -365,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(json.dumps(r))
         return 0
+    if args.profile:
+        return profile(int(args.profile), args.sources[0], args.dps[0])
     only_cluster = bool(args.workers) and args.sweep is None and args.sizes is None  # --workers alone: that part
     sweep = [0.0] if only_cluster else args.sweep or ([1e5, 2e5, 4e5] if args.quick else [2.5e5, 5e5, 1e6])
     sweep = [int(s) for s in sweep if s > 0]

@@ -33,7 +33,7 @@ from loomdata.planning._cost import segment_cost, segment_parts
 from loomdata.planning._packing import next_fit
 from loomdata.schemas.spec import CostSpec
 
-__all__ = ["BASELINE_DESCRIPTION", "baselines_many", "concat_chunk"]
+__all__ = ["BASELINE_DESCRIPTION", "baselines_flat", "baselines_many", "concat_chunk", "perms"]
 
 _SALT = 0xC0C4
 
@@ -46,6 +46,86 @@ BASELINE_DESCRIPTION = (
 
 def _perm(seed: int, salt: int, t: int, n: int) -> np.ndarray:
     return np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, salt, t]).permutation(n)
+
+
+def perms(seed: int, salt: int, ts: Sequence[int], ns: np.ndarray) -> np.ndarray:
+    """_perm(seed, salt, t, n) of every (t, n), concatenated (the same bits): the seed sequences of all steps
+    are hashed at once (_seed_states), and one generator is re-seeded per step."""
+    steps = np.asarray(ts, dtype=np.int64)
+    ns = np.asarray(ns, dtype=np.int64)
+    if len(steps) == 0:
+        return np.zeros(0, dtype=np.int64)
+    if steps.min() < 0 or steps.max() > _MASK32:  # outside one 32-bit entropy word: numpy's own seeding
+        return np.concatenate([_perm(seed, salt, int(t), int(n)) for t, n in zip(steps, ns, strict=True)])
+    words = [*_uint32_words(int(seed) & 0xFFFFFFFFFFFFFFFF), salt]
+    state = _seed_states(words, steps.astype(np.uint32)).tolist()
+    bg = np.random.PCG64(0)
+    gen = np.random.Generator(bg)
+    first = np.zeros(len(ns) + 1, dtype=np.int64)
+    np.cumsum(ns, out=first[1:])
+    out = np.arange(int(first[-1]), dtype=np.int64) - np.repeat(first[:-1], ns)  # each step's arange(n)
+    mult, mask = _PCG_MULT, (1 << 128) - 1
+    for (s0, s1, i0, i1), a, b in zip(state, first[:-1].tolist(), first[1:].tolist(), strict=True):
+        if b - a < 2:
+            continue  # nothing to shuffle (and a shuffle of fewer than 2 draws nothing)
+        inc = (((i0 << 64) | i1) << 1 | 1) & mask  # pcg_setseq_128_srandom_r: state 0, step, += seed, step
+        st = ((((s0 << 64) | s1) + inc) * mult + inc) & mask
+        bg.state = {"bit_generator": "PCG64", "state": {"state": st, "inc": inc}, "has_uint32": 0, "uinteger": 0}
+        gen.shuffle(out[a:b])  # what permutation(n) does to arange(n), in place
+    return out
+
+
+_MASK32 = 0xFFFFFFFF
+_PCG_MULT = (2549297995355413924 << 64) | 4865540595714422341  # PCG's default 128-bit multiplier
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
+
+
+def _uint32_words(n: int) -> list[int]:
+    """A non-negative int as SeedSequence reads it: 32-bit words, least significant first ([0] for 0)."""
+    out = [n & _MASK32]
+    n >>= 32
+    while n:
+        out.append(n & _MASK32)
+        n >>= 32
+    return out
+
+
+def _seed_states(words: list[int], last: np.ndarray) -> np.ndarray:
+    """(len(last), 4) uint64: SeedSequence(words + [last[i]]).generate_state(4, uint64) of every i, at once
+    (NumPy's SeedSequence hashing with a pool of 4 words; its hash constants do not depend on the data)."""
+    n = len(last)
+    entropy = [np.full(n, w, dtype=np.uint32) for w in words] + [last.astype(np.uint32)]
+    hc = _INIT_A
+
+    def hashmix(v: np.ndarray) -> np.ndarray:
+        nonlocal hc
+        v = v ^ np.uint32(hc)
+        hc = (hc * _MULT_A) & _MASK32
+        v = v * np.uint32(hc)
+        return v ^ (v >> np.uint32(16))
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        r: np.ndarray = (np.uint32(_MIX_L) * x - np.uint32(_MIX_R) * y).astype(np.uint32, copy=False)
+        return r ^ (r >> np.uint32(16))
+
+    zero = np.zeros(n, dtype=np.uint32)
+    pool = [hashmix(entropy[i] if i < len(entropy) else zero) for i in range(4)]
+    for i_src in range(4):
+        for i_dst in range(4):
+            if i_src != i_dst:
+                pool[i_dst] = mix(pool[i_dst], hashmix(pool[i_src]))
+    for i_src in range(4, len(entropy)):
+        for i_dst in range(4):
+            pool[i_dst] = mix(pool[i_dst], hashmix(entropy[i_src]))
+    hb = _INIT_B
+    out = np.empty((n, 8), dtype=np.uint32)
+    for i in range(8):
+        v = pool[i % 4] ^ np.uint32(hb)
+        hb = (hb * _MULT_B) & _MASK32
+        v = v * np.uint32(hb)
+        out[:, i] = v ^ (v >> np.uint32(16))
+    return out.view("<u8").astype(np.uint64).reshape(n, 4)
 
 
 def _pieces(length: np.ndarray, image: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[np.ndarray, ...]:
@@ -78,24 +158,57 @@ def baselines_many(
     """Both baselines for a block of steps ((length, image tokens) of each step's own segments), at once:
     (concat_chunk per-rank time [steps, dp], packed per-rank time [steps, dp], packed tokens waiting [steps]);
     times of one `part` of the cost only when asked."""
+    ns = np.array([len(s[0]) for s in steps], dtype=np.int64)
+    length = np.concatenate([s[0] for s in steps]) if len(steps) else np.zeros(0, dtype=np.int64)
+    image = np.concatenate([s[1] for s in steps]) if len(steps) else np.zeros(0, dtype=np.int64)
+    return baselines_flat(
+        ts,
+        length,
+        image,
+        ns,
+        seed=seed,
+        seq_len=seq_len,
+        dp=dp,
+        micro_batches=micro_batches,
+        cost_spec=cost_spec,
+        cp=cp,
+        part=part,
+    )
+
+
+def baselines_flat(
+    ts: Sequence[int],
+    length: np.ndarray,
+    image: np.ndarray,
+    ns: np.ndarray,
+    *,
+    seed: int,
+    seq_len: int,
+    dp: int,
+    micro_batches: int,
+    cost_spec: CostSpec,
+    cp: int,
+    part: Literal["all", "backbone", "encoder"] = "all",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """baselines_many on a block's own segments laid out flat (`ns[i]` of step ts[i], one step after the other)."""
 
     def price(plen: np.ndarray, pimg: np.ndarray) -> np.ndarray:
         if part == "all":
             return segment_cost(plen, pimg, cost_spec, cp)
         return segment_parts(plen, pimg, cost_spec, cp)[0 if part == "backbone" else 1]
 
-    b = len(steps)
-    perms = [_perm(seed, _SALT, t, len(ln)) for t, (ln, _) in zip(ts, steps, strict=True)]
-    ns = np.array([len(p) for p in perms], dtype=np.int64)
+    b = len(ns)
+    ns = np.asarray(ns, dtype=np.int64)
+    first = np.zeros(b + 1, dtype=np.int64)
+    np.cumsum(ns, out=first[1:])
     step_of = np.repeat(np.arange(b), ns)
-    ln = np.concatenate([s[0][p] for s, p in zip(steps, perms, strict=True)]).astype(np.int64)
-    im = np.concatenate([s[1][p] for s, p in zip(steps, perms, strict=True)]).astype(np.int64)
+    idx = perms(seed, _SALT, ts, ns) + first[:-1][step_of]
+    ln = length[idx].astype(np.int64)
+    im = image[idx].astype(np.int64)
     tokens = np.bincount(step_of, weights=ln, minlength=b)
     keys = b * dp
     # concat_chunk: each step's documents end to end from a row start of its own
     cum = np.cumsum(ln) - ln
-    first = np.zeros(b + 1, dtype=np.int64)
-    np.cumsum(ns, out=first[1:])
     local = cum - cum[np.minimum(first[step_of], len(cum) - 1)]
     n_rows = -(-tokens.astype(np.int64) // seq_len)
     base = np.cumsum(n_rows) - n_rows

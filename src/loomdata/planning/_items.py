@@ -72,6 +72,17 @@ class StepItems:
         src_id, sample, offset, length, lane, img, cost = (c[a:b] for c in self._cols)
         return Segments(src_id, sample, offset, length, lane, img), cost
 
+    def span(self, t: int, stop: int) -> tuple[Segments, np.ndarray, np.ndarray]:
+        """Steps t..stop-1 (within step t's block) laid out flat: their segments, costs, and where each step's
+        segments start (stop - t + 1 offsets, from 0)."""
+        i = t - self.block(t).start
+        j = stop - self._first
+        if not i < j < len(self._bounds):
+            raise ValueError(f"steps {t}..{stop - 1} are not within one gathered block")
+        a, b = int(self._bounds[i]), int(self._bounds[j])
+        src_id, sample, offset, length, lane, img, cost = (c[a:b] for c in self._cols)
+        return Segments(src_id, sample, offset, length, lane, img), cost, self._bounds[i : j + 1] - a
+
     def _gather(self, t0: int) -> None:
         """Gather the block of steps from t0 on that holds about BLOCK_SEGMENTS segments (at least one step)."""
         last = len(self._ptr) - 1

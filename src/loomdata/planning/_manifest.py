@@ -40,7 +40,7 @@ def file_bounds(drawn: np.ndarray, rows_per_file: int | None = None) -> np.ndarr
 
 
 class ManifestWriter:
-    """Buffers per-step rows of the steps from `first_step` on and writes a partition file at each bound."""
+    """Buffers the rows of the steps from `first_step` on and writes a partition file at each bound."""
 
     def __init__(self, plan_dir: Path, plan_id: str, bounds: np.ndarray, first_step: int = 0) -> None:
         """`bounds`: file_bounds of the plan (first step of each partition, then the step count); `first_step`:
@@ -62,6 +62,19 @@ class ManifestWriter:
         n = len(columns["sample"])
         if n:
             self._buf.append({"step": np.full(n, step, dtype=np.uint32), **columns})
+
+    def add_block(self, steps: range, step: np.ndarray, columns: dict[str, np.ndarray]) -> None:
+        """Append the rows of consecutive `steps` (`step`: each row's step, ascending; columns without `step`),
+        flushing every partition that ends before the block's last step, as add does step by step."""
+        lo = 0
+        while steps.stop - 1 >= self._next:
+            hi = int(np.searchsorted(step, self._next, side="left"))
+            if hi > lo:
+                self._buf.append({"step": step[lo:hi], **{k: v[lo:hi] for k, v in columns.items()}})
+            lo = hi
+            self._flush()
+        if len(step) > lo:
+            self._buf.append({"step": step[lo:], **{k: v[lo:] for k, v in columns.items()}})
 
     def close(self, last_step: int) -> list[ManifestFile]:
         """Flush every partition up to the one holding `last_step` (it must end there) and return the list."""

@@ -136,5 +136,7 @@ def next_fit(lengths: np.ndarray, cap: int) -> np.ndarray:
     while jump[0] < n:
         orbit = np.concatenate([orbit, jump[orbit]])
         jump = jump[jump]
-    starts = np.unique(orbit[orbit < n])
+    seen = np.zeros(n, dtype=bool)  # the orbit's distinct starts, ascending (np.unique, without its hashing)
+    seen[orbit[orbit < n]] = True
+    starts = np.flatnonzero(seen)
     return np.searchsorted(starts, np.arange(n), side="right") - 1

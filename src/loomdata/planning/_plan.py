@@ -5,11 +5,12 @@ index fingerprints; PLANNER_VERSION), so the same inputs give the same id and by
 wherever the spec, data and workdir are; planning an id that already exists
 complete is a no-op. Files are written into a temporary folder beside the target and renamed into place.
 The work is NumPy over a block of consecutive steps at a time (_items gathers their segments and
-costs, balance.balance_block deals, places leftovers, refines and computes the baseline for all of
-them, _step writes each step's manifest rows and figures; _ranges runs that over a range of steps);
-nothing loops per sample. With `client=`, membership runs here and ranges of steps are balanced and
-written on the cluster's workers (_distributed), byte-identical to planning in one process. Segments a step
-had no room for (image samples that cannot be split; rare) go first into the next step; any left after
+costs, balance.balance_span deals, places leftovers, refines and computes the baseline for all of
+them as flat arrays, _step appends the block's manifest rows and figures; _ranges runs that over a
+range of steps); nothing loops per sample, and nothing but rare leftovers per step. With `client=`,
+membership runs here and ranges of steps are balanced and written on the cluster's workers
+(_distributed), byte-identical to planning in one process. Segments a step had no room for (image
+samples that cannot be split; rare) go first into the next step; any left after
 the last step are listed in the summary (`unplaced_after_last_step`), never dropped silently.
 `resume_from=PlanResume(plan_dir=..., at_step=S)` makes an elastic re-plan (see _resume): steps < S are the
 base's rows, later steps continue its streams and in-flight pieces with the spec's training shape; the
@@ -18,8 +19,8 @@ per-step budgets then follow `parameters.shape_schedule`.
 Measured (benchmarks/plan_scale.py on this shared 2-core machine, so read them as orders of magnitude;
 results/plan_scale*.json hold the figures): at dp 1024 with 2 sources 0.6-0.85M indexed samples/s and
 33 bytes of peak RSS per sample above the interpreter at 10M samples (the index is read in batches into
-compact arrays); at dp 8 / 64 about 0.4M / 0.7M samples/s, where the per-step Python of the block
-balancer, the report and the sink, not membership, is the bound.
+compact arrays); at dp 4 / 8, 1 source, 0.44M / 0.5M samples per CPU-second after the block-level sink
+(was 0.26M / 0.32M; results/plan_scale_block.json), bound by the balancer's NumPy rounds themselves.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from loomdata.planning._lookahead import assign_steps, natural_positions
 from loomdata.planning._manifest import ManifestWriter, file_bounds
 from loomdata.planning._mixture import Stream, build_stream, check_epochs, membership, step_weights
 from loomdata.planning._packing import Lanes, check_unsplittable
-from loomdata.planning._ranges import PlanWork, RangePart, balanced_steps, merge_report
+from loomdata.planning._ranges import PlanWork, RangePart, balanced_blocks, merge_report
 from loomdata.planning._report import ReportBuilder
 from loomdata.planning._resume import (
     BasePlan,
@@ -442,11 +443,11 @@ def _balance_into(
     sink: StepSink, work: PlanWork, first: int, stop: int, carry: Segments | None, bar: Any
 ) -> Segments | None:
     """Balance steps first..stop-1 in this process into `sink`, `carry` into the first; return the last carry."""
-    for t, b in balanced_steps(work, first, stop, carry):
-        sink.add(t, work.weights[t], b)
-        carry = b.carry
-        if bar is not None and t + 1 == work.bound_after(t):
-            bar.update(t + 1 - work.start - bar.n)
+    for blk in balanced_blocks(work, first, stop, carry):
+        sink.add_block(blk, work.weights[blk.steps.start : blk.steps.stop])
+        carry = blk.carry
+        if bar is not None:
+            bar.update(blk.steps.stop - work.start - bar.n)
     if bar is not None:
         bar.update(stop - work.start - bar.n)
     return carry

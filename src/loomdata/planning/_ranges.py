@@ -3,8 +3,9 @@
 `PlanWork` is everything balancing needs once membership is done (the index columns, the streams, the step
 pointers or look-ahead assignment, the shape, the cost model, the weights and the manifest partition
 bounds); it is picklable (an all-zero image column travels as its length), so planning._distributed
-can send it to workers once. `balanced_steps` yields the balanced steps of [first, stop) from a given
-incoming carry; a step's result depends only on its drawn segments and its incoming carry (blocks are
+can send it to workers once. `balanced_blocks` yields the balanced blocks of [first, stop) from a given
+incoming carry (`balanced_steps` the same step by step, for the distributed fix-up); a step's result
+depends only on its drawn segments and its incoming carry (blocks are
 dealt jointly but element-wise per step: the golden plans are the same at any block size), which is what
 lets ranges be balanced apart and stitched together. `plan_range` balances a range into its own manifest
 partitions and a report over the range (`RangePart`), as a worker does.
@@ -27,10 +28,10 @@ from loomdata.planning._mixture import Stream
 from loomdata.planning._report import RANK_STEPS, ReportBuilder
 from loomdata.planning._segments import SampleIds, Segments
 from loomdata.planning._step import StepSink
-from loomdata.planning.balance import BalanceConfig, BalancedStep, balance_block
+from loomdata.planning.balance import BalanceConfig, BalancedBlock, BalancedStep, balance_span
 from loomdata.schemas.plan import ManifestFile
 
-__all__ = ["PlanWork", "RangePart", "balanced_steps", "merge_report", "plan_range", "same_carry"]
+__all__ = ["PlanWork", "RangePart", "balanced_blocks", "balanced_steps", "merge_report", "plan_range", "same_carry"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,17 +120,26 @@ def _aligned(a: np.ndarray) -> np.ndarray:
     return a if a.flags.aligned else a.copy()
 
 
-def balanced_steps(work: PlanWork, first: int, stop: int, carry: Segments | None) -> Iterator[tuple[int, BalancedStep]]:
-    """(step, balanced step) for steps first..stop-1 in order, `carry` going first into step `first`; the caller
-    may stop early (a block is balanced when its first step is taken)."""
+def balanced_blocks(work: PlanWork, first: int, stop: int, carry: Segments | None) -> Iterator[BalancedBlock]:
+    """Balanced blocks of consecutive steps covering first..stop-1 in order, `carry` going first into step
+    `first` (a block ends at a gathered block's end, at `stop`, or at a step that defers)."""
     items = work.items()
     t = first
     while t < stop:
-        steps = range(t, min(items.block(t).stop, stop))
-        for b in balance_block(steps, [items.step(s) for s in steps], carry, work.cfg):
-            yield t, b
-            carry = b.carry
-            t += 1
+        end = min(items.block(t).stop, stop)
+        segs, cost, off = items.span(t, end)
+        blk = balance_span(range(t, end), segs, cost, off, carry, work.cfg)
+        yield blk
+        carry = blk.carry
+        t = blk.steps.stop
+
+
+def balanced_steps(work: PlanWork, first: int, stop: int, carry: Segments | None) -> Iterator[tuple[int, BalancedStep]]:
+    """(step, balanced step) for steps first..stop-1 in order, `carry` going first into step `first`; the caller
+    may stop early (a block is balanced when its first step is taken)."""
+    for blk in balanced_blocks(work, first, stop, carry):
+        for k, t in enumerate(blk.steps):
+            yield t, blk.step(k)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,10 +173,10 @@ def plan_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments
     report = range_report(work, first, stop)
     sink = work.sink(writer, report, report_from=first)
     carries: dict[int, Segments] = {}
-    for t, b in balanced_steps(work, first, stop, carry):
-        sink.add(t, work.weights[t], b)
-        if b.carry is not None:
-            carries[t] = b.carry
+    for blk in balanced_blocks(work, first, stop, carry):
+        sink.add_block(blk, work.weights[blk.steps.start : blk.steps.stop])
+        if blk.carry is not None:
+            carries[blk.steps.stop - 1] = blk.carry
     files = writer.close(stop - 1)
     cpu = time.thread_time() - cpu
     return RangePart(first=first, stop=stop, files=files, report=report, carries=carries, cpu_seconds=cpu)

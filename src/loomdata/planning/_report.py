@@ -52,7 +52,7 @@ from loomdata.planning._cp_report import cp_figures
 from loomdata.schemas.plan import read_plan
 from loomdata.schemas.tables import TableKind, read_table, write_table
 
-__all__ = ["PartFigures", "ReportBuilder", "StepFigures", "plan_report", "plot_plan"]
+__all__ = ["BlockFigures", "PartFigures", "ReportBuilder", "StepFigures", "plan_report", "plot_plan"]
 
 RANK_STEPS = 64  # per-rank costs are kept for this many first steps (the plot's heatmaps)
 MIXTURE_WARMUP = 20  # the worst mixture error is taken over steps from here on
@@ -95,6 +95,23 @@ class StepFigures:
     deferred_tokens: int  # tokens deferred into the next step
     rank_max_item: np.ndarray  # float64 [dp] each rank's largest segment cost
     parts: PartFigures | None = None  # encoder and backbone apart (cost models with an encoder term)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockFigures:
+    """The figures of consecutive steps (StepFigures' fields with a leading step axis)."""
+
+    tokens: np.ndarray  # int64 [steps, sources]
+    weights: np.ndarray  # float64 [steps, sources]
+    lb: np.ndarray  # [steps]
+    loom_rank: np.ndarray  # [steps, dp]
+    concat_rank: np.ndarray  # [steps, dp]
+    packed_rank: np.ndarray  # [steps, dp]
+    slot_cost: np.ndarray  # [steps, dp, micro_batches]
+    packed_waiting_tokens: np.ndarray  # [steps]
+    deferred_tokens: np.ndarray  # [steps]
+    rank_max_item: np.ndarray  # [steps, dp]
+    parts: list[PartFigures | None] | None = None
 
 
 class ReportBuilder:
@@ -146,33 +163,66 @@ class ReportBuilder:
         self.rank_packed = np.zeros((n_rank_steps, dp))
 
     def add(self, step: int, fig: StepFigures) -> None:
-        """Record one step's figures."""
-        self.tokens[step] = fig.tokens
-        self.weights[step] = fig.weights
+        """Record one step's figures (a block of one step)."""
+        self.add_block(
+            step,
+            BlockFigures(
+                tokens=fig.tokens[None],
+                weights=np.asarray(fig.weights)[None],
+                lb=np.array([fig.lb]),
+                loom_rank=fig.loom_rank[None],
+                concat_rank=fig.concat_rank[None],
+                packed_rank=fig.packed_rank[None],
+                slot_cost=fig.slot_cost[None],
+                packed_waiting_tokens=np.array([fig.packed_waiting_tokens]),
+                deferred_tokens=np.array([fig.deferred_tokens]),
+                rank_max_item=fig.rank_max_item[None],
+                parts=None if fig.parts is None else [fig.parts],
+            ),
+        )
+
+    def add_block(self, first: int, fig: BlockFigures) -> None:
+        """Record the figures of steps first.. (one row of each array per step), all at once."""
+        n = len(fig.lb)
+        sl = slice(first, first + n)
+        self.tokens[sl] = fig.tokens
+        self.weights[sl] = fig.weights
         loom_rank, slot_cost = fig.loom_rank, fig.slot_cost
+        dp, mb = slot_cost.shape[1], slot_cost.shape[2]
         c = self.cols
-        c["lb"][step] = fig.lb
-        c["loom_max"][step] = loom_rank.max()
-        c["loom_mean"][step] = np.add.reduce(loom_rank) / len(loom_rank)  # = .mean(), without its wrapper
+        c["lb"][sl] = fig.lb
+        c["loom_max"][sl] = loom_rank.max(axis=1)
+        c["loom_mean"][sl] = np.add.reduce(loom_rank, axis=1) / dp  # = each row's .mean(), bit for bit
         for name, r in (("concat", fig.concat_rank), ("packed", fig.packed_rank)):
-            c[f"{name}_max"][step] = r.max()
-            c[f"{name}_mean"][step] = np.add.reduce(r) / len(r)
-        c["base_max"][step] = min(c["concat_max"][step], c["packed_max"][step])
+            c[f"{name}_max"][sl] = r.max(axis=1)
+            c[f"{name}_mean"][sl] = np.add.reduce(r, axis=1) / dp
+        c["base_max"][sl] = np.minimum(c["concat_max"][sl], c["packed_max"][sl])
         bubble = self.pp_size - 1
-        c["pp_time"][step] = (loom_rank + bubble * slot_cost.max(axis=1)).max()
-        c["pp_time_even"][step] = (loom_rank * (1 + bubble / slot_cost.shape[1])).max()
-        c["packed_waiting_tokens"][step] = fig.packed_waiting_tokens
+        slot_max = slot_cost.max(axis=2)
+        c["pp_time"][sl] = (loom_rank + bubble * slot_max).max(axis=1)
+        c["pp_time_even"][sl] = (loom_rank * (1 + bubble / mb)).max(axis=1)
+        c["packed_waiting_tokens"][sl] = fig.packed_waiting_tokens
+        c["deferred_tokens"][sl] = fig.deferred_tokens
         # micro-batch spread of a rank: its most loaded micro-batch over that rank's own lower bound
-        mean_mb = np.maximum(np.add.reduce(slot_cost, axis=1) / slot_cost.shape[1], fig.rank_max_item)
+        mean_mb = np.maximum(np.add.reduce(slot_cost, axis=2) / mb, fig.rank_max_item)
         used = mean_mb > 0
-        c["deferred_tokens"][step] = fig.deferred_tokens
-        c["mb_spread"][step] = float((slot_cost.max(axis=1)[used] / mean_mb[used]).mean()) if used.any() else 1.0
+        ratio = slot_max / np.where(used, mean_mb, 1.0)
+        spread = np.ones(n)
+        every = used.all(axis=1)
+        spread[every] = ratio[every].mean(axis=1)  # a row's mean as the 1-d mean of its used ranks
+        for k in np.flatnonzero(~every & used.any(axis=1)).tolist():  # ranks left empty (tiny steps): rare
+            spread[k] = float(ratio[k][used[k]].mean())
+        c["mb_spread"][sl] = spread
         if fig.parts is not None:
-            self._add_parts(step, fig.parts)
-        if 0 <= step - self.rank_from < len(self.rank_loom):
-            self.rank_loom[step - self.rank_from] = loom_rank
-            self.rank_concat[step - self.rank_from] = fig.concat_rank
-            self.rank_packed[step - self.rank_from] = fig.packed_rank
+            for k, p in enumerate(fig.parts):
+                if p is not None:
+                    self._add_parts(first + k, p)
+        lo, hi = max(first, self.rank_from), min(first + n, self.rank_from + len(self.rank_loom))
+        if lo < hi:
+            dst, src = slice(lo - self.rank_from, hi - self.rank_from), slice(lo - first, hi - first)
+            self.rank_loom[dst] = loom_rank[src]
+            self.rank_concat[dst] = fig.concat_rank[src]
+            self.rank_packed[dst] = fig.packed_rank[src]
 
     def _add_parts(self, step: int, p: PartFigures) -> None:
         """Record one step's encoder and backbone figures (allocating their columns on the first)."""

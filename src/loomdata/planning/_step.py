@@ -1,4 +1,5 @@
-"""One balanced step into the plan: its manifest rows and its report figures (loomdata vs both baselines)."""
+"""Balanced steps into the plan: their manifest rows and report figures (loomdata vs both baselines), a block
+at a time (`add_block`, NumPy over the block) or one step (`add`, the distributed fix-up's path)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from loomdata.planning._manifest import ManifestWriter
-from loomdata.planning._report import ReportBuilder, StepFigures
-from loomdata.planning.balance import BalancedStep
+from loomdata.planning._report import BlockFigures, ReportBuilder, StepFigures
+from loomdata.planning.balance import BalancedBlock, BalancedStep
 
 __all__ = ["StepSink"]
 
@@ -23,6 +24,58 @@ class StepSink:
     micro_batches: int
     n_sources: int
     report_from: int = 0  # the report's step 0 is this step (a range's own report, planning._ranges)
+
+    def add_block(self, blk: BalancedBlock, weights: np.ndarray) -> None:
+        """Write a block's manifest rows and record its figures (`weights`: target mixture of each of its steps),
+        with a few NumPy calls for the whole block (the same bytes as add step by step)."""
+        n, dp, rs, item = len(blk.steps), self.dp, blk.row_step, blk.item
+        segs = blk.segs
+        placed_src = segs.source[item]
+        self.writer.add_block(
+            blk.steps,
+            (rs + blk.steps.start).astype(np.uint32),
+            {
+                "dp_rank": blk.rank,
+                "micro_batch": blk.micro_batch,
+                "source": placed_src,
+                "sample": segs.sample[item],
+                "offset": segs.offset[item].astype(np.int64) + blk.delta,
+                "length": blk.length,
+                "lane": blk.lane,
+            },
+        )
+        rank_max_item = np.zeros(n * dp)
+        if len(item):  # rows are sorted by (step, rank): one reduceat gives each rank's largest segment
+            key = rs * dp + blk.rank
+            change = np.empty(len(key), dtype=bool)
+            change[0] = True
+            np.not_equal(key[1:], key[:-1], out=change[1:])
+            starts = change.nonzero()[0]
+            rank_max_item[key[starts]] = np.maximum.reduceat(blk.cost[item], starts)
+        own, own_off = blk.cost, blk.off
+        if blk.in_step is not None:  # segments wholly deferred are not part of their step
+            own = blk.cost[blk.in_step]
+            own_off = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(np.bincount(np.repeat(np.arange(n), np.diff(blk.off))[blk.in_step], minlength=n), out=own_off[1:])
+        total, top = _segment_sums(own, own_off)
+        tokens = np.bincount(rs * self.n_sources + placed_src, weights=blk.length, minlength=n * self.n_sources)
+        deferred = np.zeros(n, dtype=np.int64)
+        if blk.carry is not None:
+            deferred[-1] = int(blk.carry.length.sum())
+        fig = BlockFigures(
+            tokens=tokens.reshape(n, self.n_sources).astype(np.int64),
+            weights=weights,
+            lb=np.maximum(total / dp, top),
+            loom_rank=blk.rank_cost,
+            concat_rank=blk.concat_rank,
+            packed_rank=blk.packed_rank,
+            slot_cost=blk.slot_cost,
+            packed_waiting_tokens=blk.packed_waiting,
+            deferred_tokens=deferred,
+            rank_max_item=rank_max_item.reshape(n, dp),
+            parts=None if blk.parts is None else list(blk.parts),
+        )
+        self.report.add_block(blk.steps.start - self.report_from, fig)
 
     def add(self, t: int, weights: np.ndarray, b: BalancedStep) -> None:
         """Write step t's manifest rows and record its figures (target mixture `weights`)."""
@@ -62,3 +115,23 @@ class StepSink:
             parts=b.parts,
         )
         self.report.add(t - self.report_from, fig)
+
+
+def _segment_sums(values: np.ndarray, off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sum and max of each run values[off[i]:off[i+1]] (non-empty), each sum the same bits as the run's own
+    .sum() (NumPy sums a row of a 2-d array pairwise as it sums a 1-d array; reduceat sums in order): the runs
+    of each length are gathered into one (runs, length) array."""
+    n = np.diff(off)
+    total = np.zeros(len(n))
+    top = np.zeros(len(n))
+    by = np.argsort(n, kind="stable")
+    sorted_n = n[by]
+    first = np.flatnonzero(np.concatenate([[True], sorted_n[1:] != sorted_n[:-1]])) if len(n) else np.zeros(0, np.int64)
+    for size, a, b in zip(sorted_n[first].tolist(), first.tolist(), [*first[1:].tolist(), len(n)], strict=True):
+        runs = by[a:b]
+        if size == 0:
+            raise ValueError("a step without segments")
+        grid = values[off[runs][:, None] + np.arange(size)]
+        total[runs] = np.add.reduce(grid, axis=1)
+        top[runs] = grid.max(axis=1)
+    return total, top

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from loomdata.planning._baselines import baselines_many, concat_chunk
+from loomdata.planning._baselines import _SALT, _perm, baselines_many, concat_chunk, perms
 from loomdata.planning._cost import segment_cost
 from loomdata.planning._report import ReportBuilder, StepFigures
 from loomdata.schemas.spec import CostSpec
@@ -98,3 +98,20 @@ def test_report_gain_is_against_the_stronger_baseline_and_states_the_1f1b_bubble
     assert np.isclose(r.cols["pp_time"][0], 10.0) and np.isclose(r.cols["pp_time_even"][0], 8.0)
     assert np.isclose(s["pipeline"]["uneven_micro_batch_cost"], 18 / 16 - 1)
     assert np.isclose(s["pipeline"]["bubble_share"], 1 - 8 / 18)
+
+
+def test_block_permutations_are_numpys_seeded_permutations() -> None:
+    """perms hashes every step's seed sequence at once and re-seeds one generator: the same bits as
+    default_rng([seed, salt, t]).permutation(n) step by step, for seeds of one and two words, t = 0 and 2^32 - 1,
+    steps of 0, 1 and many segments (and numpy's own seeding past 32-bit steps)."""
+    rng = np.random.default_rng(3)
+    for seed in (0, 7, 2**32 - 1, 2**32, 2**64 - 1, -3):
+        ts = np.concatenate([[0, 1, 2**32 - 1], rng.integers(0, 2**32, 20)])
+        ns = np.concatenate([[0, 1, 2], rng.integers(0, 500, 20)])
+        want = np.concatenate([_perm(seed, _SALT, int(t), int(n)) for t, n in zip(ts, ns, strict=True)])
+        got = perms(seed, _SALT, ts, ns)
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    big = np.array([2**32, 5], dtype=np.int64)
+    assert np.array_equal(
+        perms(1, _SALT, big, np.array([4, 3])), np.concatenate([_perm(1, _SALT, 2**32, 4), _perm(1, _SALT, 5, 3)])
+    )

@@ -28,13 +28,22 @@ Cost: O(segments/dp) rounds of O(dp log dp) NumPy work per step, run for all ste
 rare leftovers.
 """
 
-from loomdata.planning.balance._block import BalanceConfig, BalancedStep, balance_block, balance_step
+from loomdata.planning.balance._block import (
+    BalanceConfig,
+    BalancedBlock,
+    BalancedStep,
+    balance_block,
+    balance_span,
+    balance_step,
+)
 from loomdata.planning.balance._state import Assignment
 
 __all__ = [
     "Assignment",
     "BalanceConfig",
+    "BalancedBlock",
     "BalancedStep",
     "balance_block",
+    "balance_span",
     "balance_step",
 ]

@@ -2,9 +2,11 @@
 
 Per step the phases are LPT rounds (_deal) -> leftovers (_leftovers) -> local search (_refine, _wide). What a
 step defers (image samples no slot could take, text the step had no room left for) goes first into the
-next step: the first step of a block takes the previous block's carry in its dealing; a later step of
-the block that receives a carry is dealt again as a block of one step with it (rare), before its
-leftovers. A step's deferrals depend only on its rounds and leftovers, never on its local search, so
+next step: the first step of a block takes the previous block's carry in its dealing, and a block ends at
+the first step that defers (rare: the next block starts with its carry; a step's result depends only on
+its segments and its carry, never on its block). A block is laid out flat (balance_span: one array per
+column, a step's items contiguous) and comes back as a BalancedBlock, so no phase but the leftovers does
+Python work per step. A step's deferrals depend only on its rounds and leftovers, never on its local search, so
 the local search of the whole block runs last, at once; with `cost.balance: both` the hybrid
 encoder/backbone search (_hybrid) follows it, from the summed-cost placement. (The baselines a plan is compared with are
 computed per step by planning._baselines, over each step's own segments.)
@@ -17,20 +19,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._baselines import baselines_many
+from loomdata.planning._baselines import baselines_flat, baselines_many
 from loomdata.planning._cost import segment_cost, segment_parts
 from loomdata.planning._packing import Lanes
 from loomdata.planning._report import PartFigures
 from loomdata.planning._segments import Segments
-from loomdata.planning.balance._deal import deal_many
+from loomdata.planning.balance._deal import FlatDeal, deal_flat, deal_many
 from loomdata.planning.balance._hybrid import hybrid_search
 from loomdata.planning.balance._leftovers import place_leftovers
-from loomdata.planning.balance._refine import refine_many
-from loomdata.planning.balance._state import Assignment, Dealt
+from loomdata.planning.balance._refine import refine_flat, refine_many
+from loomdata.planning.balance._state import Assignment, Dealt, members
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import CostBalance, CostSpec
 
-__all__ = ["BalanceConfig", "BalancedStep", "balance_block", "balance_step"]
+__all__ = ["BalanceConfig", "BalancedBlock", "BalancedStep", "balance_block", "balance_span", "balance_step"]
 
 _NO_EXTRA: tuple[np.ndarray, ...] = (*(np.zeros(0, dtype=np.int64) for _ in range(5)), np.zeros((0, 3), np.int64))
 
@@ -65,58 +67,232 @@ class BalancedStep:
     parts: PartFigures | None = None  # encoder and backbone apart (cost models with an encoder term)
 
 
+@dataclass(frozen=True, slots=True)
+class BalancedBlock:
+    """Consecutive balanced steps as columns: their segments one step after the other (`off`), the placed
+    pieces of every step in manifest order (`row_step`: the piece's step within the block), each step's slot
+    and baseline figures. Only the last step of a block defers (`carry`): balance_span ends a block there."""
+
+    steps: range
+    segs: Segments  # every step's segments (carried-in first in the first step)
+    cost: np.ndarray
+    off: np.ndarray  # (steps + 1) where each step's segments start
+    in_step: np.ndarray | None  # bool per segment: False when wholly deferred; None when all are in their step
+    carry: Segments | None  # what the last step defers (goes first into the next step)
+    deferred: np.ndarray  # int64 [n, 3] the last step's deferred (item within the step, offset delta, tokens)
+    row_step: np.ndarray  # int64 per placed piece: its step within the block (rows by step, slot, placement)
+    item: np.ndarray  # int64 per piece: its segment (index into segs)
+    delta: np.ndarray  # int64 tokens into the segment where the piece starts
+    length: np.ndarray  # int64 tokens of the piece
+    rank: np.ndarray  # int64
+    micro_batch: np.ndarray  # int64
+    lane: np.ndarray  # uint8
+    rank_cost: np.ndarray  # float64 [steps, dp]
+    slot_cost: np.ndarray  # float64 [steps, dp, micro_batches]
+    concat_rank: np.ndarray  # [steps, dp] per-rank time of the concat-and-chunk baseline
+    packed_rank: np.ndarray  # [steps, dp] per-rank time of the packed baseline
+    packed_waiting: np.ndarray  # [steps] tokens the packed baseline could not fit
+    parts: list[PartFigures] | None = None  # per step, encoder and backbone apart (cost models with an encoder term)
+
+    def step(self, k: int) -> BalancedStep:
+        """Step k of the block on its own (what a per-step consumer takes)."""
+        a, b = int(self.off[k]), int(self.off[k + 1])
+        r0, r1 = np.searchsorted(self.row_step, [k, k + 1])
+        last = k == len(self.steps) - 1
+        asg = Assignment(
+            item=self.item[r0:r1] - a,
+            delta=self.delta[r0:r1],
+            length=self.length[r0:r1],
+            rank=self.rank[r0:r1],
+            micro_batch=self.micro_batch[r0:r1],
+            lane=self.lane[r0:r1],
+            rank_cost=self.rank_cost[k],
+            slot_cost=self.slot_cost[k],
+            deferred=self.deferred if last else _NO_EXTRA[5],
+        )
+        m = None if self.in_step is None or self.in_step[a:b].all() else self.in_step[a:b]
+        return BalancedStep(
+            self.segs.take(slice(a, b)),
+            self.cost[a:b],
+            asg,
+            m,
+            self.carry if last else None,
+            self.concat_rank[k],
+            self.packed_rank[k],
+            int(self.packed_waiting[k]),
+            None if self.parts is None else self.parts[k],
+        )
+
+
 def balance_block(
     steps: range, drawn: Sequence[tuple[Segments, np.ndarray]], carry: Segments | None, cfg: BalanceConfig
 ) -> Iterator[BalancedStep]:
     """Balance steps (their drawn segments and costs each); `carry` goes first into the first step. Yields the
-    steps in order, each step's placements made when it is taken (so one step's rows are alive at a time)."""
-    inputs = list(drawn)
-    carried = [0] * len(inputs)
+    steps in order (balance_span on the drawn segments laid out flat, one step at a time)."""
+    drawn = list(drawn)
+    if not drawn:
+        return
+    segs = Segments.concat([s for s, _ in drawn])
+    cost = np.concatenate([c for _, c in drawn])
+    off = np.zeros(len(drawn) + 1, dtype=np.int64)
+    np.cumsum([len(c) for _, c in drawn], out=off[1:])
+    i = 0
+    while i < len(drawn):
+        a, b = int(off[i]), int(off[-1])
+        blk = balance_span(range(steps[i], steps[-1] + 1), segs.take(slice(a, b)), cost[a:b], off[i:] - a, carry, cfg)
+        for k in range(len(blk.steps)):
+            yield blk.step(k)
+        carry = blk.carry
+        i += len(blk.steps)
+
+
+def balance_span(
+    steps: range, segs: Segments, cost: np.ndarray, off: np.ndarray, carry: Segments | None, cfg: BalanceConfig
+) -> BalancedBlock:
+    """Balance consecutive steps whose segments and costs lie flat (step i's are off[i]..off[i+1]-1), `carry`
+    first into the first step, all at once. The block ends at the first step that defers something (the next
+    block takes it first): a step's result depends only on its segments and its carry, never on its block."""
+    dp, mb = cfg.dp, cfg.micro_batches
+    carried = 0
     if carry is not None:
-        inputs[0], carried[0] = _with_carry(carry, inputs[0], cfg), len(carry)
-    dealt = _deal([(s, c) for s, c in inputs], carried, cfg)
-    extras = []
-    carries: list[Segments | None] = []
-    in_steps: list[np.ndarray | None] = []
-    for i, t in enumerate(steps):
-        if i > 0 and carry is not None:  # a carry from the step before: deal this step again with it first
-            inputs[i] = _with_carry(carry, inputs[i], cfg)
-            dealt[i] = _deal([inputs[i]], [len(carry)], cfg)[0]
-        segs, cost = inputs[i]
-        extra = _leftovers(dealt[i], cost, segs.image_tokens == 0, cfg)
-        carry, in_step = _deferred(segs, extra[5])
-        if carry is not None and len(carry) > cfg.dp * cfg.micro_batches:
+        segs, cost = _with_carry(carry, (segs, cost), cfg)
+        carried = len(carry)
+        off = np.concatenate([[0], off[1:] + carried])
+    nb = len(off) - 1
+    first_carried = [carried] + [0] * (nb - 1) if carried else None
+    fd = deal_flat(segs.length, cost, segs.lane, off, dp=dp, micro_batches=mb, lanes=cfg.lanes, carried=first_carried)
+    # leftovers (what the LPT rounds could not place), step by step in the few steps that have them
+    order_step = np.repeat(np.arange(nb), np.diff(fd.cut))
+    left_steps = members(order_step[fd.p_rank[fd.order] < 0], nb)
+    extras: dict[int, tuple[np.ndarray, ...]] = {}
+    new_carry: Segments | None = None
+    in_step: np.ndarray | None = None
+    deferred = _NO_EXTRA[5]
+    for i in left_steps.tolist():
+        a, b = int(off[i]), int(off[i + 1])
+        extra = _leftovers(fd.view(i), cost[a:b], segs.image_tokens[a:b] == 0, cfg)
+        extras[i] = extra
+        step_segs = segs.take(slice(a, b))
+        new_carry, m = _deferred(step_segs, extra[5])
+        if new_carry is not None and len(new_carry) > dp * mb:
             raise PlanError(
-                f"step {t}: {len(carry)} samples with images found no room and wait for the next step, more "
-                f"than it has sequences ({cfg.dp * cfg.micro_batches}): the mixture holds more image samples "
-                "than sequences can take; raise micro_batches or seq_len, or lower the image sources' weights"
+                f"step {steps[i]}: {len(new_carry)} samples with images found no room and wait for the next step, "
+                f"more than it has sequences ({dp * mb}): the mixture holds more image samples than sequences can "
+                "take; raise micro_batches or seq_len, or lower the image sources' weights"
             )
-        extras.append(extra)
-        carries.append(carry)
-        in_steps.append(in_step)
-    refine_many(dealt, [c for _, c in inputs], range(len(inputs)), [s.lane for s, _ in inputs])
-    encs = [_encoder_part(s, cfg) for s, _ in inputs] if cfg.cost_spec.has_encoder else None
-    if encs is not None and cfg.cost_spec.balance is CostBalance.BOTH:
-        hybrid_search(dealt, [c for _, c in inputs], encs, [s.lane for s, _ in inputs])
-    own = [
-        (s.length, s.image_tokens) if m is None else (s.length[m], s.image_tokens[m])
-        for (s, _), m in zip(inputs, in_steps, strict=True)
-    ]
-    concat, packed, waiting = baselines_many(
+        if new_carry is not None:  # the block ends here: the next one takes the carry first
+            nb, deferred = i + 1, extra[5]
+            if m is not None:
+                in_step = np.ones(int(off[nb]), dtype=bool)
+                in_step[a:b] = m
+            break
+    n = int(off[nb])
+    steps = range(steps.start, steps.start + nb)
+    off = off[: nb + 1]
+    if n < len(cost):
+        segs, cost = segs.take(slice(0, n)), cost[:n]
+    length, lane = fd.length[:n], segs.lane
+    p_rank, p_mb = fd.p_rank[:n], fd.p_mb[:n]
+    cost3, room3, lane3, rc = fd.cost3[:nb], fd.room3[:nb], fd.lane3[:nb], fd.rank_cost[:nb]
+    step_of = np.repeat(np.arange(nb), np.diff(off))
+    movable = (p_rank >= 0) & (lane != 1)
+    g_cost = np.concatenate([cost, np.zeros(1)])
+    g_len = np.concatenate([length, np.zeros(1, dtype=np.int64)])
+    refine_flat(cost3, room3, lane3, rc, p_rank, p_mb, g_cost, g_len, movable, step_of)
+    encs: list[np.ndarray] | None = None
+    if cfg.cost_spec.has_encoder:
+        enc = _encoder_part(segs, cfg)
+        encs = [enc[off[i] : off[i + 1]] for i in range(nb)]
+        if cfg.cost_spec.balance is CostBalance.BOTH:
+            dealt = [fd.view(i) for i in range(nb)]
+            costs = [cost[off[i] : off[i + 1]] for i in range(nb)]
+            hybrid_search(dealt, costs, encs, [lane[off[i] : off[i + 1]] for i in range(nb)])
+    own_len, own_img, own_n = segs.length, segs.image_tokens, np.diff(off)
+    if in_step is not None:
+        own_len, own_img = own_len[in_step], own_img[in_step]
+        own_n = np.bincount(step_of[in_step], minlength=nb)
+    concat, packed, waiting = baselines_flat(
         steps,
-        own,
+        own_len,
+        own_img,
+        own_n,
         seed=cfg.seed,
         seq_len=cfg.lanes.seq_len,
-        dp=cfg.dp,
-        micro_batches=cfg.micro_batches,
+        dp=dp,
+        micro_batches=mb,
         cost_spec=cfg.cost_spec,
         cp=cfg.lanes.short_cp,
     )
-    parts = None if encs is None else _part_figures(steps, own, inputs, dealt, encs, in_steps, cfg)
-    for k, ((s, c), d, e, m, nxt) in enumerate(zip(inputs, dealt, extras, in_steps, carries, strict=True)):
-        asg = _assignment(d, e, cfg.micro_batches)
-        p = None if parts is None else parts[k]
-        yield BalancedStep(s, c, asg, m, nxt, concat[k], packed[k], int(waiting[k]), p)
+    parts = None
+    if encs is not None:
+        own_off = np.zeros(nb + 1, dtype=np.int64)
+        np.cumsum(own_n, out=own_off[1:])
+        own = [(own_len[own_off[i] : own_off[i + 1]], own_img[own_off[i] : own_off[i + 1]]) for i in range(nb)]
+        costs = [cost[off[i] : off[i + 1]] for i in range(nb)]
+        masks = [None if in_step is None or i < nb - 1 else in_step[off[i] : off[i + 1]] for i in range(nb)]
+        dealt = [fd.view(i) for i in range(nb)]
+        parts = _part_figures(steps, own, costs, dealt, encs, masks, cfg)
+    rows = _placed(fd, nb, n, {i: e for i, e in extras.items() if i < nb}, off, mb)
+    return BalancedBlock(
+        steps=steps,
+        segs=segs,
+        cost=cost,
+        off=off,
+        in_step=in_step,
+        carry=new_carry,
+        deferred=deferred,
+        row_step=rows[0],
+        item=rows[1],
+        delta=rows[2],
+        length=rows[3],
+        rank=rows[4],
+        micro_batch=rows[5],
+        lane=lane3[rows[0], rows[4], rows[5]],
+        rank_cost=rc,
+        slot_cost=cost3,
+        concat_rank=concat,
+        packed_rank=packed,
+        packed_waiting=waiting,
+        parts=parts,
+    )
+
+
+def _placed(
+    fd: FlatDeal, nb: int, n: int, extras: dict[int, tuple[np.ndarray, ...]], off: np.ndarray, mb: int
+) -> tuple[np.ndarray, ...]:
+    """The block's placed pieces in manifest order (step, slot, then placement order: long items, LPT order,
+    split pieces): (step, item, delta, length, rank, micro-batch)."""
+    dp = fd.cost3.shape[1]
+    long_idx, order = fd.long_idx[: fd.long_cut[nb]], fd.order[: fd.cut[nb]]
+    whole = np.concatenate([long_idx, order]) if len(long_idx) else order
+    phase = np.concatenate([np.zeros(len(long_idx), np.int64), np.ones(len(order), np.int64)])
+    keep = fd.p_rank[whole] >= 0
+    item, phase = whole[keep], phase[keep]
+    step = np.searchsorted(off, item, side="right") - 1
+    delta = np.zeros(len(item), dtype=np.int64)
+    plen, rank, mbs = fd.length[item], fd.p_rank[item], fd.p_mb[item]
+    pieces = [(i, e) for i, e in sorted(extras.items()) if len(e[0])]
+    if pieces:
+        item = np.concatenate([item, *(e[0] + off[i] for i, e in pieces)])
+        step = np.concatenate([step, *(np.full(len(e[0]), i, np.int64) for i, e in pieces)])
+        phase = np.concatenate([phase, np.full(len(item) - len(phase), 2, np.int64)])
+        delta = np.concatenate([delta, *(e[1] for _, e in pieces)])
+        plen = np.concatenate([plen, *(e[2] for _, e in pieces)])
+        rank = np.concatenate([rank, *(e[3] for _, e in pieces)])
+        mbs = np.concatenate([mbs, *(e[4] for _, e in pieces)])
+    o = _lexsort_small([phase, rank * mb + mbs, step], [3, dp * mb, nb])
+    return step[o], item[o], delta[o], plen[o], rank[o], mbs[o]
+
+
+def _lexsort_small(keys: list[np.ndarray], sizes: list[int]) -> np.ndarray:
+    """np.lexsort(keys) (last key primary) of non-negative keys below `sizes`: one stable 16-bit radix pass a
+    key (least significant first) where all fit 16 bits, several times faster than one stable int64 sort."""
+    if max(sizes) > 1 << 16:
+        return np.lexsort(keys)
+    o = np.argsort(keys[0].astype(np.uint16), kind="stable")
+    for k in keys[1:]:
+        o = o[np.argsort(k.astype(np.uint16)[o], kind="stable")]
+    return o
 
 
 def _encoder_part(segs: Segments, cfg: BalanceConfig) -> np.ndarray:
@@ -127,7 +303,7 @@ def _encoder_part(segs: Segments, cfg: BalanceConfig) -> np.ndarray:
 def _part_figures(
     steps: range,
     own: Sequence[tuple[np.ndarray, np.ndarray]],
-    inputs: Sequence[tuple[Segments, np.ndarray]],
+    costs: Sequence[np.ndarray],
     dealt: Sequence[Dealt],
     encs: Sequence[np.ndarray],
     in_steps: Sequence[np.ndarray | None],
@@ -145,7 +321,7 @@ def _part_figures(
     c_enc, p_enc, _ = baselines_many(steps, own, part="encoder", **kw)  # type: ignore[arg-type]
     c_bb, p_bb, _ = baselines_many(steps, own, part="backbone", **kw)  # type: ignore[arg-type]
     out = []
-    for k, ((_, cost), d, enc, m) in enumerate(zip(inputs, dealt, encs, in_steps, strict=True)):
+    for k, (cost, d, enc, m) in enumerate(zip(costs, dealt, encs, in_steps, strict=True)):
         placed = d.p_rank >= 0
         loom_enc = np.bincount(d.p_rank[placed], weights=enc[placed], minlength=cfg.dp)
         e, b = (enc, cost - enc) if m is None else (enc[m], (cost - enc)[m])
@@ -190,16 +366,6 @@ def balance_step(
 def _with_carry(carry: Segments, drawn: tuple[Segments, np.ndarray], cfg: BalanceConfig) -> tuple[Segments, np.ndarray]:
     segs, cost = drawn
     return Segments.concat([carry, segs]), np.concatenate([cfg.cost_of(carry), cost])
-
-
-def _deal(inputs: Sequence[tuple[Segments, np.ndarray]], carried: list[int], cfg: BalanceConfig) -> list[Dealt]:
-    return deal_many(
-        [(s.length, c, s.lane) for s, c in inputs],
-        dp=cfg.dp,
-        micro_batches=cfg.micro_batches,
-        lanes=cfg.lanes,
-        carried=carried,
-    )
 
 
 def _leftovers(d: Dealt, cost: np.ndarray, splittable: np.ndarray, cfg: BalanceConfig) -> tuple[np.ndarray, ...]:

@@ -16,13 +16,42 @@ dp-sized arrays, where NumPy's fixed cost per call would dominate). A block may 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from loomdata.planning._packing import Lanes
-from loomdata.planning.balance._state import Dealt, Slots, place_whole_many, prepare
+from loomdata.planning.balance._state import Dealt, Slots, place_long, place_whole_many
 
-__all__ = ["deal_many"]
+__all__ = ["FlatDeal", "deal_flat", "deal_many"]
+
+
+@dataclass(slots=True)
+class FlatDeal:
+    """A block's dealt state as flat arrays: items of every step one after the other (`off`), each step's
+    short items in dealing order (`order`, global indices, `cut`) and long items (`long_idx`, `long_cut`);
+    `view(i)` is step i's Dealt over views of these arrays (what the per-step phases take)."""
+
+    cost3: np.ndarray  # (steps, dp, mb)
+    room3: np.ndarray
+    lane3: np.ndarray
+    rank_cost: np.ndarray  # (steps, dp)
+    p_rank: np.ndarray  # int64 per item, -1 while unplaced
+    p_mb: np.ndarray
+    length: np.ndarray  # int64 per item
+    order: np.ndarray  # short items in dealing order, step after step (global indices)
+    cut: np.ndarray  # (steps + 1) where each step's short items start in `order`
+    off: np.ndarray  # (steps + 1) where each step's items start
+    long_idx: np.ndarray  # long-lane items (global, ascending)
+    long_cut: np.ndarray  # (steps + 1)
+
+    def view(self, i: int) -> Dealt:
+        """Step i's Dealt: views of the block's arrays, so what a phase places there is in the block's state."""
+        a, b = int(self.off[i]), int(self.off[i + 1])
+        st = Slots(self.cost3[i], self.room3[i], self.lane3[i], self.rank_cost[i])
+        order = self.order[self.cut[i] : self.cut[i + 1]] - a
+        long_idx = self.long_idx[self.long_cut[i] : self.long_cut[i + 1]] - a
+        return Dealt(st, self.p_rank[a:b], self.p_mb[a:b], order, long_idx, self.length[a:b])
 
 
 def deal_many(
@@ -35,48 +64,69 @@ def deal_many(
 ) -> list[Dealt]:
     """Prepare and deal (LPT rounds) every step of `steps` ((length, cost, lane) each); the first
     `carried[i]` items of step i were carried in from the step before and are dealt first."""
-    b = len(steps)
-    ns = np.array([len(s[0]) for s in steps], dtype=np.int64)
-    off = np.zeros(b + 1, dtype=np.int64)
-    np.cumsum(ns, out=off[1:])
+    off = np.zeros(len(steps) + 1, dtype=np.int64)
+    np.cumsum([len(s[0]) for s in steps], out=off[1:])
+    fd = deal_flat(
+        np.concatenate([s[0] for s in steps]),
+        np.concatenate([s[1] for s in steps]),
+        np.concatenate([s[2] for s in steps]),
+        off,
+        dp=dp,
+        micro_batches=micro_batches,
+        lanes=lanes,
+        carried=carried,
+    )
+    return [fd.view(i) for i in range(len(steps))]
+
+
+def deal_flat(
+    length: np.ndarray,
+    all_cost: np.ndarray,
+    all_lane: np.ndarray,
+    off: np.ndarray,
+    *,
+    dp: int,
+    micro_batches: int,
+    lanes: Lanes,
+    carried: Sequence[int] | None = None,
+) -> FlatDeal:
+    """deal_many on a block's items laid out flat (step i's items are off[i]..off[i+1]-1): no per-step work
+    except for steps with long-lane items or whose rank was full in a round."""
+    b = len(off) - 1
+    ns = np.diff(off)
     cost3 = np.zeros((b, dp, micro_batches))
     room3 = np.full((b, dp, micro_batches), lanes.seq_len, dtype=np.int64)
     lane3 = np.zeros((b, dp, micro_batches), dtype=np.uint8)
     rank_cost = np.zeros((b, dp))
     p_rank = np.full(int(off[-1]), -1, dtype=np.int64)
     p_mb = np.full(int(off[-1]), -1, dtype=np.int64)
+    length = length.astype(np.int64)
     # each step's dealing order (short items: carried ones first, then largest cost first, ties in item
     # order), for all steps at once
-    all_cost = np.concatenate([s[1] for s in steps])
-    short = (np.concatenate([s[2] for s in steps]) != 1).nonzero()[0]
+    is_long = all_lane == 1
+    short = (~is_long).nonzero()[0]
     step_of = np.repeat(np.arange(b), ns)[short]
-    if carried is not None and any(carried):
-        fresh = short - off[step_of] >= np.asarray(carried, dtype=np.int64)[step_of]
-        by = short[np.lexsort((-all_cost[short], fresh, step_of))]
-    else:
-        by = short[np.lexsort((-all_cost[short], step_of))]
     cut = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(np.bincount(step_of, minlength=b), out=cut[1:])
-    dealt = [
-        prepare(
-            length,
-            cost,
-            lane,
-            Slots(cost3[i], room3[i], lane3[i], rank_cost[i]),
-            p_rank[off[i] : off[i + 1]],
-            p_mb[off[i] : off[i + 1]],
-            by[cut[i] : cut[i + 1]] - off[i],
-            lanes,
-        )
-        for i, (length, cost, lane) in enumerate(steps)
-    ]
+    by = short[_by_cost(all_cost[short], step_of, cut)]
+    n_carried = np.zeros(b, dtype=np.int64) if carried is None else np.asarray(carried, dtype=np.int64)
+    for c_i in np.flatnonzero(n_carried > 0).tolist():
+        own = np.sort(by[cut[c_i] : cut[c_i + 1]])  # a step with carried items: those first, then largest cost
+        fresh = own - off[c_i] >= n_carried[c_i]
+        by[cut[c_i] : cut[c_i + 1]] = own[np.lexsort((-all_cost[own], fresh))]
+    long_idx = is_long.nonzero()[0]
+    long_cut = np.searchsorted(long_idx, off)
+    fd = FlatDeal(cost3, room3, lane3, rank_cost, p_rank, p_mb, length, by, cut, off, long_idx, long_cut)
+    for i in np.flatnonzero(np.diff(long_cut)).tolist():  # steps with long-lane items: their long sequences first
+        d, a = fd.view(i), int(off[i])
+        c = all_cost[a : int(off[i + 1])]
+        place_long(d.long_idx, d.length, c, d.st, d.p_rank, d.p_mb, lanes, float(c.sum()))
     # the block's short items in dealing order, step after step: global item index, cost, length
-    n_deal = np.array([len(d.order) for d in dealt], dtype=np.int64)
-    start = np.zeros(b + 1, dtype=np.int64)
-    np.cumsum(n_deal, out=start[1:])
-    g_item = np.concatenate([d.order + off[i] for i, d in enumerate(dealt)] + [np.zeros(1, dtype=np.int64)])
-    g_cost = np.concatenate([steps[i][1][d.order] for i, d in enumerate(dealt)] + [np.zeros(1)])
-    g_len = np.concatenate([d.length[d.order] for d in dealt] + [np.zeros(1, dtype=np.int64)])
+    n_deal = np.diff(cut)
+    start = cut
+    g_item = np.concatenate([by, np.zeros(1, dtype=np.int64)])
+    g_cost = np.concatenate([all_cost[by], np.zeros(1)])
+    g_len = np.concatenate([length[by], np.zeros(1, dtype=np.int64)])
     lane_j = np.arange(dp)
     # (steps * dp, micro_batches) views: a (step, rank) pair is one row, so a round indexes one axis
     cost2 = cost3.reshape(b * dp, micro_batches)
@@ -110,8 +160,7 @@ def deal_many(
             row, rk = rows[:, :w][valid], ranks[:, :w][valid]
             gi = np.repeat(at - (np.cumsum(k) - k), k) + np.arange(len(row))
             ln, c, item = g_len[gi], g_cost[gi], g_item[gi]
-        sc = cost2[row]
-        sc[room2[row] < ln[:, None]] = np.inf
+        sc = np.where(room2[row] < ln[:, None], np.inf, cost2[row])
         m = sc.argmin(axis=1)
         ok = sc[np.arange(len(m)), m] < np.inf
         every = bool(ok.all())
@@ -126,17 +175,33 @@ def deal_many(
         if not every:  # their rank was full: other ranks take them, step by step
             nok = ~ok
             if len(act) == 1:
-                _place_failed(dealt[s0], item[nok] - off[s0], steps[s0][1])
+                _place_failed(fd.view(s0), item[nok] - off[s0], all_cost[off[s0] : off[s0 + 1]])
             else:
                 owner, failed = np.repeat(act, k)[nok], item[nok]
                 for s in owner[np.flatnonzero(np.diff(owner, prepend=-1))]:
-                    _place_failed(dealt[s], failed[owner == s] - off[s], steps[s][1])
+                    _place_failed(fd.view(int(s)), failed[owner == s] - off[s], all_cost[off[s] : off[s + 1]])
         at += k
         left -= k
         if not left.all():
             keep = left > 0
             act, act_row, at, left = act[keep], act_row[keep], at[keep], left[keep]
-    return dealt
+    return fd
+
+
+def _by_cost(cost: np.ndarray, step: np.ndarray, cut: np.ndarray) -> np.ndarray:
+    """Positions of items (grouped by `step`, ascending; step i's are cut[i]..cut[i+1]-1) ordered by step, then
+    largest cost first, ties in position order: np.lexsort((-cost, step)), as row-wise sorts of a padded
+    (steps, widest step) grid when the steps are alike in size (several times faster for small steps)."""
+    n, b = len(cost), len(cut) - 1
+    cnt = np.diff(cut)
+    width = int(cnt.max(initial=0))
+    if n == 0 or b * width > 2 * n + 1024:
+        return np.lexsort((-cost, step))
+    at = np.arange(n) - cut[step]
+    grid = np.full((b, width), np.inf)
+    grid[step, at] = -cost
+    o = np.argsort(grid, axis=1, kind="stable") + cut[:-1, None]
+    return o[np.arange(width)[None, :] < cnt[:, None]]
 
 
 def _place_failed(d: Dealt, items: np.ndarray, cost: np.ndarray) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning.balance._state import Dealt
+from loomdata.planning.balance._state import Dealt, members
 from loomdata.planning.balance._wide import _grid as _spaced  # at most cap evenly spaced members per unit
 
 __all__ = ["hybrid_objective", "hybrid_search"]
@@ -273,7 +273,7 @@ def hybrid_search(
                 _move(st, col[ok], us[rg][ok], ex.rank[g][ok], ex.mb[g][ok], h[rg][ok], ma[rg, ex.i[g]][ok])
             done[rg] = True
         bb = rc - enc
-        act = np.unique(us[done])
+        act = members(us[done], n_steps)
     for k, d in enumerate(dealt):
         d.st.cost[...] = cost3[k]
         d.st.room[...] = room3[k]

@@ -22,7 +22,7 @@ SWAP_ROUNDS = 16
 TOLERANCE = 1e-3  # stop refining once the most and least loaded ranks differ by less than this fraction
 MAX_CANDIDATES = 512  # segments per rank considered by one refinement round
 
-__all__ = ["refine_many"]
+__all__ = ["refine_flat", "refine_many"]
 
 
 def _grid(members: np.ndarray, step: np.ndarray, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -64,12 +64,38 @@ def refine_many(
     room3 = np.stack([d.st.room for d in ds])
     lane3 = np.stack([d.st.lane for d in ds])
     rc = np.stack([d.st.rank_cost for d in ds])
+    refine_flat(cost3, room3, lane3, rc, p_rank, p_mb, g_cost, g_len, movable, step_of)
+    for k, d in enumerate(ds):
+        d.st.cost[...] = cost3[k]
+        d.st.room[...] = room3[k]
+        d.st.rank_cost[...] = rc[k]
+        d.p_rank[...] = p_rank[off[k] : off[k + 1]]
+        d.p_mb[...] = p_mb[off[k] : off[k + 1]]
+
+
+def refine_flat(
+    cost3: np.ndarray,
+    room3: np.ndarray,
+    lane3: np.ndarray,
+    rc: np.ndarray,
+    p_rank: np.ndarray,
+    p_mb: np.ndarray,
+    g_cost: np.ndarray,
+    g_len: np.ndarray,
+    movable: np.ndarray,
+    step_of: np.ndarray,
+) -> None:
+    """refine_many on a block's flat state ((steps, dp, mb) slots, per-item placement, item costs and lengths
+    with a dummy 0 appended, which items may move, each item's step), updated in place."""
+    n_steps, dp = rc.shape
+    if dp < 2 or n_steps == 0:
+        return
     dummy = len(g_cost) - 1
     # (step, rank) of every movable item as one key (non-movable: a key no round asks for), so a round finds
     # the members of each step's most and least loaded rank with one gather over the block's items
-    n_keys = len(ds) * dp
+    n_keys = n_steps * dp
     key = np.where(movable, step_of * dp + p_rank, n_keys)
-    act = np.arange(len(ds))
+    act = np.arange(n_steps)
     for _ in range(SWAP_ROUNDS):
         if len(act) == 0:
             break
@@ -81,7 +107,7 @@ def refine_many(
         if len(act) == 0:
             break
         na = len(act)
-        slot = np.full(len(ds), -1, dtype=np.int64)
+        slot = np.full(n_steps, -1, dtype=np.int64)
         slot[act] = np.arange(na)
         tag = np.zeros(n_keys + 1, dtype=np.int8)
         tag[act * dp + hi] = 1
@@ -112,12 +138,14 @@ def refine_many(
         room_lo = lo_room[rows, mb_b] + lb
         room_hi = room3[act[:, None], hi[:, None], ma] + la
         ok = (delta > 0) & (delta < gap[:, None, None])
-        ok &= (la[:, :, None] <= room_lo[:, None, :]) & (lb[:, None, :] <= room_hi[:, :, None])
-        ok &= (lo_lane[rows, mb_b] == 0)[:, None, :]
-        ok &= a_ok[:, :, None] & b_ok[:, None, :]
+        ok &= la[:, :, None] <= room_lo[:, None, :]
+        ok &= lb[:, None, :] <= room_hi[:, :, None]
+        ok &= a_ok[:, :, None] & (b_ok & (lo_lane[rows, mb_b] == 0))[:, None, :]
         any_ok = ok.reshape(na, -1).any(axis=1)
         go = has_a & any_ok
-        score = np.where(ok, np.abs(delta - gap[:, None, None] / 2), np.inf)
+        score = delta - gap[:, None, None] / 2
+        np.abs(score, out=score)
+        score[~ok] = np.inf
         best = score.reshape(na, -1).argmin(axis=1)
         i, j = np.divmod(best, score.shape[2])
         r = np.flatnonzero(go)
@@ -148,13 +176,7 @@ def refine_many(
         rc[s_, l_] += dl
         act = s_
     placed = p_rank >= 0
-    top = np.zeros(len(ds))
+    top = np.zeros(n_steps)
     np.maximum.at(top, step_of[placed], g_cost[:-1][placed])
     lb = np.maximum(rc.sum(axis=1) / dp, top)
     wide_search(WideState(cost3, room3, rc, p_rank, p_mb, key, g_cost, g_len, step_of, lb), dp)
-    for k, d in enumerate(ds):
-        d.st.cost[...] = cost3[k]
-        d.st.room[...] = room3[k]
-        d.st.rank_cost[...] = rc[k]
-        d.p_rank[...] = p_rank[off[k] : off[k + 1]]
-        d.p_mb[...] = p_mb[off[k] : off[k + 1]]

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loomdata.planning.balance._state import members
+
 __all__ = ["WideState", "wide_search"]
 
 WIDE_ROUNDS = 24
@@ -277,7 +279,7 @@ def wide_search(w: WideState, dp: int) -> None:
             done[rg] = True
         if not done.any():
             return
-        act = np.unique(u_step[done])
+        act = members(u_step[done], n_steps)
 
 
 def _trade(

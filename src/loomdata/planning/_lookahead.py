@@ -34,7 +34,7 @@ drawn for the planned steps gets exactly one step (the property tests check all 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,10 +60,11 @@ __all__ = ["StepAssignment", "assign_steps", "natural_positions", "segments_at"]
 @dataclass(frozen=True, slots=True)
 class StepAssignment:
     """Per source, the stream positions of the planned steps sorted by assigned step (stream order within a
-    step) and those steps: step t's segments of source k are pos[k][searchsorted(step[k], [t, t+1])]."""
+    step) and those steps: step t's segments of source k are pos[k][searchsorted(step[k], [t, t+1])].
+    Stored compactly (uint32 positions where a stream has fewer than 2^32 segments, int32 steps)."""
 
-    pos: list[np.ndarray]  # int64 stream positions
-    step: list[np.ndarray]  # int64 assigned steps, non-decreasing
+    pos: list[np.ndarray]  # uint32/int64 stream positions
+    step: list[np.ndarray]  # int32 assigned steps, non-decreasing
 
     def counts(self, steps: int) -> np.ndarray:
         """(steps,) int64 segments assigned to each step, all sources together."""
@@ -78,13 +79,28 @@ class StepAssignment:
         return self.pos[k][a:b], self.step[k][a:b]
 
 
+CHUNK = 1 << 20
+"""Segments handled at once where a pass over all drawn segments needs per-segment temporaries."""
+
+
+def _pos_dtype(n: int) -> type[np.unsignedinteger] | type[np.signedinteger]:
+    return np.uint32 if n < 2**32 else np.int64
+
+
 def natural_positions(ptr: np.ndarray, t0: int, t1: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per source, the stream positions drawn for steps t0..t1-1 and the natural step of each."""
+    """Per source, the stream positions drawn for steps t0..t1-1 (uint32 where they fit) and the natural
+    step of each (int32), computed a chunk at a time (no int64 array over all positions)."""
     pos, nat = [], []
+    col_dtype = np.int32 if ptr.shape[0] < 2**31 else np.int64
     for k in range(ptr.shape[1]):
-        p = np.arange(int(ptr[t0, k]), int(ptr[t1, k]), dtype=np.int64)
+        a, b = int(ptr[t0, k]), int(ptr[t1, k])
+        p = np.arange(a, b, dtype=_pos_dtype(b))
+        nt = np.empty(b - a, dtype=col_dtype)
+        for i in range(0, b - a, CHUNK):
+            j = min(b - a, i + CHUNK)
+            nt[i:j] = np.searchsorted(ptr[:, k], p[i:j], side="right") - 1
         pos.append(p)
-        nat.append(np.searchsorted(ptr[:, k], p, side="right").astype(np.int64) - 1)
+        nat.append(nt)
     return pos, nat
 
 
@@ -102,6 +118,61 @@ def segments_at(
         offset[hit] = st.split_off[i[hit]]
         length[hit] = st.split_len[i[hit]]
     return doc, offset, length, lanes.lane_of(dl)
+
+
+class _Order:
+    """The drawn segments of all sources (concatenated source after source) in natural order: natural step,
+    then source, then stream position; handed out a chunk of global indices at a time. Where every source's
+    positions increase and natural steps do not decrease (as drawn), a chunk of steps is merged from the
+    sources' slices (no permutation of all segments is stored); otherwise one lexsort of all of them."""
+
+    def __init__(self, pos: Sequence[np.ndarray], raw: np.ndarray, offs: np.ndarray, n: int) -> None:
+        self.raw, self.offs, self.n = raw, offs, n
+        sorted_ = all(
+            _nondecreasing(raw[offs[s] : offs[s + 1]]) and _increasing(np.asarray(p)) for s, p in enumerate(pos)
+        )
+        self.full: np.ndarray | None = None
+        if not sorted_:
+            src = np.repeat(np.arange(len(pos), dtype=np.int64), np.diff(offs))
+            flat_pos = np.concatenate([np.asarray(p, dtype=np.int64) for p in pos])
+            self.full = np.lexsort((flat_pos, src, raw))
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """Global indices in natural order, chunk after chunk."""
+        if self.full is not None:
+            for a in range(0, len(self.full), CHUNK):
+                yield self.full[a : a + CHUNK]
+            return
+        raw, offs = self.raw, self.offs
+        if len(raw) == 0:
+            return
+        lo_step, hi_step = int(raw.min()), int(raw.max()) + 1
+        per_step = max(1, len(raw) // max(hi_step - lo_step, 1))
+        width = max(1, CHUNK // per_step)
+        for a in range(lo_step, hi_step, width):
+            b = a + width
+            parts = []
+            for s in range(len(offs) - 1):
+                r = raw[offs[s] : offs[s + 1]]
+                i, j = np.searchsorted(r, [a, b])
+                if j > i:
+                    parts.append(np.arange(offs[s] + i, offs[s] + j, dtype=np.int64))
+            if parts:
+                idx = np.concatenate(parts)
+                yield idx[np.argsort(raw[idx], kind="stable")]
+
+
+def _nondecreasing(a: np.ndarray) -> bool:
+    return all(bool((a[i + 1 : j + 1] >= a[i:j]).all()) for i, j in _pairs(len(a)))
+
+
+def _increasing(a: np.ndarray) -> bool:
+    return all(bool((a[i + 1 : j + 1] > a[i:j]).all()) for i, j in _pairs(len(a)))
+
+
+def _pairs(n: int) -> list[tuple[int, int]]:
+    """Chunks [i, j) of the n - 1 neighbour pairs (i, i+1) of an array of n entries."""
+    return [(i, min(n - 1, i + CHUNK)) for i in range(0, max(n - 1, 0), CHUNK)]
 
 
 def assign_steps(
@@ -123,43 +194,64 @@ def assign_steps(
     `slots`/`dp` are per step (indexed by absolute step); streams must still hold their counts.
     `final`: t1-1 is the plan's last step, which takes every heavy segment left (else the window is a
     prefix of a longer plan). `planned_before`: short-lane tokens planned before t0 (a re-plan's base steps),
-    part of the prefix the mixture tolerance is a share of."""
+    part of the prefix the mixture tolerance is a share of.
+
+    Memory: a few bytes a drawn segment (int32 steps, uint32 lengths, one byte of flags, the lights' lengths
+    and int64 cumulative tokens in natural order); per-segment temporaries are made a chunk at a time."""
     n = t1 - t0
     seq = lanes.seq_len
-    src_parts, nat_parts, len_parts, long_parts, edge_parts = [], [], [], [], []
-    for s, (p, nt) in enumerate(zip(pos, nat, strict=True)):
+    n_src = len(pos)
+    offs = np.zeros(n_src + 1, dtype=np.int64)
+    offs[1:] = np.cumsum([len(p) for p in pos])
+    total = int(offs[-1])
+    step_dtype = np.int32 if t1 < 2**31 else np.int64
+    raw = np.empty(total, dtype=step_dtype)  # window-relative natural steps, < 0 for what a re-plan's base deferred
+    length = np.empty(total, dtype=np.uint32)
+    is_long = np.zeros(total, dtype=bool)
+    edge = np.zeros(total, dtype=bool)
+    drawn = np.zeros(n_src, dtype=np.float64)  # tokens of each source in the window
+    for s, (p, nt_s) in enumerate(zip(pos, nat, strict=True)):
         st = streams[s]
-        src_parts.append(np.full(len(p), s, dtype=np.int64))
-        nat_parts.append(np.asarray(nt, dtype=np.int64) - t0)
-        len_parts.append(st.cum[p + 1] - st.cum[p])
-        long_parts.append(
-            np.zeros(len(p), dtype=bool) if st.cum_long is None else (st.cum_long[p + 1] - st.cum_long[p]) > 0
-        )
-        edge_parts.append(_near_epoch_start(np.asarray(p, dtype=np.int64), nat_parts[-1], st, k + 1))
-    src = np.concatenate(src_parts)
-    raw = np.concatenate(nat_parts)  # window-relative natural steps, < 0 for what a re-plan's base deferred
-    nt = np.clip(raw, 0, n - 1)
-    length = np.concatenate(len_parts)
-    is_long = np.concatenate(long_parts)
-    flat_pos = np.concatenate([np.asarray(p, dtype=np.int64) for p in pos])
+        o = int(offs[s])
+        for a in range(0, len(p), CHUNK):
+            b = min(len(p), a + CHUNK)
+            q = np.asarray(p[a:b], dtype=np.int64)
+            raw[o + a : o + b] = np.asarray(nt_s[a:b]) - t0
+            length[o + a : o + b] = st.cum[q + 1] - st.cum[q]
+            if st.cum_long is not None:
+                is_long[o + a : o + b] = (st.cum_long[q + 1] - st.cum_long[q]) > 0
+        drawn[s] = float(length[o : o + len(p)].sum(dtype=np.int64))
+        _near_epoch_start(p, raw[o : o + len(p)], st, k + 1, edge[o : o + len(p)])
+    clipped = total and (int(raw.min()) < 0 or int(raw.max()) > n - 1)
+    nt = np.clip(raw, 0, n - 1) if clipped else raw
     out = nt.copy()  # long-lane segments and those of short-epoch sources keep their natural step
     sl = slots[t0:t1].astype(np.int64)
     dpt = dp[t0:t1].astype(np.int64)
     tall = length > HEAVY_SHARE * seq
     # a source whose epoch is shorter than a few windows of steps repeats documents within reach of a move:
     # its segments stay where membership drew them (they still take their room in the step)
-    drawn = np.bincount(src, weights=length, minlength=len(streams))  # tokens of each source in the window
     epochs = np.array([st.epoch_tokens for st in streams], dtype=np.float64)
     short_epoch = epochs * n < PIN_WINDOWS * (k + 1) * drawn  # its epoch lasts fewer steps than that
     # and segments drawn within K + 1 steps of their source's epoch start stay too: no move crosses an epoch
-    pinned = ~is_long & (short_epoch[src] | np.concatenate(edge_parts)) if n else np.zeros(0, dtype=bool)
+    pinned = edge
+    if n:
+        for s in np.flatnonzero(short_epoch):
+            pinned[offs[s] : offs[s + 1]] = True
+        pinned &= ~is_long
+    else:
+        pinned[:] = False
+    del edge
     n_long = np.bincount(nt[is_long], minlength=n) + np.bincount(nt[pinned & tall], minlength=n)
     cap_h = np.maximum(sl - n_long, 0)  # sequences left for the moving short segments
-    pinned_light = np.bincount(nt[pinned & ~tall], weights=length[pinned & ~tall], minlength=n).astype(np.int64)
-
-    heavy = ~is_long & ~pinned & tall
-    hi_idx = np.flatnonzero(heavy)
-    hi_idx = hi_idx[np.lexsort((flat_pos[hi_idx], src[hi_idx], raw[hi_idx]))]
+    m = pinned & ~tall
+    pinned_light = np.bincount(nt[m], weights=length[m], minlength=n).astype(np.int64)
+    m = ~is_long
+    short_tok = np.bincount(nt[m], weights=length[m], minlength=n)
+    del m
+    moving = ~is_long & ~pinned  # heavy when tall, light otherwise
+    del is_long, pinned
+    order = _Order(pos, raw, offs, n)
+    hi_idx = np.concatenate([c[tall[c] & moving[c]] for c in order.chunks()] or [np.zeros(0, dtype=np.int64)])
     c = np.cumsum(np.bincount(nt[hi_idx], minlength=n))
     a = (c + dpt // 2) // dpt * dpt
     # no heavy segment later than K steps after its natural step (also those a re-plan's base deferred)
@@ -168,9 +260,7 @@ def assign_steps(
     a = np.clip(a, lo, hi)
     hc = np.zeros(len(hi_idx) + 1, dtype=np.int64)
     np.cumsum(length[hi_idx], out=hc[1:])
-    slack = MIXTURE_TOLERANCE * (
-        planned_before + np.cumsum(np.bincount(nt[~is_long], weights=length[~is_long], minlength=n))
-    )
+    slack = MIXTURE_TOLERANCE * (planned_before + np.cumsum(short_tok))
     h_nat = hc[c]
     a = np.clip(
         a, np.searchsorted(hc, h_nat - slack, side="left"), np.searchsorted(hc, h_nat + slack, side="right") - 1
@@ -189,63 +279,92 @@ def assign_steps(
     out[hi_idx] = h_step
     h_nat_tok = np.bincount(nt[hi_idx], weights=length[hi_idx], minlength=n).astype(np.int64)
     h_asg_tok = np.bincount(np.minimum(h_step, n - 1), weights=length[hi_idx], minlength=n).astype(np.int64)
+    del hi_idx, h_step
 
-    li_idx = np.flatnonzero(~heavy & ~is_long & ~pinned)
-    li_idx = li_idx[np.lexsort((flat_pos[li_idx], src[li_idx], raw[li_idx]))]
-    l_len = length[li_idx]
-    lc = np.zeros(len(li_idx) + 1, dtype=np.int64)
-    np.cumsum(l_len, out=lc[1:])
-    l_nat = np.bincount(nt[li_idx], weights=l_len, minlength=n).astype(np.int64)
+    light = moving & ~tall
+    del moving, tall
+    n_light = int(light.sum())
+    lc = np.zeros(n_light + 1, dtype=np.int64)  # cumulative light tokens in natural order
+    l_nat = np.zeros(n, dtype=np.int64)
+    at = 0
+    for ch in order.chunks():
+        li = ch[light[ch]]
+        ln = length[li]
+        np.cumsum(ln, out=lc[at + 1 : at + 1 + len(li)])
+        lc[at + 1 : at + 1 + len(li)] += lc[at]
+        l_nat += np.bincount(nt[li], weights=ln, minlength=n).astype(np.int64)
+        at += len(li)
     room = np.cumsum(l_nat + h_nat_tok - h_asg_tok)
     cnt = np.maximum.accumulate(np.maximum(np.searchsorted(lc, room, side="right") - 1, 0))
     if final and n:
-        cnt[-1] = len(li_idx)
+        cnt[-1] = n_light
     light_room = cap_h * seq - h_asg_tok - pinned_light
     _fit_lights(cnt, lc, light_room)
     if final and n:
         _fit_end(cnt, lc, light_room)
-    out[li_idx] = np.searchsorted(cnt, np.arange(len(li_idx)), side="right")
-    out = np.minimum(out, n - 1) + t0  # what no step took (a prefix window) is left at its end
+    del lc
+    at = 0
+    for ch in order.chunks():
+        li = ch[light[ch]]
+        out[li] = np.searchsorted(cnt, np.arange(at, at + len(li)), side="right")
+        at += len(li)
+    del light, raw, nt, length, order
+    np.minimum(out, n - 1, out=out)
+    out += t0  # what no step took (a prefix window) is left at its end
 
     res_pos, res_step = [], []
-    at = 0
     for s, p in enumerate(pos):
-        st_k = _epoch_order(out[at : at + len(p)], np.asarray(p, dtype=np.int64), streams[s])
-        order = np.argsort(st_k, kind="stable")  # positions are increasing: stream order within a step
-        res_pos.append(np.asarray(p, dtype=np.int64)[order])
-        res_step.append(st_k[order])
-        at += len(p)
+        st_k = _epoch_order(out[offs[s] : offs[s + 1]], p, streams[s])
+        srt = np.argsort(st_k, kind="stable")  # positions are increasing: stream order within a step
+        p_arr = np.asarray(p)
+        res_pos.append(p_arr.astype(_pos_dtype(int(p_arr.max()) + 1 if len(p_arr) else 0), copy=False)[srt])
+        res_step.append(st_k[srt])
+        del srt
     return StepAssignment(res_pos, res_step)
 
 
-def _near_epoch_start(pos: np.ndarray, nat: np.ndarray, st: Stream, reach: int) -> np.ndarray:
-    """Whether each position (increasing, natural steps `nat`) of one source is drawn within `reach` steps of
-    a step where the source starts a new epoch."""
-    if len(pos) == 0 or st.epoch_tokens <= 0:
-        return np.zeros(len(pos), dtype=bool)
-    epoch = st.cum[pos] // st.epoch_tokens
-    starts = nat[np.flatnonzero(np.diff(epoch) > 0) + 1]  # natural steps of each new epoch's first position
-    if len(starts) == 0:
-        return np.zeros(len(pos), dtype=bool)
-    i = np.searchsorted(starts, nat)
-    after = np.abs(starts[np.minimum(i, len(starts) - 1)] - nat)
-    before = np.abs(starts[np.maximum(i - 1, 0)] - nat)
-    return np.minimum(after, before) <= reach
+def _epoch_starts(p: np.ndarray, st: Stream) -> np.ndarray:
+    """Indices i into the positions `p` (increasing) where a new epoch of the stream begins (p[i-1] is in an
+    earlier epoch than p[i]), from the epochs' first stream positions (no per-position epoch array)."""
+    if len(p) < 2 or st.epoch_tokens <= 0:
+        return np.zeros(0, dtype=np.int64)
+    last = int(st.cum[int(p[-1])]) // st.epoch_tokens
+    first = int(st.cum[int(p[0])]) // st.epoch_tokens
+    if last == first:
+        return np.zeros(0, dtype=np.int64)
+    # the first stream position of epoch e: cum[q] >= e * epoch_tokens
+    q = np.searchsorted(st.cum, np.arange(first + 1, last + 1, dtype=np.int64) * st.epoch_tokens, side="left")
+    return np.unique(np.searchsorted(p, q, side="left"))
+
+
+def _near_epoch_start(p: np.ndarray, nat: np.ndarray, st: Stream, reach: int, out: np.ndarray) -> None:
+    """Set `out` where each position (increasing, natural steps `nat`) of one source is drawn within `reach`
+    steps of a step where the source starts a new epoch."""
+    at = _epoch_starts(p, st)
+    if len(at) == 0:
+        return
+    starts = nat[at]  # natural steps of each new epoch's first position
+    for a in range(0, len(p), CHUNK):
+        nt = nat[a : a + CHUNK]
+        i = np.searchsorted(starts, nt)
+        after = np.abs(starts[np.minimum(i, len(starts) - 1)] - nt)
+        before = np.abs(starts[np.maximum(i - 1, 0)] - nt)
+        out[a : a + CHUNK] = np.minimum(after, before) <= reach
 
 
 def _epoch_order(step: np.ndarray, pos: np.ndarray, st: Stream) -> np.ndarray:
     """`step` of one source's positions `pos` (increasing) with no segment after a segment of a later epoch:
     one the look-ahead left behind the next epoch's first step comes back to it (few: the segments moved
     across the boundary), so every epoch's tokens are all planned before the next repeats one."""
-    if len(pos) == 0 or st.epoch_tokens <= 0:
+    at = _epoch_starts(np.asarray(pos), st)
+    if len(at) == 0:
         return step
-    epoch = st.cum[pos] // st.epoch_tokens  # non-decreasing: positions are in stream order
-    if epoch[0] == epoch[-1]:
-        return step
-    after = np.searchsorted(epoch, epoch, side="right")  # where the next epoch starts
     later = np.minimum.accumulate(step[::-1])[::-1]  # the earliest step from each position on
-    cap = np.where(after < len(step), later[np.minimum(after, len(step) - 1)], step)
-    return np.minimum(step, cap)
+    out = step.copy()
+    bounds = [0, *at.tolist()]
+    for e in range(len(bounds) - 1):  # positions of epoch e are capped by the earliest step of the next ones
+        np.minimum(out[bounds[e] : bounds[e + 1]], later[bounds[e + 1]], out=out[bounds[e] : bounds[e + 1]])
+    return out
 
 
 def _fit_end(cnt: np.ndarray, lc: np.ndarray, room: np.ndarray) -> None:

@@ -322,6 +322,7 @@ def _plan_into(
             tr.steps,
             planned_before=before,
         )
+        del pos, nat, short_cum  # the assignment holds what balancing needs: free the positions and counts
     streams = [st.without_counts() for st in streams]
     empty = np.flatnonzero(np.asarray(drawn) == 0)
     if len(empty):

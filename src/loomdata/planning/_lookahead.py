@@ -241,13 +241,10 @@ def assign_steps(
     else:
         pinned[:] = False
     del edge
-    n_long = np.bincount(nt[is_long], minlength=n) + np.bincount(nt[pinned & tall], minlength=n)
+    n_long = _step_sums(nt, n, [is_long]) + _step_sums(nt, n, [pinned, tall])
     cap_h = np.maximum(sl - n_long, 0)  # sequences left for the moving short segments
-    m = pinned & ~tall
-    pinned_light = np.bincount(nt[m], weights=length[m], minlength=n).astype(np.int64)
-    m = ~is_long
-    short_tok = np.bincount(nt[m], weights=length[m], minlength=n)
-    del m
+    pinned_light = _step_sums(nt, n, [pinned], [tall], length)
+    short_tok = _step_sums(nt, n, [], [is_long], length).astype(np.float64)
     moving = ~is_long & ~pinned  # heavy when tall, light otherwise
     del is_long, pinned
     order = _Order(pos, raw, offs, n)
@@ -294,6 +291,7 @@ def assign_steps(
         lc[at + 1 : at + 1 + len(li)] += lc[at]
         l_nat += np.bincount(nt[li], weights=ln, minlength=n).astype(np.int64)
         at += len(li)
+    del length
     room = np.cumsum(l_nat + h_nat_tok - h_asg_tok)
     cnt = np.maximum.accumulate(np.maximum(np.searchsorted(lc, room, side="right") - 1, 0))
     if final and n:
@@ -308,7 +306,7 @@ def assign_steps(
         li = ch[light[ch]]
         out[li] = np.searchsorted(cnt, np.arange(at, at + len(li)), side="right")
         at += len(li)
-    del light, raw, nt, length, order
+    del light, raw, nt, order
     np.minimum(out, n - 1, out=out)
     out += t0  # what no step took (a prefix window) is left at its end
 
@@ -321,6 +319,28 @@ def assign_steps(
         res_step.append(st_k[srt])
         del srt
     return StepAssignment(res_pos, res_step)
+
+
+def _step_sums(
+    nt: np.ndarray,
+    n: int,
+    keep: Sequence[np.ndarray],
+    drop: Sequence[np.ndarray] = (),
+    weights: np.ndarray | None = None,
+) -> np.ndarray:
+    """(n,) int64 per step of `nt`: the count (or the sum of integer `weights`) of the segments where every
+    `keep` mask is set and no `drop` mask is, a chunk at a time (exactly a float bincount's integer sums)."""
+    out = np.zeros(n, dtype=np.int64)
+    for a in range(0, len(nt), CHUNK):
+        b = a + CHUNK
+        m = np.ones(min(len(nt), b) - a, dtype=bool)
+        for x in keep:
+            m &= x[a:b]
+        for x in drop:
+            m &= ~x[a:b]
+        w = None if weights is None else weights[a:b][m]
+        out += np.bincount(nt[a:b][m], weights=w, minlength=n).astype(np.int64)
+    return out
 
 
 def _epoch_starts(p: np.ndarray, st: Stream) -> np.ndarray:

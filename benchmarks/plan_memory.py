@@ -39,7 +39,6 @@ def _reset_peak() -> None:
 def child(workdir: Path, dp: int) -> dict[str, Any]:
     """Plan the index in workdir with each phase's own peak RSS recorded."""
     import plan_scale
-
     from loomdata.planning import _plan, make_plan
     from loomdata.schemas import parse_spec
 
@@ -114,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="loom-pmem-") as d:
             cmd = [sys.executable, str(here / "plan_scale.py"), "--child", "index", "--samples", str(n)]
             subprocess.run([*cmd, "--n-sources", "2", "--workdir", d], check=True, capture_output=True)
-            (Path(d) / "index-info.json").exists() or sys.exit("index not written")
             r = subprocess.run(
                 [sys.executable, __file__, "--child", "--workdir", d, "--dp", str(args.dp)],
                 check=True,
@@ -126,13 +124,18 @@ def main(argv: list[str] | None = None) -> int:
         peak = max(max(p["peak_mb"], p["gap_before_peak_mb"]) for p in res["phases"])
         res["peak_mb"] = peak
         res["bytes_per_sample"] = peak * 2**20 / n
-        print(f"{n:>12,} samples, {res['steps']} steps: {res['seconds']:.1f} s, peak {peak:.0f} MB above base "
-              f"({res['bytes_per_sample']:.1f} B/sample; base {res['rss_base_mb']:.0f} MB)", flush=True)
+        print(
+            f"{n:>12,} samples, {res['steps']} steps: {res['seconds']:.1f} s, peak {peak:.0f} MB above base "
+            f"({res['bytes_per_sample']:.1f} B/sample; base {res['rss_base_mb']:.0f} MB)",
+            flush=True,
+        )
         for p in res["phases"]:
-            print(f"    {p['phase']:>16}: {p['seconds']:7.2f} s  peak {p['peak_mb']:8.0f} MB "
-                  f"({p['peak_mb'] * 2**20 / n:5.1f} B/s)  before {p['rss_before_mb']:7.0f}  after {p['rss_after_mb']:7.0f}"
-                  f"  (gap before: peak {p['gap_before_peak_mb']:.0f})",
-                  flush=True)
+            print(
+                f"    {p['phase']:>19}: {p['seconds']:7.2f} s  peak {p['peak_mb']:8.0f} MB "
+                f"({p['peak_mb'] * 2**20 / n:5.1f} B/s)  before {p['rss_before_mb']:7.0f}  "
+                f"after {p['rss_after_mb']:7.0f}  (gap before: peak {p['gap_before_peak_mb']:.0f})",
+                flush=True,
+            )
         out.append(res)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=1) + "\n")

@@ -213,13 +213,13 @@ def assign_steps(
     for s, (p, nt_s) in enumerate(zip(pos, nat, strict=True)):
         st = streams[s]
         o = int(offs[s])
-        for a in range(0, len(p), CHUNK):
-            b = min(len(p), a + CHUNK)
-            q = np.asarray(p[a:b], dtype=np.int64)
-            raw[o + a : o + b] = np.asarray(nt_s[a:b]) - t0
-            length[o + a : o + b] = st.cum[q + 1] - st.cum[q]
+        for i0 in range(0, len(p), CHUNK):
+            i1 = min(len(p), i0 + CHUNK)
+            q = np.asarray(p[i0:i1], dtype=np.int64)
+            raw[o + i0 : o + i1] = np.asarray(nt_s[i0:i1]) - t0
+            length[o + i0 : o + i1] = st.cum[q + 1] - st.cum[q]
             if st.cum_long is not None:
-                is_long[o + a : o + b] = (st.cum_long[q + 1] - st.cum_long[q]) > 0
+                is_long[o + i0 : o + i1] = (st.cum_long[q + 1] - st.cum_long[q]) > 0
         drawn[s] = float(length[o : o + len(p)].sum(dtype=np.int64))
         _near_epoch_start(p, raw[o : o + len(p)], st, k + 1, edge[o : o + len(p)])
     clipped = total and (int(raw.min()) < 0 or int(raw.max()) > n - 1)
@@ -235,8 +235,8 @@ def assign_steps(
     # and segments drawn within K + 1 steps of their source's epoch start stay too: no move crosses an epoch
     pinned = edge
     if n:
-        for s in np.flatnonzero(short_epoch):
-            pinned[offs[s] : offs[s + 1]] = True
+        for j in np.flatnonzero(short_epoch).tolist():
+            pinned[offs[j] : offs[j + 1]] = True
         pinned &= ~is_long
     else:
         pinned[:] = False

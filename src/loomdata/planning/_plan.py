@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from loomdata.planning._baselines import BASELINE_DESCRIPTION
 from loomdata.planning._distributed import RANGES_PER_WORKER, Executor, plan_ranges, split_ranges, worker_count
@@ -61,7 +60,7 @@ from loomdata.planning._step import StepSink
 from loomdata.planning.balance import BalanceConfig
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.freshness import require_built_from
-from loomdata.schemas.layout import IndexFiles, read_index
+from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.plan import PLAN_FORMAT_VERSION, PlanMeta, PlanParameters, ResumeInfo, StepShape, read_plan
 from loomdata.schemas.spec import Spec
 from loomdata.schemas.tables import TableKind, check_schema
@@ -183,8 +182,7 @@ def _read_source(workdir: Path, name: str) -> tuple[_Source, str]:
     """One source's index columns, streamed in batches into compact arrays: 4 bytes a sample (num_tokens);
     a dense `sample` column (0..n-1, as `loom index` writes it) and an all-zero `num_image_tokens` are
     checked batch by batch and not stored, so reading costs little more than the arrays kept."""
-    _, _, fp = read_index(workdir, name, columns=[])  # checks the tables' kind, version and schema
-    pf = pq.ParquetFile(IndexFiles.of(workdir, name).samples, memory_map=False, pre_buffer=False)
+    pf, fp = IndexFiles.of(workdir, name).open_samples()  # checks the tables' kind, version and schema, once
     n = pf.metadata.num_rows
     tokens = np.empty(n, dtype=np.uint32)
     sample: np.ndarray | None = None

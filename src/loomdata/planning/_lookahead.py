@@ -54,7 +54,7 @@ PIN_WINDOWS = 4
 """A source whose epoch lasts fewer than PIN_WINDOWS * (K + 1) steps (at its mean tokens a step) is not moved:
 its documents would come back within the reach of a move (an epoch's tokens are all planned before they repeat)."""
 
-__all__ = ["StepAssignment", "assign_steps", "natural_positions", "segments_at"]
+__all__ = ["StepAssignment", "assign_steps", "natural_positions", "natural_ranges", "segments_at"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +104,30 @@ def natural_positions(ptr: np.ndarray, t0: int, t1: int) -> tuple[list[np.ndarra
     return pos, nat
 
 
+def natural_ranges(ptr: np.ndarray, t0: int, t1: int) -> list[range]:
+    """Per source, the stream positions drawn for steps t0..t1-1 as a range (natural steps come from `ptr`
+    inside assign_steps: nothing is stored per position)."""
+    return [range(int(ptr[t0, k]), int(ptr[t1, k])) for k in range(ptr.shape[1])]
+
+
+Positions = np.ndarray | range
+"""One source's stream positions: an array, or a range (a fresh plan's natural positions)."""
+
+
+def _arr(p: Positions, dtype: type[np.integer] | None = None) -> np.ndarray:
+    """The positions as an array (a range is materialised: only where an array is unavoidable)."""
+    if isinstance(p, range):
+        return np.arange(p.start, p.stop, dtype=dtype or _pos_dtype(p.stop))
+    return np.asarray(p) if dtype is None else np.asarray(p, dtype=dtype)
+
+
+def _search(p: Positions, q: np.ndarray) -> np.ndarray:
+    """searchsorted(p, q, side="left") over increasing positions (arithmetic for a range)."""
+    if isinstance(p, range):
+        return np.clip(np.asarray(q, dtype=np.int64) - p.start, 0, len(p))
+    return np.searchsorted(p, q, side="left")
+
+
 def segments_at(
     st: Stream, pos: np.ndarray, lengths: np.ndarray, lanes: Lanes
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -126,15 +150,16 @@ class _Order:
     positions increase and natural steps do not decrease (as drawn), a chunk of steps is merged from the
     sources' slices (no permutation of all segments is stored); otherwise one lexsort of all of them."""
 
-    def __init__(self, pos: Sequence[np.ndarray], raw: np.ndarray, offs: np.ndarray, n: int) -> None:
+    def __init__(self, pos: Sequence[Positions], raw: np.ndarray, offs: np.ndarray, n: int) -> None:
         self.raw, self.offs, self.n = raw, offs, n
         sorted_ = all(
-            _nondecreasing(raw[offs[s] : offs[s + 1]]) and _increasing(np.asarray(p)) for s, p in enumerate(pos)
+            _nondecreasing(raw[offs[s] : offs[s + 1]]) and (isinstance(p, range) or _increasing(np.asarray(p)))
+            for s, p in enumerate(pos)
         )
         self.full: np.ndarray | None = None
         if not sorted_:
             src = np.repeat(np.arange(len(pos), dtype=np.int64), np.diff(offs))
-            flat_pos = np.concatenate([np.asarray(p, dtype=np.int64) for p in pos])
+            flat_pos = np.concatenate([_arr(p, np.int64) for p in pos])
             self.full = np.lexsort((flat_pos, src, raw))
 
     def chunks(self) -> Iterator[np.ndarray]:
@@ -176,9 +201,9 @@ def _pairs(n: int) -> list[tuple[int, int]]:
 
 
 def assign_steps(
-    pos: Sequence[np.ndarray],
-    nat: Sequence[np.ndarray],
-    streams: Sequence[Stream],
+    pos: Sequence[Positions],
+    nat: Sequence[np.ndarray] | None,
+    streams: list[Stream],
     lanes: Lanes,
     slots: np.ndarray,
     dp: np.ndarray,
@@ -188,13 +213,18 @@ def assign_steps(
     *,
     final: bool = True,
     planned_before: int = 0,
+    ptr: np.ndarray | None = None,
+    drop_counts: bool = False,
 ) -> StepAssignment:
     """Assigned steps (t0..t1-1) of the positions `pos` of every source, natural steps `nat` (counted clipped
     into t0..t1-1; one before t0, which a re-plan's base deferred, still moves at most K steps from it).
     `slots`/`dp` are per step (indexed by absolute step); streams must still hold their counts.
     `final`: t1-1 is the plan's last step, which takes every heavy segment left (else the window is a
     prefix of a longer plan). `planned_before`: short-lane tokens planned before t0 (a re-plan's base steps),
-    part of the prefix the mixture tolerance is a share of.
+    part of the prefix the mixture tolerance is a share of. `nat` None: the natural steps of the positions
+    from the membership pointers `ptr` (a fresh plan; `pos` may then be ranges, natural_ranges).
+    `drop_counts`: once the per-segment lengths are read, `streams[k]` is replaced by its `without_counts()`
+    (frees the caller's cumulative counts while the rest runs, when the caller holds no other reference).
 
     Memory: a few bytes a drawn segment (int32 steps, uint32 lengths, one byte of flags, the lights' lengths
     and int64 cumulative tokens in natural order); per-segment temporaries are made a chunk at a time."""
@@ -210,18 +240,28 @@ def assign_steps(
     is_long = np.zeros(total, dtype=bool)
     edge = np.zeros(total, dtype=bool)
     drawn = np.zeros(n_src, dtype=np.float64)  # tokens of each source in the window
-    for s, (p, nt_s) in enumerate(zip(pos, nat, strict=True)):
+    if nat is None and ptr is None:
+        raise ValueError("assign_steps needs the natural steps `nat` or the membership pointers `ptr`")
+    starts: list[np.ndarray] = []  # per source, where in its positions a new epoch begins (_epoch_starts)
+    for s, p in enumerate(pos):
         st = streams[s]
         o = int(offs[s])
         for i0 in range(0, len(p), CHUNK):
             i1 = min(len(p), i0 + CHUNK)
-            q = np.asarray(p[i0:i1], dtype=np.int64)
-            raw[o + i0 : o + i1] = np.asarray(nt_s[i0:i1]) - t0
+            q = _arr(p[i0:i1], np.int64)
+            if nat is None and ptr is not None:
+                raw[o + i0 : o + i1] = np.searchsorted(ptr[:, s], q, side="right") - 1 - t0
+            elif nat is not None:
+                raw[o + i0 : o + i1] = np.asarray(nat[s][i0:i1]) - t0
             length[o + i0 : o + i1] = st.cum[q + 1] - st.cum[q]
             if st.cum_long is not None:
                 is_long[o + i0 : o + i1] = (st.cum_long[q + 1] - st.cum_long[q]) > 0
         drawn[s] = float(length[o : o + len(p)].sum(dtype=np.int64))
-        _near_epoch_start(p, raw[o : o + len(p)], st, k + 1, edge[o : o + len(p)])
+        starts.append(_epoch_starts(p, st))
+        _near_epoch_start(starts[-1], raw[o : o + len(p)], k + 1, edge[o : o + len(p)])
+    if drop_counts:
+        for s in range(n_src):
+            streams[s] = streams[s].without_counts()
     clipped = total and (int(raw.min()) < 0 or int(raw.max()) > n - 1)
     nt = np.clip(raw, 0, n - 1) if clipped else raw
     out = nt.copy()  # long-lane segments and those of short-epoch sources keep their natural step
@@ -312,10 +352,13 @@ def assign_steps(
 
     res_pos, res_step = [], []
     for s, p in enumerate(pos):
-        st_k = _epoch_order(out[offs[s] : offs[s + 1]], p, streams[s])
+        st_k = _epoch_order(out[offs[s] : offs[s + 1]], starts[s])
         srt = np.argsort(st_k, kind="stable")  # positions are increasing: stream order within a step
-        p_arr = np.asarray(p)
-        res_pos.append(p_arr.astype(_pos_dtype(int(p_arr.max()) + 1 if len(p_arr) else 0), copy=False)[srt])
+        if isinstance(p, range):
+            res_pos.append((srt + p.start).astype(_pos_dtype(p.stop)))
+        else:
+            p_arr = np.asarray(p)
+            res_pos.append(p_arr.astype(_pos_dtype(int(p_arr.max()) + 1 if len(p_arr) else 0), copy=False)[srt])
         res_step.append(st_k[srt])
         del srt
     return StepAssignment(res_pos, res_step)
@@ -343,7 +386,7 @@ def _step_sums(
     return out
 
 
-def _epoch_starts(p: np.ndarray, st: Stream) -> np.ndarray:
+def _epoch_starts(p: Positions, st: Stream) -> np.ndarray:
     """Indices i into the positions `p` (increasing) where a new epoch of the stream begins (p[i-1] is in an
     earlier epoch than p[i]), from the epochs' first stream positions (no per-position epoch array)."""
     if len(p) < 2 or st.epoch_tokens <= 0:
@@ -354,17 +397,16 @@ def _epoch_starts(p: np.ndarray, st: Stream) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     # the first stream position of epoch e: cum[q] >= e * epoch_tokens
     q = np.searchsorted(st.cum, np.arange(first + 1, last + 1, dtype=np.int64) * st.epoch_tokens, side="left")
-    return np.unique(np.searchsorted(p, q, side="left"))
+    return np.unique(_search(p, q))
 
 
-def _near_epoch_start(p: np.ndarray, nat: np.ndarray, st: Stream, reach: int, out: np.ndarray) -> None:
+def _near_epoch_start(at: np.ndarray, nat: np.ndarray, reach: int, out: np.ndarray) -> None:
     """Set `out` where each position (increasing, natural steps `nat`) of one source is drawn within `reach`
-    steps of a step where the source starts a new epoch."""
-    at = _epoch_starts(p, st)
+    steps of a step where the source starts a new epoch (`at`: where in the positions epochs begin)."""
     if len(at) == 0:
         return
     starts = nat[at]  # natural steps of each new epoch's first position
-    for a in range(0, len(p), CHUNK):
+    for a in range(0, len(nat), CHUNK):
         nt = nat[a : a + CHUNK]
         i = np.searchsorted(starts, nt)
         after = np.abs(starts[np.minimum(i, len(starts) - 1)] - nt)
@@ -372,11 +414,11 @@ def _near_epoch_start(p: np.ndarray, nat: np.ndarray, st: Stream, reach: int, ou
         out[a : a + CHUNK] = np.minimum(after, before) <= reach
 
 
-def _epoch_order(step: np.ndarray, pos: np.ndarray, st: Stream) -> np.ndarray:
-    """`step` of one source's positions `pos` (increasing) with no segment after a segment of a later epoch:
-    one the look-ahead left behind the next epoch's first step comes back to it (few: the segments moved
-    across the boundary), so every epoch's tokens are all planned before the next repeats one."""
-    at = _epoch_starts(np.asarray(pos), st)
+def _epoch_order(step: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """`step` of one source's positions (increasing; a new epoch begins at each index of `at`) with no segment
+    after a segment of a later epoch: one the look-ahead left behind the next epoch's first step comes back to
+    it (few: the segments moved across the boundary), so every epoch's tokens are all planned before the next
+    repeats one."""
     if len(at) == 0:
         return step
     later = np.minimum.accumulate(step[::-1])[::-1]  # the earliest step from each position on

@@ -28,7 +28,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from loomdata.planning._baselines import BASELINE_DESCRIPTION
 from loomdata.planning._distributed import RANGES_PER_WORKER, Executor, plan_ranges, split_ranges, worker_count
-from loomdata.planning._lookahead import assign_steps, natural_positions
+from loomdata.planning._lookahead import Positions, assign_steps, natural_ranges
 from loomdata.planning._manifest import ManifestWriter, file_bounds
 from loomdata.planning._mixture import Stream, build_stream, check_epochs, membership, step_weights
 from loomdata.planning._packing import Lanes, check_unsplittable
@@ -294,6 +294,8 @@ def _plan_into(
     )
     if lookahead > 0 or lookahead_replan:
         step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
+        pos: Sequence[Positions]
+        nat: Sequence[np.ndarray] | None
         if base is not None:  # what the base placed before S is excluded, what it drew before S and deferred is in
             pos, nat, carry = base_positions(
                 base,
@@ -304,10 +306,12 @@ def _plan_into(
                 num_images,
                 lanes,
             )
-        else:
-            pos, nat = natural_positions(ptr, start, tr.steps)
-        short_cum = [st.cum if st.cum_short is None else st.cum_short for st in streams]
-        before = sum(int(c[ptr[start, k]]) for k, c in enumerate(short_cum))  # short tokens of steps < start
+        else:  # natural positions as ranges, their steps from ptr: nothing stored per position
+            pos, nat = natural_ranges(ptr, start, tr.steps), None
+        before = sum(  # short tokens of steps < start
+            int((st.cum if st.cum_short is None else st.cum_short)[ptr[start, k]]) for k, st in enumerate(streams)
+        )
+        # the streams' counts are dropped as soon as the look-ahead has read the segment lengths from them
         assignment = assign_steps(
             pos,
             nat,
@@ -319,8 +323,10 @@ def _plan_into(
             start,
             tr.steps,
             planned_before=before,
+            ptr=ptr,
+            drop_counts=True,
         )
-        del pos, nat, short_cum  # the assignment holds what balancing needs: free the positions and counts
+        del pos, nat  # the assignment holds what balancing needs
     streams = [st.without_counts() for st in streams]
     empty = np.flatnonzero(np.asarray(drawn) == 0)
     if len(empty):

@@ -79,8 +79,9 @@ class StepAssignment:
         return self.pos[k][a:b], self.step[k][a:b]
 
 
-CHUNK = 1 << 20
-"""Segments handled at once where a pass over all drawn segments needs per-segment temporaries."""
+CHUNK = 1 << 18
+"""Segments handled at once where a pass over all drawn segments needs per-segment temporaries (a few
+dozen bytes each: about 10 MB at a time)."""
 
 
 def _pos_dtype(n: int) -> type[np.unsignedinteger] | type[np.signedinteger]:
@@ -264,7 +265,6 @@ def assign_steps(
             streams[s] = streams[s].without_counts()
     clipped = total and (int(raw.min()) < 0 or int(raw.max()) > n - 1)
     nt = np.clip(raw, 0, n - 1) if clipped else raw
-    out = nt.copy()  # long-lane segments and those of short-epoch sources keep their natural step
     sl = slots[t0:t1].astype(np.int64)
     dpt = dp[t0:t1].astype(np.int64)
     tall = length > HEAVY_SHARE * seq
@@ -313,10 +313,8 @@ def assign_steps(
         a = np.maximum(a, c[-1] - (capc[-1] - capc))
         a[-1] = c[-1]
     h_step = np.searchsorted(a, np.arange(len(hi_idx)), side="right")
-    out[hi_idx] = h_step
     h_nat_tok = np.bincount(nt[hi_idx], weights=length[hi_idx], minlength=n).astype(np.int64)
     h_asg_tok = np.bincount(np.minimum(h_step, n - 1), weights=length[hi_idx], minlength=n).astype(np.int64)
-    del hi_idx, h_step
 
     light = moving & ~tall
     del moving, tall
@@ -341,6 +339,9 @@ def assign_steps(
     if final and n:
         _fit_end(cnt, lc, light_room)
     del lc
+    out = nt.copy()  # long-lane segments and those of short-epoch sources keep their natural step
+    out[hi_idx] = h_step  # (made only now: the per-segment steps are not held while the lights are poured)
+    del hi_idx, h_step
     at = 0
     for ch in order.chunks():
         li = ch[light[ch]]
@@ -355,7 +356,9 @@ def assign_steps(
         st_k = _epoch_order(out[offs[s] : offs[s + 1]], starts[s])
         srt = np.argsort(st_k, kind="stable")  # positions are increasing: stream order within a step
         if isinstance(p, range):
-            res_pos.append((srt + p.start).astype(_pos_dtype(p.stop)))
+            r = srt.astype(_pos_dtype(p.stop))
+            r += p.start
+            res_pos.append(r)
         else:
             p_arr = np.asarray(p)
             res_pos.append(p_arr.astype(_pos_dtype(int(p_arr.max()) + 1 if len(p_arr) else 0), copy=False)[srt])

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -319,19 +320,20 @@ def assign_steps(
     light = moving & ~tall
     del moving, tall
     n_light = int(light.sum())
-    lc = np.zeros(n_light + 1, dtype=np.int64)  # cumulative light tokens in natural order
+    l_len = np.empty(n_light, dtype=np.uint32)  # the lights' lengths in natural order
     l_nat = np.zeros(n, dtype=np.int64)
     at = 0
     for ch in order.chunks():
         li = ch[light[ch]]
         ln = length[li]
-        np.cumsum(ln, out=lc[at + 1 : at + 1 + len(li)])
-        lc[at + 1 : at + 1 + len(li)] += lc[at]
+        l_len[at : at + len(li)] = ln
         l_nat += np.bincount(nt[li], weights=ln, minlength=n).astype(np.int64)
         at += len(li)
     del length
+    lc = _Cum(l_len)  # cumulative light tokens in natural order
+    del l_len
     room = np.cumsum(l_nat + h_nat_tok - h_asg_tok)
-    cnt = np.maximum.accumulate(np.maximum(np.searchsorted(lc, room, side="right") - 1, 0))
+    cnt = np.maximum.accumulate(np.maximum(lc.searchsorted(room, "right") - 1, 0))
     if final and n:
         cnt[-1] = n_light
     light_room = cap_h * seq - h_asg_tok - pinned_light
@@ -432,17 +434,71 @@ def _epoch_order(step: np.ndarray, at: np.ndarray) -> np.ndarray:
     return out
 
 
-def _fit_end(cnt: np.ndarray, lc: np.ndarray, room: np.ndarray) -> None:
+class _Cum:
+    """The cumulative sums c[0..L] (c[0] = 0) of L uint32 lengths, stored as the lengths and every 64th sum
+    (4.1 bytes an entry instead of 8): c[i] and searchsorted(c, v) read one block of 64 lengths each."""
+
+    B = 64
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        full = len(lengths) // self.B * self.B
+        self.pre = np.zeros(len(lengths) // self.B + 1, dtype=np.int64)  # pre[j] = c[64 j]
+        if full:
+            np.cumsum(np.add.reduceat(lengths[:full], np.arange(0, full, self.B), dtype=np.int64), out=self.pre[1:])
+        pad = np.zeros(len(self.pre) * self.B, dtype=np.uint32)  # lengths padded to whole blocks (a copy:
+        pad[: len(lengths)] = lengths  # the caller frees its own)
+        self.pad = pad.reshape(-1, self.B)
+        self.len = pad[: len(lengths)]
+
+    def _rows(self, j: np.ndarray) -> np.ndarray:
+        """(len(j), 64) c values at block j's entries: c[64 j + r] for r < 64."""
+        rows = np.cumsum(self.pad[j], axis=1, dtype=np.int64)
+        out = np.empty_like(rows)
+        out[:, 0] = 0
+        out[:, 1:] = rows[:, :-1]
+        out += self.pre[j][:, None]
+        return out
+
+    def __getitem__(self, i: int | np.ndarray) -> Any:
+        """c[i] for an index or an array of them (0 <= i <= L)."""
+        if isinstance(i, (int, np.integer)):
+            j, r = divmod(int(i), self.B)
+            return int(self.pre[j]) + int(self.len[j * self.B : j * self.B + r].sum(dtype=np.int64))
+        idx = np.asarray(i, dtype=np.int64)
+        out = np.empty(len(idx), dtype=np.int64)
+        for a in range(0, len(idx), 4096):
+            q = idx[a : a + 4096]
+            j = q // self.B
+            out[a : a + 4096] = self._rows(j)[np.arange(len(q)), q - j * self.B]
+        return out
+
+    def searchsorted(self, v: np.ndarray, side: str) -> np.ndarray:
+        """np.searchsorted(c, v, side) for an array of values (c is non-decreasing)."""
+        v = np.asarray(v)
+        n_c = len(self.len) + 1
+        out = np.empty(len(v), dtype=np.int64)
+        for a in range(0, len(v), 4096):
+            x = v[a : a + 4096]
+            nb = np.searchsorted(self.pre, x, side=side)  # block starts below (left) or at most (right) x
+            jb = np.maximum(nb - 1, 0)
+            rows = self._rows(jb)
+            valid = jb[:, None] * self.B + np.arange(self.B) < n_c  # entries that exist (c has L+1)
+            hit = (rows < x[:, None]) if side == "left" else (rows <= x[:, None])
+            out[a : a + 4096] = np.where(nb == 0, 0, jb * self.B + (hit & valid).sum(axis=1))
+        return out
+
+
+def _fit_end(cnt: np.ndarray, lc: _Cum, room: np.ndarray) -> None:
     """Pull the first light segments of a plan's last step back into the step before while its short tokens
     exceed its slots, and so on backwards (in place): nothing is left to carry past the last step."""
     t = len(cnt) - 1
     while t > 0 and lc[cnt[t]] - lc[cnt[t - 1]] > room[t]:
-        j = int(np.searchsorted(lc, lc[cnt[t]] - max(int(room[t]), 0), side="left"))
+        j = int(lc.searchsorted(np.array([lc[int(cnt[t])] - max(int(room[t]), 0)]), "left")[0])
         cnt[t - 1] = min(max(j, int(cnt[t - 1])), int(cnt[t]))
         t -= 1
 
 
-def _fit_lights(cnt: np.ndarray, lc: np.ndarray, room: np.ndarray) -> None:
+def _fit_lights(cnt: np.ndarray, lc: _Cum, room: np.ndarray) -> None:
     """Push the last light segments of a step whose short tokens exceed its slots on to the next step (in place).
 
     Visits only steps that overflow and the steps after a push (a light segment is at most half a sequence,
@@ -457,7 +513,7 @@ def _fit_lights(cnt: np.ndarray, lc: np.ndarray, room: np.ndarray) -> None:
         while dirty and t < n - 1:
             before = int(cnt[t - 1]) if t else 0
             limit = lc[before] + max(int(room[t]), 0)
-            fit = int(np.searchsorted(lc, limit, side="right")) - 1
+            fit = int(lc.searchsorted(np.array([limit]), "right")[0]) - 1
             cnt[t] = max(min(int(cnt[t]), fit), before)
             t += 1
             if cnt[t] < cnt[t - 1]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -462,8 +462,8 @@ class _Cum:
     def __getitem__(self, i: int | np.ndarray) -> Any:
         """c[i] for an index or an array of them (0 <= i <= L)."""
         if isinstance(i, (int, np.integer)):
-            j, r = divmod(int(i), self.B)
-            return int(self.pre[j]) + int(self.len[j * self.B : j * self.B + r].sum(dtype=np.int64))
+            b, r = divmod(int(i), self.B)
+            return int(self.pre[b]) + int(self.len[b * self.B : b * self.B + r].sum(dtype=np.int64))
         idx = np.asarray(i, dtype=np.int64)
         out = np.empty(len(idx), dtype=np.int64)
         for a in range(0, len(idx), 4096):
@@ -472,7 +472,7 @@ class _Cum:
             out[a : a + 4096] = self._rows(j)[np.arange(len(q)), q - j * self.B]
         return out
 
-    def searchsorted(self, v: np.ndarray, side: str) -> np.ndarray:
+    def searchsorted(self, v: np.ndarray, side: Literal["left", "right"]) -> np.ndarray:
         """np.searchsorted(c, v, side) for an array of values (c is non-decreasing)."""
         v = np.asarray(v)
         n_c = len(self.len) + 1

@@ -233,8 +233,12 @@ def check_epochs(
 
 
 def _nearest(cum: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """For each target x, the prefix length j whose cum[j] is nearest to x (ties go to the shorter prefix)."""
-    j = np.searchsorted(cum, x, side="left")
+    """For each target x, the prefix length j whose cum[j] is nearest to x (ties go to the shorter prefix).
+
+    Float targets are searched as their ceilings (for integer counts c < x exactly when c < ceil(x)): a
+    float needle would make NumPy search a float64 copy of all of cum (8 bytes a segment)."""
+    needle = np.ceil(x).astype(np.int64) if np.issubdtype(np.asarray(x).dtype, np.floating) else x
+    j = np.searchsorted(cum, needle, side="left")
     j = np.minimum(j, len(cum) - 1)
     lower = np.maximum(j - 1, 0)
     take_lower = (j > 0) & ((x - cum[lower]) <= (cum[j] - x))

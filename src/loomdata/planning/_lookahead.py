@@ -28,7 +28,13 @@ before t0 (still moved at most K from them) and the base's short tokens (`planne
 make_plan keeps membership as drawn for mixes with image samples (unsplittable: the balancer needs the
 steps' spare room).
 The result is an assigned step per stream position; a step's segments of one source are no longer one
-contiguous range, so StepItems gathers them through `StepAssignment` (same column layout). Every position
+contiguous range, so StepItems gathers them through `StepAssignment` (same column layout).
+Memory (bounded per segment, no int64 array over all segments): a fresh plan's positions are ranges and their
+natural steps come from the pointers chunk by chunk; the pass keeps int32 steps, uint32 lengths and a few
+one-byte flags per segment, the natural order is merged from the sources a chunk of steps at a time (no
+permutation of all segments), the lights' cumulative tokens are block sums (_Cum, ~4 bytes a light); the
+streams' counts are dropped once the lengths are read (`drop_counts`). The result keeps uint32 positions
+and int32 steps (8 bytes a segment). Every position
 drawn for the planned steps gets exactly one step (the property tests check all positions).
 """
 

@@ -16,10 +16,12 @@ base's rows, later steps continue its streams and in-flight pieces with the spec
 per-step budgets then follow `parameters.shape_schedule`.
 
 Measured (benchmarks/plan_scale.py on this shared 2-core machine, so read them as orders of magnitude;
-results/plan_scale*.json hold the figures): at dp 1024 with 2 sources 0.6-0.85M indexed samples/s and
-33 bytes of peak RSS per sample above the interpreter at 10M samples (the index is read in batches into
-compact arrays); at dp 8 / 64 about 0.4M / 0.7M samples/s, where the per-step Python of the block
-balancer, the report and the sink, not membership, is the bound.
+results/plan_scale*.json hold the figures): at dp 1024 with 2 sources 0.6-0.85M indexed samples/s; at
+dp 8 / 64 about 0.4M / 0.7M samples/s, where the per-step Python of the block balancer, the report and the
+sink, not membership, is the bound. Peak memory (benchmarks/plan_memory.py, results/plan_memory.json, each
+phase's own peak): the index columns (4 bytes a sample: num_tokens; dense ids and zero image columns not
+stored), the streams (4 bytes a segment, plus 8 of counts until the look-ahead has read them) and the
+look-ahead's compact per-segment columns (about 14 bytes a segment while it runs, 8 kept for balancing).
 """
 
 from __future__ import annotations

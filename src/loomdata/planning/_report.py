@@ -22,7 +22,10 @@ longer uneven micro-batches make the step (pp_time / pp_time_even - 1); with pp_
 The mixture error of step t is |realized cumulative share - target cumulative share| in percentage
 points; the reported worst error is over steps >= 20. With a long lane of cp > 1, `plan_report` adds
 `context_parallel` (planning._cp_report: each long sequence's CP ranks priced in the served layout),
-computed from the manifest when asked, never stored.
+computed from the manifest a partition at a time when asked, never stored. Readers never load a report
+table whole: `plan_report(plan_dir, steps=(first, last))` (`loom inspect --steps FIRST:LAST`) adds
+`step_range` (step_range_figures: the steps table's rows of the range, the ranks table, steps x dp rows, a
+row group at a time), and plot_plan reads the columns it draws and the heatmaps' steps only.
 Shuffle (summary `shuffle`, per source, planning._shuffle.ShuffleFigures): the shuffle mode and blocks,
 `spearman` (rank correlation of storage position and plan position: ~0 is no file-order trend),
 `mean_jump_docs` / `mean_jump_share` (storage distance of consecutive planned documents), and

@@ -7,6 +7,10 @@ names the file and what differs.
 Index version 2 adds `checksum` (per-sample, see sources/_integrity), which the index job always
 writes and loaders verify against. It is optional in the schema (checked for its type when present):
 the planner never reads it, and hand-made index tables (tests, tools) may leave it out.
+
+Tables sorted by `step` (manifests, a plan's report tables) are read by step range: `iter_steps` /
+`read_steps` open only the row groups whose step statistics overlap the range, with column projection
+(`ReadCount` tallies what was read); `open_table` checks a file once and hands out its footer.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ the shuffle figures, balancing and writing (_balance_into), the report (ReportBu
 phase peak is the plan's peak. Writes benchmarks/results/plan_memory.json.
 
     .venv/bin/python benchmarks/plan_memory.py --sizes 1e7 5e7 1e8
+    PYTHONPATH=/other/checkout/src .venv/bin/python benchmarks/plan_memory.py --out results/x_before.json
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", nargs="+", type=float, default=[1e7])
     ap.add_argument("--dp", type=int, default=1024)
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results JSON (default results/plan_memory.json)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -139,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         out.append(res)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

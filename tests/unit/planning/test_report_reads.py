@@ -93,3 +93,10 @@ def test_replan_reads_base_report_by_step_range_and_manifest_by_columns(plan_dir
     t = read_manifest(plan_dir, meta, 0, 4, columns=["source", "sample", "offset", "length"])
     assert t.column_names == ["source", "sample", "offset", "length"] and t.num_rows > 0
     assert read_manifest(plan_dir, meta, 0, 4).num_rows == t.num_rows
+
+
+def test_plot_reads_the_heatmap_steps_of_a_many_row_group_ranks_table(plan_dir: Path, tmp_path: Path) -> None:
+    from loomdata.planning import plot_plan
+
+    plot_plan(plan_dir, tmp_path / "plan.png")
+    assert (tmp_path / "plan.png").stat().st_size > 10_000

@@ -362,17 +362,44 @@ def assign_steps(
     res_pos, res_step = [], []
     for s, p in enumerate(pos):
         st_k = _epoch_order(out[offs[s] : offs[s + 1]], starts[s])
-        srt = np.argsort(st_k, kind="stable")  # positions are increasing: stream order within a step
-        if isinstance(p, range):
-            r = srt.astype(_pos_dtype(p.stop))
-            r += p.start
-            res_pos.append(r)
-        else:
-            p_arr = np.asarray(p)
-            res_pos.append(p_arr.astype(_pos_dtype(int(p_arr.max()) + 1 if len(p_arr) else 0), copy=False)[srt])
-        res_step.append(st_k[srt])
-        del srt
+        p_dtype = _pos_dtype(p.stop if isinstance(p, range) else (int(np.max(p)) + 1 if len(p) else 0))
+        r_pos = np.empty(len(st_k), dtype=p_dtype)
+        r_step = np.empty(len(st_k), dtype=st_k.dtype)
+        for a, b in _sorted_pieces(st_k):  # positions are increasing: stream order within a step
+            srt = np.argsort(st_k[a:b], kind="stable")
+            if isinstance(p, range):
+                r_pos[a:b] = srt
+                r_pos[a:b] += p.start + a
+            else:
+                r_pos[a:b] = np.asarray(p[a:b])[srt]
+            r_step[a:b] = st_k[a:b][srt]
+            del srt
+        res_pos.append(r_pos)
+        res_step.append(r_step)
     return StepAssignment(res_pos, res_step)
+
+
+def _sorted_pieces(key: np.ndarray) -> list[tuple[int, int]]:
+    """Pieces [a, b) of `key` that a stable sort orders apart: at each cut every key before is <= every key
+    after (checked at chunk boundaries), so sorting piece by piece is the one stable sort of all (without
+    an 8-byte permutation of all of them)."""
+    n = len(key)
+    bounds = [*range(0, n, CHUNK), n]
+    if n <= CHUNK:
+        return [(0, n)]
+    suffix_min = [0] * len(bounds)
+    lo = np.iinfo(np.int64).max
+    for i in range(len(bounds) - 2, -1, -1):
+        lo = min(lo, int(key[bounds[i] : bounds[i + 1]].min()))
+        suffix_min[i] = lo
+    out, start, hi = [], 0, np.iinfo(np.int64).min
+    for i in range(1, len(bounds) - 1):
+        hi = max(hi, int(key[bounds[i - 1] : bounds[i]].max()))
+        if hi <= suffix_min[i]:
+            out.append((start, bounds[i]))
+            start = bounds[i]
+    out.append((start, n))
+    return out
 
 
 def _step_sums(

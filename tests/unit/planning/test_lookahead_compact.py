@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -69,3 +70,19 @@ def test_natural_ranges_assign_as_natural_position_arrays(
         )
         > 0
     )  # the look-ahead moved some
+
+
+def test_sorted_pieces_sort_as_one_stable_sort() -> None:
+    from loomdata.planning._lookahead import CHUNK, _sorted_pieces
+
+    rng = np.random.default_rng(2)
+    n = 3 * CHUNK + 17
+    key = (np.arange(n) // 50).astype(np.int32)  # steps of 50 segments, in order
+    moved = rng.integers(0, n, 400)
+    key[moved] += rng.integers(-3, 4, 400).astype(np.int32)  # local moves, as the look-ahead makes
+    key[CHUNK + 5] = key[-1] + 1  # one far move: no cut between it and the end
+    pieces = _sorted_pieces(key)
+    assert pieces[0][0] == 0 and pieces[-1][1] == n and 2 <= len(pieces) < 4
+    assert all(b == c for (_, b), (c, _) in itertools.pairwise(pieces))
+    got = np.concatenate([a + np.argsort(key[a:b], kind="stable") for a, b in pieces])
+    np.testing.assert_array_equal(got, np.argsort(key, kind="stable"))

@@ -365,14 +365,14 @@ def assign_steps(
         p_dtype = _pos_dtype(p.stop if isinstance(p, range) else (int(np.max(p)) + 1 if len(p) else 0))
         r_pos = np.empty(len(st_k), dtype=p_dtype)
         r_step = np.empty(len(st_k), dtype=st_k.dtype)
-        for a, b in _sorted_pieces(st_k):  # positions are increasing: stream order within a step
-            srt = np.argsort(st_k[a:b], kind="stable")
+        for i0, i1 in _sorted_pieces(st_k):  # positions are increasing: stream order within a step
+            srt = np.argsort(st_k[i0:i1], kind="stable")
             if isinstance(p, range):
-                r_pos[a:b] = srt
-                r_pos[a:b] += p.start + a
+                r_pos[i0:i1] = srt
+                r_pos[i0:i1] += p.start + i0
             else:
-                r_pos[a:b] = np.asarray(p[a:b])[srt]
-            r_step[a:b] = st_k[a:b][srt]
+                r_pos[i0:i1] = np.asarray(p[i0:i1])[srt]
+            r_step[i0:i1] = st_k[i0:i1][srt]
             del srt
         res_pos.append(r_pos)
         res_step.append(r_step)

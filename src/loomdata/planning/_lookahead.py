@@ -82,8 +82,9 @@ class StepAssignment:
 
     def range(self, k: int, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray]:
         """(positions, steps) of source k assigned to steps t0..t1-1, step-major then stream order."""
-        a, b = np.searchsorted(self.step[k], [t0, t1])
-        return self.pos[k][a:b], self.step[k][a:b]
+        st = self.step[k]  # needles of its own dtype: NumPy would search an int64 copy of all of it otherwise
+        a, b = np.searchsorted(st, np.array([t0, t1], dtype=st.dtype))
+        return self.pos[k][a:b], st[a:b]
 
 
 CHUNK = 1 << 18
@@ -187,7 +188,7 @@ class _Order:
             parts = []
             for s in range(len(offs) - 1):
                 r = raw[offs[s] : offs[s + 1]]
-                i, j = np.searchsorted(r, [a, b])
+                i, j = np.searchsorted(r, np.array([a, b], dtype=r.dtype))
                 if j > i:
                     parts.append(np.arange(offs[s] + i, offs[s] + j, dtype=np.int64))
             if parts:
@@ -299,7 +300,7 @@ def assign_steps(
     c = np.cumsum(np.bincount(nt[hi_idx], minlength=n))
     a = (c + dpt // 2) // dpt * dpt
     # no heavy segment later than K steps after its natural step (also those a re-plan's base deferred)
-    lo = np.searchsorted(raw[hi_idx], np.arange(n) - k, side="right")
+    lo = np.searchsorted(raw[hi_idx], (np.arange(n) - k).astype(raw.dtype), side="right")
     hi = c[np.minimum(np.arange(n) + k, n - 1)]
     a = np.clip(a, lo, hi)
     hc = np.zeros(len(hi_idx) + 1, dtype=np.int64)

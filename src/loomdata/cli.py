@@ -157,7 +157,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from loomdata.planning import plan_report, plot_plan
 
-    report = plan_report(Path(args.plan_dir))
+    steps = None
+    if args.steps:
+        first, _, last = args.steps.partition(":")
+        try:
+            steps = (int(first), int(last or first))
+        except ValueError:
+            raise SystemExit(f"loom inspect: --steps wants FIRST:LAST (inclusive), got {args.steps!r}") from None
+    report = plan_report(Path(args.plan_dir), steps)
     if args.plot:
         plot_plan(Path(args.plan_dir), Path(args.plot))
     if args.json:
@@ -350,6 +357,9 @@ def _parser() -> argparse.ArgumentParser:
     ins = add("inspect", _cmd_inspect, "report on a stored plan (imbalance vs baseline, mixture)")
     ins.add_argument("plan_dir")
     ins.add_argument("--plot", default=None, metavar="OUT.png")
+    ins.add_argument(
+        "--steps", default=None, metavar="FIRST:LAST", help="also figures of these steps (read by step range)"
+    )
 
     cal = add(
         "calibrate",

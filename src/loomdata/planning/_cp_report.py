@@ -31,21 +31,28 @@ def cp_figures(plan_dir: Path, meta: PlanMeta) -> dict[str, Any] | None:
     cp = meta.long_cp_size
     if meta.long_seq_len is None or cp <= 1:
         return None
-    t = read_manifest(plan_dir, meta)
-    t = t.filter(pc.equal(t.column("lane"), 1)).select(["step", "dp_rank", "micro_batch", "length"])
-    cols = [t.column(c).to_numpy().astype(np.int64) for c in ("step", "dp_rank", "micro_batch")]
-    length = t.column("length").to_numpy().astype(np.int64)
-    if not len(length):
-        return {"cp_size": cp, "sequences": 0, "imbalance": _dist(np.zeros(0)), "time_ratio": 1.0}
-    new = np.r_[True, (np.diff(cols[0]) != 0) | (np.diff(cols[1]) != 0) | (np.diff(cols[2]) != 0)]
-    seq = np.cumsum(new) - 1  # one long sequence per (step, dp_rank, micro_batch) slot
-    costs = cp_rank_costs(length, seq, meta.long_seq_len, cp, meta.parameters.cost)
-    worst = costs.max(axis=1).sum()
-    even = costs.sum() / cp
+    worst = even = 0.0
+    imb: list[np.ndarray] = []
+    for f in meta.manifest:  # a partition at a time (sequences never span one), four columns
+        t = read_manifest(
+            plan_dir, meta, f.first_step, f.last_step, columns=["step", "dp_rank", "micro_batch", "lane", "length"]
+        )
+        t = t.filter(pc.equal(t.column("lane"), 1))
+        cols = [t.column(c).to_numpy().astype(np.int64) for c in ("step", "dp_rank", "micro_batch")]
+        length = t.column("length").to_numpy().astype(np.int64)
+        if not len(length):
+            continue
+        new = np.r_[True, (np.diff(cols[0]) != 0) | (np.diff(cols[1]) != 0) | (np.diff(cols[2]) != 0)]
+        seq = np.cumsum(new) - 1  # one long sequence per (step, dp_rank, micro_batch) slot
+        costs = cp_rank_costs(length, seq, meta.long_seq_len, cp, meta.parameters.cost)
+        worst += float(costs.max(axis=1).sum())
+        even += float(costs.sum()) / cp
+        imb.append(cp_imbalance(costs))
+    x = np.concatenate(imb) if imb else np.zeros(0)
     return {
         "cp_size": cp,
-        "sequences": len(costs),
-        "imbalance": _dist(cp_imbalance(costs)),
+        "sequences": len(x),
+        "imbalance": _dist(x),
         "time_ratio": float(worst / even) if even > 0 else 1.0,
     }
 

@@ -28,14 +28,21 @@ before t0 (still moved at most K from them) and the base's short tokens (`planne
 make_plan keeps membership as drawn for mixes with image samples (unsplittable: the balancer needs the
 steps' spare room).
 The result is an assigned step per stream position; a step's segments of one source are no longer one
-contiguous range, so StepItems gathers them through `StepAssignment` (same column layout). Every position
+contiguous range, so StepItems gathers them through `StepAssignment` (same column layout).
+Memory (bounded per segment, no int64 array over all segments): a fresh plan's positions are ranges and their
+natural steps come from the pointers chunk by chunk; the pass keeps int32 steps, uint32 lengths and a few
+one-byte flags per segment, the natural order is merged from the sources a chunk of steps at a time (no
+permutation of all segments), the lights' cumulative tokens are block sums (_Cum, ~4 bytes a light); the
+streams' counts are dropped once the lengths are read (`drop_counts`). The result keeps uint32 positions
+and int32 steps (8 bytes a segment). Every position
 drawn for the planned steps gets exactly one step (the property tests check all positions).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
@@ -54,16 +61,17 @@ PIN_WINDOWS = 4
 """A source whose epoch lasts fewer than PIN_WINDOWS * (K + 1) steps (at its mean tokens a step) is not moved:
 its documents would come back within the reach of a move (an epoch's tokens are all planned before they repeat)."""
 
-__all__ = ["StepAssignment", "assign_steps", "natural_positions", "segments_at"]
+__all__ = ["StepAssignment", "assign_steps", "natural_positions", "natural_ranges", "segments_at"]
 
 
 @dataclass(frozen=True, slots=True)
 class StepAssignment:
     """Per source, the stream positions of the planned steps sorted by assigned step (stream order within a
-    step) and those steps: step t's segments of source k are pos[k][searchsorted(step[k], [t, t+1])]."""
+    step) and those steps: step t's segments of source k are pos[k][searchsorted(step[k], [t, t+1])].
+    Stored compactly (uint32 positions where a stream has fewer than 2^32 segments, int32 steps)."""
 
-    pos: list[np.ndarray]  # int64 stream positions
-    step: list[np.ndarray]  # int64 assigned steps, non-decreasing
+    pos: list[np.ndarray]  # uint32/int64 stream positions
+    step: list[np.ndarray]  # int32 assigned steps, non-decreasing
 
     def counts(self, steps: int) -> np.ndarray:
         """(steps,) int64 segments assigned to each step, all sources together."""
@@ -74,18 +82,59 @@ class StepAssignment:
 
     def range(self, k: int, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray]:
         """(positions, steps) of source k assigned to steps t0..t1-1, step-major then stream order."""
-        a, b = np.searchsorted(self.step[k], [t0, t1])
-        return self.pos[k][a:b], self.step[k][a:b]
+        st = self.step[k]  # needles of its own dtype: NumPy would search an int64 copy of all of it otherwise
+        a, b = np.searchsorted(st, np.array([t0, t1], dtype=st.dtype))
+        return self.pos[k][a:b], st[a:b]
+
+
+CHUNK = 1 << 18
+"""Segments handled at once where a pass over all drawn segments needs per-segment temporaries (a few
+dozen bytes each: about 10 MB at a time)."""
+
+
+def _pos_dtype(n: int) -> type[np.unsignedinteger] | type[np.signedinteger]:
+    return np.uint32 if n < 2**32 else np.int64
 
 
 def natural_positions(ptr: np.ndarray, t0: int, t1: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per source, the stream positions drawn for steps t0..t1-1 and the natural step of each."""
+    """Per source, the stream positions drawn for steps t0..t1-1 (uint32 where they fit) and the natural
+    step of each (int32), computed a chunk at a time (no int64 array over all positions)."""
     pos, nat = [], []
+    col_dtype = np.int32 if ptr.shape[0] < 2**31 else np.int64
     for k in range(ptr.shape[1]):
-        p = np.arange(int(ptr[t0, k]), int(ptr[t1, k]), dtype=np.int64)
+        a, b = int(ptr[t0, k]), int(ptr[t1, k])
+        p = np.arange(a, b, dtype=_pos_dtype(b))
+        nt = np.empty(b - a, dtype=col_dtype)
+        for i in range(0, b - a, CHUNK):
+            j = min(b - a, i + CHUNK)
+            nt[i:j] = np.searchsorted(ptr[:, k], p[i:j], side="right") - 1
         pos.append(p)
-        nat.append(np.searchsorted(ptr[:, k], p, side="right").astype(np.int64) - 1)
+        nat.append(nt)
     return pos, nat
+
+
+def natural_ranges(ptr: np.ndarray, t0: int, t1: int) -> list[range]:
+    """Per source, the stream positions drawn for steps t0..t1-1 as a range (natural steps come from `ptr`
+    inside assign_steps: nothing is stored per position)."""
+    return [range(int(ptr[t0, k]), int(ptr[t1, k])) for k in range(ptr.shape[1])]
+
+
+Positions = np.ndarray | range
+"""One source's stream positions: an array, or a range (a fresh plan's natural positions)."""
+
+
+def _arr(p: Positions, dtype: type[np.integer] | None = None) -> np.ndarray:
+    """The positions as an array (a range is materialised: only where an array is unavoidable)."""
+    if isinstance(p, range):
+        return np.arange(p.start, p.stop, dtype=dtype or _pos_dtype(p.stop))
+    return np.asarray(p) if dtype is None else np.asarray(p, dtype=dtype)
+
+
+def _search(p: Positions, q: np.ndarray) -> np.ndarray:
+    """searchsorted(p, q, side="left") over increasing positions (arithmetic for a range)."""
+    if isinstance(p, range):
+        return np.clip(np.asarray(q, dtype=np.int64) - p.start, 0, len(p))
+    return np.searchsorted(p, q, side="left")
 
 
 def segments_at(
@@ -104,10 +153,66 @@ def segments_at(
     return doc, offset, length, lanes.lane_of(dl)
 
 
+class _Order:
+    """The drawn segments of all sources (concatenated source after source) in natural order: natural step,
+    then source, then stream position; handed out a chunk of global indices at a time. Where every source's
+    positions increase and natural steps do not decrease (as drawn), a chunk of steps is merged from the
+    sources' slices (no permutation of all segments is stored); otherwise one lexsort of all of them."""
+
+    def __init__(self, pos: Sequence[Positions], raw: np.ndarray, offs: np.ndarray, n: int) -> None:
+        self.raw, self.offs, self.n = raw, offs, n
+        sorted_ = all(
+            _nondecreasing(raw[offs[s] : offs[s + 1]]) and (isinstance(p, range) or _increasing(np.asarray(p)))
+            for s, p in enumerate(pos)
+        )
+        self.full: np.ndarray | None = None
+        if not sorted_:
+            src = np.repeat(np.arange(len(pos), dtype=np.int64), np.diff(offs))
+            flat_pos = np.concatenate([_arr(p, np.int64) for p in pos])
+            self.full = np.lexsort((flat_pos, src, raw))
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """Global indices in natural order, chunk after chunk."""
+        if self.full is not None:
+            for a in range(0, len(self.full), CHUNK):
+                yield self.full[a : a + CHUNK]
+            return
+        raw, offs = self.raw, self.offs
+        if len(raw) == 0:
+            return
+        lo_step, hi_step = int(raw.min()), int(raw.max()) + 1
+        per_step = max(1, len(raw) // max(hi_step - lo_step, 1))
+        width = max(1, CHUNK // per_step)
+        for a in range(lo_step, hi_step, width):
+            b = a + width
+            parts = []
+            for s in range(len(offs) - 1):
+                r = raw[offs[s] : offs[s + 1]]
+                i, j = np.searchsorted(r, np.array([a, b], dtype=r.dtype))
+                if j > i:
+                    parts.append(np.arange(offs[s] + i, offs[s] + j, dtype=np.int64))
+            if parts:
+                idx = np.concatenate(parts)
+                yield idx[np.argsort(raw[idx], kind="stable")]
+
+
+def _nondecreasing(a: np.ndarray) -> bool:
+    return all(bool((a[i + 1 : j + 1] >= a[i:j]).all()) for i, j in _pairs(len(a)))
+
+
+def _increasing(a: np.ndarray) -> bool:
+    return all(bool((a[i + 1 : j + 1] > a[i:j]).all()) for i, j in _pairs(len(a)))
+
+
+def _pairs(n: int) -> list[tuple[int, int]]:
+    """Chunks [i, j) of the n - 1 neighbour pairs (i, i+1) of an array of n entries."""
+    return [(i, min(n - 1, i + CHUNK)) for i in range(0, max(n - 1, 0), CHUNK)]
+
+
 def assign_steps(
-    pos: Sequence[np.ndarray],
-    nat: Sequence[np.ndarray],
-    streams: Sequence[Stream],
+    pos: Sequence[Positions],
+    nat: Sequence[np.ndarray] | None,
+    streams: list[Stream],
     lanes: Lanes,
     slots: np.ndarray,
     dp: np.ndarray,
@@ -117,60 +222,90 @@ def assign_steps(
     *,
     final: bool = True,
     planned_before: int = 0,
+    ptr: np.ndarray | None = None,
+    drop_counts: bool = False,
 ) -> StepAssignment:
     """Assigned steps (t0..t1-1) of the positions `pos` of every source, natural steps `nat` (counted clipped
     into t0..t1-1; one before t0, which a re-plan's base deferred, still moves at most K steps from it).
     `slots`/`dp` are per step (indexed by absolute step); streams must still hold their counts.
     `final`: t1-1 is the plan's last step, which takes every heavy segment left (else the window is a
     prefix of a longer plan). `planned_before`: short-lane tokens planned before t0 (a re-plan's base steps),
-    part of the prefix the mixture tolerance is a share of."""
+    part of the prefix the mixture tolerance is a share of. `nat` None: the natural steps of the positions
+    from the membership pointers `ptr` (a fresh plan; `pos` may then be ranges, natural_ranges).
+    `drop_counts`: once the per-segment lengths are read, `streams[k]` is replaced by its `without_counts()`
+    (frees the caller's cumulative counts while the rest runs, when the caller holds no other reference).
+
+    Memory: a few bytes a drawn segment (int32 steps, uint32 lengths, one byte of flags, the lights' lengths
+    and int64 cumulative tokens in natural order); per-segment temporaries are made a chunk at a time."""
     n = t1 - t0
     seq = lanes.seq_len
-    src_parts, nat_parts, len_parts, long_parts, edge_parts = [], [], [], [], []
-    for s, (p, nt) in enumerate(zip(pos, nat, strict=True)):
+    n_src = len(pos)
+    offs = np.zeros(n_src + 1, dtype=np.int64)
+    offs[1:] = np.cumsum([len(p) for p in pos])
+    total = int(offs[-1])
+    step_dtype = np.int32 if t1 < 2**31 else np.int64
+    raw = np.empty(total, dtype=step_dtype)  # window-relative natural steps, < 0 for what a re-plan's base deferred
+    length = np.empty(total, dtype=np.uint32)
+    is_long = np.zeros(total, dtype=bool)
+    edge = np.zeros(total, dtype=bool)
+    drawn = np.zeros(n_src, dtype=np.float64)  # tokens of each source in the window
+    if nat is None and ptr is None:
+        raise ValueError("assign_steps needs the natural steps `nat` or the membership pointers `ptr`")
+    starts: list[np.ndarray] = []  # per source, where in its positions a new epoch begins (_epoch_starts)
+    for s, p in enumerate(pos):
         st = streams[s]
-        src_parts.append(np.full(len(p), s, dtype=np.int64))
-        nat_parts.append(np.asarray(nt, dtype=np.int64) - t0)
-        len_parts.append(st.cum[p + 1] - st.cum[p])
-        long_parts.append(
-            np.zeros(len(p), dtype=bool) if st.cum_long is None else (st.cum_long[p + 1] - st.cum_long[p]) > 0
-        )
-        edge_parts.append(_near_epoch_start(np.asarray(p, dtype=np.int64), nat_parts[-1], st, k + 1))
-    src = np.concatenate(src_parts)
-    raw = np.concatenate(nat_parts)  # window-relative natural steps, < 0 for what a re-plan's base deferred
-    nt = np.clip(raw, 0, n - 1)
-    length = np.concatenate(len_parts)
-    is_long = np.concatenate(long_parts)
-    flat_pos = np.concatenate([np.asarray(p, dtype=np.int64) for p in pos])
-    out = nt.copy()  # long-lane segments and those of short-epoch sources keep their natural step
+        o = int(offs[s])
+        for i0 in range(0, len(p), CHUNK):
+            i1 = min(len(p), i0 + CHUNK)
+            q = _arr(p[i0:i1], np.int64)
+            if nat is None and ptr is not None:
+                raw[o + i0 : o + i1] = np.searchsorted(ptr[:, s], q, side="right") - 1 - t0
+            elif nat is not None:
+                raw[o + i0 : o + i1] = np.asarray(nat[s][i0:i1]) - t0
+            length[o + i0 : o + i1] = st.cum[q + 1] - st.cum[q]
+            if st.cum_long is not None:
+                is_long[o + i0 : o + i1] = (st.cum_long[q + 1] - st.cum_long[q]) > 0
+        drawn[s] = float(length[o : o + len(p)].sum(dtype=np.int64))
+        starts.append(_epoch_starts(p, st))
+        _near_epoch_start(starts[-1], raw[o : o + len(p)], k + 1, edge[o : o + len(p)])
+    if drop_counts:
+        for s in range(n_src):
+            streams[s] = streams[s].without_counts()
+    clipped = total and (int(raw.min()) < 0 or int(raw.max()) > n - 1)
+    nt = np.clip(raw, 0, n - 1) if clipped else raw
     sl = slots[t0:t1].astype(np.int64)
     dpt = dp[t0:t1].astype(np.int64)
     tall = length > HEAVY_SHARE * seq
     # a source whose epoch is shorter than a few windows of steps repeats documents within reach of a move:
     # its segments stay where membership drew them (they still take their room in the step)
-    drawn = np.bincount(src, weights=length, minlength=len(streams))  # tokens of each source in the window
     epochs = np.array([st.epoch_tokens for st in streams], dtype=np.float64)
     short_epoch = epochs * n < PIN_WINDOWS * (k + 1) * drawn  # its epoch lasts fewer steps than that
     # and segments drawn within K + 1 steps of their source's epoch start stay too: no move crosses an epoch
-    pinned = ~is_long & (short_epoch[src] | np.concatenate(edge_parts)) if n else np.zeros(0, dtype=bool)
-    n_long = np.bincount(nt[is_long], minlength=n) + np.bincount(nt[pinned & tall], minlength=n)
+    pinned = edge
+    if n:
+        for j in np.flatnonzero(short_epoch).tolist():
+            pinned[offs[j] : offs[j + 1]] = True
+        pinned &= ~is_long
+    else:
+        pinned[:] = False
+    del edge
+    n_long = _step_sums(nt, n, [is_long]) + _step_sums(nt, n, [pinned, tall])
     cap_h = np.maximum(sl - n_long, 0)  # sequences left for the moving short segments
-    pinned_light = np.bincount(nt[pinned & ~tall], weights=length[pinned & ~tall], minlength=n).astype(np.int64)
-
-    heavy = ~is_long & ~pinned & tall
-    hi_idx = np.flatnonzero(heavy)
-    hi_idx = hi_idx[np.lexsort((flat_pos[hi_idx], src[hi_idx], raw[hi_idx]))]
+    pinned_light = _step_sums(nt, n, [pinned], [tall], length)
+    short_tok = _step_sums(nt, n, [], [is_long], length).astype(np.float64)
+    moving = ~is_long & ~pinned  # heavy when tall, light otherwise
+    del is_long, pinned
+    order = _Order(pos, raw, offs, n)
+    hi_idx = np.concatenate([c[tall[c] & moving[c]] for c in order.chunks()] or [np.zeros(0, dtype=np.int64)])
     c = np.cumsum(np.bincount(nt[hi_idx], minlength=n))
     a = (c + dpt // 2) // dpt * dpt
     # no heavy segment later than K steps after its natural step (also those a re-plan's base deferred)
-    lo = np.searchsorted(raw[hi_idx], np.arange(n) - k, side="right")
+    lo = np.searchsorted(raw[hi_idx], (np.arange(n) - k).astype(raw.dtype), side="right")
     hi = c[np.minimum(np.arange(n) + k, n - 1)]
     a = np.clip(a, lo, hi)
     hc = np.zeros(len(hi_idx) + 1, dtype=np.int64)
     np.cumsum(length[hi_idx], out=hc[1:])
-    slack = MIXTURE_TOLERANCE * (
-        planned_before + np.cumsum(np.bincount(nt[~is_long], weights=length[~is_long], minlength=n))
-    )
+    slack = MIXTURE_TOLERANCE * (planned_before + np.cumsum(short_tok))
     h_nat = hc[c]
     a = np.clip(
         a, np.searchsorted(hc, h_nat - slack, side="left"), np.searchsorted(hc, h_nat + slack, side="right") - 1
@@ -186,79 +321,218 @@ def assign_steps(
         a = np.maximum(a, c[-1] - (capc[-1] - capc))
         a[-1] = c[-1]
     h_step = np.searchsorted(a, np.arange(len(hi_idx)), side="right")
-    out[hi_idx] = h_step
     h_nat_tok = np.bincount(nt[hi_idx], weights=length[hi_idx], minlength=n).astype(np.int64)
     h_asg_tok = np.bincount(np.minimum(h_step, n - 1), weights=length[hi_idx], minlength=n).astype(np.int64)
 
-    li_idx = np.flatnonzero(~heavy & ~is_long & ~pinned)
-    li_idx = li_idx[np.lexsort((flat_pos[li_idx], src[li_idx], raw[li_idx]))]
-    l_len = length[li_idx]
-    lc = np.zeros(len(li_idx) + 1, dtype=np.int64)
-    np.cumsum(l_len, out=lc[1:])
-    l_nat = np.bincount(nt[li_idx], weights=l_len, minlength=n).astype(np.int64)
+    light = moving & ~tall
+    del moving, tall
+    n_light = int(light.sum())
+    l_len = np.empty(n_light, dtype=np.uint32)  # the lights' lengths in natural order
+    l_nat = np.zeros(n, dtype=np.int64)
+    at = 0
+    for ch in order.chunks():
+        li = ch[light[ch]]
+        ln = length[li]
+        l_len[at : at + len(li)] = ln
+        l_nat += np.bincount(nt[li], weights=ln, minlength=n).astype(np.int64)
+        at += len(li)
+    del length
+    lc = _Cum(l_len)  # cumulative light tokens in natural order
+    del l_len
     room = np.cumsum(l_nat + h_nat_tok - h_asg_tok)
-    cnt = np.maximum.accumulate(np.maximum(np.searchsorted(lc, room, side="right") - 1, 0))
+    cnt = np.maximum.accumulate(np.maximum(lc.searchsorted(room, "right") - 1, 0))
     if final and n:
-        cnt[-1] = len(li_idx)
+        cnt[-1] = n_light
     light_room = cap_h * seq - h_asg_tok - pinned_light
     _fit_lights(cnt, lc, light_room)
     if final and n:
         _fit_end(cnt, lc, light_room)
-    out[li_idx] = np.searchsorted(cnt, np.arange(len(li_idx)), side="right")
-    out = np.minimum(out, n - 1) + t0  # what no step took (a prefix window) is left at its end
+    del lc
+    out = nt.copy()  # long-lane segments and those of short-epoch sources keep their natural step
+    out[hi_idx] = h_step  # (made only now: the per-segment steps are not held while the lights are poured)
+    del hi_idx, h_step
+    at = 0
+    for ch in order.chunks():
+        li = ch[light[ch]]
+        out[li] = np.searchsorted(cnt, np.arange(at, at + len(li)), side="right")
+        at += len(li)
+    del light, raw, nt, order
+    np.minimum(out, n - 1, out=out)
+    out += t0  # what no step took (a prefix window) is left at its end
 
     res_pos, res_step = [], []
-    at = 0
     for s, p in enumerate(pos):
-        st_k = _epoch_order(out[at : at + len(p)], np.asarray(p, dtype=np.int64), streams[s])
-        order = np.argsort(st_k, kind="stable")  # positions are increasing: stream order within a step
-        res_pos.append(np.asarray(p, dtype=np.int64)[order])
-        res_step.append(st_k[order])
-        at += len(p)
+        st_k = _epoch_order(out[offs[s] : offs[s + 1]], starts[s])
+        p_dtype = _pos_dtype(p.stop if isinstance(p, range) else (int(np.max(p)) + 1 if len(p) else 0))
+        r_pos = np.empty(len(st_k), dtype=p_dtype)
+        r_step = np.empty(len(st_k), dtype=st_k.dtype)
+        for i0, i1 in _sorted_pieces(st_k):  # positions are increasing: stream order within a step
+            srt = np.argsort(st_k[i0:i1], kind="stable")
+            if isinstance(p, range):
+                r_pos[i0:i1] = srt
+                r_pos[i0:i1] += p.start + i0
+            else:
+                r_pos[i0:i1] = np.asarray(p[i0:i1])[srt]
+            r_step[i0:i1] = st_k[i0:i1][srt]
+            del srt
+        res_pos.append(r_pos)
+        res_step.append(r_step)
     return StepAssignment(res_pos, res_step)
 
 
-def _near_epoch_start(pos: np.ndarray, nat: np.ndarray, st: Stream, reach: int) -> np.ndarray:
-    """Whether each position (increasing, natural steps `nat`) of one source is drawn within `reach` steps of
-    a step where the source starts a new epoch."""
-    if len(pos) == 0 or st.epoch_tokens <= 0:
-        return np.zeros(len(pos), dtype=bool)
-    epoch = st.cum[pos] // st.epoch_tokens
-    starts = nat[np.flatnonzero(np.diff(epoch) > 0) + 1]  # natural steps of each new epoch's first position
-    if len(starts) == 0:
-        return np.zeros(len(pos), dtype=bool)
-    i = np.searchsorted(starts, nat)
-    after = np.abs(starts[np.minimum(i, len(starts) - 1)] - nat)
-    before = np.abs(starts[np.maximum(i - 1, 0)] - nat)
-    return np.minimum(after, before) <= reach
+def _sorted_pieces(key: np.ndarray) -> list[tuple[int, int]]:
+    """Pieces [a, b) of `key` that a stable sort orders apart: at each cut every key before is <= every key
+    after (checked at chunk boundaries), so sorting piece by piece is the one stable sort of all (without
+    an 8-byte permutation of all of them)."""
+    n = len(key)
+    bounds = [*range(0, n, CHUNK), n]
+    if n <= CHUNK:
+        return [(0, n)]
+    suffix_min = [0] * len(bounds)
+    lo = np.iinfo(np.int64).max
+    for i in range(len(bounds) - 2, -1, -1):
+        lo = min(lo, int(key[bounds[i] : bounds[i + 1]].min()))
+        suffix_min[i] = lo
+    out, start, hi = [], 0, np.iinfo(np.int64).min
+    for i in range(1, len(bounds) - 1):
+        hi = max(hi, int(key[bounds[i - 1] : bounds[i]].max()))
+        if hi <= suffix_min[i]:
+            out.append((start, bounds[i]))
+            start = bounds[i]
+    out.append((start, n))
+    return out
 
 
-def _epoch_order(step: np.ndarray, pos: np.ndarray, st: Stream) -> np.ndarray:
-    """`step` of one source's positions `pos` (increasing) with no segment after a segment of a later epoch:
-    one the look-ahead left behind the next epoch's first step comes back to it (few: the segments moved
-    across the boundary), so every epoch's tokens are all planned before the next repeats one."""
-    if len(pos) == 0 or st.epoch_tokens <= 0:
+def _step_sums(
+    nt: np.ndarray,
+    n: int,
+    keep: Sequence[np.ndarray],
+    drop: Sequence[np.ndarray] = (),
+    weights: np.ndarray | None = None,
+) -> np.ndarray:
+    """(n,) int64 per step of `nt`: the count (or the sum of integer `weights`) of the segments where every
+    `keep` mask is set and no `drop` mask is, a chunk at a time (exactly a float bincount's integer sums)."""
+    out = np.zeros(n, dtype=np.int64)
+    for a in range(0, len(nt), CHUNK):
+        b = a + CHUNK
+        m = np.ones(min(len(nt), b) - a, dtype=bool)
+        for x in keep:
+            m &= x[a:b]
+        for x in drop:
+            m &= ~x[a:b]
+        w = None if weights is None else weights[a:b][m]
+        out += np.bincount(nt[a:b][m], weights=w, minlength=n).astype(np.int64)
+    return out
+
+
+def _epoch_starts(p: Positions, st: Stream) -> np.ndarray:
+    """Indices i into the positions `p` (increasing) where a new epoch of the stream begins (p[i-1] is in an
+    earlier epoch than p[i]), from the epochs' first stream positions (no per-position epoch array)."""
+    if len(p) < 2 or st.epoch_tokens <= 0:
+        return np.zeros(0, dtype=np.int64)
+    last = int(st.cum[int(p[-1])]) // st.epoch_tokens
+    first = int(st.cum[int(p[0])]) // st.epoch_tokens
+    if last == first:
+        return np.zeros(0, dtype=np.int64)
+    # the first stream position of epoch e: cum[q] >= e * epoch_tokens
+    q = np.searchsorted(st.cum, np.arange(first + 1, last + 1, dtype=np.int64) * st.epoch_tokens, side="left")
+    return np.unique(_search(p, q))
+
+
+def _near_epoch_start(at: np.ndarray, nat: np.ndarray, reach: int, out: np.ndarray) -> None:
+    """Set `out` where each position (increasing, natural steps `nat`) of one source is drawn within `reach`
+    steps of a step where the source starts a new epoch (`at`: where in the positions epochs begin)."""
+    if len(at) == 0:
+        return
+    starts = nat[at]  # natural steps of each new epoch's first position
+    for a in range(0, len(nat), CHUNK):
+        nt = nat[a : a + CHUNK]
+        i = np.searchsorted(starts, nt)
+        after = np.abs(starts[np.minimum(i, len(starts) - 1)] - nt)
+        before = np.abs(starts[np.maximum(i - 1, 0)] - nt)
+        out[a : a + CHUNK] = np.minimum(after, before) <= reach
+
+
+def _epoch_order(step: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """`step` of one source's positions (increasing; a new epoch begins at each index of `at`) with no segment
+    after a segment of a later epoch: one the look-ahead left behind the next epoch's first step comes back to
+    it (few: the segments moved across the boundary), so every epoch's tokens are all planned before the next
+    repeats one."""
+    if len(at) == 0:
         return step
-    epoch = st.cum[pos] // st.epoch_tokens  # non-decreasing: positions are in stream order
-    if epoch[0] == epoch[-1]:
-        return step
-    after = np.searchsorted(epoch, epoch, side="right")  # where the next epoch starts
     later = np.minimum.accumulate(step[::-1])[::-1]  # the earliest step from each position on
-    cap = np.where(after < len(step), later[np.minimum(after, len(step) - 1)], step)
-    return np.minimum(step, cap)
+    out = step.copy()
+    bounds = [0, *at.tolist()]
+    for e in range(len(bounds) - 1):  # positions of epoch e are capped by the earliest step of the next ones
+        np.minimum(out[bounds[e] : bounds[e + 1]], later[bounds[e + 1]], out=out[bounds[e] : bounds[e + 1]])
+    return out
 
 
-def _fit_end(cnt: np.ndarray, lc: np.ndarray, room: np.ndarray) -> None:
+class _Cum:
+    """The cumulative sums c[0..L] (c[0] = 0) of L uint32 lengths, stored as the lengths and every 64th sum
+    (4.1 bytes an entry instead of 8): c[i] and searchsorted(c, v) read one block of 64 lengths each."""
+
+    B = 64
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        full = len(lengths) // self.B * self.B
+        self.pre = np.zeros(len(lengths) // self.B + 1, dtype=np.int64)  # pre[j] = c[64 j]
+        if full:
+            np.cumsum(np.add.reduceat(lengths[:full], np.arange(0, full, self.B), dtype=np.int64), out=self.pre[1:])
+        pad = np.zeros(len(self.pre) * self.B, dtype=np.uint32)  # lengths padded to whole blocks (a copy:
+        pad[: len(lengths)] = lengths  # the caller frees its own)
+        self.pad = pad.reshape(-1, self.B)
+        self.len = pad[: len(lengths)]
+
+    def _rows(self, j: np.ndarray) -> np.ndarray:
+        """(len(j), 64) c values at block j's entries: c[64 j + r] for r < 64."""
+        rows = np.cumsum(self.pad[j], axis=1, dtype=np.int64)
+        out = np.empty_like(rows)
+        out[:, 0] = 0
+        out[:, 1:] = rows[:, :-1]
+        out += self.pre[j][:, None]
+        return out
+
+    def __getitem__(self, i: int | np.ndarray) -> Any:
+        """c[i] for an index or an array of them (0 <= i <= L)."""
+        if isinstance(i, (int, np.integer)):
+            b, r = divmod(int(i), self.B)
+            return int(self.pre[b]) + int(self.len[b * self.B : b * self.B + r].sum(dtype=np.int64))
+        idx = np.asarray(i, dtype=np.int64)
+        out = np.empty(len(idx), dtype=np.int64)
+        for a in range(0, len(idx), 4096):
+            q = idx[a : a + 4096]
+            j = q // self.B
+            out[a : a + 4096] = self._rows(j)[np.arange(len(q)), q - j * self.B]
+        return out
+
+    def searchsorted(self, v: np.ndarray, side: Literal["left", "right"]) -> np.ndarray:
+        """np.searchsorted(c, v, side) for an array of values (c is non-decreasing)."""
+        v = np.asarray(v)
+        n_c = len(self.len) + 1
+        out = np.empty(len(v), dtype=np.int64)
+        for a in range(0, len(v), 4096):
+            x = v[a : a + 4096]
+            nb = np.searchsorted(self.pre, x, side=side)  # block starts below (left) or at most (right) x
+            jb = np.maximum(nb - 1, 0)
+            rows = self._rows(jb)
+            valid = jb[:, None] * self.B + np.arange(self.B) < n_c  # entries that exist (c has L+1)
+            hit = (rows < x[:, None]) if side == "left" else (rows <= x[:, None])
+            out[a : a + 4096] = np.where(nb == 0, 0, jb * self.B + (hit & valid).sum(axis=1))
+        return out
+
+
+def _fit_end(cnt: np.ndarray, lc: _Cum, room: np.ndarray) -> None:
     """Pull the first light segments of a plan's last step back into the step before while its short tokens
     exceed its slots, and so on backwards (in place): nothing is left to carry past the last step."""
     t = len(cnt) - 1
     while t > 0 and lc[cnt[t]] - lc[cnt[t - 1]] > room[t]:
-        j = int(np.searchsorted(lc, lc[cnt[t]] - max(int(room[t]), 0), side="left"))
+        j = int(lc.searchsorted(np.array([lc[int(cnt[t])] - max(int(room[t]), 0)]), "left")[0])
         cnt[t - 1] = min(max(j, int(cnt[t - 1])), int(cnt[t]))
         t -= 1
 
 
-def _fit_lights(cnt: np.ndarray, lc: np.ndarray, room: np.ndarray) -> None:
+def _fit_lights(cnt: np.ndarray, lc: _Cum, room: np.ndarray) -> None:
     """Push the last light segments of a step whose short tokens exceed its slots on to the next step (in place).
 
     Visits only steps that overflow and the steps after a push (a light segment is at most half a sequence,
@@ -273,7 +547,7 @@ def _fit_lights(cnt: np.ndarray, lc: np.ndarray, room: np.ndarray) -> None:
         while dirty and t < n - 1:
             before = int(cnt[t - 1]) if t else 0
             limit = lc[before] + max(int(room[t]), 0)
-            fit = int(np.searchsorted(lc, limit, side="right")) - 1
+            fit = int(lc.searchsorted(np.array([limit]), "right")[0]) - 1
             cnt[t] = max(min(int(cnt[t]), fit), before)
             t += 1
             if cnt[t] < cnt[t - 1]:

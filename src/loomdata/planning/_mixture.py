@@ -135,13 +135,12 @@ def build_stream(
             doc_parts.append(perm)
             at += len(perm)
             continue
-        doc, offset, length = expand_units(perm, lengths, lanes)
+        doc, pieces = _expand(perm, lengths, lanes)
         del perm
-        split = np.flatnonzero((offset > 0) | (length != lengths[doc]))
-        split_parts.append((split + at, offset[split], length[split]))
+        split_parts.append((pieces[0] + at, pieces[1], pieces[2]))
         doc_parts.append(doc)
         at += len(doc)
-        del offset, length
+        del doc
     del docs
     doc = doc_parts[0] if len(doc_parts) == 1 else np.concatenate(doc_parts)
     doc_parts.clear()
@@ -175,6 +174,37 @@ def build_stream(
     return Stream(doc, split_pos, split_off, split_len, cum, cum_short, cum_long, int(lengths.sum(dtype=np.int64)))
 
 
+def _expand(
+    perm: np.ndarray, lengths: np.ndarray, lanes: Lanes
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The segments of documents `perm` (in order) as (doc, (pos, offset, length) of the pieces of split
+    documents), the same as _packing.expand_units keeps of them, a chunk of documents at a time: only the
+    output doc column is allocated in full (no per-document length, count, offset or length column)."""
+    chunk = 1 << 20
+    extra = 0
+    for a in range(0, len(perm), chunk):  # pass 1: how many segments the split documents add
+        dl = lengths[perm[a : a + chunk]]
+        big = dl[dl > lanes.seq_len]
+        if len(big):
+            cap = lanes.capacity(lanes.lane_of(big))
+            extra += int(((big.astype(np.int64) + cap - 1) // cap - 1).sum())
+    if extra == 0:
+        return perm, (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=np.uint32))
+    doc = np.empty(len(perm) + extra, dtype=perm.dtype)
+    pos_parts, off_parts, len_parts = [], [], []
+    at = 0
+    for a in range(0, len(perm), chunk):
+        docs = perm[a : a + chunk]
+        piece, off, seg = expand_units(docs, lengths, lanes)
+        doc[at : at + len(piece)] = piece
+        split = np.flatnonzero((off > 0) | (seg != lengths[piece]))
+        pos_parts.append(split + at)
+        off_parts.append(off[split])
+        len_parts.append(seg[split])
+        at += len(piece)
+    return doc, (np.concatenate(pos_parts), np.concatenate(off_parts), np.concatenate(len_parts))
+
+
 def check_epochs(
     names: Sequence[str], targets: np.ndarray, epoch_tokens: Sequence[int], max_epochs: Sequence[float | None]
 ) -> None:
@@ -203,8 +233,12 @@ def check_epochs(
 
 
 def _nearest(cum: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """For each target x, the prefix length j whose cum[j] is nearest to x (ties go to the shorter prefix)."""
-    j = np.searchsorted(cum, x, side="left")
+    """For each target x, the prefix length j whose cum[j] is nearest to x (ties go to the shorter prefix).
+
+    Float targets are searched as their ceilings (for integer counts c < x exactly when c < ceil(x)): a
+    float needle would make NumPy search a float64 copy of all of cum (8 bytes a segment)."""
+    needle = np.ceil(x).astype(np.int64) if np.issubdtype(np.asarray(x).dtype, np.floating) else x
+    j = np.searchsorted(cum, needle, side="left")
     j = np.minimum(j, len(cum) - 1)
     lower = np.maximum(j - 1, 0)
     take_lower = (j > 0) & ((x - cum[lower]) <= (cum[j] - x))

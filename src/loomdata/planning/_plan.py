@@ -17,10 +17,13 @@ base's rows, later steps continue its streams and in-flight pieces with the spec
 per-step budgets then follow `parameters.shape_schedule`.
 
 Measured (benchmarks/plan_scale.py on this shared 2-core machine, so read them as orders of magnitude;
-results/plan_scale*.json hold the figures): at dp 1024 with 2 sources 0.6-0.85M indexed samples/s and
-33 bytes of peak RSS per sample above the interpreter at 10M samples (the index is read in batches into
-compact arrays); at dp 4 / 8, 1 source, 0.44M / 0.5M samples per CPU-second after the block-level sink
-(was 0.26M / 0.32M; results/plan_scale_block.json), bound by the balancer's NumPy rounds themselves.
+results/plan_scale*.json hold the figures): at dp 1024 with 2 sources 0.6-0.85M indexed samples/s; at
+dp 4 / 8, 1 source, 0.44M / 0.5M samples per CPU-second after the block-level sink (was 0.26M / 0.32M;
+results/plan_scale_block.json), bound by the balancer's NumPy rounds themselves. Peak memory
+(benchmarks/plan_memory.py, results/plan_memory.json, each phase's own peak): the index columns (4 bytes a
+sample: num_tokens; dense ids and zero image columns not stored), the streams (4 bytes a segment, plus 8
+of counts until the look-ahead has read them) and the look-ahead's compact per-segment columns (about 14
+bytes a segment while it runs, 8 kept for balancing).
 """
 
 from __future__ import annotations
@@ -29,18 +32,17 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from loomdata.planning._baselines import BASELINE_DESCRIPTION
 from loomdata.planning._distributed import RANGES_PER_WORKER, Executor, plan_ranges, split_ranges, worker_count
-from loomdata.planning._lookahead import assign_steps, natural_positions
+from loomdata.planning._lookahead import Positions, assign_steps, natural_ranges
 from loomdata.planning._manifest import ManifestWriter, file_bounds
 from loomdata.planning._mixture import Stream, build_stream, check_epochs, membership, step_weights
 from loomdata.planning._packing import Lanes, check_unsplittable
@@ -62,7 +64,7 @@ from loomdata.planning._step import StepSink
 from loomdata.planning.balance import BalanceConfig
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.freshness import require_built_from
-from loomdata.schemas.layout import IndexFiles, read_index
+from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.plan import PLAN_FORMAT_VERSION, PlanMeta, PlanParameters, ResumeInfo, StepShape, read_plan
 from loomdata.schemas.spec import Spec
 from loomdata.schemas.tables import TableKind, check_schema
@@ -184,8 +186,7 @@ def _read_source(workdir: Path, name: str) -> tuple[_Source, str]:
     """One source's index columns, streamed in batches into compact arrays: 4 bytes a sample (num_tokens);
     a dense `sample` column (0..n-1, as `loom index` writes it) and an all-zero `num_image_tokens` are
     checked batch by batch and not stored, so reading costs little more than the arrays kept."""
-    _, _, fp = read_index(workdir, name, columns=[])  # checks the tables' kind, version and schema
-    pf = pq.ParquetFile(IndexFiles.of(workdir, name).samples, memory_map=False, pre_buffer=False)
+    pf, fp = IndexFiles.of(workdir, name).open_samples()  # checks the tables' kind, version and schema, once
     n = pf.metadata.num_rows
     tokens = np.empty(n, dtype=np.uint32)
     sample: np.ndarray | None = None
@@ -297,6 +298,8 @@ def _plan_into(
     )
     if lookahead > 0 or lookahead_replan:
         step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
+        pos: Sequence[Positions]
+        nat: Sequence[np.ndarray] | None
         if base is not None:  # what the base placed before S is excluded, what it drew before S and deferred is in
             pos, nat, carry = base_positions(
                 base,
@@ -307,10 +310,12 @@ def _plan_into(
                 num_images,
                 lanes,
             )
-        else:
-            pos, nat = natural_positions(ptr, start, tr.steps)
-        short_cum = [st.cum if st.cum_short is None else st.cum_short for st in streams]
-        before = sum(int(c[ptr[start, k]]) for k, c in enumerate(short_cum))  # short tokens of steps < start
+        else:  # natural positions as ranges, their steps from ptr: nothing stored per position
+            pos, nat = natural_ranges(ptr, start, tr.steps), None
+        before = sum(  # short tokens of steps < start
+            int((st.cum if st.cum_short is None else st.cum_short)[ptr[start, k]]) for k, st in enumerate(streams)
+        )
+        # the streams' counts are dropped as soon as the look-ahead has read the segment lengths from them
         assignment = assign_steps(
             pos,
             nat,
@@ -322,7 +327,10 @@ def _plan_into(
             start,
             tr.steps,
             planned_before=before,
+            ptr=ptr,
+            drop_counts=True,
         )
+        del pos, nat  # the assignment holds what balancing needs
     streams = [st.without_counts() for st in streams]
     empty = np.flatnonzero(np.asarray(drawn) == 0)
     if len(empty):

@@ -22,7 +22,10 @@ longer uneven micro-batches make the step (pp_time / pp_time_even - 1); with pp_
 The mixture error of step t is |realized cumulative share - target cumulative share| in percentage
 points; the reported worst error is over steps >= 20. With a long lane of cp > 1, `plan_report` adds
 `context_parallel` (planning._cp_report: each long sequence's CP ranks priced in the served layout),
-computed from the manifest when asked, never stored.
+computed from the manifest a partition at a time when asked, never stored. Readers never load a report
+table whole: `plan_report(plan_dir, steps=(first, last))` (`loom inspect --steps FIRST:LAST`) adds
+`step_range` (step_range_figures: the steps table's rows of the range, the ranks table, steps x dp rows, a
+row group at a time), and plot_plan reads the columns it draws and the heatmaps' steps only.
 Shuffle (summary `shuffle`, per source, planning._shuffle.ShuffleFigures): the shuffle mode and blocks,
 `spearman` (rank correlation of storage position and plan position: ~0 is no file-order trend),
 `mean_jump_docs` / `mean_jump_share` (storage distance of consecutive planned documents), and
@@ -50,9 +53,17 @@ import pyarrow as pa
 
 from loomdata.planning._cp_report import cp_figures
 from loomdata.schemas.plan import read_plan
-from loomdata.schemas.tables import TableKind, read_table, write_table
+from loomdata.schemas.tables import ReadCount, TableKind, iter_steps, read_steps, step_span, write_table
 
-__all__ = ["BlockFigures", "PartFigures", "ReportBuilder", "StepFigures", "plan_report", "plot_plan"]
+__all__ = [
+    "BlockFigures",
+    "PartFigures",
+    "ReportBuilder",
+    "StepFigures",
+    "plan_report",
+    "plot_plan",
+    "step_range_figures",
+]
 
 RANK_STEPS = 64  # per-rank costs are kept for this many first steps (the plot's heatmaps)
 MIXTURE_WARMUP = 20  # the worst mixture error is taken over steps from here on
@@ -397,20 +408,72 @@ def mixture_error(
     return err, realized, target
 
 
+def step_table_columns(plan_dir: Path) -> list[str]:
+    """The column names of a plan's report/steps.parquet (from its footer)."""
+    from loomdata.schemas.tables import open_table
+
+    return list(open_table(Path(plan_dir) / _STEPS_FILE, TableKind.PLAN_STEPS).schema_arrow.names)
+
+
 def _dist(x: np.ndarray) -> dict[str, float]:
     if len(x) == 0:
         return {"mean": 1.0, "p99": 1.0, "max": 1.0}
     return {"mean": float(x.mean()), "p99": float(np.quantile(x, 0.99)), "max": float(x.max())}
 
 
-def plan_report(plan_dir: Path) -> dict[str, Any]:
-    """The report of a stored plan: plan dir and id, steps, tokens, imbalance, gain, mixture errors."""
+def plan_report(
+    plan_dir: Path, steps: tuple[int, int] | None = None, *, count: ReadCount | None = None
+) -> dict[str, Any]:
+    """The report of a stored plan: plan dir and id, steps, tokens, imbalance, gain, mixture errors; with
+    `steps` (first, last inclusive) also `step_range` (step_range_figures). Summary figures come from
+    plan.json; report tables are read by step range (`count` tallies what was read)."""
     meta = read_plan(plan_dir)
     out: dict[str, Any] = {"plan_dir": str(Path(plan_dir)), "plan_id": meta.plan_id}
     out.update(meta.summary)
     cp = cp_figures(Path(plan_dir), meta)  # read from the manifest, not stored: plans stay byte-identical
     if cp is not None:
         out["context_parallel"] = cp
+    if steps is not None:
+        out["step_range"] = step_range_figures(Path(plan_dir), steps[0], steps[1], count)
+    return out
+
+
+_RANGE_COLUMNS = ["tokens", "lb", "loom_max", "base_max", "deferred_tokens"]
+
+
+def step_range_figures(plan_dir: Path, first: int, last: int, count: ReadCount | None = None) -> dict[str, Any]:
+    """Figures of steps first..last from the report tables, read by step range (only the row groups holding
+    those steps, only the columns needed; the ranks table, steps x dp rows, a row group at a time): tokens,
+    deferred tokens, max/LB of loomdata and of the stronger baseline, and where per-rank costs are stored,
+    the worst rank's cost over the mean rank's per step."""
+    if last < first:
+        raise ValueError(f"step range {first}..{last} is empty: give first <= last")
+    t = read_steps(Path(plan_dir) / _STEPS_FILE, TableKind.PLAN_STEPS, first, last, _RANGE_COLUMNS, count)
+    c = {n: t.column(n).to_numpy() for n in _RANGE_COLUMNS}
+    safe = np.where(c["lb"] > 0, c["lb"], 1.0)
+    out: dict[str, Any] = {
+        "first": first,
+        "last": last,
+        "steps": t.num_rows,
+        "tokens": int(c["tokens"].sum()),
+        "deferred_tokens": float(c["deferred_tokens"].sum()),
+        "imbalance": {"loomdata": _dist(c["loom_max"] / safe), "baseline": _dist(c["base_max"] / safe)},
+    }
+    ranks = Path(plan_dir) / _RANKS_FILE
+    if ranks.exists():
+        spread: list[np.ndarray] = []
+        for part in iter_steps(ranks, TableKind.PLAN_RANKS, first, last, ["step", "loom_cost"], count):
+            step = part.column("step").to_numpy()
+            cost = part.column("loom_cost").to_numpy()
+            if not len(step):
+                continue
+            at = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])  # rows are in step order
+            n = np.diff(np.r_[at, len(step)])
+            mean = np.add.reduceat(cost, at) / n
+            spread.append(np.maximum.reduceat(cost, at) / np.where(mean > 0, mean, 1.0))
+        x = np.concatenate(spread) if spread else np.zeros(0)
+        out["rank_steps"] = len(x)  # steps of the range with per-rank costs stored (a step can span row groups)
+        out["rank_max_over_mean"] = _dist(x)
     return out
 
 
@@ -424,18 +487,30 @@ def plot_plan(plan_dir: Path, out_png: Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
     meta = read_plan(plan_dir)
-    steps = read_table(Path(plan_dir) / _STEPS_FILE, TableKind.PLAN_STEPS).to_pydict()
-    ranks = read_table(Path(plan_dir) / _RANKS_FILE, TableKind.PLAN_RANKS)
-    rank_steps = ranks["step"].to_numpy().astype(np.int64)
-    first = int(rank_steps.min()) if len(rank_steps) else 0
-    n = int(rank_steps.max(initial=-1)) + 1 - first
-    dp = meta.dp_size
-    lb = np.asarray(steps["lb"])
-    safe_lb = np.where(lb > 0, lb, 1.0)
-    fig, ax = plt.subplots(2, 2, figsize=(13, 8.5))
+    names = [f"{k}__{n}" for n in meta.sources for k in ("tokens", "weight")]
+    cols = ["lb", "loom_max", "concat_max", "packed_max", *names]
+    if "budget" in step_table_columns(Path(plan_dir)):  # re-plans: the steps' budgets weight the targets
+        cols.append("budget")
+    table = read_steps(Path(plan_dir) / _STEPS_FILE, TableKind.PLAN_STEPS, columns=["step", *cols])
+    steps = {n: table.column(n).to_numpy() for n in table.column_names}
     s = meta.summary
     strong = s.get("gain", {}).get("stronger_baseline", "concat_chunk")
     base_col = "packed_cost" if strong == "packed" else "concat_cost"
+    # the heatmaps show the stored per-rank steps from the first, at most RANK_STEPS of them (a step range read)
+    span = step_span(Path(plan_dir) / _RANKS_FILE, TableKind.PLAN_RANKS)
+    ranks = read_steps(
+        Path(plan_dir) / _RANKS_FILE,
+        TableKind.PLAN_RANKS,
+        span[0],
+        min(span[1], span[0] + RANK_STEPS - 1),
+        ["dp_rank", "loom_cost", base_col],
+    )
+    first = span[0] if span[1] >= span[0] else 0
+    dp = meta.dp_size
+    n = ranks.num_rows // dp
+    lb = np.asarray(steps["lb"])
+    safe_lb = np.where(lb > 0, lb, 1.0)
+    fig, ax = plt.subplots(2, 2, figsize=(13, 8.5))
     grids = []
     for col in ("loom_cost", base_col):
         g = ranks[col].to_numpy().reshape(n, dp) / safe_lb[first : first + n, None] if n > 0 else np.zeros((1, dp))

@@ -54,7 +54,7 @@ from loomdata.planning._segments import DenseIds, SampleIds, Segments
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.plan import PlanMeta, ResumeInfo, StepShape, read_manifest, read_plan, stale_sources
 from loomdata.schemas.spec import Spec
-from loomdata.schemas.tables import TableKind, read_table
+from loomdata.schemas.tables import TableKind, read_steps
 
 __all__ = [
     "BasePlan",
@@ -69,6 +69,8 @@ __all__ = [
 ]
 
 _STEPS_FILE = "report/steps.parquet"
+_PLACED = ["source", "sample", "offset", "length"]
+"""The manifest columns matching placed pieces to stream positions needs (not the slot columns)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,19 +168,20 @@ def copy_base_rows(base: BasePlan, writer: ManifestWriter) -> None:
             writer.add(t, {c: data[c][a:b] for c in cols})
 
 
-def base_report_rows(base: BasePlan) -> dict[str, np.ndarray] | None:
-    """The base's report/steps.parquet columns for steps < at_step (None when the base has no report)."""
+def base_report_rows(base: BasePlan, columns: list[str] | None = None) -> dict[str, np.ndarray] | None:
+    """The base's report/steps.parquet `columns` (default all) for steps < at_step, read by step range (only
+    the row groups holding those steps); None when the base has no report."""
     path = base.plan_dir / _STEPS_FILE
     if not path.exists():
         return None
-    table = read_table(path, TableKind.PLAN_STEPS)
-    return {name: table.column(name).to_numpy()[: base.at_step] for name in table.column_names}
+    table = read_steps(path, TableKind.PLAN_STEPS, 0, base.at_step - 1, columns)
+    return {name: table.column(name).to_numpy() for name in table.column_names}
 
 
 def _carry_window_start(base: BasePlan) -> int:
     """The last step t0 <= at_step into which the base carried nothing (0 when unknown)."""
-    rows = base_report_rows(base)
-    if rows is None or "deferred_tokens" not in rows:
+    rows = base_report_rows(base, ["deferred_tokens"])
+    if rows is None:
         return 0
     carried = rows["deferred_tokens"] > 0  # step t deferred tokens into step t+1
     free = np.flatnonzero(~carried)
@@ -200,7 +203,7 @@ def base_carry(
     t0 = _carry_window_start(base)
     if t0 >= s:
         return None
-    placed = read_manifest(base.plan_dir, base.meta, t0, s - 1)
+    placed = read_manifest(base.plan_dir, base.meta, t0, s - 1, columns=_PLACED)
     p_src = placed.column("source").to_numpy()
     parts: list[tuple[np.ndarray, ...]] = []
     for k, st in enumerate(streams):
@@ -274,7 +277,7 @@ def base_positions(
     order, and a key recurs only an epoch later); a partly placed segment's rest is carried into at_step.
     Every position before ptr[-1] is either placed before at_step, carried, or returned: nothing twice."""
     s = base.at_step
-    placed = read_manifest(base.plan_dir, base.meta, 0, s - 1)
+    placed = read_manifest(base.plan_dir, base.meta, 0, s - 1, columns=_PLACED)
     p_src = placed.column("source").to_numpy()
     pos_out, nat_out, parts = [], [], []
     for k, st in enumerate(streams):

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from loomdata.schemas.errors import IndexBuildError
-from loomdata.schemas.tables import TableKind, read_table, table_metadata
+from loomdata.schemas.tables import TableKind, open_table, read_table, stamped_metadata
 
 __all__ = ["IndexFiles", "read_index"]
 
@@ -47,10 +48,22 @@ class IndexFiles:
     def fingerprint(self) -> str:
         """The index's content fingerprint (changes whenever its content does)."""
         self._require()
-        fp = table_metadata(self.samples).get("fingerprint")
+        return self.fingerprint_of(open_table(self.samples, TableKind.INDEX))
+
+    def fingerprint_of(self, samples: pq.ParquetFile) -> str:
+        """The fingerprint in the already opened samples table (no second read of its footer)."""
+        fp = stamped_metadata(samples.schema_arrow).get("fingerprint")
         if not fp:
             raise IndexBuildError(f"{self.samples}: has no fingerprint; rebuild the index with `loom index`")
         return fp
+
+    def open_samples(self) -> tuple[pq.ParquetFile, str]:
+        """The samples table opened once (kind, version and schema checked) and its fingerprint; the shards
+        table's footer checked too."""
+        self._require()
+        open_table(self.shards, TableKind.SHARDS)
+        pf = open_table(self.samples, TableKind.INDEX)
+        return pf, self.fingerprint_of(pf)
 
     def sample_shards(self) -> pa.Table:
         """The `shard` column of the index (samples are in shard order): what loader partitioning needs."""
@@ -75,9 +88,10 @@ class IndexFiles:
 
 
 def read_index(workdir: Path, source: str, columns: list[str] | None = None) -> tuple[pa.Table, pa.Table, str]:
-    """(samples, shards, fingerprint) of one source's index."""
+    """(samples, shards, fingerprint) of one source's index; each table's footer is read once."""
     files = IndexFiles.of(workdir, source)
     files._require()
-    samples = read_table(files.samples, TableKind.INDEX, columns=columns)
-    shards = read_table(files.shards, TableKind.SHARDS)
-    return samples, shards, files.fingerprint()
+    pf = open_table(files.samples, TableKind.INDEX)
+    samples = pf.read(columns=columns)
+    shards = open_table(files.shards, TableKind.SHARDS).read()
+    return samples, shards, files.fingerprint_of(pf)

@@ -131,19 +131,22 @@ def read_manifest(
     first_step: int = 0,
     last_step: int | None = None,
     dp_ranks: list[int] | None = None,
+    columns: list[str] | None = None,
 ) -> pa.Table:
-    """Manifest rows for steps [first_step, last_step] (inclusive) and the given ranks, in stored order."""
+    """Manifest rows for steps [first_step, last_step] (inclusive) and the given ranks, in stored order: only
+    the partitions holding those steps are opened, and only `columns` (default all) are read."""
     last = meta.steps - 1 if last_step is None else last_step
     files = [f for f in meta.manifest if f.last_step >= first_step and f.first_step <= last]
     if not files:
-        return MANIFEST_SCHEMA.empty_table()
+        schema = MANIFEST_SCHEMA if columns is None else pa.schema([MANIFEST_SCHEMA.field(c) for c in columns])
+        return schema.empty_table()
     for f in files[:1]:  # validate kind/version/schema once per call (cheap: footer only)
         read_table(Path(plan_dir) / f.path, TableKind.MANIFEST, columns=[])
     dataset = ds.dataset([str(Path(plan_dir) / f.path) for f in files], schema=MANIFEST_SCHEMA, format="parquet")
     expr = (ds.field("step") >= first_step) & (ds.field("step") <= last)
     if dp_ranks is not None:
         expr &= ds.field("dp_rank").isin(pa.array(dp_ranks, pa.uint32()))
-    return dataset.to_table(filter=expr)
+    return dataset.to_table(columns=columns, filter=expr)
 
 
 def stale_sources(meta: PlanMeta, current: Mapping[str, str], sources: Sequence[str] | None = None) -> list[str]:

@@ -7,14 +7,20 @@ names the file and what differs.
 Index version 2 adds `checksum` (per-sample, see sources/_integrity), which the index job always
 writes and loaders verify against. It is optional in the schema (checked for its type when present):
 the planner never reads it, and hand-made index tables (tests, tools) may leave it out.
+
+Tables sorted by `step` (manifests, a plan's report tables) are read by step range: `iter_steps` /
+`read_steps` open only the row groups whose step statistics overlap the range, with column projection
+(`ReadCount` tallies what was read); `open_table` checks a file once and hands out its footer.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -29,9 +35,15 @@ __all__ = [
     "PLAN_RANKS_SCHEMA",
     "PLAN_STEPS_SCHEMA",
     "SHARDS_SCHEMA",
+    "ReadCount",
     "TableKind",
     "check_schema",
+    "iter_steps",
+    "open_table",
+    "read_steps",
     "read_table",
+    "stamped_metadata",
+    "step_span",
     "table_metadata",
     "write_table",
 ]
@@ -190,10 +202,44 @@ def write_table(
     )
 
 
+def stamped_metadata(schema: pa.Schema) -> dict[str, str]:
+    """The `loomdata.*` key-value metadata of a table's schema (keys without the prefix)."""
+    meta = schema.metadata or {}
+    return {k.decode()[len("loomdata.") :]: v.decode() for k, v in meta.items() if k.startswith(b"loomdata.")}
+
+
 def table_metadata(path: str | Path) -> dict[str, str]:
     """The `loomdata.*` key-value metadata of a stored table (keys without the prefix)."""
-    meta = pq.read_schema(str(path)).metadata or {}
-    return {k.decode()[len("loomdata.") :]: v.decode() for k, v in meta.items() if k.startswith(b"loomdata.")}
+    return stamped_metadata(pq.read_schema(str(path)))
+
+
+def _check_stamp(schema: pa.Schema, kind: TableKind, p: Path) -> None:
+    """ContractError unless `schema` (a stored table's) is stamped `kind` at the supported version, with its columns."""
+    meta = schema.metadata or {}
+    got_kind = meta.get(_KIND, b"").decode()
+    got_version = meta.get(_VERSION, b"").decode()
+    if got_kind != kind.value:
+        raise ContractError(f"{p}: expected a loomdata {kind.value} table, found kind {got_kind or 'none'!r}")
+    if got_version != str(VERSIONS[kind]):
+        raise ContractError(
+            f"{p}: {kind.value} table format version {got_version or 'none'} is not supported "
+            f"(this loomdata reads version {VERSIONS[kind]}); rebuild it with this version of loomdata"
+        )
+    check_schema(schema, kind, str(p))
+
+
+def open_table(path: str | Path, kind: TableKind) -> pq.ParquetFile:
+    """A stored table opened once (its footer read once), its kind, version and schema checked: for readers
+    that take columns, row groups or metadata from one file without reading its footer again."""
+    p = Path(path)
+    if not p.exists():
+        raise ContractError(f"{p}: no such {kind.value} table")
+    try:
+        pf = pq.ParquetFile(str(p), memory_map=False, pre_buffer=False)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ContractError(f"{p}: not a readable Parquet file ({e})") from None
+    _check_stamp(pf.schema_arrow, kind, p)
+    return pf
 
 
 def read_table(
@@ -210,15 +256,84 @@ def read_table(
         schema = pq.read_schema(str(p))
     except (pa.ArrowInvalid, OSError) as e:
         raise ContractError(f"{p}: not a readable Parquet file ({e})") from None
-    meta = schema.metadata or {}
-    got_kind = meta.get(_KIND, b"").decode()
-    got_version = meta.get(_VERSION, b"").decode()
-    if got_kind != kind.value:
-        raise ContractError(f"{p}: expected a loomdata {kind.value} table, found kind {got_kind or 'none'!r}")
-    if got_version != str(VERSIONS[kind]):
-        raise ContractError(
-            f"{p}: {kind.value} table format version {got_version or 'none'} is not supported "
-            f"(this loomdata reads version {VERSIONS[kind]}); rebuild it with this version of loomdata"
-        )
-    check_schema(schema, kind, str(p))
+    _check_stamp(schema, kind, p)
     return pq.read_table(str(p), columns=columns, filters=filters)
+
+
+@dataclass
+class ReadCount:
+    """What step-range readers read: row groups and rows (a caller's tally, for reports and tests)."""
+
+    row_groups: int = 0
+    rows: int = 0
+
+
+def _step_groups(pf: pq.ParquetFile, first: int, last: int) -> list[int]:
+    """Row groups of a table sorted by `step` whose step statistics overlap [first, last] (all without them)."""
+    col = pf.schema_arrow.get_field_index("step")
+    out = []
+    for i in range(pf.num_row_groups):
+        st = pf.metadata.row_group(i).column(col).statistics
+        if st is None or not st.has_min_max or (int(st.max) >= first and int(st.min) <= last):
+            out.append(i)
+    return out
+
+
+def step_span(path: str | Path, kind: TableKind) -> tuple[int, int]:
+    """(first, last) step of a stored table sorted by `step`, from its footer (last < first: no rows)."""
+    pf = open_table(path, kind)
+    col = pf.schema_arrow.get_field_index("step")
+    lo, hi = None, None
+    for i in range(pf.num_row_groups):
+        st = pf.metadata.row_group(i).column(col).statistics
+        if pf.metadata.row_group(i).num_rows == 0:
+            continue
+        if st is None or not st.has_min_max:  # no statistics: read the step column (the one way to know)
+            steps = pf.read_row_group(i, columns=["step"]).column("step").to_numpy()
+            a, b = int(steps.min()), int(steps.max())
+        else:
+            a, b = int(st.min), int(st.max)
+        lo, hi = (a, b) if lo is None or hi is None else (min(lo, a), max(hi, b))
+    return (0, -1) if lo is None or hi is None else (lo, hi)
+
+
+def iter_steps(
+    path: str | Path,
+    kind: TableKind,
+    first: int = 0,
+    last: int | None = None,
+    columns: list[str] | None = None,
+    count: ReadCount | None = None,
+) -> Iterator[pa.Table]:
+    """The rows with first <= step <= last of a stored table sorted by `step`, one row group at a time:
+    only row groups whose step statistics overlap the range are read, and only `columns` (plus `step`)."""
+    pf = open_table(path, kind)
+    hi = np.iinfo(np.int64).max if last is None else last
+    cols = None if columns is None else list(dict.fromkeys(["step", *columns]))
+    for i in _step_groups(pf, first, hi):
+        t = pf.read_row_group(i, columns=cols)
+        if count is not None:
+            count.row_groups += 1
+            count.rows += t.num_rows
+        step = t.column("step").to_numpy()
+        keep = (step >= first) & (step <= hi)
+        if not keep.all():
+            t = t.filter(pa.array(keep))
+        yield t if columns is None else t.select(columns)
+
+
+def read_steps(
+    path: str | Path,
+    kind: TableKind,
+    first: int = 0,
+    last: int | None = None,
+    columns: list[str] | None = None,
+    count: ReadCount | None = None,
+) -> pa.Table:
+    """`iter_steps` as one table (the range's rows only: never the whole table for a short range)."""
+    parts = list(iter_steps(path, kind, first, last, columns, count))
+    if parts:
+        return pa.concat_tables(parts)
+    schema = open_table(path, kind).schema_arrow
+    names = schema.names if columns is None else columns
+    return pa.schema([schema.field(n) for n in names]).empty_table()

@@ -1,0 +1,88 @@
+"""The look-ahead's compact forms give what the plain ones give: block cumulative sums, natural ranges."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from loomdata.planning._lookahead import _Cum, assign_steps, natural_positions, natural_ranges
+from loomdata.planning._mixture import build_stream, membership, step_weights
+from loomdata.planning._packing import Lanes
+from loomdata.schemas.spec import Spec
+
+
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 1000, 12_291])
+def test_block_cumulative_sums_index_and_search_like_the_full_array(n: int) -> None:
+    rng = np.random.default_rng(n)
+    lengths = rng.integers(0, 50, n).astype(np.uint32)
+    lengths[rng.random(n) < 0.3] = 0  # runs of equal sums: searchsorted sides differ there
+    c = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=c[1:])
+    cum = _Cum(lengths)
+    idx = rng.integers(0, n + 1, 3000)
+    np.testing.assert_array_equal(cum[idx], c[idx])
+    assert [cum[int(i)] for i in idx[:50]] == c[idx[:50]].tolist()
+    v = np.concatenate([rng.integers(-5, int(c[-1]) + 5, 3000), c[idx[:200]]])
+    for side in ("left", "right"):
+        np.testing.assert_array_equal(cum.searchsorted(v, side), np.searchsorted(c, v, side=side))
+
+
+def test_natural_ranges_assign_as_natural_position_arrays(
+    tmp_path: Path, spec_of: Callable[..., Spec], index_of: Callable[..., pa.Table]
+) -> None:
+    rng = np.random.default_rng(5)
+    seq = 256
+    spec = spec_of(tmp_path, ["web", "book"], steps=30, dp=4, seq_len=seq)
+    lengths = [rng.integers(20, 300, 3000), rng.integers(150, 900, 600)]  # books: heavy and split pieces
+    index = [index_of(ln) for ln in lengths]
+    lanes = Lanes.of(spec)
+    n_steps = spec.training.steps
+    slots = np.full(n_steps, 4 * spec.training.micro_batches, dtype=np.int64)
+    targets = np.cumsum(step_weights(spec) * (slots * seq * spec.planning.fill)[:, None], axis=0)
+    cols = [t.column("num_tokens").to_numpy() for t in index]
+    streams = [build_stream(n, 7, c, lanes, 3) for n, c in zip(spec.source_names, cols, strict=True)]
+    ptr = membership(targets, streams, lanes, slots)
+    dp = np.full(n_steps, 4)
+    pos, nat = natural_positions(ptr, 0, n_steps)
+    a = assign_steps(pos, nat, list(streams), lanes, slots, dp, 2, 0, n_steps)
+    kept = list(streams)
+    b = assign_steps(
+        natural_ranges(ptr, 0, n_steps), None, kept, lanes, slots, dp, 2, 0, n_steps, ptr=ptr, drop_counts=True
+    )
+    assert all(len(st.cum) == 0 for st in kept)  # the counts were dropped from the caller's list
+    # the general path (positions not in stream order: one lexsort) gives the same steps too
+    rev = [p[::-1].copy() for p in pos]
+    c_ = assign_steps(rev, [x[::-1].copy() for x in nat], list(streams), lanes, slots, dp, 2, 0, n_steps)
+    for k in range(2):
+        np.testing.assert_array_equal(a.pos[k], b.pos[k])
+        np.testing.assert_array_equal(a.step[k], b.step[k])
+        moved = {int(p): int(s) for p, s in zip(a.pos[k], a.step[k], strict=True)}
+        assert moved == {int(p): int(s) for p, s in zip(c_.pos[k], c_.step[k], strict=True)}
+    assert (
+        sum(
+            int((np.asarray(s) != np.searchsorted(ptr[:, k], p, side="right") - 1).sum())
+            for k, (p, s) in enumerate(zip(a.pos, a.step, strict=True))
+        )
+        > 0
+    )  # the look-ahead moved some
+
+
+def test_sorted_pieces_sort_as_one_stable_sort() -> None:
+    from loomdata.planning._lookahead import CHUNK, _sorted_pieces
+
+    rng = np.random.default_rng(2)
+    n = 3 * CHUNK + 17
+    key = (np.arange(n) // 50).astype(np.int32)  # steps of 50 segments, in order
+    moved = rng.integers(0, n, 400)
+    key[moved] += rng.integers(-3, 4, 400).astype(np.int32)  # local moves, as the look-ahead makes
+    key[CHUNK + 5] = key[-1] + 1  # one far move: no cut between it and the end
+    pieces = _sorted_pieces(key)
+    assert pieces[0][0] == 0 and pieces[-1][1] == n and 2 <= len(pieces) < 4
+    assert all(b == c for (_, b), (c, _) in itertools.pairwise(pieces))
+    got = np.concatenate([a + np.argsort(key[a:b], kind="stable") for a, b in pieces])
+    np.testing.assert_array_equal(got, np.argsort(key, kind="stable"))

@@ -38,7 +38,8 @@ from loomdata.schemas.plan import read_plan
 
 __all__ = ["DataConstructor", "Route"]
 
-_MANIFEST_CHUNK = 32  # manifest steps read at a time
+_MANIFEST_CHUNK = 32  # manifest steps read at a time, at least
+_MANIFEST_CHUNK_ROWS = 1 << 17  # ... or as many as hold about this many of the group's rows (a few MiB)
 
 
 @dataclass
@@ -72,7 +73,9 @@ class DataConstructor:
         self._ranks = self._window.ranks
         self._reads = Reads(routes, self._meta.plan_id)
         chunks = 2 + -(-self._window.window // _MANIFEST_CHUNK)  # the window's chunks stay in memory
-        self._manifest = ManifestSlice(plan_dir, self._meta, self._ranks, chunk_steps=_MANIFEST_CHUNK, keep=chunks)
+        self._manifest = ManifestSlice(
+            plan_dir, self._meta, self._ranks, chunk_steps=_MANIFEST_CHUNK, keep=chunks, chunk_rows=_MANIFEST_CHUNK_ROWS
+        )
         self._done: dict[int, asyncio.Future[None]] = {}  # Build.id -> resolved when that build ends
         self._tasks: set[asyncio.Task[None]] = set()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="loom-constructor")

@@ -30,7 +30,7 @@ from loomdata.execution._reads import Reads, Route
 from loomdata.execution._telemetry import TelemetryBuffer, valid_report
 from loomdata.execution._window import Admission, Build, StepWindow, build_groups
 from loomdata.execution.protocol import ExecutorUnavailable
-from loomdata.schemas.batch import Batch
+from loomdata.schemas.batch import Batch, BatchBlock
 from loomdata.schemas.context_parallel import cp_group_check
 from loomdata.schemas.errors import ExecutionError, LoomError
 from loomdata.schemas.metrics import BuildPhases, ConstructorMetrics, StepTelemetry
@@ -56,7 +56,7 @@ class _Stats:
 
 
 class DataConstructor:
-    """Dask actor serving `take(dp_rank, step)` and `take_steps(dp_rank, step, count)` for a group of dp ranks."""
+    """Dask actor serving `take(dp_rank, step)`, `take_steps` / `take_block` (several steps) for a group of dp ranks."""
 
     def __init__(
         self,
@@ -155,6 +155,17 @@ class DataConstructor:
             out.append(peer_batches(self._meta, self._rules, batches, cp_rank) if cp_rank is not None else batches)
         self._launch(tuple(builds))  # the steps these takes released, built ahead as one group of reads
         return out
+
+    async def take_block(
+        self,
+        dp_rank: int,
+        step: int,
+        count: int,
+        telemetry: list[tuple[int, float]] | None = None,
+        cp_rank: int | None = None,
+    ) -> BatchBlock:
+        """`take_steps` as one `BatchBlock` (what clients call: a dozen arrays move, not six per batch)."""
+        return BatchBlock.of(await self.take_steps(dp_rank, step, count, telemetry, cp_rank))
 
     async def record_telemetry(self, dp_rank: int, telemetry: list[tuple[int, float]]) -> None:
         """Step times a rank sends without a take (its last steps, on close)."""

@@ -84,10 +84,16 @@ class ManifestSlice:
         """Rows of `step` (for `ranks`, default all of this slice's), ordered by (dp_rank, micro_batch)."""
         chunk = self._chunk_rows(step // self._chunk)
         lo, hi = np.searchsorted(chunk.step, np.array([step, step + 1], dtype=chunk.step.dtype))
-        out = chunk.take(slice(int(lo), int(hi)))
-        if ranks is not None and sorted(ranks) != self._ranks:
-            out = out.take(np.flatnonzero(np.isin(out.dp_rank, np.asarray(ranks, dtype=out.dp_rank.dtype))))
-        return out
+        if ranks is None or sorted(ranks) == self._ranks:
+            return chunk.take(slice(int(lo), int(hi)))
+        # a step's rows are ordered by dp_rank: each rank's rows are one run, found by bisection
+        want = np.unique(np.asarray(ranks, dtype=chunk.dp_rank.dtype))
+        ranks_of_step = chunk.dp_rank[lo:hi]
+        a = lo + np.searchsorted(ranks_of_step, want, side="left")
+        b = lo + np.searchsorted(ranks_of_step, want, side="right")
+        if len(want) == 1:
+            return chunk.take(slice(int(a[0]), int(b[0])))
+        return chunk.take(np.concatenate([np.arange(x, y) for x, y in zip(a.tolist(), b.tolist(), strict=True)]))
 
     def cached(self, step: int) -> bool:
         """Whether `step`'s chunk is in memory (`rows` then does no I/O)."""

@@ -550,8 +550,8 @@ def main() -> None:
 
 
 def _ab(args: argparse.Namespace) -> None:
-    """Alternate rounds of the old code (`args.ab`) and this checkout, in subprocesses; write every run and the
-    per-side best (by steady tokens/s) with its ratios against the peers, and after / before."""
+    """Alternate rounds of the old code (`args.ab`) and this checkout, in subprocesses; after every run write all
+    runs so far and the per-side best (by steady tokens/s) with its ratios against the peers, and after / before."""
     import subprocess
     import sys
 
@@ -571,8 +571,14 @@ def _ab(args: argparse.Namespace) -> None:
                 print(f"---- round {k + 1}/{args.rounds}: {label} ({src})", flush=True)
                 subprocess.run([sys.executable, __file__, *forward, "--out", str(out)], env=env, check=True)
                 runs[label].append(json.loads(out.read_text()))
+                if runs["before"] and runs["after"]:
+                    write_ab(runs, args.consumers, args.rounds, args.out)
+
+
+def write_ab(runs: dict[str, list[dict[str, Any]]], consumers: list[int], rounds: int, out: Path) -> None:
+    """The before/after result of the runs so far (best run per side and consumer count), printed and written."""
     summary = []
-    for n in args.consumers:
+    for n in consumers:
         row: dict[str, Any] = {"consumers": n}
         for label, rs in runs.items():
             mine = [next(r for r in run["rows"] if r["consumers"] == n) for run in rs]
@@ -594,15 +600,16 @@ def _ab(args: argparse.Namespace) -> None:
     result = {
         "benchmark": "stream_throughput",
         "mode": "ab: alternating rounds of the old code (before) and this checkout (after), one sitting",
-        "rounds": args.rounds,
+        "rounds_planned": rounds,
+        "rounds_done": {label: len(rs) for label, rs in runs.items()},
         "parameters": runs["after"][0]["parameters"],
         "plan_summary": runs["after"][0]["plan_summary"],
         "best_of_rounds": summary,
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -110,28 +110,29 @@ def _cpu_s() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
-def _consume(items: Iterable[dict[str, Any]], t0: float) -> tuple[int, int, float]:
-    """Real tokens and batches of `items`, and the seconds from `t0` to the first one."""
-    tokens = batches = 0
+def _consume(items: Iterable[dict[str, Any]], t0: float) -> dict[str, Any]:
+    """Real tokens and batches of `items`, the seconds from `t0` to the first one, and the steady part after it."""
+    tokens = batches = first_tokens = 0
     first = 0.0
     for item in items:
         tokens += int(item["cu_seqlens"][-1])
         batches += 1
         if batches == 1:
             first = time.time() - t0
-    return tokens, batches, first
-
-
-def _report(rank: int, tokens: int, batches: int, t0: float, t1: float, cpu0: float, first: float) -> dict[str, Any]:
+            first_tokens = tokens
+    t1 = time.time()
+    steady_s = t1 - t0 - first
     return {
-        "rank": rank,
         "tokens": tokens,
         "batches": batches,
-        "t0": t0,
-        "t1": t1,
-        "cpu_s": _cpu_s() - cpu0,
         "first_s": first,
+        "t1": t1,
+        "steady_tokens_per_s": (tokens - first_tokens) / steady_s if steady_s > 0 else 0.0,
     }
+
+
+def _report(rank: int, got: dict[str, Any], t0: float, cpu0: float) -> dict[str, Any]:
+    return {"rank": rank, "t0": t0, "cpu_s": _cpu_s() - cpu0, **got}
 
 
 def _loom_consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -> None:
@@ -143,10 +144,9 @@ def _loom_consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -
     ready.put(rank)
     start.wait()
     cpu0, t0 = _cpu_s(), time.time()
-    tokens, batches, first = _consume(ds, t0)
-    t1 = time.time()
+    got = _consume(ds, t0)
     ds.close()
-    out.put(_report(rank, tokens, batches, t0, t1, cpu0, first))
+    out.put(_report(rank, got, t0, cpu0))
 
 
 class _PackedParquet(IterableDataset):  # type: ignore[type-arg]
@@ -267,10 +267,9 @@ def _baseline_consumer(
     start.wait()
     cpu0, t0 = _cpu_s(), time.time()
     it = iter(loader)
-    tokens, batches, first = _consume(itertools.islice(it, n), t0)
-    t1 = time.time()
+    got = _consume(itertools.islice(it, n), t0)
     del it  # joins the DataLoader workers, so their CPU time is counted as reaped children
-    out.put(_report(rank, tokens, batches, t0, t1, cpu0, first))
+    out.put(_report(rank, got, t0, cpu0))
 
 
 def _run_consumers(target: Any, args_of: Any, n: int) -> tuple[list[dict[str, Any]], float]:
@@ -322,19 +321,30 @@ def _worker_cpu(client: Any) -> float:
     return float(sum(client.run(cpu).values())) + main.user + main.system
 
 
-def _side(tokens: int, wall: float, cpu: float, first_s: float | None = None) -> dict[str, Any]:
+def _side(rows: list[dict[str, Any]], wall: float, cpu: float) -> dict[str, Any]:
+    """Totals over a side's consumers: tokens/s (all of them together), steady tokens/s per consumer (the mean,
+    after each one's first batch), tokens per CPU-second over every process, the slowest first batch."""
+    tokens = sum(r["tokens"] for r in rows)
     return {
-        "first_batch_s": None if first_s is None else round(first_s, 4),
+        "first_batch_s": round(max(r["first_s"] for r in rows), 4),
         "tokens": tokens,
         "wall_s": round(wall, 3),
         "tokens_per_s": round(tokens / wall),
+        "steady_tokens_per_s_per_consumer": round(sum(r["steady_tokens_per_s"] for r in rows) / len(rows)),
         "cpu_s": round(cpu, 2),
         "tokens_per_cpu_s": round(tokens / cpu),
     }
 
 
 def _measure(
-    client: Any, plan_dir: Path, files: list[str], n: int, n_batches: int, seq_len: int, settings: dict[str, int]
+    client: Any,
+    plan_dir: Path,
+    files: list[str],
+    n: int,
+    n_batches: int,
+    seq_len: int,
+    settings: dict[str, int],
+    peers: list[str],
 ) -> dict[str, Any]:
     """One side-by-side row: loomdata to `n` consumers (fresh executor), then the baseline to `n` consumers."""
     from loomdata.execution import Executor
@@ -345,12 +355,11 @@ def _measure(
         loom_cpu = _worker_cpu(client) - cpu0 + sum(r["cpu_s"] for r in loom)
         m = ex.metrics().to_dict()  # results are written as JSON
         window_steps = ex.window
-    peers = {}
-    for kind in _PEERS:
+    sides = {}
+    for kind in peers:
         rows, pwall = _run_consumers(_baseline_consumer, lambda r, k=kind: (k, files, r, n, seq_len, n_batches), n)
-        peers[kind] = (sum(r["tokens"] for r in rows), pwall, sum(r["cpu_s"] for r in rows), rows)
-    lt = sum(r["tokens"] for r in loom)
-    loom_side = _side(lt, wall, loom_cpu, max(r["first_s"] for r in loom))
+        sides[kind] = _side(rows, pwall, sum(r["cpu_s"] for r in rows))
+    loom_side = _side(loom, wall, loom_cpu)
     built = sum(c["built_steps"] + c["on_demand_steps"] for c in m["constructors"])
     loom_side.update(
         window_steps=window_steps,
@@ -362,14 +371,22 @@ def _measure(
         build_phases_s=[c["build_phases_s"] for c in m["constructors"]],
     )
     row: dict[str, Any] = {"consumers": n, "loomdata": loom_side}
-    for kind, (pt, pwall, pcpu, prow) in peers.items():
-        row[kind] = _side(pt, pwall, pcpu, max(r["first_s"] for r in prow))
-        row[f"ratio_tokens_per_s_vs_{kind}"] = round((lt / wall) / (pt / pwall), 3)
-        row[f"ratio_per_cpu_core_vs_{kind}"] = round((lt / loom_cpu) / (pt / pcpu), 3)
-        row[f"ratio_first_batch_vs_{kind}"] = round(
-            loom_side["first_batch_s"] / max(row[kind]["first_batch_s"], 1e-6), 2
-        )
+    for kind, side in sides.items():
+        row[kind] = side
+        row.update(_ratios(loom_side, side, kind))
     return row
+
+
+def _ratios(loom: dict[str, Any], peer: dict[str, Any], kind: str) -> dict[str, float]:
+    """loomdata / peer: tokens/s, steady tokens/s per consumer, tokens per CPU-second; first batch time."""
+    return {
+        f"ratio_tokens_per_s_vs_{kind}": round(loom["tokens_per_s"] / peer["tokens_per_s"], 3),
+        f"ratio_steady_per_consumer_vs_{kind}": round(
+            loom["steady_tokens_per_s_per_consumer"] / max(peer["steady_tokens_per_s_per_consumer"], 1), 3
+        ),
+        f"ratio_per_cpu_core_vs_{kind}": round(loom["tokens_per_cpu_s"] / peer["tokens_per_cpu_s"], 3),
+        f"ratio_first_batch_vs_{kind}": round(loom["first_batch_s"] / max(peer["first_batch_s"], 1e-6), 2),
+    }
 
 
 def _loom_only(client: Any, plan_dir: Path, n: int, settings: dict[str, int]) -> dict[str, Any]:
@@ -381,7 +398,7 @@ def _loom_only(client: Any, plan_dir: Path, n: int, settings: dict[str, int]) ->
         loom, wall = _run_consumers(_loom_consumer, lambda r: (str(plan_dir), r), n)
         cpu = _worker_cpu(client) - cpu0 + sum(r["cpu_s"] for r in loom)
         busy = sum(src["busy_s"] for src in ex.metrics().to_dict()["sources"].values())
-    side = _side(sum(r["tokens"] for r in loom), wall, cpu)
+    side = _side(loom, wall, cpu)
     side["loader_busy_s"] = round(busy, 4)  # time inside loader reads (where verification runs)
     return side
 
@@ -407,19 +424,26 @@ def _verify_cost(client: Any, plans: dict[str, Path], n: int, settings: dict[str
     }
 
 
-def _print_row(row: dict[str, Any]) -> None:
-    for name in ("loomdata", *_PEERS):
+def _print_row(row: dict[str, Any], label: str = "") -> None:
+    for name in ("loomdata", *(k for k in _PEERS if k in row)):
         r = row[name]
         line = (
-            f"{row['consumers']:>9} {name:>10} {r['tokens_per_s']:>12,} {r['cpu_s']:>7.1f} {r['tokens_per_cpu_s']:>11,}"
+            f"{label}{row['consumers']:>9} {name:>10} {r['tokens_per_s']:>12,} "
+            f"{r['steady_tokens_per_s_per_consumer']:>12,} {r['cpu_s']:>7.1f} {r['tokens_per_cpu_s']:>11,}"
             f" {r['first_batch_s']:>8.3f}"
         )
         if name != "loomdata":
             line += (
-                f"  {row[f'ratio_tokens_per_s_vs_{name}']:>7.2f} {row[f'ratio_per_cpu_core_vs_{name}']:>10.2f}"
-                f" {row[f'ratio_first_batch_vs_{name}']:>9.2f}"
+                f"  {row[f'ratio_tokens_per_s_vs_{name}']:>7.2f} {row[f'ratio_steady_per_consumer_vs_{name}']:>8.2f}"
+                f" {row[f'ratio_per_cpu_core_vs_{name}']:>10.2f} {row[f'ratio_first_batch_vs_{name}']:>9.2f}"
             )
         print(line, flush=True)
+
+
+_HEADER = (
+    f"{'consumers':>9} {'loader':>10} {'tokens/s':>12} {'steady/cons':>12} {'cpu s':>7} {'tok/cpu-s':>11} "
+    f"{'first s':>8}  ratio/s ratio/st ratio/core ratio/1st  (loomdata / peer)"
+)
 
 
 def main() -> None:
@@ -434,8 +458,21 @@ def main() -> None:
     )
     ap.add_argument("--consumers", type=int, nargs="+", default=list(CONSUMERS))
     ap.add_argument("--verify-repeat", type=int, default=3, help="runs per verify mode (sample, off); 0: skip")
+    ap.add_argument("--peers", nargs="+", default=list(_PEERS), choices=list(_PEERS), help="peer loaders to run")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--ab",
+        type=Path,
+        default=None,
+        metavar="BEFORE_SRC",
+        help="before/after in one sitting: run this benchmark alternately with BEFORE_SRC (a `src` folder of the "
+        "old code) and this checkout's src first on PYTHONPATH, --rounds times, and write both to --out",
+    )
+    ap.add_argument("--rounds", type=int, default=2, help="with --ab: alternating rounds (before, after) each")
     args = ap.parse_args()
+    if args.ab is not None:
+        _ab(args)
+        return
 
     from loomdata.execution import open_cluster
 
@@ -461,12 +498,10 @@ def main() -> None:
                 f"data, index and plan in {time.perf_counter() - t:.1f}s: {len(files)} files, plan {meta.plan_id}, "
                 f"{meta.steps} steps x {meta.micro_batches} micro-batches x {meta.seq_len} tokens, dp {DP}"
             )
-            print(
-                f"{'consumers':>9} {'loader':>10} {'tokens/s':>12} {'cpu s':>7} {'tok/cpu-s':>11} {'first s':>8}"
-                "  ratio/s ratio/core ratio/1st  (loomdata / peer)"
-            )
+            print(_HEADER)
             for n in args.consumers:
-                row = _measure(client, plan_dir, files, n, meta.steps * meta.micro_batches, args.seq_len, settings)
+                n_batches = meta.steps * meta.micro_batches
+                row = _measure(client, plan_dir, files, n, n_batches, args.seq_len, settings, args.peers)
                 rows.append(row)
                 _print_row(row)
             verify_cost = None
@@ -503,7 +538,7 @@ def main() -> None:
             "window": args.window,
             "bytes_in_flight": args.bytes_in_flight,
             "peer_num_workers": 2,
-            "peers": {"greedy": _PackedParquet.__doc__, "concat_cut": _ConcatCut.__doc__},
+            "peers": {k: _PEERS[k].__doc__ for k in args.peers},
         },
         "plan_summary": summary,
         "rows": rows,
@@ -512,6 +547,69 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
+
+
+def _ab(args: argparse.Namespace) -> None:
+    """Alternate rounds of the old code (`args.ab`) and this checkout, in subprocesses; after every run write all
+    runs so far and the per-side best (by steady tokens/s) with its ratios against the peers, and after / before."""
+    import subprocess
+    import sys
+
+    own = Path(__file__).resolve().parent.parent / "src"
+    forward = [
+        a
+        for k, v in vars(args).items()
+        if k not in ("ab", "rounds", "out") and v is not None
+        for a in (f"--{k.replace('_', '-')}", *([str(x) for x in v] if isinstance(v, list) else [str(v)]))
+    ]
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory(prefix="loom-bench-ab-") as tmp:
+        for k in range(args.rounds):
+            for label, src in (("before", args.ab.resolve()), ("after", own)):
+                out = Path(tmp) / f"{label}-{k}.json"
+                env = {**os.environ, "PYTHONPATH": str(src)}
+                print(f"---- round {k + 1}/{args.rounds}: {label} ({src})", flush=True)
+                subprocess.run([sys.executable, __file__, *forward, "--out", str(out)], env=env, check=True)
+                runs[label].append(json.loads(out.read_text()))
+                if runs["before"] and runs["after"]:
+                    write_ab(runs, args.consumers, args.rounds, args.out)
+
+
+def write_ab(runs: dict[str, list[dict[str, Any]]], consumers: list[int], rounds: int, out: Path) -> None:
+    """The before/after result of the runs so far (best run per side and consumer count), printed and written."""
+    summary = []
+    for n in consumers:
+        row: dict[str, Any] = {"consumers": n}
+        for label, rs in runs.items():
+            mine = [next(r for r in run["rows"] if r["consumers"] == n) for run in rs]
+            row[label] = max(mine, key=lambda r: r["loomdata"]["steady_tokens_per_s_per_consumer"])
+        b, a = row["before"]["loomdata"], row["after"]["loomdata"]
+        row["after_vs_before"] = {
+            "tokens_per_s": round(a["tokens_per_s"] / b["tokens_per_s"], 3),
+            "steady_tokens_per_s_per_consumer": round(
+                a["steady_tokens_per_s_per_consumer"] / b["steady_tokens_per_s_per_consumer"], 3
+            ),
+            "tokens_per_cpu_s": round(a["tokens_per_cpu_s"] / b["tokens_per_cpu_s"], 3),
+            "first_batch_s": round(a["first_batch_s"] / b["first_batch_s"], 3),
+        }
+        summary.append(row)
+    print(_HEADER)
+    for row in summary:
+        for label in runs:
+            _print_row(row[label], f"{label:>7}")
+    result = {
+        "benchmark": "stream_throughput",
+        "mode": "ab: alternating rounds of the old code (before) and this checkout (after), one sitting",
+        "rounds_planned": rounds,
+        "rounds_done": {label: len(rs) for label, rs in runs.items()},
+        "parameters": runs["after"][0]["parameters"],
+        "plan_summary": runs["after"][0]["plan_summary"],
+        "best_of_rounds": summary,
+        "runs": runs,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -83,6 +83,9 @@ class DirectConstructor:
     def take_steps(self, *args: Any, **kwargs: Any) -> _Answer:
         return self._call("take_steps", args, kwargs)
 
+    def take_block(self, *args: Any, **kwargs: Any) -> _Answer:
+        return self._call("take_block", args, kwargs)
+
     def take(self, *args: Any, **kwargs: Any) -> _Answer:
         return self._call("take", args, kwargs)
 

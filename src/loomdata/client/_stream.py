@@ -1,8 +1,9 @@
 """StreamClient: a training rank's iterator over its micro-batches, from a running executor.
 
-Delivery in bulk: one actor call (`take_steps`) answers the step asked for and every following step
-the constructor already built, up to half the steps its window holds (`ServeConfig.bytes_in_flight`,
-or this client's own `bytes_in_flight`); the next call is sent while the steps received are consumed.
+Delivery in bulk: one actor call (`take_block`: `take_steps` as one `BatchBlock`) answers the step asked
+for and every following step the constructor already built, up to half the steps its window holds
+(`ServeConfig.bytes_in_flight`, or this client's own `bytes_in_flight`); the next call is sent while
+the steps received are consumed.
 Steps received but not yet yielded stay in this client only: `state_dict` names the next micro-batch
 yielded, so a resume asks for those steps again. The position is a `StreamState`; a new client loaded with a saved state
 yields identical batches from there on, also against a restarted executor (constructors rebuild any
@@ -48,7 +49,7 @@ from loomdata.execution.protocol import (
     serve_dataset,
     serve_path,
 )
-from loomdata.schemas.batch import Batch
+from loomdata.schemas.batch import Batch, BatchBlock
 from loomdata.schemas.context_parallel import cp_group_check
 from loomdata.schemas.errors import ContractError, ExecutionError, LoomError
 from loomdata.schemas.header import PlanHeader, read_plan_header
@@ -190,9 +191,9 @@ class StreamClient:
         cp = {} if self.cp_rank is None else {"cp_rank": self.cp_rank}
         self.calls += 1
         if not self._telemetry:
-            return self._actor.take_steps(self.dp_rank, step, count, **cp)
+            return self._actor.take_block(self.dp_rank, step, count, **cp)
         sent, self._telemetry = self._telemetry, []
-        return self._actor.take_steps(self.dp_rank, step, count, sent, **cp)
+        return self._actor.take_block(self.dp_rank, step, count, sent, **cp)
 
     def _flush_telemetry(self) -> None:
         """Send step times no take carried (the last steps), in one call; best effort, on close."""
@@ -321,8 +322,9 @@ class StreamClient:
         if self._prefetch and self._pending is None and end < self.meta.steps and left <= count // 2:
             self._pending = (end, self._take(end, max(1, count - left)))
 
-    def _accept(self, step: int, answer: list[list[Batch]]) -> None:
+    def _accept(self, step: int, block: BatchBlock) -> None:
         """Check an answer (consecutive steps from `step`, each the rank's micro-batches) and keep its steps."""
+        answer = block.unpack() if isinstance(block, BatchBlock) else block
         if not isinstance(answer, list) or not answer:
             raise ExecutionError(
                 f"executor answered step {step} of rank {self.dp_rank} with {answer!r}; restart `loom serve`"
@@ -346,7 +348,7 @@ class StreamClient:
                 f"({[(b.cp_rank, b.cp_size) for b in batches]}, asked cp rank {self.cp_rank}); restart `loom serve`"
             )
 
-    def _wait(self, fut: Any) -> list[list[Batch]]:
+    def _wait(self, fut: Any) -> BatchBlock:
         """The take's result; a take from a constructor the executor has since replaced is abandoned.
 
         A call to a constructor lost with its worker may never answer (Dask waits on the lost actor),
@@ -354,7 +356,7 @@ class StreamClient:
         """
         while True:
             try:
-                answer: list[list[Batch]] = fut.result(timeout=self._timings.client_check_s)
+                answer: BatchBlock = fut.result(timeout=self._timings.client_check_s)
                 return answer
             except TimeoutError:
                 if self._server_gone():

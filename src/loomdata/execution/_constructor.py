@@ -31,7 +31,7 @@ from loomdata.execution._reads import Reads, Route
 from loomdata.execution._telemetry import TelemetryBuffer, valid_report
 from loomdata.execution._window import Admission, Build, StepWindow, build_groups
 from loomdata.execution.protocol import ExecutorUnavailable
-from loomdata.schemas.batch import Batch
+from loomdata.schemas.batch import Batch, BatchBlock
 from loomdata.schemas.context_parallel import cp_group_check
 from loomdata.schemas.errors import ExecutionError, LoomError
 from loomdata.schemas.metrics import BuildPhases, ConstructorMetrics, StepTelemetry
@@ -39,7 +39,8 @@ from loomdata.schemas.plan import read_plan
 
 __all__ = ["DataConstructor", "Route"]
 
-_MANIFEST_CHUNK = 32  # manifest steps read at a time
+_MANIFEST_CHUNK = 32  # manifest steps read at a time, at least
+_MANIFEST_CHUNK_ROWS = 1 << 17  # ... or as many as hold about this many of the group's rows (a few MiB)
 
 
 @dataclass
@@ -56,7 +57,7 @@ class _Stats:
 
 
 class DataConstructor:
-    """Dask actor serving `take(dp_rank, step)` and `take_steps(dp_rank, step, count)` for a group of dp ranks."""
+    """Dask actor serving `take(dp_rank, step)`, `take_steps` / `take_block` (several steps) for a group of dp ranks."""
 
     def __init__(
         self,
@@ -73,7 +74,9 @@ class DataConstructor:
         self._ranks = self._window.ranks
         self._reads = Reads(routes, self._meta.plan_id)
         chunks = 2 + -(-self._window.window // _MANIFEST_CHUNK)  # the window's chunks stay in memory
-        self._manifest = ManifestSlice(plan_dir, self._meta, self._ranks, chunk_steps=_MANIFEST_CHUNK, keep=chunks)
+        self._manifest = ManifestSlice(
+            plan_dir, self._meta, self._ranks, chunk_steps=_MANIFEST_CHUNK, keep=chunks, chunk_rows=_MANIFEST_CHUNK_ROWS
+        )
         self._done: dict[int, asyncio.Future[None]] = {}  # Build.id -> resolved when that build ends
         self._tasks: set[asyncio.Task[None]] = set()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="loom-constructor")
@@ -102,6 +105,17 @@ class DataConstructor:
         taker is that CP peer of the dp rank and receives only its shards (`_packing.peer_batches`);
         None: the whole micro-batches.
         """
+        return await self._take_one(dp_rank, step, telemetry, cp_rank, None)
+
+    async def _take_one(
+        self,
+        dp_rank: int,
+        step: int,
+        telemetry: list[tuple[int, float]] | None,
+        cp_rank: int | None,
+        deferred: list[Build] | None,
+    ) -> list[Batch]:
+        """`take`; the builds its release starts go to `deferred` when given (the caller starts them)."""
         if cp_rank is not None:
             cp_group_check(self._meta, cp_rank)
         if dp_rank not in self._window.want:
@@ -115,7 +129,7 @@ class DataConstructor:
         t0 = time.perf_counter()
         admission = self._window.admit(dp_rank, step)
         try:
-            batches = await self._take(dp_rank, step, admission)
+            batches = await self._take(dp_rank, step, admission, deferred)
         finally:
             self._window.finish(dp_rank)
         self._stats.wait_s[dp_rank] += time.perf_counter() - t0
@@ -140,20 +154,33 @@ class DataConstructor:
         """
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ExecutionError(f"take_steps: count must be an int >= 1, got {count!r}")
-        out = [await self.take(dp_rank, step, telemetry, cp_rank)]
-        more = self._window.ready_run(dp_rank, step + 1, min(count, self._meta.steps - step) - 1)
-        builds: list[Build] = []
-        for s in range(step + 1, step + 1 + more):
-            got = self._window.collect(dp_rank, s)
-            builds.extend(got.builds)
-            if got.payload is None:  # pragma: no cover - ready_run saw it held, nothing ran in between
-                break
-            batches = got.payload
-            self._stats.takes[dp_rank] += 1
-            self._stats.batches_taken += len(batches)
-            out.append(peer_batches(self._meta, self._rules, batches, cp_rank) if cp_rank is not None else batches)
-        self._launch(tuple(builds))  # the steps these takes released, built ahead as one group of reads
+        builds: list[Build] = []  # what these takes release: started together (one group of reads), also on errors
+        try:
+            out = [await self._take_one(dp_rank, step, telemetry, cp_rank, builds)]
+            more = self._window.ready_run(dp_rank, step + 1, min(count, self._meta.steps - step) - 1)
+            for s in range(step + 1, step + 1 + more):
+                got = self._window.collect(dp_rank, s)
+                builds.extend(got.builds)
+                if got.payload is None:  # pragma: no cover - ready_run saw it held, nothing ran in between
+                    break
+                batches = got.payload
+                self._stats.takes[dp_rank] += 1
+                self._stats.batches_taken += len(batches)
+                out.append(peer_batches(self._meta, self._rules, batches, cp_rank) if cp_rank is not None else batches)
+        finally:
+            self._launch(tuple(builds))
         return out
+
+    async def take_block(
+        self,
+        dp_rank: int,
+        step: int,
+        count: int,
+        telemetry: list[tuple[int, float]] | None = None,
+        cp_rank: int | None = None,
+    ) -> BatchBlock:
+        """`take_steps` as one `BatchBlock` (what clients call: a dozen arrays move, not six per batch)."""
+        return BatchBlock.of(await self.take_steps(dp_rank, step, count, telemetry, cp_rank))
 
     async def record_telemetry(self, dp_rank: int, telemetry: list[tuple[int, float]]) -> None:
         """Step times a rank sends without a take (its last steps, on close)."""
@@ -207,38 +234,28 @@ class DataConstructor:
 
     async def _record(self, rank: int, reports: list[tuple[int, float]]) -> None:
         """Buffer a rank's measured step times with the segment lengths of those steps (from the manifest)."""
-        for item in reports:
-            step, secs = item if isinstance(item, (tuple, list)) and len(item) == 2 else (None, None)
-            if not valid_report(step, secs, self._meta.steps):
-                self._telemetry.dropped += 1
-                continue
-            step = int(step)
-            try:
-                if self._manifest.cached(step):
-                    rows = self._manifest.rows(step, [rank])
-                else:  # an older chunk: file I/O, off the event loop
-                    loop = asyncio.get_running_loop()
-                    rows = await loop.run_in_executor(self._pool, self._manifest.rows, step, [rank])
-            except Exception:  # telemetry is best effort: a failing read fails the builds, not this take
-                self._telemetry.dropped += 1
-                continue
-            self._telemetry.add(rank, step, float(secs), rows)
+        await _record_reports(self._telemetry, self._manifest, self._pool, self._meta.steps, rank, reports)
 
     # ---- the window's builds --------------------------------------------------------------------
 
-    async def _take(self, rank: int, step: int, admission: Admission) -> list[Batch]:
-        self._launch(admission.builds)
+    async def _take(
+        self, rank: int, step: int, admission: Admission, deferred: list[Build] | None = None
+    ) -> list[Batch]:
+        self._launch(admission.builds)  # started at once: this take may wait on them
         if admission.error is not None:
             raise admission.error
         if admission.wait is not None:
             await asyncio.shield(self._done[admission.wait.id])
         got = self._window.collect(rank, step)
-        self._launch(got.builds)
+        if deferred is not None:
+            deferred.extend(got.builds)
+        else:
+            self._launch(got.builds)
         if got.error is not None:
             raise got.error
         if got.payload is not None:
             return got.payload
-        batches = (await self._build(step, [rank]))[rank]  # outside the window: build it, do not hold it
+        batches = (await self._build_many([(step, [rank])]))[0][rank]  # outside the window: built, not held
         self._stats.on_demand_steps += 1
         return batches
 
@@ -271,10 +288,6 @@ class DataConstructor:
         for b in group:
             self._done.pop(b.id).set_result(None)
 
-    async def _build(self, step: int, ranks: list[int]) -> dict[int, list[Batch]]:
-        """Read the segments of `step` for `ranks` from the loaders and pack every micro-batch."""
-        return (await self._build_many([(step, ranks)]))[0]
-
     async def _build_many(self, work: list[tuple[int, list[int]]]) -> list[dict[int, list[Batch]]]:
         """Build several (step, ranks) with one loader request per (source, partition) for all of them."""
         t0 = time.perf_counter()
@@ -297,3 +310,29 @@ class DataConstructor:
         s.loaders_s += t2 - t1
         s.pack_s += t3 - t2
         return out
+
+
+async def _record_reports(
+    telemetry: TelemetryBuffer,
+    manifest: ManifestSlice,
+    pool: ThreadPoolExecutor,
+    steps: int,
+    rank: int,
+    reports: list[tuple[int, float]],
+) -> None:
+    """Add each valid (step, seconds) of `rank` to `telemetry` with that step's manifest rows; count others dropped."""
+    for item in reports:
+        step, secs = item if isinstance(item, (tuple, list)) and len(item) == 2 else (None, None)
+        if not valid_report(step, secs, steps):
+            telemetry.dropped += 1
+            continue
+        step = int(step)
+        try:
+            if manifest.cached(step):
+                rows = manifest.rows(step, [rank])
+            else:  # an older chunk: file I/O, off the event loop
+                rows = await asyncio.get_running_loop().run_in_executor(pool, manifest.rows, step, [rank])
+        except Exception:  # telemetry is best effort: a failing read fails the builds, not this take
+            telemetry.dropped += 1
+            continue
+        telemetry.add(rank, step, float(secs), rows)

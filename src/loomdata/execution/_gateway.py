@@ -35,7 +35,7 @@ __all__ = ["METHODS", "register", "unregister"]
 
 logger = logging.getLogger(__name__)
 
-METHODS = frozenset({"take", "take_steps", "record_telemetry"})
+METHODS = frozenset({"take", "take_steps", "take_block", "record_telemetry"})
 """What a rank may ask of its constructor through the gateway."""
 
 

@@ -51,6 +51,7 @@ from loomdata.storage import Location, location
 __all__ = ["REQUEST_DTYPE", "LoaderRetired", "SegmentData", "SourceLoader", "read_segments"]
 
 _INLINE_TOKENS = 1 << 16  # requests up to this many tokens are read on the event loop
+_SPAN_ROWS = 1 << 18  # manifest rows read at once when planning the cache (this partition's are kept)
 
 REQUEST_DTYPE = np.dtype([("sample", np.uint64), ("offset", np.uint32), ("length", np.uint32), ("step", np.uint32)])
 """One requested segment: `length` tokens of `sample` starting at token `offset`, for plan step `step`.
@@ -250,6 +251,8 @@ class _PlanAhead:
         self._loader = loader
         self._policy = policy
         self._planned: set[int] = set()  # manifest chunks counted
+        self._span = (0, 0)  # manifest chunks [a, b) whose rows of this partition `_rows` holds
+        self._rows: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.uint32), np.zeros(0, np.uint64))
         self._lock = threading.Lock()
         shard_of = {str(p): s for s, p in loader._paths.items()}
         self.cache = PlanUnitCache(meta.plan_id, meta.steps, policy, shard_of)
@@ -296,19 +299,40 @@ class _PlanAhead:
                     self._plan_chunk(c)
 
     def _plan_chunk(self, c: int) -> None:
-        p = self._loader.partition
-        chunk = self._policy.chunk_steps
-        try:
-            t = read_manifest(self._plan_dir, self._meta, c * chunk, (c + 1) * chunk - 1)
-        except (LoomError, OSError, pa.ArrowException):
-            self._loader._counters.plan_errors += 1
+        got = self._mine(c)
+        if got is None:
             return
-        src = t.column("source").to_numpy()
-        sample = t.column("sample").to_numpy().astype(np.uint64)
-        mine = (src == p.source_id) & (sample >= p.first_sample) & (sample < p.stop_sample)
-        keys = self.keys(sample[mine])
+        step, sample = got
+        keys = self.keys(sample)
         ok = keys >= 0
-        self.cache.plan(keys[ok], t.column("step").to_numpy()[mine][ok])
+        self.cache.plan(keys[ok], step[ok])
+
+    def _mine(self, c: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(step, sample) of this partition's manifest rows in chunk `c`; None if the manifest cannot be read.
+
+        Every manifest read scans whole row groups (milliseconds), so the rows of several chunks (about
+        `_SPAN_ROWS` manifest rows) are read at once and only this partition's (a small part) are kept.
+        """
+        chunk = self._policy.chunk_steps
+        if not self._span[0] <= c < self._span[1]:
+            total = sum(f.rows for f in self._meta.manifest)
+            per_chunk = max(1.0, total / max(self._meta.steps, 1) * chunk)
+            n = max(1, int(_SPAN_ROWS / per_chunk))
+            p = self._loader.partition
+            try:
+                t = read_manifest(self._plan_dir, self._meta, c * chunk, (c + n) * chunk - 1)
+            except (LoomError, OSError, pa.ArrowException):
+                self._loader._counters.plan_errors += 1
+                return None
+            src = t.column("source").to_numpy()
+            sample = t.column("sample").to_numpy().astype(np.uint64)
+            mine = np.flatnonzero((src == p.source_id) & (sample >= p.first_sample) & (sample < p.stop_sample))
+            step = t.column("step").to_numpy()[mine]
+            order = np.argsort(step, kind="stable")  # stored order within a step is kept
+            self._span, self._rows = (c, c + n), (step[order], sample[mine][order])
+        step, sample = self._rows
+        lo, hi = np.searchsorted(step, np.array([c * chunk, (c + 1) * chunk], dtype=step.dtype))
+        return step[lo:hi], sample[lo:hi]
 
     def served(self, request: np.ndarray) -> None:
         """The segments of `request` were read: count their uses off (drops units at their last use)."""

@@ -47,25 +47,53 @@ if tuple(f.name for f in dataclasses.fields(ManifestRows)) != _COLUMNS:  # pragm
     raise ImportError(f"ManifestRows fields differ from MANIFEST_SCHEMA columns {_COLUMNS}; keep them the same")
 
 
+def _steps_for_rows(meta: PlanMeta, ranks: int, rows: int) -> int:
+    """About how many steps hold `rows` manifest rows of `ranks` ranks (rows spread evenly over steps and ranks)."""
+    total = sum(f.rows for f in meta.manifest)
+    if rows <= 0 or total <= 0:
+        return 0
+    per_step = total / max(meta.steps, 1) * ranks / max(meta.dp_size, 1)
+    return min(meta.steps, int(rows / max(per_step, 1e-9)))
+
+
 class ManifestSlice:
     """Rows of one step for a fixed set of ranks, from a small cache of step chunks."""
 
-    def __init__(self, plan_dir: str | Path, meta: PlanMeta, ranks: list[int], chunk_steps: int = 32, keep: int = 2):
+    def __init__(
+        self,
+        plan_dir: str | Path,
+        meta: PlanMeta,
+        ranks: list[int],
+        chunk_steps: int = 32,
+        keep: int = 2,
+        chunk_rows: int = 0,
+    ):
+        """`chunk_steps`: steps read at a time, or more to hold about `chunk_rows` of this slice's rows.
+
+        Every read scans whole manifest row groups (milliseconds each), so reading few steps at a time
+        costs a scan per few steps; `chunk_rows` bounds the memory a larger chunk takes instead.
+        """
         self._plan_dir = Path(plan_dir)
         self._meta = meta
         self._ranks = sorted(ranks)
-        self._chunk = max(1, chunk_steps)
+        self._chunk = max(1, chunk_steps, _steps_for_rows(meta, len(self._ranks), chunk_rows))
         self._keep = max(1, keep)
         self._cache: collections.OrderedDict[int, ManifestRows] = collections.OrderedDict()
 
     def rows(self, step: int, ranks: list[int] | None = None) -> ManifestRows:
         """Rows of `step` (for `ranks`, default all of this slice's), ordered by (dp_rank, micro_batch)."""
         chunk = self._chunk_rows(step // self._chunk)
-        lo, hi = np.searchsorted(chunk.step, [step, step + 1])
-        out = chunk.take(slice(int(lo), int(hi)))
-        if ranks is not None and sorted(ranks) != self._ranks:
-            out = out.take(np.flatnonzero(np.isin(out.dp_rank, np.asarray(ranks, dtype=out.dp_rank.dtype))))
-        return out
+        lo, hi = np.searchsorted(chunk.step, np.array([step, step + 1], dtype=chunk.step.dtype))
+        if ranks is None or sorted(ranks) == self._ranks:
+            return chunk.take(slice(int(lo), int(hi)))
+        # a step's rows are ordered by dp_rank: each rank's rows are one run, found by bisection
+        want = np.unique(np.asarray(ranks, dtype=chunk.dp_rank.dtype))
+        ranks_of_step = chunk.dp_rank[lo:hi]
+        a = lo + np.searchsorted(ranks_of_step, want, side="left")
+        b = lo + np.searchsorted(ranks_of_step, want, side="right")
+        if len(want) == 1:
+            return chunk.take(slice(int(a[0]), int(b[0])))
+        return chunk.take(np.concatenate([np.arange(x, y) for x, y in zip(a.tolist(), b.tolist(), strict=True)]))
 
     def cached(self, step: int) -> bool:
         """Whether `step`'s chunk is in memory (`rows` then does no I/O)."""

@@ -24,6 +24,7 @@ from loomdata.execution.protocol import (
     ServeInfo,
     TlsInfo,
     constructor_dataset,
+    light_handle,
     serve_dataset,
     serve_path,
     write_serve_info,
@@ -50,7 +51,7 @@ class Publisher:
     def constructor(self, index: int, handle: Any) -> None:
         """Publish a constructor's handle under its deterministic name (clients re-resolve it after a loss)."""
         name = constructor_dataset(self._plan_id, index)
-        self._client.publish_dataset(handle, name=name, override=True)
+        self._client.publish_dataset(light_handle(handle), name=name, override=True)  # ranks need not import it
         self._names.add(name)
 
     def serve_info(self, info: ServeInfo) -> None:

@@ -40,6 +40,7 @@ from loomdata.schemas.errors import ContractError, ExecutionError
 
 __all__ = [
     "SERVE_FORMAT_VERSION",
+    "ConstructorCalls",
     "ConstructorInfo",
     "Deadline",
     "ExecutorUnavailable",
@@ -54,6 +55,7 @@ __all__ = [
     "dead_server",
     "env_security",
     "env_tls",
+    "light_handle",
     "lock_path",
     "parse_serve_info",
     "pid_alive",
@@ -154,6 +156,34 @@ def serve_path(plan_dir: str | Path) -> Path:
 def serve_dataset(plan_id: str) -> str:
     """Dask dataset name under which the executor publishes its ServeInfo (as a JSON string)."""
     return f"loomdata/{plan_id}/serve"
+
+
+class ConstructorCalls:
+    """The methods a Data Constructor answers, as a rank's actor handle names them (no implementation here).
+
+    A Dask actor handle pickles its class by reference, so a handle to the real `DataConstructor` makes
+    every rank that unpickles it import the constructor with Arrow, the planner's spec and the loaders
+    (about 0.6 s and tens of MiB before the first batch). The executor publishes `light_handle`s instead:
+    the same actor (key and worker), with this class, which a rank already has. Calls run the real methods
+    on the worker; `tests/unit/execution/test_protocol.py` keeps the names in step with DataConstructor.
+    """
+
+    async def start(self) -> Any: ...
+    async def take(self, *args: Any, **kwargs: Any) -> Any: ...
+    async def take_steps(self, *args: Any, **kwargs: Any) -> Any: ...
+    async def take_block(self, *args: Any, **kwargs: Any) -> Any: ...
+    async def record_telemetry(self, *args: Any, **kwargs: Any) -> None: ...
+    async def drain_telemetry(self) -> Any: ...
+    async def set_route(self, *args: Any, **kwargs: Any) -> None: ...
+    async def metrics(self) -> Any: ...
+    async def stop(self) -> None: ...
+
+
+def light_handle(handle: Any) -> Any:
+    """`handle` (an Actor of a DataConstructor) as an Actor of `ConstructorCalls`: same actor, cheap to unpickle."""
+    from distributed.actor import Actor
+
+    return Actor(ConstructorCalls, handle._address, handle.key)
 
 
 def constructor_dataset(plan_id: str, index: int) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 
 from loomdata.schemas.context_parallel import cp_positions
 
-__all__ = ["IGNORE_INDEX", "SEGMENT_DTYPE", "Batch", "reassemble_cp"]
+__all__ = ["IGNORE_INDEX", "SEGMENT_DTYPE", "Batch", "BatchBlock", "reassemble_cp"]
 
 IGNORE_INDEX = -100
 """Label value across document boundaries and padding (ignored by cross-entropy)."""
@@ -143,3 +143,81 @@ def reassemble_cp(shards: Sequence[Batch]) -> Batch:
         images=[imgs[k] for k in pick.tolist()],
         image_positions=uniq.astype(np.int32),
     )
+
+
+_BLOCK_ARRAYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "segments", "image_positions")
+_BLOCK_SCALARS = ("step", "dp_rank", "micro_batch", "lane", "cp_rank", "cp_size", "sequence_len")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchBlock:
+    """Several consecutive steps' micro-batches laid end to end in a few arrays: what one take moves.
+
+    Sent as a list of `Batch`es, every batch costs its own pickled object and six transport frames
+    (and a socket write each); a block is one object of about a dozen arrays whatever the number of
+    steps. `unpack` gives the same batches back (views into the block's arrays, no copy).
+    `steps[k]` is how many batches step k has; `scalars[i]` is batch i's `_BLOCK_SCALARS`;
+    `bounds[name][i]:bounds[name][i + 1]` is batch i's part of array `name`.
+    """
+
+    steps: np.ndarray
+    scalars: np.ndarray
+    arrays: dict[str, np.ndarray]
+    bounds: dict[str, np.ndarray]
+    images: list[np.ndarray]
+    image_bounds: np.ndarray
+
+    @classmethod
+    def of(cls, steps: Sequence[Sequence[Batch]]) -> BatchBlock:
+        """The block of `steps` (each one step's batches, in order)."""
+        flat = [b for step in steps for b in step]
+        arrays: dict[str, np.ndarray] = {}
+        bounds: dict[str, np.ndarray] = {}
+        for name in _BLOCK_ARRAYS:
+            parts = [getattr(b, name) for b in flat]
+            bounds[name] = _bounds([len(p) for p in parts])
+            arrays[name] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+        return cls(
+            steps=np.array([len(s) for s in steps], dtype=np.int64),
+            scalars=np.array([[getattr(b, f) for f in _BLOCK_SCALARS] for b in flat], dtype=np.int64).reshape(
+                len(flat), len(_BLOCK_SCALARS)
+            ),
+            arrays=arrays,
+            bounds=bounds,
+            images=[im for b in flat for im in b.images],
+            image_bounds=_bounds([len(b.images) for b in flat]),
+        )
+
+    def unpack(self) -> list[list[Batch]]:
+        """The steps' batches again (their arrays are views into this block's)."""
+        cuts = {name: self.bounds[name].tolist() for name in _BLOCK_ARRAYS}
+        img = self.image_bounds.tolist()
+        out: list[Batch] = []
+        for i, (step, dp_rank, micro_batch, lane, cp_rank, cp_size, sequence_len) in enumerate(self.scalars.tolist()):
+            part = {name: self.arrays[name][cuts[name][i] : cuts[name][i + 1]] for name in _BLOCK_ARRAYS}
+            out.append(
+                Batch(
+                    step=step,
+                    dp_rank=dp_rank,
+                    micro_batch=micro_batch,
+                    lane=lane,
+                    input_ids=part["input_ids"],
+                    labels=part["labels"],
+                    position_ids=part["position_ids"],
+                    cu_seqlens=part["cu_seqlens"],
+                    segments=part["segments"],
+                    images=self.images[img[i] : img[i + 1]],
+                    image_positions=part["image_positions"],
+                    cp_rank=cp_rank,
+                    cp_size=cp_size,
+                    sequence_len=sequence_len,
+                )
+            )
+        per = np.concatenate([[0], np.cumsum(self.steps)]).tolist()
+        return [out[per[k] : per[k + 1]] for k in range(len(self.steps))]
+
+
+def _bounds(lengths: list[int]) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out

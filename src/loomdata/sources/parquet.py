@@ -287,12 +287,16 @@ class ParquetReader(FormatReader):
             )
         rg_of = np.searchsorted(info.rg_starts, rows, side="right") - 1
         groups = np.unique(rg_of)
-        arrays = [self._row_group(path, info, int(g)) for g in groups]
-        base = np.concatenate([[0], np.cumsum([len(a) for a in arrays])])[:-1]
-        pos_of_group = dict(zip(groups.tolist(), base.tolist(), strict=True))
-        local = rows - info.rg_starts[rg_of] + np.array([pos_of_group[int(g)] for g in rg_of], dtype=np.int64)
-        col = pa.concat_arrays(arrays) if len(arrays) > 1 else arrays[0]
-        taken = col.take(pa.array(local))
+        # Take from each row group, then join the (small) takes: never concatenate whole row groups.
+        order = np.argsort(rg_of, kind="stable")
+        cuts = np.searchsorted(rg_of[order], groups, side="right")[:-1]
+        takes = [
+            self._row_group(path, info, int(g)).take(pa.array(rows[sel] - info.rg_starts[g]))
+            for g, sel in zip(groups.tolist(), np.split(order, cuts), strict=True)
+        ]
+        taken = pa.concat_arrays(takes) if len(takes) > 1 else takes[0]
+        if len(takes) > 1 and (np.diff(order) < 0).any():  # back to the order of `rows`
+            taken = taken.take(pa.array(np.argsort(order)))
         if taken.null_count:
             i = int(np.flatnonzero(taken.is_null().to_numpy(zero_copy_only=False))[0])
             raise SourceDataError(str(path), f"column {self._field!r}: null value", row=int(rows[i]))

@@ -39,3 +39,20 @@ def test_rank_imports_no_planner_and_no_table_libraries(statement: str) -> None:
     mods = _imported_after(statement)
     heavy = sorted(m for m in mods if any(m == h or m.startswith(h + ".") for h in _HEAVY))
     assert not heavy, f"{statement!r} imports {heavy}"
+
+
+def test_a_published_constructor_handle_unpickles_without_the_constructor() -> None:
+    """A rank unpickles the handle the executor publishes: that must not import the constructor's stack."""
+    import pickle
+
+    from distributed.actor import Actor
+
+    from loomdata.execution.protocol import light_handle
+
+    real = Actor(type("DataConstructor", (), {}), "tls://127.0.0.1:1", "loom-constructor-x")
+    blob = pickle.dumps(light_handle(real))
+    load = f"import pickle, loomdata.client\nh = pickle.loads({blob!r})\nassert h.key == 'loom-constructor-x'"
+    mods = _imported_after(load)
+    heavy = sorted(m for m in mods if any(m == h or m.startswith(h + ".") for h in _HEAVY))
+    assert not heavy, f"unpickling a published constructor handle imports {heavy}"
+    assert "loomdata.execution._constructor" not in mods

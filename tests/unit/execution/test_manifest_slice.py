@@ -56,3 +56,22 @@ def test_rows_of_a_step_for_the_slice_ranks(tmp_path: Path) -> None:
         assert len(rows) == sum(1 + (step + r + mb) % 3 for r in (1, 2) for mb in range(2))
     only = sl.rows(4, [1])
     assert set(only.dp_rank.tolist()) == {1} and sl.cached(4) and not sl.cached(0)
+
+
+def test_rows_of_some_ranks_are_the_filtered_rows_of_all(tmp_path: Path) -> None:
+    meta = _plan(tmp_path, ranks=4)
+    sl = ManifestSlice(tmp_path, meta, [0, 1, 2, 3], chunk_steps=2, keep=2, chunk_rows=50)
+    for step in range(meta.steps):
+        whole = sl.rows(step)
+        for ranks in ([0], [3], [1, 2], [3, 0], [0, 2, 3]):
+            got = sl.rows(step, ranks)
+            keep = np.isin(whole.dp_rank, ranks)
+            for c in MANIFEST_SCHEMA.names:
+                assert np.array_equal(getattr(got, c), getattr(whole, c)[keep]), (step, ranks, c)
+
+
+def test_chunk_rows_widens_the_chunk_to_hold_that_many_rows(tmp_path: Path) -> None:
+    meta = _plan(tmp_path, steps=10, ranks=3)  # 10 steps, about 12 rows per step
+    sl = ManifestSlice(tmp_path, meta, [0, 1, 2], chunk_steps=2, keep=1, chunk_rows=60)
+    sl.rows(0)
+    assert sl.cached(4) and not sl.cached(6)  # ~60 rows: 5 steps per chunk (not 2)

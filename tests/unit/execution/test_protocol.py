@@ -48,3 +48,15 @@ def test_missing_and_wrong_version(tmp_path: Path) -> None:
     raw = {**_info().model_dump(mode="json"), "format_version": 7}
     with pytest.raises(ContractError, match="version 7 is not supported"):
         parse_serve_info(json.dumps(raw), "x")
+
+
+def test_the_light_constructor_handle_names_every_public_constructor_method() -> None:
+    import inspect
+
+    from loomdata.execution._constructor import DataConstructor
+    from loomdata.execution.protocol import ConstructorCalls
+
+    def public(cls: type) -> set[str]:
+        return {n for n, f in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_")}
+
+    assert public(ConstructorCalls) == public(DataConstructor)

@@ -4,8 +4,9 @@ Why: see `_wire`. A rank connects straight to the worker holding its constructor
 serve.json names for it), authenticated like the cluster's own comms (the worker's TLS listen
 context: the cluster CA, client certificates required), and asks by the constructor's published
 name. The listener runs on the worker's event loop and calls the constructor's coroutines directly,
-so a take costs one socket round trip and no Dask message. A connection's requests are answered in
-the order they came; constructors are held weakly (a released actor is gone from here too, and a
+so a take costs one socket round trip and no Dask message. A connection's calls run concurrently
+(as Dask actor calls do: a take waiting for a peer must not hold up the rank's next call), each
+answer tagged with its request's id; constructors are held weakly (a released actor is gone from here too, and a
 rank asking for it is told to re-resolve).
 """
 
@@ -57,6 +58,8 @@ class _Gateway:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
+        calls: set[asyncio.Future[None]] = set()  # a connection's calls run concurrently, as Dask actor calls do
+        lock = asyncio.Lock()  # one answer written at a time
         try:
             while True:
                 try:
@@ -70,15 +73,33 @@ class _Gateway:
                 if length > MAX_BODY:
                     raise WireError(f"a request of {length} bytes from {peer}")
                 target, method, args, kwargs = decode_request(await reader.readexactly(length))
-                value, error = await self._call(target, method, args, kwargs)
-                writer.writelines(_answer(request_id, value, error))
-                await writer.drain()
+                task = asyncio.ensure_future(self._answer(writer, lock, request_id, target, method, args, kwargs))
+                calls.add(task)
+                task.add_done_callback(calls.discard)
         except (WireError, ConnectionError, asyncio.IncompleteReadError, ssl.SSLError) as e:
             logger.info("gateway: dropped the connection from %s (%s: %s)", peer, type(e).__name__, e)
         finally:
+            for task in list(calls):
+                task.cancel()
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    async def _answer(
+        self,
+        writer: asyncio.StreamWriter,
+        lock: asyncio.Lock,
+        request_id: int,
+        target: str,
+        method: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+    ) -> None:
+        value, error = await self._call(target, method, args, kwargs)
+        with contextlib.suppress(ConnectionError):
+            async with lock:
+                writer.writelines(_answer(request_id, value, error))
+                await writer.drain()
 
     async def _call(self, target: str, method: str, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, bool]:
         """(value, False) or (exception, True): what the rank's call raised is raised again at the rank."""

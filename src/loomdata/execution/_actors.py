@@ -291,7 +291,8 @@ class FleetOps:
 
     def _submit_loader(self, p: LoaderPartition) -> Future:
         key = f"loom-loader-{self._tag}-{p.source}-{p.part}-{uuid.uuid4().hex[:6]}"
-        policy = CachePolicy.of(self.config.loader_memory, self.config.window, self.config.loader_prefetch)
+        c = self.config
+        policy = CachePolicy.of(c.loader_memory, c.window, c.loader_prefetch, start_step=c.start_step)
         return self._submit(SourceLoader, str(self.plan_dir), p, policy, key=key)
 
     def _submit_constructor(self, ranks: list[int]) -> Future:

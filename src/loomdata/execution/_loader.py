@@ -17,6 +17,11 @@ its last planned use, and counts each served segment off. Planning is a hint: if
 reader cannot open yet), those units are simply not kept, and the read reports the real error.
 With `CachePolicy.prefetch` (`_prefetch`), the units pending steps need are read ahead, in plan order,
 a bounded number at once on the loader's prefetch threads, into the same cache and budget.
+A new loader plans from `CachePolicy.start_step` in its thread before any request arrives (`warm`), and
+each newly planned chunk's shards are opened concurrently first (shard checks, object HEADs and
+footers), so neither the first step nor a shard first met later waits on those requests one by one.
+A small read runs inline on the event loop only when it cannot wait on storage (local files, or
+every unit it needs already held): a GET must never block the worker's loop.
 
 Retirement (scaling, `Executor.set_loaders`): `close()` runs after any read already in the loader's
 thread (one thread, FIFO) and cannot interleave with an inline read (both run on the worker's event
@@ -27,6 +32,7 @@ constructor that sent it (a read issued just before its route switched) asks the
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +43,7 @@ import pyarrow as pa
 
 from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, unit_key
 from loomdata.execution._partition import LoaderPartition
-from loomdata.execution._prefetch import Prefetcher
+from loomdata.execution._prefetch import Prefetcher, run_concurrently
 from loomdata.execution._verify import Verifier, require_checksums, serving_error
 from loomdata.schemas.errors import ExecutionError, LoomError, SourceDataError
 from loomdata.schemas.freshness import require_fresh
@@ -46,7 +52,7 @@ from loomdata.schemas.metrics import LoaderMetrics
 from loomdata.schemas.plan import PlanMeta, read_manifest, read_plan
 from loomdata.sources import FormatReader, Sample, make_reader
 from loomdata.sources.images import decoded_image_tokens
-from loomdata.storage import Location, location
+from loomdata.storage import Location, is_url, location
 
 __all__ = ["REQUEST_DTYPE", "LoaderRetired", "SegmentData", "SourceLoader", "read_segments"]
 
@@ -138,6 +144,8 @@ class SourceLoader:
         self._counters = _Counters()
         self._closed = False
         self._in_thread = 0  # reads queued or running in the thread (changed only on the event loop)
+        self._remote = any(is_url(p) for p in self._paths.values())
+        self._warm = self._pool.submit(self._plan.warm) if self._plan is not None else None
 
     async def read(self, request: np.ndarray) -> SegmentData:
         """The segments of `request` (REQUEST_DTYPE): small reads inline, large ones in this actor's thread.
@@ -148,7 +156,7 @@ class SourceLoader:
         """
         self._check_open()
         small = int(request["length"].sum()) <= _INLINE_TOKENS
-        if small and (self._in_thread == 0 or self._reader.thread_safe):
+        if small and (self._in_thread == 0 or self._reader.thread_safe) and self._inline_ok(request):
             return self.read_now(request)
         self._in_thread += 1
         try:
@@ -156,6 +164,12 @@ class SourceLoader:
             return await loop.run_in_executor(self._pool, self.read_now, request)
         finally:
             self._in_thread -= 1
+
+    def _inline_ok(self, request: np.ndarray) -> bool:
+        """Whether a read cannot wait on storage: warmed up, and local files or every unit it needs held."""
+        if self._warm is not None and not self._warm.done():
+            return False
+        return not self._remote or (self._plan is not None and self._plan.held(request))
 
     def read_now(self, request: np.ndarray) -> SegmentData:
         """Synchronous `read` (the work itself).
@@ -254,11 +268,12 @@ class _PlanAhead:
         shard_of = {str(p): s for s, p in loader._paths.items()}
         self.cache = PlanUnitCache(meta.plan_id, meta.steps, policy, shard_of)
         self.prefetch: Prefetcher | None = None
+        self._opened: set[int] = set()  # shards opened ahead (`_open_shards`)
         if policy.prefetch > 0 and policy.worker_bytes > 0:
-            spec, part = meta.spec, loader.partition
+            part = loader.partition
             self.prefetch = Prefetcher(
                 self.cache,
-                lambda: make_reader(loader._source, spec.tokenizer, spec.images),
+                loader._reader.sibling,
                 loader._paths,
                 policy.prefetch,
                 f"{part.source}-{part.part}",
@@ -281,6 +296,29 @@ class _PlanAhead:
             if units is not None:
                 out[sel] = np.where(units >= 0, unit_key(s, units), -1)
         return out
+
+    def warm(self) -> None:
+        """Before any request: plan from the start step (opening those shards at once) and read ahead."""
+        start = np.array([min(self._policy.start_step, max(self._meta.steps - 1, 0))], dtype=np.int64)
+        self.ahead(start)
+        self.pump(start)
+
+    def held(self, request: np.ndarray) -> bool:
+        """Whether every unit `request` reads is held now (reading it makes no storage request)."""
+        keys = self.keys(request["sample"])
+        return bool(len(keys)) and bool((keys >= 0).all()) and bool(np.isin(keys, self.cache.held_keys()).all())
+
+    def _open_shards(self, shards: np.ndarray) -> None:
+        """Check and open the shards not opened yet, all at once (each its HEAD, edge and footer requests)."""
+        lo = self._loader
+        new = [int(s) for s in shards.tolist() if int(s) not in self._opened and int(s) in lo._paths]
+        self._opened.update(new)
+
+        def job(s: int) -> None:
+            lo._verifier.open_shard(s, lo._paths[s])
+            lo._reader.prepare(lo._paths[s])
+
+        run_concurrently([functools.partial(job, s) for s in new])
 
     def ahead(self, steps: np.ndarray) -> None:
         """Count the planned reads of every manifest chunk from the lowest step asked to the horizon."""
@@ -306,6 +344,10 @@ class _PlanAhead:
         src = t.column("source").to_numpy()
         sample = t.column("sample").to_numpy().astype(np.uint64)
         mine = (src == p.source_id) & (sample >= p.first_sample) & (sample < p.stop_sample)
+        lo = self._loader
+        if len(lo._sample):
+            pos = np.minimum(np.searchsorted(lo._sample, sample[mine]), len(lo._sample) - 1)
+            self._open_shards(np.unique(lo._shard[pos]))
         keys = self.keys(sample[mine])
         ok = keys >= 0
         self.cache.plan(keys[ok], t.column("step").to_numpy()[mine][ok])

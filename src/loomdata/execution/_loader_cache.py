@@ -60,12 +60,15 @@ class CachePolicy:
     `horizon_steps`: a unit is kept only for a use at most this many steps after the newest step
     served (the serving window and a few steps beyond); `chunk_steps`: manifest steps read at a time;
     `prefetch`: units a loader reads ahead at once (`_prefetch`; 0: none), for uses within the horizon.
+    `start_step`: the step serving starts at, which a new loader plans (and reads ahead) from before any
+    request arrives.
     """
 
     worker_bytes: int
     horizon_steps: int
     chunk_steps: int = 32
     prefetch: int = 0
+    start_step: int = 0
 
     def __post_init__(self) -> None:
         if self.worker_bytes < 0:
@@ -74,12 +77,16 @@ class CachePolicy:
             raise ValueError(f"CachePolicy horizon_steps and chunk_steps must be >= 1, got {self!r}")
         if self.prefetch < 0:
             raise ValueError(f"CachePolicy.prefetch must be >= 0 units in flight, got {self.prefetch!r}")
+        if self.start_step < 0:
+            raise ValueError(f"CachePolicy.start_step must be >= 0, got {self.start_step!r}")
 
     @classmethod
-    def of(cls, loader_memory: int, window: int, prefetch: int = 0) -> CachePolicy:
+    def of(cls, loader_memory: int, window: int, prefetch: int = 0, start_step: int = 0) -> CachePolicy:
         """The policy serving uses: the configured budget, the window plus a few steps (more to read ahead into)."""
         extra = PREFETCH_STEPS if prefetch > 0 and loader_memory > 0 else 0
-        return cls(worker_bytes=loader_memory, horizon_steps=window + 2 + extra, prefetch=prefetch)
+        return cls(
+            worker_bytes=loader_memory, horizon_steps=window + 2 + extra, prefetch=prefetch, start_step=start_step
+        )
 
 
 class UnitUses:

@@ -32,7 +32,7 @@ from loomdata.execution._loader_cache import PlanUnitCache, split_key, unit_key
 from loomdata.sources import FormatReader, UnitKey
 from loomdata.storage import Location
 
-__all__ = ["PrefetchCounters", "Prefetcher", "plan_prefetch"]
+__all__ = ["PrefetchCounters", "Prefetcher", "plan_prefetch", "run_concurrently"]
 
 
 _THREADS = 32
@@ -49,6 +49,32 @@ def _shared_threads() -> ThreadPoolExecutor:
         if _SHARED is None:
             _SHARED = ThreadPoolExecutor(_THREADS, thread_name_prefix="loom-prefetch")
         return _SHARED
+
+
+def run_concurrently(jobs: list[Callable[[], None]]) -> int:
+    """Run `jobs` at once on this process's read-ahead threads and wait for all; how many raised.
+
+    For opening a loader's objects (HEADs, footers, shard checks) in parallel rather than one after
+    another: a failure is not raised here, the read that needs that object meets it again and reports it.
+    """
+    if not jobs:
+        return 0
+    if len(jobs) == 1:
+        futs = [_run_one(jobs[0])]
+    else:
+        pool = _shared_threads()
+        futs = [pool.submit(job) for job in jobs]
+    return sum(1 for f in futs if f.exception() is not None)
+
+
+def _run_one(job: Callable[[], None]) -> Future[None]:
+    fut: Future[None] = Future()
+    try:
+        job()
+        fut.set_result(None)
+    except Exception as e:  # reported by the read that needs it
+        fut.set_exception(e)
+    return fut
 
 
 def plan_prefetch(keys: np.ndarray, steps: np.ndarray, busy: np.ndarray, slots: int) -> np.ndarray:

@@ -291,8 +291,7 @@ class FleetOps:
 
     def _submit_loader(self, p: LoaderPartition) -> Future:
         key = f"loom-loader-{self._tag}-{p.source}-{p.part}-{uuid.uuid4().hex[:6]}"
-        c = self.config
-        policy = CachePolicy.of(c.loader_memory, c.window, c.loader_prefetch, start_step=c.start_step)
+        policy = CachePolicy.serving(self.config)
         return self._submit(SourceLoader, str(self.plan_dir), p, policy, key=key)
 
     def _submit_constructor(self, ranks: list[int]) -> Future:

@@ -6,7 +6,8 @@ sample -> (shard, row) for its own shards (sorted arrays, `searchsorted`), one o
 thread so the worker's event loop stays responsive and several loaders on one worker overlap.
 
 Integrity (`verify` per source, see _verify): a shard is checked against `shards.parquet` when the
-loader first reads it, and with `verify: sample` every sample read against its checksum in the index.
+loader first plans (opens it ahead) or reads it, and with `verify: sample` every sample read against its
+checksum in the index.
 A reader that is not `thread_safe` is never inside two reads at once: while a read runs in the thread,
 small reads queue behind it there instead of running inline.
 
@@ -32,24 +33,21 @@ constructor that sent it (a read issued just before its route switched) asks the
 from __future__ import annotations
 
 import asyncio
-import functools
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
 
-from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, unit_key
+from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._partition import LoaderPartition
-from loomdata.execution._prefetch import Prefetcher, run_concurrently
+from loomdata.execution._plan_ahead import PlanAhead
 from loomdata.execution._verify import Verifier, require_checksums, serving_error
-from loomdata.schemas.errors import ExecutionError, LoomError, SourceDataError
+from loomdata.schemas.errors import ExecutionError, SourceDataError
 from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
-from loomdata.schemas.plan import PlanMeta, read_manifest, read_plan
+from loomdata.schemas.plan import read_plan
 from loomdata.sources import FormatReader, Sample, make_reader
 from loomdata.sources.images import decoded_image_tokens
 from loomdata.storage import Location, is_url, location
@@ -139,7 +137,7 @@ class SourceLoader:
         }
         self._reader: FormatReader = make_reader(self._source, spec.tokenizer, spec.images)
         self._patch = spec.images.patch_size
-        self._plan = _PlanAhead(plan_dir, meta, self, cache) if cache is not None else None
+        self._plan = PlanAhead(plan_dir, meta, self, cache) if cache is not None else None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"loom-loader-{partition.source}-{partition.part}")
         self._counters = _Counters()
         self._closed = False
@@ -253,118 +251,6 @@ class SourceLoader:
         if self._plan is not None:
             self._plan.close()
         self._pool.shutdown(wait=False)
-
-
-class _PlanAhead:
-    """A loader's look at its future: plans its cache from the manifest and counts served reads off."""
-
-    def __init__(self, plan_dir: str, meta: PlanMeta, loader: SourceLoader, policy: CachePolicy) -> None:
-        self._plan_dir = plan_dir
-        self._meta = meta
-        self._loader = loader
-        self._policy = policy
-        self._planned: set[int] = set()  # manifest chunks counted
-        self._lock = threading.Lock()
-        shard_of = {str(p): s for s, p in loader._paths.items()}
-        self.cache = PlanUnitCache(meta.plan_id, meta.steps, policy, shard_of)
-        self.prefetch: Prefetcher | None = None
-        self._opened: set[int] = set()  # shards opened ahead (`_open_shards`)
-        if policy.prefetch > 0 and policy.worker_bytes > 0:
-            part = loader.partition
-            self.prefetch = Prefetcher(
-                self.cache,
-                loader._reader.sibling,
-                loader._paths,
-                policy.prefetch,
-                f"{part.source}-{part.part}",
-            )
-        loader._reader.use_unit_cache(self.prefetch if self.prefetch is not None else self.cache)
-
-    def keys(self, samples: np.ndarray) -> np.ndarray:
-        """Unit key per sample of this partition (-1 where the reader cannot tell)."""
-        lo = self._loader
-        pos = np.minimum(np.searchsorted(lo._sample, samples), max(len(lo._sample) - 1, 0))
-        shard, row = lo._shard[pos], lo._row[pos]
-        out = np.full(len(samples), -1, dtype=np.int64)
-        for s in np.unique(shard).tolist():
-            sel = np.flatnonzero(shard == s)
-            try:
-                units = lo._reader.units(lo._paths[int(s)], row[sel])
-            except (LoomError, OSError, pa.ArrowException):  # the read itself reports it, with the verifier's words
-                lo._counters.plan_errors += 1
-                continue
-            if units is not None:
-                out[sel] = np.where(units >= 0, unit_key(s, units), -1)
-        return out
-
-    def warm(self) -> None:
-        """Before any request: plan from the start step (opening those shards at once) and read ahead."""
-        start = np.array([min(self._policy.start_step, max(self._meta.steps - 1, 0))], dtype=np.int64)
-        self.ahead(start)
-        self.pump(start)
-
-    def held(self, request: np.ndarray) -> bool:
-        """Whether every unit `request` reads is held now (reading it makes no storage request)."""
-        keys = self.keys(request["sample"])
-        return bool(len(keys)) and bool((keys >= 0).all()) and bool(np.isin(keys, self.cache.held_keys()).all())
-
-    def _open_shards(self, shards: np.ndarray) -> None:
-        """Check and open the shards not opened yet, all at once (each its HEAD, edge and footer requests)."""
-        lo = self._loader
-        new = [int(s) for s in shards.tolist() if int(s) not in self._opened and int(s) in lo._paths]
-        self._opened.update(new)
-
-        def job(s: int) -> None:
-            lo._verifier.open_shard(s, lo._paths[s])
-            lo._reader.prepare(lo._paths[s])
-
-        run_concurrently([functools.partial(job, s) for s in new])
-
-    def ahead(self, steps: np.ndarray) -> None:
-        """Count the planned reads of every manifest chunk from the lowest step asked to the horizon."""
-        if len(steps) == 0:
-            return
-        chunk = self._policy.chunk_steps
-        first = int(np.min(steps)) // chunk
-        last = min(int(np.max(steps)) + self._policy.horizon_steps, self._meta.steps - 1) // chunk
-        with self._lock:
-            for c in range(first, last + 1):
-                if c not in self._planned:
-                    self._planned.add(c)
-                    self._plan_chunk(c)
-
-    def _plan_chunk(self, c: int) -> None:
-        p = self._loader.partition
-        chunk = self._policy.chunk_steps
-        try:
-            t = read_manifest(self._plan_dir, self._meta, c * chunk, (c + 1) * chunk - 1)
-        except (LoomError, OSError, pa.ArrowException):
-            self._loader._counters.plan_errors += 1
-            return
-        src = t.column("source").to_numpy()
-        sample = t.column("sample").to_numpy().astype(np.uint64)
-        mine = (src == p.source_id) & (sample >= p.first_sample) & (sample < p.stop_sample)
-        lo = self._loader
-        if len(lo._sample):
-            pos = np.minimum(np.searchsorted(lo._sample, sample[mine]), len(lo._sample) - 1)
-            self._open_shards(np.unique(lo._shard[pos]))
-        keys = self.keys(sample[mine])
-        ok = keys >= 0
-        self.cache.plan(keys[ok], t.column("step").to_numpy()[mine][ok])
-
-    def served(self, request: np.ndarray) -> None:
-        """The segments of `request` were read: count their uses off (drops units at their last use)."""
-        self.cache.served(self.keys(request["sample"]), request["step"].astype(np.int64))
-
-    def pump(self, steps: np.ndarray | None) -> None:
-        """Read ahead what the pending steps need (no-op without prefetch)."""
-        if self.prefetch is not None:
-            self.prefetch.pump(steps)
-
-    def close(self) -> None:
-        if self.prefetch is not None:
-            self.prefetch.close()
-        self.cache.close()
 
 
 def _rss() -> int:

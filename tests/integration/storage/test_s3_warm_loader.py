@@ -46,7 +46,9 @@ def _write(root: Path) -> dict[str, list[np.ndarray]]:
     root.mkdir(parents=True, exist_ok=True)
     for k in range(3):
         docs = [rng.integers(1, 5000, size=int(n), dtype=np.int32) for n in rng.integers(30, 300, size=96)]
-        pq.write_table(pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))}), root / f"p{k}.parquet", row_group_size=16)
+        pq.write_table(
+            pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))}), root / f"p{k}.parquet", row_group_size=16
+        )
         out[f"p{k}.parquet"] = docs
     return out
 
@@ -83,11 +85,11 @@ def _request(plan_dir: Path, step: int) -> np.ndarray:
     return req
 
 
-def _loader(plan_dir: Path, start: int) -> SourceLoader:
+def _loader(plan_dir: Path, start: int, chunk: int) -> SourceLoader:
     meta = read_plan(plan_dir)
     files = IndexFiles.of(meta.spec.workdir, meta.sources[0])
     (part,) = partition_source(0, meta.sources[0], files.sample_shards().column("shard").to_numpy(), 1)
-    policy = CachePolicy(worker_bytes=64 << 20, horizon_steps=6, prefetch=4, start_step=start)
+    policy = CachePolicy(worker_bytes=64 << 20, horizon_steps=6, chunk_steps=chunk, prefetch=4, start_step=start)
     return SourceLoader(str(plan_dir), part, policy)
 
 
@@ -109,18 +111,21 @@ def _expected(plan_dir: Path, req: np.ndarray, docs: dict[str, list[np.ndarray]]
     return np.concatenate(parts)
 
 
-@pytest.mark.parametrize("start", [0, 17])
+@pytest.mark.parametrize(("start", "chunk"), [(0, 32), (12, 32), (5, 2)], ids=["start", "resume", "chunks"])
 def test_the_start_step_is_served_without_a_storage_request(
-    dask_client: Client, s3: S3Server, tmp_path: Path, start: int
+    dask_client: Client, s3: S3Server, tmp_path: Path, start: int, chunk: int
 ) -> None:
+    """`chunks`: manifest chunks of 2 steps, so most of the reach is planned by the background planner."""
     plan_dir, docs = _plan(tmp_path, s3, dask_client)
     reset_request_stats()
-    loader = _loader(plan_dir, start)
+    loader = _loader(plan_dir, start, chunk)
     try:
         assert loader._warm is not None
         loader._warm.result(timeout=60)
         assert loader._plan is not None and loader._plan.prefetch is not None
-        assert loader._plan.prefetch.settle(60)
+        assert loader._plan.idle(60)
+        if chunk == 2:
+            assert loader._plan._planned >= {2, 3, 4, 5}  # steps 5..11: chunk 2 at once, 3..5 behind it
         warmed = request_stats()
         assert warmed.get("head", 0) >= 3 and warmed.get("get", 0) >= 3, warmed  # shards opened, units read ahead
         req = _request(plan_dir, start)
@@ -130,7 +135,8 @@ def test_the_start_step_is_served_without_a_storage_request(
         assert request_stats() == {}, request_stats()
         np.testing.assert_array_equal(got.tokens, _expected(plan_dir, req, docs))
         assert loader._plan.prefetch.counters.hits >= 1
-        far = _request(plan_dir, 29 if start == 0 else 0)
+        later = [_request(plan_dir, s) for s in range(start + 12, 30)]
+        far = next(r for r in later if not loader._plan.held(r))  # a step whose units nobody read yet
         assert not loader._inline_ok(far)  # it would wait on a GET: the loader's thread reads it
         np.testing.assert_array_equal(loader.read_now(far).tokens, _expected(plan_dir, far, docs))
     finally:

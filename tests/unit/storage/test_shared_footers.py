@@ -29,7 +29,9 @@ URL = "memory://loomfooters/a.parquet"
 @pytest.fixture
 def obj() -> Iterator[str]:
     buf = io.BytesIO()
-    pq.write_table(pa.table({"ids": pa.array([[r, r + 1] for r in range(40)], pa.list_(pa.int32()))}), buf, row_group_size=4)
+    pq.write_table(
+        pa.table({"ids": pa.array([[r, r + 1] for r in range(40)], pa.list_(pa.int32()))}), buf, row_group_size=4
+    )
     fs = fsspec.filesystem("memory")
     fs.pipe("/loomfooters/a.parquet", buf.getvalue())
     reset_request_stats()
@@ -71,9 +73,9 @@ def test_concurrent_prepares_fetch_one_footer(obj: str) -> None:
 def test_a_missing_object_fails_prepare_naming_it_and_is_not_kept(obj: str) -> None:
     main = ParquetReader(SRC, TokenizerSpec(), ImageSpec())
     missing = "memory://loomfooters/none.parquet"
-    with pytest.raises(SourceDataError, match="none.parquet"):
+    with pytest.raises(SourceDataError, match=r"none\.parquet"):
         main.prepare(missing)
-    with pytest.raises(SourceDataError, match="none.parquet"):  # asked again, not a cached failure
+    with pytest.raises(SourceDataError, match=r"none\.parquet"):  # asked again, not a cached failure
         main.read(missing, np.array([0]))
 
 

@@ -248,7 +248,8 @@ class Prefetcher:
             rate = (newest - s0) / (now - t0)
             self.steps_per_s = rate if self.steps_per_s <= 0 else 0.5 * (self.steps_per_s + rate)
             self._mark = (now, newest)
-            self.cache.extra_steps = extra_steps(self.read_s, self.steps_per_s, self.cache.policy.horizon_steps)
+            need = extra_steps(self.read_s, self.steps_per_s, self.cache.policy.horizon_steps)
+            self.cache.extra_steps = max(self.cache.extra_steps, need)  # never narrowed: units read would be dropped
 
     def in_flight(self) -> int:
         """Reads ahead issued and not finished."""

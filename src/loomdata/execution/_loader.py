@@ -230,7 +230,13 @@ class SourceLoader:
         if pf is None:
             return {}
         c = pf.counters
-        return {"prefetched": c.prefetched, "prefetch_hits": c.hits, "prefetch_errors": c.errors}
+        return {
+            "prefetched": c.prefetched,
+            "prefetch_hits": c.hits,
+            "prefetch_errors": c.errors,
+            "prefetch_waits": c.waited,
+            "unit_misses": c.misses,
+        }
 
     def _check_open(self) -> None:
         if self._closed:

@@ -168,6 +168,8 @@ class Prefetcher:
         self._pool = _shared_threads()
         self.name = name
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a finished read's follow-up pump is done
+        self._pumping = 0  # finished reads whose follow-up pump (which may issue the next) still runs
         self._inflight: dict[int, Future[None]] = {}
         self._fresh: set[int] = set()  # read ahead and kept, not yet asked for
         self._declined: set[int] = set()  # read ahead but not kept: not again until a step is served
@@ -261,8 +263,12 @@ class Prefetcher:
         while True:
             with self._lock:
                 futs = list(self._inflight.values())
-            if not futs:
-                return True
+                if not futs:
+                    if self._pumping == 0:
+                        return True
+                    if not self._idle.wait(timeout):
+                        return False
+                    continue
             done, _ = wait_for(futs, timeout)
             if not done:
                 return False
@@ -293,7 +299,13 @@ class Prefetcher:
             self._give_back(reader)
             with self._lock:
                 self._inflight.pop(k, None)
-        self.pump()
+                self._pumping += 1
+        try:
+            self.pump()
+        finally:
+            with self._lock:
+                self._pumping -= 1
+                self._idle.notify_all()
 
     def _take_reader(self) -> FormatReader:
         with self._lock:

@@ -1,9 +1,9 @@
 """A Source Loader over S3 opens its objects and reads its first steps ahead before any request (real moto server).
 
-The loader runs in this process (what a Dask actor runs), so the process's request counts are its own:
-once it has warmed up and its read-ahead settled, serving the start step fetches no unit (its
-read-ahead counters) and opens no object (no HEAD in the process's request counts), its tokens equal an independent read of the local copy, and
-a small read of a step nobody read ahead is sent to the loader's thread instead of the event loop.
+The loader runs in this process (what a Dask actor runs): once it has warmed up and its read-ahead settled,
+serving the start step fetches no unit (the loader's read-ahead counters) and opens no object (no HEAD in
+the process's request counts); its tokens equal an independent read of the local copy, and a small read of
+a step nobody read ahead is sent to the loader's thread instead of the event loop.
 """
 
 from __future__ import annotations

@@ -189,6 +189,9 @@ def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path,
         "wall_s": round(wall, 3),
         "tokens_per_s_per_consumer": round(tokens / wall / consumers),
         "wait_per_step_ms": round(1000 * max(r["wait_s"] for r in rows) / steps, 3),
+        # the goal's figure: steady state, without the first step (serve start, the same once per run)
+        "wait_per_step_after_first_ms": round(1000 * max(sum(r["gaps"][1:]) for r in rows) / max(steps - 1, 1), 3),
+        "first_wait_s": round(max(r["gaps"][0] if r["gaps"] else 0.0 for r in rows), 3),
         "first_batch_s": round(max(r["first_s"] or 0.0 for r in rows), 3),
         "steps": steps,
         **_gap_stats([g for r in rows for g in r["gaps"][1:]]),  # after the first batch
@@ -196,6 +199,10 @@ def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path,
         "prefetched_units": sum(m.prefetched for m in loaders),
         "prefetch_hits": sum(m.prefetch_hits for m in loaders),
         "prefetch_errors": sum(m.prefetch_errors for m in loaders),
+        # storage waits on the loaders' read path: a unit awaited while being read ahead, or fetched by the read
+        # (None from a loomdata whose loaders do not count them)
+        "prefetch_waits": _total(loaders, "prefetch_waits"),
+        "unit_misses": _total(loaders, "unit_misses"),
     }
     if counts is not None:
         out.update(
@@ -204,6 +211,11 @@ def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path,
             fetched_per_delivered=round(counts.bytes_down / max(4 * tokens, 1), 3),
         )
     return out
+
+
+def _total(loaders: list[Any], field: str) -> int | None:
+    vals = [getattr(m, field, None) for m in loaders]
+    return None if any(v is None for v in vals) else sum(vals)
 
 
 def _gap_stats(gaps: list[float]) -> dict[str, Any]:
@@ -264,6 +276,85 @@ def _mosaic_run(remote: str, consumers: int, samples: int, proxy: LatencyProxy, 
     }
 
 
+def _print_row(side: str, ms: float, row: dict[str, Any]) -> None:
+    extra = (
+        f"{row['requests_per_step']:>10.2f}{row['fetched_per_delivered']:>12.3f}" if "requests_per_step" in row else ""
+    )
+    wait = row.get("wait_per_step_ms", row.get("wait_per_batch_ms", 0.0))
+    after = f"{row['wait_per_step_after_first_ms']:>11.2f}" if "wait_per_step_after_first_ms" in row else f"{'':>11}"
+    waits = [row.get("prefetch_waits"), row.get("unit_misses")]
+    misses = f"  storage waits {waits[0] + waits[1]}" if None not in waits else ""
+    print(f"{side:<26}{ms:>5.0f}{row['tokens_per_s_per_consumer']:>16,}{wait:>14.2f}{after}{extra}{misses}")
+
+
+def _one_round(
+    args: Any,
+    rnd: int,
+    locals_: dict[str, Any],
+    plans: dict[str, Any],
+    proxies: dict[float, LatencyProxy],
+    root: Path,
+    mosaic: bool,
+    results: dict[str, Any],
+) -> None:
+    """Every side once: local disk (and local without prefetch for `block`), then S3 at each latency, then Mosaic."""
+    for sh, local in locals_.items():
+        runs = [(f"loomdata local {sh}", args.prefetch)] + ([(f"loomdata local {sh} no-pf", 0)] * (sh == "block"))
+        for side, pf in runs:
+            row = _loom_run(local, args.consumers, None, root, pf)
+            results["runs"].append({"side": side, "latency_ms": 0, "round": rnd, **row})
+            _print_row(side, 0, row)
+    for ms, proxy in proxies.items():
+        for sh, spec in plans.items():
+            runs = [(f"loomdata s3 {sh}", args.prefetch)]
+            if ms in args.no_prefetch_at and args.prefetch > 0:
+                runs.append((f"loomdata s3 {sh} no-pf", 0))
+            for side, pf in runs:
+                row = _loom_run(spec, args.consumers, proxy, root, pf)
+                results["runs"].append({"side": side, "latency_ms": ms, "round": rnd, **row})
+                _print_row(side, ms, row)
+        if mosaic:
+            row = _mosaic_run(f"s3://{BUCKET}/mds", args.consumers, args.docs, proxy, root)
+            results["runs"].append({"side": "mosaic s3", "latency_ms": ms, "round": rnd, **row})
+            _print_row("mosaic s3", ms, row)
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per S3 side and latency: medians over rounds, as ratios to the local run of the same shuffle and to Mosaic."""
+    by: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in runs:
+        by.setdefault((r["side"], r["latency_ms"]), []).append(r)
+
+    def med(side: str, ms: float, key: str) -> float | None:
+        vals = [r[key] for r in by.get((side, ms), []) if r.get(key) is not None]
+        return float(np.median(vals)) if vals else None
+
+    summary = {}
+    for side, ms in by:
+        if not side.startswith("loomdata s3") or side.endswith("no-pf"):
+            continue
+        local = side.replace(" s3 ", " local ")  # the same shuffle, local disk
+        wait, local_wait = med(side, ms, "wait_per_step_ms"), med(local, 0, "wait_per_step_ms")
+        after = med(side, ms, "wait_per_step_after_first_ms")
+        local_after = med(local, 0, "wait_per_step_after_first_ms")
+        tps, mosaic = med(side, ms, "tokens_per_s_per_consumer"), med("mosaic s3", ms, "tokens_per_s_per_consumer")
+        assert wait is not None and local_wait is not None and after is not None and local_after is not None
+        summary[f"{side} @{ms:g}ms"] = {
+            "rounds": len(by[(side, ms)]),
+            "wait_per_step_ms": round(wait, 3),
+            "local_wait_per_step_ms": round(local_wait, 3),
+            "wait_vs_local": round(wait / max(local_wait, 1e-9), 3),
+            "wait_after_first_ms": round(after, 3),
+            "local_wait_after_first_ms": round(local_after, 3),
+            "wait_after_first_vs_local": round(after / max(local_after, 1e-9), 3),
+            "storage_waits": [
+                None if r.get("unit_misses") is None else r["prefetch_waits"] + r["unit_misses"] for r in by[(side, ms)]
+            ],
+            "tokens_per_s_vs_mosaic": None if tps is None or not mosaic else round(tps / mosaic, 3),
+        }
+    return summary
+
+
 def main() -> None:
     from loomdata.execution import ServeConfig
 
@@ -287,6 +378,8 @@ def main() -> None:
         default=0.0,
         help="simulated training step per batch in each loomdata consumer (0: read as fast as possible)",
     )
+    ap.add_argument("--no-mosaic", action="store_true", help="skip the Mosaic Streaming rows")
+    ap.add_argument("--rounds", type=int, default=1, help="times every side runs, alternating (medians reported)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     global STEP_S
@@ -315,7 +408,7 @@ def main() -> None:
         s3 = boto3.client("s3", endpoint_url=direct)
         s3.create_bucket(Bucket=BUCKET)
         _upload(s3, root / "parquet", "parquet")
-        mosaic = PEERS_PYTHON.exists()
+        mosaic = PEERS_PYTHON.exists() and not args.no_mosaic
         if mosaic:
             mds = root / "mds"
             env = {**os.environ, "PYTHONPATH": str(HERE / "_peer_stubs")}
@@ -347,54 +440,24 @@ def main() -> None:
                 build_index(spec, client)
                 plans_of[spec.name] = Path(make_plan(spec).plan_dir)
                 plans[sh] = spec
-        header = f"{'side':<22}{'ms':>5}{'tok/s/consumer':>16}{'wait/step ms':>14}{'req/step':>10}{'fetch/deliv':>12}"
+        header = (
+            f"{'side':<26}{'ms':>5}{'tok/s/consumer':>16}{'wait/step ms':>14}{'after 1st':>11}{'req/step':>10}"
+            f"{'fetch/deliv':>12}"
+        )
         print(header)
-        for sh, local in locals_.items():
-            runs = [(f"loomdata local {sh}", args.prefetch)] + ([(f"loomdata local {sh} no-pf", 0)] * (sh == "block"))
-            for side, pf in runs:
-                row = _loom_run(local, args.consumers, None, root, pf)
-                results["runs"].append({"side": side, "latency_ms": 0, **row})
-                print(f"{side:<22}{0:>5}{row['tokens_per_s_per_consumer']:>16,}{row['wait_per_step_ms']:>14.2f}")
-        for ms in args.latencies:
-            proxy = LatencyProxy(port, ms / 1000)
-            try:
-                for sh, spec in plans.items():
-                    runs = [(f"loomdata s3 {sh}", args.prefetch)]
-                    if ms in args.no_prefetch_at and args.prefetch > 0:
-                        runs.append((f"loomdata s3 {sh} no-pf", 0))
-                    for side, pf in runs:
-                        row = _loom_run(spec, args.consumers, proxy, root, pf)
-                        results["runs"].append({"side": side, "latency_ms": ms, **row})
-                        print(
-                            f"{side:<22}{ms:>5.0f}{row['tokens_per_s_per_consumer']:>16,}"
-                            f"{row['wait_per_step_ms']:>14.2f}{row['requests_per_step']:>10.2f}"
-                            f"{row['fetched_per_delivered']:>12.3f}"
-                        )
-                if mosaic:
-                    row = _mosaic_run(f"s3://{BUCKET}/mds", args.consumers, args.docs, proxy, root)
-                    results["runs"].append({"side": "mosaic s3", "latency_ms": ms, **row})
-                    print(
-                        f"{'mosaic s3':<22}{ms:>5.0f}{row['tokens_per_s_per_consumer']:>16,}"
-                        f"{row['wait_per_batch_ms']:>14.2f}{'':>10}{row['fetched_per_delivered']:>12.3f}"
-                    )
-            finally:
+        proxies = {ms: LatencyProxy(port, ms / 1000) for ms in args.latencies}
+        try:
+            for rnd in range(args.rounds):  # rounds alternate every side: this machine's load drifts over minutes
+                _one_round(args, rnd, locals_, plans, proxies, root, mosaic, results)
+        finally:
+            for proxy in proxies.values():
                 proxy.close()
         server.stop()
-    by = {(r["side"], r["latency_ms"]): r for r in results["runs"]}
-    summary = {}
-    for (side, ms), r in by.items():
-        if side.startswith("loomdata s3") and not side.endswith("no-pf"):
-            m = by.get(("mosaic s3", ms))
-            local_wait = by[(side.replace(" s3 ", " local "), 0)]["wait_per_step_ms"]  # the same shuffle, local disk
-            summary[f"{side} @{ms:g}ms"] = {
-                "wait_vs_local": round(r["wait_per_step_ms"] / max(local_wait, 1e-9), 3),
-                "tokens_per_s_vs_mosaic": None
-                if m is None
-                else round(r["tokens_per_s_per_consumer"] / m["tokens_per_s_per_consumer"], 3),
-            }
+    summary = _summary(results["runs"])
     for k, v in summary.items():
         print(
-            f"{k}: wait per step {v['wait_vs_local']:.2f}x the local run; "
+            f"{k}: wait per step {v['wait_vs_local']:.2f}x the local run "
+            f"({v['wait_after_first_vs_local']:.2f}x after the first step; medians of {args.rounds} rounds); "
             f"tokens/s {v['tokens_per_s_vs_mosaic']}x Mosaic"
         )
     results.update(

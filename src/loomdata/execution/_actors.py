@@ -77,7 +77,7 @@ class FleetOps:
             raise ExecutionError(f"the cluster at {self.client.scheduler.address} has no workers; start some")
         self._use_live_workers()
         with self.client.as_current():
-            created = {sid: self._create_loaders(sid, self.config.loaders_for(name)) for sid, name in self._names()}
+            created = {i: self._create_loaders(i, self.config.loaders_for(n)) for i, n in enumerate(self.meta.sources)}
             for sid, (parts, futs) in created.items():
                 self.fleet.set_loaders(sid, parts, self.await_loaders(parts, futs))
             for a in self._create_constructors(list(range(len(self.fleet.groups)))).values():
@@ -200,11 +200,7 @@ class FleetOps:
             out = call.outcome(timeout=self.t.call_timeout_s)
             if not out.ok and out.kind is not Kind.LOST:  # a lost one is recreated by the next recovery
                 raise ExecutionError(f"a new constructor did not take its routes ({out.kind}: {out.error})")
-        names = [constructor_dataset(self.meta.plan_id, i) for i in indices]
-        opened = [issue(a.future, a.handle, "open_gateway", n) for a, n in zip(actors, names, strict=True)]
-        for i, call in zip(indices, opened, strict=True):  # no gateway (or lost meanwhile): ranks use Dask calls
-            out = call.outcome(timeout=self.t.call_timeout_s)
-            self.fleet.gateways[i] = out.value if out.ok else None
+        _open_gateways(self.fleet, indices, actors, self.t.call_timeout_s)
         return dict(zip(indices, actors, strict=True))
 
     def _await(
@@ -264,10 +260,7 @@ class FleetOps:
 
     def shard_counts(self) -> dict[str, int]:
         """Non-empty shards per source (the most loaders a source can have)."""
-        return {name: max(1, len(np.unique(self._shard_column(sid)))) for sid, name in self._names()}
-
-    def _names(self) -> list[tuple[int, str]]:
-        return list(enumerate(self.meta.sources))
+        return {name: max(1, len(np.unique(self._shard_column(sid)))) for sid, name in enumerate(self.meta.sources)}
 
     def _shard_column(self, sid: int) -> np.ndarray:
         if sid not in self._shards:
@@ -296,10 +289,19 @@ class FleetOps:
 
     def _submit_loader(self, p: LoaderPartition) -> Future:
         key = f"loom-loader-{self._tag}-{p.source}-{p.part}-{uuid.uuid4().hex[:6]}"
-        policy = CachePolicy.of(self.config.loader_memory, self.config.window, self.config.loader_prefetch)
+        policy = CachePolicy.serving(self.config)
         return self._submit(SourceLoader, str(self.plan_dir), p, policy, key=key)
 
     def _submit_constructor(self, ranks: list[int]) -> Future:
         key = f"loom-constructor-{self._tag}-{ranks[0]}-{uuid.uuid4().hex[:6]}"
         c = self.config
         return self._submit(DataConstructor, str(self.plan_dir), ranks, {}, c.window, self.peers, c.start_step, key=key)
+
+
+def _open_gateways(fleet: Fleet, indices: list[int], actors: list[Actor], timeout_s: float) -> None:
+    """Open the rank gateway of each new constructor; one without (or lost meanwhile) is called through Dask."""
+    names = [constructor_dataset(fleet.plan_id, i) for i in indices]
+    calls = [issue(a.future, a.handle, "open_gateway", n) for a, n in zip(actors, names, strict=True)]
+    for i, call in zip(indices, calls, strict=True):
+        out = call.outcome(timeout=timeout_s)
+        fleet.gateways[i] = out.value if out.ok else None

@@ -23,6 +23,7 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from loomdata.execution import _gateway
 from loomdata.execution._manifest import ManifestSlice
@@ -82,7 +83,6 @@ class DataConstructor:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="loom-constructor")
         self._stats = _Stats(wait_s={r: 0.0 for r in self._ranks}, takes={r: 0 for r in self._ranks})
         self._telemetry = TelemetryBuffer.of(self._meta)
-        self._published_as = ""  # the name ranks ask for through this worker's gateway
 
     # ---- public actor methods -------------------------------------------------------------------
 
@@ -171,16 +171,9 @@ class DataConstructor:
             self._launch(tuple(builds))
         return out
 
-    async def take_block(
-        self,
-        dp_rank: int,
-        step: int,
-        count: int,
-        telemetry: list[tuple[int, float]] | None = None,
-        cp_rank: int | None = None,
-    ) -> BatchBlock:
+    async def take_block(self, dp_rank: int, step: int, count: int, *more: Any, **cp: Any) -> BatchBlock:
         """`take_steps` as one `BatchBlock` (what clients call: a dozen arrays move, not six per batch)."""
-        return BatchBlock.of(await self.take_steps(dp_rank, step, count, telemetry, cp_rank))
+        return BatchBlock.of(await self.take_steps(dp_rank, step, count, *more, **cp))
 
     async def record_telemetry(self, dp_rank: int, telemetry: list[tuple[int, float]]) -> None:
         """Step times a rank sends without a take (its last steps, on close)."""
@@ -221,12 +214,11 @@ class DataConstructor:
 
     async def open_gateway(self, name: str) -> str | None:
         """Serve ranks' takes under `name` on this worker's gateway (`_gateway`): its address (None: Dask only)."""
-        self._published_as = name
         return await _gateway.register(name, self)
 
     async def stop(self) -> None:
         """Cancel builds in flight and drop held batches."""
-        _gateway.unregister(self._published_as, self)
+        _gateway.unregister(self)
         self._window.stop()
         for t in list(self._tasks):
             t.cancel()

@@ -58,8 +58,7 @@ class _Gateway:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        calls: set[asyncio.Future[None]] = set()  # a connection's calls run concurrently, as Dask actor calls do
-        lock = asyncio.Lock()  # one answer written at a time
+        lock = asyncio.Lock()  # a connection's calls run concurrently; one answer is written at a time
         try:
             while True:
                 try:
@@ -73,14 +72,12 @@ class _Gateway:
                 if length > MAX_BODY:
                     raise WireError(f"a request of {length} bytes from {peer}")
                 target, method, args, kwargs = decode_request(await reader.readexactly(length))
-                task = asyncio.ensure_future(self._answer(writer, lock, request_id, target, method, args, kwargs))
-                calls.add(task)
-                task.add_done_callback(calls.discard)
+                call = asyncio.ensure_future(self._answer(writer, lock, request_id, target, method, args, kwargs))
+                _RUNNING.add(call)  # held until done: a call runs on even if the rank hangs up (as Dask's do)
+                call.add_done_callback(_RUNNING.discard)
         except (WireError, ConnectionError, asyncio.IncompleteReadError, ssl.SSLError) as e:
             logger.info("gateway: dropped the connection from %s (%s: %s)", peer, type(e).__name__, e)
         finally:
-            for task in list(calls):
-                task.cancel()
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -96,7 +93,7 @@ class _Gateway:
         kwargs: dict[str, Any],
     ) -> None:
         value, error = await self._call(target, method, args, kwargs)
-        with contextlib.suppress(ConnectionError):
+        with contextlib.suppress(ConnectionError, RuntimeError):  # the rank hung up meanwhile
             async with lock:
                 writer.writelines(_answer(request_id, value, error))
                 await writer.drain()
@@ -122,6 +119,7 @@ def _answer(request_id: int, value: Any, error: bool) -> list[bytes | memoryview
 
 
 _GATEWAY = _Gateway()
+_RUNNING: set[asyncio.Future[None]] = set()
 
 
 async def register(name: str, constructor: Any) -> str | None:
@@ -145,7 +143,7 @@ async def register(name: str, constructor: Any) -> str | None:
     return address
 
 
-def unregister(name: str, constructor: Any) -> None:
-    """Stop serving `constructor` under `name` (another constructor since registered there stays)."""
-    if _GATEWAY.targets.get(name) is constructor:
+def unregister(constructor: Any) -> None:
+    """Stop serving `constructor` (another constructor since registered under its name stays)."""
+    for name in [n for n, c in _GATEWAY.targets.items() if c is constructor]:
         del _GATEWAY.targets[name]

@@ -6,7 +6,8 @@ sample -> (shard, row) for its own shards (sorted arrays, `searchsorted`), one o
 thread so the worker's event loop stays responsive and several loaders on one worker overlap.
 
 Integrity (`verify` per source, see _verify): a shard is checked against `shards.parquet` when the
-loader first reads it, and with `verify: sample` every sample read against its checksum in the index.
+loader first plans (opens it ahead) or reads it, and with `verify: sample` every sample read against its
+checksum in the index.
 A reader that is not `thread_safe` is never inside two reads at once: while a read runs in the thread,
 small reads queue behind it there instead of running inline.
 
@@ -17,6 +18,11 @@ its last planned use, and counts each served segment off. Planning is a hint: if
 reader cannot open yet), those units are simply not kept, and the read reports the real error.
 With `CachePolicy.prefetch` (`_prefetch`), the units pending steps need are read ahead, in plan order,
 a bounded number at once on the loader's prefetch threads, into the same cache and budget.
+A new loader plans from `CachePolicy.start_step` in its thread before any request arrives (`warm`), and
+each newly planned chunk's shards are opened concurrently first (shard checks, object HEADs and
+footers), so neither the first step nor a shard first met later waits on those requests one by one.
+A small read runs inline on the event loop only when it cannot wait on storage (local files, or
+every unit it needs already held): a GET must never block the worker's loop.
 
 Retirement (scaling, `Executor.set_loaders`): `close()` runs after any read already in the loader's
 thread (one thread, FIFO) and cannot interleave with an inline read (both run on the worker's event
@@ -27,31 +33,28 @@ constructor that sent it (a read issued just before its route switched) asks the
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
 
-from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, unit_key
+from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._partition import LoaderPartition
-from loomdata.execution._prefetch import Prefetcher
+from loomdata.execution._plan_ahead import PlanAhead
 from loomdata.execution._verify import Verifier, require_checksums, serving_error
-from loomdata.schemas.errors import ExecutionError, LoomError, SourceDataError
+from loomdata.schemas.errors import ExecutionError, SourceDataError
 from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
-from loomdata.schemas.plan import PlanMeta, read_manifest, read_plan
+from loomdata.schemas.plan import read_plan
 from loomdata.sources import FormatReader, Sample, make_reader
 from loomdata.sources.images import decoded_image_tokens
-from loomdata.storage import Location, location
+from loomdata.storage import Location, is_url, location
 
 __all__ = ["REQUEST_DTYPE", "LoaderRetired", "SegmentData", "SourceLoader", "read_segments"]
 
 _INLINE_TOKENS = 1 << 16  # requests up to this many tokens are read on the event loop
-_SPAN_ROWS = 1 << 18  # manifest rows read at once when planning the cache (this partition's are kept)
 
 REQUEST_DTYPE = np.dtype([("sample", np.uint64), ("offset", np.uint32), ("length", np.uint32), ("step", np.uint32)])
 """One requested segment: `length` tokens of `sample` starting at token `offset`, for plan step `step`.
@@ -134,11 +137,13 @@ class SourceLoader:
         }
         self._reader: FormatReader = make_reader(self._source, spec.tokenizer, spec.images)
         self._patch = spec.images.patch_size
-        self._plan = _PlanAhead(plan_dir, meta, self, cache) if cache is not None else None
+        self._plan = PlanAhead(plan_dir, meta, self, cache) if cache is not None else None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"loom-loader-{partition.source}-{partition.part}")
         self._counters = _Counters()
         self._closed = False
         self._in_thread = 0  # reads queued or running in the thread (changed only on the event loop)
+        self._remote = any(is_url(p) for p in self._paths.values())
+        self._warm = self._pool.submit(self._plan.warm) if self._plan is not None else None
 
     async def read(self, request: np.ndarray) -> SegmentData:
         """The segments of `request` (REQUEST_DTYPE): small reads inline, large ones in this actor's thread.
@@ -149,7 +154,7 @@ class SourceLoader:
         """
         self._check_open()
         small = int(request["length"].sum()) <= _INLINE_TOKENS
-        if small and (self._in_thread == 0 or self._reader.thread_safe):
+        if small and (self._in_thread == 0 or self._reader.thread_safe) and self._inline_ok(request):
             return self.read_now(request)
         self._in_thread += 1
         try:
@@ -157,6 +162,12 @@ class SourceLoader:
             return await loop.run_in_executor(self._pool, self.read_now, request)
         finally:
             self._in_thread -= 1
+
+    def _inline_ok(self, request: np.ndarray) -> bool:
+        """Whether a read cannot wait on storage: warmed up, and local files or every unit it needs held."""
+        if self._warm is not None and not self._warm.done():
+            return False
+        return not self._remote or (self._plan is not None and self._plan.held(request))
 
     def read_now(self, request: np.ndarray) -> SegmentData:
         """Synchronous `read` (the work itself).
@@ -219,7 +230,13 @@ class SourceLoader:
         if pf is None:
             return {}
         c = pf.counters
-        return {"prefetched": c.prefetched, "prefetch_hits": c.hits, "prefetch_errors": c.errors}
+        return {
+            "prefetched": c.prefetched,
+            "prefetch_hits": c.hits,
+            "prefetch_errors": c.errors,
+            "prefetch_waits": c.waited,
+            "unit_misses": c.misses,
+        }
 
     def _check_open(self) -> None:
         if self._closed:
@@ -240,113 +257,6 @@ class SourceLoader:
         if self._plan is not None:
             self._plan.close()
         self._pool.shutdown(wait=False)
-
-
-class _PlanAhead:
-    """A loader's look at its future: plans its cache from the manifest and counts served reads off."""
-
-    def __init__(self, plan_dir: str, meta: PlanMeta, loader: SourceLoader, policy: CachePolicy) -> None:
-        self._plan_dir = plan_dir
-        self._meta = meta
-        self._loader = loader
-        self._policy = policy
-        self._planned: set[int] = set()  # manifest chunks counted
-        self._span = (0, 0)  # manifest chunks [a, b) whose rows of this partition `_rows` holds
-        self._rows: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.uint32), np.zeros(0, np.uint64))
-        self._lock = threading.Lock()
-        shard_of = {str(p): s for s, p in loader._paths.items()}
-        self.cache = PlanUnitCache(meta.plan_id, meta.steps, policy, shard_of)
-        self.prefetch: Prefetcher | None = None
-        if policy.prefetch > 0 and policy.worker_bytes > 0:
-            spec, part = meta.spec, loader.partition
-            self.prefetch = Prefetcher(
-                self.cache,
-                lambda: make_reader(loader._source, spec.tokenizer, spec.images),
-                loader._paths,
-                policy.prefetch,
-                f"{part.source}-{part.part}",
-            )
-        loader._reader.use_unit_cache(self.prefetch if self.prefetch is not None else self.cache)
-
-    def keys(self, samples: np.ndarray) -> np.ndarray:
-        """Unit key per sample of this partition (-1 where the reader cannot tell)."""
-        lo = self._loader
-        pos = np.minimum(np.searchsorted(lo._sample, samples), max(len(lo._sample) - 1, 0))
-        shard, row = lo._shard[pos], lo._row[pos]
-        out = np.full(len(samples), -1, dtype=np.int64)
-        for s in np.unique(shard).tolist():
-            sel = np.flatnonzero(shard == s)
-            try:
-                units = lo._reader.units(lo._paths[int(s)], row[sel])
-            except (LoomError, OSError, pa.ArrowException):  # the read itself reports it, with the verifier's words
-                lo._counters.plan_errors += 1
-                continue
-            if units is not None:
-                out[sel] = np.where(units >= 0, unit_key(s, units), -1)
-        return out
-
-    def ahead(self, steps: np.ndarray) -> None:
-        """Count the planned reads of every manifest chunk from the lowest step asked to the horizon."""
-        if len(steps) == 0:
-            return
-        chunk = self._policy.chunk_steps
-        first = int(np.min(steps)) // chunk
-        last = min(int(np.max(steps)) + self._policy.horizon_steps, self._meta.steps - 1) // chunk
-        with self._lock:
-            for c in range(first, last + 1):
-                if c not in self._planned:
-                    self._planned.add(c)
-                    self._plan_chunk(c)
-
-    def _plan_chunk(self, c: int) -> None:
-        got = self._mine(c)
-        if got is None:
-            return
-        step, sample = got
-        keys = self.keys(sample)
-        ok = keys >= 0
-        self.cache.plan(keys[ok], step[ok])
-
-    def _mine(self, c: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """(step, sample) of this partition's manifest rows in chunk `c`; None if the manifest cannot be read.
-
-        Every manifest read scans whole row groups (milliseconds), so the rows of several chunks (about
-        `_SPAN_ROWS` manifest rows) are read at once and only this partition's (a small part) are kept.
-        """
-        chunk = self._policy.chunk_steps
-        if not self._span[0] <= c < self._span[1]:
-            total = sum(f.rows for f in self._meta.manifest)
-            per_chunk = max(1.0, total / max(self._meta.steps, 1) * chunk)
-            n = max(1, int(_SPAN_ROWS / per_chunk))
-            p = self._loader.partition
-            try:
-                t = read_manifest(self._plan_dir, self._meta, c * chunk, (c + n) * chunk - 1)
-            except (LoomError, OSError, pa.ArrowException):
-                self._loader._counters.plan_errors += 1
-                return None
-            src = t.column("source").to_numpy()
-            sample = t.column("sample").to_numpy().astype(np.uint64)
-            mine = np.flatnonzero((src == p.source_id) & (sample >= p.first_sample) & (sample < p.stop_sample))
-            step = t.column("step").to_numpy()[mine]
-            order = np.argsort(step, kind="stable")  # stored order within a step is kept
-            self._span, self._rows = (c, c + n), (step[order], sample[mine][order])
-        step, sample = self._rows
-        lo, hi = np.searchsorted(step, np.array([c * chunk, (c + 1) * chunk], dtype=step.dtype))
-        return step[lo:hi], sample[lo:hi]
-
-    def served(self, request: np.ndarray) -> None:
-        """The segments of `request` were read: count their uses off (drops units at their last use)."""
-        self.cache.served(self.keys(request["sample"]), request["step"].astype(np.int64))
-
-    def pump(self, steps: np.ndarray | None) -> None:
-        """Read ahead what the pending steps need (no-op without prefetch)."""
-        if self.prefetch is not None:
-            self.prefetch.pump(steps)
-
-    def close(self) -> None:
-        if self.prefetch is not None:
-            self.prefetch.close()
-        self.cache.close()
 
 
 def _rss() -> int:

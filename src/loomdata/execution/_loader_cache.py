@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from loomdata.execution._config import ServeConfig
 from loomdata.sources import UnitKey
 
 __all__ = [
@@ -60,12 +61,15 @@ class CachePolicy:
     `horizon_steps`: a unit is kept only for a use at most this many steps after the newest step
     served (the serving window and a few steps beyond); `chunk_steps`: manifest steps read at a time;
     `prefetch`: units a loader reads ahead at once (`_prefetch`; 0: none), for uses within the horizon.
+    `start_step`: the step serving starts at, which a new loader plans (and reads ahead) from before any
+    request arrives.
     """
 
     worker_bytes: int
     horizon_steps: int
     chunk_steps: int = 32
     prefetch: int = 0
+    start_step: int = 0
 
     def __post_init__(self) -> None:
         if self.worker_bytes < 0:
@@ -74,12 +78,21 @@ class CachePolicy:
             raise ValueError(f"CachePolicy horizon_steps and chunk_steps must be >= 1, got {self!r}")
         if self.prefetch < 0:
             raise ValueError(f"CachePolicy.prefetch must be >= 0 units in flight, got {self.prefetch!r}")
+        if self.start_step < 0:
+            raise ValueError(f"CachePolicy.start_step must be >= 0, got {self.start_step!r}")
 
     @classmethod
-    def of(cls, loader_memory: int, window: int, prefetch: int = 0) -> CachePolicy:
+    def serving(cls, config: ServeConfig) -> CachePolicy:
+        """The policy of the loaders a `ServeConfig` serves with (its budget, window, read-ahead and start step)."""
+        return cls.of(config.loader_memory, config.window, config.loader_prefetch, config.start_step)
+
+    @classmethod
+    def of(cls, loader_memory: int, window: int, prefetch: int = 0, start_step: int = 0) -> CachePolicy:
         """The policy serving uses: the configured budget, the window plus a few steps (more to read ahead into)."""
         extra = PREFETCH_STEPS if prefetch > 0 and loader_memory > 0 else 0
-        return cls(worker_bytes=loader_memory, horizon_steps=window + 2 + extra, prefetch=prefetch)
+        return cls(
+            worker_bytes=loader_memory, horizon_steps=window + 2 + extra, prefetch=prefetch, start_step=start_step
+        )
 
 
 class UnitUses:
@@ -283,7 +296,10 @@ def _leave(plan_id: str, pool: WorkerPool, owner: int) -> None:
 
 
 class PlanUnitCache:
-    """One loader's `UnitCache` (sources._base): keeps a unit while a planned step within the horizon needs it.
+    """One loader's `UnitCache` (sources._base): keeps a unit while a planned step within its reach needs it.
+
+    The reach is the policy's horizon plus `extra_steps`, which a loader's read-ahead raises to cover the
+    storage latency it measures at the rate steps are served.
 
     The loader tells it what the plan will read (`plan`) and what it served (`served`); the reader
     offers and asks for units by `(path, unit)`, which `shard_of` maps to the loader's shard ids.
@@ -297,6 +313,12 @@ class PlanUnitCache:
         self._shard_of = shard_of
         self._pool, self._owner = pool_for(plan_id, policy.worker_bytes)
         self._closed = False
+        self.extra_steps = 0  # steps beyond the horizon a read-ahead needs to cover storage latency (`_prefetch`)
+
+    @property
+    def reach(self) -> int:
+        """Steps beyond the newest served that units are kept (and read ahead) for: the horizon plus `extra_steps`."""
+        return self.policy.horizon_steps + self.extra_steps
 
     @property
     def nbytes(self) -> int:
@@ -320,7 +342,7 @@ class PlanUnitCache:
             return
         with self._pool.lock:
             n = int(self.uses.next_use(np.array([self._key(key)]), self.floor)[0])
-            if 0 <= n <= max(self.newest, 0) + self.policy.horizon_steps:
+            if 0 <= n <= max(self.newest, 0) + self.reach:
                 self._pool.offer(self._owner, key, value, nbytes, n)
 
     def put_ahead(self, key: UnitKey, value: Any, nbytes: int, front: int) -> bool:
@@ -331,14 +353,14 @@ class PlanUnitCache:
             if self._closed:  # checked under the lock: `close` may run in another thread
                 return False
             n = int(self.uses.next_use(np.array([self._key(key)]), self.floor)[0])
-            if not 0 <= n <= max(self.newest, front, 0) + self.policy.horizon_steps:
+            if not 0 <= n <= max(self.newest, front, 0) + self.reach:
                 return False
             return self._pool.offer(self._owner, key, value, nbytes, n, strict=True)
 
     def pending(self, front: int) -> tuple[np.ndarray, np.ndarray]:
         """Units with a pending use from the floor to the horizon of step `front`, in plan order, and that use."""
         with self._pool.lock:
-            return self.uses.pending(max(self.floor, 0), max(self.newest, front, 0) + self.policy.horizon_steps)
+            return self.uses.pending(max(self.floor, 0), max(self.newest, front, 0) + self.reach)
 
     def held_keys(self) -> np.ndarray:
         """Unit keys (int64) of the units this loader holds now."""
@@ -368,7 +390,7 @@ class PlanUnitCache:
                 self._pool.trim()
                 return
             nxt = self.uses.next_use(np.array([self._key(k) for k in held], dtype=np.int64), self.floor)
-            limit = self.newest + self.policy.horizon_steps
+            limit = self.newest + self.reach
             self._pool.update(self._owner, {k: (int(n) if n <= limit else -1) for k, n in zip(held, nxt, strict=True)})
             self._pool.trim()
 

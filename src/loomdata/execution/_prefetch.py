@@ -10,6 +10,12 @@ pushes out a unit needed sooner) and dropped at its last use like any other. Not
 the budget is spent or a unit read ahead found no room, and a failed unit is not read ahead again,
 until the next step is served.
 
+Depth from latency: the static horizon (window + a few steps) is a number of steps, storage latency a
+time. `Prefetcher` measures both sides, the time its reads take (a decaying high-water mark) and the
+rate steps are served, and raises the cache's reach (`PlanUnitCache.extra_steps`) so that a read issued
+at the reach's edge lands `LATENCY_MARGIN` times its duration before its step: a rank never waits on
+storage when the budget holds that many steps' units (at most `MAX_EXTRA_STEPS` steps more).
+
 The loader's own reader sees the cache through `Prefetcher` (a `UnitCache`): a `get` of a unit in
 flight waits for that read instead of issuing a second one. Served bytes never depend on it: a unit
 read ahead is the same decoded array `read` would keep. A failed read ahead keeps nothing and is
@@ -19,8 +25,10 @@ storage where transient) is reported by that read, with the verifier's words.
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
@@ -32,11 +40,29 @@ from loomdata.execution._loader_cache import PlanUnitCache, split_key, unit_key
 from loomdata.sources import FormatReader, UnitKey
 from loomdata.storage import Location
 
-__all__ = ["PrefetchCounters", "Prefetcher", "plan_prefetch"]
+__all__ = [
+    "LATENCY_MARGIN",
+    "MAX_EXTRA_STEPS",
+    "PrefetchCounters",
+    "Prefetcher",
+    "extra_steps",
+    "plan_prefetch",
+    "run_concurrently",
+    "submit_shared",
+]
 
 
 _THREADS = 32
 """Threads reading ahead in one worker process, shared by all its loaders (each bounded by its own `limit`)."""
+
+LATENCY_MARGIN = 4.0
+"""How many read durations ahead of its step a unit's read is issued (queueing behind `limit` reads in flight)."""
+
+MAX_EXTRA_STEPS = 512
+"""The most steps the latency adds to a cache's reach (the worker's byte budget bounds what is kept anyway)."""
+
+_RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
+_DECAY = 0.95  # per read: how fast the read-duration high-water mark forgets a slow read
 
 _SHARED: ThreadPoolExecutor | None = None
 _SHARED_LOCK = threading.Lock()
@@ -49,6 +75,52 @@ def _shared_threads() -> ThreadPoolExecutor:
         if _SHARED is None:
             _SHARED = ThreadPoolExecutor(_THREADS, thread_name_prefix="loom-prefetch")
         return _SHARED
+
+
+_PLANNERS: ThreadPoolExecutor | None = None
+
+
+def submit_shared(fn: Callable[[], None]) -> Future[None]:
+    """Run `fn` on this process's planning threads (few; apart from the read-ahead threads its jobs wait on)."""
+    global _PLANNERS
+    with _SHARED_LOCK:
+        if _PLANNERS is None:
+            _PLANNERS = ThreadPoolExecutor(4, thread_name_prefix="loom-plan-ahead")
+        return _PLANNERS.submit(fn)
+
+
+def run_concurrently(jobs: Sequence[Callable[[], None]]) -> int:
+    """Run `jobs` at once on this process's read-ahead threads and wait for all; how many raised.
+
+    For opening a loader's objects (HEADs, footers, shard checks) in parallel rather than one after
+    another: a failure is not raised here, the read that needs that object meets it again and reports it.
+    """
+    if not jobs:
+        return 0
+    if len(jobs) == 1:
+        futs = [_run_one(jobs[0])]
+    else:
+        pool = _shared_threads()
+        futs = [pool.submit(job) for job in jobs]
+    return sum(1 for f in futs if f.exception() is not None)
+
+
+def _run_one(job: Callable[[], None]) -> Future[None]:
+    fut: Future[None] = Future()
+    try:
+        job()
+        fut.set_result(None)
+    except Exception as e:  # reported by the read that needs it
+        fut.set_exception(e)
+    return fut
+
+
+def extra_steps(read_s: float, steps_per_s: float, horizon: int) -> int:
+    """Steps beyond `horizon` a read-ahead must reach to issue each read `LATENCY_MARGIN` read durations early."""
+    if read_s <= 0 or steps_per_s <= 0:
+        return 0
+    need = math.ceil(LATENCY_MARGIN * read_s * steps_per_s)
+    return int(min(max(need - horizon, 0), MAX_EXTRA_STEPS))
 
 
 def plan_prefetch(keys: np.ndarray, steps: np.ndarray, busy: np.ndarray, slots: int) -> np.ndarray:
@@ -72,6 +144,7 @@ class PrefetchCounters:
     waited: int = 0
     errors: int = 0
     dropped: int = 0  # read but not kept (no room, or no longer planned)
+    misses: int = 0  # units the loader's own reader had to read (not held, not in flight)
 
 
 class Prefetcher:
@@ -95,6 +168,8 @@ class Prefetcher:
         self._pool = _shared_threads()
         self.name = name
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a finished read's follow-up pump is done
+        self._pumping = 0  # finished reads whose follow-up pump (which may issue the next) still runs
         self._inflight: dict[int, Future[None]] = {}
         self._fresh: set[int] = set()  # read ahead and kept, not yet asked for
         self._declined: set[int] = set()  # read ahead but not kept: not again until a step is served
@@ -103,6 +178,9 @@ class Prefetcher:
         self._free: list[FormatReader] = []
         self._front = -1  # the newest step asked for
         self._closed = False
+        self.read_s = 0.0  # high-water mark of read-ahead durations (decaying)
+        self.steps_per_s = 0.0  # served steps per second, re-measured every _RATE_EVERY_S
+        self._mark: tuple[float, int] | None = None  # (time, newest step) the rate is measured from
 
     # ---- UnitCache, for the loader's own reader ----------------------------------------------
 
@@ -115,11 +193,12 @@ class Prefetcher:
             with self._lock:
                 self.counters.waited += 1
         value = self.cache.get(key)
-        if value is not None and k is not None:
-            with self._lock:
-                if k in self._fresh:
-                    self._fresh.discard(k)
-                    self.counters.hits += 1
+        with self._lock:
+            if value is None:
+                self.counters.misses += 1
+            elif k is not None and k in self._fresh:
+                self._fresh.discard(k)
+                self.counters.hits += 1
         return value
 
     def put(self, key: UnitKey, value: Any, nbytes: int) -> None:
@@ -134,6 +213,7 @@ class Prefetcher:
         if steps is not None and len(steps):
             self._front = max(self._front, int(np.max(steps)))
         c = self.cache
+        self._measure_rate(c.newest)
         if c.full:
             return
         front = max(self._front, c.newest, 0)
@@ -157,6 +237,22 @@ class Prefetcher:
                 self.counters.issued += 1
                 self._inflight[k] = self._pool.submit(self._fetch, k, path, unit, front)
 
+    def _measure_rate(self, newest: int) -> None:
+        """Re-measure the served-step rate and widen the cache's reach to the latency it implies."""
+        now = time.monotonic()
+        with self._lock:
+            if self._mark is None or newest < self._mark[1]:
+                self._mark = (now, newest)
+                return
+            t0, s0 = self._mark
+            if now - t0 < _RATE_EVERY_S or newest <= s0:
+                return
+            rate = (newest - s0) / (now - t0)
+            self.steps_per_s = rate if self.steps_per_s <= 0 else 0.5 * (self.steps_per_s + rate)
+            self._mark = (now, newest)
+            need = extra_steps(self.read_s, self.steps_per_s, self.cache.policy.horizon_steps)
+            self.cache.extra_steps = max(self.cache.extra_steps, need)  # never narrowed: units read would be dropped
+
     def in_flight(self) -> int:
         """Reads ahead issued and not finished."""
         with self._lock:
@@ -167,8 +263,12 @@ class Prefetcher:
         while True:
             with self._lock:
                 futs = list(self._inflight.values())
-            if not futs:
-                return True
+                if not futs:
+                    if self._pumping == 0:
+                        return True
+                    if not self._idle.wait(timeout):
+                        return False
+                    continue
             done, _ = wait_for(futs, timeout)
             if not done:
                 return False
@@ -176,7 +276,11 @@ class Prefetcher:
     def _fetch(self, k: int, path: Location, unit: int, front: int) -> None:
         reader = self._take_reader()
         try:
+            t0 = time.perf_counter()
             got = reader.load_unit(path, unit)
+            took = time.perf_counter() - t0
+            with self._lock:
+                self.read_s = max(took, self.read_s * _DECAY)
             kept = got is not None and self.cache.put_ahead((str(path), unit), got[0], got[1], front)
             with self._lock:
                 if kept:
@@ -195,7 +299,13 @@ class Prefetcher:
             self._give_back(reader)
             with self._lock:
                 self._inflight.pop(k, None)
-        self.pump()
+                self._pumping += 1
+        try:
+            self.pump()
+        finally:
+            with self._lock:
+                self._pumping -= 1
+                self._idle.notify_all()
 
     def _take_reader(self) -> FormatReader:
         with self._lock:

@@ -56,6 +56,10 @@ class LoaderMetrics:
     prefetch_hits: int = 0
     prefetch_errors: int = 0
     """Reads ahead that failed (the read that needed the unit read it again and reported any error)."""
+    prefetch_waits: int = 0
+    """Reads that waited for a unit still being read ahead (storage latency the read-ahead did not hide)."""
+    unit_misses: int = 0
+    """Units a read had to fetch itself (neither held nor in flight): each a storage wait on the read path."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: rates to 0.1, seconds to 1e-4."""
@@ -74,6 +78,8 @@ class LoaderMetrics:
             "prefetched": self.prefetched,
             "prefetch_hits": self.prefetch_hits,
             "prefetch_errors": self.prefetch_errors,
+            "prefetch_waits": self.prefetch_waits,
+            "unit_misses": self.unit_misses,
         }
 
 

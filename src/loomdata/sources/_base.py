@@ -154,6 +154,17 @@ class FormatReader(abc.ABC):
     def read(self, path: Location, rows: np.ndarray) -> list[Sample]:
         """The samples at `rows` (values of the scan's `row` column) of `path`, in the order given."""
 
+    def prepare(self, path: Location) -> None:  # noqa: B027 - optional hook
+        """Fetch and keep what opening `path` needs (a Parquet footer), for this reader and its `sibling`s.
+
+        Thread-safe, unlike `read`: a Source Loader opens its shards' objects concurrently at serve start
+        so that no read waits on those requests in turn. Default: nothing to fetch ahead.
+        """
+
+    def sibling(self) -> FormatReader:
+        """A new reader of the same source that shares what `prepare` fetched (for a loader's read-ahead threads)."""
+        return type(self)(self.source, self.tokenizer_spec, self.images)
+
     def checksum_dtype(self, path: Location) -> np.dtype:
         """The dtype `path`'s samples are checksummed in: how the shard stores its ids (default int32).
 

@@ -7,12 +7,15 @@ row groups (only the content column) and keeps decoded row groups in its `unit_c
 is a read unit, `units`): by default a small LRU; a Source Loader's cache keeps a row group exactly
 while a pending step of the plan still needs it. Files open with `pre_buffer=False`: pre-buffering
 keeps every open file's raw column chunks, which a cache of decoded row groups makes redundant. An object
-URL is opened as a range-reading file (`loomdata.storage.open_input`): the footer and each row group's
-column chunks are range GETs.
+URL is opened as a range-reading file (`loomdata.storage.RangeFile`): the footer and each row group's
+column chunks are range GETs. An object's size and parsed footer are fetched once (`prepare`, or the
+first open) into `ObjectFooters`, which a reader shares with its `sibling`s (a loader's read-ahead
+readers): a reader opening an object whose footer is held makes no request.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -26,7 +29,7 @@ from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, LruUnitCache, Sample, ScanResult
 from loomdata.sources._integrity import checksums_flat
 from loomdata.sources.tokenizer import Tokenizer, make_tokenizer
-from loomdata.storage import Location, is_url, open_input
+from loomdata.storage import Location, RangeFile, StorageOptions, identity, is_url
 
 __all__ = ["ParquetReader"]
 
@@ -46,6 +49,37 @@ class _FileInfo:
         return int(self.rg_starts[-1])
 
 
+class ObjectFooters:
+    """Size and parsed footer of each object URL, fetched once (HEAD + footer GETs) for all readers sharing it.
+
+    Thread-safe: concurrent asks for one URL wait for a single fetch; a failed fetch is not kept (the
+    next ask tries again and raises the real error).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[int, pq.FileMetaData]] = {}
+        self._fetching: dict[str, threading.Lock] = {}
+
+    def get(self, url: str, options: StorageOptions | None) -> tuple[int, pq.FileMetaData]:
+        with self._lock:
+            hit = self._held.get(url)
+            if hit is not None:
+                return hit
+            one = self._fetching.setdefault(url, threading.Lock())
+        with one:
+            with self._lock:
+                hit = self._held.get(url)
+            if hit is not None:
+                return hit
+            size = identity(url, options).size
+            with RangeFile(url, size, options) as f:
+                md = pq.read_metadata(f)
+            with self._lock:
+                self._held[url] = (size, md)
+            return size, md
+
+
 def _is_list(t: pa.DataType) -> bool:
     return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
 
@@ -59,6 +93,7 @@ class ParquetReader(FormatReader):
         self._pretokenized = source.tokens_field is not None
         self._files: dict[Location, _FileInfo] = {}
         self._handles: list[BinaryIO] = []  # range-reading files of URL shards, closed with the reader
+        self._footers = ObjectFooters()  # shared with this reader's siblings
 
     # ---- file state -------------------------------------------------------------------------
 
@@ -69,8 +104,12 @@ class ParquetReader(FormatReader):
         handle: BinaryIO | None = None
         try:
             # A URL: pyarrow reads the footer and then each row group's column chunks by range requests.
-            handle = open_input(path, self.source.storage_options) if is_url(path) else None
-            pf = pq.ParquetFile(handle if handle is not None else str(path), pre_buffer=False)
+            if is_url(path):
+                size, md = self._footers.get(str(path), self.source.storage_options)
+                handle = RangeFile(str(path), size, self.source.storage_options)  # type: ignore[assignment]
+                pf = pq.ParquetFile(handle, metadata=md, pre_buffer=False)
+            else:
+                pf = pq.ParquetFile(str(path), pre_buffer=False)
         except (OSError, pa.ArrowException) as e:
             if handle is not None:
                 handle.close()
@@ -110,6 +149,20 @@ class ParquetReader(FormatReader):
                 f"column {self._field!r} ({which}) is {t}, expected {want}",
                 hint="point the spec's field at the right column or use the other field kind",
             )
+
+    def prepare(self, path: Location) -> None:
+        """Fetch an object's size and footer into the store this reader shares (thread-safe; files: nothing)."""
+        if is_url(path):
+            try:
+                self._footers.get(str(path), self.source.storage_options)
+            except (OSError, pa.ArrowException) as e:
+                raise SourceDataError(str(path), f"not a readable Parquet file ({e})") from None
+
+    def sibling(self) -> ParquetReader:
+        """A reader of the same source sharing this one's footers (its own files and handles)."""
+        other = ParquetReader(self.source, self.tokenizer_spec, self.images)
+        other._footers = self._footers
+        return other
 
     # ---- protocol -----------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, UnitUses, unit_key
-from loomdata.execution._prefetch import Prefetcher, plan_prefetch
+from loomdata.execution._prefetch import MAX_EXTRA_STEPS, Prefetcher, extra_steps, plan_prefetch
 from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.schemas.errors import SourceDataError
 from loomdata.sources.parquet import ParquetReader
@@ -135,5 +135,27 @@ def test_a_failed_read_ahead_is_counted_and_the_read_that_needs_it_reports_the_e
     main._files.clear()  # the loader's reader opens the file anew, as a fresh loader would
     with pytest.raises(SourceDataError, match="not a readable Parquet file"):
         main.read(shard, rows[:2])
+    pf.close()
+    cache.close()
+
+
+def test_extra_steps_cover_the_read_latency_at_the_served_rate() -> None:
+    # 0.1 s reads at 200 steps/s: LATENCY_MARGIN (4) reads = 80 steps, 60 of them beyond a 20-step horizon
+    assert extra_steps(0.1, 200.0, horizon=20) == 60
+    assert extra_steps(0.01, 200.0, horizon=20) == 0  # the horizon already covers fast storage
+    assert extra_steps(5.0, 1000.0, horizon=20) == MAX_EXTRA_STEPS
+    assert extra_steps(0.0, 200.0, horizon=20) == 0 and extra_steps(0.1, 0.0, horizon=20) == 0  # nothing measured
+
+
+def test_a_wider_reach_reads_further_ahead_and_keeps_those_units(shard: Path) -> None:
+    gate, log, _, cache, pf, main, order, _, _ = _setup(shard, limit=8, plan_id="p4")
+    gate.set()
+    assert cache.reach == 6
+    cache.extra_steps = 14  # what a slow store at this rate asks for: group 7 (step 20) is within reach now
+    pf.pump(np.array([0]))
+    assert pf.settle(10)
+    assert sorted(log) == sorted([*order, 7]) and pf.counters.prefetched == 7
+    got = main.read(shard, np.array([21]))
+    assert [x.tokens.tolist() for x in got] == [[21, 22]] and pf.counters.misses == 0 and pf.counters.hits == 1
     pf.close()
     cache.close()

@@ -17,7 +17,7 @@ def test_loader_metrics_dict_shape_and_rounding() -> None:
     assert list(d) == [
         "source", "part", "calls", "samples", "segments", "tokens", "busy_s",
         "samples_per_s", "samples_per_busy_s", "state_bytes", "rss_bytes",
-        "prefetched", "prefetch_hits", "prefetch_errors",
+        "prefetched", "prefetch_hits", "prefetch_errors", "prefetch_waits", "unit_misses",
     ]  # fmt: skip
     assert d["busy_s"] == 0.1235 and d["samples_per_s"] == 12.3 and d["samples_per_busy_s"] is None
     assert pickle.loads(pickle.dumps(m)) == m

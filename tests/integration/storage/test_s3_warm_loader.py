@@ -1,0 +1,148 @@
+"""A Source Loader over S3 opens its objects and reads its first steps ahead before any request (real moto server).
+
+The loader runs in this process (what a Dask actor runs): once it has warmed up and its read-ahead settled,
+serving the start step fetches no unit (the loader's read-ahead counters) and opens no object (no HEAD in
+the process's request counts); its tokens equal an independent read of the local copy, and a small read of
+a step nobody read ahead is sent to the loader's thread instead of the event loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from distributed import Client
+
+from loomdata.execution._loader import REQUEST_DTYPE, SourceLoader
+from loomdata.execution._loader_cache import CachePolicy
+from loomdata.execution._partition import partition_source
+from loomdata.indexing import build_index
+from loomdata.planning import make_plan
+from loomdata.schemas import IndexFiles, parse_spec, read_manifest, read_plan
+from loomdata.storage import request_stats, reset_request_stats
+from loomtest.s3 import S3Server
+
+BUCKET = "loom-warm"
+
+
+@pytest.fixture(scope="module")
+def s3(dask_client: Client, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = S3Server(tmp_path_factory.mktemp("s3cache"), dask_client).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _write(root: Path) -> dict[str, list[np.ndarray]]:
+    """Three Parquet files of 96 documents in row groups of 16; the documents per file name."""
+    rng = np.random.default_rng(7)
+    out = {}
+    root.mkdir(parents=True, exist_ok=True)
+    for k in range(3):
+        docs = [rng.integers(1, 5000, size=int(n), dtype=np.int32) for n in rng.integers(30, 300, size=96)]
+        pq.write_table(
+            pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))}), root / f"p{k}.parquet", row_group_size=16
+        )
+        out[f"p{k}.parquet"] = docs
+    return out
+
+
+def _plan(tmp: Path, s3: S3Server, dask_client: Client) -> tuple[Path, dict[str, list[np.ndarray]]]:
+    docs = _write(tmp / "data")
+    s3.upload_dir(tmp / "data", BUCKET, "warm")
+    source: dict[str, Any] = {
+        "name": "web",
+        "format": "parquet",
+        "paths": [f"s3://{BUCKET}/warm/*.parquet"],
+        "tokens_field": "tokens",
+        "shuffle": "block",
+        "block_size": 16,
+        "window": 2,
+    }
+    raw = {
+        "name": "s3-warm",
+        "workdir": str(tmp / "work"),
+        "sources": [source],
+        "mixture": {"weights": {"web": 1.0}},
+        "training": {"seq_len": 512, "steps": 30, "dp_size": 2, "micro_batches": 1},
+    }
+    spec = parse_spec(raw, tmp)
+    build_index(spec, dask_client)
+    return Path(make_plan(spec).plan_dir), docs
+
+
+def _request(plan_dir: Path, step: int) -> np.ndarray:
+    t = read_manifest(plan_dir, read_plan(plan_dir), step, step)
+    req = np.zeros(t.num_rows, dtype=REQUEST_DTYPE)
+    for name in ("sample", "offset", "length", "step"):
+        req[name] = t.column(name).to_numpy()
+    return req
+
+
+def _loader(plan_dir: Path, start: int, chunk: int) -> SourceLoader:
+    meta = read_plan(plan_dir)
+    files = IndexFiles.of(meta.spec.workdir, meta.sources[0])
+    (part,) = partition_source(0, meta.sources[0], files.sample_shards().column("shard").to_numpy(), 1)
+    policy = CachePolicy(worker_bytes=64 << 20, horizon_steps=6, chunk_steps=chunk, prefetch=4, start_step=start)
+    return SourceLoader(str(plan_dir), part, policy)
+
+
+def _expected(plan_dir: Path, req: np.ndarray, docs: dict[str, list[np.ndarray]]) -> np.ndarray:
+    """The request's tokens read from the local files, by the index's (sample -> path, row)."""
+    meta = read_plan(plan_dir)
+    files = IndexFiles.of(meta.spec.workdir, meta.sources[0])
+    samples = files.samples_of_shards(0, 1 << 30, ["sample", "shard", "row"])
+    shards = files.shard_table()
+    path_of = dict(zip(shards.column("shard").to_pylist(), shards.column("path").to_pylist(), strict=True))
+    where = {
+        int(s): (path_of[int(sh)], int(r))
+        for s, sh, r in zip(*(samples.column(c).to_numpy() for c in ("sample", "shard", "row")), strict=True)
+    }
+    parts = []
+    for sample, off, n in zip(req["sample"], req["offset"], req["length"], strict=True):
+        path, row = where[int(sample)]
+        parts.append(docs[str(path).rsplit("/", 1)[-1]][row][int(off) : int(off) + int(n)])
+    return np.concatenate(parts)
+
+
+@pytest.mark.parametrize(("start", "chunk"), [(0, 32), (12, 32), (5, 2)], ids=["start", "resume", "chunks"])
+def test_the_start_step_is_served_without_a_storage_request(
+    dask_client: Client, s3: S3Server, tmp_path: Path, start: int, chunk: int
+) -> None:
+    """`chunks`: manifest chunks of 2 steps, so most of the reach is planned by the background planner."""
+    plan_dir, docs = _plan(tmp_path, s3, dask_client)
+    reset_request_stats()
+    loader = _loader(plan_dir, start, chunk)
+    try:
+        assert loader._warm is not None
+        loader._warm.result(timeout=60)
+        assert loader._plan is not None and loader._plan.prefetch is not None
+        assert loader._plan.idle(60)
+        if chunk == 2:
+            assert loader._plan._planned >= {2, 3, 4, 5}  # steps 5..11: chunk 2 at once, 3..5 behind it
+        warmed = request_stats()
+        assert warmed.get("head", 0) >= 3 and warmed.get("get", 0) >= 3, warmed  # shards opened, units read ahead
+        req = _request(plan_dir, start)
+        assert loader._inline_ok(req)  # everything held: a small read may stay on the event loop
+        reset_request_stats()
+        before = dataclasses.replace(loader._plan.prefetch.counters)
+        got = loader.read_now(req)
+        after = loader._plan.prefetch.counters
+        assert after.misses == before.misses and after.waited == before.waited, (before, after)  # no unit fetched
+        assert request_stats().get("head", 0) == 0, request_stats()  # no object opened on the read path
+        np.testing.assert_array_equal(got.tokens, _expected(plan_dir, req, docs))
+        assert loader._plan.prefetch.counters.hits >= 1
+        later = [_request(plan_dir, s) for s in range(start + 12, 30)]
+        far = next(r for r in later if not loader._plan.held(r))  # a step whose units nobody read yet
+        assert not loader._inline_ok(far)  # it would wait on a GET: the loader's thread reads it
+        np.testing.assert_array_equal(loader.read_now(far).tokens, _expected(plan_dir, far, docs))
+    finally:
+        loader._pool.submit(loader._reader.close).result()
+        loader._plan.close() if loader._plan is not None else None

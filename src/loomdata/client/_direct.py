@@ -2,10 +2,10 @@
 
 Stdlib sockets and ssl only: no Dask client in the rank (no scheduler connection, no event-loop
 thread, ~20 MiB less private memory per rank). Calls look like the actor's (`take_steps(...)`
-returns something with `.result(timeout)`); one reader thread receives answers into the buffers
-their arrays then live in. A broken connection fails every call in flight and every later one with
-ConnectionError (the StreamClient re-reads serve.json and connects again); an error the constructor
-raised is raised by `result`.
+returns something with `.result(timeout)`); answers are received, by the thread that waits for one,
+into the buffers their arrays then live in. A broken connection fails every call in flight and every
+later one with ConnectionError (the StreamClient re-reads serve.json and connects again); an error
+the constructor raised is raised by `result`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import socket
 import ssl
-import threading
+import time
 from typing import Any
 
 from loomdata.execution._wire import (
@@ -32,30 +32,34 @@ __all__ = ["DirectConstructor"]
 
 
 class _Answer:
-    """The answer to one call, set by the reader thread."""
+    """The answer to one call: filled in when the connection reads its frame (in the caller's thread)."""
 
-    __slots__ = ("_done", "_error", "_value")
+    __slots__ = ("_conn", "_done", "_error", "_value")
 
-    def __init__(self) -> None:
-        self._done = threading.Event()
+    def __init__(self, conn: DirectConstructor) -> None:
+        self._conn = conn
+        self._done = False
         self._value: Any = None
         self._error: BaseException | None = None
 
     def set(self, value: Any, error: BaseException | None) -> None:
-        self._value, self._error = value, error
-        self._done.set()
+        self._value, self._error, self._done = value, error, True
 
     def result(self, timeout: float | None = None) -> Any:
         """The call's value; TimeoutError if none came within `timeout` s; what the call raised."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"no answer within {timeout}s")
+        self._conn._read_until(self, timeout)
         if self._error is not None:
             raise self._error
         return self._value
 
 
 class DirectConstructor:
-    """Calls to the constructor published as `target`, over one connection to `address` (tls:// or tcp://)."""
+    """Calls to the constructor published as `target`, over one connection to `address` (tls:// or tcp://).
+
+    Single-threaded on purpose: an SSL connection must not be read and written by two threads at once
+    (OpenSSL's rule), so answers are read by whoever waits for one (`result`), frame by frame, keeping a
+    partly received frame across timeouts; answers to other calls (sent ahead) are kept for them.
+    """
 
     def __init__(self, address: str, target: str, ssl_context: ssl.SSLContext | None, timeout: float) -> None:
         scheme, _, rest = address.partition("://")
@@ -69,16 +73,13 @@ class DirectConstructor:
         if scheme == "tls":
             assert ssl_context is not None
             sock = ssl_context.wrap_socket(sock)
-        sock.settimeout(None)
         self.address, self.target = address, target
         self.key = f"{address}/{target}"
         self._sock = sock
         self._ids = itertools.count(1)
         self._pending: dict[int, _Answer] = {}
-        self._lock = threading.Lock()
         self._broken: BaseException | None = None
-        self._reader = threading.Thread(target=self._read_loop, name=f"loom-rank-{target[-12:]}", daemon=True)
-        self._reader.start()
+        self._frame = _Frame()
 
     def take_steps(self, *args: Any, **kwargs: Any) -> _Answer:
         return self._call("take_steps", args, kwargs)
@@ -93,7 +94,7 @@ class DirectConstructor:
         return self._call("record_telemetry", args, kwargs)
 
     def close(self) -> None:
-        """Close the connection; calls in flight fail with ConnectionError."""
+        """Close the connection; calls not answered yet fail with ConnectionError."""
         self._fail(ConnectionError(f"connection to {self.address} closed"))
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
@@ -102,59 +103,92 @@ class DirectConstructor:
     # ---- internals ------------------------------------------------------------------------------
 
     def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Answer:
-        answer = _Answer()
-        with self._lock:
-            if self._broken is not None:
-                answer.set(None, ConnectionError(f"gateway {self.address}: {self._broken}"))
-                return answer
-            request_id = next(self._ids)
-            self._pending[request_id] = answer
-            frame = encode_request(request_id, self.target, method, list(args), kwargs)
-            try:
-                self._sock.sendall(frame)
-            except OSError as e:
-                self._pending.pop(request_id, None)
-                answer.set(None, ConnectionError(f"gateway {self.address}: {e}"))
+        answer = _Answer(self)
+        if self._broken is not None:
+            answer.set(None, ConnectionError(f"gateway {self.address}: {self._broken}"))
+            return answer
+        request_id = next(self._ids)
+        self._pending[request_id] = answer
+        try:
+            self._sock.settimeout(None)
+            self._sock.sendall(encode_request(request_id, self.target, method, list(args), kwargs))
+        except OSError as e:
+            self._fail(e)
         return answer
 
-    def _read_loop(self) -> None:
-        try:
-            while True:
-                magic, kind, request_id, n_buffers = HEADER.unpack(self._exact(HEADER.size))
-                if magic != MAGIC or kind not in (ANSWER, ERROR):
-                    raise WireError(f"gateway {self.address} sent a frame that is not an answer")
-                fmt = lengths_format(n_buffers)
-                body_len, *buf_lens = fmt.unpack(self._exact(fmt.size))
-                body = self._exact(body_len)
-                buffers = [self._exact(n) for n in buf_lens]
-                value = decode_answer(body, buffers)
-                with self._lock:
-                    answer = self._pending.pop(request_id, None)
-                if answer is None:  # an abandoned call: dropped
-                    continue
-                if kind == ERROR:
-                    answer.set(None, value)
-                else:
-                    answer.set(value, None)
-        except BaseException as e:  # the thread ends; every caller learns why
-            self._fail(e if isinstance(e, ConnectionError) else ConnectionError(f"{type(e).__name__}: {e}"))
+    def _read_until(self, answer: _Answer, timeout: float | None) -> None:
+        """Read frames until `answer` has one (TimeoutError after `timeout` s; a partial frame is kept)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not answer._done:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"no answer from {self.address} within {timeout}s")
+            try:
+                self._sock.settimeout(left)
+                done = self._frame.feed(self._sock, self.address)
+            except TimeoutError:
+                continue
+            except (OSError, WireError, ValueError, EOFError) as e:
+                self._fail(e)
+                continue
+            if done is not None:
+                self._deliver(*done)
 
-    def _exact(self, n: int) -> bytearray:
-        """Exactly n bytes from the socket, into a buffer of their own (arrays are wrapped around it)."""
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = self._sock.recv_into(view[got:])
-            if k == 0:
-                raise ConnectionError(f"gateway {self.address} closed the connection")
-            got += k
-        return buf
+    def _deliver(self, kind: int, request_id: int, value: Any) -> None:
+        answer = self._pending.pop(request_id, None)
+        if answer is None:  # an abandoned call: dropped
+            return
+        if kind == ERROR:
+            answer.set(None, value)
+        else:
+            answer.set(value, None)
 
     def _fail(self, error: BaseException) -> None:
-        with self._lock:
-            if self._broken is None:
-                self._broken = error
-            pending, self._pending = self._pending, {}
+        if self._broken is None:
+            self._broken = error
+        pending, self._pending = self._pending, {}
         for answer in pending.values():
             answer.set(None, ConnectionError(f"gateway {self.address}: {error}"))
+
+
+class _Frame:
+    """One answer frame being received: header, lengths, body, buffers, each into a buffer of its own."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._parts: list[bytearray] = [bytearray(HEADER.size)]
+        self._got = 0  # bytes of the last part received so far
+        self._stage = 0  # 0 header, 1 lengths, 2 body and buffers
+        self._head: tuple[int, int, int] = (0, 0, 0)  # kind, request id, buffers
+
+    def feed(self, sock: socket.socket, address: str) -> tuple[int, int, Any] | None:
+        """Receive what is available of the frame (blocking up to the socket's timeout); the frame when whole."""
+        part = self._parts[-1]
+        if self._got < len(part):
+            k = sock.recv_into(memoryview(part)[self._got :])
+            if k == 0:
+                raise ConnectionError(f"gateway {address} closed the connection")
+            self._got += k
+        while self._got == len(self._parts[-1]):
+            if self._stage == 0:
+                magic, kind, request_id, n_buffers = HEADER.unpack(self._parts[0])
+                if magic != MAGIC or kind not in (ANSWER, ERROR):
+                    raise WireError(f"gateway {address} sent a frame that is not an answer")
+                self._head = (kind, request_id, n_buffers)
+                self._stage, self._got = 1, 0
+                self._parts.append(bytearray(lengths_format(n_buffers).size))
+            elif self._stage == 1:
+                self._lengths = list(lengths_format(self._head[2]).unpack(self._parts[1]))
+                self._stage, self._got = 2, 0
+                self._parts.append(bytearray(self._lengths.pop(0)))
+            elif self._lengths:
+                self._got = 0
+                self._parts.append(bytearray(self._lengths.pop(0)))
+            else:
+                kind, request_id, _ = self._head
+                value = decode_answer(self._parts[2], self._parts[3:])
+                self._reset()
+                return kind, request_id, value
+        return None

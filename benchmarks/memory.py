@@ -313,7 +313,7 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
     companion = ctx.Process(target=idle_torch, args=(idle_ready, stop))
     for p in [*procs, companion]:
         p.start()
-    companion_pid = _wait(idle_ready, 1, "idle companion", [companion])[0][1]
+    companion_pid = _wait(idle_ready, 1, "idle", [companion])[0][1]
     out: dict[str, Any] = {}
     try:
         for phase, release in (("cover", go), ("warm", stop)):

@@ -299,7 +299,7 @@ def measure_baseline(files: list[list[str]], ranks: int, passes: int, pre_buffer
     return out
 
 
-def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: int, idle: int) -> dict[str, Any]:
+def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: int) -> dict[str, Any]:
     """Sum of PSS over the serving process tree plus each rank's excess over an idle torch process."""
     ctx = mp.get_context("spawn")
     ready, cmds, answers = ctx.Queue(), ctx.Queue(), ctx.Queue()
@@ -457,7 +457,7 @@ def main() -> None:
                 row: dict[str, Any] = {"sources": n, "ranks": r, "cover_step": cover, "warm_step": warm}
                 row["baseline_default"] = measure_baseline(files, r, args.passes, pre_buffer=True)
                 row["baseline_no_prebuffer"] = measure_baseline(files, r, args.passes, pre_buffer=False)
-                row["loomdata"] = measure_loom(plan_dir, root / f"dask-serve-{r}", r, cover, warm, idle)
+                row["loomdata"] = measure_loom(plan_dir, root / f"dask-serve-{r}", r, cover, warm)
                 for phase in ("cover", "warm"):
                     lo = row["loomdata"][phase]
                     bd, bn = (

@@ -36,7 +36,7 @@ __all__ = ["METHODS", "register", "unregister"]
 
 logger = logging.getLogger(__name__)
 
-METHODS = frozenset({"take_block", "record_telemetry"})
+METHODS = frozenset({"take", "take_steps", "take_block", "record_telemetry"})
 """What a rank may ask of its constructor through the gateway."""
 
 
@@ -72,7 +72,7 @@ class _Gateway:
                 if length > MAX_BODY:
                     raise WireError(f"a request of {length} bytes from {peer}")
                 target, method, args, kwargs = decode_request(await reader.readexactly(length))
-                call = asyncio.ensure_future(self._reply(writer, lock, request_id, target, method, args, kwargs))
+                call = asyncio.ensure_future(self._answer(writer, lock, request_id, target, method, args, kwargs))
                 _RUNNING.add(call)  # held until done: a call runs on even if the rank hangs up (as Dask's do)
                 call.add_done_callback(_RUNNING.discard)
         except (WireError, ConnectionError, asyncio.IncompleteReadError, ssl.SSLError) as e:
@@ -82,7 +82,7 @@ class _Gateway:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _reply(
+    async def _answer(
         self,
         writer: asyncio.StreamWriter,
         lock: asyncio.Lock,

@@ -2,8 +2,10 @@
 
 State is rebuilt from the plan and the partition alone: the shard paths, the index lookup
 sample -> (shard, row) for its own shards (sorted arrays, `searchsorted`), one opened format reader
-(file handles, Parquet metadata, tokenizer). Nothing of it is per rank. Reads run in the actor's own
-thread so the worker's event loop stays responsive and several loaders on one worker overlap.
+(file handles, Parquet metadata, tokenizer); the parsed plan is shared by the process's loaders
+(`_plan_meta`). Nothing of it is per rank. Reads run off the event loop in the loader's own `Strand`
+(serial, in order, on a few threads the process's loaders share: a thread per loader cost ~7 MiB each
+in Arrow's per-thread heaps), so the worker's loop stays responsive and several loaders overlap.
 
 Integrity (`verify` per source, see _verify): a shard is checked against `shards.parquet` when the
 loader first plans (opens it ahead) or reads it, and with `verify: sample` every sample read against its
@@ -25,7 +27,7 @@ A small read runs inline on the event loop only when it cannot wait on storage (
 every unit it needs already held): a GET must never block the worker's loop.
 
 Retirement (scaling, `Executor.set_loaders`): `close()` runs after any read already in the loader's
-thread (one thread, FIFO) and cannot interleave with an inline read (both run on the worker's event
+strand (serial, FIFO) and cannot interleave with an inline read (both run on the worker's event
 loop); from then on every `read` fails fast with `LoaderRetired`, which is not a data error: the
 constructor that sent it (a read issued just before its route switched) asks the new route at once.
 """
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,12 +43,13 @@ import numpy as np
 from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._partition import LoaderPartition
 from loomdata.execution._plan_ahead import PlanAhead
+from loomdata.execution._plan_meta import shared_plan
+from loomdata.execution._strand import Strand
 from loomdata.execution._verify import Verifier, require_checksums, serving_error
 from loomdata.schemas.errors import ExecutionError, SourceDataError
 from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
-from loomdata.schemas.plan import read_plan
 from loomdata.sources import FormatReader, Sample, make_reader
 from loomdata.sources.images import decoded_image_tokens
 from loomdata.storage import Location, is_url, location
@@ -102,7 +104,7 @@ class SourceLoader:
     """Dask actor serving `read(request)` for the samples of one partition of one source."""
 
     def __init__(self, plan_dir: str, partition: LoaderPartition, cache: CachePolicy | None = None) -> None:
-        meta = read_plan(plan_dir)
+        meta = shared_plan(plan_dir)
         spec = meta.spec
         self.partition = partition
         self._source = spec.source(partition.source)
@@ -138,7 +140,7 @@ class SourceLoader:
         self._reader: FormatReader = make_reader(self._source, spec.tokenizer, spec.images)
         self._patch = spec.images.patch_size
         self._plan = PlanAhead(plan_dir, meta, self, cache) if cache is not None else None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"loom-loader-{partition.source}-{partition.part}")
+        self._pool = Strand(f"loom-loader-{partition.source}-{partition.part}")
         self._counters = _Counters()
         self._closed = False
         self._in_thread = 0  # reads queued or running in the thread (changed only on the event loop)
@@ -246,9 +248,9 @@ class SourceLoader:
             )
 
     async def close(self) -> None:
-        """Retire: later reads fail fast with LoaderRetired; release open files and the thread.
+        """Retire: later reads fail fast with LoaderRetired; release open files and the strand.
 
-        Idempotent. A read running in the thread finishes first (one thread, FIFO); queued ones fail fast.
+        Idempotent. A read running in the strand finishes first (serial, FIFO); queued ones fail fast.
         """
         if self._closed:
             return

@@ -31,6 +31,7 @@ through s3fs instead of pyarrow's S3 client).
 
     .venv/bin/python benchmarks/object_store.py                      # about 5-10 minutes
     .venv/bin/python benchmarks/object_store.py --latencies 0 100 --docs 4000
+    .venv/bin/python benchmarks/object_store.py --read-paths 7     # CPU per row group read, per S3 path
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import multiprocessing as mp
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -488,6 +490,81 @@ def _out_path(out: Path | None) -> Path:
     return path
 
 
+def _read_paths(rounds: int, docs: int = 2000) -> dict[str, Any]:
+    """CPU and wall per Parquet row group read from S3 (moto in its own process, so only the reader's CPU counts).
+
+    Sides: the local file; loomdata's `RangeFile` (what a loader reads through) with the default transport (pyarrow's
+    S3 client for large ranges) and with `LOOMDATA_S3_TRANSPORT=fsspec` (s3fs); `pyarrow.fs.S3FileSystem` directly.
+    """
+    import pyarrow.fs as pafs
+
+    from loomdata.storage import RangeFile
+    from loomdata.storage._arrow import TRANSPORT_ENV
+
+    port = _free_port()
+    code = (
+        "from moto.server import ThreadedMotoServer as T; import time; "
+        f"T(ip_address='127.0.0.1', port={port}).start(); time.sleep(1e6)"
+    )
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import boto3
+
+        endpoint = f"http://127.0.0.1:{port}"
+        os.environ.update(CREDS | {"AWS_ENDPOINT_URL": endpoint})
+        s3 = boto3.client("s3", endpoint_url=endpoint)
+        for _ in range(100):
+            try:
+                s3.create_bucket(Bucket=BUCKET)
+                break
+            except Exception:  # not listening yet
+                time.sleep(0.1)
+        with tempfile.TemporaryDirectory(prefix="loom-bench-reads-") as tmp:
+            files, _ = _write_docs(Path(tmp), docs, seed=0, per_file=docs)
+            local = files[0]
+            s3.upload_file(str(local), BUCKET, "reads/part.parquet")
+            url, size = f"s3://{BUCKET}/reads/part.parquet", local.stat().st_size
+            md = pq.read_metadata(local)
+            arrow_fs = pafs.S3FileSystem(endpoint_override=endpoint)
+
+            def through(f: Any) -> None:
+                pf = pq.ParquetFile(f, metadata=md, pre_buffer=False)
+                for i in range(md.num_row_groups):
+                    pf.read_row_group(i, columns=["tokens"])
+
+            def rangefile(transport: str | None) -> None:
+                os.environ.pop(TRANSPORT_ENV, None)
+                if transport:
+                    os.environ[TRANSPORT_ENV] = transport
+                through(RangeFile(url, size))
+                os.environ.pop(TRANSPORT_ENV, None)
+
+            sides = {
+                "local file": lambda: through(str(local)),
+                "RangeFile (default: pyarrow S3 for large ranges)": lambda: rangefile(None),
+                "RangeFile (LOOMDATA_S3_TRANSPORT=fsspec: s3fs)": lambda: rangefile("fsspec"),
+                "pyarrow.fs.S3FileSystem directly": lambda: through(arrow_fs.open_input_file(url[5:])),
+            }
+            got: dict[str, list[tuple[float, float]]] = {k: [] for k in sides}
+            for _ in range(rounds):
+                for name, fn in sides.items():
+                    c0, w0 = time.process_time(), time.perf_counter()
+                    fn()
+                    got[name].append((time.process_time() - c0, time.perf_counter() - w0))
+            n = md.num_row_groups
+            out: dict[str, Any] = {"row_groups": n, "row_group_mib": round(size / n / 2**20, 3), "rounds": rounds}
+            for name, vals in got.items():
+                out[name] = {
+                    "cpu_ms_per_row_group": round(1000 * float(np.median([c for c, _ in vals])) / n, 2),
+                    "wall_ms_per_row_group": round(1000 * float(np.median([w for _, w in vals])) / n, 2),
+                }
+            out["load_1m"] = round(os.getloadavg()[0], 2)
+            return out
+    finally:
+        server.kill()
+        server.wait()
+
+
 def main() -> None:
     from loomdata.execution import ServeConfig
 
@@ -517,8 +594,17 @@ def main() -> None:
         "--fsspec-at", type=float, nargs="*", default=[], help="latencies (ms) also run with row groups through s3fs"
     )
     ap.add_argument("--out", type=Path, default=None, help="result file (default: a new object_store_run-*.json)")
+    ap.add_argument(
+        "--read-paths", type=int, default=0, metavar="ROUNDS", help="only measure row-group reads (CPU, wall) per path"
+    )
     args = ap.parse_args()
     args.out = _out_path(args.out)
+    if args.read_paths:
+        found = {"benchmark": "object_store --read-paths", **_read_paths(args.read_paths)}
+        print(json.dumps(found, indent=1))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(found, indent=1) + "\n")
+        return
     global STEP_S
     STEP_S = args.step_ms / 1000
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
@@ -586,21 +672,26 @@ def main() -> None:
         try:
             for rnd in range(args.rounds):  # rounds alternate every side: this machine's load drifts over minutes
                 _one_round(args, rnd, locals_, plans, proxies, root, mosaic, results)
+                _write(args, results, steps, tokens, partial=rnd + 1 < args.rounds)  # a cut-short run keeps its rounds
         finally:
             for proxy in proxies.values():
                 proxy.close()
         server.stop()
-    summary = _summary(results["runs"])
-    _print_matrix(summary)
+    _print_matrix(results["summary"])
+    print(f"wrote {args.out}")
+
+
+def _write(args: Any, results: dict[str, Any], steps: int, tokens: int, partial: bool) -> None:
+    """The result file with the rounds so far (rewritten after each round: a run cut short keeps what it measured)."""
     results.update(
         benchmark="object_store",
-        machine={"cpus": os.cpu_count(), "python": platform.python_version(), "load_at_end": os.getloadavg()},
+        complete=not partial,
+        machine={"cpus": os.cpu_count(), "python": platform.python_version(), "load_now": os.getloadavg()},
         parameters=vars(args) | {"out": str(args.out), "steps": steps, "tokens": tokens},
-        summary=summary,
+        summary=_summary(results["runs"]),
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -203,6 +203,7 @@ def _loom_run(
     `transport`: `LOOMDATA_S3_TRANSPORT` for the workers (None: the default, pyarrow for row groups).
     """
     from loomdata.execution import Executor, open_cluster
+    from loomdata.storage import request_stats
     from loomdata.storage._arrow import TRANSPORT_ENV
 
     plan_dir = plans_of[spec.name]
@@ -223,6 +224,10 @@ def _loom_run(
         wall = max(r["t1"] for r in rows) - min(r["t0"] for r in rows)  # from the consumers' common start
         counts = proxy.reset() if proxy is not None else None
         loaders = [lo.metrics for lo in ex.metrics().loaders]
+        worker_stats: dict[str, int] = {}  # the workers' own counts: requests, bytes, retries (loomdata.storage)
+        for one in client.run(request_stats).values():
+            for k, v in one.items():
+                worker_stats[k] = worker_stats.get(k, 0) + int(v)
     os.environ.pop(TRANSPORT_ENV, None)
     tokens = sum(r["tokens"] for r in rows)
     steps = rows[0]["steps"]
@@ -240,6 +245,7 @@ def _loom_run(
         **_gap_stats([r["gaps"][1:] for r in rows]),  # after the first batch
         **machine,
         "transport": transport or "default",
+        "worker_requests": worker_stats,
         "loader_prefetch": prefetch,
         "prefetched_units": sum(m.prefetched for m in loaders),
         "prefetch_hits": sum(m.prefetch_hits for m in loaders),

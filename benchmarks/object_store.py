@@ -303,6 +303,8 @@ def _gap_stats(per_consumer: list[list[float]]) -> dict[str, Any]:
         "gap_max_ms": round(1000 * float(g.max()), 1),
         "stall_s": round(float(g[g > 0.05].sum()), 3),
         "top5_share": round(max(top), 3) if top else None,
+        # the step (after the first) of each consumer's longest wait: alike across consumers and runs = a plan boundary
+        "gap_max_steps": [int(np.argmax(c)) + 1 if len(c) else None for c in per_consumer],
         "early_share": round(max(early), 3) if early else None,
     }
 

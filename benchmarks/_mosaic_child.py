@@ -5,7 +5,7 @@
 
 `read` streams `SAMPLES` documents through a torch DataLoader(num_workers=2) over a StreamingDataset
 (shuffle on, py1e, the peer's default shuffle algorithm) in batches of `BATCH` documents and prints delivered
-tokens, seconds, the time to the first batch and the consumer's wait per batch.
+tokens, seconds, the time to the first batch (and its tokens) and the consumer's wait per batch.
 """
 
 from __future__ import annotations
@@ -38,20 +38,31 @@ def read(remote: str, local: str, samples: int, batch: int) -> None:
     t0 = time.perf_counter()
     ds = StreamingDataset(remote=remote, local=local, shuffle=True, shuffle_seed=0, batch_size=batch)
     dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=2, collate_fn=_collate)
-    tokens, n, waits, first = 0, 0, [], None
+    tokens, n, waits, first, first_tokens = 0, 0, [], None, 0
     t = time.perf_counter()
     for b in dl:
         now = time.perf_counter()
         waits.append(now - t)
-        if first is None:
-            first = now - t0
         tokens += sum(len(x) for x in b)
+        if first is None:
+            first, first_tokens = now - t0, tokens
         n += len(b)
         t = time.perf_counter()
         if n >= samples:
             break
     secs = time.perf_counter() - t0
-    print(json.dumps({"tokens": tokens, "samples": n, "seconds": secs, "first_batch_s": first, "waits": waits}))
+    print(
+        json.dumps(
+            {
+                "tokens": tokens,
+                "samples": n,
+                "seconds": secs,
+                "first_batch_s": first,
+                "first_tokens": first_tokens,
+                "waits": waits,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

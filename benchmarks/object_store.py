@@ -17,10 +17,21 @@ every step:
   peers' own venv (`make peers-venv`, never a loomdata dependency); without it the Mosaic rows are skipped.
 
 Goal (issue 9): at 100 ms, consumer wait per step within 10% of the local-disk run with `block` shuffle,
-and at least 2x Mosaic's delivered tokens/s per consumer. Writes benchmarks/results/object_store.json.
+and at least 2x Mosaic's delivered tokens/s per consumer. Each run writes its own file,
+benchmarks/results/object_store_run-<UTC time>.json (`--out` names another; an existing file is never
+overwritten), with every run's rows under `runs` and the summary keyed by side and latency: per round the
+S3 run's ratio to the local run of the same round and shuffle (and to Mosaic's), then the median and the
+range of those paired ratios, for the mean wait per step and its p50/p90/p99.
+
+Where a round's wait goes: each run records the wait percentiles per step, the share of the wait in its 5
+longest waits and in its first 5% of steps, the loaders' storage waits (units awaited or fetched on the
+read path), the 1-minute load and the machine's CPU busy fraction over the run (other processes included).
+`--fsspec-at 100` also runs the S3 sides at that latency with `LOOMDATA_S3_TRANSPORT=fsspec` (row groups
+through s3fs instead of pyarrow's S3 client).
 
     .venv/bin/python benchmarks/object_store.py                      # about 5-10 minutes
     .venv/bin/python benchmarks/object_store.py --latencies 0 100 --docs 4000
+    .venv/bin/python benchmarks/object_store.py --read-paths 7     # CPU per row group read, per S3 path
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import multiprocessing as mp
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +56,7 @@ import pyarrow.parquet as pq
 from _latency_proxy import LatencyProxy
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "object_store.json"
+RESULTS_DIR = HERE / "results"
 PEERS_PYTHON = HERE / ".venv-peers" / "bin" / "python"
 BUCKET = "loom-bench"
 ROW_GROUP = 256  # documents per Parquet row group (the loaders' read unit)
@@ -112,7 +124,7 @@ def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any, step_s
     ready.put(rank)
     start.wait()
     t0 = time.time()
-    tokens = n = 0
+    tokens = n = first_tokens = 0
     first = None
     gaps = []  # seconds each batch took to arrive
     t = time.perf_counter()
@@ -123,6 +135,7 @@ def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any, step_s
         n += 1
         if first is None:
             first = time.time() - t0
+            first_tokens = tokens
         if step_s > 0:
             time.sleep(step_s)  # the rank's training step: the serving window has this long to stay ahead
         t = time.perf_counter()
@@ -139,6 +152,7 @@ def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any, step_s
             "wait_s": wait,
             "steps": steps,
             "first_s": first,
+            "first_tokens": first_tokens,
             "gaps": gaps,
         }
     )
@@ -165,36 +179,73 @@ def _run_consumers(plan_dir: Path, n: int) -> list[dict[str, Any]]:
 plans_of: dict[str, Path] = {}  # spec name -> its plan dir
 
 
-def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path, prefetch: int) -> dict[str, Any]:
-    """Serve an indexed and planned spec on a fresh embedded cluster (its workers see the proxy's endpoint)."""
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine (/proc/stat; zeros where there is none)."""
+    try:
+        with open("/proc/stat") as f:
+            vals = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return 0, 0
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    return sum(vals) - idle, sum(vals)
+
+
+def _machine(t0: tuple[int, int], t1: tuple[int, int]) -> dict[str, Any]:
+    busy, total = t1[0] - t0[0], t1[1] - t0[1]
+    return {"load_1m": round(os.getloadavg()[0], 2), "cpu_busy": round(busy / total, 3) if total > 0 else None}
+
+
+def _loom_run(
+    spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path, prefetch: int, transport: str | None = None
+) -> dict[str, Any]:
+    """Serve an indexed and planned spec on a fresh embedded cluster (its workers see the proxy's endpoint).
+
+    `transport`: `LOOMDATA_S3_TRANSPORT` for the workers (None: the default, pyarrow for row groups).
+    """
     from loomdata.execution import Executor, open_cluster
+    from loomdata.storage import request_stats
+    from loomdata.storage._arrow import TRANSPORT_ENV
 
     plan_dir = plans_of[spec.name]
     if proxy is not None:
         os.environ["AWS_ENDPOINT_URL"] = proxy.url
+    os.environ.pop(TRANSPORT_ENV, None)
+    if transport is not None:
+        os.environ[TRANSPORT_ENV] = transport  # the workers started below inherit it
     with (
         open_cluster(n_workers=2, local_directory=root / "dask") as client,
         Executor(plan_dir, client, loader_prefetch=prefetch) as ex,
     ):
         if proxy is not None:
             proxy.reset()
+        ticks = _cpu_ticks()
         rows = _run_consumers(plan_dir, consumers)
+        machine = _machine(ticks, _cpu_ticks())
         wall = max(r["t1"] for r in rows) - min(r["t0"] for r in rows)  # from the consumers' common start
         counts = proxy.reset() if proxy is not None else None
         loaders = [lo.metrics for lo in ex.metrics().loaders]
+        worker_stats: dict[str, int] = {}  # the workers' own counts: requests, bytes, retries (loomdata.storage)
+        for one in client.run(request_stats).values():
+            for k, v in one.items():
+                worker_stats[k] = worker_stats.get(k, 0) + int(v)
+    os.environ.pop(TRANSPORT_ENV, None)
     tokens = sum(r["tokens"] for r in rows)
     steps = rows[0]["steps"]
     out: dict[str, Any] = {
         "tokens": tokens,
         "wall_s": round(wall, 3),
         "tokens_per_s_per_consumer": round(tokens / wall / consumers),
+        "steady_tokens_per_s_per_consumer": _steady(rows),
         "wait_per_step_ms": round(1000 * max(r["wait_s"] for r in rows) / steps, 3),
         # the goal's figure: steady state, without the first step (serve start, the same once per run)
         "wait_per_step_after_first_ms": round(1000 * max(sum(r["gaps"][1:]) for r in rows) / max(steps - 1, 1), 3),
         "first_wait_s": round(max(r["gaps"][0] if r["gaps"] else 0.0 for r in rows), 3),
         "first_batch_s": round(max(r["first_s"] or 0.0 for r in rows), 3),
         "steps": steps,
-        **_gap_stats([g for r in rows for g in r["gaps"][1:]]),  # after the first batch
+        **_gap_stats([r["gaps"][1:] for r in rows]),  # after the first batch
+        **machine,
+        "transport": transport or "default",
+        "worker_requests": worker_stats,
         "loader_prefetch": prefetch,
         "prefetched_units": sum(m.prefetched for m in loaders),
         "prefetch_hits": sum(m.prefetch_hits for m in loaders),
@@ -213,19 +264,48 @@ def _loom_run(spec: Any, consumers: int, proxy: LatencyProxy | None, root: Path,
     return out
 
 
+def _steady(rows: list[dict[str, Any]]) -> int:
+    """Tokens/s per consumer after each consumer's first batch (its start-up left out: serve start, Mosaic's index)."""
+    rates = []
+    for r in rows:
+        span = r["seconds"] - r["first_s"] if "seconds" in r else r["t1"] - r["t0"] - r["first_s"]
+        if r.get("first_s") is not None and span > 0:
+            rates.append((r["tokens"] - r["first_tokens"]) / span)
+    return round(float(np.mean(rates))) if rates else 0
+
+
 def _total(loaders: list[Any], field: str) -> int | None:
     vals = [getattr(m, field, None) for m in loaders]
     return None if any(v is None for v in vals) else sum(vals)
 
 
-def _gap_stats(gaps: list[float]) -> dict[str, Any]:
-    """How the waits for batches after the first are spread: median, p99, max, and the seconds in waits over 50 ms."""
-    g = np.asarray(gaps or [0.0])
+def _gap_stats(per_consumer: list[list[float]]) -> dict[str, Any]:
+    """How the waits for the batches after the first spread: percentiles per step, max, where the wait sits.
+
+    `wait_p*_ms` pool every consumer's steps; `top5_share`: the part of a consumer's wait in its 5 longest waits,
+    `early_share`: in its first 5% of steps (the worst consumer of each); `stall_s`: seconds in waits over 50 ms.
+    """
+    g = np.concatenate([np.asarray(c, dtype=np.float64) for c in per_consumer] or [np.zeros(1)])
+    g = g if len(g) else np.zeros(1)
+    top, early = [], []
+    for c in per_consumer:
+        a = np.asarray(c, dtype=np.float64)
+        total = float(a.sum())
+        if total <= 0:
+            continue
+        top.append(float(np.sort(a)[-5:].sum()) / total)
+        early.append(float(a[: max(1, len(a) // 20)].sum()) / total)
+    p50, p90, p99 = (1000 * float(np.quantile(g, q)) for q in (0.5, 0.9, 0.99))
     return {
-        "gap_p50_ms": round(1000 * float(np.median(g)), 2),
-        "gap_p99_ms": round(1000 * float(np.quantile(g, 0.99)), 2),
+        "wait_p50_ms": round(p50, 3),
+        "wait_p90_ms": round(p90, 3),
+        "wait_p99_ms": round(p99, 2),
         "gap_max_ms": round(1000 * float(g.max()), 1),
         "stall_s": round(float(g[g > 0.05].sum()), 3),
+        "top5_share": round(max(top), 3) if top else None,
+        # the step (after the first) of each consumer's longest wait: alike across consumers and runs = a plan boundary
+        "gap_max_steps": [int(np.argmax(c)) + 1 if len(c) else None for c in per_consumer],
+        "early_share": round(max(early), 3) if early else None,
     }
 
 
@@ -269,6 +349,9 @@ def _mosaic_run(remote: str, consumers: int, samples: int, proxy: LatencyProxy, 
         "tokens": tokens,
         "wall_s": round(wall, 3),
         "tokens_per_s_per_consumer": round(tokens / wall / consumers),
+        "steady_tokens_per_s_per_consumer": _steady(
+            [{**r, "first_s": r["first_batch_s"], "first_tokens": r.get("first_tokens", 0)} for r in rows]
+        ),
         "wait_per_batch_ms": round(1000 * sum(sum(r["waits"]) for r in rows) / max(batches, 1), 3),
         "first_batch_s": round(max(r["first_batch_s"] for r in rows), 3),
         "requests": counts.requests,
@@ -284,7 +367,13 @@ def _print_row(side: str, ms: float, row: dict[str, Any]) -> None:
     after = f"{row['wait_per_step_after_first_ms']:>11.2f}" if "wait_per_step_after_first_ms" in row else f"{'':>11}"
     waits = [row.get("prefetch_waits"), row.get("unit_misses")]
     misses = f"  storage waits {waits[0] + waits[1]}" if None not in waits else ""
-    print(f"{side:<26}{ms:>5.0f}{row['tokens_per_s_per_consumer']:>16,}{wait:>14.2f}{after}{extra}{misses}")
+    pct = (
+        f"  p50/90/99 {row['wait_p50_ms']:.2f}/{row['wait_p90_ms']:.2f}/{row['wait_p99_ms']:.1f}"
+        if "wait_p50_ms" in row
+        else ""
+    )
+    load = f"  load {row.get('load_1m')} cpu {row.get('cpu_busy')}"
+    print(f"{side:<30}{ms:>5.0f}{row['tokens_per_s_per_consumer']:>16,}{wait:>14.2f}{after}{extra}{misses}{pct}{load}")
 
 
 def _one_round(
@@ -309,50 +398,179 @@ def _one_round(
             runs = [(f"loomdata s3 {sh}", args.prefetch)]
             if ms in args.no_prefetch_at and args.prefetch > 0:
                 runs.append((f"loomdata s3 {sh} no-pf", 0))
+            if ms in args.fsspec_at:
+                runs.append((f"loomdata s3 {sh} fsspec", args.prefetch))
             for side, pf in runs:
-                row = _loom_run(spec, args.consumers, proxy, root, pf)
+                transport = "fsspec" if side.endswith(" fsspec") else None
+                row = _loom_run(spec, args.consumers, proxy, root, pf, transport)
                 results["runs"].append({"side": side, "latency_ms": ms, "round": rnd, **row})
                 _print_row(side, ms, row)
         if mosaic:
+            ticks = _cpu_ticks()
             row = _mosaic_run(f"s3://{BUCKET}/mds", args.consumers, args.docs, proxy, root)
+            row.update(_machine(ticks, _cpu_ticks()))
             results["runs"].append({"side": "mosaic s3", "latency_ms": ms, "round": rnd, **row})
             _print_row("mosaic s3", ms, row)
 
 
+_RATIO_KEYS = ("wait_per_step_ms", "wait_per_step_after_first_ms", "wait_p50_ms", "wait_p90_ms", "wait_p99_ms")
+
+
+def _paired(runs: list[dict[str, Any]], side: str, ms: float, ref: str, ref_ms: float, key: str) -> list[float]:
+    """Per round: `side` at `ms` over `ref` at `ref_ms` of the same round (rounds where both ran and ref > 0)."""
+    mine = {r["round"]: r.get(key) for r in runs if r["side"] == side and r["latency_ms"] == ms}
+    theirs = {r["round"]: r.get(key) for r in runs if r["side"] == ref and r["latency_ms"] == ref_ms}
+    return [
+        float(mine[k]) / float(theirs[k])
+        for k in sorted(mine)
+        if mine[k] is not None and theirs.get(k) is not None and float(theirs[k]) > 0
+    ]
+
+
+def _spread(vals: list[float]) -> dict[str, Any] | None:
+    if not vals:
+        return None
+    return {"median": round(float(np.median(vals)), 3), "min": round(min(vals), 3), "max": round(max(vals), 3)}
+
+
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per S3 side and latency: medians over rounds, as ratios to the local run of the same shuffle and to Mosaic."""
+    """Per S3 side and latency: the medians over rounds, and per round paired ratios to local disk and to Mosaic.
+
+    A paired ratio divides a run by the local run (same shuffle) or the Mosaic run (same latency) of the same
+    round, so load that drifts between rounds cancels; the summary gives their median, min and max.
+    """
     by: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for r in runs:
         by.setdefault((r["side"], r["latency_ms"]), []).append(r)
 
     def med(side: str, ms: float, key: str) -> float | None:
         vals = [r[key] for r in by.get((side, ms), []) if r.get(key) is not None]
-        return float(np.median(vals)) if vals else None
+        return round(float(np.median(vals)), 3) if vals else None
 
     summary = {}
-    for side, ms in by:
+    for side, ms in sorted(by, key=lambda k: (k[1], k[0])):
         if not side.startswith("loomdata s3") or side.endswith("no-pf"):
             continue
-        local = side.replace(" s3 ", " local ")  # the same shuffle, local disk
-        wait, local_wait = med(side, ms, "wait_per_step_ms"), med(local, 0, "wait_per_step_ms")
-        after = med(side, ms, "wait_per_step_after_first_ms")
-        local_after = med(local, 0, "wait_per_step_after_first_ms")
-        tps, mosaic = med(side, ms, "tokens_per_s_per_consumer"), med("mosaic s3", ms, "tokens_per_s_per_consumer")
-        assert wait is not None and local_wait is not None and after is not None and local_after is not None
-        summary[f"{side} @{ms:g}ms"] = {
-            "rounds": len(by[(side, ms)]),
-            "wait_per_step_ms": round(wait, 3),
-            "local_wait_per_step_ms": round(local_wait, 3),
-            "wait_vs_local": round(wait / max(local_wait, 1e-9), 3),
-            "wait_after_first_ms": round(after, 3),
-            "local_wait_after_first_ms": round(local_after, 3),
-            "wait_after_first_vs_local": round(after / max(local_after, 1e-9), 3),
-            "storage_waits": [
-                None if r.get("unit_misses") is None else r["prefetch_waits"] + r["unit_misses"] for r in by[(side, ms)]
-            ],
-            "tokens_per_s_vs_mosaic": None if tps is None or not mosaic else round(tps / mosaic, 3),
-        }
+        shuffle = side.split()[2]
+        local = f"loomdata local {shuffle}"
+        rows = by[(side, ms)]
+        out: dict[str, Any] = {"rounds": len(rows), "shuffle": shuffle, "latency_ms": ms}
+        for key in _RATIO_KEYS:
+            out[key] = med(side, ms, key)
+            out[f"local_{key}"] = med(local, 0, key)
+            out[f"{key}_vs_local"] = _spread(_paired(runs, side, ms, local, 0, key))
+        out["tokens_per_s_per_consumer"] = med(side, ms, "tokens_per_s_per_consumer")
+        out["mosaic_tokens_per_s_per_consumer"] = med("mosaic s3", ms, "tokens_per_s_per_consumer")
+        out["tokens_per_s_vs_mosaic"] = _spread(_paired(runs, side, ms, "mosaic s3", ms, "tokens_per_s_per_consumer"))
+        out["steady_tokens_per_s_vs_mosaic"] = _spread(
+            _paired(runs, side, ms, "mosaic s3", ms, "steady_tokens_per_s_per_consumer")
+        )
+        out["tokens_per_s_vs_local"] = _spread(_paired(runs, side, ms, local, 0, "tokens_per_s_per_consumer"))
+        out["storage_waits"] = [
+            None if r.get("unit_misses") is None else r["prefetch_waits"] + r["unit_misses"] for r in rows
+        ]
+        out["requests_per_step"] = med(side, ms, "requests_per_step")
+        out["fetched_per_delivered"] = med(side, ms, "fetched_per_delivered")
+        out["load_1m"] = [r.get("load_1m") for r in rows]
+        summary[f"{side} @{ms:g}ms"] = out
     return summary
+
+
+def _print_matrix(summary: dict[str, Any]) -> None:
+    """The matrix: each S3 side and latency, its wait and tokens/s as paired ratios (median [min-max])."""
+
+    def fmt(x: dict[str, Any] | None) -> str:
+        return "-" if x is None else f"{x['median']:.2f} [{x['min']:.2f}-{x['max']:.2f}]"
+
+    head = ["wait/local", "p90/local", "tok/s vs Mosaic", "steady vs Mosaic", "tok/s vs local"]
+    print(f"\n{'side @latency':<34}" + "".join(f"{h:>20}" for h in head))
+    for k, v in summary.items():
+        cells = [v["wait_per_step_after_first_ms_vs_local"], v["wait_p90_ms_vs_local"]]
+        cells += [v["tokens_per_s_vs_mosaic"], v["steady_tokens_per_s_vs_mosaic"], v["tokens_per_s_vs_local"]]
+        print(f"{k:<34}" + "".join(f"{fmt(c):>20}" for c in cells))
+
+
+def _out_path(out: Path | None) -> Path:
+    """`--out`, or a new file per run; never an existing file (the assembled results of other runs live there)."""
+    path = out or RESULTS_DIR / f"object_store_run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+    if path.exists():
+        raise SystemExit(f"{path} exists: pass another --out (results of earlier runs are kept, never overwritten)")
+    return path
+
+
+def _read_paths(rounds: int, docs: int = 2000) -> dict[str, Any]:
+    """CPU and wall per Parquet row group read from S3 (moto in its own process, so only the reader's CPU counts).
+
+    Sides: the local file; loomdata's `RangeFile` (what a loader reads through) with the default transport (pyarrow's
+    S3 client for large ranges) and with `LOOMDATA_S3_TRANSPORT=fsspec` (s3fs); `pyarrow.fs.S3FileSystem` directly.
+    """
+    import pyarrow.fs as pafs
+
+    from loomdata.storage import RangeFile
+    from loomdata.storage._arrow import TRANSPORT_ENV
+
+    port = _free_port()
+    code = (
+        "from moto.server import ThreadedMotoServer as T; import time; "
+        f"T(ip_address='127.0.0.1', port={port}).start(); time.sleep(1e6)"
+    )
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import boto3
+
+        endpoint = f"http://127.0.0.1:{port}"
+        os.environ.update(CREDS | {"AWS_ENDPOINT_URL": endpoint})
+        s3 = boto3.client("s3", endpoint_url=endpoint)
+        for _ in range(100):
+            try:
+                s3.create_bucket(Bucket=BUCKET)
+                break
+            except Exception:  # not listening yet
+                time.sleep(0.1)
+        with tempfile.TemporaryDirectory(prefix="loom-bench-reads-") as tmp:
+            files, _ = _write_docs(Path(tmp), docs, seed=0, per_file=docs)
+            local = files[0]
+            s3.upload_file(str(local), BUCKET, "reads/part.parquet")
+            url, size = f"s3://{BUCKET}/reads/part.parquet", local.stat().st_size
+            md = pq.read_metadata(local)
+            arrow_fs = pafs.S3FileSystem(endpoint_override=endpoint)
+
+            def through(f: Any) -> None:
+                pf = pq.ParquetFile(f, metadata=md, pre_buffer=False)
+                for i in range(md.num_row_groups):
+                    pf.read_row_group(i, columns=["tokens"])
+
+            def rangefile(transport: str | None) -> None:
+                os.environ.pop(TRANSPORT_ENV, None)
+                if transport:
+                    os.environ[TRANSPORT_ENV] = transport
+                through(RangeFile(url, size))
+                os.environ.pop(TRANSPORT_ENV, None)
+
+            sides = {
+                "local file": lambda: through(str(local)),
+                "RangeFile (default: pyarrow S3 for large ranges)": lambda: rangefile(None),
+                "RangeFile (LOOMDATA_S3_TRANSPORT=fsspec: s3fs)": lambda: rangefile("fsspec"),
+                "pyarrow.fs.S3FileSystem directly": lambda: through(arrow_fs.open_input_file(url[5:])),
+            }
+            got: dict[str, list[tuple[float, float]]] = {k: [] for k in sides}
+            for _ in range(rounds):
+                for name, fn in sides.items():
+                    c0, w0 = time.process_time(), time.perf_counter()
+                    fn()
+                    got[name].append((time.process_time() - c0, time.perf_counter() - w0))
+            n = md.num_row_groups
+            out: dict[str, Any] = {"row_groups": n, "row_group_mib": round(size / n / 2**20, 3), "rounds": rounds}
+            for name, vals in got.items():
+                out[name] = {
+                    "cpu_ms_per_row_group": round(1000 * float(np.median([c for c, _ in vals])) / n, 2),
+                    "wall_ms_per_row_group": round(1000 * float(np.median([w for _, w in vals])) / n, 2),
+                }
+            out["load_1m"] = round(os.getloadavg()[0], 2)
+            return out
+    finally:
+        server.kill()
+        server.wait()
 
 
 def main() -> None:
@@ -380,8 +598,21 @@ def main() -> None:
     )
     ap.add_argument("--no-mosaic", action="store_true", help="skip the Mosaic Streaming rows")
     ap.add_argument("--rounds", type=int, default=1, help="times every side runs, alternating (medians reported)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--fsspec-at", type=float, nargs="*", default=[], help="latencies (ms) also run with row groups through s3fs"
+    )
+    ap.add_argument("--out", type=Path, default=None, help="result file (default: a new object_store_run-*.json)")
+    ap.add_argument(
+        "--read-paths", type=int, default=0, metavar="ROUNDS", help="only measure row-group reads (CPU, wall) per path"
+    )
     args = ap.parse_args()
+    args.out = _out_path(args.out)
+    if args.read_paths:
+        found = {"benchmark": "object_store --read-paths", **_read_paths(args.read_paths)}
+        print(json.dumps(found, indent=1))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(found, indent=1) + "\n")
+        return
     global STEP_S
     STEP_S = args.step_ms / 1000
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
@@ -441,7 +672,7 @@ def main() -> None:
                 plans_of[spec.name] = Path(make_plan(spec).plan_dir)
                 plans[sh] = spec
         header = (
-            f"{'side':<26}{'ms':>5}{'tok/s/consumer':>16}{'wait/step ms':>14}{'after 1st':>11}{'req/step':>10}"
+            f"{'side':<30}{'ms':>5}{'tok/s/consumer':>16}{'wait/step ms':>14}{'after 1st':>11}{'req/step':>10}"
             f"{'fetch/deliv':>12}"
         )
         print(header)
@@ -449,26 +680,26 @@ def main() -> None:
         try:
             for rnd in range(args.rounds):  # rounds alternate every side: this machine's load drifts over minutes
                 _one_round(args, rnd, locals_, plans, proxies, root, mosaic, results)
+                _write(args, results, steps, tokens, partial=rnd + 1 < args.rounds)  # a cut-short run keeps its rounds
         finally:
             for proxy in proxies.values():
                 proxy.close()
         server.stop()
-    summary = _summary(results["runs"])
-    for k, v in summary.items():
-        print(
-            f"{k}: wait per step {v['wait_vs_local']:.2f}x the local run "
-            f"({v['wait_after_first_vs_local']:.2f}x after the first step; medians of {args.rounds} rounds); "
-            f"tokens/s {v['tokens_per_s_vs_mosaic']}x Mosaic"
-        )
+    _print_matrix(results["summary"])
+    print(f"wrote {args.out}")
+
+
+def _write(args: Any, results: dict[str, Any], steps: int, tokens: int, partial: bool) -> None:
+    """The result file with the rounds so far (rewritten after each round: a run cut short keeps what it measured)."""
     results.update(
         benchmark="object_store",
-        machine={"cpus": os.cpu_count(), "python": platform.python_version()},
+        complete=not partial,
+        machine={"cpus": os.cpu_count(), "python": platform.python_version(), "load_now": os.getloadavg()},
         parameters=vars(args) | {"out": str(args.out), "steps": steps, "tokens": tokens},
-        summary=summary,
+        summary=_summary(results["runs"]),
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 One small API for readers and the index job: `location` and `is_url` tell the two apart, `glob`,
 `identity` (size + ETag/version, or the file's stat), `open_input` / `ObjectView` / `read_range` read,
-`fetch_to_cache` keeps a small object on local disk. Transient errors are retried with back-off
+`fetch_to_cache` keeps a small object on local disk (large S3 ranges go through pyarrow's S3 client:
+`LOOMDATA_S3_TRANSPORT=fsspec` keeps them on s3fs). Transient errors are retried with back-off
 (`RetryPolicy`); the rest raise a `StorageError` naming the URL. `storage_options` are never
 written: `redact` hides their secrets wherever they are shown.
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import random
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -52,6 +53,17 @@ _TRANSIENT_NAMES = frozenset(
 )  # fmt: skip
 
 
+# pyarrow's S3 client raises plain OSErrors whose text names the AWS SDK's error ("AWS Error SLOW_DOWN during ...")
+_ARROW_ERROR = re.compile(r"AWS Error ([A-Z_]+)")
+_ARROW_KINDS = {
+    "NO_SUCH_KEY": "not_found", "NO_SUCH_BUCKET": "not_found", "RESOURCE_NOT_FOUND": "not_found",
+    "ACCESS_DENIED": "denied", "INVALID_ACCESS_KEY_ID": "denied", "SIGNATURE_DOES_NOT_MATCH": "denied",
+    "NETWORK_CONNECTION": "transient", "SLOW_DOWN": "transient", "THROTTLING": "transient",
+    "SERVICE_UNAVAILABLE": "transient", "INTERNAL_FAILURE": "transient", "REQUEST_TIMEOUT": "transient",
+    "REQUEST_TIME_TOO_SKEWED": "transient",
+}  # fmt: skip
+
+
 def _chain(e: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     cur: BaseException | None = e
@@ -74,6 +86,9 @@ def _kind_of_one(e: BaseException) -> ErrorKind | None:
             return ErrorKind.TRANSIENT
     if isinstance(e, FileNotFoundError):
         return ErrorKind.NOT_FOUND
+    arrow = _ARROW_ERROR.search(str(e)) if type(e) is OSError else None
+    if arrow is not None and arrow.group(1) in _ARROW_KINDS:
+        return ErrorKind(_ARROW_KINDS[arrow.group(1)])
     if isinstance(e, PermissionError):
         return ErrorKind.DENIED
     if isinstance(e, (ConnectionError, TimeoutError)) or type(e).__name__ in _TRANSIENT_NAMES:

@@ -1,0 +1,130 @@
+"""Large S3 range reads through pyarrow's C++ S3 client: a third of s3fs's CPU per GET, without the GIL.
+
+Measured on moto over loopback (0.7 MB ranged GETs, one process, median of 5 x 8): CPU per GET 1.7 ms
+through an open pyarrow handle (`read_at`) vs 5.3 ms through `s3fs.cat_file` (wall 8 vs 17 ms); per
+Parquet row group read by `ParquetFile.read_row_group` 3.7 vs 6.7 ms CPU (local file 2.4). A Source
+Loader's row-group reads are such GETs, and s3fs runs each on a Python event-loop thread that competes
+with the worker's own for the GIL.
+
+pyarrow opens a handle with a HEAD (its Python API takes no known size), so handles are kept per process
+(`_MAX_HANDLES` objects, least recently used dropped) and only reads of at least `ARROW_MIN_READ` bytes
+use them: footers, headers and line pages stay one fsspec request each. fsspec stays the path for
+everything else (listing, HEADs, GCS, HTTP), for `storage_options` pyarrow cannot take (anything but
+key/secret/token/anon/endpoint_url/region), and everywhere with `LOOMDATA_S3_TRANSPORT=fsspec`.
+Credentials: the options' key/secret/token, else the AWS SDK's own chain (environment, profiles); the
+endpoint: the options', else `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL` (which pyarrow itself ignores).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["ARROW_MIN_READ", "TRANSPORT_ENV", "arrow_read", "arrow_s3_kwargs", "drop_handle"]
+
+ARROW_MIN_READ = 512 * 1024
+"""Reads this large or larger of an s3:// object go through pyarrow (smaller ones would pay its HEAD)."""
+
+TRANSPORT_ENV = "LOOMDATA_S3_TRANSPORT"
+"""`fsspec`: every S3 read through s3fs; anything else (default `arrow`): large reads through pyarrow."""
+
+_MAX_HANDLES = 512
+_SIMPLE = {"key": "access_key", "secret": "secret_key", "token": "session_token", "anon": "anonymous"}
+_LOCK = threading.Lock()
+_FILESYSTEMS: dict[tuple[tuple[str, Any], ...], Any] = {}
+_HANDLES: OrderedDict[tuple[tuple[tuple[str, Any], ...], str], Any] = OrderedDict()
+
+
+def arrow_s3_kwargs(options: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """`pyarrow.fs.S3FileSystem` arguments for s3fs-style `options`, or None where pyarrow cannot honour them."""
+    env = os.environ if env is None else env
+    if env.get(TRANSPORT_ENV, "arrow").strip().lower() == "fsspec":
+        return None
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if name in _SIMPLE:
+            out[_SIMPLE[name]] = value
+        elif name in ("endpoint_url", "region_name"):
+            out[name] = value
+        elif name == "client_kwargs" and isinstance(value, Mapping) and set(value) <= {"endpoint_url", "region_name"}:
+            out.update(value)
+        else:
+            return None  # an option only s3fs knows (config_kwargs, requester_pays, ...): keep s3fs
+    endpoint = out.pop("endpoint_url", None) or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        out["endpoint_override"] = str(endpoint)
+    region = out.pop("region_name", None)
+    if region:
+        out["region"] = str(region)
+    return out
+
+
+def _filesystem(kwargs: dict[str, Any]) -> tuple[tuple[tuple[str, Any], ...], Any] | None:
+    key = tuple(sorted(kwargs.items()))
+    with _LOCK:
+        fs = _FILESYSTEMS.get(key)
+    if fs is None:
+        try:
+            from pyarrow.fs import S3FileSystem
+        except ImportError:  # a pyarrow built without S3
+            return None
+        fs = S3FileSystem(**kwargs)
+        with _LOCK:
+            fs = _FILESYSTEMS.setdefault(key, fs)
+    return key, fs
+
+
+def _handle(url: str, kwargs: dict[str, Any], on_open: Any) -> Any | None:
+    got = _filesystem(kwargs)
+    if got is None:
+        return None
+    key, fs = got
+    hkey = (key, url)
+    with _LOCK:
+        f = _HANDLES.get(hkey)
+        if f is not None:
+            _HANDLES.move_to_end(hkey)
+            return f
+    on_open()
+    f = fs.open_input_file(url.split("://", 1)[1])  # one HEAD; ReadAt on it is thread-safe
+    with _LOCK:
+        f = _HANDLES.setdefault(hkey, f)
+        while len(_HANDLES) > _MAX_HANDLES:
+            _HANDLES.popitem(last=False)  # not closed here: a read may still hold it (closed when dropped)
+    return f
+
+
+def drop_handle(url: str) -> None:
+    """Forget every process-wide handle of `url` (after a failed or short read: the next read opens afresh)."""
+    with _LOCK:
+        for k in [k for k in _HANDLES if k[1] == url]:
+            del _HANDLES[k]
+
+
+def arrow_read(
+    url: str, start: int, stop: int, kwargs: dict[str, Any], on_open: Any, size: int | None = None
+) -> bytes | None:
+    """Bytes [start, stop) of an s3:// object through a kept pyarrow handle; None: read it through fsspec.
+
+    pyarrow trusts the size its HEAD saw (a body shorter than that comes back padded, not short), so a
+    handle whose size is not the caller's `size` (the object's size when the reader opened it) or ends
+    before `stop` is opened afresh once; if it still disagrees, None (fsspec reads what is there). An
+    object rewritten while a handle is kept is caught by the loaders' per-sample checksums (`verify:
+    sample`, the default), as a same-size rewrite read through fsspec is.
+    """
+    for _ in range(2):
+        f = _handle(url, kwargs, on_open)
+        if f is None:
+            return None
+        n = int(f.size())
+        if (size is None or n == size) and stop <= n:
+            try:
+                return bytes(f.read_at(stop - start, start))
+            except BaseException:
+                drop_handle(url)
+                raise
+        drop_handle(url)
+    return None

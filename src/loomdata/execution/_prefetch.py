@@ -217,9 +217,9 @@ class Prefetcher:
         if c.full:
             return
         front = max(self._front, c.newest, 0)
-        keys, first = c.pending(front)
-        held = c.held_keys()
-        with self._lock:
+        with self._lock:  # what is held and what is in flight, seen together: a read finishing between
+            keys, first = c.pending(front)  # the two would otherwise be issued again
+            held = c.held_keys()
             if c.newest != self._declined_at:
                 self._declined.clear()
                 self._declined_at = c.newest

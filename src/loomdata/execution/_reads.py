@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+import weakref
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -213,11 +214,30 @@ class Reads:
         return groups, calls
 
 
+REMOTE_READS = 32
+"""Loader reads to other workers in flight at once per worker process (each holds a connection)."""
+
+_LIMITS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
 def _call_read(loader: Any, request: np.ndarray) -> Awaitable[SegmentData]:
     """An awaitable loader read: a direct call when the loader lives in this worker process.
 
     Dask routes actor calls through an RPC even between actors of one worker (from the event loop);
-    calling the local instance saves both ends of that round trip.
+    calling the local instance saves both ends of that round trip. Remote reads are bounded per worker
+    process (`REMOTE_READS`): a step over 300 sources is ~300 reads, and every concurrent Dask actor call
+    opens a connection of its own, so unbounded fan-out from a few constructors opened hundreds of TLS
+    connections at once, whose handshakes timed out on a loaded machine ("Unable to contact Actor's worker").
     """
     local = local_instance(loader)
-    return local.read(request) if local is not None else loader.read(request)
+    return local.read(request) if local is not None else _remote_read(loader, request)
+
+
+async def _remote_read(loader: Any, request: np.ndarray) -> SegmentData:
+    loop = asyncio.get_running_loop()
+    limit = _LIMITS.get(loop)
+    if limit is None:
+        limit = _LIMITS[loop] = asyncio.Semaphore(REMOTE_READS)
+    async with limit:
+        answer: SegmentData = await loader.read(request)
+        return answer

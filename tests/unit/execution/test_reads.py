@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from loomdata.execution._manifest import ManifestRows
 from loomdata.execution._outcome import Kind as Outcome
 from loomdata.execution._outcome import sort_read_failure as classify
 from loomdata.execution._partition import LoaderPartition
-from loomdata.execution._reads import Reads, Route, concat_rows, split_answers
+from loomdata.execution._reads import REMOTE_READS, Reads, Route, concat_rows, split_answers
 from loomdata.schemas import ExecutionError, SourceDataError
 
 
@@ -46,13 +48,20 @@ def test_route_sends_each_sample_to_its_partition() -> None:
 
 
 class _Echo:
-    """A loader stand-in recording the requests it is sent (read is never awaited here)."""
+    """A remote loader stand-in recording the requests it is sent; a read may wait for `gate`."""
 
-    def __init__(self, name: str) -> None:
-        self.name, self.got = name, []
+    live: ClassVar[list[int]] = [0, 0]  # reads in flight now, most at once
 
-    def read(self, request: np.ndarray) -> str:
+    def __init__(self, name: str, gate: asyncio.Event | None = None) -> None:
+        self.name, self.got, self.gate = name, [], gate
+
+    async def read(self, request: np.ndarray) -> str:
         self.got.append(request)
+        _Echo.live[0] += 1
+        _Echo.live[1] = max(_Echo.live)
+        if self.gate is not None:
+            await self.gate.wait()
+        _Echo.live[0] -= 1
         return self.name
 
 
@@ -76,9 +85,34 @@ def test_one_request_per_source_partition_in_row_order() -> None:
     reads = Reads({0: Route(_parts([0, 10, 20]), [a0, a1]), 1: Route(_parts([0, 50]), [b0])}, plan_id="p")
     rows = _rows([1, 0, 0, 0, 1], [7, 12, 3, 15, 8])
     groups, calls = reads._requests(rows)
-    assert [g.tolist() for g in groups] == [[2], [1, 3], [0, 4]] and calls == ["a0", "a1", "b0"]
+
+    async def answers() -> list[Any]:
+        return list(await asyncio.gather(*calls))
+
+    assert [g.tolist() for g in groups] == [[2], [1, 3], [0, 4]] and asyncio.run(answers()) == ["a0", "a1", "b0"]
     assert a1.got[0]["sample"].tolist() == [12, 15] and a1.got[0]["offset"].tolist() == [1, 3]
     assert b0.got[0]["length"].tolist() == [2, 2]
+
+
+def test_remote_reads_in_flight_are_bounded_per_process() -> None:
+    """A step over hundreds of sources must not open hundreds of connections at once."""
+
+    async def run() -> tuple[int, int, list[Any]]:
+        gate = asyncio.Event()
+        n = 3 * REMOTE_READS
+        reads = Reads({0: Route(_parts(list(range(n + 1))), [_Echo(f"l{i}", gate) for i in range(n)])}, plan_id="p")
+        _Echo.live[:] = [0, 0]
+        _, calls = reads._requests(_rows([0] * n, list(range(n))))
+        task = asyncio.ensure_future(asyncio.gather(*calls))
+        for _ in range(20):  # let every read that can start, start
+            await asyncio.sleep(0)
+        waiting = _Echo.live[0]
+        gate.set()
+        return waiting, _Echo.live[1], list(await task)
+
+    waiting, most, got = asyncio.run(run())
+    assert waiting == REMOTE_READS and most == REMOTE_READS
+    assert got == [f"l{i}" for i in range(3 * REMOTE_READS)]  # every read answered, in request order
 
 
 def test_a_source_without_a_route_is_an_error() -> None:

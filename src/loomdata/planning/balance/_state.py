@@ -18,6 +18,7 @@ __all__ = [
     "place_long",
     "place_whole",
     "place_whole_many",
+    "step_max",
 ]
 
 FALLBACK_PASSES = 3  # vectorised passes for segments whose rank was full, before going one by one
@@ -172,3 +173,15 @@ def place_whole_many(
         items = items[np.argsort(-cost[items], kind="stable")]
     for i in items:
         place_whole(int(i), length, cost, st, p_rank, p_mb)
+
+
+def step_max(values: np.ndarray, step: np.ndarray, n_steps: int) -> np.ndarray:
+    """Per step, the largest of `values` (grouped by `step`, ascending) and 0 (np.maximum.at on zeros, without
+    its slow unbuffered loop: one reduceat over the steps that have values)."""
+    top = np.zeros(n_steps)
+    if len(values) == 0:
+        return top
+    starts = np.searchsorted(step, np.arange(n_steps))
+    has = starts < np.append(starts[1:], len(step))
+    top[has] = np.maximum(0.0, np.maximum.reduceat(values, starts[has]))
+    return top

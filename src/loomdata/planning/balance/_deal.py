@@ -198,4 +198,3 @@ def _by_cost(cost: np.ndarray, step: np.ndarray, cut: np.ndarray) -> np.ndarray:
     grid[step, at] = -cost
     o = np.argsort(grid, axis=1, kind="stable") + cut[:-1, None]
     return o[np.arange(width)[None, :] < cnt[:, None]]
-

@@ -181,4 +181,3 @@ def refine_flat(
     top = step_max(g_cost[:-1][p_rank >= 0], step_of[p_rank >= 0], n_steps)
     lb = np.maximum(rc.sum(axis=1) / dp, top)
     wide_search(WideState(cost3, room3, rc, p_rank, p_mb, key, g_cost, g_len, step_of, lb), dp)
-

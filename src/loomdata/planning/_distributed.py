@@ -211,5 +211,11 @@ def fix_up(work: PlanWork, out: Path, part: RangePart, carry: Segments) -> Range
     kept = [f for f in part.files if f.first_step >= stop]
     cpu = part.cpu_seconds + time.thread_time() - cpu
     return RangePart(
-        first=part.first, stop=part.stop, files=[*files, *kept], report=part.report, carries=carries, cpu_seconds=cpu
+        first=part.first,
+        stop=part.stop,
+        files=[*files, *kept],
+        report=part.report,
+        carries=carries,
+        cpu_seconds=cpu,
+        worker=part.worker,
     )

@@ -15,6 +15,8 @@ partitions and a report over the range (`RangePart`), as a worker does.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, replace
@@ -238,6 +240,7 @@ class RangePart:
     report: ReportBuilder  # over the range: its step i is step first + i
     carries: dict[int, Segments]  # step -> what it deferred into the next step (steps that deferred only)
     cpu_seconds: float = 0.0  # CPU time balancing and writing it took (thread time, where it ran)
+    worker: str = ""  # where it ran ("host:pid"), for per-worker figures
 
     @property
     def final_carry(self) -> Segments | None:
@@ -265,7 +268,8 @@ def plan_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments
             carries[blk.steps.stop - 1] = blk.carry
     files = writer.close(stop - 1)
     cpu = time.thread_time() - cpu
-    return RangePart(first=first, stop=stop, files=files, report=report, carries=carries, cpu_seconds=cpu)
+    where = f"{socket.gethostname()}:{os.getpid()}"
+    return RangePart(first=first, stop=stop, files=files, report=report, carries=carries, cpu_seconds=cpu, worker=where)
 
 
 def merge_report(into: ReportBuilder, part: ReportBuilder, first: int) -> None:

@@ -91,6 +91,12 @@ def worker_count(client: Executor) -> int:
     return max(1, int(getattr(client, "_max_workers", 1)))
 
 
+def _addresses(client: Executor) -> list[str]:
+    """The addresses of a distributed.Client's workers, sorted (none known: [])."""
+    info = getattr(client, "scheduler_info", None)
+    return sorted(info()["workers"]) if callable(info) else []
+
+
 def split_ranges(work: PlanWork, n: int, first: int) -> list[tuple[int, int]]:
     """At most `n` contiguous ranges [a, b) of steps first..steps-1 (`first` a manifest partition bound), cut at
     partition bounds, of about equal drawn segments each."""
@@ -117,12 +123,15 @@ def plan_ranges(
     """Balance `ranges` on the cluster (`carry` into the first), fix each up in order and hand it to `on_part`
     (in step order, exact); return what the last step carries out."""
     is_dask = callable(getattr(client, "scatter", None))
-    extra: dict[str, Any] = {"pure": False} if is_dask else {}
+    workers = _addresses(client) if is_dask else []
     futures = []
     for i, (first, stop) in enumerate(ranges):  # each range's worker gets that range's window of the work alone
         payload: Any = window(work, first, stop)
-        if is_dask:
-            payload = client.scatter(payload, hash=False)  # type: ignore[attr-defined]
+        extra: dict[str, Any] = {}
+        if is_dask:  # ranges dealt to the workers in turn (about equal segments each), movable if one is busy
+            where = [workers[i % len(workers)]] if workers else None
+            payload = client.scatter(payload, workers=where, hash=False)  # type: ignore[attr-defined]
+            extra = {"pure": False, "workers": where, "allow_other_workers": True}
         futures.append(client.submit(_worker_range, payload, out, first, stop, carry if i == 0 else None, **extra))
         del payload
     true = carry

@@ -117,6 +117,7 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
     marks: dict[str, float] = {}
 
     part_cpu: list[float] = []  # CPU seconds of each range on its worker (RangePart.cpu_seconds)
+    part_worker: list[str] = []  # where each ran (RangePart.worker; "" before it was recorded)
 
     def timed(fn: Any, name: str) -> Any:
         def run(*a: Any, **kw: Any) -> Any:
@@ -124,7 +125,14 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
             marks.setdefault(f"{name}_start_cpu", time.process_time())
             if name == "ranges":  # collect each range's CPU time as it is stitched
                 take = a[5]
-                a = (*a[:5], lambda part: (part_cpu.append(part.cpu_seconds), take(part)))
+                a = (
+                    *a[:5],
+                    lambda part: (
+                        part_cpu.append(part.cpu_seconds),
+                        part_worker.append(getattr(part, "worker", "")),
+                        take(part),
+                    ),
+                )
             out = fn(*a, **kw)
             marks[f"{name}_end"] = time.perf_counter()
             marks[f"{name}_end_cpu"] = time.process_time()
@@ -175,8 +183,13 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
     first = min(marks.get("balance_start", math.inf), marks.get("ranges_start", math.inf))
     first_cpu = min(marks.get("balance_start_cpu", math.inf), marks.get("ranges_start_cpu", math.inf))
     parallel = max(marks.get("balance_end", 0.0), marks.get("ranges_end", 0.0)) - first
+    per_worker: dict[str, float] = {}
+    driver_cpu = 0.0
     if workers > 1:  # the ranges' CPU on the workers (the driver waits), plus the driver's own (fix-ups, merging)
-        balance_cpu = sum(part_cpu) + marks["ranges_end_cpu"] - marks["ranges_start_cpu"]
+        driver_cpu = marks["ranges_end_cpu"] - marks["ranges_start_cpu"]  # cutting and sending windows, stitching
+        balance_cpu = sum(part_cpu) + driver_cpu
+        for w, c in zip(part_worker, part_cpu, strict=True):
+            per_worker[w or "?"] = per_worker.get(w or "?", 0.0) + c
     else:
         balance_cpu = marks["balance_end_cpu"] - marks["balance_start_cpu"]
     return {
@@ -188,7 +201,13 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         "serial_cpu_seconds": first_cpu - c0,
         "balance_cpu_seconds": balance_cpu,  # summed over the workers
         "ranges": len(part_cpu),
-        "scatter_seconds": sent[0] if workers > 1 and sent else 0.0,
+        "scatter_seconds": sum(sent) if workers > 1 else 0.0,  # all scatters (one per range's window)
+        "scatters": len(sent) if workers > 1 else 0,
+        "driver_cpu_seconds": driver_cpu,  # the driver's CPU while the ranges ran (windows, sending, stitching)
+        "worker_cpu_seconds": per_worker,  # each worker's summed range CPU
+        # CPU on the critical path on idle cores: serial part, the driver's range work (as if it overlapped
+        # nothing), the busiest worker's ranges
+        "critical_cpu_seconds": first_cpu - c0 + driver_cpu + max(per_worker.values(), default=balance_cpu),
         "cluster_start_seconds": started,  # LocalCluster start and imports, not timed
         "rss_base_mb": base,
         "rss_peak_mb": _rss_mb(),
@@ -286,7 +305,9 @@ def cluster_part(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     Wall-clock speedups need idle cores; on a loaded machine the CPU figures say more: `cpu_bound_seconds` is
     serial CPU + scatter + the workers' summed balancing CPU / workers (what an idle machine with a core per
-    worker would take), `cpu_bound_speedup` the one-process CPU total over it."""
+    worker would take), `cpu_bound_speedup` the one-process CPU total over it; `critical_cpu_seconds` is the
+    serial CPU + the driver's CPU during the ranges + the busiest worker's range CPU (per worker, measured),
+    `critical_speedup` the one-process CPU total over it."""
     out = []
     print(f"cluster part: dp {args.dist_dp}, 2 sources, workers {args.workers}", flush=True)
     for n in [int(s) for s in args.dist_sizes]:
@@ -299,12 +320,16 @@ def cluster_part(args: argparse.Namespace) -> list[dict[str, Any]]:
             r["speedup"] = one["seconds"] / r["seconds"]
             r["cpu_bound_seconds"] = r["serial_cpu_seconds"] + r["scatter_seconds"] + r["balance_cpu_seconds"] / w
             r["cpu_bound_speedup"] = one_cpu / r["cpu_bound_seconds"]
+            r["critical_speedup"] = one_cpu / r["critical_cpu_seconds"]
+            per_worker = sorted(round(c, 1) for c in r["worker_cpu_seconds"].values())
             extra = (
                 f"{w} worker(s), {r['ranges']} ranges: wall {r['seconds']:.1f}s = serial {r['serial_seconds']:.1f}s"
                 f" + balancing {r['balance_seconds']:.1f}s (scatter {r['scatter_seconds']:.2f}s; cluster start"
                 f" {r['cluster_start_seconds']:.1f}s not counted), speedup {r['speedup']:.2f}x; CPU: serial"
                 f" {r['serial_cpu_seconds']:.1f}s, balancing {r['balance_cpu_seconds']:.1f}s summed, CPU-bound"
-                f" {r['cpu_bound_seconds']:.1f}s, speedup {r['cpu_bound_speedup']:.2f}x"
+                f" {r['cpu_bound_seconds']:.1f}s, speedup {r['cpu_bound_speedup']:.2f}x; critical path: driver"
+                f" {r['driver_cpu_seconds']:.1f}s, workers {per_worker}"
+                f" -> {r['critical_cpu_seconds']:.1f}s CPU, {r['critical_speedup']:.2f}x on idle cores"
             )
             print(_row(r, extra=extra), flush=True)
         multi = [r for r in runs if r["workers"] > 1]
@@ -315,24 +340,28 @@ def cluster_part(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def project(one: dict[str, Any], multi: dict[str, Any], samples: float = 1e9) -> dict[str, float]:
     """CPU-bound seconds to plan `samples` on N workers (a core each) from the measured per-sample rates: the
-    serial part (one process), the broadcast of the work (one copy to a worker, then Dask's replicate doubles
-    the holders each round: 1 + ceil(log2 N) copy rounds, the per-round rate from the measured run), and
-    the distributed balancing CPU (which includes its overhead over one process: `work_efficiency`) shared
-    by N workers."""
+    serial part (one process); the driver's range work (cutting each range's window and sending it: every
+    position goes to one worker once, so it does not grow with N; with a broadcast of the whole work, runs
+    without per-worker figures, it is counted as 1 + ceil(log2 N) copy rounds); and the workers' balancing CPU
+    (which includes its overhead over one process: `work_efficiency`) shared by N workers."""
     scale = samples / one["samples"]
+    per = samples / multi["samples"]
     serial = one["serial_cpu_seconds"] * scale
+    windows = bool(multi.get("worker_cpu_seconds"))
+    driver = max(multi.get("driver_cpu_seconds", 0.0), multi["scatter_seconds"]) * per
     rounds = 1 + math.ceil(math.log2(max(multi["workers"], 1)))
-    per_round = multi["scatter_seconds"] / rounds / multi["samples"] * samples
-    balance = multi["balance_cpu_seconds"] / multi["samples"] * samples
+    per_round = multi["scatter_seconds"] / rounds * per
+    balance = (multi["balance_cpu_seconds"] - multi.get("driver_cpu_seconds", 0.0)) * per
     out = {
         "serial_s": serial,
-        "scatter_round_s": per_round,
+        "driver_s": driver if windows else per_round,
         "balance_1_process_s": one["balance_cpu_seconds"] * scale,
         "work_efficiency": one["balance_cpu_seconds"] / max(multi["balance_cpu_seconds"], 1e-9),
         "workers_1_s": serial + one["balance_cpu_seconds"] * scale,
     }
     for w in (2, 8, 32, 128):
-        out[f"workers_{w}_s"] = serial + per_round * (1 + math.ceil(math.log2(w))) + balance / w
+        send = driver if windows else per_round * (1 + math.ceil(math.log2(w)))
+        out[f"workers_{w}_s"] = serial + send + balance / w
     return out
 
 
@@ -367,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--profile", type=float, metavar="SAMPLES", help="cProfile one plan of SAMPLES samples (--dps[0], --sources[0])"
     )
+    ap.add_argument("--out", type=Path, help="results JSON (default: results/plan_scale*.json by part)")
     ap.add_argument("--child", choices=["index", "loom", "naive"], help=argparse.SUPPRESS)
     ap.add_argument("--samples", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--n-sources", type=int, help=argparse.SUPPRESS)
@@ -420,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     results = RESULTS.with_name("plan_scale_quick.json") if args.quick else RESULTS
     if only_cluster:
         results = RESULTS.with_name("plan_scale_cluster.json")
+    results = args.out or results
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {results}")

@@ -14,7 +14,8 @@ nothing, so a fix-up is rare and short. A range refused (PlanError) with nothing
 again here with its true carry; a refusal is final only with the true carry.
 
 `client` is anything with `submit(fn, *args) -> future` whose futures have `.result()`: a
-distributed.Client (the work is then scattered to every worker once) or a concurrent.futures executor;
+distributed.Client (each range's window of the work, planning._ranges.window, is scattered to one worker
+and its range runs there) or a concurrent.futures executor (the window is its task's argument);
 planning itself imports no Dask. Workers write into the plan's temporary folder, so they must see the
 workdir (a shared filesystem, as the embedded LocalCluster does).
 """
@@ -33,7 +34,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from loomdata.planning._manifest import ManifestWriter
-from loomdata.planning._ranges import PlanWork, RangePart, balanced_steps, plan_range, same_carry
+from loomdata.planning._ranges import PlanWork, RangePart, balanced_steps, plan_range, same_carry, window
 from loomdata.planning._segments import Segments
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.layout import IndexFiles
@@ -90,6 +91,12 @@ def worker_count(client: Executor) -> int:
     return max(1, int(getattr(client, "_max_workers", 1)))
 
 
+def _addresses(client: Executor) -> list[str]:
+    """The addresses of a distributed.Client's workers, sorted (none known: [])."""
+    info = getattr(client, "scheduler_info", None)
+    return sorted(info()["workers"]) if callable(info) else []
+
+
 def split_ranges(work: PlanWork, n: int, first: int) -> list[tuple[int, int]]:
     """At most `n` contiguous ranges [a, b) of steps first..steps-1 (`first` a manifest partition bound), cut at
     partition bounds, of about equal drawn segments each."""
@@ -116,12 +123,17 @@ def plan_ranges(
     """Balance `ranges` on the cluster (`carry` into the first), fix each up in order and hand it to `on_part`
     (in step order, exact); return what the last step carries out."""
     is_dask = callable(getattr(client, "scatter", None))
-    payload: Any = client.scatter(work, broadcast=True, hash=False) if is_dask else work  # type: ignore[attr-defined]
-    extra: dict[str, Any] = {"pure": False} if is_dask else {}
-    futures = [
-        client.submit(_worker_range, payload, out, first, stop, carry if i == 0 else None, **extra)
-        for i, (first, stop) in enumerate(ranges)
-    ]
+    workers = _addresses(client) if is_dask else []
+    futures = []
+    for i, (first, stop) in enumerate(ranges):  # each range's worker gets that range's window of the work alone
+        payload: Any = window(work, first, stop)
+        extra: dict[str, Any] = {}
+        if is_dask:  # ranges dealt to the workers in turn (about equal segments each), movable if one is busy
+            where = [workers[i % len(workers)]] if workers else None
+            payload = client.scatter(payload, workers=where, hash=False)  # type: ignore[attr-defined]
+            extra = {"pure": False, "workers": where, "allow_other_workers": True}
+        futures.append(client.submit(_worker_range, payload, out, first, stop, carry if i == 0 else None, **extra))
+        del payload
     true = carry
     try:
         for i, fut in enumerate(futures):
@@ -195,7 +207,7 @@ def fix_up(work: PlanWork, out: Path, part: RangePart, carry: Segments) -> Range
     stop = part.stop
     converged = False
     for t, b in balanced_steps(work, part.first, part.stop, carry):
-        sink.add(t, work.weights[t], b)
+        sink.add(t, work.weights_of(t, t + 1)[0], b)
         if b.carry is None:
             carries.pop(t, None)
         else:
@@ -208,5 +220,11 @@ def fix_up(work: PlanWork, out: Path, part: RangePart, carry: Segments) -> Range
     kept = [f for f in part.files if f.first_step >= stop]
     cpu = part.cpu_seconds + time.thread_time() - cpu
     return RangePart(
-        first=part.first, stop=part.stop, files=[*files, *kept], report=part.report, carries=carries, cpu_seconds=cpu
+        first=part.first,
+        stop=part.stop,
+        files=[*files, *kept],
+        report=part.report,
+        carries=carries,
+        cpu_seconds=cpu,
+        worker=part.worker,
     )

@@ -20,7 +20,7 @@ from loomdata.planning._cost import segment_cost
 from loomdata.planning._lookahead import StepAssignment, segments_at
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
-from loomdata.planning._segments import SampleIds, Segments
+from loomdata.planning._segments import RowIds, SampleIds, Segments
 from loomdata.schemas.spec import CostSpec
 
 __all__ = ["BLOCK_SEGMENTS", "StepItems"]
@@ -34,7 +34,7 @@ class StepItems:
 
     def __init__(
         self,
-        samples: Sequence[SampleIds],
+        samples: Sequence[SampleIds | RowIds],
         num_tokens: Sequence[np.ndarray],
         num_image_tokens: Sequence[np.ndarray],
         streams: Sequence[Stream],
@@ -42,6 +42,7 @@ class StepItems:
         lanes: Lanes,
         cost_spec: CostSpec,
         assignment: StepAssignment | None = None,
+        step0: int = 0,
     ) -> None:
         self._samples = samples
         self._tokens = num_tokens
@@ -51,10 +52,11 @@ class StepItems:
         self._lanes = lanes
         self._cost_spec = cost_spec
         self._asg = assignment
+        self._step0 = step0  # the step of ptr's row 0 (a range's window: planning._ranges.window)
         if assignment is None:
             self._seg_end = ptr.sum(axis=1, dtype=np.int64)  # segments drawn before step t (all sources)
         else:
-            self._seg_end = np.concatenate([[0], np.cumsum(assignment.counts(len(ptr) - 1))])
+            self._seg_end = np.concatenate([[0], np.cumsum(_counts(assignment, step0, len(ptr) - 1))])
         self._first = 0
         self._bounds = np.zeros(1, dtype=np.int64)  # block-relative start of each step of the block, and end
         self._cols: tuple[np.ndarray, ...] = ()
@@ -85,8 +87,10 @@ class StepItems:
 
     def _gather(self, t0: int) -> None:
         """Gather the block of steps from t0 on that holds about BLOCK_SEGMENTS segments (at least one step)."""
-        last = len(self._ptr) - 1
-        t1 = int(np.searchsorted(self._seg_end, self._seg_end[t0] + BLOCK_SEGMENTS, side="right")) - 1
+        s0 = self._step0
+        last = s0 + len(self._ptr) - 1
+        end = self._seg_end[t0 - s0] + BLOCK_SEGMENTS
+        t1 = s0 + int(np.searchsorted(self._seg_end, end, side="right")) - 1
         t1 = min(max(t1, t0 + 1), last)
         parts = []
         for k, st in enumerate(self._streams):
@@ -99,14 +103,14 @@ class StepItems:
                 ids = np.full(len(pos), k, dtype=np.uint16)
                 parts.append((ids, self._samples[k][doc], off, length.astype(np.int64), lane, img, at - t0))
                 continue
-            a, b = int(self._ptr[t0, k]), int(self._ptr[t1, k])
+            a, b = int(self._ptr[t0 - s0, k]), int(self._ptr[t1 - s0, k])
             if b <= a:
                 continue
             doc, off, length, lane = st.segments(a, b, self._tokens[k], self._lanes)
             img = np.where(length == self._tokens[k][doc], self._images[k][doc], 0)
             ids = np.full(b - a, k, dtype=np.uint16)
             # the step of each segment: its position against the source's step boundaries
-            step = np.searchsorted(self._ptr[t0 : t1 + 1, k] - a, np.arange(b - a), side="right") - 1
+            step = np.searchsorted(self._ptr[t0 - s0 : t1 + 1 - s0, k] - a, np.arange(b - a), side="right") - 1
             parts.append((ids, self._samples[k][doc], off, length.astype(np.int64), lane, img, step))
         cols = [np.concatenate(c) for c in zip(*parts, strict=True)]
         order = np.argsort(cols[-1], kind="stable")  # step-major; within a step source order, then stream order
@@ -115,3 +119,13 @@ class StepItems:
         self._cols = (src_id, sample, offset, length, lane, img, cost)
         self._bounds = np.searchsorted(cols[-1][order], np.arange(t1 - t0 + 1), side="left")
         self._first = t0
+
+
+def _counts(asg: StepAssignment, step0: int, steps: int) -> np.ndarray:
+    """(steps,) segments assigned to steps step0..step0+steps-1, all sources together (asg.counts from step0)."""
+    if step0 == 0:
+        return asg.counts(steps)
+    out = np.zeros(steps, dtype=np.int64)
+    for st in asg.step:
+        out += np.bincount(st.astype(np.int64) - step0, minlength=steps)[:steps]
+    return out

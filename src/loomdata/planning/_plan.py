@@ -452,7 +452,7 @@ def _balance_into(
 ) -> Segments | None:
     """Balance steps first..stop-1 in this process into `sink`, `carry` into the first; return the last carry."""
     for blk in balanced_blocks(work, first, stop, carry):
-        sink.add_block(blk, work.weights[blk.steps.start : blk.steps.stop])
+        sink.add_block(blk, work.weights_of(blk.steps.start, blk.steps.stop))
         carry = blk.carry
         if bar is not None:
             bar.update(blk.steps.stop - work.start - bar.n)

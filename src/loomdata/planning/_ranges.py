@@ -2,8 +2,10 @@
 
 `PlanWork` is everything balancing needs once membership is done (the index columns, the streams, the step
 pointers or look-ahead assignment, the shape, the cost model, the weights and the manifest partition
-bounds); it is picklable (an all-zero image column travels as its length), so planning._distributed
-can send it to workers once. `balanced_blocks` yields the balanced blocks of [first, stop) from a given
+bounds); it is picklable (an all-zero image column travels as its length). `window` cuts from it what one
+range of steps reads (its stream positions re-indexed from 0 with their documents' index columns, its
+pointer and weight rows), so planning._distributed sends each range's worker only that range's part.
+`balanced_blocks` yields the balanced blocks of [first, stop) from a given
 incoming carry (`balanced_steps` the same step by step, for the distributed fix-up); a step's result
 depends only on its drawn segments and its incoming carry (blocks are
 dealt jointly but element-wise per step: the golden plans are the same at any block size), which is what
@@ -13,8 +15,10 @@ partitions and a report over the range (`RangePart`), as a worker does.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -26,12 +30,21 @@ from loomdata.planning._lookahead import StepAssignment
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream
 from loomdata.planning._report import RANK_STEPS, ReportBuilder
-from loomdata.planning._segments import SampleIds, Segments
+from loomdata.planning._segments import DenseIds, RowIds, SampleIds, Segments
 from loomdata.planning._step import StepSink
 from loomdata.planning.balance import BalanceConfig, BalancedBlock, BalancedStep, balance_span
 from loomdata.schemas.plan import ManifestFile
 
-__all__ = ["PlanWork", "RangePart", "balanced_blocks", "balanced_steps", "merge_report", "plan_range", "same_carry"]
+__all__ = [
+    "PlanWork",
+    "RangePart",
+    "balanced_blocks",
+    "balanced_steps",
+    "merge_report",
+    "plan_range",
+    "same_carry",
+    "window",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,23 +53,31 @@ class PlanWork:
 
     plan_id: str
     names: list[str]
-    samples: list[SampleIds]
+    samples: Sequence[SampleIds | RowIds]  # RowIds in a window
     num_tokens: list[np.ndarray]
     num_image_tokens: list[np.ndarray]
     streams: list[Stream]  # without their counts
-    ptr: np.ndarray  # (steps + 1, sources) stream positions before each step
+    ptr: np.ndarray  # (steps + 1, sources) stream positions before each step (row i: step step0 + i)
     assignment: StepAssignment | None  # look-ahead membership, or None (ptr ranges)
     cfg: BalanceConfig
-    weights: np.ndarray  # (steps, sources) target weights of every step
+    weights: np.ndarray  # (steps, sources) target weights of every step (row i: step step0 + i)
     start: int  # first step planned here (a re-plan's at_step, else 0)
     steps: int
     bounds: np.ndarray  # manifest partition bounds (_manifest.file_bounds), `start` among them
     pp_size: int
+    step0: int = 0  # the step of ptr's and weights' row 0 (a range's window: its first step)
+    windowed: bool = False  # a range's window (`window`): its streams' documents are 0..n-1 in stream order
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
         state = {f.name: getattr(self, f.name) for f in fields(self)}
         state["num_image_tokens"] = [_wire_column(a) for a in self.num_image_tokens]
+        if self.windowed:  # a window's documents are 0..n-1: sent as n
+            state["streams"] = [(len(st.doc), st.doc.dtype.str, replace(st, doc=_NO_DOCS)) for st in self.streams]
         return _restore, (state,)
+
+    def weights_of(self, first: int, stop: int) -> np.ndarray:
+        """Target weights of steps first..stop-1."""
+        return self.weights[first - self.step0 : stop - self.step0]
 
     def items(self) -> StepItems:
         """A fresh gatherer of the steps' segments and costs."""
@@ -69,6 +90,7 @@ class PlanWork:
             self.cfg.lanes,
             self.cfg.cost_spec,
             self.assignment,
+            self.step0,
         )
 
     def sink(self, writer: ManifestWriter, report: ReportBuilder, report_from: int = 0) -> StepSink:
@@ -93,15 +115,23 @@ def _wire_column(a: np.ndarray) -> np.ndarray | int:
     return len(a) if zero or not a.any() else a
 
 
+_NO_DOCS = np.zeros(0, dtype=np.uint32)
+
+
 def _restore(state: dict[str, Any]) -> PlanWork:
     """The work from its pickled state; arrays Dask received out of band may sit unaligned in its frames
     (NumPy is then slower on them): those are copied."""
+    if state.get("windowed"):
+        state["streams"] = [replace(st, doc=np.arange(n, dtype=np.dtype(dt))) for n, dt, st in state["streams"]]
     state["num_image_tokens"] = [
         np.broadcast_to(np.zeros(1, np.uint32), (a,)) if isinstance(a, int) else _aligned(a)
         for a in state["num_image_tokens"]
     ]
     state["num_tokens"] = [_aligned(a) for a in state["num_tokens"]]
-    state["samples"] = [_aligned(a) if isinstance(a, np.ndarray) else a for a in state["samples"]]
+    state["samples"] = [
+        _aligned(a) if isinstance(a, np.ndarray) else RowIds(_aligned(a.rows)) if isinstance(a, RowIds) else a
+        for a in state["samples"]
+    ]
     state["streams"] = [
         replace(
             st,
@@ -118,6 +148,64 @@ def _restore(state: dict[str, Any]) -> PlanWork:
 
 def _aligned(a: np.ndarray) -> np.ndarray:
     return a if a.flags.aligned else a.copy()
+
+
+def window(work: PlanWork, first: int, stop: int) -> PlanWork:
+    """What balancing steps first..stop-1 reads of `work`, alone: per source the window of stream positions those
+    steps draw from, re-indexed from 0 (documents 0..n-1 in stream order, their index columns gathered), their
+    look-ahead assignment, and the pointer and weight rows of those steps (step0 = first). Balancing the
+    range on it gives the same bytes as on the whole work; it holds about 16 bytes a position of the range
+    (tokens, sample rows, assigned positions and steps) instead of the whole index and streams."""
+    if not work.step0 <= first < stop <= work.step0 + len(work.weights):
+        raise ValueError(f"steps {first}..{stop - 1} are not within the work's steps")
+    if work.windowed:
+        raise ValueError("a window cannot be cut from a window")
+    n_src = len(work.streams)
+    lo = np.zeros(n_src, dtype=np.int64)
+    samples: list[SampleIds | RowIds] = []
+    tokens: list[np.ndarray] = []
+    images: list[np.ndarray] = []
+    streams: list[Stream] = []
+    pos_w: list[np.ndarray] = []
+    step_w: list[np.ndarray] = []
+    for k, st in enumerate(work.streams):
+        if work.assignment is not None:
+            pos, steps = work.assignment.range(k, first, stop)
+            a, b = (int(pos.min()), int(pos.max()) + 1) if len(pos) else (0, 0)
+            pos_w.append(pos - np.asarray(a, dtype=pos.dtype))
+            step_w.append(steps)
+        else:
+            a, b = int(work.ptr[first - work.step0, k]), int(work.ptr[stop - work.step0, k])
+        lo[k] = a
+        doc = st.doc[a:b]
+        ids = work.samples[k]
+        samples.append(RowIds(doc.copy()) if isinstance(ids, DenseIds) else ids[doc])
+        tokens.append(work.num_tokens[k][doc])
+        img = work.num_image_tokens[k]
+        images.append(np.broadcast_to(np.zeros(1, img.dtype), (b - a,)) if img.strides == (0,) else img[doc])
+        i, j = np.searchsorted(st.split_pos, [a, b])
+        streams.append(
+            replace(
+                st,
+                doc=np.arange(b - a, dtype=st.doc.dtype),
+                split_pos=st.split_pos[i:j] - a,
+                split_off=st.split_off[i:j],
+                split_len=st.split_len[i:j],
+            )
+        )
+    rows = slice(first - work.step0, stop - work.step0)
+    return replace(
+        work,
+        samples=samples,
+        num_tokens=tokens,
+        num_image_tokens=images,
+        streams=streams,
+        ptr=work.ptr[first - work.step0 : stop - work.step0 + 1] - lo[None, :],
+        assignment=None if work.assignment is None else StepAssignment(pos_w, step_w),
+        weights=work.weights[rows],
+        step0=first,
+        windowed=True,
+    )
 
 
 def balanced_blocks(work: PlanWork, first: int, stop: int, carry: Segments | None) -> Iterator[BalancedBlock]:
@@ -152,6 +240,7 @@ class RangePart:
     report: ReportBuilder  # over the range: its step i is step first + i
     carries: dict[int, Segments]  # step -> what it deferred into the next step (steps that deferred only)
     cpu_seconds: float = 0.0  # CPU time balancing and writing it took (thread time, where it ran)
+    worker: str = ""  # where it ran ("host:pid"), for per-worker figures
 
     @property
     def final_carry(self) -> Segments | None:
@@ -174,12 +263,13 @@ def plan_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments
     sink = work.sink(writer, report, report_from=first)
     carries: dict[int, Segments] = {}
     for blk in balanced_blocks(work, first, stop, carry):
-        sink.add_block(blk, work.weights[blk.steps.start : blk.steps.stop])
+        sink.add_block(blk, work.weights_of(blk.steps.start, blk.steps.stop))
         if blk.carry is not None:
             carries[blk.steps.stop - 1] = blk.carry
     files = writer.close(stop - 1)
     cpu = time.thread_time() - cpu
-    return RangePart(first=first, stop=stop, files=files, report=report, carries=carries, cpu_seconds=cpu)
+    where = f"{socket.gethostname()}:{os.getpid()}"
+    return RangePart(first=first, stop=stop, files=files, report=report, carries=carries, cpu_seconds=cpu, worker=where)
 
 
 def merge_report(into: ReportBuilder, part: ReportBuilder, first: int) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DenseIds", "SampleIds", "Segments"]
+__all__ = ["DenseIds", "RowIds", "SampleIds", "Segments"]
 
 _COLUMNS = ("source", "sample", "offset", "length", "lane", "image_tokens")
 
@@ -26,6 +26,25 @@ class DenseIds:
 
     def __getitem__(self, rows: np.ndarray | int) -> np.ndarray:
         return np.asarray(rows).astype(np.uint64)
+
+
+class RowIds:
+    """The sample ids of chosen rows of a dense index (a range's window, planning._ranges.window): `ids[i]` is
+    `rows[i]` as uint64, as DenseIds gives them, without storing 8 bytes a row."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: np.ndarray | int) -> np.ndarray:
+        return np.asarray(self.rows[i]).astype(np.uint64)
+
+    def __reduce__(self) -> tuple[type[RowIds], tuple[np.ndarray]]:
+        return RowIds, (self.rows,)
 
 
 SampleIds = np.ndarray | DenseIds

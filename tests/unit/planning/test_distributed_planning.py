@@ -20,7 +20,7 @@ from loomdata.planning import _manifest as manifest_module
 from loomdata.planning import make_plan
 from loomdata.planning._distributed import indexed_samples, split_ranges, wants_cluster
 from loomdata.planning._manifest import ManifestWriter, file_bounds
-from loomdata.planning._ranges import PlanWork, same_carry
+from loomdata.planning._ranges import PlanWork, balanced_blocks, same_carry, window
 from loomdata.planning._segments import Segments
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.layout import IndexFiles
@@ -107,10 +107,11 @@ def test_ranges_fixed_up_give_the_one_process_plan_byte_for_byte(
     got = _files(make_plan(spec, index=index, client=pool, ranges=ranges, **kw).plan_dir)
     assert len(pool.sent) > 3 and fixed  # several ranges, and some were fixed up
     assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
-    work = pool.works[0]
-    cuts = split_ranges(work, ranges, fixed[0][0])  # ranges are contiguous, cut at bounds, cover the rest
-    assert all(a[1] == b[0] for a, b in itertools.pairwise(cuts)) and cuts[-1][1] == work.steps
-    assert all(a in work.bounds and b in work.bounds for a, b in cuts)
+    # each range got its own window of the work: contiguous ranges cut at bounds that cover the rest
+    cuts = [(w.step0, w.step0 + len(w.weights)) for w in pool.works]
+    assert all(w.windowed for w in pool.works) and cuts[0][0] <= fixed[0][0]
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(cuts)) and cuts[-1][1] == pool.works[0].steps
+    assert all(a in w.bounds and b in w.bounds for w, (a, b) in zip(pool.works, cuts, strict=True))
 
 
 def test_a_text_only_work_sends_no_image_column_and_ranges_need_no_fix_up(
@@ -123,10 +124,66 @@ def test_a_text_only_work_sends_no_image_column_and_ranges_need_no_fix_up(
     assert len(pool.sent) == 3 and len(read_plan(res.plan_dir).manifest) >= 3
     deferred = pq.read_table(res.plan_dir / "report" / "steps.parquet")["deferred_tokens"].to_numpy()
     assert not deferred.any()
-    work = pool.works[0]
-    n = sum(len(t) for t in work.num_tokens)
-    assert all(a.strides == (0,) for a in work.num_image_tokens)  # restored as broadcast zeros
-    assert max(pool.sent) < 40 * n  # num_tokens 4 B + stream 4 B a sample, no 4-byte image column per copy
+    for work in pool.works:
+        n = sum(len(t) for t in work.num_tokens)
+        assert all(a.strides == (0,) for a in work.num_image_tokens)  # restored as broadcast zeros
+        assert all(len(st.doc) == len(t) for st, t in zip(work.streams, work.num_tokens, strict=True))
+    # a window's part of the stream: tokens 4 B, sample rows 4 B, assigned positions and steps 8 B a position
+    n = [sum(len(t) for t in w.num_tokens) for w in pool.works]
+    assert all(sent < 40 * k + 20_000 for sent, k in zip(pool.sent, n, strict=True)), (pool.sent, n)
+
+
+def test_a_window_holds_its_range_alone_and_plans_it_byte_for_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """window(work, a, b) keeps only the stream positions steps a..b-1 draw (re-indexed from 0) and balances
+    those steps to the same blocks as the whole work; the windows of a cut hold the stream about once."""
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 200)
+    spec, index, kw = CASES["web4k_dp8"](tmp_path)
+    pool = _PicklingPool()
+    make_plan(spec, index=index, client=pool, ranges=1, **kw)
+    (work,) = pool.works  # one range: the window of every step
+    assert work.windowed and work.step0 == 0
+    (tmp_path / "again").mkdir()
+    spec, index, kw = CASES["web4k_dp8"](tmp_path / "again")
+    whole = _whole_work(spec, index, kw)
+    cuts = split_ranges(whole, 4, 0)
+    assert len(cuts) == 4
+    wins = [window(whole, a, b) for a, b in cuts]
+    total = sum(len(t) for t in whole.num_tokens)
+    held = sum(len(t) for w in wins for t in w.num_tokens)
+    assert held < 1.1 * sum(int(p) for p in whole.ptr[-1] - whole.ptr[0])  # the drawn positions, about once
+    assert all(sum(len(t) for t in w.num_tokens) < total for w in wins)
+    for (a, b), w in zip(cuts, wins, strict=True):
+        got = list(balanced_blocks(pickle.loads(pickle.dumps(w)), a, b, None))
+        want = list(balanced_blocks(whole, a, b, None))
+        assert [g.steps for g in got] == [x.steps for x in want]
+        for g, x in zip(got, want, strict=True):
+            for name in ("source", "sample", "offset", "length", "lane", "image_tokens"):
+                assert np.array_equal(getattr(g.segs, name), getattr(x.segs, name))
+                assert getattr(g.segs, name).dtype == getattr(x.segs, name).dtype
+            assert np.array_equal(g.rank, x.rank) and np.array_equal(g.micro_batch, x.micro_batch)
+    with pytest.raises(ValueError, match="not within the work's steps"):
+        window(whole, 0, whole.steps + 1)
+    with pytest.raises(ValueError, match="cannot be cut from a window"):
+        window(wins[1], cuts[1][0], cuts[1][1])
+
+
+def _whole_work(spec: Any, index: Any, kw: dict[str, Any]) -> PlanWork:
+    """The whole PlanWork make_plan builds (caught on its way to the ranges)."""
+    caught: list[PlanWork] = []
+    real = distributed_module.window
+
+    def catch(work: PlanWork, first: int, stop: int) -> PlanWork:
+        caught.append(work)
+        return real(work, first, stop)
+
+    distributed_module.window = catch  # type: ignore[assignment]
+    try:
+        make_plan(spec, index=index, client=_PicklingPool(), ranges=1, **kw)
+    finally:
+        distributed_module.window = real  # type: ignore[assignment]
+    return caught[0]
 
 
 def test_the_embedded_cluster_is_wanted_only_for_a_large_enough_index_and_two_workers(

@@ -5,7 +5,7 @@ micro-batch with room. A round serves only the ranks sequential LPT would serve 
 loaded rank gets a second segment (load within the round's largest cost of the minimum), so ranks made
 heavy by long sequences or a big segment sit out until the others catch up; with even loads a round is
 dp wide. A segment whose rank has no slot with room goes at once to the least loaded rank that has one
-(state.place_whole_many). Items carried into a step from the previous one are dealt first.
+(state.place_whole_flat). Items carried into a step from the previous one are dealt first.
 
 Steps are independent once their items are known, so their rounds run in lockstep: the block's slot
 state is one (steps, dp, micro_batches) array, each step's state a view of it, and one round is the same
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loomdata.planning._packing import Lanes
-from loomdata.planning.balance._state import Dealt, Slots, place_long, place_whole_many
+from loomdata.planning.balance._state import Dealt, Slots, place_long, place_whole_flat
 
 __all__ = ["FlatDeal", "deal_flat", "deal_many"]
 
@@ -174,12 +174,8 @@ def deal_flat(
         p_mb[good] = m
         if not every:  # their rank was full: other ranks take them, step by step
             nok = ~ok
-            if len(act) == 1:
-                _place_failed(fd.view(s0), item[nok] - off[s0], all_cost[off[s0] : off[s0 + 1]])
-            else:
-                owner, failed = np.repeat(act, k)[nok], item[nok]
-                for s in owner[np.flatnonzero(np.diff(owner, prepend=-1))]:
-                    _place_failed(fd.view(int(s)), failed[owner == s] - off[s], all_cost[off[s] : off[s + 1]])
+            owner = np.repeat(act, k)[nok]
+            place_whole_flat(owner, item[nok], length, all_cost, (cost3, room3, lane3, rank_cost), p_rank, p_mb)
         at += k
         left -= k
         if not left.all():
@@ -202,8 +198,3 @@ def _by_cost(cost: np.ndarray, step: np.ndarray, cut: np.ndarray) -> np.ndarray:
     grid[step, at] = -cost
     o = np.argsort(grid, axis=1, kind="stable") + cut[:-1, None]
     return o[np.arange(width)[None, :] < cnt[:, None]]
-
-
-def _place_failed(d: Dealt, items: np.ndarray, cost: np.ndarray) -> None:
-    """Items of step `d` whose rank had no slot with room this round: the least loaded ranks with room take them."""
-    place_whole_many(items, d.length, cost, d.st, d.p_rank, d.p_mb)

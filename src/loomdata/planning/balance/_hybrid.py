@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loomdata.planning.balance._state import Dealt, members
+from loomdata.planning.balance._state import step_max as _step_max
 from loomdata.planning.balance._wide import _grid as _spaced  # at most cap evenly spaced members per unit
 
 __all__ = ["hybrid_objective", "hybrid_search"]
@@ -146,10 +147,8 @@ def hybrid_search(
     slot_key = np.where(placed, step_of * dp + np.maximum(p_rank, 0), n_keys)
     enc = np.bincount(slot_key, weights=g_enc[:-1], minlength=n_keys + 1)[:n_keys].reshape(n_steps, dp)
     bb = rc - enc  # split pieces (text) and long sequences are in rank_cost: backbone
-    top_e = np.zeros(n_steps)
-    top_b = np.zeros(n_steps)
-    np.maximum.at(top_e, step_of[placed], g_enc[:-1][placed])
-    np.maximum.at(top_b, step_of[placed], g_bb[:-1][placed])
+    top_e = _step_max(g_enc[:-1][placed], step_of[placed], n_steps)
+    top_b = _step_max(g_bb[:-1][placed], step_of[placed], n_steps)
     lb_e = np.maximum(enc.sum(axis=1) / dp, top_e)
     lb_b = np.maximum(bb.sum(axis=1) / dp, top_b)
     ie = np.where(lb_e > 0, 1.0 / np.where(lb_e > 0, lb_e, 1.0), 0.0)

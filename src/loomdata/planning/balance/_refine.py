@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from loomdata.planning.balance._state import Dealt
+from loomdata.planning.balance._state import Dealt, step_max
 from loomdata.planning.balance._wide import WideState, wide_search
 
 SWAP_ROUNDS = 16
@@ -121,32 +121,35 @@ def refine_flat(
             break
         has_a = n_a > 0
         a_ok = a >= 0
-        b_ok = np.concatenate([np.ones((na, 1), dtype=bool), b >= 0], axis=1)
         a_i = np.where(a_ok, a, dummy)
         b_i = np.where(b >= 0, b, dummy)
         ca = g_cost[a_i]
         cb = np.concatenate([np.zeros((na, 1)), g_cost[b_i]], axis=1)
         la = g_len[a_i]
         lb = np.concatenate([np.zeros((na, 1), dtype=np.int64), g_len[b_i]], axis=1)
-        delta = ca[:, :, None] - cb[:, None, :]
         ma = np.where(a_ok, p_mb[np.maximum(a, 0)], 0)
         lo_room = room3[act, lo]  # (na, mb)
         lo_lane = lane3[act, lo]
         roomiest = np.where(lo_lane == 0, lo_room, -1).argmax(axis=1)
         mb_b = np.concatenate([roomiest[:, None], np.where(b >= 0, p_mb[np.maximum(b, 0)], 0)], axis=1)
         rows = np.arange(na)[:, None]
-        room_lo = lo_room[rows, mb_b] + lb
-        room_hi = room3[act[:, None], hi[:, None], ma] + la
-        ok = (delta > 0) & (delta < gap[:, None, None])
-        ok &= la[:, :, None] <= room_lo[:, None, :]
-        ok &= lb[:, None, :] <= room_hi[:, :, None]
-        ok &= a_ok[:, :, None] & (b_ok & (lo_lane[rows, mb_b] == 0))[:, None, :]
-        any_ok = ok.reshape(na, -1).any(axis=1)
-        go = has_a & any_ok
-        score = delta - gap[:, None, None] / 2
+        # an invalid candidate (padding, or b in a long-lane slot) gets room -1, which no length (>= 0) fits:
+        # the room tests then also say which pairs exist (fewer passes over the (na, |a|, 1 + |b|) grid)
+        b_ok = np.concatenate([np.ones((na, 1), dtype=bool), b >= 0], axis=1) & (lo_lane[rows, mb_b] == 0)
+        room_lo = np.where(b_ok, lo_room[rows, mb_b] + lb, -1)
+        room_hi = np.where(a_ok, room3[act[:, None], hi[:, None], ma] + la, -1)
+        delta = ca[:, :, None] - cb[:, None, :]
+        bad = delta <= 0
+        bad |= delta >= gap[:, None, None]
+        bad |= la[:, :, None] > room_lo[:, None, :]
+        bad |= lb[:, None, :] > room_hi[:, :, None]
+        score = delta  # reused in place: delta is recomputed below for the chosen pairs only
+        score -= gap[:, None, None] / 2
         np.abs(score, out=score)
-        score[~ok] = np.inf
+        np.copyto(score, np.inf, where=bad)
         best = score.reshape(na, -1).argmin(axis=1)
+        any_ok = score.reshape(na, -1)[np.arange(na), best] < np.inf
+        go = has_a & any_ok
         i, j = np.divmod(best, score.shape[2])
         r = np.flatnonzero(go)
         s_, h_, l_, i_, j_ = act[r], hi[r], lo[r], i[r], j[r]
@@ -171,12 +174,10 @@ def refine_flat(
             room3[s_[sw], h_[sw], ma_i[sw]] -= l_b
             p_rank[item_b], p_mb[item_b] = h_[sw], ma_i[sw]
             key[item_b] = s_[sw] * dp + h_[sw]
-        dl = delta[r, i_, j_]
+        dl = ca[r, i_] - cb[r, j_]
         rc[s_, h_] -= dl
         rc[s_, l_] += dl
         act = s_
-    placed = p_rank >= 0
-    top = np.zeros(n_steps)
-    np.maximum.at(top, step_of[placed], g_cost[:-1][placed])
+    top = step_max(g_cost[:-1][p_rank >= 0], step_of[p_rank >= 0], n_steps)
     lb = np.maximum(rc.sum(axis=1) / dp, top)
     wide_search(WideState(cost3, room3, rc, p_rank, p_mb, key, g_cost, g_len, step_of, lb), dp)

@@ -143,9 +143,23 @@ def _loom_consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -
     ds.state_dict()
     ready.put(rank)
     start.wait()
+    prof_dir = os.environ.get("LOOM_BENCH_PROFILE")  # a folder: each rank writes its cProfile stats there
+    prof = None
+    if prof_dir:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     cpu0, t0 = _cpu_s(), time.time()
     got = _consume(ds, t0)
+    stream = ds._client
+    if stream is not None:
+        got.update(calls=stream.calls, wait_s=round(stream.wait_s, 3))
     ds.close()
+    if prof is not None:
+        prof.disable()
+        transport = os.environ.get("LOOM_TRANSPORT", "direct")
+        prof.dump_stats(str(Path(prof_dir) / f"rank{rank}-{transport}-{os.getpid()}.prof"))
     out.put(_report(rank, got, t0, cpu0))
 
 
@@ -345,23 +359,49 @@ def _measure(
     seq_len: int,
     settings: dict[str, int],
     peers: list[str],
+    transports: list[str],
 ) -> dict[str, Any]:
-    """One side-by-side row: loomdata to `n` consumers (fresh executor), then the baseline to `n` consumers."""
-    from loomdata.execution import Executor
-
-    with Executor(plan_dir, client, **settings) as ex:
-        cpu0 = _worker_cpu(client)
-        loom, wall = _run_consumers(_loom_consumer, lambda r: (str(plan_dir), r), n)
-        loom_cpu = _worker_cpu(client) - cpu0 + sum(r["cpu_s"] for r in loom)
-        m = ex.metrics().to_dict()  # results are written as JSON
-        window_steps = ex.window
+    """One side-by-side row: loomdata to `n` consumers (a fresh executor per transport), then each peer."""
+    looms = {
+        ("loomdata" if k == 0 else f"loomdata_{t}"): _loom_side(client, plan_dir, n, settings, t)
+        for k, t in enumerate(transports)
+    }
     sides = {}
     for kind in peers:
         rows, pwall = _run_consumers(_baseline_consumer, lambda r, k=kind: (k, files, r, n, seq_len, n_batches), n)
         sides[kind] = _side(rows, pwall, sum(r["cpu_s"] for r in rows))
+    row: dict[str, Any] = {"consumers": n, **looms}
+    for kind, side in sides.items():
+        row[kind] = side
+        row.update(_ratios(looms["loomdata"], side, kind))
+        for name, other in looms.items():  # another transport's ratios, under its own key
+            if name != "loomdata":
+                other.update(_ratios(other, side, kind))
+    return row
+
+
+def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, int], transport: str) -> dict[str, Any]:
+    """loomdata to `n` consumers (fresh executor) whose ranks use `transport` (LOOM_TRANSPORT: direct or dask)."""
+    from loomdata.execution import Executor
+
+    before = os.environ.get("LOOM_TRANSPORT")
+    os.environ["LOOM_TRANSPORT"] = transport  # the spawned consumers inherit it
+    try:
+        with Executor(plan_dir, client, **settings) as ex:
+            cpu0 = _worker_cpu(client)
+            loom, wall = _run_consumers(_loom_consumer, lambda r: (str(plan_dir), r), n)
+            loom_cpu = _worker_cpu(client) - cpu0 + sum(r["cpu_s"] for r in loom)
+            m = ex.metrics().to_dict()  # results are written as JSON
+            window_steps = ex.window
+    finally:
+        if before is None:
+            os.environ.pop("LOOM_TRANSPORT", None)
+        else:
+            os.environ["LOOM_TRANSPORT"] = before
     loom_side = _side(loom, wall, loom_cpu)
     built = sum(c["built_steps"] + c["on_demand_steps"] for c in m["constructors"])
     loom_side.update(
+        transport=transport,
         window_steps=window_steps,
         rank_wait_s=m["rank_wait_s"],
         loader_calls=m["loader_calls"],
@@ -369,12 +409,9 @@ def _measure(
         builds=built,
         build_ms_per_build=round(1000 * sum(c["build_s"] for c in m["constructors"]) / max(built, 1), 2),
         build_phases_s=[c["build_phases_s"] for c in m["constructors"]],
+        rank_calls=sum(r.get("calls", 0) for r in loom),
     )
-    row: dict[str, Any] = {"consumers": n, "loomdata": loom_side}
-    for kind, side in sides.items():
-        row[kind] = side
-        row.update(_ratios(loom_side, side, kind))
-    return row
+    return loom_side
 
 
 def _ratios(loom: dict[str, Any], peer: dict[str, Any], kind: str) -> dict[str, float]:
@@ -425,17 +462,23 @@ def _verify_cost(client: Any, plans: dict[str, Path], n: int, settings: dict[str
 
 
 def _print_row(row: dict[str, Any], label: str = "") -> None:
-    for name in ("loomdata", *(k for k in _PEERS if k in row)):
+    """A row's sides: each loomdata transport (with its ratios against the first peer), then each peer."""
+    looms = [k for k in row if k == "loomdata" or k.startswith("loomdata_")]
+    peers = [k for k in _PEERS if k in row]
+    for name in (*looms, *peers):
         r = row[name]
         line = (
-            f"{label}{row['consumers']:>9} {name:>10} {r['tokens_per_s']:>12,} "
+            f"{label}{row['consumers']:>9} {name[-10:]:>10} {r['tokens_per_s']:>12,} "
             f"{r['steady_tokens_per_s_per_consumer']:>12,} {r['cpu_s']:>7.1f} {r['tokens_per_cpu_s']:>11,}"
             f" {r['first_batch_s']:>8.3f}"
         )
-        if name != "loomdata":
+        ratios = row if name == "loomdata" else r
+        if name in looms and peers and f"ratio_tokens_per_s_vs_{peers[0]}" in ratios:
+            p = peers[0]
             line += (
-                f"  {row[f'ratio_tokens_per_s_vs_{name}']:>7.2f} {row[f'ratio_steady_per_consumer_vs_{name}']:>8.2f}"
-                f" {row[f'ratio_per_cpu_core_vs_{name}']:>10.2f} {row[f'ratio_first_batch_vs_{name}']:>9.2f}"
+                f"  {ratios[f'ratio_tokens_per_s_vs_{p}']:>7.2f} {ratios[f'ratio_steady_per_consumer_vs_{p}']:>8.2f}"
+                f" {ratios[f'ratio_per_cpu_core_vs_{p}']:>10.2f} {ratios[f'ratio_first_batch_vs_{p}']:>9.2f}"
+                f"  vs {p}"
             )
         print(line, flush=True)
 
@@ -459,6 +502,14 @@ def main() -> None:
     ap.add_argument("--consumers", type=int, nargs="+", default=list(CONSUMERS))
     ap.add_argument("--verify-repeat", type=int, default=3, help="runs per verify mode (sample, off); 0: skip")
     ap.add_argument("--peers", nargs="+", default=list(_PEERS), choices=list(_PEERS), help="peer loaders to run")
+    ap.add_argument(
+        "--transports",
+        nargs="+",
+        default=["direct"],
+        choices=["direct", "dask"],
+        help="rank transports to measure, each with a fresh executor (LOOM_TRANSPORT); the first is `loomdata`, "
+        "others `loomdata_<transport>`",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument(
         "--ab",
@@ -501,7 +552,9 @@ def main() -> None:
             print(_HEADER)
             for n in args.consumers:
                 n_batches = meta.steps * meta.micro_batches
-                row = _measure(client, plan_dir, files, n, n_batches, args.seq_len, settings, args.peers)
+                row = _measure(
+                    client, plan_dir, files, n, n_batches, args.seq_len, settings, args.peers, args.transports
+                )
                 rows.append(row)
                 _print_row(row)
             verify_cost = None
@@ -538,6 +591,7 @@ def main() -> None:
             "window": args.window,
             "bytes_in_flight": args.bytes_in_flight,
             "peer_num_workers": 2,
+            "transports": args.transports,
             "peers": {k: _PEERS[k].__doc__ for k in args.peers},
         },
         "plan_summary": summary,

@@ -26,6 +26,7 @@ consumers, the loaders' busy time, where the checks run, and the slowdown; goal 
 
     .venv/bin/python benchmarks/stream_throughput.py                 # about 2-3 minutes
     .venv/bin/python benchmarks/stream_throughput.py --steps 800 --docs 40000
+    LOOM_BENCH_PROFILE=/tmp/prof .venv/bin/python benchmarks/stream_throughput.py ...   # cProfile ranks + workers
 """
 
 from __future__ import annotations
@@ -380,6 +381,23 @@ def _measure(
     return row
 
 
+def _profile_start() -> None:
+    """cProfile the worker's event-loop thread (`client.run` runs this there): constructors and the gateway."""
+    import cProfile
+    import sys
+
+    sys._loom_bench_profile = cProfile.Profile()  # type: ignore[attr-defined]  # kept in the worker process
+    sys._loom_bench_profile.enable()  # type: ignore[attr-defined]
+
+
+def _profile_stop(prefix: str) -> None:
+    import sys
+
+    prof = sys._loom_bench_profile  # type: ignore[attr-defined]
+    prof.disable()
+    prof.dump_stats(f"{prefix}-{os.getpid()}.prof")
+
+
 def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, int], transport: str) -> dict[str, Any]:
     """loomdata to `n` consumers (fresh executor) whose ranks use `transport` (LOOM_TRANSPORT: direct or dask)."""
     from loomdata.execution import Executor
@@ -389,7 +407,12 @@ def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, int], tr
     try:
         with Executor(plan_dir, client, **settings) as ex:
             cpu0 = _worker_cpu(client)
+            profile = os.environ.get("LOOM_BENCH_PROFILE")
+            if profile:
+                client.run(_profile_start)
             loom, wall = _run_consumers(_loom_consumer, lambda r: (str(plan_dir), r), n)
+            if profile:
+                client.run(_profile_stop, str(Path(profile) / f"worker-{n}-{transport}"))
             loom_cpu = _worker_cpu(client) - cpu0 + sum(r["cpu_s"] for r in loom)
             m = ex.metrics().to_dict()  # results are written as JSON
             window_steps = ex.window

@@ -325,7 +325,8 @@ def _collect(q: Any, procs: list[Any], n: int) -> list[Any]:
 # ---- main -----------------------------------------------------------------------------------------
 
 
-def _worker_cpu(client: Any) -> float:
+def _worker_cpu(client: Any, parts: dict[str, float] | None = None) -> float:
+    """CPU seconds so far of the Dask workers and this process (it hosts the scheduler); per part into `parts`."""
     import psutil
 
     def cpu() -> float:
@@ -333,7 +334,10 @@ def _worker_cpu(client: Any) -> float:
         return float(t.user + t.system)
 
     main = os.times()  # this process hosts the scheduler
-    return float(sum(client.run(cpu).values())) + main.user + main.system
+    per = client.run(cpu)
+    if parts is not None:
+        parts.update({f"worker{k}": v for k, v in enumerate(per[a] for a in sorted(per))}, main=main.user + main.system)
+    return float(sum(per.values())) + main.user + main.system
 
 
 def _side(rows: list[dict[str, Any]], wall: float, cpu: float) -> dict[str, Any]:
@@ -402,25 +406,32 @@ def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, int], tr
     """loomdata to `n` consumers (fresh executor) whose ranks use `transport` (LOOM_TRANSPORT: direct or dask)."""
     from loomdata.execution import Executor
 
-    before = os.environ.get("LOOM_TRANSPORT")
+    env_before = os.environ.get("LOOM_TRANSPORT")
     os.environ["LOOM_TRANSPORT"] = transport  # the spawned consumers inherit it
     try:
         with Executor(plan_dir, client, **settings) as ex:
-            cpu0 = _worker_cpu(client)
+            before: dict[str, float] = {}
+            cpu0 = _worker_cpu(client, before)
             profile = os.environ.get("LOOM_BENCH_PROFILE")
             if profile:
                 client.run(_profile_start)
+                import _sampler  # this process's threads: the scheduler's and the serving control loop's
+
+                _sampler.start("main")
             loom, wall = _run_consumers(_loom_consumer, lambda r: (str(plan_dir), r), n)
             if profile:
                 client.run(_profile_stop, str(Path(profile) / f"worker-{n}-{transport}"))
-            loom_cpu = _worker_cpu(client) - cpu0 + sum(r["cpu_s"] for r in loom)
+                report = _sampler.stop("main", top=40)
+                (Path(profile) / f"main-{n}-{transport}.json").write_text(json.dumps(report, indent=1))
+            after: dict[str, float] = {}
+            loom_cpu = _worker_cpu(client, after) - cpu0 + sum(r["cpu_s"] for r in loom)
             m = ex.metrics().to_dict()  # results are written as JSON
             window_steps = ex.window
     finally:
-        if before is None:
+        if env_before is None:
             os.environ.pop("LOOM_TRANSPORT", None)
         else:
-            os.environ["LOOM_TRANSPORT"] = before
+            os.environ["LOOM_TRANSPORT"] = env_before
     loom_side = _side(loom, wall, loom_cpu)
     built = sum(c["built_steps"] + c["on_demand_steps"] for c in m["constructors"])
     loom_side.update(
@@ -433,6 +444,11 @@ def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, int], tr
         build_ms_per_build=round(1000 * sum(c["build_s"] for c in m["constructors"]) / max(built, 1), 2),
         build_phases_s=[c["build_phases_s"] for c in m["constructors"]],
         rank_calls=sum(r.get("calls", 0) for r in loom),
+        rank_wait_s_at_ranks=[r.get("wait_s") for r in loom],
+        cpu_s_by_process={
+            "ranks": round(sum(r["cpu_s"] for r in loom), 3),
+            **{k: round(after[k] - before.get(k, 0.0), 3) for k in after},  # main: scheduler + this process
+        },
     )
     return loom_side
 

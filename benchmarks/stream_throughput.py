@@ -13,6 +13,11 @@ deliver packed int32 sequences of `--seq-len` tokens as torch tensors to each co
   `greedy`, documents packed greedily one by one in Python (what the first benchmark compared with).
   Every figure is reported against each of them, with the time to the first batch.
 
+`--transports direct dask` measures loomdata once per rank transport (the rank gateway, the default,
+and Dask actor calls, LOOM_TRANSPORT=dask), each with a fresh executor, in the same run: the first is
+`loomdata`, the others `loomdata_<transport>` with their own ratios; `cpu_s_by_process` splits the
+CPU seconds (ranks, each worker, `main`: the scheduler and the serving process).
+
 Tokens are real (non-padding) tokens. CPU seconds are measured for every process involved (Dask
 workers and scheduler for loomdata, consumers with their DataLoader workers for both), so
 `tokens per CPU-second` is the per-core figure; the ratio loomdata / baseline is printed per

@@ -13,6 +13,11 @@ deliver packed int32 sequences of `--seq-len` tokens as torch tensors to each co
   `greedy`, documents packed greedily one by one in Python (what the first benchmark compared with).
   Every figure is reported against each of them, with the time to the first batch.
 
+`--transports direct dask` measures loomdata once per rank transport (the rank gateway, the default,
+and Dask actor calls, LOOM_TRANSPORT=dask), each with a fresh executor, in the same run: the first is
+`loomdata`, the others `loomdata_<transport>` with their own ratios; `cpu_s_by_process` splits the
+CPU seconds (ranks, each worker, `main`: the scheduler and the serving process).
+
 Tokens are real (non-padding) tokens. CPU seconds are measured for every process involved (Dask
 workers and scheduler for loomdata, consumers with their DataLoader workers for both), so
 `tokens per CPU-second` is the per-core figure; the ratio loomdata / baseline is printed per
@@ -26,6 +31,7 @@ consumers, the loaders' busy time, where the checks run, and the slowdown; goal 
 
     .venv/bin/python benchmarks/stream_throughput.py                 # about 2-3 minutes
     .venv/bin/python benchmarks/stream_throughput.py --steps 800 --docs 40000
+    LOOM_BENCH_PROFILE=/tmp/prof .venv/bin/python benchmarks/stream_throughput.py ...   # cProfile ranks + workers
 """
 
 from __future__ import annotations
@@ -143,9 +149,23 @@ def _loom_consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -
     ds.state_dict()
     ready.put(rank)
     start.wait()
+    prof_dir = os.environ.get("LOOM_BENCH_PROFILE")  # a folder: each rank writes its cProfile stats there
+    prof = None
+    if prof_dir:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     cpu0, t0 = _cpu_s(), time.time()
     got = _consume(ds, t0)
+    stream = ds._client
+    if stream is not None:
+        got.update(calls=stream.calls, wait_s=round(stream.wait_s, 3))
     ds.close()
+    if prof is not None:
+        prof.disable()
+        transport = os.environ.get("LOOM_TRANSPORT", "direct")
+        prof.dump_stats(str(Path(prof_dir) / f"rank{rank}-{transport}-{os.getpid()}.prof"))
     out.put(_report(rank, got, t0, cpu0))
 
 
@@ -310,7 +330,8 @@ def _collect(q: Any, procs: list[Any], n: int) -> list[Any]:
 # ---- main -----------------------------------------------------------------------------------------
 
 
-def _worker_cpu(client: Any) -> float:
+def _worker_cpu(client: Any, parts: dict[str, float] | None = None) -> float:
+    """CPU seconds so far of the Dask workers and this process (it hosts the scheduler); per part into `parts`."""
     import psutil
 
     def cpu() -> float:
@@ -318,7 +339,10 @@ def _worker_cpu(client: Any) -> float:
         return float(t.user + t.system)
 
     main = os.times()  # this process hosts the scheduler
-    return float(sum(client.run(cpu).values())) + main.user + main.system
+    per = client.run(cpu)
+    if parts is not None:
+        parts.update({f"worker{k}": v for k, v in enumerate(per[a] for a in sorted(per))}, main=main.user + main.system)
+    return float(sum(per.values())) + main.user + main.system
 
 
 def _side(rows: list[dict[str, Any]], wall: float, cpu: float) -> dict[str, Any]:
@@ -345,23 +369,78 @@ def _measure(
     seq_len: int,
     settings: dict[str, int],
     peers: list[str],
+    transports: list[str],
 ) -> dict[str, Any]:
-    """One side-by-side row: loomdata to `n` consumers (fresh executor), then the baseline to `n` consumers."""
-    from loomdata.execution import Executor
-
-    with Executor(plan_dir, client, **settings) as ex:
-        cpu0 = _worker_cpu(client)
-        loom, wall = _run_consumers(_loom_consumer, lambda r: (str(plan_dir), r), n)
-        loom_cpu = _worker_cpu(client) - cpu0 + sum(r["cpu_s"] for r in loom)
-        m = ex.metrics().to_dict()  # results are written as JSON
-        window_steps = ex.window
+    """One side-by-side row: loomdata to `n` consumers (a fresh executor per transport), then each peer."""
+    looms = {
+        ("loomdata" if k == 0 else f"loomdata_{t}"): _loom_side(client, plan_dir, n, settings, t)
+        for k, t in enumerate(transports)
+    }
     sides = {}
     for kind in peers:
         rows, pwall = _run_consumers(_baseline_consumer, lambda r, k=kind: (k, files, r, n, seq_len, n_batches), n)
         sides[kind] = _side(rows, pwall, sum(r["cpu_s"] for r in rows))
+    row: dict[str, Any] = {"consumers": n, **looms}
+    for kind, side in sides.items():
+        row[kind] = side
+        row.update(_ratios(looms["loomdata"], side, kind))
+        for name, other in looms.items():  # another transport's ratios, under its own key
+            if name != "loomdata":
+                other.update(_ratios(other, side, kind))
+    return row
+
+
+def _profile_start() -> None:
+    """cProfile the worker's event-loop thread (`client.run` runs this there): constructors and the gateway."""
+    import cProfile
+    import sys
+
+    sys._loom_bench_profile = cProfile.Profile()  # type: ignore[attr-defined]  # kept in the worker process
+    sys._loom_bench_profile.enable()  # type: ignore[attr-defined]
+
+
+def _profile_stop(prefix: str) -> None:
+    import sys
+
+    prof = sys._loom_bench_profile  # type: ignore[attr-defined]
+    prof.disable()
+    prof.dump_stats(f"{prefix}-{os.getpid()}.prof")
+
+
+def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, int], transport: str) -> dict[str, Any]:
+    """loomdata to `n` consumers (fresh executor) whose ranks use `transport` (LOOM_TRANSPORT: direct or dask)."""
+    from loomdata.execution import Executor
+
+    env_before = os.environ.get("LOOM_TRANSPORT")
+    os.environ["LOOM_TRANSPORT"] = transport  # the spawned consumers inherit it
+    try:
+        with Executor(plan_dir, client, **settings) as ex:
+            before: dict[str, float] = {}
+            cpu0 = _worker_cpu(client, before)
+            profile = os.environ.get("LOOM_BENCH_PROFILE")
+            if profile:
+                client.run(_profile_start)
+                import _sampler  # this process's threads: the scheduler's and the serving control loop's
+
+                _sampler.start("main")
+            loom, wall = _run_consumers(_loom_consumer, lambda r: (str(plan_dir), r), n)
+            if profile:
+                client.run(_profile_stop, str(Path(profile) / f"worker-{n}-{transport}"))
+                report = _sampler.stop("main", top=40)
+                (Path(profile) / f"main-{n}-{transport}.json").write_text(json.dumps(report, indent=1))
+            after: dict[str, float] = {}
+            loom_cpu = _worker_cpu(client, after) - cpu0 + sum(r["cpu_s"] for r in loom)
+            m = ex.metrics().to_dict()  # results are written as JSON
+            window_steps = ex.window
+    finally:
+        if env_before is None:
+            os.environ.pop("LOOM_TRANSPORT", None)
+        else:
+            os.environ["LOOM_TRANSPORT"] = env_before
     loom_side = _side(loom, wall, loom_cpu)
     built = sum(c["built_steps"] + c["on_demand_steps"] for c in m["constructors"])
     loom_side.update(
+        transport=transport,
         window_steps=window_steps,
         rank_wait_s=m["rank_wait_s"],
         loader_calls=m["loader_calls"],
@@ -369,12 +448,14 @@ def _measure(
         builds=built,
         build_ms_per_build=round(1000 * sum(c["build_s"] for c in m["constructors"]) / max(built, 1), 2),
         build_phases_s=[c["build_phases_s"] for c in m["constructors"]],
+        rank_calls=sum(r.get("calls", 0) for r in loom),
+        rank_wait_s_at_ranks=[r.get("wait_s") for r in loom],
+        cpu_s_by_process={
+            "ranks": round(sum(r["cpu_s"] for r in loom), 3),
+            **{k: round(after[k] - before.get(k, 0.0), 3) for k in after},  # main: scheduler + this process
+        },
     )
-    row: dict[str, Any] = {"consumers": n, "loomdata": loom_side}
-    for kind, side in sides.items():
-        row[kind] = side
-        row.update(_ratios(loom_side, side, kind))
-    return row
+    return loom_side
 
 
 def _ratios(loom: dict[str, Any], peer: dict[str, Any], kind: str) -> dict[str, float]:
@@ -425,17 +506,23 @@ def _verify_cost(client: Any, plans: dict[str, Path], n: int, settings: dict[str
 
 
 def _print_row(row: dict[str, Any], label: str = "") -> None:
-    for name in ("loomdata", *(k for k in _PEERS if k in row)):
+    """A row's sides: each loomdata transport (with its ratios against the first peer), then each peer."""
+    looms = [k for k in row if k == "loomdata" or k.startswith("loomdata_")]
+    peers = [k for k in _PEERS if k in row]
+    for name in (*looms, *peers):
         r = row[name]
         line = (
-            f"{label}{row['consumers']:>9} {name:>10} {r['tokens_per_s']:>12,} "
+            f"{label}{row['consumers']:>9} {name[-10:]:>10} {r['tokens_per_s']:>12,} "
             f"{r['steady_tokens_per_s_per_consumer']:>12,} {r['cpu_s']:>7.1f} {r['tokens_per_cpu_s']:>11,}"
             f" {r['first_batch_s']:>8.3f}"
         )
-        if name != "loomdata":
+        ratios = row if name == "loomdata" else r
+        if name in looms and peers and f"ratio_tokens_per_s_vs_{peers[0]}" in ratios:
+            p = peers[0]
             line += (
-                f"  {row[f'ratio_tokens_per_s_vs_{name}']:>7.2f} {row[f'ratio_steady_per_consumer_vs_{name}']:>8.2f}"
-                f" {row[f'ratio_per_cpu_core_vs_{name}']:>10.2f} {row[f'ratio_first_batch_vs_{name}']:>9.2f}"
+                f"  {ratios[f'ratio_tokens_per_s_vs_{p}']:>7.2f} {ratios[f'ratio_steady_per_consumer_vs_{p}']:>8.2f}"
+                f" {ratios[f'ratio_per_cpu_core_vs_{p}']:>10.2f} {ratios[f'ratio_first_batch_vs_{p}']:>9.2f}"
+                f"  vs {p}"
             )
         print(line, flush=True)
 
@@ -459,6 +546,14 @@ def main() -> None:
     ap.add_argument("--consumers", type=int, nargs="+", default=list(CONSUMERS))
     ap.add_argument("--verify-repeat", type=int, default=3, help="runs per verify mode (sample, off); 0: skip")
     ap.add_argument("--peers", nargs="+", default=list(_PEERS), choices=list(_PEERS), help="peer loaders to run")
+    ap.add_argument(
+        "--transports",
+        nargs="+",
+        default=["direct"],
+        choices=["direct", "dask"],
+        help="rank transports to measure, each with a fresh executor (LOOM_TRANSPORT); the first is `loomdata`, "
+        "others `loomdata_<transport>`",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument(
         "--ab",
@@ -501,7 +596,9 @@ def main() -> None:
             print(_HEADER)
             for n in args.consumers:
                 n_batches = meta.steps * meta.micro_batches
-                row = _measure(client, plan_dir, files, n, n_batches, args.seq_len, settings, args.peers)
+                row = _measure(
+                    client, plan_dir, files, n, n_batches, args.seq_len, settings, args.peers, args.transports
+                )
                 rows.append(row)
                 _print_row(row)
             verify_cost = None
@@ -538,6 +635,7 @@ def main() -> None:
             "window": args.window,
             "bytes_in_flight": args.bytes_in_flight,
             "peer_num_workers": 2,
+            "transports": args.transports,
             "peers": {k: _PEERS[k].__doc__ for k in args.peers},
         },
         "plan_summary": summary,

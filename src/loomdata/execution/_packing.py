@@ -156,18 +156,29 @@ def pack_step(
         images = [images[k] for k in order.tolist()]
     mbs = meta.micro_batches
     key = rows.dp_rank.astype(np.int64) * mbs + rows.micro_batch.astype(np.int64)
+    firsts = np.array([r * mbs + mb for r in ranks for mb in range(mbs)], dtype=np.int64)
+    edges = np.searchsorted(key, np.concatenate([firsts, firsts + 1])).tolist()  # one search per step
+    seg_all = np.empty(len(rows), dtype=SEGMENT_DTYPE)  # the step's segments, each batch a slice of them
+    seg_all["source"] = rows.source
+    seg_all["sample"] = rows.sample
+    seg_all["offset"] = rows.offset
+    seg_all["length"] = rows.length
+    lanes = rows.lane.tolist()
+    bounds = starts.tolist()
     out: dict[int, list[Batch]] = {}
+    k = 0
     for r in ranks:
         batches = []
         for mb in range(mbs):
-            lo, hi = (int(x) for x in np.searchsorted(key, [r * mbs + mb, r * mbs + mb + 1]))
-            seg = np.empty(hi - lo, dtype=SEGMENT_DTYPE)
-            seg["source"] = rows.source[lo:hi]
-            seg["sample"] = rows.sample[lo:hi]
-            seg["offset"] = rows.offset[lo:hi]
-            seg["length"] = rows.length[lo:hi]
-            lane = int(rows.lane[lo]) if hi > lo else 0
-            in_mb = np.flatnonzero((all_img_row >= lo) & (all_img_row < hi))
+            lo, hi = edges[k], edges[k + len(firsts)]
+            k += 1
+            lane = int(lanes[lo]) if hi > lo else 0
+            imgs: list[np.ndarray] = []
+            img_pos = None
+            if images:
+                in_mb = np.flatnonzero((all_img_row >= lo) & (all_img_row < hi))
+                imgs = [images[j] for j in in_mb.tolist()]
+                img_pos = starts[all_img_row[in_mb]] - starts[lo] + all_img_off[in_mb]
             batches.append(
                 pack_batch(
                     step=step,
@@ -175,11 +186,11 @@ def pack_step(
                     micro_batch=mb,
                     lane=lane,
                     seq_len=meta.lane_seq_len(lane),
-                    segments=seg,
-                    tokens=flat[starts[lo] : starts[hi]],
+                    segments=seg_all[lo:hi],
+                    tokens=flat[bounds[lo] : bounds[hi]],
                     pad_token_id=rules.pad_token_id,
-                    images=[images[k] for k in in_mb.tolist()],
-                    image_positions=(starts[all_img_row[in_mb]] - starts[lo] + all_img_off[in_mb]),
+                    images=imgs,
+                    image_positions=img_pos,
                     image_token_id=rules.image_token_id,
                 )
             )

@@ -99,6 +99,10 @@ class StepWindow(Generic[T]):
         self._failed: dict[tuple[int, int], Exception] = {}
         self._in_progress = {r: 0 for r in self.ranks}
         self._active: set[int] = set()  # ranks that have taken something: the group window follows them
+        # Per rank: every step in [want, _known_to) is held, building or failed, so `_schedule` looks only
+        # past it (a release then costs the steps it adds, not the window's size); lowered whenever a
+        # key in the window becomes unknown again (a failure reported, a build cancelled).
+        self._known_to = {r: start_step for r in self.ranks}
         self._next_id = 0
         self.stopped = False
 
@@ -111,6 +115,7 @@ class StepWindow(Generic[T]):
         self._active.add(rank)
         builds = self._maybe_jump(rank, step)
         if key in self._failed:
+            self._forget(key)
             return Admission(builds, error=self._failed.pop(key))
         if key not in self._held and key not in self._building and self.in_window(rank, step):
             builds += self._schedule(only_rank=rank)
@@ -120,6 +125,7 @@ class StepWindow(Generic[T]):
         """After waiting: the failure, or the held payload (counting this take; released after `peers`)."""
         key = (rank, step)
         if key in self._failed:
+            self._forget(key)
             return Collected(error=self._failed.pop(key))
         held = self._held.get(key)
         if held is None:  # outside the window or already released: the caller builds it, unheld
@@ -138,6 +144,8 @@ class StepWindow(Generic[T]):
             self._building.pop((r, build.step), None)
             if build.step >= self.want[r] and not self.stopped:
                 self._held[(r, build.step)] = _Held(payloads[r])
+            else:
+                self._forget((r, build.step))
 
     def failed(self, build: Build, error: Exception) -> None:
         """`build` failed: each of its (rank, step) reports `error` to its next take, once."""
@@ -149,6 +157,7 @@ class StepWindow(Generic[T]):
         """`build` was cancelled (stop): forget it."""
         for r in build.ranks:
             self._building.pop((r, build.step), None)
+            self._forget((r, build.step))
 
     def start(self) -> tuple[Build, ...]:
         """The first window's builds."""
@@ -195,21 +204,38 @@ class StepWindow(Generic[T]):
             return ()
         if any(h.takes for (r, s), h in self._held.items() if r == rank and s < step):
             return ()
-        self.want[rank] = step
-        self._drop_below(rank)
+        old, self.want[rank] = self.want[rank], step
+        self._drop_below(rank, old)
         return self._schedule()
 
     def _release(self, rank: int, step: int) -> tuple[Build, ...]:
         """All peers took `step`: free it and everything older of the rank, and build further ahead."""
-        self.want[rank] = max(self.want[rank], step + 1)
-        self._drop_below(rank)
+        old = self.want[rank]
+        self.want[rank] = max(old, step + 1)
+        self._drop_below(rank, old)
         return self._schedule()
 
-    def _drop_below(self, rank: int) -> None:
-        """Forget held steps and unreported failures of `rank` before its `want`: it moved past them."""
-        for table in (self._held, self._failed):
-            for key in [k for k in table if k[0] == rank and k[1] < self.want[rank]]:
-                del table[key]
+    def _drop_below(self, rank: int, old_want: int) -> None:
+        """Forget held steps and unreported failures of `rank` before its `want`: it moved past them.
+
+        Held steps all lie at or above the old `want` (`built` holds nothing below it), so a short move
+        drops them step by step; failures (rare) and a long move scan the table.
+        """
+        want = self.want[rank]
+        if want - old_want <= len(self._held):
+            for s in range(old_want, want):
+                self._held.pop((rank, s), None)
+        else:
+            for key in [k for k in self._held if k[0] == rank and k[1] < want]:
+                del self._held[key]
+        if self._failed:
+            for key in [k for k in self._failed if k[0] == rank and k[1] < want]:
+                del self._failed[key]
+
+    def _forget(self, key: tuple[int, int]) -> None:
+        """`key` is no longer held, building or failed: `_schedule` must look at its step again."""
+        rank, step = key
+        self._known_to[rank] = min(self._known_to[rank], step)
 
     def _schedule(self, only_rank: int | None = None) -> tuple[Build, ...]:
         """Builds for every (rank, step) in the window that is neither held, building nor failed.
@@ -223,20 +249,24 @@ class StepWindow(Generic[T]):
         ranks = [only_rank] if only_rank is not None else self.ranks
         lead = [only_rank] if only_rank is not None else sorted(self._active) or self.ranks
         lo = min(self.want[r] for r in lead)
+        top = min(lo + self.window, self.steps)
+        need: dict[int, list[int]] = {}  # step -> ranks (in order) that need it built
+        held, building, failed = self._held, self._building, self._failed
+        for r in ranks:
+            want = self.want[r]
+            lo_r, hi_r = max(lo, want), min(want + self.window, top)
+            known = max(self._known_to[r], want)
+            for step in range(max(lo_r, known), hi_r):
+                key = (r, step)
+                if key not in held and key not in building and key not in failed:
+                    need.setdefault(step, []).append(r)
+            if known >= lo_r:  # [want, hi_r) is all known once these builds are registered
+                self._known_to[r] = max(known, hi_r)
         out: list[Build] = []
-        for step in range(lo, min(lo + self.window, self.steps)):
-            need = tuple(
-                r
-                for r in ranks
-                if self.in_window(r, step)
-                and (r, step) not in self._held
-                and (r, step) not in self._building
-                and (r, step) not in self._failed
-            )
-            if need:
-                build = Build(self._next_id, step, need)
-                self._next_id += 1
-                for r in need:
-                    self._building[(r, step)] = build
-                out.append(build)
+        for step in sorted(need):
+            build = Build(self._next_id, step, tuple(need[step]))
+            self._next_id += 1
+            for r in build.ranks:
+                building[(r, step)] = build
+            out.append(build)
         return tuple(out)

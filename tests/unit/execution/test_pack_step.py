@@ -1,0 +1,161 @@
+"""`pack_step` (one search and one segments array per step) against the per-batch reference it replaced.
+
+Random steps: several ranks and micro-batches, empty micro-batches, zero-length segments, two lanes,
+images spread over several loader answers; every array of every batch must be equal, dtypes included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from loomdata.execution._loader import SegmentData
+from loomdata.execution._manifest import ManifestRows
+from loomdata.execution._packing import PackRules, pack_batch, pack_step
+from loomdata.schemas.batch import SEGMENT_DTYPE, Batch
+
+
+@dataclass
+class _Meta:
+    micro_batches: int
+    lanes: tuple[int, ...]
+
+    def lane_seq_len(self, lane: int) -> int:
+        return self.lanes[lane]
+
+
+def _reference(
+    meta: Any,
+    rules: PackRules,
+    step: int,
+    ranks: list[int],
+    rows: ManifestRows,
+    groups: list[np.ndarray],
+    answers: list[SegmentData],
+) -> dict[int, list[Batch]]:
+    """Every micro-batch of `ranks` at `step`: scatter loader answers into manifest order, then pack.
+
+    `rows` are the step's manifest rows ordered by (dp_rank, micro_batch); `answers[k]` holds the
+    tokens (and images) of rows `groups[k]`, in that order. Images end in sequence order whatever the
+    number of loaders (answers) they came from.
+    """
+    starts = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(rows.length, out=starts[1:])
+    flat = np.empty(int(starts[-1]), dtype=np.int32)
+    img_row: list[np.ndarray] = []
+    img_off: list[np.ndarray] = []
+    images: list[np.ndarray] = []
+    for sel, ans in zip(groups, answers, strict=True):
+        lens = rows.length[sel].astype(np.int64)
+        ans_starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        dst = np.repeat(starts[sel] - ans_starts, lens) + np.arange(int(lens.sum()), dtype=np.int64)
+        flat[dst] = ans.tokens
+        if ans.images:
+            images.extend(ans.images)
+            img_row.append(sel[ans.image_segment])
+            img_off.append(ans.image_offset)
+    all_img_row = np.concatenate(img_row) if img_row else np.zeros(0, dtype=np.int64)
+    all_img_off = np.concatenate(img_off) if img_off else np.zeros(0, dtype=np.int64)
+    if len(images) > 1:  # answers come per loader: put images in sequence order (row, then offset in it)
+        order = np.lexsort((all_img_off, all_img_row))
+        all_img_row, all_img_off = all_img_row[order], all_img_off[order]
+        images = [images[k] for k in order.tolist()]
+    mbs = meta.micro_batches
+    key = rows.dp_rank.astype(np.int64) * mbs + rows.micro_batch.astype(np.int64)
+    out: dict[int, list[Batch]] = {}
+    for r in ranks:
+        batches = []
+        for mb in range(mbs):
+            lo, hi = (int(x) for x in np.searchsorted(key, [r * mbs + mb, r * mbs + mb + 1]))
+            seg = np.empty(hi - lo, dtype=SEGMENT_DTYPE)
+            seg["source"] = rows.source[lo:hi]
+            seg["sample"] = rows.sample[lo:hi]
+            seg["offset"] = rows.offset[lo:hi]
+            seg["length"] = rows.length[lo:hi]
+            lane = int(rows.lane[lo]) if hi > lo else 0
+            in_mb = np.flatnonzero((all_img_row >= lo) & (all_img_row < hi))
+            batches.append(
+                pack_batch(
+                    step=step,
+                    dp_rank=r,
+                    micro_batch=mb,
+                    lane=lane,
+                    seq_len=meta.lane_seq_len(lane),
+                    segments=seg,
+                    tokens=flat[starts[lo] : starts[hi]],
+                    pad_token_id=rules.pad_token_id,
+                    images=[images[k] for k in in_mb.tolist()],
+                    image_positions=(starts[all_img_row[in_mb]] - starts[lo] + all_img_off[in_mb]),
+                    image_token_id=rules.image_token_id,
+                )
+            )
+        out[r] = batches
+    return out
+
+
+def _step(rng: np.random.Generator, ranks: list[int], mbs: int, lanes: tuple[int, ...]) -> tuple[Any, ...]:
+    cols: dict[str, list[int]] = {c: [] for c in ("dp_rank", "micro_batch", "length", "lane")}
+    for r in ranks:
+        for mb in range(mbs):
+            lane = int(rng.integers(0, len(lanes)))
+            n = int(rng.integers(0, 4))  # 0: an empty micro-batch
+            lens = rng.integers(0, lanes[lane] // 4 + 1, size=n)
+            for ln in lens.tolist():
+                cols["dp_rank"].append(r)
+                cols["micro_batch"].append(mb)
+                cols["length"].append(ln)
+                cols["lane"].append(lane)
+    m = len(cols["length"])
+    rows = ManifestRows(
+        step=np.full(m, 3, dtype=np.int64),
+        dp_rank=np.array(cols["dp_rank"], dtype=np.int32),
+        micro_batch=np.array(cols["micro_batch"], dtype=np.int32),
+        source=rng.integers(0, 3, size=m).astype(np.uint16),
+        sample=rng.integers(0, 1000, size=m).astype(np.uint64),
+        offset=rng.integers(0, 50, size=m).astype(np.uint32),
+        length=np.array(cols["length"], dtype=np.uint32),
+        lane=np.array(cols["lane"], dtype=np.int32),
+    )
+    order = rng.permutation(m)
+    groups = [np.sort(g) for g in np.array_split(order, 2)]  # two loaders, each answering some rows
+    answers = []
+    for g in groups:
+        lens = rows.length[g].astype(np.int64)
+        tokens = rng.integers(1, 1000, size=int(lens.sum()), dtype=np.int32)
+        with_img = [k for k in range(len(g)) if lens[k] > 0 and rng.random() < 0.3]
+        answers.append(
+            SegmentData(
+                tokens=tokens,
+                images=[np.full((2, 2, 3), k, dtype=np.uint8) for k in with_img],
+                image_segment=np.array(with_img, dtype=np.int32),
+                image_offset=np.array([int(rng.integers(0, lens[k])) for k in with_img], dtype=np.int32),
+            )
+        )
+    return rows, groups, answers
+
+
+def _same(a: Batch, b: Batch) -> None:
+    assert (a.step, a.dp_rank, a.micro_batch, a.lane) == (b.step, b.dp_rank, b.micro_batch, b.lane)
+    for name in ("input_ids", "labels", "position_ids", "cu_seqlens", "segments", "image_positions"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and np.array_equal(x, y), name
+    assert len(a.images) == len(b.images) and all(np.array_equal(x, y) for x, y in zip(a.images, b.images, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_pack_step_equals_the_per_batch_reference(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ranks = sorted(rng.choice(8, size=int(rng.integers(1, 4)), replace=False).tolist())
+    meta = _Meta(micro_batches=int(rng.integers(1, 4)), lanes=(64, 128))
+    rules = PackRules(pad_token_id=0, image_token_id=7)
+    rows, groups, answers = _step(rng, ranks, meta.micro_batches, meta.lanes)
+    got = pack_step(meta, rules, 3, ranks, rows, groups, answers)  # type: ignore[arg-type]
+    want = _reference(meta, rules, 3, ranks, rows, groups, answers)
+    assert sorted(got) == sorted(want) == ranks
+    for r in ranks:
+        assert len(got[r]) == len(want[r]) == meta.micro_batches
+        for a, b in zip(got[r], want[r], strict=True):
+            _same(a, b)

@@ -93,13 +93,15 @@ def test_a_dead_serve_is_an_error_within_5_s(restart_plan: Path, tmp_path: Path)
 def test_serve_json_carries_pid_host_and_a_live_heartbeat(restart_plan: Path, tmp_path: Path) -> None:
     serving = Serving(restart_plan, tmp_path / "serve.log")
     try:
-        beats = []
-        for _ in range(3):
+        beats: list[float] = []
+        deadline = time.monotonic() + 30  # a loaded machine delays a beat; three distinct ones must come
+        while len(set(beats)) < 3 and time.monotonic() < deadline:
             beats.append(json.loads(serve_path(restart_plan).read_text())["heartbeat_at"])
-            time.sleep(1.1)
+            time.sleep(0.5)
         info = read_serve_info(restart_plan)
         assert info.pid == serving.pid and info.host == os.uname().nodename
-        assert beats[0] < beats[1] < beats[2] and time.time() - beats[2] < 3
+        assert len(set(beats)) >= 3 and beats == sorted(beats), beats  # the heartbeat moves, and only forward
+        assert time.time() - info.heartbeat_at < 5
         lock = json.loads(lock_path(restart_plan).read_text())
         assert lock["pid"] == serving.pid
         assert serving.stop() == 0

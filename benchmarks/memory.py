@@ -7,7 +7,8 @@ source has had many documents read):
 - baseline: each of R spawned rank processes (torch imported) runs `DataLoader(num_workers=2)` over an
   IterableDataset whose forked workers open every source's files with `pyarrow.parquet.ParquetFile`
   (kept open, as a replicated loader does) and read row groups source by source; once with pyarrow's
-  defaults (`pre_buffer=True`), once with `pre_buffer=False`. Counted: rank + its 2 workers.
+  defaults (`pre_buffer=True`), once with `pre_buffer=False`, and once with `pre_buffer=False` and
+  Arrow's jemalloc allocator (as loomdata's embedded workers use it). Counted: rank + its 2 workers.
 - loomdata: one serving process (embedded LocalCluster scheduler + `Executor` with default
   autoscaling, as `loom serve` runs it) with its nannies and 2 worker processes, plus each of R rank
   processes iterating `LoomDataset(plan_dir, rank)`, counted as its PSS above an idle torch process
@@ -231,6 +232,29 @@ def loom_rank(plan_dir: str, rank: int, cover: int, warm: int, ready: Any, go: A
     ds.close()
 
 
+def worker_inside() -> dict[str, Any]:
+    """Run on a worker: where its memory is (anonymous, of it huge pages; Arrow's pool; threads)."""
+    import threading
+
+    import pyarrow as pa
+
+    roll = {}
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("Rss", "Pss", "Anonymous", "AnonHugePages", "Pss_File"):
+                roll[k] = round(int(v.split()[0]) / 1024, 1)
+    from loomdata.execution._loader_cache import _POOLS
+
+    return {
+        "loader_cache_mib": round(sum(p.nbytes for p in list(_POOLS.values())) / MIB, 1),
+        "smaps_mib": roll,
+        "arrow_pool_mib": round(pa.total_allocated_bytes() / MIB, 1),
+        "arrow_pool_peak_mib": round(pa.default_memory_pool().max_memory() / MIB, 1),
+        "threads": threading.active_count(),
+    }
+
+
 def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: Any) -> None:
     """What `loom serve` runs: an embedded cluster (scheduler here, 2 workers) and an autoscaling Executor."""
     from loomdata.execution import Autoscaling, Executor, ServeConfig, open_cluster
@@ -252,6 +276,7 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
                         "autoscale_rounds": m.autoscale.rounds,
                         "autoscale_decisions": len(m.autoscale.decisions),
                         "worker_pids": [pid for _, pid in workers.values()],
+                        "workers_inside": list(client.run(worker_inside).values()),
                     }
                 )
 
@@ -279,8 +304,26 @@ def _wait(q: Any, n: int, what: str, procs: list[Any], timeout_s: float = 1800.0
     return got
 
 
-def measure_baseline(files: list[list[str]], ranks: int, passes: int, pre_buffer: bool) -> dict[str, Any]:
-    """Sum of PSS over R ranks and their DataLoader workers, at first coverage and warm."""
+def measure_baseline(
+    files: list[list[str]], ranks: int, passes: int, pre_buffer: bool, arrow_pool: str | None = None
+) -> dict[str, Any]:
+    """Sum of PSS over R ranks and their DataLoader workers, at first coverage and warm.
+
+    `arrow_pool`: Arrow's allocator in every baseline process (ARROW_DEFAULT_MEMORY_POOL), as loomdata's
+    workers set it; None: pyarrow's default.
+    """
+    saved = os.environ.get("ARROW_DEFAULT_MEMORY_POOL")
+    if arrow_pool is not None:
+        os.environ["ARROW_DEFAULT_MEMORY_POOL"] = arrow_pool  # inherited by the spawned ranks and workers
+    try:
+        return _measure_baseline(files, ranks, passes, pre_buffer)
+    finally:
+        os.environ.pop("ARROW_DEFAULT_MEMORY_POOL", None)
+        if saved is not None:
+            os.environ["ARROW_DEFAULT_MEMORY_POOL"] = saved
+
+
+def _measure_baseline(files: list[list[str]], ranks: int, passes: int, pre_buffer: bool) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     ready, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
     procs = [ctx.Process(target=baseline_rank, args=(files, passes, pre_buffer, ready, go, stop)) for _ in range(ranks)]
@@ -353,6 +396,7 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
                 "loaders": m["loaders"],
                 "autoscale_rounds": m["autoscale_rounds"],
                 "autoscale_decisions": m["autoscale_decisions"],
+                "workers_inside": m["workers_inside"],
             }
             release.set()
         for p in [*procs, companion]:
@@ -417,6 +461,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=8, help="baseline: row groups read per source per worker (warm)")
     ap.add_argument("--warm-docs", type=int, default=128, help="loomdata: documents per source read before warm")
     ap.add_argument("--quick", action="store_true", help="N 10, 100 and R 4")
+    ap.add_argument("--loom-only", action="store_true", help="diagnosis: measure loomdata alone (no ratios)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     if args.quick:
@@ -455,8 +500,16 @@ def main() -> None:
                     flush=True,
                 )
                 row: dict[str, Any] = {"sources": n, "ranks": r, "cover_step": cover, "warm_step": warm}
-                row["baseline_default"] = measure_baseline(files, r, args.passes, pre_buffer=True)
-                row["baseline_no_prebuffer"] = measure_baseline(files, r, args.passes, pre_buffer=False)
+                if args.loom_only:
+                    nan = {"total_mib": float("nan"), "per_rank_mib": float("nan")}
+                    for k in ("baseline_default", "baseline_no_prebuffer", "baseline_no_prebuffer_jemalloc"):
+                        row[k] = {"cover": nan, "warm": nan}
+                else:
+                    row["baseline_default"] = measure_baseline(files, r, args.passes, pre_buffer=True)
+                    row["baseline_no_prebuffer"] = measure_baseline(files, r, args.passes, pre_buffer=False)
+                    row["baseline_no_prebuffer_jemalloc"] = measure_baseline(
+                        files, r, args.passes, pre_buffer=False, arrow_pool="jemalloc"
+                    )
                 row["loomdata"] = measure_loom(plan_dir, root / f"dask-serve-{r}", r, cover, warm)
                 for phase in ("cover", "warm"):
                     lo = row["loomdata"][phase]
@@ -466,6 +519,8 @@ def main() -> None:
                     )
                     lo["ratio_default"] = ratio(bd, lo["total_mib"])
                     lo["ratio_no_prebuffer"] = ratio(bn, lo["total_mib"])
+                    bj = row["baseline_no_prebuffer_jemalloc"][phase]["total_mib"]
+                    lo["ratio_no_prebuffer_jemalloc"] = ratio(bj, lo["total_mib"])
                     # like for like: every process of both sides counted whole (loomdata's ranks included)
                     lo["like_for_like_ratio_default"] = ratio(bd, lo["all_processes_mib"])
                     lo["like_for_like_ratio_no_prebuffer"] = ratio(bn, lo["all_processes_mib"])
@@ -481,9 +536,15 @@ def main() -> None:
                         f"{lo['like_for_like_ratio_no_prebuffer']:.2f}"
                     )
                     print(
-                        f"{'':>15} loomdata breakdown MiB {lo['breakdown_mib']}; loader cache "
+                        f"{'':>15} loomdata breakdown MiB {lo['breakdown_mib']}; loader index arrays "
                         f"{lo['loader_memory_mib']} MiB in {lo['loaders']} loaders; "
                         f"autoscale {lo['autoscale_decisions']} resizes in {lo['autoscale_rounds']} rounds",
+                        flush=True,
+                    )
+                    print(
+                        f"{'':>15} baseline pre_buffer=False with jemalloc: "
+                        f"{row['baseline_no_prebuffer_jemalloc'][phase]['total_mib']:,.0f} MiB "
+                        f"(x {lo['ratio_no_prebuffer_jemalloc']:.2f}); inside the workers: {lo['workers_inside']}",
                         flush=True,
                     )
     result = {

@@ -255,13 +255,20 @@ def worker_inside() -> dict[str, Any]:
     }
 
 
+def _serve_config(config: Any, autoscaling: Any) -> Any:
+    """`loom serve`'s defaults; the loader cache budget of `--loader-memory` (as LOOM_BENCH_LOADER_MIB)."""
+    mib = os.environ.get("LOOM_BENCH_LOADER_MIB")
+    extra = {} if mib is None else {"loader_memory": int(float(mib) * MIB)}
+    return config(autoscale=autoscaling(), **extra)
+
+
 def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: Any) -> None:
     """What `loom serve` runs: an embedded cluster (scheduler here, 2 workers) and an autoscaling Executor."""
     from loomdata.execution import Autoscaling, Executor, ServeConfig, open_cluster
 
     with (
         open_cluster(n_workers=2, local_directory=local_dir) as client,
-        Executor(plan_dir, client, ServeConfig(autoscale=Autoscaling())) as ex,
+        Executor(plan_dir, client, _serve_config(ServeConfig, Autoscaling)) as ex,
     ):
         ready.put(("serving", os.getpid()))
         while (cmd := cmds.get()) != "stop":
@@ -462,10 +469,13 @@ def main() -> None:
     ap.add_argument("--warm-docs", type=int, default=128, help="loomdata: documents per source read before warm")
     ap.add_argument("--quick", action="store_true", help="N 10, 100 and R 4")
     ap.add_argument("--loom-only", action="store_true", help="diagnosis: measure loomdata alone (no ratios)")
+    ap.add_argument("--loader-memory", type=float, default=None, help="loomdata: loader cache MiB per worker")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     if args.quick:
         args.sources, args.ranks = [10, 100], [4]
+    if args.loader_memory is not None:
+        os.environ["LOOM_BENCH_LOADER_MIB"] = str(args.loader_memory)  # inherited by the serving process
 
     from loomdata.execution import open_cluster
     from loomdata.indexing import build_index
@@ -561,6 +571,7 @@ def main() -> None:
             "dask_workers": 2,
             "baseline_num_workers": 2,
             "quick": args.quick,
+            "loader_memory_mib": args.loader_memory,
         },
         "idle_torch_pss_mib": round(idle_pss / MIB, 1),
         "idle_torch_private_mib": round(idle / MIB, 1),

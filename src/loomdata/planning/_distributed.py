@@ -57,10 +57,11 @@ RANGES_PER_WORKER = 4
 """Ranges per worker: several, so a slow worker does not hold the whole plan back."""
 
 CLUSTER_MIN_SAMPLES = 20_000_000
-"""`loom plan` starts an embedded cluster only for an index of at least this many samples. Measured at 10M
-samples, dp 64 (benchmarks/plan_scale.py --workers 1 2): 2 workers save about 4.5 s of balancing CPU
-(17.3 s in one process, 25.5 s summed over two) less 0.8 s of sending the work, while starting the
-cluster takes 2-8 s: it pays from about 10-20M samples on idle cores."""
+"""`loom plan` starts an embedded cluster only for an index of at least this many samples. Measured (dp 64, 2
+sources, benchmarks/plan_scale_cluster_ab.py, results/plan_scale_cluster_s5.json): the critical path on idle
+cores (serial CPU + the driver's + the busiest worker's) over one process's CPU is 0.94x at 5M samples, 1.27x
+at 20M and 1.39x at 50M with 2 workers, and starting the cluster takes 2-8 s: it pays from about 20M samples
+on idle cores (on this loaded 2-core machine the wall clock did not pay at any size)."""
 
 
 class Executor(Protocol):

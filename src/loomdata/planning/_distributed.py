@@ -14,8 +14,9 @@ nothing, so a fix-up is rare and short. A range refused (PlanError) with nothing
 again here with its true carry; a refusal is final only with the true carry.
 
 `client` is anything with `submit(fn, *args) -> future` whose futures have `.result()`: a
-distributed.Client (each range's window of the work, planning._ranges.window, is scattered to one worker
-and its range runs there) or a concurrent.futures executor (the window is its task's argument);
+distributed.Client (each range's window of the work, planning._ranges.window, is scattered to one worker,
+a worker's windows in one scatter before its ranges are submitted, and its range runs there) or a
+concurrent.futures executor (the window is its task's argument);
 planning itself imports no Dask. Workers write into the plan's temporary folder, so they must see the
 workdir (a shared filesystem, as the embedded LocalCluster does).
 """
@@ -56,10 +57,11 @@ RANGES_PER_WORKER = 4
 """Ranges per worker: several, so a slow worker does not hold the whole plan back."""
 
 CLUSTER_MIN_SAMPLES = 20_000_000
-"""`loom plan` starts an embedded cluster only for an index of at least this many samples. Measured at 10M
-samples, dp 64 (benchmarks/plan_scale.py --workers 1 2): 2 workers save about 4.5 s of balancing CPU
-(17.3 s in one process, 25.5 s summed over two) less 0.8 s of sending the work, while starting the
-cluster takes 2-8 s: it pays from about 10-20M samples on idle cores."""
+"""`loom plan` starts an embedded cluster only for an index of at least this many samples. Measured (dp 64, 2
+sources, benchmarks/plan_scale_cluster_ab.py, results/plan_scale_cluster_s5.json): the critical path on idle
+cores (serial CPU + the driver's + the busiest worker's) over one process's CPU is 0.94x at 5M samples, 1.27x
+at 20M and 1.39x at 50M with 2 workers, and starting the cluster takes 2-8 s: it pays from about 20M samples
+on idle cores (on this loaded 2-core machine the wall clock did not pay at any size)."""
 
 
 class Executor(Protocol):
@@ -122,18 +124,17 @@ def plan_ranges(
 ) -> Segments | None:
     """Balance `ranges` on the cluster (`carry` into the first), fix each up in order and hand it to `on_part`
     (in step order, exact); return what the last step carries out."""
-    is_dask = callable(getattr(client, "scatter", None))
-    workers = _addresses(client) if is_dask else []
-    futures = []
-    for i, (first, stop) in enumerate(ranges):  # each range's worker gets that range's window of the work alone
-        payload: Any = window(work, first, stop)
+    futures: list[Any] = [None] * len(ranges)
+    for idx, where in _deal(client, len(ranges)):  # one batch of ranges per worker (all, where not a Dask client)
+        args: list[Any] = [window(work, *ranges[i]) for i in idx]
         extra: dict[str, Any] = {}
-        if is_dask:  # ranges dealt to the workers in turn (about equal segments each), movable if one is busy
-            where = [workers[i % len(workers)]] if workers else None
-            payload = client.scatter(payload, workers=where, hash=False)  # type: ignore[attr-defined]
+        if where is not None:  # a Dask client: the worker's windows sent together, its ranges movable if it is busy
+            args = client.scatter(args, workers=where, hash=False)  # type: ignore[attr-defined]
             extra = {"pure": False, "workers": where, "allow_other_workers": True}
-        futures.append(client.submit(_worker_range, payload, out, first, stop, carry if i == 0 else None, **extra))
-        del payload
+        for i, arg in zip(idx, args, strict=True):
+            first, stop = ranges[i]
+            futures[i] = client.submit(_worker_range, arg, out, first, stop, carry if i == 0 else None, **extra)
+        del args
     true = carry
     try:
         for i, fut in enumerate(futures):
@@ -154,6 +155,18 @@ def plan_ranges(
             fut.cancel()
         raise
     return true
+
+
+def _deal(client: Executor, n: int) -> list[tuple[list[int], list[str] | None]]:
+    """Ranges 0..n-1 dealt to a Dask client's workers in turn, as (ranges, [worker]) per worker; ([all], None)
+    for other executors. Each worker's windows are scattered together and its ranges submitted before the next
+    worker's windows are cut: a window sent while its worker balances an earlier range waits for the worker's
+    event loop, which the balancing thread starves of the GIL (at 50M samples, windows sent one after the other
+    to busy workers took 89 s of wall clock)."""
+    workers = _addresses(client) if callable(getattr(client, "scatter", None)) else []
+    if not workers:
+        return [(list(range(n)), None)]
+    return [(list(range(w, n, len(workers))), [addr]) for w, addr in enumerate(workers) if w < n]
 
 
 def _check_written(out: Path, part: RangePart) -> None:

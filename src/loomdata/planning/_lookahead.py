@@ -259,7 +259,7 @@ def assign_steps(
             i1 = min(len(p), i0 + CHUNK)
             q = _arr(p[i0:i1], np.int64)
             if nat is None and ptr is not None:
-                raw[o + i0 : o + i1] = np.searchsorted(ptr[:, s], q, side="right") - 1 - t0
+                raw[o + i0 : o + i1] = _natural_steps(ptr[:, s], p, i0, i1, q) - t0
             elif nat is not None:
                 raw[o + i0 : o + i1] = np.asarray(nat[s][i0:i1]) - t0
             length[o + i0 : o + i1] = st.cum[q + 1] - st.cum[q]
@@ -352,10 +352,13 @@ def assign_steps(
     out[hi_idx] = h_step  # (made only now: the per-segment steps are not held while the lights are poured)
     del hi_idx, h_step
     at = 0
-    for ch in order.chunks():
+    cnt0 = np.concatenate([np.zeros(1, dtype=np.int64), cnt.astype(np.int64, copy=False)])
+    for ch in order.chunks():  # light j goes to searchsorted(cnt, j, "right"): j is consecutive here
         li = ch[light[ch]]
-        out[li] = np.searchsorted(cnt, np.arange(at, at + len(li)), side="right")
+        if len(li):
+            out[li] = _steps_of_run(cnt0, at, at + len(li))
         at += len(li)
+    del cnt0
     del light, raw, nt, order
     np.minimum(out, n - 1, out=out)
     out += t0  # what no step took (a prefix window) is left at its end
@@ -378,6 +381,24 @@ def assign_steps(
         res_pos.append(r_pos)
         res_step.append(r_step)
     return StepAssignment(res_pos, res_step)
+
+
+def _natural_steps(col: np.ndarray, p: Positions, i0: int, i1: int, q: np.ndarray) -> np.ndarray:
+    """The natural step of positions q = p[i0:i1] of one source (the step t with col[t] <= q < col[t+1], col its
+    membership pointers: searchsorted(col, q, "right") - 1); linear for a range (_steps_of_run)."""
+    if not isinstance(p, range) or i1 <= i0:
+        return np.searchsorted(col, q, side="right") - 1
+    return _steps_of_run(col, p.start + i0, p.start + i1)
+
+
+def _steps_of_run(col: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """searchsorted(col, arange(lo, hi), "right") - 1 for a non-decreasing `col` with col[0] <= lo: each step
+    repeated by how many of the consecutive values fall in it (no binary search per value)."""
+    ta, tb = (int(x) for x in np.searchsorted(col, [lo, hi - 1], side="right") - 1)
+    bounds = np.empty(tb - ta + 2, dtype=np.int64)
+    bounds[0], bounds[-1] = lo, hi
+    np.clip(col[ta + 1 : tb + 1], lo, hi, out=bounds[1:-1])
+    return np.repeat(np.arange(ta, tb + 1, dtype=np.int64), np.diff(bounds))
 
 
 def _sorted_pieces(key: np.ndarray) -> list[tuple[int, int]]:

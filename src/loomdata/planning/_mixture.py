@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._packing import Lanes, expand_units
+from loomdata.planning._packing import Lanes, expand_with_lengths
 from loomdata.planning._shuffle import BlockLayout
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import Spec
@@ -109,17 +109,24 @@ def build_stream(
     `blocks` (spec `shuffle: block`): each epoch's permutation is the block shuffle of planning._shuffle
     (block order permuted, documents shuffled within windows of blocks) from the same per-epoch generator;
     None: a uniform permutation of all documents. Either way every non-empty document once per epoch.
-    Memory: the stream keeps 4 bytes (doc) + 8 (cum) a segment; when no document needs splitting, the
-    permutation itself is the stream (no offset/length columns), and cum is summed in chunks.
+    Memory: the stream keeps 4 bytes (doc) + 8 (cum) a segment, both allocated once at their final size (how
+    many segments the split documents add does not depend on their order); the permutation is expanded
+    into segments and counted a chunk at a time, with one gather of the documents' lengths per chunk (the
+    permutation's random reads are most of this function's time at scale).
     """
     idx_dtype = np.uint32 if len(lengths) < 2**32 else np.int64
     nonempty = bool((lengths > 0).all())
     docs = np.arange(len(lengths), dtype=idx_dtype) if blocks is None else np.zeros(0, dtype=idx_dtype)
     if blocks is None and not nonempty:
         docs = docs[lengths > 0]
-    no_split = len(lengths) == 0 or int(lengths.max()) <= lanes.seq_len
+    n_docs = len(lengths) if nonempty else int(np.count_nonzero(lengths))
     n_ep = max(epochs, 1)
-    doc_parts: list[np.ndarray] = []
+    per_epoch = n_docs + _extra_segments(lengths, lanes)
+    total = n_ep * per_epoch
+    doc = np.empty(total, dtype=idx_dtype)
+    cum = np.zeros(total + 1, dtype=np.int64)
+    cum_short = np.zeros_like(cum) if lanes.has_long else None
+    cum_long = np.zeros_like(cum) if lanes.has_long else None
     split_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     at = 0
     for e in range(n_ep):
@@ -131,19 +138,28 @@ def build_stream(
             rows = blocks.permutation(rng)
             perm = (rows if nonempty else rows[lengths[rows] > 0]).astype(idx_dtype)
             del rows
-        if no_split:
-            doc_parts.append(perm)
-            at += len(perm)
-            continue
-        doc, pieces = _expand(perm, lengths, lanes)
+        if len(perm) != n_docs:
+            raise AssertionError(f"epoch {e} of source {name!r} permutes {len(perm)} documents, not {n_docs}")
+        for a in range(0, len(perm), _CHUNK):
+            piece, off, seg, dl = expand_with_lengths(perm[a : a + _CHUNK], lengths, lanes)
+            b = at + len(piece)
+            doc[at:b] = piece
+            if len(piece) != min(_CHUNK, len(perm) - a):  # pieces of split documents: where they start, their sizes
+                split = np.flatnonzero((off > 0) | (seg != dl))
+                split_parts.append((split + at, off[split], seg[split]))
+            np.cumsum(seg, out=cum[at + 1 : b + 1])
+            cum[at + 1 : b + 1] += cum[at]
+            if cum_short is not None and cum_long is not None:
+                lane = lanes.lane_of(dl)
+                np.cumsum(np.where(lane == 0, seg, 0), out=cum_short[at + 1 : b + 1])
+                cum_short[at + 1 : b + 1] += cum_short[at]
+                np.cumsum(lane, out=cum_long[at + 1 : b + 1])
+                cum_long[at + 1 : b + 1] += cum_long[at]
+            at = b
         del perm
-        split_parts.append((pieces[0] + at, pieces[1], pieces[2]))
-        doc_parts.append(doc)
-        at += len(doc)
-        del doc
     del docs
-    doc = doc_parts[0] if len(doc_parts) == 1 else np.concatenate(doc_parts)
-    doc_parts.clear()
+    if at != total:
+        raise AssertionError(f"source {name!r}: {at} segments expanded, {total} expected")
     empty = np.zeros(0, dtype=np.int64)
     split_pos = np.concatenate([p[0] for p in split_parts]).astype(np.int64) if split_parts else empty
     split_off = (
@@ -152,57 +168,23 @@ def build_stream(
     split_len = (
         np.concatenate([p[2] for p in split_parts]).astype(np.uint32) if split_parts else empty.astype(np.uint32)
     )
-    cum = np.zeros(len(doc) + 1, dtype=np.int64)
-    lane_all = lanes.lane_of(lengths) if lanes.has_long else None
-    cum_short = np.zeros_like(cum) if lanes.has_long else None
-    cum_long = np.zeros_like(cum) if lanes.has_long else None
-    step = 1 << 20
-    for a in range(0, len(doc), step):
-        b = min(len(doc), a + step)
-        length = lengths[doc[a:b]].astype(np.uint32, copy=False)
-        i, j = np.searchsorted(split_pos, [a, b])
-        if j > i:
-            length[split_pos[i:j] - a] = split_len[i:j]
-        np.cumsum(length, out=cum[a + 1 : b + 1])
-        cum[a + 1 : b + 1] += cum[a]
-        if lane_all is not None and cum_short is not None and cum_long is not None:
-            lane = lane_all[doc[a:b]]
-            np.cumsum(np.where(lane == 0, length, 0), out=cum_short[a + 1 : b + 1])
-            cum_short[a + 1 : b + 1] += cum_short[a]
-            np.cumsum(lane, out=cum_long[a + 1 : b + 1])
-            cum_long[a + 1 : b + 1] += cum_long[a]
     return Stream(doc, split_pos, split_off, split_len, cum, cum_short, cum_long, int(lengths.sum(dtype=np.int64)))
 
 
-def _expand(
-    perm: np.ndarray, lengths: np.ndarray, lanes: Lanes
-) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """The segments of documents `perm` (in order) as (doc, (pos, offset, length) of the pieces of split
-    documents), the same as _packing.expand_units keeps of them, a chunk of documents at a time: only the
-    output doc column is allocated in full (no per-document length, count, offset or length column)."""
-    chunk = 1 << 20
+_CHUNK = 1 << 20
+"""Documents of a permutation expanded and counted at a time."""
+
+
+def _extra_segments(lengths: np.ndarray, lanes: Lanes) -> int:
+    """Segments the documents longer than their lane add when split (_packing.expand_units), in any order."""
     extra = 0
-    for a in range(0, len(perm), chunk):  # pass 1: how many segments the split documents add
-        dl = lengths[perm[a : a + chunk]]
+    for a in range(0, len(lengths), _CHUNK):
+        dl = lengths[a : a + _CHUNK]
         big = dl[dl > lanes.seq_len]
         if len(big):
             cap = lanes.capacity(lanes.lane_of(big))
             extra += int(((big.astype(np.int64) + cap - 1) // cap - 1).sum())
-    if extra == 0:
-        return perm, (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=np.uint32))
-    doc = np.empty(len(perm) + extra, dtype=perm.dtype)
-    pos_parts, off_parts, len_parts = [], [], []
-    at = 0
-    for a in range(0, len(perm), chunk):
-        docs = perm[a : a + chunk]
-        piece, off, seg = expand_units(docs, lengths, lanes)
-        doc[at : at + len(piece)] = piece
-        split = np.flatnonzero((off > 0) | (seg != lengths[piece]))
-        pos_parts.append(split + at)
-        off_parts.append(off[split])
-        len_parts.append(seg[split])
-        at += len(piece)
-    return doc, (np.concatenate(pos_parts), np.concatenate(off_parts), np.concatenate(len_parts))
+    return extra
 
 
 def check_epochs(

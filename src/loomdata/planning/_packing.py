@@ -93,6 +93,15 @@ def expand_units(docs: np.ndarray, lengths: np.ndarray, lanes: Lanes) -> tuple[n
     Only the documents that need splitting are expanded; the common case (nothing to split) allocates
     just the output columns (4 bytes each per document).
     """
+    doc, offset, length, _ = expand_with_lengths(docs, lengths, lanes)
+    return doc, offset, length
+
+
+def expand_with_lengths(
+    docs: np.ndarray, lengths: np.ndarray, lanes: Lanes
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """expand_units, and each segment's document length (`lengths` of its doc, its dtype), from the one gather of
+    the documents' lengths (a stream's caller reads them at random: one read less a document)."""
     dl = lengths[docs]
     split = np.flatnonzero(dl > lanes.seq_len)
     if len(split):
@@ -101,11 +110,12 @@ def expand_units(docs: np.ndarray, lengths: np.ndarray, lanes: Lanes) -> tuple[n
         keep = n_s > 1
         split, cap_s, n_s = split[keep], cap_s[keep], n_s[keep]
     if len(split) == 0:
-        return docs, np.zeros(len(docs), dtype=np.uint32), dl.astype(np.uint32, copy=False)
+        return docs, np.zeros(len(docs), dtype=np.uint32), dl.astype(np.uint32, copy=False), dl
     counts: np.ndarray = np.ones(len(docs), dtype=np.uint32 if len(docs) + int(n_s.sum()) < 2**32 else np.int64)
     counts[split] = n_s
     doc = np.repeat(docs, counts)
-    length = np.repeat(dl.astype(np.uint32, copy=False), counts)
+    doc_len = np.repeat(dl, counts)
+    length = doc_len.astype(np.uint32, copy=True)
     del counts
     offset = np.zeros(len(doc), dtype=np.uint32)
     first = split + np.concatenate([[0], np.cumsum(n_s - 1)[:-1]])  # output position of each split doc
@@ -113,7 +123,7 @@ def expand_units(docs: np.ndarray, lengths: np.ndarray, lanes: Lanes) -> tuple[n
     off = (pos - np.repeat(first, n_s)) * np.repeat(cap_s, n_s)
     offset[pos] = off
     length[pos] = np.minimum(np.repeat(cap_s, n_s), np.repeat(dl[split].astype(np.int64), n_s) - off)
-    return doc, offset, length
+    return doc, offset, length, doc_len
 
 
 def next_fit(lengths: np.ndarray, cap: int) -> np.ndarray:

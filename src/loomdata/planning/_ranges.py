@@ -73,6 +73,8 @@ class PlanWork:
         state["num_image_tokens"] = [_wire_column(a) for a in self.num_image_tokens]
         if self.windowed:  # a window's documents are 0..n-1: sent as n
             state["streams"] = [(len(st.doc), st.doc.dtype.str, replace(st, doc=_NO_DOCS)) for st in self.streams]
+            if self.assignment is not None:  # its steps (non-decreasing, within the window's) as counts a step
+                state["assignment"] = _AssignedCounts.of(self.assignment, self.step0, len(self.weights))
         return _restore, (state,)
 
     def weights_of(self, first: int, stop: int) -> np.ndarray:
@@ -118,11 +120,41 @@ def _wire_column(a: np.ndarray) -> np.ndarray | int:
 _NO_DOCS = np.zeros(0, dtype=np.uint32)
 
 
+@dataclass(frozen=True, slots=True)
+class _AssignedCounts:
+    """A window's look-ahead assignment on the wire: its positions, and its steps as how many positions each
+    step of the window holds (the steps are non-decreasing: 4 bytes a position less to send)."""
+
+    pos: list[np.ndarray]
+    counts: list[np.ndarray]  # (steps of the window,) positions of each step
+    step_dtypes: list[str]
+    step0: int
+
+    @classmethod
+    def of(cls, asg: StepAssignment, step0: int, steps: int) -> _AssignedCounts | StepAssignment:
+        """The counts of `asg` (steps step0..step0+steps-1); `asg` itself when a step falls outside them."""
+        counts = []
+        for st in asg.step:
+            if len(st) and (int(st[0]) < step0 or int(st[-1]) >= step0 + steps):
+                return asg
+            counts.append(np.bincount(st - np.asarray(step0, dtype=st.dtype), minlength=steps).astype(np.uint32))
+        return cls(asg.pos, counts, [st.dtype.str for st in asg.step], step0)
+
+    def restore(self) -> StepAssignment:
+        steps = [
+            np.repeat(np.arange(self.step0, self.step0 + len(c), dtype=np.dtype(dt)), c)
+            for c, dt in zip(self.counts, self.step_dtypes, strict=True)
+        ]
+        return StepAssignment([_aligned(p) for p in self.pos], steps)
+
+
 def _restore(state: dict[str, Any]) -> PlanWork:
     """The work from its pickled state; arrays Dask received out of band may sit unaligned in its frames
     (NumPy is then slower on them): those are copied."""
     if state.get("windowed"):
         state["streams"] = [replace(st, doc=np.arange(n, dtype=np.dtype(dt))) for n, dt, st in state["streams"]]
+        if isinstance(state["assignment"], _AssignedCounts):
+            state["assignment"] = state["assignment"].restore()
     state["num_image_tokens"] = [
         np.broadcast_to(np.zeros(1, np.uint32), (a,)) if isinstance(a, int) else _aligned(a)
         for a in state["num_image_tokens"]

@@ -17,6 +17,7 @@ import pytest
 
 from loomdata.planning import _distributed as distributed_module
 from loomdata.planning import _manifest as manifest_module
+from loomdata.planning import _ranges as ranges_module
 from loomdata.planning import make_plan
 from loomdata.planning._distributed import indexed_samples, split_ranges, wants_cluster
 from loomdata.planning._manifest import ManifestWriter, file_bounds
@@ -128,7 +129,7 @@ def test_a_text_only_work_sends_no_image_column_and_ranges_need_no_fix_up(
         n = sum(len(t) for t in work.num_tokens)
         assert all(a.strides == (0,) for a in work.num_image_tokens)  # restored as broadcast zeros
         assert all(len(st.doc) == len(t) for st, t in zip(work.streams, work.num_tokens, strict=True))
-    # a window's part of the stream: tokens 4 B, sample rows 4 B, assigned positions and steps 8 B a position
+    # a window's part of the stream: tokens 4 B, sample rows 4 B, assigned positions 4 B a position (steps as counts)
     n = [sum(len(t) for t in w.num_tokens) for w in pool.works]
     assert all(sent < 40 * k + 20_000 for sent, k in zip(pool.sent, n, strict=True)), (pool.sent, n)
 
@@ -155,7 +156,17 @@ def test_a_window_holds_its_range_alone_and_plans_it_byte_for_byte(
     assert held < 1.1 * sum(int(p) for p in whole.ptr[-1] - whole.ptr[0])  # the drawn positions, about once
     assert all(sum(len(t) for t in w.num_tokens) < total for w in wins)
     for (a, b), w in zip(cuts, wins, strict=True):
-        got = list(balanced_blocks(pickle.loads(pickle.dumps(w)), a, b, None))
+        back = pickle.loads(pickle.dumps(w))
+        assert w.assignment is not None and back.assignment is not None  # sent as positions and counts a step
+        for name in ("pos", "step"):
+            for x, y in zip(getattr(w.assignment, name), getattr(back.assignment, name), strict=True):
+                assert x.dtype == y.dtype and np.array_equal(x, y)
+        step_bytes = sum(s.nbytes for s in w.assignment.step)
+        with monkeypatch.context() as m:  # the same window with its steps sent as they are
+            m.setattr(ranges_module._AssignedCounts, "of", classmethod(lambda cls, asg, *_: asg))
+            plain = len(pickle.dumps(w))
+        assert plain - len(pickle.dumps(w)) > 0.8 * step_bytes - 4 * (b - a) * len(w.names)
+        got = list(balanced_blocks(back, a, b, None))
         want = list(balanced_blocks(whole, a, b, None))
         assert [g.steps for g in got] == [x.steps for x in want]
         for g, x in zip(got, want, strict=True):

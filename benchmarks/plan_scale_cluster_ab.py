@@ -1,0 +1,91 @@
+"""Planning on 1 vs 2 workers, before/after side by side: plan_scale's cluster part for two source trees in one sitting.
+
+For each --sizes index (2 sources, dp --dp; written once, plan_scale's synthetic tables), every (tree, workers)
+plan runs in its own subprocess (plan_scale `--child loom`), the trees alternating within a round. Reports per
+run wall and CPU figures as plan_scale's cluster part does (serial CPU, driver CPU, each worker's range CPU,
+the critical path on idle cores: serial + driver + busiest worker) and each tree's speedups over its own one
+process. Writes --out (JSON).
+
+    .venv/bin/python benchmarks/plan_scale_cluster_ab.py --before /tmp/main/src --after src --sizes 5e6 2e7 5e7 \
+        --out benchmarks/results/plan_scale_cluster_s5.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent / "plan_scale.py"
+
+
+def _call(src: str, *args: str) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()))
+    out = subprocess.run([sys.executable, str(BENCH), *args], check=True, capture_output=True, text=True, env=env)
+    r: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return r
+
+
+def _figures(r: dict[str, Any], one: dict[str, Any]) -> dict[str, Any]:
+    """Speedups of run `r` over the same tree's one-process run `one` (wall; critical-path CPU)."""
+    one_cpu = one["serial_cpu_seconds"] + one["balance_cpu_seconds"]
+    crit = r["critical_cpu_seconds"] if r["workers"] > 1 else one_cpu
+    return {"wall_speedup": one["seconds"] / r["seconds"], "critical_speedup": one_cpu / crit}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--before", required=True, help="source tree (the directory holding loomdata/) of the baseline")
+    ap.add_argument("--after", required=True, help="source tree of the change")
+    ap.add_argument("--sizes", nargs="+", type=float, default=[5e6])
+    ap.add_argument("--dp", type=int, default=64)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    trees = {"before": args.before, "after": args.after}
+    out: dict[str, Any] = {"dp": args.dp, "sources": 2, "sizes": []}
+    for n in [int(s) for s in args.sizes]:
+        with tempfile.TemporaryDirectory(prefix="loom-scale-") as d:
+            _call(args.after, "--child", "index", "--samples", str(n), "--n-sources", "2", "--workdir", d)
+            runs: dict[str, dict[int, dict[str, Any]]] = {"before": {}, "after": {}}
+            firsts = {1: ("before", "after"), args.workers: ("after", "before")}  # alternate who goes first
+            order = [(t, w) for w in (1, args.workers) for t in firsts[w]]
+            for tree, w in order:
+                load = os.getloadavg()[0]
+                r = _call(trees[tree], "--child", "loom", "--dp", str(args.dp), "--workdir", d, "--workers", str(w))
+                r.update(samples=n, tree=tree, load_before=load, finished=time.time())
+                runs[tree][w] = r
+                print(
+                    f"{n:>11,} {tree:>6} {w} worker(s): wall {r['seconds']:7.1f}s"
+                    f" serial CPU {r['serial_cpu_seconds']:6.1f}s"
+                    f" balance CPU {r['balance_cpu_seconds']:6.1f}s driver {r.get('driver_cpu_seconds', 0.0):5.1f}s"
+                    f" workers {sorted(round(c, 1) for c in r.get('worker_cpu_seconds', {}).values())}"
+                    f" scatter {r['scatter_seconds']:5.2f}s critical {r['critical_cpu_seconds']:6.1f}s"
+                    f" (load {load:.1f})",
+                    flush=True,
+                )
+        entry: dict[str, Any] = {"samples": n, "runs": [], "speedups": {}}
+        for tree, by_w in runs.items():
+            for r in by_w.values():
+                r.update(_figures(r, by_w[1]))
+                entry["runs"].append(r)
+            entry["speedups"][tree] = {k: by_w[args.workers][k] for k in ("wall_speedup", "critical_speedup")}
+        a1, b1 = runs["after"][1], runs["before"][1]
+        entry["serial_cpu_after_over_before"] = a1["serial_cpu_seconds"] / b1["serial_cpu_seconds"]
+        ratio = entry["serial_cpu_after_over_before"]
+        print(f"  speedups {json.dumps(entry['speedups'])}; serial CPU after/before {ratio:.2f}", flush=True)
+        out["sizes"].append(entry)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from loomdata.execution._loader_cache import PlanUnitCache, split_key, unit_key
+from loomdata.execution._strand import process_threads
 from loomdata.sources import FormatReader, UnitKey
 from loomdata.storage import Location
 
@@ -64,29 +65,15 @@ MAX_EXTRA_STEPS = 512
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
 _DECAY = 0.95  # per read: how fast the read-duration high-water mark forgets a slow read
 
-_SHARED: ThreadPoolExecutor | None = None
-_SHARED_LOCK = threading.Lock()
-
 
 def _shared_threads() -> ThreadPoolExecutor:
     """This process's read-ahead threads (made on first use): hundreds of loaders must not own a pool each."""
-    global _SHARED
-    with _SHARED_LOCK:
-        if _SHARED is None:
-            _SHARED = ThreadPoolExecutor(_THREADS, thread_name_prefix="loom-prefetch")
-        return _SHARED
-
-
-_PLANNERS: ThreadPoolExecutor | None = None
+    return process_threads("loom-prefetch", _THREADS)
 
 
 def submit_shared(fn: Callable[[], None]) -> Future[None]:
     """Run `fn` on this process's planning threads (few; apart from the read-ahead threads its jobs wait on)."""
-    global _PLANNERS
-    with _SHARED_LOCK:
-        if _PLANNERS is None:
-            _PLANNERS = ThreadPoolExecutor(4, thread_name_prefix="loom-plan-ahead")
-        return _PLANNERS.submit(fn)
+    return process_threads("loom-plan-ahead", 4).submit(fn)
 
 
 def run_concurrently(jobs: Sequence[Callable[[], None]]) -> int:

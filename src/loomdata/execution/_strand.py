@@ -17,24 +17,29 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from typing import Any, TypeVar
 
-__all__ = ["STRAND_THREADS", "Strand", "strand_threads"]
+__all__ = ["STRAND_THREADS", "Strand", "process_threads", "strand_threads"]
 
 STRAND_THREADS = 8
 """Threads shared by every strand of a process: reads block on storage at most this many at once here."""
 
 T = TypeVar("T")
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
+_POOLS: dict[str, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def process_threads(name: str, threads: int) -> ThreadPoolExecutor:
+    """This process's pool of `threads` threads named `name` (made on first use, then shared by every caller)."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(name)
+        if pool is None:
+            pool = _POOLS[name] = ThreadPoolExecutor(threads, thread_name_prefix=name)
+        return pool
 
 
 def strand_threads() -> ThreadPoolExecutor:
-    """This process's strand threads (made on first use)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(STRAND_THREADS, thread_name_prefix="loom-strand")
-        return _POOL
+    """This process's strand threads."""
+    return process_threads("loom-strand", STRAND_THREADS)
 
 
 class Strand(Executor):

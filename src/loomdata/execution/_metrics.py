@@ -9,6 +9,8 @@ waiting for the loop. `MetricsGather` issues every actor's `metrics()` call at o
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +29,15 @@ from loomdata.schemas.metrics import (
     RecoveryReport,
 )
 
-__all__ = ["FleetView", "Gathered", "MetricsGather", "current_step", "measured_costs", "summarize"]
+__all__ = [
+    "METRICS_IN_FLIGHT",
+    "FleetView",
+    "Gathered",
+    "MetricsGather",
+    "current_step",
+    "measured_costs",
+    "summarize",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,23 +67,54 @@ class Gathered:
     constructors: list[ConstructorMetrics]
 
 
-class MetricsGather:
-    """`metrics()` calls to every actor of a view, in flight; answers by `timeout_s` or left out."""
+METRICS_IN_FLIGHT = 32
+"""Loader `metrics()` calls in flight at once: each concurrent actor call opens a connection, and 300
+sources' loaders asked at once are a burst of connections and event-loop turns on the workers (where
+constructors answer takes); the rest are issued as answers come."""
 
-    def __init__(self, view: FleetView, timeout_s: float) -> None:
+_WAIT_S = 0.005  # while waiting in `collect` for a loader call to finish before issuing the next ones
+
+
+class MetricsGather:
+    """`metrics()` calls to every actor of a view, at most `in_flight` loaders' at once; answers by
+    `timeout_s` or left out (a loader not asked by then is left out as a lost one is)."""
+
+    def __init__(self, view: FleetView, timeout_s: float, in_flight: int = METRICS_IN_FLIGHT) -> None:
+        if in_flight < 1:
+            raise ValueError(f"MetricsGather in_flight must be >= 1, got {in_flight!r}")
         self._deadline = Deadline(timeout_s)
-        self._loaders: list[tuple[int, Actor, Call[Any]]] = [
-            (sid, a, issue(a.future, a.handle, "metrics")) for sid, a in view.loaders
-        ]
+        self._in_flight = in_flight
+        self._todo: deque[tuple[int, Actor]] = deque(view.loaders)
+        self._loaders: list[tuple[int, Actor, Call[Any]]] = []
         self._constructors: list[Call[Any]] = [issue(a.future, a.handle, "metrics") for a in view.constructors]
+        self._top_up()
+
+    @property
+    def issued(self) -> int:
+        """Loader calls issued so far."""
+        return len(self._loaders)
+
+    def _top_up(self) -> int:
+        """Issue loader calls until `in_flight` are pending (or none is left to ask); how many are pending."""
+        pending = sum(1 for _, _, c in self._loaders if not c.done())
+        while self._todo and pending < self._in_flight and not self._deadline.expired:
+            sid, a = self._todo.popleft()
+            call: Call[Any] = issue(a.future, a.handle, "metrics")
+            self._loaders.append((sid, a, call))
+            pending += not call.done()
+        return pending
 
     def ready(self) -> bool:
-        """Every answer is in (or sorted as lost/refused), or the deadline passed."""
+        """Every answer is in (or sorted as lost/refused), or the deadline passed; issues calls as earlier ones end."""
+        self._top_up()
         calls = [c for _, _, c in self._loaders] + self._constructors
-        return self._deadline.expired or all(c.done() for c in calls)
+        return self._deadline.expired or (not self._todo and all(c.done() for c in calls))
 
     def collect(self) -> Gathered:
         """Wait (until the deadline at most) and return the answers that came."""
+        while self._todo and not self._deadline.expired:
+            if self._top_up() >= self._in_flight:
+                time.sleep(_WAIT_S)
         loaders = []
         for sid, a, call in self._loaders:
             out = call.outcome(timeout=self._deadline.left)

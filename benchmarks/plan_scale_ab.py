@@ -26,7 +26,7 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent / "plan_scale.py"
 
 
-def _call(src: str, *args: str) -> dict[str, Any]:
+def run_child(src: str, *args: str) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()))
     out = subprocess.run([sys.executable, str(BENCH), *args], check=True, capture_output=True, text=True, env=env)
     r: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -55,11 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         for samples in [int(s) for s in args.sizes]:
             with tempfile.TemporaryDirectory(prefix="loom-ab-") as d:
                 index = ["--child", "index", "--samples", str(samples), "--n-sources", str(n_src), "--workdir", d]
-                _call(args.after, *index)
+                run_child(args.after, *index)
                 for dp in args.dps:
                     for r in range(args.rounds):
                         for name in ("before", "after") if r % 2 == 0 else ("after", "before"):
-                            x = _call(trees[name], "--child", "loom", "--dp", str(dp), "--workdir", d)
+                            x = run_child(trees[name], "--child", "loom", "--dp", str(dp), "--workdir", d)
                             cpu = x["serial_cpu_seconds"] + x["balance_cpu_seconds"]
                             x.update(version=name, samples=samples, sources=n_src, dp=dp, round=r, cpu_seconds=cpu)
                             x["samples_per_s"] = samples / x["seconds"]

@@ -15,21 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent / "plan_scale.py"
-
-
-def _call(src: str, *args: str) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()))
-    out = subprocess.run([sys.executable, str(BENCH), *args], check=True, capture_output=True, text=True, env=env)
-    r: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return r
+from plan_scale_ab import run_child  # plan_scale.py as a child of one source tree (the A/B's runner)
 
 
 def _figures(r: dict[str, Any], one: dict[str, Any]) -> dict[str, Any]:
@@ -52,13 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"dp": args.dp, "sources": 2, "sizes": []}
     for n in [int(s) for s in args.sizes]:
         with tempfile.TemporaryDirectory(prefix="loom-scale-") as d:
-            _call(args.after, "--child", "index", "--samples", str(n), "--n-sources", "2", "--workdir", d)
+            run_child(args.after, "--child", "index", "--samples", str(n), "--n-sources", "2", "--workdir", d)
             runs: dict[str, dict[int, dict[str, Any]]] = {"before": {}, "after": {}}
             firsts = {1: ("before", "after"), args.workers: ("after", "before")}  # alternate who goes first
             order = [(t, w) for w in (1, args.workers) for t in firsts[w]]
             for tree, w in order:
                 load = os.getloadavg()[0]
-                r = _call(trees[tree], "--child", "loom", "--dp", str(args.dp), "--workdir", d, "--workers", str(w))
+                r = run_child(trees[tree], "--child", "loom", "--dp", str(args.dp), "--workdir", d, "--workers", str(w))
                 r.update(samples=n, tree=tree, load_before=load, finished=time.time())
                 runs[tree][w] = r
                 print(

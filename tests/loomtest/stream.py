@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,3 +210,31 @@ def check_exact(plan_dir: Path, got: dict[int, list[Batch]]) -> None:
         )
         assert seen == want, f"rank {rank}: lost {want - seen}, duplicated {seen - want}"
         assert sum(oracle.check(b) for b in batches) == sum(n * k for (_, _, _, n), k in want.items())
+
+
+def stream_with_fault(
+    plan_dir: Path,
+    fault: Callable[[dict[int, Any]], None],
+    after: Callable[[dict[int, Any]], None] | None = None,
+) -> tuple[dict[int, list[Batch]], float]:
+    """Every rank streams step 0, `fault(streams)` runs, every rank streams the rest, `after(streams)` runs
+    before they close: (each rank's batches, seconds the rest took). The caller checks them (`check_exact`)."""
+    from loomdata.client import StreamClient
+
+    meta = read_plan(plan_dir)
+    streams = {r: StreamClient(plan_dir, r) for r in range(meta.dp_size)}
+    got: dict[int, list[Batch]] = {r: [] for r in streams}
+    try:
+        for r, s in streams.items():  # step 0 taken: the constructors have read through their handles
+            got[r] += [next(s) for _ in range(meta.micro_batches)]
+        fault(streams)
+        t0 = time.monotonic()
+        for r, s in streams.items():
+            got[r] += list(s)
+        took = time.monotonic() - t0
+        if after is not None:
+            after(streams)
+        return got, took
+    finally:
+        for s in streams.values():
+            s.close()

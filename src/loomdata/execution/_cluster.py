@@ -110,7 +110,7 @@ WORKER_ARROW_POOL = "jemalloc"
 
 Arrow's default, mimalloc, keeps per-thread heaps whose freed pages stay resident (as transparent huge
 pages where the kernel allows): the two workers serving 300 sources to 16 ranks held 1,871 MiB with it
-and 927 MiB with jemalloc, which returns freed pages after its decay time (benchmarks/memory.py).
+and 942 MiB with jemalloc, which returns freed pages after its decay time (benchmarks/memory.py, warm).
 """
 
 

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # annotations only: packing stays free of the loader's import
     from loomdata.execution._loader import SegmentData
     from loomdata.execution._manifest import ManifestRows
 
-__all__ = ["PackRules", "pack_arrays", "pack_batch", "pack_step", "peer_batches", "shard_batch"]
+__all__ = ["PackRules", "pack_arrays", "pack_batch", "pack_step", "peer_batches", "scatter_answers", "shard_batch"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,20 +118,14 @@ def pack_batch(
     )
 
 
-def pack_step(
-    meta: PlanMeta,
-    rules: PackRules,
-    step: int,
-    ranks: list[int],
-    rows: ManifestRows,
-    groups: list[np.ndarray],
-    answers: list[SegmentData],
-) -> dict[int, list[Batch]]:
-    """Every micro-batch of `ranks` at `step`: scatter loader answers into manifest order, then pack.
+def scatter_answers(
+    rows: ManifestRows, groups: list[np.ndarray], answers: list[SegmentData]
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]:
+    """Loader answers laid out in manifest order: (row starts, tokens, images, each image's row and offset).
 
-    `rows` are the step's manifest rows ordered by (dp_rank, micro_batch); `answers[k]` holds the
-    tokens (and images) of rows `groups[k]`, in that order. Images end in sequence order whatever the
-    number of loaders (answers) they came from.
+    `answers[k]` holds the tokens (and images) of rows `groups[k]`, in that order; `starts` has one more
+    entry than `rows` (row i's tokens are `tokens[starts[i]:starts[i + 1]]`). Images end in sequence order
+    (row, then offset in it) whatever the number of loaders (answers) they came from.
     """
     starts = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(rows.length, out=starts[1:])
@@ -154,6 +148,25 @@ def pack_step(
         order = np.lexsort((all_img_off, all_img_row))
         all_img_row, all_img_off = all_img_row[order], all_img_off[order]
         images = [images[k] for k in order.tolist()]
+    return starts, flat, images, all_img_row, all_img_off
+
+
+def pack_step(
+    meta: PlanMeta,
+    rules: PackRules,
+    step: int,
+    ranks: list[int],
+    rows: ManifestRows,
+    groups: list[np.ndarray],
+    answers: list[SegmentData],
+) -> dict[int, list[Batch]]:
+    """Every micro-batch of `ranks` at `step`: scatter loader answers into manifest order, then pack.
+
+    `rows` are the step's manifest rows ordered by (dp_rank, micro_batch); `answers[k]` holds the
+    tokens (and images) of rows `groups[k]`, in that order. Images end in sequence order whatever the
+    number of loaders (answers) they came from.
+    """
+    starts, flat, images, all_img_row, all_img_off = scatter_answers(rows, groups, answers)
     mbs = meta.micro_batches
     key = rows.dp_rank.astype(np.int64) * mbs + rows.micro_batch.astype(np.int64)
     firsts = np.array([r * mbs + mb for r in ranks for mb in range(mbs)], dtype=np.int64)

@@ -68,24 +68,21 @@ def test_a_rank_without_dask_streams_exactly_what_a_dask_rank_gets(
     assert direct["batches"] == via_dask and len(via_dask) == s.meta.steps * s.meta.micro_batches
 
 
-def test_a_dropped_gateway_connection_is_reconnected(dask_client: Client, stream_plan: Path, loomtest: Any) -> None:
+def test_a_dropped_gateway_connection_is_reconnected(dask_client: Client, stream_plan: Path) -> None:
     from loomdata.client._direct import DirectConstructor
-    from loomtest.stream import check_exact
+    from loomtest.stream import check_exact, stream_with_fault
 
-    meta = loomtest.Oracle(stream_plan).meta
+    dropped: list[DirectConstructor] = []
+
+    def fault(streams: dict[int, Any]) -> None:
+        conn = streams[0]._actor
+        assert isinstance(conn, DirectConstructor)
+        conn._sock.close()  # as a reset connection: calls in flight and later ones fail, the client reconnects
+        dropped.append(conn)
+
+    def after(streams: dict[int, Any]) -> None:
+        assert isinstance(streams[0]._actor, DirectConstructor) and streams[0]._actor is not dropped[0]
+
     with Executor(stream_plan, dask_client, window=2, bytes_in_flight=0):
-        streams = {r: StreamClient(stream_plan, r) for r in range(meta.dp_size)}
-        got: dict[int, list[Batch]] = {r: [] for r in streams}
-        try:
-            for r, s in streams.items():
-                got[r] += [next(s) for _ in range(meta.micro_batches)]
-            conn = streams[0]._actor
-            assert isinstance(conn, DirectConstructor)
-            conn._sock.close()  # as a reset connection: calls in flight and later ones fail, the client reconnects
-            for r, s in streams.items():
-                got[r] += list(s)
-            assert isinstance(streams[0]._actor, DirectConstructor) and streams[0]._actor is not conn
-        finally:
-            for s in streams.values():
-                s.close()
+        got, _ = stream_with_fault(stream_plan, fault, after)
     check_exact(stream_plan, got)

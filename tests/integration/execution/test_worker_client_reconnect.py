@@ -14,10 +14,8 @@ from typing import Any
 import pytest
 from distributed import Client
 
-from loomdata.client import StreamClient
 from loomdata.execution import Executor
-from loomdata.schemas import Batch
-from loomtest.stream import check_exact
+from loomtest.stream import check_exact, stream_with_fault
 
 
 def _drop_scheduler_comm(dask_worker: Any) -> bool:
@@ -37,30 +35,20 @@ def _reconnected(client: Client, workers: list[str]) -> bool:
     return all(client.run(running, workers=workers).values())
 
 
-def test_reads_survive_a_worker_client_reconnect(dask_client: Client, stream_plan: Path, loomtest: Any) -> None:
-    oracle = loomtest.Oracle(stream_plan)
-    meta = oracle.meta
+def test_reads_survive_a_worker_client_reconnect(dask_client: Client, stream_plan: Path) -> None:
     with Executor(stream_plan, dask_client, constructors=1, loaders_per_source=2, window=2, bytes_in_flight=0) as ex:
         assert ex.info is not None
         worker = ex.info.constructor_for(0).worker
         assert any(lo.worker != worker for lo in ex.info.loaders), f"no remote loader: {ex.info}"
-        streams = {r: StreamClient(stream_plan, r) for r in range(meta.dp_size)}
-        got: dict[int, list[Batch]] = {r: [] for r in streams}
-        try:
-            for r, s in streams.items():  # step 0 taken: the constructor has read through its handles
-                got[r] += [next(s) for _ in range(meta.micro_batches)]
+
+        def fault(_: dict[int, Any]) -> None:
             assert dask_client.run(_drop_scheduler_comm, workers=[worker])[worker]
             deadline = time.monotonic() + 30
             while not _reconnected(dask_client, [worker]):
                 assert time.monotonic() < deadline, "the worker's client did not reconnect"
                 time.sleep(0.05)
-            t0 = time.monotonic()
-            for r, s in streams.items():
-                got[r] += list(s)
-            took = time.monotonic() - t0
-        finally:
-            for s in streams.values():
-                s.close()
+
+        got, took = stream_with_fault(stream_plan, fault)
         reads = ex.metrics().constructors[0]
     assert took < 20, f"reads waited {took:.1f}s after the reconnect (the read deadline is 60 s)"
     assert reads.loader_calls > 0
@@ -68,30 +56,21 @@ def test_reads_survive_a_worker_client_reconnect(dask_client: Client, stream_pla
 
 
 def test_a_rank_whose_dask_client_reconnects_goes_on(
-    dask_client: Client, stream_plan: Path, loomtest: Any, monkeypatch: pytest.MonkeyPatch
+    dask_client: Client, stream_plan: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LOOM_TRANSPORT", "dask")  # ranks call their constructor through a Dask client
-    meta = loomtest.Oracle(stream_plan).meta
+
+    def fault(streams: dict[int, Any]) -> None:
+        rank_client = streams[0].dask_client
+        assert rank_client is not None and rank_client.scheduler_comm is not None
+        comm = rank_client.scheduler_comm.comm
+        rank_client.loop.add_callback(comm.abort)
+        deadline = time.monotonic() + 10
+        while not comm.closed():
+            assert time.monotonic() < deadline, "the rank's comm did not close"
+            time.sleep(0.01)
+
     with Executor(stream_plan, dask_client, window=2, bytes_in_flight=0):
-        streams = {r: StreamClient(stream_plan, r) for r in range(meta.dp_size)}
-        got: dict[int, list[Batch]] = {r: [] for r in streams}
-        try:
-            for r, s in streams.items():
-                got[r] += [next(s) for _ in range(meta.micro_batches)]
-            rank_client = streams[0].dask_client
-            assert rank_client is not None and rank_client.scheduler_comm is not None
-            comm = rank_client.scheduler_comm.comm
-            rank_client.loop.add_callback(comm.abort)
-            deadline = time.monotonic() + 10
-            while not comm.closed():
-                assert time.monotonic() < deadline, "the rank's comm did not close"
-                time.sleep(0.01)
-            t0 = time.monotonic()
-            for r, s in streams.items():
-                got[r] += list(s)
-            took = time.monotonic() - t0
-        finally:
-            for s in streams.values():
-                s.close()
+        got, took = stream_with_fault(stream_plan, fault)
     assert took < 20, f"rank 0 waited {took:.1f}s after its client reconnected"
     check_exact(stream_plan, got)

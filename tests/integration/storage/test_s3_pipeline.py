@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +36,6 @@ CONFIG = Path(__file__).resolve().parents[3] / "configs" / "demo.yaml"
 BUCKET = "loom-data"
 PREFIX = f"s3://{BUCKET}/data"
 _FIX = "re-run `loom index`"
-
-
-@pytest.fixture(scope="module")
-def s3(dask_client: Client, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = S3Server(tmp_path_factory.mktemp("s3cache"), dask_client).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

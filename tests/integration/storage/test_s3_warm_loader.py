@@ -9,7 +9,6 @@ a step nobody read ahead is sent to the loader's thread instead of the event loo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +28,6 @@ from loomdata.storage import request_stats, reset_request_stats
 from loomtest.s3 import S3Server
 
 BUCKET = "loom-warm"
-
-
-@pytest.fixture(scope="module")
-def s3(dask_client: Client, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = S3Server(tmp_path_factory.mktemp("s3cache"), dask_client).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _write(root: Path) -> dict[str, list[np.ndarray]]:

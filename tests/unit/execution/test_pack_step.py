@@ -14,7 +14,7 @@ import pytest
 
 from loomdata.execution._loader import SegmentData
 from loomdata.execution._manifest import ManifestRows
-from loomdata.execution._packing import PackRules, pack_batch, pack_step
+from loomdata.execution._packing import PackRules, pack_batch, pack_step, scatter_answers
 from loomdata.schemas.batch import SEGMENT_DTYPE, Batch
 
 
@@ -36,33 +36,8 @@ def _reference(
     groups: list[np.ndarray],
     answers: list[SegmentData],
 ) -> dict[int, list[Batch]]:
-    """Every micro-batch of `ranks` at `step`: scatter loader answers into manifest order, then pack.
-
-    `rows` are the step's manifest rows ordered by (dp_rank, micro_batch); `answers[k]` holds the
-    tokens (and images) of rows `groups[k]`, in that order. Images end in sequence order whatever the
-    number of loaders (answers) they came from.
-    """
-    starts = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(rows.length, out=starts[1:])
-    flat = np.empty(int(starts[-1]), dtype=np.int32)
-    img_row: list[np.ndarray] = []
-    img_off: list[np.ndarray] = []
-    images: list[np.ndarray] = []
-    for sel, ans in zip(groups, answers, strict=True):
-        lens = rows.length[sel].astype(np.int64)
-        ans_starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        dst = np.repeat(starts[sel] - ans_starts, lens) + np.arange(int(lens.sum()), dtype=np.int64)
-        flat[dst] = ans.tokens
-        if ans.images:
-            images.extend(ans.images)
-            img_row.append(sel[ans.image_segment])
-            img_off.append(ans.image_offset)
-    all_img_row = np.concatenate(img_row) if img_row else np.zeros(0, dtype=np.int64)
-    all_img_off = np.concatenate(img_off) if img_off else np.zeros(0, dtype=np.int64)
-    if len(images) > 1:  # answers come per loader: put images in sequence order (row, then offset in it)
-        order = np.lexsort((all_img_off, all_img_row))
-        all_img_row, all_img_off = all_img_row[order], all_img_off[order]
-        images = [images[k] for k in order.tolist()]
+    """The per-batch construction pack_step replaced (a search and a segments array per micro-batch)."""
+    starts, flat, images, all_img_row, all_img_off = scatter_answers(rows, groups, answers)
     mbs = meta.micro_batches
     key = rows.dp_rank.astype(np.int64) * mbs + rows.micro_batch.astype(np.int64)
     out: dict[int, list[Batch]] = {}

@@ -61,7 +61,15 @@ class DirectConstructor:
     partly received frame across timeouts; answers to other calls (sent ahead) are kept for them.
     """
 
-    def __init__(self, address: str, target: str, ssl_context: ssl.SSLContext | None, timeout: float) -> None:
+    def __init__(
+        self,
+        address: str,
+        target: str,
+        ssl_context: ssl.SSLContext | None,
+        timeout: float,
+        gateway_id: str | None = None,
+    ) -> None:
+        """`gateway_id`: the id serve.json names for the gateway at `address` (`StreamClient` compares it later)."""
         scheme, _, rest = address.partition("://")
         host, _, port = rest.rpartition(":")
         if scheme not in ("tls", "tcp") or not port.isdigit():
@@ -73,7 +81,7 @@ class DirectConstructor:
         if scheme == "tls":
             assert ssl_context is not None
             sock = ssl_context.wrap_socket(sock)
-        self.address, self.target = address, target
+        self.address, self.target, self.gateway_id = address, target, gateway_id
         self.key = f"{address}/{target}"
         self._sock = sock
         self._ids = itertools.count(1)

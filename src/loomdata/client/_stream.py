@@ -371,7 +371,8 @@ class StreamClient:
                 info = read_serve_info(self.plan_dir)
             except ExecutionError:
                 return False  # being rewritten: the next check reads it again
-            return info.constructor_for(self.dp_rank).gateway != self._actor.address
+            c = info.constructor_for(self.dp_rank)  # the same address may be another gateway now (its id differs)
+            return (c.gateway, c.gateway_id) != (self._actor.address, self._actor.gateway_id)
         if self._client is None or self._actor is None:
             return True
         with self._client.as_current():
@@ -428,7 +429,9 @@ class StreamClient:
         ctx = client_ssl_context(
             c.gateway, info.tls, plan_id=self.meta.plan_id, own=self._security, insecure=self._insecure
         )
-        self._actor = DirectConstructor(c.gateway, c.name, ctx, timeout=self._timings.connect_timeout_s)
+        self._actor = DirectConstructor(
+            c.gateway, c.name, ctx, timeout=self._timings.connect_timeout_s, gateway_id=c.gateway_id
+        )
         self._actor_name = c.name
         self._per_call = max(1, info.window // 2 if self._prefetch else info.window)
         self._attached = (info.pid, info.started_at)

@@ -212,8 +212,8 @@ class DataConstructor:
             rank_takes=dict(s.takes),
         )
 
-    async def open_gateway(self, name: str) -> str | None:
-        """Serve ranks' takes under `name` on this worker's gateway (`_gateway`): its address (None: Dask only)."""
+    async def open_gateway(self, name: str) -> _gateway.GatewayAddress | None:
+        """Serve ranks' takes under `name` on this worker's gateway (`_gateway`): address and id (None: Dask only)."""
         return await _gateway.register(name, self)
 
     async def stop(self) -> None:

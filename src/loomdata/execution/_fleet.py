@@ -83,7 +83,7 @@ class Fleet:
     route_generation: dict[int, int] = field(default_factory=dict)  # source id -> generation of its route
     acknowledged: list[dict[int, int]] = field(default_factory=list)  # per constructor: source id -> generation
     retiring: list[Retiring] = field(default_factory=list)
-    gateways: dict[int, str | None] = field(default_factory=dict)  # constructor index -> its rank gateway
+    gateways: dict[int, tuple[str, str] | None] = field(default_factory=dict)  # constructor -> gateway (address, id)
 
     # ---- routes ---------------------------------------------------------------------------------
 
@@ -180,6 +180,16 @@ class Fleet:
             *(a for r in self.retiring for a in r.actors),
         ]
 
+    def _constructor_info(self, i: int) -> ConstructorInfo:
+        gateway, gateway_id = self.gateways.get(i) or (None, None)
+        return ConstructorInfo(
+            name=constructor_dataset(self.plan_id, i),
+            ranks=self.groups[i],
+            worker=worker_of(self.constructors[i].handle),
+            gateway=gateway,
+            gateway_id=gateway_id,
+        )
+
     def serve_info(self, *, scheduler: str, window: int, peers: int, pid: int, started_at: float) -> ServeInfo:
         """The published description of the fleet (serve.json)."""
         return ServeInfo(
@@ -187,15 +197,7 @@ class Fleet:
             scheduler=scheduler,
             window=window,
             peers=peers,
-            constructors=[
-                ConstructorInfo(
-                    name=constructor_dataset(self.plan_id, i),
-                    ranks=g,
-                    worker=worker_of(c.handle),
-                    gateway=self.gateways.get(i),
-                )
-                for i, (g, c) in enumerate(zip(self.groups, self.constructors, strict=True))
-            ],
+            constructors=[self._constructor_info(i) for i in range(len(self.constructors))],
             loaders=[
                 LoaderInfo(
                     name=a.name,

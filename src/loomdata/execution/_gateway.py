@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import ssl
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 from loomdata.execution._wire import (
     HEADER,
@@ -32,7 +33,7 @@ from loomdata.execution._wire import (
 from loomdata.execution.protocol import ExecutorUnavailable
 from loomdata.schemas.errors import ExecutionError
 
-__all__ = ["METHODS", "register", "unregister"]
+__all__ = ["METHODS", "GatewayAddress", "register", "unregister"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,19 +41,26 @@ METHODS = frozenset({"take", "take_steps", "take_block", "record_telemetry"})
 """What a rank may ask of its constructor through the gateway."""
 
 
+class GatewayAddress(NamedTuple):
+    """Where a gateway listens and the id it drew when it opened (another gateway on that address has another)."""
+
+    address: str
+    id: str
+
+
 class _Gateway:
     """The listener of this worker process and the constructors it serves, by published name."""
 
     def __init__(self) -> None:
         self.targets: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
-        self.address: str | None = None
+        self.address: GatewayAddress | None = None
         self._server: asyncio.base_events.Server | None = None
 
-    async def open(self, host: str, scheme: str, ssl_context: ssl.SSLContext | None) -> str:
+    async def open(self, host: str, scheme: str, ssl_context: ssl.SSLContext | None) -> GatewayAddress:
         if self._server is None:
             self._server = await asyncio.start_server(self._serve, host=host, port=0, ssl=ssl_context)
             port = self._server.sockets[0].getsockname()[1]
-            self.address = f"{scheme}://{host}:{port}"
+            self.address = GatewayAddress(f"{scheme}://{host}:{port}", secrets.token_hex(8))
         assert self.address is not None
         return self.address
 
@@ -107,6 +115,11 @@ class _Gateway:
             return ExecutorUnavailable(f"constructor {target} is not served on this worker (any more)"), True
         try:
             return await getattr(constructor, method)(*args, **kwargs), False
+        except asyncio.CancelledError:  # the constructor stopped under the take: the rank must hear of it
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return ExecutorUnavailable(f"constructor {target} stopped during the call; reconnect"), True
         except Exception as e:  # the rank decides: a LoomError fails it, anything else is retried
             return e, True
 
@@ -122,8 +135,8 @@ _GATEWAY = _Gateway()
 _RUNNING: set[asyncio.Future[None]] = set()
 
 
-async def register(name: str, constructor: Any) -> str | None:
-    """Serve `constructor` under `name` on this worker's gateway (opened on first use); its address.
+async def register(name: str, constructor: Any) -> GatewayAddress | None:
+    """Serve `constructor` under `name` on this worker's gateway (opened on first use); its address and id.
 
     None when not on a Dask worker (a constructor made directly in a test): ranks then use Dask calls.
     """

@@ -67,7 +67,7 @@ __all__ = [
     "write_serve_info",
 ]
 
-SERVE_FORMAT_VERSION = 2
+SERVE_FORMAT_VERSION = 3
 
 
 class ExecutorUnavailable(ExecutionError):
@@ -82,13 +82,15 @@ class ConstructorInfo(_Frozen):
     """One Data Constructor: its published dataset name, the dp ranks it serves, where ranks reach it.
 
     `gateway`: the address of its worker's rank gateway (`_gateway`), None where it has none (ranks
-    then call it through Dask).
+    then call it through Dask); `gateway_id`: the id that gateway drew when it opened, so a gateway
+    restarted on the same address is a different one to a rank (`StreamClient` reconnects).
     """
 
     name: str
     ranks: list[int]
     worker: str
     gateway: str | None = None
+    gateway_id: str | None = None
 
 
 class LoaderInfo(_Frozen):

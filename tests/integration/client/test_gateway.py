@@ -86,3 +86,28 @@ def test_a_dropped_gateway_connection_is_reconnected(dask_client: Client, stream
     with Executor(stream_plan, dask_client, window=2, bytes_in_flight=0):
         got, _ = stream_with_fault(stream_plan, fault, after)
     check_exact(stream_plan, got)
+
+
+def test_a_gateway_on_the_same_address_with_another_id_counts_as_replaced(
+    dask_client: Client, stream_plan: Path
+) -> None:
+    """A gateway restarted on its old address draws another id: the rank stops waiting on the old one."""
+    from loomdata.client._direct import DirectConstructor
+    from loomdata.execution.protocol import read_serve_info, write_serve_info
+
+    with Executor(stream_plan, dask_client) as ex:
+        assert ex.info is not None
+        ids = {c.gateway: c.gateway_id for c in ex.info.constructors}
+        assert all(ids.values()) and len(set(ids.values())) == len(ids)  # one id per gateway, drawn at its start
+        with StreamClient(stream_plan, 0) as s:
+            first = next(s)
+            assert isinstance(s._actor, DirectConstructor) and not s._replaced()
+            info = read_serve_info(stream_plan)
+            mine = info.constructor_for(0)
+            restarted = mine.model_copy(update={"gateway_id": "f" * 16})  # same address, another gateway behind it
+            others = [restarted if c.name == mine.name else c for c in info.constructors]
+            write_serve_info(stream_plan, info.model_copy(update={"constructors": others}))
+            assert s._replaced()
+            write_serve_info(stream_plan, info)
+            assert not s._replaced()
+            assert [b.step for b in [first, *s]][-1] == s.meta.steps - 1

@@ -127,10 +127,13 @@ def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any, step_s
     tokens = n = first_tokens = 0
     first = None
     gaps = []  # seconds each batch took to arrive
+    long_gaps = []  # (wall-clock end, seconds, batch index) of waits over 50 ms: lined up with --trace's events
     t = time.perf_counter()
     for b in c:
         now = time.perf_counter()
         gaps.append(now - t)
+        if now - t > 0.05:
+            long_gaps.append((time.time(), now - t, n))
         tokens += int(b.cu_seqlens[-1])
         n += 1
         if first is None:
@@ -154,11 +157,13 @@ def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any, step_s
             "first_s": first,
             "first_tokens": first_tokens,
             "gaps": gaps,
+            "long_gaps": long_gaps,
         }
     )
 
 
 STEP_S = 0.0  # --step-ms / 1000
+TRACE = False  # --trace: loop lags, GC pauses and serving calls per worker, long waits per consumer
 
 
 def _run_consumers(plan_dir: Path, n: int) -> list[dict[str, Any]]:
@@ -218,9 +223,14 @@ def _loom_run(
     ):
         if proxy is not None:
             proxy.reset()
+        if TRACE:
+            import _stall_trace
+
+            client.run(_stall_trace.start, patch=True)
         ticks = _cpu_ticks()
         rows = _run_consumers(plan_dir, consumers)
         machine = _machine(ticks, _cpu_ticks())
+        trace = client.run(_stall_trace.stop) if TRACE else None
         wall = max(r["t1"] for r in rows) - min(r["t0"] for r in rows)  # from the consumers' common start
         counts = proxy.reset() if proxy is not None else None
         loaders = [lo.metrics for lo in ex.metrics().loaders]
@@ -255,6 +265,8 @@ def _loom_run(
         "prefetch_waits": _total(loaders, "prefetch_waits"),
         "unit_misses": _total(loaders, "unit_misses"),
     }
+    if trace is not None:
+        out["trace"] = {"consumers": [r["long_gaps"] for r in rows], "workers": trace}
     if counts is not None:
         out.update(
             requests=counts.requests,
@@ -603,6 +615,10 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=None, help="result file (default: a new object_store_run-*.json)")
     ap.add_argument(
+        "--trace", action="store_true", help="record loop lags, GC pauses and serving calls per worker (_stall_trace)"
+    )
+    ap.add_argument("--local-only", action="store_true", help="only the local-disk sides (no S3 server, no Mosaic)")
+    ap.add_argument(
         "--read-paths", type=int, default=0, metavar="ROUNDS", help="only measure row-group reads (CPU, wall) per path"
     )
     args = ap.parse_args()
@@ -613,8 +629,8 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(found, indent=1) + "\n")
         return
-    global STEP_S
-    STEP_S = args.step_ms / 1000
+    global STEP_S, TRACE
+    STEP_S, TRACE = args.step_ms / 1000, args.trace
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
 
     import boto3
@@ -639,7 +655,9 @@ def main() -> None:
         s3 = boto3.client("s3", endpoint_url=direct)
         s3.create_bucket(Bucket=BUCKET)
         _upload(s3, root / "parquet", "parquet")
-        mosaic = PEERS_PYTHON.exists() and not args.no_mosaic
+        mosaic = PEERS_PYTHON.exists() and not args.no_mosaic and not args.local_only
+        if args.local_only:
+            args.latencies = []
         if mosaic:
             mds = root / "mds"
             env = {**os.environ, "PYTHONPATH": str(HERE / "_peer_stubs")}
@@ -661,7 +679,7 @@ def main() -> None:
                 build_index(local, client)
                 plans_of[local.name] = Path(make_plan(local).plan_dir)
                 locals_[sh] = local
-            for sh in args.shuffles:
+            for sh in [] if args.local_only else args.shuffles:
                 try:
                     url = f"s3://{BUCKET}/parquet/*.parquet"
                     spec = _spec(root, url, sh, args.seq_len, steps, args.dp, f"s3-{sh}", args.block_window)

@@ -315,9 +315,11 @@ class StreamClient:
 
     def _ask_ahead(self, step: int) -> None:
         """Send the next call (from the first step not received) once at most half a call's steps are left."""
-        end = step + 1
-        while end in self._got:
-            end += 1
+        end = step + 1 + len(self._got)  # received steps are one run from step + 1 (scanned only if not)
+        if self._got and (step + 1 not in self._got or end - 1 not in self._got):
+            end = step + 1
+            while end in self._got:
+                end += 1
         left, count = end - step - 1, self._count()
         if self._prefetch and self._pending is None and end < self.meta.steps and left <= count // 2:
             self._pending = (end, self._take(end, max(1, count - left)))

@@ -3,8 +3,8 @@
 A thin actor wiring three parts: the pure step window (`_window.StepWindow`: per rank `want`, held
 steps and their takes, what to build, when to release or jump), the read/route protocol
 (`_reads.Reads`: routes per source, re-issuing reads a `set_route` abandoned, retrying lost loaders)
-and packing (`_packing.pack_step`). Its own job is the event loop: start builds the window asks for,
-let takes wait on them, record metrics.
+and packing (`_pack_group.pack_group`: a build group's batches in one pass, into one block). Its own
+job is the event loop: start builds the window asks for, let takes wait on them, record metrics.
 
 State is rebuildable from the plan and a step number. A constructor recreated after its worker died
 (`_recovery`) starts empty: the ranks' next takes name their steps, which it builds on demand or moves
@@ -14,7 +14,8 @@ batches; one read serves them all (a take naming a `cp_rank` gets only that CP r
 Delivery in bulk: `take_steps` answers a step and every following step already held, up to the count
 asked (a client asks for as many as keep its bytes in flight), in one call. Builds started together
 are read together (`_window.build_groups`): one loader request per (loader, group of steps), each
-segment naming its step, then packed step by step.
+segment naming its step, then packed together; a take's answer is a slice of that block (no copy
+unless its steps come from two groups).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Any
 
 from loomdata.execution import _gateway
 from loomdata.execution._manifest import ManifestSlice
-from loomdata.execution._packing import PackRules, pack_step, peer_batches
+from loomdata.execution._pack_group import StepPack, block_of, pack_group
+from loomdata.execution._packing import PackRules, peer_batches
 from loomdata.execution._reads import Reads, Route
 from loomdata.execution._telemetry import TelemetryBuffer, valid_report
 from loomdata.execution._window import Admission, Build, StepWindow, build_groups
@@ -71,7 +73,7 @@ class DataConstructor:
     ) -> None:
         self._meta = read_plan(plan_dir)
         self._rules = PackRules.of(self._meta.spec)
-        self._window: StepWindow[list[Batch]] = StepWindow(ranks, self._meta.steps, window, peers, start_step)
+        self._window: StepWindow[StepPack] = StepWindow(ranks, self._meta.steps, window, peers, start_step)
         self._ranks = self._window.ranks
         self._reads = Reads(routes, self._meta.plan_id)
         chunks = 2 + -(-self._window.window // _MANIFEST_CHUNK)  # the window's chunks stay in memory
@@ -105,7 +107,7 @@ class DataConstructor:
         taker is that CP peer of the dp rank and receives only its shards (`_packing.peer_batches`);
         None: the whole micro-batches.
         """
-        return await self._take_one(dp_rank, step, telemetry, cp_rank, None)
+        return (await self._take_one(dp_rank, step, telemetry, cp_rank, None)).batches
 
     async def _take_one(
         self,
@@ -114,7 +116,7 @@ class DataConstructor:
         telemetry: list[tuple[int, float]] | None,
         cp_rank: int | None,
         deferred: list[Build] | None,
-    ) -> list[Batch]:
+    ) -> StepPack:
         """`take`; the builds its release starts go to `deferred` when given (the caller starts them)."""
         if cp_rank is not None:
             cp_group_check(self._meta, cp_rank)
@@ -129,15 +131,19 @@ class DataConstructor:
         t0 = time.perf_counter()
         admission = self._window.admit(dp_rank, step)
         try:
-            batches = await self._take(dp_rank, step, admission, deferred)
+            pack = await self._take(dp_rank, step, admission, deferred)
         finally:
             self._window.finish(dp_rank)
         self._stats.wait_s[dp_rank] += time.perf_counter() - t0
-        self._stats.takes[dp_rank] += 1
-        self._stats.batches_taken += len(batches)
-        if cp_rank is not None:  # the window holds whole batches: one read serves every peer
-            return peer_batches(self._meta, self._rules, batches, cp_rank)
-        return batches
+        return self._taken(dp_rank, pack, cp_rank)
+
+    def _taken(self, rank: int, pack: StepPack, cp_rank: int | None) -> StepPack:
+        """Count a take of `pack`; a CP peer's shards of it (the window holds whole batches: one read serves all)."""
+        self._stats.takes[rank] += 1
+        self._stats.batches_taken += len(pack)
+        if cp_rank is None:
+            return pack
+        return StepPack(batches=peer_batches(self._meta, self._rules, pack.batches, cp_rank))
 
     async def take_steps(
         self,
@@ -152,6 +158,15 @@ class DataConstructor:
         The steps after the first are only the ones held now (never waited for), so the answer comes
         as soon as `step` is ready; each counts as a take of that step (released after `peers`).
         """
+        return [p.batches for p in await self._take_packs(dp_rank, step, count, telemetry, cp_rank)]
+
+    async def take_block(self, dp_rank: int, step: int, count: int, *more: Any, **cp: Any) -> BatchBlock:
+        """`take_steps` as one `BatchBlock` (what clients call): slices of the blocks the steps were packed in."""
+        return block_of(await self._take_packs(dp_rank, step, count, *more, **cp))
+
+    async def _take_packs(
+        self, dp_rank: int, step: int, count: int, telemetry: list[tuple[int, float]] | None = None, cp_rank: Any = None
+    ) -> list[StepPack]:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ExecutionError(f"take_steps: count must be an int >= 1, got {count!r}")
         builds: list[Build] = []  # what these takes release: started together (one group of reads), also on errors
@@ -163,17 +178,10 @@ class DataConstructor:
                 builds.extend(got.builds)
                 if got.payload is None:  # pragma: no cover - ready_run saw it held, nothing ran in between
                     break
-                batches = got.payload
-                self._stats.takes[dp_rank] += 1
-                self._stats.batches_taken += len(batches)
-                out.append(peer_batches(self._meta, self._rules, batches, cp_rank) if cp_rank is not None else batches)
+                out.append(self._taken(dp_rank, got.payload, cp_rank))
         finally:
             self._launch(tuple(builds))
         return out
-
-    async def take_block(self, dp_rank: int, step: int, count: int, *more: Any, **cp: Any) -> BatchBlock:
-        """`take_steps` as one `BatchBlock` (what clients call: a dozen arrays move, not six per batch)."""
-        return BatchBlock.of(await self.take_steps(dp_rank, step, count, *more, **cp))
 
     async def record_telemetry(self, dp_rank: int, telemetry: list[tuple[int, float]]) -> None:
         """Step times a rank sends without a take (its last steps, on close)."""
@@ -230,9 +238,7 @@ class DataConstructor:
 
     # ---- the window's builds --------------------------------------------------------------------
 
-    async def _take(
-        self, rank: int, step: int, admission: Admission, deferred: list[Build] | None = None
-    ) -> list[Batch]:
+    async def _take(self, rank: int, step: int, admission: Admission, deferred: list[Build] | None = None) -> StepPack:
         self._launch(admission.builds)  # started at once: this take may wait on them
         if admission.error is not None:
             raise admission.error
@@ -247,9 +253,9 @@ class DataConstructor:
             raise got.error
         if got.payload is not None:
             return got.payload
-        batches = (await self._build_many([(step, [rank])]))[0][rank]  # outside the window: built, not held
+        pack = (await self._build_many([(step, [rank])]))[0][rank]  # outside the window: built, not held
         self._stats.on_demand_steps += 1
-        return batches
+        return pack
 
     def _launch(self, builds: tuple[Build, ...]) -> None:
         """Start the builds the window asked for, in groups read together; each resolves a future its takes wait on."""
@@ -280,21 +286,18 @@ class DataConstructor:
         for b in group:
             self._done.pop(b.id).set_result(None)
 
-    async def _build_many(self, work: list[tuple[int, list[int]]]) -> list[dict[int, list[Batch]]]:
+    async def _build_many(self, work: list[tuple[int, list[int]]]) -> list[dict[int, StepPack]]:
         """Build several (step, ranks) with one loader request per (source, partition) for all of them."""
         t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
         if all(self._manifest.cached(step) for step, _ in work):
             rows = [self._manifest.rows(step, ranks) for step, ranks in work]
         else:  # reading a manifest chunk is file I/O: off the event loop
-            loop = asyncio.get_running_loop()
             rows = await loop.run_in_executor(self._pool, lambda: [self._manifest.rows(st, rk) for st, rk in work])
         t1 = time.perf_counter()
         answers = await self._reads.read_steps([step for step, _ in work], rows)
         t2 = time.perf_counter()
-        out = [  # well under a ms per batch
-            pack_step(self._meta, self._rules, step, ranks, r, groups, datas)
-            for (step, ranks), r, (groups, datas) in zip(work, rows, answers, strict=True)
-        ]
+        out = pack_group(self._meta, self._rules, work, rows, answers)  # one vectorised pass, one block
         t3 = time.perf_counter()
         s = self._stats
         s.build_s += t3 - t0

@@ -1,4 +1,5 @@
-"""`pack_step` (one search and one segments array per step) against the per-batch reference it replaced.
+"""`pack_step` (one search and one segments array per step) against the per-batch reference it replaced,
+and `pack_group` (a build group in one pass, into one block) against `pack_step`.
 
 Random steps: several ranks and micro-batches, empty micro-batches, zero-length segments, two lanes,
 images spread over several loader answers; every array of every batch must be equal, dtypes included.
@@ -14,8 +15,9 @@ import pytest
 
 from loomdata.execution._loader import SegmentData
 from loomdata.execution._manifest import ManifestRows
+from loomdata.execution._pack_group import StepPack, block_of, pack_group
 from loomdata.execution._packing import PackRules, pack_batch, pack_step, scatter_answers
-from loomdata.schemas.batch import SEGMENT_DTYPE, Batch
+from loomdata.schemas.batch import SEGMENT_DTYPE, Batch, BatchBlock
 
 
 @dataclass
@@ -71,7 +73,9 @@ def _reference(
     return out
 
 
-def _step(rng: np.random.Generator, ranks: list[int], mbs: int, lanes: tuple[int, ...]) -> tuple[Any, ...]:
+def _step(
+    rng: np.random.Generator, ranks: list[int], mbs: int, lanes: tuple[int, ...], step: int = 3, images: bool = True
+) -> tuple[Any, ...]:
     cols: dict[str, list[int]] = {c: [] for c in ("dp_rank", "micro_batch", "length", "lane")}
     for r in ranks:
         for mb in range(mbs):
@@ -85,7 +89,7 @@ def _step(rng: np.random.Generator, ranks: list[int], mbs: int, lanes: tuple[int
                 cols["lane"].append(lane)
     m = len(cols["length"])
     rows = ManifestRows(
-        step=np.full(m, 3, dtype=np.int64),
+        step=np.full(m, step, dtype=np.int64),
         dp_rank=np.array(cols["dp_rank"], dtype=np.int32),
         micro_batch=np.array(cols["micro_batch"], dtype=np.int32),
         source=rng.integers(0, 3, size=m).astype(np.uint16),
@@ -100,7 +104,7 @@ def _step(rng: np.random.Generator, ranks: list[int], mbs: int, lanes: tuple[int
     for g in groups:
         lens = rows.length[g].astype(np.int64)
         tokens = rng.integers(1, 1000, size=int(lens.sum()), dtype=np.int32)
-        with_img = [k for k in range(len(g)) if lens[k] > 0 and rng.random() < 0.3]
+        with_img = [k for k in range(len(g)) if lens[k] > 0 and rng.random() < 0.3 and images]
         answers.append(
             SegmentData(
                 tokens=tokens,
@@ -134,3 +138,48 @@ def test_pack_step_equals_the_per_batch_reference(seed: int) -> None:
         assert len(got[r]) == len(want[r]) == meta.micro_batches
         for a, b in zip(got[r], want[r], strict=True):
             _same(a, b)
+
+
+def _group(rng: np.random.Generator, meta: Any, first_step: int, images: bool) -> tuple[Any, ...]:
+    """A build group: 1-5 consecutive steps, each for a random non-empty subset of ranks 0..3."""
+    work, rows, answers = [], [], []
+    for step in range(first_step, first_step + int(rng.integers(1, 6))):
+        ranks = sorted(rng.choice(4, size=int(rng.integers(1, 5)), replace=False).tolist())
+        r, g, a = _step(rng, ranks, meta.micro_batches, meta.lanes, step=step, images=images)
+        work.append((step, ranks))
+        rows.append(r)
+        answers.append((g, a))
+    return work, rows, answers
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pack_group_equals_pack_step_and_its_blocks_equal_batchblock_of(seed: int) -> None:
+    rng = np.random.default_rng(100 + seed)
+    meta = _Meta(micro_batches=int(rng.integers(1, 4)), lanes=(64, 128))
+    rules = PackRules(pad_token_id=5, image_token_id=7)
+    held: dict[int, dict[int, StepPack]] = {}  # step -> rank -> pack, over two groups
+    step = 0
+    for images in (False, seed % 3 == 0):  # the second group has images in some seeds: pack_step's path
+        work, rows, answers = _group(rng, meta, step, images)
+        got = pack_group(meta, rules, work, rows, answers)  # type: ignore[arg-type]
+        for (st, ranks), rw, (g, a), packs in zip(work, rows, answers, got, strict=True):
+            want = pack_step(meta, rules, st, ranks, rw, g, a)  # type: ignore[arg-type]
+            assert sorted(packs) == ranks
+            for r in ranks:
+                assert len(packs[r]) == meta.micro_batches
+                for x, y in zip(packs[r].batches, want[r], strict=True):
+                    _same(x, y)
+            held[st] = packs
+        step = work[-1][0] + 1
+    for r in range(4):  # each rank's consecutive held steps, within a group and across both
+        steps = sorted(st for st in held if r in held[st])
+        for lo in range(len(steps)):
+            run = [held[st][r] for st in steps[lo : lo + 4] if st - steps[lo] < 4]
+            got_block, want_block = block_of(run), BatchBlock.of([p.batches for p in run])
+            assert got_block.steps.tolist() == want_block.steps.tolist()
+            one = run[0].block
+            if one is not None and all(p.block is one for p in run):  # one group: a view of its block, no copy
+                assert np.shares_memory(got_block.arrays["input_ids"], one.arrays["input_ids"])
+            for xs, ys in zip(got_block.unpack(), want_block.unpack(), strict=True):
+                for x, y in zip(xs, ys, strict=True):
+                    _same(x, y)

@@ -1,0 +1,194 @@
+"""A build group packed at once: all its (rank, step) micro-batches in one vectorised pass, into one block.
+
+`pack_step` (the reference, and the path for images) builds every micro-batch alone: a dozen NumPy calls
+and fresh arrays per batch, which a take then copies into a `BatchBlock`. Here a group's text batches are
+laid out rank by rank, step by step, micro-batch by micro-batch, in the arrays of one `BatchBlock`; what
+the window holds per (rank, step) is a `StepPack` naming its batches in that block, and a take of
+consecutive steps of one group is a slice of it (`block_of`: no copy; steps of two groups: one copy of
+their pieces). The bytes are those of `pack_step` (tests compare them batch by batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from loomdata.execution._packing import PackRules, pack_step, scatter_answers
+from loomdata.schemas.batch import BLOCK_ARRAYS, IGNORE_INDEX, SEGMENT_DTYPE, Batch, BatchBlock
+from loomdata.schemas.errors import ExecutionError
+from loomdata.schemas.plan import PlanMeta
+
+if TYPE_CHECKING:  # annotations only (packing stays free of the loader's imports)
+    from loomdata.execution._loader import SegmentData
+    from loomdata.execution._manifest import ManifestRows
+
+__all__ = ["StepPack", "block_of", "pack_group"]
+
+Work = list[tuple[int, list[int]]]  # (step, ranks) of a build group
+Answers = tuple[list[np.ndarray], list["SegmentData"]]  # as `_reads.Answers`: row indices and answer per request
+
+
+class StepPack:
+    """One rank's micro-batches of one step: batches `[first, stop)` of `block`, or plain `Batch`es (no block)."""
+
+    __slots__ = ("_batches", "block", "first", "stop")
+
+    def __init__(
+        self, *, block: BatchBlock | None = None, first: int = 0, stop: int = 0, batches: list[Batch] | None = None
+    ) -> None:
+        self.block, self.first, self.stop = block, first, stop
+        self._batches = batches
+
+    @property
+    def batches(self) -> list[Batch]:
+        """The micro-batches (views into the block, made on first use)."""
+        if self._batches is None:
+            assert self.block is not None
+            self._batches = self.block.batches(self.first, self.stop)
+        return self._batches
+
+    def __len__(self) -> int:
+        return self.stop - self.first if self.block is not None else len(self.batches)
+
+
+def pack_group(
+    meta: PlanMeta, rules: PackRules, work: Work, rows: Sequence[ManifestRows], answers: Sequence[Answers]
+) -> list[dict[int, StepPack]]:
+    """Every (step, ranks) of `work` packed, as `pack_step` would, into one block (images: `pack_step` each)."""
+    scattered = [scatter_answers(r, g, a) for r, (g, a) in zip(rows, answers, strict=True)]
+    if any(images for _, _, images, _, _ in scattered):
+        return [
+            {r: StepPack(batches=b) for r, b in pack_step(meta, rules, step, ranks, rw, g, a).items()}
+            for (step, ranks), rw, (g, a) in zip(work, rows, answers, strict=True)
+        ]
+    block, first = _block(meta, rules, work, rows, [(st, fl) for st, fl, _, _, _ in scattered])
+    mbs = meta.micro_batches
+    return [
+        {r: StepPack(block=block, first=first[(r, i)], stop=first[(r, i)] + mbs) for r in ranks}
+        for i, (_, ranks) in enumerate(work)
+    ]
+
+
+def _block(
+    meta: PlanMeta,
+    rules: PackRules,
+    work: Work,
+    rows: Sequence[ManifestRows],
+    scattered: Sequence[tuple[np.ndarray, np.ndarray]],
+) -> tuple[BatchBlock, dict[tuple[int, int], int]]:
+    """The group's block (batches by rank, then step, then micro-batch) and each (rank, work index)'s first batch."""
+    mbs = meta.micro_batches
+    order = sorted({r for _, ranks in work for r in ranks})
+    pairs = [(r, i) for r in order for i, (_, ranks) in enumerate(work) if r in ranks]
+    first = {p: k * mbs for k, p in enumerate(pairs)}
+    n_batches = len(pairs) * mbs
+    table = np.full((max(order) + 1, len(work)), -1, dtype=np.int64)  # (rank, work index) -> first batch
+    for (r, i), b in first.items():
+        table[r, i] = b
+    # Every row of the group, with its batch and its tokens' place in `tokens` (the steps' tokens end to end).
+    widx = np.concatenate([np.full(len(r), i, dtype=np.int64) for i, r in enumerate(rows)])
+    col = {c: np.concatenate([getattr(r, c) for r in rows]) for c in ("dp_rank", "micro_batch", "lane", "length")}
+    tok_off = np.cumsum([0] + [len(fl) for _, fl in scattered])[:-1]
+    src = np.concatenate([st[:-1] + off for (st, _), off in zip(scattered, tok_off, strict=True)]).astype(np.int64)
+    tokens = np.concatenate([fl for _, fl in scattered]) if scattered else np.zeros(0, dtype=np.int32)
+    bidx = table[col["dp_rank"].astype(np.int64), widx]
+    if len(bidx) and (bidx < 0).any():
+        raise ExecutionError("packing: manifest rows of a rank that was not asked for in their step")
+    bidx = bidx + col["micro_batch"].astype(np.int64)
+    perm = np.argsort(bidx, kind="stable")  # sequence order within a batch is the rows' order
+    bidx, length, src = bidx[perm], col["length"][perm].astype(np.int64), src[perm]
+    lane = np.zeros(n_batches, dtype=np.int64)
+    lane[bidx] = col["lane"][perm]
+    lane_len = np.array([meta.lane_seq_len(k) for k in range(int(lane.max(initial=0)) + 1)], dtype=np.int64)
+    seq = lane_len[lane]
+    out_at = np.zeros(n_batches + 1, dtype=np.int64)
+    np.cumsum(seq, out=out_at[1:])
+    # Within a batch: each row's first token position; per batch: real tokens.
+    incl = np.cumsum(length)
+    excl = incl - length
+    per_batch = np.bincount(bidx, weights=length, minlength=n_batches).astype(np.int64)
+    batch_excl = np.zeros(n_batches + 1, dtype=np.int64)
+    np.cumsum(per_batch, out=batch_excl[1:])
+    pos_in_batch = excl - batch_excl[bidx]
+    over = np.flatnonzero(per_batch > seq)
+    if len(over):
+        raise ExecutionError(
+            f"packing: segments total {int(per_batch[over[0]])} tokens, more than the sequence length "
+            f"{int(seq[over[0]])}; the plan is inconsistent with its seq_len, re-plan with `loom plan SPEC`"
+        )
+    total = int(incl[-1]) if len(incl) else 0
+    within = np.arange(total, dtype=np.int64) - np.repeat(excl, length)  # each token's position in its segment
+    dest = np.repeat(out_at[:-1][bidx] + pos_in_batch, length) + within
+    size = int(out_at[-1])
+    input_ids = np.full(size, rules.pad_token_id, dtype=np.int32)
+    input_ids[dest] = tokens[np.repeat(src, length) + within]
+    labels = np.full(size, IGNORE_INDEX, dtype=np.int32)
+    labels[dest] = input_ids[np.minimum(dest + 1, max(size - 1, 0))]
+    labels[dest[incl[length > 0] - 1]] = IGNORE_INDEX  # every segment's last token (a batch's last is one)
+    positions = np.zeros(size, dtype=np.int32)
+    positions[dest] = within
+    rows_per = np.bincount(bidx, minlength=n_batches)
+    cu_at = np.zeros(n_batches + 1, dtype=np.int64)
+    np.cumsum(rows_per + 1, out=cu_at[1:])
+    seg_at = np.zeros(n_batches + 1, dtype=np.int64)
+    np.cumsum(rows_per, out=seg_at[1:])
+    cu = np.zeros(int(cu_at[-1]), dtype=np.int32)
+    cu[cu_at[bidx] + (np.arange(len(bidx)) - seg_at[bidx]) + 1] = pos_in_batch + length
+    seg = np.empty(len(bidx), dtype=SEGMENT_DTYPE)
+    for c in ("source", "sample", "offset", "length"):
+        seg[c] = np.concatenate([getattr(r, c) for r in rows])[perm]
+    steps = np.array([work[i][0] for _, i in pairs], dtype=np.int64)
+    scalars = np.zeros((n_batches, 7), dtype=np.int64)  # BLOCK_SCALARS: step, dp_rank, micro_batch, lane, 0, 1, 0
+    scalars[:, 0] = np.repeat(steps, mbs)
+    scalars[:, 1] = np.repeat(np.array([r for r, _ in pairs], dtype=np.int64), mbs)
+    scalars[:, 2] = np.tile(np.arange(mbs), len(pairs))
+    scalars[:, 3] = lane
+    scalars[:, 5] = 1
+    arrays = {"input_ids": input_ids, "labels": labels, "position_ids": positions, "cu_seqlens": cu, "segments": seg}
+    arrays["image_positions"] = np.zeros(0, dtype=np.int32)
+    bounds = {"input_ids": out_at, "labels": out_at, "position_ids": out_at, "cu_seqlens": cu_at, "segments": seg_at}
+    bounds["image_positions"] = np.zeros(n_batches + 1, dtype=np.int64)
+    block = BatchBlock(
+        steps=np.full(len(pairs), mbs, dtype=np.int64),
+        scalars=scalars,
+        arrays=arrays,
+        bounds=bounds,
+        images=[],
+        image_bounds=np.zeros(n_batches + 1, dtype=np.int64),
+    )
+    return block, first
+
+
+def block_of(packs: Sequence[StepPack]) -> BatchBlock:
+    """The `BatchBlock` of consecutive steps' packs: slices of their blocks (a copy only across blocks)."""
+    if any(p.block is None for p in packs):  # shards, images, on-demand builds: the batches themselves
+        return BatchBlock.of([p.batches for p in packs])
+    pieces: list[tuple[BatchBlock, int, int]] = []  # runs of adjacent batches of one block
+    for p in packs:
+        assert p.block is not None
+        if pieces and pieces[-1][0] is p.block and pieces[-1][2] == p.first:
+            pieces[-1] = (p.block, pieces[-1][1], p.stop)
+        else:
+            pieces.append((p.block, p.first, p.stop))
+    arrays, bounds = {}, {}
+    for name in BLOCK_ARRAYS:
+        parts, cuts, base = [], [np.zeros(1, dtype=np.int64)], 0
+        for blk, a, b in pieces:
+            lo, hi = int(blk.bounds[name][a]), int(blk.bounds[name][b])
+            parts.append(blk.arrays[name][lo:hi])
+            cuts.append(blk.bounds[name][a + 1 : b + 1] - lo + base)
+            base += hi - lo
+        arrays[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        bounds[name] = np.concatenate(cuts)
+    scalars = [blk.scalars[a:b] for blk, a, b in pieces]
+    n = sum(len(s) for s in scalars)
+    return BatchBlock(
+        steps=np.array([len(p) for p in packs], dtype=np.int64),
+        scalars=scalars[0] if len(scalars) == 1 else np.concatenate(scalars),
+        arrays=arrays,
+        bounds=bounds,
+        images=[],
+        image_bounds=np.zeros(n + 1, dtype=np.int64),
+    )

@@ -209,23 +209,11 @@ class StepWindow(Generic[T]):
         return self._schedule()
 
     def _release(self, rank: int, step: int) -> tuple[Build, ...]:
-        """All peers took `step`: free it and everything older of the rank, and build further ahead.
-
-        A rank ahead of the group's slowest also gets its own window built here, so it keeps taking held
-        steps instead of waiting at every call for builds started by its take (one read group per step
-        asked, groups of 1, 2, 4, ...: many small loader calls on the constructor's loop, slowing the rest).
-        """
+        """All peers took `step`: free it and everything older of the rank, and build further ahead."""
         old = self.want[rank]
         self.want[rank] = max(old, step + 1)
         self._drop_below(rank, old)
-        builds = self._schedule()
-        if self.want[rank] > min(self.want[r] for r in self._lead()):
-            builds += self._schedule(only_rank=rank)
-        return builds
-
-    def _lead(self) -> list[int]:
-        """The ranks the group window follows: those that have taken anything (all, before any take)."""
-        return sorted(self._active) or self.ranks
+        return self._schedule()
 
     def _drop_below(self, rank: int, old_want: int) -> None:
         """Forget held steps and unreported failures of `rank` before its `want`: it moved past them.
@@ -259,7 +247,7 @@ class StepWindow(Generic[T]):
         if self.stopped:
             return ()
         ranks = [only_rank] if only_rank is not None else self.ranks
-        lead = [only_rank] if only_rank is not None else self._lead()
+        lead = [only_rank] if only_rank is not None else sorted(self._active) or self.ranks
         lo = min(self.want[r] for r in lead)
         top = min(lo + self.window, self.steps)
         need: dict[int, list[int]] = {}  # step -> ranks (in order) that need it built

@@ -621,8 +621,18 @@ def main() -> None:
     ap.add_argument(
         "--read-paths", type=int, default=0, metavar="ROUNDS", help="only measure row-group reads (CPU, wall) per path"
     )
+    ap.add_argument(
+        "--ab",
+        type=Path,
+        default=None,
+        metavar="BEFORE_SRC",
+        help="alternate rounds of the loomdata in BEFORE_SRC (a src/ folder) and this checkout, paired per round",
+    )
     args = ap.parse_args()
     args.out = _out_path(args.out)
+    if args.ab is not None:
+        _ab(args)
+        return
     if args.read_paths:
         found = {"benchmark": "object_store --read-paths", **_read_paths(args.read_paths)}
         print(json.dumps(found, indent=1))
@@ -705,6 +715,66 @@ def main() -> None:
         server.stop()
     _print_matrix(results["summary"])
     print(f"wrote {args.out}")
+
+
+_AB_KEYS = ("wait_per_step_after_first_ms", "wait_p99_ms", "gap_max_ms", "stall_s", "tokens_per_s_per_consumer")
+
+
+def _ab(args: Any) -> None:
+    """`--rounds` rounds, each the old loomdata (`--ab` src) then this checkout, in subprocesses (same script).
+
+    Writes every run and, per side and latency, each key's median per code version and the per-round
+    after/before ratios (rounds pair runs made minutes apart, so load drifting over the sitting cancels).
+    """
+    forward = [
+        a
+        for k, v in vars(args).items()
+        if k not in ("ab", "rounds", "out", "trace", "local_only", "no_mosaic", "read_paths") and v is not None
+        for a in (f"--{k.replace('_', '-')}", *([str(x) for x in v] if isinstance(v, list) else [str(v)]))
+    ]
+    forward += ["--no-mosaic"] + ["--local-only"] * bool(args.local_only) + ["--trace"] * bool(args.trace)
+    own = HERE.parent / "src"
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="loom-bench-objstore-ab-") as tmp:
+        for k in range(args.rounds):
+            for label, src in (("before", args.ab.resolve()), ("after", own)):
+                out = Path(tmp) / f"{label}-{k}.json"
+                print(f"---- round {k + 1}/{args.rounds}: {label} ({src})", flush=True)
+                env = {**os.environ, "PYTHONPATH": str(src)}
+                subprocess.run([sys.executable, __file__, *forward, "--out", str(out)], env=env, check=True)
+                runs += [{**r, "code": label, "round": k} for r in json.loads(out.read_text())["runs"]]
+                _write_ab(args, runs)
+
+
+def _write_ab(args: Any, runs: list[dict[str, Any]]) -> None:
+    by: dict[tuple[str, float], dict[str, dict[int, dict[str, Any]]]] = {}
+    for r in runs:
+        by.setdefault((r["side"], r["latency_ms"]), {}).setdefault(r["code"], {})[r["round"]] = r
+    summary: dict[str, Any] = {}
+    for (side, ms), codes in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        before, after = codes.get("before", {}), codes.get("after", {})
+        row: dict[str, Any] = {}
+        for key in _AB_KEYS:
+            row[key] = {
+                label: round(float(np.median([r[key] for r in rs.values()])), 3) if rs else None
+                for label, rs in (("before", before), ("after", after))
+            }
+            pairs = [after[k][key] / before[k][key] for k in sorted(set(before) & set(after)) if before[k][key]]
+            row[f"{key}_after_vs_before"] = [round(float(x), 3) for x in pairs]
+        summary[f"{side} @{ms:g}ms"] = row
+    result = {
+        "benchmark": "object_store --ab",
+        "before_src": str(args.ab),
+        "parameters": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_now": os.getloadavg()},
+        "summary": summary,
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for k, v in summary.items():
+        cells = "  ".join(f"{key} {v[key]['before']} -> {v[key]['after']}" for key in _AB_KEYS)
+        print(f"{k:<36} {cells}")
 
 
 def _write(args: Any, results: dict[str, Any], steps: int, tokens: int, partial: bool) -> None:

@@ -134,10 +134,13 @@ def scatter_answers(
     img_off: list[np.ndarray] = []
     images: list[np.ndarray] = []
     for sel, ans in zip(groups, answers, strict=True):
-        lens = rows.length[sel].astype(np.int64)
-        ans_starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        dst = np.repeat(starts[sel] - ans_starts, lens) + np.arange(int(lens.sum()), dtype=np.int64)
-        flat[dst] = ans.tokens
+        if len(sel) and int(sel[-1]) - int(sel[0]) == len(sel) - 1:  # consecutive rows: one slice copy
+            flat[starts[sel[0]] : starts[sel[-1] + 1]] = ans.tokens
+        else:
+            lens = rows.length[sel].astype(np.int64)
+            ans_starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+            dst = np.repeat(starts[sel] - ans_starts, lens) + np.arange(int(lens.sum()), dtype=np.int64)
+            flat[dst] = ans.tokens
         if ans.images:
             images.extend(ans.images)
             img_row.append(sel[ans.image_segment])

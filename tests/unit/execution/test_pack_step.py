@@ -100,6 +100,8 @@ def _step(
     )
     order = rng.permutation(m)
     groups = [np.sort(g) for g in np.array_split(order, 2)]  # two loaders, each answering some rows
+    if rng.random() < 0.4:  # or each a run of consecutive rows (a slice copy in scatter_answers)
+        groups = [g for g in np.array_split(np.arange(m), 2) if len(g)] or [np.arange(m)]
     answers = []
     for g in groups:
         lens = rows.length[g].astype(np.int64)

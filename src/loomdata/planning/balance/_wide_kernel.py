@@ -19,18 +19,30 @@ _NEAR_ONE = 1 - 1e-12  # a candidate must bring the heavy rank below this fracti
 
 
 @njit
-def _on_ranks(key: np.ndarray, a0: int, b0: int, base: int, mark: np.ndarray, cap: int) -> np.ndarray:
-    """Items a0..b0-1 on a marked rank of the step (key - base), ascending; every stride-th past `cap`."""
-    dp = len(mark)
-    buf = np.empty(b0 - a0, dtype=np.int64)
-    n = 0
+def _by_rank(key: np.ndarray, a0: int, b0: int, base: int, dp: int) -> tuple[np.ndarray, np.ndarray]:
+    """The movable items a0..b0-1 of a step grouped by rank (key - base), ascending within a rank: (items,
+    where each rank's start; dp + 1)."""
+    first = np.zeros(dp + 1, dtype=np.int64)
     for i in range(a0, b0):
         r = key[i] - base
-        if 0 <= r < dp and mark[r]:
-            buf[n] = i
-            n += 1
-    stride = max(1, -(-n // cap))
-    return buf[:n:stride].copy()
+        if 0 <= r < dp:
+            first[r + 1] += 1
+    for r in range(dp):
+        first[r + 1] += first[r]
+    at = first[:-1].copy()
+    items = np.empty(first[dp], dtype=np.int64)
+    for i in range(a0, b0):
+        r = key[i] - base
+        if 0 <= r < dp:
+            items[at[r]] = i
+            at[r] += 1
+    return items, first
+
+
+@njit
+def _spaced(members: np.ndarray, cap: int) -> np.ndarray:
+    """Every stride-th of `members` when there are more than `cap`."""
+    return members[:: max(1, -(-len(members) // cap))].copy()
 
 
 @njit
@@ -87,9 +99,8 @@ def _exchange(
     part: np.ndarray,
     lh: float,
     room_h: np.ndarray,
-    key: np.ndarray,
-    a0: int,
-    b0: int,
+    items: np.ndarray,
+    first: np.ndarray,
     cost3: np.ndarray,
     room3: np.ndarray,
     rc: np.ndarray,
@@ -100,7 +111,7 @@ def _exchange(
 ) -> tuple[int, int, int, np.ndarray]:
     """The best trade of one of a for the j = 2..jmax cheapest segments of one partner micro-batch: (index into
     a, partner rank, micro-batch, the segments), or index -1 when none lowers the heavy rank."""
-    dp, mb = rc.shape[1], cost3.shape[2]
+    mb = cost3.shape[2]
     n_p = len(part)
     ec = np.full((n_p, mb, jmax - 1), np.inf)
     el = np.zeros((n_p, mb, jmax - 1), dtype=np.int64)
@@ -108,12 +119,12 @@ def _exchange(
     for qi in range(n_p):
         if part[qi] < 0:
             continue
-        want = s * dp + part[qi]
+        on = items[first[part[qi]] : first[part[qi] + 1]]
         for m in range(mb):
-            buf = np.empty(b0 - a0, dtype=np.int64)
+            buf = np.empty(len(on), dtype=np.int64)
             n = 0
-            for i in range(a0, b0):
-                if key[i] == want and p_mb[i] == m:
+            for i in on:
+                if p_mb[i] == m:
                     buf[n] = i
                     n += 1
             if n < 2:
@@ -179,7 +190,6 @@ def wide_rounds(
     )
     tolerance, min_gain = floats[0], floats[1]
     n_steps, dp = rc.shape
-    mark = np.zeros(dp, dtype=np.bool_)
     for s in range(n_steps):
         a0, b0, base = off[s], off[s + 1], s * dp
         best_max = rc[s].max()
@@ -195,6 +205,7 @@ def wide_rounds(
             if not (top > thr and stall <= stall_max):
                 break
             by = stable_argsort(load)
+            items, first = _by_rank(key, a0, b0, base, dp)  # a round's units read only their own ranks
             over = 0
             for r in range(dp):
                 if load[r] > thr:
@@ -205,9 +216,7 @@ def wide_rounds(
                 h = by[dp - 1 - k]
                 lh = load[h]
                 part = _partners(by, k, p, wide, multi)
-                mark[:] = False
-                mark[h] = True
-                a = _on_ranks(key, a0, b0, base, mark, cand_a)
+                a = _spaced(items[first[h] : first[h + 1]], cand_a)
                 if len(a) == 0:
                     continue
                 na = len(a)
@@ -239,11 +248,18 @@ def wide_rounds(
                     done = True
                     continue
                 # swaps: a for one segment b of a partner
-                mark[h] = False
+                n_b = 0
                 for qi in range(n_p):
                     if part[qi] >= 0:
-                        mark[part[qi]] = True
-                b = _on_ranks(key, a0, b0, base, mark, cand_p if p == 1 else cand_m)
+                        n_b += first[part[qi] + 1] - first[part[qi]]
+                on_p = np.empty(n_b, dtype=np.int64)
+                n_b = 0
+                for qi in range(n_p):
+                    if part[qi] >= 0:
+                        q_items = items[first[part[qi]] : first[part[qi] + 1]]
+                        on_p[n_b : n_b + len(q_items)] = q_items
+                        n_b += len(q_items)
+                b = _spaced(np.sort(on_p), cand_p if p == 1 else cand_m)
                 vs, si, sj = np.inf, 0, 0
                 for i in range(na):
                     ca, la = g_cost[a[i]], g_len[a[i]]
@@ -270,7 +286,7 @@ def wide_rounds(
                     continue
                 # exchanges: a for the j cheapest segments of one partner micro-batch
                 xi, xr, xm, back = _exchange(
-                    s, a, part, lh, room_h, key, a0, b0, cost3, room3, rc, p_mb, g_cost, g_len, jmax
+                    s, a, part, lh, room_h, items, first, cost3, room3, rc, p_mb, g_cost, g_len, jmax
                 )
                 if xi >= 0:
                     _move(a[xi], s, h, ma[xi], xr, xm, cost3, room3, rc, p_rank, p_mb, key, g_cost, g_len)

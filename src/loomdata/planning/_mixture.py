@@ -17,8 +17,7 @@ count is nearest to T[t, k]: one `searchsorted` per source over all steps at onc
 Each source's realized cumulative tokens stay within half a segment of its target on every prefix, so
 cumulative shares converge on the targets (after step 20 within 1 percentage point once a step holds a
 few dozen documents). A step whose segments would not fit its slots defers the segments of the source
-most ahead of its target to the next step (a sequential repair, one compiled pass over the steps:
-_mixture_kernel).
+most ahead of its target to the next step (a sequential repair, compiled: _mixture_kernel).
 
 The mixture's own rules (known sources, weights, milestone steps) are the spec's (parse_spec); planning
 trusts a validated Spec and checks only what needs the data. Errors (PlanError): a source with a
@@ -35,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._mixture_kernel import repair_rows, typed_columns
+from loomdata.planning._mixture_kernel import repair_rows
 from loomdata.planning._packing import Lanes, expand_with_lengths
 from loomdata.planning._shuffle import BlockLayout
 from loomdata.schemas.errors import PlanError
@@ -244,23 +243,42 @@ def membership(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slo
     return ptr
 
 
+REPAIR_CHUNK_CELLS = 1 << 20
+"""(steps x sources) cells repaired at once (bounds the windows of the streams' counts gathered for them)."""
+
+
 def _repair(
     ptr: np.ndarray, targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slot_arr: np.ndarray
 ) -> None:
     """Defer segments of the source most ahead of target, one at a time, until every step fits its slots.
 
-    Sequential by nature (a deferral moves a segment into the next step): one compiled pass over the steps
-    (_mixture_kernel.repair_rows), linear in steps and sources. It matches the original per-step loop exactly.
+    Sequential by nature (a deferral moves a segment into the next step): a compiled pass over a chunk of steps
+    at a time (_mixture_kernel.repair_rows), linear in steps and sources, over the window of each stream's
+    counts those steps can reach (from the repaired pointer before the chunk to the nearest pointer after it:
+    a deferral never goes below the pointer before its step). It matches the original per-step loop exactly.
     """
-    if ptr.shape[0] <= 1:
-        return
-    none = np.zeros(0, dtype=np.int64)
-    repair_rows(
-        ptr,
-        np.ascontiguousarray(targets, dtype=np.float64),
-        typed_columns([s.cum for s in streams]),
-        typed_columns([s.cum if s.cum_short is None else s.cum_short for s in streams]),
-        typed_columns([none if s.cum_long is None else s.cum_long for s in streams]),
-        np.ascontiguousarray(slot_arr, dtype=np.int64),
-        lanes.seq_len,
-    )
+    steps, n_src = ptr.shape[0] - 1, ptr.shape[1]
+    rows = max(64, REPAIR_CHUNK_CELLS // max(n_src, 1))
+    tg = np.ascontiguousarray(targets, dtype=np.float64)
+    sl = np.ascontiguousarray(slot_arr, dtype=np.int64)
+    for c0 in range(0, steps, rows):
+        c1 = min(steps, c0 + rows)
+        lo, hi = ptr[c0].copy(), ptr[c1] + 1  # ptr[c1] is still the nearest row: the chunk's last step sets it
+        cum, short, long_ = [], [], []
+        for k, s in enumerate(streams):
+            a, b = int(lo[k]), int(hi[k])
+            cum.append(s.cum[a:b])
+            short.append((s.cum if s.cum_short is None else s.cum_short)[a:b])
+            long_.append(s.cum_long[a:b] if s.cum_long is not None else s.cum[:0])
+        off_s = np.concatenate([[0], np.cumsum(hi - lo)])
+        off_l = np.concatenate([[0], np.cumsum([len(x) for x in long_])]).astype(np.int64)
+        repair_rows(
+            ptr,
+            tg,
+            (np.concatenate(cum), np.concatenate(short), np.concatenate(long_)),
+            (off_s, off_l),
+            lo,
+            sl,
+            lanes.seq_len,
+            (c0, c1),
+        )

@@ -1,5 +1,5 @@
-"""The membership repair (one compiled pass over the steps) gives exactly the pointers of the reference
-per-step loop it replaced, with and without a long lane, on fixed and per-step slots."""
+"""The membership repair (compiled, a chunk of steps at a time) gives exactly the pointers of the reference
+per-step loop it replaced, with and without a long lane, on fixed and per-step slots, across chunks."""
 
 from __future__ import annotations
 
@@ -63,13 +63,18 @@ def _case(seed: int, n_src: int, steps: int, slots: int, lanes: Lanes) -> tuple[
     ("seed", "n_src", "steps", "slots", "long"),
     [(0, 40, 300, 2, False), (1, 7, 400, 1, False), (2, 30, 200, 4, True), (3, 3, 500, 1, True)],
 )
-def test_repair_matches_the_reference_loop(seed: int, n_src: int, steps: int, slots: int, long: bool) -> None:
+def test_repair_matches_the_reference_loop(
+    seed: int, n_src: int, steps: int, slots: int, long: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     lanes = Lanes(seq_len=512, long_seq_len=2048, long_cp=2, threshold=512) if long else Lanes(seq_len=512)
     targets, streams, step_slots = _case(seed, n_src, steps, slots, lanes)
     want = _reference(targets, streams, lanes, step_slots)
+    monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", 7 * n_src)  # many chunks: boundaries get crossed
     got = membership(targets, streams, lanes, step_slots)
     near = np.zeros_like(want)
     for k, s in enumerate(streams):
         near[1:, k] = _mixture._nearest(s.cum, targets[:, k])
     assert (want != np.maximum.accumulate(near, axis=0)).any()  # the case does need repairs
     np.testing.assert_array_equal(got, want)
+    monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", 1 << 20)
+    np.testing.assert_array_equal(membership(targets, streams, lanes, step_slots), want)

@@ -37,6 +37,31 @@ def _members(key: np.ndarray, a: int, b: int, want: int, cap: int) -> np.ndarray
 
 
 @njit
+def _shift(
+    item: int,
+    s: int,
+    src: tuple[int, int],
+    dst: tuple[int, int],
+    cost3: np.ndarray,
+    room3: np.ndarray,
+    p_rank: np.ndarray,
+    p_mb: np.ndarray,
+    key: np.ndarray,
+    g_cost: np.ndarray,
+    g_len: np.ndarray,
+) -> float:
+    """Move an item of step s from slot src to slot dst (rank, micro-batch; rank costs are the caller's): its cost."""
+    c, ln = g_cost[item], g_len[item]
+    cost3[s, src[0], src[1]] -= c
+    room3[s, src[0], src[1]] += ln
+    cost3[s, dst[0], dst[1]] += c
+    room3[s, dst[0], dst[1]] -= ln
+    p_rank[item], p_mb[item] = dst
+    key[item] = s * cost3.shape[1] + dst[0]
+    return float(c)
+
+
+@njit
 def refine_rounds(
     cost3: np.ndarray,
     room3: np.ndarray,
@@ -59,7 +84,7 @@ def refine_rounds(
         a0, b0 = off[s], off[s + 1]
         for _ in range(rounds):
             r_s = rc[s]
-            hi, lo = np.argmax(r_s), np.argmin(r_s)
+            hi, lo = int(np.argmax(r_s)), int(np.argmin(r_s))
             gap = r_s[hi] - r_s[lo]
             if gap <= tolerance * r_s[hi]:
                 break
@@ -94,23 +119,10 @@ def refine_rounds(
             item_a = ia[bi]
             ma = p_mb[item_a]
             mj = roomiest if bj == 0 else p_mb[ib[bj - 1]]
-            c_a, l_a = g_cost[item_a], g_len[item_a]
-            cost3[s, hi, ma] -= c_a
-            room3[s, hi, ma] += l_a
-            cost3[s, lo, mj] += c_a
-            room3[s, lo, mj] -= l_a
-            p_rank[item_a], p_mb[item_a] = lo, mj
-            key[item_a] = s * dp + lo
+            c_a = _shift(item_a, s, (hi, ma), (lo, mj), cost3, room3, p_rank, p_mb, key, g_cost, g_len)
             c_b = 0.0
             if bj > 0:
-                item_b = ib[bj - 1]
-                c_b, l_b = g_cost[item_b], g_len[item_b]
-                cost3[s, lo, mj] -= c_b
-                room3[s, lo, mj] += l_b
-                cost3[s, hi, ma] += c_b
-                room3[s, hi, ma] -= l_b
-                p_rank[item_b], p_mb[item_b] = hi, ma
-                key[item_b] = s * dp + hi
+                c_b = _shift(ib[bj - 1], s, (lo, mj), (hi, ma), cost3, room3, p_rank, p_mb, key, g_cost, g_len)
             dl = c_a - c_b
             rc[s, hi] -= dl
             rc[s, lo] += dl

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -48,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sources", nargs="+", type=int, default=[1, 300])
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--from-log", type=Path, help="no runs: summarize the per-run lines of a sweep's output into --out")
     args = ap.parse_args(argv)
+    if args.from_log is not None:
+        _write(args.out, runs_from_log(args.from_log.read_text()), args.sources, args.dps, complete=True)
+        return 0
     trees = {"before": args.before, "after": args.after}
     runs: list[dict[str, Any]] = []
     for n_src in args.sources:
@@ -66,17 +71,24 @@ def main(argv: list[str] | None = None) -> int:
                             x["samples_per_cpu_s"] = samples / cpu
                             x["bytes_per_sample"] = (x["rss_peak_mb"] - x["rss_base_mb"]) * 2**20 / samples
                             runs.append(x)
+                            _write(args.out, runs, args.sources, args.dps, complete=False)
                             print(
                                 f"dp {dp:5d} src {n_src:3d} n {samples:>11,} steps {x['steps']:7d} {name:6s} wall "
                                 f"{x['seconds']:7.2f}s cpu {cpu:7.2f}s (balance {x['balance_cpu_seconds']:6.2f}s) "
                                 f"{x['samples_per_cpu_s']:>11,.0f} samples/cpu-s {x['bytes_per_sample']:6.1f} B/sample",
                                 flush=True,
                             )
+    _write(args.out, runs, args.sources, args.dps, complete=True)
+    return 0
+
+
+def summarize(runs: list[dict[str, Any]], sources: list[int], dps: list[int]) -> list[dict[str, Any]]:
+    """Per (dp, sources) with runs of both trees: each tree's best (least CPU) run per size, slopes, ratios."""
     summary = []
-    for n_src in args.sources:
-        for dp in args.dps:
+    for n_src in sources:
+        for dp in dps:
             row: dict[str, Any] = {"dp": dp, "sources": n_src}
-            for name in trees:
+            for name in ("before", "after"):
                 mine = [r for r in runs if r["version"] == name and r["dp"] == dp and r["sources"] == n_src]
                 best = {}  # per size, the run of least CPU (the least disturbed by other load)
                 for r in mine:
@@ -91,14 +103,55 @@ def main(argv: list[str] | None = None) -> int:
                     "slope_wall": _slope(pick, "seconds"),
                 }
             b, a = row["before"]["samples_per_cpu_s"], row["after"]["samples_per_cpu_s"]
-            row["cpu_speedup"] = {k: a[k] / b[k] for k in a if k in b}
-            summary.append(row)
+            if a and b:
+                row["cpu_speedup"] = {k: a[k] / b[k] for k in a if k in b}
+                summary.append(row)
+    return summary
+
+
+def _write(out: Path | None, runs: list[dict[str, Any]], sources: list[int], dps: list[int], complete: bool) -> None:
+    """Write the runs so far and their summary to `out` (after every run: a long sweep cut short keeps them)."""
+    summary = summarize(runs, sources, dps)
+    if complete:
+        for row in summary:
             print(json.dumps(row), flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"summary": summary, "runs": runs}, indent=1) + "\n")
-        print(f"wrote {args.out}")
-    return 0
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"complete": complete, "summary": summary, "runs": runs}, indent=1) + "\n")
+    if complete:
+        print(f"wrote {out}")
+
+
+_LOG = re.compile(
+    r"dp\s+(\d+) src\s+(\d+) n\s+([\d,]+) steps\s+(\d+) (before|after)\s+wall\s+([\d.]+)s cpu\s+([\d.]+)s "
+    r"\(balance\s+([\d.]+)s\)\s+[\d,]+ samples/cpu-s\s+([\d.]+) B/sample"
+)
+
+
+def runs_from_log(text: str) -> list[dict[str, Any]]:
+    """The runs printed by a sweep (its per-run lines), for one cut short before it wrote its JSON."""
+    runs = []
+    for m in _LOG.finditer(text):
+        dp, src, n, steps, name, wall, cpu, bal, bps = m.groups()
+        samples = int(n.replace(",", ""))
+        runs.append(
+            {
+                "version": name,
+                "samples": samples,
+                "sources": int(src),
+                "dp": int(dp),
+                "steps": int(steps),
+                "seconds": float(wall),
+                "cpu_seconds": float(cpu),
+                "balance_cpu_seconds": float(bal),
+                "samples_per_s": samples / float(wall),
+                "samples_per_cpu_s": samples / float(cpu),
+                "bytes_per_sample": float(bps),
+                "from_log": True,
+            }
+        )
+    return runs
 
 
 if __name__ == "__main__":

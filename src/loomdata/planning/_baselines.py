@@ -11,14 +11,15 @@
   shuffled order into the step's dp * micro_batches sequences; what does not fit waits (the tokens are
   reported). Sequence j goes to rank j % dp. Packing less densely than the plan, it needs more steps
   for the same tokens, so its time for a step's tokens is its per-rank time times (the step's tokens /
-  the tokens it packed). (Simplifications, so that a block of steps is one NumPy pass: what waits is
+  the tokens it packed). (Simplifications, so that a block of steps is one pass: what waits is
   counted by that factor instead of going first into the next step; next-fit, not first-fit, whose
   backfill has no vectorised form here and would pack a little denser.)
 
 With `part="encoder"` (or "backbone") the same layouts are priced by that part of the cost alone
 (CostSpec.parts): the baselines' encoder and backbone loads per rank, for the report of `cost.balance: both`.
 
-Both use one shuffle per step, seeded by (plan seed, salt, step), so they are deterministic. Long-lane
+Both use one shuffle per step, seeded by (plan seed, salt, step), so they are deterministic; the shuffles and
+the cutting into pieces run compiled (_baseline_kernel), the pricing and per-rank sums in NumPy. Long-lane
 segments are treated like text (no framework has loomdata's lanes): short cp, seq_len rows.
 """
 
@@ -29,8 +30,8 @@ from typing import Literal
 
 import numpy as np
 
+from loomdata.planning._baseline_kernel import concat_pieces, packed_pieces, shuffle_steps
 from loomdata.planning._cost import segment_cost, segment_parts
-from loomdata.planning._packing import next_fit
 from loomdata.schemas.spec import CostSpec
 
 __all__ = ["BASELINE_DESCRIPTION", "baselines_flat", "baselines_many", "concat_chunk", "perms"]
@@ -50,7 +51,7 @@ def _perm(seed: int, salt: int, t: int, n: int) -> np.ndarray:
 
 def perms(seed: int, salt: int, ts: Sequence[int], ns: np.ndarray) -> np.ndarray:
     """_perm(seed, salt, t, n) of every (t, n), concatenated (the same bits): the seed sequences of all steps
-    are hashed at once (_seed_states), and one generator is re-seeded per step."""
+    are hashed at once (_seed_states), and each step's PCG64 shuffle runs compiled (_baseline_kernel)."""
     steps = np.asarray(ts, dtype=np.int64)
     ns = np.asarray(ns, dtype=np.int64)
     if len(steps) == 0:
@@ -58,25 +59,14 @@ def perms(seed: int, salt: int, ts: Sequence[int], ns: np.ndarray) -> np.ndarray
     if steps.min() < 0 or steps.max() > _MASK32:  # outside one 32-bit entropy word: numpy's own seeding
         return np.concatenate([_perm(seed, salt, int(t), int(n)) for t, n in zip(steps, ns, strict=True)])
     words = [*_uint32_words(int(seed) & 0xFFFFFFFFFFFFFFFF), salt]
-    state = _seed_states(words, steps.astype(np.uint32)).tolist()
-    bg = np.random.PCG64(0)
-    gen = np.random.Generator(bg)
     first = np.zeros(len(ns) + 1, dtype=np.int64)
     np.cumsum(ns, out=first[1:])
     out = np.arange(int(first[-1]), dtype=np.int64) - np.repeat(first[:-1], ns)  # each step's arange(n)
-    mult, mask = _PCG_MULT, (1 << 128) - 1
-    for (s0, s1, i0, i1), a, b in zip(state, first[:-1].tolist(), first[1:].tolist(), strict=True):
-        if b - a < 2:
-            continue  # nothing to shuffle (and a shuffle of fewer than 2 draws nothing)
-        inc = (((i0 << 64) | i1) << 1 | 1) & mask  # pcg_setseq_128_srandom_r: state 0, step, += seed, step
-        st = ((((s0 << 64) | s1) + inc) * mult + inc) & mask
-        bg.state = {"bit_generator": "PCG64", "state": {"state": st, "inc": inc}, "has_uint32": 0, "uinteger": 0}
-        gen.shuffle(out[a:b])  # what permutation(n) does to arange(n), in place
+    shuffle_steps(_seed_states(words, steps.astype(np.uint32)), first, out)  # what permutation(n) does, in place
     return out
 
 
 _MASK32 = 0xFFFFFFFF
-_PCG_MULT = (2549297995355413924 << 64) | 4865540595714422341  # PCG's default 128-bit multiplier
 _INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
 _MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
 
@@ -207,34 +197,18 @@ def baselines_flat(
     im = image[idx].astype(np.int64)
     tokens = np.bincount(step_of, weights=ln, minlength=b)
     keys = b * dp
-    # concat_chunk: each step's documents end to end from a row start of its own
-    cum = np.cumsum(ln) - ln
-    local = cum - cum[np.minimum(first[step_of], len(cum) - 1)]
-    n_rows = -(-tokens.astype(np.int64) // seq_len)
-    base = np.cumsum(n_rows) - n_rows
-    row, plen, pimg, seg = _pieces(ln, im, local + base[step_of] * seq_len, seq_len)
-    st = step_of[seg]
-    key = st * dp + (row - base[st]) % dp
-    concat = np.bincount(key, weights=price(plen, pimg), minlength=keys).reshape(b, dp)
+    # concat_chunk: each step's documents end to end from a row start of its own (pieces cut by the kernel)
+    key, plen, pimg, n_rows = concat_pieces(ln, im, first, seq_len, dp)
+    concat: np.ndarray = np.bincount(key, weights=price(plen, pimg), minlength=keys).reshape(b, dp)
     rows = np.maximum((n_rows[:, None] - np.arange(dp)[None, :] + dp - 1) // dp, 1)
-    concat *= micro_batches / rows * (n_rows / (dp * micro_batches))[:, None]
+    concat = concat * (micro_batches / rows * (n_rows / (dp * micro_batches))[:, None])
     # packed: documents cut into seq_len pieces, next-fit with a new sequence at each step's first piece
-    n = -(-ln // seq_len)
-    _, plen, pimg, seg = _pieces(ln, im, np.cumsum(n * seq_len) - n * seq_len, seq_len)
-    st = step_of[seg]
-    brk = np.flatnonzero(st[1:] != st[:-1]) + 1
-    seq = next_fit(np.insert(plen, brk, seq_len), seq_len) if len(plen) else np.zeros(0, dtype=np.int64)
-    seq = np.delete(seq, brk + np.arange(len(brk)))
-    p_first = np.zeros(len(plen), dtype=bool)
-    if len(plen):
-        p_first[0] = True
-    p_first[brk] = True
-    seq = seq - np.maximum.accumulate(np.where(p_first, seq, 0))  # sequence index within its step
-    inside = seq < dp * micro_batches
-    key = st[inside] * dp + seq[inside] % dp
-    cost = price(plen[inside], pimg[inside])
-    done = np.bincount(st[inside], weights=plen[inside], minlength=b)
-    packed = np.bincount(key, weights=cost, minlength=keys).reshape(b, dp) * (tokens / np.maximum(done, 1))[:, None]
+    key, plen, pimg, done_int = packed_pieces(ln, im, first, seq_len, dp, dp * micro_batches)
+    done = done_int.astype(np.float64)
+    packed = (
+        np.bincount(key, weights=price(plen, pimg), minlength=keys).reshape(b, dp)
+        * (tokens / np.maximum(done, 1))[:, None]
+    )
     return concat, packed, tokens - done
 
 

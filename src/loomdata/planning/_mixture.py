@@ -17,8 +17,7 @@ count is nearest to T[t, k]: one `searchsorted` per source over all steps at onc
 Each source's realized cumulative tokens stay within half a segment of its target on every prefix, so
 cumulative shares converge on the targets (after step 20 within 1 percentage point once a step holds a
 few dozen documents). A step whose segments would not fit its slots defers the segments of the source
-most ahead of its target to the next step (a sequential repair that visits only overflowing steps and
-the steps right after a deferral).
+most ahead of its target to the next step (a sequential repair, compiled: _mixture_kernel).
 
 The mixture's own rules (known sources, weights, milestone steps) are the spec's (parse_spec); planning
 trusts a validated Spec and checks only what needs the data. Errors (PlanError): a source with a
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loomdata.planning._mixture_kernel import repair_rows
 from loomdata.planning._packing import Lanes, expand_with_lengths
 from loomdata.planning._shuffle import BlockLayout
 from loomdata.schemas.errors import PlanError
@@ -244,38 +244,7 @@ def membership(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slo
 
 
 REPAIR_CHUNK_CELLS = 1 << 20
-"""(steps x sources) cells of the stream counts looked up at once by the repair (bounds its memory)."""
-
-
-class _Chunk:
-    """Rows c0..c1 of the nearest pointers (copied before the repair rewrites them) and the stream counts
-    at them: short-lane tokens, long-lane segments and tokens, source by source (one lookup per source)."""
-
-    def __init__(self, ptr: np.ndarray, streams: Sequence[Stream], c0: int, c1: int) -> None:
-        self.c0 = c0
-        self.near = ptr[c0 : c1 + 1].copy()
-        n_rows, n_src = self.near.shape
-        self.short = np.empty((n_rows, n_src), dtype=np.int64)
-        self.cum = np.empty((n_rows, n_src), dtype=np.int64)
-        self.long: np.ndarray | None = None
-        for k, s in enumerate(streams):
-            col = self.near[:, k]
-            self.cum[:, k] = s.cum[col]
-            if s.cum_short is not None:
-                self.short[:, k] = s.cum_short[col]
-            else:
-                self.short[:, k] = self.cum[:, k]
-            if s.cum_long is not None:
-                if self.long is None:
-                    self.long = np.zeros((n_rows, n_src), dtype=np.int64)
-                self.long[:, k] = s.cum_long[col]
-
-    def bad_steps(self, slot_arr: np.ndarray, seq_len: int) -> np.ndarray:
-        """Steps (absolute) of the chunk that overflow their slots when every pointer is the nearest one."""
-        short = np.diff(self.short, axis=0).sum(axis=1)
-        n_long = np.zeros_like(short) if self.long is None else np.diff(self.long, axis=0).sum(axis=1)
-        sl = slot_arr[self.c0 : self.c0 + len(short)]
-        return np.flatnonzero((n_long > sl) | (short > (sl - n_long) * seq_len)) + self.c0
+"""(steps x sources) cells repaired at once (bounds the windows of the streams' counts gathered for them)."""
 
 
 def _repair(
@@ -283,67 +252,33 @@ def _repair(
 ) -> None:
     """Defer segments of the source most ahead of target, one at a time, until every step fits its slots.
 
-    Sequential by nature (a deferral moves a segment into the next step), but only overflowing steps and
-    the steps right after a deferral need work: while no deferral is pending, pointers are the nearest
-    ones and the next step to look at is the next overflowing one (found with NumPy over a chunk of
-    steps). A looked-at step costs a few NumPy calls over the sources plus one scalar update per deferred
-    segment, so the repair is linear in steps and sources. It matches the original per-step loop exactly.
+    Sequential by nature (a deferral moves a segment into the next step): a compiled pass over a chunk of steps
+    at a time (_mixture_kernel.repair_rows), linear in steps and sources, over the window of each stream's
+    counts those steps can reach (from the repaired pointer before the chunk to the nearest pointer after it:
+    a deferral never goes below the pointer before its step). It matches the original per-step loop exactly.
     """
     steps, n_src = ptr.shape[0] - 1, ptr.shape[1]
-    if steps == 0:
-        return
-    seq_len = lanes.seq_len
     rows = max(64, REPAIR_CHUNK_CELLS // max(n_src, 1))
-    cs_of = [s.cum if s.cum_short is None else s.cum_short for s in streams]
-    cl_of = [s.cum_long for s in streams]
-    has_long = any(c is not None for c in cl_of)
-    chunk: _Chunk | None = None
-    bad = np.zeros(0, dtype=np.int64)
-    # state before step t: p = repaired ptr[t], its short/long counts; `dirty` when p != nearest row t
-    p = p_cs = p_cl = np.zeros(0, dtype=np.int64)
-    dirty = False
-    t = 0
-    while t < steps:
-        if chunk is None or t + 1 > chunk.c0 + len(chunk.near) - 1:
-            chunk = _Chunk(ptr, streams, t, min(steps, t + rows))
-            bad = chunk.bad_steps(slot_arr, seq_len)
-        c0 = chunk.c0
-        if not dirty:
-            i = int(np.searchsorted(bad, t))
-            if i == len(bad):
-                t = c0 + len(chunk.near) - 1  # the chunk's steps all fit: go on with the next chunk
-                continue
-            t = int(bad[i])
-            j = t - c0
-            p, p_cs = chunk.near[j], chunk.short[j]
-            p_cl = chunk.long[j] if chunk.long is not None else p_cs
-        j = t + 1 - c0
-        r = chunk.near[j].copy()
-        r_cs = chunk.short[j].copy()
-        r_cl = chunk.long[j].copy() if chunk.long is not None else r_cs
-        short = int((r_cs - p_cs).sum())
-        n_long = int((r_cl - p_cl).sum()) if has_long else 0
-        slots = int(slot_arr[t])
-        if not (n_long <= slots and short <= (slots - n_long) * seq_len):
-            ahead = np.where(r > p, chunk.cum[j] - targets[t], -np.inf)
-            while True:
-                k = int(np.argmax(ahead))
-                rk = int(r[k])
-                cs = cs_of[k]
-                short -= int(cs[rk] - cs[rk - 1])
-                cl = cl_of[k]
-                if cl is not None:
-                    n_long -= int(cl[rk] - cl[rk - 1])
-                    r_cl[k] = cl[rk - 1]
-                rk -= 1
-                r[k] = rk
-                r_cs[k] = cs[rk]
-                ahead[k] = streams[k].cum[rk] - targets[t, k] if rk > p[k] else -np.inf
-                if n_long <= slots and short <= (slots - n_long) * seq_len:
-                    break
-            ptr[t + 1] = r
-            dirty = True
-        else:
-            dirty = False  # r is the nearest row: the next step starts clean
-        p, p_cs, p_cl = r, r_cs, (r_cl if has_long else r_cs)
-        t += 1
+    tg = np.ascontiguousarray(targets, dtype=np.float64)
+    sl = np.ascontiguousarray(slot_arr, dtype=np.int64)
+    for c0 in range(0, steps, rows):
+        c1 = min(steps, c0 + rows)
+        lo, hi = ptr[c0].copy(), ptr[c1] + 1  # ptr[c1] is still the nearest row: the chunk's last step sets it
+        cum, short, long_ = [], [], []
+        for k, s in enumerate(streams):
+            a, b = int(lo[k]), int(hi[k])
+            cum.append(s.cum[a:b])
+            short.append((s.cum if s.cum_short is None else s.cum_short)[a:b])
+            long_.append(s.cum_long[a:b] if s.cum_long is not None else s.cum[:0])
+        off_s = np.concatenate([[0], np.cumsum(hi - lo)])
+        off_l = np.concatenate([[0], np.cumsum([len(x) for x in long_])]).astype(np.int64)
+        repair_rows(
+            ptr,
+            tg,
+            (np.concatenate(cum), np.concatenate(short), np.concatenate(long_)),
+            (off_s, off_l),
+            lo,
+            sl,
+            lanes.seq_len,
+            (c0, c1),
+        )

@@ -4,10 +4,10 @@ The plan id is a content hash of (the spec's content JSON: no workdir, base_dir 
 index fingerprints; PLANNER_VERSION), so the same inputs give the same id and byte-identical files
 wherever the spec, data and workdir are; planning an id that already exists
 complete is a no-op. Files are written into a temporary folder beside the target and renamed into place.
-The work is NumPy over a block of consecutive steps at a time (_items gathers their segments and
+The work is NumPy and compiled kernels over a block of consecutive steps at a time (_items gathers their segments and
 costs, balance.balance_span deals, places leftovers, refines and computes the baseline for all of
 them as flat arrays, _step appends the block's manifest rows and figures; _ranges runs that over a
-range of steps); nothing loops per sample, and nothing but rare leftovers per step. With `client=`,
+range of steps); no Python loops per sample, and none but rare leftovers per step. With `client=`,
 membership runs here and ranges of steps are balanced and written on the cluster's workers
 (_distributed), byte-identical to planning in one process. Segments a step had no room for (image
 samples that cannot be split; rare) go first into the next step; any left after
@@ -17,9 +17,10 @@ base's rows, later steps continue its streams and in-flight pieces with the spec
 per-step budgets then follow `parameters.shape_schedule`.
 
 Measured (benchmarks/plan_scale.py on this shared 2-core machine, so read them as orders of magnitude;
-results/plan_scale*.json hold the figures): at dp 1024 with 2 sources 0.6-0.85M indexed samples/s; at
-dp 4 / 8, 1 source, 0.44M / 0.5M samples per CPU-second after the block-level sink (was 0.26M / 0.32M;
-results/plan_scale_block.json), bound by the balancer's NumPy rounds themselves. Peak memory
+results/plan_scale*.json hold the figures): with the compiled kernels (numba: deal, local search, baselines'
+shuffles and cuts, membership repair, LRU replay, mixture error) at 10M samples 0.9-1.1M samples per
+CPU-second with 1 source and 0.4-0.86M with 300 at dp 4-1024, 1.34-1.89x the NumPy code
+(results/plan_scale_s6.json); a process's first plan loads the kernels from numba's cache (~0.26 s CPU). Peak memory
 (benchmarks/plan_memory.py, results/plan_memory.json, each phase's own peak): the index columns (4 bytes a
 sample: num_tokens; dense ids and zero image columns not stored), the streams (4 bytes a segment, plus 8
 of counts until the look-ahead has read them) and the look-ahead's compact per-segment columns (about 14

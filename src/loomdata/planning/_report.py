@@ -52,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 
 from loomdata.planning._cp_report import cp_figures
+from loomdata.planning._report_kernel import mixture_shares
 from loomdata.schemas.plan import read_plan
 from loomdata.schemas.tables import ReadCount, TableKind, iter_steps, read_steps, step_span, write_table
 
@@ -394,17 +395,13 @@ def mixture_error(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(worst error per step in pp, realized cumulative shares, target cumulative shares).
 
-    Targets are the mean of the steps' weights, weighted by their token budgets when those differ (re-plans).
+    Targets are the mean of the steps' weights, weighted by their token budgets when those differ (re-plans);
+    one compiled pass (_report_kernel).
     """
-    cum = np.cumsum(tokens, axis=0).astype(np.float64)
-    tot = cum.sum(axis=1, keepdims=True)
-    realized = cum / np.where(tot > 0, tot, 1.0)
-    if budgets is None:
-        target = np.cumsum(weights, axis=0) / np.arange(1, len(weights) + 1)[:, None]
-    else:
-        b = np.asarray(budgets, dtype=np.float64)
-        target = np.cumsum(weights * b[:, None], axis=0) / np.maximum(np.cumsum(b), 1.0)[:, None]
-    err = np.abs(realized - target).max(axis=1, initial=0.0) * 100.0 if len(tokens) else np.zeros(0)
+    b = np.zeros(0) if budgets is None else np.ascontiguousarray(budgets, dtype=np.float64)
+    err, realized, target = mixture_shares(
+        np.ascontiguousarray(tokens, dtype=np.int64), np.ascontiguousarray(weights, dtype=np.float64), b
+    )
     return err, realized, target
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loomdata.planning._shuffle_kernel import lru_replay
 from loomdata.schemas.spec import SourceSpec
 
 __all__ = [
@@ -183,55 +184,10 @@ def shuffle_figures(
 def lru_hits(keys: np.ndarray, capacity: int) -> np.ndarray:
     """For each access of the sequence `keys`, whether an LRU cache of `capacity` entries holds it already.
 
-    Access i of key b, last used at j < i, hits iff fewer than `capacity` other keys were used in (j, i),
-    i.e. fewer than `capacity` positions k in (j, i) have their next use after i. Those counts are range
-    queries over (k, next[k]), answered for all accesses at once with a merge-sort tree: one sort of the
-    next-use array per level, log2(n) levels, no Python loop over accesses (O(n log^2 n)).
+    Access i of key b, last used at j < i, hits iff fewer than `capacity` other keys were used in (j, i);
+    replayed in one compiled pass (_shuffle_kernel: a Fenwick tree over the keys' latest uses, O(n log n)).
     """
-    m = len(keys)
-    hit = np.zeros(m, dtype=bool)
-    if m < 2:
-        return hit
-    by_key = np.argsort(keys, kind="stable")
-    same = keys[by_key][1:] == keys[by_key][:-1]
-    prev = np.full(m, -1, dtype=np.int64)
-    nxt = np.full(m, m, dtype=np.int64)  # m: never used again (within the sequence)
-    prev[by_key[1:][same]] = by_key[:-1][same]
-    nxt[by_key[:-1][same]] = by_key[1:][same]
-    q = np.flatnonzero(prev >= 0)
-    close = q - prev[q] - 1 < capacity  # fewer accesses than capacity in between: surely a hit
-    hit[q[close]] = True
-    q = q[~close]
-    if len(q):
-        # other keys in (j, i) = #{k in [j+1, i): next[k] > i}
-        upto_i, upto_j = _later_than(nxt, [q, prev[q] + 1], q)
-        count = upto_i - upto_j
-        hit[q] = count < capacity
-    return hit
-
-
-def _later_than(values: np.ndarray, xs: list[np.ndarray], t: np.ndarray) -> list[np.ndarray]:
-    """For each x of xs and query q, #{k < x[q] : values[k] > t[q]} (values in [0, n]). The prefix [0, x)
-    splits into one dyadic node per set bit of x, and each node's sorted values answer with one
-    searchsorted; the nodes of a level are sorted once for all query sets."""
-    n = len(values)
-    levels = max(int(n - 1).bit_length(), 1)
-    size = 1 << levels
-    pad = np.full(size, -1, dtype=np.int64)  # padding never counts (-1 <= any t)
-    pad[:n] = values
-    span = np.int64(n + 2)  # keys node * span + value + 1 keep nodes apart and sorted
-    outs = [np.zeros(len(x), dtype=np.int64) for x in xs]
-    for level in range(levels + 1):
-        s = 1 << level
-        ons = [(x >> level) & 1 == 1 for x in xs]
-        if not any(on.any() for on in ons):
-            continue
-        keys = np.sort(pad.reshape(-1, s), axis=1).ravel() + 1
-        keys += np.repeat(np.arange(size // s, dtype=np.int64) * span, s)
-        for x, on, out in zip(xs, ons, outs, strict=True):
-            node = (x[on] >> (level + 1)) << 1  # the size-s node starting at (x >> (level+1)) << (level+1)
-            out[on] += s - (np.searchsorted(keys, node * span + t[on] + 1, side="right") - node * s)
-    return outs
+    return lru_replay(np.ascontiguousarray(keys, dtype=np.int64), int(capacity))
 
 
 def layout_of(source: SourceSpec, runs: np.ndarray, order: np.ndarray | None) -> BlockLayout:

@@ -101,7 +101,7 @@ def test_report_gain_is_against_the_stronger_baseline_and_states_the_1f1b_bubble
 
 
 def test_block_permutations_are_numpys_seeded_permutations() -> None:
-    """perms hashes every step's seed sequence at once and re-seeds one generator: the same bits as
+    """perms hashes every step's seed sequence at once and shuffles with the compiled PCG64: the same bits as
     default_rng([seed, salt, t]).permutation(n) step by step, for seeds of one and two words, t = 0 and 2^32 - 1,
     steps of 0, 1 and many segments (and numpy's own seeding past 32-bit steps)."""
     rng = np.random.default_rng(3)

@@ -225,7 +225,7 @@ def test_block_shuffle_replan_continues_the_stream(tmp_path: Path, spec_of: Call
 
 
 def test_lru_hits_match_a_reference_lru_cache() -> None:
-    """The vectorised hit test of the read-amplification figure equals a plain LRU cache, access by access."""
+    """The compiled hit test of the read-amplification figure equals a plain LRU cache, access by access."""
     from collections import OrderedDict
 
     from loomdata.planning._shuffle import lru_hits

@@ -1,6 +1,5 @@
-"""The membership repair (only overflowing steps and those after a deferral are visited) gives exactly
-the pointers of the reference per-step loop it replaced, with and without a long lane, on fixed and
-per-step slots, across repair chunks."""
+"""The membership repair (compiled, a chunk of steps at a time) gives exactly the pointers of the reference
+per-step loop it replaced, with and without a long lane, on fixed and per-step slots, across chunks."""
 
 from __future__ import annotations
 

@@ -23,9 +23,10 @@ One implementation, run a block of consecutive steps at a time (_block; a block 
   larger of the encoder and backbone maxima, each over its own lower bound (never raising it);
 The lower bound is LB = max(total cost / dp_size, largest segment cost).
 
-Cost: O(segments/dp) rounds of O(dp log dp) NumPy work per step, run for all steps of a block at once
-(at small dp NumPy's fixed cost per call would dominate); no per-segment Python loop except for the
-rare leftovers.
+Cost: O(segments/dp) rounds of O(dp log dp) work per step. The LPT rounds (_deal_kernel), the pairwise and
+the wide local search (_refine_kernel, _wide_kernel) are compiled numba kernels run step after step over the
+block's flat arrays (the same decisions as the NumPy rounds they replaced, which ran in lockstep over a block's
+steps); ordering the items, the long lane, the hybrid search and the rare leftovers stay NumPy/Python.
 """
 
 from loomdata.planning.balance._block import (

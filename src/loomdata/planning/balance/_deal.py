@@ -5,12 +5,13 @@ micro-batch with room. A round serves only the ranks sequential LPT would serve 
 loaded rank gets a second segment (load within the round's largest cost of the minimum), so ranks made
 heavy by long sequences or a big segment sit out until the others catch up; with even loads a round is
 dp wide. A segment whose rank has no slot with room goes at once to the least loaded rank that has one
-(state.place_whole_flat). Items carried into a step from the previous one are dealt first.
+(_deal_kernel.place_whole_step). Items carried into a step from the previous one are dealt first.
 
-Steps are independent once their items are known, so their rounds run in lockstep: the block's slot
-state is one (steps, dp, micro_batches) array, each step's state a view of it, and one round is the same
-NumPy calls over every step still dealing (at small dp a step is ~15 rounds of a dozen calls on
-dp-sized arrays, where NumPy's fixed cost per call would dominate). A block may be one step.
+Steps are independent once their items are known: the block's slot state is one (steps, dp, micro_batches)
+array, each step's state a view of it, and the rounds run compiled (_deal_kernel.deal_rounds), one step after
+the other (the NumPy rounds they replace ran in lockstep over the block's steps, with the same results: a
+step's rounds touch only its own slots). Ordering the items and the long lane stay NumPy. A block may be one
+step.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from loomdata.planning._packing import Lanes
-from loomdata.planning.balance._state import Dealt, Slots, place_long, place_whole_flat
+from loomdata.planning.balance._deal_kernel import deal_rounds
+from loomdata.planning.balance._state import Dealt, Slots, place_long
 
 __all__ = ["FlatDeal", "deal_flat", "deal_many"]
 
@@ -121,66 +123,22 @@ def deal_flat(
         d, a = fd.view(i), int(off[i])
         c = all_cost[a : int(off[i + 1])]
         place_long(d.long_idx, d.length, c, d.st, d.p_rank, d.p_mb, lanes, float(c.sum()))
-    # the block's short items in dealing order, step after step: global item index, cost, length
-    n_deal = np.diff(cut)
-    start = cut
-    g_item = np.concatenate([by, np.zeros(1, dtype=np.int64)])
-    g_cost = np.concatenate([all_cost[by], np.zeros(1)])
-    g_len = np.concatenate([length[by], np.zeros(1, dtype=np.int64)])
-    lane_j = np.arange(dp)
-    # (steps * dp, micro_batches) views: a (step, rank) pair is one row, so a round indexes one axis
-    cost2 = cost3.reshape(b * dp, micro_batches)
-    room2 = room3.reshape(b * dp, micro_batches)
-    rc_flat = rank_cost.reshape(b * dp)
-    act = np.flatnonzero(n_deal > 0)  # the steps still dealing, and of each: its first row, next item, items left
-    act_row, at, left = act * dp, start[act], n_deal[act]
-    while len(act):
-        # each step's ranks least loaded first, and how many of them the round serves (k): those whose load is
-        # within the round's largest cost of the minimum, i.e. searchsorted(loads, loads[0] + c0, "right")
-        if len(act) == 1:  # one step dealing (a block of one, or the block's last): 1-d, slices, no gathers
-            s0, a0 = int(act[0]), int(at[0])
-            rc1 = rank_cost[s0]
-            rk = rc1.argsort(kind="stable")
-            loads1 = rc1[rk]
-            k0 = min(int(left[0]), max(1, int(loads1.searchsorted(loads1[0] + g_cost[a0], side="right"))))
-            k = np.array([k0])
-            rk = rk[:k0]
-            row = rk + s0 * dp
-            ln, c, item = g_len[a0 : a0 + k0], g_cost[a0 : a0 + k0], g_item[a0 : a0 + k0]
-        else:
-            rc = rank_cost if len(act) == b else rank_cost[act]
-            ranks = rc.argsort(axis=1, kind="stable")
-            rows = ranks + act_row[:, None]
-            loads = rc_flat[rows]
-            within = (loads <= (loads[:, :1] + g_cost[at][:, None])).sum(axis=1)
-            k = np.minimum(left, np.maximum(within, 1))  # within <= dp
-            # the round's entries, step after step: each step's k next items to its k least loaded ranks
-            w = int(k.max())
-            valid = lane_j[None, :w] < k[:, None]
-            row, rk = rows[:, :w][valid], ranks[:, :w][valid]
-            gi = np.repeat(at - (np.cumsum(k) - k), k) + np.arange(len(row))
-            ln, c, item = g_len[gi], g_cost[gi], g_item[gi]
-        sc = np.where(room2[row] < ln[:, None], np.inf, cost2[row])
-        m = sc.argmin(axis=1)
-        ok = sc[np.arange(len(m)), m] < np.inf
-        every = bool(ok.all())
-        good = item
-        if not every:
-            row, m, c, ln, rk, good = row[ok], m[ok], c[ok], ln[ok], rk[ok], item[ok]
-        cost2[row, m] += c
-        room2[row, m] -= ln
-        rc_flat[row] += c
-        p_rank[good] = rk
-        p_mb[good] = m
-        if not every:  # their rank was full: other ranks take them, step by step
-            nok = ~ok
-            owner = np.repeat(act, k)[nok]
-            place_whole_flat(owner, item[nok], length, all_cost, (cost3, room3, lane3, rank_cost), p_rank, p_mb)
-        at += k
-        left -= k
-        if not left.all():
-            keep = left > 0
-            act, act_row, at, left = act[keep], act_row[keep], at[keep], left[keep]
+    # the block's short items in dealing order, step after step (global item index, cost, length), dealt in
+    # LPT rounds step after step by the compiled kernel
+    deal_rounds(
+        cost3,
+        room3,
+        rank_cost,
+        p_rank,
+        p_mb,
+        by,
+        np.ascontiguousarray(all_cost[by], dtype=np.float64),
+        length[by],
+        cut[:-1],
+        np.diff(cut),
+        length,
+        np.ascontiguousarray(all_cost, dtype=np.float64),
+    )
     return fd
 
 

@@ -32,7 +32,6 @@ import numpy as np
 
 from loomdata.planning.balance._state import Dealt, members
 from loomdata.planning.balance._state import step_max as _step_max
-from loomdata.planning.balance._wide import _grid as _spaced  # at most cap evenly spaced members per unit
 
 __all__ = ["hybrid_objective", "hybrid_search"]
 
@@ -56,6 +55,22 @@ def hybrid_objective(enc: np.ndarray, bb: np.ndarray, lb_enc: np.ndarray, lb_bb:
     ie = np.where(lb_enc > 0, 1.0 / np.where(lb_enc > 0, lb_enc, 1.0), 0.0)
     ib = np.where(lb_bb > 0, 1.0 / np.where(lb_bb > 0, lb_bb, 1.0), 0.0)
     return np.maximum(enc * ie[:, None], bb * ib[:, None]).max(axis=1)
+
+
+def _spaced(members: np.ndarray, step: np.ndarray, n_steps: int, cap: int | np.ndarray) -> np.ndarray:
+    """Members of each step (sorted by step) in a padded (n_steps, width) grid (-1 = none), at most `cap`
+    (one for all, or one per step) evenly spaced ones per step."""
+    count = np.bincount(step, minlength=n_steps)
+    first = np.zeros(n_steps + 1, dtype=np.int64)
+    np.cumsum(count, out=first[1:])
+    at = np.arange(len(members)) - first[step]
+    stride = np.maximum(1, -(-count // cap))
+    keep = at % stride[step] == 0
+    members, step, at = members[keep], step[keep], at[keep] // stride[step[keep]]
+    n = np.bincount(step, minlength=n_steps)
+    grid = np.full((n_steps, int(n.max(initial=0))), -1, dtype=np.int64)
+    grid[step, at] = members
+    return grid
 
 
 def _units(obj: np.ndarray, e_n: np.ndarray, b_n: np.ndarray, dp: int) -> tuple[np.ndarray, ...]:

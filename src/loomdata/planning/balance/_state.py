@@ -17,12 +17,8 @@ __all__ = [
     "members",
     "place_long",
     "place_whole",
-    "place_whole_flat",
-    "place_whole_many",
     "step_max",
 ]
-
-FALLBACK_PASSES = 3  # vectorised passes for segments whose rank was full, before going one by one
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,34 +144,6 @@ def place_whole(i: int, length: np.ndarray, cost: np.ndarray, st: Slots, p_rank:
     return True
 
 
-def place_whole_many(
-    items: np.ndarray, length: np.ndarray, cost: np.ndarray, st: Slots, p_rank: np.ndarray, p_mb: np.ndarray
-) -> None:
-    """Place items whose rank was full: a few vectorised passes pairing them (largest first) with the least
-    loaded ranks that have room, then one by one; items no rank can hold whole stay for the leftover pass."""
-    items = items[np.argsort(-cost[items], kind="stable")]
-    for _ in range(FALLBACK_PASSES):
-        if len(items) == 0:
-            return
-        cand = np.flatnonzero(st.room.max(axis=1) >= length[items].min())
-        if len(cand) == 0:
-            return
-        cand = cand[np.argsort(st.rank_cost[cand], kind="stable")][: len(items)]
-        head, items = items[: len(cand)], items[len(cand) :]
-        ln = length[head]
-        sc = np.where(st.room[cand] >= ln[:, None], st.cost[cand], np.inf)
-        m = sc.argmin(axis=1)
-        ok = sc[np.arange(len(cand)), m] < np.inf
-        i, r, m, ln = head[ok], cand[ok], m[ok], ln[ok]
-        commit(st, i, r, m, ln, cost[i], p_rank, p_mb)
-        if ok.all() and len(items) == 0:
-            return
-        items = np.concatenate([head[~ok], items])
-        items = items[np.argsort(-cost[items], kind="stable")]
-    for i in items:
-        place_whole(int(i), length, cost, st, p_rank, p_mb)
-
-
 def step_max(values: np.ndarray, step: np.ndarray, n_steps: int) -> np.ndarray:
     """Per step, the largest of `values` (grouped by `step`, ascending) and 0 (np.maximum.at on zeros, without
     its slow unbuffered loop: one reduceat over the steps that have values)."""
@@ -186,55 +154,3 @@ def step_max(values: np.ndarray, step: np.ndarray, n_steps: int) -> np.ndarray:
     has = starts < np.append(starts[1:], len(step))
     top[has] = np.maximum(0.0, np.maximum.reduceat(values, starts[has]))
     return top
-
-
-def place_whole_flat(
-    step: np.ndarray,
-    items: np.ndarray,
-    length: np.ndarray,
-    cost: np.ndarray,
-    slots: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-    p_rank: np.ndarray,
-    p_mb: np.ndarray,
-) -> None:
-    """place_whole_many for the failed `items` of several steps of a block at once (item i is of step[i]; items,
-    length, cost, p_rank, p_mb index the block's items; slots are its (steps, dp, mb) cost, room, lane and
-    (steps, dp) rank cost): each vectorised pass over every step together, then one by one (rare)."""
-    cost3, room3, lane3, rank_cost = slots
-    for _ in range(FALLBACK_PASSES):
-        if len(items) == 0:
-            return
-        o = np.lexsort((-cost[items], step))  # by step, then largest cost first, ties in the given order
-        items, step = items[o], step[o]
-        first = np.flatnonzero(np.diff(step, prepend=-1))
-        cnt = np.diff(np.append(first, len(items)))
-        s = step[first]
-        ln_all = length[items]
-        elig = room3[s].max(axis=2) >= np.minimum.reduceat(ln_all, first)[:, None]
-        # each step's candidate ranks least loaded first (stable: as argsort over the eligible ones alone)
-        ranks = np.argsort(np.where(elig, rank_cost[s], np.inf), axis=1, kind="stable")
-        n_c = np.minimum(elig.sum(axis=1), cnt)
-        q = np.repeat(np.arange(len(s)), cnt)
-        at = np.arange(len(items)) - first[q]
-        head = at < n_c[q]
-        hi = items[head]
-        hs, hr = s[q[head]], ranks[q[head], at[head]]
-        ln = ln_all[head]
-        sc = np.where(room3[hs, hr] >= ln[:, None], cost3[hs, hr], np.inf)
-        m = sc.argmin(axis=1)
-        ok = sc[np.arange(len(m)), m] < np.inf
-        c = cost[hi[ok]]
-        hs_ok, hr_ok, m_ok = hs[ok], hr[ok], m[ok]
-        cost3[hs_ok, hr_ok, m_ok] += c
-        room3[hs_ok, hr_ok, m_ok] -= ln[ok]
-        rank_cost[hs_ok, hr_ok] += c
-        p_rank[hi[ok]] = hr_ok
-        p_mb[hi[ok]] = m_ok
-        # what a step has left: its failed head, then the rest (in this order); a step without candidates stops
-        left = n_c[q] > 0
-        left[np.flatnonzero(head)[ok]] = False
-        items, step = items[left], step[left]
-    o = np.lexsort((-cost[items], step))
-    items, step = items[o], step[o]
-    for i, t in zip(items.tolist(), step.tolist(), strict=True):
-        place_whole(i, length, cost, Slots(cost3[t], room3[t], lane3[t], rank_cost[t]), p_rank, p_mb)

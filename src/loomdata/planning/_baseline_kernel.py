@@ -1,0 +1,149 @@
+"""Compiled parts of the baselines (planning._baselines): every step's shuffle and the pieces both baselines cut.
+
+- shuffle_steps: NumPy's Generator(PCG64).shuffle of each step's arange(n), re-seeded per step from its
+  SeedSequence state (the same bits: PCG64's XSL-RR output over 128-bit state, next_uint32 buffering the high
+  half of a 64-bit draw, bounded draws by masked rejection, Fisher-Yates from the last position down);
+- concat_pieces / packed_pieces: each step's documents cut into pieces at seq_len boundaries, concatenated
+  (concat-and-chunk) or one sequence a document piece, packed next-fit (packed); their pricing and the per-rank
+  sums stay in NumPy (CostSpec's one formula, np.bincount's order), over the pieces these return in order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from loomdata.planning._jit import njit
+
+__all__ = ["concat_pieces", "packed_pieces", "shuffle_steps"]
+
+_U32 = np.uint64(0xFFFFFFFF)
+_S1, _S32, _S58, _S63, _S64M = np.uint64(1), np.uint64(32), np.uint64(58), np.uint64(63), np.uint64(63)
+_MULT_HI, _MULT_LO = np.uint64(2549297995355413924), np.uint64(4865540595714422341)  # PCG's 128-bit multiplier
+
+
+@njit
+def _mul64(a: np.uint64, b: np.uint64) -> tuple[np.uint64, np.uint64]:
+    """The 128-bit product of two 64-bit words as (high, low)."""
+    a0, a1, b0, b1 = a & _U32, a >> _S32, b & _U32, b >> _S32
+    p0, p1, p2, p3 = a0 * b0, a0 * b1, a1 * b0, a1 * b1
+    mid = (p0 >> _S32) + (p1 & _U32) + (p2 & _U32)
+    return p3 + (p1 >> _S32) + (p2 >> _S32) + (mid >> _S32), (p0 & _U32) | (mid << _S32)
+
+
+@njit
+def _step(hi: np.uint64, lo: np.uint64, inc_hi: np.uint64, inc_lo: np.uint64) -> tuple[np.uint64, np.uint64]:
+    """PCG's LCG step: state * multiplier + increment (mod 2^128)."""
+    h, low = _mul64(lo, _MULT_LO)
+    h = h + lo * _MULT_HI + hi * _MULT_LO
+    out_lo = low + inc_lo
+    carry = np.uint64(1) if out_lo < low else np.uint64(0)
+    return h + inc_hi + carry, out_lo
+
+
+@njit
+def _output(hi: np.uint64, lo: np.uint64) -> np.uint64:
+    """PCG64's XSL-RR output of a 128-bit state."""
+    x = hi ^ lo
+    rot = hi >> _S58
+    return (x >> rot) | (x << ((np.uint64(64) - rot) & _S64M))
+
+
+@njit
+def shuffle_steps(states: np.ndarray, first: np.ndarray, out: np.ndarray) -> None:
+    """Shuffle out[first[i]:first[i+1]] in place as PCG64 seeded with SeedSequence state states[i] (4 words) and
+    Generator.shuffle would (steps of fewer than 2 items draw nothing)."""
+    for t in range(len(first) - 1):
+        a, n = first[t], first[t + 1] - first[t]
+        if n < 2:
+            continue
+        s0, s1, i0, i1 = states[t, 0], states[t, 1], states[t, 2], states[t, 3]
+        inc_hi, inc_lo = (i0 << _S1) | (i1 >> _S63), (i1 << _S1) | _S1  # pcg_setseq_128_srandom_r
+        lo = s1 + inc_lo
+        hi = s0 + inc_hi + (np.uint64(1) if lo < s1 else np.uint64(0))
+        hi, lo = _step(hi, lo, inc_hi, inc_lo)
+        has32, buf = False, np.uint64(0)
+        for i in range(n - 1, 0, -1):
+            top = np.uint64(i)
+            mask = top
+            for sh in (1, 2, 4, 8, 16, 32):
+                mask |= mask >> np.uint64(sh)
+            while True:  # random_interval(i): masked draws until one is within [0, i]
+                if top <= _U32:
+                    if has32:
+                        v, has32 = buf, False
+                    else:
+                        hi, lo = _step(hi, lo, inc_hi, inc_lo)
+                        w = _output(hi, lo)
+                        v, buf, has32 = w & _U32, w >> _S32, True
+                else:
+                    hi, lo = _step(hi, lo, inc_hi, inc_lo)
+                    v = _output(hi, lo)
+                v &= mask
+                if v <= top:
+                    break
+            j = a + np.int64(v)
+            out[a + i], out[j] = out[j], out[a + i]
+
+
+@njit
+def concat_pieces(ln: np.ndarray, im: np.ndarray, first: np.ndarray, seq_len: int, dp: int) -> tuple[np.ndarray, ...]:
+    """Concat-and-chunk: each step's documents (ln, im: tokens and image tokens, shuffled; step t's are
+    first[t]..first[t+1]-1) end to end from a row start, cut at rows of seq_len: per piece in order its key
+    (step * dp + row % dp), tokens and image tokens (pro rata, rounded down), and each step's row count."""
+    n_steps = len(first) - 1
+    n_rows = np.zeros(n_steps, dtype=np.int64)
+    total = 0
+    for t in range(n_steps):
+        at = 0
+        for d in range(first[t], first[t + 1]):
+            if ln[d] > 0:
+                total += (at + ln[d] - 1) // seq_len - at // seq_len + 1
+            at += ln[d]
+        n_rows[t] = -(-at // seq_len)
+    key = np.empty(total, dtype=np.int64)
+    plen = np.empty(total, dtype=np.int64)
+    pimg = np.empty(total, dtype=np.int64)
+    k = 0
+    for t in range(n_steps):
+        at = 0
+        for d in range(first[t], first[t + 1]):
+            end = at + ln[d]
+            if ln[d] > 0:
+                for row in range(at // seq_len, (end - 1) // seq_len + 1):
+                    p = min(end, (row + 1) * seq_len) - max(at, row * seq_len)
+                    key[k], plen[k], pimg[k] = t * dp + row % dp, p, im[d] * p // max(ln[d], 1)
+                    k += 1
+            at = end
+    return key, plen, pimg, n_rows
+
+
+@njit
+def packed_pieces(
+    ln: np.ndarray, im: np.ndarray, first: np.ndarray, seq_len: int, dp: int, sequences: int
+) -> tuple[np.ndarray, ...]:
+    """Packed: each step's documents (shuffled) cut into seq_len pieces, packed next-fit into the step's own
+    sequences (a new one at its first piece): per piece that lands within the first `sequences` in order its
+    key (step * dp + sequence % dp), tokens and image tokens, and each step's packed tokens."""
+    n_steps = len(first) - 1
+    total = 0
+    for d in range(len(ln)):
+        total += -(-ln[d] // seq_len)
+    key = np.empty(total, dtype=np.int64)
+    plen = np.empty(total, dtype=np.int64)
+    pimg = np.empty(total, dtype=np.int64)
+    done = np.zeros(n_steps, dtype=np.int64)
+    k = 0
+    for t in range(n_steps):
+        seq, fill = 0, 0
+        for d in range(first[t], first[t + 1]):
+            for at in range(0, ln[d], seq_len):
+                p = min(seq_len, ln[d] - at)
+                if fill + p > seq_len:
+                    seq, fill = seq + 1, p
+                else:
+                    fill += p
+                if seq < sequences:
+                    key[k], plen[k], pimg[k] = t * dp + seq % dp, p, im[d] * p // max(ln[d], 1)
+                    done[t] += p
+                    k += 1
+    return key[:k], plen[:k], pimg[:k], done

@@ -1,0 +1,164 @@
+"""Compiled LPT rounds (_deal's hot loop): each step of a block dealt round by round, one step after the other.
+
+The same decisions, in the same order, as the rounds NumPy ran in lockstep over a block's steps: a step's
+rounds read only that step's slots, so dealing the steps one after the other changes nothing (each slot's
+cost is the same float additions in the same order). A round serves the k least loaded ranks (stable order)
+whose load is within the round's largest cost of the minimum; each takes its item into its least loaded
+micro-batch with room; items whose rank was full go to the least loaded ranks with room (place_whole_step).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from loomdata.planning._jit import njit, stable_argsort
+
+__all__ = ["deal_rounds", "place_whole_step"]
+
+FALLBACK_PASSES = 3  # passes pairing items whose rank was full with ranks that have room, before one by one
+
+
+@njit
+def _best_slot(cost: np.ndarray, room: np.ndarray, need: int) -> int:
+    """The first least loaded micro-batch of one rank with room for `need` tokens, or -1."""
+    best, low = -1, np.inf
+    for m in range(len(cost)):
+        if room[m] >= need and cost[m] < low:
+            best, low = m, cost[m]
+    return best
+
+
+@njit
+def _commit(
+    s: int,
+    r: int,
+    m: int,
+    item: int,
+    ln: int,
+    c: float,
+    cost3: np.ndarray,
+    room3: np.ndarray,
+    rank_cost: np.ndarray,
+    p_rank: np.ndarray,
+    p_mb: np.ndarray,
+) -> None:
+    cost3[s, r, m] += c
+    room3[s, r, m] -= ln
+    rank_cost[s, r] += c
+    p_rank[item] = r
+    p_mb[item] = m
+
+
+@njit
+def _place_whole(
+    s: int,
+    i: int,
+    length: np.ndarray,
+    cost: np.ndarray,
+    cost3: np.ndarray,
+    room3: np.ndarray,
+    rank_cost: np.ndarray,
+    p_rank: np.ndarray,
+    p_mb: np.ndarray,
+) -> bool:
+    """state.place_whole in step s: item i into the least loaded rank with a slot that has room."""
+    dp = room3.shape[1]
+    need = length[i]
+    r, low = -1, np.inf
+    for q in range(dp):
+        if room3[s, q].max() >= need and (r < 0 or rank_cost[s, q] < low):
+            r, low = q, rank_cost[s, q]
+    if r < 0:
+        return False
+    m = _best_slot(cost3[s, r], room3[s, r], need)
+    _commit(s, r, m, i, need, cost[i], cost3, room3, rank_cost, p_rank, p_mb)
+    return True
+
+
+@njit
+def place_whole_step(
+    s: int,
+    items: np.ndarray,
+    length: np.ndarray,
+    cost: np.ndarray,
+    cost3: np.ndarray,
+    room3: np.ndarray,
+    rank_cost: np.ndarray,
+    p_rank: np.ndarray,
+    p_mb: np.ndarray,
+) -> None:
+    """Place the failed `items` of step s: passes pairing them, largest first, with the least loaded ranks that
+    have room (a pass without candidates ends it), then one by one (_place_whole)."""
+    dp = room3.shape[1]
+    for _ in range(FALLBACK_PASSES):
+        n = len(items)
+        if n == 0:
+            return
+        items = items[stable_argsort(-cost[items])]
+        need = length[items].min()
+        key = np.full(dp, np.inf)
+        n_elig = 0
+        for q in range(dp):
+            if room3[s, q].max() >= need:
+                key[q] = rank_cost[s, q]
+                n_elig += 1
+        n_c = min(n_elig, n)
+        if n_c == 0:
+            return
+        ranks = stable_argsort(key)
+        placed = np.zeros(n, dtype=np.bool_)
+        for j in range(n_c):
+            i, r = items[j], ranks[j]
+            m = _best_slot(cost3[s, r], room3[s, r], length[i])
+            if m >= 0:
+                _commit(s, r, m, i, length[i], cost[i], cost3, room3, rank_cost, p_rank, p_mb)
+                placed[j] = True
+        items = items[~placed]
+    items = items[stable_argsort(-cost[items])]
+    for i in items:
+        _place_whole(s, i, length, cost, cost3, room3, rank_cost, p_rank, p_mb)
+
+
+@njit
+def deal_rounds(
+    cost3: np.ndarray,
+    room3: np.ndarray,
+    rank_cost: np.ndarray,
+    p_rank: np.ndarray,
+    p_mb: np.ndarray,
+    g_item: np.ndarray,
+    g_cost: np.ndarray,
+    g_len: np.ndarray,
+    start: np.ndarray,
+    n_deal: np.ndarray,
+    length: np.ndarray,
+    all_cost: np.ndarray,
+) -> None:
+    """Deal every step s of a block: its n_deal[s] short items g_item[start[s]:] (dealing order; their costs
+    g_cost and lengths g_len) in LPT rounds into the (steps, dp, mb) slot state, recording p_rank and p_mb."""
+    dp = cost3.shape[1]
+    failed = np.empty(dp, dtype=np.int64)
+    for s in range(cost3.shape[0]):
+        at, left = start[s], n_deal[s]
+        while left > 0:
+            rc = rank_cost[s]
+            rk = stable_argsort(rc)
+            thr = rc[rk[0]] + g_cost[at]
+            within = 0
+            for q in range(dp):
+                if rc[q] <= thr:
+                    within += 1
+            k = min(left, max(within, 1))
+            nf = 0
+            for e in range(k):
+                r, it, ln = rk[e], g_item[at + e], g_len[at + e]
+                m = _best_slot(cost3[s, r], room3[s, r], ln)
+                if m < 0:
+                    failed[nf] = it
+                    nf += 1
+                else:
+                    _commit(s, r, m, it, ln, g_cost[at + e], cost3, room3, rank_cost, p_rank, p_mb)
+            if nf:
+                place_whole_step(s, failed[:nf].copy(), length, all_cost, cost3, room3, rank_cost, p_rank, p_mb)
+            at += k
+            left -= k

@@ -93,9 +93,16 @@ class PlanAhead:
         return out
 
     def held(self, request: np.ndarray) -> bool:
-        """Whether every unit `request` reads is held now (reading it makes no storage request)."""
+        """Whether every row `request` reads is held now (reading it makes no storage request)."""
         keys = self.keys(request["sample"])
-        return bool(len(keys)) and bool((keys >= 0).all()) and bool(np.isin(keys, self.cache.held_keys()).all())
+        if not len(keys) or not bool((keys >= 0).all()):
+            return False
+        return self.cache.holds(keys, self._rows_of(request["sample"]))
+
+    def _rows_of(self, samples: np.ndarray) -> np.ndarray:
+        """The file row of each of `samples` (of this partition)."""
+        lo = self._loader
+        return lo._row[np.minimum(np.searchsorted(lo._sample, samples), max(len(lo._sample) - 1, 0))]
 
     def ahead(self, steps: np.ndarray) -> None:
         """Plan the chunks of the steps asked now; those up to the cache's reach beyond them in the background."""
@@ -142,7 +149,7 @@ class PlanAhead:
             self._open_shards(np.unique(lo._shard[pos]))
         keys = self.keys(sample, self._units)
         ok = keys >= 0
-        self.cache.plan(keys[ok], step[ok])
+        self.cache.plan(keys[ok], step[ok], self._rows_of(sample[ok]))
 
     def _mine(self, c: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(step, sample) of this partition's manifest rows in chunk `c`; None if the manifest cannot be read.

@@ -191,6 +191,9 @@ class Prefetcher:
     def put(self, key: UnitKey, value: Any, nbytes: int) -> None:
         self.cache.put(key, value, nbytes)
 
+    def wanted(self, key: UnitKey) -> np.ndarray | None:
+        return self.cache.wanted(key)
+
     # ---- read-ahead ----------------------------------------------------------------------------
 
     def pump(self, steps: np.ndarray | None = None) -> None:
@@ -264,7 +267,7 @@ class Prefetcher:
         reader = self._take_reader()
         try:
             t0 = time.perf_counter()
-            got = reader.load_unit(path, unit)
+            got = reader.load_unit(path, unit, self.cache.wanted((str(path), unit)))
             took = time.perf_counter() - t0
             with self._lock:
                 self.read_s = max(took, self.read_s * _DECAY)
@@ -276,7 +279,7 @@ class Prefetcher:
                 else:
                     self.counters.dropped += 1
                     self._declined.add(k)
-                    self._stalled = True  # no room: units needed later would not fit either
+                    self._stalled = got is not None  # no room: units needed later would not fit either
         except Exception as e:  # the read that needs the unit reads it again and reports the real error
             with self._lock:
                 self.counters.errors += 1

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from loomdata.execution._heap import maybe_trim
 from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._partition import LoaderPartition
 from loomdata.execution._plan_ahead import PlanAhead
@@ -189,6 +190,7 @@ class SourceLoader:
         if self._plan is not None:
             self._plan.served(request)
             self._plan.pump(None)
+        maybe_trim()  # the worker's C heap: freed arrays' pages back to the OS every few seconds
         c = self._counters
         t1 = time.perf_counter()
         c.calls += 1

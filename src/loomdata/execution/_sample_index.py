@@ -3,8 +3,8 @@
 A loader looks up every requested sample here. Kept as three int64 arrays (sample, shard, row) it cost
 24 bytes a sample: 300 sources x 8,000 samples took 32 MiB of a worker's 150 loaders. Index samples
 are dense and in (shard, row) order (the index contract), so the sample ids are a range (kept only if
-they are not), the shard of each sample is a few runs (run starts and shard ids), and a row fits 32 bits
-unless the format's rows are byte offsets past 4 GiB: about 4 bytes a sample.
+they are not), the shard of each sample is a few runs (run starts and shard ids), and a row takes 2 or 4
+bytes unless the format's rows are byte offsets past 4 GiB: 2-4 bytes a sample (plus 4 for a checksum).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class SampleIndex:
     samples: np.ndarray | None  # sorted sample ids; None: they are first .. first + len - 1
     run_starts: np.ndarray  # int64: the position where each run of one shard starts
     run_shards: np.ndarray  # int64: the shard of each run
-    rows: np.ndarray  # uint32 (or int64 where a row does not fit): the row of each position
+    rows: np.ndarray  # the smallest of uint16, uint32, int64 that holds every row: the row of each position
     checksums: np.ndarray | None = None  # uint32 per position, when samples are verified
 
     @classmethod
@@ -40,13 +40,15 @@ class SampleIndex:
         dense = not len(s) or int(s[-1]) - first + 1 == len(s)  # sorted and distinct (index contract): a range
         cut = np.flatnonzero(np.diff(sh)) + 1
         starts = np.concatenate([[0], cut]).astype(np.int64) if len(sh) else np.zeros(0, np.int64)
-        fits = not len(r) or (int(r.min()) >= 0 and int(r.max()) <= np.iinfo(np.uint32).max)
+        lo, hi = (int(r.min()), int(r.max())) if len(r) else (0, 0)
+        fits = [d for d in (np.uint16, np.uint32) if lo >= 0 and hi <= np.iinfo(d).max]
+        row_dtype = fits[0] if fits else np.int64
         return cls(
             first=first,
             samples=None if dense else s.astype(np.uint64),
             run_starts=starts,
             run_shards=sh[starts],
-            rows=r.astype(np.uint32) if fits else r,
+            rows=r.astype(row_dtype),
             checksums=None if checksum is None else np.asarray(checksum)[order].astype(np.uint32),
         )
 

@@ -15,7 +15,7 @@ def _plain(sample: np.ndarray, shard: np.ndarray, row: np.ndarray, ask: np.ndarr
     return found, sh[pos][found], r[pos][found]
 
 
-def test_a_dense_index_keeps_no_sample_ids_and_four_bytes_a_row() -> None:
+def test_a_dense_index_keeps_no_sample_ids_and_two_bytes_a_row() -> None:
     n = 8000
     sample = np.arange(100, 100 + n, dtype=np.uint64)
     shard = np.repeat(np.arange(4), n // 4) + 7
@@ -23,8 +23,9 @@ def test_a_dense_index_keeps_no_sample_ids_and_four_bytes_a_row() -> None:
     rng = np.random.default_rng(0)
     perm = rng.permutation(n)  # handed over in any order
     idx = SampleIndex.of(sample[perm], shard[perm], row[perm])
-    assert idx.samples is None and idx.rows.dtype == np.uint32 and idx.run_shards.tolist() == [7, 8, 9, 10]
-    assert idx.nbytes < 5 * n  # was 24 bytes a sample
+    assert idx.samples is None and idx.rows.dtype == np.uint16 and idx.run_shards.tolist() == [7, 8, 9, 10]
+    assert idx.nbytes < 3 * n  # was 24 bytes a sample
+    assert SampleIndex.of(sample, shard, row + 70_000).rows.dtype == np.uint32
     ask = np.array([100, 2099, 2100, 8099, 99, 8100, 5000], dtype=np.uint64)
     pos, found = idx.locate(ask)
     want_found, want_shard, want_row = _plain(sample, shard, row, ask)

@@ -40,6 +40,7 @@ from loomdata.storage import Location, RangeFile, StorageOptions, identity, is_u
 __all__ = ["ParquetReader"]
 
 _INT32_MAX = np.iinfo(np.int32).max
+_WHOLE_SHARE = 0.25  # a row group of which at least this share of rows is wanted is kept whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,7 +358,11 @@ class ParquetReader(FormatReader):
     def _keep(
         self, key: UnitKey, info: _FileInfo, g: int, arr: pa.Array, rows: np.ndarray | None
     ) -> tuple[pa.Array | KeptRows, int] | None:
-        """What to keep of decoded row group `g`: all of it (`rows` None), the `rows` of it, or nothing."""
+        """What to keep of decoded row group `g`: all of it (`rows` None, or most of it wanted), its `rows`, or nothing.
+
+        Kept whole from `_WHOLE_SHARE` of its rows on: a take would save little, and a group most of whose rows
+        are wanted (a plan over few sources) gains more rows with every chunk planned (each would drop it).
+        """
         if rows is None:
             return arr, arr.nbytes
         lo, hi = int(info.rg_starts[g]), int(info.rg_starts[g + 1])
@@ -365,6 +370,8 @@ class ParquetReader(FormatReader):
         rows = rows[(rows >= lo) & (rows < hi)]
         if len(rows) == 0:
             return None
+        if len(rows) >= _WHOLE_SHARE * (hi - lo):
+            return arr, arr.nbytes
         values = arr.take(pa.array(rows - lo))
         return KeptRows(rows, values), values.nbytes + rows.nbytes
 

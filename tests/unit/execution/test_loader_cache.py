@@ -11,7 +11,7 @@ import pytest
 
 from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, UnitUses, WorkerPool, unit_key
 from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
-from loomdata.sources import KeptRows, make_reader
+from loomdata.sources import KeptRows, make_reader, parquet
 
 
 def test_uses_count_down_and_next_use_skips_spent_and_old_steps() -> None:
@@ -122,7 +122,10 @@ def test_under_budget_pressure_the_unit_needed_soonest_stays(shard: Path) -> Non
     cache.close()
 
 
-def test_planned_rows_are_all_a_unit_keeps_and_a_newly_planned_row_drops_it(shard: Path) -> None:
+def test_planned_rows_are_all_a_unit_keeps_and_a_newly_planned_row_drops_it(
+    shard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(parquet, "_WHOLE_SHARE", 1.01)  # 3-row groups: never kept whole here
     reader = _reader(shard)
     decoded: list[int] = []
     real = reader._decode_row_group  # type: ignore[attr-defined]

@@ -15,7 +15,7 @@ from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, UnitUse
 from loomdata.execution._prefetch import MAX_EXTRA_STEPS, Prefetcher, extra_steps, plan_prefetch
 from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.schemas.errors import SourceDataError
-from loomdata.sources import KeptRows
+from loomdata.sources import KeptRows, parquet
 from loomdata.sources.parquet import ParquetReader
 from loomdata.storage import Location
 
@@ -166,7 +166,10 @@ def test_a_wider_reach_reads_further_ahead_and_keeps_those_units(shard: Path) ->
     cache.close()
 
 
-def test_read_ahead_keeps_only_the_planned_rows_and_reads_are_exact(shard: Path) -> None:
+def test_read_ahead_keeps_only_the_planned_rows_and_reads_are_exact(
+    shard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(parquet, "_WHOLE_SHARE", 1.01)  # 3-row groups: never kept whole here
     gate, _, _, cache, pf, main, order, rows, steps = _setup(shard, limit=2, plan_id="p-rows", by_rows=True)
     gate.set()
     pf.pump(np.array([0]))

@@ -258,6 +258,8 @@ def test_siblings_share_one_parsed_footer_and_units_open_no_file(tmp_path: Path)
     assert kept.rows.tolist() == [12, 15] and nbytes == kept.values.nbytes + kept.rows.nbytes
     assert kept.values.to_pylist() == [docs[12].tolist(), docs[15].tolist()]
     assert other.load_unit(p, 1, np.array([40])) is None  # nothing of group 1 wanted: nothing kept
+    whole = other.load_unit(p, 1, np.array([10, 11, 13]))  # 3 of its 10 rows (>= a quarter): kept whole
+    assert whole is not None and isinstance(whole[0], pa.Array) and len(whole[0]) == 10
     assert [s.tokens.tolist() for s in main.read(p, np.array([15, 3]))] == [docs[15].tolist(), docs[3].tolist()]
     unrelated = _reader(tokens_field="input_ids")  # not a sibling: reads the footer itself
     assert unrelated._layout(p) is not main._layout(p)

@@ -40,7 +40,7 @@ from loomdata.storage import Location, RangeFile, StorageOptions, identity, is_u
 __all__ = ["ParquetReader"]
 
 _INT32_MAX = np.iinfo(np.int32).max
-_WHOLE_SHARE = 0.25  # a row group of which at least this share of rows is wanted is kept whole
+_WHOLE_SHARE = 1 / 16  # a row group of which at least this share of rows is wanted is kept whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,7 +360,7 @@ class ParquetReader(FormatReader):
     ) -> tuple[pa.Array | KeptRows, int] | None:
         """What to keep of decoded row group `g`: all of it (`rows` None, or most of it wanted), its `rows`, or nothing.
 
-        Kept whole from `_WHOLE_SHARE` of its rows on: a take would save little, and a group most of whose rows
+        Kept whole from `_WHOLE_SHARE` of its rows on: a take would save little, and a group many of whose rows
         are wanted (a plan over few sources) gains more rows with every chunk planned (each would drop it).
         """
         if rows is None:

@@ -246,20 +246,20 @@ def test_missing_and_empty_files(tmp_path: Path) -> None:
 def test_siblings_share_one_parsed_footer_and_units_open_no_file(tmp_path: Path) -> None:
     p = tmp_path / "a.parquet"
     docs = _docs(100)
-    _write_tokens(p, docs, pa.list_(pa.int32()), rg=10)
+    _write_tokens(p, docs, pa.list_(pa.int32()), rg=50)
     main = _reader(tokens_field="input_ids")
     other = main.sibling()
-    assert other.units(p, np.array([0, 15, 99, 100])).tolist() == [0, 1, 9, -1]
+    assert other.units(p, np.array([0, 15, 99, 100])).tolist() == [0, 0, 1, -1]
     assert other._files == {}  # row groups located from the footer alone: no handle opened
     assert main._layout(p) is other._layout(p)  # parsed once for both
-    got = other.load_unit(p, 1, np.array([15, 12, 40]))  # only rows of group 1 are kept, in row order
+    got = other.load_unit(p, 1, np.array([65, 62, 40]))  # only rows of group 1 are kept, in row order
     assert got is not None
     kept, nbytes = got
-    assert kept.rows.tolist() == [12, 15] and nbytes == kept.values.nbytes + kept.rows.nbytes
-    assert kept.values.to_pylist() == [docs[12].tolist(), docs[15].tolist()]
+    assert kept.rows.tolist() == [62, 65] and nbytes == kept.values.nbytes + kept.rows.nbytes
+    assert kept.values.to_pylist() == [docs[62].tolist(), docs[65].tolist()]
     assert other.load_unit(p, 1, np.array([40])) is None  # nothing of group 1 wanted: nothing kept
-    whole = other.load_unit(p, 1, np.array([10, 11, 13]))  # 3 of its 10 rows (>= a quarter): kept whole
-    assert whole is not None and isinstance(whole[0], pa.Array) and len(whole[0]) == 10
+    whole = other.load_unit(p, 1, np.array([50, 51, 53, 70]))  # 4 of its 50 rows (>= 1/16): kept whole
+    assert whole is not None and isinstance(whole[0], pa.Array) and len(whole[0]) == 50
     assert [s.tokens.tolist() for s in main.read(p, np.array([15, 3]))] == [docs[15].tolist(), docs[3].tolist()]
     unrelated = _reader(tokens_field="input_ids")  # not a sibling: reads the footer itself
     assert unrelated._layout(p) is not main._layout(p)

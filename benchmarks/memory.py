@@ -232,11 +232,44 @@ def loom_rank(plan_dir: str, rank: int, cover: int, warm: int, ready: Any, go: A
     ds.close()
 
 
+def _glibc_heap() -> dict[str, float]:
+    """glibc malloc's heap (all arenas, `mallinfo2`): bytes in use and free-but-kept (C++ objects, NumPy arrays)."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (n, ctypes.c_size_t)
+            for n in (
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            )
+        ]
+
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):  # not glibc, or older than 2.33
+        return {}
+    fn.restype = MallInfo2
+    m = fn()
+    return {"used_mib": round(m.uordblks / MIB, 1), "free_kept_mib": round(m.fordblks / MIB, 1)}
+
+
 def worker_inside() -> dict[str, Any]:
-    """Run on a worker: where its memory is (anonymous, of it huge pages; Arrow's pool; threads)."""
+    """Run on a worker: where its memory is (anonymous, of it huge pages; Arrow's pool; glibc's heap; threads;
+    open Parquet files)."""
+    import gc
     import threading
 
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     roll = {}
     with open("/proc/self/smaps_rollup") as f:
@@ -251,7 +284,9 @@ def worker_inside() -> dict[str, Any]:
         "smaps_mib": roll,
         "arrow_pool_mib": round(pa.total_allocated_bytes() / MIB, 1),
         "arrow_pool_peak_mib": round(pa.default_memory_pool().max_memory() / MIB, 1),
+        "glibc_heap_mib": _glibc_heap(),
         "threads": threading.active_count(),
+        "open_parquet_files": sum(1 for o in gc.get_objects() if isinstance(o, pq.ParquetFile)),
     }
 
 

@@ -28,7 +28,9 @@ DEFAULT_WORKERS = 2
 """Worker processes of the embedded LocalCluster (`loom index`, `loom serve`, the demo)."""
 
 DEFAULT_LOADER_MEMORY = 256 * 1024 * 1024
-"""Bytes of decoded row groups all Source Loaders of a plan on one worker keep together (`--loader-memory`)."""
+"""The most bytes of decoded rows all Source Loaders of a plan on one worker keep together (`--loader-memory`).
+
+A cap, not a fill target: loaders keep only the rows their next planned steps read (`_loader_cache`)."""
 
 DEFAULT_BYTES_IN_FLIGHT = 4 * 1024 * 1024
 """Bytes of one rank's packed batches built ahead and moved per take (`--bytes-in-flight`)."""
@@ -132,8 +134,8 @@ class ServeConfig:
     """How one plan is served: actor counts, window, peers, recovery, autoscaling, metrics, timings.
 
     `autoscale` None: loader counts stay as set (`loaders_per_source`, `Executor.set_loaders`).
-    `loader_memory`: bytes of decoded read units (row groups) the loaders on one worker keep together,
-    each only until its last use in the next `window` + 2 steps (`_loader_cache`; 0: keep none).
+    `loader_memory`: the most bytes of decoded rows of read units (row groups) the loaders on one worker
+    keep together, each only until its last use in the next `window` + 2 steps (`_loader_cache`; 0: keep none).
     `bytes_in_flight`: bytes of one rank's batches built ahead of it and moved in one take: the window
     is `max(window, bytes_in_flight // bytes of a rank's step)` steps, at most MAX_STEPS_AHEAD
     (`steps_ahead`), and a client takes every step ready up to it in one call (the `window` + 2 above

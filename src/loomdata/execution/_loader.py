@@ -1,7 +1,7 @@
 """The Source Loader actor: owns one partition (a shard range) of one source and serves batched reads.
 
 State is rebuilt from the plan and the partition alone: the shard paths, the index lookup
-sample -> (shard, row) for its own shards (sorted arrays, `searchsorted`), one opened format reader
+sample -> (shard, row) for its own shards (`SampleIndex`: about 4 bytes a sample), one opened format reader
 (file handles, Parquet metadata, tokenizer); the parsed plan is shared by the process's loaders
 (`_plan_meta`). Nothing of it is per rank. Reads run off the event loop in the loader's own `Strand`
 (serial, in order, on a few threads the process's loaders share: a thread per loader cost ~7 MiB each
@@ -40,10 +40,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from loomdata.execution._heap import maybe_trim
 from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._partition import LoaderPartition
 from loomdata.execution._plan_ahead import PlanAhead
 from loomdata.execution._plan_meta import shared_plan
+from loomdata.execution._sample_index import SampleIndex
 from loomdata.execution._strand import Strand
 from loomdata.execution._verify import Verifier, require_checksums, serving_error
 from loomdata.schemas.errors import ExecutionError, SourceDataError
@@ -123,13 +125,13 @@ class SourceLoader:
             require_checksums(files.samples, partition.source)
         columns = ["sample", "shard", "row", *(["checksum"] if self._verifier.samples else [])]
         table = files.samples_of_shards(partition.first_shard, partition.stop_shard, columns)
-        order = np.argsort(table.column("sample").to_numpy(), kind="stable")
-        self._sample = table.column("sample").to_numpy()[order].astype(np.uint64)
-        self._shard = table.column("shard").to_numpy()[order].astype(np.int64)
-        self._row = table.column("row").to_numpy()[order].astype(np.int64)
-        self._checksum = (
-            table.column("checksum").to_numpy()[order].astype(np.uint32) if self._verifier.samples else None
+        self._index = SampleIndex.of(
+            table.column("sample").to_numpy(),
+            table.column("shard").to_numpy(),
+            table.column("row").to_numpy(),
+            table.column("checksum").to_numpy() if self._verifier.samples else None,
         )
+        del table
         ids = shards.column("shard").to_pylist()
         paths = shards.column("path").to_pylist()
         self._paths = {
@@ -183,20 +185,12 @@ class SourceLoader:
             self._plan.ahead(request["step"])
             self._plan.pump(request["step"])
         out = read_segments(
-            self._reader,
-            request,
-            self._sample,
-            self._shard,
-            self._row,
-            self._paths,
-            self._patch,
-            self.partition,
-            self._verifier,
-            self._checksum,
+            self._reader, request, self._index, self._paths, self._patch, self.partition, self._verifier
         )
         if self._plan is not None:
             self._plan.served(request)
             self._plan.pump(None)
+        maybe_trim()  # the worker's C heap: freed arrays' pages back to the OS every few seconds
         c = self._counters
         t1 = time.perf_counter()
         c.calls += 1
@@ -222,7 +216,7 @@ class SourceLoader:
             busy_s=c.busy_s,
             samples_per_s=c.samples / wall if wall > 0 else None,
             samples_per_busy_s=c.samples / c.busy_s if c.busy_s > 0 else None,
-            state_bytes=int(self._sample.nbytes + self._shard.nbytes + self._row.nbytes),
+            state_bytes=self._index.nbytes,
             rss_bytes=_rss(),
             **self._prefetch_counts(),
         )
@@ -273,27 +267,22 @@ def _rss() -> int:
 def read_segments(
     reader: FormatReader,
     request: np.ndarray,
-    sample_index: np.ndarray,
-    shard_of: np.ndarray,
-    row_of: np.ndarray,
+    index: SampleIndex,
     paths: dict[int, Location],
     patch_size: int,
     partition: LoaderPartition,
     verifier: Verifier | None = None,
-    checksum_of: np.ndarray | None = None,
 ) -> SegmentData:
     """Read the samples a request names (one `reader.read` per shard) and cut out the segments.
 
-    With a `verifier`, each shard is checked when first read, and (given `checksum_of`, aligned with
-    `sample_index`) every sample read is checked against its checksum in the index.
+    With a `verifier`, each shard is checked when first read, and (given the index's checksums) every
+    sample read is checked against its checksum in the index.
     """
     if request.dtype != REQUEST_DTYPE:
         raise ExecutionError(f"loader request has dtype {request.dtype}, expected {REQUEST_DTYPE}")
     n = len(request)
     samples = request["sample"]
-    pos = np.searchsorted(sample_index, samples)
-    found = pos < len(sample_index)
-    found[found] = sample_index[pos[found]] == samples[found]
+    pos, found = index.locate(samples)
     if not found.all():
         bad = int(samples[~found][0])
         raise ExecutionError(
@@ -301,8 +290,9 @@ def read_segments(
             f"(samples {partition.first_sample}..{partition.stop_sample - 1}); the executor routed it wrong "
             "or the index changed: restart `loom serve`"
         )
-    shard = shard_of[pos]
-    row = row_of[pos]
+    shard = index.shard_at(pos)
+    row = index.row_at(pos)
+    checksum_of = index.checksums
     offset = request["offset"].astype(np.int64)
     length = request["length"].astype(np.int64)
     starts = np.zeros(n + 1, dtype=np.int64)

@@ -78,8 +78,8 @@ class PlanAhead:
         """Unit key per sample of this partition (-1 where the reader cannot tell); the loader's reader by default."""
         lo = self._loader
         reader = lo._reader if reader is None else reader
-        pos = np.minimum(np.searchsorted(lo._sample, samples), max(len(lo._sample) - 1, 0))
-        shard, row = lo._shard[pos], lo._row[pos]
+        pos, _ = lo._index.locate(samples)
+        shard, row = lo._index.shard_at(pos), lo._index.row_at(pos)
         out = np.full(len(samples), -1, dtype=np.int64)
         for s in np.unique(shard).tolist():
             sel = np.flatnonzero(shard == s)
@@ -93,9 +93,16 @@ class PlanAhead:
         return out
 
     def held(self, request: np.ndarray) -> bool:
-        """Whether every unit `request` reads is held now (reading it makes no storage request)."""
+        """Whether every row `request` reads is held now (reading it makes no storage request)."""
         keys = self.keys(request["sample"])
-        return bool(len(keys)) and bool((keys >= 0).all()) and bool(np.isin(keys, self.cache.held_keys()).all())
+        if not len(keys) or not bool((keys >= 0).all()):
+            return False
+        return self.cache.holds(keys, self._rows_of(request["sample"]))
+
+    def _rows_of(self, samples: np.ndarray) -> np.ndarray:
+        """The file row of each of `samples` (of this partition)."""
+        index = self._loader._index
+        return index.row_at(index.locate(samples)[0])
 
     def ahead(self, steps: np.ndarray) -> None:
         """Plan the chunks of the steps asked now; those up to the cache's reach beyond them in the background."""
@@ -137,12 +144,11 @@ class PlanAhead:
         if got is None:
             return
         step, sample = got
-        if len(lo._sample) and len(sample):
-            pos = np.minimum(np.searchsorted(lo._sample, sample), len(lo._sample) - 1)
-            self._open_shards(np.unique(lo._shard[pos]))
+        if len(lo._index) and len(sample):
+            self._open_shards(np.unique(lo._index.shard_at(lo._index.locate(sample)[0])))
         keys = self.keys(sample, self._units)
         ok = keys >= 0
-        self.cache.plan(keys[ok], step[ok])
+        self.cache.plan(keys[ok], step[ok], self._rows_of(sample[ok]))
 
     def _mine(self, c: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(step, sample) of this partition's manifest rows in chunk `c`; None if the manifest cannot be read.

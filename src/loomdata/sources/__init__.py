@@ -6,12 +6,13 @@ import importlib
 
 from loomdata.schemas.formats import FIELD_RULES, FieldRules, check_fields, field_problems, metadata_problem
 from loomdata.schemas.spec import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
-from loomdata.sources._base import FormatReader, LruUnitCache, Sample, ScanResult, UnitCache, UnitKey
+from loomdata.sources._base import FormatReader, KeptRows, LruUnitCache, Sample, ScanResult, UnitCache, UnitKey
 
 __all__ = [
     "FIELD_RULES",
     "FieldRules",
     "FormatReader",
+    "KeptRows",
     "LruUnitCache",
     "Sample",
     "ScanResult",

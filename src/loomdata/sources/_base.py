@@ -15,8 +15,10 @@ Read units: a format whose reads decode whole blocks (Parquet row groups) says w
 lives in (`units`) and keeps decoded blocks in its `unit_cache`, keyed `(str(path), unit)`. The cache
 belongs to whoever drives the reads: by default a small LRU; a Source Loader sets its own
 (`use_unit_cache`), which knows from the plan which blocks a pending step still needs (a hint the
-reader cannot have) and keeps each only until its last use. `load_unit` decodes one unit outside any
-cache, so a second reader can read units ahead and offer them to the same cache.
+reader cannot have) and keeps each only until its last use. Such a cache may also name the rows of a
+unit it will still ask for (`wanted`): the reader then keeps only those (`KeptRows`), not the whole
+decoded block. `load_unit` decodes one unit outside any cache, so a second reader can read units ahead
+and offer them to the same cache.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
 from loomdata.sources._integrity import TOKEN_DTYPE
 from loomdata.storage import Location
 
-__all__ = ["FormatReader", "LruUnitCache", "Sample", "ScanResult", "UnitCache", "UnitKey"]
+__all__ = ["FormatReader", "KeptRows", "LruUnitCache", "Sample", "ScanResult", "UnitCache", "UnitKey"]
 
 UnitKey = tuple[str, int]
 """A read unit's cache key: (str(path), unit)."""
@@ -75,6 +77,20 @@ class UnitCache(Protocol):
     def put(self, key: UnitKey, value: Any, nbytes: int) -> None:
         """Offer a freshly decoded unit of `nbytes`; the cache decides whether (and how long) to keep it."""
 
+    def wanted(self, key: UnitKey) -> np.ndarray | None:
+        """The rows of unit `key` (sorted `row` values) later reads will ask for; None: keep the whole unit."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeptRows:
+    """Some rows of a decoded unit, as a reader keeps them when its cache names the rows it wants.
+
+    `rows`: the kept `row` values (sorted, unique); `values`: the decoded rows, in that order.
+    """
+
+    rows: np.ndarray
+    values: Any
+
 
 class LruUnitCache:
     """The default `UnitCache`: the most recently used units up to `max_bytes` (at least the last one)."""
@@ -104,6 +120,10 @@ class LruUnitCache:
                 _, (_, n) = self._items.popitem(last=False)
                 self.nbytes -= n
 
+    def wanted(self, key: UnitKey) -> np.ndarray | None:
+        """Unknown here: whole units are kept."""
+        return None
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
@@ -131,10 +151,11 @@ class FormatReader(abc.ABC):
         """The read unit (e.g. row group, int64) each of `rows` lives in; None: this format has no units to cache."""
         return None
 
-    def load_unit(self, path: Location, unit: int) -> tuple[Any, int] | None:
+    def load_unit(self, path: Location, unit: int, rows: np.ndarray | None = None) -> tuple[Any, int] | None:
         """Decode read unit `unit` of `path` without touching the unit cache: (value, nbytes) as `read` would keep it.
 
-        For a read ahead (a Source Loader's prefetch) in a reader of its own; None: no units in this format.
+        `rows`: keep only these rows of it (a `KeptRows`; None: the whole unit). For a read ahead (a Source
+        Loader's prefetch) in a reader of its own; None: no units in this format.
         """
         return None
 

@@ -5,17 +5,23 @@ inside the file. Counting is columnar: list lengths come from `list_value_length
 the tokenizer's batch count. `read` maps rows to row groups with a binary search, reads only those
 row groups (only the content column) and keeps decoded row groups in its `unit_cache` (a row group
 is a read unit, `units`): by default a small LRU; a Source Loader's cache keeps a row group exactly
-while a pending step of the plan still needs it. Files open with `pre_buffer=False`: pre-buffering
-keeps every open file's raw column chunks, which a cache of decoded row groups makes redundant. An object
-URL is opened as a range-reading file (`loomdata.storage.RangeFile`): the footer and each row group's
-column chunks are range GETs. An object's size and parsed footer are fetched once (`prepare`, or the
-first open) into `ObjectFooters`, which a reader shares with its `sibling`s (a loader's read-ahead
-readers): a reader opening an object whose footer is held makes no request.
+while a pending step of the plan still needs it, and names the rows it will still ask for
+(`UnitCache.wanted`): then only those rows are kept (`KeptRows`, a `take` of the decoded group), which
+under a shuffle is a small part of it. Files open with `pre_buffer=False`: pre-buffering keeps every
+open file's raw column chunks, which a cache of decoded row groups makes redundant.
+
+A file's footer is read and parsed once (`FileLayouts`: its metadata, schema check and row-group
+bounds), shared by a reader and its `sibling`s (a loader's planning and read-ahead readers); each
+reader opens its own handle with that metadata (a few KiB, no footer read), and `units` opens none.
+An object URL is opened as a range-reading file (`loomdata.storage.RangeFile`): the footer and each row
+group's column chunks are range GETs; its size and footer are fetched once (`prepare`, or the first
+open), so a reader opening an object whose layout is held makes no request.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -26,7 +32,7 @@ import pyarrow.parquet as pq
 
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
-from loomdata.sources._base import FormatReader, LruUnitCache, Sample, ScanResult
+from loomdata.sources._base import FormatReader, KeptRows, LruUnitCache, Sample, ScanResult, UnitKey
 from loomdata.sources._integrity import checksums_flat
 from loomdata.sources.tokenizer import Tokenizer, make_tokenizer
 from loomdata.storage import Location, RangeFile, StorageOptions, identity, is_url
@@ -34,13 +40,16 @@ from loomdata.storage import Location, RangeFile, StorageOptions, identity, is_u
 __all__ = ["ParquetReader"]
 
 _INT32_MAX = np.iinfo(np.int32).max
+_WHOLE_SHARE = 1 / 16  # a row group of which at least this share of rows is wanted is kept whole
 
 
 @dataclass(frozen=True, slots=True)
-class _FileInfo:
-    """An open Parquet file and where its row groups start."""
+class _Layout:
+    """What a Parquet file's footer says, parsed once: its metadata, schema and where its row groups start."""
 
-    file: pq.ParquetFile
+    metadata: pq.FileMetaData
+    schema: pa.Schema
+    size: int | None  # an object's size (URLs); None for a local file
     rg_starts: np.ndarray  # int64, first row of each row group, plus the total at the end
     rg_bytes: np.ndarray  # int64, uncompressed bytes per row group
 
@@ -49,35 +58,74 @@ class _FileInfo:
         return int(self.rg_starts[-1])
 
 
-class ObjectFooters:
-    """Size and parsed footer of each object URL, fetched once (HEAD + footer GETs) for all readers sharing it.
+@dataclass(frozen=True, slots=True)
+class _FileInfo:
+    """An open Parquet file (a reader's own handle) and its shared layout."""
 
-    Thread-safe: concurrent asks for one URL wait for a single fetch; a failed fetch is not kept (the
-    next ask tries again and raises the real error).
+    file: pq.ParquetFile
+    layout: _Layout
+
+    @property
+    def rg_starts(self) -> np.ndarray:
+        return self.layout.rg_starts
+
+    @property
+    def rg_bytes(self) -> np.ndarray:
+        return self.layout.rg_bytes
+
+    @property
+    def num_rows(self) -> int:
+        return self.layout.num_rows
+
+
+class FileLayouts:
+    """Each file's `_Layout` (for a URL: HEAD + footer GETs), read once for all readers sharing this store.
+
+    Thread-safe: concurrent asks for one path wait for a single read; a failed read is not kept (the
+    next ask tries again and raises the real error). `check` validates a new layout's schema first.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: dict[str, tuple[int, pq.FileMetaData]] = {}
-        self._fetching: dict[str, threading.Lock] = {}
+        self._held: dict[str, _Layout] = {}
+        self._reading: dict[str, threading.Lock] = {}
 
-    def get(self, url: str, options: StorageOptions | None) -> tuple[int, pq.FileMetaData]:
+    def get(self, path: Location, options: StorageOptions | None, check: Callable[[pa.Schema], None]) -> _Layout:
+        key = str(path)
         with self._lock:
-            hit = self._held.get(url)
+            hit = self._held.get(key)
             if hit is not None:
                 return hit
-            one = self._fetching.setdefault(url, threading.Lock())
+            one = self._reading.setdefault(key, threading.Lock())
         with one:
             with self._lock:
-                hit = self._held.get(url)
+                hit = self._held.get(key)
             if hit is not None:
                 return hit
-            size = identity(url, options).size
-            with RangeFile(url, size, options) as f:
-                md = pq.read_metadata(f)
+            layout = _read_layout(path, options)
+            check(layout.schema)
             with self._lock:
-                self._held[url] = (size, md)
-            return size, md
+                self._held[key] = layout
+            return layout
+
+
+def _read_layout(path: Location, options: StorageOptions | None) -> _Layout:
+    """Read and parse one file's footer (SourceDataError naming the file if it is not Parquet)."""
+    try:
+        size: int | None = None
+        if is_url(path):
+            size = identity(str(path), options).size
+            with RangeFile(str(path), size, options) as f:
+                md = pq.read_metadata(f)
+        else:
+            md = pq.read_metadata(str(path))
+        schema = md.schema.to_arrow_schema()
+    except (OSError, pa.ArrowException) as e:
+        raise SourceDataError(str(path), f"not a readable Parquet file ({e})") from None
+    sizes = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], dtype=np.int64)
+    nbytes = np.array([md.row_group(i).total_byte_size for i in range(md.num_row_groups)], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return _Layout(md, schema, size, starts, nbytes)
 
 
 def _is_list(t: pa.DataType) -> bool:
@@ -93,33 +141,32 @@ class ParquetReader(FormatReader):
         self._pretokenized = source.tokens_field is not None
         self._files: dict[Location, _FileInfo] = {}
         self._handles: list[BinaryIO] = []  # range-reading files of URL shards, closed with the reader
-        self._footers = ObjectFooters()  # shared with this reader's siblings
+        self._layouts = FileLayouts()  # shared with this reader's siblings
 
     # ---- file state -------------------------------------------------------------------------
+
+    def _layout(self, path: Location) -> _Layout:
+        """The file's layout from the shared store (read once, schema checked then)."""
+        return self._layouts.get(path, self.source.storage_options, lambda schema: self._check_schema(path, schema))
 
     def _open(self, path: Location) -> _FileInfo:
         info = self._files.get(path)
         if info is not None:
             return info
+        layout = self._layout(path)
         handle: BinaryIO | None = None
         try:
-            # A URL: pyarrow reads the footer and then each row group's column chunks by range requests.
+            # A URL: pyarrow reads each row group's column chunks by range requests (the footer is held).
             if is_url(path):
-                size, md = self._footers.get(str(path), self.source.storage_options)
-                handle = RangeFile(str(path), size, self.source.storage_options)  # type: ignore[assignment]
-                pf = pq.ParquetFile(handle, metadata=md, pre_buffer=False)
+                handle = RangeFile(str(path), int(layout.size or 0), self.source.storage_options)  # type: ignore[assignment]
+                pf = pq.ParquetFile(handle, metadata=layout.metadata, pre_buffer=False)
             else:
-                pf = pq.ParquetFile(str(path), pre_buffer=False)
+                pf = pq.ParquetFile(str(path), metadata=layout.metadata, pre_buffer=False)
         except (OSError, pa.ArrowException) as e:
             if handle is not None:
                 handle.close()
             raise SourceDataError(str(path), f"not a readable Parquet file ({e})") from None
-        md = pf.metadata
-        sizes = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], dtype=np.int64)
-        nbytes = np.array([md.row_group(i).total_byte_size for i in range(md.num_row_groups)], dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self._check_schema(path, pf.schema_arrow)
-        info = _FileInfo(pf, starts, nbytes)
+        info = _FileInfo(pf, layout)
         self._files[path] = info
         if handle is not None:
             self._handles.append(handle)
@@ -151,17 +198,13 @@ class ParquetReader(FormatReader):
             )
 
     def prepare(self, path: Location) -> None:
-        """Fetch an object's size and footer into the store this reader shares (thread-safe; files: nothing)."""
-        if is_url(path):
-            try:
-                self._footers.get(str(path), self.source.storage_options)
-            except (OSError, pa.ArrowException) as e:
-                raise SourceDataError(str(path), f"not a readable Parquet file ({e})") from None
+        """Read a file's (an object's: size and) footer into the store this reader shares (thread-safe)."""
+        self._layout(path)
 
     def sibling(self) -> ParquetReader:
-        """A reader of the same source sharing this one's footers (its own files and handles)."""
+        """A reader of the same source sharing this one's layouts (its own files and handles)."""
         other = ParquetReader(self.source, self.tokenizer_spec, self.images)
-        other._footers = self._footers
+        other._layouts = self._layouts
         return other
 
     # ---- protocol -----------------------------------------------------------------------------
@@ -297,30 +340,60 @@ class ParquetReader(FormatReader):
                 str(path), f"cannot read row groups {int(rgs[0])}..{int(rgs[-1])} (corrupt or truncated: {e})"
             ) from None
 
-    def _row_group(self, path: Location, info: _FileInfo, g: int) -> pa.Array:
-        """The content column of row group `g`, from the unit cache when it holds it."""
+    def _rows_of_group(self, path: Location, info: _FileInfo, g: int, rows: np.ndarray) -> pa.Array:
+        """File rows `rows` (all in row group `g`) of the content column, from the unit cache when it holds them."""
         key = (str(path), g)
+        local = rows - info.rg_starts[g]
         hit = self.unit_cache.get(key)
         if hit is not None:
-            return hit
+            got = _take_kept(hit, rows, local)
+            if got is not None:
+                return got
         arr = self._decode_row_group(path, info, g)
-        self.unit_cache.put(key, arr, arr.nbytes)
-        return arr
+        kept = self._keep(key, info, g, arr, self.unit_cache.wanted(key))
+        if kept is not None:
+            self.unit_cache.put(key, kept[0], kept[1])
+        return arr.take(pa.array(local))
+
+    def _keep(
+        self, key: UnitKey, info: _FileInfo, g: int, arr: pa.Array, rows: np.ndarray | None
+    ) -> tuple[pa.Array | KeptRows, int] | None:
+        """What to keep of decoded row group `g`: all of it (`rows` None, or most of it wanted), its `rows`, or nothing.
+
+        Kept whole from `_WHOLE_SHARE` of its rows on: a take would save little, and a group many of whose rows
+        are wanted (a plan over few sources) gains more rows with every chunk planned (each would drop it).
+        """
+        if rows is None:
+            return arr, arr.nbytes
+        lo, hi = int(info.rg_starts[g]), int(info.rg_starts[g + 1])
+        rows = np.unique(np.asarray(rows, dtype=np.int64))
+        rows = rows[(rows >= lo) & (rows < hi)]
+        if len(rows) == 0:
+            return None
+        if len(rows) >= _WHOLE_SHARE * (hi - lo):
+            return arr, arr.nbytes
+        values = arr.take(pa.array(rows - lo))
+        return KeptRows(rows, values), values.nbytes + rows.nbytes
 
     def _decode_row_group(self, path: Location, info: _FileInfo, g: int) -> pa.Array:
         return self._read_row_groups(path, info, np.array([g]), [self._field]).column(0).combine_chunks()
 
-    def load_unit(self, path: Location, unit: int) -> tuple[pa.Array, int]:
-        """Row group `unit`'s content column, decoded exactly as `read` keeps it (for a read ahead)."""
+    def load_unit(
+        self, path: Location, unit: int, rows: np.ndarray | None = None
+    ) -> tuple[pa.Array | KeptRows, int] | None:
+        """Row group `unit`'s content column (or its `rows`), decoded exactly as `read` keeps it (for a read ahead).
+
+        None: none of `rows` is in that row group (nothing to keep).
+        """
         info = self._open(path)
         if not 0 <= unit < len(info.rg_bytes):
             raise SourceDataError(str(path), f"no row group {unit} (file has {len(info.rg_bytes)})")
         arr = self._decode_row_group(path, info, int(unit))
-        return arr, arr.nbytes
+        return self._keep((str(path), unit), info, int(unit), arr, rows)
 
     def units(self, path: Location, rows: np.ndarray) -> np.ndarray:
-        """The row group of each row (rows out of range map to -1; `read` reports them)."""
-        info = self._open(path)
+        """The row group of each row (rows out of range map to -1; `read` reports them); opens no file."""
+        info = self._layout(path)
         rows = np.asarray(rows, dtype=np.int64)
         g = np.searchsorted(info.rg_starts, rows, side="right") - 1
         return np.where((rows >= 0) & (rows < info.num_rows), g, -1).astype(np.int64)
@@ -344,7 +417,7 @@ class ParquetReader(FormatReader):
         order = np.argsort(rg_of, kind="stable")
         cuts = np.searchsorted(rg_of[order], groups, side="right")[:-1]
         takes = [
-            self._row_group(path, info, int(g)).take(pa.array(rows[sel] - info.rg_starts[g]))
+            self._rows_of_group(path, info, int(g), rows[sel])
             for g, sel in zip(groups.tolist(), np.split(order, cuts), strict=True)
         ]
         taken = pa.concat_arrays(takes) if len(takes) > 1 else takes[0]
@@ -360,7 +433,7 @@ class ParquetReader(FormatReader):
         """A token column's value type as this file stores it; for text, the tokenizer's (uint8: the bytes)."""
         if not self._pretokenized:
             return self._tokenizer().checksum_dtype
-        return np.dtype(self._open(path).file.schema_arrow.field(self._field).type.value_type.to_pandas_dtype())
+        return np.dtype(self._layout(path).schema.field(self._field).type.value_type.to_pandas_dtype())
 
     def _tokens_of(self, path: Location, taken: pa.Array) -> list[np.ndarray]:
         if not self._pretokenized:
@@ -384,3 +457,16 @@ class ParquetReader(FormatReader):
         self._handles.clear()
         if isinstance(self.unit_cache, LruUnitCache):  # the default cache is the reader's own; a set one its owner's
             self.unit_cache.clear()
+
+
+def _take_kept(value: pa.Array | KeptRows, rows: np.ndarray, local: np.ndarray) -> pa.Array | None:
+    """File rows `rows` (`local` inside their row group) of a kept unit (whole or `KeptRows`); None: not all kept."""
+    if not isinstance(value, KeptRows):
+        return value.take(pa.array(local))
+    pos = np.searchsorted(value.rows, rows)
+    ok = pos < len(value.rows)
+    ok[ok] = value.rows[pos[ok]] == rows[ok]
+    if not ok.all():
+        return None
+    taken: pa.Array = value.values.take(pa.array(pos))
+    return taken

@@ -1,4 +1,4 @@
-"""Plan-driven unit caching: pending uses, the shared budget (farthest next use goes), last-use drops."""
+"""Plan-driven unit caching: pending uses, the shared budget (farthest next use goes), last-use drops, kept rows."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, UnitUses, WorkerPool, unit_key
 from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
-from loomdata.sources import make_reader
+from loomdata.sources import KeptRows, make_reader, parquet
 
 
 def test_uses_count_down_and_next_use_skips_spent_and_old_steps() -> None:
@@ -120,3 +120,47 @@ def test_under_budget_pressure_the_unit_needed_soonest_stays(shard: Path) -> Non
     cache.served(unit_key(0, reader.units(shard, rows[:2])), steps[:2])  # type: ignore[attr-defined]
     assert [k[1] for k in cache._pool.held(cache._owner)] == [1]  # group 1 (next use step 1) beat group 0 (step 5)
     cache.close()
+
+
+def test_planned_rows_are_all_a_unit_keeps_and_a_newly_planned_row_drops_it(
+    shard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(parquet, "_WHOLE_SHARE", 1.01)  # 3-row groups: never kept whole here
+    reader = _reader(shard)
+    decoded: list[int] = []
+    real = reader._decode_row_group  # type: ignore[attr-defined]
+
+    def counting(path, info, g):  # type: ignore[no-untyped-def]
+        decoded.append(int(g))
+        return real(path, info, g)
+
+    reader._decode_row_group = counting  # type: ignore[attr-defined]
+    cache = PlanUnitCache(
+        "plan-rows", steps=20, policy=CachePolicy(worker_bytes=1 << 20, horizon_steps=8), shard_of={str(shard): 2}
+    )
+    reader.use_unit_cache(cache)  # type: ignore[attr-defined]
+    rows, steps = np.array([0, 2, 2, 4]), np.array([0, 1, 3, 2])  # group 0: rows 0, 2; group 1: row 4
+    keys = unit_key(2, reader.units(shard, rows))  # type: ignore[attr-defined]
+    cache.plan(keys, steps, rows)
+    assert cache.wanted((str(shard), 0)).tolist() == [0, 2] and cache.wanted((str(shard), 3)).tolist() == []
+    assert [s.tokens.tolist() for s in reader.read(shard, np.array([0]))] == [[0, 1]]  # type: ignore[attr-defined]
+    (kept,) = [v for _, v in cache._pool.items(cache._owner)]
+    assert isinstance(kept, KeptRows) and kept.rows.tolist() == [0, 2] and kept.values.to_pylist() == [[0, 1], [2, 3]]
+    assert cache.nbytes == kept.values.nbytes + kept.rows.nbytes  # the budget counts what is kept
+    assert [s.tokens.tolist() for s in reader.read(shard, np.array([2, 0]))] == [[2, 3], [0, 1]]  # type: ignore[attr-defined]
+    assert decoded == [0]  # served from the kept rows
+    assert cache.holds(unit_key(2, np.array([0])), np.array([2])) and not cache.holds(
+        unit_key(2, np.array([0])), np.array([1])
+    )
+    assert [s.tokens.tolist() for s in reader.read(shard, np.array([1]))] == [[1, 2]]  # type: ignore[attr-defined]
+    assert decoded == [0, 0]  # an unplanned row of a held group: decoded again, still exact
+    cache.plan(unit_key(2, np.array([0])), np.array([5]), np.array([1]))  # a new chunk plans row 1 of group 0
+    assert cache._pool.items(cache._owner) == []  # the held rows lack it: dropped, to be read again whole
+    cache.close()
+
+
+def test_the_default_lru_keeps_whole_units(shard: Path) -> None:
+    reader = _reader(shard)
+    assert reader.unit_cache.wanted((str(shard), 0)) is None  # type: ignore[attr-defined]
+    reader.read(shard, np.array([1]))  # type: ignore[attr-defined]
+    assert reader.unit_cache.get((str(shard), 0)).to_pylist() == [[0, 1], [1, 2], [2, 3]]  # type: ignore[attr-defined]

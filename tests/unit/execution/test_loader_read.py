@@ -11,6 +11,7 @@ import pytest
 
 from loomdata.execution._loader import REQUEST_DTYPE, read_segments
 from loomdata.execution._partition import LoaderPartition
+from loomdata.execution._sample_index import SampleIndex
 from loomdata.schemas import ExecutionError, ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.sources import make_reader
 
@@ -32,14 +33,12 @@ def test_segments_come_back_in_request_order(setup: tuple[object, dict[int, Path
     part = LoaderPartition(
         source_id=0, source="s", part=1, first_shard=3, stop_shard=5, first_sample=30, stop_sample=50
     )
-    sample_index = np.arange(30, 50, dtype=np.uint64)
-    shard_of = np.repeat([3, 4], 10)
-    row_of = np.tile(np.arange(10), 2)
+    index = SampleIndex.of(np.arange(30, 50, dtype=np.uint64), np.repeat([3, 4], 10), np.tile(np.arange(10), 2))
     req = np.zeros(4, dtype=REQUEST_DTYPE)
     req["sample"] = [45, 31, 45, 30]  # unsorted, across shards, one sample twice
     req["offset"] = [2, 0, 0, 4]
     req["length"] = [3, 6, 2, 1]
-    out = read_segments(reader, req, sample_index, shard_of, row_of, paths, 14, part)  # type: ignore[arg-type]
+    out = read_segments(reader, req, index, paths, 14, part)  # type: ignore[arg-type]
     want = np.concatenate([flat_docs[15][2:5], flat_docs[1][0:6], flat_docs[15][0:2], flat_docs[0][4:5]]).astype(
         np.int32
     )
@@ -52,7 +51,8 @@ def test_bad_requests_are_named(setup: tuple[object, dict[int, Path], list[list[
     part = LoaderPartition(
         source_id=0, source="s", part=1, first_shard=3, stop_shard=5, first_sample=30, stop_sample=50
     )
-    args = (np.arange(30, 50, dtype=np.uint64), np.repeat([3, 4], 10), np.tile(np.arange(10), 2), paths, 14, part)
+    index = SampleIndex.of(np.arange(30, 50, dtype=np.uint64), np.repeat([3, 4], 10), np.tile(np.arange(10), 2))
+    args = (index, paths, 14, part)
     req = np.zeros(1, dtype=REQUEST_DTYPE)
     req["sample"], req["length"] = 12, 1
     with pytest.raises(ExecutionError, match="sample 12 is not in loader part 1"):
@@ -75,9 +75,8 @@ def test_a_data_error_names_file_and_row_and_survives_pickling(tmp_path: Path) -
     req = np.zeros(1, dtype=REQUEST_DTYPE)
     req["sample"], req["length"] = 1, 1
     with pytest.raises(SourceDataError) as e:
-        read_segments(
-            reader, req, np.arange(3, dtype=np.uint64), np.zeros(3, np.int64), np.arange(3), {0: bad}, 14, part
-        )
+        index = SampleIndex.of(np.arange(3, dtype=np.uint64), np.zeros(3, np.int64), np.arange(3))
+        read_segments(reader, req, index, {0: bad}, 14, part)  # type: ignore[arg-type]
     back = pickle.loads(pickle.dumps(e.value))  # how it crosses from a loader actor to the client
     assert type(back) is SourceDataError and str(back) == str(e.value)
     assert (back.path, back.row, back.reason) == (str(bad), 1, "column 'ids': null value")

@@ -15,6 +15,7 @@ from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, UnitUse
 from loomdata.execution._prefetch import MAX_EXTRA_STEPS, Prefetcher, extra_steps, plan_prefetch
 from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.schemas.errors import SourceDataError
+from loomdata.sources import KeptRows, parquet
 from loomdata.sources.parquet import ParquetReader
 from loomdata.storage import Location
 
@@ -57,18 +58,20 @@ class _GatedReader(ParquetReader):
         super().__init__(SRC, TokenizerSpec(), ImageSpec())
         self.gate, self.log, self.live = gate, log, live
 
-    def load_unit(self, path: Location, unit: int) -> tuple[pa.Array, int]:
+    def load_unit(self, path: Location, unit: int, rows: np.ndarray | None = None) -> tuple[Any, int] | None:
         self.live[0] += 1
         self.live[1] = max(self.live[1], self.live[0])
         self.gate.wait(10)
         self.log.append(unit)
         try:
-            return super().load_unit(path, unit)
+            return super().load_unit(path, unit, rows)
         finally:
             self.live[0] -= 1
 
 
-def _setup(shard: Path, limit: int, budget: int = 1 << 20, plan_id: str = "p") -> tuple[Any, ...]:
+def _setup(
+    shard: Path, limit: int, budget: int = 1 << 20, plan_id: str = "p", by_rows: bool = False
+) -> tuple[Any, ...]:
     gate, log, live = threading.Event(), [], [0, 0]
     policy = CachePolicy(worker_bytes=budget, horizon_steps=6, prefetch=limit)
     cache = PlanUnitCache(plan_id, steps=50, policy=policy, shard_of={str(shard): 3})
@@ -79,7 +82,7 @@ def _setup(shard: Path, limit: int, budget: int = 1 << 20, plan_id: str = "p") -
     order = [4, 1, 6, 0, 2, 5]
     rows = np.array([3 * g + i for g in order for i in (0, 1)] + [21])
     steps = np.array([s for s in range(len(order)) for _ in (0, 1)] + [20])
-    cache.plan(unit_key(3, main.units(shard, rows)), steps)
+    cache.plan(unit_key(3, main.units(shard, rows)), steps, rows if by_rows else None)
     return gate, log, live, cache, pf, main, order, rows, steps
 
 
@@ -132,8 +135,10 @@ def test_a_failed_read_ahead_is_counted_and_the_read_that_needs_it_reports_the_e
     pf.pump(np.array([0]))
     assert pf.settle(10)
     assert pf.counters.errors > 0 and pf.counters.prefetched == 0 and "s.parquet" in str(pf.last_error)
-    main._files.clear()  # the loader's reader opens the file anew, as a fresh loader would
+    fresh = ParquetReader(SRC, TokenizerSpec(), ImageSpec())  # reads the footer anew, as a fresh loader would
     with pytest.raises(SourceDataError, match="not a readable Parquet file"):
+        fresh.read(shard, rows[:2])
+    with pytest.raises(SourceDataError, match="corrupt or truncated"):  # the held layout: the row group fails
         main.read(shard, rows[:2])
     pf.close()
     cache.close()
@@ -157,5 +162,26 @@ def test_a_wider_reach_reads_further_ahead_and_keeps_those_units(shard: Path) ->
     assert sorted(log) == sorted([*order, 7]) and pf.counters.prefetched == 7
     got = main.read(shard, np.array([21]))
     assert [x.tokens.tolist() for x in got] == [[21, 22]] and pf.counters.misses == 0 and pf.counters.hits == 1
+    pf.close()
+    cache.close()
+
+
+def test_read_ahead_keeps_only_the_planned_rows_and_reads_are_exact(
+    shard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(parquet, "_WHOLE_SHARE", 1.01)  # 3-row groups: never kept whole here
+    gate, _, _, cache, pf, main, order, rows, steps = _setup(shard, limit=2, plan_id="p-rows", by_rows=True)
+    gate.set()
+    pf.pump(np.array([0]))
+    assert pf.settle(10)
+    held = dict(cache._pool.items(cache._owner))
+    assert sorted(k[1] for k in held) == sorted(order)
+    assert all(isinstance(v, KeptRows) and v.rows.tolist() == [3 * k[1], 3 * k[1] + 1] for k, v in held.items())
+    for s in range(len(order)):
+        sel = steps == s
+        got = main.read(shard, rows[sel])
+        assert [x.tokens.tolist() for x in got] == [[r, r + 1] for r in rows[sel].tolist()]
+        cache.served(unit_key(3, main.units(shard, rows[sel])), steps[sel])
+    assert pf.counters.hits == 6 and pf.counters.misses == 0 and cache.nbytes == 0
     pf.close()
     cache.close()

@@ -241,3 +241,25 @@ def test_missing_and_empty_files(tmp_path: Path) -> None:
     res = r.scan(empty, 0, 1)
     assert res.rows.num_rows == 0
     assert res.rows.column_names == ["row", "num_tokens", "num_image_tokens", "checksum", "lang"]
+
+
+def test_siblings_share_one_parsed_footer_and_units_open_no_file(tmp_path: Path) -> None:
+    p = tmp_path / "a.parquet"
+    docs = _docs(100)
+    _write_tokens(p, docs, pa.list_(pa.int32()), rg=50)
+    main = _reader(tokens_field="input_ids")
+    other = main.sibling()
+    assert other.units(p, np.array([0, 15, 99, 100])).tolist() == [0, 0, 1, -1]
+    assert other._files == {}  # row groups located from the footer alone: no handle opened
+    assert main._layout(p) is other._layout(p)  # parsed once for both
+    got = other.load_unit(p, 1, np.array([65, 62, 40]))  # only rows of group 1 are kept, in row order
+    assert got is not None
+    kept, nbytes = got
+    assert kept.rows.tolist() == [62, 65] and nbytes == kept.values.nbytes + kept.rows.nbytes
+    assert kept.values.to_pylist() == [docs[62].tolist(), docs[65].tolist()]
+    assert other.load_unit(p, 1, np.array([40])) is None  # nothing of group 1 wanted: nothing kept
+    whole = other.load_unit(p, 1, np.array([50, 51, 53, 70]))  # 4 of its 50 rows (>= 1/16): kept whole
+    assert whole is not None and isinstance(whole[0], pa.Array) and len(whole[0]) == 50
+    assert [s.tokens.tolist() for s in main.read(p, np.array([15, 3]))] == [docs[15].tolist(), docs[3].tolist()]
+    unrelated = _reader(tokens_field="input_ids")  # not a sibling: reads the footer itself
+    assert unrelated._layout(p) is not main._layout(p)

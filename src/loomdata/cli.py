@@ -398,7 +398,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=defaults.loader_memory // (1024 * 1024),
         metavar="MIB",
-        help="MiB of decoded row groups the loaders on one worker keep together, each until its last planned use",
+        help="MiB of decoded rows the loaders on one worker keep together (the rows planned steps read, or a "
+        "whole row group when enough of it is), each until its last planned use; a cap",
     )
     s.add_argument(
         "--bytes-in-flight",

@@ -7,6 +7,7 @@ serve.json to a foreign scheduler are all refused, while the real StreamClients 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -73,16 +74,28 @@ def test_credentials_are_private_to_the_owner(served: tuple[Path, ServeInfo]) ->
 
 
 def _connect_error(address: str, security: Any = None) -> BaseException | None:
-    """The error connecting a Client raises (None when it connects); a slow IO-loop start is tried again."""
+    """The error connecting a Client raises (None when it connects); a slow IO-loop start is tried again.
+
+    A Client whose constructor raised is left in a reference cycle (through the traceback); collected
+    later, its `__del__` closes it while the next Client's IO loop starts, and both wait on Dask's
+    class-wide `LoopRunner` lock: the test hung there. The error is returned without its traceback and the
+    half-built Client collected here, before anything else starts a loop.
+    """
+    error: BaseException | None = None
     for _ in range(3):
         try:
             Client(address, timeout=5, security=security).close()
             return None
         except AssertionError:  # Dask's loop thread did not start within 10 s on a loaded machine
+            gc.collect()
             continue
         except Exception as e:
-            return e
-    raise AssertionError("the Dask client's IO loop never started")
+            error = e.with_traceback(None)
+            break
+    else:
+        raise AssertionError("the Dask client's IO loop never started")
+    gc.collect()
+    return error
 
 
 def test_a_client_without_credentials_is_refused(served: tuple[Path, ServeInfo]) -> None:

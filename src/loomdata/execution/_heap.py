@@ -4,8 +4,9 @@ glibc keeps freed memory in its heaps unless it lies at a heap's top: a worker t
 reads samples all day frees arrays between long-lived objects, and those holes stay resident. At 300
 sources and 16 ranks the worker holding the constructor kept 63 MiB free but resident
 (`benchmarks/memory.py`, `glibc_heap_mib.free_kept_mib`). `malloc_trim(0)` returns every free page of
-every arena (MADV_DONTNEED) in about a millisecond; `maybe_trim` does it at most every `TRIM_EVERY_S`.
-Elsewhere than glibc it does nothing. Arrow's buffers are jemalloc's, which returns pages by itself.
+every arena (MADV_DONTNEED) in 1-6 ms; `maybe_trim` starts it at most every `TRIM_EVERY_S`, on a thread of
+its own, so a read that runs on the worker's event loop never waits for it. Elsewhere than glibc it does
+nothing. Arrow's buffers are jemalloc's, which returns pages by itself.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+
+from loomdata.execution._strand import process_threads
 
 __all__ = ["TRIM_EVERY_S", "maybe_trim"]
 
@@ -38,14 +42,18 @@ def _load_trim() -> Callable[[int], int] | None:
 _TRIM = _load_trim()
 
 
-def maybe_trim(now: float | None = None) -> bool:
-    """Trim this process's C heap if `TRIM_EVERY_S` passed since the last trim; whether it trimmed."""
+def maybe_trim(now: float | None = None) -> Future[None] | None:
+    """Start a trim of this process's C heap if `TRIM_EVERY_S` passed since the last one (its future), else None."""
     if _TRIM is None:
-        return False
+        return None
     t = time.monotonic() if now is None else now
     with _LOCK:
         if t - _LAST[0] < TRIM_EVERY_S:
-            return False
+            return None
         _LAST[0] = t
+    return process_threads("loom-heap-trim", 1).submit(_trim)
+
+
+def _trim() -> None:
+    assert _TRIM is not None
     _TRIM(0)
-    return True

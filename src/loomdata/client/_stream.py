@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from loomdata.client._direct import DirectConstructor
 from loomdata.client._state import StreamState
+from loomdata.execution._dask_client import new_client
 from loomdata.execution.protocol import (
     ExecutorUnavailable,
     ServeInfo,
@@ -448,8 +449,6 @@ class StreamClient:
 
     def _connect(self) -> Client:
         """A Dask client for the scheduler given, or the one serve.json names (only once it looks alive)."""
-        from distributed import Client
-
         if self._scheduler is not None:
             address, tls, info = self._scheduler, None, None
             with contextlib.suppress(ExecutionError):
@@ -461,7 +460,7 @@ class StreamClient:
             address, tls = info.scheduler, info.tls
             timeout = min(self._timings.connect_timeout_s, max(self._timings.dead_after_s, 5.0))
         security = client_security(address, tls, plan_id=self.meta.plan_id, own=self._security, insecure=self._insecure)
-        client = Client(address, direct_to_workers=True, set_as_default=True, timeout=timeout, security=security)
+        client = new_client(address, direct_to_workers=True, set_as_default=True, timeout=timeout, security=security)
         self._attached = (info.pid, info.started_at) if info is not None and self._scheduler is None else None
         return client
 

@@ -19,6 +19,7 @@ from distributed import Client, LocalCluster
 from distributed.security import Security
 
 from loomdata.execution._config import DEFAULT_WORKERS, Timings
+from loomdata.execution._dask_client import new_client
 from loomdata.execution._security import TLS_DIR, TlsFiles, embedded_tls, security_of
 from loomdata.schemas.errors import ExecutionError
 
@@ -38,7 +39,9 @@ def connect(
     security: Security | None = None,
 ) -> Client:
     """A Client talking to workers directly (actor results never go through the scheduler)."""
-    return Client(scheduler, timeout=timeout, direct_to_workers=True, set_as_default=set_as_default, security=security)
+    return new_client(
+        scheduler, timeout=timeout, direct_to_workers=True, set_as_default=set_as_default, security=security
+    )
 
 
 @contextlib.contextmanager

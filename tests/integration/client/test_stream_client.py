@@ -118,3 +118,33 @@ def test_verify_resume_at_every_position(dask_client: Client, stream_plan: Path)
     meta = read_plan(stream_plan)
     with Executor(stream_plan, dask_client):
         assert verify_resume(stream_plan, 1) == meta.steps * meta.micro_batches
+
+
+def test_a_failed_connect_leaves_no_half_built_client(stream_plan: Path) -> None:
+    """A Client whose constructor raised is collected at once, not later inside the next Client's start.
+
+    Collected later, its `__del__` closes it while the retry's new Client starts its IO loop, and both wait
+    on Dask's class-wide `LoopRunner` lock (seen as a hung suite in session 6).
+    """
+    import gc
+    import socket
+
+    from loomdata.execution import Timings
+
+    with socket.socket() as s:  # a loopback port nothing listens on: the connection is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stream = StreamClient(
+        stream_plan, 0, f"tcp://127.0.0.1:{port}", insecure=True, timings=Timings(connect_timeout_s=2)
+    )
+    gc.collect()
+    before = {id(o) for o in gc.get_objects() if isinstance(o, Client)}
+    gc.disable()  # only what `_connect` itself collects is gone
+    try:
+        with pytest.raises((OSError, TimeoutError)) as raised:
+            stream._connect()
+        left = [o for o in gc.get_objects() if isinstance(o, Client) and id(o) not in before]
+    finally:
+        gc.enable()
+    assert left == []
+    assert f"127.0.0.1:{port}" in str(raised.value)

@@ -7,7 +7,6 @@ serve.json to a foreign scheduler are all refused, while the real StreamClients 
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import shutil
@@ -20,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from distributed import Client
 
 from loomdata.client import StreamClient
 from loomdata.execution import open_cluster
+from loomdata.execution._dask_client import new_client
 from loomdata.execution._security import embedded_tls, security_of
 from loomdata.execution.protocol import ServeInfo, read_serve_info, serve_path, write_serve_info
 from loomdata.schemas import ExecutionError
@@ -76,26 +75,17 @@ def test_credentials_are_private_to_the_owner(served: tuple[Path, ServeInfo]) ->
 def _connect_error(address: str, security: Any = None) -> BaseException | None:
     """The error connecting a Client raises (None when it connects); a slow IO-loop start is tried again.
 
-    A Client whose constructor raised is left in a reference cycle (through the traceback); collected
-    later, its `__del__` closes it while the next Client's IO loop starts, and both wait on Dask's
-    class-wide `LoopRunner` lock: the test hung there. The error is returned without its traceback and the
-    half-built Client collected here, before anything else starts a loop.
+    `new_client` collects a Client whose constructor raised at once (see `execution/_dask_client.py`).
     """
-    error: BaseException | None = None
     for _ in range(3):
         try:
-            Client(address, timeout=5, security=security).close()
+            new_client(address, timeout=5, security=security).close()
             return None
         except AssertionError:  # Dask's loop thread did not start within 10 s on a loaded machine
-            gc.collect()
             continue
         except Exception as e:
-            error = e.with_traceback(None)
-            break
-    else:
-        raise AssertionError("the Dask client's IO loop never started")
-    gc.collect()
-    return error
+            return e
+    raise AssertionError("the Dask client's IO loop never started")
 
 
 def test_a_client_without_credentials_is_refused(served: tuple[Path, ServeInfo]) -> None:

@@ -51,6 +51,7 @@ __all__ = [
     "extra_steps",
     "plan_prefetch",
     "run_concurrently",
+    "shared_threads",
     "submit_shared",
 ]
 
@@ -68,7 +69,7 @@ _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
 _DECAY = 0.95  # per read: how fast the read-duration high-water mark forgets a slow read
 
 
-def _shared_threads() -> ThreadPoolExecutor:
+def shared_threads() -> ThreadPoolExecutor:
     """This process's read-ahead threads (made on first use): hundreds of loaders must not own a pool each."""
     return process_threads("loom-prefetch", _THREADS)
 
@@ -89,7 +90,7 @@ def run_concurrently(jobs: Sequence[Callable[[], None]]) -> int:
     if len(jobs) == 1:
         futs = [_run_one(jobs[0])]
     else:
-        pool = _shared_threads()
+        pool = shared_threads()
         futs = [pool.submit(job) for job in jobs]
     return sum(1 for f in futs if f.exception() is not None)
 
@@ -154,7 +155,7 @@ class Prefetcher:
         self._make_reader = make_reader
         self._paths = paths
         self._shard_of = {str(p): s for s, p in paths.items()}
-        self._pool = _shared_threads()
+        self._pool = shared_threads()
         self.name = name
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when a finished read's follow-up pump is done

@@ -48,6 +48,7 @@ __all__ = [
     "MAX_EXTRA_STEPS",
     "PrefetchCounters",
     "Prefetcher",
+    "StepRate",
     "extra_steps",
     "plan_prefetch",
     "run_concurrently",
@@ -66,6 +67,7 @@ MAX_EXTRA_STEPS = 512
 """The most steps the latency adds to a cache's reach (the worker's byte budget bounds what is kept anyway)."""
 
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
+_FIRST_RATE_S = 0.1  # the first measure, this soon after the first served step (the reach widens from it)
 _DECAY = 0.95  # per read: how fast the read-duration high-water mark forgets a slow read
 
 
@@ -125,6 +127,34 @@ def plan_prefetch(keys: np.ndarray, steps: np.ndarray, busy: np.ndarray, slots: 
 
 
 @dataclass
+class StepRate:
+    """Served steps per second, measured from the first step served, never over the idle time before it.
+
+    A loader warms up (and reads ahead) well before the first request: measured from then, the first rate
+    was diluted by the serve's start-up, so the reach widened only seconds into the run (session 6: waits
+    early in every 100 ms run). The first measure comes `_FIRST_RATE_S` after the first served step.
+    """
+
+    steps_per_s: float = 0.0
+    _mark: tuple[float, int] | None = None  # (time, newest step) the next measure starts from
+
+    def observe(self, newest: int, now: float) -> bool:
+        """Note the newest served step (-1: none yet) at time `now`; True when the rate was re-measured."""
+        if newest < 0:
+            return False
+        if self._mark is None or newest < self._mark[1]:  # the first served step, or a resume further back
+            self._mark = (now, newest)
+            return False
+        t0, s0 = self._mark
+        if now - t0 < (_RATE_EVERY_S if self.steps_per_s > 0 else _FIRST_RATE_S) or newest <= s0:
+            return False
+        rate = (newest - s0) / (now - t0)
+        self.steps_per_s = rate if self.steps_per_s <= 0 else 0.5 * (self.steps_per_s + rate)
+        self._mark = (now, newest)
+        return True
+
+
+@dataclass
 class PrefetchCounters:
     """What a loader's read-ahead did: units kept, later used (hits), waited for, failed, not kept."""
 
@@ -168,8 +198,7 @@ class Prefetcher:
         self._front = -1  # the newest step asked for
         self._closed = False
         self.read_s = 0.0  # high-water mark of read-ahead durations (decaying)
-        self.steps_per_s = 0.0  # served steps per second, re-measured every _RATE_EVERY_S
-        self._mark: tuple[float, int] | None = None  # (time, newest step) the rate is measured from
+        self.rate = StepRate()  # served steps per second, re-measured every _RATE_EVERY_S
 
     # ---- UnitCache, for the loader's own reader ----------------------------------------------
 
@@ -231,18 +260,10 @@ class Prefetcher:
 
     def _measure_rate(self, newest: int) -> None:
         """Re-measure the served-step rate and widen the cache's reach to the latency it implies."""
-        now = time.monotonic()
         with self._lock:
-            if self._mark is None or newest < self._mark[1]:
-                self._mark = (now, newest)
+            if not self.rate.observe(newest, time.monotonic()):
                 return
-            t0, s0 = self._mark
-            if now - t0 < _RATE_EVERY_S or newest <= s0:
-                return
-            rate = (newest - s0) / (now - t0)
-            self.steps_per_s = rate if self.steps_per_s <= 0 else 0.5 * (self.steps_per_s + rate)
-            self._mark = (now, newest)
-            need = extra_steps(self.read_s, self.steps_per_s, self.cache.policy.horizon_steps)
+            need = extra_steps(self.read_s, self.rate.steps_per_s, self.cache.policy.horizon_steps)
             self.cache.extra_steps = max(self.cache.extra_steps, need)  # never narrowed: units read would be dropped
 
     def in_flight(self) -> int:

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, UnitUses, unit_key
-from loomdata.execution._prefetch import MAX_EXTRA_STEPS, Prefetcher, extra_steps, plan_prefetch
+from loomdata.execution._prefetch import MAX_EXTRA_STEPS, Prefetcher, StepRate, extra_steps, plan_prefetch
 from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.schemas.errors import SourceDataError
 from loomdata.sources import KeptRows, parquet
@@ -150,6 +150,19 @@ def test_extra_steps_cover_the_read_latency_at_the_served_rate() -> None:
     assert extra_steps(0.01, 200.0, horizon=20) == 0  # the horizon already covers fast storage
     assert extra_steps(5.0, 1000.0, horizon=20) == MAX_EXTRA_STEPS
     assert extra_steps(0.0, 200.0, horizon=20) == 0 and extra_steps(0.1, 0.0, horizon=20) == 0  # nothing measured
+
+
+def test_the_step_rate_is_measured_from_the_first_served_step_not_the_idle_start() -> None:
+    rate = StepRate()
+    assert not rate.observe(-1, 0.0)  # warmed up at t=0, nothing served for 8 s (the serve starting)
+    assert not rate.observe(0, 8.0)  # the first served step starts the measure
+    assert not rate.observe(40, 8.0625)  # too soon to measure
+    assert rate.observe(125, 8.125)  # 125 steps in 0.125 s: not diluted by the 8 idle seconds
+    assert rate.steps_per_s == pytest.approx(1000.0)
+    assert not rate.observe(200, 8.25)  # later measures every half second, averaged with the last
+    assert rate.observe(1125, 8.625) and rate.steps_per_s == pytest.approx(0.5 * (1000.0 + 2000.0))
+    assert not rate.observe(5, 9.0)  # a resume further back restarts the measure, keeps the rate
+    assert rate.steps_per_s == pytest.approx(1500.0)
 
 
 def test_a_wider_reach_reads_further_ahead_and_keeps_those_units(shard: Path) -> None:

@@ -12,7 +12,8 @@ A benchmark tool (never imported by loomdata), started in each Dask worker and t
   tokens), as (start, seconds, what) in this process; and, timed in whichever thread runs them (kept from
   5 ms), a loader's synchronous read (`read_now`), its foreground planning (`ahead`), each chunk planned
   (`_plan_chunk`), shard opens (`_open_shards`, `open_shard`), waits for shards opening (`ShardOpens.wait`)
-  and waits of a read on a unit in flight (`Prefetcher.get`), where the loomdata measured has them;
+  and waits of a read on a unit in flight (`Prefetcher.get`), and row groups decoded (`_decode_row_group`: in
+  a strand thread, a read fetching a unit itself), where the loomdata measured has them;
 - everything in wall-clock seconds (`time.time()`), so the consumers' gaps line up with it.
 """
 
@@ -179,6 +180,12 @@ def _patch_sync(tracer: Tracer) -> None:
         ("loomdata.execution._shard_opens", "ShardOpens", "wait", lambda a: [len(a[1])]),
         ("loomdata.execution._verify", "Verifier", "open_shard", lambda a: [a[1]]),
         ("loomdata.execution._prefetch", "Prefetcher", "get", lambda a: [str(a[1][0]).rsplit("/", 1)[-1], a[1][1]]),
+        (
+            "loomdata.sources.parquet",
+            "ParquetReader",
+            "_decode_row_group",
+            lambda a: [str(a[1]).rsplit("/", 1)[-1], a[3]],
+        ),
     )
     for module, cls_name, name, detail in targets:
         try:

@@ -40,7 +40,7 @@ import numpy as np
 
 from loomdata.execution._loader_cache import PlanUnitCache, split_key, unit_key
 from loomdata.execution._strand import process_threads
-from loomdata.sources import FormatReader, UnitKey
+from loomdata.sources import FormatReader, KeptRows, UnitKey
 from loomdata.storage import Location
 
 __all__ = [
@@ -69,6 +69,7 @@ MAX_EXTRA_STEPS = 512
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
 _FIRST_RATE_S = 0.1  # the first measure, this soon after the first served step (the reach widens from it)
 _DECAY = 0.95  # per read: how fast the read-duration high-water mark forgets a slow read
+_REREADS = 2  # times a unit read ahead is read again at most when newly planned rows were not kept
 
 
 def shared_threads() -> ThreadPoolExecutor:
@@ -165,6 +166,7 @@ class PrefetchCounters:
     errors: int = 0
     dropped: int = 0  # read but not kept (no room, or no longer planned)
     misses: int = 0  # units the loader's own reader had to read (not held, not in flight)
+    reread: int = 0  # units read ahead again: chunks planned during the read wanted rows it did not keep
 
 
 class Prefetcher:
@@ -293,6 +295,7 @@ class Prefetcher:
             t0 = time.perf_counter()
             got = reader.load_unit(path, unit, self.cache.wanted((str(path), unit)))
             took = time.perf_counter() - t0
+            got = self._cover(reader, path, unit, got)
             with self._lock:
                 self.read_s = max(took, self.read_s * _DECAY)
             kept = got is not None and self.cache.put_ahead((str(path), unit), got[0], got[1], front)
@@ -321,6 +324,26 @@ class Prefetcher:
             with self._lock:
                 self._pumping -= 1
                 self._idle.notify_all()
+
+    def _cover(
+        self, reader: FormatReader, path: Location, unit: int, got: tuple[Any, int] | None
+    ) -> tuple[Any, int] | None:
+        """`got`, or the unit read again if chunks planned during its read want rows it did not keep.
+
+        A unit read ahead keeps the rows wanted when its read was issued; a chunk planned meanwhile may want
+        more of it (the cache drops such units only among those it holds). Kept as it was, the read that needs a
+        new row would find the unit held but short, and fetch it itself, on the read path.
+        """
+        for _ in range(_REREADS):
+            if got is None or not isinstance(got[0], KeptRows):
+                return got
+            now = self.cache.wanted((str(path), unit))
+            if now is None or bool(np.isin(now, got[0].rows).all()):
+                return got
+            with self._lock:
+                self.counters.reread += 1
+            got = reader.load_unit(path, unit, now)
+        return got
 
     def _int_key(self, key: UnitKey) -> int | None:
         shard = self._shard_of.get(str(key[0]))

@@ -198,3 +198,26 @@ def test_read_ahead_keeps_only_the_planned_rows_and_reads_are_exact(
     assert pf.counters.hits == 6 and pf.counters.misses == 0 and cache.nbytes == 0
     pf.close()
     cache.close()
+
+
+def test_rows_planned_while_a_unit_is_read_ahead_are_kept_too(shard: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk planned during a unit's read ahead wants another row of it: the unit is read again, off the read
+    path, so the read of that row finds it held (before: held short, the read fetched the unit itself)."""
+    monkeypatch.setattr(parquet, "_WHOLE_SHARE", 1.01)  # 3-row groups: never kept whole here
+    gate, log, _, cache, pf, main, *_ = _setup(shard, limit=1, plan_id="p-late", by_rows=True)
+    pf.pump(np.array([0]))
+    assert pf.in_flight() == 1  # group 4 (rows 12, 13 at step 0) is being read, held at the gate
+    cache.plan(unit_key(3, main.units(shard, np.array([14]))), np.array([3]), np.array([14]))  # row 14, step 3
+    gate.set()
+    assert pf.settle(10)
+    held = dict(cache._pool.items(cache._owner))
+    assert held[(str(shard), 4)].rows.tolist() == [12, 13, 14] and pf.counters.reread == 1
+    assert log.count(4) == 2  # read again at once (the reader's log), never on the read path
+    decoded: list[int] = []  # row groups the loader's own reader decodes (fetches) itself
+    real = main._decode_row_group
+    main._decode_row_group = lambda path, info, g: decoded.append(g) or real(path, info, g)  # type: ignore[method-assign]
+    got = main.read(shard, np.array([14, 12]))
+    assert [x.tokens.tolist() for x in got] == [[14, 15], [12, 13]]
+    assert decoded == [] and pf.counters.misses == 0 and pf.counters.hits == 1
+    pf.close()
+    cache.close()

@@ -153,7 +153,7 @@ class PlanAhead:
             if self._closed:
                 return
             self._plan_once(c)
-        self.pump(None)
+            self.pump(None)  # read ahead what this chunk needs now, not after the whole batch (hundreds of steps)
         if next_span is not None:
             self._read_next_span(next_span)
 

@@ -14,9 +14,11 @@ until the next step is served.
 
 Depth from latency: the static horizon (window + a few steps) is a number of steps, storage latency a
 time. `Prefetcher` measures both sides, the time its reads take (a decaying high-water mark) and the
-rate steps are served, and raises the cache's reach (`PlanUnitCache.extra_steps`) so that a read issued
-at the reach's edge lands `LATENCY_MARGIN` times its duration before its step: a rank never waits on
-storage when the budget holds that many steps' units (at most `MAX_EXTRA_STEPS` steps more).
+rate steps are served (`StepRate`, from the first served step), and raises the cache's reach
+(`PlanUnitCache.extra_steps`) so that a read issued at the reach's edge lands `LATENCY_MARGIN` times its
+duration before its step: a rank never waits on storage when the budget holds that many steps' units (at
+most `MAX_EXTRA_STEPS` steps more). Until a rate is measured it assumes a fast rank (`FAST_STEPS_PER_S`):
+the first steps after warm-up are served faster than any later ones (their batches were built ahead).
 
 The loader's own reader sees the cache through `Prefetcher` (a `UnitCache`): a `get` of a unit in
 flight waits for that read instead of issuing a second one. Served bytes never depend on it: a unit
@@ -44,6 +46,7 @@ from loomdata.sources import FormatReader, KeptRows, UnitKey
 from loomdata.storage import Location
 
 __all__ = [
+    "FAST_STEPS_PER_S",
     "LATENCY_MARGIN",
     "MAX_EXTRA_STEPS",
     "PrefetchCounters",
@@ -65,6 +68,11 @@ LATENCY_MARGIN = 4.0
 
 MAX_EXTRA_STEPS = 512
 """The most steps the latency adds to a cache's reach (the worker's byte budget bounds what is kept anyway)."""
+
+FAST_STEPS_PER_S = 1000.0
+"""The step rate a read-ahead assumes until it has measured one: a fast rank, so the first reads after warm-up are
+issued early enough (too far ahead costs only budget-bounded memory; too short, waits on storage). With local
+files reads take milliseconds and this adds nothing to the reach."""
 
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
 _FIRST_RATE_S = 0.1  # the first measure, this soon after the first served step (the reach widens from it)
@@ -179,7 +187,9 @@ class Prefetcher:
         paths: dict[int, Location],
         limit: int,
         name: str,
+        assumed_steps_per_s: float = FAST_STEPS_PER_S,
     ) -> None:
+        """`assumed_steps_per_s`: the step rate the reach is sized for until one is measured (0: none)."""
         self.cache = cache
         self.limit = limit
         self.counters = PrefetchCounters()
@@ -201,6 +211,7 @@ class Prefetcher:
         self._closed = False
         self.read_s = 0.0  # high-water mark of read-ahead durations (decaying)
         self.rate = StepRate()  # served steps per second, re-measured every _RATE_EVERY_S
+        self._assumed_rate = assumed_steps_per_s
 
     # ---- UnitCache, for the loader's own reader ----------------------------------------------
 
@@ -263,9 +274,11 @@ class Prefetcher:
     def _measure_rate(self, newest: int) -> None:
         """Re-measure the served-step rate and widen the cache's reach to the latency it implies."""
         with self._lock:
-            if not self.rate.observe(newest, time.monotonic()):
+            measured = self.rate.observe(newest, time.monotonic())
+            if not measured and self.rate.steps_per_s > 0:
                 return
-            need = extra_steps(self.read_s, self.rate.steps_per_s, self.cache.policy.horizon_steps)
+            rate = self.rate.steps_per_s if self.rate.steps_per_s > 0 else self._assumed_rate  # not measured yet
+            need = extra_steps(self.read_s, rate, self.cache.policy.horizon_steps)
             self.cache.extra_steps = max(self.cache.extra_steps, need)  # never narrowed: units read would be dropped
 
     def in_flight(self) -> int:

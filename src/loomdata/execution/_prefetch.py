@@ -187,9 +187,10 @@ class Prefetcher:
         paths: dict[int, Location],
         limit: int,
         name: str,
-        assumed_steps_per_s: float = FAST_STEPS_PER_S,
+        assumed_steps_per_s: float | None = None,
     ) -> None:
-        """`assumed_steps_per_s`: the step rate the reach is sized for until one is measured (0: none)."""
+        """`assumed_steps_per_s`: the step rate the reach is sized for until one is measured (None:
+        `FAST_STEPS_PER_S`; 0: none, the horizon alone)."""
         self.cache = cache
         self.limit = limit
         self.counters = PrefetchCounters()
@@ -211,7 +212,7 @@ class Prefetcher:
         self._closed = False
         self.read_s = 0.0  # high-water mark of read-ahead durations (decaying)
         self.rate = StepRate()  # served steps per second, re-measured every _RATE_EVERY_S
-        self._assumed_rate = assumed_steps_per_s
+        self._assumed_rate = FAST_STEPS_PER_S if assumed_steps_per_s is None else assumed_steps_per_s
 
     # ---- UnitCache, for the loader's own reader ----------------------------------------------
 

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from distributed import Client
 
+from loomdata.execution import _prefetch
 from loomdata.execution._loader import REQUEST_DTYPE, SourceLoader
 from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._partition import partition_source
@@ -105,9 +106,13 @@ def _expected(plan_dir: Path, req: np.ndarray, docs: dict[str, list[np.ndarray]]
 
 @pytest.mark.parametrize(("start", "chunk"), [(0, 32), (12, 32), (5, 2)], ids=["start", "resume", "chunks"])
 def test_the_start_step_is_served_without_a_storage_request(
-    dask_client: Client, s3: S3Server, tmp_path: Path, start: int, chunk: int
+    dask_client: Client, s3: S3Server, tmp_path: Path, start: int, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`chunks`: manifest chunks of 2 steps, so most of the reach is planned by the background planner."""
+    """`chunks`: manifest chunks of 2 steps, so most of the reach is planned by the background planner.
+
+    No assumed step rate: the reach is the horizon, so the plan's later steps are not read ahead at warm-up.
+    """
+    monkeypatch.setattr(_prefetch, "FAST_STEPS_PER_S", 0.0)
     plan_dir, docs = _plan(tmp_path, s3, dask_client)
     reset_request_stats()
     loader = _loader(plan_dir, start, chunk)

@@ -266,6 +266,8 @@ def _loom_run(
         # (None from a loomdata whose loaders do not count them)
         "prefetch_waits": _total(loaders, "prefetch_waits"),
         "unit_misses": _total(loaders, "unit_misses"),
+        # the loaders' worker processes at the end of the run (the read-ahead's reach is what holds units there)
+        "loader_rss_mib_max": round(max((getattr(m, "rss_bytes", 0) for m in loaders), default=0) / 2**20, 1),
     }
     if trace is not None:
         out["trace"] = {"consumers": [r["long_gaps"] for r in rows], "workers": trace}

@@ -9,7 +9,11 @@ A benchmark tool (never imported by loomdata), started in each Dask worker and t
 - GC pauses: `gc.callbacks` time every collection, kept when over `gc_s`, with its generation;
 - serving events (`patch=True`): each constructor take (what `take_block` calls: rank, first step, steps answered),
   build group (`_build_many`: steps, manifest / loaders / pack seconds) and loader read (`read`: segments,
-  tokens), as (start, seconds, what) in this process;
+  tokens), as (start, seconds, what) in this process; and, timed in whichever thread runs them (kept from
+  5 ms), a loader's synchronous read (`read_now`), its foreground planning (`ahead`), each chunk planned
+  (`_plan_chunk`), shard opens (`_open_shards`, `open_shard`), waits for shards opening (`ShardOpens.wait`)
+  and waits of a read on a unit in flight (`Prefetcher.get`), and row groups decoded (`_decode_row_group`: in
+  a strand thread, a read fetching a unit itself), where the loomdata measured has them;
 - everything in wall-clock seconds (`time.time()`), so the consumers' gaps line up with it.
 """
 
@@ -147,6 +151,54 @@ def _timed(tracer: Tracer, kind: str, fn: Any, detail: Any) -> Any:
     return wrapper
 
 
+def _timed_sync(tracer: Tracer, kind: str, fn: Any, detail: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0, p0 = time.time(), time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            took = time.perf_counter() - p0
+            if took >= 0.005:  # the many quick ones would only bury the waits
+                tracer.events.append((t0, took, kind, [threading.current_thread().name, *detail(args)]))
+
+    return wrapper
+
+
+def _patch_sync(tracer: Tracer) -> None:
+    """Time the loaders' synchronous planning, shard opens and unit waits (those this loomdata has)."""
+    import importlib
+
+    def steps(args: Any) -> Any:
+        a = args[1]
+        return [int(a.min()), int(a.max())] if a is not None and len(a) else []
+
+    targets = (
+        ("loomdata.execution._loader", "SourceLoader", "read_now", lambda a: [len(a[1]), int(a[1]["step"].min())]),
+        ("loomdata.execution._plan_ahead", "PlanAhead", "ahead", steps),
+        ("loomdata.execution._plan_ahead", "PlanAhead", "_plan_chunk", lambda a: [a[1]]),
+        ("loomdata.execution._plan_ahead", "PlanAhead", "_open_shards", lambda a: [a[1].tolist()]),
+        ("loomdata.execution._shard_opens", "ShardOpens", "wait", lambda a: [len(a[1])]),
+        ("loomdata.execution._verify", "Verifier", "open_shard", lambda a: [a[1]]),
+        ("loomdata.execution._prefetch", "Prefetcher", "get", lambda a: [str(a[1][0]).rsplit("/", 1)[-1], a[1][1]]),
+        (
+            "loomdata.sources.parquet",
+            "ParquetReader",
+            "_decode_row_group",
+            lambda a: [str(a[1]).rsplit("/", 1)[-1], a[3]],
+        ),
+    )
+    for module, cls_name, name, detail in targets:
+        try:
+            cls = getattr(importlib.import_module(module), cls_name)
+        except (ImportError, AttributeError):
+            continue
+        fn = cls.__dict__.get(name)
+        if fn is None:
+            continue
+        _PATCHED.append((cls, name, fn))
+        setattr(cls, name, _timed_sync(tracer, name, fn, detail))
+
+
 def _patch(tracer: Tracer) -> None:
     from loomdata.execution._constructor import DataConstructor
     from loomdata.execution._loader import SourceLoader
@@ -169,6 +221,7 @@ def _patch(tracer: Tracer) -> None:
         fn = getattr(cls, name)
         _PATCHED.append((cls, name, fn))
         setattr(cls, name, _timed(tracer, name, fn, detail))
+    _patch_sync(tracer)
 
 
 def _unpatch() -> None:

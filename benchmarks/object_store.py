@@ -227,9 +227,11 @@ def _loom_run(
             import _stall_trace
 
             client.run(_stall_trace.start, patch=True)
-        ticks = _cpu_ticks()
+        ticks, cpu0 = _cpu_ticks(), time.process_time()
         rows = _run_consumers(plan_dir, consumers)
         machine = _machine(ticks, _cpu_ticks())
+        # this process: the scheduler, and for S3 the moto server and the proxy (CPU a real store would not take here)
+        machine["bench_process_cpu_s"] = round(time.process_time() - cpu0, 3)
         trace = client.run(_stall_trace.stop) if TRACE else None
         wall = max(r["t1"] for r in rows) - min(r["t0"] for r in rows)  # from the consumers' common start
         counts = proxy.reset() if proxy is not None else None
@@ -264,6 +266,8 @@ def _loom_run(
         # (None from a loomdata whose loaders do not count them)
         "prefetch_waits": _total(loaders, "prefetch_waits"),
         "unit_misses": _total(loaders, "unit_misses"),
+        # the loaders' worker processes at the end of the run (the read-ahead's reach is what holds units there)
+        "loader_rss_mib_max": round(max((getattr(m, "rss_bytes", 0) for m in loaders), default=0) / 2**20, 1),
     }
     if trace is not None:
         out["trace"] = {"consumers": [r["long_gaps"] for r in rows], "workers": trace}

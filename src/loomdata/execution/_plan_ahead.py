@@ -8,8 +8,12 @@ and the read reports the real error.
 Storage latency is kept off the read path:
 - before any request (`warm`, in the loader's thread at construction) it plans from the start step and
   starts the read-ahead, so the first steps' units are in flight before a rank asks;
-- each newly planned chunk's shards are opened at once (shard check, object HEAD, footer: one job per
-  shard on the shared read-ahead threads), not one after another;
+- every shard the manifest names is opened as soon as a span of the manifest naming it is read (shard
+  check, object HEAD, footer; `ShardOpens`: soonest first use first, a bounded number at once), and the
+  next span is read once planning is half-way through the current one, so a shard is normally open
+  long before its first chunk is planned;
+- shards are never opened under the planning lock: planning a chunk waits (outside it) only for the
+  shards that chunk reads, so a read whose chunk is planned never waits on another chunk's opens;
 - only the chunks holding the steps a request reads are planned on the read path (they normally were
   long before); the chunks up to the cache's reach are planned in the background, then read ahead.
 
@@ -29,7 +33,8 @@ import numpy as np
 import pyarrow as pa
 
 from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, unit_key
-from loomdata.execution._prefetch import Prefetcher, run_concurrently, submit_shared
+from loomdata.execution._prefetch import Prefetcher, submit_shared
+from loomdata.execution._shard_opens import ShardOpens
 from loomdata.schemas.errors import LoomError
 from loomdata.schemas.plan import PlanMeta, read_manifest
 from loomdata.sources import FormatReader
@@ -50,11 +55,14 @@ class PlanAhead:
         self._loader = loader
         self._policy = policy
         self._planned: set[int] = set()  # manifest chunks counted
-        self._span = (0, 0)  # manifest chunks [a, b) whose rows of this partition `_rows` holds
-        self._rows: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.uint32), np.zeros(0, np.uint64))
+        self._spans: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # first chunk -> (step, sample) of this partition
+        total = sum(f.rows for f in meta.manifest)
+        per_chunk = max(1.0, total / max(meta.steps, 1) * policy.chunk_steps)
+        self._span_chunks = max(1, int(_SPAN_ROWS / per_chunk))  # manifest chunks one span holds
+        self._next_read: set[int] = set()  # spans whose read ahead was handed to the background planner
         self._queued: set[int] = set()  # chunks handed to the background planner
-        self._opened: set[int] = set()  # shards opened ahead (`_open_shards`)
-        self._lock = threading.Lock()  # planning: `_planned`, the planning reader
+        self._lock = threading.Lock()  # planning: `_planned`, the spans, the planning reader
+        self.opens = ShardOpens(self._open_jobs)
         self._closed = False
         self._later: list[Future[None]] = []  # background planning in progress
         shard_of = {str(p): s for s, p in loader._paths.items()}
@@ -93,11 +101,21 @@ class PlanAhead:
         return out
 
     def held(self, request: np.ndarray) -> bool:
-        """Whether every row `request` reads is held now (reading it makes no storage request)."""
+        """Whether every row `request` reads is held now (reading it makes no storage request).
+
+        Asked on the worker's event loop: a shard not opened yet is not held (telling its units would fetch its footer).
+        """
+        if not self.opens.done(self._shards_of(request["sample"])):
+            return False
         keys = self.keys(request["sample"])
         if not len(keys) or not bool((keys >= 0).all()):
             return False
         return self.cache.holds(keys, self._rows_of(request["sample"]))
+
+    def _shards_of(self, samples: np.ndarray) -> np.ndarray:
+        """The shard of each of `samples` (of this partition)."""
+        index = self._loader._index
+        return index.shard_at(index.locate(samples)[0]) if len(index) else np.zeros(0, dtype=np.int64)
 
     def _rows_of(self, samples: np.ndarray) -> np.ndarray:
         """The file row of each of `samples` (of this partition)."""
@@ -115,37 +133,47 @@ class PlanAhead:
             if c not in self._planned:
                 self._plan_once(c)
         later = [c for c in range(now + 1, last + 1) if c not in self._planned and c not in self._queued]
-        if later and not self._closed:
+        nxt = self._next_span(last)
+        if (later or nxt is not None) and not self._closed:
             self._queued.update(later)
+            if nxt is not None:
+                self._next_read.add(nxt)
             self._later = [f for f in self._later if not f.done()]
-            self._later.append(submit_shared(functools.partial(self._plan_later, later)))
+            self._later.append(submit_shared(functools.partial(self._plan_later, later, nxt)))
 
     def idle(self, timeout: float) -> bool:
         """Wait until background planning and read-ahead are done (tests, benchmarks); False on timeout."""
         _, pending = wait_for(list(self._later), timeout)
-        return not pending and (self.prefetch is None or self.prefetch.settle(timeout))
+        if pending or not self.opens.settle(timeout):
+            return False
+        return self.prefetch is None or self.prefetch.settle(timeout)
 
-    def _plan_later(self, chunks: list[int]) -> None:
+    def _plan_later(self, chunks: list[int], next_span: int | None) -> None:
         for c in chunks:
             if self._closed:
                 return
             self._plan_once(c)
-        self.pump(None)
+            self.pump(None)  # read ahead what this chunk needs now, not after the whole batch (hundreds of steps)
+        if next_span is not None:
+            self._read_next_span(next_span)
 
     def _plan_once(self, c: int) -> None:
         with self._lock:
+            if c in self._planned or self._closed:
+                return
+            got = self._mine(c)
+        if got is not None and len(got[1]):
+            self.opens.wait(self._shards_of(got[1]))  # outside the lock: other chunks plan meanwhile
+        with self._lock:
             if c not in self._planned and not self._closed:
-                self._plan_chunk(c)
+                self._plan_chunk(c, got)
                 self._planned.add(c)
 
-    def _plan_chunk(self, c: int) -> None:
-        lo = self._loader
-        got = self._mine(c)
+    def _plan_chunk(self, c: int, got: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """Count chunk `c`'s planned reads (its shards are open: telling their units makes no request)."""
         if got is None:
             return
         step, sample = got
-        if len(lo._index) and len(sample):
-            self._open_shards(np.unique(lo._index.shard_at(lo._index.locate(sample)[0])))
         keys = self.keys(sample, self._units)
         ok = keys >= 0
         self.cache.plan(keys[ok], step[ok], self._rows_of(sample[ok]))
@@ -153,38 +181,72 @@ class PlanAhead:
     def _mine(self, c: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(step, sample) of this partition's manifest rows in chunk `c`; None if the manifest cannot be read.
 
-        Every manifest read scans whole row groups (milliseconds), so the rows of several chunks (about
-        `_SPAN_ROWS` manifest rows) are read at once and only this partition's (a small part) are kept.
+        Every manifest read scans whole row groups (milliseconds), so the rows of several chunks (a span of
+        about `_SPAN_ROWS` manifest rows) are read at once and only this partition's (a small part) are kept.
         """
-        chunk = self._policy.chunk_steps
-        if not self._span[0] <= c < self._span[1]:
-            total = sum(f.rows for f in self._meta.manifest)
-            per_chunk = max(1.0, total / max(self._meta.steps, 1) * chunk)
-            n = max(1, int(_SPAN_ROWS / per_chunk))
-            p = self._loader.partition
-            try:
-                t = read_manifest(self._plan_dir, self._meta, c * chunk, (c + n) * chunk - 1)
-            except (LoomError, OSError, pa.ArrowException):
-                self._loader._counters.plan_errors += 1
+        start = self._span_of(c)
+        if start not in self._spans:
+            got = self._read_span(start)
+            if got is None:
                 return None
-            src = t.column("source").to_numpy()
-            sample = t.column("sample").to_numpy().astype(np.uint64)
-            mine = np.flatnonzero((src == p.source_id) & (sample >= p.first_sample) & (sample < p.stop_sample))
-            step = t.column("step").to_numpy()[mine]
-            order = np.argsort(step, kind="stable")  # stored order within a step is kept
-            self._span, self._rows = (c, c + n), (step[order], sample[mine][order])
-        step, sample = self._rows
+            self._keep_span(start, got)
+        step, sample = self._spans[start]
+        chunk = self._policy.chunk_steps
         lo, hi = np.searchsorted(step, np.array([c * chunk, (c + 1) * chunk], dtype=step.dtype))
         return step[lo:hi], sample[lo:hi]
 
-    def _open_shards(self, shards: np.ndarray) -> None:
-        """Check and open the shards not opened yet, all at once (each its HEAD, edge and footer requests)."""
+    def _span_of(self, c: int) -> int:
+        """The first chunk of the span holding chunk `c` (spans are fixed: chunk multiples of `_span_chunks`)."""
+        return c - c % self._span_chunks
+
+    def _read_span(self, start: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(step, sample) of this partition's manifest rows in the span from chunk `start`, in step order."""
+        chunk, p = self._policy.chunk_steps, self._loader.partition
+        try:
+            t = read_manifest(self._plan_dir, self._meta, start * chunk, (start + self._span_chunks) * chunk - 1)
+        except (LoomError, OSError, pa.ArrowException):
+            self._loader._counters.plan_errors += 1
+            return None
+        src = t.column("source").to_numpy()
+        sample = t.column("sample").to_numpy().astype(np.uint64)
+        mine = np.flatnonzero((src == p.source_id) & (sample >= p.first_sample) & (sample < p.stop_sample))
+        step = t.column("step").to_numpy()[mine]
+        order = np.argsort(step, kind="stable")  # stored order within a step is kept
+        return step[order], sample[mine][order]
+
+    def _keep_span(self, start: int, rows: tuple[np.ndarray, np.ndarray]) -> None:
+        """Hold a span's rows (and the next one's, read ahead; older ones are dropped) and open its shards ahead."""
+        self._spans = {k: v for k, v in self._spans.items() if k >= start - self._span_chunks}
+        self._spans[start] = rows
+        step, sample = rows
+        if len(sample):
+            shards, first = np.unique(self._shards_of(sample), return_index=True)  # rows in step order
+            self.opens.want(shards, step[first])
+
+    def _next_span(self, c: int) -> int | None:
+        """The span after chunk `c`'s once planning is half-way through this one and it is not read (else None)."""
+        start = self._span_of(c)
+        nxt = start + self._span_chunks
+        if c - start < self._span_chunks // 2 or nxt * self._policy.chunk_steps >= self._meta.steps:
+            return None
+        return None if nxt in self._spans or nxt in self._next_read else nxt
+
+    def _read_next_span(self, nxt: int) -> None:
+        """Read span `nxt` (and open its shards ahead) before any of its chunks is planned."""
+        with self._lock:
+            if nxt in self._spans or self._closed:
+                return
+            got = self._read_span(nxt)
+            if got is not None:
+                self._keep_span(nxt, got)
+
+    def _open_jobs(self, shard: int) -> list[functools.partial[None]]:
+        """The independent requests that open one shard: its check against the index and its footer."""
         lo = self._loader
-        new = [int(s) for s in shards.tolist() if int(s) not in self._opened and int(s) in lo._paths]
-        self._opened.update(new)
-        jobs = [functools.partial(lo._verifier.open_shard, s, lo._paths[s]) for s in new]
-        jobs += [functools.partial(lo._reader.prepare, lo._paths[s]) for s in new]
-        run_concurrently(jobs)
+        path = lo._paths.get(shard)
+        if path is None:
+            return []
+        return [functools.partial(lo._verifier.open_shard, shard, path), functools.partial(lo._reader.prepare, path)]
 
     def served(self, request: np.ndarray) -> None:
         """The segments of `request` were read: count their uses off (drops units at their last use)."""
@@ -197,6 +259,7 @@ class PlanAhead:
 
     def close(self) -> None:
         self._closed = True
+        self.opens.close()
         if self.prefetch is not None:
             self.prefetch.close()
         with self._lock:

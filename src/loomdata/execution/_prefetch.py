@@ -14,9 +14,11 @@ until the next step is served.
 
 Depth from latency: the static horizon (window + a few steps) is a number of steps, storage latency a
 time. `Prefetcher` measures both sides, the time its reads take (a decaying high-water mark) and the
-rate steps are served, and raises the cache's reach (`PlanUnitCache.extra_steps`) so that a read issued
-at the reach's edge lands `LATENCY_MARGIN` times its duration before its step: a rank never waits on
-storage when the budget holds that many steps' units (at most `MAX_EXTRA_STEPS` steps more).
+rate steps are served (`StepRate`, from the first served step), and raises the cache's reach
+(`PlanUnitCache.extra_steps`) so that a read issued at the reach's edge lands `LATENCY_MARGIN` times its
+duration before its step: a rank never waits on storage when the budget holds that many steps' units (at
+most `MAX_EXTRA_STEPS` steps more). Until a rate is measured it assumes a fast rank (`FAST_STEPS_PER_S`):
+the first steps after warm-up are served faster than any later ones (their batches were built ahead).
 
 The loader's own reader sees the cache through `Prefetcher` (a `UnitCache`): a `get` of a unit in
 flight waits for that read instead of issuing a second one. Served bytes never depend on it: a unit
@@ -40,17 +42,20 @@ import numpy as np
 
 from loomdata.execution._loader_cache import PlanUnitCache, split_key, unit_key
 from loomdata.execution._strand import process_threads
-from loomdata.sources import FormatReader, UnitKey
+from loomdata.sources import FormatReader, KeptRows, UnitKey
 from loomdata.storage import Location
 
 __all__ = [
+    "FAST_STEPS_PER_S",
     "LATENCY_MARGIN",
     "MAX_EXTRA_STEPS",
     "PrefetchCounters",
     "Prefetcher",
+    "StepRate",
     "extra_steps",
     "plan_prefetch",
     "run_concurrently",
+    "shared_threads",
     "submit_shared",
 ]
 
@@ -64,11 +69,18 @@ LATENCY_MARGIN = 4.0
 MAX_EXTRA_STEPS = 512
 """The most steps the latency adds to a cache's reach (the worker's byte budget bounds what is kept anyway)."""
 
+FAST_STEPS_PER_S = 1000.0
+"""The step rate a read-ahead assumes until it has measured one: a fast rank, so the first reads after warm-up are
+issued early enough (too far ahead costs only budget-bounded memory; too short, waits on storage). With local
+files reads take milliseconds and this adds nothing to the reach."""
+
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
+_FIRST_RATE_S = 0.1  # the first measure, this soon after the first served step (the reach widens from it)
 _DECAY = 0.95  # per read: how fast the read-duration high-water mark forgets a slow read
+_REREADS = 2  # times a unit read ahead is read again at most when newly planned rows were not kept
 
 
-def _shared_threads() -> ThreadPoolExecutor:
+def shared_threads() -> ThreadPoolExecutor:
     """This process's read-ahead threads (made on first use): hundreds of loaders must not own a pool each."""
     return process_threads("loom-prefetch", _THREADS)
 
@@ -89,7 +101,7 @@ def run_concurrently(jobs: Sequence[Callable[[], None]]) -> int:
     if len(jobs) == 1:
         futs = [_run_one(jobs[0])]
     else:
-        pool = _shared_threads()
+        pool = shared_threads()
         futs = [pool.submit(job) for job in jobs]
     return sum(1 for f in futs if f.exception() is not None)
 
@@ -124,6 +136,34 @@ def plan_prefetch(keys: np.ndarray, steps: np.ndarray, busy: np.ndarray, slots: 
 
 
 @dataclass
+class StepRate:
+    """Served steps per second, measured from the first step served, never over the idle time before it.
+
+    A loader warms up (and reads ahead) well before the first request: measured from then, the first rate
+    was diluted by the serve's start-up, so the reach widened only seconds into the run (session 6: waits
+    early in every 100 ms run). The first measure comes `_FIRST_RATE_S` after the first served step.
+    """
+
+    steps_per_s: float = 0.0
+    _mark: tuple[float, int] | None = None  # (time, newest step) the next measure starts from
+
+    def observe(self, newest: int, now: float) -> bool:
+        """Note the newest served step (-1: none yet) at time `now`; True when the rate was re-measured."""
+        if newest < 0:
+            return False
+        if self._mark is None or newest < self._mark[1]:  # the first served step, or a resume further back
+            self._mark = (now, newest)
+            return False
+        t0, s0 = self._mark
+        if now - t0 < (_RATE_EVERY_S if self.steps_per_s > 0 else _FIRST_RATE_S) or newest <= s0:
+            return False
+        rate = (newest - s0) / (now - t0)
+        self.steps_per_s = rate if self.steps_per_s <= 0 else 0.5 * (self.steps_per_s + rate)
+        self._mark = (now, newest)
+        return True
+
+
+@dataclass
 class PrefetchCounters:
     """What a loader's read-ahead did: units kept, later used (hits), waited for, failed, not kept."""
 
@@ -134,6 +174,7 @@ class PrefetchCounters:
     errors: int = 0
     dropped: int = 0  # read but not kept (no room, or no longer planned)
     misses: int = 0  # units the loader's own reader had to read (not held, not in flight)
+    reread: int = 0  # units read ahead again: chunks planned during the read wanted rows it did not keep
 
 
 class Prefetcher:
@@ -146,7 +187,10 @@ class Prefetcher:
         paths: dict[int, Location],
         limit: int,
         name: str,
+        assumed_steps_per_s: float | None = None,
     ) -> None:
+        """`assumed_steps_per_s`: the step rate the reach is sized for until one is measured (None:
+        `FAST_STEPS_PER_S`; 0: none, the horizon alone)."""
         self.cache = cache
         self.limit = limit
         self.counters = PrefetchCounters()
@@ -154,7 +198,7 @@ class Prefetcher:
         self._make_reader = make_reader
         self._paths = paths
         self._shard_of = {str(p): s for s, p in paths.items()}
-        self._pool = _shared_threads()
+        self._pool = shared_threads()
         self.name = name
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when a finished read's follow-up pump is done
@@ -167,8 +211,8 @@ class Prefetcher:
         self._front = -1  # the newest step asked for
         self._closed = False
         self.read_s = 0.0  # high-water mark of read-ahead durations (decaying)
-        self.steps_per_s = 0.0  # served steps per second, re-measured every _RATE_EVERY_S
-        self._mark: tuple[float, int] | None = None  # (time, newest step) the rate is measured from
+        self.rate = StepRate()  # served steps per second, re-measured every _RATE_EVERY_S
+        self._assumed_rate = FAST_STEPS_PER_S if assumed_steps_per_s is None else assumed_steps_per_s
 
     # ---- UnitCache, for the loader's own reader ----------------------------------------------
 
@@ -230,18 +274,12 @@ class Prefetcher:
 
     def _measure_rate(self, newest: int) -> None:
         """Re-measure the served-step rate and widen the cache's reach to the latency it implies."""
-        now = time.monotonic()
         with self._lock:
-            if self._mark is None or newest < self._mark[1]:
-                self._mark = (now, newest)
+            measured = self.rate.observe(newest, time.monotonic())
+            if not measured and self.rate.steps_per_s > 0:
                 return
-            t0, s0 = self._mark
-            if now - t0 < _RATE_EVERY_S or newest <= s0:
-                return
-            rate = (newest - s0) / (now - t0)
-            self.steps_per_s = rate if self.steps_per_s <= 0 else 0.5 * (self.steps_per_s + rate)
-            self._mark = (now, newest)
-            need = extra_steps(self.read_s, self.steps_per_s, self.cache.policy.horizon_steps)
+            rate = self.rate.steps_per_s if self.rate.steps_per_s > 0 else self._assumed_rate  # not measured yet
+            need = extra_steps(self.read_s, rate, self.cache.policy.horizon_steps)
             self.cache.extra_steps = max(self.cache.extra_steps, need)  # never narrowed: units read would be dropped
 
     def in_flight(self) -> int:
@@ -271,6 +309,7 @@ class Prefetcher:
             t0 = time.perf_counter()
             got = reader.load_unit(path, unit, self.cache.wanted((str(path), unit)))
             took = time.perf_counter() - t0
+            got = self._cover(reader, path, unit, got)
             with self._lock:
                 self.read_s = max(took, self.read_s * _DECAY)
             kept = got is not None and self.cache.put_ahead((str(path), unit), got[0], got[1], front)
@@ -299,6 +338,26 @@ class Prefetcher:
             with self._lock:
                 self._pumping -= 1
                 self._idle.notify_all()
+
+    def _cover(
+        self, reader: FormatReader, path: Location, unit: int, got: tuple[Any, int] | None
+    ) -> tuple[Any, int] | None:
+        """`got`, or the unit read again if chunks planned during its read want rows it did not keep.
+
+        A unit read ahead keeps the rows wanted when its read was issued; a chunk planned meanwhile may want
+        more of it (the cache drops such units only among those it holds). Kept as it was, the read that needs a
+        new row would find the unit held but short, and fetch it itself, on the read path.
+        """
+        for _ in range(_REREADS):
+            if got is None or not isinstance(got[0], KeptRows):
+                return got
+            now = self.cache.wanted((str(path), unit))
+            if now is None or bool(np.isin(now, got[0].rows).all()):
+                return got
+            with self._lock:
+                self.counters.reread += 1
+            got = reader.load_unit(path, unit, now)
+        return got
 
     def _int_key(self, key: UnitKey) -> int | None:
         shard = self._shard_of.get(str(key[0]))

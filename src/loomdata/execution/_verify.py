@@ -13,6 +13,7 @@ none recorded (built before it was), with "re-run `loom index` and `loom plan`",
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,13 +77,20 @@ def serving_error(path: Path | str, error: BaseException) -> SourceDataError:
 
 @dataclass(slots=True)
 class Verifier:
-    """Checks shards on first use and samples on every read, per the source's `verify` mode."""
+    """Checks shards on first use and samples on every read, per the source's `verify` mode.
+
+    Thread-safe shard checks: a loader checks its shards ahead in the background (`_shard_opens`) while
+    its reads may meet the same shard; a check asked while another thread runs it waits for that one
+    instead of repeating its requests (and runs its own only if that one failed, to report the error).
+    """
 
     source: str
     mode: VerifyMode
     fmt: SourceFormat
     shards: dict[int, ShardCheck]
     opened: set[int] = field(default_factory=set)
+    _checking: dict[int, threading.Event] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def of(cls, source: str, mode: VerifyMode, fmt: SourceFormat, table: pa.Table, first: int, stop: int) -> Verifier:
@@ -104,9 +112,27 @@ class Verifier:
         return self.mode is VerifyMode.SAMPLE
 
     def open_shard(self, shard: int, path: Location) -> None:
-        """Check a shard against the index the first time this loader reads it."""
+        """Check a shard against the index the first time this loader reads it (once, whichever thread asks)."""
         if self.mode is VerifyMode.OFF or shard in self.opened:
             return
+        with self._lock:
+            if shard in self.opened:
+                return
+            ours = shard not in self._checking
+            event = self._checking.setdefault(shard, threading.Event())
+        if not ours:  # another thread checks it now: its answer is this one's
+            event.wait()
+            if shard not in self.opened:
+                self._check(shard, path)  # that check failed: this one reports the error
+            return
+        try:
+            self._check(shard, path)
+        finally:
+            with self._lock:
+                del self._checking[shard]
+            event.set()
+
+    def _check(self, shard: int, path: Location) -> None:
         want = self.shards[shard]
         try:
             got = stat_shard(path, self.fmt)

@@ -9,6 +9,7 @@ a step nobody read ahead is sent to the loader's thread instead of the event loo
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from distributed import Client
 
+from loomdata.execution import _prefetch
 from loomdata.execution._loader import REQUEST_DTYPE, SourceLoader
 from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._partition import partition_source
@@ -104,9 +106,13 @@ def _expected(plan_dir: Path, req: np.ndarray, docs: dict[str, list[np.ndarray]]
 
 @pytest.mark.parametrize(("start", "chunk"), [(0, 32), (12, 32), (5, 2)], ids=["start", "resume", "chunks"])
 def test_the_start_step_is_served_without_a_storage_request(
-    dask_client: Client, s3: S3Server, tmp_path: Path, start: int, chunk: int
+    dask_client: Client, s3: S3Server, tmp_path: Path, start: int, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`chunks`: manifest chunks of 2 steps, so most of the reach is planned by the background planner."""
+    """`chunks`: manifest chunks of 2 steps, so most of the reach is planned by the background planner.
+
+    No assumed step rate: the reach is the horizon, so the plan's later steps are not read ahead at warm-up.
+    """
+    monkeypatch.setattr(_prefetch, "FAST_STEPS_PER_S", 0.0)
     plan_dir, docs = _plan(tmp_path, s3, dask_client)
     reset_request_stats()
     loader = _loader(plan_dir, start, chunk)
@@ -134,5 +140,75 @@ def test_the_start_step_is_served_without_a_storage_request(
         assert not loader._inline_ok(far)  # it would wait on a GET: the loader's thread reads it
         np.testing.assert_array_equal(loader.read_now(far).tokens, _expected(plan_dir, far, docs))
     finally:
+        loader._pool.submit(loader._reader.close).result()
+        loader._plan.close() if loader._plan is not None else None
+
+
+def _first_chunks(plan_dir: Path, chunk: int) -> tuple[dict[str, int], dict[int, set[str]]]:
+    """Per object name, the first manifest chunk reading it; per chunk, the object names it reads."""
+    meta = read_plan(plan_dir)
+    files = IndexFiles.of(meta.spec.workdir, meta.sources[0])
+    samples = files.samples_of_shards(0, 1 << 30, ["sample", "shard"])
+    shards = files.shard_table()
+    ids, paths = shards.column("shard").to_pylist(), shards.column("path").to_pylist()
+    name_of = {int(s): str(p).rsplit("/", 1)[-1] for s, p in zip(ids, paths, strict=True)}
+    shard_of = dict(zip(samples.column("sample").to_pylist(), samples.column("shard").to_pylist(), strict=True))
+    t = read_manifest(plan_dir, meta, 0, meta.steps - 1)
+    by_chunk: dict[int, set[str]] = {}
+    for step, sample in zip(t.column("step").to_pylist(), t.column("sample").to_pylist(), strict=True):
+        by_chunk.setdefault(step // chunk, set()).add(name_of[int(shard_of[sample])])
+    first: dict[str, int] = {}
+    for c in sorted(by_chunk):
+        for name in by_chunk[c]:
+            first.setdefault(name, c)
+    return first, by_chunk
+
+
+def test_a_read_never_waits_on_another_chunks_shard_opening(
+    dask_client: Client, s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object's footer fetch is held back (a gate): the loader opens it ahead as soon as the manifest names it,
+    and while it is held, reads of chunks that do not read it (before and after the chunk that first does, which
+    the background planner is waiting on) are served with the right tokens; then that chunk is served too."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from loomdata.sources.parquet import ParquetReader
+
+    chunk = 2
+    plan_dir, docs = _plan(tmp_path, s3, dask_client)
+    first, by_chunk = _first_chunks(plan_dir, chunk)
+    late = max(first, key=lambda n: first[n])  # the object the plan reads last for the first time
+    cx = first[late]
+    after = [c for c in sorted(by_chunk) if c > cx and late not in by_chunk[c]]
+    assert cx >= 2 and after, (first, by_chunk)  # the plan of this seed has both (a fixed plan)
+    gate, began = threading.Event(), threading.Event()
+    real = ParquetReader.prepare
+
+    def prepare(self: ParquetReader, path: Any) -> None:
+        if str(path).endswith(late):
+            began.set()
+            assert gate.wait(60)
+        real(self, path)
+
+    monkeypatch.setattr(ParquetReader, "prepare", prepare)
+    loader = _loader(plan_dir, 0, chunk)
+    try:
+        assert loader._warm is not None and loader._plan is not None
+        loader._warm.result(timeout=60)
+        assert began.wait(60)  # opened ahead at warm-up, long before chunk cx is planned
+        with ThreadPoolExecutor(1) as pool:
+            for c in (cx - 1, after[0]):  # chunk cx-1 puts cx in the background planner's hands (its reach)
+                req = _request(plan_dir, c * chunk)
+                got = pool.submit(loader.read_now, req).result(timeout=60)  # never waits for the gate
+                np.testing.assert_array_equal(got.tokens, _expected(plan_dir, req, docs))
+            assert not gate.is_set() and cx not in loader._plan._planned  # still held: chunk cx waits for it
+            held_back = _request(plan_dir, cx * chunk)
+            assert not loader._plan.held(held_back)  # answered at once (the event loop asks), no footer fetched
+            gate.set()
+            got = pool.submit(loader.read_now, held_back).result(timeout=60)
+            np.testing.assert_array_equal(got.tokens, _expected(plan_dir, held_back, docs))
+        assert loader._plan.idle(60)
+    finally:
+        gate.set()
         loader._pool.submit(loader._reader.close).result()
         loader._plan.close() if loader._plan is not None else None

@@ -12,7 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, UnitUses, unit_key
-from loomdata.execution._prefetch import MAX_EXTRA_STEPS, Prefetcher, extra_steps, plan_prefetch
+from loomdata.execution._prefetch import (
+    FAST_STEPS_PER_S,
+    MAX_EXTRA_STEPS,
+    Prefetcher,
+    StepRate,
+    extra_steps,
+    plan_prefetch,
+)
 from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.schemas.errors import SourceDataError
 from loomdata.sources import KeptRows, parquet
@@ -54,11 +61,15 @@ def shard(tmp_path: Path) -> Path:
 class _GatedReader(ParquetReader):
     """A real Parquet reader whose read-ahead waits for a gate and records what it loads and how many at once."""
 
-    def __init__(self, gate: threading.Event, log: list[int], live: list[int]) -> None:
+    def __init__(
+        self, gate: threading.Event, log: list[int], live: list[int], entered: threading.Event | None = None
+    ) -> None:
         super().__init__(SRC, TokenizerSpec(), ImageSpec())
-        self.gate, self.log, self.live = gate, log, live
+        self.gate, self.log, self.live, self.entered = gate, log, live, entered
 
     def load_unit(self, path: Location, unit: int, rows: np.ndarray | None = None) -> tuple[Any, int] | None:
+        if self.entered is not None:
+            self.entered.set()
         self.live[0] += 1
         self.live[1] = max(self.live[1], self.live[0])
         self.gate.wait(10)
@@ -70,12 +81,13 @@ class _GatedReader(ParquetReader):
 
 
 def _setup(
-    shard: Path, limit: int, budget: int = 1 << 20, plan_id: str = "p", by_rows: bool = False
+    shard: Path, limit: int, budget: int = 1 << 20, plan_id: str = "p", by_rows: bool = False, assumed: float = 0.0
 ) -> tuple[Any, ...]:
     gate, log, live = threading.Event(), [], [0, 0]
     policy = CachePolicy(worker_bytes=budget, horizon_steps=6, prefetch=limit)
     cache = PlanUnitCache(plan_id, steps=50, policy=policy, shard_of={str(shard): 3})
-    pf = Prefetcher(cache, lambda: _GatedReader(gate, log, live), {3: shard}, limit, "t")
+    # no assumed step rate: these tests check the horizon itself (a gated read would look slow and widen it)
+    pf = Prefetcher(cache, lambda: _GatedReader(gate, log, live), {3: shard}, limit, "t", assumed_steps_per_s=assumed)
     main = ParquetReader(SRC, TokenizerSpec(), ImageSpec())
     main.use_unit_cache(pf)
     # the plan: step s reads row group order[s] (rows 3g, 3g+1); row group 7 is first needed at step 20
@@ -152,6 +164,19 @@ def test_extra_steps_cover_the_read_latency_at_the_served_rate() -> None:
     assert extra_steps(0.0, 200.0, horizon=20) == 0 and extra_steps(0.1, 0.0, horizon=20) == 0  # nothing measured
 
 
+def test_the_step_rate_is_measured_from_the_first_served_step_not_the_idle_start() -> None:
+    rate = StepRate()
+    assert not rate.observe(-1, 0.0)  # warmed up at t=0, nothing served for 8 s (the serve starting)
+    assert not rate.observe(0, 8.0)  # the first served step starts the measure
+    assert not rate.observe(40, 8.0625)  # too soon to measure
+    assert rate.observe(125, 8.125)  # 125 steps in 0.125 s: not diluted by the 8 idle seconds
+    assert rate.steps_per_s == pytest.approx(1000.0)
+    assert not rate.observe(200, 8.25)  # later measures every half second, averaged with the last
+    assert rate.observe(1125, 8.625) and rate.steps_per_s == pytest.approx(0.5 * (1000.0 + 2000.0))
+    assert not rate.observe(5, 9.0)  # a resume further back restarts the measure, keeps the rate
+    assert rate.steps_per_s == pytest.approx(1500.0)
+
+
 def test_a_wider_reach_reads_further_ahead_and_keeps_those_units(shard: Path) -> None:
     gate, log, _, cache, pf, main, order, _, _ = _setup(shard, limit=8, plan_id="p4")
     gate.set()
@@ -162,6 +187,18 @@ def test_a_wider_reach_reads_further_ahead_and_keeps_those_units(shard: Path) ->
     assert sorted(log) == sorted([*order, 7]) and pf.counters.prefetched == 7
     got = main.read(shard, np.array([21]))
     assert [x.tokens.tolist() for x in got] == [[21, 22]] and pf.counters.misses == 0 and pf.counters.hits == 1
+    pf.close()
+    cache.close()
+
+
+def test_before_any_step_is_served_a_slow_read_widens_the_reach_at_a_fast_assumed_rate(shard: Path) -> None:
+    gate, log, _, cache, pf, *_ = _setup(shard, limit=8, plan_id="p-fast", assumed=FAST_STEPS_PER_S)
+    gate.set()
+    pf.read_s = 0.1  # a warm-up read took 0.1 s (an object store's latency); no step served, no rate measured
+    pf.pump(np.array([0]))
+    assert pf.settle(10)
+    assert cache.extra_steps >= extra_steps(0.1, FAST_STEPS_PER_S, horizon=6) > 14  # step 20 is within reach
+    assert 7 in log and pf.counters.prefetched == 7  # group 7 (first used at step 20) read ahead too
     pf.close()
     cache.close()
 
@@ -183,5 +220,30 @@ def test_read_ahead_keeps_only_the_planned_rows_and_reads_are_exact(
         assert [x.tokens.tolist() for x in got] == [[r, r + 1] for r in rows[sel].tolist()]
         cache.served(unit_key(3, main.units(shard, rows[sel])), steps[sel])
     assert pf.counters.hits == 6 and pf.counters.misses == 0 and cache.nbytes == 0
+    pf.close()
+    cache.close()
+
+
+def test_rows_planned_while_a_unit_is_read_ahead_are_kept_too(shard: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk planned during a unit's read ahead wants another row of it: the unit is read again, off the read
+    path, so the read of that row finds it held (before: held short, the read fetched the unit itself)."""
+    monkeypatch.setattr(parquet, "_WHOLE_SHARE", 1.01)  # 3-row groups: never kept whole here
+    gate, log, live, cache, pf, main, *_ = _setup(shard, limit=1, plan_id="p-late", by_rows=True)
+    entered = threading.Event()
+    pf._make_reader = lambda: _GatedReader(gate, log, live, entered)
+    pf.pump(np.array([0]))
+    assert entered.wait(10)  # group 4 (rows 12, 13 at step 0) is being read, held at the gate
+    cache.plan(unit_key(3, main.units(shard, np.array([14]))), np.array([3]), np.array([14]))  # row 14, step 3
+    gate.set()
+    assert pf.settle(10)
+    held = dict(cache._pool.items(cache._owner))
+    assert held[(str(shard), 4)].rows.tolist() == [12, 13, 14] and pf.counters.reread == 1
+    assert log.count(4) == 2  # read again at once (the reader's log), never on the read path
+    decoded: list[int] = []  # row groups the loader's own reader decodes (fetches) itself
+    real = main._decode_row_group
+    main._decode_row_group = lambda path, info, g: decoded.append(g) or real(path, info, g)  # type: ignore[method-assign]
+    got = main.read(shard, np.array([14, 12]))
+    assert [x.tokens.tolist() for x in got] == [[14, 15], [12, 13]]
+    assert decoded == [] and pf.counters.misses == 0 and pf.counters.hits == 1
     pf.close()
     cache.close()

@@ -1,0 +1,162 @@
+"""Shard opens ahead of the plan (`ShardOpens`) and shard checks asked from several threads (`Verifier`).
+
+Opens are gated fakes (events), so these tests check ordering, not time: which opens run, in what order,
+and who waits for whom.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loomdata.execution import _verify
+from loomdata.execution._shard_opens import ShardOpens
+from loomdata.execution._verify import ShardCheck, Verifier
+from loomdata.schemas import SourceDataError
+from loomdata.schemas.spec import SourceFormat, VerifyMode
+from loomdata.sources._integrity import ShardStat
+
+_T = 30.0  # seconds any wait in these tests may take before the test fails (never reached when correct)
+
+
+class _Gated:
+    """Fake opens: each shard's job records its start and blocks until that shard is released."""
+
+    def __init__(self, fail: frozenset[int] = frozenset()) -> None:
+        self.started: list[int] = []
+        self.gates: dict[int, threading.Event] = {}
+        self.entered: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._fail = fail
+
+    def _event(self, events: dict[int, threading.Event], shard: int) -> threading.Event:
+        with self._lock:
+            return events.setdefault(shard, threading.Event())
+
+    def began(self, shard: int) -> bool:
+        """Wait until the open of `shard` has started (False after `_T` seconds)."""
+        return self._event(self.entered, shard).wait(_T)
+
+    def jobs_of(self, shard: int) -> list[Callable[[], None]]:
+        gate = self._event(self.gates, shard)
+        entered = self._event(self.entered, shard)
+
+        def job() -> None:
+            with self._lock:
+                self.started.append(shard)
+            entered.set()
+            assert gate.wait(_T)
+            if shard in self._fail:
+                raise OSError(f"shard {shard}: connection reset")
+
+        return [job]
+
+    def release(self, *shards: int) -> None:
+        for s in shards:
+            self._event(self.gates, s).set()
+
+
+def test_shards_open_soonest_first_use_first_at_most_limit_at_once() -> None:
+    fake = _Gated()
+    opens = ShardOpens(fake.jobs_of, limit=2)
+    opens.want(np.array([5, 1, 3, 7]), np.array([40, 10, 30, 20]))
+    assert fake.began(1) and fake.began(7)
+    assert sorted(fake.started) == [1, 7]  # first uses 10 and 20; two at once
+    fake.release(7)
+    assert fake.began(3)
+    assert fake.started[2] == 3 and 5 not in fake.started  # the next soonest, still two at once
+    fake.release(1, 3, 5)
+    assert opens.settle(_T)
+    assert sorted(fake.started[:2]) == [1, 7] and fake.started[2:] == [3, 5]
+    assert opens.done([1, 3, 5, 7])
+
+
+def test_a_shard_needed_now_starts_at_once_and_the_wait_is_for_it_alone() -> None:
+    fake = _Gated()
+    opens = ShardOpens(fake.jobs_of, limit=1)
+    opens.want(np.array([0, 1, 2]), np.array([0, 1, 2]))
+    assert fake.began(0)  # shard 0 holds the one slot, blocked
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(opens.wait, [2], _T)
+        assert fake.began(2)  # needed now: started past the bound, ahead of shard 1
+        assert 1 not in fake.started
+        fake.release(2)
+        assert waiting.result(_T) is True  # done while shard 0 is still held
+    assert opens.done([2]) and not opens.done([0, 2])
+    fake.release(0, 1)
+    assert opens.settle(_T) and fake.started == [0, 2, 1]
+
+
+def test_a_failed_open_is_not_raised_and_counts_as_done() -> None:
+    fake = _Gated(fail=frozenset({4}))
+    opens = ShardOpens(fake.jobs_of)
+    fake.release(4)
+    assert opens.wait([4], _T)  # the read that needs shard 4 opens it again and reports the error
+    assert opens.done([4])
+
+
+def test_a_closed_opener_starts_nothing_more() -> None:
+    fake = _Gated()
+    opens = ShardOpens(fake.jobs_of, limit=1)
+    opens.want(np.array([0, 1]), np.array([0, 1]))
+    assert fake.began(0)
+    opens.close()
+    fake.release(0, 1)
+    assert opens.settle(_T)
+    assert fake.started == [0]
+    assert opens.wait([1], _T)  # nothing to wait for: the read opens it itself
+
+
+def _verifier() -> Verifier:
+    checks = {3: ShardCheck(10, 7, "fp")}
+    return Verifier("web", VerifyMode.SHARD, SourceFormat.PARQUET, checks)
+
+
+def test_a_shard_checked_in_two_threads_at_once_is_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    entered, gate = threading.Event(), threading.Event()
+
+    def stat(path: object, fmt: object) -> ShardStat:
+        calls.append(str(path))
+        entered.set()
+        assert gate.wait(_T)
+        return ShardStat(path=Path("x"), size_bytes=10, mtime_ns=7, fingerprint="fp")
+
+    monkeypatch.setattr(_verify, "stat_shard", stat)
+    v = _verifier()
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(v.open_shard, 3, "s3://b/x.parquet")
+        assert entered.wait(_T)
+        second = pool.submit(v.open_shard, 3, "s3://b/x.parquet")  # waits for the first instead of repeating it
+        gate.set()
+        first.result(_T)
+        second.result(_T)
+    assert calls == ["s3://b/x.parquet"] and v.opened == {3}
+
+
+def test_when_the_check_waited_for_fails_the_waiter_reports_its_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    entered, gate = threading.Event(), threading.Event()
+
+    def stat(path: object, fmt: object) -> ShardStat:
+        calls.append(str(path))
+        entered.set()
+        assert gate.wait(_T)
+        return ShardStat(path=Path("x"), size_bytes=11, mtime_ns=7, fingerprint="fp")  # rewritten: 11 bytes
+
+    monkeypatch.setattr(_verify, "stat_shard", stat)
+    v = _verifier()
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(v.open_shard, 3, "s3://b/x.parquet")
+        assert entered.wait(_T)
+        second = pool.submit(v.open_shard, 3, "s3://b/x.parquet")
+        gate.set()
+        for fut in (first, second):
+            with pytest.raises(SourceDataError, match=r"s3://b/x.parquet.*size 11 bytes, indexed 10"):
+                fut.result(_T)
+    assert len(calls) == 2 and v.opened == set()

@@ -29,6 +29,7 @@ benchmarks/results/memory.json with a per-process breakdown of loomdata's side.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -107,6 +108,9 @@ def write_data(root: Path, n_sources: int, shards: int, docs: int, mean_len: flo
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    done = root / f"written-{n_sources}x{shards}x{docs}-{mean_len:g}-{seed}"
+    if done.exists():  # `--data`: written by an earlier run with the same parameters
+        return [[str(root / f"s{s:03d}" / f"part-{k}.parquet") for k in range(shards)] for s in range(n_sources)]
     rng = np.random.default_rng(seed)
     files: list[list[str]] = []
     for s in range(n_sources):
@@ -121,6 +125,7 @@ def write_data(root: Path, n_sources: int, shards: int, docs: int, mean_len: flo
             path = d / f"part-{k}.parquet"
             pq.write_table(pa.table({"tokens": arr}), path, row_group_size=ROW_GROUP)
             files[-1].append(str(path))
+    done.touch()
     return files
 
 
@@ -262,6 +267,45 @@ def _glibc_heap() -> dict[str, float]:
     return {"used_mib": round(m.uordblks / MIB, 1), "free_kept_mib": round(m.fordblks / MIB, 1)}
 
 
+HEAVY_MODULES = (
+    "torch",
+    "numba",
+    "polars",
+    "pandas",
+    "pydantic",
+    "pyarrow",
+    "pyarrow.dataset",
+    "loomdata.planning",
+    "loomdata.sources",
+    "loomdata.execution._loader",
+    "loomdata.execution._constructor",
+    "bokeh",
+)
+"""Modules whose presence in a process says what it loaded that it may not need (reported per process)."""
+
+
+def process_inside() -> dict[str, Any]:
+    """This process's memory by kind (smaps), glibc's heap, threads, Python objects and heavy modules imported."""
+    import gc
+    import sys
+    import threading
+
+    roll = {}
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("Rss", "Pss", "Anonymous", "AnonHugePages", "Pss_File"):
+                roll[k] = round(int(v.split()[0]) / 1024, 1)
+    return {
+        "smaps_mib": roll,
+        "glibc_heap_mib": _glibc_heap(),
+        "threads": threading.active_count(),
+        "python_objects": len(gc.get_objects()),
+        "modules": len(sys.modules),
+        "heavy_modules": [m for m in HEAVY_MODULES if m in sys.modules],
+    }
+
+
 def worker_inside() -> dict[str, Any]:
     """Run on a worker: where its memory is (anonymous, of it huge pages; Arrow's pool; glibc's heap; threads;
     open Parquet files)."""
@@ -287,6 +331,7 @@ def worker_inside() -> dict[str, Any]:
         "glibc_heap_mib": _glibc_heap(),
         "threads": threading.active_count(),
         "open_parquet_files": sum(1 for o in gc.get_objects() if isinstance(o, pq.ParquetFile)),
+        "heavy_modules": process_inside()["heavy_modules"],
     }
 
 
@@ -319,6 +364,7 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
                         "autoscale_decisions": len(m.autoscale.decisions),
                         "worker_pids": [pid for _, pid in workers.values()],
                         "workers_inside": list(client.run(worker_inside).values()),
+                        "serving_inside": process_inside(),
                     }
                 )
 
@@ -439,6 +485,7 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
                 "autoscale_rounds": m["autoscale_rounds"],
                 "autoscale_decisions": m["autoscale_decisions"],
                 "workers_inside": m["workers_inside"],
+                "serving_inside": m["serving_inside"],
             }
             release.set()
         for p in [*procs, companion]:
@@ -506,6 +553,9 @@ def main() -> None:
     ap.add_argument("--loom-only", action="store_true", help="diagnosis: measure loomdata alone (no ratios)")
     ap.add_argument("--loader-memory", type=float, default=None, help="loomdata: loader cache MiB per worker")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--data", type=Path, default=None, help="keep data, index and plans in this folder, reused (default: temporary)"
+    )
     args = ap.parse_args()
     if args.quick:
         args.sources, args.ranks = [10, 100], [4]
@@ -524,7 +574,12 @@ def main() -> None:
         f"{'x pyarrow':>9} {'x pb=F':>7} | like-for-like x pyarrow, x pb=F"
     )
     t_all = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="loom-bench-memory-") as tmp:
+    with contextlib.ExitStack() as stack:
+        if args.data is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="loom-bench-memory-"))
+        else:
+            args.data.mkdir(parents=True, exist_ok=True)
+            tmp = str(args.data.resolve())
         os.environ["TMPDIR"] = tmp
         for n in args.sources:
             root = Path(tmp) / f"n{n}"

@@ -363,7 +363,7 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
     from loomdata.execution import Autoscaling, Executor, ServeConfig, open_cluster
 
     with (
-        open_cluster(n_workers=2, local_directory=local_dir) as client,
+        open_cluster(n_workers=int(os.environ.get("LOOM_BENCH_WORKERS", "2")), local_directory=local_dir) as client,
         Executor(plan_dir, client, _serve_config(ServeConfig, Autoscaling)) as ex,
     ):
         ready.put(("serving", os.getpid()))
@@ -568,6 +568,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="N 10, 100 and R 4")
     ap.add_argument("--loom-only", action="store_true", help="diagnosis: measure loomdata alone (no ratios)")
     ap.add_argument("--loader-memory", type=float, default=None, help="loomdata: loader cache MiB per worker")
+    ap.add_argument("--workers", type=int, default=2, help="loomdata: worker processes of the embedded cluster")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument(
         "--data", type=Path, default=None, help="keep data, index and plans in this folder, reused (default: temporary)"
@@ -575,6 +576,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.sources, args.ranks = [10, 100], [4]
+    os.environ["LOOM_BENCH_WORKERS"] = str(args.workers)  # inherited by the serving process
     if args.loader_memory is not None:
         os.environ["LOOM_BENCH_LOADER_MIB"] = str(args.loader_memory)  # inherited by the serving process
 
@@ -674,7 +676,7 @@ def main() -> None:
             "seq_len": args.seq_len,
             "baseline_passes": args.passes,
             "warm_docs_per_source": args.warm_docs,
-            "dask_workers": 2,
+            "dask_workers": args.workers,
             "baseline_num_workers": 2,
             "quick": args.quick,
             "loader_memory_mib": args.loader_memory,

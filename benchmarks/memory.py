@@ -20,7 +20,10 @@ like for like (every process of both sides counted whole). A rank's excess is it
 (Private_Clean + Private_Dirty) above that of an idle torch process running beside the ranks: with R
 ranks mapping torch's libraries, PSS gives each rank 1/R of those pages (so a rank's PSS can fall
 below an idle process's), and an idle process measured alone holds all of them privately. Results go to
-benchmarks/results/memory.json with a per-process breakdown of loomdata's side.
+benchmarks/results/memory.json with a per-process breakdown of loomdata's side: for the serving process
+and each worker, smaps by kind, glibc's heap, the heavy modules imported, and for workers what one more
+`malloc_trim` returns. `--data DIR` keeps data, index and plans between runs; `--workers N` sizes the
+embedded cluster (another layout).
 
     .venv/bin/python benchmarks/memory.py --quick     # N 10, 100; R 4 (a few minutes on 2 cores)
     .venv/bin/python benchmarks/memory.py             # N 10, 100, 300; R 4, 8, 16 (long)

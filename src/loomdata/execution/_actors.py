@@ -40,7 +40,7 @@ from loomdata.execution._partition import LoaderPartition, partition_source, ran
 from loomdata.execution._publish import Publisher
 from loomdata.execution._retry import retry_until
 from loomdata.execution.protocol import ServeInfo, constructor_dataset
-from loomdata.schemas.errors import ExecutionError, LoomError
+from loomdata.schemas.errors import ContractError, ExecutionError, LoomError
 from loomdata.schemas.freshness import require_built_from, require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.plan import PlanMeta
@@ -305,7 +305,10 @@ def _shard_sizes(workdir: Path, source: str) -> np.ndarray:
     The column itself (4 B a sample; all sources: 9.6 MB of the serving process at 300 sources of 8,000
     samples) is read and dropped; `partition_source` gets it back from these counts when it runs.
     """
-    return np.bincount(IndexFiles.of(workdir, source).sample_shards().column("shard").to_numpy())
+    column = IndexFiles.of(workdir, source).sample_shards().column("shard").to_numpy()
+    if np.any(np.diff(column.astype(np.int64)) < 0):  # counts would hide it: `partition_source` checks the column
+        raise ContractError(f"source {source!r}: index samples are not in shard order; rebuild it with `loom index`")
+    return np.bincount(column)
 
 
 def _open_gateways(fleet: Fleet, indices: list[int], actors: list[Actor], timeout_s: float) -> None:

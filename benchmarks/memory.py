@@ -20,7 +20,10 @@ like for like (every process of both sides counted whole). A rank's excess is it
 (Private_Clean + Private_Dirty) above that of an idle torch process running beside the ranks: with R
 ranks mapping torch's libraries, PSS gives each rank 1/R of those pages (so a rank's PSS can fall
 below an idle process's), and an idle process measured alone holds all of them privately. Results go to
-benchmarks/results/memory.json with a per-process breakdown of loomdata's side.
+benchmarks/results/memory.json with a per-process breakdown of loomdata's side: for the serving process
+and each worker, smaps by kind, glibc's heap, the heavy modules imported, and for workers what one more
+`malloc_trim` returns. `--data DIR` keeps data, index and plans between runs; `--workers N` sizes the
+embedded cluster (another layout).
 
     .venv/bin/python benchmarks/memory.py --quick     # N 10, 100; R 4 (a few minutes on 2 cores)
     .venv/bin/python benchmarks/memory.py             # N 10, 100, 300; R 4, 8, 16 (long)
@@ -29,6 +32,7 @@ benchmarks/results/memory.json with a per-process breakdown of loomdata's side.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -107,6 +111,9 @@ def write_data(root: Path, n_sources: int, shards: int, docs: int, mean_len: flo
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    done = root / f"written-{n_sources}x{shards}x{docs}-{mean_len:g}-{seed}"
+    if done.exists():  # `--data`: written by an earlier run with the same parameters
+        return [[str(root / f"s{s:03d}" / f"part-{k}.parquet") for k in range(shards)] for s in range(n_sources)]
     rng = np.random.default_rng(seed)
     files: list[list[str]] = []
     for s in range(n_sources):
@@ -121,6 +128,7 @@ def write_data(root: Path, n_sources: int, shards: int, docs: int, mean_len: flo
             path = d / f"part-{k}.parquet"
             pq.write_table(pa.table({"tokens": arr}), path, row_group_size=ROW_GROUP)
             files[-1].append(str(path))
+    done.touch()
     return files
 
 
@@ -262,6 +270,45 @@ def _glibc_heap() -> dict[str, float]:
     return {"used_mib": round(m.uordblks / MIB, 1), "free_kept_mib": round(m.fordblks / MIB, 1)}
 
 
+HEAVY_MODULES = (
+    "torch",
+    "numba",
+    "polars",
+    "pandas",
+    "pydantic",
+    "pyarrow",
+    "pyarrow.dataset",
+    "loomdata.planning",
+    "loomdata.sources",
+    "loomdata.execution._loader",
+    "loomdata.execution._constructor",
+    "bokeh",
+)
+"""Modules whose presence in a process says what it loaded that it may not need (reported per process)."""
+
+
+def process_inside() -> dict[str, Any]:
+    """This process's memory by kind (smaps), glibc's heap, threads, Python objects and heavy modules imported."""
+    import gc
+    import sys
+    import threading
+
+    roll = {}
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("Rss", "Pss", "Anonymous", "AnonHugePages", "Pss_File"):
+                roll[k] = round(int(v.split()[0]) / 1024, 1)
+    return {
+        "smaps_mib": roll,
+        "glibc_heap_mib": _glibc_heap(),
+        "threads": threading.active_count(),
+        "python_objects": len(gc.get_objects()),
+        "modules": len(sys.modules),
+        "heavy_modules": [m for m in HEAVY_MODULES if m in sys.modules],
+    }
+
+
 def worker_inside() -> dict[str, Any]:
     """Run on a worker: where its memory is (anonymous, of it huge pages; Arrow's pool; glibc's heap; threads;
     open Parquet files)."""
@@ -287,7 +334,24 @@ def worker_inside() -> dict[str, Any]:
         "glibc_heap_mib": _glibc_heap(),
         "threads": threading.active_count(),
         "open_parquet_files": sum(1 for o in gc.get_objects() if isinstance(o, pq.ParquetFile)),
+        "heavy_modules": process_inside()["heavy_modules"],
+        "trim_now_returns_mib": _trim_now(roll["Anonymous"]),
     }
+
+
+def _trim_now(anon_before_mib: float) -> float | None:
+    """Anonymous MiB a `malloc_trim(0)` now gives back (what the workers' periodic trim left resident)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return None
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Anonymous:"):
+                return round(anon_before_mib - int(line.split()[1]) / 1024, 1)
+    return None
 
 
 def _serve_config(config: Any, autoscaling: Any) -> Any:
@@ -302,7 +366,7 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
     from loomdata.execution import Autoscaling, Executor, ServeConfig, open_cluster
 
     with (
-        open_cluster(n_workers=2, local_directory=local_dir) as client,
+        open_cluster(n_workers=int(os.environ.get("LOOM_BENCH_WORKERS", "2")), local_directory=local_dir) as client,
         Executor(plan_dir, client, _serve_config(ServeConfig, Autoscaling)) as ex,
     ):
         ready.put(("serving", os.getpid()))
@@ -319,6 +383,7 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
                         "autoscale_decisions": len(m.autoscale.decisions),
                         "worker_pids": [pid for _, pid in workers.values()],
                         "workers_inside": list(client.run(worker_inside).values()),
+                        "serving_inside": process_inside(),
                     }
                 )
 
@@ -439,6 +504,7 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
                 "autoscale_rounds": m["autoscale_rounds"],
                 "autoscale_decisions": m["autoscale_decisions"],
                 "workers_inside": m["workers_inside"],
+                "serving_inside": m["serving_inside"],
             }
             release.set()
         for p in [*procs, companion]:
@@ -505,10 +571,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="N 10, 100 and R 4")
     ap.add_argument("--loom-only", action="store_true", help="diagnosis: measure loomdata alone (no ratios)")
     ap.add_argument("--loader-memory", type=float, default=None, help="loomdata: loader cache MiB per worker")
+    ap.add_argument("--workers", type=int, default=2, help="loomdata: worker processes of the embedded cluster")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--data", type=Path, default=None, help="keep data, index and plans in this folder, reused (default: temporary)"
+    )
     args = ap.parse_args()
     if args.quick:
         args.sources, args.ranks = [10, 100], [4]
+    os.environ["LOOM_BENCH_WORKERS"] = str(args.workers)  # inherited by the serving process
     if args.loader_memory is not None:
         os.environ["LOOM_BENCH_LOADER_MIB"] = str(args.loader_memory)  # inherited by the serving process
 
@@ -524,7 +595,12 @@ def main() -> None:
         f"{'x pyarrow':>9} {'x pb=F':>7} | like-for-like x pyarrow, x pb=F"
     )
     t_all = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="loom-bench-memory-") as tmp:
+    with contextlib.ExitStack() as stack:
+        if args.data is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="loom-bench-memory-"))
+        else:
+            args.data.mkdir(parents=True, exist_ok=True)
+            tmp = str(args.data.resolve())
         os.environ["TMPDIR"] = tmp
         for n in args.sources:
             root = Path(tmp) / f"n{n}"
@@ -603,7 +679,7 @@ def main() -> None:
             "seq_len": args.seq_len,
             "baseline_passes": args.passes,
             "warm_docs_per_source": args.warm_docs,
-            "dask_workers": 2,
+            "dask_workers": args.workers,
             "baseline_num_workers": 2,
             "quick": args.quick,
             "loader_memory_mib": args.loader_memory,

@@ -544,6 +544,7 @@ def main() -> None:
         "--bytes-in-flight", type=int, default=None, help="executor bytes bound per rank (default ServeConfig's)"
     )
     ap.add_argument("--consumers", type=int, nargs="+", default=list(CONSUMERS))
+    ap.add_argument("--workers", type=int, default=2, help="worker processes of loomdata's embedded cluster")
     ap.add_argument("--verify-repeat", type=int, default=3, help="runs per verify mode (sample, off); 0: skip")
     ap.add_argument("--peers", nargs="+", default=list(_PEERS), choices=list(_PEERS), help="peer loaders to run")
     ap.add_argument(
@@ -585,7 +586,7 @@ def main() -> None:
         files = [str(p) for p in _write_data(root, args.docs, seed=0)]
         spec = _spec(root, args.seq_len, args.steps, args.micro_batches)
         rows: list[dict[str, Any]] = []
-        with open_cluster(n_workers=2, local_directory=root / "dask") as client:
+        with open_cluster(n_workers=args.workers, local_directory=root / "dask") as client:
             build_index(spec, client)
             plan_dir = make_plan(spec).plan_dir
             meta = read_plan(plan_dir)
@@ -631,7 +632,7 @@ def main() -> None:
             "seq_len": args.seq_len,
             "micro_batches": args.micro_batches,
             "dp_size": DP,
-            "dask_workers": 2,
+            "dask_workers": args.workers,
             "window": args.window,
             "bytes_in_flight": args.bytes_in_flight,
             "peer_num_workers": 2,

@@ -40,7 +40,7 @@ from loomdata.execution._partition import LoaderPartition, partition_source, ran
 from loomdata.execution._publish import Publisher
 from loomdata.execution._retry import retry_until
 from loomdata.execution.protocol import ServeInfo, constructor_dataset
-from loomdata.schemas.errors import ExecutionError, LoomError
+from loomdata.schemas.errors import ContractError, ExecutionError, LoomError
 from loomdata.schemas.freshness import require_built_from, require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.plan import PlanMeta
@@ -62,7 +62,7 @@ class FleetOps:
         self.peers = peers
         self._workdir = workdir
         self._tag = uuid.uuid4().hex[:8]
-        self._shards: dict[int, np.ndarray] = {}  # index shard column per source id (read once)
+        self._shards: dict[int, np.ndarray] = {}  # samples per shard id, per source id (read once from the index)
         self._workers: itertools.cycle[str] = itertools.cycle([])
         self.fleet = Fleet(meta.plan_id, list(meta.sources), rank_groups(meta.dp_size, config.constructors))
         self.published = Publisher(client, plan_dir, meta.plan_id, heartbeat_s=config.timings.heartbeat_s)
@@ -260,16 +260,17 @@ class FleetOps:
 
     def shard_counts(self) -> dict[str, int]:
         """Non-empty shards per source (the most loaders a source can have)."""
-        return {name: max(1, len(np.unique(self._shard_column(sid)))) for sid, name in enumerate(self.meta.sources)}
+        return {name: max(1, int(np.count_nonzero(self._shard_sizes(i)))) for i, name in enumerate(self.meta.sources)}
 
-    def _shard_column(self, sid: int) -> np.ndarray:
+    def _shard_sizes(self, sid: int) -> np.ndarray:
         if sid not in self._shards:
-            files = IndexFiles.of(self._workdir, self.meta.sources[sid])
-            self._shards[sid] = files.sample_shards().column("shard").to_numpy()
+            self._shards[sid] = _shard_sizes(self._workdir, self.meta.sources[sid])
         return self._shards[sid]
 
     def _create_loaders(self, sid: int, n: int) -> tuple[list[LoaderPartition], list[Future]]:
-        parts = partition_source(sid, self.meta.sources[sid], self._shard_column(sid), n)
+        sizes = self._shard_sizes(sid)
+        column = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+        parts = partition_source(sid, self.meta.sources[sid], column, n)
         return parts, [self._submit_loader(p) for p in parts]
 
     def _use_live_workers(self) -> None:
@@ -296,6 +297,18 @@ class FleetOps:
         key = f"loom-constructor-{self._tag}-{ranks[0]}-{uuid.uuid4().hex[:6]}"
         c = self.config
         return self._submit(DataConstructor, str(self.plan_dir), ranks, {}, c.window, self.peers, c.start_step, key=key)
+
+
+def _shard_sizes(workdir: Path, source: str) -> np.ndarray:
+    """Samples per shard id of a source: what partitioning needs of the index's shard column, kept small.
+
+    The column itself (4 B a sample; all sources: 9.6 MB of the serving process at 300 sources of 8,000
+    samples) is read and dropped; `partition_source` gets it back from these counts when it runs.
+    """
+    column = IndexFiles.of(workdir, source).sample_shards().column("shard").to_numpy()
+    if np.any(np.diff(column.astype(np.int64)) < 0):  # counts would hide it: `partition_source` checks the column
+        raise ContractError(f"source {source!r}: index samples are not in shard order; rebuild it with `loom index`")
+    return np.bincount(column)
 
 
 def _open_gateways(fleet: Fleet, indices: list[int], actors: list[Actor], timeout_s: float) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loomdata.execution import _gateway
+from loomdata.execution._heap import maybe_trim
 from loomdata.execution._manifest import ManifestSlice
 from loomdata.execution._pack_group import StepPack, block_of, pack_group
 from loomdata.execution._packing import PackRules, peer_batches
@@ -181,6 +182,7 @@ class DataConstructor:
                 out.append(self._taken(dp_rank, got.payload, cp_rank))
         finally:
             self._launch(tuple(builds))
+            maybe_trim()  # released steps' arrays: their heap pages back to the OS (at most every 2 s, trailing)
         return out
 
     async def record_telemetry(self, dp_rank: int, telemetry: list[tuple[int, float]]) -> None:

@@ -103,7 +103,7 @@ def _owner(path: Path) -> tuple[int, float] | None:
     """(pid, started_at) of the ServeInfo in `path`, None when absent or unreadable (another version wrote it)."""
     try:
         info = ServeInfo.model_validate_json(path.read_text())
-    except (OSError, ValueError):  # missing, or not our format (pydantic's ValidationError is a ValueError)
+    except (OSError, ValueError):  # missing, or not our format (RecordError is a ValueError)
         return None
     return info.pid, info.started_at
 

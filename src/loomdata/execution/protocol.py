@@ -29,12 +29,12 @@ import socket
 import ssl
 import stat
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
 from loomdata.execution._config import Timings
+from loomdata.execution._record import Record, RecordError
 from loomdata.execution._retry import Deadline, retry_until
 from loomdata.schemas.errors import ContractError, ExecutionError
 
@@ -74,11 +74,8 @@ class ExecutorUnavailable(ExecutionError):
     """The executor is stopping or not (yet) published; a client reconnects and retries."""
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class ConstructorInfo(_Frozen):
+@dataclass(frozen=True, kw_only=True)
+class ConstructorInfo(Record):
     """One Data Constructor: its published dataset name, the dp ranks it serves, where ranks reach it.
 
     `gateway`: the address of its worker's rank gateway (`_gateway`), None where it has none (ranks
@@ -93,7 +90,8 @@ class ConstructorInfo(_Frozen):
     gateway_id: str | None = None
 
 
-class LoaderInfo(_Frozen):
+@dataclass(frozen=True, kw_only=True)
+class LoaderInfo(Record):
     """One Source Loader: the source, its shard range and sample range, and where it runs."""
 
     name: str
@@ -106,7 +104,8 @@ class LoaderInfo(_Frozen):
     worker: str
 
 
-class TlsInfo(_Frozen):
+@dataclass(frozen=True, kw_only=True)
+class TlsInfo(Record):
     """The PEM files a client presents and checks the scheduler against (paths, never key material)."""
 
     ca_file: str
@@ -114,7 +113,8 @@ class TlsInfo(_Frozen):
     key: str
 
 
-class ServeLock(_Frozen):
+@dataclass(frozen=True, kw_only=True)
+class ServeLock(Record):
     """Contents of serve.lock: which `loom serve` holds a plan dir."""
 
     pid: int
@@ -122,7 +122,8 @@ class ServeLock(_Frozen):
     started_at: float
 
 
-class ServeInfo(_Frozen):
+@dataclass(frozen=True, kw_only=True)
+class ServeInfo(Record):
     """Contents of serve.json: how clients find a running executor of a plan."""
 
     format_version: int = SERVE_FORMAT_VERSION
@@ -217,8 +218,8 @@ def parse_serve_info(text: str, where: str) -> ServeInfo:
         )
     try:
         return ServeInfo.model_validate(raw)
-    except ValidationError as e:
-        raise ContractError(f"{where}: invalid serve info: {e.errors()[0]['msg']}") from None
+    except RecordError as e:
+        raise ContractError(f"{where}: invalid serve info: {e}") from None
 
 
 def read_serve_info(plan_dir: str | Path) -> ServeInfo:

@@ -32,3 +32,29 @@ def test_trims_at_most_once_per_interval_and_gives_freed_holes_back() -> None:
     assert again is not None
     again.result(timeout=60)
     assert len(keep) == 1500
+
+
+@pytest.mark.skipif(_heap._TRIM is None, reason="not glibc")
+def test_a_call_too_soon_schedules_one_trim_at_the_end_of_the_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What is freed after the last trim of a busy spell (steps released once the ranks stop) is given back too."""
+    import threading
+
+    pending = _heap._TRAILING[0]  # one another test's call left
+    if pending is not None:
+        pending.cancel()
+    monkeypatch.setattr(_heap, "_LAST", [0.0])
+    monkeypatch.setattr(_heap, "_TRAILING", [None])
+    monkeypatch.setattr(_heap, "TRIM_EVERY_S", 0.2)
+    done = threading.Event()
+    monkeypatch.setattr(_heap, "_trim", done.set)
+    t0 = _heap.time.monotonic()
+    first = maybe_trim(now=t0)
+    assert first is not None
+    first.result(timeout=60)
+    done.clear()
+    assert maybe_trim(now=t0 + 0.05) is None and maybe_trim(now=t0 + 0.1) is None  # too soon: one trailing trim
+    trailing = _heap._TRAILING[0]
+    assert trailing is not None
+    assert done.wait(timeout=30), "no trim at the end of the interval"
+    trailing.join(timeout=30)
+    assert _heap._TRAILING[0] is None

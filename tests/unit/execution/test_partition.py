@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,3 +62,23 @@ def test_any_shards_any_loader_count(counts: list[int], n: int) -> None:
     for a, b in itertools.pairwise(parts):
         assert a.stop_sample == b.first_sample and a.stop_shard == b.first_shard
     assert all(p.stop_sample > p.first_sample for p in parts)
+
+
+def test_the_serving_process_keeps_samples_per_shard_and_still_refuses_an_index_out_of_shard_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`FleetOps` keeps counts, not the index's shard column; partitions made from them are the same."""
+    import pyarrow as pa
+
+    from loomdata.execution import _actors
+    from loomdata.schemas.layout import IndexFiles
+
+    column = np.array([0, 0, 0, 2, 2, 3, 3, 3, 3], dtype=np.uint32)  # shard 1 empty
+    monkeypatch.setattr(IndexFiles, "sample_shards", lambda self: pa.table({"shard": column}))
+    sizes = _actors._shard_sizes(tmp_path, "web")
+    assert sizes.tolist() == [3, 0, 2, 4]
+    rebuilt = np.repeat(np.arange(len(sizes)), sizes)
+    assert partition_source(0, "web", rebuilt, 2) == partition_source(0, "web", column, 2)
+    column = np.array([0, 2, 1], dtype=np.uint32)
+    with pytest.raises(ContractError, match="'web': index samples are not in shard order"):
+        _actors._shard_sizes(tmp_path, "web")

@@ -60,3 +60,39 @@ def test_the_light_constructor_handle_names_every_public_constructor_method() ->
         return {n for n, f in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_")}
 
     assert public(ConstructorCalls) == public(DataConstructor)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"extra": 1}, "unknown field\\(s\\) 'extra'"),
+        ({"window": "2"}, "ServeInfo.window: expected int, got str"),
+        ({"peers": True}, "ServeInfo.peers: expected int, got bool"),
+        ({"constructors": [{"name": "c0", "ranks": ["0"], "worker": "w0"}]}, "constructors\\[0\\].ranks\\[0\\]"),
+        ({"constructors": [{"name": "c0", "worker": "w0"}]}, "missing field\\(s\\) 'ranks'"),
+        ({"tls": {"ca_file": "a", "cert": "b"}}, "ServeInfo.tls: missing field\\(s\\) 'key'"),
+    ],
+)
+def test_a_serve_json_that_does_not_match_its_fields_is_refused_naming_the_field(
+    change: dict[str, object], message: str
+) -> None:
+    raw = {**_info().model_dump(mode="json"), **change}
+    with pytest.raises(ContractError, match=message):
+        parse_serve_info(json.dumps(raw), "serve.json")
+
+
+def test_records_validate_when_built_and_copy_with_updates() -> None:
+    from loomdata.execution._record import RecordError
+    from loomdata.execution.protocol import ServeLock, TlsInfo
+
+    with pytest.raises(RecordError, match=r"ConstructorInfo\.gateway: expected str, got int"):
+        ConstructorInfo(name="c", ranks=[0], worker="w", gateway=1)  # type: ignore[arg-type]
+    info = _info().model_copy(update={"heartbeat_at": 5, "tls": TlsInfo(ca_file="a", cert="b", key="c")})
+    assert info.heartbeat_at == 5.0 and isinstance(info.heartbeat_at, float)  # an int is taken as a float
+    assert ServeInfo.model_validate_json(json.dumps(info.model_dump(mode="json"))) == info
+    with pytest.raises(RecordError, match="expected int, got str"):
+        _info().model_copy(update={"pid": "1"})
+    lock = ServeLock(pid=3, host="h", started_at=1.5)
+    assert ServeLock.model_validate_json(lock.model_dump_json()) == lock
+    with pytest.raises(ValueError, match="not valid JSON"):  # callers catch ValueError, as with pydantic
+        ServeLock.model_validate_json("{")

@@ -1,0 +1,202 @@
+"""Source Loaders alone, two source trees side by side: replay a plan's reads in one process, no cluster.
+
+`stream_throughput.py` measures the loader path among a scheduler, two workers, a constructor and the
+ranks, in runs of a second or less on a shared 2-core machine: a 20% change in its loader time is
+noise there. This script takes the loaders out: it writes stream_throughput's two sources (or
+`--sources N` of memory.py's shape), indexes and plans them once with this checkout, then each tree
+(`--ab SRC` vs this checkout, alternating subprocesses with PYTHONPATH set) builds one `SourceLoader`
+per source with serving's cache policy (`ServeConfig` defaults: budget, window, read-ahead) and calls
+`read_now` for every step group of the plan in order, as a constructor does (one request per source
+and group of `--group` steps). Reported per run: process CPU seconds (all threads: the read-ahead's
+too), wall seconds, row groups decoded, tokens and one CRC over them (both trees must agree), and the
+anonymous memory at the end.
+
+    .venv/bin/python benchmarks/loader_replay.py --ab ../main/src --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+RESULTS = HERE / "results" / "loader_replay.json"
+
+
+def _prepare(root: Path, args: argparse.Namespace) -> Path:
+    """Data, index and plan (this checkout), as stream_throughput.py or memory.py writes them."""
+    sys.path.insert(0, str(HERE))
+    from loomdata.execution import open_cluster
+    from loomdata.indexing import build_index
+    from loomdata.planning import make_plan
+
+    if args.sources:
+        import memory
+
+        memory.write_data(root, args.sources, 4, 2000, 200.0, seed=args.sources)
+        spec = memory.make_spec(root, args.sources, args.ranks, args.steps, args.seq_len)
+    else:
+        import stream_throughput as st
+
+        st._write_data(root, args.docs, seed=0)
+        spec = st._spec(root, args.seq_len, args.steps, args.micro_batches)
+    with open_cluster(n_workers=2, local_directory=root / "dask") as client:
+        build_index(spec, client)
+    return Path(make_plan(spec).plan_dir)
+
+
+def _child(plan_dir: Path, group: int) -> dict[str, Any]:
+    """One replay with the loomdata on sys.path: every source's loader reads every step group in order."""
+    import numpy as np
+
+    from loomdata.execution._config import ServeConfig
+    from loomdata.execution._loader import REQUEST_DTYPE, SourceLoader
+    from loomdata.execution._loader_cache import CachePolicy
+    from loomdata.execution._partition import partition_source
+    from loomdata.schemas import read_manifest, read_plan
+    from loomdata.schemas.layout import IndexFiles
+    from loomdata.sources import parquet
+
+    decodes = [0]
+    original = parquet.ParquetReader._decode_row_group
+
+    def counted(self: Any, *a: Any) -> Any:
+        decodes[0] += 1
+        return original(self, *a)
+
+    parquet.ParquetReader._decode_row_group = counted  # type: ignore[method-assign]
+    meta = read_plan(plan_dir)
+    table = read_manifest(plan_dir, meta, columns=["step", "source", "sample", "offset", "length"])
+    cols = {k: table.column(k).to_numpy() for k in ("step", "source", "sample", "offset", "length")}
+    policy = CachePolicy.serving(ServeConfig())
+    t_open = time.perf_counter()
+    loaders = {}
+    for sid, src in enumerate(meta.sources):
+        shards = IndexFiles.of(meta.spec.workdir, src).sample_shards().column(0).to_numpy()
+        (part,) = partition_source(sid, src, shards, 1)
+        loaders[sid] = SourceLoader(str(plan_dir), part, policy)
+    for lo in loaders.values():
+        if lo._warm is not None:
+            lo._warm.result()
+    open_s = time.perf_counter() - t_open
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    crc, tokens = 0, 0
+    order = np.lexsort((cols["source"], cols["step"]))
+    step, source = cols["step"][order], cols["source"][order]
+    bounds = np.searchsorted(step, np.arange(0, meta.steps + group, group))
+    for a, b in itertools.pairwise(bounds):
+        if a == b:
+            continue
+        idx = order[a:b]
+        for sid in np.unique(source[a:b]).tolist():
+            sel = idx[source[a:b] == sid]
+            req = np.empty(len(sel), dtype=REQUEST_DTYPE)
+            for k in ("sample", "offset", "length", "step"):
+                req[k] = cols[k][sel]
+            out = loaders[sid].read_now(req)
+            crc = zlib.crc32(out.tokens.tobytes(), crc)
+            tokens += len(out.tokens)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+    counts: dict[str, int] = {}
+    for lo in loaders.values():
+        for k, v in lo._prefetch_counts().items():
+            counts[k] = counts.get(k, 0) + v
+    anon = 0
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Anonymous:"):
+                anon = int(line.split()[1]) // 1024
+    return {
+        "cpu_s": round(cpu, 3),
+        "wall_s": round(wall, 3),
+        "open_s": round(open_s, 3),
+        "decodes": decodes[0],
+        "tokens": tokens,
+        "crc": crc,
+        "tokens_per_cpu_s": round(tokens / cpu) if cpu > 0 else None,
+        "anonymous_mib": anon,
+        "prefetch": counts,
+    }
+
+
+def _run(src: Path, plan_dir: Path, group: int) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    cmd = [sys.executable, __file__, "--child", str(plan_dir), "--group", str(group)]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _load() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ab", type=Path, required=False, help="the other tree's src folder (before)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--groups", type=int, nargs="+", default=[1, 4], help="steps per request")
+    ap.add_argument("--docs", type=int, default=16000)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--micro-batches", type=int, default=4)
+    ap.add_argument("--sources", type=int, default=0, help="N sources of memory.py's shape instead (0: stream's two)")
+    ap.add_argument("--ranks", type=int, default=16, help="with --sources: dp ranks of the plan")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--group", type=int, default=4, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child is not None:
+        print(json.dumps(_child(args.child, args.group)))
+        return
+    trees = {"after": SRC} if args.ab is None else {"before": args.ab.resolve(), "after": SRC}
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="loom-bench-replay-") as tmp:
+        plan_dir = _prepare(Path(tmp), args)
+        for r in range(args.rounds):
+            for group in args.groups:
+                for name, src in trees.items() if r % 2 == 0 else reversed(trees.items()):
+                    load = _load()
+                    got = _run(src, plan_dir, group)
+                    runs.append({"round": r, "group": group, "tree": name, "load": load, **got})
+                    print(json.dumps(runs[-1]), flush=True)
+    summary = []
+    for group in args.groups:
+        row: dict[str, Any] = {"group": group}
+        for name in trees:
+            mine = [x for x in runs if x["group"] == group and x["tree"] == name]
+            cpu = sorted(x["cpu_s"] for x in mine)
+            row[name] = {"cpu_s_median": cpu[len(cpu) // 2], "cpu_s_min": cpu[0], "decodes": mine[0]["decodes"]}
+            row[name]["crc"] = sorted({x["crc"] for x in mine})
+        if "before" in trees:
+            row["cpu_after_over_before_median"] = round(row["after"]["cpu_s_median"] / row["before"]["cpu_s_median"], 3)
+            row["same_tokens"] = row["after"]["crc"] == row["before"]["crc"]
+        summary.append(row)
+        print(json.dumps(row), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "loader_replay",
+                "parameters": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "child"},
+                "summary": summary,
+                "runs": runs,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -34,13 +34,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._mixture_kernel import repair_rows
+from loomdata.planning._mixture_kernel import cumulative_targets, nearest_column, repair_rows
 from loomdata.planning._packing import Lanes, expand_with_lengths
 from loomdata.planning._shuffle import BlockLayout
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import Spec
 
-__all__ = ["Stream", "build_stream", "check_epochs", "membership", "step_weights"]
+__all__ = ["Stream", "build_stream", "check_epochs", "cumulative_targets_of", "membership", "step_weights"]
 
 
 def step_weights(spec: Spec) -> np.ndarray:
@@ -52,9 +52,25 @@ def step_weights(spec: Spec) -> np.ndarray:
     names = spec.source_names
     ms = spec.mixture.milestones()
     xs = np.array([m.step for m in ms], dtype=np.float64)
-    t = np.arange(spec.training.steps, dtype=np.float64)
-    w = np.stack([np.interp(t, xs, [float(m.weights.get(n, 0.0)) for m in ms]) for n in names], 1)
-    return w / w.sum(axis=1)[:, None]
+    steps = spec.training.steps
+    # from the last milestone on every row is that milestone's weights (np.interp holds its last value there):
+    # one row normalised once (a row's sum is the same pairwise sum as in the grid) and repeated
+    held = int(min(max(np.ceil(xs[-1]), 0), steps))
+    t = np.arange(held, dtype=np.float64)
+    out = np.empty((steps, len(names)))
+    if held:
+        w = np.stack([np.interp(t, xs, [float(m.weights.get(n, 0.0)) for m in ms]) for n in names], 1)
+        out[:held] = w / w.sum(axis=1)[:, None]
+    if held < steps:
+        last = np.array([[float(ms[-1].weights.get(n, 0.0)) for n in names]])
+        out[held:] = last / last.sum(axis=1)[:, None]
+    return out
+
+
+def cumulative_targets_of(weights: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """(steps, sources) target tokens of each source through each step: np.cumsum(weights * budget[:, None],
+    axis=0) bit for bit (_mixture_kernel.cumulative_targets, row after row)."""
+    return cumulative_targets(np.ascontiguousarray(weights, dtype=np.float64), np.ascontiguousarray(budget))
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,10 +252,10 @@ def membership(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slo
     steps, n_src = targets.shape
     slot_arr = np.broadcast_to(np.asarray(slots, dtype=np.int64), (steps,))
     ptr = np.zeros((steps + 1, n_src), dtype=np.int64)
-    for k, s in enumerate(streams):
-        ptr[1:, k] = _nearest(s.cum, targets[:, k])
-    np.maximum.accumulate(ptr, axis=0, out=ptr)
-    _repair(ptr, targets, streams, lanes, slot_arr)
+    tg = np.ascontiguousarray(targets, dtype=np.float64)
+    for k, s in enumerate(streams):  # _nearest of each source's targets, then the running maximum down the steps
+        nearest_column(s.cum, tg, k, ptr)
+    _repair(ptr, tg, streams, lanes, slot_arr)
     return ptr
 
 

@@ -45,7 +45,14 @@ from loomdata.planning._baselines import BASELINE_DESCRIPTION
 from loomdata.planning._distributed import RANGES_PER_WORKER, Executor, plan_ranges, split_ranges, worker_count
 from loomdata.planning._lookahead import Positions, assign_steps, natural_ranges
 from loomdata.planning._manifest import ManifestWriter, file_bounds
-from loomdata.planning._mixture import Stream, build_stream, check_epochs, membership, step_weights
+from loomdata.planning._mixture import (
+    Stream,
+    build_stream,
+    check_epochs,
+    cumulative_targets_of,
+    membership,
+    step_weights,
+)
 from loomdata.planning._packing import Lanes, check_unsplittable
 from loomdata.planning._ranges import PlanWork, RangePart, balanced_blocks, merge_report
 from loomdata.planning._report import ReportBuilder
@@ -265,7 +272,7 @@ def _plan_into(
     shapes = [] if base is None else [*base.shapes, StepShape(from_step=start, dp_size=tr.dp_size, micro_batches=mb)]
     step_slots = _step_slots(shapes, tr.steps) if shapes else np.full(tr.steps, slots, dtype=np.int64)
     step_budget = (step_slots * tr.seq_len * fill).astype(np.int64)
-    targets = np.cumsum(weights * step_budget[:, None], axis=0)
+    targets = cumulative_targets_of(weights, step_budget)
     epoch_tokens = [int(s.num_tokens.sum(dtype=np.int64)) for s in sources]
     check_epochs(names, targets, epoch_tokens, [spec.source(n).max_epochs for n in names])
     max_seg = max(lanes.seq_len, lanes.long_seq_len or 0)

@@ -251,10 +251,16 @@ def membership(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slo
     """
     steps, n_src = targets.shape
     slot_arr = np.broadcast_to(np.asarray(slots, dtype=np.int64), (steps,))
-    ptr = np.zeros((steps + 1, n_src), dtype=np.int64)
     tg = np.ascontiguousarray(targets, dtype=np.float64)
-    for k, s in enumerate(streams):  # _nearest of each source's targets, then the running maximum down the steps
-        nearest_column(s.cum, tg, k, ptr)
+    # _nearest of each source's targets and the running maximum down the steps, a source at a time over its
+    # targets and pointers laid out as rows (a column of the C-ordered grid is one cache line a step)
+    by_source = np.ascontiguousarray(tg.T) if n_src > 1 else tg.reshape(1, steps)
+    ptr_t = np.zeros((n_src, steps + 1), dtype=np.int64)
+    for k, s in enumerate(streams):
+        nearest_column(s.cum, by_source[k], ptr_t[k])
+    del by_source
+    ptr = np.ascontiguousarray(ptr_t.T) if n_src > 1 else ptr_t.reshape(steps + 1, 1)
+    del ptr_t
     _repair(ptr, tg, streams, lanes, slot_arr)
     return ptr
 

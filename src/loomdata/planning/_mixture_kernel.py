@@ -37,17 +37,17 @@ def cumulative_targets(weights: np.ndarray, budget: np.ndarray) -> np.ndarray:
 
 
 @njit
-def nearest_column(cum: np.ndarray, targets: np.ndarray, k: int, ptr: np.ndarray) -> None:
-    """ptr[t + 1, k] = the running maximum over steps <= t of the prefix length j whose cum[j] is nearest to
-    targets[t, k] (ties go to the shorter prefix; searched as the target's ceiling, as planning._mixture's
-    _nearest does); ptr[0, k] is left as it is (0). Targets of a source do not decrease, so each search walks
-    on from the last one (binary search where one goes back)."""
+def nearest_column(cum: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out[t + 1] = the running maximum over steps <= t of the prefix length j whose cum[j] is nearest to x[t]
+    (one source's targets; ties go to the shorter prefix; searched as the target's ceiling, as
+    planning._mixture's _nearest does); out[0] is left as it is. Targets of a source do not decrease, so each
+    search walks on from the last one (a binary search where one goes back)."""
     n = len(cum)
     j = 0
     best = 0
-    for t in range(targets.shape[0]):
-        x = targets[t, k]
-        needle = np.int64(np.ceil(x))
+    for t in range(len(x)):
+        xt = x[t]
+        needle = np.int64(np.ceil(xt))
         if j > 0 and cum[j - 1] >= needle:  # behind the last answer: search [0, j)
             lo, hi = 0, j
             while lo < hi:
@@ -62,9 +62,9 @@ def nearest_column(cum: np.ndarray, targets: np.ndarray, k: int, ptr: np.ndarray
                 j += 1
         at = min(j, n - 1)
         lower = max(at - 1, 0)
-        pick = lower if at > 0 and (x - cum[lower]) <= (cum[at] - x) else at
+        pick = lower if at > 0 and (xt - cum[lower]) <= (cum[at] - xt) else at
         best = max(best, pick)
-        ptr[t + 1, k] = best
+        out[t + 1] = best
 
 
 @njit

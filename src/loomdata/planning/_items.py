@@ -115,7 +115,7 @@ class StepItems:
         cols = [np.concatenate(c) for c in zip(*parts, strict=True)]
         order = np.argsort(cols[-1], kind="stable")  # step-major; within a step source order, then stream order
         src_id, sample, offset, length, lane, img = (c[order] for c in cols[:-1])
-        cost = segment_cost(length, img, self._cost_spec, self._lanes.cp(lane))
+        cost = segment_cost(length, img, self._cost_spec, self._lanes.cp_sizes(lane))
         self._cols = (src_id, sample, offset, length, lane, img, cost)
         self._bounds = np.searchsorted(cols[-1][order], np.arange(t1 - t0 + 1), side="left")
         self._first = t0

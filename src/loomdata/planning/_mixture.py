@@ -265,6 +265,11 @@ def membership(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slo
     return ptr
 
 
+def _laid_end_to_end(windows: list[np.ndarray]) -> np.ndarray:
+    """The windows concatenated (a single window as it is: no copy of a whole stream's counts)."""
+    return windows[0] if len(windows) == 1 else np.concatenate(windows)
+
+
 REPAIR_CHUNK_CELLS = 1 << 20
 """(steps x sources) cells repaired at once (bounds the windows of the streams' counts gathered for them)."""
 
@@ -294,10 +299,12 @@ def _repair(
             long_.append(s.cum_long[a:b] if s.cum_long is not None else s.cum[:0])
         off_s = np.concatenate([[0], np.cumsum(hi - lo)])
         off_l = np.concatenate([[0], np.cumsum([len(x) for x in long_])]).astype(np.int64)
+        cum_w = _laid_end_to_end(cum)  # one source: its window itself; without a long lane short is cum
+        short_w = cum_w if all(s.cum_short is None for s in streams) else _laid_end_to_end(short)
         repair_rows(
             ptr,
             tg,
-            (np.concatenate(cum), np.concatenate(short), np.concatenate(long_)),
+            (cum_w, short_w, _laid_end_to_end(long_)),
             (off_s, off_l),
             lo,
             sl,

@@ -140,10 +140,14 @@ def main(argv: list[str] | None = None) -> int:
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
                 got[tree] = json.loads(out.stdout.strip().splitlines()[-1])
             same = got["before"] == got["after"]
-            diff = sorted(k for k in set(got["before"]) | set(got["after"]) if got["before"].get(k) != got["after"].get(k))
+            diff = sorted(
+                k for k in set(got["before"]) | set(got["after"]) if got["before"].get(k) != got["after"].get(k)
+            )
             bad += not same
             results[name] = {"identical": same, "files": len(got["after"]), "differ": diff}
-            print(f"{name:40s} {'identical' if same else 'DIFFERENT'} ({len(got['after'])} files) {diff[:3]}", flush=True)
+            print(
+                f"{name:40s} {'identical' if same else 'DIFFERENT'} ({len(got['after'])} files) {diff[:3]}", flush=True
+            )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"identical": bad == 0, "cases": results}, indent=1) + "\n")

@@ -123,7 +123,6 @@ class StepItems:
         self._bounds = np.searchsorted(step_of, np.arange(t1 - t0 + 1), side="left")
         self._first = t0
 
-
     def _image_tokens(self, k: int, doc: np.ndarray, length: np.ndarray) -> np.ndarray:
         """Image tokens of segments of documents `doc` of source k (a split piece has none): zeros without a
         gather where the source has no images (its column a broadcast zero)."""

@@ -140,4 +140,3 @@ def deal_flat(
         np.ascontiguousarray(all_cost, dtype=np.float64),
     )
     return fd
-

@@ -13,7 +13,8 @@ than their lane are expanded into consecutive segments (see _packing). cum_k is 
 token count.
 
 Credit accumulator. Through step t, source k has consumed the stream prefix whose cumulative token
-count is nearest to T[t, k]: one `searchsorted` per source over all steps at once, no per-document loop.
+count is nearest to T[t, k]: one compiled walk per source over all steps (_mixture_kernel), no per-document
+Python loop.
 Each source's realized cumulative tokens stay within half a segment of its target on every prefix, so
 cumulative shares converge on the targets (after step 20 within 1 percentage point once a step holds a
 few dozen documents). A step whose segments would not fit its slots defers the segments of the source
@@ -272,6 +273,8 @@ def _laid_end_to_end(windows: list[np.ndarray]) -> np.ndarray:
 
 REPAIR_CHUNK_CELLS = 1 << 20
 """(steps x sources) cells repaired at once (bounds the windows of the streams' counts gathered for them)."""
+REPAIR_WINDOW = 1 << 22
+"""Most segments of several sources' counts laid end to end for one chunk of the repair (8 bytes each a count)."""
 
 
 def _repair(
@@ -288,8 +291,15 @@ def _repair(
     rows = max(64, REPAIR_CHUNK_CELLS // max(n_src, 1))
     tg = np.ascontiguousarray(targets, dtype=np.float64)
     sl = np.ascontiguousarray(slot_arr, dtype=np.int64)
-    for c0 in range(0, steps, rows):
+    # several sources' windows are laid end to end (a copy): a chunk also ends once they would hold more than
+    # REPAIR_WINDOW segments (sized from the nearest pointers; the repair only lowers them)
+    drawn = ptr.sum(axis=1, dtype=np.int64) if n_src > 1 else None
+    c0 = 0
+    while c0 < steps:
         c1 = min(steps, c0 + rows)
+        if drawn is not None:
+            fits = int(np.searchsorted(drawn, drawn[c0] + REPAIR_WINDOW, side="right")) - 1
+            c1 = min(c1, max(c0 + 1, fits))
         lo, hi = ptr[c0].copy(), ptr[c1] + 1  # ptr[c1] is still the nearest row: the chunk's last step sets it
         cum, short, long_ = [], [], []
         for k, s in enumerate(streams):
@@ -311,3 +321,4 @@ def _repair(
             lanes.seq_len,
             (c0, c1),
         )
+        c0 = c1

@@ -20,7 +20,8 @@ Measured (benchmarks/plan_scale.py on this shared 2-core machine, so read them a
 results/plan_scale*.json hold the figures): with the compiled kernels (numba: deal, local search, baselines'
 shuffles and cuts, membership repair, LRU replay, mixture error) at 10M samples 0.9-1.1M samples per
 CPU-second with 1 source and 0.4-0.86M with 300 at dp 4-1024, 1.34-1.89x the NumPy code
-(results/plan_scale_s6.json); a process's first plan loads the kernels from numba's cache (~0.26 s CPU). Peak memory
+(results/plan_scale_s6.json); session 7's compiled membership grids make 300 sources at dp 4 1.52x faster
+(results/plan_scale_s7.json); a process's first plan loads the kernels from numba's cache (~0.26 s CPU). Peak memory
 (benchmarks/plan_memory.py, results/plan_memory.json, each phase's own peak): the index columns (4 bytes a
 sample: num_tokens; dense ids and zero image columns not stored), the streams (4 bytes a segment, plus 8
 of counts until the look-ahead has read them) and the look-ahead's compact per-segment columns (about 14

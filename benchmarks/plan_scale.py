@@ -140,6 +140,34 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
 
         return run
 
+    phases: dict[str, dict[str, float]] = {}  # wall and CPU seconds summed over each phase's calls
+
+    def summed(mod: Any, attr: str, name: str) -> None:
+        fn = getattr(mod, attr)
+
+        def run(*a: Any, **kw: Any) -> Any:
+            t, c = time.perf_counter(), time.process_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                ph = phases.setdefault(name, {"seconds": 0.0, "cpu_seconds": 0.0, "calls": 0})
+                ph["seconds"] += time.perf_counter() - t
+                ph["cpu_seconds"] += time.process_time() - c
+                ph["calls"] += 1
+
+        setattr(mod, attr, run)
+
+    for attr, name in (
+        ("_load_index", "index"),
+        ("build_stream", "streams"),
+        ("membership", "membership"),
+        ("_shuffle_figures", "shuffle_figures"),
+        ("assign_steps", "lookahead"),
+    ):
+        summed(_plan, attr, name)
+    summed(_distributed, "window", "windows")  # cutting each range's window (driver)
+    summed(_distributed, "fix_up", "fix_ups")  # re-balancing a range's head with the true carry (driver)
+    summed(_distributed, "plan_range", "driver_ranges")  # a range refused speculatively, planned here
     _plan._balance_into = timed(_plan._balance_into, "balance")  # type: ignore[attr-defined]
     _plan.plan_ranges = timed(_distributed.plan_ranges, "ranges")  # type: ignore[attr-defined]
     info = json.loads((workdir / "index-info.json").read_text())
@@ -209,6 +237,7 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         # nothing), the busiest worker's ranges
         "critical_cpu_seconds": first_cpu - c0 + driver_cpu + max(per_worker.values(), default=balance_cpu),
         "cluster_start_seconds": started,  # LocalCluster start and imports, not timed
+        "phases": phases,  # the driver's phases (serial ones, then windows/fix-ups while the ranges run)
         "rss_base_mb": base,
         "rss_peak_mb": _rss_mb(),
         "manifest_rows": sum(f.rows for f in res.meta.manifest),

@@ -99,7 +99,7 @@ class StepItems:
                 if len(pos) == 0:
                     continue
                 doc, off, length, lane = segments_at(st, pos, self._tokens[k], self._lanes)
-                img = np.where(length == self._tokens[k][doc], self._images[k][doc], 0)
+                img = self._image_tokens(k, doc, length)
                 ids = np.full(len(pos), k, dtype=np.uint16)
                 parts.append((ids, self._samples[k][doc], off, length.astype(np.int64), lane, img, at - t0))
                 continue
@@ -107,18 +107,29 @@ class StepItems:
             if b <= a:
                 continue
             doc, off, length, lane = st.segments(a, b, self._tokens[k], self._lanes)
-            img = np.where(length == self._tokens[k][doc], self._images[k][doc], 0)
+            img = self._image_tokens(k, doc, length)
             ids = np.full(b - a, k, dtype=np.uint16)
             # the step of each segment: its position against the source's step boundaries
             step = np.searchsorted(self._ptr[t0 - s0 : t1 + 1 - s0, k] - a, np.arange(b - a), side="right") - 1
             parts.append((ids, self._samples[k][doc], off, length.astype(np.int64), lane, img, step))
-        cols = [np.concatenate(c) for c in zip(*parts, strict=True)]
-        order = np.argsort(cols[-1], kind="stable")  # step-major; within a step source order, then stream order
-        src_id, sample, offset, length, lane, img = (c[order] for c in cols[:-1])
-        cost = segment_cost(length, img, self._cost_spec, self._lanes.cp(lane))
+        cols = [c[0] if len(parts) == 1 else np.concatenate(c) for c in zip(*parts, strict=True)]
+        step_of = cols[-1]
+        if len(step_of) > 1 and not (step_of[1:] >= step_of[:-1]).all():  # already so: one source
+            order = np.argsort(step_of, kind="stable")  # step-major; within a step source order, then stream order
+            cols = [c[order] for c in cols]
+        src_id, sample, offset, length, lane, img, step_of = cols
+        cost = segment_cost(length, img, self._cost_spec, self._lanes.cp_sizes(lane))
         self._cols = (src_id, sample, offset, length, lane, img, cost)
-        self._bounds = np.searchsorted(cols[-1][order], np.arange(t1 - t0 + 1), side="left")
+        self._bounds = np.searchsorted(step_of, np.arange(t1 - t0 + 1), side="left")
         self._first = t0
+
+    def _image_tokens(self, k: int, doc: np.ndarray, length: np.ndarray) -> np.ndarray:
+        """Image tokens of segments of documents `doc` of source k (a split piece has none): zeros without a
+        gather where the source has no images (its column a broadcast zero)."""
+        images = self._images[k]
+        if images.strides == (0,) and (len(images) == 0 or not images[0]):
+            return np.zeros(len(doc), dtype=images.dtype)
+        return np.where(length == self._tokens[k][doc], images[doc], 0)
 
 
 def _counts(asg: StepAssignment, step0: int, steps: int) -> np.ndarray:

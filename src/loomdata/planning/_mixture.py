@@ -13,7 +13,8 @@ than their lane are expanded into consecutive segments (see _packing). cum_k is 
 token count.
 
 Credit accumulator. Through step t, source k has consumed the stream prefix whose cumulative token
-count is nearest to T[t, k]: one `searchsorted` per source over all steps at once, no per-document loop.
+count is nearest to T[t, k]: one compiled walk per source over all steps (_mixture_kernel), no per-document
+Python loop.
 Each source's realized cumulative tokens stay within half a segment of its target on every prefix, so
 cumulative shares converge on the targets (after step 20 within 1 percentage point once a step holds a
 few dozen documents). A step whose segments would not fit its slots defers the segments of the source
@@ -34,13 +35,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._mixture_kernel import repair_rows
+from loomdata.planning._mixture_kernel import cumulative_targets, nearest_column, repair_rows
 from loomdata.planning._packing import Lanes, expand_with_lengths
 from loomdata.planning._shuffle import BlockLayout
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import Spec
 
-__all__ = ["Stream", "build_stream", "check_epochs", "membership", "step_weights"]
+__all__ = ["Stream", "build_stream", "check_epochs", "cumulative_targets_of", "membership", "step_weights"]
 
 
 def step_weights(spec: Spec) -> np.ndarray:
@@ -52,9 +53,25 @@ def step_weights(spec: Spec) -> np.ndarray:
     names = spec.source_names
     ms = spec.mixture.milestones()
     xs = np.array([m.step for m in ms], dtype=np.float64)
-    t = np.arange(spec.training.steps, dtype=np.float64)
-    w = np.stack([np.interp(t, xs, [float(m.weights.get(n, 0.0)) for m in ms]) for n in names], 1)
-    return w / w.sum(axis=1)[:, None]
+    steps = spec.training.steps
+    # from the last milestone on every row is that milestone's weights (np.interp holds its last value there):
+    # one row normalised once (a row's sum is the same pairwise sum as in the grid) and repeated
+    held = int(min(max(np.ceil(xs[-1]), 0), steps))
+    t = np.arange(held, dtype=np.float64)
+    out = np.empty((steps, len(names)))
+    if held:
+        w = np.stack([np.interp(t, xs, [float(m.weights.get(n, 0.0)) for m in ms]) for n in names], 1)
+        out[:held] = w / w.sum(axis=1)[:, None]
+    if held < steps:
+        last = np.array([[float(ms[-1].weights.get(n, 0.0)) for n in names]])
+        out[held:] = last / last.sum(axis=1)[:, None]
+    return out
+
+
+def cumulative_targets_of(weights: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """(steps, sources) target tokens of each source through each step: np.cumsum(weights * budget[:, None],
+    axis=0) bit for bit (_mixture_kernel.cumulative_targets, row after row)."""
+    return cumulative_targets(np.ascontiguousarray(weights, dtype=np.float64), np.ascontiguousarray(budget))
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +234,8 @@ def check_epochs(
 def _nearest(cum: np.ndarray, x: np.ndarray) -> np.ndarray:
     """For each target x, the prefix length j whose cum[j] is nearest to x (ties go to the shorter prefix).
 
-    Float targets are searched as their ceilings (for integer counts c < x exactly when c < ceil(x)): a
+    The NumPy reference of _mixture_kernel.nearest_column, which membership runs (the tests hold the two
+    equal). Float targets are searched as their ceilings (for integer counts c < x exactly when c < ceil(x)): a
     float needle would make NumPy search a float64 copy of all of cum (8 bytes a segment)."""
     needle = np.ceil(x).astype(np.int64) if np.issubdtype(np.asarray(x).dtype, np.floating) else x
     j = np.searchsorted(cum, needle, side="left")
@@ -235,16 +253,29 @@ def membership(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slo
     """
     steps, n_src = targets.shape
     slot_arr = np.broadcast_to(np.asarray(slots, dtype=np.int64), (steps,))
-    ptr = np.zeros((steps + 1, n_src), dtype=np.int64)
+    tg = np.ascontiguousarray(targets, dtype=np.float64)
+    # _nearest of each source's targets and the running maximum down the steps, a source at a time over its
+    # targets and pointers laid out as rows (a column of the C-ordered grid is one cache line a step)
+    by_source = np.ascontiguousarray(tg.T) if n_src > 1 else tg.reshape(1, steps)
+    ptr_t = np.zeros((n_src, steps + 1), dtype=np.int64)
     for k, s in enumerate(streams):
-        ptr[1:, k] = _nearest(s.cum, targets[:, k])
-    np.maximum.accumulate(ptr, axis=0, out=ptr)
-    _repair(ptr, targets, streams, lanes, slot_arr)
+        nearest_column(s.cum, by_source[k], ptr_t[k])
+    del by_source
+    ptr = np.ascontiguousarray(ptr_t.T) if n_src > 1 else ptr_t.reshape(steps + 1, 1)
+    del ptr_t
+    _repair(ptr, tg, streams, lanes, slot_arr)
     return ptr
+
+
+def _laid_end_to_end(windows: list[np.ndarray]) -> np.ndarray:
+    """The windows concatenated (a single window as it is: no copy of a whole stream's counts)."""
+    return windows[0] if len(windows) == 1 else np.concatenate(windows)
 
 
 REPAIR_CHUNK_CELLS = 1 << 20
 """(steps x sources) cells repaired at once (bounds the windows of the streams' counts gathered for them)."""
+REPAIR_WINDOW = 1 << 22
+"""Most segments of several sources' counts laid end to end for one chunk of the repair (8 bytes each a count)."""
 
 
 def _repair(
@@ -261,8 +292,15 @@ def _repair(
     rows = max(64, REPAIR_CHUNK_CELLS // max(n_src, 1))
     tg = np.ascontiguousarray(targets, dtype=np.float64)
     sl = np.ascontiguousarray(slot_arr, dtype=np.int64)
-    for c0 in range(0, steps, rows):
+    # several sources' windows are laid end to end (a copy): a chunk also ends once they would hold more than
+    # REPAIR_WINDOW segments (sized from the nearest pointers; the repair only lowers them)
+    drawn = ptr.sum(axis=1, dtype=np.int64) if n_src > 1 else None
+    c0 = 0
+    while c0 < steps:
         c1 = min(steps, c0 + rows)
+        if drawn is not None:
+            fits = int(np.searchsorted(drawn, drawn[c0] + REPAIR_WINDOW, side="right")) - 1
+            c1 = min(c1, max(c0 + 1, fits))
         lo, hi = ptr[c0].copy(), ptr[c1] + 1  # ptr[c1] is still the nearest row: the chunk's last step sets it
         cum, short, long_ = [], [], []
         for k, s in enumerate(streams):
@@ -272,13 +310,16 @@ def _repair(
             long_.append(s.cum_long[a:b] if s.cum_long is not None else s.cum[:0])
         off_s = np.concatenate([[0], np.cumsum(hi - lo)])
         off_l = np.concatenate([[0], np.cumsum([len(x) for x in long_])]).astype(np.int64)
+        cum_w = _laid_end_to_end(cum)  # one source: its window itself; without a long lane short is cum
+        short_w = cum_w if all(s.cum_short is None for s in streams) else _laid_end_to_end(short)
         repair_rows(
             ptr,
             tg,
-            (np.concatenate(cum), np.concatenate(short), np.concatenate(long_)),
+            (cum_w, short_w, _laid_end_to_end(long_)),
             (off_s, off_l),
             lo,
             sl,
             lanes.seq_len,
             (c0, c1),
         )
+        c0 = c1

@@ -1,4 +1,9 @@
-"""Compiled membership repair (planning._mixture._repair): a pass over a chunk of steps, deferring segments
+"""Compiled membership passes: the cumulative targets, the nearest pointers and the repair (planning._mixture).
+
+`cumulative_targets` and `nearest_column` do what NumPy did over the (steps, sources) grid (a cumsum down the
+steps, a searchsorted per source, a running maximum), the same additions in the same order, row after row
+(NumPy's cumsum and running maximum down axis 0 walk a column at a time through a C-ordered grid).
+The repair (`repair_rows`) is a pass over a chunk of steps, deferring segments
 of the source most ahead of its target until each step fits its slots.
 
 Per step it sums the sources' short-lane tokens and long-lane segments between the repaired pointer row before
@@ -14,7 +19,52 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["repair_rows"]
+__all__ = ["cumulative_targets", "nearest_column", "repair_rows"]
+
+
+@njit
+def cumulative_targets(weights: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """np.cumsum(weights * budget[:, None], axis=0): (steps, sources) target tokens through each step, bit for
+    bit (each product rounded, then added to the step before's in step order)."""
+    steps, n_src = weights.shape
+    out = np.empty((steps, n_src))
+    for t in range(steps):
+        b = float(budget[t])
+        for k in range(n_src):
+            v = weights[t, k] * b
+            out[t, k] = v if t == 0 else out[t - 1, k] + v
+    return out
+
+
+@njit
+def nearest_column(cum: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out[t + 1] = the running maximum over steps <= t of the prefix length j whose cum[j] is nearest to x[t]
+    (one source's targets; ties go to the shorter prefix; searched as the target's ceiling, as
+    planning._mixture's _nearest does); out[0] is left as it is. Targets of a source do not decrease, so each
+    search walks on from the last one (a binary search where one goes back)."""
+    n = len(cum)
+    j = 0
+    best = 0
+    for t in range(len(x)):
+        xt = x[t]
+        needle = np.int64(np.ceil(xt))
+        if j > 0 and cum[j - 1] >= needle:  # behind the last answer: search [0, j)
+            lo, hi = 0, j
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if cum[mid] < needle:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            j = lo
+        else:
+            while j < n and cum[j] < needle:
+                j += 1
+        at = min(j, n - 1)
+        lower = max(at - 1, 0)
+        pick = lower if at > 0 and (xt - cum[lower]) <= (cum[at] - xt) else at
+        best = max(best, pick)
+        out[t + 1] = best
 
 
 @njit

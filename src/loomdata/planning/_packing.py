@@ -68,6 +68,13 @@ class Lanes:
         """Context-parallel size (int64) for each entry of `lanes`."""
         return np.where(lanes == 1, self.long_cp, self.short_cp).astype(np.int64)
 
+    def cp_sizes(self, lanes: np.ndarray) -> np.ndarray | int:
+        """`cp(lanes)`, or the one size as an int where every lane has it (costs divide by it alike, bit for
+        bit, without an array of it)."""
+        if not self.has_long or self.long_cp == self.short_cp:
+            return self.short_cp
+        return self.cp(lanes)
+
 
 def check_unsplittable(
     source: str, samples: np.ndarray | DenseIds, lengths: np.ndarray, images: np.ndarray, lanes: Lanes

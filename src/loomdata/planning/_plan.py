@@ -20,7 +20,8 @@ Measured (benchmarks/plan_scale.py on this shared 2-core machine, so read them a
 results/plan_scale*.json hold the figures): with the compiled kernels (numba: deal, local search, baselines'
 shuffles and cuts, membership repair, LRU replay, mixture error) at 10M samples 0.9-1.1M samples per
 CPU-second with 1 source and 0.4-0.86M with 300 at dp 4-1024, 1.34-1.89x the NumPy code
-(results/plan_scale_s6.json); a process's first plan loads the kernels from numba's cache (~0.26 s CPU). Peak memory
+(results/plan_scale_s6.json); session 7's compiled membership grids make 300 sources at dp 4 1.52x faster
+(results/plan_scale_s7.json); a process's first plan loads the kernels from numba's cache (~0.26 s CPU). Peak memory
 (benchmarks/plan_memory.py, results/plan_memory.json, each phase's own peak): the index columns (4 bytes a
 sample: num_tokens; dense ids and zero image columns not stored), the streams (4 bytes a segment, plus 8
 of counts until the look-ahead has read them) and the look-ahead's compact per-segment columns (about 14
@@ -45,7 +46,14 @@ from loomdata.planning._baselines import BASELINE_DESCRIPTION
 from loomdata.planning._distributed import RANGES_PER_WORKER, Executor, plan_ranges, split_ranges, worker_count
 from loomdata.planning._lookahead import Positions, assign_steps, natural_ranges
 from loomdata.planning._manifest import ManifestWriter, file_bounds
-from loomdata.planning._mixture import Stream, build_stream, check_epochs, membership, step_weights
+from loomdata.planning._mixture import (
+    Stream,
+    build_stream,
+    check_epochs,
+    cumulative_targets_of,
+    membership,
+    step_weights,
+)
 from loomdata.planning._packing import Lanes, check_unsplittable
 from loomdata.planning._ranges import PlanWork, RangePart, balanced_blocks, merge_report
 from loomdata.planning._report import ReportBuilder
@@ -265,7 +273,7 @@ def _plan_into(
     shapes = [] if base is None else [*base.shapes, StepShape(from_step=start, dp_size=tr.dp_size, micro_batches=mb)]
     step_slots = _step_slots(shapes, tr.steps) if shapes else np.full(tr.steps, slots, dtype=np.int64)
     step_budget = (step_slots * tr.seq_len * fill).astype(np.int64)
-    targets = np.cumsum(weights * step_budget[:, None], axis=0)
+    targets = cumulative_targets_of(weights, step_budget)
     epoch_tokens = [int(s.num_tokens.sum(dtype=np.int64)) for s in sources]
     check_epochs(names, targets, epoch_tokens, [spec.source(n).max_epochs for n in names])
     max_seg = max(lanes.seq_len, lanes.long_seq_len or 0)

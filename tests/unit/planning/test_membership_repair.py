@@ -78,3 +78,5 @@ def test_repair_matches_the_reference_loop(
     np.testing.assert_array_equal(got, want)
     monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", 1 << 20)
     np.testing.assert_array_equal(membership(targets, streams, lanes, step_slots), want)
+    monkeypatch.setattr(_mixture, "REPAIR_WINDOW", 50)  # chunks ended by their windows' segments, some of one step
+    np.testing.assert_array_equal(membership(targets, streams, lanes, step_slots), want)

@@ -49,7 +49,7 @@ class BalanceConfig:
 
     def cost_of(self, segs: Segments) -> np.ndarray:
         """Costs of these segments (as the step's items are costed)."""
-        return segment_cost(segs.length, segs.image_tokens, self.cost_spec, self.lanes.cp(segs.lane))
+        return segment_cost(segs.length, segs.image_tokens, self.cost_spec, self.lanes.cp_sizes(segs.lane))
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +297,7 @@ def _lexsort_small(keys: list[np.ndarray], sizes: list[int]) -> np.ndarray:
 
 def _encoder_part(segs: Segments, cfg: BalanceConfig) -> np.ndarray:
     """The encoder part of each segment's cost (as the step's items are costed)."""
-    return segment_parts(segs.length, segs.image_tokens, cfg.cost_spec, cfg.lanes.cp(segs.lane))[1]
+    return segment_parts(segs.length, segs.image_tokens, cfg.cost_spec, cfg.lanes.cp_sizes(segs.lane))[1]
 
 
 def _part_figures(

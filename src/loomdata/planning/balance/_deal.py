@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loomdata.planning._packing import Lanes
-from loomdata.planning.balance._deal_kernel import deal_rounds
+from loomdata.planning.balance._deal_kernel import by_cost_order, deal_rounds
 from loomdata.planning.balance._state import Dealt, Slots, place_long
 
 __all__ = ["FlatDeal", "deal_flat", "deal_many"]
@@ -110,7 +110,7 @@ def deal_flat(
     step_of = np.repeat(np.arange(b), ns)[short]
     cut = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(np.bincount(step_of, minlength=b), out=cut[1:])
-    by = short[_by_cost(all_cost[short], step_of, cut)]
+    by = short[by_cost_order(np.ascontiguousarray(all_cost[short], dtype=np.float64), cut)]
     n_carried = np.zeros(b, dtype=np.int64) if carried is None else np.asarray(carried, dtype=np.int64)
     for c_i in np.flatnonzero(n_carried > 0).tolist():
         own = np.sort(by[cut[c_i] : cut[c_i + 1]])  # a step with carried items: those first, then largest cost
@@ -140,19 +140,3 @@ def deal_flat(
         np.ascontiguousarray(all_cost, dtype=np.float64),
     )
     return fd
-
-
-def _by_cost(cost: np.ndarray, step: np.ndarray, cut: np.ndarray) -> np.ndarray:
-    """Positions of items (grouped by `step`, ascending; step i's are cut[i]..cut[i+1]-1) ordered by step, then
-    largest cost first, ties in position order: np.lexsort((-cost, step)), as row-wise sorts of a padded
-    (steps, widest step) grid when the steps are alike in size (several times faster for small steps)."""
-    n, b = len(cost), len(cut) - 1
-    cnt = np.diff(cut)
-    width = int(cnt.max(initial=0))
-    if n == 0 or b * width > 2 * n + 1024:
-        return np.lexsort((-cost, step))
-    at = np.arange(n) - cut[step]
-    grid = np.full((b, width), np.inf)
-    grid[step, at] = -cost
-    o = np.argsort(grid, axis=1, kind="stable") + cut[:-1, None]
-    return o[np.arange(width)[None, :] < cnt[:, None]]

@@ -13,9 +13,22 @@ import numpy as np
 
 from loomdata.planning._jit import njit, stable_argsort
 
-__all__ = ["deal_rounds", "place_whole_step"]
+__all__ = ["by_cost_order", "deal_rounds", "place_whole_step"]
 
 FALLBACK_PASSES = 3  # passes pairing items whose rank was full with ranks that have room, before one by one
+
+
+@njit
+def by_cost_order(cost: np.ndarray, cut: np.ndarray) -> np.ndarray:
+    """Positions of items grouped by step (step i's are cut[i]..cut[i+1]-1) ordered by step, then largest cost
+    first, ties in position order: np.lexsort((-cost, step)), a stable sort of each step's items."""
+    out = np.empty(len(cost), dtype=np.int64)
+    for i in range(len(cut) - 1):
+        a, b = cut[i], cut[i + 1]
+        o = stable_argsort(-cost[a:b])
+        for j in range(b - a):
+            out[a + j] = a + o[j]
+    return out
 
 
 @njit

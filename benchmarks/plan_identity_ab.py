@@ -1,0 +1,159 @@
+"""Are two planner trees' plans byte-identical? Every file of every plan dir, over varied shapes.
+
+Plans the golden cases (tests/loomtest/golden_plans.py: dp 1-300, images, long lane, curriculum, re-plans)
+and extra shapes (3-300 sources, dp 2-1024, micro-batches 1/2/4, look-ahead off, curricula over many
+sources) with each tree in its own subprocess, in the same workdir (plan.json holds the spec's paths), and
+compares the sha256 of every file (manifest partitions, report tables, plan.json). Exit status 1 on any
+difference. Writes --out (JSON) when given.
+
+    .venv/bin/python benchmarks/plan_identity_ab.py --before /work/main/src --after src
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve()
+TESTS = HERE.parents[1] / "tests"
+sys.path.insert(0, str(TESTS))  # loomtest.golden_plans
+
+
+ROWS_PER_FILE = 1 << 12
+"""Drawn segments per manifest partition in these plans (the planner's default holds 2^18)."""
+
+
+def _lognormal(seed: int, n: int, mu: float, sigma: float) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(mu, sigma, n), 16, 100_000).astype(np.uint32)
+
+
+def _many(n_src: int, dp: int, mb: int, steps: int, *, lookahead: int | None = None, curriculum: bool = False) -> Any:
+    """A mix of n_src web-like and code-like sources (unequal weights) at dp x mb x 4K for `steps` steps."""
+    from loomtest.golden_plans import _index, _spec
+
+    def case(wd: Path) -> Any:
+        names = [f"s{k:03d}" for k in range(n_src)]
+        need = dp * mb * steps * 4096 // 500 + 1000
+        sizes = [max(200, int(need * (2 if k % 2 == 0 else 1) / (1.5 * n_src)) * 2) for k in range(n_src)]
+        index = {
+            n: _index(_lognormal(100 + k, sizes[k], 6.0 if k % 2 == 0 else 6.7, 1.1 if k % 2 == 0 else 1.3))
+            for k, n in enumerate(names)
+        }
+        weights = {n: 1.0 + (k % 7) for k, n in enumerate(names)}
+        extra: dict[str, Any] = {}
+        if curriculum:
+            half = {n: (w if k % 3 else 0.0) + 0.5 for k, (n, w) in enumerate(weights.items())}
+            extra["mixture"] = {
+                "schedule": [
+                    {"step": 0, "weights": weights},
+                    {"step": steps // 3, "weights": half},
+                    {"step": 2 * steps // 3, "weights": weights},
+                ]
+            }
+        else:
+            extra["mixture"] = {"weights": weights}
+        if lookahead is not None:
+            extra["planning"] = {"lookahead": lookahead}
+        spec = _spec(wd, names, {"seq_len": 4096, "steps": steps, "dp_size": dp, "micro_batches": mb}, **extra)
+        return spec, index, {}
+
+    return case
+
+
+def cases() -> dict[str, Any]:
+    """The golden cases and the extra shapes, by name."""
+    from loomtest.golden_plans import CASES
+
+    out = dict(CASES)
+    out.update(
+        {
+            "src3_dp2_mb1": _many(3, 2, 1, 400),
+            "src3_dp4_mb2_nolookahead": _many(3, 4, 2, 200, lookahead=0),
+            "src40_dp4_mb4": _many(40, 4, 4, 300),
+            "src40_dp8_mb2_curriculum": _many(40, 8, 2, 200, curriculum=True),
+            "src300_dp4_mb4": _many(300, 4, 4, 200),
+            "src300_dp64_mb1": _many(300, 64, 1, 40),
+            "src300_dp4_curriculum_nolookahead": _many(300, 4, 4, 150, lookahead=0, curriculum=True),
+            "src2_dp1024_mb1": _many(2, 1024, 1, 6),
+            "src1_dp4_mb4": _many(1, 4, 4, 500),
+            "src1_dp64_mb4_nolookahead": _many(1, 64, 4, 60, lookahead=0),
+        }
+    )
+    return out
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under root, by relative path."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def child(name: str, workdir: Path) -> dict[str, str]:
+    """Plan case `name` in workdir; the hashes of every file of its plans dir (a re-plan's base included)."""
+    from loomdata.planning import _manifest, make_plan
+
+    _manifest.ROWS_PER_FILE = ROWS_PER_FILE  # several partitions a plan (their bounds are compared too)
+    spec, index, kw = cases()[name](workdir)
+    make_plan(spec, index=index, **kw)
+    return file_hashes(spec.plans_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--before", help="source tree (the directory holding loomdata/) of the baseline")
+    ap.add_argument("--after", help="source tree of the change")
+    ap.add_argument("--cases", nargs="*", help="only these cases")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child, args.workdir)))
+        return 0
+    names = args.cases or list(cases())
+    results: dict[str, Any] = {}
+    bad = 0
+    with tempfile.TemporaryDirectory(prefix="loom-ident-") as d:
+        wd = Path(d) / "wd"
+        for name in names:
+            got = {}
+            for tree in ("before", "after"):
+                shutil.rmtree(wd, ignore_errors=True)
+                wd.mkdir()
+                src = str(Path(getattr(args, tree)).resolve())
+                env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{TESTS}")
+                cmd = [sys.executable, str(HERE), "--child", name, "--workdir", str(wd)]
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+                got[tree] = json.loads(out.stdout.strip().splitlines()[-1])
+            same = got["before"] == got["after"]
+            diff = sorted(
+                k for k in set(got["before"]) | set(got["after"]) if got["before"].get(k) != got["after"].get(k)
+            )
+            bad += not same
+            results[name] = {"identical": same, "files": len(got["after"]), "differ": diff}
+            print(
+                f"{name:40s} {'identical' if same else 'DIFFERENT'} ({len(got['after'])} files) {diff[:3]}", flush=True
+            )
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"identical": bad == 0, "cases": results}, indent=1) + "\n")
+    print(f"{len(names) - bad}/{len(names)} identical")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""The compiled membership passes and dealing order give NumPy's reference results bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from loomdata.planning._mixture import _nearest, cumulative_targets_of, membership, step_weights
+from loomdata.planning._mixture_kernel import nearest_column
+from loomdata.planning.balance._deal_kernel import by_cost_order
+from loomdata.schemas import parse_spec
+from loomdata.schemas.spec import Spec
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float64).view(np.int64)
+
+
+def _spec(tmp_path: Path, n_src: int, steps: int, mixture: dict[str, Any]) -> Spec:
+    names = [f"s{k}" for k in range(n_src)]
+    raw = {
+        "name": "kernels",
+        "workdir": str(tmp_path),
+        "sources": [{"name": n, "format": "parquet", "paths": ["x"], "tokens_field": "t"} for n in names],
+        "mixture": mixture,
+        "training": {"seq_len": 128, "steps": steps, "dp_size": 1, "micro_batches": 1},
+    }
+    return parse_spec(raw, tmp_path, check_paths=False)
+
+
+def _reference_weights(spec: Spec) -> np.ndarray:
+    """The interpolation over every step, normalised row by row (what step_weights computed before)."""
+    ms = spec.mixture.milestones()
+    xs = np.array([m.step for m in ms], dtype=np.float64)
+    t = np.arange(spec.training.steps, dtype=np.float64)
+    cols = [np.interp(t, xs, [float(m.weights.get(n, 0.0)) for m in ms]) for n in spec.source_names]
+    w = np.stack(cols, 1)
+    return w / w.sum(axis=1)[:, None]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_step_weights_match_the_interpolation_over_every_step(tmp_path: Path, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n_src, steps = int(rng.integers(1, 320)), int(rng.integers(2, 400))
+    names = [f"s{k}" for k in range(n_src)]
+    if seed % 3 == 0:  # one fixed mixture: every row is the held one
+        mixture: dict[str, Any] = {"weights": {n: float(rng.random() * 3 + 0.01) for n in names}}
+    else:  # a schedule: interpolated rows, then the last milestone's held
+        at = sorted({0, *rng.integers(1, steps, int(rng.integers(1, 4))).tolist()})
+        mixture = {"schedule": [{"step": s, "weights": {n: float(rng.random()) + 0.01 for n in names}} for s in at]}
+    spec = _spec(tmp_path, n_src, steps, mixture)
+    got, want = step_weights(spec), _reference_weights(spec)
+    assert got.shape == want.shape
+    assert np.array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_cumulative_targets_match_numpy_cumsum_bit_for_bit(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    steps, n_src = int(rng.integers(1, 500)), int(rng.integers(1, 50))
+    w = rng.random((steps, n_src))
+    w /= w.sum(axis=1)[:, None]
+    budget = rng.integers(1, 10**8, steps).astype(np.int64)  # budgets that differ per step (a re-plan's shapes)
+    want = np.cumsum(w * budget[:, None], axis=0)
+    assert np.array_equal(_bits(cumulative_targets_of(w, budget)), _bits(want))
+
+
+@pytest.mark.parametrize("kind", ["increasing", "integer_ties", "shuffled", "beyond_the_stream"])
+def test_nearest_column_is_nearest_then_running_maximum(kind: str) -> None:
+    rng = np.random.default_rng(len(kind))
+    lengths = rng.integers(0, 5000, 3000)  # zero-length segments make runs of equal counts
+    cum = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    x = np.cumsum(rng.random(700) * 9000.0)
+    if kind == "integer_ties":
+        j = rng.integers(0, len(cum) - 1, len(x) // 2)
+        mid = (cum[j] + cum[j + 1]) / 2.0  # exactly between two counts: ties go to the shorter prefix
+        x = np.sort(np.concatenate([np.round(x[: len(x) - len(mid)] / 1000.0) * 1000.0, mid]))
+    elif kind == "shuffled":
+        x = rng.permutation(x)
+    elif kind == "beyond_the_stream":
+        x = x * (cum[-1] / x[-1]) * 1.5
+    want = np.zeros(len(x) + 1, dtype=np.int64)
+    want[1:] = _nearest(cum, x)
+    np.maximum.accumulate(want, out=want)
+    got = np.zeros(len(x) + 1, dtype=np.int64)
+    nearest_column(cum, np.ascontiguousarray(x), got)
+    assert np.array_equal(got, want)
+
+
+def test_membership_pointers_of_many_sources_are_each_sources_own(tmp_path: Path) -> None:
+    """The grid laid out by source and back: column k of ptr is source k's (nearest, running maximum)."""
+    from loomdata.planning._mixture import build_stream
+    from loomdata.planning._packing import Lanes
+
+    rng = np.random.default_rng(5)
+    lanes = Lanes(seq_len=4096)
+    streams = [build_stream(f"s{k}", 3, rng.integers(16, 3000, 2000).astype(np.uint32), lanes, 2) for k in range(5)]
+    w = rng.random((60, 5))
+    w /= w.sum(axis=1)[:, None]
+    targets = cumulative_targets_of(w, np.full(60, 8 * 4096, dtype=np.int64))
+    ptr = membership(targets, streams, lanes, 8)
+    assert ptr.shape == (61, 5) and ptr.flags.c_contiguous
+    for k, st in enumerate(streams):
+        col = np.concatenate([[0], _nearest(st.cum, targets[:, k])])
+        assert (ptr[:, k] <= np.maximum.accumulate(col)).all()  # the repair only defers
+    assert (np.diff(ptr, axis=0) >= 0).all()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dealing_order_is_the_lexsort_by_step_then_largest_cost(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    b = int(rng.integers(1, 60))
+    ns = rng.integers(0, 90, b)  # steps of 0..89 items: insertion sort and merge sort both
+    cut = np.concatenate([[0], np.cumsum(ns)]).astype(np.int64)
+    step = np.repeat(np.arange(b), ns)
+    cost = rng.integers(0, 4, len(step)).astype(np.float64) if seed % 2 else rng.random(len(step))  # ties, or not
+    assert np.array_equal(by_cost_order(cost, cut), np.lexsort((-cost, step)))

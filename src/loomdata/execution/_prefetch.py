@@ -20,9 +20,10 @@ budget holds that many steps' units (at most `MAX_EXTRA_STEPS` steps more). Unti
 assumes a fast rank (`FAST_STEPS_PER_S`): the first steps after warm-up are served faster than any later
 ones (their batches were built ahead). The latency of object URLs is the store's alone (the median of the
 process's recent range GETs to it, `storage.request_latency`), not the whole read: a read's decode and its
-wait for a CPU grow with the machine's load, and a reach sized from them read ~8 row groups at once from a
-store with no added latency as consumers started, competing with the first steps for the CPU (session 7).
-Local files keep the read's own duration (a decaying high-water mark; milliseconds, adding nothing).
+wait for a CPU grow with the machine's load, and its duration is known only once the first row group has
+landed, while the shard opens' GETs give the store's latency before any: sized from reads, the reach stayed
+at the horizon while the first 8 reads held every slot, and the units of step ~145 were read late (session
+7). Local files keep the read's own duration (a decaying high-water mark; milliseconds, adding nothing).
 
 The loader's own reader sees the cache through `Prefetcher` (a `UnitCache`): a `get` of a unit in
 flight waits for that read instead of issuing a second one. Served bytes never depend on it: a unit

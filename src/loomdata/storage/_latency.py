@@ -1,9 +1,10 @@
 """The storage latency a process sees: the duration of its range GETs alone, per store, for sizing read-ahead.
 
 A read-ahead sized from whole unit reads (GET + decode + waiting for a CPU) grows with the machine's load,
-not with the store: on a busy 2-core machine a row group from a store with no added latency took 30-100 ms,
-and the reach sized from it made a loader read ~8 row groups at once as consumers started, competing with
-the first steps for the CPU (session 7, S3 at 0 ms). The GET alone is what reading ahead must hide.
+not with the store, and knows nothing until its first unit has landed; the GETs of a loader's shard opens
+(footers, edge reads) come first. The GET alone is what reading ahead must hide (session 7: sized from it,
+the reach widens at once and the long wait at step ~145 of a 100 ms run is gone). Where the server shares
+the machine's CPUs (moto in a benchmark) its GETs are CPU-bound too: this measures the store as seen.
 
 Each successful range GET (one attempt, not its retries' back-off) is recorded under its store (the URL's
 scheme and bucket or host); `latency` is the median of a store's last `WINDOW` GETs (a descheduled thread's

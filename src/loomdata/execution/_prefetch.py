@@ -13,12 +13,17 @@ the budget is spent or a unit read ahead found no room, and a failed unit is not
 until the next step is served.
 
 Depth from latency: the static horizon (window + a few steps) is a number of steps, storage latency a
-time. `Prefetcher` measures both sides, the time its reads take (a decaying high-water mark) and the
-rate steps are served (`StepRate`, from the first served step), and raises the cache's reach
-(`PlanUnitCache.extra_steps`) so that a read issued at the reach's edge lands `LATENCY_MARGIN` times its
-duration before its step: a rank never waits on storage when the budget holds that many steps' units (at
-most `MAX_EXTRA_STEPS` steps more). Until a rate is measured it assumes a fast rank (`FAST_STEPS_PER_S`):
-the first steps after warm-up are served faster than any later ones (their batches were built ahead).
+time. `Prefetcher` measures both sides, the latency and the rate steps are served (`StepRate`, from the
+first served step), and raises the cache's reach (`PlanUnitCache.extra_steps`) so that a read issued at
+the reach's edge lands `LATENCY_MARGIN` latencies before its step: a rank never waits on storage when the
+budget holds that many steps' units (at most `MAX_EXTRA_STEPS` steps more). Until a rate is measured it
+assumes a fast rank (`FAST_STEPS_PER_S`): the first steps after warm-up are served faster than any later
+ones (their batches were built ahead). The latency of object URLs is the store's alone (the median of the
+process's recent range GETs to it, `storage.request_latency`), not the whole read: a read's decode and its
+wait for a CPU grow with the machine's load, and its duration is known only once the first row group has
+landed, while the shard opens' GETs give the store's latency before any: sized from reads, the reach stayed
+at the horizon while the first 8 reads held every slot, and the units of step ~145 were read late (session
+7). Local files keep the read's own duration (a decaying high-water mark; milliseconds, adding nothing).
 
 The loader's own reader sees the cache through `Prefetcher` (a `UnitCache`): a `get` of a unit in
 flight waits for that read instead of issuing a second one. Served bytes never depend on it: a unit
@@ -43,7 +48,7 @@ import numpy as np
 from loomdata.execution._loader_cache import PlanUnitCache, split_key, unit_key
 from loomdata.execution._strand import process_threads
 from loomdata.sources import FormatReader, KeptRows, UnitKey
-from loomdata.storage import Location
+from loomdata.storage import Location, is_url, request_latency
 
 __all__ = [
     "FAST_STEPS_PER_S",
@@ -213,6 +218,7 @@ class Prefetcher:
         self.read_s = 0.0  # high-water mark of read-ahead durations (decaying)
         self.rate = StepRate()  # served steps per second, re-measured every _RATE_EVERY_S
         self._assumed_rate = FAST_STEPS_PER_S if assumed_steps_per_s is None else assumed_steps_per_s
+        self._urls = sorted({str(p) for p in paths.values() if is_url(p)})  # their stores' latency sizes the reach
 
     # ---- UnitCache, for the loader's own reader ----------------------------------------------
 
@@ -279,8 +285,12 @@ class Prefetcher:
             if not measured and self.rate.steps_per_s > 0:
                 return
             rate = self.rate.steps_per_s if self.rate.steps_per_s > 0 else self._assumed_rate  # not measured yet
-            need = extra_steps(self.read_s, rate, self.cache.policy.horizon_steps)
+            need = extra_steps(self.latency(), rate, self.cache.policy.horizon_steps)
             self.cache.extra_steps = max(self.cache.extra_steps, need)  # never narrowed: units read would be dropped
+
+    def latency(self) -> float:
+        """The latency the reach hides: the stores' GETs alone for object URLs, the whole read for local files."""
+        return request_latency(self._urls) if self._urls else self.read_s
 
     def in_flight(self) -> int:
         """Reads ahead issued and not finished."""

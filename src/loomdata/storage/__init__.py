@@ -1,7 +1,8 @@
 """Where source files live: local paths (plain `open`/mmap) or object URLs (s3://, gs://, https://) via fsspec.
 
 One small API for readers and the index job: `location` and `is_url` tell the two apart, `glob`,
-`identity` (size + ETag/version, or the file's stat), `open_input` / `ObjectView` / `read_range` read,
+`identity` (size + ETag/version, or the file's stat), `open_input` / `ObjectView` / `read_range` read
+(`request_latency`: the median of a store's recent range GETs, for sizing read-ahead),
 `fetch_to_cache` keeps a small object on local disk (large S3 ranges go through pyarrow's S3 client:
 `LOOMDATA_S3_TRANSPORT=fsspec` keeps them on s3fs). Transient errors are retried with back-off
 (`RetryPolicy`); the rest raise a `StorageError` naming the URL. `storage_options` are never
@@ -24,6 +25,7 @@ from loomdata.storage._fs import (
     request_stats,
     reset_request_stats,
 )
+from loomdata.storage._latency import request_latency, reset_request_latency
 from loomdata.storage._options import REDACTED, options_for, redact
 from loomdata.storage._retry import ErrorKind, RetryPolicy, classify, retrying
 from loomdata.storage._url import REMOTE_PROTOCOLS, Location, is_url, location, protocol_of, suffix_of
@@ -55,7 +57,9 @@ __all__ = [
     "protocol_of",
     "read_range",
     "redact",
+    "request_latency",
     "request_stats",
+    "reset_request_latency",
     "reset_request_stats",
     "retrying",
     "suffix_of",

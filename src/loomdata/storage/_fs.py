@@ -14,7 +14,8 @@ import hashlib
 import io
 import os
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,6 +24,7 @@ import fsspec
 
 from loomdata.storage._arrow import ARROW_MIN_READ, arrow_read, arrow_s3_kwargs, drop_handle
 from loomdata.storage._errors import ObjectNotFoundError
+from loomdata.storage._latency import _LATENCY
 from loomdata.storage._options import options_for
 from loomdata.storage._retry import DEFAULT_POLICY, RetryPolicy, retrying
 from loomdata.storage._url import Location, is_url, protocol_of
@@ -95,6 +97,18 @@ def _fs(url: str, options: StorageOptions | None) -> fsspec.AbstractFileSystem:
 
 def _retry(fn: Any, url: str, what: str, policy: RetryPolicy) -> Any:
     return retrying(fn, url, what, policy, on_retry=lambda _e: _STATS.add("retries"))
+
+
+def _timed(fn: Callable[[], Any], url: str) -> Callable[[], Any]:
+    """`fn`, each attempt that returns timed into the process's storage latency (`_latency`; retries' back-off not)."""
+
+    def run() -> Any:
+        t0 = time.perf_counter()
+        out = fn()
+        _LATENCY.record(url, time.perf_counter() - t0)
+        return out
+
+    return run
 
 
 def glob(pattern: str, options: StorageOptions | None = None, policy: RetryPolicy = DEFAULT_POLICY) -> list[str]:
@@ -190,7 +204,8 @@ def read_range(
             return data
     fs = _fs(url, options)
     _STATS.add("get")
-    data = bytes(_retry(lambda: fs.cat_file(url, start=start, end=stop), url, f"read of bytes {start}..{stop}", policy))
+    get = _timed(lambda: fs.cat_file(url, start=start, end=stop), url)
+    data = bytes(_retry(get, url, f"read of bytes {start}..{stop}", policy))
     _STATS.add("get_bytes", len(data))
     return data
 
@@ -203,7 +218,8 @@ def _arrow_range(
     if kwargs is None:
         return None
     what = f"read of bytes {start}..{stop}"
-    data = _retry(lambda: arrow_read(url, start, stop, kwargs, lambda: _STATS.add("head"), size), url, what, policy)
+    get = _timed(lambda: arrow_read(url, start, stop, kwargs, lambda: _STATS.add("head"), size), url)
+    data = _retry(get, url, what, policy)
     if data is None or len(data) != stop - start:
         drop_handle(url)
         return None

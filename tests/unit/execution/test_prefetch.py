@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,7 +25,8 @@ from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.schemas.errors import SourceDataError
 from loomdata.sources import KeptRows, parquet
 from loomdata.sources.parquet import ParquetReader
-from loomdata.storage import Location
+from loomdata.storage import Location, read_range, request_latency, reset_request_latency
+from loomdata.storage._latency import _LATENCY
 
 SRC = SourceSpec(name="s", format=SourceFormat.PARQUET, paths=["*.parquet"], tokens_field="ids")
 
@@ -199,6 +201,41 @@ def test_before_any_step_is_served_a_slow_read_widens_the_reach_at_a_fast_assume
     assert pf.settle(10)
     assert cache.extra_steps >= extra_steps(0.1, FAST_STEPS_PER_S, horizon=6) > 14  # step 20 is within reach
     assert 7 in log and pf.counters.prefetched == 7  # group 7 (first used at step 20) read ahead too
+    pf.close()
+    cache.close()
+
+
+def test_for_object_urls_the_reach_is_sized_from_the_stores_get_latency_not_the_whole_read() -> None:
+    """A read slowed by decoding or by waiting for a CPU (`read_s`) does not widen the reach; the store's GETs do."""
+    url = "memory://loomreach/s.parquet"
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/loomreach/s.parquet", b"x" * 4096)
+    reset_request_latency()
+    policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=6, prefetch=8)
+    cache = PlanUnitCache("p-url", steps=2000, policy=policy, shard_of={url: 3})
+    pf = Prefetcher(cache, lambda: ParquetReader(SRC, TokenizerSpec(), ImageSpec()), {3: url}, 8, "t", FAST_STEPS_PER_S)
+    try:
+        read_range(url, 0, 100)  # a real GET of a store with no added latency: well under a millisecond or two
+        pf.read_s = 0.1  # yet a whole read took 0.1 s (decode, CPU queueing on a loaded machine)
+        pf.pump(np.array([0]))
+        assert pf.latency() == request_latency([url]) < 0.05
+        assert cache.extra_steps == extra_steps(pf.latency(), FAST_STEPS_PER_S, horizon=6) < 50
+        for _ in range(64):  # the store answers its GETs in 100 ms now (the median of its recent GETs)
+            _LATENCY.record(url, 0.1)
+        pf.pump(np.array([0]))
+        assert cache.extra_steps == extra_steps(0.1, FAST_STEPS_PER_S, horizon=6) == 394
+    finally:
+        pf.close()
+        cache.close()
+        fs.rm("/loomreach", recursive=True)
+        reset_request_latency()
+
+
+def test_for_local_files_the_reach_is_still_sized_from_the_whole_read(shard: Path) -> None:
+    _, _, _, cache, pf, *_ = _setup(shard, limit=8, plan_id="p-local", assumed=FAST_STEPS_PER_S)
+    pf.read_s = 0.1
+    pf.pump(np.array([0]))
+    assert pf.latency() == 0.1 and cache.extra_steps == extra_steps(0.1, FAST_STEPS_PER_S, horizon=6)
     pf.close()
     cache.close()
 

@@ -24,8 +24,11 @@ and on the uses of its loaders holds the pool's lock (each is a few NumPy calls 
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,7 +73,8 @@ class CachePolicy:
     served (the serving window and a few steps beyond); `chunk_steps`: manifest steps read at a time;
     `prefetch`: units a loader reads ahead at once (`_prefetch`; 0: none), for uses within the horizon.
     `start_step`: the step serving starts at, which a new loader plans (and reads ahead) from before any
-    request arrives.
+    request arrives. `lag_hold_s`: a step asked for within this many seconds keeps its uses pending even
+    when it lags the newest step by more than the horizon (a rank behind its peers: see `PlanUnitCache.floor`).
     """
 
     worker_bytes: int
@@ -78,6 +82,7 @@ class CachePolicy:
     chunk_steps: int = 32
     prefetch: int = 0
     start_step: int = 0
+    lag_hold_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.worker_bytes < 0:
@@ -88,6 +93,8 @@ class CachePolicy:
             raise ValueError(f"CachePolicy.prefetch must be >= 0 units in flight, got {self.prefetch!r}")
         if self.start_step < 0:
             raise ValueError(f"CachePolicy.start_step must be >= 0, got {self.start_step!r}")
+        if self.lag_hold_s < 0:
+            raise ValueError(f"CachePolicy.lag_hold_s must be >= 0 seconds, got {self.lag_hold_s!r}")
 
     @classmethod
     def serving(cls, config: ServeConfig) -> CachePolicy:
@@ -356,7 +363,14 @@ class PlanUnitCache:
     `(path, unit)`, which `shard_of` maps to the loader's shard ids.
     """
 
-    def __init__(self, plan_id: str, steps: int, policy: CachePolicy, shard_of: dict[str, int]) -> None:
+    def __init__(
+        self,
+        plan_id: str,
+        steps: int,
+        policy: CachePolicy,
+        shard_of: dict[str, int],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.policy = policy
         self.uses = UnitUses(steps)
         self.rows = UnitRows()  # the rows planned reads take (empty unless `plan` was given rows)
@@ -367,6 +381,10 @@ class PlanUnitCache:
         self._pool, self._owner = pool_for(plan_id, policy.worker_bytes)
         self._closed = False
         self.extra_steps = 0  # steps beyond the horizon a read-ahead needs to cover storage latency (`_prefetch`)
+        self._clock = clock
+        # (time, oldest step) of recent requests, oldest step increasing: its head is the oldest step asked for
+        # within `lag_hold_s` (a sliding-window minimum)
+        self._asked: collections.deque[tuple[float, int]] = collections.deque()
 
     @property
     def reach(self) -> int:
@@ -380,8 +398,25 @@ class PlanUnitCache:
 
     @property
     def floor(self) -> int:
-        """Uses before this step are over (a constructor lags the newest step by at most about a window)."""
-        return self.newest - self.policy.horizon_steps
+        """Uses before this step are over: the horizon behind the newest step served, or the oldest step asked for
+        within `lag_hold_s` if older.
+
+        Constructors of one group stay within a window of each other, but a loader serves every group: one whose
+        ranks run far behind the others (a slow consumer, a rank restarted from a checkpoint) would otherwise find
+        its units' uses forgotten and read each unit again at every request. A rank that stops asking stops
+        holding the floor back after `lag_hold_s`.
+        """
+        floor = self.newest - self.policy.horizon_steps
+        return min(floor, self._asked[0][1]) if self._asked else floor
+
+    def _asked_for(self, oldest: int) -> None:
+        """Record a request whose oldest step is `oldest` (under the pool's lock)."""
+        now = self._clock()
+        while self._asked and self._asked[-1][1] >= oldest:
+            self._asked.pop()
+        self._asked.append((now, oldest))
+        while self._asked[0][0] < now - self.policy.lag_hold_s:
+            self._asked.popleft()
 
     def _key(self, key: UnitKey) -> int:
         path, unit = key
@@ -466,11 +501,13 @@ class PlanUnitCache:
         with self._pool.lock:
             self.uses.consume(keys, steps)
             if len(steps):
+                self._asked_for(int(np.min(steps)))
                 newest = max(self.newest, int(np.max(steps)))
-                if newest // self.policy.chunk_steps != self.newest // self.policy.chunk_steps:
-                    self.uses.prune(newest - self.policy.horizon_steps)  # keeps the arrays small
-                    self.rows.prune(newest - self.policy.horizon_steps)
+                moved = newest // self.policy.chunk_steps != self.newest // self.policy.chunk_steps
                 self.newest = newest
+                if moved:  # keeps the arrays small
+                    self.uses.prune(self.floor)
+                    self.rows.prune(self.floor)
             held = self._pool.held(self._owner)
             if not held:
                 self._pool.trim()

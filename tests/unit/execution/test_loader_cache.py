@@ -164,3 +164,45 @@ def test_the_default_lru_keeps_whole_units(shard: Path) -> None:
     assert reader.unit_cache.wanted((str(shard), 0)) is None  # type: ignore[attr-defined]
     reader.read(shard, np.array([1]))  # type: ignore[attr-defined]
     assert reader.unit_cache.get((str(shard), 0)).to_pylist() == [[0, 1], [1, 2], [2, 3]]  # type: ignore[attr-defined]
+
+
+def test_a_rank_far_behind_its_peers_keeps_its_units_until_it_stops_asking(shard: Path) -> None:
+    """Uses of a step asked for recently stay pending, however far the newest step is ahead (`floor`)."""
+    reader = _reader(shard)
+    fetched: list[int] = []
+    real = reader._read_row_groups  # type: ignore[attr-defined]
+
+    def counting(path, info, rgs, columns):  # type: ignore[no-untyped-def]
+        fetched.extend(int(g) for g in rgs)
+        return real(path, info, rgs, columns)
+
+    reader._read_row_groups = counting  # type: ignore[attr-defined]
+    now = [0.0]
+    policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=4, lag_hold_s=30.0)
+    cache = PlanUnitCache("plan-lag", steps=64, policy=policy, shard_of={str(shard): 0}, clock=lambda: now[0])
+    reader.use_unit_cache(cache)  # type: ignore[attr-defined]
+    # rank B (behind) reads row 3 at step 1, rows 0 and 1 (group 0) at steps 2 and 3;
+    # rank A (ahead) rows 9 and 10 at steps 40 and 41
+    plan_rows = {1: 3, 2: 0, 3: 1, 40: 9, 41: 10}
+    steps = np.array(list(plan_rows), dtype=np.int64)
+    rows = np.array(list(plan_rows.values()))
+    keys = unit_key(0, reader.units(shard, rows))  # type: ignore[attr-defined]
+    cache.plan(keys, steps)
+
+    def serve(step: int) -> None:
+        sel = steps == step
+        reader.read(shard, rows[sel])  # type: ignore[attr-defined]
+        cache.served(keys[sel], steps[sel])
+
+    serve(1)  # B
+    now[0] = 1.0
+    serve(40)  # A, a chunk ahead: the uses are pruned up to the floor, which B holds at step 1
+    assert cache.floor == 1
+    serve(2)  # B: group 0 is decoded and kept for step 3 ...
+    assert [k[1] for k in cache._pool.held(cache._owner)] == [0]
+    serve(3)  # ... which reads it without decoding it again
+    assert fetched.count(0) == 1
+    now[0] = 100.0  # B has not asked for 97 s: it no longer holds the floor back
+    serve(41)
+    assert cache.floor == 41 - 4
+    cache.close()

@@ -178,7 +178,7 @@ class PrefetchCounters:
     waited: int = 0
     errors: int = 0
     dropped: int = 0  # read but not kept (no room, or no longer planned)
-    misses: int = 0  # units the loader's own reader had to read (not held, not in flight)
+    misses: int = 0  # units the loader's own reader had to read (not held, not in flight, or held short of rows)
     reread: int = 0  # units read ahead again: chunks planned during the read wanted rows it did not keep
 
 
@@ -210,6 +210,7 @@ class Prefetcher:
         self._pumping = 0  # finished reads whose follow-up pump (which may issue the next) still runs
         self._inflight: dict[int, Future[None]] = {}
         self._fresh: set[int] = set()  # read ahead and kept, not yet asked for
+        self._hit = threading.local()  # per reading thread: the key its last `get` counted as a hit
         self._declined: set[int] = set()  # read ahead but not kept: not again until a step is served
         self._declined_at = -1  # the cache's newest step when they were declined
         self._stalled = False  # a unit was not kept for want of room: wait for the next served step
@@ -231,15 +232,24 @@ class Prefetcher:
             with self._lock:
                 self.counters.waited += 1
         value = self.cache.get(key)
+        self._hit.key = None
         with self._lock:
             if value is None:
                 self.counters.misses += 1
             elif k is not None and k in self._fresh:
                 self._fresh.discard(k)
                 self.counters.hits += 1
+                self._hit.key = k
         return value
 
     def put(self, key: UnitKey, value: Any, nbytes: int) -> None:
+        """The loader's own reader decoded `key`; if it was held, its kept rows fell short: a miss `get` missed."""
+        if self.cache.get(key) is not None:
+            with self._lock:
+                self.counters.misses += 1
+                if getattr(self._hit, "key", None) == self._int_key(key):  # `get` took it for a hit
+                    self.counters.hits -= 1
+            self._hit.key = None
         self.cache.put(key, value, nbytes)
 
     def wanted(self, key: UnitKey) -> np.ndarray | None:

@@ -284,3 +284,23 @@ def test_rows_planned_while_a_unit_is_read_ahead_are_kept_too(shard: Path, monke
     assert decoded == [] and pf.counters.misses == 0 and pf.counters.hits == 1
     pf.close()
     cache.close()
+
+
+def test_a_unit_held_short_of_a_row_that_the_reader_fetches_itself_is_a_miss(
+    shard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that finds its unit held without a row it asks for decodes the unit itself: counted as a miss."""
+    monkeypatch.setattr(parquet, "_WHOLE_SHARE", 1.01)  # 3-row groups: never kept whole here
+    gate, _, _, cache, pf, main, *_ = _setup(shard, limit=2, plan_id="p-short", by_rows=True)
+    gate.set()
+    pf.pump(np.array([0]))
+    assert pf.settle(10)
+    assert cache._pool.get(cache._owner, (str(shard), 4)).rows.tolist() == [12, 13]  # row 14 not planned: not kept
+    decoded: list[int] = []
+    real = main._decode_row_group
+    main._decode_row_group = lambda path, info, g: decoded.append(g) or real(path, info, g)  # type: ignore[method-assign]
+    got = main.read(shard, np.array([14]))
+    assert [x.tokens.tolist() for x in got] == [[14, 15]]
+    assert decoded == [4] and pf.counters.misses == 1 and pf.counters.hits == 0  # its read ahead was no hit
+    pf.close()
+    cache.close()

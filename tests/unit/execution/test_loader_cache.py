@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -69,7 +70,8 @@ def _reader(shard: Path) -> object:
     return make_reader(src, TokenizerSpec(), ImageSpec())
 
 
-def test_a_row_group_is_fetched_once_kept_while_planned_and_dropped_at_its_last_use(shard: Path) -> None:
+def _counting_reader(shard: Path) -> tuple[Any, list[int]]:
+    """A real Parquet reader and the row groups it fetches from the file (appended as it reads them)."""
     reader = _reader(shard)
     fetched: list[int] = []
     real = reader._read_row_groups  # type: ignore[attr-defined]
@@ -79,6 +81,11 @@ def test_a_row_group_is_fetched_once_kept_while_planned_and_dropped_at_its_last_
         return real(path, info, rgs, columns)
 
     reader._read_row_groups = counting  # type: ignore[attr-defined]
+    return reader, fetched
+
+
+def test_a_row_group_is_fetched_once_kept_while_planned_and_dropped_at_its_last_use(shard: Path) -> None:
+    reader, fetched = _counting_reader(shard)
     cache = PlanUnitCache(
         "plan-a", steps=10, policy=CachePolicy(worker_bytes=1 << 20, horizon_steps=4), shard_of={str(shard): 7}
     )
@@ -168,15 +175,7 @@ def test_the_default_lru_keeps_whole_units(shard: Path) -> None:
 
 def test_a_rank_far_behind_its_peers_keeps_its_units_until_it_stops_asking(shard: Path) -> None:
     """Uses of a step asked for recently stay pending, however far the newest step is ahead (`floor`)."""
-    reader = _reader(shard)
-    fetched: list[int] = []
-    real = reader._read_row_groups  # type: ignore[attr-defined]
-
-    def counting(path, info, rgs, columns):  # type: ignore[no-untyped-def]
-        fetched.extend(int(g) for g in rgs)
-        return real(path, info, rgs, columns)
-
-    reader._read_row_groups = counting  # type: ignore[attr-defined]
+    reader, fetched = _counting_reader(shard)
     now = [0.0]
     policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=4, lag_hold_s=30.0)
     cache = PlanUnitCache("plan-lag", steps=64, policy=policy, shard_of={str(shard): 0}, clock=lambda: now[0])

@@ -48,7 +48,7 @@ import numpy as np
 from loomdata.execution._loader_cache import PlanUnitCache, split_key, unit_key
 from loomdata.execution._strand import process_threads
 from loomdata.sources import FormatReader, KeptRows, UnitKey
-from loomdata.storage import Location, is_url, request_latency
+from loomdata.storage import Location, is_url, request_latency, store_of
 
 __all__ = [
     "FAST_STEPS_PER_S",
@@ -219,7 +219,8 @@ class Prefetcher:
         self.read_s = 0.0  # high-water mark of read-ahead durations (decaying)
         self.rate = StepRate()  # served steps per second, re-measured every _RATE_EVERY_S
         self._assumed_rate = FAST_STEPS_PER_S if assumed_steps_per_s is None else assumed_steps_per_s
-        self._urls = sorted({str(p) for p in paths.values() if is_url(p)})  # their stores' latency sizes the reach
+        # the stores of the object URLs (once: a partition may hold thousands of shards), whose latency sizes the reach
+        self._stores = sorted({store_of(str(p)) for p in paths.values() if is_url(p)})
 
     # ---- UnitCache, for the loader's own reader ----------------------------------------------
 
@@ -300,7 +301,7 @@ class Prefetcher:
 
     def latency(self) -> float:
         """The latency the reach hides: the stores' GETs alone for object URLs, the whole read for local files."""
-        return request_latency(self._urls) if self._urls else self.read_s
+        return request_latency(self._stores) if self._stores else self.read_s
 
     def in_flight(self) -> int:
         """Reads ahead issued and not finished."""

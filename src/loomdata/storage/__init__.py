@@ -25,7 +25,7 @@ from loomdata.storage._fs import (
     request_stats,
     reset_request_stats,
 )
-from loomdata.storage._latency import request_latency, reset_request_latency
+from loomdata.storage._latency import request_latency, reset_request_latency, store_of
 from loomdata.storage._options import REDACTED, options_for, redact
 from loomdata.storage._retry import ErrorKind, RetryPolicy, classify, retrying
 from loomdata.storage._url import REMOTE_PROTOCOLS, Location, is_url, location, protocol_of, suffix_of
@@ -62,5 +62,6 @@ __all__ = [
     "reset_request_latency",
     "reset_request_stats",
     "retrying",
+    "store_of",
     "suffix_of",
 ]

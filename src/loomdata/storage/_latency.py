@@ -26,7 +26,7 @@ WINDOW = 32
 
 
 def store_of(url: str) -> str:
-    """The store a URL's requests go to: its scheme and bucket (or host), `s3://bucket`."""
+    """The store a URL's requests go to: its scheme and bucket (or host), `s3://bucket` (a store is its own store)."""
     scheme, sep, rest = url.partition("://")
     return f"{scheme.lower()}://{rest.split('/', 1)[0]}" if sep else url
 

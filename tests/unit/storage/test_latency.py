@@ -16,6 +16,9 @@ def test_a_url_store_is_its_scheme_and_bucket() -> None:
     assert store_of("s3://bucket/a/b.parquet") == store_of("S3://bucket/c") == "s3://bucket"
     assert store_of("https://host:8080/x/y.jsonl") == "https://host:8080"
     assert store_of("s3://other/a") != store_of("s3://bucket/a")
+    assert (
+        store_of(store_of("s3://bucket/a/b.parquet")) == "s3://bucket"
+    )  # a store is its own store (Prefetcher keeps stores)
 
 
 def test_latency_is_the_median_of_a_stores_recent_gets_the_largest_over_the_stores_asked() -> None:

@@ -287,18 +287,24 @@ HEAVY_MODULES = (
 """Modules whose presence in a process says what it loaded that it may not need (reported per process)."""
 
 
-def process_inside() -> dict[str, Any]:
-    """This process's memory by kind (smaps), glibc's heap, threads, Python objects and heavy modules imported."""
-    import gc
-    import sys
-    import threading
-
+def _smaps_rollup() -> dict[str, float]:
+    """This process's memory by kind (MiB), from /proc/self/smaps_rollup."""
     roll = {}
     with open("/proc/self/smaps_rollup") as f:
         for line in f:
             k, _, v = line.partition(":")
             if k in ("Rss", "Pss", "Anonymous", "AnonHugePages", "Pss_File"):
                 roll[k] = round(int(v.split()[0]) / 1024, 1)
+    return roll
+
+
+def process_inside() -> dict[str, Any]:
+    """This process's memory by kind (smaps), glibc's heap, threads, Python objects and heavy modules imported."""
+    import gc
+    import sys
+    import threading
+
+    roll = _smaps_rollup()
     return {
         "smaps_mib": roll,
         "glibc_heap_mib": _glibc_heap(),
@@ -318,12 +324,7 @@ def worker_inside() -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    roll = {}
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            if k in ("Rss", "Pss", "Anonymous", "AnonHugePages", "Pss_File"):
-                roll[k] = round(int(v.split()[0]) / 1024, 1)
+    roll = _smaps_rollup()
     from loomdata.execution._loader_cache import _POOLS
 
     return {

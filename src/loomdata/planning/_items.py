@@ -134,9 +134,4 @@ class StepItems:
 
 def _counts(asg: StepAssignment, step0: int, steps: int) -> np.ndarray:
     """(steps,) segments assigned to steps step0..step0+steps-1, all sources together (asg.counts from step0)."""
-    if step0 == 0:
-        return asg.counts(steps)
-    out = np.zeros(steps, dtype=np.int64)
-    for st in asg.step:
-        out += np.bincount(st.astype(np.int64) - step0, minlength=steps)[:steps]
-    return out
+    return asg.counts(steps, step0)

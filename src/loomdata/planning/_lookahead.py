@@ -73,12 +73,19 @@ class StepAssignment:
     pos: list[np.ndarray]  # uint32/int64 stream positions
     step: list[np.ndarray]  # int32 assigned steps, non-decreasing
 
-    def counts(self, steps: int) -> np.ndarray:
-        """(steps,) int64 segments assigned to each step, all sources together."""
+    def counts(self, steps: int, first: int = 0) -> np.ndarray:
+        """(steps,) int64 segments assigned to each step first..first+steps-1, all sources together."""
         out = np.zeros(steps, dtype=np.int64)
-        for st in self.step:
-            out += np.bincount(st, minlength=steps)[:steps]
+        for k in range(len(self.step)):
+            out += self.source_counts(k, first, steps)
         return out
+
+    def source_counts(self, k: int, first: int, steps: int) -> np.ndarray:
+        """(steps,) int64 segments of source k assigned to each step first..first+steps-1: one binary search a
+        step over the sorted steps (a bincount would make an int64 copy of all of them)."""
+        st = self.step[k]  # needles of its own dtype (steps fit it): no int64 copy of `st` for the search
+        edges = np.arange(first, first + steps + 1, dtype=st.dtype)
+        return np.diff(np.searchsorted(st, edges).astype(np.int64))
 
     def range(self, k: int, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray]:
         """(positions, steps) of source k assigned to steps t0..t1-1, step-major then stream order."""
@@ -268,9 +275,9 @@ def assign_steps(
         drawn[s] = float(length[o : o + len(p)].sum(dtype=np.int64))
         starts.append(_epoch_starts(p, st))
         _near_epoch_start(starts[-1], raw[o : o + len(p)], k + 1, edge[o : o + len(p)])
-    if drop_counts:
-        for s in range(n_src):
-            streams[s] = streams[s].without_counts()
+        if drop_counts:  # each source's counts go once its lengths are read: never all of them beside raw/length
+            streams[s] = st.without_counts()
+        del st  # (a name left bound to the last stream would hold its counts through the whole pass)
     clipped = total and (int(raw.min()) < 0 or int(raw.max()) > n - 1)
     nt = np.clip(raw, 0, n - 1) if clipped else raw
     sl = slots[t0:t1].astype(np.int64)
@@ -327,7 +334,7 @@ def assign_steps(
     light = moving & ~tall
     del moving, tall
     n_light = int(light.sum())
-    l_len = np.empty(n_light, dtype=np.uint32)  # the lights' lengths in natural order
+    l_len = _Cum.buffer(n_light)  # the lights' lengths in natural order, written straight into _Cum's blocks
     l_nat = np.zeros(n, dtype=np.int64)
     at = 0
     for ch in order.chunks():
@@ -337,7 +344,7 @@ def assign_steps(
         l_nat += np.bincount(nt[li], weights=ln, minlength=n).astype(np.int64)
         at += len(li)
     del length
-    lc = _Cum(l_len)  # cumulative light tokens in natural order
+    lc = _Cum(l_len, n_light)  # cumulative light tokens in natural order (owns l_len: no copy)
     del l_len
     room = np.cumsum(l_nat + h_nat_tok - h_asg_tok)
     cnt = np.maximum.accumulate(np.maximum(lc.searchsorted(room, "right") - 1, 0))
@@ -491,19 +498,31 @@ def _epoch_order(step: np.ndarray, at: np.ndarray) -> np.ndarray:
 
 class _Cum:
     """The cumulative sums c[0..L] (c[0] = 0) of L uint32 lengths, stored as the lengths and every 64th sum
-    (4.1 bytes an entry instead of 8): c[i] and searchsorted(c, v) read one block of 64 lengths each."""
+    (4.1 bytes an entry instead of 8): c[i] and searchsorted(c, v) read one block of 64 lengths each. The
+    lengths are written by the caller into `buffer(L)` and kept as they are (no second copy at its peak)."""
 
     B = 64
+    SUM_BLOCKS = CHUNK
+    """Blocks summed at a time (each sum's int64 temporaries stay small)."""
 
-    def __init__(self, lengths: np.ndarray) -> None:
-        full = len(lengths) // self.B * self.B
-        self.pre = np.zeros(len(lengths) // self.B + 1, dtype=np.int64)  # pre[j] = c[64 j]
-        if full:
-            np.cumsum(np.add.reduceat(lengths[:full], np.arange(0, full, self.B), dtype=np.int64), out=self.pre[1:])
-        pad = np.zeros(len(self.pre) * self.B, dtype=np.uint32)  # lengths padded to whole blocks (a copy:
-        pad[: len(lengths)] = lengths  # the caller frees its own)
-        self.pad = pad.reshape(-1, self.B)
-        self.len = pad[: len(lengths)]
+    @classmethod
+    def buffer(cls, n: int) -> np.ndarray:
+        """A zeroed uint32 buffer of n lengths padded to whole blocks: fill its first n and hand it to _Cum."""
+        return np.zeros((n // cls.B + 1) * cls.B, dtype=np.uint32)
+
+    def __init__(self, pad: np.ndarray, n: int) -> None:
+        """Over the first n lengths of `pad` (from `buffer(n)`, zero beyond n), which it keeps (no copy)."""
+        if len(pad) != (n // self.B + 1) * self.B:
+            raise ValueError(f"_Cum over {n} lengths wants a buffer of {(n // self.B + 1) * self.B}, got {len(pad)}")
+        blocks = pad.reshape(-1, self.B)
+        self.pre = np.zeros(len(blocks), dtype=np.int64)  # pre[j] = c[64 j]
+        full = n // self.B
+        for a in range(0, full, self.SUM_BLOCKS):  # whole blocks' sums a chunk at a time (no int64 copy of all)
+            b = min(full, a + self.SUM_BLOCKS)
+            np.sum(blocks[a:b], axis=1, dtype=np.int64, out=self.pre[a + 1 : b + 1])
+        np.cumsum(self.pre, out=self.pre)
+        self.pad = blocks
+        self.len = pad[:n]
 
     def _rows(self, j: np.ndarray) -> np.ndarray:
         """(len(j), 64) c values at block j's entries: c[64 j + r] for r < 64."""

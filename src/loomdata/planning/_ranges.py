@@ -134,10 +134,10 @@ class _AssignedCounts:
     def of(cls, asg: StepAssignment, step0: int, steps: int) -> _AssignedCounts | StepAssignment:
         """The counts of `asg` (steps step0..step0+steps-1); `asg` itself when a step falls outside them."""
         counts = []
-        for st in asg.step:
+        for k, st in enumerate(asg.step):
             if len(st) and (int(st[0]) < step0 or int(st[-1]) >= step0 + steps):
                 return asg
-            counts.append(np.bincount(st - np.asarray(step0, dtype=st.dtype), minlength=steps).astype(np.uint32))
+            counts.append(asg.source_counts(k, step0, steps).astype(np.uint32))
         return cls(asg.pos, counts, [st.dtype.str for st in asg.step], step0)
 
     def restore(self) -> StepAssignment:

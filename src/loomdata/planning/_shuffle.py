@@ -163,10 +163,11 @@ def shuffle_figures(
     amp = fetch = 0.0
     if m:
         blk = np.searchsorted(layout.starts, p, side="right") - 1
-        stored = lengths if layout.order is None else lengths[layout.order]
-        block_tokens = np.add.reduceat(stored.astype(np.float64), layout.starts[:-1])
         miss = ~lru_hits(blk, layout.window)
-        amp = float(block_tokens[blk[miss]].sum() / max(seg_len.sum(), 1.0))
+        fetched = blk[miss]
+        need = np.unique(fetched)
+        tokens = _block_tokens(lengths, layout, need)[np.searchsorted(need, fetched)]  # in fetch order, as before
+        amp = float(tokens.sum() / max(seg_len.sum(), 1.0))
         fetch = int(miss.sum()) / m
     return ShuffleFigures(
         mode=source.shuffle.value,
@@ -179,6 +180,28 @@ def shuffle_figures(
         read_amplification=amp,
         fetches_per_segment=fetch,
     )
+
+
+_SUM_DOCS = 1 << 20
+"""Documents summed into block tokens at a time (_block_tokens)."""
+
+
+def _block_tokens(lengths: np.ndarray, layout: BlockLayout, need: np.ndarray) -> np.ndarray:
+    """float64 tokens of the blocks `need` (sorted, unique), summed a chunk of blocks at a time: exact integer
+    sums, so the same values as a float64 reduceat over all documents, without a float copy of all of them."""
+    out = np.empty(len(need), dtype=np.float64)
+    starts, nb = layout.starts, layout.num_blocks
+    group = max(1, _SUM_DOCS // layout.block_size)
+    for j0 in range(0, nb, group):
+        j1 = min(nb, j0 + group)
+        a, b = np.searchsorted(need, [j0, j1])
+        if a == b:
+            continue
+        s0, s1 = int(starts[j0]), int(starts[j1])
+        rows = slice(s0, s1) if layout.order is None else layout.order[s0:s1]
+        sums = np.add.reduceat(lengths[rows].astype(np.int64), starts[j0:j1] - s0)
+        out[a:b] = sums[need[a:b] - j0]
+    return out
 
 
 def lru_hits(keys: np.ndarray, capacity: int) -> np.ndarray:

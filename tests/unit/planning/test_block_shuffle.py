@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from loomdata.planning import PlanResume, make_plan
+from loomdata.planning import PlanResume, _shuffle, make_plan
 from loomdata.planning._mixture import build_stream, source_key
 from loomdata.planning._packing import Lanes
-from loomdata.planning._shuffle import BlockLayout, storage_runs
+from loomdata.planning._shuffle import BlockLayout, _block_tokens, storage_runs
 from loomdata.schemas.errors import PlanError, SpecError
 from loomdata.schemas.plan import read_manifest, read_plan
 from loomdata.schemas.spec import Spec, parse_spec
@@ -243,3 +243,23 @@ def test_lru_hits_match_a_reference_lru_cache() -> None:
             if len(cache) > cap:
                 cache.popitem(last=False)
         assert lru_hits(keys, cap).tolist() == want
+
+
+@pytest.mark.parametrize("shuffled_rows", [False, True])
+@pytest.mark.parametrize("sum_docs", [1 << 20, 7, 1])  # 7, 1: the blocks summed a few at a time, or one at a time
+def test_block_tokens_of_some_blocks_are_the_float_reduceat_over_all(
+    shuffled_rows: bool, sum_docs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_shuffle, "_SUM_DOCS", sum_docs)
+    lengths = np.random.default_rng(3).integers(1, 100_000, 5000).astype(np.uint32)
+    t = _table(lengths, 7, shuffled_rows=shuffled_rows)
+    runs, order = storage_runs(t.column("shard").to_numpy(), t.column("row").to_numpy())
+    assert (order is not None) == shuffled_rows
+    layout = BlockLayout.of(runs, order, 3, 4)
+    stored = lengths if order is None else lengths[order]
+    every = np.add.reduceat(stored.astype(np.float64), layout.starts[:-1])
+    need = np.unique(np.random.default_rng(4).integers(0, layout.num_blocks, 300))
+    got = _block_tokens(lengths, layout, need)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, every[need])
+    np.testing.assert_array_equal(_block_tokens(lengths, layout, np.arange(layout.num_blocks)), every)

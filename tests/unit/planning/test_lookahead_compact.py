@@ -17,19 +17,31 @@ from loomdata.schemas.spec import Spec
 
 
 @pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 1000, 12_291])
-def test_block_cumulative_sums_index_and_search_like_the_full_array(n: int) -> None:
+@pytest.mark.parametrize("sum_blocks", [_Cum.SUM_BLOCKS, 3])  # 3: the block sums taken in many chunks
+def test_block_cumulative_sums_index_and_search_like_the_full_array(
+    n: int, sum_blocks: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_Cum, "SUM_BLOCKS", sum_blocks)
     rng = np.random.default_rng(n)
     lengths = rng.integers(0, 50, n).astype(np.uint32)
     lengths[rng.random(n) < 0.3] = 0  # runs of equal sums: searchsorted sides differ there
     c = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths, out=c[1:])
-    cum = _Cum(lengths)
+    buf = _Cum.buffer(n)
+    buf[:n] = lengths
+    cum = _Cum(buf, n)
+    assert cum.pad.base is buf or cum.pad.base is buf.base  # kept, not copied
     idx = rng.integers(0, n + 1, 3000)
     np.testing.assert_array_equal(cum[idx], c[idx])
     assert [cum[int(i)] for i in idx[:50]] == c[idx[:50]].tolist()
     v = np.concatenate([rng.integers(-5, int(c[-1]) + 5, 3000), c[idx[:200]]])
     for side in ("left", "right"):
         np.testing.assert_array_equal(cum.searchsorted(v, side), np.searchsorted(c, v, side=side))
+
+
+def test_block_cumulative_sums_refuse_a_buffer_of_another_size() -> None:
+    with pytest.raises(ValueError, match="wants a buffer of 128"):
+        _Cum(np.zeros(64, dtype=np.uint32), 70)
 
 
 def test_natural_ranges_assign_as_natural_position_arrays(

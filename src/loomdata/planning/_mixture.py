@@ -38,6 +38,7 @@ import numpy as np
 from loomdata.planning._mixture_kernel import cumulative_targets, nearest_column, repair_rows
 from loomdata.planning._packing import Lanes, expand_with_lengths
 from loomdata.planning._shuffle import BlockLayout
+from loomdata.planning._transpose_kernel import transposed
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import Spec
 
@@ -256,12 +257,12 @@ def membership(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slo
     tg = np.ascontiguousarray(targets, dtype=np.float64)
     # _nearest of each source's targets and the running maximum down the steps, a source at a time over its
     # targets and pointers laid out as rows (a column of the C-ordered grid is one cache line a step)
-    by_source = np.ascontiguousarray(tg.T) if n_src > 1 else tg.reshape(1, steps)
+    by_source = transposed(tg) if n_src > 1 else tg.reshape(1, steps)
     ptr_t = np.zeros((n_src, steps + 1), dtype=np.int64)
     for k, s in enumerate(streams):
         nearest_column(s.cum, by_source[k], ptr_t[k])
     del by_source
-    ptr = np.ascontiguousarray(ptr_t.T) if n_src > 1 else ptr_t.reshape(steps + 1, 1)
+    ptr = transposed(ptr_t) if n_src > 1 else ptr_t.reshape(steps + 1, 1)
     del ptr_t
     _repair(ptr, tg, streams, lanes, slot_arr)
     return ptr

@@ -286,7 +286,7 @@ def _plan_into(
         streams.append(build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs, blocks))
     ptr = membership(targets, streams, lanes, step_slots)
     shuffle = _shuffle_figures(spec, sources, layouts, streams, ptr, lanes)
-    drawn = sum(np.diff(st.cum[ptr[start:, k]]) for k, st in enumerate(streams))
+    drawn_per_step = np.diff(ptr.sum(axis=1, dtype=np.int64))  # segments (none empty) of each step
     assignment = None
     carry: Segments | None = None
     # image samples cannot be split: with them in the mix membership stays as drawn (moved segments would
@@ -341,7 +341,7 @@ def _plan_into(
         )
         del pos, nat  # the assignment holds what balancing needs
     streams = [st.without_counts() for st in streams]
-    empty = np.flatnonzero(np.asarray(drawn) == 0)
+    empty = np.flatnonzero(drawn_per_step[start:] == 0)
     if len(empty):
         raise PlanError(
             f"step {int(empty[0]) + start} draws no document: its budget of {budget} tokens "
@@ -349,8 +349,7 @@ def _plan_into(
             f"({len(empty)} empty step(s)); raise micro_batches, dp_size or seq_len"
         )
 
-    drawn_per_step = np.diff(ptr.sum(axis=1, dtype=np.int64))  # fixes the manifest partitions up front
-    bounds = file_bounds(drawn_per_step)
+    bounds = file_bounds(drawn_per_step)  # fixes the manifest partitions up front
     writer = ManifestWriter(out, plan_id, bounds)
     report = ReportBuilder(
         tr.steps, names, tr.dp_size, rank_from=start, budgets=step_budget if shapes else None, pp_size=tr.pp_size

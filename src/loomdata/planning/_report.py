@@ -53,6 +53,7 @@ import pyarrow as pa
 
 from loomdata.planning._cp_report import cp_figures
 from loomdata.planning._report_kernel import mixture_shares
+from loomdata.planning._transpose_kernel import transposed
 from loomdata.schemas.plan import read_plan
 from loomdata.schemas.tables import ReadCount, TableKind, iter_steps, read_steps, step_span, write_table
 
@@ -319,8 +320,8 @@ class ReportBuilder:
         data: dict[str, Any] = {"step": np.arange(steps, dtype=np.uint32), "tokens": self.tokens.sum(axis=1)}
         data.update(self.cols)
         data.update(self.part_cols)
-        by_source = np.ascontiguousarray(self.tokens.T), np.ascontiguousarray(self.weights.T)  # columns as rows:
-        for k, name in enumerate(self.sources):  # Arrow copies a contiguous column at memcpy speed, a strided one not
+        by_source = transposed(self.tokens), transposed(self.weights)  # columns as rows (a tiled copy): Arrow
+        for k, name in enumerate(self.sources):  # copies a contiguous column at memcpy speed, a strided one not
             data[f"tokens__{name}"] = by_source[0][k]
             data[f"weight__{name}"] = by_source[1][k]
         if self.budgets is not None:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from loomdata.planning._cost import segment_cost
-from loomdata.planning._lookahead import StepAssignment, segments_at
+from loomdata.planning._lookahead import StepAssignment, segments_at, stable_order
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 from loomdata.planning._segments import RowIds, SampleIds, Segments
@@ -125,7 +125,7 @@ class StepItems:
         cols = [c[0] if len(parts) == 1 else np.concatenate(c) for c in zip(*parts, strict=True)]
         step_of = cols[-1]
         if len(step_of) > 1 and not (step_of[1:] >= step_of[:-1]).all():  # already so: one source
-            order = np.argsort(step_of, kind="stable")  # step-major; within a step source order, then stream order
+            order = stable_order(step_of, 0, t1 - t0)  # step-major; within a step source order, then stream order
             cols = [c[order] for c in cols]
         src_id, sample, offset, length, lane, img, step_of = cols
         cost = segment_cost(length, img, self._cost_spec, self._lanes.cp_sizes(lane))

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from loomdata.planning._lookahead import _Cum, assign_steps, natural_positions, natural_ranges
+from loomdata.planning._lookahead import _Cum, assign_steps, natural_positions, natural_ranges, stable_order
 from loomdata.planning._mixture import build_stream, membership, step_weights
 from loomdata.planning._packing import Lanes
 from loomdata.schemas.spec import Spec
@@ -98,3 +98,13 @@ def test_sorted_pieces_sort_as_one_stable_sort() -> None:
     assert all(b == c for (_, b), (c, _) in itertools.pairwise(pieces))
     got = np.concatenate([a + np.argsort(key[a:b], kind="stable") for a, b in pieces])
     np.testing.assert_array_equal(got, np.argsort(key, kind="stable"))
+
+
+@pytest.mark.parametrize("width", [1, 700, 1 << 16, (1 << 16) + 1, 1 << 20])
+def test_stable_order_is_the_stable_argsort(width: int) -> None:
+    rng = np.random.default_rng(width)
+    lo = 12_345
+    runs = [np.sort(rng.integers(lo, lo + width, 500)) for _ in range(7)]  # a chunk's sorted runs, as merged
+    for dtype in (np.int32, np.int64):
+        key = np.concatenate(runs).astype(dtype)
+        np.testing.assert_array_equal(stable_order(key, lo, lo + width), np.argsort(key, kind="stable"))

@@ -32,8 +32,9 @@ contiguous range, so StepItems gathers them through `StepAssignment` (same colum
 Memory (bounded per segment, no int64 array over all segments): a fresh plan's positions are ranges and their
 natural steps come from the pointers chunk by chunk; the pass keeps int32 steps, uint32 lengths and a few
 one-byte flags per segment, the natural order is merged from the sources a chunk of steps at a time (no
-permutation of all segments), the lights' cumulative tokens are block sums (_Cum, ~4 bytes a light); the
-streams' counts are dropped once the lengths are read (`drop_counts`). The result keeps uint32 positions
+permutation of all segments), the lights' cumulative tokens are block sums (_Cum, ~4 bytes a light, the
+lengths written once into its buffer); each stream's counts are dropped once that source's lengths are read
+(`drop_counts`), before the next source's are. The result keeps uint32 positions
 and int32 steps (8 bytes a segment). Every position
 drawn for the planned steps gets exactly one step (the property tests check all positions).
 """
@@ -247,8 +248,9 @@ def assign_steps(
     prefix of a longer plan). `planned_before`: short-lane tokens planned before t0 (a re-plan's base steps),
     part of the prefix the mixture tolerance is a share of. `nat` None: the natural steps of the positions
     from the membership pointers `ptr` (a fresh plan; `pos` may then be ranges, natural_ranges).
-    `drop_counts`: once the per-segment lengths are read, `streams[k]` is replaced by its `without_counts()`
-    (frees the caller's cumulative counts while the rest runs, when the caller holds no other reference).
+    `drop_counts`: once source k's per-segment lengths are read, `streams[k]` is replaced by its
+    `without_counts()` (frees the caller's cumulative counts source by source, when the caller holds no other
+    reference).
 
     Memory: a few bytes a drawn segment (int32 steps, uint32 lengths, one byte of flags, the lights' lengths
     and int64 cumulative tokens in natural order); per-segment temporaries are made a chunk at a time."""

@@ -24,8 +24,9 @@ CPU-second with 1 source and 0.4-0.86M with 300 at dp 4-1024, 1.34-1.89x the Num
 (results/plan_scale_s7.json); a process's first plan loads the kernels from numba's cache (~0.26 s CPU). Peak memory
 (benchmarks/plan_memory.py, results/plan_memory.json, each phase's own peak): the index columns (4 bytes a
 sample: num_tokens; dense ids and zero image columns not stored), the streams (4 bytes a segment, plus 8
-of counts until the look-ahead has read them) and the look-ahead's compact per-segment columns (about 14
-bytes a segment while it runs, 8 kept for balancing).
+of counts until the look-ahead has read that source's lengths) and the look-ahead's compact per-segment
+columns (about 10 bytes a segment while it runs, 8 kept for balancing); no phase copies a column of all
+segments or documents into int64 or float64 (session 8: 27.3 B a sample at 100M, results/plan_memory_s8.json).
 """
 
 from __future__ import annotations

@@ -64,7 +64,8 @@ class LoaderMetrics:
     """The storage latency the read-ahead sized its reach for (object URLs: the median recent range GET to the store;
     local files: the read's own duration); None without read-ahead."""
     prefetch_reach_steps: int | None = None
-    """Steps beyond the newest served that the read-ahead keeps and reads units for (horizon + latency); None without."""
+    """Steps beyond the newest served that the read-ahead keeps and reads units for (horizon + latency); None
+    without read-ahead."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: rates to 0.1, seconds to 1e-4."""

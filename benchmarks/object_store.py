@@ -180,6 +180,34 @@ def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any, step_s
 
 
 TRACE = False  # --trace: loop lags, GC pauses and serving calls per worker, long waits per consumer
+PY_SPY: Path | None = None  # --py-spy: a py-spy binary (in a venv of its own) sampling the processes of each run
+PROFILES: list[Path] = []  # the profiles written so far (collapsed stacks, one file per process and run)
+
+
+def _profile_start(client: Any, label: str) -> list[subprocess.Popen[bytes]]:
+    """py-spy over each worker and this process (the scheduler; for S3 the moto server and the proxy) until stopped."""
+    if PY_SPY is None:
+        return []
+    pids = {f"worker{k}": pid for k, pid in enumerate(sorted(client.run(os.getpid).values()))}
+    pids["bench"] = os.getpid()
+    procs = []
+    for who, pid in pids.items():
+        out = Path(tempfile.gettempdir()) / "loom-object-store-profiles" / f"{label}-{who}.txt"  # large: not results
+        out.parent.mkdir(parents=True, exist_ok=True)
+        PROFILES.append(out)
+        cmd = [str(PY_SPY), "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--nonblocking"]
+        procs.append(subprocess.Popen([*cmd, "--threads", "--output", str(out)], stdout=subprocess.DEVNULL))
+    time.sleep(0.5)  # attached before the consumers start
+    return procs
+
+
+def _profile_stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    import signal
+
+    for p in procs:
+        p.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+    for p in procs:
+        p.wait(timeout=60)
 
 
 def _run_consumers(plan_dir: Path, n: int, step_s: float) -> list[dict[str, Any]]:
@@ -250,8 +278,10 @@ def _loom_run(
             import _stall_trace
 
             client.run(_stall_trace.start, patch=True)
+        spies = _profile_start(client, f"{spec.name}-{proxy.delay_s * 1000 if proxy else 0:g}ms-{time.time_ns()}")
         ticks, cpu0, wcpu0 = _cpu_ticks(), time.process_time(), client.run(time.process_time)
         rows = _run_consumers(plan_dir, consumers, step_s)
+        _profile_stop(spies)
         machine = _machine(ticks, _cpu_ticks())
         # this process: the scheduler, and for S3 the moto server and the proxy (CPU a real store would not take here)
         machine["bench_process_cpu_s"] = round(time.process_time() - cpu0, 3)
@@ -725,6 +755,9 @@ def main() -> None:
     ap.add_argument(
         "--trace", action="store_true", help="record loop lags, GC pauses and serving calls per worker (_stall_trace)"
     )
+    ap.add_argument(
+        "--py-spy", type=Path, default=None, help="a py-spy binary: profile workers and this process in every run"
+    )
     ap.add_argument("--local-only", action="store_true", help="only the local-disk sides (no S3 server, no Mosaic)")
     ap.add_argument(
         "--read-paths", type=int, default=0, metavar="ROUNDS", help="only measure row-group reads (CPU, wall) per path"
@@ -747,8 +780,8 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(found, indent=1) + "\n")
         return
-    global TRACE
-    TRACE = args.trace
+    global TRACE, PY_SPY
+    TRACE, PY_SPY = args.trace, args.py_spy
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
 
     import boto3

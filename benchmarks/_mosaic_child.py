@@ -5,12 +5,15 @@
 
 `read` streams `SAMPLES` documents through a torch DataLoader(num_workers=2) over a StreamingDataset
 (shuffle on, py1e, the peer's default shuffle algorithm) in batches of `BATCH` documents and prints delivered
-tokens, seconds, the time to the first batch (and its tokens) and the consumer's wait per batch.
+tokens, seconds, the time to the first batch (and its tokens), the consumer's wait per batch and the CPU seconds of the
+rank and its DataLoader workers.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import resource
 import sys
 import time
 from typing import Any
@@ -35,7 +38,7 @@ def read(remote: str, local: str, samples: int, batch: int) -> None:
     import torch
     from streaming import StreamingDataset
 
-    t0 = time.perf_counter()
+    t0, self0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     ds = StreamingDataset(remote=remote, local=local, shuffle=True, shuffle_seed=0, batch_size=batch)
     dl = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=2, collate_fn=_collate)
     tokens, n, waits, first, first_tokens = 0, 0, [], None, 0
@@ -51,6 +54,10 @@ def read(remote: str, local: str, samples: int, batch: int) -> None:
         if n >= samples:
             break
     secs = time.perf_counter() - t0
+    del dl  # its worker processes are joined, so their CPU counts among this process's children
+    gc.collect()
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = me.ru_utime + me.ru_stime - self0.ru_utime - self0.ru_stime + kids.ru_utime + kids.ru_stime
     print(
         json.dumps(
             {
@@ -60,6 +67,7 @@ def read(remote: str, local: str, samples: int, batch: int) -> None:
                 "first_batch_s": first,
                 "first_tokens": first_tokens,
                 "waits": waits,
+                "cpu_s": cpu,  # this rank from its dataset construction (imports left out) and its DataLoader workers
             }
         )
     )

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -221,12 +222,14 @@ class SourceLoader:
             **self._prefetch_counts(),
         )
 
-    def _prefetch_counts(self) -> dict[str, int]:
+    def _prefetch_counts(self) -> dict[str, Any]:
         pf = self._plan.prefetch if self._plan is not None else None
         if pf is None:
             return {}
         c = pf.counters
         return {
+            "get_latency_s": pf.latency(),
+            "prefetch_reach_steps": pf.cache.reach,
             "prefetched": c.prefetched,
             "prefetch_hits": c.hits,
             "prefetch_errors": c.errors,

@@ -8,10 +8,12 @@ and the read reports the real error.
 Storage latency is kept off the read path:
 - before any request (`warm`, in the loader's thread at construction) it plans from the start step and
   starts the read-ahead, so the first steps' units are in flight before a rank asks;
-- every shard the manifest names is opened as soon as a span of the manifest naming it is read (shard
-  check, object HEAD, footer; `ShardOpens`: soonest first use first, a bounded number at once), and the
-  next span is read once planning is half-way through the current one, so a shard is normally open
-  long before its first chunk is planned;
+- every shard the manifest names is opened as soon as a span of the manifest naming it is read (footer,
+  and alongside it the shard check and the object's read handle; `ShardOpens`: soonest first use first, a
+  bounded number at once), and the next span is read once planning is half-way through the current one,
+  so a shard is normally open long before its first chunk is planned; planning waits for the footer only
+  (the read checks the shard before it uses its bytes), so the start step's units are issued one round trip
+  after the footer, not after the check's three;
 - shards are never opened under the planning lock: planning a chunk waits (outside it) only for the
   shards that chunk reads, so a read whose chunk is planned never waits on another chunk's opens;
 - only the chunks holding the steps a request reads are planned on the read path (they normally were
@@ -38,6 +40,7 @@ from loomdata.execution._shard_opens import ShardOpens
 from loomdata.schemas.errors import LoomError
 from loomdata.schemas.plan import PlanMeta, read_manifest
 from loomdata.sources import FormatReader
+from loomdata.storage import open_ahead
 
 __all__ = ["PlanAhead"]
 
@@ -62,7 +65,7 @@ class PlanAhead:
         self._next_read: set[int] = set()  # spans whose read ahead was handed to the background planner
         self._queued: set[int] = set()  # chunks handed to the background planner
         self._lock = threading.Lock()  # planning: `_planned`, the spans, the planning reader
-        self.opens = ShardOpens(self._open_jobs)
+        self.opens = ShardOpens(self._open_jobs, side_of=self._check_jobs)
         self._closed = False
         self._later: list[Future[None]] = []  # background planning in progress
         shard_of = {str(p): s for s, p in loader._paths.items()}
@@ -241,12 +244,23 @@ class PlanAhead:
                 self._keep_span(nxt, got)
 
     def _open_jobs(self, shard: int) -> list[functools.partial[None]]:
-        """The independent requests that open one shard: its check against the index and its footer."""
+        """What planning a shard needs: its footer (which rows each unit holds)."""
+        path = self._loader._paths.get(shard)
+        return [] if path is None else [functools.partial(self._loader._reader.prepare, path)]
+
+    def _check_jobs(self, shard: int) -> list[functools.partial[None]]:
+        """What only serving a shard's bytes needs, opened alongside: its check against the index, its read handle.
+
+        Planning and the read-ahead do not wait for them (a read checks the shard before it uses any of its bytes).
+        """
         lo = self._loader
         path = lo._paths.get(shard)
         if path is None:
             return []
-        return [functools.partial(lo._verifier.open_shard, shard, path), functools.partial(lo._reader.prepare, path)]
+        known = lo._verifier.shards.get(shard)
+        size = known.size_bytes if known is not None else None
+        handle = functools.partial(open_ahead, path, lo._source.storage_options, size)
+        return [functools.partial(lo._verifier.open_shard, shard, path), handle]
 
     def served(self, request: np.ndarray) -> None:
         """The segments of `request` were read: count their uses off (drops units at their last use)."""

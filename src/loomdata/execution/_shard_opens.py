@@ -8,6 +8,14 @@ shard the plan names as soon as the manifest names it, soonest first use first, 
 at once on the process's read-ahead threads; the planner and the read path wait only for the shards
 they need now, and only while those are still opening (a shard needed now starts at once, past the bound).
 
+A shard's open has two parts: what planning needs (its footer: `jobs_of`) and what only the serving of its
+bytes needs (the shard check and the object's read handle: `side_of`), run together. Planning, and with it the
+read-ahead of the shard's first units, waits only for the first part (`wait`): on an object store the check
+is a HEAD and two edge reads one after another, the longest chain of a serve's start (session 8: the first
+units were issued one to two round trips later). A read still checks the shard before it uses any of its
+bytes (`Verifier.open_shard`, on the read path, waiting for the check running here), and `done`, which tells
+whether a read can run without a storage request, is true only once both parts are.
+
 An open that raises is not raised here: the read that needs the shard meets the error again and
 reports it, with the verifier's words (the same rule as every read ahead).
 """
@@ -31,20 +39,27 @@ OPENS_IN_FLIGHT = 8
 """Shards one loader opens ahead at once (each its few requests in parallel); a shard needed now is not bounded."""
 
 
+Jobs = Callable[[int], Sequence[Callable[[], None]]]
+"""The independent jobs of one shard's open (run in parallel)."""
+
+
 class ShardOpens:
     """Opens a loader's shards ahead (`want`, in first-use order) and lets a caller wait for some (`wait`).
 
-    `jobs_of(shard)`: the independent jobs that open one shard (run in parallel; done when all are).
+    `jobs_of(shard)`: the jobs planning needs (`wait` returns when they are done); `side_of(shard)`: the jobs only
+    reading the shard's bytes needs, run alongside (`done` and `settle` count them too).
     """
 
-    def __init__(self, jobs_of: Callable[[int], Sequence[Callable[[], None]]], limit: int = OPENS_IN_FLIGHT) -> None:
+    def __init__(self, jobs_of: Jobs, limit: int = OPENS_IN_FLIGHT, side_of: Jobs | None = None) -> None:
         self._jobs_of = jobs_of
+        self._side_of = side_of
         self._limit = max(int(limit), 1)
         self._lock = threading.Lock()
         self._queue: list[tuple[int, int]] = []  # (first use step, shard), a heap; started shards are skipped
         self._first: dict[int, int] = {}  # queued shard -> the earliest first use asked for
-        self._started: dict[int, Future[None]] = {}  # shard -> done when all its jobs are
-        self._running = 0  # started by `want` and not done (what `limit` bounds)
+        self._started: dict[int, Future[None]] = {}  # shard -> done when its planning jobs are
+        self._whole: dict[int, Future[None]] = {}  # shard -> done when all its jobs (side jobs too) are
+        self._running = 0  # started by `want` and not wholly done (what `limit` bounds)
         self._closed = False
 
     def want(self, shards: np.ndarray, first_steps: np.ndarray) -> None:
@@ -59,16 +74,19 @@ class ShardOpens:
         self._start_queued()
 
     def wait(self, shards: np.ndarray | Sequence[int], timeout: float | None = None) -> bool:
-        """Wait until these shards are opened (those not started yet start now); False on timeout."""
+        """Wait until these shards can be planned (their planning jobs done; those not started yet start now).
+
+        False on timeout. Their side jobs (shard checks, read handles) may still run.
+        """
         futs = [self._start(int(s), bounded=False) for s in np.unique(np.asarray(shards, dtype=np.int64)).tolist()]
         _, pending = wait_for([f for f in futs if f is not None], timeout)
         return not pending
 
     def done(self, shards: np.ndarray | Sequence[int]) -> bool:
-        """Whether every one of these shards has been opened (or its open failed: the read reports it)."""
+        """Whether every one of these shards is wholly opened, side jobs too (or failed: the read reports it)."""
         with self._lock:
             return all(
-                (f := self._started.get(int(s))) is not None and f.done()
+                (f := self._whole.get(int(s))) is not None and f.done()
                 for s in np.unique(np.asarray(shards, dtype=np.int64)).tolist()
             )
 
@@ -76,7 +94,7 @@ class ShardOpens:
         """Wait until no open is queued or running (tests, benchmarks); False on timeout."""
         while True:
             with self._lock:
-                futs = [f for f in self._started.values() if not f.done()]
+                futs = [f for f in self._whole.values() if not f.done()]
                 queued = bool(self._first) and not self._closed
             if not futs and not queued:
                 return True
@@ -111,32 +129,42 @@ class ShardOpens:
                 return None
             self._first.pop(shard, None)
             fut = self._started[shard] = Future()
-            fut.set_running_or_notify_cancel()
+            whole = self._whole[shard] = Future()
+            for f in (fut, whole):
+                f.set_running_or_notify_cancel()
             if bounded:
                 self._running += 1
         jobs = list(self._jobs_of(shard))
-        left = [len(jobs)]
+        side = list(self._side_of(shard)) if self._side_of is not None else []
+        left = [len(jobs), len(jobs) + len(side)]  # planning jobs, all jobs not done
         count = threading.Lock()
 
-        def one(job: Callable[[], None]) -> None:
+        def one(job: Callable[[], None], plans: bool) -> None:
             with contextlib.suppress(Exception):  # the read that needs this shard opens it again, reports the error
                 job()
             with count:
-                left[0] -= 1
-                last = left[0] == 0
+                left[0] -= plans
+                left[1] -= 1
+                planned, last = plans and left[0] == 0, left[1] == 0
+            if planned:
+                fut.set_result(None)
             if last:
-                self._finish(fut, bounded)
+                self._finish(whole, bounded)
 
         if not jobs:
-            self._finish(fut, bounded)
+            fut.set_result(None)
+        if not jobs and not side:
+            self._finish(whole, bounded)
         pool = shared_threads()
         for job in jobs:
-            pool.submit(one, job)
+            pool.submit(one, job, True)
+        for job in side:
+            pool.submit(one, job, False)
         return fut
 
-    def _finish(self, fut: Future[None], bounded: bool) -> None:
+    def _finish(self, whole: Future[None], bounded: bool) -> None:
         if bounded:
             with self._lock:
                 self._running -= 1
-        fut.set_result(None)
+        whole.set_result(None)
         self._start_queued()

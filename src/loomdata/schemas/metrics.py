@@ -60,6 +60,12 @@ class LoaderMetrics:
     """Reads that waited for a unit still being read ahead (storage latency the read-ahead did not hide)."""
     unit_misses: int = 0
     """Units a read had to fetch itself (neither held nor in flight): each a storage wait on the read path."""
+    get_latency_s: float | None = None
+    """The storage latency the read-ahead sized its reach for (object URLs: the median recent range GET to the store;
+    local files: the read's own duration); None without read-ahead."""
+    prefetch_reach_steps: int | None = None
+    """Steps beyond the newest served that the read-ahead keeps and reads units for (horizon + latency); None
+    without read-ahead."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: rates to 0.1, seconds to 1e-4."""
@@ -80,6 +86,8 @@ class LoaderMetrics:
             "prefetch_errors": self.prefetch_errors,
             "prefetch_waits": self.prefetch_waits,
             "unit_misses": self.unit_misses,
+            "get_latency_s": None if self.get_latency_s is None else _r4(self.get_latency_s),
+            "prefetch_reach_steps": self.prefetch_reach_steps,
         }
 
 

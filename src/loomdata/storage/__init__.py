@@ -2,6 +2,7 @@
 
 One small API for readers and the index job: `location` and `is_url` tell the two apart, `glob`,
 `identity` (size + ETag/version, or the file's stat), `open_input` / `ObjectView` / `read_range` read
+(`open_ahead` opens an object's read handle before its first large read)
 (`request_latency`: the median of a store's recent range GETs, for sizing read-ahead),
 `fetch_to_cache` keeps a small object on local disk (large S3 ranges go through pyarrow's S3 client:
 `LOOMDATA_S3_TRANSPORT=fsspec` keeps them on s3fs). Transient errors are retried with back-off
@@ -20,6 +21,7 @@ from loomdata.storage._fs import (
     fetch_to_cache,
     glob,
     identity,
+    open_ahead,
     open_input,
     read_range,
     request_stats,
@@ -52,6 +54,7 @@ __all__ = [
     "identity",
     "is_url",
     "location",
+    "open_ahead",
     "open_input",
     "options_for",
     "protocol_of",

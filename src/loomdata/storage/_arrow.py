@@ -7,10 +7,12 @@ Loader's row-group reads are such GETs, and s3fs runs each on a Python event-loo
 with the worker's own for the GIL.
 
 pyarrow opens a handle with a HEAD (its Python API takes no known size), so handles are kept per process
-(`_MAX_HANDLES` objects, least recently used dropped) and only reads of at least `ARROW_MIN_READ` bytes
-use them: footers, headers and line pages stay one fsspec request each. fsspec stays the path for
-everything else (listing, HEADs, GCS, HTTP), for `storage_options` pyarrow cannot take (anything but
-key/secret/token/anon/endpoint_url/region), and everywhere with `LOOMDATA_S3_TRANSPORT=fsspec`.
+(`_MAX_HANDLES` objects, least recently used dropped), a loader opens them while it opens its shards ahead
+(`arrow_open`, beside the footer and the shard check, so a shard's first row group costs one round trip, not
+two), and only reads of at least `ARROW_MIN_READ` bytes use them: footers, headers and line pages stay one
+fsspec request each. fsspec stays the path for everything else (listing, HEADs, GCS, HTTP), for
+`storage_options` pyarrow cannot take (anything but key/secret/token/anon/endpoint_url/region), and
+everywhere with `LOOMDATA_S3_TRANSPORT=fsspec`.
 Credentials: the options' key/secret/token, else the AWS SDK's own chain (environment, profiles); the
 endpoint: the options', else `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL` (which pyarrow itself ignores).
 """
@@ -23,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ARROW_MIN_READ", "TRANSPORT_ENV", "arrow_read", "arrow_s3_kwargs", "drop_handle"]
+__all__ = ["ARROW_MIN_READ", "TRANSPORT_ENV", "arrow_open", "arrow_read", "arrow_s3_kwargs", "drop_handle"]
 
 ARROW_MIN_READ = 512 * 1024
 """Reads this large or larger of an s3:// object go through pyarrow (smaller ones would pay its HEAD)."""
@@ -95,6 +97,14 @@ def _handle(url: str, kwargs: dict[str, Any], on_open: Any) -> Any | None:
         while len(_HANDLES) > _MAX_HANDLES:
             _HANDLES.popitem(last=False)  # not closed here: a read may still hold it (closed when dropped)
     return f
+
+
+def arrow_open(url: str, kwargs: dict[str, Any], on_open: Any) -> bool:
+    """Open (and keep) the pyarrow handle of an s3:// object now, so its first large read pays no HEAD.
+
+    False where pyarrow has no S3; an error opening it (a missing object) raises, as the read would.
+    """
+    return _handle(url, kwargs, on_open) is not None
 
 
 def drop_handle(url: str) -> None:

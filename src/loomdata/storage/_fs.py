@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 import fsspec
 
-from loomdata.storage._arrow import ARROW_MIN_READ, arrow_read, arrow_s3_kwargs, drop_handle
+from loomdata.storage._arrow import ARROW_MIN_READ, arrow_open, arrow_read, arrow_s3_kwargs, drop_handle
 from loomdata.storage._errors import ObjectNotFoundError
 from loomdata.storage._latency import _LATENCY
 from loomdata.storage._options import options_for
@@ -226,6 +226,21 @@ def _arrow_range(
     _STATS.add("get")
     _STATS.add("get_bytes", len(data))
     return bytes(data)
+
+
+def open_ahead(
+    url: Location, options: StorageOptions | None = None, size: int | None = None, policy: RetryPolicy = DEFAULT_POLICY
+) -> None:
+    """Open now what large range reads of `url` will use (pyarrow's S3 handle: its one HEAD); a no-op elsewhere.
+
+    For opening a shard ahead of its first read (a loader's shard opens). `size`: the object's size where known
+    (an object smaller than `ARROW_MIN_READ` has no large read: nothing is opened). An error raises, naming the URL.
+    """
+    if not is_url(url) or protocol_of(str(url)) != "s3" or (size is not None and size < ARROW_MIN_READ):
+        return
+    kwargs = arrow_s3_kwargs(options_for("s3", options))
+    if kwargs is not None:
+        _retry(lambda: arrow_open(str(url), kwargs, lambda: _STATS.add("head")), str(url), "open", policy)
 
 
 class RangeFile(io.RawIOBase):

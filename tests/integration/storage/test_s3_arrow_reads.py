@@ -8,7 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loomdata.storage import RetryPolicy, read_range, request_stats, reset_request_stats
+from loomdata.storage import (
+    ObjectNotFoundError,
+    RetryPolicy,
+    open_ahead,
+    read_range,
+    request_stats,
+    reset_request_stats,
+)
 from loomdata.storage._arrow import ARROW_MIN_READ, TRANSPORT_ENV, drop_handle
 from loomtest.s3 import DroppingProxy, S3Server
 
@@ -40,6 +47,24 @@ def test_a_large_read_goes_through_one_kept_pyarrow_handle(s3: S3Server, monkeyp
     monkeypatch.setenv(TRANSPORT_ENV, "fsspec")
     assert read_range(url, a, b) == _DATA[a:b]  # the same bytes through s3fs
     assert request_stats() == {"get": 2, "get_bytes": 100 + ARROW_MIN_READ}
+
+
+def test_a_handle_opened_ahead_makes_the_first_large_read_one_request(s3: S3Server) -> None:
+    """A loader opens its shards' handles ahead (`open_ahead`): the HEAD is paid there, not by the first read."""
+    url = f"s3://{BUCKET}/blob.bin"
+    drop_handle(url)
+    reset_request_stats()
+    open_ahead(url, size=len(_DATA) // 4)  # smaller than any large read: nothing to open
+    open_ahead("/local/file.parquet")
+    assert request_stats() == {}
+    open_ahead(url, size=len(_DATA))
+    assert request_stats() == {"head": 1}
+    reset_request_stats()
+    assert read_range(url, 0, ARROW_MIN_READ, size=len(_DATA)) == _DATA[:ARROW_MIN_READ]
+    assert request_stats() == {"get": 1, "get_bytes": ARROW_MIN_READ}  # no HEAD on the read
+    drop_handle(url)
+    with pytest.raises(ObjectNotFoundError, match=rf"s3://{BUCKET}/nope.bin: open"):  # a missing object, named
+        open_ahead(f"s3://{BUCKET}/nope.bin")
 
 
 def test_a_reset_mid_response_is_retried_and_a_rewritten_object_is_read_afresh(s3: S3Server) -> None:

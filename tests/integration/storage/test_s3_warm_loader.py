@@ -8,8 +8,10 @@ a step nobody read ahead is sent to the loader's thread instead of the event loo
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from loomdata.execution import _prefetch
 from loomdata.execution._loader import REQUEST_DTYPE, SourceLoader
 from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._partition import partition_source
+from loomdata.execution._verify import Verifier
 from loomdata.indexing import build_index
 from loomdata.planning import make_plan
 from loomdata.schemas import IndexFiles, parse_spec, read_manifest, read_plan
@@ -170,8 +173,6 @@ def test_a_read_never_waits_on_another_chunks_shard_opening(
     """An object's footer fetch is held back (a gate): the loader opens it ahead as soon as the manifest names it,
     and while it is held, reads of chunks that do not read it (before and after the chunk that first does, which
     the background planner is waiting on) are served with the right tokens; then that chunk is served too."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from loomdata.sources.parquet import ParquetReader
 
     chunk = 2
@@ -208,6 +209,45 @@ def test_a_read_never_waits_on_another_chunks_shard_opening(
             got = pool.submit(loader.read_now, held_back).result(timeout=60)
             np.testing.assert_array_equal(got.tokens, _expected(plan_dir, held_back, docs))
         assert loader._plan.idle(60)
+    finally:
+        gate.set()
+        loader._pool.submit(loader._reader.close).result()
+        loader._plan.close() if loader._plan is not None else None
+
+
+def test_the_read_ahead_starts_before_the_shard_checks_and_the_read_waits_for_them(
+    dask_client: Client, s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every shard check (HEAD and two edge reads) is held back: the warm-up still plans and reads the start
+    step's units ahead; the read of the start step waits until the checks are done, then serves the right tokens;
+    the loader's metrics report the GET latency it measured and the reach it used."""
+    plan_dir, docs = _plan(tmp_path, s3, dask_client)
+    gate = threading.Event()
+    real = Verifier._check
+
+    def check(self: Verifier, shard: int, path: Any) -> None:
+        assert gate.wait(60)
+        real(self, shard, path)
+
+    monkeypatch.setattr(Verifier, "_check", check)
+    loader = _loader(plan_dir, 0, 32)
+    try:
+        assert loader._warm is not None and loader._plan is not None and loader._plan.prefetch is not None
+        loader._warm.result(timeout=60)  # planned while every check is held
+        pf = loader._plan.prefetch
+        assert pf.settle(60) and pf.counters.prefetched >= 1, pf.counters  # units read ahead before any check
+        req = _request(plan_dir, 0)
+        assert not loader._plan.held(req)  # its shards are not checked: not a read for the event loop
+        with ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(loader.read_now, req)
+            with pytest.raises(TimeoutError):
+                reading.result(timeout=0.3)  # waits for the check, not served unchecked
+            gate.set()
+            np.testing.assert_array_equal(reading.result(timeout=60).tokens, _expected(plan_dir, req, docs))
+        assert loader._plan.idle(60) and loader._plan.held(req)
+        m = asyncio.run(loader.metrics())
+        assert m.get_latency_s is not None and m.get_latency_s > 0  # the store's GETs, measured
+        assert m.prefetch_reach_steps is not None and m.prefetch_reach_steps >= 6  # at least the horizon
     finally:
         gate.set()
         loader._pool.submit(loader._reader.close).result()

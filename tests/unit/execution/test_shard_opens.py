@@ -112,6 +112,33 @@ def test_a_closed_opener_starts_nothing_more() -> None:
     assert opens.wait([1], _T)  # nothing to wait for: the read opens it itself
 
 
+def test_planning_waits_for_the_footer_alone_and_done_for_the_check_too() -> None:
+    """A shard's check (a side job) still runs: `wait` (planning) returns, `done` (no request left) does not yet."""
+    footers, checks = _Gated(), _Gated()
+    opens = ShardOpens(footers.jobs_of, limit=1, side_of=checks.jobs_of)
+    opens.want(np.array([0, 1]), np.array([0, 1]))
+    assert footers.began(0) and checks.began(0)  # started together
+    footers.release(0)
+    assert opens.wait([0], _T)  # planned while the check is still held
+    assert not opens.done([0])
+    assert 1 not in footers.started  # the bound counts whole opens: shard 0 still holds the one slot
+    checks.release(0)
+    assert footers.began(1)
+    footers.release(1)
+    checks.release(1)
+    assert opens.settle(_T) and opens.done([0, 1])
+    assert footers.started == [0, 1] and checks.started == [0, 1]
+
+
+def test_a_shard_with_side_jobs_only_is_planned_at_once() -> None:
+    checks = _Gated()
+    opens = ShardOpens(lambda shard: [], side_of=checks.jobs_of)
+    assert opens.wait([2], _T) and checks.began(2)  # nothing planning needs: no wait on the check
+    assert not opens.done([2])
+    checks.release(2)
+    assert opens.settle(_T) and opens.done([2])
+
+
 def _verifier() -> Verifier:
     checks = {3: ShardCheck(10, 7, "fp")}
     return Verifier("web", VerifyMode.SHARD, SourceFormat.PARQUET, checks)

@@ -12,14 +12,20 @@ from loomdata.schemas import BuildPhases, ConstructorMetrics, LoaderMetrics
 
 
 def test_loader_metrics_dict_shape_and_rounding() -> None:
-    m = LoaderMetrics(source="web", part=1, calls=3, samples=10, tokens=99, busy_s=0.123456, samples_per_s=12.345)
+    m = LoaderMetrics(
+        source="web", part=1, calls=3, samples=10, tokens=99, busy_s=0.123456, samples_per_s=12.345,
+        get_latency_s=0.1012345, prefetch_reach_steps=90,
+    )  # fmt: skip
     d = m.to_dict()
     assert list(d) == [
         "source", "part", "calls", "samples", "segments", "tokens", "busy_s",
         "samples_per_s", "samples_per_busy_s", "state_bytes", "rss_bytes",
         "prefetched", "prefetch_hits", "prefetch_errors", "prefetch_waits", "unit_misses",
+        "get_latency_s", "prefetch_reach_steps",
     ]  # fmt: skip
     assert d["busy_s"] == 0.1235 and d["samples_per_s"] == 12.3 and d["samples_per_busy_s"] is None
+    assert d["get_latency_s"] == 0.1012 and d["prefetch_reach_steps"] == 90
+    assert LoaderMetrics(source="web", part=1).to_dict()["get_latency_s"] is None  # no read-ahead: not measured
     assert pickle.loads(pickle.dumps(m)) == m
     json.dumps(d)
 

@@ -23,8 +23,10 @@ a bounded number at once on the loader's prefetch threads, into the same cache a
 A new loader plans from `CachePolicy.start_step` in its thread before any request arrives (`warm`), and
 each newly planned chunk's shards are opened concurrently first (shard checks, object HEADs and
 footers), so neither the first step nor a shard first met later waits on those requests one by one.
-A small read runs inline on the event loop only when it cannot wait on storage (local files, or
-every unit it needs already held): a GET must never block the worker's loop.
+A small read runs inline on the event loop only when it waits on nothing: its steps' manifest chunks
+planned and their shards open (else it would read the manifest and wait for opens queued behind every
+other loader's: at start-up of 300 loaders on one worker that starved the gateway's TLS handshakes),
+and local files or every unit it needs already held: a GET must never block the worker's loop.
 
 Retirement (scaling, `Executor.set_loaders`): `close()` runs after any read already in the loader's
 strand (serial, FIFO) and cannot interleave with an inline read (both run on the worker's event
@@ -168,10 +170,13 @@ class SourceLoader:
             self._in_thread -= 1
 
     def _inline_ok(self, request: np.ndarray) -> bool:
-        """Whether a read cannot wait on storage: warmed up, and local files or every unit it needs held."""
+        """Whether a read waits on nothing: warmed up, its shards checked, its steps planned and their shards
+        open (else it would wait on the loader threads' queue, blocking the loop), and local or every unit held."""
         if self._warm is not None and not self._warm.done():
             return False
-        return not self._remote or (self._plan is not None and self._plan.held(request))
+        if self._plan is None:
+            return not self._remote
+        return self._plan.ready(request) and (not self._remote or self._plan.held(request))
 
     def read_now(self, request: np.ndarray) -> SegmentData:
         """Synchronous `read` (the work itself).

@@ -24,9 +24,9 @@ A new loader plans from `CachePolicy.start_step` in its thread before any reques
 each newly planned chunk's shards are opened concurrently first (shard checks, object HEADs and
 footers), so neither the first step nor a shard first met later waits on those requests one by one.
 A small read runs inline on the event loop only when it waits on nothing: its steps' manifest chunks
-planned and their shards open (else it would read the manifest and wait for opens queued behind every
-other loader's: at start-up of 300 loaders on one worker that starved the gateway's TLS handshakes),
-and local files or every unit it needs already held: a GET must never block the worker's loop.
+planned, their shards open and every unit it needs held (a GET must never block the worker's loop, nor a
+wait for a read ahead: at start-up of 300 loaders on one worker, inline reads of local files waited on the
+loop for read-aheads queued behind every other loader's, and the gateway's TLS handshakes took 60 s).
 
 Retirement (scaling, `Executor.set_loaders`): `close()` runs after any read already in the loader's
 strand (serial, FIFO) and cannot interleave with an inline read (both run on the worker's event
@@ -170,13 +170,14 @@ class SourceLoader:
             self._in_thread -= 1
 
     def _inline_ok(self, request: np.ndarray) -> bool:
-        """Whether a read waits on nothing: warmed up, its shards checked, its steps planned and their shards
-        open (else it would wait on the loader threads' queue, blocking the loop), and local or every unit held."""
+        """Whether a read waits on nothing: warmed up, its steps planned, its shards open and every unit it needs
+        held (else it would read the manifest, or wait for an open or a read ahead queued behind other loaders'
+        on the shared threads, blocking the loop); without a plan, local files."""
         if self._warm is not None and not self._warm.done():
             return False
         if self._plan is None:
             return not self._remote
-        return self._plan.ready(request) and (not self._remote or self._plan.held(request))
+        return self._plan.ready(request) and self._plan.held(request)
 
     def read_now(self, request: np.ndarray) -> SegmentData:
         """Synchronous `read` (the work itself).

@@ -113,14 +113,13 @@ class PlanAhead:
         return self.cache.holds(keys, self._rows_of(request["sample"]))
 
     def ready(self, request: np.ndarray) -> bool:
-        """Whether serving `request` waits on no other thread: the chunks of its steps are planned, its shards open.
+        """Whether the chunks of `request`'s steps are planned (serving it reads no manifest; see `held` for units).
 
         Asked on the worker's event loop: planning a chunk there reads the manifest and waits for its shards'
-        opens, which queue behind every other loader's at start-up (the gateway's TLS handshakes starved).
+        opens, which queue behind every other loader's at start-up.
         """
         chunk = self._policy.chunk_steps
-        chunks = np.unique(request["step"].astype(np.int64) // chunk).tolist()
-        return all(c in self._planned for c in chunks) and self.opens.done(self._shards_of(request["sample"]))
+        return all(c in self._planned for c in np.unique(request["step"].astype(np.int64) // chunk).tolist())
 
     def _shards_of(self, samples: np.ndarray) -> np.ndarray:
         """The shard of each of `samples` (of this partition)."""

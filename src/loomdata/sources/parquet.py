@@ -48,7 +48,7 @@ _WHOLE_SHARE = 1 / 16  # a row group of which at least this share of rows is wan
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
-    """What a Parquet file's footer says, read once: the footer serialized, the schema and where its row groups start."""
+    """What a Parquet file's footer says, read once: the footer serialized, the schema, where its row groups start."""
 
     footer: bytes  # the file's metadata as a Parquet metadata file (parsed again for each open)
     schema: pa.Schema

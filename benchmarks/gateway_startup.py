@@ -5,8 +5,8 @@ while the single worker started 300 loaders. This script serves memory.py's data
 shards) from an embedded cluster of `--workers` processes, as `loom serve` does (autoscaling executor), starts
 R rank processes iterating `LoomDataset`, and from the moment the executor is serving opens a fresh TLS
 connection to rank 0's gateway every 0.25 s for `--seconds`, timing connect + handshake. `--spy` (py-spy
-on PATH or `--py-spy`) dumps the worker processes' stacks at 4, 12 and 25 s (what the worker's loop is
-doing while a handshake waits). Run it once per tree (PYTHONPATH) for a side-by-side figure:
+on PATH or `--py-spy`) dumps the stacks of the serving process and its workers at 4, 12 and 25 s (what
+the worker's loop is doing while a handshake waits). Run it once per tree (PYTHONPATH) for a side-by-side figure:
 
     PYTHONPATH=src .venv/bin/python benchmarks/gateway_startup.py --data /tmp/mem --out /tmp/after.json
 """
@@ -52,8 +52,9 @@ def _spy(server_pid: int, t0: float, py_spy: str, out: dict[str, str]) -> None:
 
     for at in (4, 12, 25):
         time.sleep(max(0.0, at - (time.perf_counter() - t0)))
-        for child in psutil.Process(server_pid).children(recursive=True):
-            if child.memory_info().rss > 150 << 20:  # a worker (the resource tracker is small)
+        server = psutil.Process(server_pid)
+        for child in [server, *server.children(recursive=True)]:  # `--workers 0`: the worker is in the server
+            if child.memory_info().rss > 150 << 20:  # a worker or the server (the resource tracker is small)
                 got = subprocess.run([py_spy, "dump", "--pid", str(child.pid)], capture_output=True, text=True)
                 out[f"{at}s-{child.pid}"] = got.stdout + got.stderr
 

@@ -24,9 +24,10 @@ A new loader plans from `CachePolicy.start_step` in its thread before any reques
 each newly planned chunk's shards are opened concurrently first (shard checks, object HEADs and
 footers), so neither the first step nor a shard first met later waits on those requests one by one.
 A small read runs inline on the event loop only when it waits on nothing: its steps' manifest chunks
-planned, their shards open and every unit it needs held (a GET must never block the worker's loop, nor a
-wait for a read ahead: at start-up of 300 loaders on one worker, inline reads of local files waited on the
-loop for read-aheads queued behind every other loader's, and the gateway's TLS handshakes took 60 s).
+planned, their shards open, every unit it needs held and none being read ahead, and it starts no read
+ahead before it reads (a GET must never block the worker's loop, nor a wait for a read ahead: at start-up
+of 300 loaders on one worker, inline reads of local files waited on the loop for read-aheads queued behind
+every other loader's, and the gateway's TLS handshakes took 40-60 s).
 
 Retirement (scaling, `Executor.set_loaders`): `close()` runs after any read already in the loader's
 strand (serial, FIFO) and cannot interleave with an inline read (both run on the worker's event
@@ -161,7 +162,7 @@ class SourceLoader:
         self._check_open()
         small = int(request["length"].sum()) <= _INLINE_TOKENS
         if small and (self._in_thread == 0 or self._reader.thread_safe) and self._inline_ok(request):
-            return self.read_now(request)
+            return self.read_now(request, inline=True)
         self._in_thread += 1
         try:
             loop = asyncio.get_running_loop()
@@ -177,10 +178,11 @@ class SourceLoader:
             return False
         if self._plan is None:
             return not self._remote
-        return self._plan.ready(request) and self._plan.held(request)
+        return self._plan.ready(request) and self._plan.held(request) and not self._plan.reading(request)
 
-    def read_now(self, request: np.ndarray) -> SegmentData:
-        """Synchronous `read` (the work itself).
+    def read_now(self, request: np.ndarray, *, inline: bool = False) -> SegmentData:
+        """Synchronous `read` (the work itself); `inline` (on the event loop): no read ahead is started before it
+        (one of this request's units issued then would make the read wait for it on the loop).
 
         A data error (a `SourceDataError` naming the file, row and fix) reaches the constructor and the
         client intact: LoomErrors pickle by their arguments.
@@ -189,7 +191,8 @@ class SourceLoader:
         t0 = time.perf_counter()
         if self._plan is not None:
             self._plan.ahead(request["step"])
-            self._plan.pump(request["step"])
+            if not inline:
+                self._plan.pump(request["step"])
         out = read_segments(
             self._reader, request, self._index, self._paths, self._patch, self.partition, self._verifier
         )

@@ -121,6 +121,10 @@ class PlanAhead:
         chunk = self._policy.chunk_steps
         return all(c in self._planned for c in np.unique(request["step"].astype(np.int64) // chunk).tolist())
 
+    def reading(self, request: np.ndarray) -> bool:
+        """Whether a unit `request` reads is being read ahead now (serving it would wait for that read)."""
+        return self.prefetch is not None and self.prefetch.reading(self.keys(request["sample"]))
+
     def _shards_of(self, samples: np.ndarray) -> np.ndarray:
         """The shard of each of `samples` (of this partition)."""
         index = self._loader._index

@@ -82,6 +82,7 @@ def test_a_read_of_an_unplanned_chunk_leaves_the_event_loop(
         assert loader._plan.idle(60)
         first = _request(plan_dir, 0)
         assert loader._plan.held(first)  # planned at warm-up and read ahead
+        assert not loader._plan.reading(first)  # nor being read ahead again
         assert loader._inline_ok(first)  # nothing to wait for: it may stay on the event loop
         far = _request(plan_dir, meta.steps - 1)
         assert (meta.steps - 1) // 2 not in loader._plan._planned
@@ -90,9 +91,9 @@ def test_a_read_of_an_unplanned_chunk_leaves_the_event_loop(
         threads: list[str] = []
         real = loader.read_now
 
-        def spy(request: np.ndarray) -> Any:
+        def spy(request: np.ndarray, **kw: Any) -> Any:
             threads.append(threading.current_thread().name)
-            return real(request)
+            return real(request, **kw)
 
         loader.read_now = spy  # type: ignore[method-assign]
 

@@ -24,10 +24,11 @@ A new loader plans from `CachePolicy.start_step` in its thread before any reques
 each newly planned chunk's shards are opened concurrently first (shard checks, object HEADs and
 footers), so neither the first step nor a shard first met later waits on those requests one by one.
 A small read runs inline on the event loop only when it waits on nothing: its steps' manifest chunks
-planned, their shards open, every unit it needs held and none being read ahead, and it starts no read
-ahead before it reads (a GET must never block the worker's loop, nor a wait for a read ahead: at start-up
-of 300 loaders on one worker, inline reads of local files waited on the loop for read-aheads queued behind
-every other loader's, and the gateway's TLS handshakes took 40-60 s).
+planned, their shards open, every unit it needs held and none being read ahead, at most
+`INLINE_LOADERS` loaders in the process, and it starts no read ahead before it reads (a GET must never
+block the worker's loop, nor a wait for a read ahead: at start-up of 300 loaders on one worker, inline
+reads waited on the loop for read-aheads and for the cache's lock, and the gateway's TLS handshakes
+took 40-80 s).
 
 Retirement (scaling, `Executor.set_loaders`): `close()` runs after any read already in the loader's
 strand (serial, FIFO) and cannot interleave with an inline read (both run on the worker's event
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +64,11 @@ from loomdata.storage import Location, is_url, location
 __all__ = ["REQUEST_DTYPE", "LoaderRetired", "SegmentData", "SourceLoader", "read_segments"]
 
 _INLINE_TOKENS = 1 << 16  # requests up to this many tokens are read on the event loop
+INLINE_LOADERS = 16
+"""Small reads stay on the event loop only while the process holds at most this many loaders: 300 loaders'
+reads inline kept one worker's loop busy at start-up (decoding, waiting on the cache lock the read-ahead
+threads hold) until the ranks' TLS handshakes to its gateway timed out (`benchmarks/gateway_startup.py`)."""
+_LIVE: weakref.WeakSet[SourceLoader] = weakref.WeakSet()  # this process's open loaders
 
 REQUEST_DTYPE = np.dtype([("sample", np.uint64), ("offset", np.uint32), ("length", np.uint32), ("step", np.uint32)])
 """One requested segment: `length` tokens of `sample` starting at token `offset`, for plan step `step`.
@@ -151,6 +158,7 @@ class SourceLoader:
         self._in_thread = 0  # reads queued or running in the thread (changed only on the event loop)
         self._remote = any(is_url(p) for p in self._paths.values())
         self._warm = self._pool.submit(self._plan.warm) if self._plan is not None else None
+        _LIVE.add(self)
 
     async def read(self, request: np.ndarray) -> SegmentData:
         """The segments of `request` (REQUEST_DTYPE): small reads inline, large ones in this actor's thread.
@@ -174,7 +182,7 @@ class SourceLoader:
         """Whether a read waits on nothing: warmed up, its steps planned, its shards open and every unit it needs
         held (else it would read the manifest, or wait for an open or a read ahead queued behind other loaders'
         on the shared threads, blocking the loop); without a plan, local files."""
-        if self._warm is not None and not self._warm.done():
+        if len(_LIVE) > INLINE_LOADERS or (self._warm is not None and not self._warm.done()):
             return False
         if self._plan is None:
             return not self._remote
@@ -258,6 +266,7 @@ class SourceLoader:
         if self._closed:
             return
         self._closed = True
+        _LIVE.discard(self)
         await asyncio.get_running_loop().run_in_executor(self._pool, self._reader.close)
         if self._plan is not None:
             self._plan.close()

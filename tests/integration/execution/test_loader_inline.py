@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from distributed import Client
 
-from loomdata.execution import _prefetch
+from loomdata.execution import _loader, _prefetch
 from loomdata.execution._loader import REQUEST_DTYPE, SourceLoader
 from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._partition import partition_source
@@ -84,6 +84,9 @@ def test_a_read_of_an_unplanned_chunk_leaves_the_event_loop(
         assert loader._plan.held(first)  # planned at warm-up and read ahead
         assert not loader._plan.reading(first)  # nor being read ahead again
         assert loader._inline_ok(first)  # nothing to wait for: it may stay on the event loop
+        monkeypatch.setattr(_loader, "INLINE_LOADERS", 0)
+        assert not loader._inline_ok(first)  # more loaders in the process than that: every read in the strands
+        monkeypatch.setattr(_loader, "INLINE_LOADERS", 16)
         far = _request(plan_dir, meta.steps - 1)
         assert (meta.steps - 1) // 2 not in loader._plan._planned
         assert not loader._inline_ok(far)  # planning it would read the manifest and wait for opens on the loop

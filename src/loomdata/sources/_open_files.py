@@ -2,9 +2,10 @@
 
 Why: an open `pyarrow.parquet.ParquetFile` holds its parsed footer, about 25 KiB for a 2.6 KB footer on
 disk (4 shards x 300 sources on one worker: 1,200 open files, 34 MiB). Readers keep each file's footer
-serialized instead (`parquet._Layout`) and re-open a file let go here from it (parse and open: about
-0.3-0.7 ms, no read of the file). A file let go is not closed here: a read on another thread may hold it;
-it closes when the last reference goes (its reader's `close` closes those still held).
+serialized instead (`parquet._Layout`) and re-open a file let go here from it (no read of the footer: a
+row-group read then costs about 0.36 ms against 0.24-0.39 on a held file; the parse itself 0.03 ms). A file
+let go is not closed here: a read on another thread may hold it; it closes when the last reference goes
+(its reader's `close` closes those still held).
 """
 
 from __future__ import annotations

@@ -388,7 +388,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=defaults.n_workers,
         help="worker processes of the embedded LocalCluster; 0: one worker thread inside the serving process "
-        "(least memory; no worker can be lost alone, so none is recovered)",
+        "(least memory with ARROW_DEFAULT_MEMORY_POOL=jemalloc set; no worker can be lost alone, so none is "
+        "recovered)",
     )
     s.add_argument("--peers", type=int, default=None, help="processes per dp rank (default: the plan's tp*pp*cp)")
     s.add_argument(

@@ -9,7 +9,7 @@ per source with serving's cache policy (`ServeConfig` defaults: budget, window, 
 `read_now` for every step group of the plan in order, as a constructor does (one request per source
 and group of `--group` steps). Reported per run: process CPU seconds (all threads: the read-ahead's
 too), wall seconds, row groups decoded, tokens and one CRC over them (both trees must agree), and the
-anonymous memory at the end.
+anonymous memory once every loader has warmed up and at the end (Arrow on jemalloc, as in the workers).
 
     .venv/bin/python benchmarks/loader_replay.py --ab ../main/src --rounds 3
 """
@@ -17,6 +17,7 @@ anonymous memory at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -89,6 +90,7 @@ def _child(plan_dir: Path, group: int) -> dict[str, Any]:
         if lo._warm is not None:
             lo._warm.result()
     open_s = time.perf_counter() - t_open
+    warm_anon = _anonymous_mib()
     cpu0, t0 = time.process_time(), time.perf_counter()
     crc, tokens = 0, 0
     order = np.lexsort((cols["source"], cols["step"]))
@@ -111,11 +113,7 @@ def _child(plan_dir: Path, group: int) -> dict[str, Any]:
     for lo in loaders.values():
         for k, v in lo._prefetch_counts().items():
             counts[k] = counts.get(k, 0) + v
-    anon = 0
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Anonymous:"):
-                anon = int(line.split()[1]) // 1024
+    anon = _anonymous_mib()
     return {
         "cpu_s": round(cpu, 3),
         "wall_s": round(wall, 3),
@@ -125,12 +123,22 @@ def _child(plan_dir: Path, group: int) -> dict[str, Any]:
         "crc": crc,
         "tokens_per_cpu_s": round(tokens / cpu) if cpu > 0 else None,
         "anonymous_mib": anon,
+        "warm_anonymous_mib": warm_anon,
         "prefetch": counts,
     }
 
 
+def _anonymous_mib() -> int:
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
+
 def _run(src: Path, plan_dir: Path, group: int) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(src)}
+    # Arrow's allocator as in the embedded cluster's workers (`_cluster.worker_env`)
+    env = {"ARROW_DEFAULT_MEMORY_POOL": "jemalloc", **os.environ, "PYTHONPATH": str(src)}
     cmd = [sys.executable, __file__, "--child", str(plan_dir), "--group", str(group)]
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -152,6 +160,7 @@ def main() -> None:
     ap.add_argument("--sources", type=int, default=0, help="N sources of memory.py's shape instead (0: stream's two)")
     ap.add_argument("--ranks", type=int, default=16, help="with --sources: dp ranks of the plan")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--data", type=Path, default=None, help="keep data, index and plan in this folder (reused)")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--group", type=int, default=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -160,7 +169,8 @@ def main() -> None:
         return
     trees = {"after": SRC} if args.ab is None else {"before": args.ab.resolve(), "after": SRC}
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="loom-bench-replay-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = str(args.data) if args.data else stack.enter_context(tempfile.TemporaryDirectory(prefix="loom-replay-"))
         plan_dir = _prepare(Path(tmp), args)
         for r in range(args.rounds):
             for group in args.groups:

@@ -572,7 +572,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="N 10, 100 and R 4")
     ap.add_argument("--loom-only", action="store_true", help="diagnosis: measure loomdata alone (no ratios)")
     ap.add_argument("--loader-memory", type=float, default=None, help="loomdata: loader cache MiB per worker")
-    ap.add_argument("--workers", type=int, default=2, help="loomdata: worker processes of the embedded cluster")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="loomdata: worker processes of the embedded cluster (0: one in the serving process)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument(
         "--data", type=Path, default=None, help="keep data, index and plans in this folder, reused (default: temporary)"

@@ -334,12 +334,13 @@ def _worker_cpu(client: Any, parts: dict[str, float] | None = None) -> float:
     """CPU seconds so far of the Dask workers and this process (it hosts the scheduler); per part into `parts`."""
     import psutil
 
-    def cpu() -> float:
+    def cpu() -> tuple[int, float]:
         t = psutil.Process().cpu_times()
-        return float(t.user + t.system)
+        return os.getpid(), float(t.user + t.system)
 
     main = os.times()  # this process hosts the scheduler
-    per = client.run(cpu)
+    # `--workers 0`: the worker is a thread of this process, whose CPU `main` counts already
+    per = {a: v for a, (pid, v) in client.run(cpu).items() if pid != os.getpid()}
     if parts is not None:
         parts.update({f"worker{k}": v for k, v in enumerate(per[a] for a in sorted(per))}, main=main.user + main.system)
     return float(sum(per.values())) + main.user + main.system
@@ -544,7 +545,12 @@ def main() -> None:
         "--bytes-in-flight", type=int, default=None, help="executor bytes bound per rank (default ServeConfig's)"
     )
     ap.add_argument("--consumers", type=int, nargs="+", default=list(CONSUMERS))
-    ap.add_argument("--workers", type=int, default=2, help="worker processes of loomdata's embedded cluster")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="worker processes of loomdata's embedded cluster (0: one in this process)",
+    )
     ap.add_argument("--verify-repeat", type=int, default=3, help="runs per verify mode (sample, off); 0: skip")
     ap.add_argument("--peers", nargs="+", default=list(_PEERS), choices=list(_PEERS), help="peer loaders to run")
     ap.add_argument(

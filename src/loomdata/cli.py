@@ -384,7 +384,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--constructors", type=int, default=defaults.constructors)
     s.add_argument("--window", type=int, default=defaults.window, help="steps built ahead of the slowest rank")
     s.add_argument(
-        "--workers", type=int, default=defaults.n_workers, help="worker processes of the embedded LocalCluster"
+        "--workers",
+        type=int,
+        default=defaults.n_workers,
+        help="worker processes of the embedded LocalCluster; 0: one worker thread inside the serving process "
+        "(least memory with ARROW_DEFAULT_MEMORY_POOL=jemalloc set; no worker can be lost alone, so none is "
+        "recovered)",
     )
     s.add_argument("--peers", type=int, default=None, help="processes per dp rank (default: the plan's tp*pp*cp)")
     s.add_argument(

@@ -58,6 +58,10 @@ def open_cluster(
 ) -> Iterator[Client]:
     """Yield a Client: connected to `scheduler`, or to an embedded LocalCluster of `n_workers` processes.
 
+    `n_workers` 0: one worker thread inside this process (`IN_PROCESS`: one copy of the imports, no worker
+    process; a worker cannot be lost alone, so recovery has nothing to do); set
+    `ARROW_DEFAULT_MEMORY_POOL=jemalloc` before this process starts for its memory (`_use_worker_pool_here`).
+
     The embedded cluster binds to 127.0.0.1, uses one thread per worker, keeps its scratch files in
     `local_directory` (a fresh temporary folder, removed afterwards, when not given) and uses TLS:
     `tls` if given, else fresh credentials written to `tls_dir` (default: LOCAL_DIRECTORY/.loom-tls;
@@ -86,11 +90,14 @@ def open_cluster(
         if not insecure:
             folder = Path(tls_dir) if tls_dir is not None else Path(local_directory) / TLS_DIR
             security = security_of(tls or embedded_tls(folder))
+        in_process = n_workers == IN_PROCESS
+        if in_process:
+            _use_worker_pool_here()
         cluster = stack.enter_context(
             LocalCluster(
-                n_workers=n_workers,
+                n_workers=1 if in_process else n_workers,
                 threads_per_worker=1,
-                processes=True,
+                processes=not in_process,
                 host="127.0.0.1",
                 protocol="tcp://" if insecure else "tls://",
                 security=security,
@@ -99,13 +106,31 @@ def open_cluster(
                 # free loopback port, not on 8787 (taken by any other cluster on the host: a warning each start)
                 scheduler_kwargs=None if dashboard else {"dashboard_address": "127.0.0.1:0"},
                 local_directory=str(local_directory),
-                env=worker_env(),
+                **({} if in_process else {"env": worker_env()}),
             )
         )
         client = stack.enter_context(Client(cluster, direct_to_workers=True, security=security))
         if dashboard:
             print(f"loomdata: Dask dashboard at {client.dashboard_link}", file=sys.stderr, flush=True)
         yield client
+
+
+IN_PROCESS = 0
+"""`n_workers` of the layout without worker processes: the worker runs as a thread of the serving process."""
+
+
+def _use_worker_pool_here() -> None:
+    """Arrow's allocator of the workers (`worker_env`) for this process, where the worker thread runs in it.
+
+    Only in part: allocations Arrow set up at import keep the allocator chosen then (mimalloc by default),
+    whose freed pages stay as huge pages (300 sources: 809 MiB warm against 405 with
+    `ARROW_DEFAULT_MEMORY_POOL=jemalloc` set before the process started; benchmarks/memory.py).
+    """
+    import pyarrow as pa
+
+    chosen = worker_env().get("ARROW_DEFAULT_MEMORY_POOL")
+    if chosen == "jemalloc" and pa.default_memory_pool().backend_name != "jemalloc":
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
 
 
 WORKER_ARROW_POOL = "jemalloc"

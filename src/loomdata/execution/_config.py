@@ -161,7 +161,11 @@ class ServeConfig:
     timings: Timings = field(default_factory=Timings)
 
     def __post_init__(self) -> None:
-        _at_least_one(self, "constructors", "window", "peers", "n_workers")
+        _at_least_one(self, "constructors", "window", "peers")
+        if self.n_workers < 0:
+            raise ValueError(
+                f"ServeConfig.n_workers must be >= 0 (0: the worker in the serving process), got {self.n_workers!r}"
+            )
         _positive(self, "metrics_every_s")
         if self.start_step < 0:
             raise ValueError(f"ServeConfig.start_step must be >= 0, got {self.start_step!r}")

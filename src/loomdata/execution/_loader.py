@@ -23,8 +23,12 @@ a bounded number at once on the loader's prefetch threads, into the same cache a
 A new loader plans from `CachePolicy.start_step` in its thread before any request arrives (`warm`), and
 each newly planned chunk's shards are opened concurrently first (shard checks, object HEADs and
 footers), so neither the first step nor a shard first met later waits on those requests one by one.
-A small read runs inline on the event loop only when it cannot wait on storage (local files, or
-every unit it needs already held): a GET must never block the worker's loop.
+A small read runs inline on the event loop only when it waits on nothing: its steps' manifest chunks
+planned, their shards open, every unit it needs held and none being read ahead, at most
+`INLINE_LOADERS` loaders in the process, and it starts no read ahead before it reads (a GET must never
+block the worker's loop, nor a wait for a read ahead: at start-up of 300 loaders on one worker, inline
+reads waited on the loop for read-aheads and for the cache's lock, and the gateway's TLS handshakes
+took 40-80 s).
 
 Retirement (scaling, `Executor.set_loaders`): `close()` runs after any read already in the loader's
 strand (serial, FIFO) and cannot interleave with an inline read (both run on the worker's event
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +65,11 @@ from loomdata.storage import Location, is_url, location
 __all__ = ["REQUEST_DTYPE", "LoaderRetired", "SegmentData", "SourceLoader", "read_segments"]
 
 _INLINE_TOKENS = 1 << 16  # requests up to this many tokens are read on the event loop
+INLINE_LOADERS = 16
+"""Small reads stay on the event loop only while the process holds at most this many loaders: 300 loaders'
+reads inline kept one worker's loop busy at start-up (decoding, waiting on the cache lock the read-ahead
+threads hold) until the ranks' TLS handshakes to its gateway timed out (`benchmarks/gateway_startup.py`)."""
+_LIVE: weakref.WeakSet[SourceLoader] = weakref.WeakSet()  # this process's open loaders
 
 REQUEST_DTYPE = np.dtype([("sample", np.uint64), ("offset", np.uint32), ("length", np.uint32), ("step", np.uint32)])
 """One requested segment: `length` tokens of `sample` starting at token `offset`, for plan step `step`.
@@ -149,6 +159,7 @@ class SourceLoader:
         self._in_thread = 0  # reads queued or running in the thread (changed only on the event loop)
         self._remote = any(is_url(p) for p in self._paths.values())
         self._warm = self._pool.submit(self._plan.warm) if self._plan is not None else None
+        _LIVE.add(self)
 
     async def read(self, request: np.ndarray) -> SegmentData:
         """The segments of `request` (REQUEST_DTYPE): small reads inline, large ones in this actor's thread.
@@ -160,7 +171,7 @@ class SourceLoader:
         self._check_open()
         small = int(request["length"].sum()) <= _INLINE_TOKENS
         if small and (self._in_thread == 0 or self._reader.thread_safe) and self._inline_ok(request):
-            return self.read_now(request)
+            return self.read_now(request, inline=True)
         self._in_thread += 1
         try:
             loop = asyncio.get_running_loop()
@@ -169,13 +180,18 @@ class SourceLoader:
             self._in_thread -= 1
 
     def _inline_ok(self, request: np.ndarray) -> bool:
-        """Whether a read cannot wait on storage: warmed up, and local files or every unit it needs held."""
-        if self._warm is not None and not self._warm.done():
+        """Whether a read waits on nothing: warmed up, its steps planned, its shards open and every unit it needs
+        held (else it would read the manifest, or wait for an open or a read ahead queued behind other loaders'
+        on the shared threads, blocking the loop); without a plan, local files."""
+        if len(_LIVE) > INLINE_LOADERS or (self._warm is not None and not self._warm.done()):
             return False
-        return not self._remote or (self._plan is not None and self._plan.held(request))
+        if self._plan is None:
+            return not self._remote
+        return self._plan.ready(request) and self._plan.held(request) and not self._plan.reading(request)
 
-    def read_now(self, request: np.ndarray) -> SegmentData:
-        """Synchronous `read` (the work itself).
+    def read_now(self, request: np.ndarray, *, inline: bool = False) -> SegmentData:
+        """Synchronous `read` (the work itself); `inline` (on the event loop): no read ahead is started before it
+        (one of this request's units issued then would make the read wait for it on the loop).
 
         A data error (a `SourceDataError` naming the file, row and fix) reaches the constructor and the
         client intact: LoomErrors pickle by their arguments.
@@ -184,7 +200,8 @@ class SourceLoader:
         t0 = time.perf_counter()
         if self._plan is not None:
             self._plan.ahead(request["step"])
-            self._plan.pump(request["step"])
+            if not inline:
+                self._plan.pump(request["step"])
         out = read_segments(
             self._reader, request, self._index, self._paths, self._patch, self.partition, self._verifier
         )
@@ -252,6 +269,7 @@ class SourceLoader:
         if self._closed:
             return
         self._closed = True
+        _LIVE.discard(self)
         await asyncio.get_running_loop().run_in_executor(self._pool, self._reader.close)
         if self._plan is not None:
             self._plan.close()

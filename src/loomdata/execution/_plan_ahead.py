@@ -115,6 +115,19 @@ class PlanAhead:
             return False
         return self.cache.holds(keys, self._rows_of(request["sample"]))
 
+    def ready(self, request: np.ndarray) -> bool:
+        """Whether the chunks of `request`'s steps are planned (serving it reads no manifest; see `held` for units).
+
+        Asked on the worker's event loop: planning a chunk there reads the manifest and waits for its shards'
+        opens, which queue behind every other loader's at start-up.
+        """
+        chunk = self._policy.chunk_steps
+        return all(c in self._planned for c in np.unique(request["step"].astype(np.int64) // chunk).tolist())
+
+    def reading(self, request: np.ndarray) -> bool:
+        """Whether a unit `request` reads is being read ahead now (serving it would wait for that read)."""
+        return self.prefetch is not None and self.prefetch.reading(self.keys(request["sample"]))
+
     def _shards_of(self, samples: np.ndarray) -> np.ndarray:
         """The shard of each of `samples` (of this partition)."""
         index = self._loader._index

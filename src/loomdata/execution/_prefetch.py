@@ -243,6 +243,11 @@ class Prefetcher:
                 self._hit.key = k
         return value
 
+    def reading(self, keys: np.ndarray) -> bool:
+        """Whether a read ahead of any of `keys` (unit keys) is queued or running (a `get` of it would wait)."""
+        with self._lock:
+            return any(k in self._inflight for k in np.unique(keys).tolist())
+
     def put(self, key: UnitKey, value: Any, nbytes: int) -> None:
         """The loader's own reader decoded `key`; if it was held, its kept rows fell short: a miss `get` missed."""
         if self.cache.get(key) is not None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from loomdata.execution import open_cluster
 from loomdata.execution._cluster import WORKER_ARROW_POOL
+from loomdata.schemas import read_plan
 
 
 def _backend() -> str:
@@ -28,3 +30,26 @@ def test_workers_use_jemalloc_and_a_users_choice_wins(tmp_path: Path, monkeypatc
     monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "system")
     with open_cluster(n_workers=1, local_directory=tmp_path / "b") as client:
         assert list(client.run(_backend).values()) == ["system"]
+
+
+def test_the_in_process_layout_serves_every_rank_exactly_over_tls(
+    stream_plan: Path, tmp_path: Path, loomtest: Any
+) -> None:
+    """`n_workers=0`: the worker is a thread of this process; ranks still reach its gateway over mutual TLS."""
+    import os
+
+    from loomdata.client import StreamClient
+    from loomdata.execution import Executor
+    from loomdata.execution.protocol import read_serve_info
+
+    meta = read_plan(stream_plan)
+    with open_cluster(n_workers=0, local_directory=tmp_path / "dask") as client, Executor(stream_plan, client):
+        assert list(client.run(os.getpid).values()) == [os.getpid()]  # one worker, in this process
+        assert client.scheduler_info()["address"].startswith("tls://")
+        info = read_serve_info(stream_plan)
+        assert all(c.gateway is not None and c.gateway.startswith("tls://") for c in info.constructors)
+        got = {}
+        for r in range(meta.dp_size):
+            with StreamClient(stream_plan, r) as stream:
+                got[r] = list(stream)
+    loomtest.check_exact(stream_plan, got)

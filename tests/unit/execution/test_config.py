@@ -25,7 +25,7 @@ def test_defaults_are_the_documented_ones() -> None:
         (lambda: ServeConfig(window=0), "ServeConfig.window"),
         (lambda: ServeConfig(constructors=0), "ServeConfig.constructors"),
         (lambda: ServeConfig(peers=0), "ServeConfig.peers"),
-        (lambda: ServeConfig(n_workers=0), "ServeConfig.n_workers"),
+        (lambda: ServeConfig(n_workers=-1), "ServeConfig.n_workers"),
         (lambda: ServeConfig(metrics_every_s=0), "ServeConfig.metrics_every_s"),
         (lambda: ServeConfig(loaders_per_source={"web": 0}), "ServeConfig.loaders_per_source"),
         (lambda: ServeConfig(start_step=-1), "ServeConfig.start_step"),
@@ -67,3 +67,7 @@ def test_the_window_follows_the_bytes_in_flight_bound() -> None:
     assert widened.for_plan(8192, 8) == widened  # idempotent: the Executor may apply it to a widened config
     with pytest.raises(ValueError, match="step_bytes"):
         c.steps_ahead(0)
+
+
+def test_no_worker_processes_is_a_layout() -> None:
+    assert ServeConfig(n_workers=0).n_workers == 0  # the worker runs inside the serving process

@@ -250,7 +250,7 @@ def test_siblings_share_one_parsed_footer_and_units_open_no_file(tmp_path: Path)
     main = _reader(tokens_field="input_ids")
     other = main.sibling()
     assert other.units(p, np.array([0, 15, 99, 100])).tolist() == [0, 0, 1, -1]
-    assert other._files == {}  # row groups located from the footer alone: no handle opened
+    assert other.open_files() == 0  # row groups located from the footer alone: no handle opened
     assert main._layout(p) is other._layout(p)  # parsed once for both
     got = other.load_unit(p, 1, np.array([65, 62, 40]))  # only rows of group 1 are kept, in row order
     assert got is not None
@@ -263,3 +263,31 @@ def test_siblings_share_one_parsed_footer_and_units_open_no_file(tmp_path: Path)
     assert [s.tokens.tolist() for s in main.read(p, np.array([15, 3]))] == [docs[15].tolist(), docs[3].tolist()]
     unrelated = _reader(tokens_field="input_ids")  # not a sibling: reads the footer itself
     assert unrelated._layout(p) is not main._layout(p)
+
+
+def test_files_past_the_process_limit_are_let_go_and_reopened_from_the_held_footer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from loomdata.sources import parquet
+
+    monkeypatch.setattr(parquet._OPEN, "limit", 2)
+    paths, docs = [], []
+    for k in range(3):
+        p = tmp_path / f"f{k}.parquet"
+        d = _docs(60, seed=k)
+        _write_tokens(p, d, pa.list_(pa.int32()), rg=20)
+        paths.append(p)
+        docs.append(d)
+    fds = len(os.listdir("/proc/self/fd"))
+    r = _reader(tokens_field="input_ids")
+    for _ in range(2):  # the second round opens each file again from its held footer
+        for p, d in zip(paths, docs, strict=True):
+            got = r.read(p, np.array([59, 3, 25]))
+            assert [s.tokens.tolist() for s in got] == [d[59].tolist(), d[3].tolist(), d[25].tolist()]
+            assert r.open_files() <= 2
+    assert isinstance(r._layout(paths[0]).footer, bytes) and len(r._layout(paths[0]).footer) < 4096
+    r.close()
+    assert r.open_files() == 0
+    assert len(os.listdir("/proc/self/fd")) <= fds  # every handle it opened is closed

@@ -40,7 +40,7 @@ from loomdata.execution._shard_opens import ShardOpens
 from loomdata.schemas.errors import LoomError
 from loomdata.schemas.plan import PlanMeta, read_manifest
 from loomdata.sources import FormatReader
-from loomdata.storage import open_ahead
+from loomdata.storage import is_url, open_ahead, warm_client
 
 __all__ = ["PlanAhead"]
 
@@ -80,7 +80,14 @@ class PlanAhead:
         loader._reader.use_unit_cache(self.prefetch if self.prefetch is not None else self.cache)
 
     def warm(self) -> None:
-        """Before any request: plan from the start step (opening those shards at once) and read ahead."""
+        """Before any request: plan from the start step (opening those shards at once) and read ahead.
+
+        On an object store, the store's client is made first, once (its shard opens would each make one).
+        """
+        lo = self._loader
+        remote = next((p for p in lo._paths.values() if is_url(p)), None)
+        if remote is not None:
+            warm_client(remote, lo._source.storage_options)
         start = np.array([min(self._policy.start_step, max(self._meta.steps - 1, 0))], dtype=np.int64)
         self.ahead(start)
         self.pump(start)
@@ -258,8 +265,12 @@ class PlanAhead:
 
     def _open_jobs(self, shard: int) -> list[functools.partial[None]]:
         """What planning a shard needs: its footer (which rows each unit holds)."""
-        path = self._loader._paths.get(shard)
-        return [] if path is None else [functools.partial(self._loader._reader.prepare, path)]
+        lo = self._loader
+        path = lo._paths.get(shard)
+        if path is None:
+            return []
+        known = lo._verifier.shards.get(shard)  # its indexed size: an object's footer is then one GET, no HEAD
+        return [functools.partial(lo._reader.prepare, path, known.size_bytes if known is not None else None)]
 
     def _check_jobs(self, shard: int) -> list[functools.partial[None]]:
         """What only serving a shard's bytes needs, opened alongside: its check against the index, its read handle.

@@ -135,7 +135,7 @@ class Verifier:
     def _check(self, shard: int, path: Location) -> None:
         want = self.shards[shard]
         try:
-            got = stat_shard(path, self.fmt)
+            got = stat_shard(path, self.fmt, size=want.size_bytes)  # an object: edges read beside its HEAD
         except SourceDataError as e:
             raise SourceDataError(
                 e.path,

@@ -175,9 +175,10 @@ class FormatReader(abc.ABC):
     def read(self, path: Location, rows: np.ndarray) -> list[Sample]:
         """The samples at `rows` (values of the scan's `row` column) of `path`, in the order given."""
 
-    def prepare(self, path: Location) -> None:  # noqa: B027 - optional hook
+    def prepare(self, path: Location, size: int | None = None) -> None:  # noqa: B027 - optional hook
         """Fetch and keep what opening `path` needs (a Parquet footer), for this reader and its `sibling`s.
 
+        `size`: the shard's size in bytes as indexed, where known (an object's footer then needs no HEAD).
         Thread-safe, unlike `read`: a Source Loader opens its shards' objects concurrently at serve start
         so that no read waits on those requests in turn. Default: nothing to fetch ahead.
         """

@@ -24,7 +24,8 @@ hash call, run as a C-level `map`): the floor for sources of many short samples.
 
 A shard's `fingerprint` hashes its size and first/last 64 KiB (both files of a Megatron pair); it
 is content, never path or time. `ctime_ns` (the inode change time, which no user tool can set back)
-serves change detection only. An object (a URL) is hashed the same way through two range reads, so a
+serves change detection only. An object (a URL) is hashed the same way through two range reads (run
+together, and beside its HEAD where the indexed size is known: a loader's check is one round trip), so a
 copy in a bucket has the fingerprint of the local file; its `version` (ETag or version id) takes the
 place of the times for change detection: `mtime_ns` holds `version_stamp(version)` (a CRC-32 of it), so
 the loaders' open check, which compares size, mtime and fingerprint, compares the ETag too.
@@ -35,8 +36,11 @@ from __future__ import annotations
 import hashlib
 import operator
 import os
+import threading
 import zlib
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,17 +101,51 @@ def files_of(path: Location, fmt: SourceFormat) -> list[Location]:
     return [path]
 
 
-def _hash_object(h: hashlib._Hash, url: str, options: StorageOptions | None) -> tuple[int, str]:
-    """Feed an object's size and first/last 64 KiB into `h` (two range reads); return its size and version."""
-    ident = identity(url, options)
-    size = ident.size
-    head = read_range(url, 0, min(size, _EDGE_BYTES), options)
-    tail = read_range(url, max(size - _EDGE_BYTES, _EDGE_BYTES), size, options) if size > _EDGE_BYTES else b""
-    h.update(f"{size}\0".encode())
+_EDGE_THREADS = 8
+_EDGE_POOL: list[ThreadPoolExecutor] = []  # made on first use (a local-only process never starts its threads)
+_EDGE_LOCK = threading.Lock()
+
+
+def _edge_pool() -> ThreadPoolExecutor:
+    """The process's threads for an object's concurrent edge reads (its own: callers run on the read-ahead threads)."""
+    with _EDGE_LOCK:
+        if not _EDGE_POOL:
+            _EDGE_POOL.append(ThreadPoolExecutor(_EDGE_THREADS, thread_name_prefix="loom-edges"))
+        return _EDGE_POOL[0]
+
+
+def _edges(url: str, size: int, options: StorageOptions | None) -> list[Future[bytes]]:
+    """The first and last 64 KiB of an object of `size` bytes, read concurrently (the tail empty when it is small)."""
+    pool = _edge_pool()
+    head = pool.submit(read_range, url, 0, min(size, _EDGE_BYTES), options)
+    if size <= _EDGE_BYTES:
+        tail: Future[bytes] = Future()
+        tail.set_result(b"")
+        return [head, tail]
+    return [head, pool.submit(read_range, url, max(size - _EDGE_BYTES, _EDGE_BYTES), size, options)]
+
+
+def _hash_object(h: hashlib._Hash, url: str, options: StorageOptions | None, known: int | None) -> tuple[int, str]:
+    """Feed an object's size and first/last 64 KiB into `h`; return its size and version.
+
+    The two edge reads run together; given the size the index recorded (`known`), alongside the HEAD too (one
+    round trip, not two). An object whose size is not `known` now has its edges read again at its real size.
+    """
+    early = _edges(url, known, options) if known is not None else None
+    try:
+        ident = identity(url, options)
+    finally:
+        if early is not None and not all(f.done() for f in early):
+            wait_for(early)
+    if early is not None and ident.size == known:
+        head, tail = (f.result() for f in early)
+    else:
+        head, tail = (f.result() for f in _edges(url, ident.size, options))
+    h.update(f"{ident.size}\0".encode())
     h.update(head)
     h.update(b"\0")
     h.update(tail)
-    return size, ident.version
+    return ident.size, ident.version
 
 
 def _hash_file(h: hashlib._Hash, path: Location) -> os.stat_result:
@@ -131,14 +169,22 @@ def _hash_file(h: hashlib._Hash, path: Location) -> os.stat_result:
 
 
 def stat_shard(
-    path: Location, fmt: SourceFormat = SourceFormat.PARQUET, options: StorageOptions | None = None
+    path: Location,
+    fmt: SourceFormat = SourceFormat.PARQUET,
+    options: StorageOptions | None = None,
+    size: int | None = None,
 ) -> ShardStat:
-    """Size, mtime, ctime and fingerprint of one shard (raises SourceDataError when it cannot be read)."""
+    """Size, mtime, ctime and fingerprint of one shard (raises SourceDataError when it cannot be read).
+
+    `size`: the shard's size as indexed, where known (a loader's check): a one-object shard's edge reads then
+    run alongside its HEAD. The result is the same with or without it.
+    """
     h = hashlib.sha256()
     if is_url(path):
         total, versions = 0, []
-        for url in files_of(path, fmt):
-            n, v = _hash_object(h, str(url), options)
+        urls = files_of(path, fmt)
+        for url in urls:
+            n, v = _hash_object(h, str(url), options, size if len(urls) == 1 else None)
             total += n
             versions.append(v)
         version = ",".join(versions)

@@ -17,7 +17,9 @@ again, no read of the file), and `units` opens none. At most `OPEN_FILES` files 
 (`_open_files`): 300 sources of 4 shards on one worker held 1,200 open, 34 MiB of parsed footers.
 An object URL is opened as a range-reading file (`loomdata.storage.RangeFile`): the footer and each row
 group's column chunks are range GETs; its size and footer are fetched once (`prepare`, or the first
-open), so a reader opening an object whose layout is held makes no request.
+open), so a reader opening an object whose layout is held makes no request. Given the size the index
+recorded (`prepare(path, size)`: a loader's shard opens), the footer is one range GET and no HEAD; an
+object of another size now (rewritten since indexing) fails that read and is HEADed and read afresh.
 """
 
 from __future__ import annotations
@@ -103,7 +105,14 @@ class FileLayouts:
         self._held: dict[str, _Layout] = {}
         self._reading: dict[str, threading.Lock] = {}
 
-    def get(self, path: Location, options: StorageOptions | None, check: Callable[[pa.Schema], None]) -> _Layout:
+    def get(
+        self,
+        path: Location,
+        options: StorageOptions | None,
+        check: Callable[[pa.Schema], None],
+        size: int | None = None,
+    ) -> _Layout:
+        """`path`'s layout, read now if not held (`size`: the object's size as indexed, where known: no HEAD)."""
         key = str(path)
         with self._lock:
             hit = self._held.get(key)
@@ -115,21 +124,36 @@ class FileLayouts:
                 hit = self._held.get(key)
             if hit is not None:
                 return hit
-            layout = _read_layout(path, options)
+            layout = _read_layout(path, options, size)
             check(layout.schema)
             with self._lock:
                 self._held[key] = layout
             return layout
 
 
-def _read_layout(path: Location, options: StorageOptions | None) -> _Layout:
+def _object_footer(url: str, options: StorageOptions | None, known: int | None) -> tuple[pq.FileMetaData, int]:
+    """An object's footer and size: one range GET given its indexed size `known`, else (or if that fails) HEAD + GET.
+
+    A read at the indexed size of an object rewritten since (another size) ends short or past the footer's
+    magic and fails; it is then HEADed and read at its real size, and the loader's shard check reports the change.
+    """
+    if known:
+        try:
+            with RangeFile(url, known, options) as f:
+                return pq.read_metadata(f), known
+        except (OSError, ValueError, pa.ArrowException, SourceDataError):
+            pass
+    size = identity(url, options).size
+    with RangeFile(url, size, options) as f:
+        return pq.read_metadata(f), size
+
+
+def _read_layout(path: Location, options: StorageOptions | None, known: int | None = None) -> _Layout:
     """Read and parse one file's footer (SourceDataError naming the file if it is not Parquet)."""
     try:
         size: int | None = None
         if is_url(path):
-            size = identity(str(path), options).size
-            with RangeFile(str(path), size, options) as f:
-                md = pq.read_metadata(f)
+            md, size = _object_footer(str(path), options, known)
         else:
             md = pq.read_metadata(str(path))
         schema = md.schema.to_arrow_schema()
@@ -163,9 +187,13 @@ class ParquetReader(FormatReader):
 
     # ---- file state -------------------------------------------------------------------------
 
-    def _layout(self, path: Location) -> _Layout:
-        """The file's layout from the shared store (read once, schema checked then)."""
-        return self._layouts.get(path, self.source.storage_options, lambda schema: self._check_schema(path, schema))
+    def _layout(self, path: Location, size: int | None = None) -> _Layout:
+        """The file's layout from the shared store (read once, schema checked then; `size`: as indexed)."""
+
+        def check(schema: pa.Schema) -> None:
+            self._check_schema(path, schema)
+
+        return self._layouts.get(path, self.source.storage_options, check, size)
 
     def _open(self, path: Location) -> _FileInfo:
         """This reader's open file `path` (opened again from its held footer if the process let it go)."""
@@ -216,9 +244,12 @@ class ParquetReader(FormatReader):
                 hint="point the spec's field at the right column or use the other field kind",
             )
 
-    def prepare(self, path: Location) -> None:
-        """Read a file's (an object's: size and) footer into the store this reader shares (thread-safe)."""
-        self._layout(path)
+    def prepare(self, path: Location, size: int | None = None) -> None:
+        """Read a file's (an object's: size and) footer into the store this reader shares (thread-safe).
+
+        `size`: the object's size as the index recorded it; then its footer is one range GET, no HEAD.
+        """
+        self._layout(path, size)
 
     def sibling(self) -> ParquetReader:
         """A reader of the same source sharing this one's layouts (its own files and handles)."""

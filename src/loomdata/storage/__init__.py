@@ -2,7 +2,8 @@
 
 One small API for readers and the index job: `location` and `is_url` tell the two apart, `glob`,
 `identity` (size + ETag/version, or the file's stat), `open_input` / `ObjectView` / `read_range` read
-(`open_ahead` opens an object's read handle before its first large read)
+(`open_ahead` opens an object's read handle before its first large read; `warm_client` makes a store's
+client before its first request)
 (`request_latency`: the median of a store's recent range GETs, for sizing read-ahead),
 `fetch_to_cache` keeps a small object on local disk (large S3 ranges go through pyarrow's S3 client:
 `LOOMDATA_S3_TRANSPORT=fsspec` keeps them on s3fs). Transient errors are retried with back-off
@@ -26,6 +27,7 @@ from loomdata.storage._fs import (
     read_range,
     request_stats,
     reset_request_stats,
+    warm_client,
 )
 from loomdata.storage._latency import request_latency, reset_request_latency, store_of
 from loomdata.storage._options import REDACTED, options_for, redact
@@ -67,4 +69,5 @@ __all__ = [
     "retrying",
     "store_of",
     "suffix_of",
+    "warm_client",
 ]

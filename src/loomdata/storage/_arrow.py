@@ -25,7 +25,15 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ARROW_MIN_READ", "TRANSPORT_ENV", "arrow_open", "arrow_read", "arrow_s3_kwargs", "drop_handle"]
+__all__ = [
+    "ARROW_MIN_READ",
+    "TRANSPORT_ENV",
+    "arrow_filesystem",
+    "arrow_open",
+    "arrow_read",
+    "arrow_s3_kwargs",
+    "drop_handle",
+]
 
 ARROW_MIN_READ = 512 * 1024
 """Reads this large or larger of an s3:// object go through pyarrow (smaller ones would pay its HEAD)."""
@@ -77,6 +85,11 @@ def _filesystem(kwargs: dict[str, Any]) -> tuple[tuple[tuple[str, Any], ...], An
         with _LOCK:
             fs = _FILESYSTEMS.setdefault(key, fs)
     return key, fs
+
+
+def arrow_filesystem(kwargs: dict[str, Any]) -> bool:
+    """Make (and keep) the pyarrow S3 filesystem of `kwargs` now (no request); False where pyarrow has no S3."""
+    return _filesystem(kwargs) is not None
 
 
 def _handle(url: str, kwargs: dict[str, Any], on_open: Any) -> Any | None:

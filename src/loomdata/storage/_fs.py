@@ -10,6 +10,7 @@ mmap-like view (`len`, slicing, `find`) for readers written against memory maps.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -22,7 +23,14 @@ from typing import Any, BinaryIO
 
 import fsspec
 
-from loomdata.storage._arrow import ARROW_MIN_READ, arrow_open, arrow_read, arrow_s3_kwargs, drop_handle
+from loomdata.storage._arrow import (
+    ARROW_MIN_READ,
+    arrow_filesystem,
+    arrow_open,
+    arrow_read,
+    arrow_s3_kwargs,
+    drop_handle,
+)
 from loomdata.storage._errors import ObjectNotFoundError
 from loomdata.storage._latency import _LATENCY
 from loomdata.storage._options import options_for
@@ -43,6 +51,7 @@ __all__ = [
     "read_range",
     "request_stats",
     "reset_request_stats",
+    "warm_client",
 ]
 
 StorageOptions = Mapping[str, Mapping[str, Any]]
@@ -85,14 +94,50 @@ def reset_request_stats() -> None:
     _STATS.reset()
 
 
+_CONNECT_LOCK = threading.Lock()
+
+
 def _fs(url: str, options: StorageOptions | None) -> fsspec.AbstractFileSystem:
     proto = protocol_of(url)
     try:
-        return fsspec.filesystem(proto, **options_for(proto, options))
+        fs = fsspec.filesystem(proto, **options_for(proto, options))
     except ImportError as e:
         extra = {"s3": "s3", "gs": "gcs", "gcs": "gcs"}.get(proto, "")
         hint = f"pip install 'loomdata[{extra}]'" if extra else "install fsspec's HTTP support (aiohttp)"
         raise ObjectNotFoundError(url, f"no filesystem for {proto}:// ({e})", hint=hint) from None
+    if proto == "s3" and not getattr(fs, "_loom_connected", False):
+        _connect(fs)
+    return fs
+
+
+def _connect(fs: fsspec.AbstractFileSystem) -> None:
+    """Make an s3fs filesystem's client once, before its first request (which would otherwise make it).
+
+    0.29-0.34 s in a fresh process (the botocore session, aiobotocore's SSL context), and s3fs does not
+    guard it: concurrent first requests (a loader's shard opens) each made their own. No request is sent.
+    """
+    with _CONNECT_LOCK:
+        if getattr(fs, "_loom_connected", False):
+            return
+        with contextlib.suppress(Exception):  # the first request makes it again and reports the error, naming the URL
+            fs.connect()
+        fs._loom_connected = True
+
+
+def warm_client(loc: Location, options: StorageOptions | None = None) -> None:
+    """Make the client of `loc`'s store now (s3fs's session, pyarrow's S3 filesystem), sending no request.
+
+    For a worker that starts serving a source on an object store: its first request then pays only its round
+    trip. A no-op for a local path (a local-only plan starts no storage client).
+    """
+    if not is_url(loc):
+        return
+    url = str(loc)
+    _fs(url, options)
+    if protocol_of(url) == "s3":
+        kwargs = arrow_s3_kwargs(options_for("s3", options))
+        if kwargs is not None:
+            arrow_filesystem(kwargs)
 
 
 def _retry(fn: Any, url: str, what: str, policy: RetryPolicy) -> Any:

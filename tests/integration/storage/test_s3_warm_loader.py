@@ -185,11 +185,11 @@ def test_a_read_never_waits_on_another_chunks_shard_opening(
     gate, began = threading.Event(), threading.Event()
     real = ParquetReader.prepare
 
-    def prepare(self: ParquetReader, path: Any) -> None:
+    def prepare(self: ParquetReader, path: Any, size: int | None = None) -> None:
         if str(path).endswith(late):
             began.set()
             assert gate.wait(60)
-        real(self, path)
+        real(self, path, size)
 
     monkeypatch.setattr(ParquetReader, "prepare", prepare)
     loader = _loader(plan_dir, 0, chunk)

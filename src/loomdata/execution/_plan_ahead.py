@@ -80,14 +80,8 @@ class PlanAhead:
         loader._reader.use_unit_cache(self.prefetch if self.prefetch is not None else self.cache)
 
     def warm(self) -> None:
-        """Before any request: plan from the start step (opening those shards at once) and read ahead.
-
-        On an object store, the store's client is made first, once (its shard opens would each make one).
-        """
-        lo = self._loader
-        remote = next((p for p in lo._paths.values() if is_url(p)), None)
-        if remote is not None:
-            warm_client(remote, lo._source.storage_options)
+        """Before any request: plan from the start step (opening those shards at once) and read ahead."""
+        _warm_store(self._loader)
         start = np.array([min(self._policy.start_step, max(self._meta.steps - 1, 0))], dtype=np.int64)
         self.ahead(start)
         self.pump(start)
@@ -265,12 +259,10 @@ class PlanAhead:
 
     def _open_jobs(self, shard: int) -> list[functools.partial[None]]:
         """What planning a shard needs: its footer (which rows each unit holds)."""
-        lo = self._loader
-        path = lo._paths.get(shard)
-        if path is None:
-            return []
-        known = lo._verifier.shards.get(shard)  # its indexed size: an object's footer is then one GET, no HEAD
-        return [functools.partial(lo._reader.prepare, path, known.size_bytes if known is not None else None)]
+        path = self._loader._paths.get(shard)  # at its indexed size: an object's footer is one GET, no HEAD
+        return (
+            [] if path is None else [functools.partial(self._loader._reader.prepare, path, _size(self._loader, shard))]
+        )
 
     def _check_jobs(self, shard: int) -> list[functools.partial[None]]:
         """What only serving a shard's bytes needs, opened alongside: its check against the index, its read handle.
@@ -281,9 +273,7 @@ class PlanAhead:
         path = lo._paths.get(shard)
         if path is None:
             return []
-        known = lo._verifier.shards.get(shard)
-        size = known.size_bytes if known is not None else None
-        handle = functools.partial(open_ahead, path, lo._source.storage_options, size)
+        handle = functools.partial(open_ahead, path, lo._source.storage_options, _size(lo, shard))
         return [functools.partial(lo._verifier.open_shard, shard, path), handle]
 
     def served(self, request: np.ndarray) -> None:
@@ -303,3 +293,16 @@ class PlanAhead:
         with self._lock:
             self._units.close()
         self.cache.close()
+
+
+def _size(loader: Any, shard: int) -> int | None:
+    """A shard's size as the index recorded it (None where the verifier does not know the shard)."""
+    known = loader._verifier.shards.get(shard)
+    return known.size_bytes if known is not None else None
+
+
+def _warm_store(loader: Any) -> None:
+    """On an object store, make its client now (0.3 s in a fresh process), so the first request pays only its trip."""
+    remote = next((p for p in loader._paths.values() if is_url(p)), None)
+    if remote is not None:
+        warm_client(remote, loader._source.storage_options)

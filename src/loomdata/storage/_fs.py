@@ -113,8 +113,9 @@ def _fs(url: str, options: StorageOptions | None) -> fsspec.AbstractFileSystem:
 def _connect(fs: fsspec.AbstractFileSystem) -> None:
     """Make an s3fs filesystem's client once, before its first request (which would otherwise make it).
 
-    0.29-0.34 s in a fresh process (the botocore session, aiobotocore's SSL context: /tmp measurement, moto on
-    loopback), which the first request's measured latency (`_latency`) included. No request is sent.
+    0.29-0.34 s in a fresh process (the botocore session, aiobotocore's SSL context; moto on loopback,
+    results/object_store_s8d_ab.json `cold_client`), which the first request and its measured latency (`_latency`)
+    included. No request is sent.
     """
     with _CONNECT_LOCK:
         if getattr(fs, "_loom_connected", False):

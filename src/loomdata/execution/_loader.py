@@ -131,6 +131,7 @@ class SourceLoader:
             shards,
             partition.first_shard,
             partition.stop_shard,
+            self._source.storage_options,
         )
         if self._verifier.samples:
             require_checksums(files.samples, partition.source)

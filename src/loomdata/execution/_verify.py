@@ -26,7 +26,7 @@ from loomdata.schemas.spec import SourceFormat, VerifyMode
 from loomdata.schemas.tables import CHECKSUM_FIELD
 from loomdata.sources import Sample
 from loomdata.sources._integrity import CHECKSUM, TOKEN_DTYPE, checksums, stat_shard
-from loomdata.storage import Location
+from loomdata.storage import Location, StorageOptions
 
 __all__ = ["CHECKSUM_KEY", "SERVING_HINT", "ShardCheck", "Verifier", "require_checksums", "serving_error"]
 
@@ -88,13 +88,23 @@ class Verifier:
     mode: VerifyMode
     fmt: SourceFormat
     shards: dict[int, ShardCheck]
+    options: StorageOptions | None = None  # the source's `storage_options`: its checks reach the store its reads do
     opened: set[int] = field(default_factory=set)
     _checking: dict[int, threading.Event] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def of(cls, source: str, mode: VerifyMode, fmt: SourceFormat, table: pa.Table, first: int, stop: int) -> Verifier:
-        """A verifier of shards [first, stop) of a shards table (SHARDS_SCHEMA)."""
+    def of(
+        cls,
+        source: str,
+        mode: VerifyMode,
+        fmt: SourceFormat,
+        table: pa.Table,
+        first: int,
+        stop: int,
+        options: StorageOptions | None = None,
+    ) -> Verifier:
+        """A verifier of shards [first, stop) of a shards table (SHARDS_SCHEMA), on the source's `options`."""
         ids = table.column("shard").to_pylist()
         size = table.column("size_bytes").to_pylist()
         mtime = table.column("mtime_ns").to_pylist()
@@ -104,7 +114,7 @@ class Verifier:
             for i, s, m, f in zip(ids, size, mtime, fp, strict=True)
             if first <= i < stop
         }
-        return cls(source, mode, fmt, shards)
+        return cls(source, mode, fmt, shards, options)
 
     @property
     def samples(self) -> bool:
@@ -135,7 +145,8 @@ class Verifier:
     def _check(self, shard: int, path: Location) -> None:
         want = self.shards[shard]
         try:
-            got = stat_shard(path, self.fmt, size=want.size_bytes)  # an object: edges read beside its HEAD
+            # an object: its edges read beside its HEAD
+            got = stat_shard(path, self.fmt, self.options, size=want.size_bytes)
         except SourceDataError as e:
             raise SourceDataError(
                 e.path,

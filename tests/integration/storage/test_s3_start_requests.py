@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
+from loomdata.execution._verify import ShardCheck, Verifier
+from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec, VerifyMode
 from loomdata.sources import _integrity
 from loomdata.sources._integrity import stat_shard
 from loomdata.sources.parquet import ParquetReader
@@ -157,5 +158,21 @@ def test_warm_client_makes_the_client_without_a_request(s3: S3Server, clients: l
         assert clients == ["s3"] and proxy.connections == 0 and request_stats() == {}
         assert read_range(url, 10, 20, opts) == bytes(range(10, 20))
         assert clients == ["s3"] and proxy.connections >= 1
+    finally:
+        proxy.close()
+
+
+def test_a_loaders_shard_check_uses_the_sources_storage_options(s3: S3Server) -> None:
+    """A source whose endpoint is set only in the spec: its check goes there, not to the environment's store."""
+    body = _parquet(16, 400)
+    url = _put(s3, "checked.parquet", body)
+    indexed = stat_shard(url)
+    want = ShardCheck(indexed.size_bytes, indexed.mtime_ns, indexed.fingerprint)
+    proxy = DroppingProxy(s3.port, drops=0)
+    try:
+        opts = {"s3": {"endpoint_url": proxy.endpoint}}
+        verifier = Verifier("s", VerifyMode.SHARD, SourceFormat.PARQUET, {0: want}, opts)
+        verifier.open_shard(0, url)
+        assert verifier.opened == {0} and proxy.connections >= 1  # through the spec's endpoint
     finally:
         proxy.close()

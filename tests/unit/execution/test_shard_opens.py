@@ -148,7 +148,7 @@ def test_a_shard_checked_in_two_threads_at_once_is_checked_once(monkeypatch: pyt
     calls: list[str] = []
     entered, gate = threading.Event(), threading.Event()
 
-    def stat(path: object, fmt: object, size: int | None = None) -> ShardStat:
+    def stat(path: object, fmt: object, options: object = None, size: int | None = None) -> ShardStat:
         calls.append(str(path))
         entered.set()
         assert gate.wait(_T)
@@ -170,7 +170,7 @@ def test_when_the_check_waited_for_fails_the_waiter_reports_its_own_error(monkey
     calls: list[str] = []
     entered, gate = threading.Event(), threading.Event()
 
-    def stat(path: object, fmt: object, size: int | None = None) -> ShardStat:
+    def stat(path: object, fmt: object, options: object = None, size: int | None = None) -> ShardStat:
         calls.append(str(path))
         entered.set()
         assert gate.wait(_T)

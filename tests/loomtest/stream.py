@@ -238,3 +238,14 @@ def stream_with_fault(
     finally:
         for s in streams.values():
             s.close()
+
+
+def step_request(plan_dir: Path, step: int) -> np.ndarray:
+    """A Source Loader's request for one step: every manifest segment of `step` (REQUEST_DTYPE rows)."""
+    from loomdata.execution._loader import REQUEST_DTYPE
+
+    t = read_manifest(plan_dir, read_plan(plan_dir), step, step)
+    req = np.zeros(t.num_rows, dtype=REQUEST_DTYPE)
+    for name in ("sample", "offset", "length", "step"):
+        req[name] = t.column(name).to_numpy()
+    return req

@@ -21,12 +21,13 @@ import pytest
 from distributed import Client
 
 from loomdata.execution import _loader, _prefetch
-from loomdata.execution._loader import REQUEST_DTYPE, SourceLoader
+from loomdata.execution._loader import SourceLoader
 from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._partition import partition_source
 from loomdata.indexing import build_index
 from loomdata.planning import make_plan
-from loomdata.schemas import IndexFiles, parse_spec, read_manifest, read_plan
+from loomdata.schemas import IndexFiles, parse_spec, read_plan
+from loomtest.stream import step_request
 
 
 def _plan(tmp: Path, dask_client: Client) -> tuple[Path, list[np.ndarray]]:
@@ -53,14 +54,6 @@ def _plan(tmp: Path, dask_client: Client) -> tuple[Path, list[np.ndarray]]:
     return Path(make_plan(spec).plan_dir), docs
 
 
-def _request(plan_dir: Path, step: int) -> np.ndarray:
-    t = read_manifest(plan_dir, read_plan(plan_dir), step, step)
-    req = np.zeros(t.num_rows, dtype=REQUEST_DTYPE)
-    for name in ("sample", "offset", "length", "step"):
-        req[name] = t.column(name).to_numpy()
-    return req
-
-
 def _expected(req: np.ndarray, docs: list[np.ndarray]) -> np.ndarray:
     """Samples are numbered in file order here (one index over the three files, in order)."""
     return np.concatenate([docs[int(s)][int(o) : int(o) + int(n)] for s, o, n in req[["sample", "offset", "length"]]])
@@ -80,14 +73,14 @@ def test_a_read_of_an_unplanned_chunk_leaves_the_event_loop(
         assert loader._warm is not None and loader._plan is not None
         loader._warm.result(timeout=60)
         assert loader._plan.idle(60)
-        first = _request(plan_dir, 0)
+        first = step_request(plan_dir, 0)
         assert loader._plan.held(first)  # planned at warm-up and read ahead
         assert not loader._plan.reading(first)  # nor being read ahead again
         assert loader._inline_ok(first)  # nothing to wait for: it may stay on the event loop
         monkeypatch.setattr(_loader, "INLINE_LOADERS", 0)
         assert not loader._inline_ok(first)  # more loaders in the process than that: every read in the strands
         monkeypatch.setattr(_loader, "INLINE_LOADERS", 16)
-        far = _request(plan_dir, meta.steps - 1)
+        far = step_request(plan_dir, meta.steps - 1)
         assert (meta.steps - 1) // 2 not in loader._plan._planned
         assert not loader._inline_ok(far)  # planning it would read the manifest and wait for opens on the loop
 

@@ -22,7 +22,7 @@ import pytest
 from distributed import Client
 
 from loomdata.execution import _prefetch
-from loomdata.execution._loader import REQUEST_DTYPE, SourceLoader
+from loomdata.execution._loader import SourceLoader
 from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._partition import partition_source
 from loomdata.execution._verify import Verifier
@@ -31,6 +31,7 @@ from loomdata.planning import make_plan
 from loomdata.schemas import IndexFiles, parse_spec, read_manifest, read_plan
 from loomdata.storage import request_stats, reset_request_stats
 from loomtest.s3 import S3Server
+from loomtest.stream import step_request
 
 BUCKET = "loom-warm"
 
@@ -73,14 +74,6 @@ def _plan(tmp: Path, s3: S3Server, dask_client: Client) -> tuple[Path, dict[str,
     return Path(make_plan(spec).plan_dir), docs
 
 
-def _request(plan_dir: Path, step: int) -> np.ndarray:
-    t = read_manifest(plan_dir, read_plan(plan_dir), step, step)
-    req = np.zeros(t.num_rows, dtype=REQUEST_DTYPE)
-    for name in ("sample", "offset", "length", "step"):
-        req[name] = t.column(name).to_numpy()
-    return req
-
-
 def _loader(plan_dir: Path, start: int, chunk: int) -> SourceLoader:
     meta = read_plan(plan_dir)
     files = IndexFiles.of(meta.spec.workdir, meta.sources[0])
@@ -108,7 +101,7 @@ def _expected(plan_dir: Path, req: np.ndarray, docs: dict[str, list[np.ndarray]]
 
 
 @pytest.mark.parametrize(("start", "chunk"), [(0, 32), (12, 32), (5, 2)], ids=["start", "resume", "chunks"])
-def test_the_start_step_is_served_without_a_storage_request(
+def test_the_start_step_is_served_without_a_storagestep_request(
     dask_client: Client, s3: S3Server, tmp_path: Path, start: int, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`chunks`: manifest chunks of 2 steps, so most of the reach is planned by the background planner.
@@ -130,7 +123,7 @@ def test_the_start_step_is_served_without_a_storage_request(
         assert warmed.get("head", 0) >= 3 and warmed.get("get", 0) >= 3, warmed  # shards opened, units read ahead
         assert warmed["head"] == len(loader._verifier.opened), warmed  # the checks' HEADs alone: footers at the
         # indexed size need none (objects under 512 KiB: no pyarrow handle opened ahead)
-        req = _request(plan_dir, start)
+        req = step_request(plan_dir, start)
         assert loader._inline_ok(req)  # everything held: a small read may stay on the event loop
         reset_request_stats()
         before = dataclasses.replace(loader._plan.prefetch.counters)
@@ -140,7 +133,7 @@ def test_the_start_step_is_served_without_a_storage_request(
         assert request_stats().get("head", 0) == 0, request_stats()  # no object opened on the read path
         np.testing.assert_array_equal(got.tokens, _expected(plan_dir, req, docs))
         assert loader._plan.prefetch.counters.hits >= 1
-        later = [_request(plan_dir, s) for s in range(start + 12, 30)]
+        later = [step_request(plan_dir, s) for s in range(start + 12, 30)]
         far = next(r for r in later if not loader._plan.held(r))  # a step whose units nobody read yet
         assert not loader._inline_ok(far)  # it would wait on a GET: the loader's thread reads it
         np.testing.assert_array_equal(loader.read_now(far).tokens, _expected(plan_dir, far, docs))
@@ -201,11 +194,11 @@ def test_a_read_never_waits_on_another_chunks_shard_opening(
         assert began.wait(60)  # opened ahead at warm-up, long before chunk cx is planned
         with ThreadPoolExecutor(1) as pool:
             for c in (cx - 1, after[0]):  # chunk cx-1 puts cx in the background planner's hands (its reach)
-                req = _request(plan_dir, c * chunk)
+                req = step_request(plan_dir, c * chunk)
                 got = pool.submit(loader.read_now, req).result(timeout=60)  # never waits for the gate
                 np.testing.assert_array_equal(got.tokens, _expected(plan_dir, req, docs))
             assert not gate.is_set() and cx not in loader._plan._planned  # still held: chunk cx waits for it
-            held_back = _request(plan_dir, cx * chunk)
+            held_back = step_request(plan_dir, cx * chunk)
             assert not loader._plan.held(held_back)  # answered at once (the event loop asks), no footer fetched
             gate.set()
             got = pool.submit(loader.read_now, held_back).result(timeout=60)
@@ -238,7 +231,7 @@ def test_the_read_ahead_starts_before_the_shard_checks_and_the_read_waits_for_th
         loader._warm.result(timeout=60)  # planned while every check is held
         pf = loader._plan.prefetch
         assert pf.settle(60) and pf.counters.prefetched >= 1, pf.counters  # units read ahead before any check
-        req = _request(plan_dir, 0)
+        req = step_request(plan_dir, 0)
         assert not loader._plan.held(req)  # its shards are not checked: not a read for the event loop
         with ThreadPoolExecutor(1) as pool:
             reading = pool.submit(loader.read_now, req)

@@ -225,7 +225,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 IN_PROCESS_ARROW_POOL = "jemalloc"
-"""Arrow's allocator chosen for `loom serve --workers 0` before pyarrow loads (a user's own setting wins)."""
+"""Arrow's allocator chosen for `loom serve --workers 0` before pyarrow loads (a user's own setting wins): the
+workers' (`execution._cluster.WORKER_ARROW_POOL`), named here because importing that module loads pyarrow."""
 
 
 def _arrow_pool_before_import(args: argparse.Namespace) -> None:

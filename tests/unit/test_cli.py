@@ -44,3 +44,10 @@ def test_in_process_worker_gets_jemalloc_before_pyarrow_loads() -> None:
     assert _pool("--workers", "0") == "jemalloc" != default  # processes keep Arrow's default in this process
     assert _pool("--workers", "0", "--scheduler", "tls://h:1") == default  # no worker here
     assert _pool("--workers", "0", env_pool="system") == "system"  # the user's setting wins
+
+
+def test_the_in_process_pool_is_the_workers_pool() -> None:
+    from loomdata import cli
+    from loomdata.execution import _cluster
+
+    assert cli.IN_PROCESS_ARROW_POOL == _cluster.WORKER_ARROW_POOL and _cluster.IN_PROCESS == 0

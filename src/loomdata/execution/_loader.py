@@ -28,7 +28,7 @@ planned, their shards open, every unit it needs held and none being read ahead, 
 `INLINE_LOADERS` loaders in the process, and it starts no read ahead before it reads (a GET must never
 block the worker's loop, nor a wait for a read ahead: at start-up of 300 loaders on one worker, inline
 reads waited on the loop for read-aheads and for the cache's lock, and the gateway's TLS handshakes
-took 40-80 s).
+took 39-83 s; benchmarks/gateway_startup.py).
 
 Retirement (scaling, `Executor.set_loaders`): `close()` runs after any read already in the loader's
 strand (serial, FIFO) and cannot interleave with an inline read (both run on the worker's event

@@ -240,6 +240,14 @@ def test_for_local_files_the_reach_is_still_sized_from_the_whole_read(shard: Pat
     cache.close()
 
 
+def _count_decodes(reader: Any) -> list[int]:
+    """The row groups `reader` decodes from now on (each a fetch of its own, not a unit read ahead)."""
+    decoded: list[int] = []
+    real = reader._decode_row_group
+    reader._decode_row_group = lambda path, info, g: decoded.append(g) or real(path, info, g)
+    return decoded
+
+
 def test_read_ahead_keeps_only_the_planned_rows_and_reads_are_exact(
     shard: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -276,9 +284,7 @@ def test_rows_planned_while_a_unit_is_read_ahead_are_kept_too(shard: Path, monke
     held = dict(cache._pool.items(cache._owner))
     assert held[(str(shard), 4)].rows.tolist() == [12, 13, 14] and pf.counters.reread == 1
     assert log.count(4) == 2  # read again at once (the reader's log), never on the read path
-    decoded: list[int] = []  # row groups the loader's own reader decodes (fetches) itself
-    real = main._decode_row_group
-    main._decode_row_group = lambda path, info, g: decoded.append(g) or real(path, info, g)  # type: ignore[method-assign]
+    decoded = _count_decodes(main)  # row groups the loader's own reader decodes (fetches) itself
     got = main.read(shard, np.array([14, 12]))
     assert [x.tokens.tolist() for x in got] == [[14, 15], [12, 13]]
     assert decoded == [] and pf.counters.misses == 0 and pf.counters.hits == 1
@@ -296,9 +302,7 @@ def test_a_unit_held_short_of_a_row_that_the_reader_fetches_itself_is_a_miss(
     pf.pump(np.array([0]))
     assert pf.settle(10)
     assert cache._pool.get(cache._owner, (str(shard), 4)).rows.tolist() == [12, 13]  # row 14 not planned: not kept
-    decoded: list[int] = []
-    real = main._decode_row_group
-    main._decode_row_group = lambda path, info, g: decoded.append(g) or real(path, info, g)  # type: ignore[method-assign]
+    decoded = _count_decodes(main)
     got = main.read(shard, np.array([14]))
     assert [x.tokens.tolist() for x in got] == [[14, 15]]
     assert decoded == [4] and pf.counters.misses == 1 and pf.counters.hits == 0  # its read ahead was no hit

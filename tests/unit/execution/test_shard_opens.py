@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from pathlib import Path
 
 import numpy as np
@@ -144,7 +145,10 @@ def _verifier() -> Verifier:
     return Verifier("web", VerifyMode.SHARD, SourceFormat.PARQUET, checks)
 
 
-def test_a_shard_checked_in_two_threads_at_once_is_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def _two_checks_at_once(
+    monkeypatch: pytest.MonkeyPatch, found_bytes: int
+) -> tuple[list[str], Verifier, list[Future[None]]]:
+    """Two threads check shard 3 (indexed at 10 bytes) while the first one's check is held; it finds `found_bytes`."""
     calls: list[str] = []
     entered, gate = threading.Event(), threading.Event()
 
@@ -152,7 +156,7 @@ def test_a_shard_checked_in_two_threads_at_once_is_checked_once(monkeypatch: pyt
         calls.append(str(path))
         entered.set()
         assert gate.wait(_T)
-        return ShardStat(path=Path("x"), size_bytes=10, mtime_ns=7, fingerprint="fp")
+        return ShardStat(path=Path("x"), size_bytes=found_bytes, mtime_ns=7, fingerprint="fp")
 
     monkeypatch.setattr(_verify, "stat_shard", stat)
     v = _verifier()
@@ -161,29 +165,19 @@ def test_a_shard_checked_in_two_threads_at_once_is_checked_once(monkeypatch: pyt
         assert entered.wait(_T)
         second = pool.submit(v.open_shard, 3, "s3://b/x.parquet")  # waits for the first instead of repeating it
         gate.set()
-        first.result(_T)
-        second.result(_T)
+        wait_for([first, second], _T)
+    return calls, v, [first, second]
+
+
+def test_a_shard_checked_in_two_threads_at_once_is_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls, v, futs = _two_checks_at_once(monkeypatch, found_bytes=10)
+    assert [f.result() for f in futs] == [None, None]
     assert calls == ["s3://b/x.parquet"] and v.opened == {3}
 
 
 def test_when_the_check_waited_for_fails_the_waiter_reports_its_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[str] = []
-    entered, gate = threading.Event(), threading.Event()
-
-    def stat(path: object, fmt: object, options: object = None, size: int | None = None) -> ShardStat:
-        calls.append(str(path))
-        entered.set()
-        assert gate.wait(_T)
-        return ShardStat(path=Path("x"), size_bytes=11, mtime_ns=7, fingerprint="fp")  # rewritten: 11 bytes
-
-    monkeypatch.setattr(_verify, "stat_shard", stat)
-    v = _verifier()
-    with ThreadPoolExecutor(2) as pool:
-        first = pool.submit(v.open_shard, 3, "s3://b/x.parquet")
-        assert entered.wait(_T)
-        second = pool.submit(v.open_shard, 3, "s3://b/x.parquet")
-        gate.set()
-        for fut in (first, second):
-            with pytest.raises(SourceDataError, match=r"s3://b/x.parquet.*size 11 bytes, indexed 10"):
-                fut.result(_T)
+    calls, v, futs = _two_checks_at_once(monkeypatch, found_bytes=11)  # rewritten: 11 bytes
+    for fut in futs:
+        with pytest.raises(SourceDataError, match=r"s3://b/x.parquet.*size 11 bytes, indexed 10"):
+            fut.result()
     assert len(calls) == 2 and v.opened == set()

@@ -6,8 +6,10 @@ deliver packed int32 sequences of `--seq-len` tokens as torch tensors to each co
 - loomdata: an embedded LocalCluster of 2 worker processes runs the Source Loaders and one Data
   Constructor for a real indexed and planned (cost-balanced) plan with dp_size 4; each consumer is a
   separate process iterating `LoomDataset(plan_dir, rank)` over all of its rank's micro-batches.
-- peers, each consumer a `DataLoader(num_workers=2)` over an IterableDataset reading its share of the row
-  groups with pyarrow, for the same number of batches (no planning, no balancing):
+- peers, each consumer a torch `DataLoader` over an IterableDataset reading its share of the row groups with
+  pyarrow, for the same number of batches (no planning, no balancing), at every `--peer-workers` setting
+  (default 0 and 2: the reads in the consumer itself, or in two worker processes whose tensors cross by shared
+  memory); each peer is compared at its best setting (most tokens/s), every setting reported beside it:
   `concat_cut`, the fastest simple loader (per row group: shuffle documents, concatenate with Arrow,
   cut full seq_len rows, documents split at row boundaries, as Megatron's GPTDataset does), and
   `greedy`, documents packed greedily one by one in Python (what the first benchmark compared with).
@@ -20,8 +22,9 @@ CPU seconds (ranks, each worker, `main`: the scheduler and the serving process).
 
 Tokens are real (non-padding) tokens. CPU seconds are measured for every process involved (Dask
 workers and scheduler for loomdata, consumers with their DataLoader workers for both), so
-`tokens per CPU-second` is the per-core figure; the ratio loomdata / baseline is printed per
-consumer count and written to benchmarks/results/stream_throughput.json.
+`tokens per CPU-second` is the per-core figure; `tokens per rank CPU-second` counts the consumer processes
+alone (not their DataLoader workers, not loomdata's cluster): the CPU that runs beside a training loop. The
+ratio loomdata / baseline is printed per consumer count and written to benchmarks/results/stream_throughput.json.
 
 `--verify-repeat R` (default 3) also measures what content verification costs delivery: the same
 plan served with the sources' `verify: sample` (the default: every sample's checksum and its shard
@@ -116,6 +119,12 @@ def _cpu_s() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
+def _self_cpu_s() -> float:
+    """CPU seconds of this process alone: the part of a consumer's cost that runs beside its training loop."""
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    return s.ru_utime + s.ru_stime
+
+
 def _consume(items: Iterable[dict[str, Any]], t0: float) -> dict[str, Any]:
     """Real tokens and batches of `items`, the seconds from `t0` to the first one, and the steady part after it."""
     tokens = batches = first_tokens = 0
@@ -137,8 +146,8 @@ def _consume(items: Iterable[dict[str, Any]], t0: float) -> dict[str, Any]:
     }
 
 
-def _report(rank: int, got: dict[str, Any], t0: float, cpu0: float) -> dict[str, Any]:
-    return {"rank": rank, "t0": t0, "cpu_s": _cpu_s() - cpu0, **got}
+def _report(rank: int, got: dict[str, Any], t0: float, cpu0: float, self0: float) -> dict[str, Any]:
+    return {"rank": rank, "t0": t0, "cpu_s": _cpu_s() - cpu0, "rank_cpu_s": _self_cpu_s() - self0, **got}
 
 
 def _loom_consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -> None:
@@ -156,7 +165,7 @@ def _loom_consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -
 
         prof = cProfile.Profile()
         prof.enable()
-    cpu0, t0 = _cpu_s(), time.time()
+    cpu0, self0, t0 = _cpu_s(), _self_cpu_s(), time.time()
     got = _consume(ds, t0)
     stream = ds._client
     if stream is not None:
@@ -166,7 +175,7 @@ def _loom_consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -
         prof.disable()
         transport = os.environ.get("LOOM_TRANSPORT", "direct")
         prof.dump_stats(str(Path(prof_dir) / f"rank{rank}-{transport}-{os.getpid()}.prof"))
-    out.put(_report(rank, got, t0, cpu0))
+    out.put(_report(rank, got, t0, cpu0, self0))
 
 
 class _PackedParquet(IterableDataset):  # type: ignore[type-arg]
@@ -272,24 +281,38 @@ class _ConcatCut(IterableDataset):  # type: ignore[type-arg]
 _PEERS = {"greedy": _PackedParquet, "concat_cut": _ConcatCut}
 
 
+def _peer_loader(kind: str, files: list[str], rank: int, world: int, seq_len: int, workers: int) -> DataLoader:  # type: ignore[type-arg]
+    """A peer's DataLoader at one `num_workers` setting, otherwise at its best: with workers, tensors cross
+    processes through named shared-memory files (`file_system`: 1.5-1.8x the tokens/s of torch's default
+    `file_descriptor` here) and 4 batches a worker in flight; without, the reads run in the consumer itself."""
+    dataset = _PEERS[kind](files, rank, world, seq_len)
+    if workers == 0:
+        return DataLoader(dataset, batch_size=None, num_workers=0)
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    return DataLoader(dataset, batch_size=None, num_workers=workers, prefetch_factor=4, multiprocessing_context="fork")
+
+
 def _baseline_consumer(
-    kind: str, files: list[str], rank: int, world: int, seq_len: int, n: int, ready: Any, start: Any, out: Any
+    kind: str,
+    files: list[str],
+    rank: int,
+    world: int,
+    seq_len: int,
+    n: int,
+    workers: int,
+    ready: Any,
+    start: Any,
+    out: Any,
 ) -> None:
     torch.set_num_threads(1)
-    loader = DataLoader(
-        _PEERS[kind](files, rank, world, seq_len),
-        batch_size=None,
-        num_workers=2,
-        prefetch_factor=4,
-        multiprocessing_context="fork",
-    )
+    loader = _peer_loader(kind, files, rank, world, seq_len, workers)
     ready.put(rank)
     start.wait()
-    cpu0, t0 = _cpu_s(), time.time()
+    cpu0, self0, t0 = _cpu_s(), _self_cpu_s(), time.time()
     it = iter(loader)
     got = _consume(itertools.islice(it, n), t0)
     del it  # joins the DataLoader workers, so their CPU time is counted as reaped children
-    out.put(_report(rank, got, t0, cpu0))
+    out.put(_report(rank, got, t0, cpu0, self0))
 
 
 def _run_consumers(target: Any, args_of: Any, n: int) -> tuple[list[dict[str, Any]], float]:
@@ -350,6 +373,7 @@ def _side(rows: list[dict[str, Any]], wall: float, cpu: float) -> dict[str, Any]
     """Totals over a side's consumers: tokens/s (all of them together), steady tokens/s per consumer (the mean,
     after each one's first batch), tokens per CPU-second over every process, the slowest first batch."""
     tokens = sum(r["tokens"] for r in rows)
+    rank_cpu = sum(r["rank_cpu_s"] for r in rows)
     return {
         "first_batch_s": round(max(r["first_s"] for r in rows), 4),
         "tokens": tokens,
@@ -358,6 +382,8 @@ def _side(rows: list[dict[str, Any]], wall: float, cpu: float) -> dict[str, Any]
         "steady_tokens_per_s_per_consumer": round(sum(r["steady_tokens_per_s"] for r in rows) / len(rows)),
         "cpu_s": round(cpu, 2),
         "tokens_per_cpu_s": round(tokens / cpu),
+        "rank_cpu_s": round(rank_cpu, 3),
+        "tokens_per_rank_cpu_s": round(tokens / max(rank_cpu, 1e-6)),
     }
 
 
@@ -371,17 +397,26 @@ def _measure(
     settings: dict[str, int],
     peers: list[str],
     transports: list[str],
+    peer_workers: list[int],
 ) -> dict[str, Any]:
-    """One side-by-side row: loomdata to `n` consumers (a fresh executor per transport), then each peer."""
+    """One side-by-side row: loomdata to `n` consumers (a fresh executor per transport), then each peer at each
+    DataLoader `num_workers` in `peer_workers`; the peer's own key holds its best setting (most tokens/s), which
+    the ratios are taken against, and `<peer>_w<N>` each setting."""
     looms = {
         ("loomdata" if k == 0 else f"loomdata_{t}"): _loom_side(client, plan_dir, n, settings, t)
         for k, t in enumerate(transports)
     }
     sides = {}
-    for kind in peers:
-        rows, pwall = _run_consumers(_baseline_consumer, lambda r, k=kind: (k, files, r, n, seq_len, n_batches), n)
-        sides[kind] = _side(rows, pwall, sum(r["cpu_s"] for r in rows))
     row: dict[str, Any] = {"consumers": n, **looms}
+    for kind in peers:
+        settings_of = {}
+        for w in peer_workers:  # each DataLoader setting; the peer is then reported at its best one
+            rows, pwall = _run_consumers(
+                _baseline_consumer, lambda r, k=kind, w=w: (k, files, r, n, seq_len, n_batches, w), n
+            )
+            settings_of[w] = {"num_workers": w, **_side(rows, pwall, sum(r["cpu_s"] for r in rows))}
+            row[f"{kind}_w{w}"] = settings_of[w]
+        sides[kind] = max(settings_of.values(), key=lambda side: side["tokens_per_s"])
     for kind, side in sides.items():
         row[kind] = side
         row.update(_ratios(looms["loomdata"], side, kind))
@@ -467,6 +502,9 @@ def _ratios(loom: dict[str, Any], peer: dict[str, Any], kind: str) -> dict[str, 
             loom["steady_tokens_per_s_per_consumer"] / max(peer["steady_tokens_per_s_per_consumer"], 1), 3
         ),
         f"ratio_per_cpu_core_vs_{kind}": round(loom["tokens_per_cpu_s"] / peer["tokens_per_cpu_s"], 3),
+        f"ratio_per_rank_cpu_vs_{kind}": round(
+            loom["tokens_per_rank_cpu_s"] / max(peer["tokens_per_rank_cpu_s"], 1), 3
+        ),
         f"ratio_first_batch_vs_{kind}": round(loom["first_batch_s"] / max(peer["first_batch_s"], 1e-6), 2),
     }
 
@@ -510,12 +548,13 @@ def _print_row(row: dict[str, Any], label: str = "") -> None:
     """A row's sides: each loomdata transport (with its ratios against the first peer), then each peer."""
     looms = [k for k in row if k == "loomdata" or k.startswith("loomdata_")]
     peers = [k for k in _PEERS if k in row]
-    for name in (*looms, *peers):
+    settings = [k for p in peers for k in row if k.startswith(f"{p}_w")]
+    for name in (*looms, *peers, *settings):
         r = row[name]
         line = (
-            f"{label}{row['consumers']:>9} {name[-10:]:>10} {r['tokens_per_s']:>12,} "
+            f"{label}{row['consumers']:>9} {name[-13:]:>13} {r['tokens_per_s']:>12,} "
             f"{r['steady_tokens_per_s_per_consumer']:>12,} {r['cpu_s']:>7.1f} {r['tokens_per_cpu_s']:>11,}"
-            f" {r['first_batch_s']:>8.3f}"
+            f" {r.get('tokens_per_rank_cpu_s', 0):>11,} {r['first_batch_s']:>8.3f}"
         )
         ratios = row if name == "loomdata" else r
         if name in looms and peers and f"ratio_tokens_per_s_vs_{peers[0]}" in ratios:
@@ -529,8 +568,8 @@ def _print_row(row: dict[str, Any], label: str = "") -> None:
 
 
 _HEADER = (
-    f"{'consumers':>9} {'loader':>10} {'tokens/s':>12} {'steady/cons':>12} {'cpu s':>7} {'tok/cpu-s':>11} "
-    f"{'first s':>8}  ratio/s ratio/st ratio/core ratio/1st  (loomdata / peer)"
+    f"{'consumers':>9} {'loader':>13} {'tokens/s':>12} {'steady/cons':>12} {'cpu s':>7} {'tok/cpu-s':>11} "
+    f"{'tok/rank-cpu':>11} {'first s':>8}  ratio/s ratio/st ratio/core ratio/1st  (loomdata / its best setting)"
 )
 
 
@@ -553,6 +592,13 @@ def main() -> None:
     )
     ap.add_argument("--verify-repeat", type=int, default=3, help="runs per verify mode (sample, off); 0: skip")
     ap.add_argument("--peers", nargs="+", default=list(_PEERS), choices=list(_PEERS), help="peer loaders to run")
+    ap.add_argument(
+        "--peer-workers",
+        type=int,
+        nargs="+",
+        default=[0, 2],
+        help="DataLoader num_workers settings each peer runs at; its best (most tokens/s) is the one compared",
+    )
     ap.add_argument(
         "--transports",
         nargs="+",
@@ -604,7 +650,16 @@ def main() -> None:
             for n in args.consumers:
                 n_batches = meta.steps * meta.micro_batches
                 row = _measure(
-                    client, plan_dir, files, n, n_batches, args.seq_len, settings, args.peers, args.transports
+                    client,
+                    plan_dir,
+                    files,
+                    n,
+                    n_batches,
+                    args.seq_len,
+                    settings,
+                    args.peers,
+                    args.transports,
+                    args.peer_workers,
                 )
                 rows.append(row)
                 _print_row(row)
@@ -641,7 +696,7 @@ def main() -> None:
             "dask_workers": args.workers,
             "window": args.window,
             "bytes_in_flight": args.bytes_in_flight,
-            "peer_num_workers": 2,
+            "peer_num_workers": args.peer_workers,
             "transports": args.transports,
             "peers": {k: _PEERS[k].__doc__ for k in args.peers},
         },

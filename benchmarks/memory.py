@@ -9,6 +9,8 @@ source has had many documents read):
   (kept open, as a replicated loader does) and read row groups source by source; once with pyarrow's
   defaults (`pre_buffer=True`), once with `pre_buffer=False`, and once with `pre_buffer=False` and
   Arrow's jemalloc allocator (as loomdata's embedded workers use it). Counted: rank + its 2 workers.
+  Beside them, the same pattern at its least memory (`baseline_no_prebuffer_w0`): `pre_buffer=False` and
+  `num_workers=0`, each rank reading every source itself (one process a rank, not three).
 - loomdata: one serving process (embedded LocalCluster scheduler + `Executor` with default
   autoscaling, as `loom serve` runs it) with its nannies and 2 worker processes, plus each of R rank
   processes iterating `LoomDataset(plan_dir, rank)`, counted as its PSS above an idle torch process
@@ -196,24 +198,23 @@ def _replicated(files: list[list[str]], passes: int, pre_buffer: bool) -> Any:
     return Replicated()
 
 
-def baseline_rank(files: list[list[str]], passes: int, pre_buffer: bool, ready: Any, go: Any, stop: Any) -> None:
-    """A rank with `DataLoader(num_workers=2)`; reports at first coverage and after `passes` passes."""
+def baseline_rank(
+    files: list[list[str]], passes: int, pre_buffer: bool, workers: int, ready: Any, go: Any, stop: Any
+) -> None:
+    """A rank with `DataLoader(num_workers=workers)` (2 as the issue defines it; 0: the rank reads itself);
+    reports at first coverage and after `passes` passes."""
     import torch
     from torch.utils.data import DataLoader
 
     torch.set_num_threads(1)
-    loader = DataLoader(
-        _replicated(files, passes, pre_buffer),
-        batch_size=None,
-        num_workers=2,
-        prefetch_factor=2,
-        multiprocessing_context="fork",
-    )
+    extra: dict[str, Any] = {"prefetch_factor": 2, "multiprocessing_context": "fork"} if workers else {}
+    loader = DataLoader(_replicated(files, passes, pre_buffer), batch_size=None, num_workers=workers, **extra)
     n = len(files)
+    readers = max(workers, 1)
     it = iter(loader)
-    for i in range(2 * n * passes):  # the workers alternate: 2n items = both have read every source once
+    for i in range(readers * n * passes):  # the workers alternate: 2n items = both have read every source once
         next(it)
-        if i + 1 == 2 * n:
+        if i + 1 == readers * n:
             ready.put(("cover", os.getpid()))
             go.wait()
     ready.put(("warm", os.getpid()))
@@ -413,9 +414,14 @@ def _wait(q: Any, n: int, what: str, procs: list[Any], timeout_s: float = 1800.0
 
 
 def measure_baseline(
-    files: list[list[str]], ranks: int, passes: int, pre_buffer: bool, arrow_pool: str | None = None
+    files: list[list[str]],
+    ranks: int,
+    passes: int,
+    pre_buffer: bool,
+    arrow_pool: str | None = None,
+    workers: int = 2,
 ) -> dict[str, Any]:
-    """Sum of PSS over R ranks and their DataLoader workers, at first coverage and warm.
+    """Sum of PSS over R ranks and their DataLoader workers (`workers` a rank), at first coverage and warm.
 
     `arrow_pool`: Arrow's allocator in every baseline process (ARROW_DEFAULT_MEMORY_POOL), as loomdata's
     workers set it; None: pyarrow's default.
@@ -424,17 +430,22 @@ def measure_baseline(
     if arrow_pool is not None:
         os.environ["ARROW_DEFAULT_MEMORY_POOL"] = arrow_pool  # inherited by the spawned ranks and workers
     try:
-        return _measure_baseline(files, ranks, passes, pre_buffer)
+        return _measure_baseline(files, ranks, passes, pre_buffer, workers)
     finally:
         os.environ.pop("ARROW_DEFAULT_MEMORY_POOL", None)
         if saved is not None:
             os.environ["ARROW_DEFAULT_MEMORY_POOL"] = saved
 
 
-def _measure_baseline(files: list[list[str]], ranks: int, passes: int, pre_buffer: bool) -> dict[str, Any]:
+def _measure_baseline(
+    files: list[list[str]], ranks: int, passes: int, pre_buffer: bool, workers: int
+) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     ready, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
-    procs = [ctx.Process(target=baseline_rank, args=(files, passes, pre_buffer, ready, go, stop)) for _ in range(ranks)]
+    procs = [
+        ctx.Process(target=baseline_rank, args=(files, passes, pre_buffer, workers, ready, go, stop))
+        for _ in range(ranks)
+    ]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
@@ -629,13 +640,22 @@ def main() -> None:
                 row: dict[str, Any] = {"sources": n, "ranks": r, "cover_step": cover, "warm_step": warm}
                 if args.loom_only:
                     nan = {"total_mib": float("nan"), "per_rank_mib": float("nan")}
-                    for k in ("baseline_default", "baseline_no_prebuffer", "baseline_no_prebuffer_jemalloc"):
+                    for k in (
+                        "baseline_default",
+                        "baseline_no_prebuffer",
+                        "baseline_no_prebuffer_jemalloc",
+                        "baseline_no_prebuffer_w0",
+                    ):
                         row[k] = {"cover": nan, "warm": nan}
                 else:
                     row["baseline_default"] = measure_baseline(files, r, args.passes, pre_buffer=True)
                     row["baseline_no_prebuffer"] = measure_baseline(files, r, args.passes, pre_buffer=False)
                     row["baseline_no_prebuffer_jemalloc"] = measure_baseline(
                         files, r, args.passes, pre_buffer=False, arrow_pool="jemalloc"
+                    )
+                    # the replicated pattern at its least memory: no DataLoader workers, the rank reads itself
+                    row["baseline_no_prebuffer_w0"] = measure_baseline(
+                        files, r, args.passes, pre_buffer=False, workers=0
                     )
                 row["loomdata"] = measure_loom(plan_dir, root / f"dask-serve-{r}", r, cover, warm)
                 for phase in ("cover", "warm"):
@@ -648,6 +668,8 @@ def main() -> None:
                     lo["ratio_no_prebuffer"] = ratio(bn, lo["total_mib"])
                     bj = row["baseline_no_prebuffer_jemalloc"][phase]["total_mib"]
                     lo["ratio_no_prebuffer_jemalloc"] = ratio(bj, lo["total_mib"])
+                    b0 = row["baseline_no_prebuffer_w0"][phase]["total_mib"]
+                    lo["ratio_no_prebuffer_w0"] = ratio(b0, lo["total_mib"])
                     # like for like: every process of both sides counted whole (loomdata's ranks included)
                     lo["like_for_like_ratio_default"] = ratio(bd, lo["all_processes_mib"])
                     lo["like_for_like_ratio_no_prebuffer"] = ratio(bn, lo["all_processes_mib"])
@@ -671,7 +693,9 @@ def main() -> None:
                     print(
                         f"{'':>15} baseline pre_buffer=False with jemalloc: "
                         f"{row['baseline_no_prebuffer_jemalloc'][phase]['total_mib']:,.0f} MiB "
-                        f"(x {lo['ratio_no_prebuffer_jemalloc']:.2f}); inside the workers: {lo['workers_inside']}",
+                        f"(x {lo['ratio_no_prebuffer_jemalloc']:.2f}); pre_buffer=False, num_workers=0: "
+                        f"{row['baseline_no_prebuffer_w0'][phase]['total_mib']:,.0f} MiB "
+                        f"(x {lo['ratio_no_prebuffer_w0']:.2f}); inside the workers: {lo['workers_inside']}",
                         flush=True,
                     )
     result = {
@@ -687,6 +711,7 @@ def main() -> None:
             "warm_docs_per_source": args.warm_docs,
             "dask_workers": args.workers,
             "baseline_num_workers": 2,
+            "baseline_no_prebuffer_w0_num_workers": 0,
             "quick": args.quick,
             "loader_memory_mib": args.loader_memory,
         },

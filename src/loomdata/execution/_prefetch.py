@@ -51,12 +51,16 @@ from loomdata.sources import FormatReader, KeptRows, UnitKey
 from loomdata.storage import Location, is_url, request_latency, store_of
 
 __all__ = [
+    "COALESCE_BYTES",
+    "COALESCE_GAP",
+    "COALESCE_UNITS",
     "FAST_STEPS_PER_S",
     "LATENCY_MARGIN",
     "MAX_EXTRA_STEPS",
     "PrefetchCounters",
     "Prefetcher",
     "StepRate",
+    "coalesce",
     "extra_steps",
     "plan_prefetch",
     "run_concurrently",
@@ -78,6 +82,15 @@ FAST_STEPS_PER_S = 1000.0
 """The step rate a read-ahead assumes until it has measured one: a fast rank, so the first reads after warm-up are
 issued early enough (too far ahead costs only budget-bounded memory; too short, waits on storage). With local
 files reads take milliseconds and this adds nothing to the reach."""
+
+COALESCE_BYTES = 8 * 1024 * 1024
+"""The most bytes one read ahead fetches when it joins neighbouring row groups of an object into one range GET."""
+
+COALESCE_UNITS = 8
+"""The most units one coalesced read ahead carries (each still counted and kept on its own)."""
+
+COALESCE_GAP = 256 * 1024
+"""The most bytes between two units' ranges that a coalesced GET fetches for nothing (other columns' chunks)."""
 
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
 _FIRST_RATE_S = 0.1  # the first measure, this soon after the first served step (the reach widens from it)
@@ -140,6 +153,56 @@ def plan_prefetch(keys: np.ndarray, steps: np.ndarray, busy: np.ndarray, slots: 
     return np.asarray(keys, dtype=np.int64)[free][:slots]
 
 
+Span = Callable[[int], "tuple[int, int] | None"]
+"""A unit key's byte range in its object (None: not a range read)."""
+
+
+def coalesce(
+    keys: Sequence[int],
+    free: set[int],
+    span: Span,
+    reads: int,
+    max_bytes: int = COALESCE_BYTES,
+    max_units: int = COALESCE_UNITS,
+    max_gap: int = COALESCE_GAP,
+) -> list[list[int]]:
+    """`keys` (to read ahead, plan order) as at most `reads` reads, each joined by its object's neighbours in `free`.
+
+    A read of key k takes the units k+1, k+2, ... and k-1, ... of the same shard that are `free` (pending, not held
+    nor in flight) while their ranges stay within `max_gap` of the run's and the run within `max_bytes` and
+    `max_units`: one GET instead of several. Pure; each run sorted, the runs in the plan order of their first key.
+    """
+    taken: set[int] = set()
+    out: list[list[int]] = []
+    for k in keys:
+        if len(out) >= reads:
+            break
+        if k in taken:
+            continue
+        run = [k]
+        taken.add(k)
+        first = span(k)
+        if first is not None:
+            lo, hi = first
+            shard = split_key(k)[0]
+            for step in (1, -1):
+                nxt = k + step
+                while len(run) < max_units and nxt in free and nxt not in taken and split_key(nxt)[0] == shard:
+                    got = span(nxt)
+                    if got is None:
+                        break
+                    gap = got[0] - hi if step > 0 else lo - got[1]
+                    new_lo, new_hi = min(lo, got[0]), max(hi, got[1])
+                    if gap > max_gap or new_hi - new_lo > max_bytes:
+                        break
+                    run.append(nxt)
+                    taken.add(nxt)
+                    lo, hi = new_lo, new_hi
+                    nxt += step
+        out.append(sorted(run))
+    return out
+
+
 @dataclass
 class StepRate:
     """Served steps per second, measured from the first step served, never over the idle time before it.
@@ -179,6 +242,7 @@ class PrefetchCounters:
     errors: int = 0
     dropped: int = 0  # read but not kept (no room, or no longer planned)
     misses: int = 0  # units the loader's own reader had to read (not held, not in flight, or held short of rows)
+    reads: int = 0  # reads ahead issued: a coalesced one carries several units (`issued` counts units)
     reread: int = 0  # units read ahead again: chunks planned during the read wanted rows it did not keep
 
 
@@ -208,7 +272,9 @@ class Prefetcher:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when a finished read's follow-up pump is done
         self._pumping = 0  # finished reads whose follow-up pump (which may issue the next) still runs
-        self._inflight: dict[int, Future[None]] = {}
+        self._inflight: dict[int, Future[None]] = {}  # by unit key (a coalesced read's units share one future)
+        self._requests = 0  # reads ahead in flight (the `limit` bounds these)
+        self._span_reader: FormatReader | None = None  # for units' byte ranges (held footers only), made on first use
         self._fresh: set[int] = set()  # read ahead and kept, not yet asked for
         self._hit = threading.local()  # per reading thread: the key its last `get` counted as a hit
         self._declined: set[int] = set()  # read ahead but not kept: not again until a step is served
@@ -283,16 +349,25 @@ class Prefetcher:
                 self._stalled = False
             if self._stalled:
                 return
-            slots = self.limit - len(self._inflight)
+            slots = self.limit - self._requests
             busy = np.concatenate([held, np.fromiter([*self._inflight, *self._declined], dtype=np.int64)])
-            todo = plan_prefetch(keys, first, busy, slots)
-            for k in todo.tolist():
-                shard, unit = split_key(k)
+            free = plan_prefetch(keys, first, busy, len(keys))
+            if self._stores and slots > 0 and len(free):
+                runs = coalesce(free[: slots * COALESCE_UNITS].tolist(), set(free.tolist()), self._span, slots)
+            else:
+                runs = [[k] for k in free[: max(slots, 0)].tolist()]
+            for run in runs:
+                shard = split_key(run[0])[0]
                 path = self._paths.get(shard)
                 if path is None:
                     continue
-                self.counters.issued += 1
-                self._inflight[k] = self._pool.submit(self._fetch, k, path, unit, front)
+                units = [split_key(k)[1] for k in run]
+                self.counters.issued += len(run)
+                self.counters.reads += 1
+                self._requests += 1
+                fut = self._pool.submit(self._fetch, run, path, units, front)
+                for k in run:
+                    self._inflight[k] = fut
 
     def _measure_rate(self, newest: int) -> None:
         """Re-measure the served-step rate and widen the cache's reach to the latency it implies."""
@@ -328,35 +403,43 @@ class Prefetcher:
             if not done:
                 return False
 
-    def _fetch(self, k: int, path: Location, unit: int, front: int) -> None:
+    def _span(self, key: int) -> tuple[int, int] | None:
+        """Unit `key`'s byte range in its object, from the held footer (None: not held, or not a range read)."""
+        shard, unit = split_key(key)
+        path = self._paths.get(shard)
+        if path is None or not is_url(path):
+            return None
+        if self._span_reader is None:
+            self._span_reader = self._make_reader()
+        return self._span_reader.unit_span(path, unit)
+
+    def _fetch(self, keys: list[int], path: Location, units: list[int], front: int) -> None:
         reader: FormatReader | None = None
         try:
             reader = self._make_reader()
             t0 = time.perf_counter()
-            got = reader.load_unit(path, unit, self.cache.wanted((str(path), unit)))
+            wanted = [self.cache.wanted((str(path), u)) for u in units]
+            if len(units) == 1:
+                loaded = [reader.load_unit(path, units[0], wanted[0])]
+            else:
+                loaded = reader.load_units(path, units, wanted)
             took = time.perf_counter() - t0
-            got = self._cover(reader, path, unit, got)
             with self._lock:
                 self.read_s = max(took, self.read_s * _DECAY)
-            kept = got is not None and self.cache.put_ahead((str(path), unit), got[0], got[1], front)
-            with self._lock:
-                if kept:
-                    self.counters.prefetched += 1
-                    self._fresh.add(k)
-                else:
-                    self.counters.dropped += 1
-                    self._declined.add(k)
-                    self._stalled = got is not None  # no room: units needed later would not fit either
+            for k, unit, got in zip(keys, units, loaded, strict=True):
+                self._keep(k, path, unit, self._cover(reader, path, unit, got), front)
         except Exception as e:  # the read that needs the unit reads it again and reports the real error
             with self._lock:
-                self.counters.errors += 1
-                self.last_error = f"{path}, unit {unit}: {type(e).__name__}: {e}"
-                self._declined.add(k)
+                self.counters.errors += len(keys)
+                self.last_error = f"{path}, units {units}: {type(e).__name__}: {e}"
+                self._declined.update(keys)
         finally:
             if reader is not None:
                 reader.close()
             with self._lock:
-                self._inflight.pop(k, None)
+                for k in keys:
+                    self._inflight.pop(k, None)
+                self._requests -= 1
                 self._pumping += 1
         try:
             self.pump()
@@ -364,6 +447,18 @@ class Prefetcher:
             with self._lock:
                 self._pumping -= 1
                 self._idle.notify_all()
+
+    def _keep(self, k: int, path: Location, unit: int, got: tuple[Any, int] | None, front: int) -> None:
+        """Offer a unit read ahead to the cache; not kept (no room, or no longer planned), it is declined."""
+        kept = got is not None and self.cache.put_ahead((str(path), unit), got[0], got[1], front)
+        with self._lock:
+            if kept:
+                self.counters.prefetched += 1
+                self._fresh.add(k)
+            else:
+                self.counters.dropped += 1
+                self._declined.add(k)
+                self._stalled = got is not None  # no room: units needed later would not fit either
 
     def _cover(
         self, reader: FormatReader, path: Location, unit: int, got: tuple[Any, int] | None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import abc
 import collections
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -158,6 +159,17 @@ class FormatReader(abc.ABC):
         Loader's prefetch) in a reader of its own; None: no units in this format.
         """
         return None
+
+    def unit_span(self, path: Location, unit: int) -> tuple[int, int] | None:
+        """The bytes [start, stop) of object `path` reading unit `unit` fetches; None: not a range read (a local
+        file, no units), so there is nothing to coalesce."""
+        return None
+
+    def load_units(
+        self, path: Location, units: Sequence[int], rows: Sequence[np.ndarray | None]
+    ) -> list[tuple[Any, int] | None]:
+        """`load_unit` of each of `units` (with its `rows`); a reader of ranges fetches their bytes in one request."""
+        return [self.load_unit(path, u, r) for u, r in zip(units, rows, strict=True)]
 
     @abc.abstractmethod
     def num_parts(self, path: Location, target_bytes: int) -> int:

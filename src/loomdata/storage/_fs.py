@@ -322,6 +322,20 @@ class RangeFile(io.RawIOBase):
     def size(self) -> int:
         return self._size
 
+    def preload(self, start: int, stop: int) -> None:
+        """Fetch bytes [start, stop) in one range request: reads inside them are served from memory (coalesced reads).
+
+        Held until `release` or a read outside them; retried like any range read (a reset mid-body is read again).
+        """
+        start, stop = max(0, start), min(self._size, stop)
+        if stop > start:
+            self._buf = read_range(self.url, start, stop, self._options, self._policy, self._size)
+            self._buf_start = start
+
+    def release(self) -> None:
+        """Let go of the bytes held (a preloaded span, or the last read's)."""
+        self._buf, self._buf_start = b"", 0
+
     def readinto(self, b: Any) -> int:
         view = memoryview(b).cast("B")
         n = min(len(view), self._size - self._pos)

@@ -18,6 +18,7 @@ from loomdata.execution._prefetch import (
     MAX_EXTRA_STEPS,
     Prefetcher,
     StepRate,
+    coalesce,
     extra_steps,
     plan_prefetch,
 )
@@ -48,6 +49,27 @@ def test_plan_prefetch_keeps_plan_order_skips_busy_units_and_bounds_the_count() 
     assert plan_prefetch(keys, steps, np.array([30, 10]), slots=2).tolist() == [50, 90]
     assert plan_prefetch(keys, steps, np.array([], dtype=np.int64), slots=10).tolist() == [50, 30, 90, 10, 70]
     assert plan_prefetch(keys, steps, np.array([50]), slots=0).tolist() == []
+
+
+def test_coalesce_joins_free_neighbours_of_one_shard_within_the_gap_count_and_size_bounds() -> None:
+    a, b = [int(k) for k in unit_key(1, np.arange(10))], [int(k) for k in unit_key(2, np.arange(3))]
+    spans = {k: (100 * i, 100 * i + 90) for i, k in enumerate(a)}  # 10-byte gaps between a's units
+    spans |= {k: (100 * i, 100 * i + 90) for i, k in enumerate(b)}
+    spans[a[6]] = (600, 600)  # unit 6 empty; unit 7 starts 200 bytes after unit 5 ends (another column between)
+    spans[a[7]] = (900, 990)
+
+    def span(k: int) -> tuple[int, int] | None:
+        return spans.get(k)
+
+    free = set(a) | set(b)
+    # from a[2] forward to a[5] (a[6]'s range is joined too), then back to a[0]; b[0] does not join a[9]
+    assert coalesce([a[2], b[0]], free, span, reads=4, max_units=8, max_gap=50) == [a[0:7], b[0:3]]
+    assert coalesce([a[2]], free, span, reads=4, max_units=3) == [a[2:5]]  # forward first, then back
+    assert coalesce([a[2]], free, span, reads=4, max_bytes=300) == [a[2:5]]  # 2..4: 290 bytes, 2..5 would be 390
+    assert coalesce([a[2], a[5]], free - {a[3]}, span, reads=4) == [a[0:3], a[4:10]]  # a held unit splits the run
+    assert coalesce([a[7], a[8]], free, span, reads=1, max_gap=50) == [a[7:10]]  # a[6] is 300 bytes back
+    assert coalesce([a[1], b[1]], free, lambda k: None, reads=1) == [[a[1]]]  # no ranges: one unit per read, bounded
+    assert coalesce([a[1], a[2]], free, lambda k: None, reads=5) == [[a[1]], [a[2]]]
 
 
 @pytest.fixture

@@ -62,6 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -417,7 +418,42 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _mosaic_run(remote: str, consumers: int, samples: int, proxy: LatencyProxy, root: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class MosaicSetting:
+    """One Mosaic Streaming configuration: MDS shard size, DataLoader workers per rank, samples each worker
+    downloads ahead (None: Mosaic's default, 8 x batch). Written `SHARD_MIB:WORKERS:PREDOWNLOAD`, `d` for a default."""
+
+    shard_mib: float = 32.0
+    workers: int = 2
+    predownload: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> MosaicSetting:
+        parts = [*text.split(":"), "d", "d"][:3]
+        try:
+            mib, workers, pd = (None if x == "d" else float(x) for x in parts)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected SHARD_MIB:WORKERS:PREDOWNLOAD, e.g. 8:2:d") from None
+        d = cls()
+        return cls(
+            d.shard_mib if mib is None else mib,
+            d.workers if workers is None else int(workers),
+            None if pd is None else int(pd),
+        )
+
+    @property
+    def label(self) -> str:
+        return f"{self.shard_mib:g}MiB w{self.workers} pd{'d' if self.predownload is None else self.predownload}"
+
+    @property
+    def prefix(self) -> str:
+        """Where this shard size's MDS copy lives in the bucket."""
+        return f"mds-{self.shard_mib:g}"
+
+
+def _mosaic_run(
+    remote: str, consumers: int, samples: int, proxy: LatencyProxy, root: Path, setting: MosaicSetting
+) -> dict[str, Any]:
     """Each consumer a rank process of the peers' venv streaming its partition of the documents (fresh cache)."""
     env = {**os.environ, **CREDS, "S3_ENDPOINT_URL": proxy.url, "PYTHONPATH": str(HERE / "_peer_stubs")}
     proxy.reset()
@@ -435,6 +471,7 @@ def _mosaic_run(remote: str, consumers: int, samples: int, proxy: LatencyProxy, 
             "MASTER_PORT": str(port),
         }
         args = [str(PEERS_PYTHON), str(HERE / "_mosaic_child.py"), "read", remote, str(cache), str(samples), "8"]
+        args += [str(setting.workers)] + [str(setting.predownload)] * (setting.predownload is not None)
         procs.append(subprocess.Popen(args, env=env | dist, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     rows = []
     for p in procs:
@@ -519,12 +556,14 @@ def _one_round(
                     row = _loom_run(spec, args.consumers, proxy, root, pf, transport, step_s)
                     results["runs"].append({"side": _stepped(side, step_ms), "latency_ms": ms, "round": rnd, **row})
                     _print_row(_stepped(side, step_ms), ms, row)
-            if mosaic and k == 0:
+            for setting in args.mosaic_settings if mosaic and k == 0 else []:
                 ticks = _cpu_ticks()
-                row = _mosaic_run(f"s3://{BUCKET}/mds", args.consumers, args.docs, proxy, root)
+                remote = f"s3://{BUCKET}/{setting.prefix}"
+                row = _mosaic_run(remote, args.consumers, args.docs, proxy, root, setting)
                 row.update(_machine(ticks, _cpu_ticks()))
-                results["runs"].append({"side": "mosaic s3", "latency_ms": ms, "round": rnd, **row})
-                _print_row("mosaic s3", ms, row)
+                side = f"mosaic s3 {setting.label}"
+                results["runs"].append({"side": side, "latency_ms": ms, "round": rnd, "setting": setting.label, **row})
+                _print_row(side, ms, row)
 
 
 WAIT_REL, WAIT_FLOOR_MS = 0.10, 0.05
@@ -574,12 +613,25 @@ def _spread(vals: list[float]) -> dict[str, Any] | None:
     return {"median": round(float(np.median(vals)), 3), "min": round(min(vals), 3), "max": round(max(vals), 3)}
 
 
+def _with_best_mosaic(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs plus, per latency and round, a `mosaic s3 best` row: that round's Mosaic setting with the most
+    tokens/s per consumer (the peer at its best settings is the one loomdata is compared with)."""
+    best: dict[tuple[float, int], dict[str, Any]] = {}
+    for r in runs:
+        if r["side"].startswith("mosaic s3 ") and r["side"] != "mosaic s3 best":
+            k = (r["latency_ms"], r["round"])
+            if k not in best or r["tokens_per_s_per_consumer"] > best[k]["tokens_per_s_per_consumer"]:
+                best[k] = r
+    return runs + [{**r, "side": "mosaic s3 best"} for r in best.values()]
+
+
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per S3 side and latency: the medians over rounds, and per round paired ratios to local disk and to Mosaic.
 
-    A paired ratio divides a run by the local run (same shuffle) or the Mosaic run (same latency) of the same
+    A paired ratio divides a run by the local run (same shuffle) or Mosaic's best setting (same latency) of the same
     round, so load that drifts between rounds cancels; the summary gives their median, min and max.
     """
+    runs = _with_best_mosaic(runs)
     by: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for r in runs:
         by.setdefault((r["side"], r["latency_ms"]), []).append(r)
@@ -605,8 +657,14 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             out[f"local_{key}"] = med(local, 0, key)
             out[f"{key}_vs_local"] = _spread(_paired(runs, side, ms, local, 0, key))
         out["tokens_per_s_per_consumer"] = med(side, ms, "tokens_per_s_per_consumer")
-        out["mosaic_tokens_per_s_per_consumer"] = med("mosaic s3", ms, "tokens_per_s_per_consumer")
-        mosaic = "mosaic s3" if step is None else "-"  # Mosaic reads flat out: only flat-out sides compare with it
+        out["mosaic_tokens_per_s_per_consumer"] = med("mosaic s3 best", ms, "tokens_per_s_per_consumer")
+        out["mosaic_best_settings"] = [r["setting"] for r in by.get(("mosaic s3 best", ms), [])]
+        out["mosaic_settings_tokens_per_s"] = {
+            r[0][len("mosaic s3 ") :]: med(*r, "tokens_per_s_per_consumer")
+            for r in by
+            if r[1] == ms and r[0].startswith("mosaic s3 ") and r[0] != "mosaic s3 best"
+        }
+        mosaic = "mosaic s3 best" if step is None else "-"  # Mosaic reads flat out: only flat-out sides compare
         out["tokens_per_s_vs_mosaic"] = _spread(_paired(runs, side, ms, mosaic, ms, "tokens_per_s_per_consumer"))
         out["steady_tokens_per_s_vs_mosaic"] = _spread(
             _paired(runs, side, ms, mosaic, ms, "steady_tokens_per_s_per_consumer")
@@ -763,6 +821,15 @@ def main() -> None:
         help="simulated training steps per batch in each loomdata consumer, each its own pass (0: read flat out)",
     )
     ap.add_argument("--no-mosaic", action="store_true", help="skip the Mosaic Streaming rows")
+    ap.add_argument(
+        "--mosaic-settings",
+        type=MosaicSetting.parse,
+        nargs="+",
+        default=[MosaicSetting()],
+        metavar="SHARD_MIB:WORKERS:PREDOWNLOAD",
+        help="Mosaic configurations, each run per latency and round; loomdata is compared with the best of them "
+        "(default 32:2:d: 32 MiB shards, 2 DataLoader workers, Mosaic's default predownload)",
+    )
     ap.add_argument("--rounds", type=int, default=1, help="times every side runs, alternating (medians reported)")
     ap.add_argument(
         "--fsspec-at", type=float, nargs="*", default=[], help="latencies (ms) also run with row groups through s3fs"
@@ -825,13 +892,12 @@ def main() -> None:
         mosaic = PEERS_PYTHON.exists() and not args.no_mosaic and not args.local_only
         if args.local_only:
             args.latencies = []
-        if mosaic:
-            mds = root / "mds"
+        for setting in {m.prefix: m for m in args.mosaic_settings}.values() if mosaic else []:  # a copy per shard size
+            mds = root / setting.prefix
             env = {**os.environ, "PYTHONPATH": str(HERE / "_peer_stubs")}
-            subprocess.run(
-                [str(PEERS_PYTHON), str(HERE / "_mosaic_child.py"), "convert", str(npz), str(mds)], check=True, env=env
-            )
-            _upload(s3, mds, "mds")
+            child = [str(PEERS_PYTHON), str(HERE / "_mosaic_child.py"), "convert", str(npz), str(mds)]
+            subprocess.run([*child, f"{setting.shard_mib:g}"], check=True, env=env)
+            _upload(s3, mds, setting.prefix)
         print(
             f"{len(files)} files, {args.docs} documents, {tokens:,} tokens; "
             f"{steps} steps x dp {args.dp} x {args.seq_len}"
@@ -894,7 +960,8 @@ def _ab(args: Any) -> None:
     forward = [
         a
         for k, v in vars(args).items()
-        if k not in ("ab", "rounds", "out", "trace", "local_only", "no_mosaic", "read_paths") and v is not None
+        if k not in ("ab", "rounds", "out", "trace", "local_only", "no_mosaic", "mosaic_settings", "read_paths")
+        and v is not None
         for a in (f"--{k.replace('_', '-')}", *([str(x) for x in v] if isinstance(v, list) else [str(v)]))
     ]
     forward += ["--no-mosaic"] + ["--local-only"] * bool(args.local_only) + ["--trace"] * bool(args.trace)
@@ -930,7 +997,7 @@ def _write_ab(args: Any, runs: list[dict[str, Any]]) -> None:
     result = {
         "benchmark": "object_store --ab",
         "before_src": str(args.ab),
-        "parameters": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "parameters": _parameters(args),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_now": os.getloadavg()},
         "summary": summary,
         "runs": runs,
@@ -942,14 +1009,19 @@ def _write_ab(args: Any, runs: list[dict[str, Any]]) -> None:
         print(f"{k:<36} {cells}")
 
 
+def _parameters(args: Any) -> dict[str, Any]:
+    """The command line as JSON: paths as strings, Mosaic settings by their labels."""
+    out = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    return out | {"mosaic_settings": [m.label for m in args.mosaic_settings]}
+
+
 def _write(args: Any, results: dict[str, Any], steps: int, tokens: int, partial: bool) -> None:
     """The result file with the rounds so far (rewritten after each round: a run cut short keeps what it measured)."""
     results.update(
         benchmark="object_store",
         complete=not partial,
         machine={"cpus": os.cpu_count(), "python": platform.python_version(), "load_now": os.getloadavg()},
-        parameters={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        | {"steps": steps, "tokens": tokens},
+        parameters=_parameters(args) | {"steps": steps, "tokens": tokens},
         summary=_summary(results["runs"]),
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -53,15 +53,7 @@ class FleetOps:
     """Creates and maintains the actors of one plan on a Dask cluster (single-threaded use)."""
 
     def __init__(
-        self,
-        plan_dir: Path,
-        client: Client,
-        meta: PlanMeta,
-        *,
-        workdir: Path,
-        peers: int,
-        config: ServeConfig,
-        options: SourceOptions | None = None,
+        self, plan_dir: Path, client: Client, meta: PlanMeta, *, peers: int, config: ServeConfig, options: SourceOptions
     ) -> None:
         self.plan_dir = plan_dir
         self.client = client
@@ -69,8 +61,8 @@ class FleetOps:
         self.config = config
         self.t = config.timings
         self.peers = peers
-        self._workdir = workdir
-        self._options = options or SourceOptions()  # each loader is given its source's: every creation below
+        self._workdir = meta.spec.workdir
+        self._options = options  # each loader is given its source's at creation (start, resize, recovery)
         self._tag = uuid.uuid4().hex[:8]
         self._shards: dict[int, np.ndarray] = {}  # samples per shard id, per source id (read once from the index)
         self._workers: itertools.cycle[str] = itertools.cycle([])
@@ -299,7 +291,6 @@ class FleetOps:
         )
 
     def _submit_loader(self, p: LoaderPartition) -> Future:
-        """Create a loader (at start, by a resize, or in place of a lost one) with its source's storage options."""
         key = f"loom-loader-{self._tag}-{p.source}-{p.part}-{uuid.uuid4().hex[:6]}"
         policy = CachePolicy.serving(self.config)
         return self._submit(SourceLoader, str(self.plan_dir), p, policy, self._options.only(p.source), key=key)

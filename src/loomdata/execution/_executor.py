@@ -68,15 +68,7 @@ class Executor:
         self.spec = self.meta.spec
         t = self.spec.training
         peers = self.config.peers or t.tp_size * t.pp_size * t.cp_size
-        self._ops = FleetOps(
-            self.plan_dir,
-            client,
-            self.meta,
-            workdir=self.spec.workdir,
-            peers=peers,
-            config=self.config,
-            options=options,
-        )
+        self._ops = FleetOps(self.plan_dir, client, self.meta, peers=peers, config=self.config, options=options)
         self._loop: ControlLoop | None = None  # kept after stop(): its recovery stats stay readable
         self._serving = False
 

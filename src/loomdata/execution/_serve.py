@@ -108,6 +108,9 @@ def serve(
     """
     cfg = config or ServeConfig(autoscale=Autoscaling())
     cfg = cfg.with_settings(**settings) if settings else cfg
+    plan_dir = Path(plan_dir).resolve()
+    meta = read_plan(plan_dir)  # a missing or bad plan says so before the lock, the cluster and the signal handlers
+    options = serving_options(meta, spec=spec, storage_options=storage_options, plan_dir=plan_dir)  # so does a spec
     stop = threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -117,9 +120,6 @@ def serve(
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, _on_signal)
-    plan_dir = Path(plan_dir).resolve()
-    meta = read_plan(plan_dir)  # a missing or bad plan says so before the lock and the cluster
-    options = serving_options(meta, spec=spec, storage_options=storage_options, plan_dir=plan_dir)  # so does a spec
     if insecure:
         check_insecure_allowed()
     try:

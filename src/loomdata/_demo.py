@@ -165,7 +165,7 @@ def run_demo(
             f"worst mixture error {plan['worst_mixture_error_pp']:.2f} pp"
         )
 
-        with Executor(result.plan_dir, client, config) as executor:
+        with Executor(result.plan_dir, client, config, spec=spec) as executor:
             echo(f"[4/5] serving with loaders and constructors on {len(client.scheduler_info()['workers'])} workers")
             ctx = mp.get_context("spawn")
             results = ctx.Queue()

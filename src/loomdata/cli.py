@@ -267,6 +267,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         tls=_tls(args),
         insecure=args.insecure,
         dashboard=args.dashboard,
+        spec=args.spec,
     )
     return 0
 
@@ -397,6 +398,13 @@ def _parser() -> argparse.ArgumentParser:
 
     s = add("serve", _cmd_serve, "serve a plan's batches from Source Loader and Data Constructor actors")
     s.add_argument("plan_dir")
+    s.add_argument(
+        "--spec",
+        default=None,
+        metavar="SPEC.yaml",
+        help="the spec the plan was made from: its sources' storage_options (endpoints, credentials) reach the "
+        "loaders in memory, never a file (plan.json holds none); refused unless it is the plan's spec",
+    )
     s.add_argument("--scheduler", default=None)
     s.add_argument("--constructors", type=int, default=defaults.constructors)
     s.add_argument("--window", type=int, default=defaults.window, help="steps built ahead of the slowest rank")

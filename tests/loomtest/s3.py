@@ -2,12 +2,16 @@
 
 `S3Server.start()` binds a free 127.0.0.1 port, sets `AWS_*` variables (a fresh random secret key, the
 endpoint) in this process and, through `client.run`, in the Dask workers, and clears the s3fs instance
-cache so no filesystem made for another endpoint survives. `stop()` puts every variable back.
+cache so no filesystem made for another endpoint survives. `stop()` puts every variable back. With
+`set_env=False` it sets none: the endpoint and credentials reach loomdata only as `options()` in a spec.
 `DroppingProxy` forwards TCP to the server and cuts the first N responses mid-body with a reset.
+`LocalOracle` reads what a bucket copy's samples hold from the local copy (pyarrow, json, the tokenizer).
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import secrets
 import socket
@@ -15,6 +19,13 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import zstandard
+
+from loomdata.schemas import IndexFiles, Spec
+from loomdata.sources.tokenizer import make_tokenizer
 
 _ENV_KEYS = (
     "AWS_ACCESS_KEY_ID",
@@ -56,6 +67,7 @@ class S3Server:
     secret: str = field(default_factory=lambda: "loomSECRET" + secrets.token_hex(12))
     key_id: str = "loomtestkeyid"
     port: int = 0
+    set_env: bool = True
     _server: Any = None
     _old: dict[str, str | None] = field(default_factory=dict)
 
@@ -79,22 +91,34 @@ class S3Server:
         self.port = free_port()
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self._server.start()
-        self._old = _apply_env(self.env())
-        if self.dask_client is not None:
-            self.dask_client.run(_apply_env, self.env())
+        if self.set_env:
+            self._old = _apply_env(self.env())
+            if self.dask_client is not None:
+                self.dask_client.run(_apply_env, self.env())
         return self
 
+    def options(self) -> dict[str, dict[str, str]]:
+        """`storage_options` naming this server and its credentials (for a spec: no environment needed)."""
+        return {"s3": {"endpoint_url": self.endpoint, "key": self.key_id, "secret": self.secret}}
+
     def stop(self) -> None:
-        if self.dask_client is not None:
-            self.dask_client.run(_apply_env, self._old)
-        _apply_env(self._old)
+        if self.set_env:
+            if self.dask_client is not None:
+                self.dask_client.run(_apply_env, self._old)
+            _apply_env(self._old)
         if self._server is not None:
             self._server.stop()
 
     def boto3(self) -> Any:
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=self.key_id,
+            aws_secret_access_key=self.secret,
+        )
 
     def upload_dir(self, local: Path, bucket: str, prefix: str) -> list[str]:
         """Upload every file under `local` to `s3://bucket/prefix/<relative path>` (bucket created); returns keys."""
@@ -184,3 +208,58 @@ class DroppingProxy:
         self._stop.set()
         self._thread.join(timeout=5)
         self._sock.close()
+
+
+def _line_texts(path: Path) -> dict[int, str]:
+    """Row -> text of a JSONL file: byte offsets (plain) or line numbers (compressed), read with the stdlib."""
+    if path.suffix == ".gz":
+        lines = gzip.decompress(path.read_bytes()).split(b"\n")
+        return {i: json.loads(x)["text"] for i, x in enumerate(lines) if x.strip()}
+    if path.suffix == ".zst":
+        raw = zstandard.ZstdDecompressor().decompressobj().decompress(path.read_bytes())
+        return {i: json.loads(x)["text"] for i, x in enumerate(raw.split(b"\n")) if x.strip()}
+    out, pos = {}, 0
+    for line in path.read_bytes().split(b"\n"):
+        if line.strip():
+            out[pos] = json.loads(line)["text"]
+        pos += len(line) + 1
+    return out
+
+
+class LocalOracle:
+    """Tokens of a sample of the Parquet and JSONL sources, from the local copy (pyarrow, json, the tokenizer).
+
+    `docs[source][sample]`: the index (of the bucket copy, whose shards are URLs under `prefix`) maps each
+    sample to a shard and row; the row is read from the same file under `local_root`, never through
+    loomdata's readers or storage layer.
+    """
+
+    def __init__(self, spec: Spec, local_root: Path, prefix: str) -> None:
+        self.tok = make_tokenizer(spec.tokenizer)
+        self.docs: dict[str, list[np.ndarray]] = {}
+        for src in spec.sources:
+            if src.format.value not in ("parquet", "jsonl"):
+                continue
+            files = IndexFiles.of(spec.workdir, src.name)
+            idx = pq.read_table(str(files.samples), columns=["sample", "shard", "row"]).sort_by("sample")
+            shards = pq.read_table(str(files.shards))
+            local = {
+                int(s): Path(str(p).replace(prefix, str(local_root)))
+                for s, p in zip(shards.column("shard").to_pylist(), shards.column("path").to_pylist(), strict=True)
+            }
+            assert all(str(p).startswith(prefix) for p in shards.column("path").to_pylist())
+            texts: dict[int, Any] = {}
+            for s, p in local.items():
+                if src.format.value == "jsonl":
+                    texts[s] = _line_texts(p)
+                else:
+                    texts[s] = pq.read_table(p, columns=[src.tokens_field or src.text_field or ""]).column(0)
+            out = []
+            for shard, row in zip(idx.column("shard").to_pylist(), idx.column("row").to_pylist(), strict=True):
+                value = texts[shard][row]
+                if src.tokens_field is not None:
+                    out.append(np.asarray(value.as_py(), dtype=np.int32))
+                else:
+                    text = value if isinstance(value, str) else value.as_py()
+                    out.append(np.asarray(self.tok.encode_batch([text])[0], dtype=np.int32))
+            self.docs[src.name] = out

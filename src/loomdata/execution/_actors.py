@@ -39,6 +39,7 @@ from loomdata.execution._outcome import Kind, issue
 from loomdata.execution._partition import LoaderPartition, partition_source, rank_groups
 from loomdata.execution._publish import Publisher
 from loomdata.execution._retry import retry_until
+from loomdata.execution._storage_options import SourceOptions
 from loomdata.execution.protocol import ServeInfo, constructor_dataset
 from loomdata.schemas.errors import ContractError, ExecutionError, LoomError
 from loomdata.schemas.freshness import require_built_from, require_fresh
@@ -52,7 +53,7 @@ class FleetOps:
     """Creates and maintains the actors of one plan on a Dask cluster (single-threaded use)."""
 
     def __init__(
-        self, plan_dir: Path, client: Client, meta: PlanMeta, *, workdir: Path, peers: int, config: ServeConfig
+        self, plan_dir: Path, client: Client, meta: PlanMeta, *, peers: int, config: ServeConfig, options: SourceOptions
     ) -> None:
         self.plan_dir = plan_dir
         self.client = client
@@ -60,7 +61,8 @@ class FleetOps:
         self.config = config
         self.t = config.timings
         self.peers = peers
-        self._workdir = workdir
+        self._workdir = meta.spec.workdir
+        self._options = options  # each loader is given its source's at creation (start, resize, recovery)
         self._tag = uuid.uuid4().hex[:8]
         self._shards: dict[int, np.ndarray] = {}  # samples per shard id, per source id (read once from the index)
         self._workers: itertools.cycle[str] = itertools.cycle([])
@@ -72,7 +74,7 @@ class FleetOps:
     def start(self) -> None:
         """Create every loader, then every constructor with their routes; start them; publish."""
         require_fresh(self.meta, self._workdir)
-        require_built_from(self.meta.spec)  # nor have the settings or the files its globs match moved on
+        require_built_from(self._options.apply(self.meta.spec))  # nor the settings, nor what its globs match now
         if not self.client.scheduler_info()["workers"]:
             raise ExecutionError(f"the cluster at {self.client.scheduler.address} has no workers; start some")
         self._use_live_workers()
@@ -291,7 +293,7 @@ class FleetOps:
     def _submit_loader(self, p: LoaderPartition) -> Future:
         key = f"loom-loader-{self._tag}-{p.source}-{p.part}-{uuid.uuid4().hex[:6]}"
         policy = CachePolicy.serving(self.config)
-        return self._submit(SourceLoader, str(self.plan_dir), p, policy, key=key)
+        return self._submit(SourceLoader, str(self.plan_dir), p, policy, self._options.only(p.source), key=key)
 
     def _submit_constructor(self, ranks: list[int]) -> Future:
         key = f"loom-constructor-{self._tag}-{ranks[0]}-{uuid.uuid4().hex[:6]}"

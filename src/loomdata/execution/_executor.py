@@ -23,11 +23,13 @@ from loomdata.execution._config import ServeConfig
 from loomdata.execution._loop import ControlLoop
 from loomdata.execution._metrics import MetricsGather, summarize
 from loomdata.execution._recovery import RecoveryStats
+from loomdata.execution._storage_options import OptionsBySource, SourceOptions, serving_options
 from loomdata.execution._telemetry import drain_telemetry
 from loomdata.execution.protocol import ServeInfo
 from loomdata.schemas.errors import ExecutionError
 from loomdata.schemas.metrics import ExecutorMetrics, StepTelemetry
 from loomdata.schemas.plan import PlanMeta, read_plan
+from loomdata.schemas.spec import Spec
 
 __all__ = ["Executor"]
 
@@ -39,22 +41,34 @@ class Executor:
     `constructors=2`, `autoscale=True`). With `recover` (the default) lost actors are recreated while
     serving; with `autoscale` a controller resizes each source's loaders to demand x measured cost
     (its decisions are in `metrics().autoscale`).
+
+    Storage options (endpoints, credentials) are never in plan.json: give the spec the plan was made from
+    (`spec`: a Spec or its file, checked by content hash: a ContractError names both when it is another
+    spec) or `storage_options` (source name -> {protocol: options}). They stay in memory: every loader,
+    also one recreated or added later, is given its own source's at creation. Without either, loaders
+    reach the store with their workers' environment (AWS_*, profiles).
     """
 
     def __init__(
-        self, plan_dir: str | Path, client: Client, config: ServeConfig | None = None, **settings: Any
+        self,
+        plan_dir: str | Path,
+        client: Client,
+        config: ServeConfig | None = None,
+        *,
+        spec: Spec | str | Path | None = None,
+        storage_options: SourceOptions | OptionsBySource | None = None,
+        **settings: Any,
     ) -> None:
         self.config = (config or ServeConfig()).with_settings(**settings) if settings else (config or ServeConfig())
         self.plan_dir = Path(plan_dir).resolve()
         self.client = client
         self.meta: PlanMeta = read_plan(self.plan_dir)
+        options = serving_options(self.meta, spec=spec, storage_options=storage_options, plan_dir=self.plan_dir)
         self.config = self.config.for_plan(self.meta.seq_len, self.meta.micro_batches)  # window holds bytes_in_flight
         self.spec = self.meta.spec
         t = self.spec.training
         peers = self.config.peers or t.tp_size * t.pp_size * t.cp_size
-        self._ops = FleetOps(
-            self.plan_dir, client, self.meta, workdir=self.spec.workdir, peers=peers, config=self.config
-        )
+        self._ops = FleetOps(self.plan_dir, client, self.meta, peers=peers, config=self.config, options=options)
         self._loop: ControlLoop | None = None  # kept after stop(): its recovery stats stay readable
         self._serving = False
 

@@ -1,6 +1,7 @@
 """The Source Loader actor: owns one partition (a shard range) of one source and serves batched reads.
 
-State is rebuilt from the plan and the partition alone: the shard paths, the index lookup
+State is rebuilt from the plan and the partition alone (and the source's `storage_options`, given at
+creation in memory: plan.json holds none, see `_storage_options`): the shard paths, the index lookup
 sample -> (shard, row) for its own shards (`SampleIndex`: about 4 bytes a sample), one opened format reader
 (file handles, Parquet metadata, tokenizer); the parsed plan is shared by the process's loaders
 (`_plan_meta`). Nothing of it is per rank. Reads run off the event loop in the loader's own `Strand`
@@ -52,6 +53,7 @@ from loomdata.execution._partition import LoaderPartition
 from loomdata.execution._plan_ahead import PlanAhead
 from loomdata.execution._plan_meta import shared_plan
 from loomdata.execution._sample_index import SampleIndex
+from loomdata.execution._storage_options import SourceOptions
 from loomdata.execution._strand import Strand
 from loomdata.execution._verify import Verifier, require_checksums, serving_error
 from loomdata.schemas.errors import ExecutionError, SourceDataError
@@ -116,11 +118,19 @@ class _Counters:
 class SourceLoader:
     """Dask actor serving `read(request)` for the samples of one partition of one source."""
 
-    def __init__(self, plan_dir: str, partition: LoaderPartition, cache: CachePolicy | None = None) -> None:
+    def __init__(
+        self,
+        plan_dir: str,
+        partition: LoaderPartition,
+        cache: CachePolicy | None = None,
+        storage: SourceOptions | None = None,
+    ) -> None:
+        """`storage`: the storage options of the partition's source (plan.json holds none; see `_storage_options`)."""
         meta = shared_plan(plan_dir)
         spec = meta.spec
         self.partition = partition
-        self._source = spec.source(partition.source)
+        source = spec.source(partition.source)
+        self._source = storage.source_spec(source) if storage is not None else source
         files = IndexFiles.of(spec.workdir, partition.source)
         require_fresh(meta, spec.workdir, [partition.source])
         shards = files.shard_table()

@@ -8,6 +8,10 @@ in one `ServeConfig`, built here (or by `loom serve`) and passed down.
 One serve per plan dir (serve.lock, see `_lock`). The embedded cluster uses TLS with credentials made
 at start in PLAN_DIR/.loom-tls (0700; clients find them through serve.json); a given scheduler is
 reached with the user's credentials (`tls`); plain TCP only with `insecure`.
+
+Storage options (object store endpoints and credentials) come from the spec the plan was made from
+(`spec`, `loom serve --spec`; checked against plan.json before the lock and the cluster) or a mapping per
+source (`storage_options`); they are carried in memory to the loaders and written nowhere (`_storage_options`).
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from loomdata.execution._config import Autoscaling, ServeConfig
 from loomdata.execution._executor import Executor
 from loomdata.execution._lock import serve_lock
 from loomdata.execution._security import TLS_DIR, TlsFiles
+from loomdata.execution._storage_options import OptionsBySource, serving_options
 from loomdata.execution._telemetry import TELEMETRY_FILE, append_telemetry, imbalance
 from loomdata.schemas.errors import ExecutionError
 from loomdata.schemas.metrics import ExecutorMetrics, StepTelemetry
 from loomdata.schemas.plan import read_plan
+from loomdata.schemas.spec import Spec
 
 __all__ = ["serve"]
 
@@ -85,6 +91,8 @@ def serve(
     tls: TlsFiles | None = None,
     insecure: bool = False,
     dashboard: bool = False,
+    spec: Spec | str | Path | None = None,
+    storage_options: OptionsBySource | None = None,
     **settings: Any,
 ) -> None:
     """Serve `plan_dir` until Ctrl-C/SIGTERM, printing metrics every `config.metrics_every_s`.
@@ -94,9 +102,15 @@ def serve(
     With `json_out`, stdout carries JSON lines only: `serving` (the ServeInfo), `metrics`, `stopped`
     (final metrics). The embedded cluster (no `scheduler`) has `config.n_workers` worker processes.
     `tls`: the user's credentials (needed with `scheduler`); `insecure`: plain TCP (a warning is printed).
+    `spec`: the spec (a Spec or its file) the plan was made from, for its sources' `storage_options` (a
+    ContractError names both when its content hash is not plan.json's); or `storage_options`: source name ->
+    {protocol: options}. Without either, the workers' environment reaches the store (AWS_*, profiles).
     """
     cfg = config or ServeConfig(autoscale=Autoscaling())
     cfg = cfg.with_settings(**settings) if settings else cfg
+    plan_dir = Path(plan_dir).resolve()
+    meta = read_plan(plan_dir)  # a missing or bad plan says so before the lock, the cluster and the signal handlers
+    options = serving_options(meta, spec=spec, storage_options=storage_options, plan_dir=plan_dir)  # so does a spec
     stop = threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -106,8 +120,6 @@ def serve(
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, _on_signal)
-    plan_dir = Path(plan_dir).resolve()
-    read_plan(plan_dir)  # a missing or bad plan says so before the lock and the cluster
     if insecure:
         check_insecure_allowed()
     try:
@@ -122,7 +134,7 @@ def serve(
                 insecure=insecure,
                 dashboard=dashboard,
             ) as client,
-            Executor(plan_dir, client, cfg) as ex,
+            Executor(plan_dir, client, cfg, storage_options=options) as ex,
         ):
             info = ex.info
             if info is None:

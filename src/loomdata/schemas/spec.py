@@ -385,6 +385,11 @@ class Spec(_Frozen):
         """A content hash of the spec, recorded in every plan."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
 
+    def content_hash(self) -> str:
+        """A hash of `content_json` (no location fields, no serving settings, no storage options): equal for
+        the spec a plan was made from and the spec in its plan.json, wherever each was read from."""
+        return hashlib.sha256(self.content_json().encode()).hexdigest()[:16]
+
 
 def _resolve(base_dir: Path, source: SourceSpec) -> list[Path | str]:
     found: list[Path | str] = []

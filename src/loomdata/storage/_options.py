@@ -2,7 +2,8 @@
 
 Options come from the spec (`storage_options: {s3: {endpoint_url: ...}}` on a source) and are never
 written anywhere: the spec models exclude them from every dump, and `redact` hides secret values in
-anything shown (errors, logs, reprs).
+anything shown (errors, logs, reprs). plan.json therefore holds none: serving is given them at the edge
+(`loom serve --spec`) and carries them in memory to each loader (`execution._storage_options`).
 """
 
 from __future__ import annotations

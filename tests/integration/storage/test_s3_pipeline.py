@@ -9,7 +9,6 @@ WebDataset samples are checked by the loaders against the per-sample checksums, 
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-import zstandard
 from distributed import Client
 
 from loomdata.client import StreamClient
@@ -27,10 +25,9 @@ from loomdata.execution import Executor
 from loomdata.indexing import build_index
 from loomdata.planning import make_plan
 from loomdata.schemas import IndexFiles, LoomError, Spec, parse_spec, read_manifest, read_plan
-from loomdata.sources.tokenizer import make_tokenizer
 from loomdata.storage import ObjectNotFoundError, request_stats, reset_request_stats
 from loomdata.testing import generate_corpus
-from loomtest.s3 import DroppingProxy, S3Server
+from loomtest.s3 import DroppingProxy, LocalOracle, S3Server
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "demo.yaml"
 BUCKET = "loom-data"
@@ -54,56 +51,6 @@ def _spec(tmp: Path, data: str, s3: S3Server | None) -> Spec:
         for src in raw["sources"]:
             src["storage_options"] = {"s3": {"key": s3.key_id, "secret": s3.secret}}
     return parse_spec(raw, tmp)
-
-
-def _line_texts(path: Path) -> dict[int, str]:
-    """Row -> text of a JSONL file: byte offsets (plain) or line numbers (compressed), read with the stdlib."""
-    if path.suffix == ".gz":
-        lines = gzip.decompress(path.read_bytes()).split(b"\n")
-        return {i: json.loads(x)["text"] for i, x in enumerate(lines) if x.strip()}
-    if path.suffix == ".zst":
-        raw = zstandard.ZstdDecompressor().decompressobj().decompress(path.read_bytes())
-        return {i: json.loads(x)["text"] for i, x in enumerate(raw.split(b"\n")) if x.strip()}
-    out, pos = {}, 0
-    for line in path.read_bytes().split(b"\n"):
-        if line.strip():
-            out[pos] = json.loads(line)["text"]
-        pos += len(line) + 1
-    return out
-
-
-class LocalOracle:
-    """Tokens of a sample of the Parquet and JSONL sources, from the local copy (pyarrow, json, the tokenizer)."""
-
-    def __init__(self, spec: Spec, local_root: Path) -> None:
-        self.tok = make_tokenizer(spec.tokenizer)
-        self.docs: dict[str, list[np.ndarray]] = {}
-        for src in spec.sources:
-            if src.format.value not in ("parquet", "jsonl"):
-                continue
-            files = IndexFiles.of(spec.workdir, src.name)
-            idx = pq.read_table(str(files.samples), columns=["sample", "shard", "row"]).sort_by("sample")
-            shards = pq.read_table(str(files.shards))
-            local = {
-                int(s): Path(str(p).replace(PREFIX, str(local_root)))
-                for s, p in zip(shards.column("shard").to_pylist(), shards.column("path").to_pylist(), strict=True)
-            }
-            assert all(str(p).startswith(PREFIX) for p in shards.column("path").to_pylist())
-            texts: dict[int, Any] = {}
-            for s, p in local.items():
-                if src.format.value == "jsonl":
-                    texts[s] = _line_texts(p)
-                else:
-                    texts[s] = pq.read_table(p, columns=[src.tokens_field or src.text_field or ""]).column(0)
-            out = []
-            for shard, row in zip(idx.column("shard").to_pylist(), idx.column("row").to_pylist(), strict=True):
-                value = texts[shard][row]
-                if src.tokens_field is not None:
-                    out.append(np.asarray(value.as_py(), dtype=np.int32))
-                else:
-                    text = value if isinstance(value, str) else value.as_py()
-                    out.append(np.asarray(self.tok.encode_batch([text])[0], dtype=np.int32))
-            self.docs[src.name] = out
 
 
 def _index_tables(spec: Spec) -> dict[str, pa.Table]:
@@ -138,7 +85,7 @@ def test_s3_corpus_indexes_plans_and_serves_like_the_local_copy(
     assert all(s.rescanned == 0 for s in again.sources.values()), again
     assert stats.get("get", 0) == 0 and stats.get("get_bytes", 0) == 0 and stats["head"] > 0, stats
 
-    oracle = LocalOracle(remote, corpus)
+    oracle = LocalOracle(remote, corpus, PREFIX)
     assert meta.dp_size == 4
     checked = {name: 0 for name in oracle.docs}
     served = 0

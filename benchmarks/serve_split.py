@@ -38,7 +38,7 @@ import stream_throughput as st
 # (part, frame patterns): a sample's part is the first whose pattern one of its frames matches, leaf to root
 # within a part's list, parts in this order (so a pack inside a build counts as pack, not build).
 _PARTS: list[tuple[str, tuple[str, ...]]] = [
-    ("startup/imports", ("<module> (", "_find_and_load", "spawn_main", "LoomDataset.__init__", "state_dict (")),
+    ("imports", ("_find_and_load",)),
     ("pack", ("_pack_group.py", "_packing.py", "pack_group ", "pack_step ")),
     (
         "loader read/decode",
@@ -73,25 +73,33 @@ def _part(frames: list[str]) -> str:
     return "other"
 
 
-def _proc_kind(head: str, roles: dict[int, str]) -> str:
-    m = re.search(r"process (\d+)", head)
-    pid = int(m.group(1)) if m else -1
-    return roles.get(pid, "rank" if "spawn_main" in head or "multiprocessing" in head else "other")
+_PROCESS = re.compile(r'process (\d+):"[^"]*";?')  # py-spy's process frames (a command line may hold ';')
+# Leaves where a thread waits: py-spy counts a runnable thread as busy, so on a loaded machine a thread woken
+# from a wait shows there until it gets a core; those samples are no CPU of the serving code.
+_IDLE_LEAVES = ("EpollSelector.select", "Condition.wait", "Event.wait", "_worker (concurrent/futures/thread.py")
 
 
 def _read_raw(path: Path, roles: dict[int, str]) -> dict[str, collections.Counter[str]]:
-    """py-spy raw lines -> per process kind, samples per part (and per leaf function under '#leaf ...')."""
+    """py-spy raw lines -> per process kind, busy samples per part (and per leaf function under '#leaf ...').
+
+    Consumer processes are told by their frames (`_loom_consumer`: a rank's delivery loop); their start-up
+    (imports, connecting) is not in the benchmark's CPU figures and is left out here too.
+    """
     out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        frames = stack.split(";")
-        head = frames[0]
-        kind = _proc_kind(head, roles)
-        if kind == "rank" or kind == "other":  # consumers are spawned: tell ranks by their frames
-            kind = "rank" if any("_loom_consumer" in f or "spawn_main" in f for f in frames) else kind
-        part = _part(list(reversed(frames[1:])))
+        pids = [int(p) for p in _PROCESS.findall(stack)]
+        frames = [f for f in _PROCESS.sub("", stack).split(";") if f]
+        if not pids or not frames or frames[-1].startswith(_IDLE_LEAVES):
+            continue
+        kind = roles.get(pids[-1])
+        if kind is None:
+            if not any("_loom_consumer" in f for f in frames):
+                continue
+            kind = "ranks"
+        part = _part(list(reversed(frames)))
         out[kind][part] += int(count)
         out[kind]["#leaf " + frames[-1]] += int(count)
         out[kind]["#total"] += int(count)
@@ -130,6 +138,7 @@ def main() -> None:
             roles = {os.getpid(): "main (scheduler, serving)"}
             for k, (_, pid) in enumerate(sorted(client.run(os.getpid).items())):
                 roles[pid] = f"worker{k}"
+            print(f"processes: {roles}", flush=True)
             raw = args.raw or Path(tempfile.gettempdir()) / f"serve-split-{os.getpid()}.txt"
             proc = None
             if not args.no_spy:

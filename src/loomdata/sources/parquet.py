@@ -8,7 +8,10 @@ is a read unit, `units`): by default a small LRU; a Source Loader's cache keeps 
 while a pending step of the plan still needs it, and names the rows it will still ask for
 (`UnitCache.wanted`): then only those rows are kept (`KeptRows`, a `take` of the decoded group), which
 under a shuffle is a small part of it. Files open with `pre_buffer=False`: pre-buffering keeps every
-open file's raw column chunks, which a cache of decoded row groups makes redundant.
+open file's raw column chunks, which a cache of decoded row groups makes redundant. A `list<int32>` column
+(without nulls) is read without copying: each row's tokens are a read-only view into the decoded group that
+holds it (`_token_views`; its caller copies the segments it needs out); other integer types go through a
+`take` and are checked and converted to int32.
 
 A file's footer is read and parsed once (`FileLayouts`: its schema check and row-group bounds, and the
 footer itself kept serialized: 2.6 KB where parsed it is ~25 KiB), shared by a reader and its `sibling`s

@@ -135,11 +135,11 @@ def _block(
     if answered:
         at = np.concatenate(answered)
         at_length = row_length[at]
-        bounds = np.zeros(len(answered) + 1, dtype=np.int64)  # each answer's first row in `at`
-        np.cumsum([len(a) for a in answered], out=bounds[1:])
+        answer_at = np.zeros(len(answered) + 1, dtype=np.int64)  # each answer's first row in `at`
+        np.cumsum([len(a) for a in answered], out=answer_at[1:])
         asked = np.zeros(len(at) + 1, dtype=np.int64)
         np.cumsum(at_length, out=asked[1:])
-        asked = asked[bounds[1:]] - asked[bounds[:-1]]  # tokens each answer must hold
+        asked = asked[answer_at[1:]] - asked[answer_at[:-1]]  # tokens each answer must hold
         got = np.array([len(t) for t in answer_tokens], dtype=np.int64)
         if not np.array_equal(asked, got):
             k = int(np.flatnonzero(asked != got)[0])

@@ -55,7 +55,7 @@ _PARTS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("constructor build (manifest, reads, window)", ("_constructor.py", "_window.py", "_reads.py", "_manifest.py")),
-    ("gateway (TLS, pickle)", ("_gateway.py", "_wire.py", "sslproto", "ssl.py")),
+    ("TLS and pickling (rank gateway, Dask comms)", ("_gateway.py", "_wire.py", "sslproto", "ssl.py", "pickle")),
     ("client (rank)", ("client/", "loomdata/torch", "_loom_consumer", "_consume (")),
     (
         "control loop / metrics",

@@ -44,6 +44,7 @@ __all__ = [
     "UnitRows",
     "UnitUses",
     "WorkerPool",
+    "int_key",
     "pool_for",
     "split_key",
     "unit_key",
@@ -58,6 +59,11 @@ PREFETCH_STEPS = 16
 def unit_key(shard: np.ndarray | int, unit: np.ndarray | int) -> np.ndarray:
     """One int64 per (shard, unit): the key `UnitUses` counts by."""
     return (np.asarray(shard, dtype=np.int64) << _UNIT_BITS) | np.asarray(unit, dtype=np.int64)
+
+
+def int_key(shard: int, unit: int) -> int:
+    """`unit_key` of one (shard, unit), in plain ints (a scalar through NumPy costs microseconds, on every read)."""
+    return (int(shard) << _UNIT_BITS) | int(unit)
 
 
 def split_key(key: int) -> tuple[int, int]:
@@ -420,7 +426,7 @@ class PlanUnitCache:
 
     def _key(self, key: UnitKey) -> int:
         path, unit = key
-        return int(unit_key(self._shard_of[str(path)], int(unit)))
+        return int_key(self._shard_of[str(path)], unit)
 
     def get(self, key: UnitKey) -> Any | None:
         return self._pool.get(self._owner, key)

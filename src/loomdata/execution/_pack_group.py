@@ -5,7 +5,9 @@ and fresh arrays per batch, which a take then copies into a `BatchBlock`. Here a
 laid out rank by rank, step by step, micro-batch by micro-batch, in the arrays of one `BatchBlock`; what
 the window holds per (rank, step) is a `StepPack` naming its batches in that block, and a take of
 consecutive steps of one group is a slice of it (`block_of`: no copy; steps of two groups: one copy of
-their pieces). The bytes are those of `pack_step` (tests compare them batch by batch).
+their pieces). The loaders' answers are written straight into the block's `input_ids` (`place_tokens`: each
+run of rows that lie end to end there by one slice copy), not first scattered into manifest order per step;
+labels are then copied from `input_ids`. The bytes are those of `pack_step` (tests compare them batch by batch).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loomdata.execution._packing import PackRules, pack_step, scatter_answers
+from loomdata.execution._packing import PackRules, pack_step
 from loomdata.schemas.batch import BLOCK_ARRAYS, IGNORE_INDEX, SEGMENT_DTYPE, Batch, BatchBlock
 from loomdata.schemas.errors import ExecutionError
 from loomdata.schemas.plan import PlanMeta
@@ -24,7 +26,7 @@ if TYPE_CHECKING:  # annotations only (packing stays free of the loader's import
     from loomdata.execution._loader import SegmentData
     from loomdata.execution._manifest import ManifestRows
 
-__all__ = ["StepPack", "block_of", "pack_group"]
+__all__ = ["StepPack", "block_of", "pack_group", "place_tokens"]
 
 Work = list[tuple[int, list[int]]]  # (step, ranks) of a build group
 Answers = tuple[list[np.ndarray], list["SegmentData"]]  # as `_reads.Answers`: row indices and answer per request
@@ -57,13 +59,12 @@ def pack_group(
     meta: PlanMeta, rules: PackRules, work: Work, rows: Sequence[ManifestRows], answers: Sequence[Answers]
 ) -> list[dict[int, StepPack]]:
     """Every (step, ranks) of `work` packed, as `pack_step` would, into one block (images: `pack_step` each)."""
-    scattered = [scatter_answers(r, g, a) for r, (g, a) in zip(rows, answers, strict=True)]
-    if any(images for _, _, images, _, _ in scattered):
+    if any(a.images for _, step_answers in answers for a in step_answers):
         return [
             {r: StepPack(batches=b) for r, b in pack_step(meta, rules, step, ranks, rw, g, a).items()}
             for (step, ranks), rw, (g, a) in zip(work, rows, answers, strict=True)
         ]
-    block, first = _block(meta, rules, work, rows, [(st, fl) for st, fl, _, _, _ in scattered])
+    block, first = _block(meta, rules, work, rows, answers)
     mbs = meta.micro_batches
     return [
         {r: StepPack(block=block, first=first[(r, i)], stop=first[(r, i)] + mbs) for r in ranks}
@@ -76,7 +77,7 @@ def _block(
     rules: PackRules,
     work: Work,
     rows: Sequence[ManifestRows],
-    scattered: Sequence[tuple[np.ndarray, np.ndarray]],
+    answers: Sequence[Answers],
 ) -> tuple[BatchBlock, dict[tuple[int, int], int]]:
     """The group's block (batches by rank, then step, then micro-batch) and each (rank, work index)'s first batch."""
     mbs = meta.micro_batches
@@ -87,18 +88,16 @@ def _block(
     table = np.full((max(order) + 1, len(work)), -1, dtype=np.int64)  # (rank, work index) -> first batch
     for (r, i), b in first.items():
         table[r, i] = b
-    # Every row of the group, with its batch and its tokens' place in `tokens` (the steps' tokens end to end).
+    # Every row of the group (the steps' rows end to end) with its batch.
     widx = np.concatenate([np.full(len(r), i, dtype=np.int64) for i, r in enumerate(rows)])
     col = {c: np.concatenate([getattr(r, c) for r in rows]) for c in ("dp_rank", "micro_batch", "lane", "length")}
-    tok_off = np.cumsum([0] + [len(fl) for _, fl in scattered])[:-1]
-    src = np.concatenate([st[:-1] + off for (st, _), off in zip(scattered, tok_off, strict=True)]).astype(np.int64)
-    tokens = np.concatenate([fl for _, fl in scattered]) if scattered else np.zeros(0, dtype=np.int32)
     bidx = table[col["dp_rank"].astype(np.int64), widx]
     if len(bidx) and (bidx < 0).any():
         raise ExecutionError("packing: manifest rows of a rank that was not asked for in their step")
     bidx = bidx + col["micro_batch"].astype(np.int64)
     perm = np.argsort(bidx, kind="stable")  # sequence order within a batch is the rows' order
-    bidx, length, src = bidx[perm], col["length"][perm].astype(np.int64), src[perm]
+    row_length = col["length"].astype(np.int64)
+    bidx, length = bidx[perm], row_length[perm]
     lane = np.zeros(n_batches, dtype=np.int64)
     lane[bidx] = col["lane"][perm]
     lane_len = np.array([meta.lane_seq_len(k) for k in range(int(lane.max(initial=0)) + 1)], dtype=np.int64)
@@ -121,29 +120,46 @@ def _block(
     rows_per = np.bincount(bidx, minlength=n_batches)
     seg_at = np.zeros(n_batches + 1, dtype=np.int64)  # each batch's first row (rows in batch order)
     np.cumsum(rows_per, out=seg_at[1:])
-    # A batch's rows are one run of `tokens` (a step's rows are in (rank, micro-batch) order, and so are its
-    # tokens), so its tokens move with one slice copy; by NumPy index arrays they cost ~10x as much per token.
-    if len(src) > 1 and not np.array_equal(np.diff(src)[np.diff(bidx) == 0], length[:-1][np.diff(bidx) == 0]):
-        raise ExecutionError("packing: a micro-batch's tokens are not one run of its step's answers")
-    has = rows_per > 0
-    b_src = np.zeros(n_batches, dtype=np.int64)
-    b_src[has] = src[seg_at[:-1][has]]
     size = int(out_at[-1])
     input_ids = np.full(size, rules.pad_token_id, dtype=np.int32)
+    seg_start = out_at[:-1][bidx] + pos_in_batch  # each row's first token in the block (rows in batch order)
+    dest = np.empty(len(perm), dtype=np.int64)
+    dest[perm] = seg_start  # ... and by the rows' own order (steps end to end)
+    # The answers' rows (steps end to end) and tokens, placed in one call: a few NumPy calls per group, not per answer.
+    answered, answer_tokens, row_at = [], [], 0
+    for step_rows, (groups, step_answers) in zip(rows, answers, strict=True):
+        for sel, ans in zip(groups, step_answers, strict=True):
+            answered.append(row_at + np.asarray(sel, dtype=np.int64))
+            answer_tokens.append(ans.tokens)
+        row_at += len(step_rows)
+    if answered:
+        at = np.concatenate(answered)
+        at_length = row_length[at]
+        answer_at = np.zeros(len(answered) + 1, dtype=np.int64)  # each answer's first row in `at`
+        np.cumsum([len(a) for a in answered], out=answer_at[1:])
+        asked = np.zeros(len(at) + 1, dtype=np.int64)
+        np.cumsum(at_length, out=asked[1:])
+        asked = asked[answer_at[1:]] - asked[answer_at[:-1]]  # tokens each answer must hold
+        got = np.array([len(t) for t in answer_tokens], dtype=np.int64)
+        if not np.array_equal(asked, got):
+            k = int(np.flatnonzero(asked != got)[0])
+            raise ExecutionError(
+                f"packing: a loader answered {int(got[k])} tokens for segments totalling {int(asked[k])}"
+            )
+        flat = np.concatenate(answer_tokens) if len(answer_tokens) > 1 else answer_tokens[0]
+        place_tokens(input_ids, flat, dest[at], at_length)
     labels = np.full(size, IGNORE_INDEX, dtype=np.int32)
     # Positions restart at every segment start and at each batch's padding: a cumulative sum of ones
     # that drops back to 0 at each start (padding is zeroed below).
-    seg_start = out_at[:-1][bidx] + pos_in_batch
     starts = np.unique(np.concatenate([out_at[:-1], out_at[:-1] + per_batch, seg_start]))
     starts = starts[starts < size]
     step_up = np.ones(size, dtype=np.int32)
     if len(starts):
         step_up[starts] = 1 - np.diff(starts, prepend=starts[0] - 1)
     positions = np.cumsum(step_up, dtype=np.int32)
-    for o, n, e, at in zip(out_at[:-1].tolist(), per_batch.tolist(), out_at[1:].tolist(), b_src.tolist(), strict=True):
+    for o, n, e in zip(out_at[:-1].tolist(), per_batch.tolist(), out_at[1:].tolist(), strict=True):
         if n:
-            input_ids[o : o + n] = tokens[at : at + n]
-            labels[o : o + n - 1] = tokens[at + 1 : at + n]
+            labels[o : o + n - 1] = input_ids[o + 1 : o + n]
         positions[o + n : e] = 0
     ends = seg_start[length > 0] + length[length > 0] - 1
     labels[ends] = IGNORE_INDEX  # every segment's last token
@@ -174,6 +190,33 @@ def _block(
         image_bounds=np.zeros(n_batches + 1, dtype=np.int64),
     )
     return block, first
+
+
+_RUN_COPIES = 16  # runs an answer is placed by, a slice copy each, before one index array pays (+1 per 128 tokens)
+
+
+def place_tokens(out: np.ndarray, tokens: np.ndarray, dest: np.ndarray, lengths: np.ndarray) -> None:
+    """Write a loader's answer (`tokens`: its rows' tokens end to end) into `out`: row k at `dest[k]`, `lengths[k]`.
+
+    Rows that lie end to end in `out` too (a run: neighbours of one micro-batch) move with one slice copy; an answer
+    cut into more runs than `_RUN_COPIES` (+1 per 128 tokens) goes through one index array instead (by index arrays
+    every token costs ~10x a slice copy's, by slices every run a Python step).
+    """
+    total = int(lengths.sum())
+    if len(tokens) != total:
+        raise ExecutionError(f"packing: a loader answered {len(tokens)} tokens for segments totalling {total}")
+    if total == 0:
+        return
+    starts = np.zeros(len(lengths) + 1, dtype=np.int64)  # each row's first token in `tokens`
+    np.cumsum(lengths, out=starts[1:])
+    breaks = np.flatnonzero(dest[1:] != dest[:-1] + lengths[:-1]) + 1
+    if len(breaks) >= _RUN_COPIES + total // 128:
+        out[np.repeat(dest - starts[:-1], lengths) + np.arange(total, dtype=np.int64)] = tokens
+        return
+    firsts = [0, *breaks.tolist()]
+    cuts = starts[[*firsts, len(dest)]].tolist()
+    for d, lo, hi in zip(dest[firsts].tolist(), cuts[:-1], cuts[1:], strict=True):
+        out[d : d + hi - lo] = tokens[lo:hi]
 
 
 def block_of(packs: Sequence[StepPack]) -> BatchBlock:

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from loomdata.execution._loader_cache import PlanUnitCache, split_key, unit_key
+from loomdata.execution._loader_cache import PlanUnitCache, int_key, split_key
 from loomdata.execution._strand import process_threads
 from loomdata.sources import FormatReader, KeptRows, UnitKey
 from loomdata.storage import Location, is_url, request_latency, store_of
@@ -482,7 +482,7 @@ class Prefetcher:
 
     def _int_key(self, key: UnitKey) -> int | None:
         shard = self._shard_of.get(str(key[0]))
-        return None if shard is None else int(unit_key(shard, int(key[1])))
+        return None if shard is None else int_key(shard, key[1])
 
     def close(self) -> None:
         """Stop reading ahead: this loader's queued reads are cancelled, running ones finish and close their readers."""

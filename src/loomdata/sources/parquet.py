@@ -8,7 +8,10 @@ is a read unit, `units`): by default a small LRU; a Source Loader's cache keeps 
 while a pending step of the plan still needs it, and names the rows it will still ask for
 (`UnitCache.wanted`): then only those rows are kept (`KeptRows`, a `take` of the decoded group), which
 under a shuffle is a small part of it. Files open with `pre_buffer=False`: pre-buffering keeps every
-open file's raw column chunks, which a cache of decoded row groups makes redundant.
+open file's raw column chunks, which a cache of decoded row groups makes redundant. A `list<int32>` column
+(without nulls) is read without copying: each row's tokens are a read-only view into the decoded group that
+holds it (`_token_views`; its caller copies the segments it needs out); other integer types go through a
+`take` and are checked and converted to int32.
 
 A file's footer is read and parsed once (`FileLayouts`: its schema check and row-group bounds, and the
 footer itself kept serialized: 2.6 KB where parsed it is ~25 KiB), shared by a reader and its `sibling`s
@@ -419,20 +422,21 @@ class ParquetReader(FormatReader):
                 str(path), f"cannot read row groups {int(rgs[0])}..{int(rgs[-1])} (corrupt or truncated: {e})"
             ) from None
 
-    def _rows_of_group(self, path: Location, info: _FileInfo, g: int, rows: np.ndarray) -> pa.Array:
-        """File rows `rows` (all in row group `g`) of the content column, from the unit cache when it holds them."""
+    def _rows_of_group(self, path: Location, info: _FileInfo, g: int, rows: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+        """File rows `rows` (all in row group `g`) of the content column: an array that holds them (a kept unit
+        or the freshly decoded group) and their positions in it; from the unit cache when it holds them."""
         key = (str(path), g)
         local = rows - info.rg_starts[g]
         hit = self.unit_cache.get(key)
         if hit is not None:
-            got = _take_kept(hit, rows, local)
+            got = _kept_at(hit, rows, local)
             if got is not None:
                 return got
         arr = self._decode_row_group(path, info, g)
         kept = self._keep(key, info, g, arr, self.unit_cache.wanted(key))
         if kept is not None:
             self.unit_cache.put(key, kept[0], kept[1])
-        return arr.take(pa.array(local))
+        return arr, local
 
     def _keep(
         self, key: UnitKey, info: _FileInfo, g: int, arr: pa.Array, rows: np.ndarray | None
@@ -524,13 +528,18 @@ class ParquetReader(FormatReader):
             )
         rg_of = np.searchsorted(info.rg_starts, rows, side="right") - 1
         groups = np.unique(rg_of)
-        # Take from each row group, then join the (small) takes: never concatenate whole row groups.
         order = np.argsort(rg_of, kind="stable")
         cuts = np.searchsorted(rg_of[order], groups, side="right")[:-1]
-        takes = [
+        held = [
             self._rows_of_group(path, info, int(g), rows[sel])
             for g, sel in zip(groups.tolist(), np.split(order, cuts), strict=True)
         ]
+        if self._pretokenized:
+            views = _token_views(held, order, len(rows))
+            if views is not None:
+                return [Sample(tokens=t) for t in views]
+        # Take from each row group, then join the (small) takes: never concatenate whole row groups.
+        takes = [arr.take(pa.array(at)) for arr, at in held]
         taken = pa.concat_arrays(takes) if len(takes) > 1 else takes[0]
         if len(takes) > 1 and (np.diff(order) < 0).any():  # back to the order of `rows`
             taken = taken.take(pa.array(np.argsort(order)))
@@ -566,14 +575,44 @@ class ParquetReader(FormatReader):
             self.unit_cache.clear()
 
 
-def _take_kept(value: pa.Array | KeptRows, rows: np.ndarray, local: np.ndarray) -> pa.Array | None:
-    """File rows `rows` (`local` inside their row group) of a kept unit (whole or `KeptRows`); None: not all kept."""
+def _kept_at(value: pa.Array | KeptRows, rows: np.ndarray, local: np.ndarray) -> tuple[pa.Array, np.ndarray] | None:
+    """File rows `rows` (`local` inside their row group) of a kept unit (whole or `KeptRows`): the array that holds
+    them and their positions in it; None: not all kept."""
     if not isinstance(value, KeptRows):
-        return value.take(pa.array(local))
+        return value, local
     pos = np.searchsorted(value.rows, rows)
     ok = pos < len(value.rows)
     ok[ok] = value.rows[pos[ok]] == rows[ok]
     if not ok.all():
         return None
-    taken: pa.Array = value.values.take(pa.array(pos))
-    return taken
+    return value.values, pos
+
+
+def _token_views(held: list[tuple[pa.Array, np.ndarray]], order: np.ndarray, n: int) -> list[np.ndarray] | None:
+    """Each row's tokens as a read-only view into the Arrow array that holds it (no take, no copy), in the order of
+    the rows asked for (`order`: row index by group, as `held`); None when a group's column is not a list of int32
+    without nulls (those rows go through a take and `_tokens_of`, which check and convert).
+
+    A take of a list column copies every selected token and costs tens of microseconds per row group; the loader
+    copies the segments it serves out of these views once.
+    """
+    out: list[np.ndarray] = [_EMPTY] * n
+    k = 0
+    for arr, at in held:
+        if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or arr.type.value_type != pa.int32():
+            return None
+        values = arr.values
+        if arr.null_count or values.null_count:
+            return None
+        offsets = arr.offsets.to_numpy()
+        flat = values.to_numpy()
+        at = np.asarray(at, dtype=np.int64)
+        for j, a, b in zip(
+            order[k : k + len(at)].tolist(), offsets[at].tolist(), offsets[at + 1].tolist(), strict=True
+        ):
+            out[j] = flat[a:b]
+        k += len(at)
+    return out
+
+
+_EMPTY = np.zeros(0, dtype=np.int32)

@@ -43,4 +43,6 @@ class AccessDeniedError(StorageError):
 class TransientStorageError(StorageError):
     """Throttling, a dropped connection or a 5xx that persisted through every retry."""
 
-    default_hint = "the store kept failing after retries; try again later or raise the retry budget"
+    default_hint = (
+        "the store kept failing through every retry with back-off: check its status and the network, then try again"
+    )

@@ -8,7 +8,10 @@ cluster's worker, started without them). Then a serve whose loaders cannot read 
   the executor's start check lists the globs there) -> AccessDeniedError naming the shard's URL and the source,
   "no credentials found", and the fix (credentials for the workers, or `loom serve --spec`);
 - a wrong secret in the worker's environment -> "access denied", the same fix, and no secret shown;
-- an object deleted once serving started -> ObjectNotFoundError naming the URL, "missing", restore or re-index.
+- an object deleted once serving started -> ObjectNotFoundError naming the URL, "missing", restore or re-index;
+- a store that drops every response (a loopback proxy resetting each one) -> TransientStorageError naming the URL,
+  the attempts and the last error, after the retries with back-off (a Source Loader in this process, as a worker
+  runs it: botocore's own retries set to 1 to keep it short).
 
 None says "the file changed after indexing": the index is not at fault in the first two. Without credentials
 anywhere, serving fails at its start check, saying so (no credentials), naming the glob.
@@ -24,17 +27,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from distributed import Client
 
 from loomdata.client import StreamClient
 from loomdata.execution import Executor, open_cluster
+from loomdata.execution._loader import REQUEST_DTYPE, SourceLoader
+from loomdata.execution._partition import partition_source
+from loomdata.execution._storage_options import SourceOptions
 from loomdata.indexing import build_index
 from loomdata.planning import make_plan
 from loomdata.schemas import IndexFiles, LoomError, Spec, parse_spec, read_manifest, read_plan
-from loomdata.storage import AccessDeniedError, ObjectNotFoundError
-from loomtest.s3 import S3Server, _apply_env
+from loomdata.storage import AccessDeniedError, ObjectNotFoundError, TransientStorageError
+from loomtest.s3 import DroppingProxy, S3Server, _apply_env
 from loomtest.stream import write_corpus
 
 BUCKET = "loom-serve-errors"
@@ -186,3 +193,29 @@ def test_an_object_deleted_while_serving_is_named_missing(served: Served, tmp_pa
     assert url in msg and "source 'web'" in msg and CHANGED not in msg, msg
     assert "no such bucket or object" in msg and "is missing now" in msg and "restore the object" in msg, msg
     assert served.server.secret not in msg
+
+
+def test_a_store_failing_through_every_retry_is_named_with_the_attempts(served: Served) -> None:
+    proxy = DroppingProxy(served.server.port, drops=10**6, cut=100)  # every response reset mid-way
+    try:
+        options = {
+            "s3": {
+                **served.server.options()["s3"],
+                "endpoint_url": proxy.endpoint,
+                "config_kwargs": {"retries": {"max_attempts": 1}},  # botocore's own retries: loomdata's are tested
+            }
+        }
+        meta = read_plan(served.plan_dir)
+        files = IndexFiles.of(served.spec.workdir, "web")
+        (part,) = partition_source(0, "web", files.sample_shards().column("shard").to_numpy(), 1)
+        loader = SourceLoader(str(served.plan_dir), part, storage=SourceOptions({"web": options}))
+        request = np.zeros(1, dtype=REQUEST_DTYPE)
+        request["length"] = 1
+        with pytest.raises(TransientStorageError) as err:
+            loader.read_now(request)
+    finally:
+        proxy.close()
+    msg = str(err.value)
+    assert meta.sources == ["web"] and proxy.dropped >= 6, (proxy.dropped, proxy.connections)
+    assert served.shards[0] in msg and "shard 0 of source 'web'" in msg and "failed 6 times, the last with" in msg, msg
+    assert "retry with back-off" in msg and CHANGED not in msg and served.server.secret not in msg, msg

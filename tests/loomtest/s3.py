@@ -4,6 +4,9 @@
 endpoint) in this process and, through `client.run`, in the Dask workers, and clears the s3fs instance
 cache so no filesystem made for another endpoint survives. `stop()` puts every variable back. With
 `set_env=False` it sets none: the endpoint and credentials reach loomdata only as `options()` in a spec.
+`require_auth()` makes the server check every request's signature (moto's IAM authentication): the
+credentials become those of a user of the server's own IAM allowed `s3:*`; a wrong secret, an unknown key or
+no signature is refused with a 403, as S3 does.
 `DroppingProxy` forwards TCP to the server and cuts the first N responses mid-body with a reset.
 `LocalOracle` reads what a bucket copy's samples hold from the local copy (pyarrow, json, the tokenizer).
 """
@@ -16,6 +19,7 @@ import os
 import secrets
 import socket
 import threading
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +74,7 @@ class S3Server:
     set_env: bool = True
     _server: Any = None
     _old: dict[str, str | None] = field(default_factory=dict)
+    _auth_before: str | None = None
 
     @property
     def endpoint(self) -> str:
@@ -97,6 +102,37 @@ class S3Server:
                 self.dask_client.run(_apply_env, self.env())
         return self
 
+    def _reset_auth(self, count: str) -> str:
+        """Set moto's count of requests let through unauthenticated (process-wide); returns the one before."""
+        url = f"{self.endpoint}/moto-api/reset-auth"  # a plain body: a form's would be parsed away
+        req = urllib.request.Request(url, data=count.encode(), headers={"Content-Type": "text/plain"}, method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return str(json.loads(r.read())["PREVIOUS_INITIAL_NO_AUTH_ACTION_COUNT"])
+
+    def require_auth(self) -> S3Server:
+        """From now on every request must be signed by an IAM user of the server's: `key_id`/`secret` become one's.
+
+        Upload before (or with the new credentials). `stop()` turns authentication off again (the setting is
+        moto's, per process). Only with `set_env=False` (the environment would keep the old credentials).
+        """
+        import boto3
+
+        assert not self.set_env, "require_auth needs set_env=False"
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=self.key_id,
+            aws_secret_access_key=self.secret,
+        )
+        iam.create_user(UserName="loomtest")
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+        iam.put_user_policy(UserName="loomtest", PolicyName="s3-all", PolicyDocument=json.dumps(policy))
+        key = iam.create_access_key(UserName="loomtest")["AccessKey"]
+        self.key_id, self.secret = key["AccessKeyId"], key["SecretAccessKey"]
+        self._auth_before = self._reset_auth("0")
+        return self
+
     def options(self) -> dict[str, dict[str, str]]:
         """`storage_options` naming this server and its credentials (for a spec: no environment needed)."""
         return {"s3": {"endpoint_url": self.endpoint, "key": self.key_id, "secret": self.secret}}
@@ -107,6 +143,9 @@ class S3Server:
                 self.dask_client.run(_apply_env, self._old)
             _apply_env(self._old)
         if self._server is not None:
+            if self._auth_before is not None:
+                self._reset_auth(self._auth_before)
+                self._auth_before = None
             self._server.stop()
 
     def boto3(self) -> Any:

@@ -342,7 +342,8 @@ def read_segments(
         try:
             read: list[Sample] = reader.read(path, rows)
         except (SourceDataError, OSError) as e:
-            raise serving_error(path, e) from None
+            options = verifier.options if verifier is not None else None
+            raise serving_error(path, e, partition.source, options) from None
         if verifier is not None and checksum_of is not None and verifier.samples:
             at = pos[sel][first_at]
             dtype = reader.checksum_dtype(path)

@@ -6,6 +6,16 @@ is a SourceDataError naming the file (and the sample), with the fix for serving:
 indexing, so re-run `loom index` and `loom plan`. Read errors of a shard that passed the open check
 (deleted or truncated while serving) get the same hint instead of the index job's `on_error: skip`.
 
+A check or read that the store refuses is not a change: the error says what went wrong, naming the URL,
+the shard and the source (`storage_error`), and keeps its class (`storage._errors`):
+- `AccessDeniedError`, no credentials or refused ones: the loader's credentials cannot read what the index
+  read; the fix is credentials for the workers (their environment, or `loom serve --spec SPEC.yaml` so the
+  spec's `storage_options` reach the loaders), never a re-index. It says whether the loader was given
+  options, shown through `redact` (never a secret);
+- `ObjectNotFoundError`: the object or its bucket is missing now: restore it, or re-index;
+- `TransientStorageError`: throttling, 5xx or dropped connections through every retry with back-off (its
+  reason gives the attempts and the last error): the store's status, not the data.
+
 Sample checks need the index's checksums to be of this loomdata's definition (`sources._integrity.CHECKSUM`,
 recorded in samples.parquet's metadata): `require_checksums` refuses an index of another definition, or of
 none recorded (built before it was), with "re-run `loom index` and `loom plan`", never a false "file changed".
@@ -26,11 +36,41 @@ from loomdata.schemas.spec import SourceFormat, VerifyMode
 from loomdata.schemas.tables import CHECKSUM_FIELD
 from loomdata.sources import Sample
 from loomdata.sources._integrity import CHECKSUM, TOKEN_DTYPE, checksums, stat_shard
-from loomdata.storage import Location, StorageOptions
+from loomdata.storage import (
+    AccessDeniedError,
+    Location,
+    ObjectNotFoundError,
+    StorageError,
+    StorageOptions,
+    TransientStorageError,
+    redact,
+)
 
-__all__ = ["CHECKSUM_KEY", "SERVING_HINT", "ShardCheck", "Verifier", "require_checksums", "serving_error"]
+__all__ = [
+    "ACCESS_HINT",
+    "CHECKSUM_KEY",
+    "MISSING_HINT",
+    "SERVING_HINT",
+    "TRANSIENT_HINT",
+    "ShardCheck",
+    "Verifier",
+    "require_checksums",
+    "serving_error",
+    "storage_error",
+]
 
 SERVING_HINT = "the file changed after indexing: re-run `loom index` and `loom plan`"
+ACCESS_HINT = (
+    "the loaders' credentials cannot read what the index read: give the workers credentials for the store "
+    "(for S3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE in their environment), or serve with the "
+    "spec that holds them, `loom serve PLAN_DIR --spec SPEC.yaml` (Python: `Executor(..., spec=...)`), so its "
+    "`storage_options` reach the loaders; the index needs no rebuild"
+)
+MISSING_HINT = "restore the object (or its bucket), or re-run `loom index` and `loom plan` on what the store holds now"
+TRANSIENT_HINT = (
+    "the store kept failing through every retry with back-off: check its status and the workers' network to it, "
+    "then serve again; the index needs no rebuild"
+)
 CHECKSUM_KEY = b"loomdata.checksum"
 """samples.parquet metadata key naming the index's checksum definition (written by `indexing._assemble`)."""
 
@@ -61,12 +101,45 @@ class ShardCheck:
     fingerprint: str
 
 
-def serving_error(path: Path | str, error: BaseException) -> SourceDataError:
+def _given(options: StorageOptions | None) -> str:
+    """What storage options a loader was given, secrets redacted (never a value of a secret-looking key)."""
+    if not options:
+        return "the loader was given no storage_options: it used its worker's environment"
+    return f"the loader's storage_options: {redact(options)}"
+
+
+def storage_error(
+    error: StorageError, where: str, options: StorageOptions | None = None, indexed: int | None = None
+) -> StorageError:
+    """A store's refusal while serving (`where`: the shard and source), of the same class, with the serving fix.
+
+    A hint of the error's own (not its class's default, e.g. the client to install) is kept.
+    """
+    own = error.hint != type(error).default_hint
+    if isinstance(error, AccessDeniedError):
+        return AccessDeniedError(
+            error.url, f"{where}: {error.reason}; {_given(options)}", error.hint if own else ACCESS_HINT
+        )
+    if isinstance(error, ObjectNotFoundError):
+        was = f"it was indexed ({indexed} bytes)" if indexed is not None else "it was indexed"
+        reason = f"{where}: {error.reason}: {was} and is missing now"
+        return ObjectNotFoundError(error.url, reason, error.hint if own else MISSING_HINT)
+    if isinstance(error, TransientStorageError):
+        return TransientStorageError(error.url, f"{where}: {error.reason}", error.hint if own else TRANSIENT_HINT)
+    return type(error)(error.url, f"{where}: {error.reason}", error.hint)
+
+
+def serving_error(
+    path: Path | str, error: BaseException, source: str | None = None, options: StorageOptions | None = None
+) -> SourceDataError:
     """A read failure while serving, as a SourceDataError with the serving hint.
 
     The index job's hints (`on_error: skip`, re-run `loom index` alone) do not fit a file that failed after
-    it was indexed; a reader's own specific hint (fix the tokenized data) is kept.
+    it was indexed; a reader's own specific hint (fix the tokenized data) is kept. A store's refusal (a
+    `StorageError`) keeps its class and gets its own fix (`storage_error`), naming `source`.
     """
+    if isinstance(error, StorageError):
+        return storage_error(error, f"source {source!r}" if source is not None else "while serving", options)
     if isinstance(error, SourceDataError):
         if error.hint is not None and "loom index" not in error.hint:
             return error
@@ -147,6 +220,9 @@ class Verifier:
         try:
             # an object: its edges read beside its HEAD
             got = stat_shard(path, self.fmt, self.options, size=want.size_bytes)
+        except StorageError as e:  # the store refused: not a change (credentials, a missing object, retries out)
+            where = f"shard {shard} of source {self.source!r}"
+            raise storage_error(e, where, self.options, want.size_bytes) from None
         except SourceDataError as e:
             raise SourceDataError(
                 e.path,

@@ -31,15 +31,18 @@ class ObjectNotFoundError(StorageError):
 
 
 class AccessDeniedError(StorageError):
-    """The store refused the credentials in use."""
+    """The store refused the credentials in use, or none were found."""
 
     default_hint = (
-        "give the credentials read access (for S3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
-        "or the source's `storage_options`)"
+        "use credentials that can read it: for S3 AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE in the "
+        "environment of every process that reads, or the source's `storage_options` in the spec (serving takes "
+        "those only from `loom serve PLAN_DIR --spec SPEC.yaml`)"
     )
 
 
 class TransientStorageError(StorageError):
     """Throttling, a dropped connection or a 5xx that persisted through every retry."""
 
-    default_hint = "the store kept failing after retries; try again later or raise the retry budget"
+    default_hint = (
+        "the store kept failing through every retry with back-off: check its status and the network, then try again"
+    )

@@ -2,7 +2,10 @@
 
 Throttling (429, SlowDown), 5xx, timeouts and dropped connections are transient: retried with
 back-off. A missing bucket or object and a refused credential are not: they become
-`ObjectNotFoundError` / `AccessDeniedError` naming the URL at once. The classifier walks the exception
+`ObjectNotFoundError` / `AccessDeniedError` naming the URL at once. No credentials at all (botocore's
+`NoCredentialsError`, raised before any request is sent) is an `AccessDeniedError` too, saying so, never a
+generic failure: the fix is the same (credentials in the environment or the source's `storage_options`).
+The classifier walks the exception
 chain (`__cause__`, `__context__`), so it sees botocore's, aiohttp's and fsspec's errors alike without
 importing any of them.
 """
@@ -34,9 +37,14 @@ class ErrorKind(str, enum.Enum):
 
 
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404", "NoSuchVersion"})
-_DENIED_CODES = frozenset(
-    {"AccessDenied", "403", "401", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "Forbidden"}
-)
+_INVALID_CREDENTIAL_CODES = frozenset(
+    {
+        "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "ExpiredTokenException", "InvalidToken",
+        "InvalidClientTokenId", "UnrecognizedClientException", "TokenRefreshRequired",
+    }
+)  # fmt: skip
+_DENIED_CODES = _INVALID_CREDENTIAL_CODES | {"AccessDenied", "403", "401", "Forbidden", "AllAccessDisabled"}
+_NO_CREDENTIAL_NAMES = frozenset({"NoCredentialsError", "PartialCredentialsError"})  # botocore, before any request
 _TRANSIENT_CODES = frozenset(
     {
         "SlowDown", "Throttling", "ThrottlingException", "RequestThrottled", "TooManyRequests", "429",
@@ -58,6 +66,7 @@ _ARROW_ERROR = re.compile(r"AWS Error ([A-Z_]+)")
 _ARROW_KINDS = {
     "NO_SUCH_KEY": "not_found", "NO_SUCH_BUCKET": "not_found", "RESOURCE_NOT_FOUND": "not_found",
     "ACCESS_DENIED": "denied", "INVALID_ACCESS_KEY_ID": "denied", "SIGNATURE_DOES_NOT_MATCH": "denied",
+    "MISSING_AUTHENTICATION_TOKEN": "denied", "INVALID_CLIENT_TOKEN_ID": "denied", "UNRECOGNIZED_CLIENT": "denied",
     "NETWORK_CONNECTION": "transient", "SLOW_DOWN": "transient", "THROTTLING": "transient",
     "SERVICE_UNAVAILABLE": "transient", "INTERNAL_FAILURE": "transient", "REQUEST_TIMEOUT": "transient",
     "REQUEST_TIME_TOO_SKEWED": "transient",
@@ -73,9 +82,16 @@ def _chain(e: BaseException) -> Iterator[BaseException]:
         cur = cur.__cause__ or cur.__context__
 
 
-def _kind_of_one(e: BaseException) -> ErrorKind | None:
+def _code_of(e: BaseException) -> str | None:
     response = getattr(e, "response", None)
     code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+    return str(code) if code is not None else None
+
+
+def _kind_of_one(e: BaseException) -> ErrorKind | None:
+    if type(e).__name__ in _NO_CREDENTIAL_NAMES:
+        return ErrorKind.DENIED
+    code = _code_of(e)
     status = getattr(e, "status", None) or getattr(e, "code", None)
     for c in (code, str(status) if isinstance(status, int) else None):
         if c in _NOT_FOUND_CODES:
@@ -129,6 +145,16 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:300]
 
 
+def _denied(e: BaseException) -> str:
+    """What a DENIED error says: no credentials found, credentials refused as invalid, or access denied."""
+    chain = list(_chain(e))
+    if any(type(link).__name__ in _NO_CREDENTIAL_NAMES for link in chain):
+        return "no credentials found"
+    if any(_code_of(link) in _INVALID_CREDENTIAL_CODES for link in chain):
+        return "access denied: the store refused the credentials (invalid or expired key, secret or token)"
+    return "access denied"
+
+
 def retrying(
     fn: Callable[[], T],
     url: str,
@@ -147,7 +173,7 @@ def retrying(
             if kind is ErrorKind.NOT_FOUND:
                 raise ObjectNotFoundError(url, f"{what}: no such bucket or object ({_short(e)})") from None
             if kind is ErrorKind.DENIED:
-                raise AccessDeniedError(url, f"{what}: access denied ({_short(e)})") from None
+                raise AccessDeniedError(url, f"{what}: {_denied(e)} ({_short(e)})") from None
             if kind is ErrorKind.OTHER:
                 raise StorageError(url, f"{what} failed ({_short(e)})") from None
             if attempt + 1 == policy.attempts:

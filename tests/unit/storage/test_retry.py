@@ -5,7 +5,13 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
+from botocore.exceptions import (
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    ReadTimeoutError,
+)
 
 from loomdata.schemas import SourceDataError
 from loomdata.storage import (
@@ -126,3 +132,30 @@ def test_a_bad_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="bad retry policy"):
         RetryPolicy(attempts=0)
     assert 0 <= RetryPolicy(base_s=0.1, max_s=1.0).delay(10) <= 1.0
+
+
+def test_no_credentials_is_access_denied_saying_so() -> None:
+    """botocore raises NoCredentialsError before sending anything: not a generic failure, not retried."""
+    for error in (
+        NoCredentialsError(),
+        _wrapped(NoCredentialsError()),
+        PartialCredentialsError(provider="env", cred_var="x"),
+    ):
+        assert classify(error) is ErrorKind.DENIED
+    calls: list[int] = []
+
+    def fail() -> None:
+        calls.append(1)
+        raise NoCredentialsError()
+
+    with pytest.raises(AccessDeniedError, match=r"stat: no credentials found \(NoCredentialsError") as got:
+        retrying(fail, URL, "stat", _NOW)
+    assert len(calls) == 1 and "--spec SPEC.yaml" in str(got.value)
+
+
+def test_refused_credentials_say_so() -> None:
+    def fail() -> None:
+        raise _wrapped(_client_error("SignatureDoesNotMatch", 403))
+
+    with pytest.raises(AccessDeniedError, match="access denied: the store refused the credentials"):
+        retrying(fail, URL, "get", _NOW)

@@ -29,10 +29,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute
+import pyarrow.parquet as pq
 
 from _synthetic import index_table
 from loomdata.planning import make_plan, plan_report
 from loomdata.schemas import LongContextSpec, Spec, load_spec
+from loomdata.schemas.spec import LOOKAHEAD_TOLERANCE
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -41,6 +44,7 @@ CONFIGS = {
     "bench-long": ROOT / "configs" / "bench-long.yaml",
     "bench-long-lanes": ROOT / "configs" / "bench-long.yaml",  # + a long lane, see LANES_*
     "bench-long-4k": ROOT / "configs" / "bench-long.yaml",  # the long-tail mix at 4K x 2 micro-batches
+    "bench-long-1mb": ROOT / "configs" / "bench-long.yaml",  # the long-tail mix at 32K x 1 micro-batch a rank
 }
 # bench-long-4k: the shape where the per-step problem is the limit (issue 10: dp 8 x 2 x 4096, ~29% books)
 SHORT4K_SEQ_LEN, SHORT4K_MICRO_BATCHES = 4096, 2
@@ -81,7 +85,15 @@ def synthetic_index(spec: Spec, seed: int) -> dict[str, pa.Table]:
     return out
 
 
-def run(config: str, dp: int, steps: int, workdir: Path, png_dir: Path | None, lookahead: int = 0) -> dict[str, Any]:
+def run(
+    config: str,
+    dp: int,
+    steps: int,
+    workdir: Path,
+    png_dir: Path | None,
+    lookahead: int = 0,
+    tolerance: float = LOOKAHEAD_TOLERANCE,
+) -> dict[str, Any]:
     base = load_spec(CONFIGS[config], check_paths=False)
     training = base.training.model_copy(update={"dp_size": dp, "steps": steps})
     if config == "bench-long-lanes":
@@ -89,12 +101,15 @@ def run(config: str, dp: int, steps: int, workdir: Path, png_dir: Path | None, l
         base = base.model_copy(update={"long_context": LANES_LONG_CONTEXT})
     if config == "bench-long-4k":
         training = training.model_copy(update={"seq_len": SHORT4K_SEQ_LEN, "micro_batches": SHORT4K_MICRO_BATCHES})
-    base = base.model_copy(update={"planning": base.planning.model_copy(update={"lookahead": lookahead})})
+    if config == "bench-long-1mb":
+        training = training.model_copy(update={"micro_batches": 1})
+    planning = base.planning.model_copy(update={"lookahead": lookahead, "lookahead_tolerance": tolerance})
+    base = base.model_copy(update={"planning": planning})
     mixture = base.mixture
     if mixture.schedule is not None:  # scale the curriculum's milestones to the benchmark's steps
         ms = [m.model_copy(update={"step": m.step * steps // base.training.steps}) for m in mixture.schedule]
         mixture = mixture.model_copy(update={"schedule": ms})
-    wd = workdir / f"{config}-{dp}-{lookahead}"
+    wd = workdir / f"{config}-{dp}-{lookahead}-{tolerance:g}"
     spec = base.model_copy(update={"training": training, "mixture": mixture, "workdir": wd})
     index = synthetic_index(spec, seed=0)
     samples = sum(t.num_rows for t in index.values())
@@ -102,6 +117,9 @@ def run(config: str, dp: int, steps: int, workdir: Path, png_dir: Path | None, l
     res = make_plan(spec, index=index, fingerprints={n: f"synthetic-{n}" for n in index})
     secs = time.perf_counter() - t0
     rep = plan_report(res.plan_dir)
+    # the plan's simulated time over all its steps (sum of each step's slowest rank, in cost units): unlike the
+    # per-step ratios it compares plans whose step membership differs (look-ahead settings), same tokens in all
+    step_max = pq.read_table(Path(res.plan_dir) / "report" / "steps.parquet", columns=["loom_max", "concat_max"])
     if png_dir is not None:
         from loomdata.planning import plot_plan
 
@@ -110,6 +128,7 @@ def run(config: str, dp: int, steps: int, workdir: Path, png_dir: Path | None, l
         "config": config,
         "dp": dp,
         "lookahead": lookahead,
+        "lookahead_tolerance": tolerance,
         "micro_batches": spec.training.micro_batches,
         "seq_len": spec.training.seq_len,
         "long_context": spec.long_context.model_dump() if spec.long_context else None,
@@ -125,6 +144,8 @@ def run(config: str, dp: int, steps: int, workdir: Path, png_dir: Path | None, l
         "gain": rep["gain"],
         "micro_batch_spread": rep["micro_batch_spread"],
         "worst_mixture_error_pp": rep["worst_mixture_error_pp"],
+        "sum_step_max": float(pa.compute.sum(step_max["loom_max"]).as_py()),
+        "concat_sum_step_max": float(pa.compute.sum(step_max["concat_max"]).as_py()),
         "meets_goal": rep["imbalance"]["loomdata"]["mean"] <= GOAL,
     }
 
@@ -164,28 +185,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--plots", action="store_true", help="also write each plan's plot_plan PNG")
     ap.add_argument("--lookahead", nargs="+", type=int, default=[0, LOOKAHEAD], help="planning.lookahead values")
+    ap.add_argument(
+        "--tolerance",
+        nargs="+",
+        type=float,
+        default=[LOOKAHEAD_TOLERANCE],
+        help="planning.lookahead_tolerance values (each run with every --lookahead)",
+    )
     ap.add_argument("--out", default="balance", help="results file stem under benchmarks/results/")
     args = ap.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
     hdr = (
-        f"{'config':<17}{'K':>3}{'dp':>5}{'steps':>6}{'samples':>10}{'plan s':>8}"
+        f"{'config':<17}{'K':>3}{'tol':>7}{'dp':>5}{'steps':>6}{'samples':>10}{'plan s':>8}"
         f"{'loom mean':>10}{'max':>7}{'concat':>8}{'packed':>8}{'g concat':>9}{'g packed':>9}{'gain':>7}"
-        f"{'mb spread':>10}{'mix pp':>7}  goal"
+        f"{'mb spread':>10}{'mix pp':>7}{'sum max':>9}  goal"
     )
     print(hdr, flush=True)
     with tempfile.TemporaryDirectory(prefix="loom-balance-") as d:
         for cfg in args.configs:
-            for dp, la in ((dp, la) for dp in args.dp for la in args.lookahead):
-                r = run(cfg, dp, args.steps, Path(d), RESULTS if args.plots else None, la)
+            for dp, la, tol in ((dp, la, tol) for dp in args.dp for la in args.lookahead for tol in args.tolerance):
+                r = run(cfg, dp, args.steps, Path(d), RESULTS if args.plots else None, la, tol)
                 rows.append(r)
                 lo, g = r["loomdata"], r["gain"]
                 verdict = "ok" if r["meets_goal"] else "MISS"
                 print(
-                    f"{cfg:<17}{la:>3}{dp:>5}{r['steps']:>6}{r['indexed_samples']:>10}{r['plan_seconds']:>8.1f}"
+                    f"{cfg:<17}{la:>3}{tol:>7.4f}{dp:>5}{r['steps']:>6}{r['indexed_samples']:>10}{r['plan_seconds']:>8.1f}"
                     f"{lo['mean']:>10.4f}{lo['max']:>7.3f}{r['concat_chunk']['mean']:>8.3f}{r['packed']['mean']:>8.3f}"
                     f"{g['concat_chunk']:>9.3f}{g['packed']:>9.3f}{r['simulated_gain']:>7.3f}"
-                    f"{r['micro_batch_spread']:>10.3f}{r['worst_mixture_error_pp']:>7.3f}  {verdict}",
+                    f"{r['micro_batch_spread']:>10.3f}{r['worst_mixture_error_pp']:>7.3f}{r['sum_step_max']:>9.3g}"
+                    f"  {verdict}",
                     flush=True,
                 )
     out = RESULTS / f"{args.out}.json"

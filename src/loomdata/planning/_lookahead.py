@@ -12,8 +12,9 @@ NumPy over all segments of the planned steps at once, a short loop only over ste
 - heavy segments of all sources in natural order (natural step, then source, then stream position);
   C(t) = natural cumulative heavy count through step t; the assigned cumulative count is
   A(t) = dp_t * round(C(t) / dp_t), clipped to C(t-K) <= A(t) <= C(t+K) (no heavy segment moves more than K
-  steps), to a heavy-token shift of at most MIXTURE_TOLERANCE of the tokens planned so far (so the
-  cumulative mixture stays near its target on every prefix; where a clip bites a step holds a non-multiple)
+  steps), to a heavy-token shift of at most `tolerance` (planning.lookahead_tolerance) of the tokens planned so
+  far (so the cumulative mixture stays near its target on every prefix; where a clip bites a step holds a
+  non-multiple)
   and to at most slots_t - long_t heavy segments in step t; the last step takes all that remain;
 - light segments (all other short-lane ones) keep their natural global order and are poured into the steps'
   remaining token room: the cumulative light tokens through t are the natural ones plus the heavy tokens
@@ -49,14 +50,16 @@ import numpy as np
 
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
+from loomdata.schemas.spec import LOOKAHEAD_TOLERANCE
 
 HEAVY_SHARE = 0.85
 """A short-lane segment is heavy when longer than this share of seq_len (measured on bench-long at 4K and 8K,
 dp 8 and 64 x 2 micro-batches: 1/2 leaves steps whose every slot holds two heavy pieces of mixed lengths,
 mean max/LB 1.024; 3/4 gives 1.006, 0.85 1.004, 0.9 1.007, full pieces only 1.024)."""
-MIXTURE_TOLERANCE = 0.0075
-"""Most heavy tokens the look-ahead may move ahead of or behind their natural steps, as a share of the
-tokens planned so far (bounds the deviation of cumulative source shares it adds, on every prefix)."""
+MIXTURE_TOLERANCE = LOOKAHEAD_TOLERANCE
+"""The default of `tolerance` (the spec's `planning.lookahead_tolerance`): most heavy tokens the look-ahead may
+move ahead of or behind their natural steps, as a share of the tokens planned so far (bounds the deviation of
+cumulative source shares it adds, on every prefix)."""
 
 PIN_WINDOWS = 4
 """A source whose epoch lasts fewer than PIN_WINDOWS * (K + 1) steps (at its mean tokens a step) is not moved:
@@ -240,6 +243,7 @@ def assign_steps(
     planned_before: int = 0,
     ptr: np.ndarray | None = None,
     drop_counts: bool = False,
+    tolerance: float = MIXTURE_TOLERANCE,
 ) -> StepAssignment:
     """Assigned steps (t0..t1-1) of the positions `pos` of every source, natural steps `nat` (counted clipped
     into t0..t1-1; one before t0, which a re-plan's base deferred, still moves at most K steps from it).
@@ -250,7 +254,8 @@ def assign_steps(
     from the membership pointers `ptr` (a fresh plan; `pos` may then be ranges, natural_ranges).
     `drop_counts`: once source k's per-segment lengths are read, `streams[k]` is replaced by its
     `without_counts()` (frees the caller's cumulative counts source by source, when the caller holds no other
-    reference).
+    reference). `tolerance`: the mixture tolerance (spec's `planning.lookahead_tolerance`, MIXTURE_TOLERANCE by
+    default).
 
     Memory: a few bytes a drawn segment (int32 steps, uint32 lengths, one byte of flags, the lights' lengths
     and int64 cumulative tokens in natural order); per-segment temporaries are made a chunk at a time."""
@@ -322,7 +327,7 @@ def assign_steps(
     a = np.clip(a, lo, hi)
     hc = np.zeros(len(hi_idx) + 1, dtype=np.int64)
     np.cumsum(length[hi_idx], out=hc[1:])
-    slack = MIXTURE_TOLERANCE * (planned_before + np.cumsum(short_tok))
+    slack = tolerance * (planned_before + np.cumsum(short_tok))
     h_nat = hc[c]
     a = np.clip(
         a, np.searchsorted(hc, h_nat - slack, side="left"), np.searchsorted(hc, h_nat + slack, side="right") - 1

@@ -339,6 +339,7 @@ def _plan_into(
             planned_before=before,
             ptr=ptr,
             drop_counts=True,
+            tolerance=spec.planning.lookahead_tolerance,
         )
         del pos, nat  # the assignment holds what balancing needs
     streams = [st.without_counts() for st in streams]

@@ -265,3 +265,50 @@ def test_assign_steps_keeps_a_deferred_position_within_k_of_its_natural_step() -
     step_of = dict(zip(asg.pos[0].tolist(), asg.step[0].tolist(), strict=True))
     assert step_of[0] <= 5 and step_of[1] <= 6
     assert sorted(step_of) == list(range(40))
+
+
+def _with_tolerance(spec: Spec, tolerance: float, micro_batches: int = 1) -> Spec:
+    """One micro-batch a rank: a step holds few sequence-long segments, so the mixture tolerance decides moves."""
+    return spec.model_copy(
+        update={
+            "planning": spec.planning.model_copy(update={"lookahead": 4, "lookahead_tolerance": tolerance}),
+            "training": spec.training.model_copy(update={"micro_batches": micro_batches}),
+        }
+    )
+
+
+def _sum_step_max(plan: PlanResult) -> float:
+    """The plan's simulated time: each step's slowest rank, summed (report/steps.parquet)."""
+    t = pq.read_table(plan.plan_dir / "report" / "steps.parquet", columns=["loom_max"])
+    return float(pa.compute.sum(t["loom_max"]).as_py())
+
+
+def test_a_looser_lookahead_tolerance_moves_more_and_keeps_every_token(
+    tmp_path: Path, spec_of: Callable[..., Spec], index_of: Callable[..., pa.Table]
+) -> None:
+    index = _books_corpus(index_of)
+    base = _spec(spec_of, tmp_path / "spec", 2, dp=8, steps=40)
+    tight = make_plan(_with_tolerance(base, 0.0075).model_copy(update={"workdir": tmp_path / "tight"}), index=index)
+    loose = make_plan(_with_tolerance(base, 0.1).model_copy(update={"workdir": tmp_path / "loose"}), index=index)
+    assert tight.meta.plan_id != loose.meta.plan_id
+    np.testing.assert_array_equal(_placed(tight), _placed(loose))  # the same tokens, moved between steps
+    assert tight.meta.summary["tokens"] == loose.meta.summary["tokens"]
+    # the looser bound lets heavy segments gather into steps of dp of them: less simulated time, same tokens
+    assert _sum_step_max(loose) < 0.97 * _sum_step_max(tight), (_sum_step_max(loose), _sum_step_max(tight))
+    # and it is what bounds the mixture: the worst prefix error stays near the tolerance it allows
+    assert _stats(loose)[1] <= 100 * 0.1 + 1.0
+
+
+def test_the_default_lookahead_tolerance_keeps_plan_ids(spec_of: Callable[..., Spec], tmp_path: Path) -> None:
+    from loomdata.schemas.spec import LOOKAHEAD_TOLERANCE, PlanningSpec
+
+    spec = _spec(spec_of, tmp_path, 2)
+    explicit = spec.model_copy(
+        update={"planning": spec.planning.model_copy(update={"lookahead_tolerance": LOOKAHEAD_TOLERANCE})}
+    )
+    assert PlanningSpec().lookahead_tolerance == LOOKAHEAD_TOLERANCE == 0.0075
+    assert "lookahead_tolerance" not in spec.content_json()  # specs written before the key plan as they did
+    assert explicit.content_hash() == spec.content_hash()
+    assert _with_tolerance(spec, 0.05, micro_batches=2).content_hash() != spec.content_hash()
+    with pytest.raises(ValueError):
+        PlanningSpec(lookahead_tolerance=0)

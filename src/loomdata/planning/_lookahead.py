@@ -47,6 +47,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from loomdata.planning._lookahead_kernel import run_steps
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 
@@ -410,13 +411,10 @@ def _natural_steps(col: np.ndarray, p: Positions, i0: int, i1: int, q: np.ndarra
 
 
 def _steps_of_run(col: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    """searchsorted(col, arange(lo, hi), "right") - 1 for a non-decreasing `col` with col[0] <= lo: each step
-    repeated by how many of the consecutive values fall in it (no binary search per value)."""
-    ta, tb = (int(x) for x in np.searchsorted(col, [lo, hi - 1], side="right") - 1)
-    bounds = np.empty(tb - ta + 2, dtype=np.int64)
-    bounds[0], bounds[-1] = lo, hi
-    np.clip(col[ta + 1 : tb + 1], lo, hi, out=bounds[1:-1])
-    return np.repeat(np.arange(ta, tb + 1, dtype=np.int64), np.diff(bounds))
+    """searchsorted(col, arange(lo, hi), "right") - 1 for a non-decreasing `col` with col[0] <= lo: one binary
+    search, then a merged walk over the values and the steps they span (_lookahead_kernel.run_steps, compiled;
+    no binary search per value)."""
+    return run_steps(col, lo, hi)
 
 
 def _sorted_pieces(key: np.ndarray) -> list[tuple[int, int]]:

@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loomdata.planning._lookahead_kernel import run_steps
+from loomdata.planning._lookahead_kernel import fit_lights, run_steps
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 
@@ -586,20 +586,7 @@ def _fit_lights(cnt: np.ndarray, lc: _Cum, room: np.ndarray) -> None:
 
     Visits only steps that overflow and the steps after a push (a light segment is at most half a sequence,
     so an overflow is rare and short-lived); the last step keeps what it has (the balancer carries it)."""
-    n = len(cnt)
     prev = np.concatenate([[0], cnt[:-1]])
     bad = np.flatnonzero(lc[cnt] - lc[prev] > room)
-    i = 0
-    while i < len(bad):
-        t = int(bad[i])
-        dirty = True
-        while dirty and t < n - 1:
-            before = int(cnt[t - 1]) if t else 0
-            limit = lc[before] + max(int(room[t]), 0)
-            fit = int(lc.searchsorted(np.array([limit]), "right")[0]) - 1
-            cnt[t] = max(min(int(cnt[t]), fit), before)
-            t += 1
-            if cnt[t] < cnt[t - 1]:
-                cnt[t] = cnt[t - 1]
-            dirty = lc[cnt[t]] - lc[cnt[t - 1]] > room[t]
-        i = int(np.searchsorted(bad, t, side="right"))
+    if len(bad):  # compiled (_lookahead_kernel.fit_lights): a few NumPy calls an overflowing step otherwise
+        fit_lights(cnt, lc.pre, lc.pad, len(lc.len) + 1, room, bad)

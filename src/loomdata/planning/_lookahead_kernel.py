@@ -35,3 +35,52 @@ def run_steps(col: np.ndarray, lo: int, hi: int) -> np.ndarray:
             t += 1
         out[v - lo] = t
     return out
+
+
+@njit
+def _cum_at(pre: np.ndarray, pad: np.ndarray, i: int) -> int:
+    """c[i] of a _Cum (pre: every 64th sum, pad: the lengths as (blocks, 64))."""
+    b = i // pad.shape[1]
+    s = pre[b]
+    for r in range(i - b * pad.shape[1]):
+        s += pad[b, r]
+    return s
+
+
+@njit
+def _cum_right(pre: np.ndarray, pad: np.ndarray, n_c: int, x: int) -> int:
+    """np.searchsorted(c, x, "right") over the n_c entries of a _Cum (_Cum.searchsorted's block walk)."""
+    nb = np.searchsorted(pre, x, side="right")
+    if nb == 0:
+        return 0
+    jb = nb - 1
+    base = jb * pad.shape[1]
+    s = pre[jb]
+    k = 0
+    for r in range(pad.shape[1]):
+        if base + r >= n_c or s > x:
+            break
+        k += 1
+        s += pad[jb, r]
+    return base + k
+
+
+@njit
+def fit_lights(cnt: np.ndarray, pre: np.ndarray, pad: np.ndarray, n_c: int, room: np.ndarray, bad: np.ndarray) -> None:
+    """_lookahead._fit_lights from its overflowing steps `bad` on, over a _Cum's arrays (pre, pad, n_c): push the
+    last lights of a step over its room on to the next step, and on while the next overflows (in place)."""
+    n = len(cnt)
+    i = 0
+    while i < len(bad):
+        t = bad[i]
+        dirty = True
+        while dirty and t < n - 1:
+            before = cnt[t - 1] if t else 0
+            limit = _cum_at(pre, pad, before) + max(room[t], 0)
+            fit = _cum_right(pre, pad, n_c, limit) - 1
+            cnt[t] = max(min(cnt[t], fit), before)
+            t += 1
+            if cnt[t] < cnt[t - 1]:
+                cnt[t] = cnt[t - 1]
+            dirty = _cum_at(pre, pad, cnt[t]) - _cum_at(pre, pad, cnt[t - 1]) > room[t]
+        i = np.searchsorted(bad, t, side="right")

@@ -1,12 +1,14 @@
-"""The compiled natural steps of a run of positions (_lookahead_kernel.run_steps) against the NumPy forms they
-replace: each step repeated by how many positions fall in it, and one binary search per position."""
+"""The look-ahead's compiled parts (_lookahead_kernel) against the NumPy code they replace: the natural steps of
+a run of positions (each step repeated by how many positions fall in it; one binary search per position) and
+the pass pushing overflowing lights on (_fit_lights step by step over a _Cum)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from loomdata.planning._lookahead_kernel import run_steps
+from loomdata.planning._lookahead import _Cum, _fit_lights
+from loomdata.planning._lookahead_kernel import _cum_right, run_steps
 
 
 def _repeat_steps(col: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -42,3 +44,47 @@ def test_run_steps_edges() -> None:
     assert run_steps(col, 7, 9).tolist() == [5, 5]  # past the last pointer: the last row
     assert run_steps(col, 3, 3).tolist() == []
     assert run_steps(np.array([0], dtype=np.int64), 0, 2).tolist() == [0, 0]
+
+
+def _fit_lights_numpy(cnt: np.ndarray, lc: _Cum, room: np.ndarray) -> None:
+    """The NumPy code _fit_lights ran before fit_lights (the oracle)."""
+    n = len(cnt)
+    prev = np.concatenate([[0], cnt[:-1]])
+    bad = np.flatnonzero(lc[cnt] - lc[prev] > room)
+    i = 0
+    while i < len(bad):
+        t = int(bad[i])
+        dirty = True
+        while dirty and t < n - 1:
+            before = int(cnt[t - 1]) if t else 0
+            limit = lc[before] + max(int(room[t]), 0)
+            fit = int(lc.searchsorted(np.array([limit]), "right")[0]) - 1
+            cnt[t] = max(min(int(cnt[t]), fit), before)
+            t += 1
+            if cnt[t] < cnt[t - 1]:
+                cnt[t] = cnt[t - 1]
+            dirty = lc[cnt[t]] - lc[cnt[t - 1]] > room[t]
+        i = int(np.searchsorted(bad, t, side="right"))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_fit_lights_matches_the_numpy_pass(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n_light = int(rng.choice([0, 1, 63, 64, 65, 500, 5000]))
+    steps = int(rng.integers(1, 300))
+    lens = rng.integers(1, 200, n_light).astype(np.uint32)
+    buf = _Cum.buffer(n_light)
+    buf[:n_light] = lens
+    lc = _Cum(buf, n_light)
+    c = np.concatenate([[0], np.cumsum(lens, dtype=np.int64)])
+    # cumulative light counts a step (non-decreasing, ending at all of them) and rooms some steps overflow
+    cnt = np.sort(rng.integers(0, n_light + 1, steps)).astype(np.int64)
+    cnt[-1] = n_light
+    per_step = np.diff(c[np.concatenate([[0], cnt])])
+    room = (per_step * rng.choice([0.5, 0.9, 1.0, 1.5], steps)).astype(np.int64) - rng.integers(-50, 50, steps)
+    want, got = cnt.copy(), cnt.copy()
+    _fit_lights_numpy(want, lc, room)
+    _fit_lights(got, lc, room)
+    assert np.array_equal(got, want)
+    for x in [-1, 0, 1, int(c[-1]) // 2, int(c[-1]), int(c[-1]) + 1]:  # the block walk is searchsorted "right"
+        assert _cum_right(lc.pre, lc.pad, n_light + 1, x) == int(np.searchsorted(c, x, side="right"))

@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loomdata.planning._lookahead_kernel import fit_lights, run_steps
+from loomdata.planning._lookahead_kernel import add_step_counts, fit_lights, run_steps
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 
@@ -78,16 +78,16 @@ class StepAssignment:
     def counts(self, steps: int, first: int = 0) -> np.ndarray:
         """(steps,) int64 segments assigned to each step first..first+steps-1, all sources together."""
         out = np.zeros(steps, dtype=np.int64)
-        for k in range(len(self.step)):
-            out += self.source_counts(k, first, steps)
+        for st in self.step:  # one compiled pass over each source's steps (no search per step and source)
+            add_step_counts(st, first, out)
         return out
 
     def source_counts(self, k: int, first: int, steps: int) -> np.ndarray:
-        """(steps,) int64 segments of source k assigned to each step first..first+steps-1: one binary search a
-        step over the sorted steps (a bincount would make an int64 copy of all of them)."""
-        st = self.step[k]  # needles of its own dtype (steps fit it): no int64 copy of `st` for the search
-        edges = np.arange(first, first + steps + 1, dtype=st.dtype)
-        return np.diff(np.searchsorted(st, edges).astype(np.int64))
+        """(steps,) int64 segments of source k assigned to each step first..first+steps-1: one compiled pass over
+        its steps (_lookahead_kernel.add_step_counts; a bincount would make an int64 copy of all of them)."""
+        out = np.zeros(steps, dtype=np.int64)
+        add_step_counts(self.step[k], first, out)
+        return out
 
     def range(self, k: int, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray]:
         """(positions, steps) of source k assigned to steps t0..t1-1, step-major then stream order."""
@@ -192,12 +192,16 @@ class _Order:
         lo_step, hi_step = int(raw.min()), int(raw.max()) + 1
         per_step = max(1, len(raw) // max(hi_step - lo_step, 1))
         width = max(1, CHUNK // per_step)
-        for a in range(lo_step, hi_step, width):
+        edges = np.arange(lo_step, hi_step + width, width, dtype=np.int64)
+        # where every chunk of steps starts in each source's slice: one search a source, not one a chunk and source
+        cuts = [
+            np.searchsorted(raw[offs[s] : offs[s + 1]], edges.astype(raw.dtype)).tolist() for s in range(len(offs) - 1)
+        ]
+        for c, a in enumerate(range(lo_step, hi_step, width)):
             b = a + width
             parts = []
             for s in range(len(offs) - 1):
-                r = raw[offs[s] : offs[s + 1]]
-                i, j = np.searchsorted(r, np.array([a, b], dtype=r.dtype))
+                i, j = cuts[s][c], cuts[s][c + 1]
                 if j > i:
                     parts.append(np.arange(offs[s] + i, offs[s] + j, dtype=np.int64))
             if parts:

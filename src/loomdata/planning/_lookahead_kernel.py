@@ -84,3 +84,13 @@ def fit_lights(cnt: np.ndarray, pre: np.ndarray, pad: np.ndarray, n_c: int, room
                 cnt[t] = cnt[t - 1]
             dirty = _cum_at(pre, pad, cnt[t]) - _cum_at(pre, pad, cnt[t - 1]) > room[t]
         i = np.searchsorted(bad, t, side="right")
+
+
+@njit
+def add_step_counts(step: np.ndarray, first: int, out: np.ndarray) -> None:
+    """out[t - first] += how many of `step` equal t, for t in first..first+len(out)-1 (one pass over `step`)."""
+    n = len(out)
+    for i in range(len(step)):
+        t = step[i] - first
+        if 0 <= t < n:
+            out[t] += 1

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from loomdata.planning._lookahead import _Cum, _fit_lights
-from loomdata.planning._lookahead_kernel import _cum_right, run_steps
+from loomdata.planning._lookahead_kernel import _cum_right, add_step_counts, run_steps
 
 
 def _repeat_steps(col: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -88,3 +88,17 @@ def test_fit_lights_matches_the_numpy_pass(seed: int) -> None:
     assert np.array_equal(got, want)
     for x in [-1, 0, 1, int(c[-1]) // 2, int(c[-1]), int(c[-1]) + 1]:  # the block walk is searchsorted "right"
         assert _cum_right(lc.pre, lc.pad, n_light + 1, x) == int(np.searchsorted(c, x, side="right"))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_add_step_counts_is_the_search_per_step(dtype: type) -> None:
+    """StepAssignment's per-step counts (one compiled pass) against one binary search a step, the code it replaced,
+    for windows inside, across and outside the assigned steps."""
+    rng = np.random.default_rng(7)
+    for size in [0, 1, 5, 1000]:
+        st = np.sort(rng.integers(3, 60, size)).astype(dtype)
+        for first, steps in [(0, 70), (3, 1), (10, 20), (59, 5), (80, 3), (0, 0)]:
+            out = np.zeros(steps, dtype=np.int64)
+            add_step_counts(st, first, out)
+            edges = np.arange(first, first + steps + 1, dtype=st.dtype)
+            assert np.array_equal(out, np.diff(np.searchsorted(st, edges).astype(np.int64)))

@@ -28,6 +28,7 @@ from loomdata.planning.balance._deal import FlatDeal, deal_flat, deal_many
 from loomdata.planning.balance._hybrid import hybrid_search
 from loomdata.planning.balance._leftovers import place_leftovers
 from loomdata.planning.balance._leftovers_kernel import text_leftovers
+from loomdata.planning.balance._placed_kernel import placed_rows
 from loomdata.planning.balance._refine import refine_flat, refine_many
 from loomdata.planning.balance._state import Assignment, Dealt, members
 from loomdata.schemas.errors import PlanError
@@ -280,38 +281,20 @@ def balance_span(
 def _placed(fd: FlatDeal, nb: int, pieces: np.ndarray, off: np.ndarray, mb: int) -> tuple[np.ndarray, ...]:
     """The block's placed pieces in manifest order (step, slot, then placement order: long items, LPT order,
     split pieces (`pieces`: int64 (step, item within the step, delta, length, rank, micro-batch) rows, by step
-    then placement)): (step, item, delta, length, rank, micro-batch)."""
-    dp = fd.cost3.shape[1]
-    long_idx, order = fd.long_idx[: fd.long_cut[nb]], fd.order[: fd.cut[nb]]
-    whole = np.concatenate([long_idx, order]) if len(long_idx) else order
-    phase = np.concatenate([np.zeros(len(long_idx), np.int64), np.ones(len(order), np.int64)])
-    keep = fd.p_rank[whole] >= 0
-    item, phase = whole[keep], phase[keep]
-    step = np.searchsorted(off, item, side="right") - 1
-    delta = np.zeros(len(item), dtype=np.int64)
-    plen, rank, mbs = fd.length[item], fd.p_rank[item], fd.p_mb[item]
-    if len(pieces):
-        p_step = pieces[:, 0]
-        item = np.concatenate([item, pieces[:, 1] + off[p_step]])
-        step = np.concatenate([step, p_step])
-        phase = np.concatenate([phase, np.full(len(pieces), 2, np.int64)])
-        delta = np.concatenate([delta, pieces[:, 2]])
-        plen = np.concatenate([plen, pieces[:, 3]])
-        rank = np.concatenate([rank, pieces[:, 4]])
-        mbs = np.concatenate([mbs, pieces[:, 5]])
-    o = _lexsort_small([phase, rank * mb + mbs, step], [3, dp * mb, nb])
-    return step[o], item[o], delta[o], plen[o], rank[o], mbs[o]
-
-
-def _lexsort_small(keys: list[np.ndarray], sizes: list[int]) -> np.ndarray:
-    """np.lexsort(keys) (last key primary) of non-negative keys below `sizes`: one stable 16-bit radix pass a
-    key (least significant first) where all fit 16 bits, several times faster than one stable int64 sort."""
-    if max(sizes) > 1 << 16:
-        return np.lexsort(keys)
-    o = np.argsort(keys[0].astype(np.uint16), kind="stable")
-    for k in keys[1:]:
-        o = o[np.argsort(k.astype(np.uint16)[o], kind="stable")]
-    return o
+    then placement)): (step, item, delta, length, rank, micro-batch), by one compiled counting sort
+    (_placed_kernel.placed_rows)."""
+    return placed_rows(
+        fd.long_idx[: fd.long_cut[nb]],
+        fd.order[: fd.cut[nb]],
+        fd.p_rank,
+        fd.p_mb,
+        fd.length,
+        np.ascontiguousarray(off, dtype=np.int64),
+        pieces,
+        nb,
+        fd.cost3.shape[1],
+        mb,
+    )
 
 
 def _encoder_part(segs: Segments, cfg: BalanceConfig) -> np.ndarray:

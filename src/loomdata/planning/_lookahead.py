@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loomdata.planning._lookahead_kernel import add_step_counts, fit_lights, run_steps
+from loomdata.planning._lookahead_kernel import add_step_counts, fit_lights, run_steps, segments_of
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 
@@ -149,17 +149,11 @@ def _search(p: Positions, q: np.ndarray) -> np.ndarray:
 def segments_at(
     st: Stream, pos: np.ndarray, lengths: np.ndarray, lanes: Lanes
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(doc, offset, length, lane) of the stream positions `pos` (any order), as Stream.segments gives them."""
-    doc = st.doc[pos]
-    dl = lengths[doc]
-    length = dl.astype(np.uint32, copy=True)
-    offset = np.zeros(len(doc), dtype=np.uint32)
-    if len(st.split_pos) and len(pos):
-        i = np.minimum(np.searchsorted(st.split_pos, pos), len(st.split_pos) - 1)
-        hit = st.split_pos[i] == pos
-        offset[hit] = st.split_off[i[hit]]
-        length[hit] = st.split_len[i[hit]]
-    return doc, offset, length, lanes.lane_of(dl)
+    """(doc, offset, length, lane) of the stream positions `pos` (any order), as Stream.segments gives them: one
+    compiled pass (_lookahead_kernel.segments_of; a gather is called once a source and block, so with many
+    sources a dozen NumPy calls each cost more than the gathering)."""
+    threshold = -1 if lanes.threshold is None else int(lanes.threshold)
+    return segments_of(st.doc, pos, lengths, st.split_pos, st.split_off, st.split_len, threshold)
 
 
 class _Order:

@@ -94,3 +94,37 @@ def add_step_counts(step: np.ndarray, first: int, out: np.ndarray) -> None:
         t = step[i] - first
         if 0 <= t < n:
             out[t] += 1
+
+
+@njit
+def segments_of(
+    doc_col: np.ndarray,
+    pos: np.ndarray,
+    lengths: np.ndarray,
+    split_pos: np.ndarray,
+    split_off: np.ndarray,
+    split_len: np.ndarray,
+    threshold: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """_lookahead.segments_at in one pass: (doc, offset, length, lane) of stream positions `pos` of a stream whose
+    documents are `doc_col` and split pieces (split_pos sorted, their offsets and lengths); a document longer
+    than `threshold` is in the long lane (threshold < 0: no long lane)."""
+    n = len(pos)
+    doc = np.empty(n, dtype=doc_col.dtype)
+    offset = np.zeros(n, dtype=np.uint32)
+    length = np.empty(n, dtype=np.uint32)
+    lane = np.zeros(n, dtype=np.uint8)
+    n_split = len(split_pos)
+    for j in range(n):
+        d = doc_col[pos[j]]
+        doc[j] = d
+        dl = lengths[d]
+        length[j] = dl
+        if threshold >= 0 and dl > threshold:
+            lane[j] = 1
+        if n_split:
+            i = min(np.searchsorted(split_pos, pos[j]), n_split - 1)
+            if split_pos[i] == pos[j]:
+                offset[j] = split_off[i]
+                length[j] = split_len[i]
+    return doc, offset, length, lane

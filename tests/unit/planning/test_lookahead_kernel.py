@@ -1,14 +1,17 @@
 """The look-ahead's compiled parts (_lookahead_kernel) against the NumPy code they replace: the natural steps of
 a run of positions (each step repeated by how many positions fall in it; one binary search per position) and
-the pass pushing overflowing lights on (_fit_lights step by step over a _Cum)."""
+the pass pushing overflowing lights on (_fit_lights step by step over a _Cum), per-step counts and the
+per-source gather of segments."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from loomdata.planning._lookahead import _Cum, _fit_lights
+from loomdata.planning._lookahead import _Cum, _fit_lights, segments_at
 from loomdata.planning._lookahead_kernel import _cum_right, add_step_counts, run_steps
+from loomdata.planning._mixture import Stream, build_stream
+from loomdata.planning._packing import Lanes
 
 
 def _repeat_steps(col: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -102,3 +105,38 @@ def test_add_step_counts_is_the_search_per_step(dtype: type) -> None:
             add_step_counts(st, first, out)
             edges = np.arange(first, first + steps + 1, dtype=st.dtype)
             assert np.array_equal(out, np.diff(np.searchsorted(st, edges).astype(np.int64)))
+
+
+def _segments_at_numpy(st: Stream, pos: np.ndarray, lengths: np.ndarray, lanes: Lanes) -> tuple[np.ndarray, ...]:
+    """segments_at before segments_of (the oracle)."""
+    doc = st.doc[pos]
+    dl = lengths[doc]
+    length = dl.astype(np.uint32, copy=True)
+    offset = np.zeros(len(doc), dtype=np.uint32)
+    if len(st.split_pos) and len(pos):
+        i = np.minimum(np.searchsorted(st.split_pos, pos), len(st.split_pos) - 1)
+        hit = st.split_pos[i] == pos
+        offset[hit] = st.split_off[i[hit]]
+        length[hit] = st.split_len[i[hit]]
+    return doc, offset, length, lanes.lane_of(dl)
+
+
+@pytest.mark.parametrize("long_lane", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_segments_at_matches_the_numpy_gather(seed: int, long_lane: bool) -> None:
+    """Streams with split documents (pieces at sorted positions), positions in any order, with and without a
+    long lane: the same columns and dtypes as the NumPy gather."""
+    rng = np.random.default_rng(seed)
+    lanes = Lanes(seq_len=64, long_seq_len=256, threshold=64) if long_lane else Lanes(seq_len=64)
+    lengths = rng.integers(1, 300, 500).astype(np.uint32)
+    st = build_stream(f"s{seed}", seed, lengths, lanes, 2)
+    for pos in [
+        np.arange(len(st.doc), dtype=np.uint32),
+        rng.permutation(len(st.doc))[:100].astype(np.int64),
+        np.zeros(0, dtype=np.uint32),
+    ]:
+        want = _segments_at_numpy(st, pos, lengths, lanes)
+        got = segments_at(st, pos, lengths, lanes)
+        for w, g in zip(want, got, strict=True):
+            assert g.dtype == w.dtype and np.array_equal(g, w)
+    assert len(st.split_pos)  # the streams hold split pieces

@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loomdata.planning._lookahead_kernel import add_step_counts, fit_lights, run_steps, segments_of
+from loomdata.planning._lookahead_kernel import add_step_counts, chunk_indices, fit_lights, run_steps, segments_of
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 
@@ -188,19 +188,14 @@ class _Order:
         width = max(1, CHUNK // per_step)
         edges = np.arange(lo_step, hi_step + width, width, dtype=np.int64)
         # where every chunk of steps starts in each source's slice: one search a source, not one a chunk and source
-        cuts = [
-            np.searchsorted(raw[offs[s] : offs[s + 1]], edges.astype(raw.dtype)).tolist() for s in range(len(offs) - 1)
-        ]
+        cuts = np.stack(
+            [np.searchsorted(raw[offs[s] : offs[s + 1]], edges.astype(raw.dtype)) for s in range(len(offs) - 1)]
+        ).astype(np.int64)
+        offs64 = np.ascontiguousarray(offs, dtype=np.int64)
         for c, a in enumerate(range(lo_step, hi_step, width)):
-            b = a + width
-            parts = []
-            for s in range(len(offs) - 1):
-                i, j = cuts[s][c], cuts[s][c + 1]
-                if j > i:
-                    parts.append(np.arange(offs[s] + i, offs[s] + j, dtype=np.int64))
-            if parts:
-                idx = np.concatenate(parts)
-                yield idx[stable_order(raw[idx], a, b)]
+            idx = chunk_indices(offs64, cuts, c)  # the chunk's slices of every source, end to end (compiled)
+            if len(idx):
+                yield idx[stable_order(raw[idx], a, a + width)]
 
 
 def stable_order(key: np.ndarray, lo: int, hi: int) -> np.ndarray:

@@ -128,3 +128,19 @@ def segments_of(
                 offset[j] = split_off[i]
                 length[j] = split_len[i]
     return doc, offset, length, lane
+
+
+@njit
+def chunk_indices(offs: np.ndarray, cuts: np.ndarray, c: int) -> np.ndarray:
+    """int64 global indices of chunk c, source after source: offs[s] + cuts[s, c] .. offs[s] + cuts[s, c + 1] - 1
+    for each source s (cuts: (sources, chunks + 1) where each chunk starts in each source's slice)."""
+    n = 0
+    for s in range(cuts.shape[0]):
+        n += max(cuts[s, c + 1] - cuts[s, c], 0)
+    out = np.empty(n, dtype=np.int64)
+    at = 0
+    for s in range(cuts.shape[0]):
+        for i in range(cuts[s, c], cuts[s, c + 1]):
+            out[at] = offs[s] + i
+            at += 1
+    return out

@@ -115,16 +115,35 @@ def segments_of(
     length = np.empty(n, dtype=np.uint32)
     lane = np.zeros(n, dtype=np.uint8)
     n_split = len(split_pos)
+    last_p, last_i = -1, 0  # the previous position's search: increasing positions search from there on
     for j in range(n):
-        d = doc_col[pos[j]]
+        p = np.int64(pos[j])
+        d = doc_col[p]
         doc[j] = d
         dl = lengths[d]
         length[j] = dl
         if threshold >= 0 and dl > threshold:
             lane[j] = 1
         if n_split:
-            i = min(np.searchsorted(split_pos, pos[j]), n_split - 1)
-            if split_pos[i] == pos[j]:
+            lo, hi = 0, last_i  # the first split piece at or after p (searchsorted "left") lies in [lo, hi]
+            if p >= last_p:  # positions mostly increase: gallop on from the previous answer
+                lo = hi = last_i
+                if lo < n_split and split_pos[lo] < p:
+                    step = 1
+                    while lo + step < n_split and split_pos[lo + step] < p:
+                        lo += step
+                        step *= 2
+                    hi = min(lo + step, n_split)  # split_pos[lo] < p <= split_pos[hi] (or hi the end)
+                    lo += 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if split_pos[mid] < p:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            last_p, last_i = p, lo
+            i = min(lo, n_split - 1)
+            if split_pos[i] == p:
                 offset[j] = split_off[i]
                 length[j] = split_len[i]
     return doc, offset, length, lane

@@ -130,9 +130,13 @@ def test_segments_at_matches_the_numpy_gather(seed: int, long_lane: bool) -> Non
     lanes = Lanes(seq_len=64, long_seq_len=256, threshold=64) if long_lane else Lanes(seq_len=64)
     lengths = rng.integers(1, 300, 500).astype(np.uint32)
     st = build_stream(f"s{seed}", seed, lengths, lanes, 2)
+    mostly_up = np.sort(rng.choice(len(st.doc), len(st.doc) // 3, replace=False)).astype(np.uint32)
+    mostly_up[10:20] = mostly_up[10:20][::-1].copy()  # a few moved back (the look-ahead's later steps)
     for pos in [
         np.arange(len(st.doc), dtype=np.uint32),
         rng.permutation(len(st.doc))[:100].astype(np.int64),
+        mostly_up,
+        np.repeat(st.split_pos[:5], 2).astype(np.int64),  # split pieces themselves, each twice
         np.zeros(0, dtype=np.uint32),
     ]:
         want = _segments_at_numpy(st, pos, lengths, lanes)

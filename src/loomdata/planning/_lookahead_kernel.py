@@ -117,7 +117,7 @@ def segments_of(
     n_split = len(split_pos)
     last_p, last_i = -1, 0  # the previous position's search: increasing positions search from there on
     for j in range(n):
-        p = np.int64(pos[j])
+        p = int(pos[j])
         d = doc_col[p]
         doc[j] = d
         dl = lengths[d]

@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from loomdata.planning._lookahead_kernel import add_step_counts, chunk_indices, fit_lights, run_steps, segments_of
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 from loomdata.schemas.spec import LOOKAHEAD_TOLERANCE
@@ -80,16 +81,16 @@ class StepAssignment:
     def counts(self, steps: int, first: int = 0) -> np.ndarray:
         """(steps,) int64 segments assigned to each step first..first+steps-1, all sources together."""
         out = np.zeros(steps, dtype=np.int64)
-        for k in range(len(self.step)):
-            out += self.source_counts(k, first, steps)
+        for st in self.step:  # one compiled pass over each source's steps (no search per step and source)
+            add_step_counts(st, first, out)
         return out
 
     def source_counts(self, k: int, first: int, steps: int) -> np.ndarray:
-        """(steps,) int64 segments of source k assigned to each step first..first+steps-1: one binary search a
-        step over the sorted steps (a bincount would make an int64 copy of all of them)."""
-        st = self.step[k]  # needles of its own dtype (steps fit it): no int64 copy of `st` for the search
-        edges = np.arange(first, first + steps + 1, dtype=st.dtype)
-        return np.diff(np.searchsorted(st, edges).astype(np.int64))
+        """(steps,) int64 segments of source k assigned to each step first..first+steps-1: one compiled pass over
+        its steps (_lookahead_kernel.add_step_counts; a bincount would make an int64 copy of all of them)."""
+        out = np.zeros(steps, dtype=np.int64)
+        add_step_counts(self.step[k], first, out)
+        return out
 
     def range(self, k: int, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray]:
         """(positions, steps) of source k assigned to steps t0..t1-1, step-major then stream order."""
@@ -151,17 +152,11 @@ def _search(p: Positions, q: np.ndarray) -> np.ndarray:
 def segments_at(
     st: Stream, pos: np.ndarray, lengths: np.ndarray, lanes: Lanes
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(doc, offset, length, lane) of the stream positions `pos` (any order), as Stream.segments gives them."""
-    doc = st.doc[pos]
-    dl = lengths[doc]
-    length = dl.astype(np.uint32, copy=True)
-    offset = np.zeros(len(doc), dtype=np.uint32)
-    if len(st.split_pos) and len(pos):
-        i = np.minimum(np.searchsorted(st.split_pos, pos), len(st.split_pos) - 1)
-        hit = st.split_pos[i] == pos
-        offset[hit] = st.split_off[i[hit]]
-        length[hit] = st.split_len[i[hit]]
-    return doc, offset, length, lanes.lane_of(dl)
+    """(doc, offset, length, lane) of the stream positions `pos` (any order), as Stream.segments gives them: one
+    compiled pass (_lookahead_kernel.segments_of; a gather is called once a source and block, so with many
+    sources a dozen NumPy calls each cost more than the gathering)."""
+    threshold = -1 if lanes.threshold is None else int(lanes.threshold)
+    return segments_of(st.doc, pos, lengths, st.split_pos, st.split_off, st.split_len, threshold)
 
 
 class _Order:
@@ -194,17 +189,16 @@ class _Order:
         lo_step, hi_step = int(raw.min()), int(raw.max()) + 1
         per_step = max(1, len(raw) // max(hi_step - lo_step, 1))
         width = max(1, CHUNK // per_step)
-        for a in range(lo_step, hi_step, width):
-            b = a + width
-            parts = []
-            for s in range(len(offs) - 1):
-                r = raw[offs[s] : offs[s + 1]]
-                i, j = np.searchsorted(r, np.array([a, b], dtype=r.dtype))
-                if j > i:
-                    parts.append(np.arange(offs[s] + i, offs[s] + j, dtype=np.int64))
-            if parts:
-                idx = np.concatenate(parts)
-                yield idx[stable_order(raw[idx], a, b)]
+        edges = np.arange(lo_step, hi_step + width, width, dtype=np.int64)
+        # where every chunk of steps starts in each source's slice: one search a source, not one a chunk and source
+        cuts = np.stack(
+            [np.searchsorted(raw[offs[s] : offs[s + 1]], edges.astype(raw.dtype)) for s in range(len(offs) - 1)]
+        ).astype(np.int64)
+        offs64 = np.ascontiguousarray(offs, dtype=np.int64)
+        for c, a in enumerate(range(lo_step, hi_step, width)):
+            idx = chunk_indices(offs64, cuts, c)  # the chunk's slices of every source, end to end (compiled)
+            if len(idx):
+                yield idx[stable_order(raw[idx], a, a + width)]
 
 
 def stable_order(key: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -415,13 +409,10 @@ def _natural_steps(col: np.ndarray, p: Positions, i0: int, i1: int, q: np.ndarra
 
 
 def _steps_of_run(col: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    """searchsorted(col, arange(lo, hi), "right") - 1 for a non-decreasing `col` with col[0] <= lo: each step
-    repeated by how many of the consecutive values fall in it (no binary search per value)."""
-    ta, tb = (int(x) for x in np.searchsorted(col, [lo, hi - 1], side="right") - 1)
-    bounds = np.empty(tb - ta + 2, dtype=np.int64)
-    bounds[0], bounds[-1] = lo, hi
-    np.clip(col[ta + 1 : tb + 1], lo, hi, out=bounds[1:-1])
-    return np.repeat(np.arange(ta, tb + 1, dtype=np.int64), np.diff(bounds))
+    """searchsorted(col, arange(lo, hi), "right") - 1 for a non-decreasing `col` with col[0] <= lo: one binary
+    search, then a merged walk over the values and the steps they span (_lookahead_kernel.run_steps, compiled;
+    no binary search per value)."""
+    return run_steps(col, lo, hi)
 
 
 def _sorted_pieces(key: np.ndarray) -> list[tuple[int, int]]:
@@ -593,20 +584,7 @@ def _fit_lights(cnt: np.ndarray, lc: _Cum, room: np.ndarray) -> None:
 
     Visits only steps that overflow and the steps after a push (a light segment is at most half a sequence,
     so an overflow is rare and short-lived); the last step keeps what it has (the balancer carries it)."""
-    n = len(cnt)
     prev = np.concatenate([[0], cnt[:-1]])
     bad = np.flatnonzero(lc[cnt] - lc[prev] > room)
-    i = 0
-    while i < len(bad):
-        t = int(bad[i])
-        dirty = True
-        while dirty and t < n - 1:
-            before = int(cnt[t - 1]) if t else 0
-            limit = lc[before] + max(int(room[t]), 0)
-            fit = int(lc.searchsorted(np.array([limit]), "right")[0]) - 1
-            cnt[t] = max(min(int(cnt[t]), fit), before)
-            t += 1
-            if cnt[t] < cnt[t - 1]:
-                cnt[t] = cnt[t - 1]
-            dirty = lc[cnt[t]] - lc[cnt[t - 1]] > room[t]
-        i = int(np.searchsorted(bad, t, side="right"))
+    if len(bad):  # compiled (_lookahead_kernel.fit_lights): a few NumPy calls an overflowing step otherwise
+        fit_lights(cnt, lc.pre, lc.pad, len(lc.len) + 1, room, bad)

@@ -346,7 +346,8 @@ class ReportBuilder:
     def summary(self) -> dict[str, Any]:
         """The plan's summary figures (stored in plan.json, printed by `loom plan` / `loom inspect`)."""
         c = self.cols
-        err, realized, target = mixture_error(self.tokens, self.weights, self.budgets)
+        err, realized, target = mixture_error(self.tokens, self.weights, self.budgets, full=False)  # last rows
+        per_source = self.tokens.sum(axis=0)  # one pass (integer sums: a column's own sum, exactly)
         warm = min(MIXTURE_WARMUP, len(err) - 1)
         total = int(self.tokens.sum())
         loom_sum = max(float(c["loom_max"].sum()), 1e-300)
@@ -383,7 +384,7 @@ class ReportBuilder:
                 name: {
                     "target_share": float(target[-1, k]),
                     "realized_share": float(realized[-1, k]),
-                    "tokens": int(self.tokens[:, k].sum()),
+                    "tokens": int(per_source[k]),
                 }
                 for k, name in enumerate(self.sources)
             },
@@ -393,16 +394,16 @@ class ReportBuilder:
 
 
 def mixture_error(
-    tokens: np.ndarray, weights: np.ndarray, budgets: np.ndarray | None = None
+    tokens: np.ndarray, weights: np.ndarray, budgets: np.ndarray | None = None, *, full: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(worst error per step in pp, realized cumulative shares, target cumulative shares).
 
     Targets are the mean of the steps' weights, weighted by their token budgets when those differ (re-plans);
-    one compiled pass (_report_kernel).
+    one compiled pass (_report_kernel). `full` False: the shares of the last step only (one row each).
     """
     b = np.zeros(0) if budgets is None else np.ascontiguousarray(budgets, dtype=np.float64)
     err, realized, target = mixture_shares(
-        np.ascontiguousarray(tokens, dtype=np.int64), np.ascontiguousarray(weights, dtype=np.float64), b
+        np.ascontiguousarray(tokens, dtype=np.int64), np.ascontiguousarray(weights, dtype=np.float64), b, full
     )
     return err, realized, target
 

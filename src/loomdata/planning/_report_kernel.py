@@ -15,13 +15,17 @@ __all__ = ["mixture_shares"]
 
 
 @njit
-def mixture_shares(tokens: np.ndarray, weights: np.ndarray, budgets: np.ndarray) -> tuple[np.ndarray, ...]:
+def mixture_shares(
+    tokens: np.ndarray, weights: np.ndarray, budgets: np.ndarray, full: bool = True
+) -> tuple[np.ndarray, ...]:
     """(worst error per step in pp, realized cumulative shares, target cumulative shares) of (steps, sources)
-    token counts and weights; targets weighted by the steps' `budgets` unless that is empty."""
+    token counts and weights; targets weighted by the steps' `budgets` unless that is empty. `full` False: the
+    shares of the last step only (one row each; the summary's need, without two (steps, sources) tables)."""
     steps, n_src = tokens.shape
     err = np.zeros(steps)
-    realized = np.empty((steps, n_src))
-    target = np.empty((steps, n_src))
+    rows = steps if full or steps == 0 else 1
+    realized = np.empty((rows, n_src))
+    target = np.empty((rows, n_src))
     cum = np.zeros(n_src, dtype=np.int64)
     run = np.zeros(n_src)
     run_b = 0.0
@@ -38,10 +42,11 @@ def mixture_shares(tokens: np.ndarray, weights: np.ndarray, budgets: np.ndarray)
         else:
             b_div = float(t + 1)
         worst = 0.0
+        r = t if full else 0
         for k in range(n_src):
-            realized[t, k] = float(cum[k]) / div
+            realized[r, k] = float(cum[k]) / div
             run[k] += weights[t, k] * budgets[t] if weighted else weights[t, k]
-            target[t, k] = run[k] / b_div
-            worst = max(worst, abs(realized[t, k] - target[t, k]))
+            target[r, k] = run[k] / b_div
+            worst = max(worst, abs(realized[r, k] - target[r, k]))
         err[t] = worst * 100.0
     return err, realized, target

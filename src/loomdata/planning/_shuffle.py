@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._shuffle_kernel import lru_replay
+from loomdata.planning._shuffle_kernel import lru_replay, stable_ranks
 from loomdata.schemas.spec import SourceSpec
 
 __all__ = [
@@ -49,6 +49,9 @@ __all__ = [
 
 FIGURE_SEGMENTS = 1 << 16
 """The shuffle figures are measured on at most this many first segments of a source's stream (bounds their cost)."""
+RANK_COUNTING = 4
+"""The Spearman ranks come from a counting sort (_shuffle_kernel.stable_ranks) where the storage positions span
+at most this many times the segments measured (its counts array stays that small), else from NumPy's argsort."""
 
 
 def storage_runs(shard: np.ndarray, row: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -155,8 +158,12 @@ def shuffle_figures(
     seg_len = np.asarray(length[:m], dtype=np.float64)
     spearman = 0.0
     if m > 2:
-        rank = np.empty(m, dtype=np.float64)
-        rank[np.argsort(p, kind="stable")] = np.arange(m, dtype=np.float64)
+        hi = int(p.max()) + 1
+        if int(p.min()) >= 0 and hi <= RANK_COUNTING * m:  # few documents (many sources): a counting sort
+            rank = stable_ranks(p, hi)
+        else:
+            rank = np.empty(m, dtype=np.float64)
+            rank[np.argsort(p, kind="stable")] = np.arange(m, dtype=np.float64)
         c = np.corrcoef(np.arange(m, dtype=np.float64), rank)[0, 1]
         spearman = float(c) if np.isfinite(c) else 0.0
     jump = float(np.abs(np.diff(p)).mean()) if m > 1 else 0.0

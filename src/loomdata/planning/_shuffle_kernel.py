@@ -47,3 +47,20 @@ def lru_replay(keys: np.ndarray, capacity: int) -> np.ndarray:
             x += x & -x
         last[b] = i
     return hit
+
+
+@njit
+def stable_ranks(p: np.ndarray, hi: int) -> np.ndarray:
+    """float64 rank of each of `p` (ints in [0, hi)) in its stable sort: r[np.argsort(p, kind="stable")] =
+    arange(len(p)), by a counting sort (O(len(p) + hi): for values of a small range, as a source's storage
+    positions are where it has few documents)."""
+    start = np.zeros(hi + 1, dtype=np.int64)
+    for i in range(len(p)):
+        start[p[i] + 1] += 1
+    for v in range(hi):
+        start[v + 1] += start[v]
+    rank = np.empty(len(p), dtype=np.float64)
+    for i in range(len(p)):
+        rank[i] = start[p[i]]
+        start[p[i]] += 1
+    return rank

@@ -17,6 +17,7 @@ from loomdata.planning import PlanResume, _shuffle, make_plan
 from loomdata.planning._mixture import build_stream, source_key
 from loomdata.planning._packing import Lanes
 from loomdata.planning._shuffle import BlockLayout, _block_tokens, storage_runs
+from loomdata.planning._shuffle_kernel import stable_ranks
 from loomdata.schemas.errors import PlanError, SpecError
 from loomdata.schemas.plan import read_manifest, read_plan
 from loomdata.schemas.spec import Spec, parse_spec
@@ -263,3 +264,15 @@ def test_block_tokens_of_some_blocks_are_the_float_reduceat_over_all(
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got, every[need])
     np.testing.assert_array_equal(_block_tokens(lengths, layout, np.arange(layout.num_blocks)), every)
+
+
+@pytest.mark.parametrize("hi", [1, 2, 50, 5000])
+def test_stable_ranks_are_the_inverse_of_a_stable_argsort(hi: int) -> None:
+    """The Spearman ranks' counting sort (_shuffle_kernel.stable_ranks) against NumPy's stable argsort, the code it
+    replaces where the positions' range is small: ties (repeated documents) keep their order."""
+    rng = np.random.default_rng(hi)
+    for m in [0, 1, 3, 1000]:
+        p = rng.integers(0, hi, m).astype(np.int64)
+        want = np.empty(m, dtype=np.float64)
+        want[np.argsort(p, kind="stable")] = np.arange(m, dtype=np.float64)
+        assert stable_ranks(p, hi).tobytes() == want.tobytes()

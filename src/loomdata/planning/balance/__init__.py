@@ -24,9 +24,11 @@ One implementation, run a block of consecutive steps at a time (_block; a block 
 The lower bound is LB = max(total cost / dp_size, largest segment cost).
 
 Cost: O(segments/dp) rounds of O(dp log dp) work per step. The LPT rounds (_deal_kernel), the pairwise and
-the wide local search (_refine_kernel, _wide_kernel) are compiled numba kernels run step after step over the
-block's flat arrays (the same decisions as the NumPy rounds they replaced, which ran in lockstep over a block's
-steps); ordering the items, the long lane, the hybrid search and the rare leftovers stay NumPy/Python.
+the wide local search (_refine_kernel, _wide_kernel), a text-only block's leftovers (_leftovers_kernel: every
+leftover step of the block in one call) and the placed pieces' manifest order (_placed_kernel) are compiled
+numba kernels run step after step over the block's flat arrays (the same decisions as the NumPy code they
+replaced); ordering the items, the long lane, the hybrid search and the leftovers of blocks holding image
+samples stay NumPy/Python.
 """
 
 from loomdata.planning.balance._block import (

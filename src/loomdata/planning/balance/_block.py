@@ -27,6 +27,8 @@ from loomdata.planning._segments import Segments
 from loomdata.planning.balance._deal import FlatDeal, deal_flat, deal_many
 from loomdata.planning.balance._hybrid import hybrid_search
 from loomdata.planning.balance._leftovers import place_leftovers
+from loomdata.planning.balance._leftovers_kernel import text_leftovers
+from loomdata.planning.balance._placed_kernel import placed_rows
 from loomdata.planning.balance._refine import refine_flat, refine_many
 from loomdata.planning.balance._state import Assignment, Dealt, members
 from loomdata.schemas.errors import PlanError
@@ -35,6 +37,7 @@ from loomdata.schemas.spec import CostBalance, CostSpec
 __all__ = ["BalanceConfig", "BalancedBlock", "BalancedStep", "balance_block", "balance_span", "balance_step"]
 
 _NO_EXTRA: tuple[np.ndarray, ...] = (*(np.zeros(0, dtype=np.int64) for _ in range(5)), np.zeros((0, 3), np.int64))
+_NO_PIECES = np.zeros((0, 6), dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,31 +164,49 @@ def balance_span(
     nb = len(off) - 1
     first_carried = [carried] + [0] * (nb - 1) if carried else None
     fd = deal_flat(segs.length, cost, segs.lane, off, dp=dp, micro_batches=mb, lanes=cfg.lanes, carried=first_carried)
-    # leftovers (what the LPT rounds could not place), step by step in the few steps that have them
+    # leftovers (what the LPT rounds could not place), in the few steps that have them: compiled for a block
+    # without image samples (_leftovers_kernel), else step by step
     order_step = np.repeat(np.arange(nb), np.diff(fd.cut))
     left_steps = members(order_step[fd.p_rank[fd.order] < 0], nb)
-    extras: dict[int, tuple[np.ndarray, ...]] = {}
+    pieces = _NO_PIECES
     new_carry: Segments | None = None
     in_step: np.ndarray | None = None
     deferred = _NO_EXTRA[5]
-    for i in left_steps.tolist():
-        a, b = int(off[i]), int(off[i + 1])
-        extra = _leftovers(fd.view(i), cost[a:b], segs.image_tokens[a:b] == 0, cfg)
-        extras[i] = extra
-        step_segs = segs.take(slice(a, b))
-        new_carry, m = _deferred(step_segs, extra[5])
-        if new_carry is not None and len(new_carry) > dp * mb:
-            raise PlanError(
-                f"step {steps[i]}: {len(new_carry)} samples with images found no room and wait for the next step, "
-                f"more than it has sequences ({dp * mb}): the mixture holds more image samples than sequences can "
-                "take; raise micro_batches or seq_len, or lower the image sources' weights"
+    if len(left_steps) and not segs.image_tokens.any():
+        pieces, rests, done = text_leftovers(
+            fd.cost3,
+            fd.room3,
+            fd.rank_cost,
+            fd.p_rank,
+            fd.p_mb,
+            fd.length,
+            np.ascontiguousarray(cost, dtype=np.float64),
+            fd.order,
+            fd.cut,
+            left_steps,
+            float(cfg.cost_spec.attention),
+            float(cfg.cost_spec.linear),
+            float(cfg.lanes.short_cp),
+        )
+        pieces[:, 1] -= off[pieces[:, 0]]
+        if len(rests):
+            i = int(left_steps[done - 1])
+            rests[:, 1] -= off[i]
+            nb, in_step, new_carry, deferred = _block_end(
+                i, np.ascontiguousarray(rests[:, 1:]), segs, off, steps, dp * mb
             )
-        if new_carry is not None:  # the block ends here: the next one takes the carry first
-            nb, deferred = i + 1, extra[5]
-            if m is not None:
-                in_step = np.ones(int(off[nb]), dtype=bool)
-                in_step[a:b] = m
-            break
+    else:
+        by_step: list[np.ndarray] = []
+        for i in left_steps.tolist():
+            a, b = int(off[i]), int(off[i + 1])
+            extra = _leftovers(fd.view(i), cost[a:b], segs.image_tokens[a:b] == 0, cfg)
+            if len(extra[0]):
+                by_step.append(np.stack([np.full(len(extra[0]), i, np.int64), *extra[:5]], axis=1))
+            if len(extra[5]):  # the block ends here: the next one takes the carry first
+                nb, in_step, new_carry, deferred = _block_end(i, extra[5], segs, off, steps, dp * mb)
+                break
+        if by_step:
+            pieces = np.concatenate(by_step)
     n = int(off[nb])
     steps = range(steps.start, steps.start + nb)
     off = off[: nb + 1]
@@ -232,7 +253,7 @@ def balance_span(
         masks = [None if in_step is None or i < nb - 1 else in_step[off[i] : off[i + 1]] for i in range(nb)]
         dealt = [fd.view(i) for i in range(nb)]
         parts = _part_figures(steps, own, costs, dealt, encs, masks, cfg)
-    rows = _placed(fd, nb, n, {i: e for i, e in extras.items() if i < nb}, off, mb)
+    rows = _placed(fd, nb, pieces, off, mb)
     return BalancedBlock(
         steps=steps,
         segs=segs,
@@ -257,42 +278,23 @@ def balance_span(
     )
 
 
-def _placed(
-    fd: FlatDeal, nb: int, n: int, extras: dict[int, tuple[np.ndarray, ...]], off: np.ndarray, mb: int
-) -> tuple[np.ndarray, ...]:
+def _placed(fd: FlatDeal, nb: int, pieces: np.ndarray, off: np.ndarray, mb: int) -> tuple[np.ndarray, ...]:
     """The block's placed pieces in manifest order (step, slot, then placement order: long items, LPT order,
-    split pieces): (step, item, delta, length, rank, micro-batch)."""
-    dp = fd.cost3.shape[1]
-    long_idx, order = fd.long_idx[: fd.long_cut[nb]], fd.order[: fd.cut[nb]]
-    whole = np.concatenate([long_idx, order]) if len(long_idx) else order
-    phase = np.concatenate([np.zeros(len(long_idx), np.int64), np.ones(len(order), np.int64)])
-    keep = fd.p_rank[whole] >= 0
-    item, phase = whole[keep], phase[keep]
-    step = np.searchsorted(off, item, side="right") - 1
-    delta = np.zeros(len(item), dtype=np.int64)
-    plen, rank, mbs = fd.length[item], fd.p_rank[item], fd.p_mb[item]
-    pieces = [(i, e) for i, e in sorted(extras.items()) if len(e[0])]
-    if pieces:
-        item = np.concatenate([item, *(e[0] + off[i] for i, e in pieces)])
-        step = np.concatenate([step, *(np.full(len(e[0]), i, np.int64) for i, e in pieces)])
-        phase = np.concatenate([phase, np.full(len(item) - len(phase), 2, np.int64)])
-        delta = np.concatenate([delta, *(e[1] for _, e in pieces)])
-        plen = np.concatenate([plen, *(e[2] for _, e in pieces)])
-        rank = np.concatenate([rank, *(e[3] for _, e in pieces)])
-        mbs = np.concatenate([mbs, *(e[4] for _, e in pieces)])
-    o = _lexsort_small([phase, rank * mb + mbs, step], [3, dp * mb, nb])
-    return step[o], item[o], delta[o], plen[o], rank[o], mbs[o]
-
-
-def _lexsort_small(keys: list[np.ndarray], sizes: list[int]) -> np.ndarray:
-    """np.lexsort(keys) (last key primary) of non-negative keys below `sizes`: one stable 16-bit radix pass a
-    key (least significant first) where all fit 16 bits, several times faster than one stable int64 sort."""
-    if max(sizes) > 1 << 16:
-        return np.lexsort(keys)
-    o = np.argsort(keys[0].astype(np.uint16), kind="stable")
-    for k in keys[1:]:
-        o = o[np.argsort(k.astype(np.uint16)[o], kind="stable")]
-    return o
+    split pieces (`pieces`: int64 (step, item within the step, delta, length, rank, micro-batch) rows, by step
+    then placement)): (step, item, delta, length, rank, micro-batch), by one compiled counting sort
+    (_placed_kernel.placed_rows)."""
+    return placed_rows(
+        fd.long_idx[: fd.long_cut[nb]],
+        fd.order[: fd.cut[nb]],
+        fd.p_rank,
+        fd.p_mb,
+        fd.length,
+        np.ascontiguousarray(off, dtype=np.int64),
+        pieces,
+        nb,
+        fd.cost3.shape[1],
+        mb,
+    )
 
 
 def _encoder_part(segs: Segments, cfg: BalanceConfig) -> np.ndarray:
@@ -392,6 +394,28 @@ def _deferred(segs: Segments, deferred: np.ndarray) -> tuple[Segments | None, np
     in_step = np.ones(len(segs), dtype=bool)
     in_step[d[delta == 0]] = False  # wholly deferred: not part of this step (for LB and the baseline)
     return carry, None if in_step.all() else in_step
+
+
+def _block_end(
+    i: int, rests: np.ndarray, segs: Segments, off: np.ndarray, steps: range, slots: int
+) -> tuple[int, np.ndarray | None, Segments, np.ndarray]:
+    """The block ends at step i, which deferred `rests` (int64 (item within the step, offset delta, tokens)):
+    (steps in the block, in_step over the block's segments or None, the carry, the deferred rows)."""
+    a, b = int(off[i]), int(off[i + 1])
+    new_carry, m = _deferred(segs.take(slice(a, b)), rests)
+    if new_carry is None:
+        raise ValueError(f"step {steps[i]} ends a block but deferred nothing")
+    if len(new_carry) > slots:
+        raise PlanError(
+            f"step {steps[i]}: {len(new_carry)} samples with images found no room and wait for the next step, "
+            f"more than it has sequences ({slots}): the mixture holds more image samples than sequences can "
+            "take; raise micro_batches or seq_len, or lower the image sources' weights"
+        )
+    in_step = None
+    if m is not None:
+        in_step = np.ones(b, dtype=bool)
+        in_step[a:b] = m
+    return i + 1, in_step, new_carry, rests
 
 
 def _assignment(d: Dealt, extra: tuple[np.ndarray, ...], micro_batches: int) -> Assignment:

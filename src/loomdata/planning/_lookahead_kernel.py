@@ -1,0 +1,165 @@
+"""Compiled natural steps of a run of consecutive stream positions (_lookahead's per-source pass).
+
+`run_steps(col, lo, hi)` is searchsorted(col, arange(lo, hi), "right") - 1 for a non-decreasing `col` with
+col[0] <= lo: one binary search for the first step, then one merged walk over the positions and the steps
+they span. The NumPy form (each step repeated by how many positions fall in it: a clip, a diff and a repeat
+over every step the run spans) costs O(steps) a call: with many sources at small dp a source draws a
+fraction of a segment a step (300 sources, dp 4: 166K steps, ~0.2 positions of a source a step), so
+the steps dominated. `col` may be a strided column of the (steps + 1, sources) pointer grid.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from loomdata.planning._jit import njit
+
+__all__ = ["run_steps"]
+
+
+@njit
+def run_steps(col: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """(hi - lo,) int64: for v in lo..hi-1 the last step t with col[t] <= v (col non-decreasing, col[0] <= lo)."""
+    n = len(col)
+    a, b = 0, n
+    while a < b:  # first index with col[index] > lo
+        mid = (a + b) // 2
+        if col[mid] <= lo:
+            a = mid + 1
+        else:
+            b = mid
+    t = a - 1
+    out = np.empty(max(hi - lo, 0), dtype=np.int64)
+    for v in range(lo, hi):
+        while t + 1 < n and col[t + 1] <= v:
+            t += 1
+        out[v - lo] = t
+    return out
+
+
+@njit
+def _cum_at(pre: np.ndarray, pad: np.ndarray, i: int) -> int:
+    """c[i] of a _Cum (pre: every 64th sum, pad: the lengths as (blocks, 64))."""
+    b = i // pad.shape[1]
+    s = pre[b]
+    for r in range(i - b * pad.shape[1]):
+        s += pad[b, r]
+    return s
+
+
+@njit
+def _cum_right(pre: np.ndarray, pad: np.ndarray, n_c: int, x: int) -> int:
+    """np.searchsorted(c, x, "right") over the n_c entries of a _Cum (_Cum.searchsorted's block walk)."""
+    nb = np.searchsorted(pre, x, side="right")
+    if nb == 0:
+        return 0
+    jb = nb - 1
+    base = jb * pad.shape[1]
+    s = pre[jb]
+    k = 0
+    for r in range(pad.shape[1]):
+        if base + r >= n_c or s > x:
+            break
+        k += 1
+        s += pad[jb, r]
+    return base + k
+
+
+@njit
+def fit_lights(cnt: np.ndarray, pre: np.ndarray, pad: np.ndarray, n_c: int, room: np.ndarray, bad: np.ndarray) -> None:
+    """_lookahead._fit_lights from its overflowing steps `bad` on, over a _Cum's arrays (pre, pad, n_c): push the
+    last lights of a step over its room on to the next step, and on while the next overflows (in place)."""
+    n = len(cnt)
+    i = 0
+    while i < len(bad):
+        t = bad[i]
+        dirty = True
+        while dirty and t < n - 1:
+            before = cnt[t - 1] if t else 0
+            limit = _cum_at(pre, pad, before) + max(room[t], 0)
+            fit = _cum_right(pre, pad, n_c, limit) - 1
+            cnt[t] = max(min(cnt[t], fit), before)
+            t += 1
+            if cnt[t] < cnt[t - 1]:
+                cnt[t] = cnt[t - 1]
+            dirty = _cum_at(pre, pad, cnt[t]) - _cum_at(pre, pad, cnt[t - 1]) > room[t]
+        i = np.searchsorted(bad, t, side="right")
+
+
+@njit
+def add_step_counts(step: np.ndarray, first: int, out: np.ndarray) -> None:
+    """out[t - first] += how many of `step` equal t, for t in first..first+len(out)-1 (one pass over `step`)."""
+    n = len(out)
+    for i in range(len(step)):
+        t = step[i] - first
+        if 0 <= t < n:
+            out[t] += 1
+
+
+@njit
+def segments_of(
+    doc_col: np.ndarray,
+    pos: np.ndarray,
+    lengths: np.ndarray,
+    split_pos: np.ndarray,
+    split_off: np.ndarray,
+    split_len: np.ndarray,
+    threshold: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """_lookahead.segments_at in one pass: (doc, offset, length, lane) of stream positions `pos` of a stream whose
+    documents are `doc_col` and split pieces (split_pos sorted, their offsets and lengths); a document longer
+    than `threshold` is in the long lane (threshold < 0: no long lane)."""
+    n = len(pos)
+    doc = np.empty(n, dtype=doc_col.dtype)
+    offset = np.zeros(n, dtype=np.uint32)
+    length = np.empty(n, dtype=np.uint32)
+    lane = np.zeros(n, dtype=np.uint8)
+    n_split = len(split_pos)
+    last_p, last_i = -1, 0  # the previous position's search: increasing positions search from there on
+    for j in range(n):
+        p = int(pos[j])
+        d = doc_col[p]
+        doc[j] = d
+        dl = lengths[d]
+        length[j] = dl
+        if threshold >= 0 and dl > threshold:
+            lane[j] = 1
+        if n_split:
+            lo, hi = 0, last_i  # the first split piece at or after p (searchsorted "left") lies in [lo, hi]
+            if p >= last_p:  # positions mostly increase: gallop on from the previous answer
+                lo = hi = last_i
+                if lo < n_split and split_pos[lo] < p:
+                    step = 1
+                    while lo + step < n_split and split_pos[lo + step] < p:
+                        lo += step
+                        step *= 2
+                    hi = min(lo + step, n_split)  # split_pos[lo] < p <= split_pos[hi] (or hi the end)
+                    lo += 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if split_pos[mid] < p:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            last_p, last_i = p, lo
+            i = min(lo, n_split - 1)
+            if split_pos[i] == p:
+                offset[j] = split_off[i]
+                length[j] = split_len[i]
+    return doc, offset, length, lane
+
+
+@njit
+def chunk_indices(offs: np.ndarray, cuts: np.ndarray, c: int) -> np.ndarray:
+    """int64 global indices of chunk c, source after source: offs[s] + cuts[s, c] .. offs[s] + cuts[s, c + 1] - 1
+    for each source s (cuts: (sources, chunks + 1) where each chunk starts in each source's slice)."""
+    n = 0
+    for s in range(cuts.shape[0]):
+        n += max(cuts[s, c + 1] - cuts[s, c], 0)
+    out = np.empty(n, dtype=np.int64)
+    at = 0
+    for s in range(cuts.shape[0]):
+        for i in range(cuts[s, c], cuts[s, c + 1]):
+            out[at] = offs[s] + i
+            at += 1
+    return out

@@ -18,6 +18,7 @@ from loomdata.execution._manifest import ManifestRows
 from loomdata.execution._pack_group import StepPack, block_of, pack_group
 from loomdata.execution._packing import PackRules, pack_batch, pack_step, scatter_answers
 from loomdata.schemas.batch import SEGMENT_DTYPE, Batch, BatchBlock
+from loomtest.manifest_rows import rows_of
 
 
 @dataclass
@@ -88,16 +89,7 @@ def _step(
                 cols["length"].append(ln)
                 cols["lane"].append(lane)
     m = len(cols["length"])
-    rows = ManifestRows(
-        step=np.full(m, step, dtype=np.int64),
-        dp_rank=np.array(cols["dp_rank"], dtype=np.int32),
-        micro_batch=np.array(cols["micro_batch"], dtype=np.int32),
-        source=rng.integers(0, 3, size=m).astype(np.uint16),
-        sample=rng.integers(0, 1000, size=m).astype(np.uint64),
-        offset=rng.integers(0, 50, size=m).astype(np.uint32),
-        length=np.array(cols["length"], dtype=np.uint32),
-        lane=np.array(cols["lane"], dtype=np.int32),
-    )
+    rows = rows_of(cols, step, rng)
     order = rng.permutation(m)
     groups = [np.sort(g) for g in np.array_split(order, 2)]  # two loaders, each answering some rows
     if rng.random() < 0.4:  # or each a run of consecutive rows (a slice copy in scatter_answers)

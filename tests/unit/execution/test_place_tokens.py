@@ -16,10 +16,10 @@ import pytest
 
 from loomdata.execution import _pack_group
 from loomdata.execution._loader import SegmentData
-from loomdata.execution._manifest import ManifestRows
 from loomdata.execution._pack_group import pack_group, place_tokens
 from loomdata.execution._packing import PackRules, pack_step
 from loomdata.schemas.errors import ExecutionError
+from loomtest.manifest_rows import rows_of
 
 
 def _reference(size: int, tokens: np.ndarray, dest: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -104,16 +104,7 @@ def _step(rng: np.random.Generator, meta: _Meta, step: int, ranks: list[int], in
                 cols["length"].append(ln)
                 cols["lane"].append(lane)
     m = len(cols["length"])
-    rows = ManifestRows(
-        step=np.full(m, step, dtype=np.int64),
-        dp_rank=np.array(cols["dp_rank"], dtype=np.int32),
-        micro_batch=np.array(cols["micro_batch"], dtype=np.int32),
-        source=rng.integers(0, 3, size=m).astype(np.uint16),
-        sample=rng.integers(0, 1000, size=m).astype(np.uint64),
-        offset=rng.integers(0, 50, size=m).astype(np.uint32),
-        length=np.array(cols["length"], dtype=np.uint32),
-        lane=np.array(cols["lane"], dtype=np.int32),
-    )
+    rows = rows_of(cols, step, rng)
     if interleave:  # loaders answer alternate rows: many runs, each answer by an index array
         groups = [np.arange(k, m, 3) for k in range(3)]
     else:  # each source's rows, as the constructor asks them

@@ -83,8 +83,16 @@ ARMS = ("loomdata", "megatron-full", "megatron-masked", "first-fit")
 Layout = list[list[list[np.ndarray]]]  # step -> rank -> micro-batch -> segment lengths
 
 
-def make_spec(workdir: Path, seq_len: int, dp: int, micro_batches: int, steps: int, cost: CostSpec | None) -> Spec:
-    """The benchmark's data-plane spec (paths unchecked: the index tables are synthetic)."""
+def make_spec(
+    workdir: Path,
+    seq_len: int,
+    dp: int,
+    micro_batches: int,
+    steps: int,
+    cost: CostSpec | None,
+    planning: dict[str, Any] | None = None,
+) -> Spec:
+    """The benchmark's data-plane spec (paths unchecked: the index tables are synthetic); `planning`: its keys."""
     raw: dict[str, Any] = {
         "name": f"train-{seq_len}",
         "workdir": str(workdir),
@@ -97,6 +105,8 @@ def make_spec(workdir: Path, seq_len: int, dp: int, micro_batches: int, steps: i
     }
     if cost is not None:
         raw["cost"] = cost.model_dump()
+    if planning:
+        raw["planning"] = planning
     return parse_spec(raw, workdir, check_paths=False)
 
 
@@ -254,9 +264,19 @@ def measurements_of(res: dict[str, ArmResult], context: int, phase: str) -> list
 
 
 def run_context(
-    timer: RankTimer, seq_len: int, dp: int, mb: int, steps: int, root: Path, seed: int
+    timer: RankTimer,
+    seq_len: int,
+    dp: int,
+    mb: int,
+    steps: int,
+    root: Path,
+    seed: int,
+    lookahead: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[Measurement]]:
-    """default cost -> measure all arms -> calibrate -> re-plan -> measure, at one context length."""
+    """default cost -> measure all arms -> calibrate -> re-plan -> measure, at one context length.
+
+    `lookahead` (planning keys, e.g. {"lookahead": 8, "lookahead_tolerance": 0.05}): one more arm, the default-cost
+    plan with them ("loomdata-lookahead"; its steps hold other documents, the run the same tokens)."""
     spec = make_spec(root / f"ctx{seq_len}", seq_len, dp, mb, steps, None)
     index = synthetic_index(spec, seed)
     fps = {n: f"synthetic-{n}-{seed}" for n in index}
@@ -279,9 +299,16 @@ def run_context(
         "loomdata-calibrated": plan_layout(cal_plan.plan_dir),
         **baseline_layouts(layout, seq_len, dp, mb, seed),
     }
+    la_report = None
+    if lookahead:
+        la_spec = make_spec(root / f"ctx{seq_len}-la", seq_len, dp, mb, steps, None, planning=lookahead)
+        la_plan = make_plan(la_spec, index=index, fingerprints=fps)
+        la_report = plan_report(la_plan.plan_dir)
+        layouts["loomdata-lookahead"] = plan_layout(la_plan.plan_dir)
     res = measure_steps(timer, layouts)
     lines += measurements_of(res, seq_len, phase="comparison")
-    arms = {a: r.summary(spec.cost if a == "loomdata" else fit.cost) for a, r in res.items()}
+    default_cost = ("loomdata", "loomdata-lookahead")  # the rest are priced by the fitted cost
+    arms = {a: r.summary(spec.cost if a in default_cost else fit.cost) for a, r in res.items()}
     # what the fitted model predicts for the default-cost plan (all its steps), next to the re-plan
     old_fit = _max_over_mean(plan_rank_costs(plan.plan_dir, spec, fit.cost))
     new_fit = _max_over_mean(plan_rank_costs(cal_plan.plan_dir, cal_spec, fit.cost))
@@ -295,8 +322,10 @@ def run_context(
         "arms": arms,
         "gain": {
             f"{lo}_over_{base}": tps[lo] / tps[base]
-            for lo in ("loomdata", "loomdata-calibrated")
-            for base in ("megatron-full", "megatron-masked", "first-fit")
+            for lo in ("loomdata", "loomdata-calibrated", "loomdata-lookahead")
+            if lo in tps
+            for base in ("megatron-full", "megatron-masked", "first-fit", "loomdata")
+            if base != lo
         },
         "simulated_gain": {"default_cost": report["simulated_gain"], "calibrated_cost": cal_report["simulated_gain"]},
         "report_max_over_mean": {
@@ -304,6 +333,13 @@ def run_context(
             "calibrated_cost": cal_report["max_over_mean"]["loomdata"],
         },
         "predicted_under_fitted_cost": {"default_plan": old_fit, "calibrated_plan": new_fit},
+        "lookahead_arm": None
+        if la_report is None
+        else {
+            "planning": lookahead,
+            "simulated_gain": la_report["simulated_gain"],
+            "worst_mixture_error_pp": la_report["worst_mixture_error_pp"],
+        },
         "fit": fit.to_dict(),
         "paper_gain": PAPER.get(seq_len),
     }
@@ -323,6 +359,24 @@ def machine(threads: int, device: str, preset: str) -> dict[str, Any]:
         "model_preset": preset,
         "model": PRESETS[preset].describe(),
     }
+
+
+def print_lookahead(rows: list[dict[str, Any]]) -> None:
+    """The --lookahead-tolerance arm beside the default plan: step time, measured gains, simulated gain, mixture."""
+    rows = [r for r in rows if r.get("lookahead_arm")]
+    if not rows:
+        return
+    print("\nthe look-ahead arm (default cost, planning " + json.dumps(rows[0]["lookahead_arm"]["planning"]) + ")")
+    head = f"{'ctx':>6} {'step s':>7} {'vs loom':>8} {'vs mg-full':>10} {'vs mg-mask':>10} {'vs ff':>6}"
+    print(head + f" {'sim':>6} {'mix pp':>7}")
+    for r in rows:
+        g, la = r["gain"], r["lookahead_arm"]
+        print(
+            f"{r['seq_len']:>6} {r['arms']['loomdata-lookahead']['mean_step_seconds']:>7.3f} "
+            f"{g['loomdata-lookahead_over_loomdata']:>8.2f} {g['loomdata-lookahead_over_megatron-full']:>10.2f} "
+            f"{g['loomdata-lookahead_over_megatron-masked']:>10.2f} {g['loomdata-lookahead_over_first-fit']:>6.2f} "
+            f"{la['simulated_gain']:>6.2f} {la['worst_mixture_error_pp']:>7.2f}"
+        )
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -412,6 +466,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (fixed for the run)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--lookahead-tolerance",
+        type=float,
+        default=None,
+        help="add an arm planned with this planning.lookahead_tolerance (and --lookahead), measured beside the rest",
+    )
+    ap.add_argument("--lookahead", type=int, default=8, help="planning.lookahead of the --lookahead-tolerance arm")
     ap.add_argument("--write-measurements", default=None, metavar="PATH", help="JSON lines for `loom calibrate`")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/train_throughput.json)")
     ap.add_argument(
@@ -422,6 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stored = json.loads(Path(args.from_json).read_text())
         print(f"machine: {json.dumps(stored['machine'])}")
         print_table(stored["runs"])
+        print_lookahead(stored["runs"])
         plot(stored["runs"], Path(args.from_json).with_suffix(".png"))
         return 0
     torch.set_num_threads(args.threads)
@@ -440,7 +502,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="train-throughput-") as tmp:
         for ctx, (mb, steps) in runs.items():
             t0 = time.perf_counter()
-            row, ls = run_context(timer, ctx, args.dp, mb, steps, Path(tmp), args.seed)
+            la = None
+            if args.lookahead_tolerance is not None:
+                la = {"lookahead": args.lookahead, "lookahead_tolerance": args.lookahead_tolerance}
+            row, ls = run_context(timer, ctx, args.dp, mb, steps, Path(tmp), args.seed, la)
             row["elapsed_s"] = time.perf_counter() - t0
             rows.append(row)
             lines += ls
@@ -450,6 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = {"machine": info, "elapsed_s": time.perf_counter() - t_all, "paper_max_gain": PAPER_MAX}
             out.write_text(json.dumps({**result, "runs": rows}, indent=2))
     print_table(rows)
+    print_lookahead(rows)
     plot(rows, out.with_suffix(".png"))
     if args.write_measurements:
         n = write_measurements(args.write_measurements, lines)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from loomdata.execution._manifest import ManifestRows
@@ -20,3 +22,14 @@ def rows_of(cols: dict[str, list[int]], step: int, rng: np.random.Generator) -> 
         length=np.array(cols["length"], dtype=np.uint32),
         lane=np.array(cols["lane"], dtype=np.int32),
     )
+
+
+@dataclass
+class PackMeta:
+    """The plan facts packing reads (micro-batches a rank, each lane's sequence length), without a plan."""
+
+    micro_batches: int
+    lanes: tuple[int, ...]
+
+    def lane_seq_len(self, lane: int) -> int:
+        return self.lanes[lane]

@@ -57,11 +57,6 @@ HEAVY_SHARE = 0.85
 """A short-lane segment is heavy when longer than this share of seq_len (measured on bench-long at 4K and 8K,
 dp 8 and 64 x 2 micro-batches: 1/2 leaves steps whose every slot holds two heavy pieces of mixed lengths,
 mean max/LB 1.024; 3/4 gives 1.006, 0.85 1.004, 0.9 1.007, full pieces only 1.024)."""
-MIXTURE_TOLERANCE = LOOKAHEAD_TOLERANCE
-"""The default of `tolerance` (the spec's `planning.lookahead_tolerance`): most heavy tokens the look-ahead may
-move ahead of or behind their natural steps, as a share of the tokens planned so far (bounds the deviation of
-cumulative source shares it adds, on every prefix)."""
-
 PIN_WINDOWS = 4
 """A source whose epoch lasts fewer than PIN_WINDOWS * (K + 1) steps (at its mean tokens a step) is not moved:
 its documents would come back within the reach of a move (an epoch's tokens are all planned before they repeat)."""
@@ -237,7 +232,7 @@ def assign_steps(
     planned_before: int = 0,
     ptr: np.ndarray | None = None,
     drop_counts: bool = False,
-    tolerance: float = MIXTURE_TOLERANCE,
+    tolerance: float = LOOKAHEAD_TOLERANCE,
 ) -> StepAssignment:
     """Assigned steps (t0..t1-1) of the positions `pos` of every source, natural steps `nat` (counted clipped
     into t0..t1-1; one before t0, which a re-plan's base deferred, still moves at most K steps from it).
@@ -248,8 +243,8 @@ def assign_steps(
     from the membership pointers `ptr` (a fresh plan; `pos` may then be ranges, natural_ranges).
     `drop_counts`: once source k's per-segment lengths are read, `streams[k]` is replaced by its
     `without_counts()` (frees the caller's cumulative counts source by source, when the caller holds no other
-    reference). `tolerance`: the mixture tolerance (spec's `planning.lookahead_tolerance`, MIXTURE_TOLERANCE by
-    default).
+    reference). `tolerance`: the most heavy tokens moved, as a share of the tokens planned so far
+    (the spec's `planning.lookahead_tolerance`).
 
     Memory: a few bytes a drawn segment (int32 steps, uint32 lengths, one byte of flags, the lights' lengths
     and int64 cumulative tokens in natural order); per-segment temporaries are made a chunk at a time."""

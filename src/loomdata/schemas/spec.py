@@ -327,8 +327,9 @@ class PlanningSpec(_Frozen):
     """Most sequence-long tokens the look-ahead may move ahead of or behind their natural steps, as a share of the
     tokens planned so far: it bounds how far each source's cumulative share strays from its target on any prefix.
     The default moves little where a step holds few sequence-long segments (long context, one or two micro-batches
-    a rank): 32K x 1 micro-batch at dp 8 (books 15%) moves none, mean max/mean 1.69; 0.05 with `lookahead: 8` gives
-    1.19 for a worst mixture error of 1.33 points instead of 0.49 (benchmarks/balance.py --tolerance)."""
+    a rank): 32K x 1 micro-batch at dp 8 (train_throughput's mix, books 15%, 24 steps) moves none, mean max/mean
+    1.69; 0.05 with `lookahead: 8` gives 1.19 for a worst mixture error of 1.33 points instead of 0.49. On the
+    bench-long curriculum: `benchmarks/balance.py --configs bench-long-1mb --tolerance` (docs/planning.md)."""
 
 
 class Spec(_Frozen):

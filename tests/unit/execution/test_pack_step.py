@@ -7,7 +7,6 @@ images spread over several loader answers; every array of every batch must be eq
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,16 +17,7 @@ from loomdata.execution._manifest import ManifestRows
 from loomdata.execution._pack_group import StepPack, block_of, pack_group
 from loomdata.execution._packing import PackRules, pack_batch, pack_step, scatter_answers
 from loomdata.schemas.batch import SEGMENT_DTYPE, Batch, BatchBlock
-from loomtest.manifest_rows import rows_of
-
-
-@dataclass
-class _Meta:
-    micro_batches: int
-    lanes: tuple[int, ...]
-
-    def lane_seq_len(self, lane: int) -> int:
-        return self.lanes[lane]
+from loomtest.manifest_rows import PackMeta, rows_of
 
 
 def _reference(
@@ -122,7 +112,7 @@ def _same(a: Batch, b: Batch) -> None:
 def test_pack_step_equals_the_per_batch_reference(seed: int) -> None:
     rng = np.random.default_rng(seed)
     ranks = sorted(rng.choice(8, size=int(rng.integers(1, 4)), replace=False).tolist())
-    meta = _Meta(micro_batches=int(rng.integers(1, 4)), lanes=(64, 128))
+    meta = PackMeta(micro_batches=int(rng.integers(1, 4)), lanes=(64, 128))
     rules = PackRules(pad_token_id=0, image_token_id=7)
     rows, groups, answers = _step(rng, ranks, meta.micro_batches, meta.lanes)
     got = pack_step(meta, rules, 3, ranks, rows, groups, answers)  # type: ignore[arg-type]
@@ -149,7 +139,7 @@ def _group(rng: np.random.Generator, meta: Any, first_step: int, images: bool) -
 @pytest.mark.parametrize("seed", range(12))
 def test_pack_group_equals_pack_step_and_its_blocks_equal_batchblock_of(seed: int) -> None:
     rng = np.random.default_rng(100 + seed)
-    meta = _Meta(micro_batches=int(rng.integers(1, 4)), lanes=(64, 128))
+    meta = PackMeta(micro_batches=int(rng.integers(1, 4)), lanes=(64, 128))
     rules = PackRules(pad_token_id=5, image_token_id=7)
     held: dict[int, dict[int, StepPack]] = {}  # step -> rank -> pack, over two groups
     step = 0

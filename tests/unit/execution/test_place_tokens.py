@@ -8,7 +8,6 @@ path) or in long runs (slice copies).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,7 @@ from loomdata.execution._loader import SegmentData
 from loomdata.execution._pack_group import pack_group, place_tokens
 from loomdata.execution._packing import PackRules, pack_step
 from loomdata.schemas.errors import ExecutionError
-from loomtest.manifest_rows import rows_of
+from loomtest.manifest_rows import PackMeta, rows_of
 
 
 def _reference(size: int, tokens: np.ndarray, dest: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -72,16 +71,7 @@ def test_an_answer_of_the_wrong_size_is_refused() -> None:
         place_tokens(out, np.arange(3, dtype=np.int32), np.array([0, 2]), np.array([2, 2]))
 
 
-@dataclass
-class _Meta:
-    micro_batches: int
-    lanes: tuple[int, ...]
-
-    def lane_seq_len(self, lane: int) -> int:
-        return self.lanes[lane]
-
-
-def _step(rng: np.random.Generator, meta: _Meta, step: int, ranks: list[int], interleave: bool) -> tuple[Any, ...]:
+def _step(rng: np.random.Generator, meta: PackMeta, step: int, ranks: list[int], interleave: bool) -> tuple[Any, ...]:
     cols: dict[str, list[int]] = {c: [] for c in ("dp_rank", "micro_batch", "length", "lane")}
     for r in ranks:
         for mb in range(meta.micro_batches):
@@ -119,7 +109,7 @@ def _step(rng: np.random.Generator, meta: _Meta, step: int, ranks: list[int], in
 @pytest.mark.parametrize("seed", range(16))
 def test_pack_group_equals_pack_step(seed: int) -> None:
     rng = np.random.default_rng(1000 + seed)
-    meta = _Meta(micro_batches=int(rng.integers(1, 4)), lanes=(64, 256) if seed % 2 else (128,))
+    meta = PackMeta(micro_batches=int(rng.integers(1, 4)), lanes=(64, 256) if seed % 2 else (128,))
     rules = PackRules(pad_token_id=3, image_token_id=7)
     work, rows, answers = [], [], []
     for step in range(10, 10 + int(rng.integers(1, 9))):
@@ -142,7 +132,7 @@ def test_pack_group_equals_pack_step(seed: int) -> None:
 
 def test_pack_group_refuses_an_answer_of_the_wrong_size_even_when_the_total_matches() -> None:
     rng = np.random.default_rng(9)
-    meta = _Meta(micro_batches=1, lanes=(64,))
+    meta = PackMeta(micro_batches=1, lanes=(64,))
     rows, groups, answers = _step(rng, meta, 0, [0, 1], interleave=True)
     groups, answers = groups[:2], answers[:2]
     if len(answers) < 2 or len(answers[0].tokens) == 0:

@@ -46,15 +46,6 @@ def _lexsort_small(keys: list[np.ndarray], sizes: list[int]) -> np.ndarray:
     return o
 
 
-def _lexsort_small(keys: list[np.ndarray], sizes: list[int]) -> np.ndarray:
-    if max(sizes) > 1 << 16:
-        return np.lexsort(keys)
-    o = np.argsort(keys[0].astype(np.uint16), kind="stable")
-    for k in keys[1:]:
-        o = o[np.argsort(k.astype(np.uint16)[o], kind="stable")]
-    return o
-
-
 class _Fd:
     """The FlatDeal fields _placed reads."""
 

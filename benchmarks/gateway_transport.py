@@ -2,23 +2,24 @@
 
 The rank gateway (`execution/_gateway.py`) answers a rank's take with a frame (`execution/_wire.py`: header,
 lengths, a protocol-5 pickle, its arrays as out-of-band buffers) over mutual TLS on TCP. This script serves
-the same frames, from the same kind of asyncio server, over several transports side by side in one run:
+the same frames over several transports side by side in one run, from the real gateway (`_gateway._Gateway`
+serving a stand-in constructor in a server process) to the real rank connection (`client._direct`):
 
 - `tls`: TLS on TCP with the cluster's own TLS settings (`distributed.Security`, worker listen context; the rank
-  uses `protocol.client_ssl_context`), as today;
-- `tcp`: the same socket without TLS (what TLS costs on its own);
-- `uds`: a Unix-domain socket, same framing, no TLS;
-- `shm`: a Unix-domain socket carrying header, lengths and pickle, the buffers written into a fresh memfd
-  (`os.pwritev`) whose descriptor travels with the frame (SCM_RIGHTS); the rank maps it (MAP_POPULATE) and its
-  arrays live in the mapping: the batch bytes are not copied through a socket.
+  uses `protocol.client_ssl_context`): a rank on another host;
+- `tcp`: the same socket without TLS (`--insecure`; what TLS costs on its own);
+- `uds`: the gateway's same-host Unix socket, same framing, no TLS: a rank on the worker's host;
+- `shm` (not in loomdata; measured to decide): a Unix socket carrying header, lengths and pickle, the buffers
+  written into a fresh memfd (`os.pwrite`) whose descriptor travels with the frame (SCM_RIGHTS); the rank maps
+  it (MAP_POPULATE) and its arrays live in the mapping: the batch bytes are not copied through a socket.
 
-The rank side is the real receiver (`client._direct._Frame`) for `tls`, `tcp` and `uds`. Every answer's arrays are
-read once at the rank (a sum over their bytes: a training step reads its batch too, and a mapping's pages are
-only faulted in when read); `touch_ms_per_mb` is that read alone on resident memory, so `rank_ms_per_mb - touch`
-is the transport's own share. The worker's CPU is the server process's (`time.process_time`, asked over the
-same connection). Rounds alternate the transports, so load from other work hits each alike.
+Every answer's arrays are read once at the rank (a sum over their bytes: a training step reads its batch too, and
+a mapping's pages are only faulted in when read); `touch_ms_per_mb` is that read alone on resident memory, so
+`rank_ms_per_mb - touch` is the transport's own share. The worker's CPU is the server process's
+(`time.process_time`, asked over the same connection). Rounds alternate the transports, so load from other
+work hits each alike.
 
-    .venv/bin/python benchmarks/gateway_transport.py --take-kib 768 3072 --takes 400 --rounds 3 \\
+    .venv/bin/python benchmarks/gateway_transport.py --take-kib 48 768 3072 --takes 300 --rounds 3 \\
         --out benchmarks/results/gateway_transport.json
 
 A benchmark tool: nothing in loomdata imports it.
@@ -34,7 +35,6 @@ import mmap
 import os
 import pickle
 import socket
-import ssl
 import statistics
 import subprocess
 import sys
@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from loomdata.client._direct import _Frame
+from loomdata.client._direct import DirectConstructor, _Frame
 from loomdata.execution._wire import (
     ANSWER,
     HEADER,
@@ -77,22 +77,29 @@ def _payload(nbytes: int) -> dict[str, Any]:
 # ---- the worker side ----------------------------------------------------------------------------
 
 
-class _Server:
+class _Target:
+    """What the gateway serves as constructor "bench": a take's answer of the size asked, and its own CPU time."""
+
     def __init__(self) -> None:
         self.payloads: dict[int, dict[str, Any]] = {}
 
     def value(self, method: str, args: list[Any]) -> Any:
-        if method == "cpu":
+        if method == "record_telemetry":
             return time.process_time()
         nbytes = int(args[0])
         if nbytes not in self.payloads:
             self.payloads[nbytes] = _payload(nbytes)
         return self.payloads[nbytes]
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, shm: bool = False) -> None:
-        raw = None
-        if shm:  # the transport's socket, to send descriptors beside the stream (answers are only sent this way)
-            raw = socket.socket(fileno=os.dup(writer.get_extra_info("socket").fileno()))
+    async def take_block(self, nbytes: int) -> Any:
+        return self.value("take_block", [nbytes])
+
+    async def record_telemetry(self) -> float:
+        return time.process_time()
+
+    async def serve_shm(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The memfd variant (not in loomdata): requests as the gateway reads them, answers by `_send_shm`."""
+        raw = socket.socket(fileno=os.dup(writer.get_extra_info("socket").fileno()))  # to send descriptors
         try:
             while True:
                 try:
@@ -104,14 +111,13 @@ class _Server:
                 (length,) = lengths_format(0).unpack(await reader.readexactly(lengths_format(0).size))
                 _, method, args, _ = decode_request(await reader.readexactly(length))
                 parts = encode_answer(request_id, self.value(method, args))
-                if raw is None:
+                if method == "record_telemetry":
                     writer.writelines(parts)
                     await writer.drain()
                 else:
                     await _send_shm(raw, parts)
         finally:
-            if raw is not None:
-                raw.close()  # our duplicate of the descriptor
+            raw.close()  # our duplicate of the descriptor
             writer.close()
 
 
@@ -143,21 +149,26 @@ async def _send_shm(sock: socket.socket, parts: list[bytes | memoryview]) -> Non
 
 
 async def _serve_main(folder: Path) -> None:
+    from loomdata.execution import _gateway
     from loomdata.execution._security import embedded_tls, security_of
 
     files = embedded_tls(folder / "tls")
     ctx = security_of(files).get_listen_args("worker")["ssl_context"]
-    server = _Server()
-    tls = await asyncio.start_server(server.serve, "127.0.0.1", 0, ssl=ctx)
-    tcp = await asyncio.start_server(server.serve, "127.0.0.1", 0)
-    local = [
-        await asyncio.start_unix_server(server.serve, str(folder / "uds.sock")),
-        await asyncio.start_unix_server(lambda r, w: server.serve(r, w, shm=True), str(folder / "shm.sock")),
-    ]
-    ports = {"tls": tls.sockets[0].getsockname()[1], "tcp": tcp.sockets[0].getsockname()[1]}
-    print(json.dumps({"ports": ports, "ca": files.ca_file, "cert": files.cert, "key": files.key}), flush=True)
+    target = _Target()
+    tls = await _gateway._GATEWAY.open("127.0.0.1", "tls", ctx)  # the worker's gateway: TLS and its Unix socket
+    plain = _gateway._Gateway()
+    tcp = await plain.open("127.0.0.1", "tcp", None)  # as with --insecure
+    _gateway._GATEWAY.targets["bench"] = plain.targets["bench"] = target
+    _TARGETS.append(target)
+    shm = await asyncio.start_unix_server(target.serve_shm, str(folder / "shm.sock"))
+    assert tls.local is not None
+    hello = {"tls": tls.address, "tcp": tcp.address, "uds": tls.local.path, "ca": files.ca_file}
+    print(json.dumps({**hello, "cert": files.cert, "key": files.key}), flush=True)
     await asyncio.Event().wait()
-    del local
+    del shm
+
+
+_TARGETS: list[_Target] = []  # the gateway holds its targets weakly
 
 
 # ---- the rank side ------------------------------------------------------------------------------
@@ -170,25 +181,29 @@ class _Conn:
         from loomdata.execution.protocol import TlsInfo, client_ssl_context
 
         self.kind = kind
-        if kind in ("tls", "tcp"):
-            sock = socket.create_connection(("127.0.0.1", hello["ports"][kind]))
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if kind == "tls":
-                tls = TlsInfo(ca_file=hello["ca"], cert=hello["cert"], key=hello["key"])
-                ctx = client_ssl_context("tls://127.0.0.1:1", tls, plan_id="bench")
-                assert ctx is not None
-                sock = ctx.wrap_socket(sock)
-        else:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(str(folder / f"{kind}.sock"))
-        self.sock: socket.socket | ssl.SSLSocket = sock
-        self.frame = _Frame()
-        self.ids = 0
+        self.direct: DirectConstructor | None = None
+        if kind == "shm":
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(str(folder / "shm.sock"))
+            self.frame = _Frame()
+            self.ids = 0
+            return
+        tls = TlsInfo(ca_file=hello["ca"], cert=hello["cert"], key=hello["key"])
+        ctx = client_ssl_context(hello["tls"], tls, plan_id="bench") if kind == "tls" else None
+        address = hello["tcp"] if kind == "tcp" else hello["tls"]
+        local = hello["uds"] if kind == "uds" else None
+        self.direct = DirectConstructor(address, "bench", ctx, 30.0, local=local)  # the rank's own connection
 
     def call(self, method: str, args: list[Any]) -> Any:
+        if self.direct is not None:
+            if method == "cpu":
+                return self.direct.record_telemetry().result(60)
+            return self.direct.take_block(*args).result(60)
         self.ids += 1
-        self.sock.sendall(encode_request(self.ids, "bench", method, args, {}))
-        if self.kind == "shm" and method != "cpu":
+        self.sock.sendall(
+            encode_request(self.ids, "bench", "record_telemetry" if method == "cpu" else method, args, {})
+        )
+        if method != "cpu":
             return self._receive_shm()
         while True:
             done = self.frame.feed(self.sock, self.kind)
@@ -230,7 +245,10 @@ class _Conn:
         return pickle.loads(body, buffers=buffers)
 
     def close(self) -> None:
-        self.sock.close()
+        if self.direct is not None:
+            self.direct.close()
+        else:
+            self.sock.close()
 
 
 def _touch(value: dict[str, Any]) -> int:

@@ -27,7 +27,9 @@ import secrets
 import shutil
 import socket
 import ssl
+import stat
 import tempfile
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -56,6 +58,8 @@ METHODS = frozenset({"take", "take_steps", "take_block", "record_telemetry"})
 
 LOCAL_SOCKET = "gateway.sock"
 """The Unix socket's name inside the gateway's private folder."""
+_PREFIX = "loom-gw-"
+_STALE_AFTER_S = 60.0  # a folder this old whose socket refuses connections is a killed worker's
 _RECV_CHUNK = 1 << 16  # a same-host connection's requests are read this much at a time (a request: ~200 bytes)
 _IOV_MAX = 512
 _SEND_BUFFER = 4 << 20  # parts per sendmsg (Linux allows 1024)
@@ -100,7 +104,8 @@ class _Gateway:
         """Listen on a Unix socket in a fresh 0700 folder (removed at exit); None where that is not possible."""
         if not hasattr(socket, "AF_UNIX") or not hasattr(socket, "SO_PEERCRED"):
             return None
-        folder = Path(tempfile.mkdtemp(prefix="loom-gw-"))  # 0700, owned by this user, a name nobody else holds
+        _sweep_stale(Path(tempfile.gettempdir()))
+        folder = Path(tempfile.mkdtemp(prefix=_PREFIX))  # 0700, owned by this user, a name nobody else holds
         path = folder / LOCAL_SOCKET
         if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
             shutil.rmtree(folder, ignore_errors=True)
@@ -273,6 +278,22 @@ class _Sender:
         self._conn.close()
         for writable in list(self._waiting):
             _wake(writable)
+
+
+def _sweep_stale(tmp: Path) -> None:
+    """Remove this user's gateway folders whose socket nobody listens on (workers killed before their exit handlers)."""
+    for folder in tmp.glob(f"{_PREFIX}*"):
+        try:
+            st = folder.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or time.time() - st.st_mtime < _STALE_AFTER_S:
+                continue
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.setblocking(False)
+                probe.connect(str(folder / LOCAL_SOCKET))
+        except (ConnectionRefusedError, FileNotFoundError):
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # alive (connected, or its backlog full), or not ours to judge
+            continue
 
 
 def _wake(future: asyncio.Future[None]) -> None:

@@ -13,7 +13,7 @@ Same host: the gateway also listens on a Unix-domain socket in a folder it creat
 in serve.json beside the TLS address (`protocol.LocalGateway`). Only its own user can reach it (the folder's
 permissions, and the peer's uid checked at accept), so it needs no TLS, and its answers are written from their
 buffers in one `sendmsg` (no join into one bytes, no copy into a transport's buffer): a take costs
-0.36x the CPU of the TLS path at 768 KiB (`benchmarks/gateway_transport.py`).
+0.35x the CPU of the TLS path at 768 KiB, worker and rank together (`benchmarks/gateway_transport.py`).
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ LOCAL_SOCKET = "gateway.sock"
 _PREFIX = "loom-gw-"
 _STALE_AFTER_S = 60.0  # a folder this old whose socket refuses connections is a killed worker's
 _RECV_CHUNK = 1 << 16  # a same-host connection's requests are read this much at a time (a request: ~200 bytes)
-_IOV_MAX = 512
-_SEND_BUFFER = 4 << 20  # parts per sendmsg (Linux allows 1024)
+_IOV_MAX = 512  # parts per sendmsg (Linux allows 1024)
+_SEND_BUFFER = 4 << 20  # a take leaves in one sendmsg, not one per 208 KiB (the kernel caps it at wmem_max)
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes: a longer temporary folder gets no same-host endpoint
 
 
@@ -141,7 +141,7 @@ class _Gateway:
                 conn.close()
                 continue
             conn.setblocking(False)
-            with contextlib.suppress(OSError):  # a take in one sendmsg, not one per 200 KiB (capped at wmem_max)
+            with contextlib.suppress(OSError):
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
             serve = asyncio.ensure_future(self._serve_socket(conn))
             _RUNNING.add(serve)

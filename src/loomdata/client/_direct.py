@@ -6,15 +6,23 @@ returns something with `.result(timeout)`); answers are received, by the thread 
 into the buffers their arrays then live in. A broken connection fails every call in flight and every
 later one with ConnectionError (the StreamClient re-reads serve.json and connects again); an error
 the constructor raised is raised by `result`.
+
+On the gateway's host the same frames travel over its Unix socket (`local=`), without TLS: the rank checks
+that the socket's folder belongs to its own user and is closed to others, and that the process answering runs
+as its own user (SO_PEERCRED), so a forged serve.json cannot make it unpickle another user's answers
+(`LocalRefused`; the StreamClient then uses TLS).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import socket
 import ssl
+import stat
 import time
+from pathlib import Path
 from typing import Any
 
 from loomdata.execution._wire import (
@@ -27,8 +35,13 @@ from loomdata.execution._wire import (
     encode_request,
     lengths_format,
 )
+from loomdata.execution.protocol import peer_uid
 
-__all__ = ["DirectConstructor"]
+__all__ = ["DirectConstructor", "LocalRefused"]
+
+
+class LocalRefused(ConnectionError):
+    """A same-host gateway socket this rank will not use: not its user's, open to others, or answered by another uid."""
 
 
 class _Answer:
@@ -54,7 +67,8 @@ class _Answer:
 
 
 class DirectConstructor:
-    """Calls to the constructor published as `target`, over one connection to `address` (tls:// or tcp://).
+    """Calls to the constructor published as `target`, over one connection to `address` (tls:// or tcp://),
+    or to the same gateway's Unix socket `local` (on its host: no TLS; `address` still names the gateway).
 
     Single-threaded on purpose: an SSL connection must not be read and written by two threads at once
     (OpenSSL's rule), so answers are read by whoever waits for one (`result`), frame by frame, keeping a
@@ -68,20 +82,28 @@ class DirectConstructor:
         ssl_context: ssl.SSLContext | None,
         timeout: float,
         gateway_id: str | None = None,
+        local: str | None = None,
     ) -> None:
-        """`gateway_id`: the id serve.json names for the gateway at `address` (`StreamClient` compares it later)."""
+        """`gateway_id`: the id serve.json names for the gateway at `address` (`StreamClient` compares it later).
+
+        `local`: connect to this Unix socket of the gateway instead (LocalRefused when it is not this user's).
+        """
         scheme, _, rest = address.partition("://")
         host, _, port = rest.rpartition(":")
         if scheme not in ("tls", "tcp") or not port.isdigit():
             raise ValueError(f"not a gateway address: {address!r}")
-        if scheme == "tls" and ssl_context is None:
-            raise ValueError(f"gateway {address} speaks TLS: pass an ssl context")
-        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if scheme == "tls":
-            assert ssl_context is not None
-            sock = ssl_context.wrap_socket(sock)
-        self.address, self.target, self.gateway_id = address, target, gateway_id
+        sock: socket.socket
+        if local is not None:
+            sock = _connect_local(local, timeout)
+        else:
+            if scheme == "tls" and ssl_context is None:
+                raise ValueError(f"gateway {address} speaks TLS: pass an ssl context")
+            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if scheme == "tls":
+                assert ssl_context is not None
+                sock = ssl_context.wrap_socket(sock)
+        self.address, self.target, self.gateway_id, self.local = address, target, gateway_id, local
         self.key = f"{address}/{target}"
         self._sock = sock
         self._ids = itertools.count(1)
@@ -157,6 +179,29 @@ class DirectConstructor:
         pending, self._pending = self._pending, {}
         for answer in pending.values():
             answer.set(None, ConnectionError(f"gateway {self.address}: {error}"))
+
+
+def _connect_local(path: str, timeout: float) -> socket.socket:
+    """A connection to a gateway's Unix socket, once its folder and its server are known to be this user's."""
+    folder = Path(path).parent
+    st = os.lstat(folder)  # gone (a worker since stopped): OSError, the rank uses TLS
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise LocalRefused(
+            f"gateway socket folder {folder} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}; a "
+            f"rank uses only a folder of its own user (uid {os.getuid()}) closed to others: this serve.json was not "
+            "written by your `loom serve` (the rank uses TLS)"
+        )
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        uid = peer_uid(sock)
+        if uid != os.getuid():
+            raise LocalRefused(f"gateway socket {path} is served by uid {uid}, not this rank's uid {os.getuid()}")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class _Frame:

@@ -18,11 +18,15 @@ stopped, waits for the new serve.json and connects again; a dead executor that n
 an error within `Timings.dead_after_s` (`protocol.dead_server`). Connections use TLS, verifying the
 scheduler against the CA that serve.json names (files of this user only) or the client's own
 credentials (`security`, LOOM_TLS_*); a plain-TCP scheduler only with `insecure` (LOOM_INSECURE=1).
+A rank on its constructor's host reaches the gateway through its Unix socket instead (serve.json names it
+with the host's id; the socket's folder and server must be this user's), without TLS; elsewhere, or where
+that socket cannot be used, over TLS; `local_gateway=False` (LOOM_TRANSPORT=tls) forces TLS.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import time
@@ -31,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from loomdata.client._direct import DirectConstructor
+from loomdata.client._direct import DirectConstructor, LocalRefused
 from loomdata.client._state import StreamState
 from loomdata.execution._dask_client import new_client
 from loomdata.execution.protocol import (
@@ -42,6 +46,7 @@ from loomdata.execution.protocol import (
     client_ssl_context,
     dead_server,
     env_tls,
+    host_id,
     parse_serve_info,
     pid_alive,
     read_lock,
@@ -59,6 +64,8 @@ if TYPE_CHECKING:
     from distributed import Client
 
 __all__ = ["StreamClient"]
+
+logger = logging.getLogger(__name__)
 
 _MAX_PENDING_TELEMETRY = 1024
 
@@ -81,6 +88,7 @@ class StreamClient:
         insecure: bool | None = None,
         cp_rank: int | None = None,
         bytes_in_flight: int | None = None,
+        local_gateway: bool | None = None,
     ) -> None:
         """`retry_s` (default `timings.client_retry_s`): how long a step is retried while the executor is away.
 
@@ -91,6 +99,8 @@ class StreamClient:
         `bytes_in_flight`: at most about this many bytes of batches requested and held ahead (at least
         one step; default: half the executor's window, which follows the executor's own bound).
         `prefetch` 0: no call is sent before the steps received are used up (else one call ahead).
+        `local_gateway` (default: True unless LOOM_TRANSPORT=tls): on the constructor's host, use its gateway's
+        Unix socket (no TLS); False: always TLS.
         """
         self.plan_dir = Path(plan_dir)
         self.meta = read_plan_header(self.plan_dir)
@@ -108,7 +118,9 @@ class StreamClient:
         self._security = security if security is not None else env_tls()  # a Security, a TlsInfo or None
         # The rank gateway (no Dask client in this process) unless LOOM_TRANSPORT=dask, a scheduler or a
         # Dask client is given, or the executor publishes no gateway for this rank's constructor.
-        self._direct = os.environ.get("LOOM_TRANSPORT", "direct") != "dask"
+        transport = os.environ.get("LOOM_TRANSPORT", "direct")
+        self._direct = transport != "dask"
+        self._local_gateway = local_gateway if local_gateway is not None else transport != "tls"
         self._insecure = insecure if insecure is not None else os.environ.get("LOOM_INSECURE", "") == "1"
         self._attached: tuple[int, float] | None = None  # (pid, started_at) of the serve this client talks to
         self.dp_rank = dp_rank
@@ -161,6 +173,14 @@ class StreamClient:
     def __len__(self) -> int:
         """Micro-batches left to yield."""
         return (self.meta.steps - self._step) * self.meta.micro_batches - self._mb
+
+    @property
+    def transport(self) -> str | None:
+        """How this client reaches its constructor now: "local" (the gateway's Unix socket), "tls" or "tcp"
+        (the gateway over TCP), "dask" (actor calls); None while not connected."""
+        if isinstance(self._actor, DirectConstructor):
+            return "local" if self._actor.local is not None else self._actor.address.partition("://")[0]
+        return None if self._actor is None else "dask"
 
     @property
     def dask_client(self) -> Client | None:
@@ -429,12 +449,22 @@ class StreamClient:
         c = info.constructor_for(self.dp_rank)
         if c.gateway is None:
             return False
-        ctx = client_ssl_context(
-            c.gateway, info.tls, plan_id=self.meta.plan_id, own=self._security, insecure=self._insecure
-        )
-        self._actor = DirectConstructor(
-            c.gateway, c.name, ctx, timeout=self._timings.connect_timeout_s, gateway_id=c.gateway_id
-        )
+        timeout = self._timings.connect_timeout_s
+        self._actor = None
+        if self._local_gateway and c.local is not None and c.local.host_id == host_id():
+            try:
+                self._actor = DirectConstructor(
+                    c.gateway, c.name, None, timeout=timeout, gateway_id=c.gateway_id, local=c.local.path
+                )
+            except LocalRefused as e:
+                logger.warning("plan %s, dp rank %s: %s", self.meta.plan_id, self.dp_rank, e)
+            except OSError as e:  # gone, or not reachable from here (another mount namespace): TLS reaches it
+                logger.info("plan %s: gateway socket %s: %s; using TLS", self.meta.plan_id, c.local.path, e)
+        if self._actor is None:
+            ctx = client_ssl_context(
+                c.gateway, info.tls, plan_id=self.meta.plan_id, own=self._security, insecure=self._insecure
+            )
+            self._actor = DirectConstructor(c.gateway, c.name, ctx, timeout=timeout, gateway_id=c.gateway_id)
         self._actor_name = c.name
         self._per_call = max(1, info.window // 2 if self._prefetch else info.window)
         self._attached = (info.pid, info.started_at)

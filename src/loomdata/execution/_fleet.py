@@ -13,13 +13,16 @@ and records their outcomes here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loomdata.execution._dask_actors import actor_address
 from loomdata.execution._partition import LoaderPartition
 from loomdata.execution._reads import Route
 from loomdata.execution._recovery import is_lost
 from loomdata.execution.protocol import ConstructorInfo, LoaderInfo, ServeInfo, constructor_dataset
+
+if TYPE_CHECKING:
+    from loomdata.execution._gateway import GatewayAddress
 
 __all__ = ["Actor", "Fleet", "Lost", "Retiring", "worker_of"]
 
@@ -83,7 +86,7 @@ class Fleet:
     route_generation: dict[int, int] = field(default_factory=dict)  # source id -> generation of its route
     acknowledged: list[dict[int, int]] = field(default_factory=list)  # per constructor: source id -> generation
     retiring: list[Retiring] = field(default_factory=list)
-    gateways: dict[int, tuple[str, str] | None] = field(default_factory=dict)  # constructor -> gateway (address, id)
+    gateways: dict[int, GatewayAddress | None] = field(default_factory=dict)  # constructor -> its gateway
 
     # ---- routes ---------------------------------------------------------------------------------
 
@@ -181,13 +184,14 @@ class Fleet:
         ]
 
     def _constructor_info(self, i: int) -> ConstructorInfo:
-        gateway, gateway_id = self.gateways.get(i) or (None, None)
+        gateway = self.gateways.get(i)
         return ConstructorInfo(
             name=constructor_dataset(self.plan_id, i),
             ranks=self.groups[i],
             worker=worker_of(self.constructors[i].handle),
-            gateway=gateway,
-            gateway_id=gateway_id,
+            gateway=gateway.address if gateway else None,
+            gateway_id=gateway.id if gateway else None,
+            local=gateway.local if gateway else None,
         )
 
     def serve_info(self, *, scheduler: str, window: int, peers: int, pid: int, started_at: float) -> ServeInfo:

@@ -28,6 +28,7 @@ import os
 import socket
 import ssl
 import stat
+import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ __all__ = [
     "Deadline",
     "ExecutorUnavailable",
     "LoaderInfo",
+    "LocalGateway",
     "ServeInfo",
     "ServeLock",
     "Timings",
@@ -55,9 +57,11 @@ __all__ = [
     "dead_server",
     "env_security",
     "env_tls",
+    "host_id",
     "light_handle",
     "lock_path",
     "parse_serve_info",
+    "peer_uid",
     "pid_alive",
     "read_lock",
     "read_serve_info",
@@ -67,11 +71,25 @@ __all__ = [
     "write_serve_info",
 ]
 
-SERVE_FORMAT_VERSION = 3
+SERVE_FORMAT_VERSION = 4
+"""4: a constructor's gateway may name a same-host endpoint (`ConstructorInfo.local`); 3: gateway ids."""
 
 
 class ExecutorUnavailable(ExecutionError):
     """The executor is stopping or not (yet) published; a client reconnects and retries."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalGateway(Record):
+    """A gateway's same-host endpoint: a Unix-domain socket in a folder only its user can enter (mode 0700).
+
+    `host_id` (`host_id()` on the worker) tells a rank whether it runs on the gateway's host; a rank elsewhere,
+    or one that cannot connect, uses the TLS address. Filesystem permissions (and the peer's uid, checked on
+    both ends) stand in for TLS's mutual authentication there (docs/security.md).
+    """
+
+    path: str
+    host_id: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +98,8 @@ class ConstructorInfo(Record):
 
     `gateway`: the address of its worker's rank gateway (`_gateway`), None where it has none (ranks
     then call it through Dask); `gateway_id`: the id that gateway drew when it opened, so a gateway
-    restarted on the same address is a different one to a rank (`StreamClient` reconnects).
+    restarted on the same address is a different one to a rank (`StreamClient` reconnects); `local`: the
+    same gateway's endpoint for ranks on its host (None: TLS only).
     """
 
     name: str
@@ -88,6 +107,7 @@ class ConstructorInfo(Record):
     worker: str
     gateway: str | None = None
     gateway_id: str | None = None
+    local: LocalGateway | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -285,6 +305,25 @@ def dead_server(plan_dir: str | Path, timings: Timings, *, now: float | None = N
         f"{p}: the executor of plan dir {Path(plan_dir)} (pid {info.pid} on {info.host or 'this host'}) {why}; "
         f"restart it with `loom serve {Path(plan_dir)}`"
     )
+
+
+def host_id() -> str:
+    """This host as a rank and a gateway both see it: host name and kernel boot id (another host, or a reboot,
+    differs; containers on one kernel with their own host names differ too, so they use TLS)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def peer_uid(conn: socket.socket) -> int | None:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED; None where unknown)."""
+    try:
+        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except (OSError, AttributeError):
+        return None
+    return int(uid)
 
 
 def env_tls() -> TlsInfo | None:

@@ -68,20 +68,26 @@ def test_a_rank_without_dask_streams_exactly_what_a_dask_rank_gets(
     assert direct["batches"] == via_dask and len(via_dask) == s.meta.steps * s.meta.micro_batches
 
 
-def test_a_dropped_gateway_connection_is_reconnected(dask_client: Client, stream_plan: Path) -> None:
+def test_a_dropped_gateway_connection_is_reconnected(
+    dask_client: Client, stream_plan: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over TLS (a dropped same-host connection: test_gateway_local)."""
     from loomdata.client._direct import DirectConstructor
     from loomtest.stream import check_exact, stream_with_fault
+
+    monkeypatch.setenv("LOOM_TRANSPORT", "tls")
 
     dropped: list[DirectConstructor] = []
 
     def fault(streams: dict[int, Any]) -> None:
         conn = streams[0]._actor
-        assert isinstance(conn, DirectConstructor)
+        assert isinstance(conn, DirectConstructor) and conn.local is None
         conn._sock.close()  # as a reset connection: calls in flight and later ones fail, the client reconnects
         dropped.append(conn)
 
     def after(streams: dict[int, Any]) -> None:
         assert isinstance(streams[0]._actor, DirectConstructor) and streams[0]._actor is not dropped[0]
+        assert streams[0].transport == "tls"
 
     with Executor(stream_plan, dask_client, window=2, bytes_in_flight=0):
         got, _ = stream_with_fault(stream_plan, fault, after)

@@ -57,8 +57,9 @@ def test_the_real_clients_stream_exact_batches_over_tls(served: tuple[Path, Serv
     assert info.tls is not None
     got = {}
     for r in (0, 1):
-        with StreamClient(plan_dir, r) as s:
+        with StreamClient(plan_dir, r, local_gateway=False) as s:  # TLS even on the gateway's host
             got[r] = list(s)
+            assert s.transport == "tls"
     check_exact(plan_dir, got)
 
 
@@ -121,9 +122,17 @@ def test_another_os_user_is_refused(served: tuple[Path, ServeInfo], tmp_path: Pa
     if python is None:
         pytest.skip("no Python interpreter that uid 65534 may run")
     host, port = info.scheduler.removeprefix("tls://").rsplit(":", 1)
+    local = info.constructors[0].local
+    assert local is not None
     code = f"""
 import json, socket, ssl
 out = {{"serve_json": json.load(open({str(serve_path(plan_dir))!r}))["scheduler"]}}
+try:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
+        unix.settimeout(10); unix.connect({local.path!r}); unix.sendall(b"\\x00" * 64)
+        out["unix"] = "answered" if unix.recv(1) else "closed"
+except OSError as e:
+    out["unix"] = type(e).__name__
 try:
     open({info.tls.key!r}).read(); out["key"] = "read"
 except OSError as e:
@@ -159,6 +168,7 @@ print(json.dumps(out))
     assert out["serve_json"] == info.scheduler  # the plan and serve.json are readable to others...
     assert out["key"] == "PermissionError"  # ...the credentials are not
     assert out["handshake"] != "answered" and out["plain"] != "answered", out
+    assert out["unix"] == "PermissionError", out  # the gateway's Unix socket: its folder is 0700
 
 
 def _forge(plan_dir: Path, tmp_path: Path, **changes: Any) -> Path:
@@ -169,8 +179,10 @@ def _forge(plan_dir: Path, tmp_path: Path, **changes: Any) -> Path:
     copy = tmp_path / "forged"
     shutil.copytree(plan_dir, copy, ignore=shutil.ignore_patterns("serve.json", "serve.lock", ".loom-tls"))
     real = read_serve_info(plan_dir)
-    if "scheduler" in changes:
-        changes["constructors"] = [c.model_copy(update={"gateway": changes["scheduler"]}) for c in real.constructors]
+    if "scheduler" in changes:  # and no same-host socket: a forged one is refused on its own (test_gateway_local)
+        changes["constructors"] = [
+            c.model_copy(update={"gateway": changes["scheduler"], "local": None}) for c in real.constructors
+        ]
     write_serve_info(copy, real.model_copy(update=changes))
     return copy
 

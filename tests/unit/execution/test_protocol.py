@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 
 from loomdata.execution.protocol import (
+    SERVE_FORMAT_VERSION,
     ConstructorInfo,
+    LocalGateway,
     ServeInfo,
+    host_id,
     parse_serve_info,
     read_serve_info,
     write_serve_info,
@@ -48,6 +51,20 @@ def test_missing_and_wrong_version(tmp_path: Path) -> None:
     raw = {**_info().model_dump(mode="json"), "format_version": 7}
     with pytest.raises(ContractError, match="version 7 is not supported"):
         parse_serve_info(json.dumps(raw), "x")
+
+
+def test_a_local_gateway_round_trips_and_an_older_reader_is_told_to_upgrade(tmp_path: Path) -> None:
+    """serve.json format 4 names a gateway's Unix socket; a format-3 reader (strict about fields) refuses by version."""
+    local = LocalGateway(path="/tmp/loom-gw-x/gateway.sock", host_id=host_id())
+    c = ConstructorInfo(name="c0", ranks=[0], worker="w0", gateway="tls://127.0.0.1:2", gateway_id="ab", local=local)
+    info = _info().model_copy(update={"constructors": [c]})
+    write_serve_info(tmp_path, info)
+    assert read_serve_info(tmp_path).constructor_for(0).local == local
+    assert SERVE_FORMAT_VERSION == 4 and json.loads((tmp_path / "serve.json").read_text())["format_version"] == 4
+    old = {**info.model_dump(mode="json"), "format_version": 3}
+    with pytest.raises(ContractError, match=r"version 3 is not supported .* reads version 4"):
+        parse_serve_info(json.dumps(old), "x")
+    assert host_id() == host_id() and "/" in host_id()
 
 
 def test_the_light_constructor_handle_names_every_public_constructor_method() -> None:

@@ -1,0 +1,98 @@
+"""The gateway's same-host socket: answers far larger than the socket's buffer arrive whole and in order, a send
+waiting for room on a connection that is closed under it fails instead of waiting forever, and the folders of
+killed workers are swept."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loomdata.execution._gateway import _Sender
+
+
+def _parts() -> list[bytes | memoryview]:
+    rng = np.random.default_rng(1)
+    big = rng.integers(0, 255, 3 << 20, dtype=np.uint8)  # 3 MiB: many times a Unix socket's send buffer
+    return [b"head", b"", memoryview(big), b"x" * 7, memoryview(big[: 1 << 20])[5:]]
+
+
+def test_parts_arrive_whole_and_in_order_through_a_full_socket() -> None:
+    parts = _parts()
+    want = b"".join(bytes(p) for p in parts) * 3
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    got = bytearray()
+
+    def receive() -> None:
+        while len(got) < len(want):
+            chunk = b.recv(1 << 16)
+            if not chunk:
+                return
+            got.extend(chunk)
+
+    reader = threading.Thread(target=receive)
+    reader.start()
+
+    async def main() -> None:
+        a.setblocking(False)
+        sender = _Sender(asyncio.get_running_loop(), a)
+        for _ in range(3):
+            await sender.send(parts)
+        sender.close()
+
+    asyncio.run(main())
+    reader.join(timeout=60)
+    b.close()
+    assert bytes(got) == want
+
+
+def test_a_send_waiting_for_room_fails_when_the_connection_closes() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # nobody reads b: the send fills the buffer
+
+    async def main() -> None:
+        a.setblocking(False)
+        sender = _Sender(asyncio.get_running_loop(), a)
+        send = asyncio.ensure_future(sender.send(_parts()))
+        while not sender._waiting:  # until it waits for room
+            await asyncio.sleep(0)
+        sender.close()
+        with pytest.raises(OSError):
+            await send
+
+    asyncio.run(main())
+    b.close()
+
+
+def test_only_stale_gateway_folders_are_swept(tmp_path: Path) -> None:
+    """A folder whose socket refuses connections (a killed worker's) goes once it is old; a live or young one stays."""
+    from loomdata.execution._gateway import LOCAL_SOCKET, _sweep_stale
+
+    def folder(name: str, *, listening: bool, age_s: float) -> tuple[Path, socket.socket]:
+        d = tmp_path / name
+        d.mkdir(mode=0o700)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(d / LOCAL_SOCKET))
+        if listening:
+            sock.listen(1)
+        else:
+            sock.close()  # the file stays, nobody listens: connecting is refused
+        old = time.time() - age_s
+        os.utime(d, (old, old))
+        return d, sock
+
+    dead, _ = folder("loom-gw-dead", listening=False, age_s=3600)
+    young, _ = folder("loom-gw-young", listening=False, age_s=0)
+    live, server = folder("loom-gw-live", listening=True, age_s=3600)
+    other, _ = folder("not-a-gateway", listening=False, age_s=3600)
+    try:
+        _sweep_stale(tmp_path)
+    finally:
+        server.close()
+    assert not dead.exists()
+    assert young.exists() and live.exists() and other.exists()

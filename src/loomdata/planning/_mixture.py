@@ -37,6 +37,7 @@ import numpy as np
 
 from loomdata.planning._mixture_kernel import cumulative_targets, nearest_column, repair_rows
 from loomdata.planning._packing import Lanes, expand_with_lengths
+from loomdata.planning._permute import uniform_permutation
 from loomdata.planning._shuffle import BlockLayout
 from loomdata.planning._transpose_kernel import transposed
 from loomdata.schemas.errors import PlanError
@@ -134,9 +135,7 @@ def build_stream(
     """
     idx_dtype = np.uint32 if len(lengths) < 2**32 else np.int64
     nonempty = bool((lengths > 0).all())
-    docs = np.arange(len(lengths), dtype=idx_dtype) if blocks is None else np.zeros(0, dtype=idx_dtype)
-    if blocks is None and not nonempty:
-        docs = docs[lengths > 0]
+    docs = None if nonempty or blocks is not None else np.flatnonzero(lengths > 0).astype(idx_dtype)
     n_docs = len(lengths) if nonempty else int(np.count_nonzero(lengths))
     n_ep = max(epochs, 1)
     per_epoch = n_docs + _extra_segments(lengths, lanes)
@@ -149,9 +148,8 @@ def build_stream(
     at = 0
     for e in range(n_ep):
         rng = np.random.default_rng([*source_key(seed, name), e])
-        if blocks is None:
-            perm = docs if e == n_ep - 1 else docs.copy()  # the last epoch shuffles docs itself
-            rng.shuffle(perm)  # in place on 4-byte indices: no 8-byte permutation array
+        if blocks is None:  # 4-byte ids, bucketed then shuffled in cache (planning._permute)
+            perm = uniform_permutation(rng, n_docs, src=docs, dtype=idx_dtype)
         else:
             rows = blocks.permutation(rng)
             perm = (rows if nonempty else rows[lengths[rows] > 0]).astype(idx_dtype)

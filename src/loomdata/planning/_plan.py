@@ -81,7 +81,7 @@ from loomdata.schemas.tables import TableKind, check_schema
 
 __all__ = ["PLANNER_VERSION", "PlanResult", "PlanResume", "make_plan"]
 
-PLANNER_VERSION = "6"
+PLANNER_VERSION = "7"
 """Part of the plan id: bump it whenever the planner's output for the same inputs changes."""
 
 

@@ -142,24 +142,26 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
 
     phases: dict[str, dict[str, float]] = {}  # wall and CPU seconds summed over each phase's calls
 
-    def summed(mod: Any, attr: str, name: str) -> None:
+    def summed(mod: Any, attr: str, name: str, clock: Any = time.process_time) -> None:
+        """Sum wall and CPU seconds of every call of mod.attr under `name` (calls on several threads: pass
+        time.thread_time, the calling thread's own CPU; their wall seconds add up beyond the phase's)."""
         fn = getattr(mod, attr)
 
         def run(*a: Any, **kw: Any) -> Any:
-            t, c = time.perf_counter(), time.process_time()
+            t, c = time.perf_counter(), clock()
             try:
                 return fn(*a, **kw)
             finally:
                 ph = phases.setdefault(name, {"seconds": 0.0, "cpu_seconds": 0.0, "calls": 0})
                 ph["seconds"] += time.perf_counter() - t
-                ph["cpu_seconds"] += time.process_time() - c
+                ph["cpu_seconds"] += clock() - c
                 ph["calls"] += 1
 
         setattr(mod, attr, run)
 
+    summed(_plan, "build_stream", "streams", time.thread_time)  # one call a source, on planning's threads
     for attr, name in (
         ("_load_index", "index"),
-        ("build_stream", "streams"),
         ("membership", "membership"),
         ("_shuffle_figures", "shuffle_figures"),
         ("assign_steps", "lookahead"),

@@ -1,11 +1,12 @@
 """Where planning's peak memory goes: the peak RSS of each phase of `make_plan` over a synthetic index.
 
-The index is plan_scale's (dp --dp, default 1024; --sources, default 2; --sizes samples, written to a workdir
-first); the plan runs in a child process that resets the kernel's peak-RSS mark (`/proc/self/clear_refs` 5)
-before each phase, so each phase's own peak above the post-import baseline is printed (MB and bytes per
-indexed sample), with the RSS it leaves behind. Phases: index reading (_load_index), the streams (build_stream), membership,
-the shuffle figures, balancing and writing (_balance_into), the report (ReportBuilder.write). The largest
-phase peak is the plan's peak. Writes benchmarks/results/plan_memory.json.
+The index is plan_scale's (dp --dp, default 1024; --sources, default 2; --sizes samples, written to a
+workdir first); the plan runs in a child process that resets the kernel's peak-RSS mark
+(`/proc/self/clear_refs` 5) before each phase, so each phase's own peak above the post-import baseline is
+printed (MB and bytes per indexed sample), with the RSS it leaves behind. Phases: index reading
+(_load_index), the streams (build_stream), membership, the shuffle figures, balancing and writing
+(_balance_into), the report (ReportBuilder.write). The largest phase peak is the plan's peak. Writes
+benchmarks/results/plan_memory.json.
 
     .venv/bin/python benchmarks/plan_memory.py --sizes 1e7 5e7 1e8
     PYTHONPATH=/other/checkout/src .venv/bin/python benchmarks/plan_memory.py --out results/x_before.json

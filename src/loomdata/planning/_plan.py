@@ -293,6 +293,7 @@ def _plan_into(
 
     streams = per_source(stream_of, len(sources))
     ptr = membership(targets, streams, lanes, step_slots)
+    del targets  # (steps x sources) float64: not needed past membership
     shuffle = _shuffle_figures(spec, sources, layouts, streams, ptr, lanes)
     drawn_per_step = np.diff(ptr.sum(axis=1, dtype=np.int64))  # segments (none empty) of each step
     assignment = None

@@ -285,11 +285,12 @@ def _plan_into(
     for s in sources:
         check_unsplittable(s.name, s.sample, s.num_tokens, s.num_image_tokens, lanes)
 
+    epochs = [int((targets[-1, k] + max_seg) // tok) + 1 if tok else 1 for k, tok in enumerate(epoch_tokens)]
+
     def stream_of(k: int) -> Stream:
         s = sources[k]
-        epochs = int((targets[-1, k] + max_seg) // epoch_tokens[k]) + 1 if epoch_tokens[k] else 1
         blocks = layouts[k] if spec.source(s.name).shuffle_blocks is not None else None
-        return build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs, blocks)
+        return build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs[k], blocks)
 
     streams = per_source(stream_of, len(sources))
     ptr = membership(targets, streams, lanes, step_slots)

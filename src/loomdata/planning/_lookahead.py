@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loomdata.planning._lookahead_kernel import add_step_counts, chunk_indices, fit_lights, run_steps, segments_of
+from loomdata.planning._lookahead_kernel import add_step_counts, fit_lights, natural_chunk, run_steps, segments_of
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 from loomdata.schemas.spec import LOOKAHEAD_TOLERANCE
@@ -191,9 +191,9 @@ class _Order:
         ).astype(np.int64)
         offs64 = np.ascontiguousarray(offs, dtype=np.int64)
         for c, a in enumerate(range(lo_step, hi_step, width)):
-            idx = chunk_indices(offs64, cuts, c)  # the chunk's slices of every source, end to end (compiled)
+            idx = natural_chunk(raw, offs64, cuts, c, a, width)  # the chunk's slices, counting-sorted (compiled)
             if len(idx):
-                yield idx[stable_order(raw[idx], a, a + width)]
+                yield idx
 
 
 def stable_order(key: np.ndarray, lo: int, hi: int) -> np.ndarray:

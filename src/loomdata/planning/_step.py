@@ -58,12 +58,14 @@ class StepSink:
             own_off = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(np.bincount(np.repeat(np.arange(n), np.diff(blk.off))[blk.in_step], minlength=n), out=own_off[1:])
         total, top = _segment_sums(own, own_off)
-        tokens = np.bincount(rs * self.n_sources + placed_src, weights=blk.length, minlength=n * self.n_sources)
+        # each source's tokens per step, source-major (the report's layout: copied a source's run at a time)
+        by_src = placed_src.astype(np.int64) * n + rs
+        tokens = np.bincount(by_src, weights=blk.length, minlength=n * self.n_sources)
         deferred = np.zeros(n, dtype=np.int64)
         if blk.carry is not None:
             deferred[-1] = int(blk.carry.length.sum())
         fig = BlockFigures(
-            tokens=tokens.reshape(n, self.n_sources).astype(np.int64),
+            tokens=tokens.astype(np.int64).reshape(self.n_sources, n).T,
             weights=weights,
             lb=np.maximum(total / dp, top),
             loom_rank=blk.rank_cost,

@@ -8,9 +8,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from loomdata.planning._jit import stable_argsort, stable_argsort_into
 from loomdata.planning._mixture import _nearest, cumulative_targets_of, membership, step_weights
 from loomdata.planning._mixture_kernel import nearest_column
-from loomdata.planning.balance._deal_kernel import RADIX_STEP, _radix_order, _steps_order, by_cost_order
+from loomdata.planning.balance._deal_kernel import (
+    RADIX_STEP,
+    _radix_order,
+    _steps_order,
+    by_cost_order,
+)
 from loomdata.schemas import parse_spec
 from loomdata.schemas.spec import Spec
 
@@ -152,3 +158,14 @@ def test_radix_dealing_order_leaves_nan_to_the_step_by_step_sort() -> None:
     cut = np.array([0, len(cost)], dtype=np.int64)
     assert len(_radix_order(cost, cut)) == 0
     assert np.array_equal(by_cost_order(cost, cut), _steps_order(cost, cut))
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 31, 32, 33, 64, 1024])
+def test_stable_argsort_into_a_buffer_is_numpys_stable_argsort(n: int) -> None:
+    """The rank order a dealing round writes into its buffer: np.argsort(kind="stable"), ties by rank."""
+    rng = np.random.default_rng(n)
+    out = np.full(n, -1, dtype=np.int64)
+    for x in (rng.integers(0, 3, n).astype(np.float64), rng.random(n), np.zeros(n), -np.arange(n, dtype=np.float64)):
+        stable_argsort_into(x, out)
+        assert np.array_equal(out, np.argsort(x, kind="stable"))
+        assert np.array_equal(stable_argsort(x), out)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from loomdata.planning._jit import njit, stable_argsort
+from loomdata.planning._jit import njit, stable_argsort, stable_argsort_into
 
 __all__ = ["by_cost_order", "deal_rounds", "place_whole_step"]
 
@@ -231,11 +231,12 @@ def deal_rounds(
     g_cost and lengths g_len) in LPT rounds into the (steps, dp, mb) slot state, recording p_rank and p_mb."""
     dp = cost3.shape[1]
     failed = np.empty(dp, dtype=np.int64)
+    rk = np.empty(dp, dtype=np.int64)
     for s in range(cost3.shape[0]):
         at, left = start[s], n_deal[s]
         while left > 0:
             rc = rank_cost[s]
-            rk = stable_argsort(rc)
+            stable_argsort_into(rc, rk)
             thr = rc[rk[0]] + g_cost[at]
             within = 0
             for q in range(dp):

@@ -1,6 +1,6 @@
-"""Compiled mixture error (planning._report.mixture_error): realized and target cumulative shares and each
-step's worst error, in one pass over the (sources, steps) tables (the report keeps them source-major) instead of
-a NumPy pass per operation.
+"""Compiled report figures: the mixture error (planning._report.mixture_error: realized and target cumulative
+shares and each step's worst error, in one pass over the (sources, steps) tables the report keeps source-major,
+instead of a NumPy pass per operation) and each step's cost total and largest segment (run_sums, for its LB).
 
 The same values: token counts are integers, so their running and per-step totals are exact in any order;
 the target's running sums run down the steps (as np.cumsum does) and every division is the same; a step's
@@ -13,7 +13,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["mixture_shares"]
+__all__ = ["mixture_shares", "run_sums"]
 
 
 @njit
@@ -59,3 +59,54 @@ def mixture_shares(
             realized[k, 0] = r
             target[k, 0] = g
     return worst * 100.0, realized, target
+
+
+_PW_BLOCK = 128  # NumPy's PW_BLOCKSIZE: pairwise summation recurses above this many values
+
+
+@njit
+def _pairwise(a: np.ndarray, lo: int, n: int) -> float:
+    """NumPy's pairwise sum of a[lo : lo + n] (DOUBLE_pairwise_sum: 8 accumulators within a block of 128, halves
+    at multiples of 8 above), the same float additions in the same order."""
+    if n < 8:
+        res = -0.0
+        for i in range(n):
+            res += a[lo + i]
+        return res
+    if n <= _PW_BLOCK:
+        r = a[lo : lo + 8].copy()
+        i = 8
+        while i < n - n % 8:
+            for j in range(8):
+                r[j] += a[lo + i + j]
+            i += 8
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        while i < n:
+            res += a[lo + i]
+            i += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise(a, lo, n2) + _pairwise(a, lo + n2, n - n2)
+
+
+@njit
+def run_sums(values: np.ndarray, off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sum and max of each non-empty run values[off[i]:off[i+1]], each sum the bits of the run's own .sum()
+    (NumPy's add.reduce of a contiguous run: its pairwise sum). Empty arrays when a run is empty."""
+    n = len(off) - 1
+    total = np.zeros(n)
+    top = np.zeros(n)
+    for i in range(n):
+        a, b = off[i], off[i + 1]
+        if b <= a:
+            return np.zeros(0), np.zeros(0)
+        total[i] = 0.0 + _pairwise(values, a, b - a)  # add.reduce starts from +0.0 (its identity)
+        m = values[a]
+        for j in range(a + 1, b):
+            if values[j] > m or values[j] != values[j]:  # NaN propagates, as in max
+                m = values[j]
+                if m != m:
+                    break
+        top[i] = m
+    return total, top

@@ -115,6 +115,28 @@ def test_membership_pointers_of_many_sources_are_each_sources_own(tmp_path: Path
     assert (np.diff(ptr, axis=0) >= 0).all()
 
 
+@pytest.mark.parametrize("cells", [61, 2 * 61, 3 * 61 + 5])
+def test_membership_pointers_worked_out_a_block_of_sources_at_a_time_are_the_whole_grids(
+    cells: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks of 1, 2 and 3 sources (MEMBERSHIP_BLOCK_CELLS over 61 pointer rows) give the pointers of one block."""
+    from loomdata.planning import _mixture
+    from loomdata.planning._packing import Lanes
+
+    rng = np.random.default_rng(7)
+    lanes = Lanes(seq_len=4096)
+    streams = [
+        _mixture.build_stream(f"s{k}", 3, rng.integers(16, 3000, 2000).astype(np.uint32), lanes, 2) for k in range(7)
+    ]
+    w = rng.random((60, 7))
+    w /= w.sum(axis=1)[:, None]
+    targets = cumulative_targets_of(w, np.full(60, 8 * 4096, dtype=np.int64))
+    whole = membership(targets, streams, lanes, 8)
+    monkeypatch.setattr(_mixture, "MEMBERSHIP_BLOCK_CELLS", cells)
+    blocked = membership(targets, streams, lanes, 8)
+    assert blocked.flags.c_contiguous and np.array_equal(blocked, whole)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_dealing_order_is_the_lexsort_by_step_then_largest_cost(seed: int) -> None:
     rng = np.random.default_rng(seed)

@@ -211,7 +211,7 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
             client.scatter = timed_scatter  # type: ignore[method-assign]
         t0, c0 = time.perf_counter(), time.process_time()
         res = make_plan(spec, client=client)
-        secs = time.perf_counter() - t0
+        secs, plan_cpu = time.perf_counter() - t0, time.process_time() - c0
     imb = res.meta.summary["imbalance"]
     first = min(marks.get("balance_start", math.inf), marks.get("ranges_start", math.inf))
     first_cpu = min(marks.get("balance_start_cpu", math.inf), marks.get("ranges_start_cpu", math.inf))
@@ -232,6 +232,7 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         "seconds": secs,
         "serial_seconds": first - t0,  # index reading, membership, shuffle figures
         "balance_seconds": parallel,  # balancing and writing (on the workers when workers > 1)
+        "plan_cpu_seconds": plan_cpu,  # all of make_plan in this process (its last partition, report, summary too)
         "serial_cpu_seconds": first_cpu - c0,
         "balance_cpu_seconds": balance_cpu,  # summed over the workers
         "ranges": len(part_cpu),

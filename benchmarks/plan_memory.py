@@ -1,11 +1,12 @@
 """Where planning's peak memory goes: the peak RSS of each phase of `make_plan` over a synthetic index.
 
-The index is plan_scale's (dp 1024, 2 sources, --sizes samples, written to a workdir first); the plan runs
-in a child process that resets the kernel's peak-RSS mark (`/proc/self/clear_refs` 5) before each phase, so
-each phase's own peak above the post-import baseline is printed (MB and bytes per indexed sample), with the
-RSS it leaves behind. Phases: index reading (_load_index), the streams (build_stream), membership,
-the shuffle figures, balancing and writing (_balance_into), the report (ReportBuilder.write). The largest
-phase peak is the plan's peak. Writes benchmarks/results/plan_memory.json.
+The index is plan_scale's (dp --dp, default 1024; --sources, default 2; --sizes samples, written to a
+workdir first); the plan runs in a child process that resets the kernel's peak-RSS mark
+(`/proc/self/clear_refs` 5) before each phase, so each phase's own peak above the post-import baseline is
+printed (MB and bytes per indexed sample), with the RSS it leaves behind. Phases: index reading
+(_load_index), the streams (build_stream), membership, the shuffle figures, balancing and writing
+(_balance_into), the report (ReportBuilder.write). The largest phase peak is the plan's peak. Writes
+benchmarks/results/plan_memory.json.
 
     .venv/bin/python benchmarks/plan_memory.py --sizes 1e7 5e7 1e8
     PYTHONPATH=/other/checkout/src .venv/bin/python benchmarks/plan_memory.py --out results/x_before.json
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", nargs="+", type=float, default=[1e7])
     ap.add_argument("--dp", type=int, default=1024)
+    ap.add_argument("--sources", type=int, default=2, help="sources of the synthetic index (plan_scale's)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="results JSON (default results/plan_memory.json)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in [int(s) for s in args.sizes]:
         with tempfile.TemporaryDirectory(prefix="loom-pmem-") as d:
             cmd = [sys.executable, str(here / "plan_scale.py"), "--child", "index", "--samples", str(n)]
-            subprocess.run([*cmd, "--n-sources", "2", "--workdir", d], check=True, capture_output=True)
+            subprocess.run([*cmd, "--n-sources", str(args.sources), "--workdir", d], check=True, capture_output=True)
             r = subprocess.run(
                 [sys.executable, __file__, "--child", "--workdir", d, "--dp", str(args.dp)],
                 check=True,
@@ -125,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         res = json.loads(r.stdout.strip().splitlines()[-1])
         res["samples"] = n
+        res["sources"] = args.sources
+        res["dp"] = args.dp
         peak = max(max(p["peak_mb"], p["gap_before_peak_mb"]) for p in res["phases"])
         res["peak_mb"] = peak
         res["bytes_per_sample"] = peak * 2**20 / n

@@ -118,11 +118,13 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
 
     part_cpu: list[float] = []  # CPU seconds of each range on its worker (RangePart.cpu_seconds)
     part_worker: list[str] = []  # where each ran (RangePart.worker; "" before it was recorded)
+    part_span: list[tuple[float, float, float]] = []  # each range's (began, ended) on its worker, stitched here
 
     def timed(fn: Any, name: str) -> Any:
         def run(*a: Any, **kw: Any) -> Any:
             marks.setdefault(f"{name}_start", time.perf_counter())
             marks.setdefault(f"{name}_start_cpu", time.process_time())
+            marks.setdefault(f"{name}_start_wall", time.time())
             if name == "ranges":  # collect each range's CPU time as it is stitched
                 take = a[5]
                 a = (
@@ -130,6 +132,7 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
                     lambda part: (
                         part_cpu.append(part.cpu_seconds),
                         part_worker.append(getattr(part, "worker", "")),
+                        part_span.append((*getattr(part, "span", (0.0, 0.0)), time.time())),
                         take(part),
                     ),
                 )
@@ -142,24 +145,26 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
 
     phases: dict[str, dict[str, float]] = {}  # wall and CPU seconds summed over each phase's calls
 
-    def summed(mod: Any, attr: str, name: str) -> None:
+    def summed(mod: Any, attr: str, name: str, clock: Any = time.process_time) -> None:
+        """Sum wall and CPU seconds of every call of mod.attr under `name` (calls on several threads: pass
+        time.thread_time, the calling thread's own CPU; their wall seconds add up beyond the phase's)."""
         fn = getattr(mod, attr)
 
         def run(*a: Any, **kw: Any) -> Any:
-            t, c = time.perf_counter(), time.process_time()
+            t, c = time.perf_counter(), clock()
             try:
                 return fn(*a, **kw)
             finally:
                 ph = phases.setdefault(name, {"seconds": 0.0, "cpu_seconds": 0.0, "calls": 0})
                 ph["seconds"] += time.perf_counter() - t
-                ph["cpu_seconds"] += time.process_time() - c
+                ph["cpu_seconds"] += clock() - c
                 ph["calls"] += 1
 
         setattr(mod, attr, run)
 
+    summed(_plan, "build_stream", "streams", time.thread_time)  # one call a source, on planning's threads
     for attr, name in (
         ("_load_index", "index"),
-        ("build_stream", "streams"),
         ("membership", "membership"),
         ("_shuffle_figures", "shuffle_figures"),
         ("assign_steps", "lookahead"),
@@ -206,12 +211,13 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
             client.scatter = timed_scatter  # type: ignore[method-assign]
         t0, c0 = time.perf_counter(), time.process_time()
         res = make_plan(spec, client=client)
-        secs = time.perf_counter() - t0
+        secs, plan_cpu = time.perf_counter() - t0, time.process_time() - c0
     imb = res.meta.summary["imbalance"]
     first = min(marks.get("balance_start", math.inf), marks.get("ranges_start", math.inf))
     first_cpu = min(marks.get("balance_start_cpu", math.inf), marks.get("ranges_start_cpu", math.inf))
     parallel = max(marks.get("balance_end", 0.0), marks.get("ranges_end", 0.0)) - first
     per_worker: dict[str, float] = {}
+    t_ranges = marks.get("ranges_start_wall", 0.0)
     driver_cpu = 0.0
     if workers > 1:  # the ranges' CPU on the workers (the driver waits), plus the driver's own (fix-ups, merging)
         driver_cpu = marks["ranges_end_cpu"] - marks["ranges_start_cpu"]  # cutting and sending windows, stitching
@@ -226,6 +232,7 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         "seconds": secs,
         "serial_seconds": first - t0,  # index reading, membership, shuffle figures
         "balance_seconds": parallel,  # balancing and writing (on the workers when workers > 1)
+        "plan_cpu_seconds": plan_cpu,  # all of make_plan in this process (its last partition, report, summary too)
         "serial_cpu_seconds": first_cpu - c0,
         "balance_cpu_seconds": balance_cpu,  # summed over the workers
         "ranges": len(part_cpu),
@@ -238,6 +245,14 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         "critical_cpu_seconds": first_cpu - c0 + driver_cpu + max(per_worker.values(), default=balance_cpu),
         "cluster_start_seconds": started,  # LocalCluster start and imports, not timed
         "phases": phases,  # the driver's phases (serial ones, then windows/fix-ups while the ranges run)
+        # per range in step order: worker, began and ended balancing there, stitched here (seconds from the
+        # first range's submission; zeros from a planner that does not record them)
+        "range_timeline": [
+            {"worker": w, "began": b - t_ranges, "ended": e - t_ranges, "stitched": s - t_ranges}
+            for w, (b, e, s) in zip(part_worker, part_span, strict=True)
+        ]
+        if part_span
+        else [],
         "rss_base_mb": base,
         "rss_peak_mb": _rss_mb(),
         "manifest_rows": sum(f.rows for f in res.meta.manifest),

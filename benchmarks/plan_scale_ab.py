@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                     for r in range(args.rounds):
                         for name in ("before", "after") if r % 2 == 0 else ("after", "before"):
                             x = run_child(trees[name], "--child", "loom", "--dp", str(dp), "--workdir", d)
-                            cpu = x["serial_cpu_seconds"] + x["balance_cpu_seconds"]
+                            # all of make_plan (a tree whose script predates it: serial part + balancing)
+                            cpu = x.get("plan_cpu_seconds", x["serial_cpu_seconds"] + x["balance_cpu_seconds"])
                             x.update(version=name, samples=samples, sources=n_src, dp=dp, round=r, cpu_seconds=cpu)
                             x["samples_per_s"] = samples / x["seconds"]
                             x["samples_per_cpu_s"] = samples / cpu

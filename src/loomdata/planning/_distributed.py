@@ -240,4 +240,5 @@ def fix_up(work: PlanWork, out: Path, part: RangePart, carry: Segments) -> Range
         carries=carries,
         cpu_seconds=cpu,
         worker=part.worker,
+        span=part.span,
     )

@@ -13,9 +13,11 @@ from typing import Any, TypeVar, cast
 import numba
 import numpy as np
 
-__all__ = ["njit", "stable_argsort"]
+__all__ = ["njit", "stable_argsort", "stable_argsort_into"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+_SHORT = 32
+"""stable_argsort sorts arrays up to this long by insertion."""
 
 
 def njit(fn: F) -> F:
@@ -26,14 +28,23 @@ def njit(fn: F) -> F:
 @njit
 def stable_argsort(x: np.ndarray) -> np.ndarray:
     """np.argsort(x, kind="stable") of a 1-d float array: insertion sort when short, merge sort otherwise."""
-    n = len(x)
-    if n > 32:
+    if len(x) > _SHORT:
         return np.argsort(x, kind="mergesort")
-    o = np.arange(n)
-    for i in range(1, n):
-        j, v = i, o[i]
-        while j > 0 and x[o[j - 1]] > x[v]:
-            o[j] = o[j - 1]
-            j -= 1
-        o[j] = v
+    o = np.empty(len(x), dtype=np.int64)
+    stable_argsort_into(x, o)
     return o
+
+
+@njit
+def stable_argsort_into(x: np.ndarray, out: np.ndarray) -> None:
+    """out[:] = stable_argsort(x), allocating nothing where x is short (a loop's reused buffer)."""
+    n = len(x)
+    if n > _SHORT:
+        out[:] = np.argsort(x, kind="mergesort")
+        return
+    for i in range(n):
+        j = i
+        while j > 0 and x[out[j - 1]] > x[i]:
+            out[j] = out[j - 1]
+            j -= 1
+        out[j] = i

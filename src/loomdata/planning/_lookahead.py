@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loomdata.planning._lookahead_kernel import add_step_counts, chunk_indices, fit_lights, run_steps, segments_of
+from loomdata.planning._lookahead_kernel import add_step_counts, fit_lights, natural_chunk, run_steps, segments_of
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 from loomdata.schemas.spec import LOOKAHEAD_TOLERANCE
@@ -191,9 +191,9 @@ class _Order:
         ).astype(np.int64)
         offs64 = np.ascontiguousarray(offs, dtype=np.int64)
         for c, a in enumerate(range(lo_step, hi_step, width)):
-            idx = chunk_indices(offs64, cuts, c)  # the chunk's slices of every source, end to end (compiled)
+            idx = natural_chunk(raw, offs64, cuts, c, a, width)  # the chunk's slices, counting-sorted (compiled)
             if len(idx):
-                yield idx[stable_order(raw[idx], a, a + width)]
+                yield idx
 
 
 def stable_order(key: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -268,14 +268,21 @@ def assign_steps(
         o = int(offs[s])
         for i0 in range(0, len(p), CHUNK):
             i1 = min(len(p), i0 + CHUNK)
-            q = _arr(p[i0:i1], np.int64)
+            q: np.ndarray | None = None
+            if isinstance(p, range):  # consecutive positions: differences of the counts, no gathers
+                lo_p, hi_p = p.start + i0, p.start + i1 + 1
+                length[o + i0 : o + i1] = np.diff(st.cum[lo_p:hi_p])
+                if st.cum_long is not None:
+                    is_long[o + i0 : o + i1] = np.diff(st.cum_long[lo_p:hi_p]) > 0
+            else:
+                q = _arr(p[i0:i1], np.int64)
+                length[o + i0 : o + i1] = st.cum[q + 1] - st.cum[q]
+                if st.cum_long is not None:
+                    is_long[o + i0 : o + i1] = (st.cum_long[q + 1] - st.cum_long[q]) > 0
             if nat is None and ptr is not None:
                 raw[o + i0 : o + i1] = _natural_steps(ptr[:, s], p, i0, i1, q) - t0
             elif nat is not None:
                 raw[o + i0 : o + i1] = np.asarray(nat[s][i0:i1]) - t0
-            length[o + i0 : o + i1] = st.cum[q + 1] - st.cum[q]
-            if st.cum_long is not None:
-                is_long[o + i0 : o + i1] = (st.cum_long[q + 1] - st.cum_long[q]) > 0
         drawn[s] = float(length[o : o + len(p)].sum(dtype=np.int64))
         starts.append(_epoch_starts(p, st))
         _near_epoch_start(starts[-1], raw[o : o + len(p)], k + 1, edge[o : o + len(p)])
@@ -395,12 +402,14 @@ def assign_steps(
     return StepAssignment(res_pos, res_step)
 
 
-def _natural_steps(col: np.ndarray, p: Positions, i0: int, i1: int, q: np.ndarray) -> np.ndarray:
+def _natural_steps(col: np.ndarray, p: Positions, i0: int, i1: int, q: np.ndarray | None) -> np.ndarray:
     """The natural step of positions q = p[i0:i1] of one source (the step t with col[t] <= q < col[t+1], col its
-    membership pointers: searchsorted(col, q, "right") - 1); linear for a range (_steps_of_run)."""
-    if not isinstance(p, range) or i1 <= i0:
-        return np.searchsorted(col, q, side="right") - 1
-    return _steps_of_run(col, p.start + i0, p.start + i1)
+    membership pointers: searchsorted(col, q, "right") - 1); linear for a range (_steps_of_run; q unused)."""
+    if isinstance(p, range):
+        return _steps_of_run(col, p.start + i0, p.start + i1) if i1 > i0 else np.zeros(0, dtype=np.int64)
+    if q is None:
+        raise ValueError("the positions q of p[i0:i1] are needed where p is not a range")
+    return np.searchsorted(col, q, side="right") - 1
 
 
 def _steps_of_run(col: np.ndarray, lo: int, hi: int) -> np.ndarray:

@@ -37,8 +37,9 @@ import numpy as np
 
 from loomdata.planning._mixture_kernel import cumulative_targets, nearest_column, repair_rows
 from loomdata.planning._packing import Lanes, expand_with_lengths
+from loomdata.planning._permute import uniform_permutation
 from loomdata.planning._shuffle import BlockLayout
-from loomdata.planning._transpose_kernel import transposed
+from loomdata.planning._transpose_kernel import transpose_into, transposed
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import Spec
 
@@ -134,9 +135,7 @@ def build_stream(
     """
     idx_dtype = np.uint32 if len(lengths) < 2**32 else np.int64
     nonempty = bool((lengths > 0).all())
-    docs = np.arange(len(lengths), dtype=idx_dtype) if blocks is None else np.zeros(0, dtype=idx_dtype)
-    if blocks is None and not nonempty:
-        docs = docs[lengths > 0]
+    docs = None if nonempty or blocks is not None else np.flatnonzero(lengths > 0).astype(idx_dtype)
     n_docs = len(lengths) if nonempty else int(np.count_nonzero(lengths))
     n_ep = max(epochs, 1)
     per_epoch = n_docs + _extra_segments(lengths, lanes)
@@ -149,9 +148,8 @@ def build_stream(
     at = 0
     for e in range(n_ep):
         rng = np.random.default_rng([*source_key(seed, name), e])
-        if blocks is None:
-            perm = docs if e == n_ep - 1 else docs.copy()  # the last epoch shuffles docs itself
-            rng.shuffle(perm)  # in place on 4-byte indices: no 8-byte permutation array
+        if blocks is None:  # 4-byte ids, bucketed then shuffled in cache (planning._permute)
+            perm = uniform_permutation(rng, n_docs, src=docs, dtype=idx_dtype)
         else:
             rows = blocks.permutation(rng)
             perm = (rows if nonempty else rows[lengths[rows] > 0]).astype(idx_dtype)
@@ -256,16 +254,25 @@ def membership(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slo
     slot_arr = np.broadcast_to(np.asarray(slots, dtype=np.int64), (steps,))
     tg = np.ascontiguousarray(targets, dtype=np.float64)
     # _nearest of each source's targets and the running maximum down the steps, a source at a time over its
-    # targets and pointers laid out as rows (a column of the C-ordered grid is one cache line a step)
-    by_source = transposed(tg) if n_src > 1 else tg.reshape(1, steps)
-    ptr_t = np.zeros((n_src, steps + 1), dtype=np.int64)
-    for k, s in enumerate(streams):
-        nearest_column(s.cum, by_source[k], ptr_t[k])
-    del by_source
-    ptr = transposed(ptr_t) if n_src > 1 else ptr_t.reshape(steps + 1, 1)
-    del ptr_t
+    # targets and pointers laid out as rows (a column of the C-ordered grid is one cache line a step), a block
+    # of sources at a time (no transposed copy of a whole grid: with hundreds of sources each is as large as
+    # the index's columns)
+    ptr = np.zeros((steps + 1, n_src), dtype=np.int64)
+    width = max(1, MEMBERSHIP_BLOCK_CELLS // (steps + 1))
+    for k0 in range(0, n_src, width):
+        k1 = min(n_src, k0 + width)
+        by_source = transposed(tg[:, k0:k1])
+        ptr_t = np.zeros((k1 - k0, steps + 1), dtype=np.int64)
+        for k in range(k0, k1):
+            nearest_column(streams[k].cum, by_source[k - k0], ptr_t[k - k0])
+        transpose_into(ptr_t, ptr[:, k0:k1])
+        del by_source, ptr_t
     _repair(ptr, tg, streams, lanes, slot_arr)
     return ptr
+
+
+MEMBERSHIP_BLOCK_CELLS = 1 << 22
+"""(steps x sources) cells of the pointers worked out at once (two 32 MiB blocks, transposed there and back)."""
 
 
 def _laid_end_to_end(windows: list[np.ndarray]) -> np.ndarray:

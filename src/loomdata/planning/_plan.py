@@ -71,6 +71,7 @@ from loomdata.planning._resume import (
 from loomdata.planning._segments import DenseIds, SampleIds, Segments
 from loomdata.planning._shuffle import FIGURE_SEGMENTS, BlockLayout, layout_of, shuffle_figures, storage_runs
 from loomdata.planning._step import StepSink
+from loomdata.planning._threads import per_source
 from loomdata.planning.balance import BalanceConfig
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.freshness import require_built_from
@@ -81,7 +82,7 @@ from loomdata.schemas.tables import TableKind, check_schema
 
 __all__ = ["PLANNER_VERSION", "PlanResult", "PlanResume", "make_plan"]
 
-PLANNER_VERSION = "6"
+PLANNER_VERSION = "7"
 """Part of the plan id: bump it whenever the planner's output for the same inputs changes."""
 
 
@@ -172,9 +173,11 @@ def _load_index(
         require_built_from(spec)  # the index on disk fits the spec's settings and the files its globs match now
     out: list[_Source] = []
     fps: dict[str, str] = {}
-    for name in spec.source_names:
+    names = spec.source_names
+    read = per_source(lambda k: _read_source(spec.workdir, names[k]), len(names)) if index is None else []
+    for k, name in enumerate(names):
         if index is None:
-            src, fp = _read_source(spec.workdir, name)
+            src, fp = read[k]
         else:
             if name not in index:
                 raise PlanError(f"no index table given for source {name!r} (given: {', '.join(sorted(index))})")
@@ -278,14 +281,20 @@ def _plan_into(
     epoch_tokens = [int(s.num_tokens.sum(dtype=np.int64)) for s in sources]
     check_epochs(names, targets, epoch_tokens, [spec.source(n).max_epochs for n in names])
     max_seg = max(lanes.seq_len, lanes.long_seq_len or 0)
-    streams: list[Stream] = []
     layouts = [layout_of(spec.source(s.name), s.runs, s.order) for s in sources]
-    for k, s in enumerate(sources):
+    for s in sources:
         check_unsplittable(s.name, s.sample, s.num_tokens, s.num_image_tokens, lanes)
-        epochs = int((targets[-1, k] + max_seg) // epoch_tokens[k]) + 1 if epoch_tokens[k] else 1
+
+    epochs = [int((targets[-1, k] + max_seg) // tok) + 1 if tok else 1 for k, tok in enumerate(epoch_tokens)]
+
+    def stream_of(k: int) -> Stream:
+        s = sources[k]
         blocks = layouts[k] if spec.source(s.name).shuffle_blocks is not None else None
-        streams.append(build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs, blocks))
+        return build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs[k], blocks)
+
+    streams = per_source(stream_of, len(sources))
     ptr = membership(targets, streams, lanes, step_slots)
+    del targets  # (steps x sources) float64: not needed past membership
     shuffle = _shuffle_figures(spec, sources, layouts, streams, ptr, lanes)
     drawn_per_step = np.diff(ptr.sum(axis=1, dtype=np.int64))  # segments (none empty) of each step
     assignment = None

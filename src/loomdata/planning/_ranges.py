@@ -273,6 +273,7 @@ class RangePart:
     carries: dict[int, Segments]  # step -> what it deferred into the next step (steps that deferred only)
     cpu_seconds: float = 0.0  # CPU time balancing and writing it took (thread time, where it ran)
     worker: str = ""  # where it ran ("host:pid"), for per-worker figures
+    span: tuple[float, float] = (0.0, 0.0)  # wall clock (time.time()) when balancing it began and ended there
 
     @property
     def final_carry(self) -> Segments | None:
@@ -289,7 +290,7 @@ def range_report(work: PlanWork, first: int, stop: int) -> ReportBuilder:
 def plan_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments | None = None) -> RangePart:
     """Balance steps first..stop-1 (a partition bound and the bound or step count ending a later one) with
     `carry` into the first, write their manifest partitions under `out`, return their figures and carries."""
-    cpu = time.thread_time()
+    cpu, began = time.thread_time(), time.time()
     writer = ManifestWriter(out, work.plan_id, work.bounds, first_step=first)
     report = range_report(work, first, stop)
     sink = work.sink(writer, report, report_from=first)
@@ -301,7 +302,16 @@ def plan_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments
     files = writer.close(stop - 1)
     cpu = time.thread_time() - cpu
     where = f"{socket.gethostname()}:{os.getpid()}"
-    return RangePart(first=first, stop=stop, files=files, report=report, carries=carries, cpu_seconds=cpu, worker=where)
+    return RangePart(
+        first=first,
+        stop=stop,
+        files=files,
+        report=report,
+        carries=carries,
+        cpu_seconds=cpu,
+        worker=where,
+        span=(began, time.time()),
+    )
 
 
 def merge_report(into: ReportBuilder, part: ReportBuilder, first: int) -> None:

@@ -53,7 +53,7 @@ import pyarrow as pa
 
 from loomdata.planning._cp_report import cp_figures
 from loomdata.planning._report_kernel import mixture_shares
-from loomdata.planning._transpose_kernel import transposed
+from loomdata.planning._transpose_kernel import transpose_into, transposed
 from loomdata.schemas.plan import read_plan
 from loomdata.schemas.tables import ReadCount, TableKind, iter_steps, read_steps, step_span, write_table
 
@@ -148,8 +148,10 @@ class ReportBuilder:
         self._shuffle: dict[str, dict[str, float | int | str]] = {}
         self.rank_from = rank_from
         self.budgets = budgets
-        self.tokens = np.zeros((steps, len(sources)), dtype=np.int64)
-        self.weights = np.zeros((steps, len(sources)))
+        # (steps, sources) grids stored source-major (a transposed view of C-ordered (sources, steps)): the steps
+        # table's per-source columns are then contiguous rows, written without a transposed copy of the grids
+        self.tokens = np.zeros((len(sources), steps), dtype=np.int64).T
+        self.weights = np.zeros((len(sources), steps)).T
         self.cols = {
             k: np.zeros(steps)
             for k in (
@@ -199,7 +201,7 @@ class ReportBuilder:
         n = len(fig.lb)
         sl = slice(first, first + n)
         self.tokens[sl] = fig.tokens
-        self.weights[sl] = fig.weights
+        transpose_into(np.asarray(fig.weights, dtype=np.float64), self.weights[sl].T)
         loom_rank, slot_cost = fig.loom_rank, fig.slot_cost
         dp, mb = slot_cost.shape[1], slot_cost.shape[2]
         c = self.cols
@@ -320,8 +322,8 @@ class ReportBuilder:
         data: dict[str, Any] = {"step": np.arange(steps, dtype=np.uint32), "tokens": self.tokens.sum(axis=1)}
         data.update(self.cols)
         data.update(self.part_cols)
-        by_source = transposed(self.tokens), transposed(self.weights)  # columns as rows (a tiled copy): Arrow
-        for k, name in enumerate(self.sources):  # copies a contiguous column at memcpy speed, a strided one not
+        by_source = _by_source(self.tokens, np.int64), _by_source(self.weights, np.float64)  # columns as rows:
+        for k, name in enumerate(self.sources):  # Arrow copies a contiguous column at memcpy speed, a strided one not
             data[f"tokens__{name}"] = by_source[0][k]
             data[f"weight__{name}"] = by_source[1][k]
         if self.budgets is not None:
@@ -402,10 +404,17 @@ def mixture_error(
     one compiled pass (_report_kernel). `full` False: the shares of the last step only (one row each).
     """
     b = np.zeros(0) if budgets is None else np.ascontiguousarray(budgets, dtype=np.float64)
-    err, realized, target = mixture_shares(
-        np.ascontiguousarray(tokens, dtype=np.int64), np.ascontiguousarray(weights, dtype=np.float64), b, full
-    )
-    return err, realized, target
+    err, realized, target = mixture_shares(_by_source(tokens, np.int64), _by_source(weights, np.float64), b, full)
+    return err, realized.T, target.T
+
+
+def _by_source(grid: np.ndarray, dtype: type) -> np.ndarray:
+    """A (steps, sources) grid as C-ordered (sources, steps) rows of `dtype`: a view of the report's own
+    source-major grids, a tiled transposed copy of a step-major one."""
+    rows = grid.T
+    if rows.dtype != dtype:
+        rows = rows.astype(dtype)
+    return rows if rows.flags.c_contiguous else transposed(grid.astype(dtype, copy=False))
 
 
 def step_table_columns(plan_dir: Path) -> list[str]:

@@ -1,8 +1,10 @@
-"""Compiled mixture error (planning._report.mixture_error): realized and target cumulative shares and each
-step's worst error, in one pass over the (steps, sources) tables instead of a NumPy pass per operation.
+"""Compiled report figures: the mixture error (planning._report.mixture_error: realized and target cumulative
+shares and each step's worst error, in one pass over the (sources, steps) tables the report keeps source-major,
+instead of a NumPy pass per operation) and each step's cost total and largest segment (run_sums, for its LB).
 
 The same values: token counts are integers, so their running and per-step totals are exact in any order;
-the target's running sums run down the steps (as np.cumsum does) and every division is the same.
+the target's running sums run down the steps (as np.cumsum does) and every division is the same; a step's
+worst error is a maximum, the same in any order of sources.
 """
 
 from __future__ import annotations
@@ -11,42 +13,100 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["mixture_shares"]
+__all__ = ["mixture_shares", "run_sums"]
 
 
 @njit
 def mixture_shares(
     tokens: np.ndarray, weights: np.ndarray, budgets: np.ndarray, full: bool = True
 ) -> tuple[np.ndarray, ...]:
-    """(worst error per step in pp, realized cumulative shares, target cumulative shares) of (steps, sources)
-    token counts and weights; targets weighted by the steps' `budgets` unless that is empty. `full` False: the
-    shares of the last step only (one row each; the summary's need, without two (steps, sources) tables)."""
-    steps, n_src = tokens.shape
-    err = np.zeros(steps)
-    rows = steps if full or steps == 0 else 1
-    realized = np.empty((rows, n_src))
-    target = np.empty((rows, n_src))
-    cum = np.zeros(n_src, dtype=np.int64)
-    run = np.zeros(n_src)
-    run_b = 0.0
+    """(worst error per step in pp, realized cumulative shares, target cumulative shares) of (sources, steps)
+    token counts and weights, the shares (sources, steps) too; targets weighted by the steps' `budgets` unless
+    that is empty. `full` False: the shares of the last step only (one column each; the summary's need, without
+    two (sources, steps) tables)."""
+    n_src, steps = tokens.shape
+    cols = steps if full or steps == 0 else 1
+    realized = np.empty((n_src, cols))
+    target = np.empty((n_src, cols))
+    div = np.zeros(steps, dtype=np.int64)  # every source's tokens placed up to each step
+    for k in range(n_src):
+        for t in range(steps):
+            div[t] += tokens[k, t]
+    b_div = np.empty(steps)
     weighted = len(budgets) > 0
+    run_b, tot = 0.0, 0
     for t in range(steps):
-        tot = 0
-        for k in range(n_src):
-            cum[k] += tokens[t, k]
-            tot += cum[k]
-        div = float(tot) if tot > 0 else 1.0
+        tot += div[t]
+        div[t] = tot
         if weighted:
             run_b += budgets[t]
-            b_div = max(run_b, 1.0)
+            b_div[t] = max(run_b, 1.0)
         else:
-            b_div = float(t + 1)
-        worst = 0.0
-        r = t if full else 0
-        for k in range(n_src):
-            realized[r, k] = float(cum[k]) / div
-            run[k] += weights[t, k] * budgets[t] if weighted else weights[t, k]
-            target[r, k] = run[k] / b_div
-            worst = max(worst, abs(realized[r, k] - target[r, k]))
-        err[t] = worst * 100.0
-    return err, realized, target
+            b_div[t] = float(t + 1)
+    worst = np.zeros(steps)
+    for k in range(n_src):
+        cum, run, r, g = 0, 0.0, 0.0, 0.0
+        for t in range(steps):
+            cum += tokens[k, t]
+            r = float(cum) / (float(div[t]) if div[t] > 0 else 1.0)
+            run += weights[k, t] * budgets[t] if weighted else weights[k, t]
+            g = run / b_div[t]
+            worst[t] = max(worst[t], abs(r - g))
+            if full:
+                realized[k, t] = r
+                target[k, t] = g
+        if not full and steps:
+            realized[k, 0] = r
+            target[k, 0] = g
+    return worst * 100.0, realized, target
+
+
+_PW_BLOCK = 128  # NumPy's PW_BLOCKSIZE: pairwise summation recurses above this many values
+
+
+@njit
+def _pairwise(a: np.ndarray, lo: int, n: int) -> float:
+    """NumPy's pairwise sum of a[lo : lo + n] (DOUBLE_pairwise_sum: 8 accumulators within a block of 128, halves
+    at multiples of 8 above), the same float additions in the same order."""
+    if n < 8:
+        res = -0.0
+        for i in range(n):
+            res += a[lo + i]
+        return res
+    if n <= _PW_BLOCK:
+        r = a[lo : lo + 8].copy()
+        i = 8
+        while i < n - n % 8:
+            for j in range(8):
+                r[j] += a[lo + i + j]
+            i += 8
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        while i < n:
+            res += a[lo + i]
+            i += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise(a, lo, n2) + _pairwise(a, lo + n2, n - n2)
+
+
+@njit
+def run_sums(values: np.ndarray, off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sum and max of each non-empty run values[off[i]:off[i+1]], each sum the bits of the run's own .sum()
+    (NumPy's add.reduce of a contiguous run: its pairwise sum). Empty arrays when a run is empty."""
+    n = len(off) - 1
+    total = np.zeros(n)
+    top = np.zeros(n)
+    for i in range(n):
+        a, b = off[i], off[i + 1]
+        if b <= a:
+            return np.zeros(0), np.zeros(0)
+        total[i] = 0.0 + _pairwise(values, a, b - a)  # add.reduce starts from +0.0 (its identity)
+        m = values[a]
+        for j in range(a + 1, b):
+            if values[j] > m or values[j] != values[j]:  # NaN propagates, as in max
+                m = values[j]
+                if m != m:
+                    break
+        top[i] = m
+    return total, top

@@ -9,6 +9,7 @@ import numpy as np
 
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._report import BlockFigures, ReportBuilder, StepFigures
+from loomdata.planning._report_kernel import run_sums
 from loomdata.planning.balance import BalancedBlock, BalancedStep
 
 __all__ = ["StepSink"]
@@ -57,13 +58,17 @@ class StepSink:
             own = blk.cost[blk.in_step]
             own_off = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(np.bincount(np.repeat(np.arange(n), np.diff(blk.off))[blk.in_step], minlength=n), out=own_off[1:])
-        total, top = _segment_sums(own, own_off)
-        tokens = np.bincount(rs * self.n_sources + placed_src, weights=blk.length, minlength=n * self.n_sources)
+        total, top = run_sums(np.ascontiguousarray(own, dtype=np.float64), own_off)
+        if len(total) < n:
+            raise ValueError("a step without segments")
+        # each source's tokens per step, source-major (the report's layout: copied a source's run at a time)
+        by_src = placed_src.astype(np.int64) * n + rs
+        tokens = np.bincount(by_src, weights=blk.length, minlength=n * self.n_sources)
         deferred = np.zeros(n, dtype=np.int64)
         if blk.carry is not None:
             deferred[-1] = int(blk.carry.length.sum())
         fig = BlockFigures(
-            tokens=tokens.reshape(n, self.n_sources).astype(np.int64),
+            tokens=tokens.astype(np.int64).reshape(self.n_sources, n).T,
             weights=weights,
             lb=np.maximum(total / dp, top),
             loom_rank=blk.rank_cost,
@@ -115,23 +120,3 @@ class StepSink:
             parts=b.parts,
         )
         self.report.add(t - self.report_from, fig)
-
-
-def _segment_sums(values: np.ndarray, off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sum and max of each run values[off[i]:off[i+1]] (non-empty), each sum the same bits as the run's own
-    .sum() (NumPy sums a row of a 2-d array pairwise as it sums a 1-d array; reduceat sums in order): the runs
-    of each length are gathered into one (runs, length) array."""
-    n = np.diff(off)
-    total = np.zeros(len(n))
-    top = np.zeros(len(n))
-    by = np.argsort(n, kind="stable")
-    sorted_n = n[by]
-    first = np.flatnonzero(np.concatenate([[True], sorted_n[1:] != sorted_n[:-1]])) if len(n) else np.zeros(0, np.int64)
-    for size, a, b in zip(sorted_n[first].tolist(), first.tolist(), [*first[1:].tolist(), len(n)], strict=True):
-        runs = by[a:b]
-        if size == 0:
-            raise ValueError("a step without segments")
-        grid = values[off[runs][:, None] + np.arange(size)]
-        total[runs] = np.add.reduce(grid, axis=1)
-        top[runs] = grid.max(axis=1)
-    return total, top

@@ -12,7 +12,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["transposed"]
+__all__ = ["transpose_into", "transposed"]
 
 _TILE = 64
 _SMALL = 1 << 14
@@ -42,3 +42,14 @@ def transposed(a: np.ndarray) -> np.ndarray:
     out = np.empty((a.shape[1], a.shape[0]), dtype=a.dtype)
     _transpose_into(src, out)
     return out
+
+
+def transpose_into(a: np.ndarray, out: np.ndarray) -> None:
+    """out[...] = a.T for a 2-d `a` and an `out` of a's transposed shape and dtype (a view, strided or not), tiled
+    where it is large."""
+    if a.ndim != 2 or out.shape != a.shape[::-1] or out.dtype != a.dtype:
+        raise ValueError(f"transpose_into: {a.shape} {a.dtype} into {out.shape} {out.dtype}")
+    if a.size < _SMALL or a.dtype.kind not in "iuf":
+        out[...] = a.T
+        return
+    _transpose_into(a, out)

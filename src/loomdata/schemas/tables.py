@@ -177,6 +177,12 @@ def check_schema(table: pa.Table | pa.Schema, kind: TableKind, where: str) -> No
         raise ContractError(f"{where}: not a valid {kind.value} table: " + "; ".join(problems))
 
 
+_PLAIN: dict[TableKind, tuple[str, ...]] = {TableKind.MANIFEST: ("sample",)}
+"""Columns written without dictionary encoding: their values are mostly distinct, so a dictionary only grows
+until Parquet gives it up (a manifest's `sample`: writing it plain makes a partition 1.7x faster to write and
+25% smaller, measured on 262K synthetic rows; every other manifest column repeats a few values)."""
+
+
 def write_table(
     table: pa.Table,
     path: str | Path,
@@ -184,7 +190,8 @@ def write_table(
     extra_metadata: Mapping[str, str] | None = None,
     row_group_size: int | None = None,
 ) -> None:
-    """Write `table` as Parquet (zstd) with its kind and version stamped in the metadata."""
+    """Write `table` as Parquet (zstd) with its kind and version stamped in the metadata; dictionary encoding
+    for every column but the kind's mostly distinct ones (_PLAIN)."""
     check_schema(table, kind, str(path))
     meta = dict(table.schema.metadata or {})
     meta[_KIND] = kind.value.encode()
@@ -196,6 +203,7 @@ def write_table(
         table.replace_schema_metadata(meta),
         str(path),
         compression="zstd",
+        use_dictionary=[n for n in table.column_names if n not in _PLAIN.get(kind, ())],
         row_group_size=row_group_size,
         write_statistics=True,
         store_schema=True,

@@ -91,7 +91,7 @@ def test_same_carry_compares_every_column_and_its_type() -> None:
 def test_ranges_fixed_up_give_the_one_process_plan_byte_for_byte(
     name: str, ranges: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 40)
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 30)
     fixed: list[tuple[int, int]] = []
     real_fix_up = distributed_module.fix_up
 
@@ -118,7 +118,7 @@ def test_ranges_fixed_up_give_the_one_process_plan_byte_for_byte(
 def test_a_text_only_work_sends_no_image_column_and_ranges_need_no_fix_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 200)
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 30)
     spec, index, kw = CASES["web4k_dp8"](tmp_path)
     pool = _PicklingPool()
     res = make_plan(spec, index=index, client=pool, ranges=3, **kw)
@@ -139,7 +139,7 @@ def test_a_window_holds_its_range_alone_and_plans_it_byte_for_byte(
 ) -> None:
     """window(work, a, b) keeps only the stream positions steps a..b-1 draw (re-indexed from 0) and balances
     those steps to the same blocks as the whole work; the windows of a cut hold the stream about once."""
-    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 200)
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 30)
     spec, index, kw = CASES["web4k_dp8"](tmp_path)
     pool = _PicklingPool()
     make_plan(spec, index=index, client=pool, ranges=1, **kw)

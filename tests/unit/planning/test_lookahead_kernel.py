@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from loomdata.planning._lookahead import _Cum, _fit_lights, segments_at
-from loomdata.planning._lookahead_kernel import _cum_right, add_step_counts, chunk_indices, run_steps
+from loomdata.planning._lookahead_kernel import _cum_right, add_step_counts, natural_chunk, run_steps
 from loomdata.planning._mixture import Stream, build_stream
 from loomdata.planning._packing import Lanes
 
@@ -146,17 +146,27 @@ def test_segments_at_matches_the_numpy_gather(seed: int, long_lane: bool) -> Non
     assert len(st.split_pos)  # the streams hold split pieces
 
 
-def test_chunk_indices_are_the_sources_slices_end_to_end() -> None:
-    """A chunk of the natural order's global indices (chunk_indices) against the per-source aranges concatenated,
-    the code it replaces, with empty slices and empty sources."""
+def test_a_natural_chunk_is_the_sources_slices_sorted_stably_by_step() -> None:
+    """A chunk of the natural order's global indices (natural_chunk) against the code it replaces: the per-source
+    slices end to end, then a stable argsort by step; with empty slices, empty sources and negative steps (what
+    a re-plan's base deferred)."""
     rng = np.random.default_rng(3)
-    sizes = rng.integers(0, 40, 12)
-    sizes[3] = 0
-    offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    cuts = np.stack([np.sort(rng.integers(0, n + 1, 6)) for n in sizes]).astype(np.int64)
-    cuts[:, 0], cuts[:, -1] = 0, sizes
-    for c in range(cuts.shape[1] - 1):
-        parts = [np.arange(offs[s] + cuts[s, c], offs[s] + cuts[s, c + 1], dtype=np.int64) for s in range(len(sizes))]
-        want = np.concatenate(parts)
-        got = chunk_indices(offs, cuts, c)
-        assert got.dtype == np.int64 and np.array_equal(got, want)
+    for trial in range(20):
+        sizes = rng.integers(0, 40, 12)
+        sizes[3] = 0
+        offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        lo_step = -2 if trial % 2 else 0
+        raw = np.concatenate([np.sort(rng.integers(lo_step, 30, n)) for n in sizes]).astype(np.int32)
+        width = int(rng.integers(1, 12))
+        edges = np.arange(lo_step, 30 + width, width, dtype=np.int64)
+        cuts = np.stack(
+            [np.searchsorted(raw[offs[s] : offs[s + 1]], edges.astype(raw.dtype)) for s in range(len(sizes))]
+        ).astype(np.int64)
+        for c, a in enumerate(range(lo_step, 30, width)):
+            parts = [
+                np.arange(offs[s] + cuts[s, c], offs[s] + cuts[s, c + 1], dtype=np.int64) for s in range(len(sizes))
+            ]
+            idx = np.concatenate(parts)
+            want = idx[np.argsort(raw[idx], kind="stable")]
+            got = natural_chunk(raw, offs, cuts, c, a, width)
+            assert got.dtype == np.int64 and np.array_equal(got, want)

@@ -8,9 +8,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from loomdata.planning._jit import stable_argsort, stable_argsort_into
 from loomdata.planning._mixture import _nearest, cumulative_targets_of, membership, step_weights
 from loomdata.planning._mixture_kernel import nearest_column
-from loomdata.planning.balance._deal_kernel import by_cost_order
+from loomdata.planning.balance._deal_kernel import (
+    RADIX_STEP,
+    _radix_order,
+    _steps_order,
+    by_cost_order,
+)
 from loomdata.schemas import parse_spec
 from loomdata.schemas.spec import Spec
 
@@ -109,6 +115,28 @@ def test_membership_pointers_of_many_sources_are_each_sources_own(tmp_path: Path
     assert (np.diff(ptr, axis=0) >= 0).all()
 
 
+@pytest.mark.parametrize("cells", [61, 2 * 61, 3 * 61 + 5])
+def test_membership_pointers_worked_out_a_block_of_sources_at_a_time_are_the_whole_grids(
+    cells: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks of 1, 2 and 3 sources (MEMBERSHIP_BLOCK_CELLS over 61 pointer rows) give the pointers of one block."""
+    from loomdata.planning import _mixture
+    from loomdata.planning._packing import Lanes
+
+    rng = np.random.default_rng(7)
+    lanes = Lanes(seq_len=4096)
+    streams = [
+        _mixture.build_stream(f"s{k}", 3, rng.integers(16, 3000, 2000).astype(np.uint32), lanes, 2) for k in range(7)
+    ]
+    w = rng.random((60, 7))
+    w /= w.sum(axis=1)[:, None]
+    targets = cumulative_targets_of(w, np.full(60, 8 * 4096, dtype=np.int64))
+    whole = membership(targets, streams, lanes, 8)
+    monkeypatch.setattr(_mixture, "MEMBERSHIP_BLOCK_CELLS", cells)
+    blocked = membership(targets, streams, lanes, 8)
+    assert blocked.flags.c_contiguous and np.array_equal(blocked, whole)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_dealing_order_is_the_lexsort_by_step_then_largest_cost(seed: int) -> None:
     rng = np.random.default_rng(seed)
@@ -118,3 +146,48 @@ def test_dealing_order_is_the_lexsort_by_step_then_largest_cost(seed: int) -> No
     step = np.repeat(np.arange(b), ns)
     cost = rng.integers(0, 4, len(step)).astype(np.float64) if seed % 2 else rng.random(len(step))  # ties, or not
     assert np.array_equal(by_cost_order(cost, cut), np.lexsort((-cost, step)))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_radix_dealing_order_is_the_lexsort_by_step_then_largest_cost(seed: int) -> None:
+    """The radix sort gives the lexsort on costs with ties, both zeros, infinities, negatives, subnormals and
+    integer-valued costs (whose low key bits never differ: passes start where keys differ)."""
+    rng = np.random.default_rng(seed)
+    b = int(rng.integers(1, 12))
+    ns = rng.integers(0, 3 * RADIX_STEP, b)
+    cut = np.concatenate([[0], np.cumsum(ns)]).astype(np.int64)
+    step = np.repeat(np.arange(b), ns)
+    n = len(step)
+    pool = np.array([0.0, -0.0, np.inf, -np.inf, 5e-324, -5e-324, 1.0, -1.0, 2.0**60, 3.0])
+    kind = seed % 4
+    if kind == 0:
+        cost = rng.integers(0, 2**27, n).astype(np.float64) * (1 if seed % 8 else 2.0**-30)
+    elif kind == 1:
+        cost = rng.choice(pool, n)
+    elif kind == 2:
+        cost = rng.standard_normal(n) * 10.0 ** rng.integers(-300, 300, n)
+    else:
+        cost = rng.integers(0, 5, n).astype(np.float64)  # few values: most key bits alike
+    want = np.lexsort((-cost, step))
+    assert np.array_equal(_radix_order(cost, cut), want)
+    assert np.array_equal(_steps_order(cost, cut), want)
+    assert np.array_equal(by_cost_order(cost, cut), want)
+
+
+def test_radix_dealing_order_leaves_nan_to_the_step_by_step_sort() -> None:
+    cost = np.linspace(1.0, 2.0, 2 * RADIX_STEP)
+    cost[7] = np.nan
+    cut = np.array([0, len(cost)], dtype=np.int64)
+    assert len(_radix_order(cost, cut)) == 0
+    assert np.array_equal(by_cost_order(cost, cut), _steps_order(cost, cut))
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 31, 32, 33, 64, 1024])
+def test_stable_argsort_into_a_buffer_is_numpys_stable_argsort(n: int) -> None:
+    """The rank order a dealing round writes into its buffer: np.argsort(kind="stable"), ties by rank."""
+    rng = np.random.default_rng(n)
+    out = np.full(n, -1, dtype=np.int64)
+    for x in (rng.integers(0, 3, n).astype(np.float64), rng.random(n), np.zeros(n), -np.arange(n, dtype=np.float64)):
+        stable_argsort_into(x, out)
+        assert np.array_equal(out, np.argsort(x, kind="stable"))
+        assert np.array_equal(stable_argsort(x), out)

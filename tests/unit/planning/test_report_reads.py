@@ -13,6 +13,7 @@ import pytest
 
 from loomdata.cli import main
 from loomdata.planning import make_plan, plan_report
+from loomdata.planning._plan import PLANNER_VERSION
 from loomdata.planning._report import step_range_figures
 from loomdata.planning._resume import PlanResume, base_report_rows, open_base
 from loomdata.schemas.plan import read_manifest
@@ -87,7 +88,7 @@ def test_replan_reads_base_report_by_step_range_and_manifest_by_columns(plan_dir
     from loomdata.schemas.plan import read_plan
 
     meta = read_plan(plan_dir)
-    base = open_base(PlanResume(plan_dir=plan_dir, at_step=5), meta.spec, meta.index_fingerprints, "6")
+    base = open_base(PlanResume(plan_dir=plan_dir, at_step=5), meta.spec, meta.index_fingerprints, PLANNER_VERSION)
     rows = base_report_rows(base, ["deferred_tokens"])
     assert rows is not None and list(rows) == ["deferred_tokens"] and len(rows["deferred_tokens"]) == 5
     t = read_manifest(plan_dir, meta, 0, 4, columns=["source", "sample", "offset", "length"])

@@ -8,15 +8,15 @@ import pytest
 from loomdata.planning._lookahead import _steps_of_run
 from loomdata.planning._mixture import build_stream, source_key
 from loomdata.planning._packing import Lanes, expand_units
+from loomdata.planning._permute import uniform_permutation
 
 
 def _reference(lengths: np.ndarray, lanes: Lanes, epochs: int) -> tuple[np.ndarray, ...]:
-    """Every epoch's uniform permutation expanded whole (expand_units), concatenated, and its counts."""
+    """Every epoch's permutation (planning._permute) expanded whole (expand_units), concatenated, and its counts."""
     docs = np.flatnonzero(lengths > 0).astype(np.uint32)
     parts, pos, off, seg, at = [], [], [], [], 0
     for e in range(epochs):
-        perm = docs.copy()
-        np.random.default_rng([*source_key(7, "s"), e]).shuffle(perm)
+        perm = uniform_permutation(np.random.default_rng([*source_key(7, "s"), e]), len(docs), src=docs)
         d, o, ln = expand_units(perm, lengths, lanes)
         split = np.flatnonzero((o > 0) | (ln != lengths[d]))
         parts.append(d)

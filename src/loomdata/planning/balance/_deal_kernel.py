@@ -11,17 +11,97 @@ from __future__ import annotations
 
 import numpy as np
 
-from loomdata.planning._jit import njit, stable_argsort
+from loomdata.planning._jit import njit, stable_argsort, stable_argsort_into
 
 __all__ = ["by_cost_order", "deal_rounds", "place_whole_step"]
 
 FALLBACK_PASSES = 3  # passes pairing items whose rank was full with ranks that have room, before one by one
 
 
+RADIX_MIN = 512
+RADIX_STEP = 256
+"""Blocks of at least RADIX_MIN items and RADIX_STEP items a step on average are ordered by one radix sort
+(_radix_order: 1.4 ms a 64K-item block at dp 1024, 6.9 ms step by step); smaller steps one after the other
+(insertion or merge sort each: 2.8 ms a 64K-item block of 61-item steps, where the radix sort took 3.2 ms)."""
+_SIGN = np.uint64(1 << 63)
+_DIGIT = 11  # bits of the key a radix pass sorts on (2048 buckets)
+
+
 @njit
 def by_cost_order(cost: np.ndarray, cut: np.ndarray) -> np.ndarray:
     """Positions of items grouped by step (step i's are cut[i]..cut[i+1]-1) ordered by step, then largest cost
     first, ties in position order: np.lexsort((-cost, step)), a stable sort of each step's items."""
+    if len(cost) >= max(RADIX_MIN, RADIX_STEP * (len(cut) - 1)):
+        out = _radix_order(cost, cut)
+        if len(out) == len(cost):
+            return out
+    return _steps_order(cost, cut)
+
+
+@njit
+def _radix_order(cost: np.ndarray, cut: np.ndarray) -> np.ndarray:
+    """by_cost_order of a whole block by one LSD radix sort: each cost's descending sort key (the bits of
+    0.0 - cost, +0.0 for both zeros, mapped so that unsigned order is float order), _DIGIT bits a pass over the
+    bits where keys differ, then a stable counting pass by step. Empty (the caller falls back) when a cost is NaN."""
+    n = len(cost)
+    neg = np.empty(n)
+    for i in range(n):
+        if cost[i] != cost[i]:
+            return np.empty(0, dtype=np.int64)
+        neg[i] = 0.0 - cost[i]
+    bits = neg.view(np.uint64)
+    key = np.empty(n, dtype=np.uint64)
+    differ = np.uint64(0)
+    for i in range(n):
+        b = bits[i]
+        key[i] = ~b if b & _SIGN else b | _SIGN
+        differ |= key[i] ^ key[0]
+    lo, hi = 0, 0  # the keys differ only in bits lo..hi-1
+    while hi < 64 and differ >> np.uint64(hi):
+        hi += 1
+    while lo < hi and not (differ >> np.uint64(lo)) & np.uint64(1):
+        lo += 1
+    passes = (hi - lo + _DIGIT - 1) // _DIGIT
+    hist = np.zeros((max(passes, 1), 1 << _DIGIT), dtype=np.int64)
+    mask = np.uint64((1 << _DIGIT) - 1)
+    for i in range(n):
+        for d in range(passes):
+            hist[d, (key[i] >> np.uint64(lo + _DIGIT * d)) & mask] += 1
+    idx = np.arange(n)
+    idx2 = np.empty(n, dtype=np.int64)
+    key2 = np.empty(n, dtype=np.uint64)
+    pos = np.empty(1 << _DIGIT, dtype=np.int64)
+    for d in range(passes):
+        at = 0
+        for v in range(1 << _DIGIT):
+            pos[v] = at
+            at += hist[d, v]
+        shift = np.uint64(lo + _DIGIT * d)
+        for i in range(n):
+            k = key[i]
+            v = (k >> shift) & mask
+            p = pos[v]
+            pos[v] = p + 1
+            key2[p] = k
+            idx2[p] = idx[i]
+        key, key2 = key2, key
+        idx, idx2 = idx2, idx
+    step = np.empty(n, dtype=np.int64)
+    for s in range(len(cut) - 1):
+        step[cut[s] : cut[s + 1]] = s
+    nxt = cut[:-1].copy()
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        j = idx[i]
+        s = step[j]
+        out[nxt[s]] = j
+        nxt[s] += 1
+    return out
+
+
+@njit
+def _steps_order(cost: np.ndarray, cut: np.ndarray) -> np.ndarray:
+    """by_cost_order step by step: a stable argsort of each step's negated costs."""
     out = np.empty(len(cost), dtype=np.int64)
     for i in range(len(cut) - 1):
         a, b = cut[i], cut[i + 1]
@@ -151,11 +231,12 @@ def deal_rounds(
     g_cost and lengths g_len) in LPT rounds into the (steps, dp, mb) slot state, recording p_rank and p_mb."""
     dp = cost3.shape[1]
     failed = np.empty(dp, dtype=np.int64)
+    rk = np.empty(dp, dtype=np.int64)
     for s in range(cost3.shape[0]):
         at, left = start[s], n_deal[s]
         while left > 0:
             rc = rank_cost[s]
-            rk = stable_argsort(rc)
+            stable_argsort_into(rc, rk)
             thr = rc[rk[0]] + g_cost[at]
             within = 0
             for q in range(dp):

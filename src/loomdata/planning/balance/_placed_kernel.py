@@ -30,19 +30,24 @@ def placed_rows(
     mb: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(step, item, delta, length, rank, micro-batch) of the placed pieces of steps 0..nb-1 in manifest order:
-    long items `long_idx` and dealt items `order` (global indices; those with p_rank >= 0), then `pieces`
-    (int64 rows: step, item within the step, delta, length, rank, micro-batch); `off`: each step's first item."""
+    long items `long_idx` (ascending) and dealt items `order` (global indices, grouped by step in step order;
+    those with p_rank >= 0), then `pieces` (int64 rows: step, item within the step, delta, length, rank,
+    micro-batch); `off`: each step's first item."""
     slots = dp * mb
     n_keys = nb * slots * 3
     start = np.zeros(n_keys + 1, dtype=np.int64)
     n_whole = len(long_idx) + len(order)
     key = np.empty(n_whole + len(pieces), dtype=np.int64)
+    s = 0
     for j in range(n_whole):
+        if j == len(long_idx):  # the dealt items: a step's after the step before's, as the long items
+            s = 0
         i = long_idx[j] if j < len(long_idx) else order[j - len(long_idx)]
+        while i >= off[s + 1]:  # the item's step: on from the previous item's
+            s += 1
         if p_rank[i] < 0:
             key[j] = -1
             continue
-        s = np.searchsorted(off, i, side="right") - 1
         phase = 0 if j < len(long_idx) else 1
         key[j] = ((s * dp + p_rank[i]) * mb + p_mb[i]) * 3 + phase
         start[key[j] + 1] += 1

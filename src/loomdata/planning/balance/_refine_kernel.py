@@ -5,7 +5,8 @@ The same decisions, in the same order, as the rounds NumPy ran in lockstep over 
 rounds read and write only its own slots and items): per round the most and least loaded ranks (first
 maximum, first minimum), every MAX_CANDIDATES-subsampled pair (a on the heavy rank; a move to the light
 rank's roomiest short micro-batch, or a swap with b) in (a, b) order, the first pair whose cost difference
-is nearest half the gap.
+is nearest half the gap. A step's items of each rank are listed once, ascending, and the lists follow the
+moves (no scan of the step's items a round: a 64K-item block at dp 1024 4.8 -> 0.8 ms).
 """
 
 from __future__ import annotations
@@ -18,22 +19,51 @@ __all__ = ["refine_rounds"]
 
 
 @njit
-def _members(key: np.ndarray, a: int, b: int, want: int, cap: int) -> np.ndarray:
-    """Items a..b-1 whose key is `want`, ascending; every stride-th of them when more than `cap`."""
-    n = 0
+def _rank_lists(
+    key: np.ndarray, a: int, b: int, base: int, dp: int, spare: int, at: np.ndarray, n: np.ndarray, buf: np.ndarray
+) -> None:
+    """Each rank's movable items of a step (items a..b-1 whose key is base + rank), ascending: rank r's are
+    buf[at[r] : at[r] + n[r]], with room for `spare` more (a step's rounds add at most one item to a rank each)."""
+    n[:] = 0
     for i in range(a, b):
-        if key[i] == want:
-            n += 1
-    stride = 1 if n <= cap else -(-n // cap)
-    out = np.empty(-(-n // stride), dtype=np.int64)
-    at = k = 0
+        r = key[i] - base
+        if 0 <= r < dp:
+            n[r] += 1
+    total = 0
+    for r in range(dp):
+        at[r] = total
+        total += n[r] + spare
+    n[:] = 0
     for i in range(a, b):
-        if key[i] == want:
-            if at % stride == 0:
-                out[k] = i
-                k += 1
-            at += 1
-    return out
+        r = key[i] - base
+        if 0 <= r < dp:
+            buf[at[r] + n[r]] = i
+            n[r] += 1
+
+
+@njit
+def _candidates(buf: np.ndarray, at: int, n: int, cap: int) -> np.ndarray:
+    """A rank's items buf[at : at + n]; every stride-th of them when more than `cap` (from the first)."""
+    if n <= cap:
+        return buf[at : at + n]
+    return buf[at : at + n : -(-n // cap)]
+
+
+@njit
+def _list_move(item: int, src: int, dst: int, at: np.ndarray, n: np.ndarray, buf: np.ndarray) -> None:
+    """Move `item` from rank src's ascending list to rank dst's, keeping both ascending."""
+    j = at[src]
+    while buf[j] != item:
+        j += 1
+    for q in range(j, at[src] + n[src] - 1):
+        buf[q] = buf[q + 1]
+    n[src] -= 1
+    j = at[dst] + n[dst]
+    while j > at[dst] and buf[j - 1] > item:
+        buf[j] = buf[j - 1]
+        j -= 1
+    buf[j] = item
+    n[dst] += 1
 
 
 @njit
@@ -80,18 +110,28 @@ def refine_rounds(
     """Up to `rounds` rounds of moves and swaps between the most and least loaded rank of every step (items
     off[s]..off[s+1]-1; key: step * dp + rank of a movable item, updated as items move), in place."""
     n_steps, dp, mb = cost3.shape
+    at = np.empty(dp, dtype=np.int64)
+    cnt = np.empty(dp, dtype=np.int64)
+    most = 0
+    for s in range(n_steps):
+        most = max(most, off[s + 1] - off[s])
+    buf = np.empty(most + dp * rounds, dtype=np.int64)
     for s in range(n_steps):
         a0, b0 = off[s], off[s + 1]
+        listed = False
         for _ in range(rounds):
             r_s = rc[s]
             hi, lo = int(np.argmax(r_s)), int(np.argmin(r_s))
             gap = r_s[hi] - r_s[lo]
             if gap <= tolerance * r_s[hi]:
                 break
-            ia = _members(key, a0, b0, s * dp + hi, cap)
+            if not listed:  # each rank's movable items, kept up to date as items move (no scan a round)
+                _rank_lists(key, a0, b0, s * dp, dp, rounds, at, cnt, buf)
+                listed = True
+            ia = _candidates(buf, at[hi], cnt[hi], cap)
             if len(ia) == 0:
                 break
-            ib = _members(key, a0, b0, s * dp + lo, cap)
+            ib = _candidates(buf, at[lo], cnt[lo], cap)
             roomiest, top = 0, -2
             for m in range(mb):
                 v = room3[s, lo, m] if lane3[s, lo, m] == 0 else -1
@@ -117,12 +157,15 @@ def refine_rounds(
             if bi < 0:
                 break
             item_a = ia[bi]
+            item_b = ib[bj - 1] if bj > 0 else -1
             ma = p_mb[item_a]
-            mj = roomiest if bj == 0 else p_mb[ib[bj - 1]]
+            mj = roomiest if bj == 0 else p_mb[item_b]
             c_a = _shift(item_a, s, (hi, ma), (lo, mj), cost3, room3, p_rank, p_mb, key, g_cost, g_len)
+            _list_move(item_a, hi, lo, at, cnt, buf)
             c_b = 0.0
             if bj > 0:
-                c_b = _shift(ib[bj - 1], s, (lo, mj), (hi, ma), cost3, room3, p_rank, p_mb, key, g_cost, g_len)
+                c_b = _shift(item_b, s, (lo, mj), (hi, ma), cost3, room3, p_rank, p_mb, key, g_cost, g_len)
+                _list_move(item_b, lo, hi, at, cnt, buf)
             dl = c_a - c_b
             rc[s, hi] -= dl
             rc[s, lo] += dl

@@ -23,8 +23,6 @@ workdir (a shared filesystem, as the embedded LocalCluster does).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import itertools
 import time
 from collections.abc import Callable
@@ -34,6 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow.parquet as pq
 
+from loomdata.planning._allocator import tune_allocator
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._ranges import PlanWork, RangePart, balanced_steps, plan_range, same_carry, window
 from loomdata.planning._segments import Segments
@@ -184,29 +183,6 @@ def _worker_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segme
     """plan_range on a worker, its allocator tuned first (tune_allocator)."""
     tune_allocator()
     return plan_range(work, out, first, stop, carry)
-
-
-def tune_allocator() -> None:
-    """Let glibc keep freed blocks below 32 MB for reuse (M_MMAP_THRESHOLD) in this worker process.
-
-    Dask starts workers with MALLOC_TRIM_THRESHOLD_ set, which pins glibc's mmap threshold at 128 KB: every
-    temporary array of the balancer above that is then a fresh mmap, page-faulted in and unmapped again,
-    which costs 1.3-1.5x the CPU of the same balancing in a plain process (measured). Nothing on other C
-    libraries (no glibc: no-op); memory is still trimmed at the heap top as Dask asks.
-    """
-    global _TUNED
-    if _TUNED:
-        return
-    _TUNED = True
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
-_M_MMAP_THRESHOLD = -3
-_TUNED = False
 
 
 def fix_up(work: PlanWork, out: Path, part: RangePart, carry: Segments) -> RangePart:

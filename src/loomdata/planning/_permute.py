@@ -29,8 +29,8 @@ def bucket_bits(n: int) -> int:
 def uniform_permutation(
     rng: np.random.Generator, n: int, *, src: np.ndarray | None = None, dtype: type[np.integer] = np.uint32
 ) -> np.ndarray:
-    """A uniform permutation of 0..n-1 (of `src`'s n values when given), as `dtype`, from `rng`'s next four raw
-    64-bit outputs."""
+    """A uniform permutation of 0..n-1 as `dtype` (of `src`'s n values, in src's dtype, when given), from `rng`'s
+    next four raw 64-bit outputs."""
     if src is not None and len(src) != n:
         raise ValueError(f"src holds {len(src)} values, not n={n}")
     state = np.asarray(rng.bit_generator.random_raw(4), dtype=np.uint64)

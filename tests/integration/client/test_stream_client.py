@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,18 @@ def test_load_state_dict_rejects_another_plan_or_version(stream_plan: Path) -> N
         stream.load_state_dict({**state, "dp_rank": 1})
 
 
+def _after_ahead_build(ex: Executor, ranks: list[int], steps: int, timeout_s: float = 60.0) -> Any:
+    """The executor's metrics once the constructor of `ranks` has built its first `steps` steps ahead (it builds
+    them on its own, so reading the metrics right after the ranks stop may come before it has)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = ex.metrics()
+        c = next(c for c in m.constructors if c.ranks == ranks)
+        if c.built_steps >= steps or time.monotonic() > deadline:
+            return m
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("bytes_in_flight", [0, None], ids=["window-2", "bulk"])
 def test_two_peers_get_identical_batches_from_one_read(
     dask_client: Client, stream_plan: Path, loomtest: Any, bytes_in_flight: int | None
@@ -80,7 +93,7 @@ def test_two_peers_get_identical_batches_from_one_read(
             got_b.append(next(b))
         a.close()
         b.close()
-        m = ex.metrics()
+        m = _after_ahead_build(ex, ranks=[1], steps=min(window, meta.steps))
     for x, y in zip(got_a, got_b, strict=True):
         _same(x, y)
     man = read_manifest(stream_plan, meta)

@@ -465,7 +465,7 @@ class ReportBuilder:
 
 _UINT32_MAX = (1 << 32) - 1
 
-STEP_TABLE_CELLS = 1 << 22
+STEP_TABLE_CELLS = 1 << 23
 """(steps x columns) cells of report/steps.parquet built at once: a row group of at most that many cells."""
 
 

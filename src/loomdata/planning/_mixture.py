@@ -51,6 +51,7 @@ __all__ = [
     "check_epochs",
     "cumulative_targets_of",
     "membership",
+    "pointer_dtype",
     "step_weights",
 ]
 
@@ -406,18 +407,25 @@ def membership(
     # targets and pointers laid out as rows (a column of the C-ordered grid is one cache line a step), a block
     # of sources at a time (neither the targets nor a transposed copy of the pointers exist whole: with hundreds
     # of sources each is as large as the index's columns)
-    ptr = np.zeros((steps + 1, n_src), dtype=np.int64)
+    dtype = pointer_dtype(streams)
+    ptr: np.ndarray = np.zeros((steps + 1, n_src), dtype=dtype)
     width = max(1, MEMBERSHIP_BLOCK_CELLS // (steps + 1))
     for k0 in range(0, n_src, width):
         k1 = min(n_src, k0 + width)
         by_source = tg.columns(k0, k1)
-        ptr_t = np.zeros((k1 - k0, steps + 1), dtype=np.int64)
+        ptr_t: np.ndarray = np.zeros((k1 - k0, steps + 1), dtype=dtype)
         for k in range(k0, k1):
             nearest_column(streams[k].cum, by_source[k - k0], ptr_t[k - k0])
         transpose_into(ptr_t, ptr[:, k0:k1])
         del by_source, ptr_t
     _repair(ptr, tg, streams, lanes, slot_arr)
     return ptr
+
+
+def pointer_dtype(streams: Sequence[Stream]) -> type[np.int32] | type[np.int64]:
+    """int32 for the pointers while every stream is shorter than 2^31 segments (half the bytes of the (steps+1,
+    sources) table, which with hundreds of sources and a small dp is the planner's largest), else int64."""
+    return np.int32 if max((len(s.cum) for s in streams), default=0) < 2**31 else np.int64
 
 
 MEMBERSHIP_BLOCK_CELLS = 1 << 22

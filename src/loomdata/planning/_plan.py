@@ -370,6 +370,7 @@ def _plan_into(
         budgets=step_budget if shapes else None,
         pp_size=tr.pp_size,
         weights=weights,
+        step_tokens=int(step_slots.max()) * max_seg,
     )
     if base is not None:
         copy_base_rows(base, writer)

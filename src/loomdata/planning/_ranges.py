@@ -280,7 +280,11 @@ class RangePart:
 def range_report(work: PlanWork, first: int, stop: int) -> ReportBuilder:
     """An empty report over steps first..stop-1 (indexed from 0) that keeps the per-rank costs the plan keeps."""
     rank_from = work.start - first if first - work.start < RANK_STEPS else stop - first
-    return ReportBuilder(stop - first, work.names, work.cfg.dp, rank_from=rank_from, pp_size=work.pp_size)
+    lanes = work.cfg.lanes
+    capacity = work.cfg.dp * work.cfg.micro_batches * max(lanes.seq_len, lanes.long_seq_len or 0)
+    return ReportBuilder(
+        stop - first, work.names, work.cfg.dp, rank_from=rank_from, pp_size=work.pp_size, step_tokens=capacity
+    )
 
 
 def plan_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments | None = None) -> RangePart:

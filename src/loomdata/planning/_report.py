@@ -103,6 +103,14 @@ _MAX_MEAN = ("max", "mean")
 _PART_COLUMNS = ("enc_lb", "bb_lb", *(f"{c}_{x}_{y}" for _, c in _SYSTEMS for x in ("enc", "bb") for y in _MAX_MEAN))
 
 
+_UINT32_MAX = (1 << 32) - 1
+
+
+def _count_dtype(most: int) -> type[np.uint16] | type[np.uint32] | type[np.int64]:
+    """The narrowest type of the report's token counts that holds `most`."""
+    return np.uint16 if most < 1 << 16 else np.uint32 if most <= _UINT32_MAX else np.int64
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepFigures:
     """One step's figures, as the planner measured them."""
@@ -148,12 +156,14 @@ class ReportBuilder:
         budgets: np.ndarray | None = None,
         pp_size: int = 1,
         weights: StepWeights | None = None,
+        step_tokens: int = _UINT32_MAX,
     ) -> None:
         """Figures of `steps` steps; per-rank costs from step `rank_from` on; `budgets`: per-step token budgets
         when they differ between steps (a re-plan), which weights the mixture's target shares; `pp_size`:
         pipeline stages (for the 1F1B bubble); `weights`: the steps' target mixture (the plan's, worked out
         when the report is written: never held as a (steps, sources) grid; None: a range's own report, which
-        is merged into the plan's and never written)."""
+        is merged into the plan's and never written); `step_tokens`: the most tokens a step can hold (sizes the
+        token counts' type)."""
         self.sources = sources
         self.pp_size = pp_size
         self._shuffle: dict[str, dict[str, float | int | str]] = {}
@@ -161,9 +171,9 @@ class ReportBuilder:
         self.budgets = budgets
         # (steps, sources) grids stored source-major (a transposed view of C-ordered (sources, steps)): the steps
         # table's per-source columns are then contiguous rows, written without a transposed copy of the grids
-        # uint32 while every count fits (a step's tokens of one source: below 2^32 but for giant steps), int64 once
-        # one does not (_fit_tokens)
-        self.tokens = np.zeros((len(sources), steps), dtype=np.uint32).T
+        # the narrowest unsigned type a step's tokens of one source fit in (`step_tokens`: a step's capacity; at
+        # dp 4 uint16), widened (fit_tokens) if a count ever does not fit
+        self.tokens = np.zeros((len(sources), steps), dtype=_count_dtype(step_tokens)).T
         self.weights = weights
         self._seeded = np.zeros((len(sources), 0))  # a re-plan's base weights of steps < its resume step
         self.cols = {
@@ -313,15 +323,16 @@ class ReportBuilder:
                 self.part_cols.setdefault(name, np.zeros(len(self.tokens)))[:upto] = rows[name][:upto]
         self._seeded = np.zeros((len(self.sources), upto))
         for k, name in enumerate(self.sources):
-            if f"tokens__{name}" in rows:
+            if f"tokens__{name}" in rows:  # (a base's counts fit: its shapes size this plan's type, but to be sure)
+                self.fit_tokens(rows[f"tokens__{name}"][:upto])
                 self.tokens[:upto, k] = rows[f"tokens__{name}"][:upto]
             if f"weight__{name}" in rows:
                 self._seeded[k] = rows[f"weight__{name}"][:upto]
 
     def fit_tokens(self, counts: np.ndarray) -> None:
-        """Widen the token grid to int64 if `counts` (to be stored in it) do not fit its uint32."""
-        if self.tokens.dtype == np.uint32 and counts.size and int(counts.max()) > _UINT32_MAX:
-            self.tokens = self.tokens.astype(np.int64)  # keeps the source-major layout
+        """Widen the token grid if `counts` (to be stored in it) do not fit its type."""
+        if counts.size and self.tokens.dtype != np.int64 and int(counts.max()) > np.iinfo(self.tokens.dtype).max:
+            self.tokens = self.tokens.astype(_count_dtype(int(counts.max())))  # keeps the source-major layout
 
     def weight_rows(self, k0: int, k1: int, a: int = 0, b: int | None = None) -> np.ndarray:
         """(k1 - k0, b - a) float64: the target weights of sources k0..k1-1 at steps a..b-1, as rows (a re-plan's
@@ -462,8 +473,6 @@ class ReportBuilder:
             **({"hybrid": hybrid} if (hybrid := self.hybrid()) is not None else {}),
         }
 
-
-_UINT32_MAX = (1 << 32) - 1
 
 STEP_TABLE_CELLS = 1 << 23
 """(steps x columns) cells of report/steps.parquet built at once: a row group of at most that many cells."""

@@ -14,6 +14,7 @@ import pytest
 from loomdata.planning import _report, make_plan
 from loomdata.planning._mixture import step_weights
 from loomdata.planning._report import ReportBuilder, StepFigures
+from loomdata.planning._resume import PlanResume
 from loomdata.schemas.spec import Spec
 from loomdata.schemas.tables import TableKind, read_table, write_table, write_table_parts
 
@@ -64,9 +65,11 @@ def test_one_part_is_the_bytes_of_write_table(tmp_path: Path) -> None:
         write_table_parts([], tmp_path / "c.parquet", TableKind.PLAN_RANKS)
 
 
-def test_token_counts_widen_to_int64_when_one_does_not_fit_uint32() -> None:
-    r = ReportBuilder(3, ["a", "b"], 2)
-    assert r.tokens.dtype == np.uint32
+@pytest.mark.parametrize(("step_tokens", "first"), [(1000, np.uint16), (70_000, np.uint32)])
+def test_token_counts_widen_when_one_does_not_fit(step_tokens: int, first: type) -> None:
+    """A step's capacity sizes the counts' type (uint16 at dp 4); a count beyond it widens the grid, exactly."""
+    r = ReportBuilder(3, ["a", "b"], 2, step_tokens=step_tokens)
+    assert r.tokens.dtype == first
 
     def fig(tokens: list[int]) -> StepFigures:
         one = np.ones(2)
@@ -83,8 +86,24 @@ def test_token_counts_widen_to_int64_when_one_does_not_fit_uint32() -> None:
         )
 
     r.add(0, fig([5, 7]))
-    r.add(1, fig([3, 2**33 + 1]))
-    r.add(2, fig([1, 1]))
+    r.add(1, fig([3, 70_000]))
+    assert r.tokens.dtype == np.uint32 and r.tokens[1, 1] == 70_000
+    r.add(2, fig([1, 2**33 + 1]))
     assert r.tokens.dtype == np.int64
-    assert r.tokens[:, 1].tolist() == [7, 2**33 + 1, 1] and r.tokens[:, 0].tolist() == [5, 3, 1]
-    assert r.summary()["mixture"]["b"]["tokens"] == 7 + 2**33 + 1 + 1
+    assert r.tokens[:, 1].tolist() == [7, 70_000, 2**33 + 1] and r.tokens[:, 0].tolist() == [5, 3, 1]
+    assert r.summary()["mixture"]["b"]["tokens"] == 7 + 70_000 + 2**33 + 1
+
+
+def test_a_replan_onto_a_smaller_shape_keeps_its_bases_larger_counts(
+    tmp_path: Path, spec_of: Callable[..., Spec], index_of: Callable[..., pa.Table]
+) -> None:
+    """A re-plan's counts are sized by the largest shape of its steps (its base's): the base's rows stay exact."""
+    rng = np.random.default_rng(5)
+    index = {"web": index_of(rng.integers(200, 4000, 40_000))}
+    base = make_plan(spec_of(tmp_path / "base", ["web"], steps=12, dp=16, seq_len=4096), index=index)
+    small = spec_of(tmp_path / "small", ["web"], steps=12, dp=2, seq_len=4096)
+    res = make_plan(small, index=index, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=4))
+    base_tokens = read_table(base.plan_dir / "report" / "steps.parquet", TableKind.PLAN_STEPS).column("tokens__web")
+    got = read_table(res.plan_dir / "report" / "steps.parquet", TableKind.PLAN_STEPS).column("tokens__web")
+    assert int(base_tokens[0].as_py()) > 65_535  # beyond uint16, which the small shape alone would take
+    assert got.to_pylist()[:4] == base_tokens.to_pylist()[:4]

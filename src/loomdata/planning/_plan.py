@@ -370,7 +370,7 @@ def _plan_into(
         budgets=step_budget if shapes else None,
         pp_size=tr.pp_size,
         weights=weights,
-        step_tokens=int(step_slots.max()) * max_seg,
+        step_tokens=int(step_budget.max()),  # what a step is planned to hold (fill < 1: a count above it widens)
     )
     if base is not None:
         copy_base_rows(base, writer)

@@ -236,9 +236,17 @@ def source_key(seed: int, name: str) -> list[int]:
 
 
 def build_stream(
-    name: str, seed: int, lengths: np.ndarray, lanes: Lanes, epochs: int, blocks: BlockLayout | None = None
+    name: str,
+    seed: int,
+    lengths: np.ndarray,
+    lanes: Lanes,
+    epochs: int,
+    blocks: BlockLayout | None = None,
+    need: float | None = None,
 ) -> Stream:
-    """The first `epochs` epochs of a source's seeded segment stream (one fresh permutation per epoch).
+    """The first `epochs` epochs of a source's seeded segment stream (one fresh permutation per epoch); with
+    `need`, only its prefix through the chunk where the tokens reach `need` (a plan drawing 1.1 epochs does not
+    expand and count the rest of the second: the prefix is the same segments and counts).
 
     `blocks` (spec `shuffle: block`): each epoch's permutation is the block shuffle of planning._shuffle
     (block order permuted, documents shuffled within windows of blocks) from the same per-epoch generator;
@@ -287,10 +295,18 @@ def build_stream(
                 np.cumsum(lane, out=cum_long[at + 1 : b + 1])
                 cum_long[at + 1 : b + 1] += cum_long[at]
             at = b
+            if need is not None and cum[at] >= need:
+                break
         del perm
+        if need is not None and cum[at] >= need:
+            break
     del docs
-    if at != total:
+    if at != total and (need is None or cum[at] < need):
         raise AssertionError(f"source {name!r}: {at} segments expanded, {total} expected")
+    if at != total:  # views of the prefix: the rest of the arrays was never written, so never resident
+        doc, cum = doc[:at], cum[: at + 1]
+        cum_short = None if cum_short is None else cum_short[: at + 1]
+        cum_long = None if cum_long is None else cum_long[: at + 1]
     empty = np.zeros(0, dtype=np.int64)
     split_pos = np.concatenate([p[0] for p in split_parts]).astype(np.int64) if split_parts else empty
     split_off = (

@@ -291,7 +291,10 @@ def _plan_into(
     def stream_of(k: int) -> Stream:
         s = sources[k]
         blocks = layouts[k] if spec.source(s.name).shuffle_blocks is not None else None
-        return build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs[k], blocks)
+        # a fresh plan needs the stream through its last target (and a segment); a re-plan keeps whole epochs (its
+        # base may have placed positions its own, shorter, targets do not reach)
+        need = float(final[k]) + max_seg if base is None else None
+        return build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs[k], blocks, need)
 
     streams = per_source(stream_of, len(sources))
     ptr = membership(targets, streams, lanes, step_slots)

@@ -318,8 +318,9 @@ def build_stream(
     return Stream(doc, split_pos, split_off, split_len, cum, cum_short, cum_long, int(lengths.sum(dtype=np.int64)))
 
 
-_CHUNK = 1 << 20
-"""Documents of a permutation expanded and counted at a time."""
+_CHUNK = 1 << 16
+"""Documents of a permutation expanded and counted at a time (what a stream built to a need expands beyond it,
+at most)."""
 
 
 def _extra_segments(lengths: np.ndarray, lanes: Lanes) -> int:

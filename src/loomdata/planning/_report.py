@@ -480,7 +480,7 @@ STEP_TABLE_CELLS = 1 << 23
 
 def step_rows(n_sources: int) -> int:
     """Steps a row group of report/steps.parquet holds with `n_sources` sources (2 columns each): 65,536 up to
-    about 30 sources, fewer with more (at least 4,096)."""
+    56 sources, fewer with more (13,617 at 300; at least 4,096)."""
     return max(1 << 12, min(1 << 16, STEP_TABLE_CELLS // (2 * n_sources + 16)))
 
 

@@ -196,7 +196,7 @@ def fix_up(work: PlanWork, out: Path, part: RangePart, carry: Segments) -> Range
     stop = part.stop
     converged = False
     for t, b in balanced_steps(work, part.first, part.stop, carry):
-        sink.add(t, work.weights_of(t, t + 1)[0], b)
+        sink.add(t, b)
         if b.carry is None:
             carries.pop(t, None)
         else:

@@ -43,11 +43,22 @@ from loomdata.planning._transpose_kernel import transpose_into, transposed
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import Spec
 
-__all__ = ["Stream", "build_stream", "check_epochs", "cumulative_targets_of", "membership", "step_weights"]
+__all__ = [
+    "CumulativeTargets",
+    "StepWeights",
+    "Stream",
+    "build_stream",
+    "check_epochs",
+    "cumulative_targets_of",
+    "membership",
+    "pointer_dtype",
+    "step_weights",
+]
 
 
-def step_weights(spec: Spec) -> np.ndarray:
-    """(steps, sources) float64 token shares of every step, interpolated between milestones, rows summing to 1.
+def step_weights(spec: Spec) -> StepWeights:
+    """The (steps, sources) float64 token shares of every step, interpolated between milestones, rows summing to
+    1, as a StepWeights that works out any block of rows or sources when asked.
 
     The spec is validated (parse_spec): known sources, finite weights >= 0, a positive weight in every
     milestone, milestone steps increasing and within training.steps; so every row has a positive sum.
@@ -55,25 +66,129 @@ def step_weights(spec: Spec) -> np.ndarray:
     names = spec.source_names
     ms = spec.mixture.milestones()
     xs = np.array([m.step for m in ms], dtype=np.float64)
+    ys = np.array([[float(m.weights.get(n, 0.0)) for n in names] for m in ms], dtype=np.float64)
     steps = spec.training.steps
     # from the last milestone on every row is that milestone's weights (np.interp holds its last value there):
     # one row normalised once (a row's sum is the same pairwise sum as in the grid) and repeated
     held = int(min(max(np.ceil(xs[-1]), 0), steps))
-    t = np.arange(held, dtype=np.float64)
-    out = np.empty((steps, len(names)))
-    if held:
-        w = np.stack([np.interp(t, xs, [float(m.weights.get(n, 0.0)) for m in ms]) for n in names], 1)
-        out[:held] = w / w.sum(axis=1)[:, None]
-    if held < steps:
-        last = np.array([[float(ms[-1].weights.get(n, 0.0)) for n in names]])
-        out[held:] = last / last.sum(axis=1)[:, None]
-    return out
+    last = ys[-1:] / ys[-1:].sum(axis=1)[:, None]
+    sums = np.empty(held)
+    for a in range(0, held, _WEIGHT_ROWS):  # each row's own sum: the same whatever rows share the block
+        b = min(held, a + _WEIGHT_ROWS)
+        sums[a:b] = _interpolated(xs, ys, a, b).sum(axis=1)
+    return StepWeights(xs, ys, last[0], sums, held, 0, steps)
 
 
-def cumulative_targets_of(weights: np.ndarray, budget: np.ndarray) -> np.ndarray:
+_WEIGHT_ROWS = 1 << 16
+"""Steps of interpolated weights worked out at a time."""
+
+
+def _interpolated(xs: np.ndarray, ys: np.ndarray, a: int, b: int) -> np.ndarray:
+    """(b - a, sources) C-ordered: the milestones' weights interpolated at steps a..b-1 (not normalised)."""
+    t = np.arange(a, b, dtype=np.float64)
+    return np.stack([np.interp(t, xs, ys[:, k]) for k in range(ys.shape[1])], 1)
+
+
+@dataclass(frozen=True, slots=True)
+class StepWeights:
+    """Token shares of steps first..first+steps-1, bit for bit the rows of the normalised (steps, sources) grid,
+    worked out a block of rows or of sources at a time instead of held: with hundreds of sources and millions
+    of steps (dp 4 at a billion samples) the grid alone would be 8 bytes x steps x sources."""
+
+    xs: np.ndarray  # float64 milestone steps
+    ys: np.ndarray  # (milestones, sources) float64 raw milestone weights
+    last: np.ndarray  # (sources,) float64 the last milestone's weights normalised: every row from `held` on
+    row_sums: np.ndarray  # float64 the interpolated rows' sums, for steps first..held-1
+    held: int  # the first step whose row is `last`
+    first: int  # the step of row 0
+    steps: int  # rows
+
+    def __len__(self) -> int:
+        return self.steps
+
+    @property
+    def n_sources(self) -> int:
+        """Columns (sources)."""
+        return len(self.last)
+
+    def window(self, a: int, b: int) -> StepWeights:
+        """Rows a..b-1 as StepWeights of their own (what a step range sends a worker)."""
+        lo, hi = min(a, len(self.row_sums)), min(b, len(self.row_sums))
+        return StepWeights(self.xs, self.ys, self.last, self.row_sums[lo:hi].copy(), self.held, self.first + a, b - a)
+
+    def rows(self, a: int, b: int) -> np.ndarray:
+        """(b - a, sources) C-ordered float64: rows a..b-1."""
+        out = np.empty((max(b - a, 0), self.n_sources))
+        mid = min(max(self.held - self.first, a), b)  # rows before `mid` are interpolated
+        if mid > a:
+            w = _interpolated(self.xs, self.ys, self.first + a, self.first + mid)
+            out[: mid - a] = w / self.row_sums[a:mid][:, None]
+        out[mid - a :] = self.last
+        return out
+
+    def columns(self, k0: int, k1: int) -> np.ndarray:
+        """(k1 - k0, steps) C-ordered float64: the columns of sources k0..k1-1, as rows."""
+        out = np.empty((k1 - k0, self.steps))
+        mid = min(max(self.held - self.first, 0), self.steps)
+        if mid:
+            t = np.arange(self.first, self.first + mid, dtype=np.float64)
+            sums = self.row_sums[:mid]
+            for k in range(k0, k1):
+                out[k - k0, :mid] = np.interp(t, self.xs, self.ys[:, k]) / sums
+        out[:, mid:] = self.last[k0:k1, None]
+        return out
+
+    def grid(self) -> np.ndarray:
+        """The whole (steps, sources) grid (tests and small plans; the planner works a block at a time)."""
+        return self.rows(0, self.steps)
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        """The whole grid (NumPy's conversion: tests that compare it with a reference)."""
+        return self.grid() if dtype is None else self.grid().astype(dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class CumulativeTargets:
+    """Target tokens of each source through each step, np.cumsum(weights * budget[:, None], axis=0) bit for bit,
+    worked out for a block of sources (all steps) or a run of steps (the row before it given) when asked."""
+
+    weights: StepWeights
+    budget: np.ndarray  # int64 token budget of every step
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(steps, sources)."""
+        return (len(self.weights), self.weights.n_sources)
+
+    def columns(self, k0: int, k1: int) -> np.ndarray:
+        """(k1 - k0, steps) C-ordered: sources k0..k1-1's targets, as rows (each a running sum down the steps)."""
+        v = self.weights.columns(k0, k1)
+        v *= self.budget.astype(np.float64)[None, :]
+        return np.cumsum(v, axis=1, out=v)
+
+    def rows(self, a: int, b: int, before: np.ndarray | None) -> np.ndarray:
+        """(b - a, sources) C-ordered: steps a..b-1's targets; `before`: step a-1's row (None when a is 0)."""
+        v = self.weights.rows(a, b)
+        v *= self.budget[a:b].astype(np.float64)[:, None]
+        if before is not None and len(v):
+            v[0] += before
+        return np.cumsum(v, axis=0, out=v)
+
+    def final(self) -> np.ndarray:
+        """(sources,) the targets through the last step: the rows worked out a chunk of steps at a time."""
+        steps, n = self.shape
+        rows = max(64, REPAIR_CHUNK_CELLS // max(n, 1))
+        before: np.ndarray | None = None
+        for a in range(0, steps, rows):
+            before = self.rows(a, min(steps, a + rows), before)[-1]
+        return np.zeros(n) if before is None else before.copy()
+
+
+def cumulative_targets_of(weights: np.ndarray | StepWeights, budget: np.ndarray) -> np.ndarray:
     """(steps, sources) target tokens of each source through each step: np.cumsum(weights * budget[:, None],
-    axis=0) bit for bit (_mixture_kernel.cumulative_targets, row after row)."""
-    return cumulative_targets(np.ascontiguousarray(weights, dtype=np.float64), np.ascontiguousarray(budget))
+    axis=0) bit for bit (_mixture_kernel.cumulative_targets, row after row); the whole grid (tests)."""
+    grid = weights.grid() if isinstance(weights, StepWeights) else weights
+    return cumulative_targets(np.ascontiguousarray(grid, dtype=np.float64), np.ascontiguousarray(budget))
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +236,17 @@ def source_key(seed: int, name: str) -> list[int]:
 
 
 def build_stream(
-    name: str, seed: int, lengths: np.ndarray, lanes: Lanes, epochs: int, blocks: BlockLayout | None = None
+    name: str,
+    seed: int,
+    lengths: np.ndarray,
+    lanes: Lanes,
+    epochs: int,
+    blocks: BlockLayout | None = None,
+    need: float | None = None,
 ) -> Stream:
-    """The first `epochs` epochs of a source's seeded segment stream (one fresh permutation per epoch).
+    """The first `epochs` epochs of a source's seeded segment stream (one fresh permutation per epoch); with
+    `need`, only its prefix through the chunk where the tokens reach `need` (a plan drawing 1.1 epochs does not
+    expand and count the rest of the second: the prefix is the same segments and counts).
 
     `blocks` (spec `shuffle: block`): each epoch's permutation is the block shuffle of planning._shuffle
     (block order permuted, documents shuffled within windows of blocks) from the same per-epoch generator;
@@ -172,10 +295,18 @@ def build_stream(
                 np.cumsum(lane, out=cum_long[at + 1 : b + 1])
                 cum_long[at + 1 : b + 1] += cum_long[at]
             at = b
+            if need is not None and cum[at] >= need:
+                break
         del perm
+        if need is not None and cum[at] >= need:
+            break
     del docs
-    if at != total:
+    if at != total and (need is None or cum[at] < need):
         raise AssertionError(f"source {name!r}: {at} segments expanded, {total} expected")
+    if at != total:  # views of the prefix: the rest of the arrays was never written, so never resident
+        doc, cum = doc[:at], cum[: at + 1]
+        cum_short = None if cum_short is None else cum_short[: at + 1]
+        cum_long = None if cum_long is None else cum_long[: at + 1]
     empty = np.zeros(0, dtype=np.int64)
     split_pos = np.concatenate([p[0] for p in split_parts]).astype(np.int64) if split_parts else empty
     split_off = (
@@ -187,8 +318,9 @@ def build_stream(
     return Stream(doc, split_pos, split_off, split_len, cum, cum_short, cum_long, int(lengths.sum(dtype=np.int64)))
 
 
-_CHUNK = 1 << 20
-"""Documents of a permutation expanded and counted at a time."""
+_CHUNK = 1 << 16
+"""Documents of a permutation expanded and counted at a time (what a stream built to a need expands beyond it,
+at most)."""
 
 
 def _extra_segments(lengths: np.ndarray, lanes: Lanes) -> int:
@@ -204,30 +336,62 @@ def _extra_segments(lengths: np.ndarray, lanes: Lanes) -> int:
 
 
 def check_epochs(
-    names: Sequence[str], targets: np.ndarray, epoch_tokens: Sequence[int], max_epochs: Sequence[float | None]
-) -> None:
-    """PlanError for a source with positive weight but no tokens, or whose target exceeds its max_epochs."""
+    names: Sequence[str],
+    targets: np.ndarray | CumulativeTargets,
+    epoch_tokens: Sequence[int],
+    max_epochs: Sequence[float | None],
+) -> np.ndarray:
+    """Each source's target through the last step; PlanError for a source with positive weight but no tokens,
+    or whose target exceeds its max_epochs. A source's targets never decrease (weights >= 0), so the last one
+    decides; the whole column is worked out only to name the first step in the error."""
+    tg = _as_targets(targets)
+    final = tg.final()
     for k, name in enumerate(names):
-        col = targets[:, k]
         if epoch_tokens[k] == 0:
-            pos = np.flatnonzero(np.diff(col, prepend=0.0) > 0)
-            if len(pos):
+            if final[k] > 0:
+                col = tg.columns(k, k + 1)[0]
+                pos = np.flatnonzero(np.diff(col, prepend=0.0) > 0)
                 raise PlanError(
                     f"source {name!r} is empty (its index has no samples with tokens) but has a positive "
                     f"weight from step {int(pos[0])}; index it with `loom index` or set its weight to 0"
                 )
             continue
         cap = max_epochs[k]
-        if cap is None:
+        if cap is None or not final[k] > cap * epoch_tokens[k]:
             continue
+        col = tg.columns(k, k + 1)[0]
         over = np.flatnonzero(col > cap * epoch_tokens[k])
-        if len(over):
-            need = float(col[-1]) / epoch_tokens[k]
-            raise PlanError(
-                f"source {name!r} would exceed max_epochs={cap:g} at step {int(over[0])} "
-                f"({epoch_tokens[k]} tokens per epoch; the plan needs {need:.2f} epochs); lower its weight, "
-                "raise max_epochs, add data or plan fewer steps"
-            )
+        need = float(col[-1]) / epoch_tokens[k]
+        raise PlanError(
+            f"source {name!r} would exceed max_epochs={cap:g} at step {int(over[0])} "
+            f"({epoch_tokens[k]} tokens per epoch; the plan needs {need:.2f} epochs); lower its weight, "
+            "raise max_epochs, add data or plan fewer steps"
+        )
+    return final
+
+
+@dataclass(frozen=True, slots=True)
+class _GridTargets:
+    """A whole (steps, sources) targets grid behind CumulativeTargets' interface (tests, small plans)."""
+
+    grid: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.grid.shape[0]), int(self.grid.shape[1]))
+
+    def columns(self, k0: int, k1: int) -> np.ndarray:
+        return transposed(np.ascontiguousarray(self.grid[:, k0:k1], dtype=np.float64))
+
+    def rows(self, a: int, b: int, before: np.ndarray | None) -> np.ndarray:
+        return np.ascontiguousarray(self.grid[a:b], dtype=np.float64)
+
+    def final(self) -> np.ndarray:
+        return np.array(self.grid[-1], dtype=np.float64) if len(self.grid) else np.zeros(self.grid.shape[1])
+
+
+def _as_targets(targets: np.ndarray | CumulativeTargets) -> CumulativeTargets | _GridTargets:
+    return targets if isinstance(targets, CumulativeTargets) else _GridTargets(np.asarray(targets))
 
 
 def _nearest(cum: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -244,31 +408,41 @@ def _nearest(cum: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.where(take_lower, lower, j).astype(np.int64)
 
 
-def membership(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slots: int | np.ndarray) -> np.ndarray:
+def membership(
+    targets: np.ndarray | CumulativeTargets, streams: Sequence[Stream], lanes: Lanes, slots: int | np.ndarray
+) -> np.ndarray:
     """(steps+1, sources) stream pointers: segments of each source consumed before step t (row 0 is zeros).
 
-    `slots` is the step's dp_size * micro_batches, one number or one per step (an elastic re-plan changes
-    it from its resume step on); pointers of steps < t depend only on targets and slots of steps < t.
+    `targets`: CumulativeTargets (worked out a block at a time) or the whole grid. `slots` is the step's
+    dp_size * micro_batches, one number or one per step (an elastic re-plan changes it from its resume step
+    on); pointers of steps < t depend only on targets and slots of steps < t.
     """
-    steps, n_src = targets.shape
+    tg = _as_targets(targets)
+    steps, n_src = tg.shape
     slot_arr = np.broadcast_to(np.asarray(slots, dtype=np.int64), (steps,))
-    tg = np.ascontiguousarray(targets, dtype=np.float64)
     # _nearest of each source's targets and the running maximum down the steps, a source at a time over its
     # targets and pointers laid out as rows (a column of the C-ordered grid is one cache line a step), a block
-    # of sources at a time (no transposed copy of a whole grid: with hundreds of sources each is as large as
-    # the index's columns)
-    ptr = np.zeros((steps + 1, n_src), dtype=np.int64)
+    # of sources at a time (neither the targets nor a transposed copy of the pointers exist whole: with hundreds
+    # of sources each is as large as the index's columns)
+    dtype = pointer_dtype(streams)
+    ptr: np.ndarray = np.zeros((steps + 1, n_src), dtype=dtype)
     width = max(1, MEMBERSHIP_BLOCK_CELLS // (steps + 1))
     for k0 in range(0, n_src, width):
         k1 = min(n_src, k0 + width)
-        by_source = transposed(tg[:, k0:k1])
-        ptr_t = np.zeros((k1 - k0, steps + 1), dtype=np.int64)
+        by_source = tg.columns(k0, k1)
+        ptr_t: np.ndarray = np.zeros((k1 - k0, steps + 1), dtype=dtype)
         for k in range(k0, k1):
             nearest_column(streams[k].cum, by_source[k - k0], ptr_t[k - k0])
         transpose_into(ptr_t, ptr[:, k0:k1])
         del by_source, ptr_t
     _repair(ptr, tg, streams, lanes, slot_arr)
     return ptr
+
+
+def pointer_dtype(streams: Sequence[Stream]) -> type[np.int32] | type[np.int64]:
+    """int32 for the pointers while every stream is shorter than 2^31 segments (half the bytes of the (steps+1,
+    sources) table, which with hundreds of sources and a small dp is the planner's largest), else int64."""
+    return np.int32 if max((len(s.cum) for s in streams), default=0) < 2**31 else np.int64
 
 
 MEMBERSHIP_BLOCK_CELLS = 1 << 22
@@ -287,7 +461,11 @@ REPAIR_WINDOW = 1 << 22
 
 
 def _repair(
-    ptr: np.ndarray, targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slot_arr: np.ndarray
+    ptr: np.ndarray,
+    targets: CumulativeTargets | _GridTargets,
+    streams: Sequence[Stream],
+    lanes: Lanes,
+    slot_arr: np.ndarray,
 ) -> None:
     """Defer segments of the source most ahead of target, one at a time, until every step fits its slots.
 
@@ -298,8 +476,8 @@ def _repair(
     """
     steps, n_src = ptr.shape[0] - 1, ptr.shape[1]
     rows = max(64, REPAIR_CHUNK_CELLS // max(n_src, 1))
-    tg = np.ascontiguousarray(targets, dtype=np.float64)
     sl = np.ascontiguousarray(slot_arr, dtype=np.int64)
+    before: np.ndarray | None = None  # the targets of the step before the chunk (worked out chunk by chunk)
     # several sources' windows are laid end to end (a copy): a chunk also ends once they would hold more than
     # REPAIR_WINDOW segments (sized from the nearest pointers; the repair only lowers them)
     drawn = ptr.sum(axis=1, dtype=np.int64) if n_src > 1 else None
@@ -320,6 +498,8 @@ def _repair(
         off_l = np.concatenate([[0], np.cumsum([len(x) for x in long_])]).astype(np.int64)
         cum_w = _laid_end_to_end(cum)  # one source: its window itself; without a long lane short is cum
         short_w = cum_w if all(s.cum_short is None for s in streams) else _laid_end_to_end(short)
+        tg = targets.rows(c0, c1, before)
+        before = tg[-1]
         repair_rows(
             ptr,
             tg,

@@ -79,11 +79,13 @@ def repair_rows(
     steps: tuple[int, int],
 ) -> None:
     """Rewrite ptr[t + 1] (nearest pointers on entry) for every step t of steps[0]..steps[1]-1 that overflows its
-    slots. counts: the windows' tokens, short-lane tokens and long-lane segments (a source without a long lane
-    has an empty long window); off: where each source's window starts in them (tokens and short, long)."""
+    slots (`targets`: those steps' rows, row 0 being steps[0]'s). counts: the windows' tokens, short-lane
+    tokens and long-lane segments (a source without a long lane has an empty long window); off: where each
+    source's window starts in them (tokens and short, long)."""
     cum, short_of, long_of = counts
     off_s, off_l = off
     n_src = ptr.shape[1]
+    t0 = steps[0]
     r = np.empty(n_src, dtype=np.int64)
     ahead = np.empty(n_src)
     for t in range(steps[0], steps[1]):
@@ -98,7 +100,7 @@ def repair_rows(
             continue
         for k in range(n_src):
             r[k] = ptr[t + 1, k]
-            ahead[k] = cum[off_s[k] + r[k] - lo[k]] - targets[t, k] if r[k] > ptr[t, k] else -np.inf
+            ahead[k] = cum[off_s[k] + r[k] - lo[k]] - targets[t - t0, k] if r[k] > ptr[t, k] else -np.inf
         while True:
             k = int(np.argmax(ahead))
             at = off_s[k] + r[k] - lo[k]
@@ -107,7 +109,7 @@ def repair_rows(
                 at_l = off_l[k] + r[k] - lo[k]
                 n_long -= long_of[at_l] - long_of[at_l - 1]
             r[k] -= 1
-            ahead[k] = cum[at - 1] - targets[t, k] if r[k] > ptr[t, k] else -np.inf
+            ahead[k] = cum[at - 1] - targets[t - t0, k] if r[k] > ptr[t, k] else -np.inf
             if n_long <= sl and short <= (sl - n_long) * seq_len:
                 break
         ptr[t + 1] = r

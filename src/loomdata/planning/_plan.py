@@ -48,10 +48,11 @@ from loomdata.planning._distributed import RANGES_PER_WORKER, Executor, plan_ran
 from loomdata.planning._lookahead import Positions, assign_steps, natural_ranges
 from loomdata.planning._manifest import ManifestWriter, file_bounds
 from loomdata.planning._mixture import (
+    CumulativeTargets,
+    StepWeights,
     Stream,
     build_stream,
     check_epochs,
-    cumulative_targets_of,
     membership,
     step_weights,
 )
@@ -256,7 +257,7 @@ def _plan_into(
     out: Path,
     plan_id: str,
     spec: Spec,
-    weights: np.ndarray,
+    weights: StepWeights,
     sources: list[_Source],
     fps: dict[str, str],
     progress: bool,
@@ -277,24 +278,26 @@ def _plan_into(
     shapes = [] if base is None else [*base.shapes, StepShape(from_step=start, dp_size=tr.dp_size, micro_batches=mb)]
     step_slots = _step_slots(shapes, tr.steps) if shapes else np.full(tr.steps, slots, dtype=np.int64)
     step_budget = (step_slots * tr.seq_len * fill).astype(np.int64)
-    targets = cumulative_targets_of(weights, step_budget)
+    targets = CumulativeTargets(weights, step_budget)  # worked out a block at a time, never whole
     epoch_tokens = [int(s.num_tokens.sum(dtype=np.int64)) for s in sources]
-    check_epochs(names, targets, epoch_tokens, [spec.source(n).max_epochs for n in names])
+    final = check_epochs(names, targets, epoch_tokens, [spec.source(n).max_epochs for n in names])
     max_seg = max(lanes.seq_len, lanes.long_seq_len or 0)
     layouts = [layout_of(spec.source(s.name), s.runs, s.order) for s in sources]
     for s in sources:
         check_unsplittable(s.name, s.sample, s.num_tokens, s.num_image_tokens, lanes)
 
-    epochs = [int((targets[-1, k] + max_seg) // tok) + 1 if tok else 1 for k, tok in enumerate(epoch_tokens)]
+    epochs = [int((final[k] + max_seg) // tok) + 1 if tok else 1 for k, tok in enumerate(epoch_tokens)]
 
     def stream_of(k: int) -> Stream:
         s = sources[k]
         blocks = layouts[k] if spec.source(s.name).shuffle_blocks is not None else None
-        return build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs[k], blocks)
+        # a fresh plan needs the stream through its last target (and a segment); a re-plan keeps whole epochs (its
+        # base may have placed positions its own, shorter, targets do not reach)
+        need = float(final[k]) + max_seg if base is None else None
+        return build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs[k], blocks, need)
 
     streams = per_source(stream_of, len(sources))
     ptr = membership(targets, streams, lanes, step_slots)
-    del targets  # (steps x sources) float64: not needed past membership
     shuffle = _shuffle_figures(spec, sources, layouts, streams, ptr, lanes)
     drawn_per_step = np.diff(ptr.sum(axis=1, dtype=np.int64))  # segments (none empty) of each step
     assignment = None
@@ -363,7 +366,14 @@ def _plan_into(
     bounds = file_bounds(drawn_per_step)  # fixes the manifest partitions up front
     writer = ManifestWriter(out, plan_id, bounds)
     report = ReportBuilder(
-        tr.steps, names, tr.dp_size, rank_from=start, budgets=step_budget if shapes else None, pp_size=tr.pp_size
+        tr.steps,
+        names,
+        tr.dp_size,
+        rank_from=start,
+        budgets=step_budget if shapes else None,
+        pp_size=tr.pp_size,
+        weights=weights,
+        step_tokens=int(step_budget.max()),  # what a step is planned to hold (fill < 1: a count above it widens)
     )
     if base is not None:
         copy_base_rows(base, writer)
@@ -419,6 +429,7 @@ def _plan_into(
             carry = plan_ranges(client, work, out, carry, split_ranges(work, n, head), take)
     if bar is not None:
         bar.close()
+    del work, sink, ptr, streams, assignment  # the pointers, streams and look-ahead: not needed for the report
     report.write(out)
     report.set_shuffle(shuffle)
     summary = report.summary()
@@ -471,7 +482,7 @@ def _balance_into(
 ) -> Segments | None:
     """Balance steps first..stop-1 in this process into `sink`, `carry` into the first; return the last carry."""
     for blk in balanced_blocks(work, first, stop, carry):
-        sink.add_block(blk, work.weights_of(blk.steps.start, blk.steps.stop))
+        sink.add_block(blk)
         carry = blk.carry
         if bar is not None:
             bar.update(blk.steps.stop - work.start - bar.n)

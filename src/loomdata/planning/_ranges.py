@@ -28,7 +28,7 @@ import numpy as np
 from loomdata.planning._items import StepItems
 from loomdata.planning._lookahead import StepAssignment
 from loomdata.planning._manifest import ManifestWriter
-from loomdata.planning._mixture import Stream
+from loomdata.planning._mixture import StepWeights, Stream
 from loomdata.planning._report import RANK_STEPS, ReportBuilder
 from loomdata.planning._segments import DenseIds, RowIds, SampleIds, Segments
 from loomdata.planning._step import StepSink
@@ -60,7 +60,7 @@ class PlanWork:
     ptr: np.ndarray  # (steps + 1, sources) stream positions before each step (row i: step step0 + i)
     assignment: StepAssignment | None  # look-ahead membership, or None (ptr ranges)
     cfg: BalanceConfig
-    weights: np.ndarray  # (steps, sources) target weights of every step (row i: step step0 + i)
+    weights: StepWeights  # target weights of every step (row i: step step0 + i), worked out when asked
     start: int  # first step planned here (a re-plan's at_step, else 0)
     steps: int
     bounds: np.ndarray  # manifest partition bounds (_manifest.file_bounds), `start` among them
@@ -76,10 +76,6 @@ class PlanWork:
             if self.assignment is not None:  # its steps (non-decreasing, within the window's) as counts a step
                 state["assignment"] = _AssignedCounts.of(self.assignment, self.step0, len(self.weights))
         return _restore, (state,)
-
-    def weights_of(self, first: int, stop: int) -> np.ndarray:
-        """Target weights of steps first..stop-1."""
-        return self.weights[first - self.step0 : stop - self.step0]
 
     def items(self) -> StepItems:
         """A fresh gatherer of the steps' segments and costs."""
@@ -234,7 +230,7 @@ def window(work: PlanWork, first: int, stop: int) -> PlanWork:
         streams=streams,
         ptr=work.ptr[first - work.step0 : stop - work.step0 + 1] - lo[None, :],
         assignment=None if work.assignment is None else StepAssignment(pos_w, step_w),
-        weights=work.weights[rows],
+        weights=work.weights.window(rows.start, rows.stop),
         step0=first,
         windowed=True,
     )
@@ -284,7 +280,11 @@ class RangePart:
 def range_report(work: PlanWork, first: int, stop: int) -> ReportBuilder:
     """An empty report over steps first..stop-1 (indexed from 0) that keeps the per-rank costs the plan keeps."""
     rank_from = work.start - first if first - work.start < RANK_STEPS else stop - first
-    return ReportBuilder(stop - first, work.names, work.cfg.dp, rank_from=rank_from, pp_size=work.pp_size)
+    lanes = work.cfg.lanes
+    capacity = work.cfg.dp * work.cfg.micro_batches * max(lanes.seq_len, lanes.long_seq_len or 0)
+    return ReportBuilder(
+        stop - first, work.names, work.cfg.dp, rank_from=rank_from, pp_size=work.pp_size, step_tokens=capacity
+    )
 
 
 def plan_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments | None = None) -> RangePart:
@@ -296,7 +296,7 @@ def plan_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments
     sink = work.sink(writer, report, report_from=first)
     carries: dict[int, Segments] = {}
     for blk in balanced_blocks(work, first, stop, carry):
-        sink.add_block(blk, work.weights_of(blk.steps.start, blk.steps.stop))
+        sink.add_block(blk)
         if blk.carry is not None:
             carries[blk.steps.stop - 1] = blk.carry
     files = writer.close(stop - 1)
@@ -317,8 +317,8 @@ def plan_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments
 def merge_report(into: ReportBuilder, part: ReportBuilder, first: int) -> None:
     """Copy a range report's rows (its step i is step first + i) into the plan's report."""
     n = len(part.tokens)
+    into.fit_tokens(part.tokens)
     into.tokens[first : first + n] = part.tokens
-    into.weights[first : first + n] = part.weights
     for name, col in part.cols.items():
         into.cols[name][first : first + n] = col
     if part.part_cols:  # encoder/backbone columns (cost models with an encoder term)

@@ -44,6 +44,7 @@ the slower stage; in backbone cost units) with its `gain` over each baseline, an
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,10 +53,19 @@ import numpy as np
 import pyarrow as pa
 
 from loomdata.planning._cp_report import cp_figures
-from loomdata.planning._report_kernel import mixture_shares
-from loomdata.planning._transpose_kernel import transpose_into, transposed
+from loomdata.planning._mixture import StepWeights
+from loomdata.planning._report_kernel import mixture_rows, mixture_shares, mixture_totals
+from loomdata.planning._transpose_kernel import transposed
 from loomdata.schemas.plan import read_plan
-from loomdata.schemas.tables import ReadCount, TableKind, iter_steps, read_steps, step_span, write_table
+from loomdata.schemas.tables import (
+    ReadCount,
+    TableKind,
+    iter_steps,
+    read_steps,
+    step_span,
+    write_table,
+    write_table_parts,
+)
 
 __all__ = [
     "BlockFigures",
@@ -93,12 +103,19 @@ _MAX_MEAN = ("max", "mean")
 _PART_COLUMNS = ("enc_lb", "bb_lb", *(f"{c}_{x}_{y}" for _, c in _SYSTEMS for x in ("enc", "bb") for y in _MAX_MEAN))
 
 
+_UINT32_MAX = (1 << 32) - 1
+
+
+def _count_dtype(most: int) -> type[np.uint16] | type[np.uint32] | type[np.int64]:
+    """The narrowest type of the report's token counts that holds `most`."""
+    return np.uint16 if most < 1 << 16 else np.uint32 if most <= _UINT32_MAX else np.int64
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepFigures:
     """One step's figures, as the planner measured them."""
 
     tokens: np.ndarray  # int64 [sources] tokens placed per source
-    weights: np.ndarray  # float64 [sources] the step's target mixture weights
     lb: float  # lower bound max(total cost / dp, largest segment cost)
     loom_rank: np.ndarray  # float64 [dp] cost per rank, loomdata
     concat_rank: np.ndarray  # float64 [dp] time per rank, concat-and-chunk baseline
@@ -115,7 +132,6 @@ class BlockFigures:
     """The figures of consecutive steps (StepFigures' fields with a leading step axis)."""
 
     tokens: np.ndarray  # int64 [steps, sources]
-    weights: np.ndarray  # float64 [steps, sources]
     lb: np.ndarray  # [steps]
     loom_rank: np.ndarray  # [steps, dp]
     concat_rank: np.ndarray  # [steps, dp]
@@ -139,10 +155,15 @@ class ReportBuilder:
         rank_from: int = 0,
         budgets: np.ndarray | None = None,
         pp_size: int = 1,
+        weights: StepWeights | None = None,
+        step_tokens: int = _UINT32_MAX,
     ) -> None:
         """Figures of `steps` steps; per-rank costs from step `rank_from` on; `budgets`: per-step token budgets
         when they differ between steps (a re-plan), which weights the mixture's target shares; `pp_size`:
-        pipeline stages (for the 1F1B bubble)."""
+        pipeline stages (for the 1F1B bubble); `weights`: the steps' target mixture (the plan's, worked out
+        when the report is written: never held as a (steps, sources) grid; None: a range's own report, which
+        is merged into the plan's and never written); `step_tokens`: the most tokens a step can hold (sizes the
+        token counts' type)."""
         self.sources = sources
         self.pp_size = pp_size
         self._shuffle: dict[str, dict[str, float | int | str]] = {}
@@ -150,8 +171,11 @@ class ReportBuilder:
         self.budgets = budgets
         # (steps, sources) grids stored source-major (a transposed view of C-ordered (sources, steps)): the steps
         # table's per-source columns are then contiguous rows, written without a transposed copy of the grids
-        self.tokens = np.zeros((len(sources), steps), dtype=np.int64).T
-        self.weights = np.zeros((len(sources), steps)).T
+        # the narrowest unsigned type a step's tokens of one source fit in (`step_tokens`: a step's capacity; at
+        # dp 4 uint16), widened (fit_tokens) if a count ever does not fit
+        self.tokens = np.zeros((len(sources), steps), dtype=_count_dtype(step_tokens)).T
+        self.weights = weights
+        self._seeded = np.zeros((len(sources), 0))  # a re-plan's base weights of steps < its resume step
         self.cols = {
             k: np.zeros(steps)
             for k in (
@@ -183,7 +207,6 @@ class ReportBuilder:
             step,
             BlockFigures(
                 tokens=fig.tokens[None],
-                weights=np.asarray(fig.weights)[None],
                 lb=np.array([fig.lb]),
                 loom_rank=fig.loom_rank[None],
                 concat_rank=fig.concat_rank[None],
@@ -200,8 +223,8 @@ class ReportBuilder:
         """Record the figures of steps first.. (one row of each array per step), all at once."""
         n = len(fig.lb)
         sl = slice(first, first + n)
+        self.fit_tokens(fig.tokens)
         self.tokens[sl] = fig.tokens
-        transpose_into(np.asarray(fig.weights, dtype=np.float64), self.weights[sl].T)
         loom_rank, slot_cost = fig.loom_rank, fig.slot_cost
         dp, mb = slot_cost.shape[1], slot_cost.shape[2]
         c = self.cols
@@ -298,10 +321,38 @@ class ReportBuilder:
         for name in _PART_COLUMNS:  # the base plan's encoder/backbone figures, if it had them
             if name in rows:
                 self.part_cols.setdefault(name, np.zeros(len(self.tokens)))[:upto] = rows[name][:upto]
+        self._seeded = np.zeros((len(self.sources), upto))
         for k, name in enumerate(self.sources):
-            for key, arr in ((f"tokens__{name}", self.tokens), (f"weight__{name}", self.weights)):
-                if key in rows:
-                    arr[:upto, k] = rows[key][:upto]
+            if f"tokens__{name}" in rows:  # (a base's counts fit: its shapes size this plan's type, but to be sure)
+                self.fit_tokens(rows[f"tokens__{name}"][:upto])
+                self.tokens[:upto, k] = rows[f"tokens__{name}"][:upto]
+            if f"weight__{name}" in rows:
+                self._seeded[k] = rows[f"weight__{name}"][:upto]
+
+    def fit_tokens(self, counts: np.ndarray) -> None:
+        """Widen the token grid if `counts` (to be stored in it) do not fit its type."""
+        if counts.size and self.tokens.dtype != np.int64 and int(counts.max()) > np.iinfo(self.tokens.dtype).max:
+            self.tokens = self.tokens.astype(_count_dtype(int(counts.max())))  # keeps the source-major layout
+
+    def weight_rows(self, k0: int, k1: int, a: int = 0, b: int | None = None) -> np.ndarray:
+        """(k1 - k0, b - a) float64: the target weights of sources k0..k1-1 at steps a..b-1, as rows (a re-plan's
+        steps before its resume step: its base's)."""
+        b = len(self.tokens) if b is None else b
+        if self.weights is None:
+            out = np.zeros((k1 - k0, b - a))
+        else:
+            out = (self.weights if (a, b) == (0, len(self.weights)) else self.weights.window(a, b)).columns(k0, k1)
+        upto = self._seeded.shape[1]
+        if a < upto:
+            out[:, : min(upto, b) - a] = self._seeded[k0:k1, a : min(upto, b)]
+        return out
+
+    def _source_blocks(self) -> Iterator[tuple[int, int]]:
+        """Blocks of sources whose weight rows are worked out at once (about WEIGHT_BLOCK_CELLS cells)."""
+        n = len(self.sources)
+        width = max(1, WEIGHT_BLOCK_CELLS // max(len(self.tokens), 1))
+        for k0 in range(0, n, width):
+            yield k0, min(n, k0 + width)
 
     def imbalance(self, first: int = 0) -> dict[str, dict[str, float]]:
         """Distribution of max rank cost / LB over steps >= first: loomdata, each baseline, and `baseline` (the
@@ -317,18 +368,15 @@ class ReportBuilder:
         return out
 
     def write(self, plan_dir: Path) -> None:
-        """Write report/steps.parquet and report/ranks.parquet."""
+        """Write report/steps.parquet (a row group of steps at a time: its per-source columns, the weights worked
+        out then, never exist whole) and report/ranks.parquet."""
         steps = len(self.tokens)
-        data: dict[str, Any] = {"step": np.arange(steps, dtype=np.uint32), "tokens": self.tokens.sum(axis=1)}
-        data.update(self.cols)
-        data.update(self.part_cols)
-        by_source = _by_source(self.tokens, np.int64), _by_source(self.weights, np.float64)  # columns as rows:
-        for k, name in enumerate(self.sources):  # Arrow copies a contiguous column at memcpy speed, a strided one not
-            data[f"tokens__{name}"] = by_source[0][k]
-            data[f"weight__{name}"] = by_source[1][k]
-        if self.budgets is not None:
-            data["budget"] = self.budgets
-        write_table(pa.table(data), plan_dir / _STEPS_FILE, TableKind.PLAN_STEPS)
+        rows = step_rows(len(self.sources))
+        write_table_parts(
+            (self._steps_table(a, min(steps, a + rows)) for a in range(0, max(steps, 1), rows)),
+            plan_dir / _STEPS_FILE,
+            TableKind.PLAN_STEPS,
+        )
         n, dp = self.rank_loom.shape
         ranks = pa.table(
             {
@@ -341,17 +389,48 @@ class ReportBuilder:
         )
         write_table(ranks, plan_dir / _RANKS_FILE, TableKind.PLAN_RANKS)
 
+    def _steps_table(self, a: int, b: int) -> pa.Table:
+        """Steps a..b-1 of report/steps.parquet."""
+        tokens = self.tokens.T[:, a:b]  # sources as rows: Arrow copies a contiguous column at memcpy speed
+        data: dict[str, Any] = {
+            "step": np.arange(a, b, dtype=np.uint32),
+            "tokens": self.tokens[a:b].sum(axis=1, dtype=np.int64),
+        }
+        data.update({name: col[a:b] for name, col in self.cols.items()})
+        data.update({name: col[a:b] for name, col in self.part_cols.items()})
+        weights = [w for k0, k1 in self._source_blocks() for w in self.weight_rows(k0, k1, a, b)]
+        for k, name in enumerate(self.sources):
+            data[f"tokens__{name}"] = tokens[k].astype(np.int64)
+            data[f"weight__{name}"] = weights[k]
+        if self.budgets is not None:
+            data["budget"] = self.budgets[a:b]
+        return pa.table(data)
+
     def set_shuffle(self, figures: dict[str, dict[str, float | int | str]]) -> None:
         """Per-source shuffle figures (planning._shuffle) for the summary's `shuffle` section."""
         self._shuffle = dict(figures)
 
+    def _mixture_error(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """mixture_error(tokens, weights, budgets, full=False), the weights worked out a block of sources at a
+        time (the kernel's sources are independent given every step's totals)."""
+        tokens = self.tokens.T  # (sources, steps) C-ordered: the grid's own layout, uint32 or int64
+        b = np.zeros(0) if self.budgets is None else np.ascontiguousarray(self.budgets, dtype=np.float64)
+        steps, n = tokens.shape[1], len(self.sources)
+        div, b_div = mixture_totals(tokens, b)
+        worst = np.zeros(steps)
+        realized, target = np.empty((n, 1 if steps else 0)), np.empty((n, 1 if steps else 0))
+        for k0, k1 in self._source_blocks():
+            w = self.weight_rows(k0, k1)
+            mixture_rows(tokens[k0:k1], w, b, div, b_div, worst, realized[k0:k1], target[k0:k1], False)
+        return worst * 100.0, realized.T, target.T
+
     def summary(self) -> dict[str, Any]:
         """The plan's summary figures (stored in plan.json, printed by `loom plan` / `loom inspect`)."""
         c = self.cols
-        err, realized, target = mixture_error(self.tokens, self.weights, self.budgets, full=False)  # last rows
-        per_source = self.tokens.sum(axis=0)  # one pass (integer sums: a column's own sum, exactly)
+        err, realized, target = self._mixture_error()  # the last step's shares
+        per_source = self.tokens.sum(axis=0, dtype=np.int64)  # one pass (integer sums: a column's own sum, exactly)
         warm = min(MIXTURE_WARMUP, len(err) - 1)
-        total = int(self.tokens.sum())
+        total = int(self.tokens.sum(dtype=np.int64))
         loom_sum = max(float(c["loom_max"].sum()), 1e-300)
         gains = {
             "concat_chunk": float(c["concat_max"].sum()) / loom_sum,
@@ -393,6 +472,20 @@ class ReportBuilder:
             "shuffle": self._shuffle,
             **({"hybrid": hybrid} if (hybrid := self.hybrid()) is not None else {}),
         }
+
+
+STEP_TABLE_CELLS = 1 << 23
+"""(steps x columns) cells of report/steps.parquet built at once: a row group of at most that many cells."""
+
+
+def step_rows(n_sources: int) -> int:
+    """Steps a row group of report/steps.parquet holds with `n_sources` sources (2 columns each): 65,536 up to
+    56 sources, fewer with more (13,617 at 300; at least 4,096)."""
+    return max(1 << 12, min(1 << 16, STEP_TABLE_CELLS // (2 * n_sources + 16)))
+
+
+WEIGHT_BLOCK_CELLS = 1 << 22
+"""(steps x sources) cells of target weights worked out at once for the summary's mixture error."""
 
 
 def mixture_error(

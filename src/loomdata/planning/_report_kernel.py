@@ -13,7 +13,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["mixture_shares", "run_sums"]
+__all__ = ["mixture_rows", "mixture_shares", "mixture_totals", "run_sums"]
 
 
 @njit
@@ -28,7 +28,18 @@ def mixture_shares(
     cols = steps if full or steps == 0 else 1
     realized = np.empty((n_src, cols))
     target = np.empty((n_src, cols))
-    div = np.zeros(steps, dtype=np.int64)  # every source's tokens placed up to each step
+    div, b_div = mixture_totals(tokens, budgets)
+    worst = np.zeros(steps)
+    mixture_rows(tokens, weights, budgets, div, b_div, worst, realized, target, full)
+    return worst * 100.0, realized, target
+
+
+@njit
+def mixture_totals(tokens: np.ndarray, budgets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(every source's tokens placed up to each step, the budgets (or steps) up to each step, at least 1) of
+    (sources, steps) token counts: the shares' denominators."""
+    n_src, steps = tokens.shape
+    div = np.zeros(steps, dtype=np.int64)
     for k in range(n_src):
         for t in range(steps):
             div[t] += tokens[k, t]
@@ -43,7 +54,27 @@ def mixture_shares(
             b_div[t] = max(run_b, 1.0)
         else:
             b_div[t] = float(t + 1)
-    worst = np.zeros(steps)
+    return div, b_div
+
+
+@njit
+def mixture_rows(
+    tokens: np.ndarray,
+    weights: np.ndarray,
+    budgets: np.ndarray,
+    div: np.ndarray,
+    b_div: np.ndarray,
+    worst: np.ndarray,
+    realized: np.ndarray,
+    target: np.ndarray,
+    full: bool,
+) -> None:
+    """The shares of some sources' rows (tokens, weights: (sources, steps)) against mixture_totals' `div` and
+    `b_div`: each step's largest error so far raised in `worst`; their shares written to `realized` and
+    `target` (each step's, or with `full` False the last step's only). Sources are independent of each other,
+    so a block at a time gives what all at once would."""
+    n_src, steps = tokens.shape
+    weighted = len(budgets) > 0
     for k in range(n_src):
         cum, run, r, g = 0, 0.0, 0.0, 0.0
         for t in range(steps):
@@ -58,7 +89,6 @@ def mixture_shares(
         if not full and steps:
             realized[k, 0] = r
             target[k, 0] = g
-    return worst * 100.0, realized, target
 
 
 _PW_BLOCK = 128  # NumPy's PW_BLOCKSIZE: pairwise summation recurses above this many values

@@ -26,9 +26,9 @@ class StepSink:
     n_sources: int
     report_from: int = 0  # the report's step 0 is this step (a range's own report, planning._ranges)
 
-    def add_block(self, blk: BalancedBlock, weights: np.ndarray) -> None:
-        """Write a block's manifest rows and record its figures (`weights`: target mixture of each of its steps),
-        with a few NumPy calls for the whole block (the same bytes as add step by step)."""
+    def add_block(self, blk: BalancedBlock) -> None:
+        """Write a block's manifest rows and record its figures, with a few NumPy calls for the whole block (the
+        same bytes as add step by step)."""
         n, dp, rs, item = len(blk.steps), self.dp, blk.row_step, blk.item
         segs = blk.segs
         placed_src = segs.source[item]
@@ -69,7 +69,6 @@ class StepSink:
             deferred[-1] = int(blk.carry.length.sum())
         fig = BlockFigures(
             tokens=tokens.astype(np.int64).reshape(self.n_sources, n).T,
-            weights=weights,
             lb=np.maximum(total / dp, top),
             loom_rank=blk.rank_cost,
             concat_rank=blk.concat_rank,
@@ -82,8 +81,8 @@ class StepSink:
         )
         self.report.add_block(blk.steps.start - self.report_from, fig)
 
-    def add(self, t: int, weights: np.ndarray, b: BalancedStep) -> None:
-        """Write step t's manifest rows and record its figures (target mixture `weights`)."""
+    def add(self, t: int, b: BalancedStep) -> None:
+        """Write step t's manifest rows and record its figures."""
         segs, asg, dp = b.segs, b.asg, self.dp
         step_cost = b.cost if b.in_step is None else b.cost[b.in_step]
         placed_src = segs.source[asg.item]
@@ -108,7 +107,6 @@ class StepSink:
             rank_max_item[asg.rank[starts]] = np.maximum.reduceat(b.cost[asg.item], starts)
         fig = StepFigures(
             tokens=np.bincount(placed_src, weights=asg.length, minlength=self.n_sources).astype(np.int64),
-            weights=weights,
             lb=max(float(step_cost.sum()) / dp, float(step_cost.max())),
             loom_rank=asg.rank_cost,
             concat_rank=b.concat_rank,

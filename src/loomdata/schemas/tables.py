@@ -16,9 +16,10 @@ Tables sorted by `step` (manifests, a plan's report tables) are read by step ran
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -46,6 +47,7 @@ __all__ = [
     "step_span",
     "table_metadata",
     "write_table",
+    "write_table_parts",
 ]
 
 
@@ -193,21 +195,52 @@ def write_table(
     """Write `table` as Parquet (zstd) with its kind and version stamped in the metadata; dictionary encoding
     for every column but the kind's mostly distinct ones (_PLAIN)."""
     check_schema(table, kind, str(path))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(
+        _stamped(table, kind, extra_metadata), str(path), row_group_size=row_group_size, **_options(table, kind)
+    )
+
+
+def write_table_parts(
+    parts: Iterable[pa.Table], path: str | Path, kind: TableKind, extra_metadata: Mapping[str, str] | None = None
+) -> None:
+    """write_table of the parts laid end to end, a row group each, without the whole table ever in memory (one
+    part: the same bytes as write_table)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    writer: pq.ParquetWriter | None = None
+    try:
+        for part in parts:
+            check_schema(part, kind, str(path))
+            stamped = _stamped(part, kind, extra_metadata)
+            if writer is None:
+                writer = pq.ParquetWriter(str(path), stamped.schema, **_options(part, kind))
+            writer.write_table(stamped)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        raise ValueError(f"no rows to write to {path}: write_table_parts needs at least one part")
+
+
+def _stamped(table: pa.Table, kind: TableKind, extra_metadata: Mapping[str, str] | None) -> pa.Table:
+    """`table` with its kind and version (and `extra_metadata` under loomdata.*) in its schema's metadata."""
     meta = dict(table.schema.metadata or {})
     meta[_KIND] = kind.value.encode()
     meta[_VERSION] = str(VERSIONS[kind]).encode()
     for k, v in (extra_metadata or {}).items():
         meta[f"loomdata.{k}".encode()] = v.encode()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(
-        table.replace_schema_metadata(meta),
-        str(path),
-        compression="zstd",
-        use_dictionary=[n for n in table.column_names if n not in _PLAIN.get(kind, ())],
-        row_group_size=row_group_size,
-        write_statistics=True,
-        store_schema=True,
-    )
+    return table.replace_schema_metadata(meta)
+
+
+def _options(table: pa.Table, kind: TableKind) -> dict[str, Any]:
+    """The Parquet writer options of every loomdata table: zstd, dictionaries but for the kind's mostly distinct
+    columns (_PLAIN), statistics, the Arrow schema stored."""
+    return {
+        "compression": "zstd",
+        "use_dictionary": [n for n in table.column_names if n not in _PLAIN.get(kind, ())],
+        "write_statistics": True,
+        "store_schema": True,
+    }
 
 
 def stamped_metadata(schema: pa.Schema) -> dict[str, str]:

@@ -73,7 +73,6 @@ def test_a_block_of_steps_gives_each_step_its_own_concat_chunk() -> None:
 def _fig(loom: list[float], concat: list[float], packed: list[float], slots: list[list[float]]) -> StepFigures:
     return StepFigures(
         tokens=np.array([10]),
-        weights=np.array([1.0]),
         lb=float(np.mean(loom)),
         loom_rank=np.array(loom),
         concat_rank=np.array(concat),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,13 @@ import numpy as np
 import pytest
 
 from loomdata.planning._jit import stable_argsort, stable_argsort_into
-from loomdata.planning._mixture import _nearest, cumulative_targets_of, membership, step_weights
+from loomdata.planning._mixture import (
+    CumulativeTargets,
+    _nearest,
+    cumulative_targets_of,
+    membership,
+    step_weights,
+)
 from loomdata.planning._mixture_kernel import nearest_column
 from loomdata.planning.balance._deal_kernel import (
     RADIX_STEP,
@@ -59,8 +66,44 @@ def test_step_weights_match_the_interpolation_over_every_step(tmp_path: Path, se
         mixture = {"schedule": [{"step": s, "weights": {n: float(rng.random()) + 0.01 for n in names}} for s in at]}
     spec = _spec(tmp_path, n_src, steps, mixture)
     got, want = step_weights(spec), _reference_weights(spec)
-    assert got.shape == want.shape
-    assert np.array_equal(_bits(got), _bits(want))
+    assert got.grid().shape == want.shape
+    assert np.array_equal(_bits(got.grid()), _bits(want))
+    # any block of rows or of sources, and any window's, is that block of the grid, bit for bit
+    a = int(rng.integers(0, steps))
+    b = int(rng.integers(a, steps + 1))
+    k0 = int(rng.integers(0, n_src))
+    k1 = int(rng.integers(k0 + 1, n_src + 1))
+    assert np.array_equal(_bits(got.rows(a, b)), _bits(want[a:b]))
+    assert np.array_equal(_bits(got.columns(k0, k1)), _bits(np.ascontiguousarray(want[:, k0:k1].T)))
+    win = got.window(a, b)
+    assert len(win) == b - a
+    assert np.array_equal(_bits(win.grid()), _bits(want[a:b]))
+    if b > a:
+        assert np.array_equal(_bits(win.columns(k0, k1)), _bits(np.ascontiguousarray(want[a:b, k0:k1].T)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cumulative_targets_by_blocks_are_the_grid_bit_for_bit(tmp_path: Path, seed: int) -> None:
+    """CumulativeTargets' blocks of sources, runs of steps (each given the row before) and last row are the
+    whole grid's, as membership uses them instead of the grid."""
+    rng = np.random.default_rng(100 + seed)
+    n_src, steps = int(rng.integers(1, 40)), int(rng.integers(2, 300))
+    names = [f"s{k}" for k in range(n_src)]
+    at = sorted({0, *rng.integers(1, steps, 2).tolist()})
+    mixture = {"schedule": [{"step": s, "weights": {n: float(rng.random()) + 0.01 for n in names}} for s in at]}
+    w = step_weights(_spec(tmp_path, n_src, steps, mixture))
+    budget = rng.integers(1, 10**8, steps).astype(np.int64)
+    want = cumulative_targets_of(w, budget)
+    tg = CumulativeTargets(w, budget)
+    k0 = int(rng.integers(0, n_src))
+    assert np.array_equal(_bits(tg.columns(k0, n_src)), _bits(np.ascontiguousarray(want[:, k0:].T)))
+    cuts = sorted({0, steps, *rng.integers(1, steps, 3).tolist()})
+    before = None
+    for a, b in itertools.pairwise(cuts):
+        rows = tg.rows(a, b, before)
+        assert np.array_equal(_bits(rows), _bits(want[a:b]))
+        before = rows[-1]
+    assert np.array_equal(_bits(tg.final()), _bits(want[-1]))
 
 
 @pytest.mark.parametrize("seed", range(8))

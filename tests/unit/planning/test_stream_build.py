@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from loomdata.planning import _mixture
 from loomdata.planning._lookahead import _steps_of_run
 from loomdata.planning._mixture import build_stream, source_key
 from loomdata.planning._packing import Lanes, expand_units
@@ -58,3 +59,27 @@ def test_steps_of_a_run_are_the_binary_search_of_each_value() -> None:
         hi = int(rng.integers(lo + 1, col[-1] + 5))
         want = np.searchsorted(col, np.arange(lo, hi), side="right") - 1
         assert np.array_equal(_steps_of_run(col, lo, hi), want), (col, lo, hi)
+
+
+@pytest.mark.parametrize("lanes", [Lanes(seq_len=512), Lanes(seq_len=512, long_seq_len=4096, threshold=1024)])
+def test_a_stream_built_to_a_need_is_the_prefix_of_the_whole(lanes: Lanes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Expanding stops after the chunk (of documents) where the tokens reach `need`: the same segments and counts
+    as the whole stream up to there, never fewer tokens than needed."""
+    monkeypatch.setattr(_mixture, "_CHUNK", 256)
+    rng = np.random.default_rng(9)
+    lengths = np.clip(rng.lognormal(5.5, 1.5, 3000), 0, 20000).astype(np.uint32)
+    whole = build_stream("s", 7, lengths, lanes, 3)
+    for need in (1.0, float(whole.cum[len(whole.doc) // 2]) + 0.5, float(whole.cum[-1]) * 0.9):
+        part = build_stream("s", 7, lengths, lanes, 3, need=need)
+        n = len(part.doc)
+        assert part.cum[-1] >= need and n < len(whole.doc)
+        reach = int(np.searchsorted(whole.cum, need))  # the first prefix with the tokens needed
+        assert reach <= n <= reach + 2 * 256 * (1 + int(lengths.max()) // 512)  # within a chunk of documents
+        assert np.array_equal(part.doc, whole.doc[:n]) and np.array_equal(part.cum, whole.cum[: n + 1])
+        keep = whole.split_pos < n
+        assert np.array_equal(part.split_pos, whole.split_pos[keep])
+        assert np.array_equal(part.split_off, whole.split_off[keep])
+        if lanes.has_long:
+            assert part.cum_long is not None and whole.cum_long is not None
+            assert np.array_equal(part.cum_long, whole.cum_long[: n + 1])
+    assert len(build_stream("s", 7, lengths, lanes, 3, need=float(whole.cum[-1]) * 2).doc) == len(whole.doc)

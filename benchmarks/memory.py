@@ -364,11 +364,19 @@ def _serve_config(config: Any, autoscaling: Any) -> Any:
 
 
 def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: Any) -> None:
-    """What `loom serve` runs: an embedded cluster (scheduler here, 2 workers) and an autoscaling Executor."""
+    """What `loom serve` runs: an embedded cluster (scheduler here, 2 workers) and an autoscaling Executor, with
+    the Arrow allocator `loom serve` chooses for this process before pyarrow loads (`execution._arrow_pool`)."""
+    n_workers = int(os.environ.get("LOOM_BENCH_WORKERS", "2"))
+    try:
+        from loomdata.execution._arrow_pool import choose_before_import, serving_pool
+    except ImportError:  # a tree from before session 12 (`PYTHONPATH=.../src`, for a before/after): it chose none
+        pass
+    else:
+        choose_before_import(serving_pool(n_workers, None))
     from loomdata.execution import Autoscaling, Executor, ServeConfig, open_cluster
 
     with (
-        open_cluster(n_workers=int(os.environ.get("LOOM_BENCH_WORKERS", "2")), local_directory=local_dir) as client,
+        open_cluster(n_workers=n_workers, local_directory=local_dir) as client,
         Executor(plan_dir, client, _serve_config(ServeConfig, Autoscaling)) as ex,
     ):
         ready.put(("serving", os.getpid()))

@@ -226,18 +226,22 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 IN_PROCESS_ARROW_POOL = "jemalloc"
 """Arrow's allocator chosen for `loom serve --workers 0` before pyarrow loads (a user's own setting wins): the
-workers' (`execution._cluster.WORKER_ARROW_POOL`), named here because importing that module loads pyarrow."""
+workers' (`execution._arrow_pool.WORKER_ARROW_POOL`)."""
 
 
 def _arrow_pool_before_import(args: argparse.Namespace) -> None:
-    """`loom serve --workers 0` runs the worker in this process: choose its Arrow allocator before pyarrow loads.
+    """Choose this serving process's Arrow allocator before pyarrow loads (`execution._arrow_pool`).
 
-    Arrow ties part of its allocations to the pool chosen at import, so setting it later is too late: the
-    in-process layout held 809 MiB warm without it and 405 MiB with jemalloc chosen at start (300 sources, 16
-    ranks; results/memory_n300_r16_s8_loomonly_inprocess*.json). Nothing changes where pyarrow is loaded already.
+    Arrow ties part of its allocations to the pool chosen at import, so setting it later is too late. With
+    `--workers 0` the worker runs here: jemalloc (the in-process layout held 809 MiB warm without it and 405 MiB
+    with it at 300 sources, 16 ranks; results/memory_n300_r16_s8_loomonly_inprocess*.json). Otherwise this
+    process runs the scheduler and the Executor, whose manifest scans kept 25-37 MiB of mimalloc's freed pages:
+    glibc's allocator (the workers still get jemalloc). A user's ARROW_DEFAULT_MEMORY_POOL wins; nothing changes
+    where pyarrow is loaded already.
     """
-    if args.workers == 0 and args.scheduler is None and "pyarrow" not in sys.modules:
-        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", IN_PROCESS_ARROW_POOL)
+    from loomdata.execution._arrow_pool import choose_before_import, serving_pool
+
+    choose_before_import(serving_pool(args.workers, args.scheduler))
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

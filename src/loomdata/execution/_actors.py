@@ -7,8 +7,8 @@ so they interleave safely with worker loss at any point:
 1. new loaders are created and awaited; one lost while being created is created again;
 2. the fleet switches to them under a new route generation (a constructor recreated from now on gets
    the new route);
-3. every live constructor is sent the routes it has not acknowledged (`set_route`: atomic on its
-   event loop); a lost one is skipped (it is recreated with the current routes), one that did not
+3. every live constructor is sent the routes it has not acknowledged, all in one call (`set_routes`:
+   atomic on its event loop); a lost one is skipped (it is recreated with the current routes), one that did not
    answer is asked again by the next recovery round;
 4. replaced loaders retire (closed, then released) only once every live constructor acknowledged
    the route that replaced them.
@@ -157,16 +157,14 @@ class FleetOps:
         """
         gens = dict(self.fleet.route_generation)
         cons = self.fleet.constructors
-        calls = [
-            (i, sid, issue(cons[i].future, cons[i].handle, "set_route", sid, self.fleet.route(sid)))
-            for i, sids in self.fleet.stale().items()
-            for sid in sids
-        ]
+        routes = {i: {sid: self.fleet.route(sid) for sid in sids} for i, sids in self.fleet.stale().items()}
+        calls = [(i, sids, issue(cons[i].future, cons[i].handle, "set_routes", sids)) for i, sids in routes.items()]
         ok = True
-        for i, sid, call in calls:
+        for i, sids, call in calls:
             out = call.outcome(timeout=self.t.call_timeout_s)
             if out.ok:
-                self.fleet.acknowledge(i, sid, gens[sid])
+                for sid in sids:
+                    self.fleet.acknowledge(i, sid, gens[sid])
             elif out.kind is not Kind.LOST:
                 ok = False
         return ok
@@ -190,14 +188,14 @@ class FleetOps:
     def _create_constructors(self, indices: list[int]) -> dict[int, Actor]:
         """Constructors of the rank groups `indices`, created, awaited, then given the current routes.
 
-        Routes go by `set_route`, not as creation arguments (see `_dask_actors`: arguments would pin
+        Routes go by `set_routes`, not as creation arguments (see `_dask_actors`: arguments would pin
         every loader they name for the constructor's life). Raises ExecutionError if one refused them.
         """
         groups = [self.fleet.groups[i] for i in indices]
         futs = [self._submit_constructor(g) for g in groups]
         actors = self._await(futs, lambda k: self._submit_constructor(groups[k]), what=lambda k: f"ranks {groups[k]}")
         routes = self.fleet.routes()
-        calls = [issue(a.future, a.handle, "set_route", sid, r) for a in actors for sid, r in routes.items()]
+        calls = [issue(a.future, a.handle, "set_routes", routes) for a in actors]  # one call each: one connection
         for call in calls:
             out = call.outcome(timeout=self.t.call_timeout_s)
             if not out.ok and out.kind is not Kind.LOST:  # a lost one is recreated by the next recovery

@@ -8,7 +8,6 @@ own credentials (`--tls-*` or LOOM_TLS_*). Plain TCP only with `insecure`, which
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -18,12 +17,13 @@ import dask
 from distributed import Client, LocalCluster
 from distributed.security import Security
 
+from loomdata.execution._arrow_pool import WORKER_ARROW_POOL, user_pool
 from loomdata.execution._config import DEFAULT_WORKERS, Timings
 from loomdata.execution._dask_client import new_client
 from loomdata.execution._security import TLS_DIR, TlsFiles, embedded_tls, security_of
 from loomdata.schemas.errors import ExecutionError
 
-__all__ = ["INSECURE_WARNING", "check_insecure_allowed", "connect", "open_cluster"]
+__all__ = ["INSECURE_WARNING", "WORKER_ARROW_POOL", "check_insecure_allowed", "connect", "open_cluster", "worker_env"]
 
 INSECURE_WARNING = (
     "loomdata: WARNING: --insecure: plain TCP without authentication; any local process of any user "
@@ -133,19 +133,17 @@ def _use_worker_pool_here() -> None:
         pa.set_memory_pool(pa.jemalloc_memory_pool())
 
 
-WORKER_ARROW_POOL = "jemalloc"
-"""Arrow's allocator in the embedded cluster's workers (`ARROW_DEFAULT_MEMORY_POOL`; a user's own setting wins).
-
-Arrow's default, mimalloc, keeps per-thread heaps whose freed pages stay resident (as transparent huge
-pages where the kernel allows): the two workers serving 300 sources to 16 ranks held 1,871 MiB with it
-and 942 MiB with jemalloc, which returns freed pages after its decay time (benchmarks/memory.py, warm).
-"""
-
-
 def worker_env() -> dict[str, str]:
-    """Environment set in each embedded worker process before it imports pyarrow (empty where this pyarrow
-    build has no jemalloc and the user set nothing: Arrow's default stays)."""
-    chosen = os.environ.get("ARROW_DEFAULT_MEMORY_POOL")
+    """Environment set in each embedded worker process before it imports pyarrow: Arrow's allocator,
+    `WORKER_ARROW_POOL` unless the user chose one (`_arrow_pool`; a pool this serving process got from
+    `choose_before_import` is not the workers'). Empty where this pyarrow build has no jemalloc and the user
+    set nothing: Arrow's default stays.
+
+    Arrow's default, mimalloc, keeps per-thread heaps whose freed pages stay resident (as transparent huge
+    pages where the kernel allows): the two workers serving 300 sources to 16 ranks held 1,871 MiB with it
+    and 942 MiB with jemalloc, which returns freed pages after its decay time (benchmarks/memory.py, warm).
+    """
+    chosen = user_pool()
     if chosen is None:
         import pyarrow as pa
 

@@ -59,7 +59,7 @@ def _at_least_one(obj: Any, *names: str) -> None:
 class Timings:
     """Every wait, period and retry budget of serving, executor and client side (seconds unless said)."""
 
-    call_timeout_s: float = 60.0  # creating an actor or a control call (set_route); steps never wait on it
+    call_timeout_s: float = 60.0  # creating an actor or a control call (set_routes); steps never wait on it
     close_timeout_s: float = 10.0  # stopping a constructor or closing a loader
     metrics_timeout_s: float = 30.0  # an actor's metrics() answer
     create_attempts: int = 3  # a loader lost while being created is submitted again, this many times in all

@@ -7,7 +7,7 @@ fact (distributed 2026.8: `Actor._address`, set in `Actor.__init__` and pickled 
 `Worker.state.actors`, key -> instance). If Dask renames them, `local_instance` returns None and reads
 take the RPC path: slower, still correct. `actor_address` then returns None.
 
-Creation: a constructor gets its routes by `set_route` once created, never as task arguments. Handles
+Creation: a constructor gets its routes by `set_routes` once created, never as task arguments. Handles
 in a task's arguments become its dependencies (an `Actor` is a `TaskRef`), and the scheduler keeps the
 task's arguments for the task's life: with the embedded scheduler they are live handles holding futures
 of their loaders, so every loader a constructor started with stayed on its worker after a resize.

@@ -12,18 +12,20 @@ pushes out a unit needed sooner) and dropped at its last use like any other. Not
 the budget is spent or a unit read ahead found no room, and a failed unit is not read ahead again,
 until the next step is served.
 
-Depth from latency: the static horizon (window + a few steps) is a number of steps, storage latency a
-time. `Prefetcher` measures both sides, the latency and the rate steps are served (`StepRate`, from the
-first served step), and raises the cache's reach (`PlanUnitCache.extra_steps`) so that a read issued at
-the reach's edge lands `LATENCY_MARGIN` latencies before its step: a rank never waits on storage when the
-budget holds that many steps' units (at most `MAX_EXTRA_STEPS` steps more). Until a rate is measured it
-assumes a fast rank (`FAST_STEPS_PER_S`): the first steps after warm-up are served faster than any later
-ones (their batches were built ahead). The latency of object URLs is the store's alone (the median of the
-process's recent range GETs to it, `storage.request_latency`), not the whole read: a read's decode and its
-wait for a CPU grow with the machine's load, and its duration is known only once the first row group has
-landed, while the shard opens' GETs give the store's latency before any: sized from reads, the reach stayed
-at the horizon while the first 8 reads held every slot, and the units of step ~145 were read late (session
-7). Local files keep the read's own duration (a decaying high-water mark; milliseconds, adding nothing).
+Depth from latency: the static horizon (window + a few steps) is a number of steps, storage latency a time.
+`Prefetcher` measures both sides, the latency and the rate steps are served (`StepRate`, from the first served
+step), and raises the cache's reach (`PlanUnitCache.extra_steps`) so that a read issued at the reach's edge
+lands `LATENCY_MARGIN` latencies before its step: a rank never waits on storage when the budget holds that
+many steps' units (at most `MAX_EXTRA_STEPS` steps more). Until a rate is measured it assumes a fast rank
+(`FAST_STEPS_PER_S`) for object URLs: the first steps after warm-up are served faster than any later ones
+(their batches were built ahead); local files assume no rate (the horizon alone). The latency of object URLs
+is the store's alone (the median of the process's recent range GETs to it, `storage.request_latency`), not the
+whole read: a read's decode and its wait for a CPU grow with the machine's load, and its duration is known
+only once the first row group has landed, while the shard opens' GETs give the store's latency before any:
+sized from reads, the reach stayed at the horizon while the first 8 reads held every slot, and the units of
+step ~145 were read late (session 7). Local files keep the read's own duration (a decaying high-water mark;
+milliseconds when the machine is idle, adding nothing; under load it is mostly waiting for a CPU, so no rate
+is assumed for them).
 
 The loader's own reader sees the cache through `Prefetcher` (a `UnitCache`): a `get` of a unit in
 flight waits for that read instead of issuing a second one. Served bytes never depend on it: a unit
@@ -79,9 +81,12 @@ MAX_EXTRA_STEPS = 512
 """The most steps the latency adds to a cache's reach (the worker's byte budget bounds what is kept anyway)."""
 
 FAST_STEPS_PER_S = 1000.0
-"""The step rate a read-ahead assumes until it has measured one: a fast rank, so the first reads after warm-up are
-issued early enough (too far ahead costs only budget-bounded memory; too short, waits on storage). With local
-files reads take milliseconds and this adds nothing to the reach."""
+"""The step rate a read-ahead of object URLs assumes until it has measured one: a fast rank, so the first reads
+after warm-up are issued early enough (too far ahead costs only budget-bounded memory; too short, waits on storage).
+Local files assume none (the horizon alone until a rate is measured): their read durations are decoding and waiting
+for a CPU, not storage latency, and on a loaded worker (300 loaders' warm-up reads on 2 cores) a 0.1-0.5 s read at
+this rate widened every loader's reach to the 512-step cap, and the reach is never narrowed: the loaders kept the
+rows of every step to the plan's end (benchmarks/memory.py, 300 sources: 37 MiB a worker at step 14)."""
 
 COALESCE_BYTES = 8 * 1024 * 1024
 """The most bytes one read ahead fetches when it joins neighbouring row groups of an object into one range GET."""
@@ -259,7 +264,7 @@ class Prefetcher:
         assumed_steps_per_s: float | None = None,
     ) -> None:
         """`assumed_steps_per_s`: the step rate the reach is sized for until one is measured (None:
-        `FAST_STEPS_PER_S`; 0: none, the horizon alone)."""
+        `FAST_STEPS_PER_S` where a path is an object URL, 0 for local files; 0: none, the horizon alone)."""
         self.cache = cache
         self.limit = limit
         self.counters = PrefetchCounters()
@@ -284,9 +289,11 @@ class Prefetcher:
         self._closed = False
         self.read_s = 0.0  # high-water mark of read-ahead durations (decaying)
         self.rate = StepRate()  # served steps per second, re-measured every _RATE_EVERY_S
-        self._assumed_rate = FAST_STEPS_PER_S if assumed_steps_per_s is None else assumed_steps_per_s
         # the stores of the object URLs (once: a partition may hold thousands of shards), whose latency sizes the reach
         self._stores = sorted({store_of(str(p)) for p in paths.values() if is_url(p)})
+        if assumed_steps_per_s is None:  # local files: no assumed rate (see FAST_STEPS_PER_S)
+            assumed_steps_per_s = FAST_STEPS_PER_S if self._stores else 0.0
+        self._assumed_rate = assumed_steps_per_s
 
     # ---- UnitCache, for the loader's own reader ----------------------------------------------
 

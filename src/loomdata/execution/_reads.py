@@ -116,8 +116,13 @@ class Reads:
 
     def set_route(self, source_id: int, route: Route) -> None:
         """Route a source to new loaders; wakes every read in flight or backing off on the old routes."""
-        detach(route.loaders)  # no key references here: the fleet's keep loaders alive (see `_dask_actors`)
-        self.routes[source_id] = route
+        self.set_routes({source_id: route})
+
+    def set_routes(self, routes: Mapping[int, Route]) -> None:
+        """Route several sources at once (one wake-up of the reads in flight for all of them)."""
+        for route in routes.values():
+            detach(route.loaders)  # no key references here: the fleet's keep loaders alive (see `_dask_actors`)
+        self.routes.update(routes)
         self.generation += 1
         if self._rerouted is not None:
             self._rerouted.set()

@@ -103,7 +103,7 @@ class _SwitchedUnderRead:
         self.calls += 1
         assert self.constructor is not None
         for sid, route in self.new_routes.items():
-            await self.constructor.set_route(sid, route)  # the executor re-routes ...
+            await self.constructor.set_routes({sid: route})  # the executor re-routes ...
         await self.inner.close()  # ... and retires this loader before the request arrives
         return await self.inner.read(request)
 
@@ -196,7 +196,7 @@ def test_set_route_abandons_a_hanging_read_and_asks_the_new_loaders(stream_plan:
             await asyncio.sleep(0.01)
         assert not take.done()
         for sid, route in _routes(stream_plan, lambda lo: lo).items():  # the executor recreated the loaders
-            await c.set_route(sid, route)
+            await c.set_routes({sid: route})
         batches = await asyncio.wait_for(take, timeout=30)
         metrics = await c.metrics()
         await c.stop()

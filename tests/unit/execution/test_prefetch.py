@@ -262,6 +262,40 @@ def test_for_local_files_the_reach_is_still_sized_from_the_whole_read(shard: Pat
     cache.close()
 
 
+def test_local_files_assume_no_step_rate_before_one_is_measured(shard: Path) -> None:
+    """A slow local read (waiting for a CPU on a loaded worker, not storage) before any step is served keeps the
+    horizon: at a fast assumed rate it widened every loader's reach to the cap, and the loaders kept every planned
+    step's rows (memory.py, 300 sources)."""
+    policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=6, prefetch=8)
+    cache = PlanUnitCache("p-local-default", steps=50, policy=policy, shard_of={str(shard): 3})
+    pf = Prefetcher(cache, lambda: ParquetReader(SRC, TokenizerSpec(), ImageSpec()), {3: shard}, 8, "t")
+    try:
+        pf.read_s = 0.5
+        pf.pump(np.array([0]))
+        assert pf.settle(10)
+        assert cache.extra_steps == 0 and cache.reach == 6
+    finally:
+        pf.close()
+        cache.close()
+
+
+def test_object_urls_assume_a_fast_rank_before_a_rate_is_measured() -> None:
+    url = "memory://loomassumed/s.parquet"
+    reset_request_latency()
+    policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=6, prefetch=8)
+    cache = PlanUnitCache("p-url-default", steps=2000, policy=policy, shard_of={url: 3})
+    pf = Prefetcher(cache, lambda: ParquetReader(SRC, TokenizerSpec(), ImageSpec()), {3: url}, 8, "t")
+    try:
+        for _ in range(64):
+            _LATENCY.record(url, 0.1)
+        pf.pump(np.array([0]))
+        assert cache.extra_steps == extra_steps(0.1, FAST_STEPS_PER_S, horizon=6) == 394
+    finally:
+        pf.close()
+        cache.close()
+        reset_request_latency()
+
+
 def _count_decodes(reader: Any) -> list[int]:
     """The row groups `reader` decodes from now on (each a fetch of its own, not a unit read ahead)."""
     decoded: list[int] = []

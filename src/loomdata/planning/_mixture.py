@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._mixture_kernel import cumulative_targets, nearest_column, repair_rows
+from loomdata.planning._mixture_kernel import nearest_column, repair_rows
 from loomdata.planning._packing import Lanes, expand_with_lengths
 from loomdata.planning._permute import uniform_permutation
 from loomdata.planning._shuffle import BlockLayout
@@ -49,7 +49,6 @@ __all__ = [
     "Stream",
     "build_stream",
     "check_epochs",
-    "cumulative_targets_of",
     "membership",
     "pointer_dtype",
     "step_weights",
@@ -142,10 +141,6 @@ class StepWeights:
         """The whole (steps, sources) grid (tests and small plans; the planner works a block at a time)."""
         return self.rows(0, self.steps)
 
-    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
-        """The whole grid (NumPy's conversion: tests that compare it with a reference)."""
-        return self.grid() if dtype is None else self.grid().astype(dtype)
-
 
 @dataclass(frozen=True, slots=True)
 class CumulativeTargets:
@@ -182,13 +177,6 @@ class CumulativeTargets:
         for a in range(0, steps, rows):
             before = self.rows(a, min(steps, a + rows), before)[-1]
         return np.zeros(n) if before is None else before.copy()
-
-
-def cumulative_targets_of(weights: np.ndarray | StepWeights, budget: np.ndarray) -> np.ndarray:
-    """(steps, sources) target tokens of each source through each step: np.cumsum(weights * budget[:, None],
-    axis=0) bit for bit (_mixture_kernel.cumulative_targets, row after row); the whole grid (tests)."""
-    grid = weights.grid() if isinstance(weights, StepWeights) else weights
-    return cumulative_targets(np.ascontiguousarray(grid, dtype=np.float64), np.ascontiguousarray(budget))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,7 @@
-"""Compiled membership passes: the cumulative targets, the nearest pointers and the repair (planning._mixture).
+"""Compiled membership passes: the nearest pointers and the repair (planning._mixture).
 
-`cumulative_targets` and `nearest_column` do what NumPy did over the (steps, sources) grid (a cumsum down the
-steps, a searchsorted per source, a running maximum), the same additions in the same order, row after row
-(NumPy's cumsum and running maximum down axis 0 walk a column at a time through a C-ordered grid).
+`nearest_column` does what NumPy did over a source's targets (a searchsorted, a running maximum down the
+steps). The targets themselves are NumPy's cumsums a block at a time (planning._mixture.CumulativeTargets).
 The repair (`repair_rows`) is a pass over a chunk of steps, deferring segments
 of the source most ahead of its target until each step fits its slots.
 
@@ -19,21 +18,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["cumulative_targets", "nearest_column", "repair_rows"]
-
-
-@njit
-def cumulative_targets(weights: np.ndarray, budget: np.ndarray) -> np.ndarray:
-    """np.cumsum(weights * budget[:, None], axis=0): (steps, sources) target tokens through each step, bit for
-    bit (each product rounded, then added to the step before's in step order)."""
-    steps, n_src = weights.shape
-    out = np.empty((steps, n_src))
-    for t in range(steps):
-        b = float(budget[t])
-        for k in range(n_src):
-            v = weights[t, k] * b
-            out[t, k] = v if t == 0 else out[t - 1, k] + v
-    return out
+__all__ = ["nearest_column", "repair_rows"]
 
 
 @njit

@@ -398,7 +398,6 @@ def _plan_into(
         ptr=ptr,
         assignment=assignment,
         cfg=BalanceConfig(dp=tr.dp_size, micro_batches=mb, lanes=lanes, cost_spec=spec.cost, seed=spec.seed),
-        weights=weights,
         start=start,
         steps=tr.steps,
         bounds=bounds,

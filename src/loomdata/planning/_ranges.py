@@ -1,10 +1,11 @@
 """Balance and write one contiguous range of steps: what one process (or one cluster worker) does after membership.
 
 `PlanWork` is everything balancing needs once membership is done (the index columns, the streams, the step
-pointers or look-ahead assignment, the shape, the cost model, the weights and the manifest partition
-bounds); it is picklable (an all-zero image column travels as its length). `window` cuts from it what one
-range of steps reads (its stream positions re-indexed from 0 with their documents' index columns, its
-pointer and weight rows), so planning._distributed sends each range's worker only that range's part.
+pointers or look-ahead assignment, the shape, the cost model and the manifest partition bounds; the mixture
+weights are the driver's report's); it is picklable (an all-zero image column travels as its length).
+`window` cuts from it what one range of steps reads (its stream positions re-indexed from 0 with their
+documents' index columns, its pointer rows), so planning._distributed sends each range's worker only that
+range's part.
 `balanced_blocks` yields the balanced blocks of [first, stop) from a given
 incoming carry (`balanced_steps` the same step by step, for the distributed fix-up); a step's result
 depends only on its drawn segments and its incoming carry (blocks are
@@ -28,7 +29,7 @@ import numpy as np
 from loomdata.planning._items import StepItems
 from loomdata.planning._lookahead import StepAssignment
 from loomdata.planning._manifest import ManifestWriter
-from loomdata.planning._mixture import StepWeights, Stream
+from loomdata.planning._mixture import Stream
 from loomdata.planning._report import RANK_STEPS, ReportBuilder
 from loomdata.planning._segments import DenseIds, RowIds, SampleIds, Segments
 from loomdata.planning._step import StepSink
@@ -60,12 +61,11 @@ class PlanWork:
     ptr: np.ndarray  # (steps + 1, sources) stream positions before each step (row i: step step0 + i)
     assignment: StepAssignment | None  # look-ahead membership, or None (ptr ranges)
     cfg: BalanceConfig
-    weights: StepWeights  # target weights of every step (row i: step step0 + i), worked out when asked
     start: int  # first step planned here (a re-plan's at_step, else 0)
     steps: int
     bounds: np.ndarray  # manifest partition bounds (_manifest.file_bounds), `start` among them
     pp_size: int
-    step0: int = 0  # the step of ptr's and weights' row 0 (a range's window: its first step)
+    step0: int = 0  # the step of ptr's row 0 (a range's window: its first step)
     windowed: bool = False  # a range's window (`window`): its streams' documents are 0..n-1 in stream order
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
@@ -74,8 +74,13 @@ class PlanWork:
         if self.windowed:  # a window's documents are 0..n-1: sent as n
             state["streams"] = [(len(st.doc), st.doc.dtype.str, replace(st, doc=_NO_DOCS)) for st in self.streams]
             if self.assignment is not None:  # its steps (non-decreasing, within the window's) as counts a step
-                state["assignment"] = _AssignedCounts.of(self.assignment, self.step0, len(self.weights))
+                state["assignment"] = _AssignedCounts.of(self.assignment, self.step0, self.rows)
         return _restore, (state,)
+
+    @property
+    def rows(self) -> int:
+        """Steps this work holds (a range's window: its steps; else every step of the plan)."""
+        return len(self.ptr) - 1
 
     def items(self) -> StepItems:
         """A fresh gatherer of the steps' segments and costs."""
@@ -184,7 +189,7 @@ def window(work: PlanWork, first: int, stop: int) -> PlanWork:
     look-ahead assignment, and the pointer and weight rows of those steps (step0 = first). Balancing the
     range on it gives the same bytes as on the whole work; it holds about 16 bytes a position of the range
     (tokens, sample rows, assigned positions and steps) instead of the whole index and streams."""
-    if not work.step0 <= first < stop <= work.step0 + len(work.weights):
+    if not work.step0 <= first < stop <= work.step0 + work.rows:
         raise ValueError(f"steps {first}..{stop - 1} are not within the work's steps")
     if work.windowed:
         raise ValueError("a window cannot be cut from a window")
@@ -221,7 +226,6 @@ def window(work: PlanWork, first: int, stop: int) -> PlanWork:
                 split_len=st.split_len[i:j],
             )
         )
-    rows = slice(first - work.step0, stop - work.step0)
     return replace(
         work,
         samples=samples,
@@ -230,7 +234,6 @@ def window(work: PlanWork, first: int, stop: int) -> PlanWork:
         streams=streams,
         ptr=work.ptr[first - work.step0 : stop - work.step0 + 1] - lo[None, :],
         assignment=None if work.assignment is None else StepAssignment(pos_w, step_w),
-        weights=work.weights.window(rows.start, rows.stop),
         step0=first,
         windowed=True,
     )

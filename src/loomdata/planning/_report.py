@@ -338,10 +338,7 @@ class ReportBuilder:
         """(k1 - k0, b - a) float64: the target weights of sources k0..k1-1 at steps a..b-1, as rows (a re-plan's
         steps before its resume step: its base's)."""
         b = len(self.tokens) if b is None else b
-        if self.weights is None:
-            out = np.zeros((k1 - k0, b - a))
-        else:
-            out = (self.weights if (a, b) == (0, len(self.weights)) else self.weights.window(a, b)).columns(k0, k1)
+        out = np.zeros((k1 - k0, b - a)) if self.weights is None else self.weights.window(a, b).columns(k0, k1)
         upto = self._seeded.shape[1]
         if a < upto:
             out[:, : min(upto, b) - a] = self._seeded[k0:k1, a : min(upto, b)]

@@ -109,7 +109,7 @@ def test_ranges_fixed_up_give_the_one_process_plan_byte_for_byte(
     assert len(pool.sent) > 3 and fixed  # several ranges, and some were fixed up
     assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
     # each range got its own window of the work: contiguous ranges cut at bounds that cover the rest
-    cuts = [(w.step0, w.step0 + len(w.weights)) for w in pool.works]
+    cuts = [(w.step0, w.step0 + w.rows) for w in pool.works]
     assert all(w.windowed for w in pool.works) and cuts[0][0] <= fixed[0][0]
     assert all(a[1] == b[0] for a, b in itertools.pairwise(cuts)) and cuts[-1][1] == pool.works[0].steps
     assert all(a in w.bounds and b in w.bounds for w, (a, b) in zip(pool.works, cuts, strict=True))

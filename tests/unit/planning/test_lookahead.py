@@ -106,7 +106,7 @@ def test_assign_steps_covers_positions_and_bounds_heavy_moves(
     slots = np.full(n_steps, dp * spec.training.micro_batches, dtype=np.int64)
     lengths = [index[n].column("num_tokens").to_numpy() for n in spec.source_names]
     budget = slots * SEQ * spec.planning.fill
-    targets = np.cumsum(step_weights(spec) * budget[:, None], axis=0)
+    targets = np.cumsum(step_weights(spec).grid() * budget[:, None], axis=0)
     streams = [build_stream(n, spec.seed, ln, lanes, 3) for n, ln in zip(spec.source_names, lengths, strict=True)]
     ptr = membership(targets, streams, lanes, slots)
     pos, nat = natural_positions(ptr, 0, n_steps)
@@ -174,7 +174,7 @@ def _crossings(spec: Spec, index: dict[str, pa.Table]) -> np.ndarray:
     n_steps, dp = spec.training.steps, spec.training.dp_size
     slots = np.full(n_steps, dp * spec.training.micro_batches, dtype=np.int64)
     lengths = [index[n].column("num_tokens").to_numpy() for n in spec.source_names]
-    targets = np.cumsum(step_weights(spec) * (slots * SEQ * spec.planning.fill)[:, None], axis=0)
+    targets = np.cumsum(step_weights(spec).grid() * (slots * SEQ * spec.planning.fill)[:, None], axis=0)
     streams = [build_stream(n, spec.seed, ln, lanes, 3) for n, ln in zip(spec.source_names, lengths, strict=True)]
     ptr = membership(targets, streams, lanes, slots)
     pos, nat = natural_positions(ptr, 0, n_steps)

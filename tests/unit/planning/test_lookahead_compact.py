@@ -55,7 +55,7 @@ def test_natural_ranges_assign_as_natural_position_arrays(
     lanes = Lanes.of(spec)
     n_steps = spec.training.steps
     slots = np.full(n_steps, 4 * spec.training.micro_batches, dtype=np.int64)
-    targets = np.cumsum(step_weights(spec) * (slots * seq * spec.planning.fill)[:, None], axis=0)
+    targets = np.cumsum(step_weights(spec).grid() * (slots * seq * spec.planning.fill)[:, None], axis=0)
     cols = [t.column("num_tokens").to_numpy() for t in index]
     streams = [build_stream(n, 7, c, lanes, 3) for n, c in zip(spec.source_names, cols, strict=True)]
     ptr = membership(targets, streams, lanes, slots)

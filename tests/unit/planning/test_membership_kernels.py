@@ -13,7 +13,6 @@ from loomdata.planning._jit import stable_argsort, stable_argsort_into
 from loomdata.planning._mixture import (
     CumulativeTargets,
     _nearest,
-    cumulative_targets_of,
     membership,
     step_weights,
 )
@@ -52,6 +51,11 @@ def _reference_weights(spec: Spec) -> np.ndarray:
     cols = [np.interp(t, xs, [float(m.weights.get(n, 0.0)) for m in ms]) for n in spec.source_names]
     w = np.stack(cols, 1)
     return w / w.sum(axis=1)[:, None]
+
+
+def _targets(weights: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """The cumulative targets' definition: each step's weights times its budget, summed down the steps."""
+    return np.cumsum(weights * budget[:, None], axis=0)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -93,7 +97,7 @@ def test_cumulative_targets_by_blocks_are_the_grid_bit_for_bit(tmp_path: Path, s
     mixture = {"schedule": [{"step": s, "weights": {n: float(rng.random()) + 0.01 for n in names}} for s in at]}
     w = step_weights(_spec(tmp_path, n_src, steps, mixture))
     budget = rng.integers(1, 10**8, steps).astype(np.int64)
-    want = cumulative_targets_of(w, budget)
+    want = _targets(w.grid(), budget)
     tg = CumulativeTargets(w, budget)
     k0 = int(rng.integers(0, n_src))
     assert np.array_equal(_bits(tg.columns(k0, n_src)), _bits(np.ascontiguousarray(want[:, k0:].T)))
@@ -104,17 +108,6 @@ def test_cumulative_targets_by_blocks_are_the_grid_bit_for_bit(tmp_path: Path, s
         assert np.array_equal(_bits(rows), _bits(want[a:b]))
         before = rows[-1]
     assert np.array_equal(_bits(tg.final()), _bits(want[-1]))
-
-
-@pytest.mark.parametrize("seed", range(8))
-def test_cumulative_targets_match_numpy_cumsum_bit_for_bit(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    steps, n_src = int(rng.integers(1, 500)), int(rng.integers(1, 50))
-    w = rng.random((steps, n_src))
-    w /= w.sum(axis=1)[:, None]
-    budget = rng.integers(1, 10**8, steps).astype(np.int64)  # budgets that differ per step (a re-plan's shapes)
-    want = np.cumsum(w * budget[:, None], axis=0)
-    assert np.array_equal(_bits(cumulative_targets_of(w, budget)), _bits(want))
 
 
 @pytest.mark.parametrize("kind", ["increasing", "integer_ties", "shuffled", "beyond_the_stream"])
@@ -149,7 +142,7 @@ def test_membership_pointers_of_many_sources_are_each_sources_own(tmp_path: Path
     streams = [build_stream(f"s{k}", 3, rng.integers(16, 3000, 2000).astype(np.uint32), lanes, 2) for k in range(5)]
     w = rng.random((60, 5))
     w /= w.sum(axis=1)[:, None]
-    targets = cumulative_targets_of(w, np.full(60, 8 * 4096, dtype=np.int64))
+    targets = _targets(w, np.full(60, 8 * 4096, dtype=np.int64))
     ptr = membership(targets, streams, lanes, 8)
     assert ptr.shape == (61, 5) and ptr.flags.c_contiguous
     for k, st in enumerate(streams):
@@ -173,7 +166,7 @@ def test_membership_pointers_worked_out_a_block_of_sources_at_a_time_are_the_who
     ]
     w = rng.random((60, 7))
     w /= w.sum(axis=1)[:, None]
-    targets = cumulative_targets_of(w, np.full(60, 8 * 4096, dtype=np.int64))
+    targets = _targets(w, np.full(60, 8 * 4096, dtype=np.int64))
     whole = membership(targets, streams, lanes, 8)
     monkeypatch.setattr(_mixture, "MEMBERSHIP_BLOCK_CELLS", cells)
     blocked = membership(targets, streams, lanes, 8)

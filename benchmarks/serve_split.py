@@ -113,6 +113,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--micro-batches", type=int, default=1)
     ap.add_argument("--window", type=int, default=2)
+    ap.add_argument("--shuffle", default="global", choices=["global", "block"], help="as stream_throughput.py's")
     ap.add_argument("--consumers", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--repeat", type=int, default=3, help="fresh executors per consumer count")
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
@@ -131,7 +132,7 @@ def main() -> None:
         root = Path(tmp)
         os.environ["TMPDIR"] = str(root)
         st._write_data(root, args.docs, seed=0)
-        spec = st._spec(root, args.seq_len, args.steps, args.micro_batches)
+        spec = st._spec(root, args.seq_len, args.steps, args.micro_batches, shuffle=args.shuffle)
         with open_cluster(n_workers=2, local_directory=root / "dask") as client:
             build_index(spec, client)
             plan_dir = make_plan(spec).plan_dir

@@ -79,13 +79,22 @@ def _write_data(root: Path, docs: int, seed: int) -> list[Path]:
             values = rng.integers(1, 50_000, size=int(offsets[-1]), dtype=np.int32)
             arr = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
             path = root / name / f"part-{k:03d}.parquet"
-            pq.write_table(pa.table({"tokens": arr}), path, row_group_size=256)
+            pq.write_table(pa.table({"tokens": arr}), path, row_group_size=_ROW_GROUP)
             files.append(path)
     return files
 
 
-def _spec(root: Path, seq_len: int, steps: int, micro_batches: int, verify: str = "sample") -> Any:
+_ROW_GROUP = 256  # documents per Parquet row group (`_write_data`); also the block of `--shuffle block`
+
+
+def _spec(
+    root: Path, seq_len: int, steps: int, micro_batches: int, verify: str = "sample", shuffle: str = "global"
+) -> Any:
     from loomdata.schemas import parse_spec
+
+    # `block`: documents drawn a row group at a time, shuffled within a window of 16 row groups (the peer
+    # shuffles within one row group); `global`: every document anywhere, each step reading rows of many groups.
+    order = {"shuffle": "block", "block_size": _ROW_GROUP, "window": 16} if shuffle == "block" else {}
 
     return parse_spec(
         {
@@ -99,6 +108,7 @@ def _spec(root: Path, seq_len: int, steps: int, micro_batches: int, verify: str 
                     "paths": [f"{name}/*.parquet"],
                     "tokens_field": "tokens",
                     "verify": verify,
+                    **order,
                 }
                 for name in ("web", "code")
             ],
@@ -590,6 +600,13 @@ def main() -> None:
         default=2,
         help="worker processes of loomdata's embedded cluster (0: one in this process)",
     )
+    ap.add_argument(
+        "--shuffle",
+        default="global",
+        choices=["global", "block"],
+        help="loomdata's document order: global (any document anywhere) or block (a row group at a time, shuffled "
+        "within 16 row groups: reads mostly sequential, as the peer's)",
+    )
     ap.add_argument("--verify-repeat", type=int, default=3, help="runs per verify mode (sample, off); 0: skip")
     ap.add_argument("--peers", nargs="+", default=list(_PEERS), choices=list(_PEERS), help="peer loaders to run")
     ap.add_argument(
@@ -636,7 +653,7 @@ def main() -> None:
         os.environ["TMPDIR"] = str(root)  # consumers' and torch's scratch stays here
         t = time.perf_counter()
         files = [str(p) for p in _write_data(root, args.docs, seed=0)]
-        spec = _spec(root, args.seq_len, args.steps, args.micro_batches)
+        spec = _spec(root, args.seq_len, args.steps, args.micro_batches, shuffle=args.shuffle)
         rows: list[dict[str, Any]] = []
         with open_cluster(n_workers=args.workers, local_directory=root / "dask") as client:
             build_index(spec, client)
@@ -665,7 +682,7 @@ def main() -> None:
                 _print_row(row)
             verify_cost = None
             if args.verify_repeat > 0:
-                off = _spec(root, args.seq_len, args.steps, args.micro_batches, verify="off")
+                off = _spec(root, args.seq_len, args.steps, args.micro_batches, verify="off", shuffle=args.shuffle)
                 build_index(off, client)
                 plans = {"sample": Path(plan_dir), "off": Path(make_plan(off).plan_dir)}
                 n = max(args.consumers)
@@ -695,6 +712,7 @@ def main() -> None:
             "dp_size": DP,
             "dask_workers": args.workers,
             "window": args.window,
+            "shuffle": args.shuffle,
             "bytes_in_flight": args.bytes_in_flight,
             "peer_num_workers": args.peer_workers,
             "transports": args.transports,

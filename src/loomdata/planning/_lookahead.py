@@ -51,6 +51,7 @@ import numpy as np
 from loomdata.planning._lookahead_kernel import add_step_counts, fit_lights, natural_chunk, run_steps, segments_of
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
+from loomdata.planning._pointers import Pointers
 from loomdata.schemas.spec import LOOKAHEAD_TOLERANCE
 
 HEAVY_SHARE = 0.85
@@ -103,27 +104,30 @@ def _pos_dtype(n: int) -> type[np.unsignedinteger] | type[np.signedinteger]:
     return np.uint32 if n < 2**32 else np.int64
 
 
-def natural_positions(ptr: np.ndarray, t0: int, t1: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def natural_positions(ptr: Pointers, t0: int, t1: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per source, the stream positions drawn for steps t0..t1-1 (uint32 where they fit) and the natural
     step of each (int32), computed a chunk at a time (no int64 array over all positions)."""
     pos, nat = [], []
     col_dtype = np.int32 if ptr.shape[0] < 2**31 else np.int64
+    first, stop = ptr.row(t0), ptr.row(t1)
     for k in range(ptr.shape[1]):
-        a, b = int(ptr[t0, k]), int(ptr[t1, k])
+        a, b = int(first[k]), int(stop[k])
         p = np.arange(a, b, dtype=_pos_dtype(b))
         nt = np.empty(b - a, dtype=col_dtype)
+        col = ptr.column(k)
         for i in range(0, b - a, CHUNK):
             j = min(b - a, i + CHUNK)
-            nt[i:j] = np.searchsorted(ptr[:, k], p[i:j], side="right") - 1
+            nt[i:j] = np.searchsorted(col, p[i:j], side="right") - 1
         pos.append(p)
         nat.append(nt)
     return pos, nat
 
 
-def natural_ranges(ptr: np.ndarray, t0: int, t1: int) -> list[range]:
+def natural_ranges(ptr: Pointers, t0: int, t1: int) -> list[range]:
     """Per source, the stream positions drawn for steps t0..t1-1 as a range (natural steps come from `ptr`
     inside assign_steps: nothing is stored per position)."""
-    return [range(int(ptr[t0, k]), int(ptr[t1, k])) for k in range(ptr.shape[1])]
+    first, stop = ptr.row(t0), ptr.row(t1)
+    return [range(int(a), int(b)) for a, b in zip(first.tolist(), stop.tolist(), strict=True)]
 
 
 Positions = np.ndarray | range
@@ -230,7 +234,7 @@ def assign_steps(
     *,
     final: bool = True,
     planned_before: int = 0,
-    ptr: np.ndarray | None = None,
+    ptr: Pointers | None = None,
     drop_counts: bool = False,
     tolerance: float = LOOKAHEAD_TOLERANCE,
 ) -> StepAssignment:
@@ -266,6 +270,7 @@ def assign_steps(
     for s, p in enumerate(pos):
         st = streams[s]
         o = int(offs[s])
+        col = ptr.column(s) if nat is None and ptr is not None and len(p) else None  # one source's at a time
         for i0 in range(0, len(p), CHUNK):
             i1 = min(len(p), i0 + CHUNK)
             q: np.ndarray | None = None
@@ -279,8 +284,8 @@ def assign_steps(
                 length[o + i0 : o + i1] = st.cum[q + 1] - st.cum[q]
                 if st.cum_long is not None:
                     is_long[o + i0 : o + i1] = (st.cum_long[q + 1] - st.cum_long[q]) > 0
-            if nat is None and ptr is not None:
-                raw[o + i0 : o + i1] = _natural_steps(ptr[:, s], p, i0, i1, q) - t0
+            if nat is None and col is not None:
+                raw[o + i0 : o + i1] = _natural_steps(col, p, i0, i1, q) - t0
             elif nat is not None:
                 raw[o + i0 : o + i1] = np.asarray(nat[s][i0:i1]) - t0
         drawn[s] = float(length[o : o + len(p)].sum(dtype=np.int64))

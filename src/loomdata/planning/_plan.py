@@ -57,6 +57,7 @@ from loomdata.planning._mixture import (
     step_weights,
 )
 from loomdata.planning._packing import Lanes, check_unsplittable
+from loomdata.planning._pointers import Pointers
 from loomdata.planning._ranges import PlanWork, RangePart, balanced_blocks, merge_report
 from loomdata.planning._report import ReportBuilder
 from loomdata.planning._resume import (
@@ -299,7 +300,7 @@ def _plan_into(
     streams = per_source(stream_of, len(sources))
     ptr = membership(targets, streams, lanes, step_slots)
     shuffle = _shuffle_figures(spec, sources, layouts, streams, ptr, lanes)
-    drawn_per_step = np.diff(ptr.sum(axis=1, dtype=np.int64))  # segments (none empty) of each step
+    drawn_per_step = np.diff(ptr.totals())  # segments (none empty) of each step
     assignment = None
     carry: Segments | None = None
     # image samples cannot be split: with them in the mix membership stays as drawn (moved segments would
@@ -334,8 +335,9 @@ def _plan_into(
             )
         else:  # natural positions as ranges, their steps from ptr: nothing stored per position
             pos, nat = natural_ranges(ptr, start, tr.steps), None
+        at_start = ptr.row(start)
         before = sum(  # short tokens of steps < start
-            int((st.cum if st.cum_short is None else st.cum_short)[ptr[start, k]]) for k, st in enumerate(streams)
+            int((st.cum if st.cum_short is None else st.cum_short)[at_start[k]]) for k, st in enumerate(streams)
         )
         # the streams' counts are dropped as soon as the look-ahead has read the segment lengths from them
         assignment = assign_steps(
@@ -495,14 +497,15 @@ def _shuffle_figures(
     sources: list[_Source],
     layouts: list[BlockLayout],
     streams: list[Stream],
-    ptr: np.ndarray,
+    ptr: Pointers,
     lanes: Lanes,
 ) -> dict[str, dict[str, float | int | str]]:
     """Per source, what its shuffle gives and costs in reads (planning._shuffle), over the stream it draws."""
     out: dict[str, dict[str, float | int | str]] = {}
+    last = ptr.last()
     for k, s in enumerate(sources):
         st = streams[k]
-        doc, _, length, _ = st.segments(0, min(int(ptr[-1, k]), FIGURE_SEGMENTS), s.num_tokens, lanes)
+        doc, _, length, _ = st.segments(0, min(int(last[k]), FIGURE_SEGMENTS), s.num_tokens, lanes)
         figs = shuffle_figures(spec.source(s.name), layouts[k], doc, length, s.num_tokens)
         out[s.name] = figs.to_dict()
     return out

@@ -30,6 +30,7 @@ from loomdata.planning._items import StepItems
 from loomdata.planning._lookahead import StepAssignment
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream
+from loomdata.planning._pointers import Pointers
 from loomdata.planning._report import RANK_STEPS, ReportBuilder
 from loomdata.planning._segments import DenseIds, RowIds, SampleIds, Segments
 from loomdata.planning._step import StepSink
@@ -58,7 +59,7 @@ class PlanWork:
     num_tokens: list[np.ndarray]
     num_image_tokens: list[np.ndarray]
     streams: list[Stream]  # without their counts
-    ptr: np.ndarray  # (steps + 1, sources) stream positions before each step (row i: step step0 + i)
+    ptr: Pointers  # (steps + 1, sources) stream positions before each step (row i: step step0 + i), sparse
     assignment: StepAssignment | None  # look-ahead membership, or None (ptr ranges)
     cfg: BalanceConfig
     start: int  # first step planned here (a re-plan's at_step, else 0)
@@ -175,7 +176,7 @@ def _restore(state: dict[str, Any]) -> PlanWork:
         )
         for st in state["streams"]
     ]
-    state["ptr"] = _aligned(state["ptr"])
+    state["ptr"] = state["ptr"].aligned()
     return PlanWork(**state)
 
 
@@ -201,6 +202,7 @@ def window(work: PlanWork, first: int, stop: int) -> PlanWork:
     streams: list[Stream] = []
     pos_w: list[np.ndarray] = []
     step_w: list[np.ndarray] = []
+    rows = None if work.assignment is not None else (work.ptr.row(first - work.step0), work.ptr.row(stop - work.step0))
     for k, st in enumerate(work.streams):
         if work.assignment is not None:
             pos, steps = work.assignment.range(k, first, stop)
@@ -208,7 +210,9 @@ def window(work: PlanWork, first: int, stop: int) -> PlanWork:
             pos_w.append(pos - np.asarray(a, dtype=pos.dtype))
             step_w.append(steps)
         else:
-            a, b = int(work.ptr[first - work.step0, k]), int(work.ptr[stop - work.step0, k])
+            if rows is None:
+                raise AssertionError("pointer rows are read where there is no assignment")
+            a, b = int(rows[0][k]), int(rows[1][k])
         lo[k] = a
         doc = st.doc[a:b]
         ids = work.samples[k]
@@ -232,7 +236,7 @@ def window(work: PlanWork, first: int, stop: int) -> PlanWork:
         num_tokens=tokens,
         num_image_tokens=images,
         streams=streams,
-        ptr=work.ptr[first - work.step0 : stop - work.step0 + 1] - lo[None, :],
+        ptr=work.ptr.window(first - work.step0, stop - work.step0, lo),
         assignment=None if work.assignment is None else StepAssignment(pos_w, step_w),
         step0=first,
         windowed=True,

@@ -77,7 +77,7 @@ def test_natural_ranges_assign_as_natural_position_arrays(
         assert moved == {int(p): int(s) for p, s in zip(c_.pos[k], c_.step[k], strict=True)}
     assert (
         sum(
-            int((np.asarray(s) != np.searchsorted(ptr[:, k], p, side="right") - 1).sum())
+            int((np.asarray(s) != np.searchsorted(ptr.column(k), p, side="right") - 1).sum())
             for k, (p, s) in enumerate(zip(a.pos, a.step, strict=True))
         )
         > 0

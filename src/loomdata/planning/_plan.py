@@ -376,6 +376,7 @@ def _plan_into(
         pp_size=tr.pp_size,
         weights=weights,
         step_tokens=int(step_budget.max()),  # what a step is planned to hold (fill < 1: a count above it widens)
+        sparse=True,  # steps are recorded in step order here (ranges' reports are merged in order)
     )
     if base is not None:
         copy_base_rows(base, writer)

@@ -324,8 +324,7 @@ def plan_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments
 def merge_report(into: ReportBuilder, part: ReportBuilder, first: int) -> None:
     """Copy a range report's rows (its step i is step first + i) into the plan's report."""
     n = len(part.tokens)
-    into.fit_tokens(part.tokens)
-    into.tokens[first : first + n] = part.tokens
+    into.tokens.put(first, part.tokens.rows(0, n))
     for name, col in part.cols.items():
         into.cols[name][first : first + n] = col
     if part.part_cols:  # encoder/backbone columns (cost models with an encoder term)

@@ -16,7 +16,7 @@ from loomdata.planning._mixture import (
     membership,
     step_weights,
 )
-from loomdata.planning._mixture_kernel import nearest_column
+from loomdata.planning._mixture_kernel import nearest_column, nearest_run
 from loomdata.planning.balance._deal_kernel import (
     RADIX_STEP,
     _radix_order,
@@ -130,6 +130,25 @@ def test_nearest_column_is_nearest_then_running_maximum(kind: str) -> None:
     got = np.zeros(len(x) + 1, dtype=np.int64)
     nearest_column(cum, np.ascontiguousarray(x), got)
     assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_nearest_run_carried_across_pieces_is_the_whole_column(seed: int) -> None:
+    """nearest_run over a source's targets cut into pieces, its search state carried, gives nearest_column's
+    pointers (a search going back included: shuffled targets)."""
+    rng = np.random.default_rng(seed)
+    cum = np.concatenate([[0], np.cumsum(rng.integers(0, 4000, 2500))]).astype(np.int64)
+    x = np.cumsum(rng.random(900) * 9000.0)
+    if seed % 2:
+        x = rng.permutation(x)
+    want = np.zeros(len(x) + 1, dtype=np.int64)
+    nearest_column(cum, x, want)
+    got = np.zeros(len(x), dtype=np.int64)
+    state = np.zeros(2, dtype=np.int64)
+    cuts = sorted({0, len(x), *rng.integers(1, len(x), 6).tolist()})
+    for a, b in itertools.pairwise(cuts):
+        nearest_run(cum, x[a:b], got[a:b], state)
+    assert np.array_equal(got, want[1:])
 
 
 def test_membership_pointers_of_many_sources_are_each_sources_own(tmp_path: Path) -> None:

@@ -124,28 +124,36 @@ _NO_DOCS = np.zeros(0, dtype=np.uint32)
 
 @dataclass(frozen=True, slots=True)
 class _AssignedCounts:
-    """A window's look-ahead assignment on the wire: its positions, and its steps as how many positions each
-    step of the window holds (the steps are non-decreasing: 4 bytes a position less to send)."""
+    """A window's look-ahead assignment on the wire: its positions, and each source's steps (non-decreasing) as
+    how many positions each step of the window holds where that is smaller than the steps themselves (a source
+    drawing in most steps: 4 bytes a step instead of 4 a position), else the steps as they are (with many
+    sources and a small dp a source draws in few steps: counts of every step would grow with steps x sources)."""
 
     pos: list[np.ndarray]
-    counts: list[np.ndarray]  # (steps of the window,) positions of each step
+    counts: list[np.ndarray | None]  # (steps of the window,) positions of each step; None: `steps[k]` sent as is
+    steps: list[np.ndarray | None]  # the source's steps, where counts are not sent
     step_dtypes: list[str]
     step0: int
 
     @classmethod
     def of(cls, asg: StepAssignment, step0: int, steps: int) -> _AssignedCounts | StepAssignment:
         """The counts of `asg` (steps step0..step0+steps-1); `asg` itself when a step falls outside them."""
-        counts = []
+        counts: list[np.ndarray | None] = []
+        raw: list[np.ndarray | None] = []
         for k, st in enumerate(asg.step):
             if len(st) and (int(st[0]) < step0 or int(st[-1]) >= step0 + steps):
                 return asg
-            counts.append(asg.source_counts(k, step0, steps).astype(np.uint32))
-        return cls(asg.pos, counts, [st.dtype.str for st in asg.step], step0)
+            dense = steps <= len(st)
+            counts.append(asg.source_counts(k, step0, steps).astype(np.uint32) if dense else None)
+            raw.append(None if dense else st)
+        return cls(asg.pos, counts, raw, [st.dtype.str for st in asg.step], step0)
 
     def restore(self) -> StepAssignment:
         steps = [
             np.repeat(np.arange(self.step0, self.step0 + len(c), dtype=np.dtype(dt)), c)
-            for c, dt in zip(self.counts, self.step_dtypes, strict=True)
+            if c is not None
+            else _aligned(np.asarray(st))
+            for c, st, dt in zip(self.counts, self.steps, self.step_dtypes, strict=True)
         ]
         return StepAssignment([_aligned(p) for p in self.pos], steps)
 

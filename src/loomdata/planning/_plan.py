@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from loomdata.planning._allocator import trim_arenas
 from loomdata.planning._baselines import BASELINE_DESCRIPTION
 from loomdata.planning._distributed import RANGES_PER_WORKER, Executor, plan_ranges, split_ranges, worker_count
 from loomdata.planning._lookahead import Positions, assign_steps, natural_ranges
@@ -301,6 +302,7 @@ def _plan_into(
     ptr = membership(targets, streams, lanes, step_slots)
     shuffle = _shuffle_figures(spec, sources, layouts, streams, ptr, lanes)
     drawn_per_step = np.diff(ptr.totals())  # segments (none empty) of each step
+    trim_arenas()  # what membership's chunks and the figures freed, before the look-ahead's peak
     assignment = None
     carry: Segments | None = None
     # image samples cannot be split: with them in the mix membership stays as drawn (moved segments would
@@ -357,6 +359,7 @@ def _plan_into(
         )
         del pos, nat  # the assignment holds what balancing needs
     streams = [st.without_counts() for st in streams]
+    trim_arenas()  # the look-ahead's temporaries and the streams' counts, before balancing
     empty = np.flatnonzero(drawn_per_step[start:] == 0)
     if len(empty):
         raise PlanError(

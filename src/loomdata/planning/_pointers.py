@@ -5,9 +5,10 @@ step draws from a few of them (300 sources at dp 4: about 60 a step), and the de
 sources rather than with samples: 166K steps x 300 sources of int32 at 10M samples (20 bytes a sample), 20 GB
 at a billion. Here it is kept by chunks of consecutive steps (those membership's repair works out at once), each
 holding its first row (a dense checkpoint: row access by step needs no walk from step 0) and, per source, the
-steps of the chunk at which that source draws and its pointer after each (CSC: `indptr`, `step`, `end`):
-6 bytes a (step, source) cell that draws (uint16 local steps where the chunk has at most 65,536 steps, int32
-pointers while every stream is shorter than 2^31 segments), plus 12 bytes a source a chunk. A cell draws at
+steps of the chunk at which that source draws and its pointer after each, less its pointer before the chunk
+(CSC: `indptr`, `step`, `end`): 4 bytes a (step, source) cell that draws where a chunk has at most 65,536 steps
+and no source draws more than 65,535 segments in it (uint16 local steps and offsets; wider types where not),
+plus 12 bytes a source a chunk. A cell draws at
 least one segment, so the table never holds more entries than segments drawn, nor more than steps x sources.
 
 Reads (all exact: the dense table's values, tested against it): a row (`row`: a binary search a source), a
@@ -48,7 +49,7 @@ class PointerChunk:
     base: np.ndarray  # (sources,) the pointers before step `first`
     indptr: np.ndarray  # int64 (sources + 1,): source k's entries are indptr[k]..indptr[k+1]-1
     step: np.ndarray  # uint16 / int32 local step of each entry (ascending within a source): the source draws there
-    end: np.ndarray  # the source's pointer after that step
+    end: np.ndarray  # the source's pointer after that step less base[k]: uint16 / uint32 / int64, what fits
 
     @property
     def nbytes(self) -> int:
@@ -57,7 +58,7 @@ class PointerChunk:
 
     def row(self, i: int) -> np.ndarray:
         """Local row i (0..rows)."""
-        out = np.empty(len(self.base), dtype=self.end.dtype)
+        out = np.empty(len(self.base), dtype=self.base.dtype)
         row_at(self.indptr, self.step, self.end, self.base, i, out)
         return out
 
@@ -80,9 +81,18 @@ def compress_rows(rows: np.ndarray, first: int, dtype: np.dtype | type | None = 
     np.cumsum(counts, out=indptr[1:])
     nnz = int(indptr[-1])
     step = np.empty(nnz, dtype=np.uint16 if r <= _SHORT_STEPS else np.int32)
-    end = np.empty(nnz, dtype=dt)
+    most = int((rows[-1].astype(np.int64) - rows[0]).max()) if n_src and r else 0  # columns do not decrease
+    low = int((rows[-1].astype(np.int64) - rows[0]).min()) if n_src and r else 0
+    end = np.empty(nnz, dtype=_offset_dtype(low, most))
     fill_changes(rows, indptr, step, end)
     return PointerChunk(first, r, rows[0].astype(dt), indptr, step, end)
+
+
+def _offset_dtype(low: int, most: int) -> type[np.uint16] | type[np.uint32] | type[np.int64]:
+    """The narrowest type of a chunk's offsets from its base row (uint16, uint32, int64)."""
+    if low < 0:
+        return np.int64
+    return np.uint16 if most <= 0xFFFF else np.uint32 if most <= 0xFFFFFFFF else np.int64
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +114,8 @@ class Pointers:
 
     @property
     def dtype(self) -> np.dtype:
-        """The pointers' integer type."""
-        return self.chunks[0].end.dtype
+        """The pointers' integer type (the rows', columns' and dense table's)."""
+        return self.chunks[0].base.dtype
 
     @property
     def nbytes(self) -> int:
@@ -219,9 +229,9 @@ class Pointers:
             np.cumsum(counts, out=indptr[1:])
             rows = b - a
             step = (c.step[keep].astype(np.int64) - a).astype(np.uint16 if rows <= _SHORT_STEPS else np.int32)
-            end = c.end[keep].astype(np.int64) - sub[src[keep]]
-            base = c.row(a).astype(np.int64) - sub
-            chunks.append(PointerChunk(c.first + a - first, rows, base, indptr, step, end))
+            at_a = c.row(a).astype(np.int64)
+            end = c.end[keep].astype(np.int64) + (c.base.astype(np.int64) - at_a)[src[keep]]  # from the new base
+            chunks.append(PointerChunk(c.first + a - first, rows, at_a - sub, indptr, step, end))
         return Pointers(chunks, stop - first)
 
     def aligned(self) -> Pointers:

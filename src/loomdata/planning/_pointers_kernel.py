@@ -1,9 +1,9 @@
 """Compiled passes over the sparse stream pointers of planning._pointers (one chunk of steps at a time).
 
 A chunk holds, for each source k, the steps (local to the chunk, ascending) at which the source draws and its
-pointer after each of them (`indptr[k]..indptr[k+1]` of `step` and `end`), and the row at its first step
-(`base`). Local row i of the chunk (0..rows) is the pointers before the chunk's step i: for each source the
-`end` of its last entry with step < i, else `base`.
+pointer after each of them less its pointer before the chunk (`indptr[k]..indptr[k+1]` of `step` and `end`),
+and the row at its first step (`base`). Local row i of the chunk (0..rows) is the pointers before the chunk's
+step i: for each source `base` plus the `end` of its last entry with step < i (plus 0 if none).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def count_changes(rows: np.ndarray, counts: np.ndarray) -> None:
 
 @njit
 def fill_changes(rows: np.ndarray, indptr: np.ndarray, step: np.ndarray, end: np.ndarray) -> None:
-    """The entries of a dense block, by source (indptr from count_changes): step i and value rows[i + 1, k] for
-    every change, in step order within a source."""
+    """The entries of a dense block, by source (indptr from count_changes): step i and rows[i + 1, k] - rows[0, k]
+    for every change, in step order within a source."""
     n_src = rows.shape[1]
     cursor = indptr[:n_src].copy()
     for i in range(rows.shape[0] - 1):
@@ -36,7 +36,7 @@ def fill_changes(rows: np.ndarray, indptr: np.ndarray, step: np.ndarray, end: np
             if v != rows[i, k]:
                 c = cursor[k]
                 step[c] = i
-                end[c] = v
+                end[c] = v - rows[0, k]
                 cursor[k] = c + 1
 
 
@@ -59,7 +59,7 @@ def row_at(indptr: np.ndarray, step: np.ndarray, end: np.ndarray, base: np.ndarr
     for k in range(len(base)):
         a, b = indptr[k], indptr[k + 1]
         c = _first_at_or_after(step, a, b, i)
-        out[k] = end[c - 1] if c > a else base[k]
+        out[k] = base[k] + end[c - 1] if c > a else base[k]
 
 
 @njit
@@ -69,11 +69,11 @@ def column_into(
     """out[j] = source k's pointer at local row i0 + j, for j < len(out)."""
     a, b = indptr[k], indptr[k + 1]
     c = _first_at_or_after(step, a, b, i0)
-    v = end[c - 1] if c > a else base[k]
+    v = base[k] + end[c - 1] if c > a else base[k]
     for j in range(len(out)):
         row = i0 + j
         while c < b and step[c] < row:
-            v = end[c]
+            v = base[k] + end[c]
             c += 1
         out[j] = v
 
@@ -87,7 +87,7 @@ def dense_into(indptr: np.ndarray, step: np.ndarray, end: np.ndarray, base: np.n
         c, b = indptr[k], indptr[k + 1]
         for i in range(n):
             while c < b and step[c] < i:
-                v = end[c]
+                v = base[k] + end[c]
                 c += 1
             out[i, k] = v
 
@@ -98,8 +98,8 @@ def totals_into(indptr: np.ndarray, step: np.ndarray, end: np.ndarray, base: np.
     out[:] = 0
     total = np.int64(0)
     for k in range(len(base)):
-        prev = np.int64(base[k])
-        total += prev
+        total += np.int64(base[k])
+        prev = np.int64(0)
         for c in range(indptr[k], indptr[k + 1]):
             v = np.int64(end[c])
             out[step[c] + 1] += v - prev

@@ -26,6 +26,7 @@ def _dense(rng: np.random.Generator, steps: int, n_src: int, draws: float, dtype
         (3, 200, 1, 0.9, 1),
         (4, 70_000, 2, 0.5, None),  # a chunk of more than 65,536 steps: int32 local steps
         (5, 120, 5, 0.0, 30),  # nothing drawn
+        (6, 40, 3, 1.0, None),  # a source drawing more than 65,535 segments in a chunk: uint32 offsets
     ],
 )
 def test_sparse_pointers_read_back_as_the_dense_table(
@@ -33,7 +34,11 @@ def test_sparse_pointers_read_back_as_the_dense_table(
 ) -> None:
     rng = np.random.default_rng(seed)
     ptr = _dense(rng, steps, n_src, draws)
+    if seed == 6:
+        ptr[1:, 1] += 70_000
     sp = Pointers.from_dense(ptr, chunk_rows)
+    if seed == 6:
+        assert sp.chunks[0].end.dtype == np.uint32
     assert sp.shape == ptr.shape and len(sp) == steps + 1 and sp.dtype == ptr.dtype
     assert np.array_equal(sp.dense(), ptr)
     assert sp.entries == int(np.count_nonzero(np.diff(ptr, axis=0)))  # only the cells that draw
@@ -77,7 +82,7 @@ def test_compressed_rows_keep_a_base_row_and_only_the_changes() -> None:
     assert c.first == 10 and c.rows == 4
     assert c.base.tolist() == [5, 0, 2] and c.indptr.tolist() == [0, 2, 4, 4]
     assert c.step.dtype == np.uint16 and c.step.tolist() == [1, 3, 0, 3]
-    assert c.end.tolist() == [6, 9, 1, 4]
+    assert c.end.dtype == np.uint16 and c.end.tolist() == [1, 4, 1, 4]  # offsets from the base row
     for i in range(5):
         assert c.row(i).tolist() == rows[i].tolist()
 

@@ -27,6 +27,9 @@ sample: num_tokens; dense ids and zero image columns not stored), the streams (4
 of counts until the look-ahead has read that source's lengths) and the look-ahead's compact per-segment
 columns (about 10 bytes a segment while it runs, 8 kept for balancing); no phase copies a column of all
 segments or documents into int64 or float64 (session 8: 27.3 B a sample at 100M, results/plan_memory_s8.json).
+No table of the plan grows with steps x sources: the stream pointers (planning._pointers) and the report's tokens a
+step and source (planning._counts) hold only the cells that draw (session 13, results/plan_memory_s13.json; a
+range's report on a worker keeps its own steps' counts dense, since a fix-up rewrites them).
 """
 
 from __future__ import annotations

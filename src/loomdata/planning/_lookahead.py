@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from loomdata.planning._allocator import trim_arenas
 from loomdata.planning._lookahead_kernel import add_step_counts, fit_lights, natural_chunk, run_steps, segments_of
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
@@ -95,6 +96,9 @@ class StepAssignment:
         return self.pos[k][a:b], st[a:b]
 
 
+TRIM_BYTES = 1 << 26
+"""Bytes of streams' counts the look-ahead drops before it gives the allocator's free memory back (glibc keeps
+freed heap blocks: those of many small streams would stay resident beside the pass's own columns)."""
 CHUNK = 1 << 18
 """Segments handled at once where a pass over all drawn segments needs per-segment temporaries (a few
 dozen bytes each: about 10 MB at a time)."""
@@ -267,6 +271,7 @@ def assign_steps(
     if nat is None and ptr is None:
         raise ValueError("assign_steps needs the natural steps `nat` or the membership pointers `ptr`")
     starts: list[np.ndarray] = []  # per source, where in its positions a new epoch begins (_epoch_starts)
+    freed = 0  # bytes of dropped counts not yet given back
     for s, p in enumerate(pos):
         st = streams[s]
         o = int(offs[s])
@@ -292,8 +297,14 @@ def assign_steps(
         starts.append(_epoch_starts(p, st))
         _near_epoch_start(starts[-1], raw[o : o + len(p)], k + 1, edge[o : o + len(p)])
         if drop_counts:  # each source's counts go once its lengths are read: never all of them beside raw/length
+            freed += sum(c.nbytes for c in (st.cum, st.cum_short, st.cum_long) if c is not None)
             streams[s] = st.without_counts()
         del st  # (a name left bound to the last stream would hold its counts through the whole pass)
+        if freed >= TRIM_BYTES or (freed and s == n_src - 1):
+            # many sources' counts are small heap blocks glibc keeps once freed, while raw/length fill in: given
+            # back as they go (300 sources at 10M samples: 80 MB of counts beside the pass's columns otherwise)
+            trim_arenas()
+            freed = 0
     clipped = total and (int(raw.min()) < 0 or int(raw.max()) > n - 1)
     nt = np.clip(raw, 0, n - 1) if clipped else raw
     sl = slots[t0:t1].astype(np.int64)

@@ -397,12 +397,14 @@ def assign_steps(
     np.minimum(out, n - 1, out=out)
     out += t0  # what no step took (a prefix window) is left at its end
 
+    # each source's steps are sorted into its own slice of `out` (the result's steps are views of it: no second
+    # array of all steps beside it while the positions are laid out)
     res_pos, res_step = [], []
     for s, p in enumerate(pos):
-        st_k = _epoch_order(out[offs[s] : offs[s + 1]], starts[s])
+        r_step = out[offs[s] : offs[s + 1]]
+        st_k = _epoch_order(r_step, starts[s])  # r_step itself, or a corrected copy
         p_dtype = _pos_dtype(p.stop if isinstance(p, range) else (int(np.max(p)) + 1 if len(p) else 0))
         r_pos = np.empty(len(st_k), dtype=p_dtype)
-        r_step = np.empty(len(st_k), dtype=st_k.dtype)
         for i0, i1 in _sorted_pieces(st_k):  # positions are increasing: stream order within a step
             piece = st_k[i0:i1]
             srt = stable_order(piece, int(piece.min()), int(piece.max()) + 1) if i1 > i0 else np.zeros(0, np.intp)
@@ -411,7 +413,7 @@ def assign_steps(
                 r_pos[i0:i1] += p.start + i0
             else:
                 r_pos[i0:i1] = np.asarray(p[i0:i1])[srt]
-            r_step[i0:i1] = st_k[i0:i1][srt]
+            r_step[i0:i1] = piece[srt]  # (piece[srt] is a new array: writing over piece's own slice is safe)
             del srt
         res_pos.append(r_pos)
         res_step.append(r_step)

@@ -19,7 +19,7 @@ source's column over a run of steps (`column`), every step's row sum (`totals`),
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -101,6 +101,11 @@ class Pointers:
 
     chunks: list[PointerChunk]  # consecutive, covering steps 0..steps-1 (one chunk of 0 rows for 0 steps)
     steps: int
+    starts: np.ndarray = field(init=False, repr=False, compare=False)  # int64 each chunk's first step
+
+    def __post_init__(self) -> None:
+        starts = np.fromiter((c.first for c in self.chunks), dtype=np.int64, count=len(self.chunks))
+        object.__setattr__(self, "starts", starts)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -141,14 +146,11 @@ class Pointers:
             chunks = [compress_rows(ptr[:1], 0)]
         return cls(chunks, steps)
 
-    def _starts(self) -> np.ndarray:
-        return np.fromiter((c.first for c in self.chunks), dtype=np.int64, count=len(self.chunks))
-
     def _chunk_of(self, t: int) -> PointerChunk:
         """The chunk holding row t (the last chunk for t == steps)."""
         if not 0 <= t <= self.steps:
             raise IndexError(f"pointer row {t} is outside 0..{self.steps}")
-        i = int(np.searchsorted(self._starts(), t, side="right")) - 1
+        i = int(np.searchsorted(self.starts, t, side="right")) - 1
         c = self.chunks[i]
         if t - c.first > c.rows and i + 1 < len(self.chunks):  # (chunks are consecutive: not reached)
             raise AssertionError("pointer chunks are not consecutive")
@@ -167,8 +169,7 @@ class Pointers:
     def _overlapping(self, t0: int, t1: int) -> Iterator[tuple[PointerChunk, int, int]]:
         """(chunk, local a, local b) for the chunks holding rows t0..t1 (inclusive), rows a..b of each, each row
         once (a row shared by two chunks, the end of one and the base of the next, from the earlier chunk)."""
-        starts = self._starts()
-        i = max(int(np.searchsorted(starts, t0, side="right")) - 1, 0)
+        i = max(int(np.searchsorted(self.starts, t0, side="right")) - 1, 0)
         t = t0
         while t <= t1:
             c = self.chunks[i]

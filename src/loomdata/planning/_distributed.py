@@ -106,7 +106,7 @@ def split_ranges(work: PlanWork, n: int, first: int) -> list[tuple[int, int]]:
     if first not in work.bounds:
         raise ValueError(f"step {first} is not the first step of a manifest partition")
     bounds = work.bounds[work.bounds >= first]
-    cum = np.concatenate([[0], np.cumsum(np.diff(work.ptr.sum(axis=1, dtype=np.int64)))])  # segments before step t
+    cum = np.concatenate([[0], np.cumsum(np.diff(work.ptr.totals()))])  # segments before step t
     at = cum[bounds]
     goals = at[0] + (at[-1] - at[0]) * np.arange(1, n) / n
     cuts = np.unique(np.concatenate([[0], np.searchsorted(at, goals, side="left"), [len(bounds) - 1]]))

@@ -20,6 +20,7 @@ from loomdata.planning._cost import segment_cost
 from loomdata.planning._lookahead import StepAssignment, segments_at, stable_order
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
+from loomdata.planning._pointers import Pointers
 from loomdata.planning._segments import RowIds, SampleIds, Segments
 from loomdata.schemas.spec import CostSpec
 
@@ -48,7 +49,7 @@ class StepItems:
         num_tokens: Sequence[np.ndarray],
         num_image_tokens: Sequence[np.ndarray],
         streams: Sequence[Stream],
-        ptr: np.ndarray,
+        ptr: Pointers,
         lanes: Lanes,
         cost_spec: CostSpec,
         assignment: StepAssignment | None = None,
@@ -64,7 +65,7 @@ class StepItems:
         self._asg = assignment
         self._step0 = step0  # the step of ptr's row 0 (a range's window: planning._ranges.window)
         if assignment is None:
-            self._seg_end = ptr.sum(axis=1, dtype=np.int64)  # segments drawn before step t (all sources)
+            self._seg_end = ptr.totals()  # segments drawn before step t (all sources)
         else:
             self._seg_end = np.concatenate([[0], np.cumsum(_counts(assignment, step0, len(ptr) - 1))])
         self._first = 0
@@ -103,6 +104,9 @@ class StepItems:
         t1 = s0 + int(np.searchsorted(self._seg_end, end, side="right")) - 1
         t1 = min(max(t1, t0 + 1), last)
         parts = []
+        first = last_row = None
+        if self._asg is None:
+            first, last_row = self._ptr.row(t0 - s0), self._ptr.row(t1 - s0)
         for k, st in enumerate(self._streams):
             if self._asg is not None:
                 pos, at = self._asg.range(k, t0, t1)
@@ -113,14 +117,17 @@ class StepItems:
                 ids = np.full(len(pos), k, dtype=np.uint16)
                 parts.append((ids, self._samples[k][doc], off, length.astype(np.int64), lane, img, at - t0))
                 continue
-            a, b = int(self._ptr[t0 - s0, k]), int(self._ptr[t1 - s0, k])
+            if first is None or last_row is None:
+                raise AssertionError("pointer rows are gathered where there is no assignment")
+            a, b = int(first[k]), int(last_row[k])
             if b <= a:
                 continue
             doc, off, length, lane = st.segments(a, b, self._tokens[k], self._lanes)
             img = self._image_tokens(k, doc, length)
             ids = np.full(b - a, k, dtype=np.uint16)
             # the step of each segment: its position against the source's step boundaries
-            step = np.searchsorted(self._ptr[t0 - s0 : t1 + 1 - s0, k] - a, np.arange(b - a), side="right") - 1
+            col = self._ptr.column(k, t0 - s0, t1 - s0)
+            step = np.searchsorted(col - np.asarray(a, dtype=col.dtype), np.arange(b - a), side="right") - 1
             parts.append((ids, self._samples[k][doc], off, length.astype(np.int64), lane, img, step))
         cols = [c[0] if len(parts) == 1 else np.concatenate(c) for c in zip(*parts, strict=True)]
         step_of = cols[-1]

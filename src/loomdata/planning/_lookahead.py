@@ -48,9 +48,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from loomdata.planning._allocator import trim_arenas
 from loomdata.planning._lookahead_kernel import add_step_counts, fit_lights, natural_chunk, run_steps, segments_of
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
+from loomdata.planning._pointers import Pointers
 from loomdata.schemas.spec import LOOKAHEAD_TOLERANCE
 
 HEAVY_SHARE = 0.85
@@ -94,6 +96,9 @@ class StepAssignment:
         return self.pos[k][a:b], st[a:b]
 
 
+TRIM_BYTES = 1 << 26
+"""Bytes of streams' counts the look-ahead drops before it gives the allocator's free memory back (glibc keeps
+freed heap blocks: those of many small streams would stay resident beside the pass's own columns)."""
 CHUNK = 1 << 18
 """Segments handled at once where a pass over all drawn segments needs per-segment temporaries (a few
 dozen bytes each: about 10 MB at a time)."""
@@ -103,27 +108,30 @@ def _pos_dtype(n: int) -> type[np.unsignedinteger] | type[np.signedinteger]:
     return np.uint32 if n < 2**32 else np.int64
 
 
-def natural_positions(ptr: np.ndarray, t0: int, t1: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def natural_positions(ptr: Pointers, t0: int, t1: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per source, the stream positions drawn for steps t0..t1-1 (uint32 where they fit) and the natural
     step of each (int32), computed a chunk at a time (no int64 array over all positions)."""
     pos, nat = [], []
     col_dtype = np.int32 if ptr.shape[0] < 2**31 else np.int64
+    first, stop = ptr.row(t0), ptr.row(t1)
     for k in range(ptr.shape[1]):
-        a, b = int(ptr[t0, k]), int(ptr[t1, k])
+        a, b = int(first[k]), int(stop[k])
         p = np.arange(a, b, dtype=_pos_dtype(b))
         nt = np.empty(b - a, dtype=col_dtype)
+        col = ptr.column(k)
         for i in range(0, b - a, CHUNK):
             j = min(b - a, i + CHUNK)
-            nt[i:j] = np.searchsorted(ptr[:, k], p[i:j], side="right") - 1
+            nt[i:j] = np.searchsorted(col, p[i:j], side="right") - 1
         pos.append(p)
         nat.append(nt)
     return pos, nat
 
 
-def natural_ranges(ptr: np.ndarray, t0: int, t1: int) -> list[range]:
+def natural_ranges(ptr: Pointers, t0: int, t1: int) -> list[range]:
     """Per source, the stream positions drawn for steps t0..t1-1 as a range (natural steps come from `ptr`
     inside assign_steps: nothing is stored per position)."""
-    return [range(int(ptr[t0, k]), int(ptr[t1, k])) for k in range(ptr.shape[1])]
+    first, stop = ptr.row(t0), ptr.row(t1)
+    return [range(int(a), int(b)) for a, b in zip(first.tolist(), stop.tolist(), strict=True)]
 
 
 Positions = np.ndarray | range
@@ -230,7 +238,7 @@ def assign_steps(
     *,
     final: bool = True,
     planned_before: int = 0,
-    ptr: np.ndarray | None = None,
+    ptr: Pointers | None = None,
     drop_counts: bool = False,
     tolerance: float = LOOKAHEAD_TOLERANCE,
 ) -> StepAssignment:
@@ -263,9 +271,11 @@ def assign_steps(
     if nat is None and ptr is None:
         raise ValueError("assign_steps needs the natural steps `nat` or the membership pointers `ptr`")
     starts: list[np.ndarray] = []  # per source, where in its positions a new epoch begins (_epoch_starts)
+    freed = 0  # bytes of dropped counts not yet given back
     for s, p in enumerate(pos):
         st = streams[s]
         o = int(offs[s])
+        col = ptr.column(s) if nat is None and ptr is not None and len(p) else None  # one source's at a time
         for i0 in range(0, len(p), CHUNK):
             i1 = min(len(p), i0 + CHUNK)
             q: np.ndarray | None = None
@@ -279,16 +289,22 @@ def assign_steps(
                 length[o + i0 : o + i1] = st.cum[q + 1] - st.cum[q]
                 if st.cum_long is not None:
                     is_long[o + i0 : o + i1] = (st.cum_long[q + 1] - st.cum_long[q]) > 0
-            if nat is None and ptr is not None:
-                raw[o + i0 : o + i1] = _natural_steps(ptr[:, s], p, i0, i1, q) - t0
+            if nat is None and col is not None:
+                raw[o + i0 : o + i1] = _natural_steps(col, p, i0, i1, q) - t0
             elif nat is not None:
                 raw[o + i0 : o + i1] = np.asarray(nat[s][i0:i1]) - t0
         drawn[s] = float(length[o : o + len(p)].sum(dtype=np.int64))
         starts.append(_epoch_starts(p, st))
         _near_epoch_start(starts[-1], raw[o : o + len(p)], k + 1, edge[o : o + len(p)])
         if drop_counts:  # each source's counts go once its lengths are read: never all of them beside raw/length
+            freed += sum(c.nbytes for c in (st.cum, st.cum_short, st.cum_long) if c is not None)
             streams[s] = st.without_counts()
         del st  # (a name left bound to the last stream would hold its counts through the whole pass)
+        if freed >= TRIM_BYTES or (freed and s == n_src - 1):
+            # many sources' counts are small heap blocks glibc keeps once freed, while raw/length fill in: given
+            # back as they go (300 sources at 10M samples: 80 MB of counts beside the pass's columns otherwise)
+            trim_arenas()
+            freed = 0
     clipped = total and (int(raw.min()) < 0 or int(raw.max()) > n - 1)
     nt = np.clip(raw, 0, n - 1) if clipped else raw
     sl = slots[t0:t1].astype(np.int64)
@@ -381,12 +397,14 @@ def assign_steps(
     np.minimum(out, n - 1, out=out)
     out += t0  # what no step took (a prefix window) is left at its end
 
+    # each source's steps are sorted into its own slice of `out` (the result's steps are views of it: no second
+    # array of all steps beside it while the positions are laid out)
     res_pos, res_step = [], []
     for s, p in enumerate(pos):
-        st_k = _epoch_order(out[offs[s] : offs[s + 1]], starts[s])
+        r_step = out[offs[s] : offs[s + 1]]
+        st_k = _epoch_order(r_step, starts[s])  # r_step itself, or a corrected copy
         p_dtype = _pos_dtype(p.stop if isinstance(p, range) else (int(np.max(p)) + 1 if len(p) else 0))
         r_pos = np.empty(len(st_k), dtype=p_dtype)
-        r_step = np.empty(len(st_k), dtype=st_k.dtype)
         for i0, i1 in _sorted_pieces(st_k):  # positions are increasing: stream order within a step
             piece = st_k[i0:i1]
             srt = stable_order(piece, int(piece.min()), int(piece.max()) + 1) if i1 > i0 else np.zeros(0, np.intp)
@@ -395,7 +413,7 @@ def assign_steps(
                 r_pos[i0:i1] += p.start + i0
             else:
                 r_pos[i0:i1] = np.asarray(p[i0:i1])[srt]
-            r_step[i0:i1] = st_k[i0:i1][srt]
+            r_step[i0:i1] = piece[srt]  # (piece[srt] is a new array: writing over piece's own slice is safe)
             del srt
         res_pos.append(r_pos)
         res_step.append(r_step)

@@ -35,9 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._mixture_kernel import nearest_column, repair_rows
+from loomdata.planning._mixture_kernel import nearest_run, repair_rows
 from loomdata.planning._packing import Lanes, expand_with_lengths
 from loomdata.planning._permute import uniform_permutation
+from loomdata.planning._pointers import PointerChunk, Pointers, compress_rows
 from loomdata.planning._shuffle import BlockLayout
 from loomdata.planning._transpose_kernel import transpose_into, transposed
 from loomdata.schemas.errors import PlanError
@@ -398,43 +399,63 @@ def _nearest(cum: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def membership(
     targets: np.ndarray | CumulativeTargets, streams: Sequence[Stream], lanes: Lanes, slots: int | np.ndarray
-) -> np.ndarray:
-    """(steps+1, sources) stream pointers: segments of each source consumed before step t (row 0 is zeros).
+) -> Pointers:
+    """(steps+1, sources) stream pointers: segments of each source consumed before step t (row 0 is zeros), as
+    sparse Pointers (planning._pointers: per chunk of steps, the steps each source draws at).
 
-    `targets`: CumulativeTargets (worked out a block at a time) or the whole grid. `slots` is the step's
+    `targets`: CumulativeTargets (worked out a chunk of steps at a time) or the whole grid. `slots` is the step's
     dp_size * micro_batches, one number or one per step (an elastic re-plan changes it from its resume step
     on); pointers of steps < t depend only on targets and slots of steps < t.
+
+    A chunk of steps at a time (REPAIR_CHUNK_CELLS cells): each source's nearest pointers carried on from the
+    chunk before (_mixture_kernel.nearest_run, its search state kept), the repair over them, and the repaired
+    rows compressed into a chunk of the Pointers; no (steps x sources) table exists whole.
     """
     tg = _as_targets(targets)
     steps, n_src = tg.shape
     slot_arr = np.broadcast_to(np.asarray(slots, dtype=np.int64), (steps,))
-    # _nearest of each source's targets and the running maximum down the steps, a source at a time over its
-    # targets and pointers laid out as rows (a column of the C-ordered grid is one cache line a step), a block
-    # of sources at a time (neither the targets nor a transposed copy of the pointers exist whole: with hundreds
-    # of sources each is as large as the index's columns)
     dtype = pointer_dtype(streams)
-    ptr: np.ndarray = np.zeros((steps + 1, n_src), dtype=dtype)
-    width = max(1, MEMBERSHIP_BLOCK_CELLS // (steps + 1))
-    for k0 in range(0, n_src, width):
-        k1 = min(n_src, k0 + width)
-        by_source = tg.columns(k0, k1)
-        ptr_t: np.ndarray = np.zeros((k1 - k0, steps + 1), dtype=dtype)
-        for k in range(k0, k1):
-            nearest_column(streams[k].cum, by_source[k - k0], ptr_t[k - k0])
-        transpose_into(ptr_t, ptr[:, k0:k1])
-        del by_source, ptr_t
-    _repair(ptr, tg, streams, lanes, slot_arr)
-    return ptr
+    rows = max(64, REPAIR_CHUNK_CELLS // max(n_src, 1))
+    state = np.zeros((n_src, 2), dtype=np.int64)  # each source's nearest search: last answer, running maximum
+    prev = np.zeros(n_src, dtype=dtype)  # the repaired row before the chunk
+    near_before = np.zeros(n_src, dtype=dtype)  # the nearest row before the block (row 0: zeros)
+    before: np.ndarray | None = None  # the targets of the step before the block
+    chunks: list[PointerChunk] = []
+    for b0 in range(0, steps, rows):
+        b1 = min(steps, b0 + rows)
+        tg_rows = tg.rows(b0, b1, before)  # (b1 - b0, sources)
+        before = tg_rows[-1].copy()
+        near = _nearest_rows(streams, tg_rows, state, near_before, dtype)  # rows b0..b1 (row 0: near_before)
+        near_before = near[-1].copy()
+        chunks.extend(_repair(near, b0, prev, tg_rows, streams, lanes, slot_arr))
+        prev = chunks[-1].row(chunks[-1].rows)
+        del near, tg_rows
+    if not chunks:
+        chunks.append(compress_rows(np.zeros((1, n_src), dtype=dtype), 0))
+    return Pointers(chunks, steps)
+
+
+def _nearest_rows(
+    streams: Sequence[Stream], tg_rows: np.ndarray, state: np.ndarray, first: np.ndarray, dtype: type
+) -> np.ndarray:
+    """(len(tg_rows) + 1, sources) C-ordered: `first`, then the nearest pointers of the block's steps, each source's
+    search carried on from `state` (updated). Worked out source by source over the block's targets laid out as
+    rows (tiled transposes there and back: a column of the C-ordered block is one cache line a step)."""
+    r, n_src = tg_rows.shape
+    by_source = transposed(tg_rows)
+    out_t: np.ndarray = np.empty((n_src, r), dtype=dtype)
+    for k in range(n_src):
+        nearest_run(streams[k].cum, by_source[k], out_t[k], state[k])
+    out = np.empty((r + 1, n_src), dtype=dtype)
+    out[0] = first
+    transpose_into(out_t, out[1:])
+    return out
 
 
 def pointer_dtype(streams: Sequence[Stream]) -> type[np.int32] | type[np.int64]:
     """int32 for the pointers while every stream is shorter than 2^31 segments (half the bytes of the (steps+1,
     sources) table, which with hundreds of sources and a small dp is the planner's largest), else int64."""
     return np.int32 if max((len(s.cum) for s in streams), default=0) < 2**31 else np.int64
-
-
-MEMBERSHIP_BLOCK_CELLS = 1 << 22
-"""(steps x sources) cells of the pointers worked out at once (two 32 MiB blocks, transposed there and back)."""
 
 
 def _laid_end_to_end(windows: list[np.ndarray]) -> np.ndarray:
@@ -449,53 +470,61 @@ REPAIR_WINDOW = 1 << 22
 
 
 def _repair(
-    ptr: np.ndarray,
-    targets: CumulativeTargets | _GridTargets,
+    near: np.ndarray,
+    b0: int,
+    prev: np.ndarray,
+    tg_rows: np.ndarray,
     streams: Sequence[Stream],
     lanes: Lanes,
     slot_arr: np.ndarray,
-) -> None:
-    """Defer segments of the source most ahead of target, one at a time, until every step fits its slots.
+) -> list[PointerChunk]:
+    """Defer segments of the source most ahead of target, one at a time, until every step fits its slots:
+    steps b0..b0+len(tg_rows)-1, `near` their nearest pointer rows (row 0: step b0's nearest row), `prev` the
+    repaired row before step b0; returns the repaired rows as pointer chunks.
 
     Sequential by nature (a deferral moves a segment into the next step): a compiled pass over a chunk of steps
     at a time (_mixture_kernel.repair_rows), linear in steps and sources, over the window of each stream's
     counts those steps can reach (from the repaired pointer before the chunk to the nearest pointer after it:
     a deferral never goes below the pointer before its step). It matches the original per-step loop exactly.
     """
-    steps, n_src = ptr.shape[0] - 1, ptr.shape[1]
-    rows = max(64, REPAIR_CHUNK_CELLS // max(n_src, 1))
-    sl = np.ascontiguousarray(slot_arr, dtype=np.int64)
-    before: np.ndarray | None = None  # the targets of the step before the chunk (worked out chunk by chunk)
+    r, n_src = tg_rows.shape
+    sl = np.ascontiguousarray(slot_arr[b0 : b0 + r], dtype=np.int64)
     # several sources' windows are laid end to end (a copy): a chunk also ends once they would hold more than
     # REPAIR_WINDOW segments (sized from the nearest pointers; the repair only lowers them)
-    drawn = ptr.sum(axis=1, dtype=np.int64) if n_src > 1 else None
+    drawn = near.sum(axis=1, dtype=np.int64) if n_src > 1 else None
+    out: list[PointerChunk] = []
+    lo = np.asarray(prev).copy()
     c0 = 0
-    while c0 < steps:
-        c1 = min(steps, c0 + rows)
+    while c0 < r:
+        c1 = r
         if drawn is not None:
             fits = int(np.searchsorted(drawn, drawn[c0] + REPAIR_WINDOW, side="right")) - 1
             c1 = min(c1, max(c0 + 1, fits))
-        lo, hi = ptr[c0].copy(), ptr[c1] + 1  # ptr[c1] is still the nearest row: the chunk's last step sets it
+        chunk = near[c0 : c1 + 1].copy()
+        chunk[0] = lo
+        hi = chunk[-1] + 1  # still the nearest row: the chunk's last step sets it
         cum, short, long_ = [], [], []
         for k, s in enumerate(streams):
             a, b = int(lo[k]), int(hi[k])
             cum.append(s.cum[a:b])
             short.append((s.cum if s.cum_short is None else s.cum_short)[a:b])
             long_.append(s.cum_long[a:b] if s.cum_long is not None else s.cum[:0])
-        off_s = np.concatenate([[0], np.cumsum(hi - lo)])
+        off_s = np.concatenate([[0], np.cumsum(hi.astype(np.int64) - lo)])
         off_l = np.concatenate([[0], np.cumsum([len(x) for x in long_])]).astype(np.int64)
         cum_w = _laid_end_to_end(cum)  # one source: its window itself; without a long lane short is cum
         short_w = cum_w if all(s.cum_short is None for s in streams) else _laid_end_to_end(short)
-        tg = targets.rows(c0, c1, before)
-        before = tg[-1]
         repair_rows(
-            ptr,
-            tg,
+            chunk,
+            tg_rows[c0:c1],
             (cum_w, short_w, _laid_end_to_end(long_)),
             (off_s, off_l),
-            lo,
-            sl,
+            lo.astype(np.int64),
+            sl[c0:c1],
             lanes.seq_len,
-            (c0, c1),
+            (0, c1 - c0),
         )
+        del cum, short, long_, cum_w, short_w
+        out.append(compress_rows(chunk, b0 + c0))
+        lo = chunk[-1].copy()
         c0 = c1
+    return out

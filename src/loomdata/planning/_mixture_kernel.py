@@ -18,18 +18,27 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["nearest_column", "repair_rows"]
+__all__ = ["nearest_column", "nearest_run", "repair_rows"]
 
 
 @njit
 def nearest_column(cum: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """out[t + 1] = the running maximum over steps <= t of the prefix length j whose cum[j] is nearest to x[t]
     (one source's targets; ties go to the shorter prefix; searched as the target's ceiling, as
-    planning._mixture's _nearest does); out[0] is left as it is. Targets of a source do not decrease, so each
-    search walks on from the last one (a binary search where one goes back)."""
+    planning._mixture's _nearest does); out[0] is left as it is: nearest_run from the first step."""
+    state = np.zeros(2, dtype=np.int64)
+    nearest_run(cum, x, out[1:], state)
+
+
+@njit
+def nearest_run(cum: np.ndarray, x: np.ndarray, out: np.ndarray, state: np.ndarray) -> None:
+    """out[t] = the running maximum of the nearest prefix lengths of x[..t] (nearest_column's, for a run of a
+    source's steps), carried on from `state` (the last search's answer j and the running maximum, updated:
+    zeros before the first step). Targets of a source do not decrease, so each search walks on from the last
+    one (a binary search where one goes back)."""
     n = len(cum)
-    j = 0
-    best = 0
+    j = state[0]
+    best = state[1]
     for t in range(len(x)):
         xt = x[t]
         needle = np.int64(np.ceil(xt))
@@ -49,7 +58,9 @@ def nearest_column(cum: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
         lower = max(at - 1, 0)
         pick = lower if at > 0 and (xt - cum[lower]) <= (cum[at] - xt) else at
         best = max(best, pick)
-        out[t + 1] = best
+        out[t] = best
+    state[0] = j
+    state[1] = best
 
 
 @njit

@@ -27,6 +27,9 @@ sample: num_tokens; dense ids and zero image columns not stored), the streams (4
 of counts until the look-ahead has read that source's lengths) and the look-ahead's compact per-segment
 columns (about 10 bytes a segment while it runs, 8 kept for balancing); no phase copies a column of all
 segments or documents into int64 or float64 (session 8: 27.3 B a sample at 100M, results/plan_memory_s8.json).
+No table of the plan grows with steps x sources: the stream pointers (planning._pointers) and the report's tokens a
+step and source (planning._counts) hold only the cells that draw (session 13, results/plan_memory_s13.json; a
+range's report on a worker keeps its own steps' counts dense, since a fix-up rewrites them).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from loomdata.planning._allocator import trim_arenas
 from loomdata.planning._baselines import BASELINE_DESCRIPTION
 from loomdata.planning._distributed import RANGES_PER_WORKER, Executor, plan_ranges, split_ranges, worker_count
 from loomdata.planning._lookahead import Positions, assign_steps, natural_ranges
@@ -57,6 +61,7 @@ from loomdata.planning._mixture import (
     step_weights,
 )
 from loomdata.planning._packing import Lanes, check_unsplittable
+from loomdata.planning._pointers import Pointers
 from loomdata.planning._ranges import PlanWork, RangePart, balanced_blocks, merge_report
 from loomdata.planning._report import ReportBuilder
 from loomdata.planning._resume import (
@@ -299,7 +304,8 @@ def _plan_into(
     streams = per_source(stream_of, len(sources))
     ptr = membership(targets, streams, lanes, step_slots)
     shuffle = _shuffle_figures(spec, sources, layouts, streams, ptr, lanes)
-    drawn_per_step = np.diff(ptr.sum(axis=1, dtype=np.int64))  # segments (none empty) of each step
+    drawn_per_step = np.diff(ptr.totals())  # segments (none empty) of each step
+    trim_arenas()  # what membership's chunks and the figures freed, before the look-ahead's peak
     assignment = None
     carry: Segments | None = None
     # image samples cannot be split: with them in the mix membership stays as drawn (moved segments would
@@ -334,8 +340,9 @@ def _plan_into(
             )
         else:  # natural positions as ranges, their steps from ptr: nothing stored per position
             pos, nat = natural_ranges(ptr, start, tr.steps), None
+        at_start = ptr.row(start)
         before = sum(  # short tokens of steps < start
-            int((st.cum if st.cum_short is None else st.cum_short)[ptr[start, k]]) for k, st in enumerate(streams)
+            int((st.cum if st.cum_short is None else st.cum_short)[at_start[k]]) for k, st in enumerate(streams)
         )
         # the streams' counts are dropped as soon as the look-ahead has read the segment lengths from them
         assignment = assign_steps(
@@ -355,6 +362,7 @@ def _plan_into(
         )
         del pos, nat  # the assignment holds what balancing needs
     streams = [st.without_counts() for st in streams]
+    trim_arenas()  # the look-ahead's temporaries and the streams' counts, before balancing
     empty = np.flatnonzero(drawn_per_step[start:] == 0)
     if len(empty):
         raise PlanError(
@@ -374,6 +382,7 @@ def _plan_into(
         pp_size=tr.pp_size,
         weights=weights,
         step_tokens=int(step_budget.max()),  # what a step is planned to hold (fill < 1: a count above it widens)
+        sparse=True,  # steps are recorded in step order here (ranges' reports are merged in order)
     )
     if base is not None:
         copy_base_rows(base, writer)
@@ -495,14 +504,15 @@ def _shuffle_figures(
     sources: list[_Source],
     layouts: list[BlockLayout],
     streams: list[Stream],
-    ptr: np.ndarray,
+    ptr: Pointers,
     lanes: Lanes,
 ) -> dict[str, dict[str, float | int | str]]:
     """Per source, what its shuffle gives and costs in reads (planning._shuffle), over the stream it draws."""
     out: dict[str, dict[str, float | int | str]] = {}
+    last = ptr.last()
     for k, s in enumerate(sources):
         st = streams[k]
-        doc, _, length, _ = st.segments(0, min(int(ptr[-1, k]), FIGURE_SEGMENTS), s.num_tokens, lanes)
+        doc, _, length, _ = st.segments(0, min(int(last[k]), FIGURE_SEGMENTS), s.num_tokens, lanes)
         figs = shuffle_figures(spec.source(s.name), layouts[k], doc, length, s.num_tokens)
         out[s.name] = figs.to_dict()
     return out

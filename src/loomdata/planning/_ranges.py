@@ -30,6 +30,7 @@ from loomdata.planning._items import StepItems
 from loomdata.planning._lookahead import StepAssignment
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream
+from loomdata.planning._pointers import Pointers
 from loomdata.planning._report import RANK_STEPS, ReportBuilder
 from loomdata.planning._segments import DenseIds, RowIds, SampleIds, Segments
 from loomdata.planning._step import StepSink
@@ -58,7 +59,7 @@ class PlanWork:
     num_tokens: list[np.ndarray]
     num_image_tokens: list[np.ndarray]
     streams: list[Stream]  # without their counts
-    ptr: np.ndarray  # (steps + 1, sources) stream positions before each step (row i: step step0 + i)
+    ptr: Pointers  # (steps + 1, sources) stream positions before each step (row i: step step0 + i), sparse
     assignment: StepAssignment | None  # look-ahead membership, or None (ptr ranges)
     cfg: BalanceConfig
     start: int  # first step planned here (a re-plan's at_step, else 0)
@@ -123,28 +124,36 @@ _NO_DOCS = np.zeros(0, dtype=np.uint32)
 
 @dataclass(frozen=True, slots=True)
 class _AssignedCounts:
-    """A window's look-ahead assignment on the wire: its positions, and its steps as how many positions each
-    step of the window holds (the steps are non-decreasing: 4 bytes a position less to send)."""
+    """A window's look-ahead assignment on the wire: its positions, and each source's steps (non-decreasing) as
+    how many positions each step of the window holds where that is smaller than the steps themselves (a source
+    drawing in most steps: 4 bytes a step instead of 4 a position), else the steps as they are (with many
+    sources and a small dp a source draws in few steps: counts of every step would grow with steps x sources)."""
 
     pos: list[np.ndarray]
-    counts: list[np.ndarray]  # (steps of the window,) positions of each step
+    counts: list[np.ndarray | None]  # (steps of the window,) positions of each step; None: `steps[k]` sent as is
+    steps: list[np.ndarray | None]  # the source's steps, where counts are not sent
     step_dtypes: list[str]
     step0: int
 
     @classmethod
     def of(cls, asg: StepAssignment, step0: int, steps: int) -> _AssignedCounts | StepAssignment:
         """The counts of `asg` (steps step0..step0+steps-1); `asg` itself when a step falls outside them."""
-        counts = []
+        counts: list[np.ndarray | None] = []
+        raw: list[np.ndarray | None] = []
         for k, st in enumerate(asg.step):
             if len(st) and (int(st[0]) < step0 or int(st[-1]) >= step0 + steps):
                 return asg
-            counts.append(asg.source_counts(k, step0, steps).astype(np.uint32))
-        return cls(asg.pos, counts, [st.dtype.str for st in asg.step], step0)
+            dense = steps <= len(st)
+            counts.append(asg.source_counts(k, step0, steps).astype(np.uint32) if dense else None)
+            raw.append(None if dense else st)
+        return cls(asg.pos, counts, raw, [st.dtype.str for st in asg.step], step0)
 
     def restore(self) -> StepAssignment:
         steps = [
             np.repeat(np.arange(self.step0, self.step0 + len(c), dtype=np.dtype(dt)), c)
-            for c, dt in zip(self.counts, self.step_dtypes, strict=True)
+            if c is not None
+            else _aligned(np.asarray(st))
+            for c, st, dt in zip(self.counts, self.steps, self.step_dtypes, strict=True)
         ]
         return StepAssignment([_aligned(p) for p in self.pos], steps)
 
@@ -175,7 +184,7 @@ def _restore(state: dict[str, Any]) -> PlanWork:
         )
         for st in state["streams"]
     ]
-    state["ptr"] = _aligned(state["ptr"])
+    state["ptr"] = state["ptr"].aligned()
     return PlanWork(**state)
 
 
@@ -201,6 +210,7 @@ def window(work: PlanWork, first: int, stop: int) -> PlanWork:
     streams: list[Stream] = []
     pos_w: list[np.ndarray] = []
     step_w: list[np.ndarray] = []
+    rows = None if work.assignment is not None else (work.ptr.row(first - work.step0), work.ptr.row(stop - work.step0))
     for k, st in enumerate(work.streams):
         if work.assignment is not None:
             pos, steps = work.assignment.range(k, first, stop)
@@ -208,7 +218,9 @@ def window(work: PlanWork, first: int, stop: int) -> PlanWork:
             pos_w.append(pos - np.asarray(a, dtype=pos.dtype))
             step_w.append(steps)
         else:
-            a, b = int(work.ptr[first - work.step0, k]), int(work.ptr[stop - work.step0, k])
+            if rows is None:
+                raise AssertionError("pointer rows are read where there is no assignment")
+            a, b = int(rows[0][k]), int(rows[1][k])
         lo[k] = a
         doc = st.doc[a:b]
         ids = work.samples[k]
@@ -232,7 +244,7 @@ def window(work: PlanWork, first: int, stop: int) -> PlanWork:
         num_tokens=tokens,
         num_image_tokens=images,
         streams=streams,
-        ptr=work.ptr[first - work.step0 : stop - work.step0 + 1] - lo[None, :],
+        ptr=work.ptr.window(first - work.step0, stop - work.step0, lo),
         assignment=None if work.assignment is None else StepAssignment(pos_w, step_w),
         step0=first,
         windowed=True,
@@ -320,8 +332,7 @@ def plan_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments
 def merge_report(into: ReportBuilder, part: ReportBuilder, first: int) -> None:
     """Copy a range report's rows (its step i is step first + i) into the plan's report."""
     n = len(part.tokens)
-    into.fit_tokens(part.tokens)
-    into.tokens[first : first + n] = part.tokens
+    into.tokens.put(first, part.tokens.rows(0, n))
     for name, col in part.cols.items():
         into.cols[name][first : first + n] = col
     if part.part_cols:  # encoder/backbone columns (cost models with an encoder term)

@@ -52,9 +52,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from loomdata.planning._counts import DenseCounts, SparseCounts, StepCounts
 from loomdata.planning._cp_report import cp_figures
 from loomdata.planning._mixture import StepWeights
-from loomdata.planning._report_kernel import mixture_rows, mixture_shares, mixture_totals
+from loomdata.planning._report_kernel import mixture_rows, mixture_shares, running_totals
 from loomdata.planning._transpose_kernel import transposed
 from loomdata.schemas.plan import read_plan
 from loomdata.schemas.tables import (
@@ -106,11 +107,6 @@ _PART_COLUMNS = ("enc_lb", "bb_lb", *(f"{c}_{x}_{y}" for _, c in _SYSTEMS for x 
 _UINT32_MAX = (1 << 32) - 1
 
 
-def _count_dtype(most: int) -> type[np.uint16] | type[np.uint32] | type[np.int64]:
-    """The narrowest type of the report's token counts that holds `most`."""
-    return np.uint16 if most < 1 << 16 else np.uint32 if most <= _UINT32_MAX else np.int64
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepFigures:
     """One step's figures, as the planner measured them."""
@@ -157,23 +153,27 @@ class ReportBuilder:
         pp_size: int = 1,
         weights: StepWeights | None = None,
         step_tokens: int = _UINT32_MAX,
+        sparse: bool = False,
     ) -> None:
         """Figures of `steps` steps; per-rank costs from step `rank_from` on; `budgets`: per-step token budgets
         when they differ between steps (a re-plan), which weights the mixture's target shares; `pp_size`:
         pipeline stages (for the 1F1B bubble); `weights`: the steps' target mixture (the plan's, worked out
         when the report is written: never held as a (steps, sources) grid; None: a range's own report, which
         is merged into the plan's and never written); `step_tokens`: the most tokens a step can hold (sizes the
-        token counts' type)."""
+        token counts' type); `sparse`: the token counts kept sparse (planning._counts.SparseCounts: the steps must
+        then be recorded in step order, as the plan's report is; a range's report, rewritten by a fix-up, is
+        dense)."""
         self.sources = sources
         self.pp_size = pp_size
         self._shuffle: dict[str, dict[str, float | int | str]] = {}
         self.rank_from = rank_from
         self.budgets = budgets
-        # (steps, sources) grids stored source-major (a transposed view of C-ordered (sources, steps)): the steps
-        # table's per-source columns are then contiguous rows, written without a transposed copy of the grids
-        # the narrowest unsigned type a step's tokens of one source fit in (`step_tokens`: a step's capacity; at
-        # dp 4 uint16), widened (fit_tokens) if a count ever does not fit
-        self.tokens = np.zeros((len(sources), steps), dtype=_count_dtype(step_tokens)).T
+        # each source's tokens a step: dense, source-major in the narrowest unsigned type a step's tokens of one
+        # source fit in (`step_tokens`: a step's capacity; at dp 4 uint16), widened if a count ever does not fit;
+        # or sparse (its nonzero cells: with many sources and a small dp most cells are zero)
+        self.tokens: StepCounts = (
+            SparseCounts(steps, len(sources)) if sparse else DenseCounts(steps, len(sources), step_tokens)
+        )
         self.weights = weights
         self._seeded = np.zeros((len(sources), 0))  # a re-plan's base weights of steps < its resume step
         self.cols = {
@@ -223,8 +223,7 @@ class ReportBuilder:
         """Record the figures of steps first.. (one row of each array per step), all at once."""
         n = len(fig.lb)
         sl = slice(first, first + n)
-        self.fit_tokens(fig.tokens)
-        self.tokens[sl] = fig.tokens
+        self.tokens.put(first, fig.tokens)
         loom_rank, slot_cost = fig.loom_rank, fig.slot_cost
         dp, mb = slot_cost.shape[1], slot_cost.shape[2]
         c = self.cols
@@ -322,17 +321,18 @@ class ReportBuilder:
             if name in rows:
                 self.part_cols.setdefault(name, np.zeros(len(self.tokens)))[:upto] = rows[name][:upto]
         self._seeded = np.zeros((len(self.sources), upto))
+        n = len(self.sources)
+        block = max(1, STEP_TABLE_CELLS // max(n, 1))
+        for a in range(0, upto, block):  # the base's counts, a block of steps at a time
+            b = min(upto, a + block)
+            counts = np.zeros((b - a, n), dtype=np.int64)
+            for k, name in enumerate(self.sources):
+                if f"tokens__{name}" in rows:
+                    counts[:, k] = rows[f"tokens__{name}"][a:b]
+            self.tokens.put(a, counts)
         for k, name in enumerate(self.sources):
-            if f"tokens__{name}" in rows:  # (a base's counts fit: its shapes size this plan's type, but to be sure)
-                self.fit_tokens(rows[f"tokens__{name}"][:upto])
-                self.tokens[:upto, k] = rows[f"tokens__{name}"][:upto]
             if f"weight__{name}" in rows:
                 self._seeded[k] = rows[f"weight__{name}"][:upto]
-
-    def fit_tokens(self, counts: np.ndarray) -> None:
-        """Widen the token grid if `counts` (to be stored in it) do not fit its type."""
-        if counts.size and self.tokens.dtype != np.int64 and int(counts.max()) > np.iinfo(self.tokens.dtype).max:
-            self.tokens = self.tokens.astype(_count_dtype(int(counts.max())))  # keeps the source-major layout
 
     def weight_rows(self, k0: int, k1: int, a: int = 0, b: int | None = None) -> np.ndarray:
         """(k1 - k0, b - a) float64: the target weights of sources k0..k1-1 at steps a..b-1, as rows (a re-plan's
@@ -388,10 +388,10 @@ class ReportBuilder:
 
     def _steps_table(self, a: int, b: int) -> pa.Table:
         """Steps a..b-1 of report/steps.parquet."""
-        tokens = self.tokens.T[:, a:b]  # sources as rows: Arrow copies a contiguous column at memcpy speed
+        tokens = self.tokens.source_rows(0, len(self.sources), a, b)  # sources as rows
         data: dict[str, Any] = {
             "step": np.arange(a, b, dtype=np.uint32),
-            "tokens": self.tokens[a:b].sum(axis=1, dtype=np.int64),
+            "tokens": tokens.sum(axis=0, dtype=np.int64),
         }
         data.update({name: col[a:b] for name, col in self.cols.items()})
         data.update({name: col[a:b] for name, col in self.part_cols.items()})
@@ -410,24 +410,27 @@ class ReportBuilder:
     def _mixture_error(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """mixture_error(tokens, weights, budgets, full=False), the weights worked out a block of sources at a
         time (the kernel's sources are independent given every step's totals)."""
-        tokens = self.tokens.T  # (sources, steps) C-ordered: the grid's own layout, uint32 or int64
         b = np.zeros(0) if self.budgets is None else np.ascontiguousarray(self.budgets, dtype=np.float64)
-        steps, n = tokens.shape[1], len(self.sources)
-        div, b_div = mixture_totals(tokens, b)
+        steps, n = len(self.tokens), len(self.sources)
+        per_step = np.zeros(steps, dtype=np.int64)
+        for k0, k1 in self._source_blocks():  # every step's tokens (integers: exact in any order)
+            per_step += self.tokens.source_rows(k0, k1).sum(axis=0, dtype=np.int64)
+        div, b_div = running_totals(per_step, b)
         worst = np.zeros(steps)
         realized, target = np.empty((n, 1 if steps else 0)), np.empty((n, 1 if steps else 0))
         for k0, k1 in self._source_blocks():
             w = self.weight_rows(k0, k1)
-            mixture_rows(tokens[k0:k1], w, b, div, b_div, worst, realized[k0:k1], target[k0:k1], False)
+            tokens = self.tokens.source_rows(k0, k1)  # (k1 - k0, steps): a block of sources as rows
+            mixture_rows(tokens, w, b, div, b_div, worst, realized[k0:k1], target[k0:k1], False)
         return worst * 100.0, realized.T, target.T
 
     def summary(self) -> dict[str, Any]:
         """The plan's summary figures (stored in plan.json, printed by `loom plan` / `loom inspect`)."""
         c = self.cols
         err, realized, target = self._mixture_error()  # the last step's shares
-        per_source = self.tokens.sum(axis=0, dtype=np.int64)  # one pass (integer sums: a column's own sum, exactly)
+        per_source = self.tokens.source_totals()  # integer sums: each source's own sum, exactly
         warm = min(MIXTURE_WARMUP, len(err) - 1)
-        total = int(self.tokens.sum(dtype=np.int64))
+        total = int(per_source.sum())
         loom_sum = max(float(c["loom_max"].sum()), 1e-300)
         gains = {
             "concat_chunk": float(c["concat_max"].sum()) / loom_sum,

@@ -13,7 +13,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["mixture_rows", "mixture_shares", "mixture_totals", "run_sums"]
+__all__ = ["mixture_rows", "mixture_shares", "mixture_totals", "run_sums", "running_totals"]
 
 
 @njit
@@ -43,6 +43,13 @@ def mixture_totals(tokens: np.ndarray, budgets: np.ndarray) -> tuple[np.ndarray,
     for k in range(n_src):
         for t in range(steps):
             div[t] += tokens[k, t]
+    return running_totals(div, budgets)
+
+
+@njit
+def running_totals(div: np.ndarray, budgets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """mixture_totals from every step's tokens over all sources (int64 `div`, made running in place)."""
+    steps = len(div)
     b_div = np.empty(steps)
     weighted = len(budgets) > 0
     run_b, tot = 0.0, 0

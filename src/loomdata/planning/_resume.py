@@ -50,6 +50,7 @@ import numpy as np
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
+from loomdata.planning._pointers import Pointers
 from loomdata.planning._segments import DenseIds, SampleIds, Segments
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.plan import PlanMeta, ResumeInfo, StepShape, read_manifest, read_plan, stale_sources
@@ -190,7 +191,7 @@ def _carry_window_start(base: BasePlan) -> int:
 
 def base_carry(
     base: BasePlan,
-    ptr: np.ndarray,
+    ptr: Pointers,
     streams: Sequence[Stream],
     samples: Sequence[SampleIds],
     lengths: Sequence[np.ndarray],
@@ -206,8 +207,9 @@ def base_carry(
     placed = read_manifest(base.plan_dir, base.meta, t0, s - 1, columns=_PLACED)
     p_src = placed.column("source").to_numpy()
     parts: list[tuple[np.ndarray, ...]] = []
+    row_t0, row_s = ptr.row(t0), ptr.row(s)
     for k, st in enumerate(streams):
-        a, b = int(ptr[t0, k]), int(ptr[s, k])
+        a, b = int(row_t0[k]), int(row_s[k])
         sel = p_src == k
         if b <= a:
             if sel.any():
@@ -261,7 +263,7 @@ def base_carry(
 
 def base_positions(
     base: BasePlan,
-    ptr: np.ndarray,
+    ptr: Pointers,
     streams: Sequence[Stream],
     samples: Sequence[SampleIds],
     lengths: Sequence[np.ndarray],
@@ -280,12 +282,13 @@ def base_positions(
     placed = read_manifest(base.plan_dir, base.meta, 0, s - 1, columns=_PLACED)
     p_src = placed.column("source").to_numpy()
     pos_out, nat_out, parts = [], [], []
+    last = ptr.last()
     for k, st in enumerate(streams):
         sel = p_src == k
         rows = _rows_of(base, k, samples[k], placed.column("sample").to_numpy()[sel])
         p_off = placed.column("offset").to_numpy()[sel].astype(np.int64)
         p_len = placed.column("length").to_numpy()[sel].astype(np.int64)
-        end = int(ptr[-1, k])
+        end = int(last[k])
         state = _match_placed(st, lengths[k], lanes, end, rows, p_off, p_len)
         if state is None:  # the base placed pieces beyond the new plan's positions: look at the whole stream
             state = _match_placed(st, lengths[k], lanes, len(st.doc), rows, p_off, p_len)
@@ -295,7 +298,7 @@ def base_positions(
         n = min(end, len(doc))
         free = np.flatnonzero(done[:n] == 0)
         pos_out.append(free)
-        nat_out.append(np.maximum(np.searchsorted(ptr[:, k], free, side="right") - 1, s).astype(np.int64))
+        nat_out.append(np.maximum(np.searchsorted(ptr.column(k), free, side="right") - 1, s).astype(np.int64))
         cut = np.flatnonzero((done > 0) & (done < seg_len))
         if len(cut):
             r_len = seg_len[cut] - done[cut]

@@ -153,7 +153,7 @@ def test_a_window_holds_its_range_alone_and_plans_it_byte_for_byte(
     wins = [window(whole, a, b) for a, b in cuts]
     total = sum(len(t) for t in whole.num_tokens)
     held = sum(len(t) for w in wins for t in w.num_tokens)
-    assert held < 1.1 * sum(int(p) for p in whole.ptr[-1] - whole.ptr[0])  # the drawn positions, about once
+    assert held < 1.1 * sum(int(p) for p in whole.ptr.last() - whole.ptr.row(0))  # the drawn positions, about once
     assert all(sum(len(t) for t in w.num_tokens) < total for w in wins)
     for (a, b), w in zip(cuts, wins, strict=True):
         back = pickle.loads(pickle.dumps(w))
@@ -225,3 +225,25 @@ def test_a_cluster_that_does_not_share_the_workdir_is_refused(tmp_path: Path) ->
     with pytest.raises(PlanError, match="needs the workdir on a filesystem every worker shares"):
         make_plan(spec, index=index, client=_ElsewherePool(), ranges=2, **kw)
     assert not (spec.plans_dir / "plan.json").exists() and not any(spec.plans_dir.glob("*/plan.json"))
+
+
+def test_a_windows_assignment_goes_as_counts_only_where_they_are_smaller() -> None:
+    """A source drawing in most of the window's steps sends counts a step; one drawing in few (many sources, small
+    dp) sends its steps as they are, so the wire never holds a (steps x sources) table; both come back exact."""
+    from loomdata.planning._lookahead import StepAssignment
+
+    rng = np.random.default_rng(3)
+    step0, steps = 100, 400
+    busy = np.sort(rng.integers(step0, step0 + steps, 3000)).astype(np.int32)  # ~7 a step
+    sparse = np.sort(rng.choice(np.arange(step0, step0 + steps), 20, replace=False)).astype(np.int32)
+    none = np.zeros(0, dtype=np.int32)
+    asg = StepAssignment([np.arange(len(s), dtype=np.uint32) for s in (busy, sparse, none)], [busy, sparse, none])
+    wire = ranges_module._AssignedCounts.of(asg, step0, steps)
+    assert isinstance(wire, ranges_module._AssignedCounts)
+    assert wire.counts[0] is not None and wire.steps[0] is None  # 400 counts < 3000 steps
+    assert wire.counts[1] is None and wire.steps[1] is not None  # 20 steps < 400 counts
+    back = pickle.loads(pickle.dumps(wire)).restore()
+    for x, y in zip(asg.step, back.step, strict=True):
+        assert x.dtype == y.dtype and np.array_equal(x, y)
+    outside = StepAssignment([np.zeros(1, dtype=np.uint32)], [np.array([step0 + steps], dtype=np.int32)])
+    assert ranges_module._AssignedCounts.of(outside, step0, steps) is outside

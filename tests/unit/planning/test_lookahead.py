@@ -117,7 +117,7 @@ def test_assign_steps_covers_positions_and_bounds_heavy_moves(
         got = np.sort(asg.pos[s])
         np.testing.assert_array_equal(got, pos[s])  # every drawn position exactly once
         assert (np.diff(asg.step[s]) >= 0).all() and asg.step[s].min() >= 0 and asg.step[s].max() < n_steps
-        natural = np.searchsorted(ptr[:, s], asg.pos[s], side="right") - 1
+        natural = np.searchsorted(ptr.column(s), asg.pos[s], side="right") - 1
         seg_len = st.cum[asg.pos[s] + 1] - st.cum[asg.pos[s]]
         heavy = seg_len > HEAVY_SHARE * SEQ
         assert (np.abs(asg.step[s][heavy] - natural[heavy]) <= k).all()
@@ -181,7 +181,7 @@ def _crossings(spec: Spec, index: dict[str, pa.Table]) -> np.ndarray:
     asg = assign_steps(pos, nat, streams, lanes, slots, np.full(n_steps, dp), spec.planning.lookahead, 0, n_steps)
     out = np.zeros(n_steps + 1, dtype=np.int64)
     for k in range(len(streams)):
-        natural = np.searchsorted(ptr[:, k], asg.pos[k], side="right") - 1
+        natural = np.searchsorted(ptr.column(k), asg.pos[k], side="right") - 1
         lo, hi = np.minimum(natural, asg.step[k]), np.maximum(natural, asg.step[k])
         moved = lo < hi  # crosses every boundary before S for lo < S <= hi
         np.add.at(out, lo[moved] + 1, 1)

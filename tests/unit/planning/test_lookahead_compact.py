@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from loomdata.planning import _lookahead as lookahead_module
 from loomdata.planning._lookahead import _Cum, assign_steps, natural_positions, natural_ranges, stable_order
 from loomdata.planning._mixture import build_stream, membership, step_weights
 from loomdata.planning._packing import Lanes
@@ -45,7 +46,7 @@ def test_block_cumulative_sums_refuse_a_buffer_of_another_size() -> None:
 
 
 def test_natural_ranges_assign_as_natural_position_arrays(
-    tmp_path: Path, spec_of: Callable[..., Spec], index_of: Callable[..., pa.Table]
+    tmp_path: Path, spec_of: Callable[..., Spec], index_of: Callable[..., pa.Table], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rng = np.random.default_rng(5)
     seq = 256
@@ -63,10 +64,14 @@ def test_natural_ranges_assign_as_natural_position_arrays(
     pos, nat = natural_positions(ptr, 0, n_steps)
     a = assign_steps(pos, nat, list(streams), lanes, slots, dp, 2, 0, n_steps)
     kept = list(streams)
+    trims: list[int] = []
+    monkeypatch.setattr(lookahead_module, "trim_arenas", lambda: trims.append(1))
+    monkeypatch.setattr(lookahead_module, "TRIM_BYTES", streams[0].cum.nbytes)  # given back after each source
     b = assign_steps(
         natural_ranges(ptr, 0, n_steps), None, kept, lanes, slots, dp, 2, 0, n_steps, ptr=ptr, drop_counts=True
     )
     assert all(len(st.cum) == 0 for st in kept)  # the counts were dropped from the caller's list
+    assert len(trims) == 2  # and the allocator's free memory given back as they went
     # the general path (positions not in stream order: one lexsort) gives the same steps too
     rev = [p[::-1].copy() for p in pos]
     c_ = assign_steps(rev, [x[::-1].copy() for x in nat], list(streams), lanes, slots, dp, 2, 0, n_steps)
@@ -77,7 +82,7 @@ def test_natural_ranges_assign_as_natural_position_arrays(
         assert moved == {int(p): int(s) for p, s in zip(c_.pos[k], c_.step[k], strict=True)}
     assert (
         sum(
-            int((np.asarray(s) != np.searchsorted(ptr[:, k], p, side="right") - 1).sum())
+            int((np.asarray(s) != np.searchsorted(ptr.column(k), p, side="right") - 1).sum())
             for k, (p, s) in enumerate(zip(a.pos, a.step, strict=True))
         )
         > 0

@@ -16,7 +16,7 @@ from loomdata.planning._mixture import (
     membership,
     step_weights,
 )
-from loomdata.planning._mixture_kernel import nearest_column
+from loomdata.planning._mixture_kernel import nearest_column, nearest_run
 from loomdata.planning.balance._deal_kernel import (
     RADIX_STEP,
     _radix_order,
@@ -132,6 +132,25 @@ def test_nearest_column_is_nearest_then_running_maximum(kind: str) -> None:
     assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_nearest_run_carried_across_pieces_is_the_whole_column(seed: int) -> None:
+    """nearest_run over a source's targets cut into pieces, its search state carried, gives nearest_column's
+    pointers (a search going back included: shuffled targets)."""
+    rng = np.random.default_rng(seed)
+    cum = np.concatenate([[0], np.cumsum(rng.integers(0, 4000, 2500))]).astype(np.int64)
+    x = np.cumsum(rng.random(900) * 9000.0)
+    if seed % 2:
+        x = rng.permutation(x)
+    want = np.zeros(len(x) + 1, dtype=np.int64)
+    nearest_column(cum, x, want)
+    got = np.zeros(len(x), dtype=np.int64)
+    state = np.zeros(2, dtype=np.int64)
+    cuts = sorted({0, len(x), *rng.integers(1, len(x), 6).tolist()})
+    for a, b in itertools.pairwise(cuts):
+        nearest_run(cum, x[a:b], got[a:b], state)
+    assert np.array_equal(got, want[1:])
+
+
 def test_membership_pointers_of_many_sources_are_each_sources_own(tmp_path: Path) -> None:
     """The grid laid out by source and back: column k of ptr is source k's (nearest, running maximum)."""
     from loomdata.planning._mixture import build_stream
@@ -143,7 +162,7 @@ def test_membership_pointers_of_many_sources_are_each_sources_own(tmp_path: Path
     w = rng.random((60, 5))
     w /= w.sum(axis=1)[:, None]
     targets = _targets(w, np.full(60, 8 * 4096, dtype=np.int64))
-    ptr = membership(targets, streams, lanes, 8)
+    ptr = membership(targets, streams, lanes, 8).dense()
     assert ptr.shape == (61, 5) and ptr.flags.c_contiguous
     for k, st in enumerate(streams):
         col = np.concatenate([[0], _nearest(st.cum, targets[:, k])])
@@ -151,11 +170,12 @@ def test_membership_pointers_of_many_sources_are_each_sources_own(tmp_path: Path
     assert (np.diff(ptr, axis=0) >= 0).all()
 
 
-@pytest.mark.parametrize("cells", [61, 2 * 61, 3 * 61 + 5])
-def test_membership_pointers_worked_out_a_block_of_sources_at_a_time_are_the_whole_grids(
+@pytest.mark.parametrize("cells", [5, 2 * 7, 3 * 7 + 5])
+def test_membership_pointers_worked_out_a_chunk_of_steps_at_a_time_are_the_whole_grids(
     cells: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Blocks of 1, 2 and 3 sources (MEMBERSHIP_BLOCK_CELLS over 61 pointer rows) give the pointers of one block."""
+    """Chunks of 64 steps and of a few rows (REPAIR_CHUNK_CELLS over 7 sources; the nearest search carried across
+    chunks) give the pointers of one chunk, bit for bit."""
     from loomdata.planning import _mixture
     from loomdata.planning._packing import Lanes
 
@@ -164,13 +184,16 @@ def test_membership_pointers_worked_out_a_block_of_sources_at_a_time_are_the_who
     streams = [
         _mixture.build_stream(f"s{k}", 3, rng.integers(16, 3000, 2000).astype(np.uint32), lanes, 2) for k in range(7)
     ]
-    w = rng.random((60, 7))
+    w = rng.random((200, 7))
     w /= w.sum(axis=1)[:, None]
-    targets = _targets(w, np.full(60, 8 * 4096, dtype=np.int64))
+    targets = _targets(w, np.full(200, 8 * 4096, dtype=np.int64))
     whole = membership(targets, streams, lanes, 8)
-    monkeypatch.setattr(_mixture, "MEMBERSHIP_BLOCK_CELLS", cells)
-    blocked = membership(targets, streams, lanes, 8)
-    assert blocked.flags.c_contiguous and np.array_equal(blocked, whole)
+    assert len(whole.chunks) == 1
+    monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", cells)
+    monkeypatch.setattr(_mixture, "REPAIR_WINDOW", 40)
+    chunked = membership(targets, streams, lanes, 8)
+    assert len(chunked.chunks) > 4
+    assert np.array_equal(chunked.dense(), whole.dense())
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -70,13 +70,13 @@ def test_repair_matches_the_reference_loop(
     targets, streams, step_slots = _case(seed, n_src, steps, slots, lanes)
     want = _reference(targets, streams, lanes, step_slots)
     monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", 7 * n_src)  # many chunks: boundaries get crossed
-    got = membership(targets, streams, lanes, step_slots)
+    got = membership(targets, streams, lanes, step_slots).dense()
     near = np.zeros_like(want)
     for k, s in enumerate(streams):
         near[1:, k] = _mixture._nearest(s.cum, targets[:, k])
     assert (want != np.maximum.accumulate(near, axis=0)).any()  # the case does need repairs
     np.testing.assert_array_equal(got, want)
     monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", 1 << 20)
-    np.testing.assert_array_equal(membership(targets, streams, lanes, step_slots), want)
+    np.testing.assert_array_equal(membership(targets, streams, lanes, step_slots).dense(), want)
     monkeypatch.setattr(_mixture, "REPAIR_WINDOW", 50)  # chunks ended by their windows' segments, some of one step
-    np.testing.assert_array_equal(membership(targets, streams, lanes, step_slots), want)
+    np.testing.assert_array_equal(membership(targets, streams, lanes, step_slots).dense(), want)

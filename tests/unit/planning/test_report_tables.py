@@ -65,11 +65,13 @@ def test_one_part_is_the_bytes_of_write_table(tmp_path: Path) -> None:
         write_table_parts([], tmp_path / "c.parquet", TableKind.PLAN_RANKS)
 
 
+@pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize(("step_tokens", "first"), [(1000, np.uint16), (70_000, np.uint32)])
-def test_token_counts_widen_when_one_does_not_fit(step_tokens: int, first: type) -> None:
-    """A step's capacity sizes the counts' type (uint16 at dp 4); a count beyond it widens the grid, exactly."""
-    r = ReportBuilder(3, ["a", "b"], 2, step_tokens=step_tokens)
-    assert r.tokens.dtype == first
+def test_token_counts_widen_when_one_does_not_fit(step_tokens: int, first: type, sparse: bool) -> None:
+    """A step's capacity sizes the dense counts' type (uint16 at dp 4), the sparse counts' type is that of the
+    largest count held; a count beyond it widens the type, exactly."""
+    r = ReportBuilder(3, ["a", "b"], 2, step_tokens=step_tokens, sparse=sparse)
+    assert r.tokens.dtype == (np.uint16 if sparse else first)
 
     def fig(tokens: list[int]) -> StepFigures:
         one = np.ones(2)
@@ -87,10 +89,11 @@ def test_token_counts_widen_when_one_does_not_fit(step_tokens: int, first: type)
 
     r.add(0, fig([5, 7]))
     r.add(1, fig([3, 70_000]))
-    assert r.tokens.dtype == np.uint32 and r.tokens[1, 1] == 70_000
+    assert r.tokens.dtype == np.uint32 and r.tokens.rows(1, 2)[0, 1] == 70_000
     r.add(2, fig([1, 2**33 + 1]))
     assert r.tokens.dtype == np.int64
-    assert r.tokens[:, 1].tolist() == [7, 70_000, 2**33 + 1] and r.tokens[:, 0].tolist() == [5, 3, 1]
+    got = r.tokens.rows(0, 3)
+    assert got[:, 1].tolist() == [7, 70_000, 2**33 + 1] and got[:, 0].tolist() == [5, 3, 1]
     assert r.summary()["mixture"]["b"]["tokens"] == 7 + 70_000 + 2**33 + 1
 
 

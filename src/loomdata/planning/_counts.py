@@ -1,0 +1,201 @@
+"""The report's tokens of each source in each step, a (steps, sources) table of integers, dense or sparse.
+
+With many sources and a small dp a step places tokens of a few of them (300 sources at dp 4: about 60 a step),
+and the dense table grows with steps x sources (166K steps x 300 sources of uint16 at 10M samples: 10 bytes a
+sample). `SparseCounts` (the plan's report, filled in step order) keeps chunks of consecutive steps, each with
+per source the steps of the chunk where it has tokens and how many (uint16 local steps and the narrowest count
+type the chunk's largest count fits: 4 bytes a nonzero cell at dp 4), rows arriving into a dense staging block
+of about STAGE_CELLS cells until it is compressed. `DenseCounts` (a range's report, whose rows a fix-up may
+rewrite) is the source-major grid, widened when a count does not fit its type. Both read back the same values:
+rows of sources over a run of steps, each source's total, the grand total.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from loomdata.planning._counts_kernel import count_nonzero, fill_nonzero, scatter_sources, source_sums
+
+__all__ = ["STAGE_CELLS", "DenseCounts", "SparseCounts", "StepCounts", "count_dtype"]
+
+STAGE_CELLS = 1 << 20
+"""(steps x sources) cells of a SparseCounts' staging block (int64: 8 MiB), at least 64 steps."""
+_UINT32_MAX = int(np.iinfo(np.uint32).max)
+_SHORT_STEPS = 1 << 16
+
+
+def count_dtype(most: int) -> type[np.uint16] | type[np.uint32] | type[np.int64]:
+    """The narrowest of uint16, uint32 and int64 that holds counts up to `most`."""
+    if most <= np.iinfo(np.uint16).max:
+        return np.uint16
+    return np.uint32 if most <= _UINT32_MAX else np.int64
+
+
+class StepCounts:
+    """(steps, sources) integer counts: what the report reads of them."""
+
+    steps: int
+    n_sources: int
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def put(self, first: int, block: np.ndarray) -> None:
+        """Rows first..first+len(block)-1 := block ((n, sources) non-negative integers)."""
+        raise NotImplementedError
+
+    def source_rows(self, k0: int, k1: int, a: int = 0, b: int | None = None) -> np.ndarray:
+        """(k1 - k0, b - a) C-ordered: sources k0..k1-1's counts at steps a..b-1, as rows."""
+        raise NotImplementedError
+
+    def rows(self, a: int, b: int) -> np.ndarray:
+        """(b - a, sources) int64: steps a..b-1's rows."""
+        return np.ascontiguousarray(self.source_rows(0, self.n_sources, a, b).T, dtype=np.int64)
+
+    def source_totals(self) -> np.ndarray:
+        """(sources,) int64: each source's count over all steps."""
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The narrowest type every count held fits (what source_rows returns)."""
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+        raise NotImplementedError
+
+
+class DenseCounts(StepCounts):
+    """The (steps, sources) grid, stored source-major, in the narrowest type its counts fit (widened on demand)."""
+
+    def __init__(self, steps: int, n_sources: int, most: int = _UINT32_MAX) -> None:
+        """`most`: the largest count expected (sizes the type; a larger one widens it)."""
+        self.steps = steps
+        self.n_sources = n_sources
+        self.grid = np.zeros((n_sources, steps), dtype=count_dtype(most))  # source-major
+
+    def fit(self, counts: np.ndarray) -> None:
+        """Widen the grid if `counts` (to be stored in it) do not fit its type."""
+        g = self.grid
+        if counts.size and g.dtype != np.int64 and int(counts.max()) > np.iinfo(g.dtype).max:
+            self.grid = g.astype(count_dtype(int(counts.max())))
+
+    def put(self, first: int, block: np.ndarray) -> None:
+        self.fit(block)
+        self.grid.T[first : first + len(block)] = block
+
+    def source_rows(self, k0: int, k1: int, a: int = 0, b: int | None = None) -> np.ndarray:
+        b = self.steps if b is None else b
+        return np.ascontiguousarray(self.grid[k0:k1, a:b])
+
+    def source_totals(self) -> np.ndarray:
+        return self.grid.sum(axis=1, dtype=np.int64)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.grid.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.grid.nbytes)
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    first: int  # first step
+    rows: int  # steps
+    indptr: np.ndarray  # int64 (sources + 1,): source k's cells are indptr[k]..indptr[k+1]-1
+    step: np.ndarray  # uint16 / int32 local steps, ascending within a source
+    value: np.ndarray  # their counts (nonzero), the narrowest type the chunk's largest fits
+
+
+class SparseCounts(StepCounts):
+    """The nonzero cells, by chunks of steps (module docstring); rows must arrive in step order (put's `first`
+    never before the last row put; steps skipped stay zero)."""
+
+    def __init__(self, steps: int, n_sources: int) -> None:
+        self.steps = steps
+        self.n_sources = n_sources
+        self._chunks: list[_Chunk] = []
+        self._stage_rows = max(64, STAGE_CELLS // max(n_sources, 1))
+        self._stage = np.zeros((0, n_sources), dtype=np.int64)  # allocated on the first put
+        self._s0 = 0  # the staging block's first step
+        self._filled = 0  # steps before this are final (put or skipped)
+        self._dtype: np.dtype = np.dtype(np.uint16)
+
+    def put(self, first: int, block: np.ndarray) -> None:
+        if first < self._filled:
+            raise ValueError(f"counts of step {first} after step {self._filled - 1}: rows must come in step order")
+        if first + len(block) > self.steps:
+            raise ValueError(f"steps {first}..{first + len(block) - 1} are beyond the {self.steps} steps")
+        if len(self._stage) == 0:
+            self._stage = np.zeros((self._stage_rows, self.n_sources), dtype=np.int64)
+        at = 0
+        while at < len(block):
+            t = first + at
+            if t >= self._s0 + self._stage_rows:  # the staging block is full: compress it, start the next at t
+                self._flush(t)
+            n = min(len(block) - at, self._s0 + self._stage_rows - t)
+            self._stage[t - self._s0 : t - self._s0 + n] = block[at : at + n]
+            at += n
+            self._filled = max(self._filled, t + n)
+
+    def _flush(self, next_first: int) -> None:
+        """Compress the staged steps s0..filled-1 into a chunk (none: nothing), restage from `next_first`."""
+        n = self._filled - self._s0
+        if n > 0:
+            rows = self._stage[:n]
+            counts = np.zeros(self.n_sources, dtype=np.int64)
+            count_nonzero(rows, counts)
+            indptr = np.zeros(self.n_sources + 1, dtype=np.int64)
+            np.cumsum(counts, out=indptr[1:])
+            most = int(rows.max()) if rows.size else 0
+            dt = np.dtype(count_dtype(most))
+            if dt.itemsize > self._dtype.itemsize:
+                self._dtype = dt
+            step = np.empty(int(indptr[-1]), dtype=np.uint16 if n <= _SHORT_STEPS else np.int32)
+            value = np.empty(int(indptr[-1]), dtype=dt)
+            fill_nonzero(rows, indptr, step, value)
+            self._chunks.append(_Chunk(self._s0, n, indptr, step, value))
+            self._stage[:n] = 0
+        self._s0 = next_first
+        self._filled = max(self._filled, next_first)
+
+    def _settled(self) -> list[_Chunk]:
+        """Every chunk, the staged steps compressed first (later puts go on after them)."""
+        if self._filled > self._s0:
+            self._flush(self._filled)
+        return self._chunks
+
+    def source_rows(self, k0: int, k1: int, a: int = 0, b: int | None = None) -> np.ndarray:
+        b = self.steps if b is None else b
+        out = np.zeros((k1 - k0, max(b - a, 0)), dtype=self.dtype)
+        for c in self._settled():
+            i0, i1 = max(a, c.first) - c.first, min(b, c.first + c.rows) - c.first
+            if i1 > i0:
+                scatter_sources(c.indptr, c.step, c.value, k0, i0, i1, c.first + i0 - a, out)
+        return out
+
+    def source_totals(self) -> np.ndarray:
+        out = np.zeros(self.n_sources, dtype=np.int64)
+        for c in self._settled():
+            source_sums(c.indptr, c.value, out)
+        return out
+
+    @property
+    def dtype(self) -> np.dtype:
+        self._settled()
+        return self._dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._stage.nbytes) + sum(c.indptr.nbytes + c.step.nbytes + c.value.nbytes for c in self._chunks)
+
+    @property
+    def entries(self) -> int:
+        """Nonzero cells held."""
+        return sum(len(c.step) for c in self._settled())

@@ -1,0 +1,69 @@
+"""planning._counts: the report's sparse token counts read back as the dense table, whatever the puts' sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loomdata.planning import _counts
+from loomdata.planning._counts import DenseCounts, SparseCounts
+
+
+def _table(rng: np.random.Generator, steps: int, n_src: int, density: float, most: int) -> np.ndarray:
+    cells = (rng.random((steps, n_src)) < density) * rng.integers(1, most + 1, (steps, n_src))
+    return cells.astype(np.int64)
+
+
+@pytest.mark.parametrize(
+    ("seed", "steps", "n_src", "density", "most", "stage"),
+    [
+        (0, 500, 30, 0.2, 60_000, 64 * 30),
+        (1, 900, 300, 0.05, 100, None),
+        (2, 70_000, 1, 0.9, 70_000, None),  # one chunk of more than 65,536 steps, uint32 counts
+        (3, 300, 4, 0.5, 2**34, 64 * 4),  # int64 counts
+        (4, 200, 7, 0.0, 5, 64 * 7),  # all zero
+    ],
+)
+def test_sparse_counts_are_the_dense_table(
+    seed: int, steps: int, n_src: int, density: float, most: int, stage: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if stage is not None:
+        monkeypatch.setattr(_counts, "STAGE_CELLS", stage)
+    rng = np.random.default_rng(seed)
+    want = _table(rng, steps, n_src, density, most)
+    sparse, dense = SparseCounts(steps, n_src), DenseCounts(steps, n_src, 1000)
+    t = 0
+    while t < steps:  # puts of 1 to 150 steps, some steps skipped (left zero)
+        n = min(steps - t, int(rng.integers(1, 150)))
+        if rng.random() < 0.1:
+            want[t : t + n] = 0
+        else:
+            sparse.put(t, want[t : t + n])
+            dense.put(t, want[t : t + n])
+        t += n
+        if rng.random() < 0.05:
+            assert sparse.dtype.kind in "ui"  # reading settles the staged rows; later puts go on after them
+    for c in (sparse, dense):
+        assert len(c) == steps
+        assert np.array_equal(c.rows(0, steps), want)
+        assert np.array_equal(c.source_totals(), want.sum(axis=0))
+        assert np.iinfo(c.dtype).max >= want.max(initial=0)
+        for _ in range(5):
+            k0 = int(rng.integers(0, n_src))
+            k1 = int(rng.integers(k0, n_src + 1))
+            a = int(rng.integers(0, steps))
+            b = int(rng.integers(a, steps + 1))
+            got = c.source_rows(k0, k1, a, b)
+            assert got.flags.c_contiguous and np.array_equal(got, want[a:b, k0:k1].T)
+    assert sparse.entries == int(np.count_nonzero(want))
+    assert sparse.dtype == _counts.count_dtype(int(want.max(initial=0)))
+
+
+def test_sparse_counts_refuse_rows_out_of_order() -> None:
+    c = SparseCounts(10, 2)
+    c.put(3, np.ones((2, 2), dtype=np.int64))
+    with pytest.raises(ValueError, match="step order"):
+        c.put(4, np.ones((1, 2), dtype=np.int64))
+    with pytest.raises(ValueError, match="beyond"):
+        c.put(9, np.ones((2, 2), dtype=np.int64))
+    assert c.rows(0, 10).sum(axis=1).tolist() == [0, 0, 0, 2, 2, 0, 0, 0, 0, 0]

@@ -1,0 +1,102 @@
+"""planning._pointers: the sparse stream pointers read back exactly as the dense (steps + 1, sources) table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loomdata.planning._pointers import Pointers, compress_rows
+
+
+def _dense(rng: np.random.Generator, steps: int, n_src: int, draws: float, dtype: type = np.int32) -> np.ndarray:
+    """A random pointer table: row 0 zeros, each column non-decreasing, a source drawing in a step with
+    probability `draws` (a few segments when it does)."""
+    step_draws = (rng.random((steps, n_src)) < draws) * rng.integers(1, 5, (steps, n_src))
+    out = np.zeros((steps + 1, n_src), dtype=dtype)
+    np.cumsum(step_draws, axis=0, out=out[1:])
+    return out
+
+
+@pytest.mark.parametrize(
+    ("seed", "steps", "n_src", "draws", "chunk_rows"),
+    [
+        (0, 300, 7, 0.2, 64),
+        (1, 1000, 40, 0.05, 17),
+        (2, 50, 300, 0.2, None),
+        (3, 200, 1, 0.9, 1),
+        (4, 70_000, 2, 0.5, None),  # a chunk of more than 65,536 steps: int32 local steps
+        (5, 120, 5, 0.0, 30),  # nothing drawn
+        (6, 40, 3, 1.0, None),  # a source drawing more than 65,535 segments in a chunk: uint32 offsets
+    ],
+)
+def test_sparse_pointers_read_back_as_the_dense_table(
+    seed: int, steps: int, n_src: int, draws: float, chunk_rows: int | None
+) -> None:
+    rng = np.random.default_rng(seed)
+    ptr = _dense(rng, steps, n_src, draws)
+    if seed == 6:
+        ptr[1:, 1] += 70_000
+    sp = Pointers.from_dense(ptr, chunk_rows)
+    if seed == 6:
+        assert sp.chunks[0].end.dtype == np.uint32
+    assert sp.shape == ptr.shape and len(sp) == steps + 1 and sp.dtype == ptr.dtype
+    assert np.array_equal(sp.dense(), ptr)
+    assert sp.entries == int(np.count_nonzero(np.diff(ptr, axis=0)))  # only the cells that draw
+    assert np.array_equal(sp.totals(), ptr.sum(axis=1, dtype=np.int64))
+    assert np.array_equal(sp.last(), ptr[-1]) and np.array_equal(sp.row(-1), ptr[-1])
+    for t in {0, 1, steps // 3, steps - 1, steps, *rng.integers(0, steps + 1, 20).tolist()}:
+        assert np.array_equal(sp.row(t), ptr[t]), t
+    for k in range(min(n_src, 6)):
+        assert np.array_equal(sp.column(k), ptr[:, k])
+        for _ in range(5):
+            t0 = int(rng.integers(0, steps + 1))
+            t1 = int(rng.integers(t0, steps + 1))
+            assert np.array_equal(sp.column(k, t0, t1), ptr[t0 : t1 + 1, k]), (k, t0, t1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_window_of_the_pointers_is_the_dense_rows_rebased(seed: int) -> None:
+    """window(first, stop, lo) == ptr[first : stop + 1] - lo (int64), whatever chunk bounds the range crosses."""
+    rng = np.random.default_rng(seed)
+    steps, n_src = int(rng.integers(1, 400)), int(rng.integers(1, 30))
+    ptr = _dense(rng, steps, n_src, float(rng.random()))
+    sp = Pointers.from_dense(ptr, int(rng.integers(1, 80)))
+    for _ in range(8):
+        first = int(rng.integers(0, steps + 1))
+        stop = int(rng.integers(first, steps + 1))
+        lo = None if rng.random() < 0.5 else rng.integers(-5, 50, n_src)
+        want = ptr[first : stop + 1].astype(np.int64) - (ptr[first] if lo is None else lo)[None, :]
+        win = sp.window(first, stop, lo)
+        assert win.shape == want.shape
+        assert np.array_equal(win.dense(), want)
+        assert np.array_equal(win.totals(), want.sum(axis=1))
+        if stop > first:
+            t = int(rng.integers(0, stop - first + 1))
+            assert np.array_equal(win.row(t), want[t])
+            assert np.array_equal(win.column(0, 0, stop - first), want[:, 0])
+
+
+def test_compressed_rows_keep_a_base_row_and_only_the_changes() -> None:
+    rows = np.array([[5, 0, 2], [5, 1, 2], [6, 1, 2], [6, 1, 2], [9, 4, 2]], dtype=np.int64)
+    c = compress_rows(rows, 10)
+    assert c.first == 10 and c.rows == 4
+    assert c.base.tolist() == [5, 0, 2] and c.indptr.tolist() == [0, 2, 4, 4]
+    assert c.step.dtype == np.uint16 and c.step.tolist() == [1, 3, 0, 3]
+    assert c.end.dtype == np.uint16 and c.end.tolist() == [1, 4, 1, 4]  # offsets from the base row
+    for i in range(5):
+        assert c.row(i).tolist() == rows[i].tolist()
+
+
+def test_pointers_pickle_and_align() -> None:
+    import pickle
+
+    rng = np.random.default_rng(9)
+    ptr = _dense(rng, 90, 4, 0.3)
+    sp = pickle.loads(pickle.dumps(Pointers.from_dense(ptr, 25)))
+    assert np.array_equal(sp.aligned().dense(), ptr)
+
+
+def test_a_row_outside_the_table_is_refused() -> None:
+    sp = Pointers.from_dense(np.zeros((4, 2), dtype=np.int32))
+    with pytest.raises(IndexError):
+        sp.row(4)

@@ -41,6 +41,7 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import re
 import tempfile
 import time
 import warnings
@@ -299,6 +300,74 @@ def _smaps_rollup() -> dict[str, float]:
     return roll
 
 
+def _anon_by_mapping() -> dict[str, float]:
+    """Anonymous resident MiB of this process by kind of mapping (/proc/self/smaps): glibc's main heap (`[heap]`),
+    glibc's thread arenas (64 MiB-aligned reservations), thread stacks (8 MiB mappings), and everything else
+    (Arrow's jemalloc extents, Python's object arenas, large NumPy buffers mapped on their own)."""
+    out = {"glibc_main_heap": 0.0, "glibc_thread_arenas": 0.0, "thread_stacks": 0.0, "other": 0.0}
+    heap_max = 64 << 20
+    with open("/proc/self/smaps") as f:
+        lines = f.read().splitlines()
+    start = size = 0
+    name = ""
+    for line in lines:
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and ":" in head[3]:
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            start, size, name = lo, hi - lo, (head[5] if len(head) > 5 else "")
+        elif line.startswith("Anonymous:"):
+            kib = int(head[1])
+            if not kib:
+                continue
+            if name == "[heap]":
+                kind = "glibc_main_heap"
+            elif name:
+                kind = "other"
+            elif start % heap_max == 0 and size <= heap_max:
+                kind = "glibc_thread_arenas"
+            elif size in (8 << 20, (8 << 20) - 4096, (8 << 20) + 4096):
+                kind = "thread_stacks"
+            else:
+                kind = "other"
+            out[kind] += kib / 1024
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+def _python_arenas_mib() -> float | None:
+    """MiB Python's small-object allocator holds in arenas (`sys._debugmallocstats`, parsed)."""
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+") as tmp:
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read()
+    m = re.search(r"# bytes in allocated blocks\s*=\s*([\d,]+)", text)
+    a = re.search(r"(\d+) arenas \* (\d+) bytes/arena\s*=\s*([\d,]+)", text)
+    if a is None:
+        return None
+    return round(int(a.group(3).replace(",", "")) / MIB, 1) if m else None
+
+
+def _tracemalloc_top(n: int = 25) -> list[str] | None:
+    """The `n` largest owners of Python-traced memory by file and line (when tracing: PYTHONTRACEMALLOC)."""
+    import tracemalloc
+
+    if not tracemalloc.is_tracing():
+        return None
+    snap = tracemalloc.take_snapshot()
+    stats = snap.statistics("lineno")
+    total = sum(s.size for s in stats)
+    top = [f"{s.size / MIB:.2f} MiB {s.traceback[0].filename}:{s.traceback[0].lineno}" for s in stats[:n]]
+    return [f"total {total / MIB:.1f} MiB", *top]
+
+
 def process_inside() -> dict[str, Any]:
     """This process's memory by kind (smaps), glibc's heap, threads, Python objects and heavy modules imported."""
     import gc
@@ -313,7 +382,13 @@ def process_inside() -> dict[str, Any]:
         "python_objects": len(gc.get_objects()),
         "modules": len(sys.modules),
         "heavy_modules": [m for m in HEAVY_MODULES if m in sys.modules],
+        "anon_by_mapping_mib": _anon_by_mapping(),
+        "python_arenas_mib": _python_arenas_mib(),
+        "tracemalloc_top": _tracemalloc_top(),
     }
+
+
+_INSIDE_EXTRA = ("heavy_modules", "anon_by_mapping_mib", "python_arenas_mib", "tracemalloc_top")
 
 
 def worker_inside() -> dict[str, Any]:
@@ -336,7 +411,7 @@ def worker_inside() -> dict[str, Any]:
         "glibc_heap_mib": _glibc_heap(),
         "threads": threading.active_count(),
         "open_parquet_files": sum(1 for o in gc.get_objects() if isinstance(o, pq.ParquetFile)),
-        "heavy_modules": process_inside()["heavy_modules"],
+        **{k: v for k, v in process_inside().items() if k in _INSIDE_EXTRA},
         "trim_now_returns_mib": _trim_now(roll["Anonymous"]),
     }
 

@@ -44,6 +44,7 @@ __all__ = [
     "read_steps",
     "read_table",
     "stamped_metadata",
+    "step_groups",
     "step_span",
     "table_metadata",
     "write_table",
@@ -309,7 +310,7 @@ class ReadCount:
     rows: int = 0
 
 
-def _step_groups(pf: pq.ParquetFile, first: int, last: int) -> list[int]:
+def step_groups(pf: pq.ParquetFile, first: int, last: int) -> list[int]:
     """Row groups of a table sorted by `step` whose step statistics overlap [first, last] (all without them)."""
     col = pf.schema_arrow.get_field_index("step")
     out = []
@@ -351,7 +352,7 @@ def iter_steps(
     pf = open_table(path, kind)
     hi = np.iinfo(np.int64).max if last is None else last
     cols = None if columns is None else list(dict.fromkeys(["step", *columns]))
-    for i in _step_groups(pf, first, hi):
+    for i in step_groups(pf, first, hi):
         t = pf.read_row_group(i, columns=cols)
         if count is not None:
             count.row_groups += 1

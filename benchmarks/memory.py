@@ -295,7 +295,7 @@ def _smaps_rollup() -> dict[str, float]:
     with open("/proc/self/smaps_rollup") as f:
         for line in f:
             k, _, v = line.partition(":")
-            if k in ("Rss", "Pss", "Anonymous", "AnonHugePages", "Pss_File"):
+            if k in ("Rss", "Pss", "Anonymous", "AnonHugePages", "Pss_File", "LazyFree"):
                 roll[k] = round(int(v.split()[0]) / 1024, 1)
     return roll
 
@@ -333,8 +333,8 @@ def _anon_by_mapping() -> dict[str, float]:
     return {k: round(v, 1) for k, v in out.items()}
 
 
-def _python_arenas_mib() -> float | None:
-    """MiB Python's small-object allocator holds in arenas (`sys._debugmallocstats`, parsed)."""
+def _python_arenas_mib() -> dict[str, float] | None:
+    """MiB Python's small-object allocator holds in arenas and MiB of its blocks in use (`sys._debugmallocstats`)."""
     import sys
     import tempfile
 
@@ -348,11 +348,14 @@ def _python_arenas_mib() -> float | None:
             os.close(saved)
         tmp.seek(0)
         text = tmp.read()
-    m = re.search(r"# bytes in allocated blocks\s*=\s*([\d,]+)", text)
-    a = re.search(r"(\d+) arenas \* (\d+) bytes/arena\s*=\s*([\d,]+)", text)
-    if a is None:
+    used = re.search(r"# bytes in allocated blocks\s*=\s*([\d,]+)", text)
+    arenas = re.search(r"(\d+) arenas \* (\d+) bytes/arena\s*=\s*([\d,]+)", text)
+    if arenas is None or used is None:
         return None
-    return round(int(a.group(3).replace(",", "")) / MIB, 1) if m else None
+    return {
+        "arenas_mib": round(int(arenas.group(3).replace(",", "")) / MIB, 1),
+        "in_use_mib": round(int(used.group(1).replace(",", "")) / MIB, 1),
+    }
 
 
 def _tracemalloc_top(n: int = 25) -> list[str] | None:

@@ -1,0 +1,41 @@
+"""What a serving worker loads: no `pyarrow.dataset` (manifest reads go through `pyarrow.parquet`), and one shared
+manifest span per process for all its loaders."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from loomdata.client import StreamClient
+from loomdata.execution import Executor, open_cluster
+from loomdata.schemas import read_plan
+
+
+def _loaded(dask_worker: Any) -> dict[str, Any]:
+    from loomdata.execution import _manifest
+
+    return {
+        "dataset": "pyarrow.dataset" in sys.modules,
+        "acero": "pyarrow._acero" in sys.modules,
+        "spans": len(_manifest._SPANS),
+        "loaders": sum(1 for k in dask_worker.state.actors if str(k).startswith("loom-loader")),
+    }
+
+
+def test_serving_workers_import_no_pyarrow_dataset_and_share_manifest_spans(
+    stream_plan: Path, tmp_path: Path, loomtest: Any
+) -> None:
+    meta = read_plan(stream_plan)
+    with open_cluster(n_workers=2, local_directory=tmp_path / "dask") as client, Executor(stream_plan, client):
+        got = {}
+        for r in range(meta.dp_size):
+            with StreamClient(stream_plan, r) as stream:
+                got[r] = list(stream)
+        seen = list(client.run(_loaded).values())
+    loomtest.check_exact(stream_plan, got)
+    assert not any(w["dataset"] or w["acero"] for w in seen), seen
+    # every loader of a worker plans from the same few spans, read once by that process
+    assert sum(w["loaders"] for w in seen) >= 2
+    assert all(w["spans"] <= 3 for w in seen), seen
+    assert any(w["spans"] >= 1 for w in seen if w["loaders"]), seen

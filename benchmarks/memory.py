@@ -24,7 +24,8 @@ ranks mapping torch's libraries, PSS gives each rank 1/R of those pages (so a ra
 below an idle process's), and an idle process measured alone holds all of them privately. Results go to
 benchmarks/results/memory.json with a per-process breakdown of loomdata's side: for the serving process
 and each worker, smaps by kind, glibc's heap, the heavy modules imported, and for workers what one more
-`malloc_trim` returns. `--data DIR` keeps data, index and plans between runs; `--workers N` sizes the
+`malloc_trim` returns (with `LOOM_BENCH_TRACE_WORKERS=1` in the environment, the workers trace Python allocations
+and report their largest owners). `--data DIR` keeps data, index and plans between runs; `--workers N` sizes the
 embedded cluster (another layout).
 
     .venv/bin/python benchmarks/memory.py --quick     # N 10, 100; R 4 (a few minutes on 2 cores)
@@ -358,6 +359,40 @@ def _python_arenas_mib() -> dict[str, float] | None:
     }
 
 
+def _jemalloc_mib() -> dict[str, float] | None:
+    """Arrow's jemalloc totals (allocated, active, resident, metadata, retained; MiB) from its own statistics
+    (`arrow::jemalloc_stats_print` as JSON, called through ctypes); None where this pyarrow has no jemalloc."""
+    import ctypes
+    import json as _json
+    import tempfile
+
+    import pyarrow as pa
+
+    try:
+        lib = ctypes.CDLL(str(Path(pa.__file__).parent / f"libarrow.so.{pa.__version__.split('.')[0]}00"))
+        fn = lib._ZN5arrow20jemalloc_stats_printEPKc  # arrow::jemalloc_stats_print(const char*) -> Status
+    except (OSError, AttributeError):
+        return None
+    fn.restype = None
+    status = ctypes.create_string_buffer(64)  # the returned Status (its state pointer: null when OK)
+    with tempfile.TemporaryFile(mode="w+") as tmp:
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            fn(status, b"Jgmdablxeh")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read()
+    try:
+        st = _json.loads(text)["jemalloc"]["stats"]
+    except (ValueError, KeyError):
+        return None
+    keys = ("allocated", "active", "resident", "metadata", "mapped", "retained")
+    return {k: round(st[k] / MIB, 1) for k in keys if k in st}
+
+
 def _tracemalloc_top(n: int = 25) -> list[str] | None:
     """The `n` largest owners of Python-traced memory by file and line (when tracing: PYTHONTRACEMALLOC)."""
     import tracemalloc
@@ -411,6 +446,7 @@ def worker_inside() -> dict[str, Any]:
         "smaps_mib": roll,
         "arrow_pool_mib": round(pa.total_allocated_bytes() / MIB, 1),
         "arrow_pool_peak_mib": round(pa.default_memory_pool().max_memory() / MIB, 1),
+        "jemalloc_mib": _jemalloc_mib() if pa.default_memory_pool().backend_name == "jemalloc" else None,
         "glibc_heap_mib": _glibc_heap(),
         "threads": threading.active_count(),
         "open_parquet_files": sum(1 for o in gc.get_objects() if isinstance(o, pq.ParquetFile)),
@@ -452,6 +488,9 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
     else:
         choose_before_import(serving_pool(n_workers, None))
     from loomdata.execution import Autoscaling, Executor, ServeConfig, open_cluster
+
+    if os.environ.get("LOOM_BENCH_TRACE_WORKERS"):  # diagnosis: the workers trace Python allocations (tracemalloc_top)
+        os.environ["PYTHONTRACEMALLOC"] = "1"
 
     with (
         open_cluster(n_workers=n_workers, local_directory=local_dir) as client,

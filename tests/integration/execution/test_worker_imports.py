@@ -39,3 +39,31 @@ def test_serving_workers_import_no_pyarrow_dataset_and_share_manifest_spans(
     assert sum(w["loaders"] for w in seen) >= 2
     assert all(w["spans"] <= 3 for w in seen), seen
     assert any(w["spans"] >= 1 for w in seen if w["loaders"]), seen
+
+
+def test_read_table_and_read_manifest_load_no_pyarrow_dataset(tmp_path: Path) -> None:
+    """What serving workers read (index with a shard filter, the manifest) loads neither `pyarrow.dataset` nor
+    Arrow's scan threads: checked in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+
+    from loomdata.schemas import TableKind, write_table
+
+    n = 200
+    path = tmp_path / "samples.parquet"
+    index = {"sample": pa.uint64(), "shard": pa.uint32(), "row": pa.uint64(), "num_tokens": pa.uint32()}
+    cols = {"sample": range(n), "shard": [i // 50 for i in range(n)], "row": [i % 50 for i in range(n)]}
+    cols |= {"num_tokens": [1] * n}
+    table = pa.table({c: pa.array(cols[c], typ) for c, typ in index.items()})
+    write_table(table.append_column("num_image_tokens", pa.array([0] * n, pa.uint32())), path, TableKind.INDEX)
+    code = (
+        "import sys\n"
+        "from loomdata.schemas.tables import read_table, TableKind\n"
+        f"t = read_table({str(path)!r}, TableKind.INDEX, columns=['sample'], filters=[('shard', '>=', 3)])\n"
+        "assert t.column('sample').to_pylist() == list(range(150, 200)), t\n"
+        "import loomdata.schemas.plan\n"
+        "assert 'pyarrow.dataset' not in sys.modules and 'pyarrow._acero' not in sys.modules, 'dataset loaded'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -15,10 +15,10 @@ the import, or not at all. Which pool fits depends on what the process does:
 - The serving process of the in-process layout (`loom serve --workers 0`): the worker runs in it, so jemalloc.
 
 Where the pool is jemalloc and the user set no `JE_ARROW_MALLOC_CONF`, loomdata also sets that (read by Arrow's
-jemalloc when it starts, so also before pyarrow allocates): `WORKER_JEMALLOC_CONF`, no per-thread caches. A worker
-runs ~50 threads (strands, read-ahead, planning, Dask's) that allocate through Arrow; jemalloc gave each a cache
-of freed small blocks and spread them over 8 arenas. Measured at 300 sources and 16 ranks (benchmarks/memory.py,
-session 13, two workers): with `tcache:false` ... (see docs/streaming.md, "session 13").
+jemalloc when it starts, so also before pyarrow allocates): `WORKER_JEMALLOC_CONF`: no per-thread caches, one arena
+per CPU. A worker runs ~50 threads (strands, read-ahead, planning, Dask's) that allocate through Arrow; jemalloc
+gave each a cache of freed small blocks and spread their allocations over 4 arenas per CPU, each with its own
+partly used pages (see docs/streaming.md, "session 13", for what it saved).
 
 `choose_before_import` sets the variable only where pyarrow is not loaded yet and the user set none, and marks
 it as loomdata's choice (`LOOM_CHOSEN_ARROW_POOL`), so that `user_pool` tells a user's setting (which the workers
@@ -53,8 +53,18 @@ SERVING_ARROW_POOL = "system"
 JEMALLOC_CONF_ENV = "JE_ARROW_MALLOC_CONF"
 """Arrow's jemalloc reads its options from this variable (jemalloc's MALLOC_CONF under Arrow's prefix)."""
 
-WORKER_JEMALLOC_CONF = "tcache:false"
-"""jemalloc's options where loomdata uses jemalloc and the user set none (see the module docstring)."""
+
+def _cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+WORKER_JEMALLOC_CONF = f"tcache:false,narenas:{_cpus()}"
+"""jemalloc's options where loomdata uses jemalloc and the user set none (see the module docstring): no thread
+caches, one arena per CPU (jemalloc's default is four)."""
 
 CHOSEN_MARK = "LOOM_CHOSEN_ARROW_POOL"
 """Set beside ARROW_DEFAULT_MEMORY_POOL when loomdata chose it (inherited by child processes with it)."""

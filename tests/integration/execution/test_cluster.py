@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from loomdata.execution import open_cluster
+from loomdata.execution._arrow_pool import WORKER_JEMALLOC_CONF
 from loomdata.execution._cluster import WORKER_ARROW_POOL
 from loomdata.schemas import read_plan
 
@@ -54,6 +55,7 @@ def test_workers_jemalloc_runs_without_thread_caches_unless_the_user_configures_
         if not opts:
             pytest.skip("this pyarrow does not export arrow::jemalloc_stats_print")
         assert opts["tcache"] is False
+        assert opts["narenas"] == int(WORKER_JEMALLOC_CONF.rpartition("narenas:")[2])
     monkeypatch.setenv("JE_ARROW_MALLOC_CONF", "narenas:3")
     with open_cluster(n_workers=1, local_directory=tmp_path / "b") as client:
         (opts,) = client.run(_jemalloc_opts).values()

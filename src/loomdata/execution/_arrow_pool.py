@@ -9,8 +9,8 @@ the import, or not at all. Which pool fits depends on what the process does:
   two workers at 300 sources, benchmarks/memory.py).
 - The serving process of the embedded cluster's default layout (`SERVING_ARROW_POOL`, glibc's): it runs the
   scheduler and the Executor, whose Arrow work is reading index columns at start and a few manifest steps per
-  autoscaling round through `pyarrow.dataset`. With mimalloc those scans kept 25-37 MiB of freed pages resident
-  (huge pages; 45 manifest scans of 32 steps at 300 sources: +45 MiB with mimalloc, +20 with
+  autoscaling round (through `pyarrow.dataset` until session 13). With mimalloc those scans kept 25-37 MiB of
+  freed pages resident (huge pages; 45 manifest scans of 32 steps at 300 sources: +45 MiB with mimalloc, +20 with
   `set_memory_pool(system)` after the import, +9 with jemalloc and +4-9 with the system allocator chosen before it).
 - The serving process of the in-process layout (`loom serve --workers 0`): the worker runs in it, so jemalloc.
 

@@ -25,7 +25,6 @@ __all__ = [
     "StepShape",
     "check_fresh",
     "read_manifest",
-    "read_manifest_files",
     "read_plan",
     "stale_sources",
 ]
@@ -135,48 +134,35 @@ def read_manifest(
     columns: list[str] | None = None,
 ) -> pa.Table:
     """Manifest rows for steps [first_step, last_step] (inclusive) and the given ranks, in stored order: only
-    the partitions holding those steps are opened, only their row groups whose step statistics overlap the
-    range are read, and only `columns` (default all).
+    the partitions holding those steps are opened (each one's kind, version and schema checked), only their row
+    groups whose step statistics overlap the range are read, and only `columns` (default all).
 
-    Read with `pyarrow.parquet` and NumPy masks, not `pyarrow.dataset`: a Dask worker or the serving process
-    that reads the manifest does not import the dataset and compute layers, nor start Arrow's scan threads.
+    Read with `pyarrow.parquet` and NumPy masks, not `pyarrow.dataset`: a Dask worker or the serving process that
+    reads the manifest does not import the dataset layer (nor start its scan threads).
     """
     last = meta.steps - 1 if last_step is None else last_step
-    files = [(f.path, f.first_step, f.last_step) for f in meta.manifest]
-    return read_manifest_files(plan_dir, files, first_step, last, dp_ranks, columns)
-
-
-def read_manifest_files(
-    plan_dir: str | Path,
-    files: Sequence[tuple[str, int, int]],
-    first_step: int,
-    last_step: int,
-    dp_ranks: Sequence[int] | None = None,
-    columns: Sequence[str] | None = None,
-) -> pa.Table:
-    """`read_manifest` over `files` ((path relative to the plan dir, first step, last step) of each partition):
-    for readers that hold the manifest's file list without a `PlanMeta`."""
     names = list(MANIFEST_SCHEMA.names if columns is None else columns)
     schema = pa.schema([MANIFEST_SCHEMA.field(c) for c in names], metadata=MANIFEST_SCHEMA.metadata)
-    wanted = [p for p, a, b in files if b >= first_step and a <= last_step]
-    ranks = None if dp_ranks is None else np.unique(np.asarray(list(dp_ranks), dtype=np.int64))
+    ranks = None if dp_ranks is None else np.unique(np.asarray(dp_ranks, dtype=np.int64))
     need = list(dict.fromkeys([*names, "step", *([] if ranks is None else ["dp_rank"])]))
     parts: dict[str, list[np.ndarray]] = {c: [] for c in names}
-    for path in wanted:
-        pf = open_table(Path(plan_dir) / path, TableKind.MANIFEST)
-        for g in step_groups(pf, first_step, last_step):
+    for f in meta.manifest:
+        if f.last_step < first_step or f.first_step > last:
+            continue
+        pf = open_table(Path(plan_dir) / f.path, TableKind.MANIFEST)
+        for g in step_groups(pf, first_step, last):
             t = pf.read_row_group(g, columns=need, use_threads=False)
             cols = {c: t.column(c).to_numpy() for c in need}
-            keep = (cols["step"] >= first_step) & (cols["step"] <= last_step)
+            keep = (cols["step"] >= first_step) & (cols["step"] <= last)
             if ranks is not None:
                 keep &= np.isin(cols["dp_rank"], ranks)
             every = bool(keep.all())
             for c in names:
                 parts[c].append(cols[c] if every else cols[c][keep])
-    if not parts[names[0]] if names else True:
+    if not names or not parts[names[0]]:
         return schema.empty_table()
     arrays = [pa.array(v[0] if len(v) == 1 else np.concatenate(v)) for v in (parts[c] for c in names)]
-    return pa.Table.from_arrays(arrays, schema=schema)  # the stored types: to_numpy kept them
+    return pa.Table.from_arrays(arrays, schema=schema)  # to_numpy kept the stored types
 
 
 def stale_sources(meta: PlanMeta, current: Mapping[str, str], sources: Sequence[str] | None = None) -> list[str]:

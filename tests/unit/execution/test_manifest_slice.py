@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from loomdata.execution._manifest import ManifestSlice
 from loomdata.schemas import MANIFEST_SCHEMA, ManifestFile, PlanMeta, TableKind, write_table
@@ -124,3 +125,20 @@ def test_a_failed_span_read_raises_for_every_caller_and_is_read_again(tmp_path: 
     step, _ = _manifest.source_span(tmp_path, meta, 0, 3, 1)
     assert len(step) and set(step.tolist()) <= {0, 1, 2, 3}
     _manifest.clear_spans()
+
+
+def test_read_manifest_selects_steps_ranks_and_columns_across_partitions(tmp_path: Path) -> None:
+    from loomdata.schemas import read_manifest
+
+    meta = _plan(tmp_path)
+    whole = pa.concat_tables(pq.read_table(tmp_path / f.path) for f in meta.manifest)
+    for first, last, ranks, cols in [(0, None, None, None), (2, 6, [2, 0], None), (3, 3, [1], ["sample", "lane"])]:
+        got = read_manifest(tmp_path, meta, first, last, dp_ranks=ranks, columns=cols)
+        hi = meta.steps - 1 if last is None else last
+        keep = pc.and_(pc.greater_equal(whole["step"], first), pc.less_equal(whole["step"], hi))
+        if ranks is not None:
+            keep = pc.and_(keep, pc.is_in(whole["dp_rank"], pa.array(ranks, pa.uint32())))
+        want = whole.filter(keep).select(cols or MANIFEST_SCHEMA.names)
+        assert got.to_pydict() == want.to_pydict() and got.schema.types == want.schema.types
+    assert read_manifest(tmp_path, meta, 100, 120).num_rows == 0
+    assert read_manifest(tmp_path, meta, 0, 9, dp_ranks=[7], columns=["step"]).column_names == ["step"]

@@ -24,7 +24,8 @@ ranks mapping torch's libraries, PSS gives each rank 1/R of those pages (so a ra
 below an idle process's), and an idle process measured alone holds all of them privately. Results go to
 benchmarks/results/memory.json with a per-process breakdown of loomdata's side: for the serving process
 and each worker, smaps by kind, glibc's heap, the heavy modules imported, and for workers what one more
-`malloc_trim` returns. `--data DIR` keeps data, index and plans between runs; `--workers N` sizes the
+`malloc_trim` returns (with `LOOM_BENCH_TRACE_WORKERS=1` in the environment, the workers trace Python allocations
+and report their largest owners). `--data DIR` keeps data, index and plans between runs; `--workers N` sizes the
 embedded cluster (another layout).
 
     .venv/bin/python benchmarks/memory.py --quick     # N 10, 100; R 4 (a few minutes on 2 cores)
@@ -41,6 +42,7 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import re
 import tempfile
 import time
 import warnings
@@ -294,9 +296,114 @@ def _smaps_rollup() -> dict[str, float]:
     with open("/proc/self/smaps_rollup") as f:
         for line in f:
             k, _, v = line.partition(":")
-            if k in ("Rss", "Pss", "Anonymous", "AnonHugePages", "Pss_File"):
+            if k in ("Rss", "Pss", "Anonymous", "AnonHugePages", "Pss_File", "LazyFree"):
                 roll[k] = round(int(v.split()[0]) / 1024, 1)
     return roll
+
+
+def _anon_by_mapping() -> dict[str, float]:
+    """Anonymous resident MiB of this process by kind of mapping (/proc/self/smaps): glibc's main heap (`[heap]`),
+    glibc's thread arenas (64 MiB-aligned reservations), thread stacks (8 MiB mappings), and everything else
+    (Arrow's jemalloc extents, Python's object arenas, large NumPy buffers mapped on their own)."""
+    out = {"glibc_main_heap": 0.0, "glibc_thread_arenas": 0.0, "thread_stacks": 0.0, "other": 0.0}
+    heap_max = 64 << 20
+    with open("/proc/self/smaps") as f:
+        lines = f.read().splitlines()
+    start = size = 0
+    name = ""
+    for line in lines:
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and ":" in head[3]:
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            start, size, name = lo, hi - lo, (head[5] if len(head) > 5 else "")
+        elif line.startswith("Anonymous:"):
+            kib = int(head[1])
+            if not kib:
+                continue
+            if name == "[heap]":
+                kind = "glibc_main_heap"
+            elif name:
+                kind = "other"
+            elif start % heap_max == 0 and size <= heap_max:
+                kind = "glibc_thread_arenas"
+            elif size in (8 << 20, (8 << 20) - 4096, (8 << 20) + 4096):
+                kind = "thread_stacks"
+            else:
+                kind = "other"
+            out[kind] += kib / 1024
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+def _python_arenas_mib() -> dict[str, float] | None:
+    """MiB Python's small-object allocator holds in arenas and MiB of its blocks in use (`sys._debugmallocstats`)."""
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+") as tmp:
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read()
+    used = re.search(r"# bytes in allocated blocks\s*=\s*([\d,]+)", text)
+    arenas = re.search(r"(\d+) arenas \* (\d+) bytes/arena\s*=\s*([\d,]+)", text)
+    if arenas is None or used is None:
+        return None
+    return {
+        "arenas_mib": round(int(arenas.group(3).replace(",", "")) / MIB, 1),
+        "in_use_mib": round(int(used.group(1).replace(",", "")) / MIB, 1),
+    }
+
+
+def _jemalloc_mib() -> dict[str, float] | None:
+    """Arrow's jemalloc totals (allocated, active, resident, metadata, retained; MiB) from its own statistics
+    (`arrow::jemalloc_stats_print` as JSON, called through ctypes); None where this pyarrow has no jemalloc."""
+    import ctypes
+    import json as _json
+    import tempfile
+
+    import pyarrow as pa
+
+    try:
+        lib = ctypes.CDLL(str(Path(pa.__file__).parent / f"libarrow.so.{pa.__version__.split('.')[0]}00"))
+        fn = lib._ZN5arrow20jemalloc_stats_printEPKc  # arrow::jemalloc_stats_print(const char*) -> Status
+    except (OSError, AttributeError):
+        return None
+    fn.restype = None
+    status = ctypes.create_string_buffer(64)  # the returned Status (its state pointer: null when OK)
+    with tempfile.TemporaryFile(mode="w+") as tmp:
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            fn(status, b"Jgmdablxeh")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read()
+    try:
+        st = _json.loads(text)["jemalloc"]["stats"]
+    except (ValueError, KeyError):
+        return None
+    keys = ("allocated", "active", "resident", "metadata", "mapped", "retained")
+    return {k: round(st[k] / MIB, 1) for k in keys if k in st}
+
+
+def _tracemalloc_top(n: int = 25) -> list[str] | None:
+    """The `n` largest owners of Python-traced memory by file and line (when tracing: PYTHONTRACEMALLOC)."""
+    import tracemalloc
+
+    if not tracemalloc.is_tracing():
+        return None
+    snap = tracemalloc.take_snapshot()
+    stats = snap.statistics("lineno")
+    total = sum(s.size for s in stats)
+    top = [f"{s.size / MIB:.2f} MiB {s.traceback[0].filename}:{s.traceback[0].lineno}" for s in stats[:n]]
+    return [f"total {total / MIB:.1f} MiB", *top]
 
 
 def process_inside() -> dict[str, Any]:
@@ -313,7 +420,13 @@ def process_inside() -> dict[str, Any]:
         "python_objects": len(gc.get_objects()),
         "modules": len(sys.modules),
         "heavy_modules": [m for m in HEAVY_MODULES if m in sys.modules],
+        "anon_by_mapping_mib": _anon_by_mapping(),
+        "python_arenas_mib": _python_arenas_mib(),
+        "tracemalloc_top": _tracemalloc_top(),
     }
+
+
+_INSIDE_EXTRA = ("heavy_modules", "anon_by_mapping_mib", "python_arenas_mib", "tracemalloc_top")
 
 
 def worker_inside() -> dict[str, Any]:
@@ -333,10 +446,11 @@ def worker_inside() -> dict[str, Any]:
         "smaps_mib": roll,
         "arrow_pool_mib": round(pa.total_allocated_bytes() / MIB, 1),
         "arrow_pool_peak_mib": round(pa.default_memory_pool().max_memory() / MIB, 1),
+        "jemalloc_mib": _jemalloc_mib() if pa.default_memory_pool().backend_name == "jemalloc" else None,
         "glibc_heap_mib": _glibc_heap(),
         "threads": threading.active_count(),
         "open_parquet_files": sum(1 for o in gc.get_objects() if isinstance(o, pq.ParquetFile)),
-        "heavy_modules": process_inside()["heavy_modules"],
+        **{k: v for k, v in process_inside().items() if k in _INSIDE_EXTRA},
         "trim_now_returns_mib": _trim_now(roll["Anonymous"]),
     }
 
@@ -374,6 +488,9 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
     else:
         choose_before_import(serving_pool(n_workers, None))
     from loomdata.execution import Autoscaling, Executor, ServeConfig, open_cluster
+
+    if os.environ.get("LOOM_BENCH_TRACE_WORKERS"):  # diagnosis: the workers trace Python allocations (tracemalloc_top)
+        os.environ["PYTHONTRACEMALLOC"] = "1"
 
     with (
         open_cluster(n_workers=n_workers, local_directory=local_dir) as client,

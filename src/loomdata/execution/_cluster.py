@@ -17,7 +17,7 @@ import dask
 from distributed import Client, LocalCluster
 from distributed.security import Security
 
-from loomdata.execution._arrow_pool import WORKER_ARROW_POOL, user_pool
+from loomdata.execution._arrow_pool import WORKER_ARROW_POOL, jemalloc_conf_env, user_pool
 from loomdata.execution._config import DEFAULT_WORKERS, Timings
 from loomdata.execution._dask_client import new_client
 from loomdata.execution._security import TLS_DIR, TlsFiles, embedded_tls, security_of
@@ -142,6 +142,7 @@ def worker_env() -> dict[str, str]:
     Arrow's default, mimalloc, keeps per-thread heaps whose freed pages stay resident (as transparent huge
     pages where the kernel allows): the two workers serving 300 sources to 16 ranks held 1,871 MiB with it
     and 942 MiB with jemalloc, which returns freed pages after its decay time (benchmarks/memory.py, warm).
+    With jemalloc, also its options (`_arrow_pool.WORKER_JEMALLOC_CONF`) unless the user set `JE_ARROW_MALLOC_CONF`.
     """
     chosen = user_pool()
     if chosen is None:
@@ -152,7 +153,7 @@ def worker_env() -> dict[str, str]:
         except NotImplementedError:
             return {}
         chosen = WORKER_ARROW_POOL
-    return {"ARROW_DEFAULT_MEMORY_POOL": chosen}
+    return {"ARROW_DEFAULT_MEMORY_POOL": chosen, **(jemalloc_conf_env() if chosen == "jemalloc" else {})}
 
 
 def check_insecure_allowed() -> None:

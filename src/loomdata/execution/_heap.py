@@ -17,14 +17,19 @@ an upper bound of what is resident, not a measure of it.
 from __future__ import annotations
 
 import ctypes
+import json
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
 
 from loomdata.execution._strand import process_threads
 
-__all__ = ["TRIM_EVERY_S", "maybe_trim"]
+__all__ = ["TRIM_EVERY_S", "jemalloc_stats", "maybe_trim"]
 
 TRIM_EVERY_S = 2.0
 """The shortest time between two trims of one process."""
@@ -76,3 +81,40 @@ def _trailing() -> None:
 def _trim() -> None:
     assert _TRIM is not None
     _TRIM(0)
+
+
+def jemalloc_stats() -> dict[str, Any] | None:
+    """Arrow's jemalloc as it reports itself: byte totals (allocated, active, resident, metadata, mapped, retained)
+    and the options in force (`opt`, e.g. tcache, narenas); None where this pyarrow has no jemalloc or its library
+    does not export `arrow::jemalloc_stats_print`.
+
+    For measurement (benchmarks, tests), not for a read path: it prints jemalloc's JSON statistics through the
+    process's stderr (redirected to a file for the call) and parses them.
+    """
+    import pyarrow as pa
+
+    try:
+        pa.jemalloc_memory_pool()
+        lib = ctypes.CDLL(str(Path(pa.__file__).parent / f"libarrow.so.{pa.__version__.split('.')[0]}00"))
+        fn = lib._ZN5arrow20jemalloc_stats_printEPKc  # arrow::jemalloc_stats_print(const char*) -> arrow::Status
+    except (NotImplementedError, OSError, AttributeError):
+        return None
+    fn.restype = None
+    status = ctypes.create_string_buffer(64)  # the Status returned through a hidden pointer (null state when OK)
+    with tempfile.TemporaryFile(mode="w+") as tmp:
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            fn(status, b"Jmdablxeh")  # JSON; no merged, destroyed or per-arena sections, bins, extents, mutexes
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read()
+    try:
+        je = json.loads(text)["jemalloc"]
+        out: dict[str, Any] = dict(je["stats"])
+        out["opt"] = dict(je.get("opt", {}))
+    except (ValueError, KeyError, TypeError):
+        return None
+    return out

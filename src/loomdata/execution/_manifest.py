@@ -1,14 +1,18 @@
-"""A constructor's view of the manifest: its ranks' rows, read a chunk of steps at a time.
+"""The executor's views of the manifest.
 
-Rows come back as NumPy columns ordered by (step, dp_rank, micro_batch), keeping the stored
-sequence order inside each micro-batch (the sort is stable). At most `keep` chunks stay in memory,
-so memory does not grow with the plan.
+- `ManifestSlice`, a constructor's: its ranks' rows, read a chunk of steps at a time. Rows come back as NumPy
+  columns ordered by (step, dp_rank, micro_batch), keeping the stored sequence order inside each micro-batch
+  (the sort is stable). At most `keep` chunks stay in memory, so memory does not grow with the plan.
+- `source_span`, the Source Loaders': one source's (step, sample) rows of a span of steps, from a span read
+  once per process (`SpanRows`) and shared by every loader of the process, instead of each of a worker's
+  hundreds of loaders reading and decoding the whole span to keep its own small part.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +21,7 @@ import numpy as np
 from loomdata.schemas.plan import PlanMeta, read_manifest
 from loomdata.schemas.tables import MANIFEST_SCHEMA
 
-__all__ = ["ManifestRows", "ManifestSlice"]
+__all__ = ["ManifestRows", "ManifestSlice", "SpanRows", "source_span"]
 
 _COLUMNS = tuple(MANIFEST_SCHEMA.names)  # ManifestRows' fields, in the stored order (checked below)
 
@@ -114,3 +118,94 @@ class ManifestSlice:
         while len(self._cache) > self._keep:
             self._cache.popitem(last=False)
         return rows
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRows:
+    """(step, sample) of every manifest row in a span of steps, grouped by source: source `s` holds the rows
+    `bounds[s]:bounds[s + 1]`, in step order and, within a step, in stored order (the sort is stable)."""
+
+    step: np.ndarray  # uint32
+    sample: np.ndarray  # uint64
+    bounds: np.ndarray  # int64, one more than the plan's sources
+
+    def of(self, source: int) -> tuple[np.ndarray, np.ndarray]:
+        """Source `source`'s (step, sample) rows: views, no copy."""
+        if source + 1 >= len(self.bounds):
+            return self.step[:0], self.sample[:0]
+        lo, hi = int(self.bounds[source]), int(self.bounds[source + 1])
+        return self.step[lo:hi], self.sample[lo:hi]
+
+    @property
+    def nbytes(self) -> int:
+        return self.step.nbytes + self.sample.nbytes + self.bounds.nbytes
+
+
+def read_span(plan_dir: str | Path, meta: PlanMeta, first: int, last: int) -> SpanRows:
+    """Read steps [first, last] of the manifest (three of its columns) into a `SpanRows`."""
+    t = read_manifest(plan_dir, meta, first, last, columns=["step", "source", "sample"])
+    step, source, sample = (t.column(c).to_numpy() for c in ("step", "source", "sample"))
+    order = np.lexsort((step, source))  # stable: equal (source, step) rows keep their stored order
+    source = source[order]
+    bounds = np.searchsorted(source, np.arange(len(meta.sources) + 1), side="left").astype(np.int64)
+    rows = SpanRows(step[order], sample[order].astype(np.uint64, copy=False), bounds)
+    for a in (rows.step, rows.sample, rows.bounds):
+        a.flags.writeable = False  # shared by every loader of the process: views only
+    return rows
+
+
+_SPAN_KEEP = 3  # spans kept per process: the one being planned, the one before and the one read ahead
+_SPANS: collections.OrderedDict[tuple[str, str, int, int], _SpanEntry] = collections.OrderedDict()
+_SPANS_LOCK = threading.Lock()
+
+
+class _SpanEntry:
+    """One span being read or read: the first loader to ask reads it, the others wait for its rows or error."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.rows: SpanRows | None = None
+        self.error: BaseException | None = None
+
+
+def source_span(
+    plan_dir: str | Path, meta: PlanMeta, first: int, last: int, source: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Source `source`'s (step, sample) manifest rows in steps [first, last], in step order (stored order within
+    a step), as views of a span this process reads once for all its loaders (the last `_SPAN_KEEP` are kept).
+
+    Raises what reading the manifest raises (`LoomError`, `OSError`, `pyarrow.ArrowException`); a failed read is
+    not kept, so the next caller reads again.
+    """
+    key = (str(plan_dir), meta.plan_id, first, last)
+    with _SPANS_LOCK:
+        entry = _SPANS.get(key)
+        mine = entry is None
+        if entry is None:
+            entry = _SPANS[key] = _SpanEntry()
+            while len(_SPANS) > _SPAN_KEEP:
+                _SPANS.popitem(last=False)
+        else:
+            _SPANS.move_to_end(key)
+    if mine:
+        try:
+            entry.rows = read_span(plan_dir, meta, first, last)
+        except BaseException as e:
+            entry.error = e
+            with _SPANS_LOCK:
+                if _SPANS.get(key) is entry:
+                    del _SPANS[key]
+            raise
+        finally:
+            entry.done.set()
+    else:
+        entry.done.wait()
+    if entry.rows is None:
+        raise entry.error if entry.error is not None else RuntimeError(f"manifest span {key} was not read")
+    return entry.rows.of(source)
+
+
+def clear_spans() -> None:
+    """Forget every shared span (tests; a process that stops serving a plan)."""
+    with _SPANS_LOCK:
+        _SPANS.clear()

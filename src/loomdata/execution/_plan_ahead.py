@@ -35,10 +35,11 @@ import numpy as np
 import pyarrow as pa
 
 from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, unit_key
+from loomdata.execution._manifest import source_span
 from loomdata.execution._prefetch import Prefetcher, submit_shared
 from loomdata.execution._shard_opens import ShardOpens
 from loomdata.schemas.errors import LoomError
-from loomdata.schemas.plan import PlanMeta, read_manifest
+from loomdata.schemas.plan import PlanMeta
 from loomdata.sources import FormatReader
 from loomdata.storage import is_url, open_ahead, warm_client
 
@@ -217,19 +218,22 @@ class PlanAhead:
         return c - c % self._span_chunks
 
     def _read_span(self, start: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """(step, sample) of this partition's manifest rows in the span from chunk `start`, in step order."""
+        """(step, sample) of this partition's manifest rows in the span from chunk `start`, in step order.
+
+        The span is read once per process for every loader (`source_span`); this keeps views of its source's rows
+        (a copy only of those in its sample range when the source has several partitions).
+        """
         chunk, p = self._policy.chunk_steps, self._loader.partition
+        last = min((start + self._span_chunks) * chunk, self._meta.steps) - 1
         try:
-            t = read_manifest(self._plan_dir, self._meta, start * chunk, (start + self._span_chunks) * chunk - 1)
+            step, sample = source_span(self._plan_dir, self._meta, start * chunk, last, p.source_id)
         except (LoomError, OSError, pa.ArrowException):
             self._loader._counters.plan_errors += 1
             return None
-        src = t.column("source").to_numpy()
-        sample = t.column("sample").to_numpy().astype(np.uint64)
-        mine = np.flatnonzero((src == p.source_id) & (sample >= p.first_sample) & (sample < p.stop_sample))
-        step = t.column("step").to_numpy()[mine]
-        order = np.argsort(step, kind="stable")  # stored order within a step is kept
-        return step[order], sample[mine][order]
+        if len(sample) and (int(sample.min()) < p.first_sample or int(sample.max()) >= p.stop_sample):
+            mine = (sample >= p.first_sample) & (sample < p.stop_sample)
+            return step[mine], sample[mine]
+        return step, sample
 
     def _keep_span(self, start: int, rows: tuple[np.ndarray, np.ndarray]) -> None:
         """Hold a span's rows (and the next one's, read ahead; older ones are dropped) and open its shards ahead."""

@@ -7,14 +7,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from loomdata.schemas.errors import ContractError, StaleIndexError
 from loomdata.schemas.header import PLAN_FORMAT_VERSION, load_plan_json
 from loomdata.schemas.spec import CostSpec, Spec
-from loomdata.schemas.tables import MANIFEST_SCHEMA, TableKind, read_table
+from loomdata.schemas.tables import MANIFEST_SCHEMA, TableKind, open_table, step_groups
 
 __all__ = [
     "PLAN_FORMAT_VERSION",
@@ -134,19 +134,35 @@ def read_manifest(
     columns: list[str] | None = None,
 ) -> pa.Table:
     """Manifest rows for steps [first_step, last_step] (inclusive) and the given ranks, in stored order: only
-    the partitions holding those steps are opened, and only `columns` (default all) are read."""
+    the partitions holding those steps are opened (each one's kind, version and schema checked), only their row
+    groups whose step statistics overlap the range are read, and only `columns` (default all).
+
+    Read with `pyarrow.parquet` and NumPy masks, not `pyarrow.dataset`: a Dask worker or the serving process that
+    reads the manifest does not import the dataset layer (nor start its scan threads).
+    """
     last = meta.steps - 1 if last_step is None else last_step
-    files = [f for f in meta.manifest if f.last_step >= first_step and f.first_step <= last]
-    if not files:
-        schema = MANIFEST_SCHEMA if columns is None else pa.schema([MANIFEST_SCHEMA.field(c) for c in columns])
+    names = list(MANIFEST_SCHEMA.names if columns is None else columns)
+    schema = pa.schema([MANIFEST_SCHEMA.field(c) for c in names], metadata=MANIFEST_SCHEMA.metadata)
+    ranks = None if dp_ranks is None else np.unique(np.asarray(dp_ranks, dtype=np.int64))
+    need = list(dict.fromkeys([*names, "step", *([] if ranks is None else ["dp_rank"])]))
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in names}
+    for f in meta.manifest:
+        if f.last_step < first_step or f.first_step > last:
+            continue
+        pf = open_table(Path(plan_dir) / f.path, TableKind.MANIFEST)
+        for g in step_groups(pf, first_step, last):
+            t = pf.read_row_group(g, columns=need, use_threads=False)
+            cols = {c: t.column(c).to_numpy() for c in need}
+            keep = (cols["step"] >= first_step) & (cols["step"] <= last)
+            if ranks is not None:
+                keep &= np.isin(cols["dp_rank"], ranks)
+            every = bool(keep.all())
+            for c in names:
+                parts[c].append(cols[c] if every else cols[c][keep])
+    if not names or not parts[names[0]]:
         return schema.empty_table()
-    for f in files[:1]:  # validate kind/version/schema once per call (cheap: footer only)
-        read_table(Path(plan_dir) / f.path, TableKind.MANIFEST, columns=[])
-    dataset = ds.dataset([str(Path(plan_dir) / f.path) for f in files], schema=MANIFEST_SCHEMA, format="parquet")
-    expr = (ds.field("step") >= first_step) & (ds.field("step") <= last)
-    if dp_ranks is not None:
-        expr &= ds.field("dp_rank").isin(pa.array(dp_ranks, pa.uint32()))
-    return dataset.to_table(columns=columns, filter=expr)
+    arrays = [pa.array(v[0] if len(v) == 1 else np.concatenate(v)) for v in (parts[c] for c in names)]
+    return pa.Table.from_arrays(arrays, schema=schema)  # to_numpy kept the stored types
 
 
 def stale_sources(meta: PlanMeta, current: Mapping[str, str], sources: Sequence[str] | None = None) -> list[str]:

@@ -16,7 +16,7 @@ Tables sorted by `step` (manifests, a plan's report tables) are read by step ran
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ __all__ = [
     "read_steps",
     "read_table",
     "stamped_metadata",
+    "step_groups",
     "step_span",
     "table_metadata",
     "write_table",
@@ -298,7 +299,74 @@ def read_table(
     except (pa.ArrowInvalid, OSError) as e:
         raise ContractError(f"{p}: not a readable Parquet file ({e})") from None
     _check_stamp(schema, kind, p)
-    return pq.read_table(str(p), columns=columns, filters=filters)
+    if filters is not None and any(op not in _COMPARE for _, op, _ in filters):
+        return pq.read_table(str(p), columns=columns, filters=filters)
+    return _read_filtered(str(p), columns, filters or [])
+
+
+_COMPARE: dict[str, Callable[[np.ndarray, Any], np.ndarray]] = {
+    "==": lambda a, v: a == v,
+    "=": lambda a, v: a == v,
+    "!=": lambda a, v: a != v,
+    "<": lambda a, v: a < v,
+    "<=": lambda a, v: a <= v,
+    ">": lambda a, v: a > v,
+    ">=": lambda a, v: a >= v,
+}
+"""The filter operators `read_table` applies itself (others go through `pyarrow.parquet.read_table`)."""
+
+
+def _may_match(st: Any, op: str, v: Any) -> bool:
+    """Whether a row group with column statistics `st` may hold a row passing (op, v)."""
+    if st is None or not st.has_min_max:
+        return True
+    lo, hi = st.min, st.max
+    if op in ("==", "="):
+        return bool(lo <= v <= hi)
+    if op in ("<", "<="):
+        return bool(lo < v if op == "<" else lo <= v)
+    if op in (">", ">="):
+        return bool(hi > v if op == ">" else hi >= v)
+    return True
+
+
+def _read_filtered(path: str, columns: list[str] | None, filters: list[tuple[str, str, object]]) -> pa.Table:
+    """`columns` of the rows of the table at `path` passing every (column, op, value) of `filters`, in stored order.
+
+    With `pyarrow.parquet.ParquetFile` and NumPy masks rather than `pyarrow.parquet.read_table`, which goes through
+    `pyarrow.dataset` (its import and its scan threads, in every serving worker that reads an index).
+    Row groups whose statistics exclude a filter are not read; a filtered column holding nulls, or one NumPy cannot
+    compare, is read through `pyarrow.parquet.read_table` instead (its rules for nulls).
+    """
+    pf = pq.ParquetFile(path, memory_map=False, pre_buffer=False)
+    if not filters:
+        return pf.read(columns=columns, use_threads=False)
+    want = pf.schema_arrow.names if columns is None else columns
+    idx = {c: pf.schema_arrow.get_field_index(c) for c, _, _ in filters}
+    if any(i < 0 for i in idx.values()):  # pyarrow's own message for an unknown column
+        return pq.read_table(path, columns=columns, filters=filters)
+    md = pf.metadata
+    groups = [
+        g
+        for g in range(pf.num_row_groups)
+        if all(_may_match(md.row_group(g).column(idx[c]).statistics, op, v) for c, op, v in filters)
+    ]
+    read = list(dict.fromkeys([*want, *idx]))
+    parts = []
+    for g in groups:
+        t = pf.read_row_group(g, columns=read, use_threads=False)
+        keep = np.ones(t.num_rows, dtype=bool)
+        for c, op, v in filters:
+            col = t.column(c)
+            if col.null_count or not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+                return pq.read_table(path, columns=columns, filters=filters)
+            keep &= _COMPARE[op](col.to_numpy(), v)
+        if not keep.all():
+            t = t.filter(pa.array(keep))
+        parts.append(t.select(want))
+    if not parts:
+        return pf.schema_arrow.empty_table().select(want)
+    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 
 @dataclass
@@ -309,7 +377,7 @@ class ReadCount:
     rows: int = 0
 
 
-def _step_groups(pf: pq.ParquetFile, first: int, last: int) -> list[int]:
+def step_groups(pf: pq.ParquetFile, first: int, last: int) -> list[int]:
     """Row groups of a table sorted by `step` whose step statistics overlap [first, last] (all without them)."""
     col = pf.schema_arrow.get_field_index("step")
     out = []
@@ -351,7 +419,7 @@ def iter_steps(
     pf = open_table(path, kind)
     hi = np.iinfo(np.int64).max if last is None else last
     cols = None if columns is None else list(dict.fromkeys(["step", *columns]))
-    for i in _step_groups(pf, first, hi):
+    for i in step_groups(pf, first, hi):
         t = pf.read_row_group(i, columns=cols)
         if count is not None:
             count.row_groups += 1

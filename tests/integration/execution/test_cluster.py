@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from loomdata.execution import open_cluster
+from loomdata.execution._arrow_pool import WORKER_JEMALLOC_CONF
 from loomdata.execution._cluster import WORKER_ARROW_POOL
 from loomdata.schemas import read_plan
 
@@ -30,6 +31,35 @@ def test_workers_use_jemalloc_and_a_users_choice_wins(tmp_path: Path, monkeypatc
     monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "system")
     with open_cluster(n_workers=1, local_directory=tmp_path / "b") as client:
         assert list(client.run(_backend).values()) == ["system"]
+
+
+def _jemalloc_opts() -> dict[str, object]:
+    from loomdata.execution._heap import jemalloc_stats
+
+    pa.array([1, 2]).cast(pa.int8())  # an Arrow allocation: jemalloc has started
+    stats = jemalloc_stats()
+    return {} if stats is None else {"tcache": stats["opt"]["tcache"], "narenas": stats["opt"]["narenas"]}
+
+
+def test_workers_jemalloc_runs_without_thread_caches_unless_the_user_configures_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    try:
+        pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        pytest.skip("this pyarrow build has no jemalloc")
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    monkeypatch.delenv("JE_ARROW_MALLOC_CONF", raising=False)
+    with open_cluster(n_workers=1, local_directory=tmp_path / "a") as client:
+        (opts,) = client.run(_jemalloc_opts).values()
+        if not opts:
+            pytest.skip("this pyarrow does not export arrow::jemalloc_stats_print")
+        assert opts["tcache"] is False
+        assert opts["narenas"] == int(WORKER_JEMALLOC_CONF.rpartition("narenas:")[2])
+    monkeypatch.setenv("JE_ARROW_MALLOC_CONF", "narenas:3")
+    with open_cluster(n_workers=1, local_directory=tmp_path / "b") as client:
+        (opts,) = client.run(_jemalloc_opts).values()
+        assert opts == {"tcache": True, "narenas": 3}  # the user's options, and only theirs
 
 
 def test_the_in_process_layout_serves_every_rank_exactly_over_tls(

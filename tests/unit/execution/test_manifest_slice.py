@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from loomdata.execution._manifest import ManifestSlice
 from loomdata.schemas import MANIFEST_SCHEMA, ManifestFile, PlanMeta, TableKind, write_table
@@ -75,3 +76,69 @@ def test_chunk_rows_widens_the_chunk_to_hold_that_many_rows(tmp_path: Path) -> N
     sl = ManifestSlice(tmp_path, meta, [0, 1, 2], chunk_steps=2, keep=1, chunk_rows=60)
     sl.rows(0)
     assert sl.cached(4) and not sl.cached(6)  # ~60 rows: 5 steps per chunk (not 2)
+
+
+def test_source_span_rows_match_the_manifest_and_are_read_once_per_process(tmp_path: Path) -> None:
+    from loomdata.execution import _manifest
+    from loomdata.schemas import read_manifest
+
+    meta = _plan(tmp_path)
+    _manifest.clear_spans()
+    whole = read_manifest(tmp_path, meta, 2, 8)
+    for source in (0, 1):
+        step, sample = _manifest.source_span(tmp_path, meta, 2, 8, source)
+        mine = whole.filter(pc.equal(whole["source"], source))
+        want = sorted(
+            zip(mine["step"].to_pylist(), range(mine.num_rows), mine["sample"].to_pylist(), strict=True)
+        )  # step order, stored order within a step
+        assert step.tolist() == [w[0] for w in want]
+        assert sample.tolist() == [w[2] for w in want]
+        assert sample.dtype == np.uint64 and not sample.flags.writeable  # shared: read-only views
+    assert len(_manifest._SPANS) == 1  # both sources came from one read
+    a = _manifest.source_span(tmp_path, meta, 2, 8, 0)[1]
+    assert np.shares_memory(a, _manifest._SPANS[next(iter(_manifest._SPANS))].rows.sample)  # type: ignore[union-attr]
+    step, sample = _manifest.source_span(tmp_path, meta, 2, 8, 5)  # a source id with no rows
+    assert len(step) == len(sample) == 0
+    for first in range(0, 40, 10):  # at most _SPAN_KEEP spans kept
+        _manifest.source_span(tmp_path, meta, first, first + 9, 0)
+    assert len(_manifest._SPANS) == _manifest._SPAN_KEEP
+    _manifest.clear_spans()
+
+
+def test_a_failed_span_read_raises_for_every_caller_and_is_read_again(tmp_path: Path) -> None:
+    from loomdata.execution import _manifest
+    from loomdata.schemas import ContractError
+
+    meta = _plan(tmp_path)
+    _manifest.clear_spans()
+    moved = tmp_path / "manifest" / "steps-0-3.parquet"
+    moved.rename(tmp_path / "aside.parquet")
+    for _ in range(2):
+        try:
+            _manifest.source_span(tmp_path, meta, 0, 3, 0)
+        except ContractError as e:
+            assert "steps-0-3.parquet: no such manifest table" in str(e)
+        else:
+            raise AssertionError("a missing manifest partition was not reported")
+    assert not _manifest._SPANS  # the failure is not kept
+    (tmp_path / "aside.parquet").rename(moved)
+    step, _ = _manifest.source_span(tmp_path, meta, 0, 3, 1)
+    assert len(step) and set(step.tolist()) <= {0, 1, 2, 3}
+    _manifest.clear_spans()
+
+
+def test_read_manifest_selects_steps_ranks_and_columns_across_partitions(tmp_path: Path) -> None:
+    from loomdata.schemas import read_manifest
+
+    meta = _plan(tmp_path)
+    whole = pa.concat_tables(pq.read_table(tmp_path / f.path) for f in meta.manifest)
+    for first, last, ranks, cols in [(0, None, None, None), (2, 6, [2, 0], None), (3, 3, [1], ["sample", "lane"])]:
+        got = read_manifest(tmp_path, meta, first, last, dp_ranks=ranks, columns=cols)
+        hi = meta.steps - 1 if last is None else last
+        keep = pc.and_(pc.greater_equal(whole["step"], first), pc.less_equal(whole["step"], hi))
+        if ranks is not None:
+            keep = pc.and_(keep, pc.is_in(whole["dp_rank"], pa.array(ranks, pa.uint32())))
+        want = whole.filter(keep).select(cols or MANIFEST_SCHEMA.names)
+        assert got.to_pydict() == want.to_pydict() and got.schema.types == want.schema.types
+    assert read_manifest(tmp_path, meta, 100, 120).num_rows == 0
+    assert read_manifest(tmp_path, meta, 0, 9, dp_ranks=[7], columns=["step"]).column_names == ["step"]

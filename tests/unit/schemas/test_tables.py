@@ -62,3 +62,44 @@ def test_errors_survive_pickling() -> None:
     assert (back.path, back.row, back.reason, str(back)) == (e.path, e.row, e.reason, str(e))
     s = SpecError(["a: b", "c: d"], "spec.yaml")
     assert str(pickle.loads(pickle.dumps(s))) == str(s)
+
+
+def _index(tmp_path: Path, groups: int = 4, per: int = 50) -> Path:
+    n = groups * per
+    t = pa.table(
+        {
+            "sample": pa.array(range(n), pa.uint64()),
+            "shard": pa.array([i // per for i in range(n)], pa.uint32()),
+            "row": pa.array([i % per for i in range(n)], pa.uint64()),
+            "num_tokens": pa.array([1 + i % 7 for i in range(n)], pa.uint32()),
+            "num_image_tokens": pa.array([0] * n, pa.uint32()),
+            "lang": pa.array([None if i % 5 == 0 else f"l{i % 3}" for i in range(n)], pa.string()),
+        }
+    )
+    path = tmp_path / "samples.parquet"
+    write_table(t, path, TableKind.INDEX)
+    stamped = pq.read_table(path)  # rewritten in row groups of `per` rows, with the stamp
+    pq.write_table(stamped, path, row_group_size=per)
+    return path
+
+
+@pytest.mark.parametrize(
+    "columns, filters",
+    [
+        (None, None),
+        (["shard"], None),
+        (["sample", "row"], [("shard", ">=", 1), ("shard", "<", 3)]),
+        (["sample"], [("shard", "==", 2)]),
+        (["sample"], [("shard", ">", 9)]),  # no row group can match: an empty table of the columns
+        (None, [("num_tokens", "<=", 2), ("shard", "!=", 0)]),
+        (["sample"], [("shard", "in", [0, 3])]),  # another operator: through pyarrow.parquet.read_table
+        (["sample"], [("lang", "==", "l1")]),  # a string column: through pyarrow.parquet.read_table
+    ],
+)
+def test_read_table_filters_as_pyarrow_does(
+    tmp_path: Path, columns: list[str] | None, filters: list[tuple[str, str, object]] | None
+) -> None:
+    path = _index(tmp_path)
+    got = read_table(path, TableKind.INDEX, columns=columns, filters=filters)
+    want = pq.read_table(path, columns=columns, filters=filters)
+    assert got.equals(want), (got, want)

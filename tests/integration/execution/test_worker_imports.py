@@ -1,0 +1,69 @@
+"""What a serving worker loads: no `pyarrow.dataset` (manifest reads go through `pyarrow.parquet`), and one shared
+manifest span per process for all its loaders."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from loomdata.client import StreamClient
+from loomdata.execution import Executor, open_cluster
+from loomdata.schemas import read_plan
+
+
+def _loaded(dask_worker: Any) -> dict[str, Any]:
+    from loomdata.execution import _manifest
+
+    return {
+        "dataset": "pyarrow.dataset" in sys.modules,
+        "acero": "pyarrow._acero" in sys.modules,
+        "spans": len(_manifest._SPANS),
+        "loaders": sum(1 for k in dask_worker.state.actors if str(k).startswith("loom-loader")),
+    }
+
+
+def test_serving_workers_import_no_pyarrow_dataset_and_share_manifest_spans(
+    stream_plan: Path, tmp_path: Path, loomtest: Any
+) -> None:
+    meta = read_plan(stream_plan)
+    with open_cluster(n_workers=2, local_directory=tmp_path / "dask") as client, Executor(stream_plan, client):
+        got = {}
+        for r in range(meta.dp_size):
+            with StreamClient(stream_plan, r) as stream:
+                got[r] = list(stream)
+        seen = list(client.run(_loaded).values())
+    loomtest.check_exact(stream_plan, got)
+    assert not any(w["dataset"] or w["acero"] for w in seen), seen
+    # every loader of a worker plans from the same few spans, read once by that process
+    assert sum(w["loaders"] for w in seen) >= 2
+    assert all(w["spans"] <= 3 for w in seen), seen
+    assert any(w["spans"] >= 1 for w in seen if w["loaders"]), seen
+
+
+def test_read_table_and_read_manifest_load_no_pyarrow_dataset(tmp_path: Path) -> None:
+    """What serving workers read (index with a shard filter, the manifest) loads neither `pyarrow.dataset` nor
+    Arrow's scan threads: checked in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+
+    from loomdata.schemas import TableKind, write_table
+
+    n = 200
+    path = tmp_path / "samples.parquet"
+    index = {"sample": pa.uint64(), "shard": pa.uint32(), "row": pa.uint64(), "num_tokens": pa.uint32()}
+    cols = {"sample": range(n), "shard": [i // 50 for i in range(n)], "row": [i % 50 for i in range(n)]}
+    cols |= {"num_tokens": [1] * n}
+    table = pa.table({c: pa.array(cols[c], typ) for c, typ in index.items()})
+    write_table(table.append_column("num_image_tokens", pa.array([0] * n, pa.uint32())), path, TableKind.INDEX)
+    code = (
+        "import sys\n"
+        "from loomdata.schemas.tables import read_table, TableKind\n"
+        f"t = read_table({str(path)!r}, TableKind.INDEX, columns=['sample'], filters=[('shard', '>=', 3)])\n"
+        "assert t.column('sample').to_pylist() == list(range(150, 200)), t\n"
+        "import loomdata.schemas.plan\n"
+        "assert 'pyarrow.dataset' not in sys.modules and 'pyarrow._acero' not in sys.modules, 'dataset loaded'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -15,8 +15,12 @@ Rows, not whole units: the plan also says which rows of a unit its pending steps
 the cache names them to the reader (`wanted`), which keeps only those (`KeptRows`, a `take` of the
 decoded unit). Under a global shuffle a step reads a few rows of each unit it touches: whole decoded
 row groups filled the budget with rows no planned step reads (300 sources: 256 MiB per worker against
-~10 MiB of rows the horizon's steps read). A newly planned use of a row a held unit did not keep drops
-that unit, so the read-ahead reads it again with every row now planned, off the read path.
+~10 MiB of rows the horizon's steps read). Rows are wanted only while a planned read of them is still to be
+served (a floor held back by a lagging rank keeps its pending reads, not the rows already served). A newly
+planned row a held unit did not keep drops that unit when the row's step is within the reach, so the read-ahead
+reads it again with every row then planned, off the read path; a row planned further ahead (`keep_steps`) drops
+it only once its step comes within the reach. Under a global shuffle nearly every held unit gains a row with each
+chunk planned, and dropping it at once decoded every unit again for every chunk.
 
 Threads: loaders read in their own threads and on the worker's event loop; every operation on a pool
 and on the uses of its loaders holds the pool's lock (each is a few NumPy calls on small arrays).

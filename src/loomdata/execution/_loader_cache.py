@@ -15,8 +15,12 @@ Rows, not whole units: the plan also says which rows of a unit its pending steps
 the cache names them to the reader (`wanted`), which keeps only those (`KeptRows`, a `take` of the
 decoded unit). Under a global shuffle a step reads a few rows of each unit it touches: whole decoded
 row groups filled the budget with rows no planned step reads (300 sources: 256 MiB per worker against
-~10 MiB of rows the horizon's steps read). A newly planned use of a row a held unit did not keep drops
-that unit, so the read-ahead reads it again with every row now planned, off the read path.
+~10 MiB of rows the horizon's steps read). Rows are wanted only while a planned read of them is still to be
+served (a floor held back by a lagging rank keeps its pending reads, not the rows already served). A newly
+planned row a held unit did not keep drops that unit when the row's step is within the reach, so the read-ahead
+reads it again with every row then planned, off the read path; a row planned further ahead (`keep_steps`) drops
+it only once its step comes within the reach. Under a global shuffle nearly every held unit gains a row with each
+chunk planned, and dropping it at once decoded every unit again for every chunk.
 
 Threads: loaders read in their own threads and on the worker's event loop; every operation on a pool
 and on the uses of its loaders holds the pool's lock (each is a few NumPy calls on small arrays).
@@ -38,6 +42,7 @@ from loomdata.execution._config import ServeConfig
 from loomdata.sources import KeptRows, UnitKey
 
 __all__ = [
+    "KEEP_AHEAD",
     "PREFETCH_STEPS",
     "CachePolicy",
     "PlanUnitCache",
@@ -54,6 +59,9 @@ _UNIT_BITS = 24  # row groups per file below 2**24; a unit key is shard << 24 | 
 
 PREFETCH_STEPS = 16
 """Steps beyond the window + 2 a prefetching loader looks (and keeps units) ahead: a few GET latencies of steps."""
+
+KEEP_AHEAD = 3
+"""Serving's `CachePolicy.keep_steps`, in horizons: rows a unit keeps for planned steps this far past the reach."""
 
 
 def unit_key(shard: np.ndarray | int, unit: np.ndarray | int) -> np.ndarray:
@@ -81,6 +89,9 @@ class CachePolicy:
     `start_step`: the step serving starts at, which a new loader plans (and reads ahead) from before any
     request arrives. `lag_hold_s`: a step asked for within this many seconds keeps its uses pending even
     when it lags the newest step by more than the horizon (a rank behind its peers: see `PlanUnitCache.floor`).
+    `keep_steps`: steps beyond the reach that are planned too, and whose rows a unit kept as rows keeps: such a
+    unit is decoded again only when a row it lacks comes within the reach, about once per `keep_steps`, not once
+    per chunk planned (see `PlanUnitCache.plan`).
     """
 
     worker_bytes: int
@@ -89,6 +100,7 @@ class CachePolicy:
     prefetch: int = 0
     start_step: int = 0
     lag_hold_s: float = 30.0
+    keep_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.worker_bytes < 0:
@@ -101,6 +113,8 @@ class CachePolicy:
             raise ValueError(f"CachePolicy.start_step must be >= 0, got {self.start_step!r}")
         if self.lag_hold_s < 0:
             raise ValueError(f"CachePolicy.lag_hold_s must be >= 0 seconds, got {self.lag_hold_s!r}")
+        if self.keep_steps < 0:
+            raise ValueError(f"CachePolicy.keep_steps must be >= 0 steps, got {self.keep_steps!r}")
 
     @classmethod
     def serving(cls, config: ServeConfig) -> CachePolicy:
@@ -111,8 +125,13 @@ class CachePolicy:
     def of(cls, loader_memory: int, window: int, prefetch: int = 0, start_step: int = 0) -> CachePolicy:
         """The policy serving uses: the configured budget, the window plus a few steps (more to read ahead into)."""
         extra = PREFETCH_STEPS if prefetch > 0 and loader_memory > 0 else 0
+        horizon = window + 2 + extra
         return cls(
-            worker_bytes=loader_memory, horizon_steps=window + 2 + extra, prefetch=prefetch, start_step=start_step
+            worker_bytes=loader_memory,
+            horizon_steps=horizon,
+            prefetch=prefetch,
+            start_step=start_step,
+            keep_steps=KEEP_AHEAD * horizon if loader_memory > 0 else 0,
         )
 
 
@@ -138,6 +157,13 @@ class UnitUses:
         s = np.concatenate([s0, np.asarray(steps, dtype=np.int64)])
         c = np.concatenate([self._left, np.ones(len(keys), dtype=np.int64)])
         self._build(k, s, c)
+
+    def left(self, keys: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Segment reads still to come per (keys[i], steps[i]) (0 where none is planned)."""
+        pos, ok = self._find(np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64))
+        out = np.zeros(len(pos), dtype=np.int64)
+        out[ok] = self._left[pos[ok]]
+        return out
 
     def consume(self, keys: np.ndarray, steps: np.ndarray) -> None:
         """Segment reads served: one use of each (keys[i], steps[i]) less (unplanned pairs are ignored)."""
@@ -235,9 +261,18 @@ class UnitRows:
         lo, hi = np.searchsorted(self._key, [key, key + 1])
         return np.unique(self._row[lo:hi][self._step[lo:hi] >= floor])
 
-    def prune(self, floor: int) -> None:
-        """Forget reads before step `floor`."""
+    def planned(self, key: int, floor: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (row, step) of each planned read of unit `key` at a step >= `floor`."""
+        lo, hi = np.searchsorted(self._key, [key, key + 1])
+        step, row = self._step[lo:hi], self._row[lo:hi]
+        live = step >= floor
+        return row[live], step[live]
+
+    def prune(self, floor: int, uses: UnitUses | None = None) -> None:
+        """Forget reads before step `floor`, and (given the pending `uses`) those served."""
         keep = self._step >= floor
+        if uses is not None:
+            keep[keep] = uses.left(self._key[keep], self._step[keep]) > 0
         self._key, self._step, self._row = self._key[keep], self._step[keep], self._row[keep]
 
 
@@ -387,6 +422,9 @@ class PlanUnitCache:
         self._pool, self._owner = pool_for(plan_id, policy.worker_bytes)
         self._closed = False
         self.extra_steps = 0  # steps beyond the horizon a read-ahead needs to cover storage latency (`_prefetch`)
+        # held units kept as rows that lack a row planned later (int key -> that row's step): dropped, so read again
+        # with every row then planned, once that step comes within the reach (`served`)
+        self._stale: dict[int, int] = {}
         self._clock = clock
         # (time, oldest step) of recent requests, oldest step increasing: its head is the oldest step asked for
         # within `lag_hold_s` (a sliding-window minimum)
@@ -396,6 +434,16 @@ class PlanUnitCache:
     def reach(self) -> int:
         """Steps beyond the newest served that units are kept (and read ahead) for: the horizon plus `extra_steps`."""
         return self.policy.horizon_steps + self.extra_steps
+
+    @property
+    def plan_reach(self) -> int:
+        """Steps beyond the newest served that are planned, and that units kept as rows keep rows for: the reach
+        plus the policy's `keep_steps`."""
+        return self.reach + self.policy.keep_steps
+
+    def near(self, front: int = 0) -> int:
+        """The last step a unit is read (ahead) for now: the reach beyond the newest step served or asked (`front`)."""
+        return max(self.newest, front, 0) + self.reach
 
     @property
     def nbytes(self) -> int:
@@ -436,7 +484,17 @@ class PlanUnitCache:
         if not self._by_rows or str(key[0]) not in self._shard_of:
             return None
         with self._pool.lock:
-            return self.rows.of(self._key(key), max(self.floor, 0))
+            return np.unique(self._pending_rows(self._key(key))[0])
+
+    def _pending_rows(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (row, step) of unit `k`'s planned reads from the floor on that are still to be served.
+
+        The floor can lag the newest step by many steps (`lag_hold_s`: a rank behind its peers); rows of steps
+        already served there are not wanted again (kept, they made units look mostly wanted: kept whole, larger).
+        """
+        rows, steps = self.rows.planned(k, max(self.floor, 0))
+        live = self.uses.left(np.full(len(steps), k, dtype=np.int64), steps) > 0
+        return rows[live], steps[live]
 
     def holds(self, keys: np.ndarray, rows: np.ndarray) -> bool:
         """Whether reading `rows[i]` of unit `keys[i]` (int keys) for every i needs no decoding: all kept."""
@@ -453,9 +511,12 @@ class PlanUnitCache:
         if self._closed or str(key[0]) not in self._shard_of:
             return
         with self._pool.lock:
-            n = int(self.uses.next_use(np.array([self._key(key)]), self.floor)[0])
-            if 0 <= n <= max(self.newest, 0) + self.reach:
-                self._pool.offer(self._owner, key, value, nbytes, n)
+            k = self._key(key)
+            n = int(self.uses.next_use(np.array([k]), self.floor)[0])
+            if 0 <= n <= max(self.newest, 0) + self._limit(value) and self._pool.offer(
+                self._owner, key, value, nbytes, n
+            ):
+                self._note_kept(k, value)
 
     def put_ahead(self, key: UnitKey, value: Any, nbytes: int, front: int) -> bool:
         """Offer a unit read ahead for a use within the horizon of step `front`; kept only if it fits (strict)."""
@@ -464,10 +525,37 @@ class PlanUnitCache:
         with self._pool.lock:
             if self._closed:  # checked under the lock: `close` may run in another thread
                 return False
-            n = int(self.uses.next_use(np.array([self._key(key)]), self.floor)[0])
-            if not 0 <= n <= max(self.newest, front, 0) + self.reach:
+            k = self._key(key)
+            n = int(self.uses.next_use(np.array([k]), self.floor)[0])
+            if not 0 <= n <= max(self.newest, front, 0) + self._limit(value):
                 return False
-            return self._pool.offer(self._owner, key, value, nbytes, n, strict=True)
+            if not self._pool.offer(self._owner, key, value, nbytes, n, strict=True):
+                return False
+            self._note_kept(k, value)
+            return True
+
+    def first_missing(self, key: UnitKey, kept: np.ndarray) -> int:
+        """The first step from the floor on of a planned read of unit `key` whose row is not in `kept`; -1: none."""
+        with self._pool.lock:
+            return self._first_missing(self._key(key), kept)
+
+    def _first_missing(self, k: int, kept: np.ndarray) -> int:
+        rows, steps = self._pending_rows(k)
+        missing = ~np.isin(rows, kept)
+        return int(steps[missing].min()) if missing.any() else -1
+
+    def _limit(self, value: Any) -> int:
+        """How far past the newest step a unit's next use may lie for it to be kept: rows kept, the planned reach;
+        a whole unit (large), the reach."""
+        return self.plan_reach if isinstance(value, KeptRows) else self.reach
+
+    def _note_kept(self, k: int, value: Any) -> None:
+        """A unit was kept: note the first later planned row it lacks (a chunk planned while it was read)."""
+        first = self._first_missing(k, value.rows) if isinstance(value, KeptRows) else -1
+        if first >= 0:
+            self._stale[k] = first
+        else:
+            self._stale.pop(k, None)
 
     def pending(self, front: int) -> tuple[np.ndarray, np.ndarray]:
         """Units with a pending use from the floor to the horizon of step `front`, in plan order, and that use."""
@@ -486,21 +574,34 @@ class PlanUnitCache:
     def plan(self, keys: np.ndarray, steps: np.ndarray, rows: np.ndarray | None = None) -> None:
         """Planned segment reads (unit key, step, and the row read) of steps not planned before.
 
-        With `rows`, a held unit that did not keep a row now planned is dropped (read again, whole).
+        With `rows`, a held unit that did not keep a row now planned is dropped (read again with every row then
+        planned) when that row's step is within the reach; planned further ahead (`keep_steps`), it stays and is
+        dropped once that step comes within the reach (`served`): under a global shuffle most held units gain a
+        row with every chunk planned, and dropping them at once decoded each again for every chunk.
         """
         with self._pool.lock:
             self.uses.add(keys, steps)
             if rows is not None:
                 self._by_rows = True
                 self.rows.add(keys, steps, rows)
-                self._drop_uncovered(np.asarray(keys, dtype=np.int64), np.asarray(rows, dtype=np.int64))
+                k, st, r = (np.asarray(a, dtype=np.int64) for a in (keys, steps, rows))
+                self._mark_uncovered(k, st, r)
 
-    def _drop_uncovered(self, keys: np.ndarray, rows: np.ndarray) -> None:
+    def _mark_uncovered(self, keys: np.ndarray, steps: np.ndarray, rows: np.ndarray) -> None:
+        near = self.near()
         for key, value in self._pool.items(self._owner):
             if isinstance(value, KeptRows):
-                new = rows[keys == self._key(key)]
-                if len(new) and not np.isin(new, value.rows).all():
+                k = self._key(key)
+                sel = keys == k
+                new = ~np.isin(rows[sel], value.rows)
+                if not new.any():
+                    continue
+                first = int(steps[sel][new].min())
+                if first <= near:
                     self._pool.drop(self._owner, key)
+                    self._stale.pop(k, None)
+                else:
+                    self._stale[k] = min(self._stale.get(k, first), first)
 
     def served(self, keys: np.ndarray, steps: np.ndarray) -> None:
         """Segment reads served: count them off and drop every held unit whose last use (in the horizon) is over."""
@@ -513,14 +614,25 @@ class PlanUnitCache:
                 self.newest = newest
                 if moved:  # keeps the arrays small
                     self.uses.prune(self.floor)
-                    self.rows.prune(self.floor)
-            held = self._pool.held(self._owner)
+                    self.rows.prune(self.floor, self.uses)
+            held = self._pool.items(self._owner)
             if not held:
+                self._stale.clear()
                 self._pool.trim()
                 return
-            nxt = self.uses.next_use(np.array([self._key(k) for k in held], dtype=np.int64), self.floor)
-            limit = self.newest + self.reach
-            self._pool.update(self._owner, {k: (int(n) if n <= limit else -1) for k, n in zip(held, nxt, strict=True)})
+            ints = [self._key(k) for k, _ in held]
+            nxt = self.uses.next_use(np.array(ints, dtype=np.int64), self.floor).tolist()
+            near, stale = self.newest + self.reach, self._stale
+            self._stale, update = {}, {}
+            for (key, value), k, n in zip(held, ints, nxt, strict=True):
+                lacks = stale.get(k)
+                if lacks is not None and lacks <= near:  # a row it lacks is now due: read again, with every row
+                    update[key] = -1
+                    continue
+                if lacks is not None:
+                    self._stale[k] = lacks
+                update[key] = n if n <= self.newest + self._limit(value) else -1
+            self._pool.update(self._owner, update)
             self._pool.trim()
 
     def close(self) -> None:

@@ -146,7 +146,7 @@ class PlanAhead:
             return
         chunk = self._policy.chunk_steps
         first, now = int(np.min(steps)) // chunk, int(np.max(steps)) // chunk
-        last = min(int(np.max(steps)) + self.cache.reach, self._meta.steps - 1) // chunk
+        last = min(int(np.max(steps)) + self.cache.plan_reach, self._meta.steps - 1) // chunk
         for c in range(first, now + 1):
             if c not in self._planned:
                 self._plan_once(c)

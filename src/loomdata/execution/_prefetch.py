@@ -434,7 +434,7 @@ class Prefetcher:
             with self._lock:
                 self.read_s = max(took, self.read_s * _DECAY)
             for k, unit, got in zip(keys, units, loaded, strict=True):
-                self._keep(k, path, unit, self._cover(reader, path, unit, got), front)
+                self._keep(k, path, unit, self._cover(reader, path, unit, got, front), front)
         except Exception as e:  # the read that needs the unit reads it again and reports the real error
             with self._lock:
                 self.counters.errors += len(keys)
@@ -468,23 +468,24 @@ class Prefetcher:
                 self._stalled = got is not None  # no room: units needed later would not fit either
 
     def _cover(
-        self, reader: FormatReader, path: Location, unit: int, got: tuple[Any, int] | None
+        self, reader: FormatReader, path: Location, unit: int, got: tuple[Any, int] | None, front: int
     ) -> tuple[Any, int] | None:
-        """`got`, or the unit read again if chunks planned during its read want rows it did not keep.
+        """`got`, or the unit read again if chunks planned during its read want rows it did not keep within the reach.
 
         A unit read ahead keeps the rows wanted when its read was issued; a chunk planned meanwhile may want
         more of it (the cache drops such units only among those it holds). Kept as it was, the read that needs a
-        new row would find the unit held but short, and fetch it itself, on the read path.
+        new row would find the unit held but short, and fetch it itself, on the read path. A row wanted only past
+        the reach does not make it read again now: the cache drops it when that row comes within the reach.
         """
         for _ in range(_REREADS):
             if got is None or not isinstance(got[0], KeptRows):
                 return got
-            now = self.cache.wanted((str(path), unit))
-            if now is None or bool(np.isin(now, got[0].rows).all()):
+            first = self.cache.first_missing((str(path), unit), got[0].rows)
+            if first < 0 or first > self.cache.near(front):
                 return got
             with self._lock:
                 self.counters.reread += 1
-            got = reader.load_unit(path, unit, now)
+            got = reader.load_unit(path, unit, self.cache.wanted((str(path), unit)))
         return got
 
     def _int_key(self, key: UnitKey) -> int | None:

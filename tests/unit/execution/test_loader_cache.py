@@ -205,3 +205,68 @@ def test_a_rank_far_behind_its_peers_keeps_its_units_until_it_stops_asking(shard
     serve(41)
     assert cache.floor == 41 - 4
     cache.close()
+
+
+def test_rows_of_served_steps_are_not_wanted_again_while_the_floor_lags(
+    shard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lagging floor (`lag_hold_s`) keeps pending uses, not the rows of steps already served."""
+    monkeypatch.setattr(parquet, "_WHOLE_SHARE", 1.01)  # 3-row groups: never kept whole here
+    reader = _reader(shard)
+    policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=4, chunk_steps=2, lag_hold_s=30.0)
+    cache = PlanUnitCache("plan-served", steps=64, policy=policy, shard_of={str(shard): 0}, clock=lambda: 0.0)
+    reader.use_unit_cache(cache)  # type: ignore[attr-defined]
+    rows, steps = np.array([0, 1, 2, 9]), np.array([1, 3, 9, 8])  # group 0 at steps 1, 3, 9; group 3 at step 8
+    keys = unit_key(0, reader.units(shard, rows))  # type: ignore[attr-defined]
+    cache.plan(keys, steps, rows)
+    assert cache.wanted((str(shard), 0)).tolist() == [0, 1, 2]
+    cache.served(keys[:1], steps[:1])  # a rank behind serves step 1 ...
+    cache.served(keys[3:], steps[3:])  # ... and one ahead step 8: the floor stays at step 1 (asked within 30 s)
+    assert cache.floor == 1
+    assert cache.wanted((str(shard), 0)).tolist() == [1, 2]  # before: [0, 1, 2], so units looked mostly wanted
+    assert len(cache.rows) == 2  # pruned at the new chunk: the served rows went with their uses
+    cache.close()
+
+
+def test_a_row_planned_past_the_reach_keeps_the_unit_until_that_row_nears(
+    shard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a global shuffle most held units gain a row with every chunk planned: one planned past the reach
+    (`keep_steps`) does not drop the unit at once, only when its step comes within the reach (then read again)."""
+    monkeypatch.setattr(parquet, "_WHOLE_SHARE", 1.01)
+    reader, fetched = _counting_reader(shard)
+    policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=4, chunk_steps=100, keep_steps=12)
+    cache = PlanUnitCache("plan-keep", steps=64, policy=policy, shard_of={str(shard): 0})
+    reader.use_unit_cache(cache)  # type: ignore[attr-defined]
+    assert cache.plan_reach == 16 and cache.near() == 4
+    rows = np.array([0, 2, 9, 9, 9, 9, 9, 9])  # group 0 at steps 0, 1; group 3 (row 9) at steps 2..7
+    steps = np.array([0, 1, 2, 3, 4, 5, 6, 7])
+    keys = unit_key(0, reader.units(shard, rows))  # type: ignore[attr-defined]
+    cache.plan(keys, steps, rows)
+    reader.read(shard, np.array([0]))  # type: ignore[attr-defined]
+    held = dict(cache._pool.items(cache._owner))
+    assert held[(str(shard), 0)].rows.tolist() == [0, 2]
+    late = unit_key(0, np.array([0]))
+    cache.plan(late, np.array([12]), np.array([1]))  # row 1 at step 12: past the reach of step 0 (4)
+    assert (str(shard), 0) in dict(cache._pool.items(cache._owner))  # kept: row 1 is not due yet
+    cache.plan(late, np.array([3]), np.array([1]))  # ... but a row it lacks within the reach drops it at once
+    assert (str(shard), 0) not in dict(cache._pool.items(cache._owner))
+    reader.read(shard, np.array([0]))  # type: ignore[attr-defined]
+    assert dict(cache._pool.items(cache._owner))[(str(shard), 0)].rows.tolist() == [0, 1, 2]
+    cache.plan(late, np.array([14]), np.array([1]))  # covered: nothing to mark
+    reader.read(shard, np.array([9]))  # type: ignore[attr-defined]
+    cache.served(keys[:3], steps[:3])  # steps 0-2: group 0 is next used at step 3, within the reach
+    assert (str(shard), 0) in dict(cache._pool.items(cache._owner))
+    before = fetched.count(0)
+    for s in range(3, 8):  # group 3's steps; group 0's next use (step 12) lies within the planned reach
+        sel = steps == s
+        cache.served(keys[sel], steps[sel])
+    assert (str(shard), 0) in dict(cache._pool.items(cache._owner)) and fetched.count(0) == before
+    cache.close()
+
+
+def test_policy_keep_steps() -> None:
+    with pytest.raises(ValueError, match="keep_steps"):
+        CachePolicy(worker_bytes=1, horizon_steps=2, keep_steps=-1)
+    assert CachePolicy.of(1 << 20, window=3).keep_steps > 0
+    assert CachePolicy.of(0, window=3).keep_steps == 0  # no cache: nothing to keep rows for

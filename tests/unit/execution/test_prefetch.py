@@ -348,6 +348,26 @@ def test_rows_planned_while_a_unit_is_read_ahead_are_kept_too(shard: Path, monke
     cache.close()
 
 
+def test_a_row_planned_past_the_reach_during_a_read_ahead_does_not_read_the_unit_again(
+    shard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk planned during a unit's read ahead wants a row of it only past the reach: the unit is kept as read
+    and read again only when that row's step nears (`PlanUnitCache.served`), not once per chunk planned."""
+    monkeypatch.setattr(parquet, "_WHOLE_SHARE", 1.01)  # 3-row groups: never kept whole here
+    gate, log, live, cache, pf, main, *_ = _setup(shard, limit=1, plan_id="p-far", by_rows=True)
+    entered = threading.Event()
+    pf._make_reader = lambda: _GatedReader(gate, log, live, entered)
+    pf.pump(np.array([0]))
+    assert entered.wait(10)  # group 4 (rows 12, 13 at step 0) is being read, held at the gate
+    cache.plan(unit_key(3, main.units(shard, np.array([14]))), np.array([30]), np.array([14]))  # row 14, step 30
+    gate.set()
+    assert pf.settle(10)
+    held = dict(cache._pool.items(cache._owner))
+    assert held[(str(shard), 4)].rows.tolist() == [12, 13] and pf.counters.reread == 0 and log.count(4) == 1
+    pf.close()
+    cache.close()
+
+
 def test_a_unit_held_short_of_a_row_that_the_reader_fetches_itself_is_a_miss(
     shard: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

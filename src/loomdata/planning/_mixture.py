@@ -386,9 +386,9 @@ def _as_targets(targets: np.ndarray | CumulativeTargets) -> CumulativeTargets | 
 def _nearest(cum: np.ndarray, x: np.ndarray) -> np.ndarray:
     """For each target x, the prefix length j whose cum[j] is nearest to x (ties go to the shorter prefix).
 
-    The NumPy reference of _mixture_kernel.nearest_column, which membership runs (the tests hold the two
-    equal). Float targets are searched as their ceilings (for integer counts c < x exactly when c < ceil(x)): a
-    float needle would make NumPy search a float64 copy of all of cum (8 bytes a segment)."""
+    The NumPy reference of _mixture_kernel.nearest_column (the tests hold the two equal; membership runs its
+    chunked form, `nearest_run`). Float targets are searched as their ceilings (for integer counts c < x exactly
+    when c < ceil(x)): a float needle would make NumPy search a float64 copy of all of cum (8 bytes a segment)."""
     needle = np.ceil(x).astype(np.int64) if np.issubdtype(np.asarray(x).dtype, np.floating) else x
     j = np.searchsorted(cum, needle, side="left")
     j = np.minimum(j, len(cum) - 1)

@@ -40,7 +40,7 @@ _SHORT_STEPS = 1 << 16
 """Chunks of at most this many steps store their entries' steps as uint16."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class PointerChunk:
     """Steps first..first+rows-1 of the pointers: row i (0..rows) is the pointers before step first + i."""
 
@@ -95,7 +95,7 @@ def _offset_dtype(low: int, most: int) -> type[np.uint16] | type[np.uint32] | ty
     return np.uint16 if most <= 0xFFFF else np.uint32 if most <= 0xFFFFFFFF else np.int64
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Pointers:
     """The (steps + 1, sources) stream pointers as chunks of steps (module docstring); row 0 is `chunks[0].base`."""
 
@@ -183,6 +183,8 @@ class Pointers:
     def column(self, k: int, t0: int = 0, t1: int | None = None) -> np.ndarray:
         """Source k's pointers at rows t0..t1 (inclusive; default through the last row): ptr[t0 : t1 + 1, k]."""
         t1 = self.steps if t1 is None else t1
+        if t0 < 0 or t1 > self.steps:
+            raise IndexError(f"pointer rows {t0}..{t1} outside 0..{self.steps}")
         out = np.empty(max(t1 - t0 + 1, 0), dtype=self.dtype)
         at = 0
         for c, a, b in self._overlapping(t0, t1):

@@ -100,3 +100,8 @@ def test_a_row_outside_the_table_is_refused() -> None:
     sp = Pointers.from_dense(np.zeros((4, 2), dtype=np.int32))
     with pytest.raises(IndexError):
         sp.row(4)
+    with pytest.raises(IndexError):
+        sp.column(0, 0, 6)  # rows past the last (before: uninitialised values)
+    with pytest.raises(IndexError):
+        sp.column(0, -1, 2)
+    assert sp.column(1, 0, 3).tolist() == [0, 0, 0, 0]

@@ -170,12 +170,12 @@ def test_membership_pointers_of_many_sources_are_each_sources_own(tmp_path: Path
     assert (np.diff(ptr, axis=0) >= 0).all()
 
 
-@pytest.mark.parametrize("cells", [5, 2 * 7, 3 * 7 + 5])
+@pytest.mark.parametrize("cells", [5, 70 * 7, 100 * 7 + 5])
 def test_membership_pointers_worked_out_a_chunk_of_steps_at_a_time_are_the_whole_grids(
     cells: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Chunks of 64 steps and of a few rows (REPAIR_CHUNK_CELLS over 7 sources; the nearest search carried across
-    chunks) give the pointers of one chunk, bit for bit."""
+    """Chunks of 64, 70 and 100 steps (REPAIR_CHUNK_CELLS over 7 sources, at least 64), repaired in windows of 40
+    (the nearest search carried across chunks), give the pointers of one chunk, bit for bit."""
     from loomdata.planning import _mixture
     from loomdata.planning._packing import Lanes
 

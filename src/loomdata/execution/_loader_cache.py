@@ -256,11 +256,6 @@ class UnitRows:
         order = np.argsort(k, kind="stable")
         self._key, self._step, self._row = k[order], s[order], r[order]
 
-    def of(self, key: int, floor: int) -> np.ndarray:
-        """The rows (sorted, unique) of unit `key` that planned reads at steps >= `floor` take."""
-        lo, hi = np.searchsorted(self._key, [key, key + 1])
-        return np.unique(self._row[lo:hi][self._step[lo:hi] >= floor])
-
     def planned(self, key: int, floor: int) -> tuple[np.ndarray, np.ndarray]:
         """The (row, step) of each planned read of unit `key` at a step >= `floor`."""
         lo, hi = np.searchsorted(self._key, [key, key + 1])
@@ -268,11 +263,10 @@ class UnitRows:
         live = step >= floor
         return row[live], step[live]
 
-    def prune(self, floor: int, uses: UnitUses | None = None) -> None:
-        """Forget reads before step `floor`, and (given the pending `uses`) those served."""
+    def prune(self, floor: int, uses: UnitUses) -> None:
+        """Forget reads before step `floor` and those served (no use left in `uses`)."""
         keep = self._step >= floor
-        if uses is not None:
-            keep[keep] = uses.left(self._key[keep], self._step[keep]) > 0
+        keep[keep] = uses.left(self._key[keep], self._step[keep]) > 0
         self._key, self._step, self._row = self._key[keep], self._step[keep], self._row[keep]
 
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from loomdata.schemas.errors import ContractError, StaleIndexError
 from loomdata.schemas.header import PLAN_FORMAT_VERSION, load_plan_json
 from loomdata.schemas.spec import CostSpec, Spec
-from loomdata.schemas.tables import MANIFEST_SCHEMA, TableKind, open_table, step_groups
+from loomdata.schemas.tables import MANIFEST_SCHEMA, TableKind, iter_steps
 
 __all__ = [
     "PLAN_FORMAT_VERSION",
@@ -142,27 +142,21 @@ def read_manifest(
     """
     last = meta.steps - 1 if last_step is None else last_step
     names = list(MANIFEST_SCHEMA.names if columns is None else columns)
-    schema = pa.schema([MANIFEST_SCHEMA.field(c) for c in names], metadata=MANIFEST_SCHEMA.metadata)
+    read = names if dp_ranks is None else list(dict.fromkeys([*names, "dp_rank"]))
     ranks = None if dp_ranks is None else np.unique(np.asarray(dp_ranks, dtype=np.int64))
-    need = list(dict.fromkeys([*names, "step", *([] if ranks is None else ["dp_rank"])]))
-    parts: dict[str, list[np.ndarray]] = {c: [] for c in names}
+    parts: list[pa.Table] = []
     for f in meta.manifest:
         if f.last_step < first_step or f.first_step > last:
             continue
-        pf = open_table(Path(plan_dir) / f.path, TableKind.MANIFEST)
-        for g in step_groups(pf, first_step, last):
-            t = pf.read_row_group(g, columns=need, use_threads=False)
-            cols = {c: t.column(c).to_numpy() for c in need}
-            keep = (cols["step"] >= first_step) & (cols["step"] <= last)
+        for t in iter_steps(Path(plan_dir) / f.path, TableKind.MANIFEST, first_step, last, read, use_threads=False):
             if ranks is not None:
-                keep &= np.isin(cols["dp_rank"], ranks)
-            every = bool(keep.all())
-            for c in names:
-                parts[c].append(cols[c] if every else cols[c][keep])
-    if not names or not parts[names[0]]:
+                keep = np.isin(t.column("dp_rank").to_numpy(), ranks)
+                t = t if keep.all() else t.filter(pa.array(keep))
+            parts.append(t.select(names))
+    schema = pa.schema([MANIFEST_SCHEMA.field(c) for c in names], metadata=MANIFEST_SCHEMA.metadata)
+    if not parts:
         return schema.empty_table()
-    arrays = [pa.array(v[0] if len(v) == 1 else np.concatenate(v)) for v in (parts[c] for c in names)]
-    return pa.Table.from_arrays(arrays, schema=schema)  # to_numpy kept the stored types
+    return pa.concat_tables(parts).combine_chunks().cast(schema)
 
 
 def stale_sources(meta: PlanMeta, current: Mapping[str, str], sources: Sequence[str] | None = None) -> list[str]:

@@ -44,7 +44,6 @@ __all__ = [
     "read_steps",
     "read_table",
     "stamped_metadata",
-    "step_groups",
     "step_span",
     "table_metadata",
     "write_table",
@@ -377,7 +376,7 @@ class ReadCount:
     rows: int = 0
 
 
-def step_groups(pf: pq.ParquetFile, first: int, last: int) -> list[int]:
+def _step_groups(pf: pq.ParquetFile, first: int, last: int) -> list[int]:
     """Row groups of a table sorted by `step` whose step statistics overlap [first, last] (all without them)."""
     col = pf.schema_arrow.get_field_index("step")
     out = []
@@ -413,14 +412,16 @@ def iter_steps(
     last: int | None = None,
     columns: list[str] | None = None,
     count: ReadCount | None = None,
+    use_threads: bool = True,
 ) -> Iterator[pa.Table]:
     """The rows with first <= step <= last of a stored table sorted by `step`, one row group at a time:
-    only row groups whose step statistics overlap the range are read, and only `columns` (plus `step`)."""
+    only row groups whose step statistics overlap the range are read, and only `columns` (plus `step`).
+    `use_threads`: decode a row group's columns on Arrow's CPU threads (off in serving processes)."""
     pf = open_table(path, kind)
     hi = np.iinfo(np.int64).max if last is None else last
     cols = None if columns is None else list(dict.fromkeys(["step", *columns]))
-    for i in step_groups(pf, first, hi):
-        t = pf.read_row_group(i, columns=cols)
+    for i in _step_groups(pf, first, hi):
+        t = pf.read_row_group(i, columns=cols, use_threads=use_threads)
         if count is not None:
             count.row_groups += 1
             count.rows += t.num_rows

@@ -8,6 +8,7 @@ own credentials (`--tls-*` or LOOM_TLS_*). Plain TCP only with `insecure`, which
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -23,7 +24,17 @@ from loomdata.execution._dask_client import new_client
 from loomdata.execution._security import TLS_DIR, TlsFiles, embedded_tls, security_of
 from loomdata.schemas.errors import ExecutionError
 
-__all__ = ["INSECURE_WARNING", "WORKER_ARROW_POOL", "check_insecure_allowed", "connect", "open_cluster", "worker_env"]
+__all__ = [
+    "INSECURE_WARNING",
+    "MALLOC_ARENA_ENV",
+    "WORKER_ARROW_POOL",
+    "WORKER_MALLOC_ARENAS",
+    "check_insecure_allowed",
+    "connect",
+    "open_cluster",
+    "worker_env",
+    "worker_pre_spawn_env",
+]
 
 INSECURE_WARNING = (
     "loomdata: WARNING: --insecure: plain TCP without authentication; any local process of any user "
@@ -93,6 +104,8 @@ def open_cluster(
         in_process = n_workers == IN_PROCESS
         if in_process:
             _use_worker_pool_here()
+        if not in_process:
+            stack.enter_context(dask.config.set(_pre_spawn_config(worker_pre_spawn_env())))
         cluster = stack.enter_context(
             LocalCluster(
                 n_workers=1 if in_process else n_workers,
@@ -154,6 +167,42 @@ def worker_env() -> dict[str, str]:
             return {}
         chosen = WORKER_ARROW_POOL
     return {"ARROW_DEFAULT_MEMORY_POOL": chosen, **(jemalloc_conf_env() if chosen == "jemalloc" else {})}
+
+
+MALLOC_ARENA_ENV = "MALLOC_ARENA_MAX"
+"""glibc reads its arena limit from this variable once, when the process's allocator starts (before `main`)."""
+
+WORKER_MALLOC_ARENAS = 2
+"""glibc malloc arenas of an embedded worker process where the user set no `MALLOC_ARENA_MAX`.
+
+glibc gives each thread that allocates while another holds an arena an arena of its own, up to 8 per CPU; a
+worker runs ~50 threads (strands, read-ahead, planning, Dask's) whose Python objects above 512 bytes and Arrow's
+C++ bookkeeping (not its buffers: jemalloc's) land in those arenas, each keeping its own partly used pages. Two
+workers serving 300 sources to 16 ranks held 29-34 MiB each in thread arenas (benchmarks/memory.py,
+`anon_by_mapping_mib.glibc_thread_arenas`, session 13). The worker's Python code runs under the GIL, so its
+threads seldom allocate at the same moment; two arenas leave one for a thread allocating outside the GIL.
+"""
+
+
+def worker_pre_spawn_env() -> dict[str, str]:
+    """Variables the nanny must set before it starts a worker process (read by the C runtime at exec, too early
+    for `worker_env`, which the worker applies to itself after it starts): `MALLOC_ARENA_MAX` =
+    `WORKER_MALLOC_ARENAS`, unless the user set it, in the environment (inherited by the workers and read by
+    Dask's nanny in preference) or in Dask's `distributed.nanny.pre-spawn-environ`. Empty where the user did.
+
+    The nanny sets these in its own process's `os.environ` before each spawn (Dask's design for such
+    variables); in the embedded cluster that is the serving process, whose own allocator started long before
+    and keeps its settings, but processes it starts later inherit the variable.
+    """
+    configured = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
+    if MALLOC_ARENA_ENV in os.environ or MALLOC_ARENA_ENV in configured:
+        return {}
+    return {MALLOC_ARENA_ENV: str(WORKER_MALLOC_ARENAS)}
+
+
+def _pre_spawn_config(env: dict[str, str]) -> dict[str, str]:
+    """`env` as Dask config keys under `distributed.nanny.pre-spawn-environ` (the entries there stay)."""
+    return {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in env.items()}
 
 
 def check_insecure_allowed() -> None:

@@ -13,6 +13,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import dask
 from distributed import Client, LocalCluster
@@ -27,10 +28,12 @@ from loomdata.schemas.errors import ExecutionError
 __all__ = [
     "INSECURE_WARNING",
     "MALLOC_ARENA_ENV",
+    "PROFILE_KEY",
     "WORKER_ARROW_POOL",
     "WORKER_MALLOC_ARENAS",
     "check_insecure_allowed",
     "connect",
+    "embedded_worker_config",
     "open_cluster",
     "worker_env",
     "worker_pre_spawn_env",
@@ -104,8 +107,7 @@ def open_cluster(
         in_process = n_workers == IN_PROCESS
         if in_process:
             _use_worker_pool_here()
-        if not in_process:
-            stack.enter_context(dask.config.set(_pre_spawn_config(worker_pre_spawn_env())))
+        stack.enter_context(dask.config.set(embedded_worker_config(dashboard=dashboard, in_process=in_process)))
         cluster = stack.enter_context(
             LocalCluster(
                 n_workers=1 if in_process else n_workers,
@@ -200,9 +202,39 @@ def worker_pre_spawn_env() -> dict[str, str]:
     return {MALLOC_ARENA_ENV: str(WORKER_MALLOC_ARENAS)}
 
 
-def _pre_spawn_config(env: dict[str, str]) -> dict[str, str]:
-    """`env` as Dask config keys under `distributed.nanny.pre-spawn-environ` (the entries there stay)."""
-    return {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in env.items()}
+PROFILE_KEY = "distributed.worker.profile.enabled"
+"""Dask's statistical profiler of worker threads (feeds the dashboard's Profile page and `Client.profile`)."""
+
+
+def embedded_worker_config(*, dashboard: bool, in_process: bool) -> dict[str, Any]:
+    """Dask config set while the embedded cluster runs (the nannies hand it to the workers they start).
+
+    - `distributed.nanny.pre-spawn-environ`: `worker_pre_spawn_env` (worker processes only).
+    - `distributed.worker.profile.enabled` False unless `dashboard` or the user configured the key (Dask's
+      config files or DASK_* variables). The profiler samples the stacks of the worker's task threads every 10 ms
+      and keeps an hour of per-second profiles; reading each sampled frame's source line fills `linecache` with
+      whole source files (2.4-2.6 MiB a worker serving 300 sources, tracemalloc, benchmarks/memory.py). Nothing
+      of loomdata reads the profiles; the dashboard's Profile page does, so `dashboard` keeps them.
+    """
+    config: dict[str, Any] = {}
+    if not in_process:
+        config.update({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in worker_pre_spawn_env().items()})
+    if not dashboard and not _user_configured(PROFILE_KEY):
+        config[PROFILE_KEY] = False
+    return config
+
+
+def _user_configured(key: str) -> bool:
+    """Whether `key` (dotted) is set in the user's Dask config files or DASK_* environment variables."""
+    node: Any = dask.config.collect()
+    for part in key.split("."):
+        if not isinstance(node, dict):
+            return False
+        found = [v for k, v in node.items() if dask.config.canonical_name(k, node) == part]
+        if not found:
+            return False
+        node = found[0]
+    return True
 
 
 def check_insecure_allowed() -> None:

@@ -441,8 +441,13 @@ def worker_inside() -> dict[str, Any]:
     roll = _smaps_rollup()
     from loomdata.execution._loader_cache import _POOLS
 
+    held = [e for p in list(_POOLS.values()) for d in list(p._owned.values()) for e in list(d.values())]
+    uses = sorted(e.next_use for e in held)
     return {
         "loader_cache_mib": round(sum(p.nbytes for p in list(_POOLS.values())) / MIB, 1),
+        # the units held and the step each is next used at (diagnosis: rows kept for steps already built?)
+        "loader_cache_units": len(held),
+        "loader_cache_next_use": [uses[0], uses[len(uses) // 2], uses[-1]] if uses else [],
         "smaps_mib": roll,
         "arrow_pool_mib": round(pa.total_allocated_bytes() / MIB, 1),
         "arrow_pool_peak_mib": round(pa.default_memory_pool().max_memory() / MIB, 1),

@@ -8,7 +8,6 @@ own credentials (`--tls-*` or LOOM_TLS_*). Plain TCP only with `insecure`, which
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -27,16 +26,13 @@ from loomdata.schemas.errors import ExecutionError
 
 __all__ = [
     "INSECURE_WARNING",
-    "MALLOC_ARENA_ENV",
     "PROFILE_KEY",
     "WORKER_ARROW_POOL",
-    "WORKER_MALLOC_ARENAS",
     "check_insecure_allowed",
     "connect",
     "embedded_worker_config",
     "open_cluster",
     "worker_env",
-    "worker_pre_spawn_env",
 ]
 
 INSECURE_WARNING = (
@@ -107,7 +103,7 @@ def open_cluster(
         in_process = n_workers == IN_PROCESS
         if in_process:
             _use_worker_pool_here()
-        stack.enter_context(dask.config.set(embedded_worker_config(dashboard=dashboard, in_process=in_process)))
+        stack.enter_context(dask.config.set(embedded_worker_config(dashboard=dashboard)))
         cluster = stack.enter_context(
             LocalCluster(
                 n_workers=1 if in_process else n_workers,
@@ -171,45 +167,14 @@ def worker_env() -> dict[str, str]:
     return {"ARROW_DEFAULT_MEMORY_POOL": chosen, **(jemalloc_conf_env() if chosen == "jemalloc" else {})}
 
 
-MALLOC_ARENA_ENV = "MALLOC_ARENA_MAX"
-"""glibc reads its arena limit from this variable once, when the process's allocator starts (before `main`)."""
-
-WORKER_MALLOC_ARENAS = 2
-"""glibc malloc arenas of an embedded worker process where the user set no `MALLOC_ARENA_MAX`.
-
-glibc gives each thread that allocates while another holds an arena an arena of its own, up to 8 per CPU; a
-worker runs ~50 threads (strands, read-ahead, planning, Dask's) whose Python objects above 512 bytes and Arrow's
-C++ bookkeeping (not its buffers: jemalloc's) land in those arenas, each keeping its own partly used pages. Two
-workers serving 300 sources to 16 ranks held 29-34 MiB each in thread arenas (benchmarks/memory.py,
-`anon_by_mapping_mib.glibc_thread_arenas`, session 13). The worker's Python code runs under the GIL, so its
-threads seldom allocate at the same moment; two arenas leave one for a thread allocating outside the GIL.
-"""
-
-
-def worker_pre_spawn_env() -> dict[str, str]:
-    """Variables the nanny must set before it starts a worker process (read by the C runtime at exec, too early
-    for `worker_env`, which the worker applies to itself after it starts): `MALLOC_ARENA_MAX` =
-    `WORKER_MALLOC_ARENAS`, unless the user set it, in the environment (inherited by the workers and read by
-    Dask's nanny in preference) or in Dask's `distributed.nanny.pre-spawn-environ`. Empty where the user did.
-
-    The nanny sets these in its own process's `os.environ` before each spawn (Dask's design for such
-    variables); in the embedded cluster that is the serving process, whose own allocator started long before
-    and keeps its settings, but processes it starts later inherit the variable.
-    """
-    configured = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
-    if MALLOC_ARENA_ENV in os.environ or MALLOC_ARENA_ENV in configured:
-        return {}
-    return {MALLOC_ARENA_ENV: str(WORKER_MALLOC_ARENAS)}
-
-
 PROFILE_KEY = "distributed.worker.profile.enabled"
 """Dask's statistical profiler of worker threads (feeds the dashboard's Profile page and `Client.profile`)."""
 
 
-def embedded_worker_config(*, dashboard: bool, in_process: bool) -> dict[str, Any]:
-    """Dask config set while the embedded cluster runs (the nannies hand it to the workers they start).
+def embedded_worker_config(*, dashboard: bool) -> dict[str, Any]:
+    """Dask config set while the embedded cluster runs (the nannies hand it to the workers they start; the
+    in-process layout's worker reads it in this process).
 
-    - `distributed.nanny.pre-spawn-environ`: `worker_pre_spawn_env` (worker processes only).
     - `distributed.worker.profile.enabled` False unless `dashboard` or the user configured the key (Dask's
       config files or DASK_* variables). The profiler samples the stacks of the worker's task threads every 10 ms
       and keeps an hour of per-second profiles; reading each sampled frame's source line fills `linecache` with
@@ -217,8 +182,6 @@ def embedded_worker_config(*, dashboard: bool, in_process: bool) -> dict[str, An
       of loomdata reads the profiles; the dashboard's Profile page does, so `dashboard` keeps them.
     """
     config: dict[str, Any] = {}
-    if not in_process:
-        config.update({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in worker_pre_spawn_env().items()})
     if not dashboard and not _user_configured(PROFILE_KEY):
         config[PROFILE_KEY] = False
     return config

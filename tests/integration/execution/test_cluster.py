@@ -11,7 +11,7 @@ import pytest
 
 from loomdata.execution import open_cluster
 from loomdata.execution._arrow_pool import WORKER_JEMALLOC_CONF
-from loomdata.execution._cluster import MALLOC_ARENA_ENV, WORKER_ARROW_POOL, WORKER_MALLOC_ARENAS
+from loomdata.execution._cluster import WORKER_ARROW_POOL
 from loomdata.schemas import read_plan
 
 
@@ -61,64 +61,6 @@ def test_workers_jemalloc_runs_without_thread_caches_unless_the_user_configures_
     with open_cluster(n_workers=1, local_directory=tmp_path / "b") as client:
         (opts,) = client.run(_jemalloc_opts).values()
         assert opts == {"tcache": True, "narenas": 3}  # the user's options, and only theirs
-
-
-def _malloc_arenas_after_threads(n_threads: int = 8) -> int:
-    """glibc arenas in this process after `n_threads` new threads each allocated (each takes a new arena while the
-    limit allows), counted from `malloc_info`; -1 where the C library is not glibc."""
-    import ctypes
-    import re
-    import tempfile
-    import threading
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        malloc_info, fdopen, fclose = libc.malloc_info, libc.fdopen, libc.fclose
-    except (OSError, AttributeError):
-        return -1
-    libc.malloc.restype = ctypes.c_void_p
-    libc.free.argtypes = [ctypes.c_void_p]
-    fdopen.restype = ctypes.c_void_p
-    fclose.argtypes = malloc_info.argtypes = None
-    barrier = threading.Barrier(n_threads)
-
-    def allocate() -> None:
-        barrier.wait()
-        libc.free(libc.malloc(4096))
-
-    threads = [threading.Thread(target=allocate) for _ in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    with tempfile.TemporaryFile() as tmp:
-        import os
-
-        stream = fdopen(os.dup(tmp.fileno()), b"w")
-        malloc_info(0, ctypes.c_void_p(stream))
-        fclose(ctypes.c_void_p(stream))
-        tmp.seek(0)
-        return len(re.findall(rb"<heap nr=", tmp.read()))
-
-
-def test_workers_limit_glibc_arenas_unless_the_user_sets_the_limit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv(MALLOC_ARENA_ENV, raising=False)
-    with open_cluster(n_workers=1, local_directory=tmp_path / "a") as client:
-        (arenas,) = client.run(_malloc_arenas_after_threads).values()
-        if arenas == -1:
-            pytest.skip("not glibc")
-        assert arenas == WORKER_MALLOC_ARENAS
-    monkeypatch.setenv(MALLOC_ARENA_ENV, "4")  # the user's own limit, inherited by the workers
-    with open_cluster(n_workers=1, local_directory=tmp_path / "b") as client:
-        assert list(client.run(_malloc_arenas_after_threads).values()) == [4]
-    monkeypatch.delenv(MALLOC_ARENA_ENV)
-    with (
-        dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX": 3}),  # or in Dask's config
-        open_cluster(n_workers=1, local_directory=tmp_path / "c") as client,
-    ):
-        assert list(client.run(_malloc_arenas_after_threads).values()) == [3]
 
 
 def _profiling(dask_worker: Any) -> bool:

@@ -63,17 +63,7 @@ from loomdata.schemas.header import PlanHeader, read_plan_header
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["RANK_BYTES_AHEAD", "StreamClient"]
-
-RANK_BYTES_AHEAD = 1 << 20
-"""A StreamClient's default `bytes_in_flight`: about this many bytes of batches asked for in one call.
-
-An answer arrives in one buffer that all its steps' arrays are views of, so it stays until its last step is used,
-and the next call is sent when half its steps are left: a rank holds up to about 1.5 calls' bytes. Half the
-executor's window alone (64 steps at most) asked 32 steps a call of 300 sources x 16 ranks at 4,096 tokens, about
-2 MiB, and each rank held ~2 MiB above an idle torch process (benchmarks/memory.py). A call of 1 MiB still moves
-a dozen 4,096-token steps (the per-call cost stays spread over many steps); a larger step is asked one at a time.
-"""
+__all__ = ["StreamClient"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +96,8 @@ class StreamClient:
         serve.json names); `insecure` (default: LOOM_INSECURE=1): accept a plain-TCP scheduler.
         `cp_rank`: this process is that context-parallel peer of `dp_rank` (0..cp_group_size(meta)-1)
         and receives only its shard of each micro-batch (`Batch.positions`); None: whole micro-batches.
-        `bytes_in_flight`: at most about this many bytes of batches requested in one call (at least one step;
-        default `RANK_BYTES_AHEAD`), and at most half the executor's window (which follows the executor's own bound).
+        `bytes_in_flight`: at most about this many bytes of batches requested and held ahead (at least
+        one step; default: half the executor's window, which follows the executor's own bound).
         `prefetch` 0: no call is sent before the steps received are used up (else one call ahead).
         `local_gateway` (default: True unless LOOM_TRANSPORT=tls): on the constructor's host, use its gateway's
         Unix socket (no TLS); False: always TLS.
@@ -140,7 +130,7 @@ class StreamClient:
         self._prefetch = max(0, prefetch)
         if bytes_in_flight is not None and bytes_in_flight < 0:
             raise ValueError(f"bytes_in_flight must be >= 0 bytes, got {bytes_in_flight!r}")
-        self._bytes_in_flight = RANK_BYTES_AHEAD if bytes_in_flight is None else bytes_in_flight
+        self._bytes_in_flight = bytes_in_flight
         self._step_nbytes = 0  # bytes of one received step (measured on the first answer)
         self._per_call = 1  # steps asked per call: the executor's window (set on attach)
         self._timings = timings or Timings()
@@ -338,10 +328,10 @@ class StreamClient:
         self.wait_s += time.perf_counter() - t0
 
     def _count(self) -> int:
-        """Steps to ask for in one call: half the executor's window, fewer under this client's bytes bound (one step
-        until a step's size is known)."""
+        """Steps to ask for in one call: half the executor's window, fewer under this client's own bytes bound."""
         n = self._per_call
-        n = min(n, self._bytes_in_flight // self._step_nbytes) if self._step_nbytes else 1
+        if self._bytes_in_flight is not None:
+            n = min(n, self._bytes_in_flight // self._step_nbytes) if self._step_nbytes else 1
         return max(1, n)
 
     def _ask_ahead(self, step: int) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from distributed import Client
 
-from loomdata.client import StreamClient, _stream
+from loomdata.client import StreamClient
 from loomdata.execution import Executor
 from loomdata.schemas import Batch, ContractError, read_manifest, read_plan
 from loomdata.testing import verify_resume
@@ -109,26 +109,6 @@ def test_two_peers_get_identical_batches_from_one_read(
         assert window > 2 and a.calls < meta.steps and b.calls < meta.steps
     else:
         assert a.calls == b.calls == meta.steps
-
-
-def test_calls_ask_at_most_the_default_bytes_ahead(
-    dask_client: Client, stream_plan: Path, loomtest: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    meta = loomtest.Oracle(stream_plan).meta
-    with Executor(stream_plan, dask_client) as ex:
-        assert ex.window >= 8  # half a window is several steps: the bytes bound is what limits a call below
-        wide = StreamClient(stream_plan, 0, bytes_in_flight=1 << 40)
-        want = list(wide)
-        wide.close()
-        step_bytes = wide._step_nbytes
-        monkeypatch.setattr(_stream, "RANK_BYTES_AHEAD", 2 * step_bytes)  # the default: two steps a call
-        narrow = StreamClient(stream_plan, 0)
-        got = list(narrow)
-        narrow.close()
-    for x, y in zip(got, want, strict=True):
-        _same(x, y)
-    assert narrow.calls >= (meta.steps - 1) // 2 + 1  # one step first (its size unknown), then two at most
-    assert wide.calls < narrow.calls
 
 
 def test_client_continues_on_a_restarted_executor(dask_client: Client, stream_plan: Path, loomtest: Any) -> None:

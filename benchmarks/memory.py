@@ -301,13 +301,13 @@ def _smaps_rollup() -> dict[str, float]:
     return roll
 
 
-def _anon_by_mapping() -> dict[str, float]:
-    """Anonymous resident MiB of this process by kind of mapping (/proc/self/smaps): glibc's main heap (`[heap]`),
-    glibc's thread arenas (64 MiB-aligned reservations), thread stacks (8 MiB mappings), and everything else
-    (Arrow's jemalloc extents, Python's object arenas, large NumPy buffers mapped on their own)."""
+def _anon_by_mapping(pid: int | str = "self") -> dict[str, float]:
+    """Anonymous resident MiB of a process (default this one) by kind of mapping (/proc/PID/smaps): glibc's main
+    heap (`[heap]`), glibc's thread arenas (64 MiB-aligned reservations), thread stacks (8 MiB mappings), and
+    everything else (Arrow's jemalloc extents, Python's object arenas, large NumPy buffers mapped on their own)."""
     out = {"glibc_main_heap": 0.0, "glibc_thread_arenas": 0.0, "thread_stacks": 0.0, "other": 0.0}
     heap_max = 64 << 20
-    with open("/proc/self/smaps") as f:
+    with open(f"/proc/{pid}/smaps") as f:
         lines = f.read().splitlines()
     start = size = 0
     name = ""
@@ -441,8 +441,13 @@ def worker_inside() -> dict[str, Any]:
     roll = _smaps_rollup()
     from loomdata.execution._loader_cache import _POOLS
 
+    held = [e for p in list(_POOLS.values()) for d in list(p._owned.values()) for e in list(d.values())]
+    uses = sorted(e.next_use for e in held)
     return {
         "loader_cache_mib": round(sum(p.nbytes for p in list(_POOLS.values())) / MIB, 1),
+        # the units held and the step each is next used at (diagnosis: rows kept for steps already built?)
+        "loader_cache_units": len(held),
+        "loader_cache_next_use": [uses[0], uses[len(uses) // 2], uses[-1]] if uses else [],
         "smaps_mib": roll,
         "arrow_pool_mib": round(pa.total_allocated_bytes() / MIB, 1),
         "arrow_pool_peak_mib": round(pa.default_memory_pool().max_memory() / MIB, 1),
@@ -634,6 +639,9 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
                 "per_rank_excess_mib": parts["ranks above idle torch"] / ranks,
                 "idle_companion_private_mib": round(idle_now / MIB, 1),
                 "rank_private_mib": [round(r / MIB, 1) for r in rank_uss],
+                # where the first rank's and the idle process's anonymous memory is (the excess is mostly there)
+                "rank0_anon_by_mapping_mib": _anon_by_mapping(pids[0]),
+                "idle_anon_by_mapping_mib": _anon_by_mapping(companion_pid),
                 "breakdown_mib": {k: round(v, 1) for k, v in parts.items()},
                 "loader_memory_mib": round(m["loader_memory_bytes"] / MIB, 1),
                 "loader_rss_mib": round(m["loader_rss_bytes"] / MIB, 1),

@@ -12,6 +12,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import dask
 from distributed import Client, LocalCluster
@@ -23,7 +24,16 @@ from loomdata.execution._dask_client import new_client
 from loomdata.execution._security import TLS_DIR, TlsFiles, embedded_tls, security_of
 from loomdata.schemas.errors import ExecutionError
 
-__all__ = ["INSECURE_WARNING", "WORKER_ARROW_POOL", "check_insecure_allowed", "connect", "open_cluster", "worker_env"]
+__all__ = [
+    "INSECURE_WARNING",
+    "PROFILE_KEY",
+    "WORKER_ARROW_POOL",
+    "check_insecure_allowed",
+    "connect",
+    "embedded_worker_config",
+    "open_cluster",
+    "worker_env",
+]
 
 INSECURE_WARNING = (
     "loomdata: WARNING: --insecure: plain TCP without authentication; any local process of any user "
@@ -93,6 +103,7 @@ def open_cluster(
         in_process = n_workers == IN_PROCESS
         if in_process:
             _use_worker_pool_here()
+        stack.enter_context(dask.config.set(embedded_worker_config(dashboard=dashboard)))
         cluster = stack.enter_context(
             LocalCluster(
                 n_workers=1 if in_process else n_workers,
@@ -154,6 +165,39 @@ def worker_env() -> dict[str, str]:
             return {}
         chosen = WORKER_ARROW_POOL
     return {"ARROW_DEFAULT_MEMORY_POOL": chosen, **(jemalloc_conf_env() if chosen == "jemalloc" else {})}
+
+
+PROFILE_KEY = "distributed.worker.profile.enabled"
+"""Dask's statistical profiler of worker threads (feeds the dashboard's Profile page and `Client.profile`)."""
+
+
+def embedded_worker_config(*, dashboard: bool) -> dict[str, Any]:
+    """Dask config set while the embedded cluster runs (the nannies hand it to the workers they start; the
+    in-process layout's worker reads it in this process).
+
+    - `distributed.worker.profile.enabled` False unless `dashboard` or the user configured the key (Dask's
+      config files or DASK_* variables). The profiler samples the stacks of the worker's task threads every 10 ms
+      and keeps an hour of per-second profiles; reading each sampled frame's source line fills `linecache` with
+      whole source files (2.4-2.6 MiB a worker serving 300 sources, tracemalloc, benchmarks/memory.py). Nothing
+      of loomdata reads the profiles; the dashboard's Profile page does, so `dashboard` keeps them.
+    """
+    config: dict[str, Any] = {}
+    if not dashboard and not _user_configured(PROFILE_KEY):
+        config[PROFILE_KEY] = False
+    return config
+
+
+def _user_configured(key: str) -> bool:
+    """Whether `key` (dotted) is set in the user's Dask config files or DASK_* environment variables."""
+    node: Any = dask.config.collect()
+    for part in key.split("."):
+        if not isinstance(node, dict):
+            return False
+        found = [v for k, v in node.items() if dask.config.canonical_name(k, node) == part]
+        if not found:
+            return False
+        node = found[0]
+    return True
 
 
 def check_insecure_allowed() -> None:

@@ -5,6 +5,9 @@ A loader looks up every requested sample here. Kept as three int64 arrays (sampl
 are dense and in (shard, row) order (the index contract), so the sample ids are a range (kept only if
 they are not), the shard of each sample is a few runs (run starts and shard ids), and a row takes 2 or 4
 bytes unless the format's rows are byte offsets past 4 GiB: 2-4 bytes a sample (plus 4 for a checksum).
+Where the rows of each run count up by one (Parquet, Megatron: a shard's samples are its rows 0, 1, 2, ...),
+no row is kept at all: a row is its run's first row plus its place in the run (`rows` None, `run_rows`), which
+took 2.3 MiB off each of the two workers serving 300 sources (150 loaders x 8,000 samples x 2 bytes).
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ class SampleIndex:
     samples: np.ndarray | None  # sorted sample ids; None: they are first .. first + len - 1
     run_starts: np.ndarray  # int64: the position where each run of one shard starts
     run_shards: np.ndarray  # int64: the shard of each run
-    rows: np.ndarray  # the smallest of uint16, uint32, int64 that holds every row: the row of each position
+    rows: np.ndarray | None  # the smallest of uint16, uint32, int64 that holds every row; None: implied (run_rows)
     checksums: np.ndarray | None = None  # uint32 per position, when samples are verified
+    run_rows: np.ndarray | None = None  # int64: the row of each run's first position, where `rows` is None
+    size: int = 0  # positions (samples)
 
     @classmethod
     def of(
@@ -43,22 +48,27 @@ class SampleIndex:
         lo, hi = (int(r.min()), int(r.max())) if len(r) else (0, 0)
         fits = [d for d in (np.uint16, np.uint32) if lo >= 0 and hi <= np.iinfo(d).max]
         row_dtype = fits[0] if fits else np.int64
+        step_up = np.zeros(len(r), dtype=bool)
+        step_up[starts] = True  # where a run starts, any row may follow
+        implied = len(r) > 0 and bool(np.all((np.diff(r, prepend=r[:1]) == 1) | step_up))
         return cls(
             first=first,
             samples=None if dense else s.astype(np.uint64),
             run_starts=starts,
             run_shards=sh[starts],
-            rows=r.astype(row_dtype),
+            rows=None if implied else r.astype(row_dtype),
             checksums=None if checksum is None else np.asarray(checksum)[order].astype(np.uint32),
+            run_rows=r[starts] if implied else None,
+            size=len(r),
         )
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self.size
 
     @property
     def nbytes(self) -> int:
-        extra = [a for a in (self.samples, self.checksums) if a is not None]
-        return int(self.run_starts.nbytes + self.run_shards.nbytes + self.rows.nbytes + sum(a.nbytes for a in extra))
+        extra = [a for a in (self.samples, self.checksums, self.rows, self.run_rows) if a is not None]
+        return int(self.run_starts.nbytes + self.run_shards.nbytes + sum(a.nbytes for a in extra))
 
     def locate(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(position, found) of each of `samples`; a position where not found is some valid one (0 if empty)."""
@@ -75,8 +85,15 @@ class SampleIndex:
 
     def shard_at(self, pos: np.ndarray) -> np.ndarray:
         """The shard (int64) of each position."""
-        return self.run_shards[np.searchsorted(self.run_starts, pos, side="right") - 1]
+        return self.run_shards[self._run_of(pos)]
 
     def row_at(self, pos: np.ndarray) -> np.ndarray:
         """The row (int64) of each position."""
-        return self.rows[pos].astype(np.int64)
+        if self.rows is not None:
+            return self.rows[pos].astype(np.int64)
+        assert self.run_rows is not None
+        run = self._run_of(pos)
+        return self.run_rows[run] + (np.asarray(pos, dtype=np.int64) - self.run_starts[run])
+
+    def _run_of(self, pos: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.run_starts, pos, side="right") - 1

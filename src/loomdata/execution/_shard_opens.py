@@ -43,6 +43,19 @@ Jobs = Callable[[int], Sequence[Callable[[], None]]]
 """The independent jobs of one shard's open (run in parallel)."""
 
 
+def _done_future() -> Future[None]:
+    fut: Future[None] = Future()
+    fut.set_running_or_notify_cancel()
+    fut.set_result(None)
+    return fut
+
+
+_DONE = _done_future()
+"""What a finished open's futures are replaced with: a loader remembers each of its shards' opens for good, and a
+Future costs ~1.6 KB (its Condition, lock and waiter deque): 2,400 of them, 1.4 MiB of deques alone, in a worker
+serving 150 sources of 4 shards (tracemalloc, benchmarks/memory.py). Whoever waits holds the original."""
+
+
 class ShardOpens:
     """Opens a loader's shards ahead (`want`, in first-use order) and lets a caller wait for some (`wait`).
 
@@ -147,14 +160,14 @@ class ShardOpens:
                 left[1] -= 1
                 planned, last = plans and left[0] == 0, left[1] == 0
             if planned:
-                fut.set_result(None)
+                self._planned(shard, fut)
             if last:
-                self._finish(whole, bounded)
+                self._finish(shard, whole, bounded)
 
         if not jobs:
-            fut.set_result(None)
+            self._planned(shard, fut)
         if not jobs and not side:
-            self._finish(whole, bounded)
+            self._finish(shard, whole, bounded)
         pool = shared_threads()
         for job in jobs:
             pool.submit(one, job, True)
@@ -162,9 +175,15 @@ class ShardOpens:
             pool.submit(one, job, False)
         return fut
 
-    def _finish(self, whole: Future[None], bounded: bool) -> None:
-        if bounded:
-            with self._lock:
+    def _planned(self, shard: int, fut: Future[None]) -> None:
+        with self._lock:
+            self._started[shard] = _DONE
+        fut.set_result(None)
+
+    def _finish(self, shard: int, whole: Future[None], bounded: bool) -> None:
+        with self._lock:
+            self._whole[shard] = _DONE
+            if bounded:
                 self._running -= 1
         whole.set_result(None)
         self._start_queued()

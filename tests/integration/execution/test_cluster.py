@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import dask
 import pyarrow as pa
 import pytest
 
@@ -60,6 +61,22 @@ def test_workers_jemalloc_runs_without_thread_caches_unless_the_user_configures_
     with open_cluster(n_workers=1, local_directory=tmp_path / "b") as client:
         (opts,) = client.run(_jemalloc_opts).values()
         assert opts == {"tcache": True, "narenas": 3}  # the user's options, and only theirs
+
+
+def _profiling(dask_worker: Any) -> bool:
+    return "profile" in dask_worker.periodic_callbacks
+
+
+def test_workers_run_without_dasks_profiler_unless_the_user_configures_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", raising=False)
+    with open_cluster(n_workers=1, local_directory=tmp_path / "a") as client:
+        assert list(client.run(_profiling).values()) == [False]
+    assert dask.config.get("distributed.worker.profile.enabled") is True  # this process's config is left as it was
+    monkeypatch.setenv("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", "True")  # the user's own setting wins
+    with open_cluster(n_workers=1, local_directory=tmp_path / "b") as client:
+        assert list(client.run(_profiling).values()) == [True]
 
 
 def test_the_in_process_layout_serves_every_rank_exactly_over_tls(

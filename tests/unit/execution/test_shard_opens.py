@@ -181,3 +181,16 @@ def test_when_the_check_waited_for_fails_the_waiter_reports_its_own_error(monkey
         with pytest.raises(SourceDataError, match=r"s3://b/x.parquet.*size 11 bytes, indexed 10"):
             fut.result()
     assert len(calls) == 2 and v.opened == set()
+
+
+def test_finished_opens_keep_no_future_of_their_own() -> None:
+    gated = _Gated()
+    opens = ShardOpens(gated.jobs_of, limit=2)
+    shards = np.arange(6)
+    opens.want(shards, shards)
+    gated.release(*shards.tolist())
+    assert opens.wait(shards, timeout=_T) and opens.settle(timeout=_T)
+    assert opens.done(shards)
+    kept = {id(f) for f in [*opens._started.values(), *opens._whole.values()]}
+    assert len(opens._started) == 6 and len(kept) == 1  # every finished open shares one finished future
+    assert opens.wait([3], timeout=_T)  # and asking again still answers at once

@@ -275,7 +275,12 @@ def assign_steps(
     for s, p in enumerate(pos):
         st = streams[s]
         o = int(offs[s])
-        col = ptr.column(s) if nat is None and ptr is not None and len(p) else None  # one source's at a time
+        col: np.ndarray | None = None
+        if nat is None and ptr is not None and len(p):
+            # a range's natural steps straight from the steps that draw it (the column's binary searches, bit for
+            # bit); else (positions some step does not draw: not met from natural_ranges) from its whole column
+            whole = isinstance(p, range) and ptr.run_steps_into(s, p.start, p.stop, raw[o : o + len(p)], -t0)
+            col = None if whole else ptr.column(s)  # one source's at a time
         for i0 in range(0, len(p), CHUNK):
             i1 = min(len(p), i0 + CHUNK)
             q: np.ndarray | None = None

@@ -28,6 +28,7 @@ from loomdata.planning._pointers_kernel import (
     count_changes,
     dense_into,
     fill_changes,
+    fill_run_steps,
     row_at,
     totals_into,
 )
@@ -191,6 +192,17 @@ class Pointers:
             column_into(c.indptr, c.step, c.end, c.base, k, a, out[at : at + b - a + 1])
             at += b - a + 1
         return out
+
+    def run_steps_into(self, k: int, lo: int, hi: int, out: np.ndarray, shift: int = 0) -> bool:
+        """out[v - lo] = (the step t that draws source k's stream position v: ptr[t, k] <= v < ptr[t + 1, k]) + shift
+        for v in lo..hi-1, from the entries of the steps that draw (no column of every step: with many sources
+        a source draws at a few steps of each chunk). False, with `out` partly written, where a position is not
+        drawn by any step (below row 0's pointer or from the last row's on)."""
+        wrote = 0
+        for c in self.chunks:
+            if c.rows:
+                wrote += fill_run_steps(c.indptr, c.step, c.end, c.base, k, c.first, lo, hi, shift, out)
+        return wrote == hi - lo
 
     def totals(self) -> np.ndarray:
         """(steps + 1,) int64: every row's sum over sources (ptr.sum(axis=1))."""

@@ -335,7 +335,11 @@ def assign_steps(
     moving = ~is_long & ~pinned  # heavy when tall, light otherwise
     del is_long, pinned
     order = _Order(pos, raw, offs, n)
-    hi_idx = np.concatenate([c[tall[c] & moving[c]] for c in order.chunks()] or [np.zeros(0, dtype=np.int64)])
+    # the heavy segments' indices (int32 where they fit: 4 bytes a heavy segment less through the lights' peak)
+    idx_dtype = np.int32 if total < 2**31 else np.int64
+    hi_idx = np.concatenate(
+        [c[tall[c] & moving[c]].astype(idx_dtype) for c in order.chunks()] or [np.zeros(0, dtype=idx_dtype)]
+    )
     c = np.cumsum(np.bincount(nt[hi_idx], minlength=n))
     a = (c + dpt // 2) // dpt * dpt
     # no heavy segment later than K steps after its natural step (also those a re-plan's base deferred)
@@ -349,6 +353,7 @@ def assign_steps(
     a = np.clip(
         a, np.searchsorted(hc, h_nat - slack, side="left"), np.searchsorted(hc, h_nat + slack, side="right") - 1
     )
+    del hc, h_nat  # (8 bytes a heavy segment, not needed through the lights' peak)
     a = np.clip(a, lo, hi)
     # at most as many heavy segments in step t as sequences the pinned light tokens leave
     h_cap = np.maximum(cap_h - (pinned_light + seq - 1) // seq, 0)
@@ -359,9 +364,12 @@ def assign_steps(
         # the steps after t can take only so many: what they cannot is placed by t (nothing past the last step)
         a = np.maximum(a, c[-1] - (capc[-1] - capc))
         a[-1] = c[-1]
-    h_step = np.searchsorted(a, np.arange(len(hi_idx)), side="right")
+    h_step = np.searchsorted(a, np.arange(len(hi_idx)), side="right").astype(step_dtype)  # steps <= n
     h_nat_tok = np.bincount(nt[hi_idx], weights=length[hi_idx], minlength=n).astype(np.int64)
     h_asg_tok = np.bincount(np.minimum(h_step, n - 1), weights=length[hi_idx], minlength=n).astype(np.int64)
+    # the heavy pass's arrays of steps go before the lights' peak (at dp 4 a step holds about 60 segments, so a
+    # dozen 8-byte arrays of steps are over a byte a segment)
+    del n_long, short_tok, sl, dpt, lo, hi, a, c, slack, h_cap, capc, epochs, short_epoch, drawn
 
     light = moving & ~tall
     del moving, tall

@@ -362,7 +362,11 @@ def _plan_into(
         )
         del pos, nat  # the assignment holds what balancing needs
     streams = [st.without_counts() for st in streams]
-    trim_arenas()  # the look-ahead's temporaries and the streams' counts, before balancing
+    if assignment is not None and client is None:
+        # balancing here reads the assignment, not the pointers (their number of steps alone): their chunks go
+        # (at 300 sources x dp 4 about 4 bytes a segment); the cluster's ranges still cut windows of them
+        ptr = ptr.released()
+    trim_arenas()  # the look-ahead's temporaries, the streams' counts and the pointers, before balancing
     empty = np.flatnonzero(drawn_per_step[start:] == 0)
     if len(empty):
         raise PlanError(

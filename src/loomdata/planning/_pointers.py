@@ -33,7 +33,7 @@ from loomdata.planning._pointers_kernel import (
     totals_into,
 )
 
-__all__ = ["CHUNK_ROW_CELLS", "PointerChunk", "Pointers", "compress_rows"]
+__all__ = ["CHUNK_ROW_CELLS", "PointerChunk", "Pointers", "ReleasedPointers", "compress_rows"]
 
 CHUNK_ROW_CELLS = 1 << 20
 """(steps x sources) cells of a chunk when a dense table is compressed (`Pointers.from_dense`)."""
@@ -252,3 +252,45 @@ class Pointers:
     def aligned(self) -> Pointers:
         """The pointers with every array aligned (after Dask's transfer)."""
         return Pointers([c.aligned() for c in self.chunks], self.steps)
+
+    def released(self) -> Pointers:
+        """Their steps alone, the chunks let go: what balancing a look-ahead plan in one process reads of the
+        pointers (its length; at 300 sources x dp 4 the chunks are about 4 bytes a segment). Reading a row, a
+        column or the totals of it raises."""
+        return ReleasedPointers([], self.steps)
+
+
+class ReleasedPointers(Pointers):
+    """Pointers whose chunks were let go (Pointers.released): the number of steps, nothing to read."""
+
+    __slots__ = ()
+
+    def _gone(self) -> ValueError:
+        return ValueError("these pointers were released after the look-ahead: only their length is kept")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        raise self._gone()
+
+    @property
+    def n_sources(self) -> int:
+        raise self._gone()
+
+    @property
+    def dtype(self) -> np.dtype:
+        raise self._gone()
+
+    def _chunk_of(self, t: int) -> PointerChunk:
+        raise self._gone()
+
+    def _overlapping(self, t0: int, t1: int) -> Iterator[tuple[PointerChunk, int, int]]:
+        raise self._gone()
+
+    def totals(self) -> np.ndarray:
+        raise self._gone()
+
+    def window(self, first: int, stop: int, lo: np.ndarray | None = None) -> Pointers:
+        raise self._gone()
+
+    def run_steps_into(self, k: int, lo: int, hi: int, out: np.ndarray, shift: int = 0) -> bool:
+        raise self._gone()

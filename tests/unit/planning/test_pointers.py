@@ -133,3 +133,20 @@ def test_run_steps_from_the_drawing_steps_are_the_columns_binary_search(
             assert np.array_equal(out, want), (k, lo, hi)
         out = np.zeros(2, dtype=np.int32)
         assert not sp.run_steps_into(k, last, last + 2, out)  # no step draws from the last row's pointer on
+
+
+def test_released_pointers_keep_their_length_and_refuse_reads() -> None:
+    """What a one-process look-ahead plan balances with: the pointers' length, no chunks; any read raises."""
+    ptr = _dense(np.random.default_rng(9), 50, 4, 0.3)
+    rel = Pointers.from_dense(ptr, 16).released()
+    assert len(rel) == len(ptr) and rel.steps == 50 and rel.nbytes == 0
+    for read in (
+        lambda: rel.row(3),
+        lambda: rel.column(1),
+        lambda: rel.totals(),
+        lambda: rel.window(0, 10),
+        lambda: rel.run_steps_into(0, 0, 1, np.zeros(1, dtype=np.int64)),
+        lambda: rel.last(),
+    ):
+        with pytest.raises(ValueError, match="released"):
+            read()

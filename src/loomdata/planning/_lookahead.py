@@ -241,6 +241,7 @@ def assign_steps(
     ptr: Pointers | None = None,
     drop_counts: bool = False,
     tolerance: float = LOOKAHEAD_TOLERANCE,
+    release_ptr: bool = False,
 ) -> StepAssignment:
     """Assigned steps (t0..t1-1) of the positions `pos` of every source, natural steps `nat` (counted clipped
     into t0..t1-1; one before t0, which a re-plan's base deferred, still moves at most K steps from it).
@@ -249,6 +250,8 @@ def assign_steps(
     prefix of a longer plan). `planned_before`: short-lane tokens planned before t0 (a re-plan's base steps),
     part of the prefix the mixture tolerance is a share of. `nat` None: the natural steps of the positions
     from the membership pointers `ptr` (a fresh plan; `pos` may then be ranges, natural_ranges).
+    `release_ptr`: `ptr.release()` once the natural steps are read (its chunks not held through the pass's peak:
+    for a caller that balances from the assignment alone).
     `drop_counts`: once source k's per-segment lengths are read, `streams[k]` is replaced by its
     `without_counts()` (frees the caller's cumulative counts source by source, when the caller holds no other
     reference). `tolerance`: the most heavy tokens moved, as a share of the tokens planned so far
@@ -310,6 +313,9 @@ def assign_steps(
             # back as they go (300 sources at 10M samples: 80 MB of counts beside the pass's columns otherwise)
             trim_arenas()
             freed = 0
+    if release_ptr and ptr is not None:
+        ptr.release()
+        trim_arenas()
     clipped = total and (int(raw.min()) < 0 or int(raw.max()) > n - 1)
     nt = np.clip(raw, 0, n - 1) if clipped else raw
     sl = slots[t0:t1].astype(np.int64)

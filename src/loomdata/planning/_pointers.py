@@ -151,6 +151,8 @@ class Pointers:
         """The chunk holding row t (the last chunk for t == steps)."""
         if not 0 <= t <= self.steps:
             raise IndexError(f"pointer row {t} is outside 0..{self.steps}")
+        if not self.chunks:
+            raise ValueError("these pointers were released after the look-ahead: only their length is kept")
         i = int(np.searchsorted(self.starts, t, side="right")) - 1
         c = self.chunks[i]
         if t - c.first > c.rows and i + 1 < len(self.chunks):  # (chunks are consecutive: not reached)
@@ -206,6 +208,8 @@ class Pointers:
 
     def totals(self) -> np.ndarray:
         """(steps + 1,) int64: every row's sum over sources (ptr.sum(axis=1))."""
+        if not self.chunks:
+            raise ValueError("these pointers were released after the look-ahead: only their length is kept")
         out = np.empty(self.steps + 1, dtype=np.int64)
         for c in self.chunks:
             part = np.empty(c.rows + 1, dtype=np.int64)
@@ -252,6 +256,12 @@ class Pointers:
     def aligned(self) -> Pointers:
         """The pointers with every array aligned (after Dask's transfer)."""
         return Pointers([c.aligned() for c in self.chunks], self.steps)
+
+    def release(self) -> None:
+        """Let the chunks go in place, so that every holder of these pointers sees them gone (the look-ahead does
+        once it has read the natural steps, when its caller balances from the assignment); later reads raise."""
+        self.chunks.clear()
+        object.__setattr__(self, "starts", np.zeros(0, dtype=np.int64))
 
     def released(self) -> Pointers:
         """Their steps alone, the chunks let go: what balancing a look-ahead plan in one process reads of the

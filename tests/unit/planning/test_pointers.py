@@ -150,3 +150,19 @@ def test_released_pointers_keep_their_length_and_refuse_reads() -> None:
     ):
         with pytest.raises(ValueError, match="released"):
             read()
+
+
+def test_pointers_released_in_place_refuse_reads_wherever_held() -> None:
+    """release() lets the chunks go for every holder (the look-ahead's caller too); reads then raise."""
+    dense = _dense(np.random.default_rng(10), 40, 3, 0.5)
+    ptr = Pointers.from_dense(dense, 16)
+    held = [ptr]
+    assert np.array_equal(held[0].row(7), dense[7])
+    ptr.release()
+    assert held[0].nbytes == 0 and len(held[0]) == 41
+    for read in (lambda: held[0].row(7), lambda: held[0].totals(), lambda: held[0].window(0, 5)):
+        with pytest.raises(ValueError, match="released"):
+            read()
+    with pytest.raises((ValueError, IndexError)):
+        held[0].column(0)
+    assert len(ptr.released()) == 41

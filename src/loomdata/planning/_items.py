@@ -103,20 +103,9 @@ class StepItems:
         end = self._seg_end[t0 - s0] + block_segments(len(self._streams))
         t1 = s0 + int(np.searchsorted(self._seg_end, end, side="right")) - 1
         t1 = min(max(t1, t0 + 1), last)
-        parts = []
-        first = last_row = None
-        if self._asg is None:
-            first, last_row = self._ptr.row(t0 - s0), self._ptr.row(t1 - s0)
-        for k, st in enumerate(self._streams):
-            if self._asg is not None:
-                pos, at = self._asg.range(k, t0, t1)
-                if len(pos) == 0:
-                    continue
-                doc, off, length, lane = segments_at(st, pos, self._tokens[k], self._lanes)
-                img = self._image_tokens(k, doc, length)
-                ids = np.full(len(pos), k, dtype=np.uint16)
-                parts.append((ids, self._samples[k][doc], off, length.astype(np.int64), lane, img, at - t0))
-                continue
+        parts = [] if self._asg is None else [self._assigned(t0, t1)]
+        first, last_row = (self._ptr.row(t0 - s0), self._ptr.row(t1 - s0)) if self._asg is None else (None, None)
+        for k, st in enumerate(self._streams if self._asg is None else ()):
             if first is None or last_row is None:
                 raise AssertionError("pointer rows are gathered where there is no assignment")
             a, b = int(first[k]), int(last_row[k])
@@ -139,6 +128,50 @@ class StepItems:
         self._cols = (src_id, sample, offset, length, lane, img, cost)
         self._bounds = np.searchsorted(step_of, np.arange(t1 - t0 + 1), side="left")
         self._first = t0
+
+    def _assigned(self, t0: int, t1: int) -> tuple[np.ndarray, ...]:
+        """The columns of the segments assigned to steps t0..t1-1 (look-ahead membership), source after source
+        (each source's in step-major, stream order) with each one's step from t0: per source only the gather and
+        its sample ids; the source ids, int64 lengths, steps and (no images anywhere) image tokens made once for
+        all sources, the same values and types as made source by source."""
+        asg = self._asg
+        if asg is None:
+            raise AssertionError("no assignment to gather from")
+        # (a block always holds a step, and every step draws: empty steps are a PlanError before balancing)
+        ks: list[int] = []
+        samples, offsets, lengths, lanes, images, steps = [], [], [], [], [], []
+        no_images = all(self._no_images(k) for k in range(len(self._streams))) and (
+            len({self._images[k].dtype for k in range(len(self._streams))}) == 1  # (zeros of one type, as before)
+        )
+        for k, st in enumerate(self._streams):
+            pos, at = asg.range(k, t0, t1)
+            if len(pos) == 0:
+                continue
+            doc, off, length, lane = segments_at(st, pos, self._tokens[k], self._lanes)
+            ks.append(k)
+            samples.append(self._samples[k][doc])
+            offsets.append(off)
+            lengths.append(length)
+            lanes.append(lane)
+            steps.append(at)
+            if not no_images:
+                images.append(self._image_tokens(k, doc, length))
+        if not ks:
+            raise AssertionError(f"steps {t0}..{t1 - 1} have no segments assigned")
+        sample, offset, length, lane, step = (
+            c[0] if len(c) == 1 else np.concatenate(c) for c in (samples, offsets, lengths, lanes, steps)
+        )
+        if no_images:
+            img = np.zeros(len(length), dtype=self._images[ks[0]].dtype)
+        else:
+            img = images[0] if len(images) == 1 else np.concatenate(images)
+        ids = np.repeat(np.asarray(ks, dtype=np.uint16), [len(x) for x in offsets])
+        return ids, sample, offset, length.astype(np.int64), lane, img, step - t0
+
+    def _no_images(self, k: int) -> bool:
+        """Source k's image column is a broadcast zero (no gather needed)."""
+        images = self._images[k]
+        return bool(images.strides == (0,) and (len(images) == 0 or not images[0]))
 
     def _image_tokens(self, k: int, doc: np.ndarray, length: np.ndarray) -> np.ndarray:
         """Image tokens of segments of documents `doc` of source k (a split piece has none): zeros without a

@@ -241,6 +241,7 @@ def assign_steps(
     ptr: Pointers | None = None,
     drop_counts: bool = False,
     tolerance: float = LOOKAHEAD_TOLERANCE,
+    release_ptr: bool = False,
 ) -> StepAssignment:
     """Assigned steps (t0..t1-1) of the positions `pos` of every source, natural steps `nat` (counted clipped
     into t0..t1-1; one before t0, which a re-plan's base deferred, still moves at most K steps from it).
@@ -249,6 +250,8 @@ def assign_steps(
     prefix of a longer plan). `planned_before`: short-lane tokens planned before t0 (a re-plan's base steps),
     part of the prefix the mixture tolerance is a share of. `nat` None: the natural steps of the positions
     from the membership pointers `ptr` (a fresh plan; `pos` may then be ranges, natural_ranges).
+    `release_ptr`: `ptr.release()` once the natural steps are read (its chunks not held through the pass's peak:
+    for a caller that balances from the assignment alone).
     `drop_counts`: once source k's per-segment lengths are read, `streams[k]` is replaced by its
     `without_counts()` (frees the caller's cumulative counts source by source, when the caller holds no other
     reference). `tolerance`: the most heavy tokens moved, as a share of the tokens planned so far
@@ -275,7 +278,12 @@ def assign_steps(
     for s, p in enumerate(pos):
         st = streams[s]
         o = int(offs[s])
-        col = ptr.column(s) if nat is None and ptr is not None and len(p) else None  # one source's at a time
+        col: np.ndarray | None = None
+        if nat is None and ptr is not None and len(p):
+            # a range's natural steps straight from the steps that draw it (the column's binary searches, bit for
+            # bit); else (positions some step does not draw: not met from natural_ranges) from its whole column
+            whole = isinstance(p, range) and ptr.run_steps_into(s, p.start, p.stop, raw[o : o + len(p)], -t0)
+            col = None if whole else ptr.column(s)  # one source's at a time
         for i0 in range(0, len(p), CHUNK):
             i1 = min(len(p), i0 + CHUNK)
             q: np.ndarray | None = None
@@ -305,6 +313,9 @@ def assign_steps(
             # back as they go (300 sources at 10M samples: 80 MB of counts beside the pass's columns otherwise)
             trim_arenas()
             freed = 0
+    if release_ptr and ptr is not None:
+        ptr.release()
+        trim_arenas()
     clipped = total and (int(raw.min()) < 0 or int(raw.max()) > n - 1)
     nt = np.clip(raw, 0, n - 1) if clipped else raw
     sl = slots[t0:t1].astype(np.int64)
@@ -330,7 +341,11 @@ def assign_steps(
     moving = ~is_long & ~pinned  # heavy when tall, light otherwise
     del is_long, pinned
     order = _Order(pos, raw, offs, n)
-    hi_idx = np.concatenate([c[tall[c] & moving[c]] for c in order.chunks()] or [np.zeros(0, dtype=np.int64)])
+    # the heavy segments' indices (int32 where they fit: 4 bytes a heavy segment less through the lights' peak)
+    idx_dtype = np.int32 if total < 2**31 else np.int64
+    hi_idx = np.concatenate(
+        [c[tall[c] & moving[c]].astype(idx_dtype) for c in order.chunks()] or [np.zeros(0, dtype=idx_dtype)]
+    )
     c = np.cumsum(np.bincount(nt[hi_idx], minlength=n))
     a = (c + dpt // 2) // dpt * dpt
     # no heavy segment later than K steps after its natural step (also those a re-plan's base deferred)
@@ -344,6 +359,7 @@ def assign_steps(
     a = np.clip(
         a, np.searchsorted(hc, h_nat - slack, side="left"), np.searchsorted(hc, h_nat + slack, side="right") - 1
     )
+    del hc, h_nat  # (8 bytes a heavy segment, not needed through the lights' peak)
     a = np.clip(a, lo, hi)
     # at most as many heavy segments in step t as sequences the pinned light tokens leave
     h_cap = np.maximum(cap_h - (pinned_light + seq - 1) // seq, 0)
@@ -354,9 +370,12 @@ def assign_steps(
         # the steps after t can take only so many: what they cannot is placed by t (nothing past the last step)
         a = np.maximum(a, c[-1] - (capc[-1] - capc))
         a[-1] = c[-1]
-    h_step = np.searchsorted(a, np.arange(len(hi_idx)), side="right")
+    h_step = np.searchsorted(a, np.arange(len(hi_idx)), side="right").astype(step_dtype)  # steps <= n
     h_nat_tok = np.bincount(nt[hi_idx], weights=length[hi_idx], minlength=n).astype(np.int64)
     h_asg_tok = np.bincount(np.minimum(h_step, n - 1), weights=length[hi_idx], minlength=n).astype(np.int64)
+    # the heavy pass's arrays of steps go before the lights' peak (at dp 4 a step holds about 60 segments, so a
+    # dozen 8-byte arrays of steps are over a byte a segment)
+    del n_long, short_tok, sl, dpt, lo, hi, a, c, slack, h_cap, capc, epochs, short_epoch, drawn
 
     light = moving & ~tall
     del moving, tall

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._mixture_kernel import nearest_run, repair_rows
+from loomdata.planning._mixture_kernel import held_rows, held_targets, nearest_run, repair_rows
 from loomdata.planning._packing import Lanes, expand_with_lengths
 from loomdata.planning._permute import uniform_permutation
 from loomdata.planning._pointers import PointerChunk, Pointers, compress_rows
@@ -170,13 +170,34 @@ class CumulativeTargets:
             v[0] += before
         return np.cumsum(v, axis=0, out=v)
 
+    def rows_and_columns(self, a: int, b: int, before: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(rows(a, b, before), the same block transposed: sources as C-ordered rows); steps whose weights are all
+        the held last row in one compiled pass (_mixture_kernel.held_rows: the same floats)."""
+        if a < self.weights.held - self.weights.first or b <= a:
+            v = self.rows(a, b, before)
+            return v, transposed(v)
+        n = self.weights.n_sources
+        acc = np.zeros(n) if before is None else np.array(before, dtype=np.float64)
+        rows, cols = np.empty((b - a, n)), np.empty((n, b - a))
+        held_rows(self.weights.last, np.ascontiguousarray(self.budget[a:b], dtype=np.int64), acc, rows, cols)
+        return rows, cols
+
     def final(self) -> np.ndarray:
-        """(sources,) the targets through the last step: the rows worked out a chunk of steps at a time."""
+        """(sources,) the targets through the last step: the rows worked out a chunk of steps at a time; where a
+        chunk's weights are all the held last row, only its running sum (_mixture_kernel.held_targets: the same
+        floats, without the chunk's block of rows)."""
         steps, n = self.shape
         rows = max(64, REPAIR_CHUNK_CELLS // max(n, 1))
+        held = self.weights.held - self.weights.first  # rows from here on are the held row
         before: np.ndarray | None = None
         for a in range(0, steps, rows):
-            before = self.rows(a, min(steps, a + rows), before)[-1]
+            b = min(steps, a + rows)
+            if a >= held:
+                acc = np.zeros(n) if before is None else before
+                held_targets(self.weights.last, np.ascontiguousarray(self.budget[a:b], dtype=np.int64), acc)
+                before = acc
+            else:
+                before = self.rows(a, b, before)[-1].copy()
         return np.zeros(n) if before is None else before.copy()
 
 
@@ -423,9 +444,14 @@ def membership(
     chunks: list[PointerChunk] = []
     for b0 in range(0, steps, rows):
         b1 = min(steps, b0 + rows)
-        tg_rows = tg.rows(b0, b1, before)  # (b1 - b0, sources)
+        if isinstance(tg, CumulativeTargets):  # (b1 - b0, sources), and as (sources, b1 - b0)
+            tg_rows, by_source = tg.rows_and_columns(b0, b1, before)
+        else:
+            tg_rows = tg.rows(b0, b1, before)
+            by_source = transposed(tg_rows)
         before = tg_rows[-1].copy()
-        near = _nearest_rows(streams, tg_rows, state, near_before, dtype)  # rows b0..b1 (row 0: near_before)
+        near = _nearest_rows(streams, by_source, state, near_before, dtype)  # rows b0..b1 (row 0: near_before)
+        del by_source
         near_before = near[-1].copy()
         chunks.extend(_repair(near, b0, prev, tg_rows, streams, lanes, slot_arr))
         prev = chunks[-1].row(chunks[-1].rows)
@@ -436,13 +462,13 @@ def membership(
 
 
 def _nearest_rows(
-    streams: Sequence[Stream], tg_rows: np.ndarray, state: np.ndarray, first: np.ndarray, dtype: type
+    streams: Sequence[Stream], by_source: np.ndarray, state: np.ndarray, first: np.ndarray, dtype: type
 ) -> np.ndarray:
-    """(len(tg_rows) + 1, sources) C-ordered: `first`, then the nearest pointers of the block's steps, each source's
+    """(steps + 1, sources) C-ordered: `first`, then the nearest pointers of the block's steps, each source's
     search carried on from `state` (updated). Worked out source by source over the block's targets laid out as
-    rows (tiled transposes there and back: a column of the C-ordered block is one cache line a step)."""
-    r, n_src = tg_rows.shape
-    by_source = transposed(tg_rows)
+    rows (`by_source`: (sources, steps), the block transposed; a tiled transpose back: a column of the C-ordered
+    block is one cache line a step)."""
+    n_src, r = by_source.shape
     out_t: np.ndarray = np.empty((n_src, r), dtype=dtype)
     for k in range(n_src):
         nearest_run(streams[k].cum, by_source[k], out_t[k], state[k])

@@ -18,7 +18,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["nearest_column", "nearest_run", "repair_rows"]
+__all__ = ["held_rows", "held_targets", "nearest_column", "nearest_run", "repair_rows"]
 
 
 @njit
@@ -109,3 +109,28 @@ def repair_rows(
             if n_long <= sl and short <= (sl - n_long) * seq_len:
                 break
         ptr[t + 1] = r
+
+
+@njit
+def held_targets(last: np.ndarray, budget: np.ndarray, acc: np.ndarray) -> None:
+    """acc[k] += last[k] * float64(budget[t]), step after step: the last row of CumulativeTargets.rows' cumsum over
+    steps whose weights are all the held row `last` (the same products and the same additions in the same order,
+    so bit for bit; no (steps x sources) block made)."""
+    for t in range(len(budget)):
+        b = np.float64(budget[t])
+        for k in range(len(acc)):
+            acc[k] = acc[k] + last[k] * b
+
+
+@njit
+def held_rows(last: np.ndarray, budget: np.ndarray, acc: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> None:
+    """held_targets, each step's running sums also written as rows[t] and cols[:, t]: CumulativeTargets.rows of
+    steps whose weights are all the held row `last` (`acc`: the row before them, zeros for the first step) and
+    that block transposed, in one pass, bit for bit."""
+    for t in range(len(budget)):
+        b = np.float64(budget[t])
+        for k in range(len(acc)):
+            v = acc[k] + last[k] * b
+            acc[k] = v
+            rows[t, k] = v
+            cols[k, t] = v

@@ -359,10 +359,16 @@ def _plan_into(
             ptr=ptr,
             drop_counts=True,
             tolerance=spec.planning.lookahead_tolerance,
+            # balancing here reads the assignment, not the pointers (their number of steps alone): their chunks go
+            # once the natural steps are read (300 sources x dp 4: about 4 bytes a segment through the pass's and
+            # balancing's peaks); the cluster's ranges still cut windows of them, a re-plan reads its base by them
+            release_ptr=client is None and base is None,
         )
         del pos, nat  # the assignment holds what balancing needs
     streams = [st.without_counts() for st in streams]
-    trim_arenas()  # the look-ahead's temporaries and the streams' counts, before balancing
+    if assignment is not None and client is None:
+        ptr = ptr.released()  # (their chunks let go in the look-ahead of a fresh plan: its steps alone kept)
+    trim_arenas()  # the look-ahead's temporaries, the streams' counts and the pointers, before balancing
     empty = np.flatnonzero(drawn_per_step[start:] == 0)
     if len(empty):
         raise PlanError(

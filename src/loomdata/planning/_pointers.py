@@ -28,11 +28,12 @@ from loomdata.planning._pointers_kernel import (
     count_changes,
     dense_into,
     fill_changes,
+    fill_run_steps,
     row_at,
     totals_into,
 )
 
-__all__ = ["CHUNK_ROW_CELLS", "PointerChunk", "Pointers", "compress_rows"]
+__all__ = ["CHUNK_ROW_CELLS", "PointerChunk", "Pointers", "ReleasedPointers", "compress_rows"]
 
 CHUNK_ROW_CELLS = 1 << 20
 """(steps x sources) cells of a chunk when a dense table is compressed (`Pointers.from_dense`)."""
@@ -150,6 +151,8 @@ class Pointers:
         """The chunk holding row t (the last chunk for t == steps)."""
         if not 0 <= t <= self.steps:
             raise IndexError(f"pointer row {t} is outside 0..{self.steps}")
+        if not self.chunks:
+            raise ValueError("these pointers were released after the look-ahead: only their length is kept")
         i = int(np.searchsorted(self.starts, t, side="right")) - 1
         c = self.chunks[i]
         if t - c.first > c.rows and i + 1 < len(self.chunks):  # (chunks are consecutive: not reached)
@@ -192,8 +195,21 @@ class Pointers:
             at += b - a + 1
         return out
 
+    def run_steps_into(self, k: int, lo: int, hi: int, out: np.ndarray, shift: int = 0) -> bool:
+        """out[v - lo] = (the step t that draws source k's stream position v: ptr[t, k] <= v < ptr[t + 1, k]) + shift
+        for v in lo..hi-1, from the entries of the steps that draw (no column of every step: with many sources
+        a source draws at a few steps of each chunk). False, with `out` partly written, where a position is not
+        drawn by any step (below row 0's pointer or from the last row's on)."""
+        wrote = 0
+        for c in self.chunks:
+            if c.rows:
+                wrote += fill_run_steps(c.indptr, c.step, c.end, c.base, k, c.first, lo, hi, shift, out)
+        return wrote == hi - lo
+
     def totals(self) -> np.ndarray:
         """(steps + 1,) int64: every row's sum over sources (ptr.sum(axis=1))."""
+        if not self.chunks:
+            raise ValueError("these pointers were released after the look-ahead: only their length is kept")
         out = np.empty(self.steps + 1, dtype=np.int64)
         for c in self.chunks:
             part = np.empty(c.rows + 1, dtype=np.int64)
@@ -240,3 +256,51 @@ class Pointers:
     def aligned(self) -> Pointers:
         """The pointers with every array aligned (after Dask's transfer)."""
         return Pointers([c.aligned() for c in self.chunks], self.steps)
+
+    def release(self) -> None:
+        """Let the chunks go in place, so that every holder of these pointers sees them gone (the look-ahead does
+        once it has read the natural steps, when its caller balances from the assignment); later reads raise."""
+        self.chunks.clear()
+        object.__setattr__(self, "starts", np.zeros(0, dtype=np.int64))
+
+    def released(self) -> Pointers:
+        """Their steps alone, the chunks let go: what balancing a look-ahead plan in one process reads of the
+        pointers (its length; at 300 sources x dp 4 the chunks are about 4 bytes a segment). Reading a row, a
+        column or the totals of it raises."""
+        return ReleasedPointers([], self.steps)
+
+
+class ReleasedPointers(Pointers):
+    """Pointers whose chunks were let go (Pointers.released): the number of steps, nothing to read."""
+
+    __slots__ = ()
+
+    def _gone(self) -> ValueError:
+        return ValueError("these pointers were released after the look-ahead: only their length is kept")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        raise self._gone()
+
+    @property
+    def n_sources(self) -> int:
+        raise self._gone()
+
+    @property
+    def dtype(self) -> np.dtype:
+        raise self._gone()
+
+    def _chunk_of(self, t: int) -> PointerChunk:
+        raise self._gone()
+
+    def _overlapping(self, t0: int, t1: int) -> Iterator[tuple[PointerChunk, int, int]]:
+        raise self._gone()
+
+    def totals(self) -> np.ndarray:
+        raise self._gone()
+
+    def window(self, first: int, stop: int, lo: np.ndarray | None = None) -> Pointers:
+        raise self._gone()
+
+    def run_steps_into(self, k: int, lo: int, hi: int, out: np.ndarray, shift: int = 0) -> bool:
+        raise self._gone()

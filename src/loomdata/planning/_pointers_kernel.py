@@ -107,3 +107,34 @@ def totals_into(indptr: np.ndarray, step: np.ndarray, end: np.ndarray, base: np.
     out[0] += total
     for i in range(1, len(out)):
         out[i] += out[i - 1]
+
+
+@njit
+def fill_run_steps(
+    indptr: np.ndarray,
+    step: np.ndarray,
+    end: np.ndarray,
+    base: np.ndarray,
+    k: int,
+    first: int,
+    lo: int,
+    hi: int,
+    shift: int,
+    out: np.ndarray,
+) -> int:
+    """out[v - lo] = first + s + shift for the stream positions v in [lo, hi) that source k draws at the chunk's
+    local step s (those from its pointer before s to its pointer after it); returns how many it wrote."""
+    a, b = indptr[k], indptr[k + 1]
+    prev = np.int64(base[k])
+    wrote = np.int64(0)
+    for c in range(a, b):
+        nxt = np.int64(base[k]) + np.int64(end[c])
+        v0 = prev if prev > lo else np.int64(lo)
+        v1 = nxt if nxt < hi else np.int64(hi)
+        t = first + np.int64(step[c]) + shift
+        for v in range(v0, v1):
+            out[v - lo] = t
+        if v1 > v0:
+            wrote += v1 - v0
+        prev = nxt
+    return int(wrote)

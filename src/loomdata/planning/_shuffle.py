@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._shuffle_kernel import lru_replay, stable_ranks
+from loomdata.planning._shuffle_kernel import block_reads, lru_replay, stable_ranks
 from loomdata.schemas.spec import SourceSpec
 
 __all__ = [
@@ -155,7 +155,7 @@ def shuffle_figures(
     tokens by index row."""
     m = min(len(doc), FIGURE_SEGMENTS)
     p = layout.positions(doc[:m])
-    seg_len = np.asarray(length[:m], dtype=np.float64)
+    seg_len_total = int(np.asarray(length[:m]).sum(dtype=np.int64))  # < 2**53: its float64 sum, exactly
     spearman = 0.0
     if m > 2:
         hi = int(p.max()) + 1
@@ -166,16 +166,29 @@ def shuffle_figures(
             rank[np.argsort(p, kind="stable")] = np.arange(m, dtype=np.float64)
         c = np.corrcoef(np.arange(m, dtype=np.float64), rank)[0, 1]
         spearman = float(c) if np.isfinite(c) else 0.0
-    jump = float(np.abs(np.diff(p)).mean()) if m > 1 else 0.0
-    amp = fetch = 0.0
+    jump = amp = fetch = 0.0
     if m:
-        blk = np.searchsorted(layout.starts, p, side="right") - 1
-        miss = ~lru_hits(blk, layout.window)
-        fetched = blk[miss]
-        need = np.unique(fetched)
-        tokens = _block_tokens(lengths, layout, need)[np.searchsorted(need, fetched)]  # in fetch order, as before
-        amp = float(tokens.sum() / max(seg_len.sum(), 1.0))
-        fetch = int(miss.sum()) / m
+        # one compiled pass (the jumps, each position's block, the LRU replay, the fetched blocks' tokens); its
+        # integer sums are the float64 sums of before bit for bit while below 2**53 (every partial sum exact)
+        order = np.zeros(0, dtype=np.int64) if layout.order is None else layout.order
+        misses, fetched, jumps, exact = block_reads(
+            np.ascontiguousarray(p, dtype=np.int64),
+            layout.starts,
+            int(layout.block_size),
+            int(layout.window),
+            lengths,
+            order,
+        )
+        jump = jumps / (m - 1) if m > 1 else 0.0
+        fetch = misses / m
+        if exact:
+            amp = float(np.float64(fetched) / max(np.float64(seg_len_total), 1.0))
+        else:  # tokens past 2**53 (not met in practice): the float64 sums as they always were
+            blk = np.searchsorted(layout.starts, p, side="right") - 1
+            got = blk[~lru_hits(blk, layout.window)]
+            need = np.unique(got)
+            tokens = _block_tokens(lengths, layout, need)[np.searchsorted(need, got)]  # in fetch order
+            amp = float(tokens.sum() / max(np.asarray(length[:m], dtype=np.float64).sum(), 1.0))
     return ShuffleFigures(
         mode=source.shuffle.value,
         block_size=layout.block_size,

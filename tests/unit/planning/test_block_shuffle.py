@@ -276,3 +276,94 @@ def test_stable_ranks_are_the_inverse_of_a_stable_argsort(hi: int) -> None:
         want = np.empty(m, dtype=np.float64)
         want[np.argsort(p, kind="stable")] = np.arange(m, dtype=np.float64)
         assert stable_ranks(p, hi).tobytes() == want.tobytes()
+
+
+def _figures_before(layout: BlockLayout, doc: np.ndarray, length: np.ndarray, lengths: np.ndarray) -> tuple:
+    """The read figures as shuffle_figures worked them out before session 14 (NumPy and the Fenwick LRU replay)."""
+    from loomdata.planning._shuffle import lru_hits
+
+    m = min(len(doc), _shuffle.FIGURE_SEGMENTS)
+    p = layout.positions(doc[:m])
+    seg_len = np.asarray(length[:m], dtype=np.float64)
+    jump = float(np.abs(np.diff(p)).mean()) if m > 1 else 0.0
+    amp = fetch = 0.0
+    if m:
+        blk = np.searchsorted(layout.starts, p, side="right") - 1
+        miss = ~lru_hits(blk, layout.window)
+        fetched = blk[miss]
+        need = np.unique(fetched)
+        tokens = _block_tokens(lengths, layout, need)[np.searchsorted(need, fetched)]
+        amp = float(tokens.sum() / max(seg_len.sum(), 1.0))
+        fetch = int(miss.sum()) / m
+    return jump, jump / max(layout.num_docs, 1), amp, fetch
+
+
+@pytest.mark.parametrize("shuffled_rows", [False, True])
+@pytest.mark.parametrize(("block_size", "window"), [(1, 1), (3, 4), (64, 2), (1000, 16)])
+def test_one_pass_read_figures_equal_the_numpy_ones_bit_for_bit(
+    shuffled_rows: bool, block_size: int, window: int
+) -> None:
+    """shuffle_figures' compiled pass (block_reads) gives the very floats of the NumPy + Fenwick code it replaced,
+    over stream-like draws (each document once, then again) and random ones with repeats, in shards of uneven runs."""
+    from loomdata.schemas.spec import SourceSpec
+
+    rng = np.random.default_rng(block_size * 7 + window)
+    src = SourceSpec.model_validate({"name": "s", "format": "parquet", "paths": ["x"], "tokens_field": "t"})
+    for n, shards in ((1, 1), (5, 2), (3000, 7), (20_000, 3)):
+        lengths = rng.integers(1, 100_000, n).astype(np.uint32)
+        table = _table(lengths, shards, shuffled_rows=shuffled_rows)
+        layout = _layout(table, block_size, window)
+        for doc in (
+            rng.permutation(n),
+            np.concatenate([rng.permutation(n), rng.permutation(n)]),
+            rng.integers(0, n, 999),
+        ):
+            length = rng.integers(1, 5000, len(doc)).astype(np.uint32)
+            got = _shuffle.shuffle_figures(src, layout, doc, length, lengths)
+            want = _figures_before(layout, doc, length, lengths)
+            assert (got.mean_jump_docs, got.mean_jump_share, got.read_amplification, got.fetches_per_segment) == want
+            assert got.segments == min(len(doc), _shuffle.FIGURE_SEGMENTS)
+
+
+def first_misses(blk: np.ndarray, cap: int) -> np.ndarray:
+    """Where an LRU cache of `cap` keys misses on the accesses `blk` (the Fenwick replay)."""
+    from loomdata.planning._shuffle import lru_hits
+
+    return ~lru_hits(blk, cap)
+
+
+def test_block_reads_counts_an_lru_cache_and_stops_summing_at_2_53() -> None:
+    """block_reads' misses are a plain LRU cache's; fetched tokens that reach 2**53 are flagged inexact, and the
+    figures then come from the float64 path (the same value as before)."""
+    from collections import OrderedDict
+
+    from loomdata.planning._shuffle_kernel import block_reads
+    from loomdata.schemas.spec import SourceSpec
+
+    rng = np.random.default_rng(5)
+    starts = np.array([0, 2, 5, 6, 10], dtype=np.int64)
+    none = np.zeros(0, dtype=np.int64)
+    for cap in (1, 2, 3, 5):
+        p = rng.integers(0, 10, 500).astype(np.int64)
+        blk = np.searchsorted(starts, p, side="right") - 1
+        cache: OrderedDict[int, None] = OrderedDict()
+        misses = 0
+        for b in blk.tolist():
+            misses += b not in cache
+            cache[b] = None
+            cache.move_to_end(b)
+            if len(cache) > cap:
+                cache.popitem(last=False)
+        lengths = np.arange(1, 11, dtype=np.int64)
+        for block in (1, 4, 9):  # 1: the guess overshoots (blocks larger than it said); 4 is right, 9 loose
+            got = block_reads(p, starts, block, cap, lengths, none)
+            assert got[0] == misses and got[2] == int(np.abs(np.diff(p)).sum()) and got[3]
+            assert got[1] == sum(int(lengths[starts[b] : starts[b + 1]].sum()) for b in blk[first_misses(blk, cap)])
+    huge = np.full(10, 1 << 51, dtype=np.int64)
+    p = np.arange(10, dtype=np.int64)
+    assert not block_reads(p, starts, 4, 1, huge, none)[3]
+    layout = BlockLayout(starts, None, 4, 1)
+    src = SourceSpec.model_validate({"name": "s", "format": "parquet", "paths": ["x"], "tokens_field": "t"})
+    length = np.full(10, 7, dtype=np.uint32)
+    got = _shuffle.shuffle_figures(src, layout, p, length, huge)
+    assert got.read_amplification == _figures_before(layout, p, length, huge)[2] > 1e13

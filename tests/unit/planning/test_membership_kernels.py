@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from loomdata.planning import _mixture
 from loomdata.planning._jit import stable_argsort, stable_argsort_into
 from loomdata.planning._mixture import (
     CumulativeTargets,
@@ -250,3 +251,55 @@ def test_stable_argsort_into_a_buffer_is_numpys_stable_argsort(n: int) -> None:
         stable_argsort_into(x, out)
         assert np.array_equal(out, np.argsort(x, kind="stable"))
         assert np.array_equal(stable_argsort(x), out)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_final_targets_over_held_chunks_are_the_grids_last_row(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """final() sums chunks whose weights are all the held last row in one compiled pass (held_targets), chunks of
+    64 steps here (the grid's last row bit for bit: interpolated chunks before, held ones after, a chunk that
+    changes from one to the other, constant weights held from step 0, and a window's)."""
+    monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", 1)  # 64 steps a chunk
+    rng = np.random.default_rng(200 + seed)
+    n_src, steps = int(rng.integers(1, 40)), int(rng.integers(65, 700))
+    names = [f"s{k}" for k in range(n_src)]
+    if seed % 3 == 0:  # one milestone: every row held
+        mixture: dict[str, Any] = {"weights": {n: float(rng.random()) + 0.01 for n in names}}
+    else:
+        at = sorted({0, *rng.integers(1, steps // 2, 2).tolist()})
+        mixture = {"schedule": [{"step": s, "weights": {n: float(rng.random()) + 0.01 for n in names}} for s in at]}
+    w = step_weights(_spec(tmp_path, n_src, steps, mixture))
+    budget = rng.integers(1, 10**8, steps).astype(np.int64)
+    want = _targets(w.grid(), budget)
+    assert np.array_equal(_bits(CumulativeTargets(w, budget).final()), _bits(want[-1]))
+    a = int(rng.integers(0, steps - 64))
+    win = CumulativeTargets(w.window(a, steps), budget[a:])
+    assert np.array_equal(_bits(win.final()), _bits(_targets(w.grid()[a:], budget[a:])[-1]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_and_columns_are_the_rows_and_their_transpose(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rows_and_columns (membership's targets: held chunks in one compiled pass) gives rows() and its transpose
+    bit for bit, chunk after chunk, each given the row before."""
+    rng = np.random.default_rng(300 + seed)
+    n_src, steps = int(rng.integers(1, 40)), int(rng.integers(65, 500))
+    names = [f"s{k}" for k in range(n_src)]
+    if seed % 2 == 0:
+        mixture: dict[str, Any] = {"weights": {n: float(rng.random()) + 0.01 for n in names}}
+    else:
+        at = sorted({0, *rng.integers(1, steps // 2, 2).tolist()})
+        mixture = {"schedule": [{"step": s, "weights": {n: float(rng.random()) + 0.01 for n in names}} for s in at]}
+    w = step_weights(_spec(tmp_path, n_src, steps, mixture))
+    budget = rng.integers(1, 10**8, steps).astype(np.int64)
+    want = _targets(w.grid(), budget)
+    tg = CumulativeTargets(w, budget)
+    before = None
+    for a in range(0, steps, 37):
+        b = min(steps, a + 37)
+        rows, cols = tg.rows_and_columns(a, b, before)
+        assert np.array_equal(_bits(rows), _bits(want[a:b]))
+        assert np.array_equal(_bits(cols), _bits(np.ascontiguousarray(want[a:b].T)))
+        before = rows[-1]

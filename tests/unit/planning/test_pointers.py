@@ -105,3 +105,64 @@ def test_a_row_outside_the_table_is_refused() -> None:
     with pytest.raises(IndexError):
         sp.column(0, -1, 2)
     assert sp.column(1, 0, 3).tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    ("seed", "steps", "n_src", "draws", "chunk_rows"),
+    [(0, 300, 7, 0.2, 64), (1, 1000, 40, 0.05, 17), (3, 200, 1, 0.9, 1), (6, 40, 3, 1.0, None), (7, 90, 4, 0.0, 9)],
+)
+def test_run_steps_from_the_drawing_steps_are_the_columns_binary_search(
+    seed: int, steps: int, n_src: int, draws: float, chunk_rows: int | None
+) -> None:
+    """run_steps_into (the look-ahead's natural steps of a fresh plan) writes searchsorted(column, v, "right") - 1
+    (+ shift) for every drawn position of any run, and says False where a run goes past what the steps draw."""
+    rng = np.random.default_rng(seed)
+    ptr = _dense(rng, steps, n_src, draws)
+    if seed == 6:
+        ptr[1:, 1] += 70_000  # uint32 offsets
+    sp = Pointers.from_dense(ptr, chunk_rows)
+    for k in range(n_src):
+        last = int(ptr[-1, k])
+        runs = [(0, last), (last // 3, last // 2), (last, last)] + [
+            tuple(sorted(rng.integers(0, last + 1, 2).tolist())) for _ in range(4)
+        ]
+        for lo, hi in runs:
+            out = np.full(hi - lo, -99, dtype=np.int32)
+            assert sp.run_steps_into(k, lo, hi, out, shift=-3)
+            want = np.searchsorted(ptr[:, k], np.arange(lo, hi), side="right") - 1 - 3
+            assert np.array_equal(out, want), (k, lo, hi)
+        out = np.zeros(2, dtype=np.int32)
+        assert not sp.run_steps_into(k, last, last + 2, out)  # no step draws from the last row's pointer on
+
+
+def test_released_pointers_keep_their_length_and_refuse_reads() -> None:
+    """What a one-process look-ahead plan balances with: the pointers' length, no chunks; any read raises."""
+    ptr = _dense(np.random.default_rng(9), 50, 4, 0.3)
+    rel = Pointers.from_dense(ptr, 16).released()
+    assert len(rel) == len(ptr) and rel.steps == 50 and rel.nbytes == 0
+    for read in (
+        lambda: rel.row(3),
+        lambda: rel.column(1),
+        lambda: rel.totals(),
+        lambda: rel.window(0, 10),
+        lambda: rel.run_steps_into(0, 0, 1, np.zeros(1, dtype=np.int64)),
+        lambda: rel.last(),
+    ):
+        with pytest.raises(ValueError, match="released"):
+            read()
+
+
+def test_pointers_released_in_place_refuse_reads_wherever_held() -> None:
+    """release() lets the chunks go for every holder (the look-ahead's caller too); reads then raise."""
+    dense = _dense(np.random.default_rng(10), 40, 3, 0.5)
+    ptr = Pointers.from_dense(dense, 16)
+    held = [ptr]
+    assert np.array_equal(held[0].row(7), dense[7])
+    ptr.release()
+    assert held[0].nbytes == 0 and len(held[0]) == 41
+    for read in (lambda: held[0].row(7), lambda: held[0].totals(), lambda: held[0].window(0, 5)):
+        with pytest.raises(ValueError, match="released"):
+            read()
+    with pytest.raises((ValueError, IndexError)):
+        held[0].column(0)
+    assert len(ptr.released()) == 41

@@ -253,6 +253,15 @@ def test_stable_argsort_into_a_buffer_is_numpys_stable_argsort(n: int) -> None:
         assert np.array_equal(stable_argsort(x), out)
 
 
+def _random_mixture(rng: np.random.Generator, n_src: int, steps: int, *, held: bool) -> dict[str, Any]:
+    """Random weights for n_src sources: one milestone (held: every row the same) or a schedule of up to 3."""
+    names = [f"s{k}" for k in range(n_src)]
+    if held:
+        return {"weights": {n: float(rng.random()) + 0.01 for n in names}}
+    at = sorted({0, *rng.integers(1, steps // 2, 2).tolist()})
+    return {"schedule": [{"step": s, "weights": {n: float(rng.random()) + 0.01 for n in names}} for s in at]}
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_final_targets_over_held_chunks_are_the_grids_last_row(
     tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
@@ -263,12 +272,7 @@ def test_final_targets_over_held_chunks_are_the_grids_last_row(
     monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", 1)  # 64 steps a chunk
     rng = np.random.default_rng(200 + seed)
     n_src, steps = int(rng.integers(1, 40)), int(rng.integers(65, 700))
-    names = [f"s{k}" for k in range(n_src)]
-    if seed % 3 == 0:  # one milestone: every row held
-        mixture: dict[str, Any] = {"weights": {n: float(rng.random()) + 0.01 for n in names}}
-    else:
-        at = sorted({0, *rng.integers(1, steps // 2, 2).tolist()})
-        mixture = {"schedule": [{"step": s, "weights": {n: float(rng.random()) + 0.01 for n in names}} for s in at]}
+    mixture = _random_mixture(rng, n_src, steps, held=seed % 3 == 0)  # held: one milestone, every row held
     w = step_weights(_spec(tmp_path, n_src, steps, mixture))
     budget = rng.integers(1, 10**8, steps).astype(np.int64)
     want = _targets(w.grid(), budget)
@@ -286,12 +290,7 @@ def test_rows_and_columns_are_the_rows_and_their_transpose(
     bit for bit, chunk after chunk, each given the row before."""
     rng = np.random.default_rng(300 + seed)
     n_src, steps = int(rng.integers(1, 40)), int(rng.integers(65, 500))
-    names = [f"s{k}" for k in range(n_src)]
-    if seed % 2 == 0:
-        mixture: dict[str, Any] = {"weights": {n: float(rng.random()) + 0.01 for n in names}}
-    else:
-        at = sorted({0, *rng.integers(1, steps // 2, 2).tolist()})
-        mixture = {"schedule": [{"step": s, "weights": {n: float(rng.random()) + 0.01 for n in names}} for s in at]}
+    mixture = _random_mixture(rng, n_src, steps, held=seed % 2 == 0)
     w = step_weights(_spec(tmp_path, n_src, steps, mixture))
     budget = rng.integers(1, 10**8, steps).astype(np.int64)
     want = _targets(w.grid(), budget)

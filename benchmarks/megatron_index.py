@@ -116,7 +116,8 @@ def child_megatron(workdir: Path, rows: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     # Megatron builds the blend on rank 0 of an initialised process group, as in training: a group of one
-    dist.init_process_group("gloo", init_method=f"file://{workdir / 'megatron' / 'pg'}", rank=0, world_size=1)
+    rendezvous = Path(tempfile.mkdtemp(prefix="megatron-pg-", dir=workdir)) / "pg"  # fresh: a crashed run's is left
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
     base = _rss_mb()
     t0, c0 = time.perf_counter(), time.process_time()
     datasets = builder.BlendedMegatronDatasetBuilder(gpt.GPTDataset, [rows, 0, 0], lambda: True, config).build()

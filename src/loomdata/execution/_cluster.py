@@ -179,7 +179,9 @@ def embedded_worker_config(*, dashboard: bool) -> dict[str, Any]:
       config files or DASK_* variables). The profiler samples the stacks of the worker's task threads every 10 ms
       and keeps an hour of per-second profiles; reading each sampled frame's source line fills `linecache` with
       whole source files (2.4-2.6 MiB a worker serving 300 sources, tracemalloc, benchmarks/memory.py). Nothing
-      of loomdata reads the profiles; the dashboard's Profile page does, so `dashboard` keeps them.
+      of loomdata reads the profiles; the dashboard's Profile page does, so `dashboard` keeps them. A value set in
+      code with `dask.config.set` is not seen as the user's (set the key in a config file or DASK_* variable), and
+      the False holds in this process's Dask config for as long as the embedded cluster runs.
     """
     config: dict[str, Any] = {}
     if not dashboard and not _user_configured(PROFILE_KEY):

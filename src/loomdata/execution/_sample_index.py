@@ -28,9 +28,9 @@ class SampleIndex:
     run_starts: np.ndarray  # int64: the position where each run of one shard starts
     run_shards: np.ndarray  # int64: the shard of each run
     rows: np.ndarray | None  # the smallest of uint16, uint32, int64 that holds every row; None: implied (run_rows)
+    size: int  # positions (samples)
     checksums: np.ndarray | None = None  # uint32 per position, when samples are verified
     run_rows: np.ndarray | None = None  # int64: the row of each run's first position, where `rows` is None
-    size: int = 0  # positions (samples)
 
     @classmethod
     def of(

@@ -262,6 +262,7 @@ class Pointers:
         once it has read the natural steps, when its caller balances from the assignment); later reads raise."""
         self.chunks.clear()
         object.__setattr__(self, "starts", np.zeros(0, dtype=np.int64))
+        object.__setattr__(self, "__class__", ReleasedPointers)  # same slots: every read now says why it fails
 
     def released(self) -> Pointers:
         """Their steps alone, the chunks let go: what balancing a look-ahead plan in one process reads of the

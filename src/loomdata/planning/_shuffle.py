@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._shuffle_kernel import block_reads, lru_replay, stable_ranks
+from loomdata.planning._shuffle_kernel import block_reads, stable_ranks
 from loomdata.schemas.spec import SourceSpec
 
 __all__ = [
@@ -42,7 +42,6 @@ __all__ = [
     "BlockLayout",
     "ShuffleFigures",
     "layout_of",
-    "lru_hits",
     "shuffle_figures",
     "storage_runs",
 ]
@@ -169,9 +168,9 @@ def shuffle_figures(
     jump = amp = fetch = 0.0
     if m:
         # one compiled pass (the jumps, each position's block, the LRU replay, the fetched blocks' tokens); its
-        # integer sums are the float64 sums of before bit for bit while below 2**53 (every partial sum exact)
+        # integer sums are float64 sums of the same values, exact below 2**53 (every partial sum exact)
         order = np.zeros(0, dtype=np.int64) if layout.order is None else layout.order
-        misses, fetched, jumps, exact = block_reads(
+        misses, fetched, jumps = block_reads(
             np.ascontiguousarray(p, dtype=np.int64),
             layout.starts,
             int(layout.block_size),
@@ -181,14 +180,7 @@ def shuffle_figures(
         )
         jump = jumps / (m - 1) if m > 1 else 0.0
         fetch = misses / m
-        if exact:
-            amp = float(np.float64(fetched) / max(np.float64(seg_len_total), 1.0))
-        else:  # tokens past 2**53 (not met in practice): the float64 sums as they always were
-            blk = np.searchsorted(layout.starts, p, side="right") - 1
-            got = blk[~lru_hits(blk, layout.window)]
-            need = np.unique(got)
-            tokens = _block_tokens(lengths, layout, need)[np.searchsorted(need, got)]  # in fetch order
-            amp = float(tokens.sum() / max(np.asarray(length[:m], dtype=np.float64).sum(), 1.0))
+        amp = float(fetched / max(float(seg_len_total), 1.0))
     return ShuffleFigures(
         mode=source.shuffle.value,
         block_size=layout.block_size,
@@ -200,37 +192,6 @@ def shuffle_figures(
         read_amplification=amp,
         fetches_per_segment=fetch,
     )
-
-
-_SUM_DOCS = 1 << 20
-"""Documents summed into block tokens at a time (_block_tokens)."""
-
-
-def _block_tokens(lengths: np.ndarray, layout: BlockLayout, need: np.ndarray) -> np.ndarray:
-    """float64 tokens of the blocks `need` (sorted, unique), summed a chunk of blocks at a time: exact integer
-    sums, so the same values as a float64 reduceat over all documents, without a float copy of all of them."""
-    out = np.empty(len(need), dtype=np.float64)
-    starts, nb = layout.starts, layout.num_blocks
-    group = max(1, _SUM_DOCS // layout.block_size)
-    for j0 in range(0, nb, group):
-        j1 = min(nb, j0 + group)
-        a, b = np.searchsorted(need, [j0, j1])
-        if a == b:
-            continue
-        s0, s1 = int(starts[j0]), int(starts[j1])
-        rows = slice(s0, s1) if layout.order is None else layout.order[s0:s1]
-        sums = np.add.reduceat(lengths[rows].astype(np.int64), starts[j0:j1] - s0)
-        out[a:b] = sums[need[a:b] - j0]
-    return out
-
-
-def lru_hits(keys: np.ndarray, capacity: int) -> np.ndarray:
-    """For each access of the sequence `keys`, whether an LRU cache of `capacity` entries holds it already.
-
-    Access i of key b, last used at j < i, hits iff fewer than `capacity` other keys were used in (j, i);
-    replayed in one compiled pass (_shuffle_kernel: a Fenwick tree over the keys' latest uses, O(n log n)).
-    """
-    return lru_replay(np.ascontiguousarray(keys, dtype=np.int64), int(capacity))
 
 
 def layout_of(source: SourceSpec, runs: np.ndarray, order: np.ndarray | None) -> BlockLayout:

@@ -1,13 +1,9 @@
-"""Compiled parts of the shuffle figures (planning._shuffle): the LRU replay and the figures' one pass.
+"""Compiled parts of the shuffle figures (planning._shuffle): their read counts in one pass, the Spearman ranks.
 
-lru_replay (planning._shuffle.lru_hits): access i of key b, last used at j, hits iff fewer than `capacity` other
-keys were used in (j, i): the keys used there are counted once each at their latest use, kept marked in a Fenwick
-tree over access positions (a key's mark moves to its newest use), so each access costs O(log n).
-
-block_reads (the figures' read counts, session 14): the same hits from a plain LRU cache (a doubly linked list over
-the blocks, O(1) an access: a key is cached iff fewer than `capacity` other keys were used since its last use, the
-same rule), with each access's block found by binary search over the block starts and the fetched blocks' tokens
-summed as they are first fetched, in one pass with the jumps between consecutive positions.
+block_reads: an LRU cache of blocks (a doubly linked list over the blocks, O(1) an access: a block is cached iff
+fewer than `capacity` other blocks were used since its last use), each access's block found by a guess then a
+binary search over the block starts, the fetched blocks' tokens summed as they are first fetched, in one pass with
+the jumps between consecutive positions.
 """
 
 from __future__ import annotations
@@ -16,42 +12,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["block_reads", "lru_replay", "stable_ranks"]
-
-
-@njit
-def lru_replay(keys: np.ndarray, capacity: int) -> np.ndarray:
-    """For each access of `keys` (non-negative ints), whether an LRU cache of `capacity` entries holds it."""
-    m = len(keys)
-    hit = np.zeros(m, dtype=np.bool_)
-    if m == 0:
-        return hit
-    last = np.full(keys.max() + 1, -1, dtype=np.int64)
-    tree = np.zeros(m + 1, dtype=np.int64)  # Fenwick tree: marks at access positions 1..m
-    for i in range(m):
-        b = keys[i]
-        j = last[b]
-        if j >= 0:
-            between = 0  # marks at positions j+1..i-1 (0-based): prefix(i - 1) - prefix(j)
-            x = i
-            while x > 0:
-                between += tree[x]
-                x -= x & -x
-            x = j + 1
-            while x > 0:
-                between -= tree[x]
-                x -= x & -x
-            hit[i] = between < capacity
-            x = j + 1
-            while x <= m:
-                tree[x] -= 1
-                x += x & -x
-        x = i + 1
-        while x <= m:
-            tree[x] += 1
-            x += x & -x
-        last[b] = i
-    return hit
+__all__ = ["block_reads", "stable_ranks"]
 
 
 @njit
@@ -74,13 +35,13 @@ def stable_ranks(p: np.ndarray, hi: int) -> np.ndarray:
 @njit
 def block_reads(
     p: np.ndarray, starts: np.ndarray, block: int, capacity: int, lengths: np.ndarray, order: np.ndarray
-) -> tuple[int, int, int, bool]:
-    """(misses, fetched tokens, sum of |p[i+1] - p[i]|, exact) of the storage positions `p` (int64, each in
+) -> tuple[int, float, int]:
+    """(misses, fetched tokens, sum of |p[i+1] - p[i]|) of the storage positions `p` (int64, each in
     [0, starts[-1])) read through an LRU cache of `capacity` blocks (block b: positions starts[b]:starts[b+1],
     at most `block` of them; found as np.searchsorted(starts, p, "right") - 1): a miss fetches its whole block,
     whose tokens are the `lengths` of its index rows (positions themselves where `order` is empty, else
-    order[positions]). `exact` is False where the fetched tokens reached 2**53 (then they are not summed on: a
-    float64 sum may round there)."""
+    order[positions]). The fetched tokens are summed as integers, so exactly, below 2**53 and in float64 past it
+    (never reached by real lengths in FIGURE_SEGMENTS segments; no overflow either way)."""
     m = len(p)
     nb = len(starts) - 1
     prev = np.full(max(nb, 1), -1, dtype=np.int64)
@@ -92,7 +53,7 @@ def block_reads(
     size = 0
     misses = 0
     fetched = 0
-    exact = True
+    fetched_f = 0.0  # the sum once it reaches 2**53
     jump = 0
     for i in range(m):
         x = p[i]
@@ -124,16 +85,18 @@ def block_reads(
                 head = b
             continue
         misses += 1
-        if exact:
-            t = block_tokens[b]
-            if t < 0:
-                t = 0
-                for q in range(starts[b], starts[b + 1]):
-                    t += lengths[q] if len(order) == 0 else lengths[order[q]]
-                block_tokens[b] = t
+        t = block_tokens[b]
+        if t < 0:
+            t = 0
+            for q in range(starts[b], starts[b + 1]):
+                t += lengths[q] if len(order) == 0 else lengths[order[q]]
+            block_tokens[b] = t
+        if fetched_f > 0.0:
+            fetched_f += t
+        else:
             fetched += t
             if fetched >= 1 << 53:
-                exact = False
+                fetched_f = float(fetched)
         cached[b] = True
         prev[b] = -1
         nxt[b] = head
@@ -150,4 +113,4 @@ def block_reads(
             prev[e] = -1
             cached[e] = False
             size -= 1
-    return misses, fetched, jump, exact
+    return misses, fetched_f if fetched_f > 0.0 else float(fetched), jump

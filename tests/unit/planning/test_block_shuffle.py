@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 from loomdata.planning import PlanResume, _shuffle, make_plan
 from loomdata.planning._mixture import build_stream, source_key
 from loomdata.planning._packing import Lanes
-from loomdata.planning._shuffle import BlockLayout, _block_tokens, storage_runs
+from loomdata.planning._shuffle import BlockLayout, storage_runs
 from loomdata.planning._shuffle_kernel import stable_ranks
 from loomdata.schemas.errors import PlanError, SpecError
 from loomdata.schemas.plan import read_manifest, read_plan
@@ -225,47 +226,6 @@ def test_block_shuffle_replan_continues_the_stream(tmp_path: Path, spec_of: Call
         make_plan(other, index=index, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=15))
 
 
-def test_lru_hits_match_a_reference_lru_cache() -> None:
-    """The compiled hit test of the read-amplification figure equals a plain LRU cache, access by access."""
-    from collections import OrderedDict
-
-    from loomdata.planning._shuffle import lru_hits
-
-    rng = np.random.default_rng(0)
-    for _ in range(60):
-        m, k, cap = int(rng.integers(1, 400)), int(rng.integers(1, 50)), int(rng.integers(1, 12))
-        keys = rng.integers(0, k, m)
-        cache: OrderedDict[int, None] = OrderedDict()
-        want = []
-        for key in keys.tolist():
-            want.append(key in cache)
-            cache[key] = None
-            cache.move_to_end(key)
-            if len(cache) > cap:
-                cache.popitem(last=False)
-        assert lru_hits(keys, cap).tolist() == want
-
-
-@pytest.mark.parametrize("shuffled_rows", [False, True])
-@pytest.mark.parametrize("sum_docs", [1 << 20, 7, 1])  # 7, 1: the blocks summed a few at a time, or one at a time
-def test_block_tokens_of_some_blocks_are_the_float_reduceat_over_all(
-    shuffled_rows: bool, sum_docs: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(_shuffle, "_SUM_DOCS", sum_docs)
-    lengths = np.random.default_rng(3).integers(1, 100_000, 5000).astype(np.uint32)
-    t = _table(lengths, 7, shuffled_rows=shuffled_rows)
-    runs, order = storage_runs(t.column("shard").to_numpy(), t.column("row").to_numpy())
-    assert (order is not None) == shuffled_rows
-    layout = BlockLayout.of(runs, order, 3, 4)
-    stored = lengths if order is None else lengths[order]
-    every = np.add.reduceat(stored.astype(np.float64), layout.starts[:-1])
-    need = np.unique(np.random.default_rng(4).integers(0, layout.num_blocks, 300))
-    got = _block_tokens(lengths, layout, need)
-    assert got.dtype == np.float64
-    np.testing.assert_array_equal(got, every[need])
-    np.testing.assert_array_equal(_block_tokens(lengths, layout, np.arange(layout.num_blocks)), every)
-
-
 @pytest.mark.parametrize("hi", [1, 2, 50, 5000])
 def test_stable_ranks_are_the_inverse_of_a_stable_argsort(hi: int) -> None:
     """The Spearman ranks' counting sort (_shuffle_kernel.stable_ranks) against NumPy's stable argsort, the code it
@@ -278,10 +238,22 @@ def test_stable_ranks_are_the_inverse_of_a_stable_argsort(hi: int) -> None:
         assert stable_ranks(p, hi).tobytes() == want.tobytes()
 
 
-def _figures_before(layout: BlockLayout, doc: np.ndarray, length: np.ndarray, lengths: np.ndarray) -> tuple:
-    """The read figures as shuffle_figures worked them out before session 14 (NumPy and the Fenwick LRU replay)."""
-    from loomdata.planning._shuffle import lru_hits
+def _lru_misses(keys: np.ndarray, cap: int) -> np.ndarray:
+    """Where a plain LRU cache of `cap` keys misses on the accesses `keys` (the reference)."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    miss = []
+    for key in keys.tolist():
+        miss.append(key not in cache)
+        cache[key] = None
+        cache.move_to_end(key)
+        if len(cache) > cap:
+            cache.popitem(last=False)
+    return np.array(miss, dtype=bool)
 
+
+def _figures_before(layout: BlockLayout, doc: np.ndarray, length: np.ndarray, lengths: np.ndarray) -> tuple:
+    """The read figures as shuffle_figures worked them out before session 14: NumPy (float64 block sums, summed
+    in fetch order), with a plain LRU cache for the hits."""
     m = min(len(doc), _shuffle.FIGURE_SEGMENTS)
     p = layout.positions(doc[:m])
     seg_len = np.asarray(length[:m], dtype=np.float64)
@@ -289,11 +261,10 @@ def _figures_before(layout: BlockLayout, doc: np.ndarray, length: np.ndarray, le
     amp = fetch = 0.0
     if m:
         blk = np.searchsorted(layout.starts, p, side="right") - 1
-        miss = ~lru_hits(blk, layout.window)
-        fetched = blk[miss]
-        need = np.unique(fetched)
-        tokens = _block_tokens(lengths, layout, need)[np.searchsorted(need, fetched)]
-        amp = float(tokens.sum() / max(seg_len.sum(), 1.0))
+        miss = _lru_misses(blk, layout.window)
+        stored = lengths if layout.order is None else lengths[layout.order]
+        every = np.add.reduceat(stored.astype(np.float64), layout.starts[:-1])
+        amp = float(every[blk[miss]].sum() / max(seg_len.sum(), 1.0))
         fetch = int(miss.sum()) / m
     return jump, jump / max(layout.num_docs, 1), amp, fetch
 
@@ -325,43 +296,27 @@ def test_one_pass_read_figures_equal_the_numpy_ones_bit_for_bit(
             assert got.segments == min(len(doc), _shuffle.FIGURE_SEGMENTS)
 
 
-def first_misses(blk: np.ndarray, cap: int) -> np.ndarray:
-    """Where an LRU cache of `cap` keys misses on the accesses `blk` (the Fenwick replay)."""
-    from loomdata.planning._shuffle import lru_hits
-
-    return ~lru_hits(blk, cap)
-
-
-def test_block_reads_counts_an_lru_cache_and_stops_summing_at_2_53() -> None:
-    """block_reads' misses are a plain LRU cache's; fetched tokens that reach 2**53 are flagged inexact, and the
-    figures then come from the float64 path (the same value as before)."""
-    from collections import OrderedDict
-
+def test_block_reads_counts_an_lru_cache_and_sums_on_past_2_53() -> None:
+    """block_reads' misses are a plain LRU cache's and its fetched tokens the fetched blocks' sums; past 2**53 it
+    sums on in float64 (the figure then as the float64 code of before gave it)."""
     from loomdata.planning._shuffle_kernel import block_reads
     from loomdata.schemas.spec import SourceSpec
 
     rng = np.random.default_rng(5)
     starts = np.array([0, 2, 5, 6, 10], dtype=np.int64)
     none = np.zeros(0, dtype=np.int64)
+    lengths = np.arange(1, 11, dtype=np.int64)
     for cap in (1, 2, 3, 5):
         p = rng.integers(0, 10, 500).astype(np.int64)
         blk = np.searchsorted(starts, p, side="right") - 1
-        cache: OrderedDict[int, None] = OrderedDict()
-        misses = 0
-        for b in blk.tolist():
-            misses += b not in cache
-            cache[b] = None
-            cache.move_to_end(b)
-            if len(cache) > cap:
-                cache.popitem(last=False)
-        lengths = np.arange(1, 11, dtype=np.int64)
+        miss = _lru_misses(blk, cap)
+        want = sum(int(lengths[starts[b] : starts[b + 1]].sum()) for b in blk[miss])
         for block in (1, 4, 9):  # 1: the guess overshoots (blocks larger than it said); 4 is right, 9 loose
             got = block_reads(p, starts, block, cap, lengths, none)
-            assert got[0] == misses and got[2] == int(np.abs(np.diff(p)).sum()) and got[3]
-            assert got[1] == sum(int(lengths[starts[b] : starts[b + 1]].sum()) for b in blk[first_misses(blk, cap)])
+            assert got == (int(miss.sum()), float(want), int(np.abs(np.diff(p)).sum()))
     huge = np.full(10, 1 << 51, dtype=np.int64)
     p = np.arange(10, dtype=np.int64)
-    assert not block_reads(p, starts, 4, 1, huge, none)[3]
+    assert block_reads(p, starts, 4, 1, huge, none)[1] == 10 * 2.0**51  # past 2**53 from the third block on
     layout = BlockLayout(starts, None, 4, 1)
     src = SourceSpec.model_validate({"name": "s", "format": "parquet", "paths": ["x"], "tokens_field": "t"})
     length = np.full(10, 7, dtype=np.uint32)

@@ -396,6 +396,10 @@ class _GridTargets:
     def rows(self, a: int, b: int, before: np.ndarray | None) -> np.ndarray:
         return np.ascontiguousarray(self.grid[a:b], dtype=np.float64)
 
+    def rows_and_columns(self, a: int, b: int, before: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        v = self.rows(a, b, before)
+        return v, transposed(v)
+
     def final(self) -> np.ndarray:
         return np.array(self.grid[-1], dtype=np.float64) if len(self.grid) else np.zeros(self.grid.shape[1])
 
@@ -444,11 +448,7 @@ def membership(
     chunks: list[PointerChunk] = []
     for b0 in range(0, steps, rows):
         b1 = min(steps, b0 + rows)
-        if isinstance(tg, CumulativeTargets):  # (b1 - b0, sources), and as (sources, b1 - b0)
-            tg_rows, by_source = tg.rows_and_columns(b0, b1, before)
-        else:
-            tg_rows = tg.rows(b0, b1, before)
-            by_source = transposed(tg_rows)
+        tg_rows, by_source = tg.rows_and_columns(b0, b1, before)  # (b1 - b0, sources), and as (sources, b1 - b0)
         before = tg_rows[-1].copy()
         near = _nearest_rows(streams, by_source, state, near_before, dtype)  # rows b0..b1 (row 0: near_before)
         del by_source

@@ -151,8 +151,6 @@ class Pointers:
         """The chunk holding row t (the last chunk for t == steps)."""
         if not 0 <= t <= self.steps:
             raise IndexError(f"pointer row {t} is outside 0..{self.steps}")
-        if not self.chunks:
-            raise ValueError("these pointers were released after the look-ahead: only their length is kept")
         i = int(np.searchsorted(self.starts, t, side="right")) - 1
         c = self.chunks[i]
         if t - c.first > c.rows and i + 1 < len(self.chunks):  # (chunks are consecutive: not reached)
@@ -208,8 +206,6 @@ class Pointers:
 
     def totals(self) -> np.ndarray:
         """(steps + 1,) int64: every row's sum over sources (ptr.sum(axis=1))."""
-        if not self.chunks:
-            raise ValueError("these pointers were released after the look-ahead: only their length is kept")
         out = np.empty(self.steps + 1, dtype=np.int64)
         for c in self.chunks:
             part = np.empty(c.rows + 1, dtype=np.int64)

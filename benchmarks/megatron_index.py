@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -47,10 +46,6 @@ MEGATRON_ROWS = 0.99
 """Megatron is asked for this share of loomdata's rows: its blend asks each source for 0.5% more than its weight's
 share (`mid_level_dataset_surplus`), which for one epoch of every source would build a second epoch of each (twice
 its work); 1% fewer rows keeps it to one epoch, its best case."""
-
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _import_megatron() -> Any:
@@ -118,7 +113,7 @@ def child_megatron(workdir: Path, rows: int) -> dict[str, Any]:
     # Megatron builds the blend on rank 0 of an initialised process group, as in training: a group of one
     rendezvous = Path(tempfile.mkdtemp(prefix="megatron-pg-", dir=workdir)) / "pg"  # fresh: a crashed run's is left
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
-    base = _rss_mb()
+    base = plan_scale._rss_mb()
     t0, c0 = time.perf_counter(), time.process_time()
     datasets = builder.BlendedMegatronDatasetBuilder(gpt.GPTDataset, [rows, 0, 0], lambda: True, config).build()
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -132,7 +127,7 @@ def child_megatron(workdir: Path, rows: int) -> dict[str, Any]:
         "cpu_seconds": cpu,
         "rows": len(train),
         "rss_base_mb": base,
-        "rss_peak_mb": _rss_mb(),
+        "rss_peak_mb": plan_scale._rss_mb(),
         "cache_bytes": cached,
         "epochs": sum(len(d.document_index) for d in parts) / documents,  # documents indexed / documents
     }

@@ -34,9 +34,9 @@ Compatibility. The base must have been made by this planner version (or one of t
 `SAME_CONTENT`), over the same sources (same order), the same index fingerprints, seed, mixture, shuffle
 settings, planning.fill, seq_len and long_context; else PlanError lists every difference. The base may itself
 be a re-plan: `parameters.shape_schedule` records the shape of every step range ([{from_step, dp_size,
-micro_batches}], only in re-planned plans), so chains of re-plans reproduce the same membership. The new plan's id hashes the spec, the index fingerprints, the planner
-version, the base plan id and S; plan.json `parameters.resume` holds {base_plan_id, at_step,
-base_dp_size, base_micro_batches}.
+micro_batches}], only in re-planned plans), so chains of re-plans reproduce the same membership. The new
+plan's id hashes the spec, the index fingerprints, the planner version, the base plan id and S; plan.json
+`parameters.resume` holds {base_plan_id, at_step, base_dp_size, base_micro_batches}.
 """
 
 from __future__ import annotations

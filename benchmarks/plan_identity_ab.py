@@ -6,7 +6,15 @@ sources) with each tree in its own subprocess, in the same workdir (plan.json ho
 compares the sha256 of every file (manifest partitions, report tables, plan.json). Exit status 1 on any
 difference. Writes --out (JSON) when given.
 
+--content compares what the plans hold instead of their bytes, for a change of on-disk encoding (a
+PLANNER_VERSION bump changes every plan id): each Parquet file read back with pyarrow (column names and types,
+its loomdata.* metadata, every column's values in stored order, which is the plan's order), plan.json as
+parsed; the plan ids (dir names, plan.json's ids, each table's `plan_id` stamp) are replaced by their role
+(`plan`, or `base` for a re-plan's base) and `planner_version` by `*`. Every row (step, rank, micro-batch,
+source, sample, offset, length, lane) and every report figure and summary number must be equal.
+
     .venv/bin/python benchmarks/plan_identity_ab.py --before /work/main/src --after src
+    .venv/bin/python benchmarks/plan_identity_ab.py --before /tmp/main/src --after src --content
 """
 
 from __future__ import annotations
@@ -102,14 +110,64 @@ def file_hashes(root: Path) -> dict[str, str]:
     }
 
 
-def child(name: str, workdir: Path) -> dict[str, str]:
-    """Plan case `name` in workdir; the hashes of every file of its plans dir (a re-plan's base included)."""
+def _roles(plans: Path) -> dict[str, str]:
+    """plan id -> role: `base` for a plan another one here re-plans from, `plan` for the rest (one each)."""
+    metas = {d.name: json.loads((d / "plan.json").read_text()) for d in plans.iterdir() if (d / "plan.json").is_file()}
+    bases = {(m["parameters"].get("resume") or {}).get("base_plan_id") for m in metas.values()}
+    roles = {pid: "base" if pid in bases else "plan" for pid in metas}
+    if sorted(roles.values()) not in (["plan"], ["base", "plan"]):
+        raise ValueError(f"cannot tell the plans of {plans} apart by role: {roles}")
+    return roles
+
+
+def _neutral(x: Any, roles: dict[str, str]) -> Any:
+    """`x` (parsed JSON or a string) with every plan id replaced by its role and planner_version by '*'."""
+    if isinstance(x, dict):
+        return {k: "*" if k == "planner_version" else _neutral(v, roles) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_neutral(v, roles) for v in x]
+    if isinstance(x, str):
+        for pid, role in roles.items():
+            x = x.replace(pid, f"<{role}>")
+    return x
+
+
+def content_hashes(root: Path) -> dict[str, str]:
+    """sha256 of what every file under root holds, by relative path with plan ids replaced by their role: a
+    Parquet file's columns (names, types, values in stored order) and loomdata.* metadata, a JSON file parsed
+    (plan ids and planner_version neutral), any other file's bytes."""
+    import pyarrow.parquet as pq
+
+    roles = _roles(root)
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if not p.is_file():
+            continue
+        h = hashlib.sha256()
+        if p.suffix == ".parquet":
+            t = pq.read_table(p)
+            meta = {k.decode(): v.decode() for k, v in (t.schema.metadata or {}).items() if k.startswith(b"loomdata.")}
+            h.update(json.dumps(_neutral(meta, roles), sort_keys=True).encode())
+            for name, col in zip(t.column_names, t.columns, strict=True):
+                h.update(f"{name}:{col.type}:{col.null_count}".encode())
+                h.update(np.ascontiguousarray(col.to_numpy()).tobytes())
+        elif p.suffix == ".json":
+            h.update(json.dumps(_neutral(json.loads(p.read_text()), roles), sort_keys=True).encode())
+        else:
+            h.update(p.read_bytes())
+        out[_neutral(str(p.relative_to(root)), roles)] = h.hexdigest()
+    return out
+
+
+def child(name: str, workdir: Path, content: bool = False) -> dict[str, str]:
+    """Plan case `name` in workdir; the hashes of every file of its plans dir (a re-plan's base included): of
+    their bytes, or with `content` of what they hold (content_hashes)."""
     from loomdata.planning import _manifest, make_plan
 
     _manifest.ROWS_PER_FILE = ROWS_PER_FILE  # several partitions a plan (their bounds are compared too)
     spec, index, kw = cases()[name](workdir)
     make_plan(spec, index=index, **kw)
-    return file_hashes(spec.plans_dir)
+    return content_hashes(spec.plans_dir) if content else file_hashes(spec.plans_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,11 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--after", help="source tree of the change")
     ap.add_argument("--cases", nargs="*", help="only these cases")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--content", action="store_true", help="compare what the files hold, not their bytes")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.workdir)))
+        print(json.dumps(child(args.child, args.workdir, args.content)))
         return 0
     names = args.cases or list(cases())
     results: dict[str, Any] = {}
@@ -136,7 +195,15 @@ def main(argv: list[str] | None = None) -> int:
                 wd.mkdir()
                 src = str(Path(getattr(args, tree)).resolve())
                 env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{TESTS}")
-                cmd = [sys.executable, str(HERE), "--child", name, "--workdir", str(wd)]
+                cmd = [
+                    sys.executable,
+                    str(HERE),
+                    "--child",
+                    name,
+                    "--workdir",
+                    str(wd),
+                    *(["--content"] * args.content),
+                ]
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
                 got[tree] = json.loads(out.stdout.strip().splitlines()[-1])
             same = got["before"] == got["after"]
@@ -150,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"identical": bad == 0, "cases": results}, indent=1) + "\n")
-    print(f"{len(names) - bad}/{len(names)} identical")
+        mode = "content" if args.content else "bytes"
+        args.out.write_text(json.dumps({"identical": bad == 0, "compared": mode, "cases": results}, indent=1) + "\n")
+    print(f"{len(names) - bad}/{len(names)} identical ({'content' if args.content else 'bytes'})")
     return 1 if bad else 0
 
 

@@ -33,6 +33,7 @@ import contextlib
 import importlib
 import json
 import math
+import os
 import resource
 import shutil
 import subprocess
@@ -209,9 +210,11 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
                 return out
 
             client.scatter = timed_scatter  # type: ignore[method-assign]
+        load_before = os.getloadavg()[0]
         t0, c0 = time.perf_counter(), time.process_time()
         res = make_plan(spec, client=client)
         secs, plan_cpu = time.perf_counter() - t0, time.process_time() - c0
+        load_after = os.getloadavg()[0]
     imb = res.meta.summary["imbalance"]
     first = min(marks.get("balance_start", math.inf), marks.get("ranges_start", math.inf))
     first_cpu = min(marks.get("balance_start_cpu", math.inf), marks.get("ranges_start_cpu", math.inf))
@@ -253,6 +256,7 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         ]
         if part_span
         else [],
+        "load_1min": [load_before, load_after],  # the machine's 1-minute load average as the plan began and ended
         "rss_base_mb": base,
         "rss_peak_mb": _rss_mb(),
         "manifest_rows": sum(f.rows for f in res.meta.manifest),

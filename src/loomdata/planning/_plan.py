@@ -88,8 +88,9 @@ from loomdata.schemas.tables import TableKind, check_schema
 
 __all__ = ["PLANNER_VERSION", "PlanResult", "PlanResume", "make_plan"]
 
-PLANNER_VERSION = "7"
-"""Part of the plan id: bump it whenever the planner's output for the same inputs changes."""
+PLANNER_VERSION = "8"
+"""Part of the plan id: bump it whenever the planner's output for the same inputs changes (8: the manifest's and
+the report's Parquet encoding, the same rows and figures as 7; see `schemas.tables._SPLIT`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

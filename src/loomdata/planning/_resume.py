@@ -30,13 +30,13 @@ before S and placed later get natural step S), a partly placed segment's rest is
 look-ahead restarts at S, so with the base's own shape the new steps are not the base's bytes (K = 0 they
 are). Changing K at a re-plan is allowed.
 
-Compatibility. The base must have been made by this planner version, over the same sources (same order),
-the same index fingerprints, seed, mixture, shuffle settings, planning.fill, seq_len and long_context; else
-PlanError lists every difference. The base may itself be a re-plan: `parameters.shape_schedule` records the
-shape of every step range ([{from_step, dp_size, micro_batches}], only in re-planned plans), so chains of re-plans
-reproduce the same membership. The new plan's id hashes the spec, the index fingerprints, the planner
-version, the base plan id and S; plan.json `parameters.resume` holds {base_plan_id, at_step,
-base_dp_size, base_micro_batches}.
+Compatibility. The base must have been made by this planner version (or one of the same content:
+`SAME_CONTENT`), over the same sources (same order), the same index fingerprints, seed, mixture, shuffle
+settings, planning.fill, seq_len and long_context; else PlanError lists every difference. The base may itself
+be a re-plan: `parameters.shape_schedule` records the shape of every step range ([{from_step, dp_size,
+micro_batches}], only in re-planned plans), so chains of re-plans reproduce the same membership. The new
+plan's id hashes the spec, the index fingerprints, the planner version, the base plan id and S; plan.json
+`parameters.resume` holds {base_plan_id, at_step, base_dp_size, base_micro_batches}.
 """
 
 from __future__ import annotations
@@ -102,13 +102,23 @@ def shape_schedule(meta: PlanMeta) -> list[StepShape]:
     return meta.parameters.shapes(meta.dp_size, meta.micro_batches)
 
 
+SAME_CONTENT: tuple[frozenset[str], ...] = (frozenset({"7", "8"}),)
+"""Planner versions whose plans hold the same rows and figures for the same inputs (8 changed only the manifest's
+and the report's Parquet encoding): a base made by one re-plans under another of its set."""
+
+
+def same_content(a: str, b: str) -> bool:
+    """Whether planner versions `a` and `b` make plans of the same content (a base of one re-plans under the other)."""
+    return a == b or any(a in group and b in group for group in SAME_CONTENT)
+
+
 def open_base(resume: PlanResume, spec: Spec, fingerprints: dict[str, str], planner_version: str) -> BasePlan:
     """Read the base plan and check that `spec` can continue it at resume.at_step; PlanError lists what differs."""
     plan_dir = Path(resume.plan_dir)
     meta = read_plan(plan_dir)
     s = resume.at_step
     problems: list[str] = []
-    if meta.parameters.planner_version != planner_version:
+    if not same_content(meta.parameters.planner_version, planner_version):
         problems.append(
             f"planner version differs (base {meta.parameters.planner_version}, this loomdata {planner_version}):"
             " re-plan with the loomdata that made the base, or plan afresh"

@@ -302,3 +302,40 @@ def test_base_from_another_planner_version_is_refused(tmp_path: Path, spec_of: C
     spec = spec_of(tmp_path, ["web", "code"], seq_len=512, steps=12, dp=2)
     with pytest.raises(PlanError, match=r"planner version differs \(base 0, this loomdata"):
         make_plan(spec, index=index, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=6))
+
+
+def test_a_base_of_planner_version_7_re_plans_under_8(
+    tmp_path: Path, spec_of: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 8 changed only the manifest's and the report's Parquet encoding: a base planned by version 7 (the
+    dictionary-encoded files) re-plans as a base of version 8 does, to the same rows."""
+    from loomdata.planning import _plan
+    from loomdata.schemas.tables import TableKind, _options
+
+    index = _corpus()
+    shape = {"schedule": _SCHEDULE, "seq_len": 512, "steps": 30, "micro_batches": 4}
+    ours = make_plan(spec_of(tmp_path / "ours", ["web", "code"], dp=4, **shape), index=index)
+
+    def v7_options(table: pa.Table, kind: Any) -> dict[str, Any]:  # version 7's writer options
+        plain = ("sample",) if kind.value == "manifest" else ()
+        return {
+            "compression": "zstd",
+            "use_dictionary": [n for n in table.column_names if n not in plain],
+            "write_statistics": True,
+            "store_schema": True,
+        }
+
+    with monkeypatch.context() as m:
+        m.setattr(_plan, "PLANNER_VERSION", "7")
+        m.setattr("loomdata.schemas.tables._options", v7_options)
+        old = make_plan(spec_of(tmp_path / "old", ["web", "code"], dp=4, **shape), index=index)
+    assert old.meta.parameters.planner_version == "7" and ours.meta.parameters.planner_version == "8"
+    col = pq.ParquetFile(old.plan_dir / old.meta.manifest[0].path).metadata.row_group(0).column(0)
+    assert "RLE_DICTIONARY" in col.encodings  # the base's files are version 7's
+    assert _options(pa.table({"a": [1]}), TableKind.MANIFEST)["use_dictionary"] is False
+    assert read_manifest(old.plan_dir, old.meta).equals(read_manifest(ours.plan_dir, ours.meta))
+    spec2 = spec_of(tmp_path / "old", ["web", "code"], dp=2, **shape)
+    from_old = make_plan(spec2, index=index, resume_from=PlanResume(plan_dir=old.plan_dir, at_step=15))
+    spec2 = spec_of(tmp_path / "ours", ["web", "code"], dp=2, **shape)
+    from_ours = make_plan(spec2, index=index, resume_from=PlanResume(plan_dir=ours.plan_dir, at_step=15))
+    assert read_manifest(from_old.plan_dir, from_old.meta).equals(read_manifest(from_ours.plan_dir, from_ours.meta))

@@ -103,3 +103,46 @@ def test_read_table_filters_as_pyarrow_does(
     got = read_table(path, TableKind.INDEX, columns=columns, filters=filters)
     want = pq.read_table(path, columns=columns, filters=filters)
     assert got.equals(want), (got, want)
+
+
+def test_manifest_and_report_steps_are_byte_stream_split_and_read_back(tmp_path: Path) -> None:
+    """The planner's two big tables: every column BYTE_STREAM_SPLIT and zstd, no dictionary, step statistics kept
+    (step-range reads prune by them); other kinds keep dictionaries. The values read back are the table's."""
+    import numpy as np
+
+    from loomdata.schemas.tables import INDEX_SCHEMA, PLAN_STEPS_SCHEMA, step_span
+
+    rng = np.random.default_rng(0)
+    n = 5000
+    m = pa.table(
+        {
+            f.name: pa.array(np.sort(rng.integers(0, 50, n)) if f.name == "step" else rng.integers(0, 200, n), f.type)
+            for f in MANIFEST_SCHEMA
+        },
+        schema=MANIFEST_SCHEMA,
+    )
+    steps = pa.table(
+        {
+            **{
+                f.name: pa.array(np.arange(n) if f.name == "step" else (rng.random(n) * 1e6).round(), f.type)
+                for f in PLAN_STEPS_SCHEMA
+            },
+            "tokens__web": pa.array(rng.integers(0, 9000, n), pa.int64()),
+            "weight__web": pa.array(np.full(n, 0.25)),
+        }
+    )
+    for table, kind in ((m, TableKind.MANIFEST), (steps, TableKind.PLAN_STEPS)):
+        p = tmp_path / f"{kind.value}.parquet"
+        write_table(table, p, kind, row_group_size=2048)
+        assert read_table(p, kind).equals(table)
+        md = pq.ParquetFile(p).metadata
+        for g in range(md.num_row_groups):
+            for c in range(md.num_columns):
+                col = md.row_group(g).column(c)
+                assert col.compression == "ZSTD"
+                assert "BYTE_STREAM_SPLIT" in col.encodings and "RLE_DICTIONARY" not in col.encodings, col
+        assert step_span(p, kind) == (int(table["step"][0].as_py()), int(table["step"][-1].as_py()))
+        assert md.row_group(1).column(0).statistics.has_min_max
+    index = pa.table({f.name: pa.array(rng.integers(0, 5, n), f.type) for f in INDEX_SCHEMA}, schema=INDEX_SCHEMA)
+    write_table(index, tmp_path / "i.parquet", TableKind.INDEX)
+    assert "RLE_DICTIONARY" in pq.ParquetFile(tmp_path / "i.parquet").metadata.row_group(0).column(1).encodings

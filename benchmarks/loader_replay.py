@@ -50,7 +50,7 @@ def _prepare(root: Path, args: argparse.Namespace) -> Path:
         import stream_throughput as st
 
         st._write_data(root, args.docs, seed=0)
-        spec = st._spec(root, args.seq_len, args.steps, args.micro_batches)
+        spec = st._spec(root, args.seq_len, args.steps, args.micro_batches, shuffle=args.shuffle)
     with open_cluster(n_workers=2, local_directory=root / "dask") as client:
         build_index(spec, client)
     return Path(make_plan(spec).plan_dir)
@@ -159,6 +159,9 @@ def main() -> None:
     ap.add_argument("--micro-batches", type=int, default=4)
     ap.add_argument("--sources", type=int, default=0, help="N sources of memory.py's shape instead (0: stream's two)")
     ap.add_argument("--ranks", type=int, default=16, help="with --sources: dp ranks of the plan")
+    ap.add_argument(
+        "--shuffle", choices=["global", "block"], default="global", help="stream's two sources' shuffle (see --sources)"
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--data", type=Path, default=None, help="keep data, index and plan in this folder (reused)")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)

@@ -8,8 +8,10 @@ noise there. This script takes the loaders out: it writes stream_throughput's tw
 per source with serving's cache policy (`ServeConfig` defaults: budget, window, read-ahead) and calls
 `read_now` for every step group of the plan in order, as a constructor does (one request per source
 and group of `--group` steps). Reported per run: process CPU seconds (all threads: the read-ahead's
-too), wall seconds, row groups decoded, tokens and one CRC over them (both trees must agree), and the
-anonymous memory once every loader has warmed up and at the end (Arrow on jemalloc, as in the workers).
+too), wall seconds, row groups decoded and the tokens in them (over the tokens read: the read
+amplification), tokens and one CRC over them (both trees must agree), and the anonymous memory once
+every loader has warmed up and at the end (Arrow on jemalloc, as in the workers). `--shuffle block`
+plans stream_throughput's sources with its block shuffle instead of the global one.
 
     .venv/bin/python benchmarks/loader_replay.py --ab ../main/src --rounds 3
 """
@@ -50,7 +52,7 @@ def _prepare(root: Path, args: argparse.Namespace) -> Path:
         import stream_throughput as st
 
         st._write_data(root, args.docs, seed=0)
-        spec = st._spec(root, args.seq_len, args.steps, args.micro_batches)
+        spec = st._spec(root, args.seq_len, args.steps, args.micro_batches, shuffle=args.shuffle)
     with open_cluster(n_workers=2, local_directory=root / "dask") as client:
         build_index(spec, client)
     return Path(make_plan(spec).plan_dir)
@@ -68,12 +70,14 @@ def _child(plan_dir: Path, group: int) -> dict[str, Any]:
     from loomdata.schemas.layout import IndexFiles
     from loomdata.sources import parquet
 
-    decodes = [0]
+    decodes = [0, 0]  # row groups decoded, tokens in them
     original = parquet.ParquetReader._decode_row_group
 
     def counted(self: Any, *a: Any) -> Any:
+        arr = original(self, *a)
         decodes[0] += 1
-        return original(self, *a)
+        decodes[1] += len(arr.values)
+        return arr
 
     parquet.ParquetReader._decode_row_group = counted  # type: ignore[method-assign]
     meta = read_plan(plan_dir)
@@ -119,7 +123,9 @@ def _child(plan_dir: Path, group: int) -> dict[str, Any]:
         "wall_s": round(wall, 3),
         "open_s": round(open_s, 3),
         "decodes": decodes[0],
+        "decoded_tokens": decodes[1],
         "tokens": tokens,
+        "read_amplification": round(decodes[1] / tokens, 2) if tokens else None,
         "crc": crc,
         "tokens_per_cpu_s": round(tokens / cpu) if cpu > 0 else None,
         "anonymous_mib": anon,
@@ -159,6 +165,9 @@ def main() -> None:
     ap.add_argument("--micro-batches", type=int, default=4)
     ap.add_argument("--sources", type=int, default=0, help="N sources of memory.py's shape instead (0: stream's two)")
     ap.add_argument("--ranks", type=int, default=16, help="with --sources: dp ranks of the plan")
+    ap.add_argument(
+        "--shuffle", choices=["global", "block"], default="global", help="stream's two sources' shuffle (see --sources)"
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--data", type=Path, default=None, help="keep data, index and plan in this folder (reused)")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)

@@ -180,14 +180,15 @@ def check_schema(table: pa.Table | pa.Schema, kind: TableKind, where: str) -> No
 
 
 _SPLIT: frozenset[TableKind] = frozenset({TableKind.MANIFEST, TableKind.PLAN_STEPS})
-"""Kinds written with every column BYTE_STREAM_SPLIT (each value's bytes regrouped by position, then zstd) and
-no dictionary: the planner's two big tables (planner version 8). Their integers are small (high bytes all zero)
-or repeat, so zstd squeezes the split streams as well as dictionaries did or better, at a third to a half of
-the time: a 262K-row manifest partition 26-28 -> 9-11 ms and 1.35-1.38 -> 1.25-1.32 MB, a 13,617-step row group
-of the report's steps table with 300 sources (615 columns) 169 -> 113 ms and 4.2 -> 3.1 MB (pyarrow 26, this
-machine; session 15 in docs/planning.md). pyarrow reads them as any Parquet file; the values are the same. (Planner
-version 7 wrote the manifest with dictionaries for every column but `sample`.) Other kinds keep a dictionary for
-every column."""
+"""Kinds written without dictionaries, every integer and floating column BYTE_STREAM_SPLIT (each value's bytes
+regrouped by position, then zstd): the planner's two big tables (planner version 8). Their integers are small
+(high bytes all zero) or repeat, so zstd squeezes the split streams as well as dictionaries did or better, in 0.4
+to 0.7 of the time: a 262K-row manifest partition 26-28 -> 11.4 ms and 1.35-1.38 -> 1.25-1.32 MB, a 13,617-step
+row group of the report's steps table with 300 sources (615 columns) 169 -> 113 ms and 4.2 -> 3.1 MB (pyarrow 26,
+this machine; session 15 in docs/planning.md). Integer BYTE_STREAM_SPLIT needs pyarrow 16 or later to write and
+read (hence the project's floor); other engines read it only where they implement it. The values are the same.
+(Planner version 7 wrote the manifest with dictionaries for every column but `sample`.) Other kinds keep a
+dictionary for every column."""
 
 
 def write_table(
@@ -239,13 +240,14 @@ def _stamped(table: pa.Table, kind: TableKind, extra_metadata: Mapping[str, str]
 
 def _options(table: pa.Table, kind: TableKind) -> dict[str, Any]:
     """The Parquet writer options of every loomdata table: zstd, statistics, the Arrow schema stored; for the
-    kinds in _SPLIT every column BYTE_STREAM_SPLIT without dictionaries, for the others a dictionary for every
-    column."""
+    kinds in _SPLIT no dictionaries and their integer and floating columns BYTE_STREAM_SPLIT (any other column,
+    an extra one a table may carry, plain), for the others a dictionary for every column."""
     if kind in _SPLIT:
+        split = {f.name: "BYTE_STREAM_SPLIT" for f in table.schema if _splittable(f.type)}
         return {
             "compression": "zstd",
             "use_dictionary": False,
-            "column_encoding": "BYTE_STREAM_SPLIT",
+            "column_encoding": split,
             "write_statistics": True,
             "store_schema": True,
         }
@@ -255,6 +257,12 @@ def _options(table: pa.Table, kind: TableKind) -> dict[str, Any]:
         "write_statistics": True,
         "store_schema": True,
     }
+
+
+def _splittable(t: pa.DataType) -> bool:
+    """Whether Parquet's BYTE_STREAM_SPLIT takes a column of Arrow type `t` (pyarrow refuses bool, strings, lists,
+    dictionaries)."""
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
 
 
 def stamped_metadata(schema: pa.Schema) -> dict[str, str]:

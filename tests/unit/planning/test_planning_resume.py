@@ -339,3 +339,10 @@ def test_a_base_of_planner_version_7_re_plans_under_8(
     spec2 = spec_of(tmp_path / "ours", ["web", "code"], dp=2, **shape)
     from_ours = make_plan(spec2, index=index, resume_from=PlanResume(plan_dir=ours.plan_dir, at_step=15))
     assert read_manifest(from_old.plan_dir, from_old.meta).equals(read_manifest(from_ours.plan_dir, from_ours.meta))
+    # the base's report (dictionary-encoded) feeds the re-plan's carried rows and summary as version 8's does
+    steps = "report/steps.parquet"
+    assert pq.read_table(from_old.plan_dir / steps).equals(pq.read_table(from_ours.plan_dir / steps))
+    assert from_old.meta.summary == from_ours.meta.summary
+    assert from_old.meta.parameters.planner_version == "8"
+    col = pq.ParquetFile(from_old.plan_dir / from_old.meta.manifest[0].path).metadata.row_group(0).column(0)
+    assert "BYTE_STREAM_SPLIT" in col.encodings  # the re-plan writes version 8's files, base rows included

@@ -146,3 +146,29 @@ def test_manifest_and_report_steps_are_byte_stream_split_and_read_back(tmp_path:
     index = pa.table({f.name: pa.array(rng.integers(0, 5, n), f.type) for f in INDEX_SCHEMA}, schema=INDEX_SCHEMA)
     write_table(index, tmp_path / "i.parquet", TableKind.INDEX)
     assert "RLE_DICTIONARY" in pq.ParquetFile(tmp_path / "i.parquet").metadata.row_group(0).column(1).encodings
+
+
+def test_a_split_kind_writes_an_extra_column_parquet_cannot_split(tmp_path: Path) -> None:
+    """BYTE_STREAM_SPLIT takes only numbers: an extra column of another type (the report's steps table accepts
+    extra columns) is written plain beside the split ones, never refused."""
+    import numpy as np
+
+    from loomdata.schemas.tables import PLAN_STEPS_SCHEMA
+
+    n = 300
+    steps = pa.table(
+        {
+            **{f.name: pa.array(np.arange(n), f.type) for f in PLAN_STEPS_SCHEMA},
+            "note": pa.array([f"step {i}" for i in range(n)]),
+            "flag": pa.array(np.arange(n) % 2 == 0),
+        }
+    )
+    p = tmp_path / "steps.parquet"
+    write_table(steps, p, TableKind.PLAN_STEPS)
+    assert read_table(p, TableKind.PLAN_STEPS).equals(steps)
+    md = pq.ParquetFile(p).metadata.row_group(0)
+    encodings = {md.column(c).path_in_schema: md.column(c).encodings for c in range(md.num_columns)}
+    assert "BYTE_STREAM_SPLIT" in encodings["step"]
+    assert all(
+        "BYTE_STREAM_SPLIT" not in encodings[k] and "RLE_DICTIONARY" not in encodings[k] for k in ("note", "flag")
+    )

@@ -111,7 +111,8 @@ def file_hashes(root: Path) -> dict[str, str]:
 
 
 def _roles(plans: Path) -> dict[str, str]:
-    """plan id -> role: `base` for a plan another one here re-plans from, `plan` for the rest (one each)."""
+    """plan id -> role: `base` for a plan another one here re-plans from, `plan` for the rest (one each: a case
+    holds one plan or a base and its re-plan; a longer chain raises, as it could not be told apart by role)."""
     metas = {d.name: json.loads((d / "plan.json").read_text()) for d in plans.iterdir() if (d / "plan.json").is_file()}
     bases = {(m["parameters"].get("resume") or {}).get("base_plan_id") for m in metas.values()}
     roles = {pid: "base" if pid in bases else "plan" for pid in metas}
@@ -202,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                     name,
                     "--workdir",
                     str(wd),
-                    *(["--content"] * args.content),
                 ]
+                if args.content:
+                    cmd.append("--content")
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
                 got[tree] = json.loads(out.stdout.strip().splitlines()[-1])
             same = got["before"] == got["after"]
@@ -215,11 +217,11 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{name:40s} {'identical' if same else 'DIFFERENT'} ({len(got['after'])} files) {diff[:3]}", flush=True
             )
+    mode = "content" if args.content else "bytes"
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        mode = "content" if args.content else "bytes"
         args.out.write_text(json.dumps({"identical": bad == 0, "compared": mode, "cases": results}, indent=1) + "\n")
-    print(f"{len(names) - bad}/{len(names)} identical ({'content' if args.content else 'bytes'})")
+    print(f"{len(names) - bad}/{len(names)} identical ({mode})")
     return 1 if bad else 0
 
 

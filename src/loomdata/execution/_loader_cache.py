@@ -404,10 +404,13 @@ def _leave(plan_id: str, pool: WorkerPool, owner: int) -> None:
 class PlanUnitCache:
     """One loader's `UnitCache` (sources._base): keeps a unit while a planned step within its reach needs it.
 
-    The reach is the policy's horizon plus `extra_steps`, which a loader's read-ahead raises to cover the storage
-    latency it measures at the rate steps are served. The loader tells it what the plan will read (`plan`, with
-    the rows read: then `wanted` names them and the reader keeps only those) and what it served (`served`); the
-    reader offers and asks for units by `(path, unit)`, which `shard_of` maps to the loader's shard ids."""
+    The reach is the policy's horizon plus `extra_steps`, which a loader's read-ahead raises to cover the
+    storage latency it measures at the rate steps are served.
+
+    The loader tells it what the plan will read (`plan`, with the rows read: then `wanted` names them and
+    the reader keeps only those) and what it served (`served`); the reader offers and asks for units by
+    `(path, unit)`, which `shard_of` maps to the loader's shard ids.
+    """
 
     def __init__(
         self,
@@ -427,7 +430,9 @@ class PlanUnitCache:
         self._pool, self._owner = pool_for(plan_id, policy.worker_bytes)
         self._closed = False
         self.extra_steps = 0  # steps beyond the horizon a read-ahead needs to cover storage latency (`_prefetch`)
-        self._stale: dict[int, int] = {}  # kept-as-rows unit -> step of a later planned row it lacks (`served`)
+        # held units kept as rows that lack a row planned later (int key -> that row's step): dropped, so read again
+        # with every row then planned, once that step comes within the reach (`served`)
+        self._stale: dict[int, int] = {}
         self._clock = clock
         # (time, oldest step) of recent requests, oldest step increasing: its head is the oldest step asked for
         # within `lag_hold_s` (a sliding-window minimum)
@@ -462,9 +467,13 @@ class PlanUnitCache:
     @property
     def floor(self) -> int:
         """Uses before this step are over: the horizon behind the newest step served, or the oldest step asked for
-        within `lag_hold_s` if older. A loader serves every rank group: one whose ranks run far behind (a slow
-        consumer, a rank restarted from a checkpoint) would otherwise find its units' uses forgotten and read each
-        unit again at every request; a rank that stops asking stops holding the floor back after `lag_hold_s`."""
+        within `lag_hold_s` if older.
+
+        Constructors of one group stay within a window of each other, but a loader serves every group: one whose
+        ranks run far behind the others (a slow consumer, a rank restarted from a checkpoint) would otherwise find
+        its units' uses forgotten and read each unit again at every request. A rank that stops asking stops
+        holding the floor back after `lag_hold_s`.
+        """
         floor = self.newest - self.policy.horizon_steps
         return min(floor, self._asked[0][1]) if self._asked else floor
 

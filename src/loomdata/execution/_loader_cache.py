@@ -20,10 +20,7 @@ served (a floor held back by a lagging rank keeps its pending reads, not the row
 planned row a held unit did not keep drops that unit when the row's step is within the reach, so the read-ahead
 reads it again with every row then planned, off the read path; a row planned further ahead (`keep_steps`) drops
 it only once its step comes within the reach. Under a global shuffle nearly every held unit gains a row with each
-chunk planned, and dropping it at once decoded every unit again for every chunk. Rows past the reach are kept only
-while the worker's loaders hold fewer bytes than the keep allowance (`CachePolicy.keep_bytes`): a plan over few
-sources keeps them (small rows, fewer decodes); one over hundreds of sources, whose reach alone fills the allowance,
-keeps the reach's rows and decodes more instead.
+chunk planned, and dropping it at once decoded every unit again for every chunk.
 
 Threads: loaders read in their own threads and on the worker's event loop; every operation on a pool
 and on the uses of its loaders holds the pool's lock (each is a few NumPy calls on small arrays).
@@ -46,7 +43,6 @@ from loomdata.sources import KeptRows, UnitKey
 
 __all__ = [
     "KEEP_AHEAD",
-    "KEEP_SHARE",
     "PREFETCH_STEPS",
     "CachePolicy",
     "PlanUnitCache",
@@ -66,9 +62,6 @@ PREFETCH_STEPS = 16
 
 KEEP_AHEAD = 3
 """Serving's `CachePolicy.keep_steps`, in horizons: rows a unit keeps for planned steps this far past the reach."""
-
-KEEP_SHARE = 32
-"""Serving's `CachePolicy.keep_bytes`, as a share of the worker's budget: 1/32 of it (8 MiB at the default 256)."""
 
 
 def unit_key(shard: np.ndarray | int, unit: np.ndarray | int) -> np.ndarray:
@@ -98,9 +91,7 @@ class CachePolicy:
     when it lags the newest step by more than the horizon (a rank behind its peers: see `PlanUnitCache.floor`).
     `keep_steps`: steps beyond the reach that are planned too, and whose rows a unit kept as rows keeps: such a
     unit is decoded again only when a row it lacks comes within the reach, about once per `keep_steps`, not once
-    per chunk planned (see `PlanUnitCache.plan`). `keep_bytes`: the keep allowance of a worker: rows past the reach
-    are wanted, and units kept for a use past it, only while the worker's loaders hold fewer bytes than this (the
-    reach's rows are kept regardless, within `worker_bytes`); None: always.
+    per chunk planned (see `PlanUnitCache.plan`).
     """
 
     worker_bytes: int
@@ -110,7 +101,6 @@ class CachePolicy:
     start_step: int = 0
     lag_hold_s: float = 30.0
     keep_steps: int = 0
-    keep_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.worker_bytes < 0:
@@ -125,8 +115,6 @@ class CachePolicy:
             raise ValueError(f"CachePolicy.lag_hold_s must be >= 0 seconds, got {self.lag_hold_s!r}")
         if self.keep_steps < 0:
             raise ValueError(f"CachePolicy.keep_steps must be >= 0 steps, got {self.keep_steps!r}")
-        if self.keep_bytes is not None and self.keep_bytes < 0:
-            raise ValueError(f"CachePolicy.keep_bytes must be >= 0 bytes or None, got {self.keep_bytes!r}")
 
     @classmethod
     def serving(cls, config: ServeConfig) -> CachePolicy:
@@ -135,8 +123,7 @@ class CachePolicy:
 
     @classmethod
     def of(cls, loader_memory: int, window: int, prefetch: int = 0, start_step: int = 0) -> CachePolicy:
-        """The policy serving uses: the configured budget, the window plus a few steps (more to read ahead into),
-        rows kept `KEEP_AHEAD` horizons past the reach within 1/`KEEP_SHARE` of the budget."""
+        """The policy serving uses: the configured budget, the window plus a few steps (more to read ahead into)."""
         extra = PREFETCH_STEPS if prefetch > 0 and loader_memory > 0 else 0
         horizon = window + 2 + extra
         return cls(
@@ -145,7 +132,6 @@ class CachePolicy:
             prefetch=prefetch,
             start_step=start_step,
             keep_steps=KEEP_AHEAD * horizon if loader_memory > 0 else 0,
-            keep_bytes=loader_memory // KEEP_SHARE,
         )
 
 
@@ -437,7 +423,6 @@ class PlanUnitCache:
         # (time, oldest step) of recent requests, oldest step increasing: its head is the oldest step asked for
         # within `lag_hold_s` (a sliding-window minimum)
         self._asked: collections.deque[tuple[float, int]] = collections.deque()
-        self._front = 0  # the newest step a read ahead was issued for (`pending`, `put_ahead`)
 
     @property
     def reach(self) -> int:
@@ -449,11 +434,6 @@ class PlanUnitCache:
         """Steps beyond the newest served that are planned, and that units kept as rows keep rows for: the reach
         plus the policy's `keep_steps`."""
         return self.reach + self.policy.keep_steps
-
-    @property
-    def keeping_ahead(self) -> bool:
-        """Whether rows past the reach are kept now: the worker's loaders hold less than the keep allowance."""
-        return self.policy.keep_bytes is None or self._pool.nbytes < self.policy.keep_bytes
 
     def near(self, front: int = 0) -> int:
         """The last step a unit is read (ahead) for now: the reach beyond the newest step served or asked (`front`)."""
@@ -494,15 +474,11 @@ class PlanUnitCache:
         return self._pool.get(self._owner, key)
 
     def wanted(self, key: UnitKey) -> np.ndarray | None:
-        """The rows of unit `key` planned reads from the floor on take (None: keep whole units, no rows planned):
-        up to the planned reach while `keeping_ahead`, else up to the reach of the newest step served or read ahead."""
+        """The rows of unit `key` planned reads from the floor on take (None: keep whole units, no rows planned)."""
         if not self._by_rows or str(key[0]) not in self._shard_of:
             return None
         with self._pool.lock:
-            rows, steps = self._pending_rows(self._key(key))
-            if not self.keeping_ahead:
-                rows = rows[steps <= max(self.newest, self._front, 0) + self.reach]
-            return np.unique(rows)
+            return np.unique(self._pending_rows(self._key(key))[0])
 
     def _pending_rows(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The (row, step) of unit `k`'s planned reads from the floor on that are still to be served.
@@ -543,7 +519,6 @@ class PlanUnitCache:
         with self._pool.lock:
             if self._closed:  # checked under the lock: `close` may run in another thread
                 return False
-            self._front = max(self._front, front)
             k = self._key(key)
             n = int(self.uses.next_use(np.array([k]), self.floor)[0])
             if not 0 <= n <= max(self.newest, front, 0) + self._limit(value):
@@ -564,9 +539,9 @@ class PlanUnitCache:
         return int(steps[missing].min()) if missing.any() else -1
 
     def _limit(self, value: Any) -> int:
-        """How far past the newest step a unit's next use may lie for it to be kept: rows kept, the planned reach
-        while `keeping_ahead`; otherwise, and for a whole unit (large), the reach."""
-        return self.plan_reach if isinstance(value, KeptRows) and self.keeping_ahead else self.reach
+        """How far past the newest step a unit's next use may lie for it to be kept: rows kept, the planned reach;
+        a whole unit (large), the reach."""
+        return self.plan_reach if isinstance(value, KeptRows) else self.reach
 
     def _note_kept(self, k: int, value: Any) -> None:
         """A unit was kept: note the first later planned row it lacks (a chunk planned while it was read)."""
@@ -579,7 +554,6 @@ class PlanUnitCache:
     def pending(self, front: int) -> tuple[np.ndarray, np.ndarray]:
         """Units with a pending use from the floor to the horizon of step `front`, in plan order, and that use."""
         with self._pool.lock:
-            self._front = max(self._front, front)
             return self.uses.pending(max(self.floor, 0), max(self.newest, front, 0) + self.reach)
 
     def held_keys(self) -> np.ndarray:

@@ -270,39 +270,3 @@ def test_policy_keep_steps() -> None:
         CachePolicy(worker_bytes=1, horizon_steps=2, keep_steps=-1)
     assert CachePolicy.of(1 << 20, window=3).keep_steps > 0
     assert CachePolicy.of(0, window=3).keep_steps == 0  # no cache: nothing to keep rows for
-
-
-def test_rows_past_the_reach_are_kept_only_within_the_keep_allowance(
-    shard: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`keep_bytes`: past it, a unit keeps only the rows the reach reads (and the row planned later makes it read
-    again when it nears); within it, the rows of the planned reach too."""
-    monkeypatch.setattr(parquet, "_WHOLE_SHARE", 1.01)
-    rows = np.array([0, 2])  # group 0: row 0 at step 0 (within the reach, 4), row 2 at step 10 (past it)
-    steps = np.array([0, 10])
-    kept: dict[int | None, list[int]] = {}
-    for allowance in (None, 0):
-        reader, fetched = _counting_reader(shard)
-        policy = CachePolicy(
-            worker_bytes=1 << 20, horizon_steps=4, chunk_steps=100, keep_steps=12, keep_bytes=allowance
-        )
-        cache = PlanUnitCache(f"plan-allow-{allowance}", steps=64, policy=policy, shard_of={str(shard): 0})
-        reader.use_unit_cache(cache)  # type: ignore[attr-defined]
-        assert cache.keeping_ahead == (allowance is None)
-        keys = unit_key(0, reader.units(shard, rows))  # type: ignore[attr-defined]
-        cache.plan(keys, steps, rows)
-        got = reader.read(shard, np.array([0]))  # type: ignore[attr-defined]
-        assert got[0].tokens.tolist() == [0, 1]
-        kept[allowance] = dict(cache._pool.items(cache._owner))[(str(shard), 0)].rows.tolist()
-        cache.served(keys[:1], steps[:1])
-        held = (str(shard), 0) in dict(cache._pool.items(cache._owner))
-        assert held == (allowance is None)  # over the allowance a use past the reach keeps nothing
-        for s in range(1, 10):
-            cache.served(np.zeros(0, dtype=np.int64), np.array([s]))
-        assert reader.read(shard, np.array([2]))[0].tokens.tolist() == [2, 3]  # type: ignore[attr-defined]
-        assert fetched.count(0) == (1 if allowance is None else 2)  # the trade: memory for a decode
-        cache.close()
-    assert kept == {None: [0, 2], 0: [0]}
-    assert CachePolicy.of(256 << 20, window=3).keep_bytes == 8 << 20
-    with pytest.raises(ValueError, match="keep_bytes"):
-        CachePolicy(worker_bytes=1, horizon_steps=2, keep_bytes=-1)

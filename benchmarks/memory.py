@@ -24,9 +24,9 @@ ranks mapping torch's libraries, PSS gives each rank 1/R of those pages (so a ra
 below an idle process's), and an idle process measured alone holds all of them privately. Results go to
 benchmarks/results/memory.json with a per-process breakdown of loomdata's side: for the serving process
 and each worker, smaps by kind, glibc's heap, the heavy modules imported, and for workers what one more
-`malloc_trim` returns (with `LOOM_BENCH_TRACE_WORKERS=1` in the environment, the workers trace Python allocations
-and report their largest owners). `--data DIR` keeps data, index and plans between runs; `--workers N` sizes the
-embedded cluster (another layout).
+`malloc_trim` returns (with `LOOM_BENCH_TRACE_WORKERS=1` in the environment, the workers and the serving process
+trace Python allocations and report their largest owners). `--data DIR` keeps data, index and plans between runs;
+`--workers N` sizes the embedded cluster (another layout).
 
     .venv/bin/python benchmarks/memory.py --quick     # N 10, 100; R 4 (a few minutes on 2 cores)
     .venv/bin/python benchmarks/memory.py             # N 10, 100, 300; R 4, 8, 16 (long)
@@ -486,6 +486,10 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
     """What `loom serve` runs: an embedded cluster (scheduler here, 2 workers) and an autoscaling Executor, with
     the Arrow allocator `loom serve` chooses for this process before pyarrow loads (`execution._arrow_pool`)."""
     n_workers = int(os.environ.get("LOOM_BENCH_WORKERS", "2"))
+    if os.environ.get("LOOM_BENCH_TRACE_WORKERS"):  # diagnosis: this process traces its Python allocations too
+        import tracemalloc
+
+        tracemalloc.start()
     try:
         from loomdata.execution._arrow_pool import choose_before_import, serving_pool
     except ImportError:  # a tree from before session 12 (`PYTHONPATH=.../src`, for a before/after): it chose none

@@ -17,8 +17,9 @@ from typing import Generic, TypeVar
 
 __all__ = ["OPEN_FILES", "OpenFiles", "new_owner"]
 
-OPEN_FILES = 128
-"""Files held open per process by all readers together (each ~30 KiB of parsed footer and reader state)."""
+OPEN_FILES = 32
+"""Files held open per process by all readers together (each ~30 KiB of parsed footer and reader state; 128 before
+session 15: ~2.8 MiB more a worker at 300 sources, whose reads reopen files from held footers either way)."""
 
 T = TypeVar("T")
 _OWNERS = itertools.count(1)

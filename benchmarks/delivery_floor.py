@@ -10,7 +10,9 @@ as `stream_throughput.py` (its `_write_data`), single-threaded, in this process 
 - `transfer`: send rows of `seq_len` int32 tokens from one process to another over a Unix socket pair
   (1 MiB `sendall`, `recv_into` a preallocated buffer; the CPU of both sides): what a loader that runs apart
   from the training rank pays at the least, each token once (loomdata's same-host gateway is such a socket).
-- `concat_cut`: the peer itself over all files in this process (`num_workers=0`: no transfer at all).
+- `concat_cut`: the peer over all files in this process, as `stream_throughput.py` runs it at its best setting
+  (`DataLoader(num_workers=0, batch_size=None)`: no transfer at all); `concat_cut_bare` the same iterator without
+  the DataLoader (shown, not used in the bounds).
 
 A loader that reads in other processes pays at least `decode` + `transfer` per token, so its tokens per
 CPU-second are at most `floor = 1 / (1/decode + 1/transfer)`. On `--cores` busy cores, its tokens/s per
@@ -68,12 +70,17 @@ def _decode(files: list[Path]) -> tuple[int, float]:
     return tokens, _cpu() - c0
 
 
-def _concat_cut(files: list[Path], seq_len: int, tokens: int) -> tuple[int, float]:
-    """The peer over every file in this process (rank 0 of 1), as many full rows as the files hold."""
+def _concat_cut(files: list[Path], seq_len: int, tokens: int, bare: bool = False) -> tuple[int, float]:
+    """The peer over every file in this process (rank 0 of 1), as many full rows as the files hold: through
+    `DataLoader(num_workers=0)` as the benchmark's consumers run it, or the bare iterator."""
+    from torch.utils.data import DataLoader
+
     rows = tokens // seq_len
     c0 = _cpu()
+    dataset = _ConcatCut([str(f) for f in files], 0, 1, seq_len)
+    items = iter(dataset) if bare else iter(DataLoader(dataset, batch_size=None, num_workers=0))
     got = 0
-    for item in itertools.islice(iter(_ConcatCut([str(f) for f in files], 0, 1, seq_len)), rows):
+    for item in itertools.islice(items, rows):
         got += int(item["cu_seqlens"][-1])
     return got, _cpu() - c0
 
@@ -129,18 +136,24 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=None, help="folder for the data (default: a temporary one)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)  # as the benchmark's consumers
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
     with tempfile.TemporaryDirectory() as tmp:
         root = args.data or Path(tmp)
         files = sorted(root.glob("*/*.parquet")) or _write_data(root, args.docs, seed=0)
-        runs: dict[str, list[dict[str, float]]] = {"decode": [], "transfer": [], "concat_cut": []}
+        arms = ("decode", "transfer", "concat_cut", "concat_cut_bare")
+        runs: dict[str, list[dict[str, float]]] = {k: [] for k in arms}
         total = 0
         for _ in range(args.rounds):  # alternating arms, so load swings hit each alike
             total, cpu = _decode(files)
             runs["decode"].append({"tokens": total, "cpu_s": cpu})
             tok, cpu = _concat_cut(files, args.seq_len, total)
             runs["concat_cut"].append({"tokens": tok, "cpu_s": cpu})
+            tok, cpu = _concat_cut(files, args.seq_len, total, bare=True)
+            runs["concat_cut_bare"].append({"tokens": tok, "cpu_s": cpu})
             tok, cpu = _transfer(total)
             runs["transfer"].append({"tokens": tok, "cpu_s": cpu})
     best = {k: max(r["tokens"] / r["cpu_s"] for r in v) for k, v in runs.items()}

@@ -260,8 +260,8 @@ def _options(table: pa.Table, kind: TableKind) -> dict[str, Any]:
 
 
 def _splittable(t: pa.DataType) -> bool:
-    """Whether Parquet's BYTE_STREAM_SPLIT takes a column of Arrow type `t` (pyarrow refuses bool, strings, lists,
-    dictionaries)."""
+    """Whether a column of Arrow type `t` is written BYTE_STREAM_SPLIT: numbers only (pyarrow refuses bool, strings
+    and dictionaries; any other type is written plain)."""
     return pa.types.is_integer(t) or pa.types.is_floating(t)
 
 

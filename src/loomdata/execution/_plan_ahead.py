@@ -280,9 +280,10 @@ class PlanAhead:
         handle = functools.partial(open_ahead, path, lo._source.storage_options, _size(lo, shard))
         return [functools.partial(lo._verifier.open_shard, shard, path), handle]
 
-    def served(self, request: np.ndarray) -> None:
-        """The segments of `request` were read: count their uses off (drops units at their last use)."""
-        self.cache.served(self.keys(request["sample"]), request["step"].astype(np.int64))
+    def served(self, request: np.ndarray, keys: np.ndarray | None = None) -> None:
+        """The segments of `request` (their unit `keys`, if the read knew them) were read: count their uses off."""
+        keys = self.keys(request["sample"]) if keys is None else keys
+        self.cache.served(keys, request["step"].astype(np.int64))
 
     def pump(self, steps: np.ndarray | None) -> None:
         """Read ahead what the pending steps need (no-op without prefetch)."""

@@ -348,15 +348,15 @@ class Prefetcher:
             return
         front = max(self._front, c.newest, 0)
         with self._lock:  # what is held and what is in flight, seen together: a read finishing between
-            keys, first = c.pending(front)  # the two would otherwise be issued again
-            held = c.held_keys()
-            if c.newest != self._declined_at:
+            if c.newest != self._declined_at:  # the two would otherwise be issued again
                 self._declined.clear()
                 self._declined_at = c.newest
                 self._stalled = False
-            if self._stalled:
-                return
             slots = self.limit - self._requests
+            if self._stalled or slots <= 0:  # nothing can be issued now: skip the pending uses' bookkeeping
+                return
+            keys, first = c.pending(front)
+            held = c.held_keys()
             busy = np.concatenate([held, np.fromiter([*self._inflight, *self._declined], dtype=np.int64)])
             free = plan_prefetch(keys, first, busy, len(keys))
             if self._stores and slots > 0 and len(free):

@@ -192,8 +192,7 @@ class PlanAhead:
         if got is None:
             return
         step, sample = got
-        keys = self.keys(sample, self._units)
-        ok = keys >= 0
+        ok = (keys := self.keys(sample, self._units)) >= 0
         self.cache.plan(keys[ok], step[ok], self._rows_of(sample[ok]))
 
     def _mine(self, c: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -282,8 +281,7 @@ class PlanAhead:
 
     def served(self, request: np.ndarray, keys: np.ndarray | None = None) -> None:
         """The segments of `request` (their unit `keys`, if the read knew them) were read: count their uses off."""
-        keys = self.keys(request["sample"]) if keys is None else keys
-        self.cache.served(keys, request["step"].astype(np.int64))
+        self.cache.served(self.keys(request["sample"]) if keys is None else keys, request["step"].astype(np.int64))
 
     def pump(self, steps: np.ndarray | None) -> None:
         """Read ahead what the pending steps need (no-op without prefetch)."""

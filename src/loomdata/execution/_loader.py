@@ -368,6 +368,8 @@ def _read_spans(
     of all samples read are one C-level map over those views, and the segments are joined into the answer by
     one `concatenate` of views (no per-sample Python frame, no intermediate copy).
     """
+    if len(request) == 0:
+        return SegmentData(tokens=np.zeros(0, dtype=np.int32)), np.zeros(0, dtype=np.int64), 0
     upos, inverse = np.unique(pos, return_inverse=True)
     shard, row = index.shard_at(upos), index.row_at(upos)
     new_shard = np.diff(shard) != 0
@@ -418,13 +420,10 @@ def _read_spans(
             "changed since indexing: re-run `loom index` and `loom plan`"
         )
     tokens = np.empty(int(length.sum()), dtype=np.int32)
-    if len(request):
-        views: map[np.ndarray] = map(
-            _cut,
-            map(buffers.__getitem__, buffer[inverse].tolist()),
-            map(slice, first.tolist(), last.tolist()),
-        )
-        np.concatenate(list(views), out=tokens)
+    views: map[np.ndarray] = map(
+        _cut, map(buffers.__getitem__, buffer[inverse].tolist()), map(slice, first.tolist(), last.tolist())
+    )
+    np.concatenate(list(views), out=tokens)
     return SegmentData(tokens=tokens), unit_key(shard, unit)[inverse], n
 
 

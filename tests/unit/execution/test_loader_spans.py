@@ -113,6 +113,13 @@ def test_spans_give_the_per_shard_paths_tokens(corpus: Any, monkeypatch: pytest.
         assert got.tokens.dtype == np.int32 and got.tokens.flags.writeable
 
 
+def test_an_empty_request_reads_nothing(corpus: Any) -> None:
+    paths, docs, shard, row = corpus
+    index = _index(docs, shard, row, None)
+    got, keys, distinct = _read(_reader(), np.zeros(0, REQUEST_DTYPE), index, paths, 14, _part(len(docs)), None)
+    assert len(got.tokens) == 0 and got.tokens.dtype == np.int32 and keys is not None and distinct == 0
+
+
 def test_token_spans_match_pyarrow_and_refuse_what_they_cannot_view(tmp_path: Path, corpus: Any) -> None:
     paths = corpus[0]
     reader = _reader()

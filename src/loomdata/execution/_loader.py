@@ -212,7 +212,7 @@ class SourceLoader:
         (one of this request's units issued then would make the read wait for it on the loop). Over local files
         none is either: the read ahead after it covers the same steps (a unit this read lacks it decodes itself,
         the same CPU as on a read-ahead thread), and the pending uses' bookkeeping of a second pump per request
-        cost 8-20% of a block-shuffle replay's CPU (`loader_replay_s16_prepump_ab.json`).
+        cost 7-20% of a block-shuffle replay's CPU (`loader_replay_s16_prepump_ab.json`).
 
         A data error (a `SourceDataError` naming the file, row and fix) reaches the constructor and the
         client intact: LoomErrors pickle by their arguments.

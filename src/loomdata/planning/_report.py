@@ -7,8 +7,12 @@ tokens, LB, max and mean rank cost for loomdata and for both baselines of planni
 sequences per rank, overflow waits: `packed_waiting_tokens`), `base_max` = the stronger (lower) of the
 two baselines' max for that step, micro-batch spread (mean over ranks of max micro-batch cost /
 max(mean micro-batch cost, largest segment of the rank): 1.0 is as even as the rank's segments allow),
-pipeline time `pp_time` and `pp_time_even`, tokens deferred to the next step, tokens and target weight
-per source) and `report/ranks.parquet` (per-rank cost of the first steps, for the plot).
+pipeline time `pp_time` and `pp_time_even`, tokens deferred to the next step), `report/sources.parquet` (the
+tokens of each source in each step, one row per (step, source) cell that places any, step-major),
+`report/weights.parquet` (the target weight of every source, a row at the first step and at each step whose
+weights differ from the step before's: one row for a fixed mixture; `source_columns` reads both back as dense
+columns of a step range, as well as version 8's `tokens__<name>` / `weight__<name>` columns of the steps table)
+and `report/ranks.parquet` (per-rank cost of the first steps, for the plot).
 
 Imbalance is max rank cost / LB with LB = max(total cost / dp_size, largest segment cost); a gain is
 sum(max_baseline) / sum(max_loomdata) over all steps (step time is set by the most loaded rank); the

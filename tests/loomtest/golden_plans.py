@@ -25,7 +25,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loomdata.planning import PlanResume, make_plan
-from loomdata.planning._report import source_columns
 from loomdata.schemas.plan import read_manifest, read_plan
 from loomdata.schemas.spec import Spec, parse_spec
 
@@ -204,6 +203,8 @@ def plan_hashes(plan_dir: Path) -> dict[str, str]:
             h.update(name.encode())
             h.update(np.ascontiguousarray(table.column(name).to_numpy()).tobytes())
     r = hashlib.sha256()
+    from loomdata.planning._report import source_columns  # here: benchmarks import CASES under older trees too
+
     table = pq.read_table(plan_dir / "report" / "steps.parquet")
     steps = {name: table.column(name).to_numpy() for name in table.column_names}
     steps.update(source_columns(plan_dir, list(meta.sources)))

@@ -426,11 +426,12 @@ class ReportBuilder:
         w = np.empty((n, b - a))
         for k0, k1 in self._source_blocks():
             w[k0:k1] = self.weight_rows(k0, k1, a, b)
+        bits = w.view(np.int64)  # compared bit for bit (forward-filled rows are the same floats, -0.0 included)
         change = np.ones(b - a, dtype=bool)
         if b - a > 1:
-            change[1:] = (w[:, 1:] != w[:, :-1]).any(axis=0)
+            change[1:] = (bits[:, 1:] != bits[:, :-1]).any(axis=0)
         if prev:
-            change[0] = bool((w[:, 0] != prev[0]).any())
+            change[0] = bool((bits[:, 0] != prev[0].view(np.int64)).any())
             prev.clear()
         if b > a:
             prev.append(w[:, -1].copy())

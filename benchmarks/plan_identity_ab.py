@@ -11,7 +11,11 @@ PLANNER_VERSION bump changes every plan id): each Parquet file read back with py
 its loomdata.* metadata, every column's values in stored order, which is the plan's order), plan.json as
 parsed; the plan ids (dir names, plan.json's ids, each table's `plan_id` stamp) are replaced by their role
 (`plan`, or `base` for a re-plan's base) and `planner_version` by `*`. Every row (step, rank, micro-batch,
-source, sample, offset, length, lane) and every report figure and summary number must be equal.
+source, sample, offset, length, lane) and every report figure and summary number must be equal. The report's
+steps table is compared as one logical table whatever its layout: its own columns and every source's
+`tokens__<name>` (int64) and `weight__<name>` (float64) of every step, whether stored as its columns (planner
+version 8 and earlier) or in report/sources.parquet and report/weights.parquet (version 9; those two files are
+not compared on their own).
 
     .venv/bin/python benchmarks/plan_identity_ab.py --before /work/main/src --after src
     .venv/bin/python benchmarks/plan_identity_ab.py --before /tmp/main/src --after src --content
@@ -142,10 +146,17 @@ def content_hashes(root: Path) -> dict[str, str]:
     roles = _roles(root)
     out = {}
     for p in sorted(root.rglob("*")):
-        if not p.is_file():
+        if not p.is_file() or (p.parent.name == "report" and p.name in ("sources.parquet", "weights.parquet")):
             continue
         h = hashlib.sha256()
-        if p.suffix == ".parquet":
+        if p.parent.name == "report" and p.name == "steps.parquet":
+            t = pq.read_table(p)
+            meta = {k.decode(): v.decode() for k, v in (t.schema.metadata or {}).items() if k.startswith(b"loomdata.")}
+            h.update(json.dumps(_neutral(meta, roles), sort_keys=True).encode())
+            for name, col in sorted(_report_columns(p).items()):
+                h.update(f"{name}:{col.dtype}".encode())
+                h.update(np.ascontiguousarray(col).tobytes())
+        elif p.suffix == ".parquet":
             t = pq.read_table(p)
             meta = {k.decode(): v.decode() for k, v in (t.schema.metadata or {}).items() if k.startswith(b"loomdata.")}
             h.update(json.dumps(_neutral(meta, roles), sort_keys=True).encode())
@@ -158,6 +169,31 @@ def content_hashes(root: Path) -> dict[str, str]:
             h.update(p.read_bytes())
         out[_neutral(str(p.relative_to(root)), roles)] = h.hexdigest()
     return out
+
+
+def _report_columns(steps_file: Path) -> dict[str, np.ndarray]:
+    """report/steps.parquet's columns with every source's token counts and weights of every step among them,
+    from the steps table's own columns (planner version 8 and earlier) or report/sources.parquet and
+    report/weights.parquet (version 9: the cells that place tokens; the steps whose weights change)."""
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(steps_file)
+    cols = {n: t.column(n).to_numpy() for n in t.column_names}
+    sources_file, weights_file = steps_file.parent / "sources.parquet", steps_file.parent / "weights.parquet"
+    if not sources_file.exists():
+        return cols
+    names = json.loads((steps_file.parent.parent / "plan.json").read_text())["sources"]
+    names = [s if isinstance(s, str) else s["name"] for s in names]
+    steps = len(cols["step"])
+    cells = pq.read_table(sources_file)
+    tokens = np.zeros((len(names), steps), dtype=np.int64)
+    tokens[cells.column("source").to_numpy(), cells.column("step").to_numpy()] = cells.column("tokens").to_numpy()
+    w = pq.read_table(weights_file)
+    row = np.searchsorted(w.column("step").to_numpy(), np.arange(steps), side="right") - 1
+    for k, name in enumerate(names):
+        cols[f"tokens__{name}"] = tokens[k]
+        cols[f"weight__{name}"] = w.column(f"weight__{name}").to_numpy()[row]
+    return cols
 
 
 def child(name: str, workdir: Path, content: bool = False) -> dict[str, str]:

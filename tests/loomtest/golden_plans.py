@@ -191,7 +191,10 @@ CASES: dict[str, Case] = {
 
 
 def plan_hashes(plan_dir: Path) -> dict[str, str]:
-    """sha256 of the manifest rows (every column's bytes, step order) and of report/steps.parquet's columns."""
+    """sha256 of the manifest rows (every column's bytes, step order) and of report/steps.parquet's columns, with
+    every source's `tokens__<name>` and `weight__<name>` among them wherever the plan keeps them (columns of that
+    table up to planner version 8, report/sources.parquet and weights.parquet from 9: the same hash for the same
+    figures)."""
     meta = read_plan(plan_dir)
     h = hashlib.sha256()
     for f in meta.manifest:
@@ -200,10 +203,14 @@ def plan_hashes(plan_dir: Path) -> dict[str, str]:
             h.update(name.encode())
             h.update(np.ascontiguousarray(table.column(name).to_numpy()).tobytes())
     r = hashlib.sha256()
-    steps = pq.read_table(plan_dir / "report" / "steps.parquet")
-    for name in sorted(steps.column_names):
+    from loomdata.planning._report import source_columns  # here: benchmarks import CASES under older trees too
+
+    table = pq.read_table(plan_dir / "report" / "steps.parquet")
+    steps = {name: table.column(name).to_numpy() for name in table.column_names}
+    steps.update(source_columns(plan_dir, list(meta.sources)))
+    for name in sorted(steps):
         r.update(name.encode())
-        r.update(np.ascontiguousarray(steps.column(name).to_numpy()).tobytes())
+        r.update(np.ascontiguousarray(steps[name]).tobytes())
     return {"manifest": h.hexdigest(), "report_steps": r.hexdigest(), "steps": str(meta.steps)}
 
 

@@ -54,6 +54,13 @@ class StepCounts:
         """(b - a, sources) int64: steps a..b-1's rows."""
         return np.ascontiguousarray(self.source_rows(0, self.n_sources, a, b).T, dtype=np.int64)
 
+    def cells(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The nonzero cells of steps a..b-1, step after step, sources in order within a step: (int64 steps,
+        uint16 sources, int64 counts). This one reads the steps' rows (a block of them at once)."""
+        rows = self.rows(a, b)
+        step, src = np.nonzero(rows)
+        return step + a, src.astype(np.uint16), rows[step, src]
+
     def source_totals(self) -> np.ndarray:
         """(sources,) int64: each source's count over all steps."""
         raise NotImplementedError
@@ -179,6 +186,27 @@ class SparseCounts(StepCounts):
             if i1 > i0:
                 scatter_sources(c.indptr, c.step, c.value, k0, i0, i1, c.first + i0 - a, out)
         return out
+
+    def cells(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """StepCounts.cells from the chunks' nonzero cells (by source, each source's steps ascending): a stable
+        sort by step a chunk, no (steps x sources) block."""
+        steps, srcs, vals = [], [], []
+        for c in self._settled():
+            i0, i1 = max(a, c.first) - c.first, min(b, c.first + c.rows) - c.first
+            if i1 <= i0:
+                continue
+            src = np.repeat(np.arange(self.n_sources, dtype=np.uint16), np.diff(c.indptr))
+            step, value = c.step, c.value
+            if i0 > 0 or i1 < c.rows:
+                keep = (step >= i0) & (step < i1)
+                step, value, src = step[keep], value[keep], src[keep]
+            order = np.argsort(step, kind="stable")  # a step's cells keep source order
+            steps.append(step[order].astype(np.int64) + c.first)
+            srcs.append(src[order])
+            vals.append(value[order].astype(np.int64))
+        if not steps:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint16), np.zeros(0, dtype=np.int64)
+        return np.concatenate(steps), np.concatenate(srcs), np.concatenate(vals)
 
     def source_totals(self) -> np.ndarray:
         out = np.zeros(self.n_sources, dtype=np.int64)

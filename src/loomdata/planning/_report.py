@@ -7,8 +7,12 @@ tokens, LB, max and mean rank cost for loomdata and for both baselines of planni
 sequences per rank, overflow waits: `packed_waiting_tokens`), `base_max` = the stronger (lower) of the
 two baselines' max for that step, micro-batch spread (mean over ranks of max micro-batch cost /
 max(mean micro-batch cost, largest segment of the rank): 1.0 is as even as the rank's segments allow),
-pipeline time `pp_time` and `pp_time_even`, tokens deferred to the next step, tokens and target weight
-per source) and `report/ranks.parquet` (per-rank cost of the first steps, for the plot).
+pipeline time `pp_time` and `pp_time_even`, tokens deferred to the next step), `report/sources.parquet` (the
+tokens of each source in each step, one row per (step, source) cell that places any, step-major),
+`report/weights.parquet` (the target weight of every source, a row at the first step and at each step whose
+weights differ from the step before's: one row for a fixed mixture; `source_columns` reads both back as dense
+columns of a step range, as well as version 8's `tokens__<name>` / `weight__<name>` columns of the steps table)
+and `report/ranks.parquet` (per-rank cost of the first steps, for the plot).
 
 Imbalance is max rank cost / LB with LB = max(total cost / dp_size, largest segment cost); a gain is
 sum(max_baseline) / sum(max_loomdata) over all steps (step time is set by the most loaded rank); the
@@ -75,6 +79,7 @@ __all__ = [
     "StepFigures",
     "plan_report",
     "plot_plan",
+    "source_columns",
     "step_range_figures",
 ]
 
@@ -82,6 +87,8 @@ RANK_STEPS = 64  # per-rank costs are kept for this many first steps (the plot's
 MIXTURE_WARMUP = 20  # the worst mixture error is taken over steps from here on
 _STEPS_FILE = "report/steps.parquet"
 _RANKS_FILE = "report/ranks.parquet"
+_SOURCES_FILE = "report/sources.parquet"
+_WEIGHTS_FILE = "report/weights.parquet"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -365,12 +372,28 @@ class ReportBuilder:
         return out
 
     def write(self, plan_dir: Path) -> None:
-        """Write report/steps.parquet (a row group of steps at a time: its per-source columns, the weights worked
-        out then, never exist whole) and report/ranks.parquet."""
+        """Write report/sources.parquet (the (step, source) cells that place tokens, a block of steps at a time),
+        report/weights.parquet (the steps whose target weights change; their rows worked out a block of steps
+        at a time, never whole), report/steps.parquet (a row group of steps at a time) and report/ranks.parquet.
+        (Planner version 8 wrote every (step, source) token count and weight as two columns a source of the
+        steps table: 615 columns at 300 sources, whose values cost more to write than the rest of the plan's.)"""
         steps = len(self.tokens)
-        rows = step_rows(len(self.sources))
+        rows = step_rows(len(self.sources))  # a row group of each table: about STEP_TABLE_CELLS cells worked out
+        per_step = np.zeros(steps, dtype=np.int64)
         write_table_parts(
-            (self._steps_table(a, min(steps, a + rows)) for a in range(0, max(steps, 1), rows)),
+            (self._sources_table(a, min(steps, a + rows), per_step) for a in range(0, max(steps, 1), rows)),
+            plan_dir / _SOURCES_FILE,
+            TableKind.PLAN_SOURCES,
+        )
+        prev: list[np.ndarray] = []  # the weights of the step before the block (none before step 0)
+        weights = (self._weights_table(a, min(steps, a + rows), prev) for a in range(0, max(steps, 1), rows))
+        write_table_parts(
+            (t for t in weights if t.num_rows or not prev),  # no empty row groups (a fixed mixture: one row)
+            plan_dir / _WEIGHTS_FILE,
+            TableKind.PLAN_WEIGHTS,
+        )
+        write_table_parts(
+            (self._steps_table(a, min(steps, a + rows), per_step) for a in range(0, max(steps, 1), rows)),
             plan_dir / _STEPS_FILE,
             TableKind.PLAN_STEPS,
         )
@@ -386,19 +409,46 @@ class ReportBuilder:
         )
         write_table(ranks, plan_dir / _RANKS_FILE, TableKind.PLAN_RANKS)
 
-    def _steps_table(self, a: int, b: int) -> pa.Table:
-        """Steps a..b-1 of report/steps.parquet."""
-        tokens = self.tokens.source_rows(0, len(self.sources), a, b)  # sources as rows
+    def _sources_table(self, a: int, b: int, per_step: np.ndarray) -> pa.Table:
+        """Steps a..b-1 of report/sources.parquet (the cells that place tokens, step-major); their steps' tokens
+        added into per_step (the steps table's `tokens`: integers, exact in any order)."""
+        step, src, tokens = self.tokens.cells(a, b)
+        run = np.zeros(len(tokens) + 1, dtype=np.int64)
+        np.cumsum(tokens, out=run[1:])
+        bounds = np.searchsorted(step, np.arange(a, b + 1))  # each step's cells (steps ascending)
+        per_step[a:b] = run[bounds[1:]] - run[bounds[:-1]]
+        return pa.table({"step": step.astype(np.uint32), "source": src, "tokens": tokens})
+
+    def _weights_table(self, a: int, b: int, prev: list[np.ndarray]) -> pa.Table:
+        """The rows of report/weights.parquet among steps a..b-1: a step whose weights differ from the step
+        before's (`prev` holds that step's weights when a > 0, and is given the block's last)."""
+        n = len(self.sources)
+        w = np.empty((n, b - a))
+        for k0, k1 in self._source_blocks():
+            w[k0:k1] = self.weight_rows(k0, k1, a, b)
+        bits = w.view(np.int64)  # compared bit for bit (forward-filled rows are the same floats, -0.0 included)
+        change = np.ones(b - a, dtype=bool)
+        if b - a > 1:
+            change[1:] = (bits[:, 1:] != bits[:, :-1]).any(axis=0)
+        if prev:
+            change[0] = bool((bits[:, 0] != prev[0].view(np.int64)).any())
+            prev.clear()
+        if b > a:
+            prev.append(w[:, -1].copy())
+        at = np.flatnonzero(change)
+        data: dict[str, Any] = {"step": (at + a).astype(np.uint32)}
+        for k, name in enumerate(self.sources):
+            data[f"weight__{name}"] = w[k, at]
+        return pa.table(data)
+
+    def _steps_table(self, a: int, b: int, per_step: np.ndarray) -> pa.Table:
+        """Steps a..b-1 of report/steps.parquet (`per_step`: every step's tokens)."""
         data: dict[str, Any] = {
             "step": np.arange(a, b, dtype=np.uint32),
-            "tokens": tokens.sum(axis=0, dtype=np.int64),
+            "tokens": per_step[a:b],
         }
         data.update({name: col[a:b] for name, col in self.cols.items()})
         data.update({name: col[a:b] for name, col in self.part_cols.items()})
-        weights = [w for k0, k1 in self._source_blocks() for w in self.weight_rows(k0, k1, a, b)]
-        for k, name in enumerate(self.sources):
-            data[f"tokens__{name}"] = tokens[k].astype(np.int64)
-            data[f"weight__{name}"] = weights[k]
         if self.budgets is not None:
             data["budget"] = self.budgets[a:b]
         return pa.table(data)
@@ -479,8 +529,9 @@ STEP_TABLE_CELLS = 1 << 23
 
 
 def step_rows(n_sources: int) -> int:
-    """Steps a row group of report/steps.parquet holds with `n_sources` sources (2 columns each): 65,536 up to
-    56 sources, fewer with more (13,617 at 300; at least 4,096)."""
+    """Steps a row group of the report's steps, sources and weights tables holds with `n_sources` sources (a
+    block's token counts and weights, 2 cells a source and step, are worked out at once): 65,536 up to 56 sources,
+    fewer with more (13,617 at 300; at least 4,096)."""
     return max(1 << 12, min(1 << 16, STEP_TABLE_CELLS // (2 * n_sources + 16)))
 
 
@@ -515,6 +566,34 @@ def step_table_columns(plan_dir: Path) -> list[str]:
     from loomdata.schemas.tables import open_table
 
     return list(open_table(Path(plan_dir) / _STEPS_FILE, TableKind.PLAN_STEPS).schema_arrow.names)
+
+
+def source_columns(
+    plan_dir: Path, sources: list[str], first: int = 0, last: int | None = None
+) -> dict[str, np.ndarray]:
+    """Per source `tokens__<name>` (int64) and `weight__<name>` (float64) of steps first..last (default: to the
+    plan's last step), dense, whichever way the plan stores them: report/sources.parquet and report/weights.parquet
+    (planner version 9, read by step range) or columns of report/steps.parquet (version 8 and earlier)."""
+    plan_dir = Path(plan_dir)
+    names = [f"{k}__{n}" for n in sources for k in ("tokens", "weight")]
+    if not (plan_dir / _SOURCES_FILE).exists():
+        t = read_steps(plan_dir / _STEPS_FILE, TableKind.PLAN_STEPS, first, last, names)
+        return {n: t.column(n).to_numpy() for n in names if n in t.column_names}
+    span = step_span(plan_dir / _STEPS_FILE, TableKind.PLAN_STEPS)
+    last = span[1] if last is None else min(last, span[1])
+    steps = max(last - first + 1, 0)
+    out: dict[str, np.ndarray] = {}
+    tokens = np.zeros((len(sources), steps), dtype=np.int64)
+    for part in iter_steps(plan_dir / _SOURCES_FILE, TableKind.PLAN_SOURCES, first, last, ["step", "source", "tokens"]):
+        at = part.column("step").to_numpy().astype(np.int64) - first
+        tokens[part.column("source").to_numpy(), at] = part.column("tokens").to_numpy()
+    w = read_steps(plan_dir / _WEIGHTS_FILE, TableKind.PLAN_WEIGHTS, 0, last)  # each step's row: the last at or before
+    row = np.searchsorted(w.column("step").to_numpy(), np.arange(first, first + steps), side="right") - 1
+    for k, name in enumerate(sources):
+        out[f"tokens__{name}"] = tokens[k]
+        col = w.column(f"weight__{name}").to_numpy()
+        out[f"weight__{name}"] = col[row] if len(col) else np.zeros(steps)
+    return out
 
 
 def _dist(x: np.ndarray) -> dict[str, float]:
@@ -589,12 +668,13 @@ def plot_plan(plan_dir: Path, out_png: Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
     meta = read_plan(plan_dir)
-    names = [f"{k}__{n}" for n in meta.sources for k in ("tokens", "weight")]
-    cols = ["lb", "loom_max", "concat_max", "packed_max", *names]
+    cols = ["lb", "loom_max", "concat_max", "packed_max"]
     if "budget" in step_table_columns(Path(plan_dir)):  # re-plans: the steps' budgets weight the targets
         cols.append("budget")
     table = read_steps(Path(plan_dir) / _STEPS_FILE, TableKind.PLAN_STEPS, columns=["step", *cols])
     steps = {n: table.column(n).to_numpy() for n in table.column_names}
+    first = int(steps["step"][0]) if len(steps["step"]) else 0
+    steps.update(source_columns(Path(plan_dir), list(meta.sources), first))
     s = meta.summary
     strong = s.get("gain", {}).get("stronger_baseline", "concat_chunk")
     base_col = "packed_cost" if strong == "packed" else "concat_cost"

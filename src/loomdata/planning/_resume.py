@@ -51,6 +51,7 @@ from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 from loomdata.planning._pointers import Pointers
+from loomdata.planning._report import source_columns
 from loomdata.planning._segments import DenseIds, SampleIds, Segments
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.plan import PlanMeta, ResumeInfo, StepShape, read_manifest, read_plan, stale_sources
@@ -102,9 +103,10 @@ def shape_schedule(meta: PlanMeta) -> list[StepShape]:
     return meta.parameters.shapes(meta.dp_size, meta.micro_batches)
 
 
-SAME_CONTENT: tuple[frozenset[str], ...] = (frozenset({"7", "8"}),)
+SAME_CONTENT: tuple[frozenset[str], ...] = (frozenset({"7", "8", "9"}),)
 """Planner versions whose plans hold the same rows and figures for the same inputs (8 changed only the manifest's
-and the report's Parquet encoding): a base made by one re-plans under another of its set."""
+and the report's Parquet encoding; 9 only where the report keeps its (step, source) token counts and weights,
+_report.source_columns reading either): a base made by one re-plans under another of its set."""
 
 
 def same_content(a: str, b: str) -> bool:
@@ -180,13 +182,17 @@ def copy_base_rows(base: BasePlan, writer: ManifestWriter) -> None:
 
 
 def base_report_rows(base: BasePlan, columns: list[str] | None = None) -> dict[str, np.ndarray] | None:
-    """The base's report/steps.parquet `columns` (default all) for steps < at_step, read by step range (only
-    the row groups holding those steps); None when the base has no report."""
+    """The base's report/steps.parquet `columns` (default all, and then every source's `tokens__<name>` and
+    `weight__<name>`, wherever its planner version stored them: _report.source_columns) for steps < at_step,
+    read by step range (only the row groups holding those steps); None when the base has no report."""
     path = base.plan_dir / _STEPS_FILE
     if not path.exists():
         return None
     table = read_steps(path, TableKind.PLAN_STEPS, 0, base.at_step - 1, columns)
-    return {name: table.column(name).to_numpy() for name in table.column_names}
+    rows = {name: table.column(name).to_numpy() for name in table.column_names}
+    if columns is None and base.at_step > 0 and not any(n.startswith("tokens__") for n in rows):  # version 9 on
+        rows.update(source_columns(base.plan_dir, list(base.meta.sources), 0, base.at_step - 1))
+    return rows
 
 
 def _carry_window_start(base: BasePlan) -> int:

@@ -34,7 +34,9 @@ __all__ = [
     "INDEX_SCHEMA",
     "MANIFEST_SCHEMA",
     "PLAN_RANKS_SCHEMA",
+    "PLAN_SOURCES_SCHEMA",
     "PLAN_STEPS_SCHEMA",
+    "PLAN_WEIGHTS_SCHEMA",
     "SHARDS_SCHEMA",
     "ReadCount",
     "TableKind",
@@ -60,6 +62,8 @@ class TableKind(str, enum.Enum):
     MANIFEST = "manifest"
     PLAN_STEPS = "plan_steps"
     PLAN_RANKS = "plan_ranks"
+    PLAN_SOURCES = "plan_sources"
+    PLAN_WEIGHTS = "plan_weights"
 
 
 INDEX_SCHEMA = pa.schema(
@@ -132,8 +136,24 @@ PLAN_STEPS_SCHEMA = pa.schema(
         pa.field("deferred_tokens", pa.float64(), nullable=False),  # into the next step
     ]
 )
-"""report/steps.parquet, one row per step; per source `tokens__<name>` (int64) and `weight__<name>` (float64)
-follow, and `budget` (int64, the step's token budget) in re-plans."""
+"""report/steps.parquet, one row per step; `budget` (int64, the step's token budget) follows in re-plans. Plans of
+planner version 8 and earlier also hold per source `tokens__<name>` (int64) and `weight__<name>` (float64) here;
+version 9 keeps them in report/sources.parquet and report/weights.parquet."""
+
+PLAN_SOURCES_SCHEMA = pa.schema(
+    [
+        pa.field("step", pa.uint32(), nullable=False),
+        pa.field("source", pa.uint16(), nullable=False),  # id into plan.json `sources`
+        pa.field("tokens", pa.int64(), nullable=False),  # the source's tokens placed in the step (never 0)
+    ]
+)
+"""report/sources.parquet (planner version 9): one row per (step, source) that places tokens, sorted by (step,
+source); a cell not listed placed none."""
+
+PLAN_WEIGHTS_SCHEMA = pa.schema([pa.field("step", pa.uint32(), nullable=False)])
+"""report/weights.parquet (planner version 9): per source `weight__<name>` (float64) follows; one row at the first
+step and at every step whose target weights differ from the step before's (a step's weights are its row's, the
+last at or before it): one row for a fixed mixture."""
 
 PLAN_RANKS_SCHEMA = pa.schema(
     [
@@ -153,6 +173,8 @@ _SCHEMAS: dict[TableKind, pa.Schema] = {
     TableKind.MANIFEST: MANIFEST_SCHEMA,
     TableKind.PLAN_STEPS: PLAN_STEPS_SCHEMA,
     TableKind.PLAN_RANKS: PLAN_RANKS_SCHEMA,
+    TableKind.PLAN_SOURCES: PLAN_SOURCES_SCHEMA,
+    TableKind.PLAN_WEIGHTS: PLAN_WEIGHTS_SCHEMA,
 }
 VERSIONS: dict[TableKind, int] = {**{k: 1 for k in TableKind}, TableKind.INDEX: 2}
 _OPTIONAL: dict[TableKind, list[pa.Field]] = {TableKind.INDEX: [CHECKSUM_FIELD]}
@@ -179,9 +201,12 @@ def check_schema(table: pa.Table | pa.Schema, kind: TableKind, where: str) -> No
         raise ContractError(f"{where}: not a valid {kind.value} table: " + "; ".join(problems))
 
 
-_SPLIT: frozenset[TableKind] = frozenset({TableKind.MANIFEST, TableKind.PLAN_STEPS})
+_SPLIT: frozenset[TableKind] = frozenset(
+    {TableKind.MANIFEST, TableKind.PLAN_STEPS, TableKind.PLAN_SOURCES, TableKind.PLAN_WEIGHTS}
+)
 """Kinds written without dictionaries, every integer and floating column BYTE_STREAM_SPLIT (each value's bytes
-regrouped by position, then zstd): the planner's two big tables (planner version 8). Their integers are small
+regrouped by position, then zstd): the planner's big tables (planner version 8; the report's sources and weights
+tables of version 9 too). Their integers are small
 (high bytes all zero) or repeat, so zstd squeezes the split streams as well as dictionaries did or better, in 0.4
 to 0.7 of the time: a 262K-row manifest partition 26-28 -> 11.4 ms and 1.35-1.38 -> 1.25-1.32 MB, a 13,617-step
 row group of the report's steps table with 300 sources (615 columns) 169 -> 113 ms and 4.2 -> 3.1 MB (pyarrow 26,

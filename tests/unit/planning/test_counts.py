@@ -55,6 +55,12 @@ def test_sparse_counts_are_the_dense_table(
             b = int(rng.integers(a, steps + 1))
             got = c.source_rows(k0, k1, a, b)
             assert got.flags.c_contiguous and np.array_equal(got, want[a:b, k0:k1].T)
+            # the nonzero cells of a run of steps, step-major, sources ascending within a step (both kinds)
+            step, src, value = c.cells(a, b)
+            at = np.nonzero(want[a:b])
+            assert step.dtype == np.int64 and src.dtype == np.uint16 and value.dtype == np.int64
+            assert np.array_equal(step, at[0] + a) and np.array_equal(src, at[1])
+            assert np.array_equal(value, want[a:b][at])
     assert sparse.entries == int(np.count_nonzero(want))
     assert sparse.dtype == _counts.count_dtype(int(want.max(initial=0)))
 

@@ -304,11 +304,34 @@ def test_base_from_another_planner_version_is_refused(tmp_path: Path, spec_of: C
         make_plan(spec, index=index, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=6))
 
 
-def test_a_base_of_planner_version_7_re_plans_under_8(
-    tmp_path: Path, spec_of: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+def _wide_report(plan: PlanResult) -> None:
+    """Lay a plan's report out as planner versions 7 and 8 did: every source's token counts and weights as two
+    columns of report/steps.parquet (after the step figures, `budget` last), no sources or weights tables."""
+    from loomdata.planning._report import source_columns
+    from loomdata.schemas.tables import TableKind, read_table, write_table
+
+    d = plan.plan_dir / "report"
+    steps = read_table(d / "steps.parquet", TableKind.PLAN_STEPS)
+    per_source = source_columns(plan.plan_dir, list(plan.meta.sources))
+    data = {n: steps.column(n) for n in steps.column_names if n != "budget"}
+    for name in plan.meta.sources:
+        data[f"tokens__{name}"] = pa.array(per_source[f"tokens__{name}"])
+        data[f"weight__{name}"] = pa.array(per_source[f"weight__{name}"])
+    if "budget" in steps.column_names:
+        data["budget"] = steps.column("budget")
+    write_table(pa.table(data), d / "steps.parquet", TableKind.PLAN_STEPS)
+    (d / "sources.parquet").unlink()
+    (d / "weights.parquet").unlink()
+
+
+@pytest.mark.parametrize("version", ["7", "8"])
+def test_a_base_of_planner_version_7_or_8_re_plans_under_9(
+    tmp_path: Path, spec_of: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, version: str
 ) -> None:
-    """Version 8 changed only the manifest's and the report's Parquet encoding: a base planned by version 7 (the
-    dictionary-encoded files) re-plans as a base of version 8 does, to the same rows."""
+    """Version 8 changed only the manifest's and the report's Parquet encoding, version 9 only where the report
+    keeps its (step, source) token counts and weights: a base planned by version 7 (dictionary-encoded files,
+    the counts and weights as columns of the steps table) or 8 (the same columns) re-plans as a base of version
+    9 does, to the same rows, report and summary."""
     from loomdata.planning import _plan
     from loomdata.schemas.tables import TableKind, _options
 
@@ -326,12 +349,16 @@ def test_a_base_of_planner_version_7_re_plans_under_8(
         }
 
     with monkeypatch.context() as m:
-        m.setattr(_plan, "PLANNER_VERSION", "7")
-        m.setattr("loomdata.schemas.tables._options", v7_options)
+        m.setattr(_plan, "PLANNER_VERSION", version)
+        if version == "7":
+            m.setattr("loomdata.schemas.tables._options", v7_options)
         old = make_plan(spec_of(tmp_path / "old", ["web", "code"], dp=4, **shape), index=index)
-    assert old.meta.parameters.planner_version == "7" and ours.meta.parameters.planner_version == "8"
+        _wide_report(old)
+    assert old.meta.parameters.planner_version == version and ours.meta.parameters.planner_version == "9"
+    assert not (old.plan_dir / "report" / "sources.parquet").exists()
+    assert "tokens__web" in pq.read_schema(old.plan_dir / "report" / "steps.parquet").names
     col = pq.ParquetFile(old.plan_dir / old.meta.manifest[0].path).metadata.row_group(0).column(0)
-    assert "RLE_DICTIONARY" in col.encodings  # the base's files are version 7's
+    assert ("RLE_DICTIONARY" in col.encodings) == (version == "7")  # the base's files are that version's
     assert _options(pa.table({"a": [1]}), TableKind.MANIFEST)["use_dictionary"] is False
     assert read_manifest(old.plan_dir, old.meta).equals(read_manifest(ours.plan_dir, ours.meta))
     spec2 = spec_of(tmp_path / "old", ["web", "code"], dp=2, **shape)
@@ -339,10 +366,11 @@ def test_a_base_of_planner_version_7_re_plans_under_8(
     spec2 = spec_of(tmp_path / "ours", ["web", "code"], dp=2, **shape)
     from_ours = make_plan(spec2, index=index, resume_from=PlanResume(plan_dir=ours.plan_dir, at_step=15))
     assert read_manifest(from_old.plan_dir, from_old.meta).equals(read_manifest(from_ours.plan_dir, from_ours.meta))
-    # the base's report (dictionary-encoded) feeds the re-plan's carried rows and summary as version 8's does
-    steps = "report/steps.parquet"
-    assert pq.read_table(from_old.plan_dir / steps).equals(pq.read_table(from_ours.plan_dir / steps))
+    # the base's report (the wide steps table) feeds the re-plan's carried rows and summary as version 9's does
+    for name in ("steps", "sources", "weights"):
+        table = f"report/{name}.parquet"
+        assert pq.read_table(from_old.plan_dir / table).equals(pq.read_table(from_ours.plan_dir / table))
     assert from_old.meta.summary == from_ours.meta.summary
-    assert from_old.meta.parameters.planner_version == "8"
+    assert from_old.meta.parameters.planner_version == "9"
     col = pq.ParquetFile(from_old.plan_dir / from_old.meta.manifest[0].path).metadata.row_group(0).column(0)
-    assert "BYTE_STREAM_SPLIT" in col.encodings  # the re-plan writes version 8's files, base rows included
+    assert "BYTE_STREAM_SPLIT" in col.encodings  # the re-plan writes version 9's files, base rows included

@@ -1,5 +1,6 @@
 """The report's (steps x sources) tables without whole grids: weights worked out when written, token counts in
-uint32 until one does not fit, report/steps.parquet written a row group of steps at a time."""
+uint32 until one does not fit, report/steps.parquet, sources.parquet and weights.parquet written a row group of
+steps at a time (the (step, source) cells that place tokens, the steps whose weights change)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from loomdata.planning import _report, make_plan
 from loomdata.planning._mixture import step_weights
-from loomdata.planning._report import ReportBuilder, StepFigures
+from loomdata.planning._report import ReportBuilder, StepFigures, source_columns
 from loomdata.planning._resume import PlanResume
 from loomdata.schemas.spec import Spec
 from loomdata.schemas.tables import TableKind, read_table, write_table, write_table_parts
@@ -41,16 +42,48 @@ def test_steps_table_in_row_groups_holds_what_one_table_does(
     spec, whole = _plan(tmp_path, spec_of, index_of, "whole")
     monkeypatch.setattr(_report, "step_rows", lambda n_sources: 7)
     _, parts = _plan(tmp_path, spec_of, index_of, "parts")
-    a, b = (p / "report" / "steps.parquet" for p in (whole, parts))
-    assert pq.ParquetFile(a).num_row_groups == 1
-    assert pq.ParquetFile(b).num_row_groups == -(-STEPS // 7)
-    got, want = read_table(b, TableKind.PLAN_STEPS), read_table(a, TableKind.PLAN_STEPS)
-    assert got.equals(want)
-    # the weights written are the schedule's, interpolated, every step (worked out a row group at a time)
+    for name, kind, groups in (
+        ("steps", TableKind.PLAN_STEPS, -(-STEPS // 7)),
+        ("sources", TableKind.PLAN_SOURCES, -(-STEPS // 7)),
+        ("weights", TableKind.PLAN_WEIGHTS, -(-26 // 7)),  # only blocks of steps with a change (steps 0..25)
+    ):
+        a, b = (p / "report" / f"{name}.parquet" for p in (whole, parts))
+        assert pq.ParquetFile(a).num_row_groups == 1
+        assert pq.ParquetFile(b).num_row_groups == groups
+        assert read_table(b, kind).equals(read_table(a, kind))
+    # the weights are the schedule's, interpolated, every step (worked out a row group at a time)
     grid = step_weights(spec).grid()
+    got = source_columns(parts, spec.source_names)
     for k, name in enumerate(spec.source_names):
-        assert np.array_equal(got.column(f"weight__{name}").to_numpy(), grid[:, k])
-    assert got.column("tokens__web").type == pa.int64()
+        assert np.array_equal(got[f"weight__{name}"], grid[:, k])
+    # only the steps whose weights change have a row: the interpolated ones, then the held one once
+    changes = np.flatnonzero(np.r_[True, (grid[1:] != grid[:-1]).any(axis=1)])
+    weights = read_table(parts / "report" / "weights.parquet", TableKind.PLAN_WEIGHTS)
+    assert weights.column("step").to_numpy().tolist() == changes.tolist() and len(changes) < STEPS
+    # the (step, source) cells that place tokens, step-major, each source's tokens the steps' totals
+    cells = read_table(parts / "report" / "sources.parquet", TableKind.PLAN_SOURCES)
+    step, src, tok = (cells.column(c).to_numpy().astype(np.int64) for c in ("step", "source", "tokens"))
+    assert (tok > 0).all() and (np.diff(step * 8 + src) > 0).all()
+    steps = read_table(parts / "report" / "steps.parquet", TableKind.PLAN_STEPS)
+    assert np.array_equal(np.bincount(step, weights=tok, minlength=STEPS), steps.column("tokens").to_numpy())
+    assert "tokens__web" not in steps.column_names and got["tokens__web"].dtype == np.int64
+    # a step range reads only its rows (and each step's weights row, the last at or before it)
+    part = source_columns(parts, spec.source_names, 30, 44)
+    for key, col in got.items():
+        assert np.array_equal(part[key], col[30:45])
+
+
+def test_a_fixed_mixture_writes_one_weights_row(
+    tmp_path: Path, spec_of: Callable[..., Spec], index_of: Callable[..., pa.Table]
+) -> None:
+    rng = np.random.default_rng(3)
+    index = {n: index_of(rng.integers(20, 400, 3000)) for n in ("web", "code")}
+    spec = spec_of(tmp_path, ["web", "code"], steps=20, dp=DP, seq_len=256)
+    res = make_plan(spec, index=index)
+    weights = read_table(res.plan_dir / "report" / "weights.parquet", TableKind.PLAN_WEIGHTS)
+    assert weights.num_rows == 1 and weights.column("step").to_pylist() == [0]
+    got = source_columns(res.plan_dir, spec.source_names)
+    assert np.array_equal(got["weight__web"], np.full(20, step_weights(spec).grid()[0, 0]))
 
 
 def test_one_part_is_the_bytes_of_write_table(tmp_path: Path) -> None:
@@ -106,7 +139,7 @@ def test_a_replan_onto_a_smaller_shape_keeps_its_bases_larger_counts(
     base = make_plan(spec_of(tmp_path / "base", ["web"], steps=12, dp=16, seq_len=4096), index=index)
     small = spec_of(tmp_path / "small", ["web"], steps=12, dp=2, seq_len=4096)
     res = make_plan(small, index=index, resume_from=PlanResume(plan_dir=base.plan_dir, at_step=4))
-    base_tokens = read_table(base.plan_dir / "report" / "steps.parquet", TableKind.PLAN_STEPS).column("tokens__web")
-    got = read_table(res.plan_dir / "report" / "steps.parquet", TableKind.PLAN_STEPS).column("tokens__web")
-    assert int(base_tokens[0].as_py()) > 65_535  # beyond uint16, which the small shape alone would take
-    assert got.to_pylist()[:4] == base_tokens.to_pylist()[:4]
+    base_tokens = source_columns(base.plan_dir, ["web"])["tokens__web"]
+    got = source_columns(res.plan_dir, ["web"])["tokens__web"]
+    assert int(base_tokens[0]) > 65_535  # beyond uint16, which the small shape alone would take
+    assert got.tolist()[:4] == base_tokens.tolist()[:4]

@@ -63,6 +63,14 @@ PREFETCH_STEPS = 16
 KEEP_AHEAD = 3
 """Serving's `CachePolicy.keep_steps`, in horizons: rows a unit keeps for planned steps this far past the reach."""
 
+KEEP_SOFT_BYTES = 16 * 1024 * 1024
+"""Serving's `CachePolicy.keep_soft_bytes`: decoded bytes a worker's loaders hold before rows past the reach are kept
+for fewer steps (`PlanUnitCache.keep_now`), at most the budget."""
+
+KEEP_MIN_SHARE = 4
+"""`keep_now` never falls below `keep_steps // KEEP_MIN_SHARE`: a unit kept as rows is decoded again at most about
+this many times as often as with the whole `keep_steps` (no cliff)."""
+
 
 def unit_key(shard: np.ndarray | int, unit: np.ndarray | int) -> np.ndarray:
     """One int64 per (shard, unit): the key `UnitUses` counts by."""
@@ -92,6 +100,9 @@ class CachePolicy:
     `keep_steps`: steps beyond the reach that are planned too, and whose rows a unit kept as rows keeps: such a
     unit is decoded again only when a row it lacks comes within the reach, about once per `keep_steps`, not once
     per chunk planned (see `PlanUnitCache.plan`).
+    `keep_soft_bytes`: above this many bytes held by the worker's loaders, rows are kept for `keep_steps` scaled down
+    by soft / held (at least a `KEEP_MIN_SHARE`th of it; 0: always `keep_steps`): memory past the reach shrinks
+    as the held bytes grow, and the re-decodes it costs grow with it, gradually (`PlanUnitCache.keep_now`).
     """
 
     worker_bytes: int
@@ -101,6 +112,7 @@ class CachePolicy:
     start_step: int = 0
     lag_hold_s: float = 30.0
     keep_steps: int = 0
+    keep_soft_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.worker_bytes < 0:
@@ -115,6 +127,8 @@ class CachePolicy:
             raise ValueError(f"CachePolicy.lag_hold_s must be >= 0 seconds, got {self.lag_hold_s!r}")
         if self.keep_steps < 0:
             raise ValueError(f"CachePolicy.keep_steps must be >= 0 steps, got {self.keep_steps!r}")
+        if self.keep_soft_bytes < 0:
+            raise ValueError(f"CachePolicy.keep_soft_bytes must be >= 0 bytes, got {self.keep_soft_bytes!r}")
 
     @classmethod
     def serving(cls, config: ServeConfig) -> CachePolicy:
@@ -132,6 +146,7 @@ class CachePolicy:
             prefetch=prefetch,
             start_step=start_step,
             keep_steps=KEEP_AHEAD * horizon if loader_memory > 0 else 0,
+            keep_soft_bytes=min(KEEP_SOFT_BYTES, loader_memory),
         )
 
 
@@ -420,6 +435,7 @@ class PlanUnitCache:
         # with every row then planned, once that step comes within the reach (`served`)
         self._stale: dict[int, int] = {}
         self._clock = clock
+        self._front = -1  # the newest step a read ahead was issued for (`near`): rows wanted reach past its reach
         # (time, oldest step) of recent requests, oldest step increasing: its head is the oldest step asked for
         # within `lag_hold_s` (a sliding-window minimum)
         self._asked: collections.deque[tuple[float, int]] = collections.deque()
@@ -431,12 +447,28 @@ class PlanUnitCache:
 
     @property
     def plan_reach(self) -> int:
-        """Steps beyond the newest served that are planned, and that units kept as rows keep rows for: the reach
-        plus the policy's `keep_steps`."""
+        """Steps beyond the newest served that are planned: the reach plus the policy's `keep_steps` (units kept as
+        rows keep rows for `keep_now` of them)."""
         return self.reach + self.policy.keep_steps
+
+    @property
+    def keep_now(self) -> int:
+        """Steps past the reach that a unit kept as rows keeps rows for now: `keep_steps`, scaled down by the
+        policy's soft bytes over the bytes the worker's loaders hold once they hold more, to at least a
+        `KEEP_MIN_SHARE`th of it.
+
+        Fewer steps kept past the reach means fewer rows held, and a unit decoded again about once per `keep_now`
+        steps: both change in proportion to the held bytes, with no threshold where every use decodes again.
+        """
+        keep, soft = self.policy.keep_steps, self.policy.keep_soft_bytes
+        held = self._pool.nbytes
+        if soft <= 0 or held <= soft:
+            return keep
+        return max(keep * soft // held, keep // KEEP_MIN_SHARE)
 
     def near(self, front: int = 0) -> int:
         """The last step a unit is read (ahead) for now: the reach beyond the newest step served or asked (`front`)."""
+        self._front = max(self._front, front)
         return max(self.newest, front, 0) + self.reach
 
     @property
@@ -478,7 +510,10 @@ class PlanUnitCache:
         if not self._by_rows or str(key[0]) not in self._shard_of:
             return None
         with self._pool.lock:
-            return np.unique(self._pending_rows(self._key(key))[0])
+            rows, steps = self._pending_rows(self._key(key))
+            if self.keep_now < self.policy.keep_steps:  # rows planned past what is kept now: read again nearer
+                rows = rows[steps <= max(self.newest, self._front, 0) + self.reach + self.keep_now]
+            return np.unique(rows)
 
     def _pending_rows(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The (row, step) of unit `k`'s planned reads from the floor on that are still to be served.
@@ -519,6 +554,7 @@ class PlanUnitCache:
         with self._pool.lock:
             if self._closed:  # checked under the lock: `close` may run in another thread
                 return False
+            self._front = max(self._front, front)
             k = self._key(key)
             n = int(self.uses.next_use(np.array([k]), self.floor)[0])
             if not 0 <= n <= max(self.newest, front, 0) + self._limit(value):
@@ -539,9 +575,9 @@ class PlanUnitCache:
         return int(steps[missing].min()) if missing.any() else -1
 
     def _limit(self, value: Any) -> int:
-        """How far past the newest step a unit's next use may lie for it to be kept: rows kept, the planned reach;
-        a whole unit (large), the reach."""
-        return self.plan_reach if isinstance(value, KeptRows) else self.reach
+        """How far past the newest step a unit's next use may lie for it to be kept: rows kept, the reach and the
+        steps kept past it now (`keep_now`); a whole unit (large), the reach."""
+        return self.reach + self.keep_now if isinstance(value, KeptRows) else self.reach
 
     def _note_kept(self, k: int, value: Any) -> None:
         """A unit was kept: note the first later planned row it lacks (a chunk planned while it was read)."""
@@ -554,6 +590,7 @@ class PlanUnitCache:
     def pending(self, front: int) -> tuple[np.ndarray, np.ndarray]:
         """Units with a pending use from the floor to the horizon of step `front`, in plan order, and that use."""
         with self._pool.lock:
+            self._front = max(self._front, front)
             return self.uses.pending(max(self.floor, 0), max(self.newest, front, 0) + self.reach)
 
     def held_keys(self) -> np.ndarray:

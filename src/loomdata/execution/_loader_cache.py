@@ -442,29 +442,40 @@ class PlanUnitCache:
 
     @property
     def reach(self) -> int:
-        """Steps beyond the newest served that units are kept (and read ahead) for: the horizon plus `extra_steps`."""
+        """Steps beyond the newest served that units are read ahead and kept for: the horizon plus `extra_steps`,
+        the latter scaled down as `keep_now` is."""
+        return self.policy.horizon_steps + self._scaled(self.extra_steps)
+
+    @property
+    def full_reach(self) -> int:
+        """The reach with all of `extra_steps`: a held unit is dropped only when its next use lies past this (plus
+        its `keep_steps`), so a reach narrowed by held bytes stops new reads, not the ones made."""
         return self.policy.horizon_steps + self.extra_steps
 
     @property
     def plan_reach(self) -> int:
-        """Steps beyond the newest served that are planned: the reach plus the policy's `keep_steps` (units kept as
-        rows keep rows for `keep_now` of them)."""
-        return self.reach + self.policy.keep_steps
+        """Steps beyond the newest served that are planned: the full reach plus the policy's `keep_steps` (units kept
+        as rows keep rows for `keep_now` of them)."""
+        return self.full_reach + self.policy.keep_steps
 
     @property
     def keep_now(self) -> int:
-        """Steps past the reach that a unit kept as rows keeps rows for now: `keep_steps`, scaled down by the
-        policy's soft bytes over the bytes the worker's loaders hold once they hold more, to at least a
-        `KEEP_MIN_SHARE`th of it.
+        """Steps past the reach that a unit kept as rows keeps rows for now: `keep_steps`, scaled (`_scaled`)."""
+        return self._scaled(self.policy.keep_steps)
 
-        Fewer steps kept past the reach means fewer rows held, and a unit decoded again about once per `keep_now`
-        steps: both change in proportion to the held bytes, with no threshold where every use decodes again.
+    def _scaled(self, steps: int) -> int:
+        """`steps` scaled down by the policy's soft bytes over the bytes the worker's loaders hold, once they hold
+        more, to at least a `KEEP_MIN_SHARE`th of it.
+
+        Steps held past the horizon (read ahead, or kept past the reach) cost rows held; fewer of them mean a unit
+        decoded again about once per fewer steps: both change in proportion to the held bytes, with no threshold
+        where every use decodes again.
         """
-        keep, soft = self.policy.keep_steps, self.policy.keep_soft_bytes
+        soft = self.policy.keep_soft_bytes
         held = self._pool.nbytes
         if soft <= 0 or held <= soft:
-            return keep
-        return max(keep * soft // held, keep // KEEP_MIN_SHARE)
+            return steps
+        return max(steps * soft // held, -(-steps // KEEP_MIN_SHARE))
 
     def near(self, front: int = 0) -> int:
         """The last step a unit is read (ahead) for now: the reach beyond the newest step served or asked (`front`)."""
@@ -662,7 +673,8 @@ class PlanUnitCache:
                     continue
                 if lacks is not None:
                     self._stale[k] = lacks
-                update[key] = n if n <= self.newest + self._limit(value) else -1
+                full = self.full_reach + (self.policy.keep_steps if isinstance(value, KeptRows) else 0)
+                update[key] = n if n <= self.newest + full else -1
             self._pool.update(self._owner, update)
             self._pool.trim()
 

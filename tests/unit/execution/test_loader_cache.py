@@ -273,20 +273,23 @@ def test_policy_keep_steps() -> None:
 
 
 def test_keep_now_shortens_gradually_with_the_bytes_held() -> None:
-    """Rows past the reach are kept for fewer steps as the worker's loaders hold more than the soft bytes: in
-    proportion, never below a `KEEP_MIN_SHARE`th of `keep_steps` (no cliff where every use decodes again)."""
+    """Rows past the horizon (read ahead, or kept past the reach) are held for fewer steps as the worker's loaders
+    hold more than the soft bytes: in proportion, never below a `KEEP_MIN_SHARE`th (no cliff where every use decodes
+    again)."""
     from loomdata.execution._loader_cache import KEEP_MIN_SHARE
 
     policy = CachePolicy(worker_bytes=1000, horizon_steps=4, keep_steps=40, keep_soft_bytes=100)
     cache = PlanUnitCache("plan-soft", steps=64, policy=policy, shard_of={"f": 0})
     pool, owner = cache._pool, cache._owner
-    assert cache.keep_now == 40
+    cache.extra_steps = 8  # a read-ahead's reach past the horizon: scaled the same way (the horizon never)
+    assert cache.keep_now == 40 and cache.reach == 12
     pool.offer(owner, ("f", 0), "u0", 100, next_use=1)
-    assert cache.keep_now == 40  # at the soft bytes: all of it
+    assert cache.keep_now == 40 and cache.reach == 12  # at the soft bytes: all of it
     pool.offer(owner, ("f", 1), "u1", 100, next_use=1)
-    assert cache.keep_now == 20  # twice the soft bytes: half the steps
+    assert cache.keep_now == 20 and cache.reach == 8  # twice the soft bytes: half the steps
     pool.offer(owner, ("f", 2), "u2", 800, next_use=1)
-    assert cache.keep_now == 40 // KEEP_MIN_SHARE  # ten times: the floor
+    assert cache.keep_now == 40 // KEEP_MIN_SHARE and cache.reach == 4 + 8 // KEEP_MIN_SHARE  # ten times: the floor
+    assert cache.full_reach == 12 and cache.plan_reach == 52  # planned, and dropped, as before
     cache.close()
     assert CachePolicy.of(1 << 30, window=3).keep_soft_bytes > 0
     assert CachePolicy.of(1 << 10, window=3).keep_soft_bytes == 1 << 10  # at most the budget

@@ -102,6 +102,17 @@ def tree(pid: int) -> list[tuple[int, int, str]]:
     return out
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds process `pid` has spent (0 if it is gone)."""
+    import psutil
+
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(t.user + t.system)
+
+
 def tree_pss(pid: int) -> int:
     return sum(pss(p) for p, _, _ in tree(pid))
 
@@ -659,6 +670,10 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
                 "loader_memory_mib": round(m["loader_memory_bytes"] / MIB, 1),
                 "loader_rss_mib": round(m["loader_rss_bytes"] / MIB, 1),
                 "loaders": m["loaders"],
+                # CPU seconds the workers (loaders, constructors) and the serving process spent up to now: what a
+                # cache that holds less pays in decoding again, in the run whose memory is measured
+                "workers_cpu_s": round(sum(_cpu_s(pid) for pid in m["worker_pids"]), 2),
+                "serving_cpu_s": round(_cpu_s(serve_pid), 2),
                 "autoscale_rounds": m["autoscale_rounds"],
                 "autoscale_decisions": m["autoscale_decisions"],
                 "workers_inside": m["workers_inside"],

@@ -443,8 +443,8 @@ class PlanUnitCache:
     @property
     def reach(self) -> int:
         """Steps beyond the newest served that units are read ahead and kept for: the horizon plus `extra_steps`,
-        the latter scaled down as `keep_now` is."""
-        return self.policy.horizon_steps + self._scaled(self.extra_steps)
+        scaled down as `keep_now` is (the floor, which holds uses of lagging constructors, is not)."""
+        return self._scaled(self.full_reach)
 
     @property
     def full_reach(self) -> int:

@@ -63,7 +63,7 @@ PREFETCH_STEPS = 16
 KEEP_AHEAD = 3
 """Serving's `CachePolicy.keep_steps`, in horizons: rows a unit keeps for planned steps this far past the reach."""
 
-KEEP_SOFT_BYTES = 16 * 1024 * 1024
+KEEP_SOFT_BYTES = 8 * 1024 * 1024
 """Serving's `CachePolicy.keep_soft_bytes`: decoded bytes a worker's loaders hold before rows past the reach are kept
 for fewer steps (`PlanUnitCache.keep_now`), at most the budget."""
 

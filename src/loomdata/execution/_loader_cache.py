@@ -22,6 +22,11 @@ reads it again with every row then planned, off the read path; a row planned fur
 it only once its step comes within the reach. Under a global shuffle nearly every held unit gains a row with each
 chunk planned, and dropping it at once decoded every unit again for every chunk.
 
+How far ahead is held follows the bytes held (session 16): past `keep_soft_bytes` a worker's loaders hold, the reach
+and `keep_steps` shrink in proportion (soft / held, to a quarter at least), so fewer rows are held and a unit is decoded
+again sooner, both by degrees. A hard allowance for rows past the reach (session 15) was a cliff: once spent, every
+unit kept as rows was decoded again per use (7.6x the loaders' CPU on a long 2-source run).
+
 Threads: loaders read in their own threads and on the worker's event loop; every operation on a pool
 and on the uses of its loaders holds the pool's lock (each is a few NumPy calls on small arrays).
 """
@@ -100,9 +105,9 @@ class CachePolicy:
     `keep_steps`: steps beyond the reach that are planned too, and whose rows a unit kept as rows keeps: such a
     unit is decoded again only when a row it lacks comes within the reach, about once per `keep_steps`, not once
     per chunk planned (see `PlanUnitCache.plan`).
-    `keep_soft_bytes`: above this many bytes held by the worker's loaders, rows are kept for `keep_steps` scaled down
-    by soft / held (at least a `KEEP_MIN_SHARE`th of it; 0: always `keep_steps`): memory past the reach shrinks
-    as the held bytes grow, and the re-decodes it costs grow with it, gradually (`PlanUnitCache.keep_now`).
+    `keep_soft_bytes`: above this many bytes held by the worker's loaders, the reach (horizon and read-ahead steps)
+    and `keep_steps` are scaled down by soft / held (to at least a `KEEP_MIN_SHARE`th; 0: never): what is held
+    shrinks as the held bytes grow, and the decodes again it costs grow with it, gradually (`PlanUnitCache._scaled`).
     """
 
     worker_bytes: int
@@ -471,11 +476,14 @@ class PlanUnitCache:
         decoded again about once per fewer steps: both change in proportion to the held bytes, with no threshold
         where every use decodes again.
         """
-        soft = self.policy.keep_soft_bytes
-        held = self._pool.nbytes
-        if soft <= 0 or held <= soft:
+        if not self._held_over_soft():
             return steps
-        return max(steps * soft // held, -(-steps // KEEP_MIN_SHARE))
+        return max(steps * self.policy.keep_soft_bytes // self._pool.nbytes, -(-steps // KEEP_MIN_SHARE))
+
+    def _held_over_soft(self) -> bool:
+        """Whether the worker's loaders hold more than the policy's soft bytes (then `_scaled` shortens)."""
+        soft = self.policy.keep_soft_bytes
+        return 0 < soft < self._pool.nbytes
 
     def near(self, front: int = 0) -> int:
         """The last step a unit is read (ahead) for now: the reach beyond the newest step served or asked (`front`)."""
@@ -522,7 +530,7 @@ class PlanUnitCache:
             return None
         with self._pool.lock:
             rows, steps = self._pending_rows(self._key(key))
-            if self.keep_now < self.policy.keep_steps:  # rows planned past what is kept now: read again nearer
+            if self._held_over_soft():  # rows planned past what is kept now: read again when they near
                 rows = rows[steps <= max(self.newest, self._front, 0) + self.reach + self.keep_now]
             return np.unique(rows)
 

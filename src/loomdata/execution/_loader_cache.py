@@ -303,6 +303,7 @@ class WorkerPool:
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.nbytes = 0
+        self.rows_nbytes = 0  # of `nbytes`, units kept as some of their rows (`KeptRows`)
         self.lock = threading.RLock()
         self.owners = 0
         self._owned: dict[int, dict[UnitKey, _Entry]] = {}
@@ -333,6 +334,8 @@ class WorkerPool:
                 self._drop(o, k)
             self._owned.setdefault(owner, {})[key] = _Entry(value, nbytes, next_use)
             self.nbytes += nbytes
+            if isinstance(value, KeptRows):
+                self.rows_nbytes += nbytes
             return True
 
     def trim(self) -> None:
@@ -376,11 +379,15 @@ class WorkerPool:
         with self.lock:
             for e in self._owned.pop(owner, {}).values():
                 self.nbytes -= e.nbytes
+                if isinstance(e.value, KeptRows):
+                    self.rows_nbytes -= e.nbytes
 
     def _drop(self, owner: int, key: UnitKey) -> None:
         e = self._owned.get(owner, {}).pop(key, None)
         if e is not None:
             self.nbytes -= e.nbytes
+            if isinstance(e.value, KeptRows):
+                self.rows_nbytes -= e.nbytes
 
 
 _POOLS: dict[str, WorkerPool] = {}  # per plan id, in this worker process: the one object its loaders share
@@ -478,12 +485,14 @@ class PlanUnitCache:
         """
         if not self._held_over_soft():
             return steps
-        return max(steps * self.policy.keep_soft_bytes // self._pool.nbytes, -(-steps // KEEP_MIN_SHARE))
+        return max(steps * self.policy.keep_soft_bytes // self._pool.rows_nbytes, -(-steps // KEEP_MIN_SHARE))
 
     def _held_over_soft(self) -> bool:
-        """Whether the worker's loaders hold more than the policy's soft bytes (then `_scaled` shortens)."""
+        """Whether the worker's loaders hold more than the policy's soft bytes as rows (`KeptRows`; then `_scaled`
+        shortens). Whole units are not counted: a unit most of whose rows are wanted serves many reads a byte
+        (2 sources: the whole budget held, and a reach narrowed by it took 2.6x the loaders' CPU)."""
         soft = self.policy.keep_soft_bytes
-        return 0 < soft < self._pool.nbytes
+        return 0 < soft < self._pool.rows_nbytes
 
     def near(self, front: int = 0) -> int:
         """The last step a unit is read (ahead) for now: the reach beyond the newest step served or asked (`front`)."""

@@ -107,7 +107,7 @@ class CachePolicy:
     per chunk planned (see `PlanUnitCache.plan`).
     `keep_soft_bytes`: above this many bytes held by the worker's loaders, the reach (horizon and read-ahead steps)
     and `keep_steps` are scaled down by soft / held (to at least a `KEEP_MIN_SHARE`th; 0: never): what is held
-    shrinks as the held bytes grow, and the decodes again it costs grow with it, gradually (`PlanUnitCache._scaled`).
+    shrinks as the held bytes grow, and the decodes again it costs grow with it, gradually (`scaled`).
     """
 
     worker_bytes: int
@@ -414,15 +414,38 @@ def _leave(plan_id: str, pool: WorkerPool, owner: int) -> None:
             del _POOLS[plan_id]
 
 
+def over_soft(policy: CachePolicy, pool: WorkerPool) -> bool:
+    """Whether a worker's loaders hold more than the policy's soft bytes as rows (`KeptRows`).
+
+    Units kept whole are not counted: most of their rows are wanted, so they serve many reads a byte (2 sources:
+    the budget held whole, and a reach narrowed by all bytes held took 2.6x the loaders' CPU, session 16).
+    """
+    return 0 < policy.keep_soft_bytes < pool.rows_nbytes
+
+
+def scaled(steps: int, policy: CachePolicy, pool: WorkerPool) -> int:
+    """`steps` held past the horizon (read ahead, or kept past the reach) scaled down by the policy's soft bytes over
+    the bytes held as rows, once over (`over_soft`), to at least a `KEEP_MIN_SHARE`th.
+
+    Fewer steps held mean fewer rows held and a unit decoded again about once per fewer steps: both change in
+    proportion to the bytes held, with no threshold where every use decodes again (session 15's allowance: 7.6x
+    the loaders' CPU). A held unit is dropped only past the full reach and `keep_steps`, so a reach narrowed by
+    held bytes stops new reads, not the ones made. The floor behind the newest step is never scaled (it holds the
+    uses of lagging constructors).
+    """
+    if not over_soft(policy, pool):
+        return steps
+    return max(steps * policy.keep_soft_bytes // pool.rows_nbytes, -(-steps // KEEP_MIN_SHARE))
+
+
 class PlanUnitCache:
     """One loader's `UnitCache` (sources._base): keeps a unit while a planned step within its reach needs it.
 
-    The reach is the policy's horizon plus `extra_steps`, which a loader's read-ahead raises to cover the
-    storage latency it measures at the rate steps are served.
-
-    The loader tells it what the plan will read (`plan`, with the rows read: then `wanted` names them and
-    the reader keeps only those) and what it served (`served`); the reader offers and asks for units by
-    `(path, unit)`, which `shard_of` maps to the loader's shard ids.
+    The reach is the policy's horizon plus `extra_steps` (raised by a loader's read-ahead to cover the storage
+    latency it measures at the rate steps are served), `scaled` by the bytes held. The loader tells it what the
+    plan will read (`plan`, with the rows read: then `wanted` names them and the reader keeps only those) and what
+    it served (`served`); the reader offers and asks for units by `(path, unit)`, which `shard_of` maps to the
+    loader's shard ids.
     """
 
     def __init__(
@@ -443,56 +466,28 @@ class PlanUnitCache:
         self._pool, self._owner = pool_for(plan_id, policy.worker_bytes)
         self._closed = False
         self.extra_steps = 0  # steps beyond the horizon a read-ahead needs to cover storage latency (`_prefetch`)
-        # held units kept as rows that lack a row planned later (int key -> that row's step): dropped, so read again
-        # with every row then planned, once that step comes within the reach (`served`)
+        # held units kept as rows lacking a later planned row (int key -> its step): dropped when it nears (`served`)
         self._stale: dict[int, int] = {}
         self._clock = clock
         self._front = -1  # the newest step a read ahead was issued for (`near`): rows wanted reach past its reach
-        # (time, oldest step) of recent requests, oldest step increasing: its head is the oldest step asked for
-        # within `lag_hold_s` (a sliding-window minimum)
+        # (time, oldest step) of recent requests, oldest step increasing: the head is the oldest within `lag_hold_s`
         self._asked: collections.deque[tuple[float, int]] = collections.deque()
 
     @property
     def reach(self) -> int:
         """Steps beyond the newest served that units are read ahead and kept for: the horizon plus `extra_steps`,
-        scaled down as `keep_now` is (the floor, which holds uses of lagging constructors, is not)."""
-        return self._scaled(self.full_reach)
-
-    @property
-    def full_reach(self) -> int:
-        """The reach with all of `extra_steps`: a held unit is dropped only when its next use lies past this (plus
-        its `keep_steps`), so a reach narrowed by held bytes stops new reads, not the ones made."""
-        return self.policy.horizon_steps + self.extra_steps
+        `scaled` (a held unit is dropped only past all of it and `keep_steps`)."""
+        return scaled(self.policy.horizon_steps + self.extra_steps, self.policy, self._pool)
 
     @property
     def plan_reach(self) -> int:
-        """Steps beyond the newest served that are planned: the full reach plus the policy's `keep_steps` (units kept
-        as rows keep rows for `keep_now` of them)."""
-        return self.full_reach + self.policy.keep_steps
+        """Steps beyond the newest served that are planned: the horizon, `extra_steps` and `keep_steps`, unscaled."""
+        return self.policy.horizon_steps + self.extra_steps + self.policy.keep_steps
 
     @property
     def keep_now(self) -> int:
-        """Steps past the reach that a unit kept as rows keeps rows for now: `keep_steps`, scaled (`_scaled`)."""
-        return self._scaled(self.policy.keep_steps)
-
-    def _scaled(self, steps: int) -> int:
-        """`steps` scaled down by the policy's soft bytes over the bytes the worker's loaders hold, once they hold
-        more, to at least a `KEEP_MIN_SHARE`th of it.
-
-        Steps held past the horizon (read ahead, or kept past the reach) cost rows held; fewer of them mean a unit
-        decoded again about once per fewer steps: both change in proportion to the held bytes, with no threshold
-        where every use decodes again.
-        """
-        if not self._held_over_soft():
-            return steps
-        return max(steps * self.policy.keep_soft_bytes // self._pool.rows_nbytes, -(-steps // KEEP_MIN_SHARE))
-
-    def _held_over_soft(self) -> bool:
-        """Whether the worker's loaders hold more than the policy's soft bytes as rows (`KeptRows`; then `_scaled`
-        shortens). Whole units are not counted: a unit most of whose rows are wanted serves many reads a byte
-        (2 sources: the whole budget held, and a reach narrowed by it took 2.6x the loaders' CPU)."""
-        soft = self.policy.keep_soft_bytes
-        return 0 < soft < self._pool.rows_nbytes
+        """Steps past the reach that a unit kept as rows keeps rows for now: `keep_steps`, `scaled`."""
+        return scaled(self.policy.keep_steps, self.policy, self._pool)
 
     def near(self, front: int = 0) -> int:
         """The last step a unit is read (ahead) for now: the reach beyond the newest step served or asked (`front`)."""
@@ -507,13 +502,9 @@ class PlanUnitCache:
     @property
     def floor(self) -> int:
         """Uses before this step are over: the horizon behind the newest step served, or the oldest step asked for
-        within `lag_hold_s` if older.
-
-        Constructors of one group stay within a window of each other, but a loader serves every group: one whose
-        ranks run far behind the others (a slow consumer, a rank restarted from a checkpoint) would otherwise find
-        its units' uses forgotten and read each unit again at every request. A rank that stops asking stops
-        holding the floor back after `lag_hold_s`.
-        """
+        within `lag_hold_s` if older: a loader serves every group, and one whose ranks run far behind (a slow
+        consumer, a rank restarted from a checkpoint) would otherwise find its units' uses forgotten and read each
+        unit again at every request. A rank that stops asking stops holding the floor back after `lag_hold_s`."""
         floor = self.newest - self.policy.horizon_steps
         return min(floor, self._asked[0][1]) if self._asked else floor
 
@@ -539,16 +530,13 @@ class PlanUnitCache:
             return None
         with self._pool.lock:
             rows, steps = self._pending_rows(self._key(key))
-            if self._held_over_soft():  # rows planned past what is kept now: read again when they near
+            if over_soft(self.policy, self._pool):  # rows planned past what is kept now: read again when they near
                 rows = rows[steps <= max(self.newest, self._front, 0) + self.reach + self.keep_now]
             return np.unique(rows)
 
     def _pending_rows(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The (row, step) of unit `k`'s planned reads from the floor on that are still to be served.
-
-        The floor can lag the newest step by many steps (`lag_hold_s`: a rank behind its peers); rows of steps
-        already served there are not wanted again (kept, they made units look mostly wanted: kept whole, larger).
-        """
+        """The (row, step) of unit `k`'s planned reads from the floor on that are still to be served (rows of steps
+        served behind a lagging floor are not wanted again: kept, they made units look mostly wanted, kept whole)."""
         rows, steps = self.rows.planned(k, max(self.floor, 0))
         live = self.uses.left(np.full(len(steps), k, dtype=np.int64), steps) > 0
         return rows[live], steps[live]
@@ -690,7 +678,7 @@ class PlanUnitCache:
                     continue
                 if lacks is not None:
                     self._stale[k] = lacks
-                full = self.full_reach + (self.policy.keep_steps if isinstance(value, KeptRows) else 0)
+                full = self.plan_reach if isinstance(value, KeptRows) else self.plan_reach - self.policy.keep_steps
                 update[key] = n if n <= self.newest + full else -1
             self._pool.update(self._owner, update)
             self._pool.trim()

@@ -292,7 +292,7 @@ def test_keep_now_shortens_gradually_with_the_bytes_held() -> None:
     assert cache.keep_now == 20 and cache.reach == 6  # twice the soft bytes: half the steps
     pool.offer(owner, ("f", 2), rows, 800, next_use=1)
     assert cache.keep_now == 40 // KEEP_MIN_SHARE and cache.reach == 12 // KEEP_MIN_SHARE  # ten times: the floor
-    assert cache.full_reach == 12 and cache.plan_reach == 52 and cache.floor == -5  # planned, dropped, as before
+    assert cache.plan_reach == 52 and cache.floor == -5  # planned (and dropped) as before, the floor unscaled
     pool.drop(owner, ("f", 2))
     assert pool.rows_nbytes == 200 and pool.nbytes == 1100 and cache.keep_now == 20
     cache.close()

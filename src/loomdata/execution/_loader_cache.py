@@ -22,9 +22,9 @@ reads it again with every row then planned, off the read path; a row planned fur
 it only once its step comes within the reach. Under a global shuffle nearly every held unit gains a row with each
 chunk planned, and dropping it at once decoded every unit again for every chunk.
 
-How far ahead is held follows the bytes held (session 16): past `keep_soft_bytes` a worker's loaders hold, the reach
-and `keep_steps` shrink in proportion (soft / held, to a quarter at least), so fewer rows are held and a unit is decoded
-again sooner, both by degrees. A hard allowance for rows past the reach (session 15) was a cliff: once spent, every
+How far ahead is held follows the bytes held (session 16): past `keep_soft_bytes` that a worker's loaders hold as
+rows, the reach and `keep_steps` shrink in proportion (soft / held, to a quarter at least), so fewer rows are held and
+a unit is decoded again sooner, both by degrees. A hard allowance for rows past the reach (session 15) was a cliff: once spent, every
 unit kept as rows was decoded again per use (7.6x the loaders' CPU on a long 2-source run).
 
 Threads: loaders read in their own threads and on the worker's event loop; every operation on a pool
@@ -69,12 +69,13 @@ KEEP_AHEAD = 3
 """Serving's `CachePolicy.keep_steps`, in horizons: rows a unit keeps for planned steps this far past the reach."""
 
 KEEP_SOFT_BYTES = 8 * 1024 * 1024
-"""Serving's `CachePolicy.keep_soft_bytes`: decoded bytes a worker's loaders hold before rows past the reach are kept
-for fewer steps (`PlanUnitCache.keep_now`), at most the budget."""
+"""Serving's `CachePolicy.keep_soft_bytes` (at most the budget): bytes of kept rows (`KeptRows`) a worker's loaders
+hold before the reach and `keep_steps` shrink (`scaled`). 300 sources x 16 ranks: first coverage 467-470 MiB against
+main's 495-512, the long 2-source run's CPU unchanged (session 16)."""
 
 KEEP_MIN_SHARE = 4
-"""`keep_now` never falls below `keep_steps // KEEP_MIN_SHARE`: a unit kept as rows is decoded again at most about
-this many times as often as with the whole `keep_steps` (no cliff)."""
+"""`scaled` never goes below a `KEEP_MIN_SHARE`th of the steps: a unit is decoded again at most about this many
+times as often as with all of them (no cliff)."""
 
 
 def unit_key(shard: np.ndarray | int, unit: np.ndarray | int) -> np.ndarray:
@@ -105,8 +106,8 @@ class CachePolicy:
     `keep_steps`: steps beyond the reach that are planned too, and whose rows a unit kept as rows keeps: such a
     unit is decoded again only when a row it lacks comes within the reach, about once per `keep_steps`, not once
     per chunk planned (see `PlanUnitCache.plan`).
-    `keep_soft_bytes`: above this many bytes held by the worker's loaders, the reach (horizon and read-ahead steps)
-    and `keep_steps` are scaled down by soft / held (to at least a `KEEP_MIN_SHARE`th; 0: never): what is held
+    `keep_soft_bytes`: above this many bytes held as rows by the worker's loaders, the reach (horizon and read-ahead
+    steps) and `keep_steps` are scaled down by soft / held (to at least a `KEEP_MIN_SHARE`th; 0: never): what is held
     shrinks as the held bytes grow, and the decodes again it costs grow with it, gradually (`scaled`).
     """
 

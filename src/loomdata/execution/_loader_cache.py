@@ -24,8 +24,8 @@ chunk planned, and dropping it at once decoded every unit again for every chunk.
 
 How far ahead is held follows the bytes held (session 16): past `keep_soft_bytes` that a worker's loaders hold as
 rows, the reach and `keep_steps` shrink in proportion (soft / held, to a quarter at least), so fewer rows are held and
-a unit is decoded again sooner, both by degrees. A hard allowance for rows past the reach (session 15) was a cliff: once spent, every
-unit kept as rows was decoded again per use (7.6x the loaders' CPU on a long 2-source run).
+a unit is decoded again sooner, both by degrees. A hard allowance for rows past the reach (session 15) was a cliff:
+once spent, every unit kept as rows was decoded again per use (7.6x the loaders' CPU on a long 2-source run).
 
 Threads: loaders read in their own threads and on the worker's event loop; every operation on a pool
 and on the uses of its loaders holds the pool's lock (each is a few NumPy calls on small arrays).

@@ -70,8 +70,8 @@ KEEP_AHEAD = 3
 
 KEEP_SOFT_BYTES = 8 * 1024 * 1024
 """Serving's `CachePolicy.keep_soft_bytes` (at most the budget): bytes of kept rows (`KeptRows`) a worker's loaders
-hold before the reach and `keep_steps` shrink (`scaled`). 300 sources x 16 ranks: first coverage 467-470 MiB against
-main's 495-512, the long 2-source run's CPU unchanged (session 16)."""
+hold before the reach and `keep_steps` shrink (`scaled`). 300 sources x 16 ranks: first coverage 459-470 MiB against
+main's 488-512, the long 2-source run's CPU 1.005x and 1.05x (session 16; 4 MiB: 440 MiB, 1.07x)."""
 
 KEEP_MIN_SHARE = 4
 """`scaled` never goes below a `KEEP_MIN_SHARE`th of the steps: a unit is decoded again at most about this many

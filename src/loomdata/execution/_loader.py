@@ -40,15 +40,18 @@ constructor that sent it (a read issued just before its route switched) asks the
 from __future__ import annotations
 
 import asyncio
+import itertools
+import operator
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from loomdata.execution._heap import maybe_trim
-from loomdata.execution._loader_cache import CachePolicy
+from loomdata.execution._loader_cache import CachePolicy, unit_key
 from loomdata.execution._partition import LoaderPartition
 from loomdata.execution._plan_ahead import PlanAhead
 from loomdata.execution._plan_meta import shared_plan
@@ -61,6 +64,7 @@ from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
 from loomdata.sources import FormatReader, Sample, make_reader
+from loomdata.sources._integrity import span_checksums
 from loomdata.sources.images import decoded_image_tokens
 from loomdata.storage import Location, is_url, location
 
@@ -72,6 +76,9 @@ INLINE_LOADERS = 16
 reads inline kept one worker's loop busy at start-up (decoding, waiting on the cache lock the read-ahead
 threads hold) until the ranks' TLS handshakes to its gateway timed out (`benchmarks/gateway_startup.py`)."""
 _LIVE: weakref.WeakSet[SourceLoader] = weakref.WeakSet()  # this process's open loaders
+
+_cut: Callable[[np.ndarray, slice], np.ndarray] = operator.getitem  # type: ignore[assignment]
+"""`a[s]`, typed for a C-level `map` over many arrays and slices."""
 
 REQUEST_DTYPE = np.dtype([("sample", np.uint64), ("offset", np.uint32), ("length", np.uint32), ("step", np.uint32)])
 """One requested segment: `length` tokens of `sample` starting at token `offset`, for plan step `step`.
@@ -202,7 +209,10 @@ class SourceLoader:
 
     def read_now(self, request: np.ndarray, *, inline: bool = False) -> SegmentData:
         """Synchronous `read` (the work itself); `inline` (on the event loop): no read ahead is started before it
-        (one of this request's units issued then would make the read wait for it on the loop).
+        (one of this request's units issued then would make the read wait for it on the loop). Over local files
+        none is either: the read ahead after it covers the same steps (a unit this read lacks it decodes itself,
+        the same CPU as on a read-ahead thread), and the pending uses' bookkeeping of a second pump per request
+        cost 7-20% of a block-shuffle replay's CPU (`loader_replay_s16_prepump_ab.json`).
 
         A data error (a `SourceDataError` naming the file, row and fix) reaches the constructor and the
         client intact: LoomErrors pickle by their arguments.
@@ -211,20 +221,20 @@ class SourceLoader:
         t0 = time.perf_counter()
         if self._plan is not None:
             self._plan.ahead(request["step"])
-            if not inline:
+            if self._remote and not inline:  # this request's units not yet asked for: GETs in parallel, not in turn
                 self._plan.pump(request["step"])
-        out = read_segments(
+        out, keys, distinct = _read(
             self._reader, request, self._index, self._paths, self._patch, self.partition, self._verifier
         )
         if self._plan is not None:
-            self._plan.served(request)
+            self._plan.served(request, keys)
             self._plan.pump(None)
         maybe_trim()  # the worker's C heap: freed arrays' pages back to the OS every few seconds
         c = self._counters
         t1 = time.perf_counter()
         c.calls += 1
         c.segments += len(request)
-        c.samples += len(np.unique(request["sample"]))
+        c.samples += distinct
         c.tokens += len(out.tokens)
         c.busy_s += t1 - t0
         c.first_t = t0 if c.first_t is None else c.first_t
@@ -310,9 +320,22 @@ def read_segments(
     With a `verifier`, each shard is checked when first read, and (given the index's checksums) every
     sample read is checked against its checksum in the index.
     """
+    return _read(reader, request, index, paths, patch_size, partition, verifier)[0]
+
+
+def _read(
+    reader: FormatReader,
+    request: np.ndarray,
+    index: SampleIndex,
+    paths: dict[int, Location],
+    patch_size: int,
+    partition: LoaderPartition,
+    verifier: Verifier | None,
+) -> tuple[SegmentData, np.ndarray | None, int]:
+    """`read_segments`, and what the loader's bookkeeping needs of it: the unit key of every segment (None where
+    the per-shard path ran: the cache tells them itself) and the number of distinct samples read."""
     if request.dtype != REQUEST_DTYPE:
         raise ExecutionError(f"loader request has dtype {request.dtype}, expected {REQUEST_DTYPE}")
-    n = len(request)
     samples = request["sample"]
     pos, found = index.locate(samples)
     if not found.all():
@@ -322,6 +345,101 @@ def read_segments(
             f"(samples {partition.first_sample}..{partition.stop_sample - 1}); the executor routed it wrong "
             "or the index changed: restart `loom serve`"
         )
+    fast = _read_spans(reader, request, index, pos, paths, partition, verifier)
+    if fast is not None:
+        return fast
+    out = _read_per_shard(reader, request, index, pos, paths, patch_size, partition, verifier)
+    return out, None, len(np.unique(samples))
+
+
+def _read_spans(
+    reader: FormatReader,
+    request: np.ndarray,
+    index: SampleIndex,
+    pos: np.ndarray,
+    paths: dict[int, Location],
+    partition: LoaderPartition,
+    verifier: Verifier | None,
+) -> tuple[SegmentData, np.ndarray, int] | None:
+    """The whole request in a few vectorised passes, where the reader gives token spans (`token_spans`); else None.
+
+    Distinct samples are sorted by index position, which is (shard, row) order (the index contract, checked):
+    one `token_spans` per shard gives every sample's tokens as a view into its decoded row group; the checksums
+    of all samples read are one C-level map over those views, and the segments are joined into the answer by
+    one `concatenate` of views (no per-sample Python frame, no intermediate copy).
+    """
+    if len(request) == 0:
+        return SegmentData(tokens=np.zeros(0, dtype=np.int32)), np.zeros(0, dtype=np.int64), 0
+    upos, inverse = np.unique(pos, return_inverse=True)
+    shard, row = index.shard_at(upos), index.row_at(upos)
+    new_shard = np.diff(shard) != 0
+    if not bool(np.all((np.diff(row) > 0) | new_shard)):
+        return None  # rows not ascending within a shard: not the index contract's order (the per-shard path sorts)
+    bounds = [0, *(np.flatnonzero(new_shard) + 1).tolist(), len(upos)]
+    n = len(upos)
+    buffers: list[np.ndarray] = []
+    buffer, start = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    stop, unit = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    for a, b in itertools.pairwise(bounds):
+        s = int(shard[a])
+        path = paths[s]
+        if verifier is not None:
+            verifier.open_shard(s, path)
+        try:
+            spans = reader.token_spans(path, row[a:b])
+        except (SourceDataError, OSError) as e:
+            options = verifier.options if verifier is not None else None
+            raise serving_error(path, e, partition.source, options) from None
+        if spans is None:
+            return None
+        buffer[a:b] = spans.buffer + len(buffers)
+        start[a:b], stop[a:b], unit[a:b] = spans.start, spans.stop, spans.unit
+        buffers.extend(spans.buffers)
+    lengths = stop - start
+    if verifier is not None and index.checksums is not None and verifier.samples:
+        got = span_checksums(buffers, buffer, start, stop)
+        expected = index.checksums[upos]
+        bad = np.flatnonzero(got != expected)
+        if len(bad):  # report it for the shard of the first one, as the per-shard path does
+            s = int(shard[bad[0]])
+            sel = np.flatnonzero(shard == s)
+            smp = index.samples[upos[sel]] if index.samples is not None else upos[sel] + index.first
+            verifier.compare(paths[s], row[sel], smp, lengths[sel], got[sel], expected[sel])
+    offset = request["offset"].astype(np.int64)
+    length = request["length"].astype(np.int64)
+    first = start[inverse] + offset
+    last = first + length
+    over = np.flatnonzero(offset + length > lengths[inverse])
+    if len(over):
+        i = int(over[0])
+        u = int(inverse[i])
+        o, ln = int(offset[i]), int(length[i])
+        raise ExecutionError(
+            f"{paths[int(shard[u])]}, row {int(row[u])}: sample {int(request['sample'][i])} of source "
+            f"{partition.source!r} has {int(lengths[u])} tokens but the plan uses tokens {o}..{o + ln - 1}; the file "
+            "changed since indexing: re-run `loom index` and `loom plan`"
+        )
+    tokens = np.empty(int(length.sum()), dtype=np.int32)
+    views: map[np.ndarray] = map(
+        _cut, map(buffers.__getitem__, buffer[inverse].tolist()), map(slice, first.tolist(), last.tolist())
+    )
+    np.concatenate(list(views), out=tokens)
+    return SegmentData(tokens=tokens), unit_key(shard, unit)[inverse], n
+
+
+def _read_per_shard(
+    reader: FormatReader,
+    request: np.ndarray,
+    index: SampleIndex,
+    pos: np.ndarray,
+    paths: dict[int, Location],
+    patch_size: int,
+    partition: LoaderPartition,
+    verifier: Verifier | None,
+) -> SegmentData:
+    """The general path: one `reader.read` per shard (`Sample`s, images), each segment cut out in turn."""
+    n = len(request)
+    samples = request["sample"]
     shard = index.shard_at(pos)
     row = index.row_at(pos)
     checksum_of = index.checksums

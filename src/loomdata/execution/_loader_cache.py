@@ -467,6 +467,7 @@ class PlanUnitCache:
         self._pool, self._owner = pool_for(plan_id, policy.worker_bytes)
         self._closed = False
         self.extra_steps = 0  # steps beyond the horizon a read-ahead needs to cover storage latency (`_prefetch`)
+        self.plans = 0  # `plan` calls so far: rows wanted grow only with them (a read ahead checks its rows if any)
         # held units kept as rows lacking a later planned row (int key -> its step): dropped when it nears (`served`)
         self._stale: dict[int, int] = {}
         self._clock = clock
@@ -628,6 +629,7 @@ class PlanUnitCache:
         row with every chunk planned, and dropping them at once decoded each again for every chunk.
         """
         with self._pool.lock:
+            self.plans += 1
             self.uses.add(keys, steps)
             if rows is not None:
                 self._by_rows = True

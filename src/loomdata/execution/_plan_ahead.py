@@ -192,8 +192,7 @@ class PlanAhead:
         if got is None:
             return
         step, sample = got
-        keys = self.keys(sample, self._units)
-        ok = keys >= 0
+        ok = (keys := self.keys(sample, self._units)) >= 0
         self.cache.plan(keys[ok], step[ok], self._rows_of(sample[ok]))
 
     def _mine(self, c: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -280,9 +279,9 @@ class PlanAhead:
         handle = functools.partial(open_ahead, path, lo._source.storage_options, _size(lo, shard))
         return [functools.partial(lo._verifier.open_shard, shard, path), handle]
 
-    def served(self, request: np.ndarray) -> None:
-        """The segments of `request` were read: count their uses off (drops units at their last use)."""
-        self.cache.served(self.keys(request["sample"]), request["step"].astype(np.int64))
+    def served(self, request: np.ndarray, keys: np.ndarray | None = None) -> None:
+        """The segments of `request` (their unit `keys`, if the read knew them) were read: count their uses off."""
+        self.cache.served(self.keys(request["sample"]) if keys is None else keys, request["step"].astype(np.int64))
 
     def pump(self, steps: np.ndarray | None) -> None:
         """Read ahead what the pending steps need (no-op without prefetch)."""

@@ -348,15 +348,15 @@ class Prefetcher:
             return
         front = max(self._front, c.newest, 0)
         with self._lock:  # what is held and what is in flight, seen together: a read finishing between
-            keys, first = c.pending(front)  # the two would otherwise be issued again
-            held = c.held_keys()
-            if c.newest != self._declined_at:
+            if c.newest != self._declined_at:  # the two would otherwise be issued again
                 self._declined.clear()
                 self._declined_at = c.newest
                 self._stalled = False
-            if self._stalled:
-                return
             slots = self.limit - self._requests
+            if self._stalled or slots <= 0:  # nothing can be issued now: skip the pending uses' bookkeeping
+                return
+            keys, first = c.pending(front)
+            held = c.held_keys()
             busy = np.concatenate([held, np.fromiter([*self._inflight, *self._declined], dtype=np.int64)])
             free = plan_prefetch(keys, first, busy, len(keys))
             if self._stores and slots > 0 and len(free):
@@ -372,7 +372,7 @@ class Prefetcher:
                 self.counters.issued += len(run)
                 self.counters.reads += 1
                 self._requests += 1
-                fut = self._pool.submit(self._fetch, run, path, units, front)
+                fut = self._pool.submit(self._fetch, run, path, units, front, c.plans)
                 for k in run:
                     self._inflight[k] = fut
 
@@ -420,7 +420,7 @@ class Prefetcher:
             self._span_reader = self._make_reader()
         return self._span_reader.unit_span(path, unit)
 
-    def _fetch(self, keys: list[int], path: Location, units: list[int], front: int) -> None:
+    def _fetch(self, keys: list[int], path: Location, units: list[int], front: int, planned: int) -> None:
         reader: FormatReader | None = None
         try:
             reader = self._make_reader()
@@ -434,7 +434,7 @@ class Prefetcher:
             with self._lock:
                 self.read_s = max(took, self.read_s * _DECAY)
             for k, unit, got in zip(keys, units, loaded, strict=True):
-                self._keep(k, path, unit, self._cover(reader, path, unit, got, front), front)
+                self._keep(k, path, unit, self._cover(reader, path, unit, got, front, planned), front)
         except Exception as e:  # the read that needs the unit reads it again and reports the real error
             with self._lock:
                 self.counters.errors += len(keys)
@@ -468,17 +468,17 @@ class Prefetcher:
                 self._stalled = got is not None  # no room: units needed later would not fit either
 
     def _cover(
-        self, reader: FormatReader, path: Location, unit: int, got: tuple[Any, int] | None, front: int
+        self, reader: FormatReader, path: Location, unit: int, got: tuple[Any, int] | None, front: int, planned: int
     ) -> tuple[Any, int] | None:
         """`got`, or the unit read again if chunks planned during its read want rows it did not keep within the reach.
 
         A unit read ahead keeps the rows wanted when its read was issued; a chunk planned meanwhile may want
         more of it (the cache drops such units only among those it holds). Kept as it was, the read that needs a
-        new row would find the unit held but short, and fetch it itself, on the read path. A row wanted only past
-        the reach does not make it read again now: the cache drops it when that row comes within the reach.
+        new row would find the unit held but short, and fetch it itself, on the read path (none planned since the
+        read was issued, `planned`: none). A row wanted only past the reach does not make it read again now.
         """
         for _ in range(_REREADS):
-            if got is None or not isinstance(got[0], KeptRows):
+            if got is None or not isinstance(got[0], KeptRows) or self.cache.plans == planned:
                 return got
             first = self.cache.first_missing((str(path), unit), got[0].rows)
             if first < 0 or first > self.cache.near(front):

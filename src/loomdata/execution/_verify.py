@@ -256,14 +256,28 @@ class Verifier:
 
         `dtype` is the checksum dtype of the shard read (`FormatReader.checksum_dtype`)."""
         got = checksums([s.tokens for s in read], dtype)
+        lengths = np.fromiter((len(s.tokens) for s in read), dtype=np.int64, count=len(read))
+        self.compare(path, rows, samples, lengths, got, expected)
+
+    def compare(
+        self,
+        path: Location,
+        rows: np.ndarray,
+        samples: np.ndarray,
+        lengths: np.ndarray,
+        got: np.ndarray,
+        expected: np.ndarray,
+    ) -> None:
+        """SourceDataError naming the first of `samples` (at `rows` of `path`, `lengths` tokens) whose checksum `got`
+        is not the index's `expected`; nothing when all agree."""
         bad = np.flatnonzero(got != expected)
         if len(bad):
             i = int(bad[0])
             raise SourceDataError(
                 str(path),
-                f"sample {int(samples[i])} of source {self.source!r}: its {len(read[i].tokens)} tokens have checksum "
+                f"sample {int(samples[i])} of source {self.source!r}: its {int(lengths[i])} tokens have checksum "
                 f"{int(got[i]):08x}, the index recorded {int(expected[i]):08x} "
-                f"({len(bad)} of {len(read)} samples read differ)",
+                f"({len(bad)} of {len(got)} samples read differ)",
                 row=int(rows[i]),
                 hint=SERVING_HINT,
             )

@@ -6,7 +6,16 @@ import importlib
 
 from loomdata.schemas.formats import FIELD_RULES, FieldRules, check_fields, field_problems, metadata_problem
 from loomdata.schemas.spec import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
-from loomdata.sources._base import FormatReader, KeptRows, LruUnitCache, Sample, ScanResult, UnitCache, UnitKey
+from loomdata.sources._base import (
+    FormatReader,
+    KeptRows,
+    LruUnitCache,
+    Sample,
+    ScanResult,
+    TokenSpans,
+    UnitCache,
+    UnitKey,
+)
 
 __all__ = [
     "FIELD_RULES",
@@ -16,6 +25,7 @@ __all__ = [
     "LruUnitCache",
     "Sample",
     "ScanResult",
+    "TokenSpans",
     "UnitCache",
     "UnitKey",
     "check_fields",

@@ -69,6 +69,22 @@ class Sample:
     images: list[np.ndarray] = field(default_factory=list)  # HWC uint8, resized per ImageSpec
 
 
+@dataclass(frozen=True, slots=True)
+class TokenSpans:
+    """Where the tokens of some rows lie, not copied: row `i` is `buffers[buffer[i]][start[i]:stop[i]]` (int32).
+
+    `FormatReader.token_spans` answers it so a loader can cut, join and checksum a whole request's segments
+    in a few calls instead of one `Sample` (and several NumPy calls) per row. `unit`: each row's read unit
+    (row group), as `units` tells it. Buffers are read-only views into decoded units: copy out, never write.
+    """
+
+    buffers: list[np.ndarray]
+    buffer: np.ndarray  # int64 per row
+    start: np.ndarray  # int64 per row
+    stop: np.ndarray  # int64 per row
+    unit: np.ndarray  # int64 per row
+
+
 class UnitCache(Protocol):
     """Decoded read units between reads; `key` is `(str(path), unit)`. Must be safe to call from several threads."""
 
@@ -186,6 +202,12 @@ class FormatReader(abc.ABC):
     @abc.abstractmethod
     def read(self, path: Location, rows: np.ndarray) -> list[Sample]:
         """The samples at `rows` (values of the scan's `row` column) of `path`, in the order given."""
+
+    def token_spans(self, path: Location, rows: np.ndarray) -> TokenSpans | None:
+        """The tokens of `rows` (ascending, distinct) of `path` as spans of int32 buffers, not copied; None: this
+        format or file cannot (the caller uses `read`). Same errors as `read`; no images (a format with images
+        returns None)."""
+        return None
 
     def prepare(self, path: Location, size: int | None = None) -> None:  # noqa: B027 - optional hook
         """Fetch and keep what opening `path` needs (a Parquet footer), for this reader and its `sibling`s.

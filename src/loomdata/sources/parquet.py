@@ -27,6 +27,7 @@ object of another size now (rewritten since indexing) fails that read and is HEA
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ import pyarrow.parquet as pq
 
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
-from loomdata.sources._base import FormatReader, KeptRows, LruUnitCache, Sample, ScanResult, UnitKey
+from loomdata.sources._base import FormatReader, KeptRows, LruUnitCache, Sample, ScanResult, TokenSpans, UnitKey
 from loomdata.sources._integrity import checksums_flat
 from loomdata.sources._open_files import OpenFiles, new_owner
 from loomdata.sources.tokenizer import Tokenizer, make_tokenizer
@@ -513,12 +514,10 @@ class ParquetReader(FormatReader):
         g = np.searchsorted(info.rg_starts, rows, side="right") - 1
         return np.where((rows >= 0) & (rows < info.num_rows), g, -1).astype(np.int64)
 
-    def read(self, path: Location, rows: np.ndarray) -> list[Sample]:
-        info = self._open(path)
-        rows = np.asarray(rows, dtype=np.int64)
-        if len(rows) == 0:
-            return []
-        if rows.min() < 0 or rows.max() >= info.num_rows:
+    @staticmethod
+    def _check_rows(path: Location, info: _FileInfo, rows: np.ndarray, lo: int, hi: int) -> None:
+        """SourceDataError naming the first of `rows` (smallest `lo`, largest `hi`) past the file's rows."""
+        if lo < 0 or hi >= info.num_rows:
             badrow = int(rows[(rows < 0) | (rows >= info.num_rows)][0])
             raise SourceDataError(
                 str(path),
@@ -526,6 +525,47 @@ class ParquetReader(FormatReader):
                 row=badrow,
                 hint="the index is stale for this file; re-run `loom index`",
             )
+
+    def token_spans(self, path: Location, rows: np.ndarray) -> TokenSpans | None:
+        """Rows (ascending, distinct) of a `list<int32>` token column without nulls, as views into their row groups.
+
+        One binary search cuts the sorted rows into their row groups; each group comes from the unit cache (or
+        is decoded and offered to it) as `read` does. None for text, other value types or nulls (`read` checks
+        and converts those).
+        """
+        if not self._pretokenized:
+            return None
+        info = self._open(path)
+        rows = np.asarray(rows, dtype=np.int64)
+        n = len(rows)
+        empty = np.zeros(0, dtype=np.int64)
+        if n == 0:
+            return TokenSpans([], empty, empty, empty, empty)
+        self._check_rows(path, info, rows, int(rows[0]), int(rows[-1]))
+        cuts = np.searchsorted(rows, info.rg_starts).tolist()  # rows of group g: [cuts[g], cuts[g + 1])
+        buffers: list[np.ndarray] = []
+        buffer, unit = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        start, stop = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        for g, (a, b) in enumerate(itertools.pairwise(cuts)):
+            if a == b:
+                continue
+            arr, at = self._rows_of_group(path, info, g, rows[a:b])
+            if not _plain_int32(arr):
+                return None
+            offsets = arr.offsets.to_numpy()
+            start[a:b] = offsets[at]
+            stop[a:b] = offsets[np.asarray(at) + 1]
+            buffer[a:b] = len(buffers)
+            unit[a:b] = g
+            buffers.append(arr.values.to_numpy())
+        return TokenSpans(buffers, buffer, start, stop, unit)
+
+    def read(self, path: Location, rows: np.ndarray) -> list[Sample]:
+        info = self._open(path)
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == 0:
+            return []
+        self._check_rows(path, info, rows, int(rows.min()), int(rows.max()))
         rg_of = np.searchsorted(info.rg_starts, rows, side="right") - 1
         groups = np.unique(rg_of)
         order = np.argsort(rg_of, kind="stable")
@@ -586,6 +626,13 @@ def _kept_at(value: pa.Array | KeptRows, rows: np.ndarray, local: np.ndarray) ->
     if not ok.all():
         return None
     return value.values, pos
+
+
+def _plain_int32(arr: pa.Array) -> bool:
+    """Whether `arr` is a (large) list of int32 with no null list or id: its values buffer holds every row's tokens."""
+    t = arr.type
+    ok = (pa.types.is_list(t) or pa.types.is_large_list(t)) and t.value_type == pa.int32()
+    return bool(ok and not arr.null_count and not arr.values.null_count)
 
 
 def _token_views(held: list[tuple[pa.Array, np.ndarray]], order: np.ndarray, n: int) -> list[np.ndarray] | None:

@@ -442,12 +442,10 @@ def scaled(steps: int, policy: CachePolicy, pool: WorkerPool) -> int:
 class PlanUnitCache:
     """One loader's `UnitCache` (sources._base): keeps a unit while a planned step within its reach needs it.
 
-    The reach is the policy's horizon plus `extra_steps` (raised by a loader's read-ahead to cover the storage
-    latency it measures at the rate steps are served), `scaled` by the bytes held. The loader tells it what the
-    plan will read (`plan`, with the rows read: then `wanted` names them and the reader keeps only those) and what
-    it served (`served`); the reader offers and asks for units by `(path, unit)`, which `shard_of` maps to the
-    loader's shard ids.
-    """
+    The reach: the policy's horizon plus `extra_steps` (a read-ahead's cover for measured storage latency), `scaled`
+    by the bytes held. The loader tells it what the plan will read (`plan`, with the rows: `wanted` names them and
+    the reader keeps only those) and what it served (`served`); the reader offers and asks for units by `(path,
+    unit)`, which `shard_of` maps to the loader's shard ids."""
 
     def __init__(
         self,

@@ -69,9 +69,10 @@ KEEP_AHEAD = 3
 """Serving's `CachePolicy.keep_steps`, in horizons: rows a unit keeps for planned steps this far past the reach."""
 
 KEEP_SOFT_BYTES = 8 * 1024 * 1024
-"""Serving's `CachePolicy.keep_soft_bytes` (at most the budget): bytes of kept rows (`KeptRows`) a worker's loaders
-hold before the reach and `keep_steps` shrink (`scaled`). 300 sources x 16 ranks: first coverage 459-470 MiB against
-main's 488-512, the long 2-source run's CPU 1.005x and 1.05x (session 16; 4 MiB: 440 MiB, 1.07x)."""
+"""Serving's `CachePolicy.keep_soft_bytes` (at most the budget; a 32nd of a budget above 256 MiB): bytes of kept rows
+(`KeptRows`) a worker's loaders hold before the horizon and `keep_steps` shrink (`scaled`). 300 sources x 16 ranks:
+first coverage 459-470 MiB against main's 488-512, the long 2-source run's CPU 1.005x and 1.05x (session 16; 4 MiB:
+440 MiB, 1.07x)."""
 
 KEEP_MIN_SHARE = 4
 """`scaled` never goes below a `KEEP_MIN_SHARE`th of the steps: a unit is decoded again at most about this many
@@ -152,7 +153,7 @@ class CachePolicy:
             prefetch=prefetch,
             start_step=start_step,
             keep_steps=KEEP_AHEAD * horizon if loader_memory > 0 else 0,
-            keep_soft_bytes=min(KEEP_SOFT_BYTES, loader_memory),
+            keep_soft_bytes=min(max(KEEP_SOFT_BYTES, loader_memory // 32), loader_memory),  # a larger budget: more
         )
 
 
@@ -442,8 +443,8 @@ def scaled(steps: int, policy: CachePolicy, pool: WorkerPool) -> int:
 class PlanUnitCache:
     """One loader's `UnitCache` (sources._base): keeps a unit while a planned step within its reach needs it.
 
-    The reach: the policy's horizon plus `extra_steps` (a read-ahead's cover for measured storage latency), `scaled`
-    by the bytes held. The loader tells it what the plan will read (`plan`, with the rows: `wanted` names them and
+    The reach: the policy's horizon, `scaled` by the bytes held, plus `extra_steps` (a read-ahead's cover for measured
+    storage latency). The loader tells it what the plan will read (`plan`, with the rows: `wanted` names them and
     the reader keeps only those) and what it served (`served`); the reader offers and asks for units by `(path,
     unit)`, which `shard_of` maps to the loader's shard ids."""
 
@@ -475,9 +476,9 @@ class PlanUnitCache:
 
     @property
     def reach(self) -> int:
-        """Steps beyond the newest served that units are read ahead and kept for: the horizon plus `extra_steps`,
-        `scaled` (a held unit is dropped only past all of it and `keep_steps`)."""
-        return scaled(self.policy.horizon_steps + self.extra_steps, self.policy, self._pool)
+        """Steps beyond the newest served that units are read ahead and kept for: the horizon `scaled`, plus
+        `extra_steps` (never narrowed); a held unit is dropped only past all of it and `keep_steps`."""
+        return scaled(self.policy.horizon_steps, self.policy, self._pool) + self.extra_steps
 
     @property
     def plan_reach(self) -> int:
@@ -491,7 +492,8 @@ class PlanUnitCache:
 
     def near(self, front: int = 0) -> int:
         """The last step a unit is read (ahead) for now: the reach beyond the newest step served or asked (`front`)."""
-        self._front = max(self._front, front)
+        with self._pool.lock:  # read-ahead threads call it too
+            self._front = max(self._front, front)
         return max(self.newest, front, 0) + self.reach
 
     @property
@@ -591,8 +593,7 @@ class PlanUnitCache:
         return int(steps[missing].min()) if missing.any() else -1
 
     def _limit(self, value: Any) -> int:
-        """How far past the newest step a unit's next use may lie for it to be kept: rows kept, the reach and the
-        steps kept past it now (`keep_now`); a whole unit (large), the reach."""
+        """How far past the newest step a unit's next use may lie to be kept: rows, reach + `keep_now`; whole, reach."""
         return self.reach + self.keep_now if isinstance(value, KeptRows) else self.reach
 
     def _note_kept(self, k: int, value: Any) -> None:

@@ -276,12 +276,12 @@ def test_keep_now_shortens_gradually_with_the_bytes_held() -> None:
     """Rows past the horizon (read ahead, or kept past the reach) are held for fewer steps as the worker's loaders
     hold more than the soft bytes: in proportion, never below a `KEEP_MIN_SHARE`th (no cliff where every use decodes
     again)."""
-    from loomdata.execution._loader_cache import KEEP_MIN_SHARE
+    from loomdata.execution._loader_cache import KEEP_MIN_SHARE, KEEP_SOFT_BYTES
 
     policy = CachePolicy(worker_bytes=2000, horizon_steps=4, keep_steps=40, keep_soft_bytes=100)
     cache = PlanUnitCache("plan-soft", steps=64, policy=policy, shard_of={"f": 0})
     pool, owner = cache._pool, cache._owner
-    cache.extra_steps = 8  # a read-ahead's reach past the horizon: the reach (4 + 8) is scaled the same way
+    cache.extra_steps = 8  # a read-ahead's cover for storage latency past the horizon: never narrowed
     assert cache.keep_now == 40 and cache.reach == 12
     rows = KeptRows(np.array([0]), "rows")
     pool.offer(owner, ("f", 9), "whole", 900, next_use=1)  # whole units are not counted: they serve many reads
@@ -289,14 +289,15 @@ def test_keep_now_shortens_gradually_with_the_bytes_held() -> None:
     pool.offer(owner, ("f", 0), rows, 100, next_use=1)
     assert cache.keep_now == 40 and cache.reach == 12  # at the soft bytes: all of it
     pool.offer(owner, ("f", 1), rows, 100, next_use=1)
-    assert cache.keep_now == 20 and cache.reach == 6  # twice the soft bytes: half the steps
+    assert cache.keep_now == 20 and cache.reach == 2 + 8  # twice the soft bytes: half the steps (of the horizon)
     pool.offer(owner, ("f", 2), rows, 800, next_use=1)
-    assert cache.keep_now == 40 // KEEP_MIN_SHARE and cache.reach == 12 // KEEP_MIN_SHARE  # ten times: the floor
+    assert cache.keep_now == 40 // KEEP_MIN_SHARE and cache.reach == 4 // KEEP_MIN_SHARE + 8  # ten times: the floor
     assert cache.plan_reach == 52 and cache.floor == -5  # planned (and dropped) as before, the floor unscaled
     pool.drop(owner, ("f", 2))
     assert pool.rows_nbytes == 200 and pool.nbytes == 1100 and cache.keep_now == 20
     cache.close()
-    assert CachePolicy.of(1 << 30, window=3).keep_soft_bytes > 0
+    assert CachePolicy.of(256 << 20, window=3).keep_soft_bytes == KEEP_SOFT_BYTES  # the default budget
+    assert CachePolicy.of(1 << 30, window=3).keep_soft_bytes == (1 << 30) // 32  # a larger budget keeps more rows
     assert CachePolicy.of(1 << 10, window=3).keep_soft_bytes == 1 << 10  # at most the budget
     with pytest.raises(ValueError, match="keep_soft_bytes"):
         CachePolicy(worker_bytes=1, horizon_steps=2, keep_soft_bytes=-1)

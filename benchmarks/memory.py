@@ -102,6 +102,17 @@ def tree(pid: int) -> list[tuple[int, int, str]]:
     return out
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds process `pid` has spent (0 if it is gone)."""
+    import psutil
+
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(t.user + t.system)
+
+
 def tree_pss(pid: int) -> int:
     return sum(pss(p) for p, _, _ in tree(pid))
 
@@ -443,11 +454,20 @@ def worker_inside() -> dict[str, Any]:
 
     held = [e for p in list(_POOLS.values()) for d in list(p._owned.values()) for e in list(d.values())]
     uses = sorted(e.next_use for e in held)
+    # each loader's reach (steps read ahead and kept for) and rows' keep past it, min / median / max
+    caches = [o for o in gc.get_objects() if type(o).__name__ == "PlanUnitCache"]
+
+    def spread(vals: list[int]) -> list[int]:
+        v = sorted(vals)
+        return [v[0], v[len(v) // 2], v[-1]] if v else []
+
     return {
         "loader_cache_mib": round(sum(p.nbytes for p in list(_POOLS.values())) / MIB, 1),
         # the units held and the step each is next used at (diagnosis: rows kept for steps already built?)
         "loader_cache_units": len(held),
         "loader_cache_next_use": [uses[0], uses[len(uses) // 2], uses[-1]] if uses else [],
+        "loader_reach_steps": spread([c.reach for c in caches]),
+        "loader_keep_now_steps": spread([getattr(c, "keep_now", c.policy.keep_steps) for c in caches]),
         "smaps_mib": roll,
         "arrow_pool_mib": round(pa.total_allocated_bytes() / MIB, 1),
         "arrow_pool_peak_mib": round(pa.default_memory_pool().max_memory() / MIB, 1),
@@ -650,6 +670,10 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
                 "loader_memory_mib": round(m["loader_memory_bytes"] / MIB, 1),
                 "loader_rss_mib": round(m["loader_rss_bytes"] / MIB, 1),
                 "loaders": m["loaders"],
+                # CPU seconds the workers (loaders, constructors) and the serving process spent up to now: what a
+                # cache that holds less pays in decoding again, in the run whose memory is measured
+                "workers_cpu_s": round(sum(_cpu_s(pid) for pid in m["worker_pids"]), 2),
+                "serving_cpu_s": round(_cpu_s(serve_pid), 2),
                 "autoscale_rounds": m["autoscale_rounds"],
                 "autoscale_decisions": m["autoscale_decisions"],
                 "workers_inside": m["workers_inside"],

@@ -22,6 +22,11 @@ reads it again with every row then planned, off the read path; a row planned fur
 it only once its step comes within the reach. Under a global shuffle nearly every held unit gains a row with each
 chunk planned, and dropping it at once decoded every unit again for every chunk.
 
+How far ahead is held follows the bytes held (session 16): past `keep_soft_bytes` that a worker's loaders hold as
+rows, the reach and `keep_steps` shrink in proportion (soft / held, to a quarter at least), so fewer rows are held and
+a unit is decoded again sooner, both by degrees. A hard allowance for rows past the reach (session 15) was a cliff:
+once spent, every unit kept as rows was decoded again per use (7.6x the loaders' CPU on a long 2-source run).
+
 Threads: loaders read in their own threads and on the worker's event loop; every operation on a pool
 and on the uses of its loaders holds the pool's lock (each is a few NumPy calls on small arrays).
 """
@@ -63,6 +68,16 @@ PREFETCH_STEPS = 16
 KEEP_AHEAD = 3
 """Serving's `CachePolicy.keep_steps`, in horizons: rows a unit keeps for planned steps this far past the reach."""
 
+KEEP_SOFT_BYTES = 8 * 1024 * 1024
+"""Serving's `CachePolicy.keep_soft_bytes` (at most the budget; a 32nd of a budget above 256 MiB): bytes of kept rows
+(`KeptRows`) a worker's loaders hold before the horizon and `keep_steps` shrink (`scaled`). 300 sources x 16 ranks:
+first coverage 459-470 MiB against main's 488-512, the long 2-source run's CPU 1.005x and 1.05x (session 16; 4 MiB:
+440 MiB, 1.07x)."""
+
+KEEP_MIN_SHARE = 4
+"""`scaled` never goes below a `KEEP_MIN_SHARE`th of the steps: a unit is decoded again at most about this many
+times as often as with all of them (no cliff)."""
+
 
 def unit_key(shard: np.ndarray | int, unit: np.ndarray | int) -> np.ndarray:
     """One int64 per (shard, unit): the key `UnitUses` counts by."""
@@ -92,6 +107,9 @@ class CachePolicy:
     `keep_steps`: steps beyond the reach that are planned too, and whose rows a unit kept as rows keeps: such a
     unit is decoded again only when a row it lacks comes within the reach, about once per `keep_steps`, not once
     per chunk planned (see `PlanUnitCache.plan`).
+    `keep_soft_bytes`: above this many bytes held as rows by the worker's loaders, the reach (horizon and read-ahead
+    steps) and `keep_steps` are scaled down by soft / held (to at least a `KEEP_MIN_SHARE`th; 0: never): what is held
+    shrinks as the held bytes grow, and the decodes again it costs grow with it, gradually (`scaled`).
     """
 
     worker_bytes: int
@@ -101,6 +119,7 @@ class CachePolicy:
     start_step: int = 0
     lag_hold_s: float = 30.0
     keep_steps: int = 0
+    keep_soft_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.worker_bytes < 0:
@@ -115,6 +134,8 @@ class CachePolicy:
             raise ValueError(f"CachePolicy.lag_hold_s must be >= 0 seconds, got {self.lag_hold_s!r}")
         if self.keep_steps < 0:
             raise ValueError(f"CachePolicy.keep_steps must be >= 0 steps, got {self.keep_steps!r}")
+        if self.keep_soft_bytes < 0:
+            raise ValueError(f"CachePolicy.keep_soft_bytes must be >= 0 bytes, got {self.keep_soft_bytes!r}")
 
     @classmethod
     def serving(cls, config: ServeConfig) -> CachePolicy:
@@ -132,6 +153,7 @@ class CachePolicy:
             prefetch=prefetch,
             start_step=start_step,
             keep_steps=KEEP_AHEAD * horizon if loader_memory > 0 else 0,
+            keep_soft_bytes=min(max(KEEP_SOFT_BYTES, loader_memory // 32), loader_memory),  # a larger budget: more
         )
 
 
@@ -283,6 +305,7 @@ class WorkerPool:
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.nbytes = 0
+        self.rows_nbytes = 0  # of `nbytes`, units kept as some of their rows (`KeptRows`)
         self.lock = threading.RLock()
         self.owners = 0
         self._owned: dict[int, dict[UnitKey, _Entry]] = {}
@@ -313,6 +336,8 @@ class WorkerPool:
                 self._drop(o, k)
             self._owned.setdefault(owner, {})[key] = _Entry(value, nbytes, next_use)
             self.nbytes += nbytes
+            if isinstance(value, KeptRows):
+                self.rows_nbytes += nbytes
             return True
 
     def trim(self) -> None:
@@ -356,11 +381,15 @@ class WorkerPool:
         with self.lock:
             for e in self._owned.pop(owner, {}).values():
                 self.nbytes -= e.nbytes
+                if isinstance(e.value, KeptRows):
+                    self.rows_nbytes -= e.nbytes
 
     def _drop(self, owner: int, key: UnitKey) -> None:
         e = self._owned.get(owner, {}).pop(key, None)
         if e is not None:
             self.nbytes -= e.nbytes
+            if isinstance(e.value, KeptRows):
+                self.rows_nbytes -= e.nbytes
 
 
 _POOLS: dict[str, WorkerPool] = {}  # per plan id, in this worker process: the one object its loaders share
@@ -387,16 +416,37 @@ def _leave(plan_id: str, pool: WorkerPool, owner: int) -> None:
             del _POOLS[plan_id]
 
 
+def over_soft(policy: CachePolicy, pool: WorkerPool) -> bool:
+    """Whether a worker's loaders hold more than the policy's soft bytes as rows (`KeptRows`).
+
+    Units kept whole are not counted: most of their rows are wanted, so they serve many reads a byte (2 sources:
+    the budget held whole, and a reach narrowed by all bytes held took 2.6x the loaders' CPU, session 16).
+    """
+    return 0 < policy.keep_soft_bytes < pool.rows_nbytes
+
+
+def scaled(steps: int, policy: CachePolicy, pool: WorkerPool) -> int:
+    """`steps` held past the horizon (read ahead, or kept past the reach) scaled down by the policy's soft bytes over
+    the bytes held as rows, once over (`over_soft`), to at least a `KEEP_MIN_SHARE`th.
+
+    Fewer steps held mean fewer rows held and a unit decoded again about once per fewer steps: both change in
+    proportion to the bytes held, with no threshold where every use decodes again (session 15's allowance: 7.6x
+    the loaders' CPU). A held unit is dropped only past the full reach and `keep_steps`, so a reach narrowed by
+    held bytes stops new reads, not the ones made. The floor behind the newest step is never scaled (it holds the
+    uses of lagging constructors).
+    """
+    if not over_soft(policy, pool):
+        return steps
+    return max(steps * policy.keep_soft_bytes // pool.rows_nbytes, -(-steps // KEEP_MIN_SHARE))
+
+
 class PlanUnitCache:
     """One loader's `UnitCache` (sources._base): keeps a unit while a planned step within its reach needs it.
 
-    The reach is the policy's horizon plus `extra_steps`, which a loader's read-ahead raises to cover the
-    storage latency it measures at the rate steps are served.
-
-    The loader tells it what the plan will read (`plan`, with the rows read: then `wanted` names them and
-    the reader keeps only those) and what it served (`served`); the reader offers and asks for units by
-    `(path, unit)`, which `shard_of` maps to the loader's shard ids.
-    """
+    The reach: the policy's horizon, `scaled` by the bytes held, plus `extra_steps` (a read-ahead's cover for measured
+    storage latency). The loader tells it what the plan will read (`plan`, with the rows: `wanted` names them and
+    the reader keeps only those) and what it served (`served`); the reader offers and asks for units by `(path,
+    unit)`, which `shard_of` maps to the loader's shard ids."""
 
     def __init__(
         self,
@@ -417,27 +467,33 @@ class PlanUnitCache:
         self._closed = False
         self.extra_steps = 0  # steps beyond the horizon a read-ahead needs to cover storage latency (`_prefetch`)
         self.plans = 0  # `plan` calls so far: rows wanted grow only with them (a read ahead checks its rows if any)
-        # held units kept as rows that lack a row planned later (int key -> that row's step): dropped, so read again
-        # with every row then planned, once that step comes within the reach (`served`)
+        # held units kept as rows lacking a later planned row (int key -> its step): dropped when it nears (`served`)
         self._stale: dict[int, int] = {}
         self._clock = clock
-        # (time, oldest step) of recent requests, oldest step increasing: its head is the oldest step asked for
-        # within `lag_hold_s` (a sliding-window minimum)
+        self._front = -1  # the newest step a read ahead was issued for (`near`): rows wanted reach past its reach
+        # (time, oldest step) of recent requests, oldest step increasing: the head is the oldest within `lag_hold_s`
         self._asked: collections.deque[tuple[float, int]] = collections.deque()
 
     @property
     def reach(self) -> int:
-        """Steps beyond the newest served that units are kept (and read ahead) for: the horizon plus `extra_steps`."""
-        return self.policy.horizon_steps + self.extra_steps
+        """Steps beyond the newest served that units are read ahead and kept for: the horizon `scaled`, plus
+        `extra_steps` (never narrowed); a held unit is dropped only past all of it and `keep_steps`."""
+        return scaled(self.policy.horizon_steps, self.policy, self._pool) + self.extra_steps
 
     @property
     def plan_reach(self) -> int:
-        """Steps beyond the newest served that are planned, and that units kept as rows keep rows for: the reach
-        plus the policy's `keep_steps`."""
-        return self.reach + self.policy.keep_steps
+        """Steps beyond the newest served that are planned: the horizon, `extra_steps` and `keep_steps`, unscaled."""
+        return self.policy.horizon_steps + self.extra_steps + self.policy.keep_steps
+
+    @property
+    def keep_now(self) -> int:
+        """Steps past the reach that a unit kept as rows keeps rows for now: `keep_steps`, `scaled`."""
+        return scaled(self.policy.keep_steps, self.policy, self._pool)
 
     def near(self, front: int = 0) -> int:
         """The last step a unit is read (ahead) for now: the reach beyond the newest step served or asked (`front`)."""
+        with self._pool.lock:  # read-ahead threads call it too
+            self._front = max(self._front, front)
         return max(self.newest, front, 0) + self.reach
 
     @property
@@ -448,13 +504,9 @@ class PlanUnitCache:
     @property
     def floor(self) -> int:
         """Uses before this step are over: the horizon behind the newest step served, or the oldest step asked for
-        within `lag_hold_s` if older.
-
-        Constructors of one group stay within a window of each other, but a loader serves every group: one whose
-        ranks run far behind the others (a slow consumer, a rank restarted from a checkpoint) would otherwise find
-        its units' uses forgotten and read each unit again at every request. A rank that stops asking stops
-        holding the floor back after `lag_hold_s`.
-        """
+        within `lag_hold_s` if older: a loader serves every group, and one whose ranks run far behind (a slow
+        consumer, a rank restarted from a checkpoint) would otherwise find its units' uses forgotten and read each
+        unit again at every request. A rank that stops asking stops holding the floor back after `lag_hold_s`."""
         floor = self.newest - self.policy.horizon_steps
         return min(floor, self._asked[0][1]) if self._asked else floor
 
@@ -479,14 +531,14 @@ class PlanUnitCache:
         if not self._by_rows or str(key[0]) not in self._shard_of:
             return None
         with self._pool.lock:
-            return np.unique(self._pending_rows(self._key(key))[0])
+            rows, steps = self._pending_rows(self._key(key))
+            if over_soft(self.policy, self._pool):  # rows planned past what is kept now: read again when they near
+                rows = rows[steps <= max(self.newest, self._front, 0) + self.reach + self.keep_now]
+            return np.unique(rows)
 
     def _pending_rows(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The (row, step) of unit `k`'s planned reads from the floor on that are still to be served.
-
-        The floor can lag the newest step by many steps (`lag_hold_s`: a rank behind its peers); rows of steps
-        already served there are not wanted again (kept, they made units look mostly wanted: kept whole, larger).
-        """
+        """The (row, step) of unit `k`'s planned reads from the floor on that are still to be served (rows of steps
+        served behind a lagging floor are not wanted again: kept, they made units look mostly wanted, kept whole)."""
         rows, steps = self.rows.planned(k, max(self.floor, 0))
         live = self.uses.left(np.full(len(steps), k, dtype=np.int64), steps) > 0
         return rows[live], steps[live]
@@ -520,6 +572,7 @@ class PlanUnitCache:
         with self._pool.lock:
             if self._closed:  # checked under the lock: `close` may run in another thread
                 return False
+            self._front = max(self._front, front)
             k = self._key(key)
             n = int(self.uses.next_use(np.array([k]), self.floor)[0])
             if not 0 <= n <= max(self.newest, front, 0) + self._limit(value):
@@ -540,9 +593,8 @@ class PlanUnitCache:
         return int(steps[missing].min()) if missing.any() else -1
 
     def _limit(self, value: Any) -> int:
-        """How far past the newest step a unit's next use may lie for it to be kept: rows kept, the planned reach;
-        a whole unit (large), the reach."""
-        return self.plan_reach if isinstance(value, KeptRows) else self.reach
+        """How far past the newest step a unit's next use may lie to be kept: rows, reach + `keep_now`; whole, reach."""
+        return self.reach + self.keep_now if isinstance(value, KeptRows) else self.reach
 
     def _note_kept(self, k: int, value: Any) -> None:
         """A unit was kept: note the first later planned row it lacks (a chunk planned while it was read)."""
@@ -555,6 +607,7 @@ class PlanUnitCache:
     def pending(self, front: int) -> tuple[np.ndarray, np.ndarray]:
         """Units with a pending use from the floor to the horizon of step `front`, in plan order, and that use."""
         with self._pool.lock:
+            self._front = max(self._front, front)
             return self.uses.pending(max(self.floor, 0), max(self.newest, front, 0) + self.reach)
 
     def held_keys(self) -> np.ndarray:
@@ -627,7 +680,8 @@ class PlanUnitCache:
                     continue
                 if lacks is not None:
                     self._stale[k] = lacks
-                update[key] = n if n <= self.newest + self._limit(value) else -1
+                full = self.plan_reach if isinstance(value, KeptRows) else self.plan_reach - self.policy.keep_steps
+                update[key] = n if n <= self.newest + full else -1
             self._pool.update(self._owner, update)
             self._pool.trim()
 

@@ -573,24 +573,29 @@ def source_columns(
 ) -> dict[str, np.ndarray]:
     """Per source `tokens__<name>` (int64) and `weight__<name>` (float64) of steps first..last (default: to the
     plan's last step), dense, whichever way the plan stores them: report/sources.parquet and report/weights.parquet
-    (planner version 9, read by step range) or columns of report/steps.parquet (version 8 and earlier)."""
+    (planner version 9, read by step range) or columns of report/steps.parquet (version 8 and earlier). `sources`:
+    any of the plan's sources, in any order (a name it lacks is a KeyError)."""
     plan_dir = Path(plan_dir)
     names = [f"{k}__{n}" for n in sources for k in ("tokens", "weight")]
     if not (plan_dir / _SOURCES_FILE).exists():
         t = read_steps(plan_dir / _STEPS_FILE, TableKind.PLAN_STEPS, first, last, names)
         return {n: t.column(n).to_numpy() for n in names if n in t.column_names}
+    ids = {name: k for k, name in enumerate(read_plan(plan_dir).sources)}  # the table's source ids: plan.json's order
+    unknown = [n for n in sources if n not in ids]
+    if unknown:
+        raise KeyError(f"{plan_dir}: no source {unknown} in this plan (its sources: {sorted(ids)})")
     span = step_span(plan_dir / _STEPS_FILE, TableKind.PLAN_STEPS)
     last = span[1] if last is None else min(last, span[1])
     steps = max(last - first + 1, 0)
     out: dict[str, np.ndarray] = {}
-    tokens = np.zeros((len(sources), steps), dtype=np.int64)
+    tokens = np.zeros((len(ids), steps), dtype=np.int64)
     for part in iter_steps(plan_dir / _SOURCES_FILE, TableKind.PLAN_SOURCES, first, last, ["step", "source", "tokens"]):
         at = part.column("step").to_numpy().astype(np.int64) - first
         tokens[part.column("source").to_numpy(), at] = part.column("tokens").to_numpy()
     w = read_steps(plan_dir / _WEIGHTS_FILE, TableKind.PLAN_WEIGHTS, 0, last)  # each step's row: the last at or before
     row = np.searchsorted(w.column("step").to_numpy(), np.arange(first, first + steps), side="right") - 1
-    for k, name in enumerate(sources):
-        out[f"tokens__{name}"] = tokens[k]
+    for name in sources:
+        out[f"tokens__{name}"] = tokens[ids[name]]
         col = w.column(f"weight__{name}").to_numpy()
         out[f"weight__{name}"] = col[row] if len(col) else np.zeros(steps)
     return out

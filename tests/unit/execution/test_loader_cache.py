@@ -270,3 +270,50 @@ def test_policy_keep_steps() -> None:
         CachePolicy(worker_bytes=1, horizon_steps=2, keep_steps=-1)
     assert CachePolicy.of(1 << 20, window=3).keep_steps > 0
     assert CachePolicy.of(0, window=3).keep_steps == 0  # no cache: nothing to keep rows for
+
+
+def test_keep_now_shortens_gradually_with_the_bytes_held() -> None:
+    """Rows past the horizon (read ahead, or kept past the reach) are held for fewer steps as the worker's loaders
+    hold more than the soft bytes: in proportion, never below a `KEEP_MIN_SHARE`th (no cliff where every use decodes
+    again)."""
+    from loomdata.execution._loader_cache import KEEP_MIN_SHARE, KEEP_SOFT_BYTES
+
+    policy = CachePolicy(worker_bytes=2000, horizon_steps=4, keep_steps=40, keep_soft_bytes=100)
+    cache = PlanUnitCache("plan-soft", steps=64, policy=policy, shard_of={"f": 0})
+    pool, owner = cache._pool, cache._owner
+    cache.extra_steps = 8  # a read-ahead's cover for storage latency past the horizon: never narrowed
+    assert cache.keep_now == 40 and cache.reach == 12
+    rows = KeptRows(np.array([0]), "rows")
+    pool.offer(owner, ("f", 9), "whole", 900, next_use=1)  # whole units are not counted: they serve many reads
+    assert cache.keep_now == 40 and cache.reach == 12
+    pool.offer(owner, ("f", 0), rows, 100, next_use=1)
+    assert cache.keep_now == 40 and cache.reach == 12  # at the soft bytes: all of it
+    pool.offer(owner, ("f", 1), rows, 100, next_use=1)
+    assert cache.keep_now == 20 and cache.reach == 2 + 8  # twice the soft bytes: half the steps (of the horizon)
+    pool.offer(owner, ("f", 2), rows, 800, next_use=1)
+    assert cache.keep_now == 40 // KEEP_MIN_SHARE and cache.reach == 4 // KEEP_MIN_SHARE + 8  # ten times: the floor
+    assert cache.plan_reach == 52 and cache.floor == -5  # planned (and dropped) as before, the floor unscaled
+    pool.drop(owner, ("f", 2))
+    assert pool.rows_nbytes == 200 and pool.nbytes == 1100 and cache.keep_now == 20
+    cache.close()
+    assert CachePolicy.of(256 << 20, window=3).keep_soft_bytes == KEEP_SOFT_BYTES  # the default budget
+    assert CachePolicy.of(1 << 30, window=3).keep_soft_bytes == (1 << 30) // 32  # a larger budget keeps more rows
+    assert CachePolicy.of(1 << 10, window=3).keep_soft_bytes == 1 << 10  # at most the budget
+    with pytest.raises(ValueError, match="keep_soft_bytes"):
+        CachePolicy(worker_bytes=1, horizon_steps=2, keep_soft_bytes=-1)
+
+
+def test_rows_wanted_stop_at_the_steps_kept_now(shard: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over the soft bytes a unit keeps the rows planned within the reach and `keep_now`; a later row makes it
+    stale, so it is read again (with that row) when the row's step nears, not kept all the way out."""
+    monkeypatch.setattr(parquet, "_WHOLE_SHARE", 1.01)
+    policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=4, chunk_steps=100, keep_steps=12, keep_soft_bytes=1)
+    cache = PlanUnitCache("plan-soft-rows", steps=64, policy=policy, shard_of={str(shard): 0})
+    keys = unit_key(np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64))
+    cache.plan(keys, np.array([0, 6, 15]), np.array([0, 1, 2]))
+    assert cache.wanted((str(shard), 0)).tolist() == [0, 1, 2]  # nothing held: the whole keep_steps
+    cache._pool.offer(cache._owner, ("other", 0), KeptRows(np.array([0]), "x"), 1000, next_use=1)  # 1000x the soft
+    assert cache.keep_now == 3 and cache.reach == 1
+    assert cache.wanted((str(shard), 0)).tolist() == [0]  # steps 6 and 15 lie past 0 + 1 + 3
+    assert cache.first_missing((str(shard), 0), np.array([0])) == 6
+    cache.close()

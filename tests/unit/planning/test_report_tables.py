@@ -71,6 +71,13 @@ def test_steps_table_in_row_groups_holds_what_one_table_does(
     part = source_columns(parts, spec.source_names, 30, 44)
     for key, col in got.items():
         assert np.array_equal(part[key], col[30:45])
+    # any of the plan's sources in any order: each named source's own columns (the table keeps plan.json's ids)
+    some = source_columns(parts, ["books", "web"])
+    assert set(some) == {"tokens__books", "weight__books", "tokens__web", "weight__web"}
+    for key, col in some.items():
+        assert np.array_equal(col, got[key])
+    with pytest.raises(KeyError, match="no source"):
+        source_columns(parts, ["nope"])
 
 
 def test_a_fixed_mixture_writes_one_weights_row(

@@ -32,6 +32,18 @@ def step_bytes(seq_len: int, micro_batches: int) -> int:
     return max(1, micro_batches * seq_len * 4 * _BATCH_ARRAYS)
 
 
+REFILL_FRACTION = 2
+"""A release builds further ahead once 1/REFILL_FRACTION of the window is free (not at every take): half a window
+per group of builds. At 1 consumer (block shuffle, window 64) a take freed about 16 steps, so each group read 16
+steps with one request per loader, and the loaders' per-request bookkeeping (pending uses, prune, next uses: arrays
+the size of the planned horizon) dominated the worker's CPU."""
+
+
+def refill_steps(window: int) -> int:
+    """Free steps of a rank's window before a release builds further ahead: half the window (1 for a window of 2)."""
+    return max(1, window // REFILL_FRACTION)
+
+
 def build_groups(builds: Sequence[Build], want: Mapping[int, int], most: int) -> list[tuple[Build, ...]]:
     """Cut builds started together into groups read with one loader request each (per loader).
 
@@ -94,6 +106,7 @@ class StepWindow(Generic[T]):
         self.window = window
         self.peers = peers
         self.want = {r: start_step for r in self.ranks}
+        self.refill = refill_steps(window)
         self._held: dict[tuple[int, int], _Held[T]] = {}
         self._building: dict[tuple[int, int], Build] = {}
         self._failed: dict[tuple[int, int], Exception] = {}
@@ -209,11 +222,26 @@ class StepWindow(Generic[T]):
         return self._schedule()
 
     def _release(self, rank: int, step: int) -> tuple[Build, ...]:
-        """All peers took `step`: free it and everything older of the rank, and build further ahead."""
+        """All peers took `step`: free it and everything older of the rank, and build further ahead once at least
+        `refill` steps of its window are free (`refill_steps`): builds started together are read with one loader
+        request per loader and packed in one pass, and every request costs its loader fixed bookkeeping."""
         old = self.want[rank]
         self.want[rank] = max(old, step + 1)
         self._drop_below(rank, old)
+        if self._known_ahead(rank) > self.window - self.refill:
+            return ()
         return self._schedule()
+
+    def _known_ahead(self, rank: int) -> int:
+        """Consecutive steps from the rank's `want` held, building or failed (at most the window; a scan of dict
+        lookups, microseconds: the builds it defers cost milliseconds each)."""
+        want, n = self.want[rank], 0
+        held, building, failed = self._held, self._building, self._failed
+        while n < self.window and (
+            (rank, want + n) in held or (rank, want + n) in building or (rank, want + n) in failed
+        ):
+            n += 1
+        return n
 
     def _drop_below(self, rank: int, old_want: int) -> None:
         """Forget held steps and unreported failures of `rank` before its `want`: it moved past them.

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from loomdata.execution._window import Build, StepWindow, build_groups
+from loomdata.execution._window import Build, StepWindow, build_groups, refill_steps
 
 
 class _Sim:
@@ -254,3 +254,22 @@ def test_ready_run_counts_the_held_steps_one_take_can_carry() -> None:
         sim.launch(got.builds)
         assert got.payload == f"s{s}r0"
     assert sim.w.want[0] == 4 and sorted(b.step for b in sim.running.values()) == [4, 5, 6, 7]
+
+
+def test_a_release_builds_ahead_once_half_the_window_is_free_in_one_group() -> None:
+    """Builds wait until `refill_steps` of the window are free, then start together (one loader request each)."""
+    w = StepWindow[str]([0], steps=100, window=8, peers=1)
+    assert w.refill == refill_steps(8) == 4
+    sim = _Sim(w)
+    sim.launch(w.start())
+    sim.finish_all()
+    for step in range(3):  # 1..3 steps free: nothing built yet
+        assert sim.take(0, step) == f"s{step}r0"
+        assert not sim.running
+    assert sim.take(0, 3) == "s3r0"  # 4 free: steps 8..11 start together
+    assert sorted(b.step for b in sim.running.values()) == [8, 9, 10, 11]
+    assert [len(g) for g in build_groups(tuple(sim.running.values()), w.want, w.window)] == [4]
+    sim.finish_all()
+    assert [sim.take(0, s) for s in range(4, 12)] == [f"s{s}r0" for s in range(4, 12)]
+    assert sim.on_demand == 0  # never served outside the window
+    assert refill_steps(2) == 1 and refill_steps(1) == 1  # small windows build at every release, as before

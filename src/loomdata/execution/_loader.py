@@ -209,10 +209,10 @@ class SourceLoader:
 
     def read_now(self, request: np.ndarray, *, inline: bool = False) -> SegmentData:
         """Synchronous `read` (the work itself); `inline` (on the event loop): no read ahead is started before it
-        (one of this request's units issued then would make the read wait for it on the loop). Over local files
-        none is either: the read ahead after it covers the same steps (a unit this read lacks it decodes itself,
-        the same CPU as on a read-ahead thread), and the pending uses' bookkeeping of a second pump per request
-        cost 7-20% of a block-shuffle replay's CPU (`loader_replay_s16_prepump_ab.json`).
+        (one of this request's units issued then would make the read wait for it on the loop). Over local files no
+        read ahead is started before it either: the read ahead after it covers the same steps (a unit this read
+        lacks it decodes itself, the same CPU as on a read-ahead thread), and the pending uses' bookkeeping of a
+        second pump per request cost 7-20% of a block-shuffle replay's CPU (`loader_replay_s16_prepump_ab.json`).
 
         A data error (a `SourceDataError` naming the file, row and fix) reaches the constructor and the
         client intact: LoomErrors pickle by their arguments.
@@ -345,9 +345,10 @@ def _read(
             f"(samples {partition.first_sample}..{partition.stop_sample - 1}); the executor routed it wrong "
             "or the index changed: restart `loom serve`"
         )
-    fast = _read_spans(reader, request, index, pos, paths, partition, verifier)
-    if fast is not None:
-        return fast
+    if type(reader).token_spans is not FormatReader.token_spans:  # a format that can give spans (else no pass)
+        fast = _read_spans(reader, request, index, pos, paths, partition, verifier)
+        if fast is not None:
+            return fast
     out = _read_per_shard(reader, request, index, pos, paths, patch_size, partition, verifier)
     return out, None, len(np.unique(samples))
 

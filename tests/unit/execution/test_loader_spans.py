@@ -159,6 +159,8 @@ def test_a_changed_sample_fails_the_read_naming_file_sample_and_row(corpus: Any)
     # verify: shard reads the same request without the sample checks
     out = read_segments(_reader(), req, index, paths, 14, _part(len(docs)), _verifier(paths, VerifyMode.SHARD))
     assert len(out.tokens) == int(req["length"].sum())
+    # and it is the span path that read it (unit keys given back), not the per-shard fallback
+    assert _read(_reader(), req, index, paths, 14, _part(len(docs)), _verifier(paths, VerifyMode.SHARD))[1] is not None
 
 
 def test_a_segment_past_its_sample_is_named(corpus: Any) -> None:

@@ -13,17 +13,15 @@ of a source are the positions assigned to it instead of one pointer range; the l
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from loomdata.planning import _items_kernel as kern
 from loomdata.planning._cost import segment_cost
 from loomdata.planning._lookahead import StepAssignment, segments_at, stable_order
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 from loomdata.planning._pointers import Pointers
-from loomdata.planning._segments import DenseIds, RowIds, SampleIds, Segments
+from loomdata.planning._segments import RowIds, SampleIds, Segments
 from loomdata.schemas.spec import CostSpec
 
 __all__ = ["BLOCK_SEGMENTS", "StepItems", "block_segments"]
@@ -73,7 +71,6 @@ class StepItems:
         self._first = 0
         self._bounds = np.zeros(1, dtype=np.int64)  # block-relative start of each step of the block, and end
         self._cols: tuple[np.ndarray, ...] = ()
-        self._table: _Table | bool | None = False  # the compiled gather's address table (None: not possible)
 
     def block(self, t: int) -> range:
         """The steps gathered with step t (gathering them if needed; t must not go backwards)."""
@@ -106,14 +103,6 @@ class StepItems:
         end = self._seg_end[t0 - s0] + block_segments(len(self._streams))
         t1 = s0 + int(np.searchsorted(self._seg_end, end, side="right")) - 1
         t1 = min(max(t1, t0 + 1), last)
-        fast = None if self._asg is None else self._assigned_compiled(t0, t1)
-        if fast is not None:  # already step-major, with each step's start
-            src_id, sample, offset, length, lane, img, bounds = fast
-            cost = segment_cost(length, img, self._cost_spec, self._lanes.cp_sizes(lane))
-            self._cols = (src_id, sample, offset, length, lane, img, cost)
-            self._bounds = bounds
-            self._first = t0
-            return
         parts = [] if self._asg is None else [self._assigned(t0, t1)]
         first, last_row = (self._ptr.row(t0 - s0), self._ptr.row(t1 - s0)) if self._asg is None else (None, None)
         for k, st in enumerate(self._streams if self._asg is None else ()):
@@ -179,39 +168,6 @@ class StepItems:
         ids = np.repeat(np.asarray(ks, dtype=np.uint16), [len(x) for x in offsets])
         return ids, sample, offset, length.astype(np.int64), lane, img, step - t0
 
-    def _assigned_compiled(self, t0: int, t1: int) -> tuple[np.ndarray, ...] | None:
-        """_assigned's columns already step-major (the layout _gather sorts them to) and the block-relative start
-        of each step and the end, in one compiled call over all sources (_items_kernel.gather_assigned; the
-        same values and types); None where the sources' columns do not allow it (mixed dtypes, strided)."""
-        if self._table is False:
-            self._table = _Table.of(self)
-        tab = self._table
-        if not isinstance(tab, _Table):
-            return None
-        threshold = -1 if self._lanes.threshold is None else int(self._lanes.threshold)
-        pos, step, doc, tok, split_pos, split_off, split_len, ids, img = tab.like
-        out = kern.gather_assigned(
-            tab.addr,
-            tab.size,
-            pos,
-            step,
-            doc,
-            tok,
-            split_pos,
-            split_off,
-            split_len,
-            ids,
-            img,
-            tab.id_mode,
-            tab.has_img,
-            t0,
-            t1,
-            threshold,
-        )
-        if not len(out[0]):
-            raise AssertionError(f"steps {t0}..{t1 - 1} have no segments assigned")
-        return tuple(out)
-
     def _no_images(self, k: int) -> bool:
         """Source k's image column is a broadcast zero (no gather needed)."""
         images = self._images[k]
@@ -224,66 +180,6 @@ class StepItems:
         if images.strides == (0,) and (len(images) == 0 or not images[0]):
             return np.zeros(len(doc), dtype=images.dtype)
         return np.where(length == self._tokens[k][doc], images[doc], 0)
-
-
-class _Table:
-    """Every source's columns for _items_kernel.gather_assigned: their data addresses and lengths (sources, 9),
-    an array of each column's dtype, how each source's sample ids and image tokens are read, and the arrays
-    themselves (held: the kernel reads them by address)."""
-
-    def __init__(
-        self, cols: list[list[np.ndarray]], id_mode: np.ndarray, has_img: np.ndarray, like: list[np.ndarray]
-    ) -> None:
-        self.addr = np.array([[c.ctypes.data for c in row] for row in cols], dtype=np.int64).reshape(-1, 9)
-        self.size = np.array([[len(c) for c in row] for row in cols], dtype=np.int64).reshape(-1, 9)
-        self.id_mode, self.has_img, self.like = id_mode, has_img, like
-        self._held = cols
-
-    @classmethod
-    def of(cls, items: StepItems) -> _Table | None:
-        """The table of `items`' sources, or None where a column's dtype differs between sources, a column is
-        not C-contiguous, stored sample ids are not uint64, or image tokens would come out of another type
-        (those blocks are gathered source by source)."""
-        asg = items._asg
-        if asg is None or not items._streams:
-            return None
-        n_src = len(items._streams)
-        id_mode = np.zeros(n_src, dtype=np.uint8)
-        has_img = np.zeros(n_src, dtype=np.uint8)
-        cols: list[list[np.ndarray]] = []
-        dtypes: list[set[np.dtype[Any]]] = [set() for _ in range(9)]
-        for k, st in enumerate(items._streams):
-            ids: np.ndarray = _EMPTY
-            samples = items._samples[k]
-            if isinstance(samples, RowIds):
-                ids, id_mode[k] = samples.rows, 1
-            elif isinstance(samples, np.ndarray):
-                if samples.dtype != np.uint64:
-                    return None
-                ids, id_mode[k] = samples, 1
-            elif not isinstance(samples, DenseIds):
-                return None
-            images = items._images[k]
-            if not items._no_images(k):
-                if np.where(np.zeros(1, dtype=bool), images[:1], 0).dtype != images.dtype:
-                    return None
-                has_img[k] = 1
-            img = images if has_img[k] else np.zeros(0, dtype=images.dtype)
-            row = [asg.pos[k], asg.step[k], st.doc, items._tokens[k], st.split_pos, st.split_off, st.split_len]
-            row += [ids, img]
-            for c, (a, seen) in enumerate(zip(row, dtypes, strict=True)):
-                if not isinstance(a, np.ndarray) or a.ndim != 1 or not a.flags.c_contiguous:
-                    return None
-                if c != kern.IDS or id_mode[k]:
-                    seen.add(a.dtype)
-            cols.append(row)
-        if any(len(d) > 1 for d in dtypes):
-            return None
-        like = [np.zeros(0, dtype=next(iter(d), np.dtype(np.uint64))) for d in dtypes]
-        return cls(cols, id_mode, has_img, like)
-
-
-_EMPTY = np.zeros(0, dtype=np.uint64)
 
 
 def _counts(asg: StepAssignment, step0: int, steps: int) -> np.ndarray:

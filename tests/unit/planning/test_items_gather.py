@@ -10,7 +10,7 @@ from loomdata.planning._items import StepItems
 from loomdata.planning._lookahead import StepAssignment, segments_at
 from loomdata.planning._mixture import build_stream
 from loomdata.planning._packing import Lanes
-from loomdata.planning._segments import DenseIds, RowIds
+from loomdata.planning._segments import DenseIds
 
 
 def _per_source(items: StepItems, t0: int, t1: int) -> tuple[np.ndarray, ...]:
@@ -58,67 +58,3 @@ def test_assigned_columns_are_the_per_source_ones(images: str, lanes: Lanes) -> 
         for g, w in zip(got, want, strict=True):
             assert g.dtype == w.dtype
             np.testing.assert_array_equal(g, w)
-
-
-@pytest.mark.parametrize("images", ["broadcast", "zeros", "some"])
-@pytest.mark.parametrize("lanes", [Lanes(seq_len=512), Lanes(seq_len=512, long_seq_len=4096, threshold=1024)])
-@pytest.mark.parametrize("ids", ["dense", "stored", "rows", "mixed"])
-def test_compiled_block_is_the_sorted_per_source_one(images: str, lanes: Lanes, ids: str) -> None:
-    """The compiled gather of all sources (_items_kernel.gather_assigned) gives the columns _assigned gives,
-    stably sorted by step (the layout _gather made), value and type, and each step's start."""
-    rng = np.random.default_rng(len(images) + len(ids))
-    n_src, steps = 9, 50
-    tokens, streams, samples, image_cols, pos, step = [], [], [], [], [], []
-    for k in range(n_src):
-        n = int(rng.integers(1, 300)) if k != 3 else 5
-        lengths = rng.integers(1, 3000, n).astype(np.uint32)
-        st = build_stream(f"s{k}", 0, lengths, lanes, 2)  # two epochs: documents split and drawn twice
-        tokens.append(lengths)
-        streams.append(st)
-        kind = ids if ids != "mixed" else ("dense", "stored")[k % 2]
-        if kind == "dense":
-            samples.append(DenseIds(n))
-        elif kind == "stored":
-            samples.append(np.arange(n, dtype=np.uint64) * 3 + 1)
-        else:
-            samples.append(RowIds(rng.permutation(n).astype(np.int64) + 7))
-        if images == "broadcast":
-            image_cols.append(np.broadcast_to(np.zeros(1, np.uint32), (n,)))
-        elif images == "zeros":
-            image_cols.append(np.zeros(n, dtype=np.uint32))
-        else:
-            image_cols.append(np.where(rng.random(n) < 0.3, rng.integers(1, 500, n), 0).astype(np.uint32))
-        m = len(st.doc)
-        # mostly increasing positions within a step (as drawn), some moved: the split search's both ways
-        p = np.arange(m, dtype=np.uint32)
-        swap = rng.integers(0, m, m // 5)
-        p[swap] = p[swap[::-1]]
-        pos.append(p)
-        step.append(np.sort(rng.integers(0, steps, m)).astype(np.int32))
-    items = object.__new__(StepItems)
-    items._samples, items._tokens, items._images = samples, tokens, image_cols
-    items._streams, items._lanes, items._asg = streams, lanes, StepAssignment(pos, step)
-    items._table = False
-    for t0, t1 in ((0, steps), (5, 6), (10, 27), (49, 50)):
-        got = items._assigned_compiled(t0, t1)
-        assert got is not None
-        want = items._assigned(t0, t1)
-        order = np.argsort(want[-1], kind="stable")
-        for g, w in zip(got[:-1], want[:-1], strict=True):
-            assert g.dtype == w.dtype
-            np.testing.assert_array_equal(g, w[order])
-        np.testing.assert_array_equal(got[-1], np.searchsorted(want[-1][order], np.arange(t1 - t0 + 1)))
-
-
-def test_compiled_gather_declines_mixed_dtypes() -> None:
-    """Sources whose columns differ in dtype are gathered source by source (no compiled table)."""
-    lanes = Lanes(seq_len=512)
-    streams = [build_stream(f"s{k}", 0, np.full(10, 100, dtype=np.uint32), lanes, 1) for k in range(2)]
-    items = object.__new__(StepItems)
-    items._samples = [DenseIds(10), DenseIds(10)]
-    items._tokens = [np.full(10, 100, dtype=np.uint32), np.full(10, 100, dtype=np.int64)]
-    items._images = [np.broadcast_to(np.zeros(1, np.uint32), (10,))] * 2
-    items._streams, items._lanes = streams, lanes
-    items._asg = StepAssignment([np.arange(10, dtype=np.uint32)] * 2, [np.arange(10, dtype=np.int32)] * 2)
-    items._table = False
-    assert items._assigned_compiled(0, 10) is None

@@ -315,7 +315,8 @@ def read_segments(
     partition: LoaderPartition,
     verifier: Verifier | None = None,
 ) -> SegmentData:
-    """Read the samples a request names (one `reader.read` per shard) and cut out the segments.
+    """Read the samples a request names (one `token_spans` pass where the reader gives spans, else one `reader.read`
+    per shard) and cut out the segments.
 
     With a `verifier`, each shard is checked when first read, and (given the index's checksums) every
     sample read is checked against its checksum in the index.

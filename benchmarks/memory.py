@@ -453,11 +453,11 @@ def worker_inside() -> dict[str, Any]:
     from loomdata.execution._loader_cache import _POOLS
 
     held = [e for p in list(_POOLS.values()) for d in list(p._owned.values()) for e in list(d.values())]
-    uses = sorted(e.next_use for e in held)
-    # each loader's reach (steps read ahead and kept for) and rows' keep past it, min / median / max
+    # each loader's reach (steps read ahead and kept for) and rows' keep past it
     caches = [o for o in gc.get_objects() if type(o).__name__ == "PlanUnitCache"]
 
     def spread(vals: list[int]) -> list[int]:
+        """min / median / max"""
         v = sorted(vals)
         return [v[0], v[len(v) // 2], v[-1]] if v else []
 
@@ -465,7 +465,7 @@ def worker_inside() -> dict[str, Any]:
         "loader_cache_mib": round(sum(p.nbytes for p in list(_POOLS.values())) / MIB, 1),
         # the units held and the step each is next used at (diagnosis: rows kept for steps already built?)
         "loader_cache_units": len(held),
-        "loader_cache_next_use": [uses[0], uses[len(uses) // 2], uses[-1]] if uses else [],
+        "loader_cache_next_use": spread([e.next_use for e in held]),
         "loader_reach_steps": spread([c.reach for c in caches]),
         "loader_keep_now_steps": spread([getattr(c, "keep_now", c.policy.keep_steps) for c in caches]),
         "smaps_mib": roll,

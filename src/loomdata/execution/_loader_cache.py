@@ -23,7 +23,7 @@ it only once its step comes within the reach. Under a global shuffle nearly ever
 chunk planned, and dropping it at once decoded every unit again for every chunk.
 
 How far ahead is held follows the bytes held (session 16): past `keep_soft_bytes` that a worker's loaders hold as
-rows, the reach and `keep_steps` shrink in proportion (soft / held, to a quarter at least), so fewer rows are held and
+rows, the horizon and `keep_steps` shrink in proportion (soft / held, to a quarter at least), so fewer rows are held and
 a unit is decoded again sooner, both by degrees. A hard allowance for rows past the reach (session 15) was a cliff:
 once spent, every unit kept as rows was decoded again per use (7.6x the loaders' CPU on a long 2-source run).
 
@@ -107,9 +107,9 @@ class CachePolicy:
     `keep_steps`: steps beyond the reach that are planned too, and whose rows a unit kept as rows keeps: such a
     unit is decoded again only when a row it lacks comes within the reach, about once per `keep_steps`, not once
     per chunk planned (see `PlanUnitCache.plan`).
-    `keep_soft_bytes`: above this many bytes held as rows by the worker's loaders, the reach (horizon and read-ahead
-    steps) and `keep_steps` are scaled down by soft / held (to at least a `KEEP_MIN_SHARE`th; 0: never): what is held
-    shrinks as the held bytes grow, and the decodes again it costs grow with it, gradually (`scaled`).
+    `keep_soft_bytes`: above this many bytes held as rows by the worker's loaders, the horizon (not a read-ahead's
+    latency cover) and `keep_steps` are scaled down by soft / held (to at least a `KEEP_MIN_SHARE`th; 0: never):
+    what is held shrinks as the held bytes grow, and the decodes again it costs grow with it, gradually (`scaled`).
     """
 
     worker_bytes: int
@@ -671,7 +671,7 @@ class PlanUnitCache:
                 return
             ints = [self._key(k) for k, _ in held]
             nxt = self.uses.next_use(np.array(ints, dtype=np.int64), self.floor).tolist()
-            near, stale = self.newest + self.reach, self._stale
+            near, stale, last = self.newest + self.reach, self._stale, self.newest + self.plan_reach  # last: unscaled
             self._stale, update = {}, {}
             for (key, value), k, n in zip(held, ints, nxt, strict=True):
                 lacks = stale.get(k)
@@ -680,8 +680,8 @@ class PlanUnitCache:
                     continue
                 if lacks is not None:
                     self._stale[k] = lacks
-                full = self.plan_reach if isinstance(value, KeptRows) else self.plan_reach - self.policy.keep_steps
-                update[key] = n if n <= self.newest + full else -1
+                cut = last if isinstance(value, KeptRows) else last - self.policy.keep_steps  # whole: the reach only
+                update[key] = n if n <= cut else -1
             self._pool.update(self._owner, update)
             self._pool.trim()
 

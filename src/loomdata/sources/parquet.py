@@ -646,13 +646,10 @@ def _token_views(held: list[tuple[pa.Array, np.ndarray]], order: np.ndarray, n: 
     out: list[np.ndarray] = [_EMPTY] * n
     k = 0
     for arr, at in held:
-        if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or arr.type.value_type != pa.int32():
-            return None
-        values = arr.values
-        if arr.null_count or values.null_count:
+        if not _plain_int32(arr):
             return None
         offsets = arr.offsets.to_numpy()
-        flat = values.to_numpy()
+        flat = arr.values.to_numpy()
         at = np.asarray(at, dtype=np.int64)
         for j, a, b in zip(
             order[k : k + len(at)].tolist(), offsets[at].tolist(), offsets[at + 1].tolist(), strict=True

@@ -5,9 +5,11 @@ and fresh arrays per batch, which a take then copies into a `BatchBlock`. Here a
 laid out rank by rank, step by step, micro-batch by micro-batch, in the arrays of one `BatchBlock`; what
 the window holds per (rank, step) is a `StepPack` naming its batches in that block, and a take of
 consecutive steps of one group is a slice of it (`block_of`: no copy; steps of two groups: one copy of
-their pieces). The loaders' answers are written straight into the block's `input_ids` (`place_tokens`: each
-run of rows that lie end to end there by one slice copy), not first scattered into manifest order per step;
-labels are then copied from `input_ids`. The bytes are those of `pack_step` (tests compare them batch by batch).
+their pieces). The block's `input_ids` is the loaders' answers' rows and each batch's padding joined in block order
+by one `concatenate` of views (`_join`; no pad fill first, no scatter into manifest order), `labels` one shifted copy
+of it, `position_ids` views of one `arange` joined the same way: every token is written once per array (session 17:
+two fills, a copy per batch and a cumulative sum less). Rows no answer covers (never in serving) are padding, placed
+by `place_tokens`. The bytes are those of `pack_step` (tests compare them batch by batch).
 """
 
 from __future__ import annotations

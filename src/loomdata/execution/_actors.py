@@ -22,7 +22,7 @@ import itertools
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from distributed import Client, Future
 from loomdata.execution._config import ServeConfig
 from loomdata.execution._constructor import DataConstructor
 from loomdata.execution._dask_actors import release
-from loomdata.execution._fleet import Actor, Fleet
+from loomdata.execution._fleet import Actor, Fleet, worker_of
 from loomdata.execution._loader import SourceLoader
 from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._outcome import Kind, issue
@@ -46,7 +46,7 @@ from loomdata.schemas.freshness import require_built_from, require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.plan import PlanMeta
 
-__all__ = ["FleetOps"]
+__all__ = ["FleetOps", "constructor_workers"]
 
 
 class FleetOps:
@@ -192,7 +192,8 @@ class FleetOps:
         every loader they name for the constructor's life). Raises ExecutionError if one refused them.
         """
         groups = [self.fleet.groups[i] for i in indices]
-        futs = [self._submit_constructor(g) for g in groups]
+        places = constructor_workers(self.client.scheduler_info()["workers"], self.fleet, len(groups))
+        futs = [self._submit_constructor(g, w) for g, w in zip(groups, places, strict=True)]
         actors = self._await(futs, lambda k: self._submit_constructor(groups[k]), what=lambda k: f"ranks {groups[k]}")
         routes = self.fleet.routes()
         calls = [issue(a.future, a.handle, "set_routes", routes) for a in actors]  # one call each: one connection
@@ -283,20 +284,44 @@ class FleetOps:
             )
         self._workers = itertools.cycle(workers)
 
-    def _submit(self, cls: type, *args: Any, key: str) -> Future:
-        return self.client.submit(
-            cls, *args, actor=True, workers=[next(self._workers)], allow_other_workers=True, key=key
-        )
+    def _submit(self, cls: type, *args: Any, key: str, worker: str | None = None) -> Future:
+        where = [worker or next(self._workers)]
+        return self.client.submit(cls, *args, actor=True, workers=where, allow_other_workers=True, key=key)
 
     def _submit_loader(self, p: LoaderPartition) -> Future:
         key = f"loom-loader-{self._tag}-{p.source}-{p.part}-{uuid.uuid4().hex[:6]}"
         policy = CachePolicy.serving(self.config)
         return self._submit(SourceLoader, str(self.plan_dir), p, policy, self._options.only(p.source), key=key)
 
-    def _submit_constructor(self, ranks: list[int]) -> Future:
-        key = f"loom-constructor-{self._tag}-{ranks[0]}-{uuid.uuid4().hex[:6]}"
-        c = self.config
-        return self._submit(DataConstructor, str(self.plan_dir), ranks, {}, c.window, self.peers, c.start_step, key=key)
+    def _submit_constructor(self, ranks: list[int], worker: str | None = None) -> Future:
+        key, c = f"loom-constructor-{self._tag}-{ranks[0]}-{uuid.uuid4().hex[:6]}", self.config
+        args: tuple[Any, ...] = (str(self.plan_dir), ranks, {}, c.window, self.peers, c.start_step)
+        return self._submit(DataConstructor, *args, key=key, worker=worker)
+
+
+def constructor_workers(workers: Iterable[str], fleet: Fleet, n: int) -> list[str | None]:
+    """Where `n` new constructors go: each on the live worker with the fewest constructors, then the fewest samples
+    in its loaders' partitions (a loader's requests cost about in proportion to the samples it serves).
+
+    Round-robin put the constructor of 2 sources beside the loader of the source with 4x the samples: that worker
+    ran at one core (constructor, gateway and the busier loader) while the other idled half the time. None each
+    where no worker is live (round-robin then meets the error).
+    """
+    live = sorted(workers)
+    count, samples = dict.fromkeys(live, 0), dict.fromkeys(live, 0)
+    for a in fleet.constructors:
+        if (w := worker_of(a.handle)) in count:
+            count[w] += 1
+    for sid, actors in fleet.loaders.items():
+        for part, a in zip(fleet.partitions[sid], actors, strict=True):
+            if (w := worker_of(a.handle)) in samples:
+                samples[w] += part.stop_sample - part.first_sample
+    out: list[str | None] = [None] * n
+    for i in range(n if live else 0):
+        w = min(live, key=lambda w: (count[w], samples[w]))
+        count[w] += 1
+        out[i] = w
+    return out
 
 
 def _shard_sizes(workdir: Path, source: str) -> np.ndarray:

@@ -32,6 +32,7 @@ from loomdata.execution._manifest import ManifestSlice
 from loomdata.execution._pack_group import StepPack, block_of, pack_group
 from loomdata.execution._packing import PackRules, peer_batches
 from loomdata.execution._reads import Reads, Route
+from loomdata.execution._strand import arrays_in_heap
 from loomdata.execution._telemetry import TelemetryBuffer, valid_report
 from loomdata.execution._window import Admission, Build, StepWindow, build_groups
 from loomdata.execution.protocol import ExecutorUnavailable
@@ -72,6 +73,7 @@ class DataConstructor:
         peers: int = 1,
         start_step: int = 0,
     ) -> None:
+        arrays_in_heap()
         self._meta = read_plan(plan_dir)
         self._rules = PackRules.of(self._meta.spec)
         self._window: StepWindow[StepPack] = StepWindow(ranks, self._meta.steps, window, peers, start_step)

@@ -57,7 +57,7 @@ from loomdata.execution._plan_ahead import PlanAhead
 from loomdata.execution._plan_meta import shared_plan
 from loomdata.execution._sample_index import SampleIndex
 from loomdata.execution._storage_options import SourceOptions
-from loomdata.execution._strand import Strand
+from loomdata.execution._strand import Strand, arrays_in_heap
 from loomdata.execution._verify import Verifier, require_checksums, serving_error
 from loomdata.schemas.errors import ExecutionError, SourceDataError
 from loomdata.schemas.freshness import require_fresh
@@ -133,6 +133,7 @@ class SourceLoader:
         storage: SourceOptions | None = None,
     ) -> None:
         """`storage`: the storage options of the partition's source (plan.json holds none; see `_storage_options`)."""
+        arrays_in_heap()
         meta = shared_plan(plan_dir)
         spec = meta.spec
         self.partition = partition

@@ -34,6 +34,7 @@ and on the uses of its loaders holds the pool's lock (each is a few NumPy calls 
 from __future__ import annotations
 
 import collections
+import enum
 import itertools
 import threading
 import time
@@ -50,6 +51,7 @@ __all__ = [
     "KEEP_AHEAD",
     "PREFETCH_STEPS",
     "CachePolicy",
+    "Offered",
     "PlanUnitCache",
     "UnitRows",
     "UnitUses",
@@ -440,6 +442,15 @@ def scaled(steps: int, policy: CachePolicy, pool: WorkerPool) -> int:
     return max(steps * policy.keep_soft_bytes // pool.rows_nbytes, -(-steps // KEEP_MIN_SHARE))
 
 
+class Offered(enum.Enum):
+    """What became of a unit read ahead (`PlanUnitCache.put_ahead`): kept, no room in the worker's budget (reading
+    further ahead waits for a served step), or not due (no use within the reach now, e.g. the reach narrowed)."""
+
+    KEPT = "kept"
+    NO_ROOM = "no room"
+    NOT_DUE = "not due"
+
+
 class PlanUnitCache:
     """One loader's `UnitCache` (sources._base): keeps a unit while a planned step within its reach needs it.
 
@@ -565,22 +576,22 @@ class PlanUnitCache:
             ):
                 self._note_kept(k, value)
 
-    def put_ahead(self, key: UnitKey, value: Any, nbytes: int, front: int) -> bool:
+    def put_ahead(self, key: UnitKey, value: Any, nbytes: int, front: int) -> Offered:
         """Offer a unit read ahead for a use within the horizon of step `front`; kept only if it fits (strict)."""
         if str(key[0]) not in self._shard_of:
-            return False
+            return Offered.NOT_DUE
         with self._pool.lock:
             if self._closed:  # checked under the lock: `close` may run in another thread
-                return False
+                return Offered.NOT_DUE
             self._front = max(self._front, front)
             k = self._key(key)
             n = int(self.uses.next_use(np.array([k]), self.floor)[0])
             if not 0 <= n <= max(self.newest, front, 0) + self._limit(value):
-                return False
+                return Offered.NOT_DUE
             if not self._pool.offer(self._owner, key, value, nbytes, n, strict=True):
-                return False
+                return Offered.NO_ROOM
             self._note_kept(k, value)
-            return True
+            return Offered.KEPT
 
     def first_missing(self, key: UnitKey, kept: np.ndarray) -> int:
         """The first step from the floor on of a planned read of unit `key` whose row is not in `kept`; -1: none."""

@@ -5,14 +5,17 @@ and fresh arrays per batch, which a take then copies into a `BatchBlock`. Here a
 laid out rank by rank, step by step, micro-batch by micro-batch, in the arrays of one `BatchBlock`; what
 the window holds per (rank, step) is a `StepPack` naming its batches in that block, and a take of
 consecutive steps of one group is a slice of it (`block_of`: no copy; steps of two groups: one copy of
-their pieces). The loaders' answers are written straight into the block's `input_ids` (`place_tokens`: each
-run of rows that lie end to end there by one slice copy), not first scattered into manifest order per step;
-labels are then copied from `input_ids`. The bytes are those of `pack_step` (tests compare them batch by batch).
+their pieces). The block's `input_ids` is the loaders' answers' rows and each batch's padding joined in block order
+by one `concatenate` of views (`_join`; no pad fill first, no scatter into manifest order), `labels` one shifted copy
+of it, `position_ids` views of one `arange` joined the same way: every token is written once per array (session 17:
+two fills, a copy per batch and a cumulative sum less). Rows no answer covers (never in serving) are padding, placed
+by `place_tokens`. The bytes are those of `pack_step` (tests compare them batch by batch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -121,46 +124,25 @@ def _block(
     seg_at = np.zeros(n_batches + 1, dtype=np.int64)  # each batch's first row (rows in batch order)
     np.cumsum(rows_per, out=seg_at[1:])
     size = int(out_at[-1])
-    input_ids = np.full(size, rules.pad_token_id, dtype=np.int32)
     seg_start = out_at[:-1][bidx] + pos_in_batch  # each row's first token in the block (rows in batch order)
-    dest = np.empty(len(perm), dtype=np.int64)
-    dest[perm] = seg_start  # ... and by the rows' own order (steps end to end)
-    # The answers' rows (steps end to end) and tokens, placed in one call: a few NumPy calls per group, not per answer.
-    answered, answer_tokens, row_at = [], [], 0
-    for step_rows, (groups, step_answers) in zip(rows, answers, strict=True):
-        for sel, ans in zip(groups, step_answers, strict=True):
-            answered.append(row_at + np.asarray(sel, dtype=np.int64))
-            answer_tokens.append(ans.tokens)
-        row_at += len(step_rows)
-    if answered:
-        at = np.concatenate(answered)
-        at_length = row_length[at]
-        answer_at = np.zeros(len(answered) + 1, dtype=np.int64)  # each answer's first row in `at`
-        np.cumsum([len(a) for a in answered], out=answer_at[1:])
-        asked = np.zeros(len(at) + 1, dtype=np.int64)
-        np.cumsum(at_length, out=asked[1:])
-        asked = asked[answer_at[1:]] - asked[answer_at[:-1]]  # tokens each answer must hold
-        got = np.array([len(t) for t in answer_tokens], dtype=np.int64)
-        if not np.array_equal(asked, got):
-            k = int(np.flatnonzero(asked != got)[0])
-            raise ExecutionError(
-                f"packing: a loader answered {int(got[k])} tokens for segments totalling {int(asked[k])}"
-            )
-        flat = np.concatenate(answer_tokens) if len(answer_tokens) > 1 else answer_tokens[0]
-        place_tokens(input_ids, flat, dest[at], at_length)
-    labels = np.full(size, IGNORE_INDEX, dtype=np.int32)
-    # Positions restart at every segment start and at each batch's padding: a cumulative sum of ones
-    # that drops back to 0 at each start (padding is zeroed below).
-    starts = np.unique(np.concatenate([out_at[:-1], out_at[:-1] + per_batch, seg_start]))
-    starts = starts[starts < size]
-    step_up = np.ones(size, dtype=np.int32)
-    if len(starts):
-        step_up[starts] = 1 - np.diff(starts, prepend=starts[0] - 1)
-    positions = np.cumsum(step_up, dtype=np.int32)
-    for o, n, e in zip(out_at[:-1].tolist(), per_batch.tolist(), out_at[1:].tolist(), strict=True):
-        if n:
-            labels[o : o + n - 1] = input_ids[o + 1 : o + n]
-        positions[o + n : e] = 0
+    # Each batch's rows, then its padding: the block's pieces in order (`_pieces`), each array joined from views.
+    slot, pad_slot, pad = _pieces(bidx, seg_at, per_batch, seq)
+    top = int(lane_len.max(initial=0))
+    input_ids = _input_ids(rules, rows, answers, row_length, perm, seg_start, (slot, pad_slot, pad), top, size)
+    # Labels: each token's successor (one shifted copy), IGNORE at every segment's last token and on padding.
+    labels = np.empty(size, dtype=np.int32)
+    if size:
+        labels[:-1] = input_ids[1:]
+        labels[-1] = IGNORE_INDEX
+    for o, e in zip((out_at[1:] - pad).tolist(), out_at[1:].tolist(), strict=True):
+        if o < e:
+            labels[o:e] = IGNORE_INDEX
+    # Positions restart at every segment (0..length-1) and are 0 on padding: views of one arange, joined.
+    src = np.zeros(len(slot) + len(pad_slot), dtype=np.int64)
+    src[pad_slot] = 1
+    hi = np.empty(len(src), dtype=np.int64)
+    hi[slot], hi[pad_slot] = length, pad
+    positions = _join([np.arange(top, dtype=np.int32), np.zeros(top, dtype=np.int32)], src, np.zeros_like(hi), hi, size)
     ends = seg_start[length > 0] + length[length > 0] - 1
     labels[ends] = IGNORE_INDEX  # every segment's last token
     cu_at = np.zeros(n_batches + 1, dtype=np.int64)
@@ -190,6 +172,85 @@ def _block(
         image_bounds=np.zeros(n_batches + 1, dtype=np.int64),
     )
     return block, first
+
+
+def _pieces(bidx: np.ndarray, seg_at: np.ndarray, per_batch: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The block as pieces in order, every batch's rows (block order) then its padding: each row's piece (`slot`),
+    each batch's padding piece (`pad_slot`) and the padding's length (`pad`)."""
+    slot = np.arange(len(bidx), dtype=np.int64) + bidx  # the paddings of the batches before a row's come before it
+    pad_slot = seg_at[1:] + np.arange(len(per_batch), dtype=np.int64)
+    return slot, pad_slot, seq - per_batch
+
+
+def _input_ids(
+    rules: PackRules,
+    rows: Sequence[ManifestRows],
+    answers: Sequence[Answers],
+    row_length: np.ndarray,
+    perm: np.ndarray,
+    seg_start: np.ndarray,
+    pieces: tuple[np.ndarray, ...],
+    top: int,
+    size: int,
+) -> np.ndarray:
+    """The block's `input_ids`: the answers' rows and each batch's padding as views joined in block order (one
+    `concatenate`: tokens copied once, padding written with them, no Python step per row or batch).
+
+    `row_length`: every row's length (the steps' rows end to end); `perm`: the rows in block order, `seg_start` their
+    first token in the block; `pieces`: `_pieces`; `top`: the longest lane.
+    """
+    answered, answer_tokens, row_at = [], [], 0
+    for step_rows, (groups, step_answers) in zip(rows, answers, strict=True):
+        for sel, ans in zip(groups, step_answers, strict=True):
+            answered.append(row_at + np.asarray(sel, dtype=np.int64))
+            answer_tokens.append(ans.tokens)
+        row_at += len(step_rows)
+    n = len(row_length)
+    at = np.concatenate(answered) if answered else np.zeros(0, dtype=np.int64)
+    at_length = row_length[at]
+    count = np.array([len(a) for a in answered], dtype=np.int64)
+    answer_at = np.zeros(len(answered) + 1, dtype=np.int64)  # each answer's first row in `at`
+    np.cumsum(count, out=answer_at[1:])
+    before = np.zeros(len(at) + 1, dtype=np.int64)  # tokens of the rows before each in `at`
+    np.cumsum(at_length, out=before[1:])
+    got = np.array([len(t) for t in answer_tokens], dtype=np.int64)
+    asked = before[answer_at[1:]] - before[answer_at[:-1]]  # tokens each answer must hold
+    if not np.array_equal(asked, got):
+        k = int(np.flatnonzero(asked != got)[0])
+        raise ExecutionError(f"packing: a loader answered {int(got[k])} tokens for segments totalling {int(asked[k])}")
+    if len(at) != n or not bool((np.bincount(at, minlength=n) == 1).all()):  # a row no answer covers: padding
+        ids = np.full(size, rules.pad_token_id, dtype=np.int32)
+        if len(at):
+            dest = np.empty(n, dtype=np.int64)
+            dest[perm] = seg_start
+            place_tokens(ids, np.concatenate(answer_tokens), dest[at], at_length)
+        return ids
+    slot, pad_slot, pad = pieces
+    of = np.empty(n, dtype=np.int64)  # per row: its answer, and its first token there
+    first = np.empty(n, dtype=np.int64)
+    of[at] = np.repeat(np.arange(len(answered), dtype=np.int64), count)
+    first[at] = before[:-1] - np.repeat(before[answer_at[:-1]], count)
+    src = np.empty(len(slot) + len(pad_slot), dtype=np.int64)
+    lo = np.zeros(len(src), dtype=np.int64)
+    hi = np.empty(len(src), dtype=np.int64)
+    src[slot], src[pad_slot] = of[perm], len(answer_tokens)
+    lo[slot] = first[perm]
+    hi[slot], hi[pad_slot] = lo[slot] + row_length[perm], pad
+    return _join([*answer_tokens, np.full(top, rules.pad_token_id, dtype=np.int32)], src, lo, hi, size)
+
+
+_cut: Callable[[np.ndarray, slice], np.ndarray] = operator.getitem  # type: ignore[assignment]
+"""`a[s]`, typed for a C-level `map` over many arrays and slices."""
+
+
+def _join(sources: list[np.ndarray], src: np.ndarray, lo: np.ndarray, hi: np.ndarray, size: int) -> np.ndarray:
+    """`sources[src[k]][lo[k]:hi[k]]` for every k, end to end, in one new int32 array of `size` (views made by a
+    C-level `map`, copied by one `concatenate`)."""
+    out = np.empty(size, dtype=np.int32)
+    if len(src):
+        views = map(_cut, map(sources.__getitem__, src.tolist()), map(slice, lo.tolist(), hi.tolist()))
+        np.concatenate(list(views), out=out)
+    return out
 
 
 _RUN_COPIES = 16  # runs an answer is placed by, a slice copy each, before one index array pays (+1 per 128 tokens)

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from loomdata.execution._loader_cache import PlanUnitCache, int_key, split_key
+from loomdata.execution._loader_cache import Offered, PlanUnitCache, int_key, split_key
 from loomdata.execution._strand import process_threads
 from loomdata.sources import FormatReader, KeptRows, UnitKey
 from loomdata.storage import Location, is_url, request_latency, store_of
@@ -62,6 +62,7 @@ __all__ = [
     "PrefetchCounters",
     "Prefetcher",
     "StepRate",
+    "UnitSpans",
     "coalesce",
     "extra_steps",
     "plan_prefetch",
@@ -251,6 +252,25 @@ class PrefetchCounters:
     reread: int = 0  # units read ahead again: chunks planned during the read wanted rows it did not keep
 
 
+class UnitSpans:
+    """Units' byte ranges in their objects, for coalescing reads ahead (`coalesce`): from the footers the loader's
+    readers already hold, through one reader made on first use (never a request)."""
+
+    def __init__(self, make_reader: Callable[[], FormatReader], paths: dict[int, Location]) -> None:
+        self._make_reader, self._paths = make_reader, paths
+        self._reader: FormatReader | None = None
+
+    def span(self, key: int) -> tuple[int, int] | None:
+        """Unit `key`'s byte range in its object, from the held footer (None: not held, or not a range read)."""
+        shard, unit = split_key(key)
+        path = self._paths.get(shard)
+        if path is None or not is_url(path):
+            return None
+        if self._reader is None:
+            self._reader = self._make_reader()
+        return self._reader.unit_span(path, unit)
+
+
 class Prefetcher:
     """One loader's read-ahead and its reader's view of the cache (`get`/`put` of `UnitCache`)."""
 
@@ -279,7 +299,7 @@ class Prefetcher:
         self._pumping = 0  # finished reads whose follow-up pump (which may issue the next) still runs
         self._inflight: dict[int, Future[None]] = {}  # by unit key (a coalesced read's units share one future)
         self._requests = 0  # reads ahead in flight (the `limit` bounds these)
-        self._span_reader: FormatReader | None = None  # for units' byte ranges (held footers only), made on first use
+        self._spans = UnitSpans(make_reader, paths)
         self._fresh: set[int] = set()  # read ahead and kept, not yet asked for
         self._hit = threading.local()  # per reading thread: the key its last `get` counted as a hit
         self._declined: set[int] = set()  # read ahead but not kept: not again until a step is served
@@ -360,7 +380,7 @@ class Prefetcher:
             busy = np.concatenate([held, np.fromiter([*self._inflight, *self._declined], dtype=np.int64)])
             free = plan_prefetch(keys, first, busy, len(keys))
             if self._stores and slots > 0 and len(free):
-                runs = coalesce(free[: slots * COALESCE_UNITS].tolist(), set(free.tolist()), self._span, slots)
+                runs = coalesce(free[: slots * COALESCE_UNITS].tolist(), set(free.tolist()), self._spans.span, slots)
             else:
                 runs = [[k] for k in free[: max(slots, 0)].tolist()]
             for run in runs:
@@ -410,16 +430,6 @@ class Prefetcher:
             if not done:
                 return False
 
-    def _span(self, key: int) -> tuple[int, int] | None:
-        """Unit `key`'s byte range in its object, from the held footer (None: not held, or not a range read)."""
-        shard, unit = split_key(key)
-        path = self._paths.get(shard)
-        if path is None or not is_url(path):
-            return None
-        if self._span_reader is None:
-            self._span_reader = self._make_reader()
-        return self._span_reader.unit_span(path, unit)
-
     def _fetch(self, keys: list[int], path: Location, units: list[int], front: int, planned: int) -> None:
         reader: FormatReader | None = None
         try:
@@ -456,16 +466,18 @@ class Prefetcher:
                 self._idle.notify_all()
 
     def _keep(self, k: int, path: Location, unit: int, got: tuple[Any, int] | None, front: int) -> None:
-        """Offer a unit read ahead to the cache; not kept (no room, or no longer planned), it is declined."""
-        kept = got is not None and self.cache.put_ahead((str(path), unit), got[0], got[1], front)
+        """Offer a unit read ahead to the cache; not kept (no room, or not due: the reach narrowed, no longer planned),
+        it is declined; only no room stalls the read-ahead until the next served step."""
+        offered = Offered.NOT_DUE if got is None else self.cache.put_ahead((str(path), unit), got[0], got[1], front)
         with self._lock:
-            if kept:
+            if offered is Offered.KEPT:
                 self.counters.prefetched += 1
                 self._fresh.add(k)
             else:
                 self.counters.dropped += 1
                 self._declined.add(k)
-                self._stalled = got is not None  # no room: units needed later would not fit either
+                # no room: units needed later would not fit either; one no longer due stops nothing else
+                self._stalled = self._stalled or offered is Offered.NO_ROOM
 
     def _cover(
         self, reader: FormatReader, path: Location, unit: int, got: tuple[Any, int] | None, front: int, planned: int

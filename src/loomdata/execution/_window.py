@@ -233,9 +233,11 @@ class StepWindow(Generic[T]):
         return self._schedule()
 
     def _known_ahead(self, rank: int) -> int:
-        """Consecutive steps from the rank's `want` held, building or failed (at most the window; a scan of dict
-        lookups, microseconds: the builds it defers cost milliseconds each)."""
-        want, n = self.want[rank], 0
+        """Consecutive steps from the rank's `want` held, building or failed (at most the window). The scan starts at
+        `_known_to` (every step below it is known): a release after each take scanned the whole window (64 steps of
+        dict lookups per take, 4% of the constructor worker's samples at 4 consumers)."""
+        want = self.want[rank]
+        n = min(max(self._known_to[rank] - want, 0), self.window)
         held, building, failed = self._held, self._building, self._failed
         while n < self.window and (
             (rank, want + n) in held or (rank, want + n) in building or (rank, want + n) in failed

@@ -167,3 +167,33 @@ def test_pack_group_equals_pack_step_and_its_blocks_equal_batchblock_of(seed: in
             for xs, ys in zip(got_block.unpack(), want_block.unpack(), strict=True):
                 for x, y in zip(xs, ys, strict=True):
                     _same(x, y)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pack_group_pads_rows_no_answer_covers(seed: int) -> None:
+    """A row no loader answered (never in serving) is padding in the block, as before the views join; the rest is
+    placed as with every answer (the join's fallback)."""
+    rng = np.random.default_rng(300 + seed)
+    meta = PackMeta(micro_batches=2, lanes=(64, 128))
+    rules = PackRules(pad_token_id=5, image_token_id=7)
+    work, rows, answers = _group(rng, meta, 0, images=False)
+    full = pack_group(meta, rules, work, rows, answers)  # type: ignore[arg-type]
+    cut = [(g[:1], a[:1]) for g, a in answers]  # each step's second loader never answered
+    got = pack_group(meta, rules, work, rows, cut)  # type: ignore[arg-type]
+    for (_, ranks), rw, (g, _), a, b in zip(work, rows, answers, full, got, strict=True):
+        missing = set(np.concatenate(g[1:]).tolist()) if len(g) > 1 else set()
+        for r in ranks:
+            for x, y in zip(a[r].batches, b[r].batches, strict=True):
+                seg = x.segments
+                keep = np.ones(len(x.input_ids), dtype=bool)
+                at = np.concatenate([[0], np.cumsum(seg["length"].astype(np.int64))])
+                for k in range(len(seg)):  # the rows of this batch that lost their answer: padding now
+                    mine = np.flatnonzero(
+                        (rw.sample == seg["sample"][k]) & (rw.offset == seg["offset"][k]) & (rw.dp_rank == r)
+                    )
+                    if len(mine) and int(mine[0]) in missing:
+                        keep[at[k] : at[k + 1]] = False
+                        assert (y.input_ids[at[k] : at[k + 1]] == rules.pad_token_id).all()
+                assert np.array_equal(x.input_ids[keep], y.input_ids[keep])
+                assert np.array_equal(x.position_ids, y.position_ids)
+                assert np.array_equal(x.cu_seqlens, y.cu_seqlens)

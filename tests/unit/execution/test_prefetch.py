@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, UnitUses, unit_key
+from loomdata.execution._loader_cache import CachePolicy, Offered, PlanUnitCache, UnitUses, unit_key
 from loomdata.execution._prefetch import (
     FAST_STEPS_PER_S,
     MAX_EXTRA_STEPS,
@@ -382,5 +382,24 @@ def test_a_unit_held_short_of_a_row_that_the_reader_fetches_itself_is_a_miss(
     got = main.read(shard, np.array([14]))
     assert [x.tokens.tolist() for x in got] == [[14, 15]]
     assert decoded == [4] and pf.counters.misses == 1 and pf.counters.hits == 0  # its read ahead was no hit
+    pf.close()
+    cache.close()
+
+
+def test_put_ahead_says_why_a_unit_was_not_kept_and_only_no_room_stalls_the_read_ahead(shard: Path) -> None:
+    one = ParquetReader(SRC, TokenizerSpec(), ImageSpec()).load_unit(shard, 0)[1]
+    _, _, _, cache, pf, main, order, _, _ = _setup(shard, limit=1, budget=2 * one + 1, plan_id="p-why")
+    loaded = main.load_unit(shard, 7)
+    assert loaded is not None
+    assert cache.put_ahead((str(shard), 7), loaded[0], loaded[1], 0) is Offered.NOT_DUE  # first use step 20
+    for g in order[:2]:
+        got = main.load_unit(shard, g)
+        assert got is not None and cache.put_ahead((str(shard), g), got[0], got[1], 0) is Offered.KEPT
+    got = main.load_unit(shard, order[2])
+    assert got is not None and cache.put_ahead((str(shard), order[2]), got[0], got[1], 0) is Offered.NO_ROOM
+    pf._keep(99, shard, 7, loaded, 0)  # not due: declined, but units due sooner may still be read ahead
+    assert not pf._stalled and 99 in pf._declined
+    pf._keep(98, shard, order[2], got, 0)  # no room: nothing more is issued until a step is served
+    assert pf._stalled
     pf.close()
     cache.close()

@@ -291,6 +291,10 @@ def _loom_run(
             wcpu1 = client.run(time.process_time)
             # the serving workers' CPU over the consumers' run (loaders, constructors, their storage clients)
             machine["workers_cpu_s"] = round(sum(wcpu1[w] - wcpu0[w] for w in wcpu1 if w in wcpu0), 3)
+            # each worker's share, largest first (one worker runs the constructor, the other most loaders)
+            machine["each_worker_cpu_s"] = sorted(
+                (round(wcpu1[w] - wcpu0[w], 3) for w in wcpu1 if w in wcpu0), reverse=True
+            )
             # the same from the executor's start (its warm-up and reads ahead before the consumers start included)
             machine["serve_workers_cpu_s"] = round(sum(wcpu1[w] - serve0[w] for w in wcpu1 if w in serve0), 3)
             machine["serve_bench_process_cpu_s"] = round(time.process_time() - store0, 3)

@@ -35,6 +35,7 @@ from loomdata.storage._errors import ObjectNotFoundError
 from loomdata.storage._latency import _LATENCY
 from loomdata.storage._options import options_for
 from loomdata.storage._retry import DEFAULT_POLICY, RetryPolicy, retrying
+from loomdata.storage._shared_gets import SharedGets
 from loomdata.storage._url import Location, is_url, protocol_of
 
 __all__ = [
@@ -267,11 +268,25 @@ def _read_view(
         if data is not None:
             return data
     fs = _fs(url, options)
-    _STATS.add("get")
-    get = _timed(lambda: fs.cat_file(url, start=start, end=stop), url)
-    data = bytes(_retry(get, url, f"read of bytes {start}..{stop}", policy))
-    _STATS.add("get_bytes", len(data))
-    return data
+
+    def one() -> bytes:
+        _STATS.add("get")
+        get = _timed(lambda: fs.cat_file(url, start=start, end=stop), url)
+        data = bytes(_retry(get, url, f"read of bytes {start}..{stop}", policy))
+        _STATS.add("get_bytes", len(data))
+        return data
+
+    return _SHARED.run((url, start, stop, _options_key(url, options)), one)
+
+
+_SHARED = SharedGets()
+"""This process's fsspec range GETs in flight: the same range asked for twice at once is one request (the shard
+check's last 64 KiB and a Parquet footer, read together when a loader opens a shard)."""
+
+
+def _options_key(url: str, options: StorageOptions | None) -> tuple[tuple[str, str], ...]:
+    """The options a request of `url` is made with, hashable (two callers with other credentials never share)."""
+    return tuple(sorted((k, repr(v)) for k, v in options_for(protocol_of(url), options).items()))
 
 
 def _arrow_range(

@@ -291,6 +291,10 @@ def _loom_run(
             wcpu1 = client.run(time.process_time)
             # the serving workers' CPU over the consumers' run (loaders, constructors, their storage clients)
             machine["workers_cpu_s"] = round(sum(wcpu1[w] - wcpu0[w] for w in wcpu1 if w in wcpu0), 3)
+            # each worker's share, largest first (one worker runs the constructor, the other most loaders)
+            machine["each_worker_cpu_s"] = sorted(
+                (round(wcpu1[w] - wcpu0[w], 3) for w in wcpu1 if w in wcpu0), reverse=True
+            )
             # the same from the executor's start (its warm-up and reads ahead before the consumers start included)
             machine["serve_workers_cpu_s"] = round(sum(wcpu1[w] - serve0[w] for w in wcpu1 if w in serve0), 3)
             machine["serve_bench_process_cpu_s"] = round(time.process_time() - store0, 3)
@@ -515,7 +519,11 @@ def _print_row(side: str, ms: float, row: dict[str, Any]) -> None:
         else ""
     )
     load = f"  load {row.get('load_1m')} cpu {row.get('cpu_busy')}"
-    print(f"{side:<40}{ms:>5.0f}{row['tokens_per_s_per_consumer']:>16,}{wait:>14.2f}{after}{extra}{misses}{pct}{load}")
+    steady = row.get("steady_tokens_per_s_per_consumer") or 0
+    print(
+        f"{side:<40}{ms:>5.0f}{row['tokens_per_s_per_consumer']:>16,}{steady:>14,}{wait:>14.2f}{after}{extra}{misses}"
+        f"{pct}{load}"
+    )
 
 
 def _stepped(side: str, step_ms: float) -> str:
@@ -614,15 +622,18 @@ def _spread(vals: list[float]) -> dict[str, Any] | None:
 
 
 def _with_best_mosaic(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The runs plus, per latency and round, a `mosaic s3 best` row: that round's Mosaic setting with the most
-    tokens/s per consumer (the peer at its best settings is the one loomdata is compared with)."""
-    best: dict[tuple[float, int], dict[str, Any]] = {}
+    """The runs plus, per latency and round, a `mosaic s3 best` row (that round's Mosaic setting with the most
+    tokens/s per consumer over the run) and a `mosaic s3 best steady` row (the most tokens/s after each consumer's
+    first batch, which may be another setting): the peer at its best settings is the one loomdata is compared with."""
+    best: dict[str, dict[tuple[float, int], dict[str, Any]]] = {"best": {}, "best steady": {}}
+    keys = {"best": "tokens_per_s_per_consumer", "best steady": "steady_tokens_per_s_per_consumer"}
     for r in runs:
-        if r["side"].startswith("mosaic s3 ") and r["side"] != "mosaic s3 best":
+        if r["side"].startswith("mosaic s3 ") and not r["side"].startswith("mosaic s3 best"):
             k = (r["latency_ms"], r["round"])
-            if k not in best or r["tokens_per_s_per_consumer"] > best[k]["tokens_per_s_per_consumer"]:
-                best[k] = r
-    return runs + [{**r, "side": "mosaic s3 best"} for r in best.values()]
+            for name, key in keys.items():
+                if k not in best[name] or (r.get(key) or 0) > (best[name][k].get(key) or 0):
+                    best[name][k] = r
+    return runs + [{**r, "side": f"mosaic s3 {name}"} for name, rows in best.items() for r in rows.values()]
 
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -658,16 +669,34 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             out[f"{key}_vs_local"] = _spread(_paired(runs, side, ms, local, 0, key))
         out["tokens_per_s_per_consumer"] = med(side, ms, "tokens_per_s_per_consumer")
         out["mosaic_tokens_per_s_per_consumer"] = med("mosaic s3 best", ms, "tokens_per_s_per_consumer")
+        # the steady rate (after each consumer's first batch): what a long training run gets
+        out["steady_tokens_per_s_per_consumer"] = med(side, ms, "steady_tokens_per_s_per_consumer")
+        out["local_steady_tokens_per_s_per_consumer"] = med(local, 0, "steady_tokens_per_s_per_consumer")
+        out["mosaic_steady_tokens_per_s_per_consumer"] = med(
+            "mosaic s3 best steady", ms, "steady_tokens_per_s_per_consumer"
+        )
         out["mosaic_best_settings"] = [r["setting"] for r in by.get(("mosaic s3 best", ms), [])]
+        out["mosaic_best_steady_settings"] = [r["setting"] for r in by.get(("mosaic s3 best steady", ms), [])]
+        settings = [r for r in by if r[1] == ms and r[0].startswith("mosaic s3 ") and "best" not in r[0].split()]
         out["mosaic_settings_tokens_per_s"] = {
-            r[0][len("mosaic s3 ") :]: med(*r, "tokens_per_s_per_consumer")
-            for r in by
-            if r[1] == ms and r[0].startswith("mosaic s3 ") and r[0] != "mosaic s3 best"
+            r[0][len("mosaic s3 ") :]: med(*r, "tokens_per_s_per_consumer") for r in settings
+        }
+        out["mosaic_settings_steady_tokens_per_s"] = {
+            r[0][len("mosaic s3 ") :]: med(*r, "steady_tokens_per_s_per_consumer") for r in settings
         }
         mosaic = "mosaic s3 best" if step is None else "-"  # Mosaic reads flat out: only flat-out sides compare
         out["tokens_per_s_vs_mosaic"] = _spread(_paired(runs, side, ms, mosaic, ms, "tokens_per_s_per_consumer"))
+        # issue 9's throughput goal on a long run's basis: the steady rate against Mosaic's best steady setting
+        steady_mosaic = "mosaic s3 best steady" if step is None else "-"
         out["steady_tokens_per_s_vs_mosaic"] = _spread(
+            _paired(runs, side, ms, steady_mosaic, ms, "steady_tokens_per_s_per_consumer")
+        )
+        # against the setting best over the whole run (session 10's steady figure)
+        out["steady_tokens_per_s_vs_mosaic_best_overall"] = _spread(
             _paired(runs, side, ms, mosaic, ms, "steady_tokens_per_s_per_consumer")
+        )
+        out["steady_tokens_per_s_vs_local"] = _spread(
+            _paired(runs, side, ms, local, 0, "steady_tokens_per_s_per_consumer")
         )
         out["tokens_per_s_vs_local"] = _spread(_paired(runs, side, ms, local, 0, "tokens_per_s_per_consumer"))
         out["storage_waits"] = [
@@ -852,7 +881,19 @@ def main() -> None:
         metavar="BEFORE_SRC",
         help="alternate rounds of the loomdata in BEFORE_SRC (a src/ folder) and this checkout, paired per round",
     )
+    ap.add_argument(
+        "--summarize",
+        type=Path,
+        default=None,
+        metavar="RESULTS",
+        help="only print the matrix of an earlier result file, its summary recomputed by this script (nothing runs)",
+    )
     args = ap.parse_args()
+    if args.summarize is not None:
+        summary = _summary(json.loads(args.summarize.read_text())["runs"])
+        print(json.dumps(summary, indent=1))
+        _print_matrix(summary)
+        return
     args.out = _out_path(args.out)
     if args.ab is not None:
         _ab(args)
@@ -923,7 +964,8 @@ def main() -> None:
                 plans_of[spec.name] = Path(make_plan(spec).plan_dir)
                 plans[sh] = spec
         header = (
-            f"{'side':<40}{'ms':>5}{'tok/s/consumer':>16}{'wait/step ms':>14}{'after 1st':>11}{'req/step':>10}"
+            f"{'side':<40}{'ms':>5}{'tok/s/consumer':>16}{'steady tok/s':>14}{'wait/step ms':>14}{'after 1st':>11}"
+            f"{'req/step':>10}"
             f"{'fetch/deliv':>12}"
         )
         print(header)
@@ -946,6 +988,9 @@ _AB_KEYS = (
     "gap_max_ms",
     "stall_s",
     "tokens_per_s_per_consumer",
+    "steady_tokens_per_s_per_consumer",
+    "tokens_per_serving_cpu_s",
+    "bench_process_cpu_s",
     "first_batch_s",
     "workers_cpu_s",
 )
@@ -978,6 +1023,12 @@ def _ab(args: Any) -> None:
                 _write_ab(args, runs)
 
 
+def _median_of(vals: list[Any]) -> float | None:
+    """The median of the values that are not None (None if none is)."""
+    got = [float(v) for v in vals if v is not None]
+    return round(float(np.median(got)), 3) if got else None
+
+
 def _write_ab(args: Any, runs: list[dict[str, Any]]) -> None:
     by: dict[tuple[str, float], dict[str, dict[int, dict[str, Any]]]] = {}
     for r in runs:
@@ -988,10 +1039,13 @@ def _write_ab(args: Any, runs: list[dict[str, Any]]) -> None:
         row: dict[str, Any] = {}
         for key in _AB_KEYS:
             row[key] = {
-                label: round(float(np.median([r[key] for r in rs.values()])), 3) if rs else None
+                label: _median_of([r.get(key) for r in rs.values()])
                 for label, rs in (("before", before), ("after", after))
             }
-            pairs = [after[k][key] / before[k][key] for k in sorted(set(before) & set(after)) if before[k][key]]
+            both = sorted(set(before) & set(after))
+            pairs = [
+                after[k][key] / before[k][key] for k in both if before[k].get(key) and after[k].get(key) is not None
+            ]
             row[f"{key}_after_vs_before"] = [round(float(x), 3) for x in pairs]
         summary[f"{side} @{ms:g}ms"] = row
     result = {

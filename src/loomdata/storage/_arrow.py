@@ -129,8 +129,9 @@ def drop_handle(url: str) -> None:
 
 def arrow_read(
     url: str, start: int, stop: int, kwargs: dict[str, Any], on_open: Any, size: int | None = None
-) -> bytes | None:
-    """Bytes [start, stop) of an s3:// object through a kept pyarrow handle; None: read it through fsspec.
+) -> Any | None:
+    """Bytes [start, stop) of an s3:// object through a kept pyarrow handle, as the `pyarrow.Buffer` the GET filled
+    (no copy: a caller that needs `bytes` copies once); None: read it through fsspec.
 
     pyarrow trusts the size its HEAD saw (a body shorter than that comes back padded, not short), so a
     handle whose size is not the caller's `size` (the object's size when the reader opened it) or ends
@@ -145,7 +146,7 @@ def arrow_read(
         n = int(f.size())
         if (size is None or n == size) and stop <= n:
             try:
-                return bytes(f.read_at(stop - start, start))
+                return f.read_at(stop - start, start)
             except BaseException:
                 drop_handle(url)
                 raise

@@ -35,6 +35,7 @@ from loomdata.storage._errors import ObjectNotFoundError
 from loomdata.storage._latency import _LATENCY
 from loomdata.storage._options import options_for
 from loomdata.storage._retry import DEFAULT_POLICY, RetryPolicy, retrying
+from loomdata.storage._shared_gets import SharedGets
 from loomdata.storage._url import Location, is_url, protocol_of
 
 __all__ = [
@@ -242,6 +243,24 @@ def read_range(
 
     `size`: the object's size as the caller knows it (a large S3 read through pyarrow checks its handle against it).
     """
+    data = _read_view(url, start, stop, options, policy, size)
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+def _read_view(
+    url: str,
+    start: int,
+    stop: int,
+    options: StorageOptions | None = None,
+    policy: RetryPolicy = DEFAULT_POLICY,
+    size: int | None = None,
+) -> bytes | Any:
+    """`read_range` without its copy: the bytes, or the `pyarrow.Buffer` a large S3 GET filled (buffer protocol).
+
+    For `RangeFile`, which hands pyarrow slices of it (`read_buffer`): a row group read through pyarrow's S3 client
+    then reaches the Parquet decoder with no copy in Python (five before: `bytes()`, a slice, a bytearray, a slice
+    of it and `bytes()` again).
+    """
     if stop <= start:
         return b""
     if stop - start >= ARROW_MIN_READ and protocol_of(url) == "s3":
@@ -249,29 +268,45 @@ def read_range(
         if data is not None:
             return data
     fs = _fs(url, options)
-    _STATS.add("get")
-    get = _timed(lambda: fs.cat_file(url, start=start, end=stop), url)
-    data = bytes(_retry(get, url, f"read of bytes {start}..{stop}", policy))
-    _STATS.add("get_bytes", len(data))
-    return data
+
+    def one() -> bytes:
+        _STATS.add("get")
+        get = _timed(lambda: fs.cat_file(url, start=start, end=stop), url)
+        data = bytes(_retry(get, url, f"read of bytes {start}..{stop}", policy))
+        _STATS.add("get_bytes", len(data))
+        return data
+
+    return _SHARED.run((url, start, stop, _options_key(url, options)), one)
+
+
+_SHARED = SharedGets()
+"""This process's fsspec range GETs in flight: the same range asked for twice at once is one request (the shard
+check's last 64 KiB and a Parquet footer, read together when a loader opens a shard)."""
+
+
+def _options_key(url: str, options: StorageOptions | None) -> tuple[tuple[str, str], ...]:
+    """The options a request of `url` is made with, hashable (two callers with other credentials never share)."""
+    return tuple(sorted((k, repr(v)) for k, v in options_for(protocol_of(url), options).items()))
 
 
 def _arrow_range(
     url: str, start: int, stop: int, options: StorageOptions | None, policy: RetryPolicy, size: int | None
-) -> bytes | None:
-    """A large S3 range through pyarrow (see `_arrow`); None: read it through fsspec (no pyarrow S3, sizes differ)."""
+) -> Any | None:
+    """A large S3 range through pyarrow (see `_arrow`), as the `pyarrow.Buffer` it filled; None: read it through
+    fsspec (no pyarrow S3, sizes differ)."""
     kwargs = arrow_s3_kwargs(options_for("s3", options))
     if kwargs is None:
         return None
     what = f"read of bytes {start}..{stop}"
     get = _timed(lambda: arrow_read(url, start, stop, kwargs, lambda: _STATS.add("head"), size), url)
     data = _retry(get, url, what, policy)
-    if data is None or len(data) != stop - start:
+    n = -1 if data is None else memoryview(data).nbytes
+    if n != stop - start:
         drop_handle(url)
         return None
     _STATS.add("get")
-    _STATS.add("get_bytes", len(data))
-    return bytes(data)
+    _STATS.add("get_bytes", n)
+    return data
 
 
 def open_ahead(
@@ -290,7 +325,11 @@ def open_ahead(
 
 
 class RangeFile(io.RawIOBase):
-    """A read-only, seekable file over one object: each read is a range GET of at least 256 KiB (buffered)."""
+    """A read-only, seekable file over one object: each read is a range GET of at least 256 KiB (buffered).
+
+    pyarrow reads it through `read_buffer` (zero-copy views of the range fetched); other readers (tarfile, the JSONL
+    scanner) through `read` / `readinto` (one copy).
+    """
 
     def __init__(
         self, url: str, size: int, options: StorageOptions | None = None, policy: RetryPolicy = DEFAULT_POLICY
@@ -302,7 +341,7 @@ class RangeFile(io.RawIOBase):
         self._options = options
         self._policy = policy
         self._pos = 0
-        self._buf = b""
+        self._buf: bytes | Any = b""  # the range last fetched: bytes, or a pyarrow.Buffer (see `_read_view`)
         self._buf_start = 0
 
     def readable(self) -> bool:
@@ -329,32 +368,45 @@ class RangeFile(io.RawIOBase):
         """
         start, stop = max(0, start), min(self._size, stop)
         if stop > start:
-            self._buf = read_range(self.url, start, stop, self._options, self._policy, self._size)
+            self._buf = _read_view(self.url, start, stop, self._options, self._policy, self._size)
             self._buf_start = start
 
     def release(self) -> None:
         """Let go of the bytes held (a preloaded span, or the last read's)."""
         self._buf, self._buf_start = b"", 0
 
+    def _view(self, size: int | None) -> memoryview:
+        """The next `size` bytes (all that is left for None or < 0) as a view of the range held, fetching a range
+        of at least 256 KiB from the position when they are not all held; the position moves past them."""
+        n = self._size - self._pos if size is None or size < 0 else min(size, self._size - self._pos)
+        if n <= 0:
+            return memoryview(b"")
+        lo = self._pos - self._buf_start
+        held = memoryview(self._buf)
+        if not (lo >= 0 and lo + n <= held.nbytes):
+            stop = min(self._size, self._pos + max(n, _MIN_READ))
+            self._buf = _read_view(self.url, self._pos, stop, self._options, self._policy, self._size)
+            self._buf_start, lo = self._pos, 0
+            held = memoryview(self._buf)
+        self._pos += n
+        return held.cast("B")[lo : lo + n]
+
+    def read_buffer(self, size: int | None = -1) -> memoryview:
+        """`read` without the copy: a view of the bytes fetched (pyarrow's Python-file reader uses it when present)."""
+        return self._view(size)
+
     def readinto(self, b: Any) -> int:
         view = memoryview(b).cast("B")
-        n = min(len(view), self._size - self._pos)
-        if n <= 0:
-            return 0
-        lo = self._pos - self._buf_start
-        if not (lo >= 0 and lo + n <= len(self._buf)):
-            stop = min(self._size, self._pos + max(n, _MIN_READ))
-            self._buf = read_range(self.url, self._pos, stop, self._options, self._policy, self._size)
-            self._buf_start, lo = self._pos, 0
-        view[:n] = self._buf[lo : lo + n]
-        self._pos += n
-        return n
+        got = self._view(len(view))
+        view[: got.nbytes] = got
+        return got.nbytes
 
     def read(self, size: int | None = -1) -> bytes:
-        n = self._size - self._pos if size is None or size < 0 else size
-        out = bytearray(max(0, min(n, self._size - self._pos)))
-        got = self.readinto(out) if out else 0
-        return bytes(out[:got])
+        got = self._view(size)
+        obj = got.obj
+        if isinstance(obj, bytes) and got.nbytes == len(obj):
+            return obj  # the whole range fetched, as fetched: no copy
+        return got.tobytes()
 
 
 def open_input(loc: Location, options: StorageOptions | None = None, size: int | None = None) -> BinaryIO:

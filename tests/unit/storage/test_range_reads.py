@@ -68,3 +68,58 @@ def test_pyarrow_reads_a_parquet_footer_and_row_groups_through_a_range_file() ->
         assert got[0] == list(range(700, 705))
     finally:
         fs.rm("/loomtest", recursive=True)
+
+
+def test_range_file_hands_out_views_of_the_range_fetched_and_bytes_to_read(
+    mem: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`read_buffer` (what pyarrow reads through) slices the range fetched without a copy, whether the GET gave
+    bytes or a pyarrow.Buffer (pyarrow's S3 client); `read` and `readinto` give the same bytes; a read past the
+    range held fetches the next one."""
+    from loomdata.storage import _fs
+
+    arrow = pa.py_buffer(_DATA)
+    monkeypatch.setattr(_fs, "_read_view", lambda _url, a, b, *_args, **_kw: arrow.slice(a, b - a))
+    f = RangeFile(mem, len(_DATA))
+    f.preload(1000, 400_000)
+    view = f.read_buffer(1000)  # before the span held: a fetch of its own from the position
+    assert bytes(view) == _DATA[:1000] and view.obj is f._buf
+    f.seek(5000)
+    view = f.read_buffer(3000)
+    assert bytes(view) == _DATA[5000:8000] and view.obj is f._buf  # the range fetched, not a copy
+    out = bytearray(10)
+    assert f.readinto(out) == 10 and bytes(out) == _DATA[8000:8010]
+    got = f.read(20)
+    assert type(got) is bytes and got == _DATA[8010:8030]
+    f.seek(len(_DATA) - 5)
+    assert f.read_buffer(100).tobytes() == _DATA[-5:] and f.read() == b"" and f.read_buffer().nbytes == 0
+    monkeypatch.undo()
+    g = RangeFile(mem, len(_DATA))
+    first = g.read(len(_DATA))
+    assert first == _DATA and first is g._buf  # the whole range fetched, as fetched (bytes): returned as is
+
+
+def test_pyarrow_decodes_a_coalesced_span_through_views_without_holding_it() -> None:
+    """Row groups decoded from a preloaded span arrive through `read_buffer` and do not point into the span (its
+    memory is freed at `release`, not held by the arrays the unit cache keeps)."""
+    fs = fsspec.filesystem("memory")
+    buf = io.BytesIO()
+    tokens = [np.arange(i, i + 50, dtype=np.int32) for i in range(2000)]
+    table = pa.table({"tokens": pa.array(tokens, pa.list_(pa.int32()))})
+    pq.write_table(table, buf, row_group_size=500, compression="none")
+    fs.pipe("/loomtest/t.parquet", buf.getvalue())
+    try:
+        url = "memory://loomtest/t.parquet"
+        f = RangeFile(url, identity(url).size)
+        md = pq.read_metadata(io.BytesIO(buf.getvalue()))
+        pf = pq.ParquetFile(f, metadata=md, pre_buffer=False)
+        f.preload(0, f.size())
+        span = memoryview(f._buf)
+        lo, hi = np.frombuffer(span, np.uint8).ctypes.data, np.frombuffer(span, np.uint8).ctypes.data + span.nbytes
+        col = pf.read_row_group(2, columns=["tokens"]).column(0).combine_chunks()
+        f.release()
+        assert col.to_pylist()[0] == list(range(1000, 1050))
+        addresses = [b.address for b in (*col.buffers(), *col.values.buffers()) if b is not None]
+        assert not any(lo <= a < hi for a in addresses)
+    finally:
+        fs.rm("/loomtest", recursive=True)

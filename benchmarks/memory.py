@@ -297,6 +297,8 @@ HEAVY_MODULES = (
     "loomdata.execution._loader",
     "loomdata.execution._constructor",
     "bokeh",
+    "cryptography",
+    "fsspec",
 )
 """Modules whose presence in a process says what it loaded that it may not need (reported per process)."""
 
@@ -474,10 +476,20 @@ def worker_inside() -> dict[str, Any]:
         "jemalloc_mib": _jemalloc_mib() if pa.default_memory_pool().backend_name == "jemalloc" else None,
         "glibc_heap_mib": _glibc_heap(),
         "threads": threading.active_count(),
+        "thread_names": _thread_names(),
         "open_parquet_files": sum(1 for o in gc.get_objects() if isinstance(o, pq.ParquetFile)),
         **{k: v for k, v in process_inside().items() if k in _INSIDE_EXTRA},
         "trim_now_returns_mib": _trim_now(roll["Anonymous"]),
     }
+
+
+def _thread_names() -> dict[str, int]:
+    """Python threads by name with trailing digits dropped (which pools a worker runs: each thread may own a
+    glibc arena)."""
+    import collections
+    import threading
+
+    return dict(collections.Counter(re.sub(r"[-_ ]?\d+$", "", t.name) for t in threading.enumerate()).most_common())
 
 
 def _trim_now(anon_before_mib: float) -> float | None:

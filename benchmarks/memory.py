@@ -416,6 +416,16 @@ def _tracemalloc_top(n: int = 25) -> list[str] | None:
     stats = snap.statistics("lineno")
     total = sum(s.size for s in stats)
     top = [f"{s.size / MIB:.2f} MiB {s.traceback[0].filename}:{s.traceback[0].lineno}" for s in stats[:n]]
+    if tracemalloc.get_traceback_limit() > 1:  # LOOM_BENCH_TRACE_WORKERS=N > 1: also by the newest loomdata frame
+        by: dict[str, int] = {}
+        for s in snap.statistics("traceback"):
+            ours = [f for f in s.traceback if "loomdata" in f.filename]
+            where = ours[-1] if ours else s.traceback[-1]
+            key = f"{where.filename}:{where.lineno}"
+            by[key] = by.get(key, 0) + s.size
+        top += ["by the newest loomdata frame:"] + [
+            f"{size / MIB:.2f} MiB {key}" for key, size in sorted(by.items(), key=lambda kv: -kv[1])[:n]
+        ]
     return [f"total {total / MIB:.1f} MiB", *top]
 
 
@@ -521,7 +531,7 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
     if os.environ.get("LOOM_BENCH_TRACE_WORKERS"):  # diagnosis: this process traces its Python allocations too
         import tracemalloc
 
-        tracemalloc.start()
+        tracemalloc.start(max(1, int(os.environ["LOOM_BENCH_TRACE_WORKERS"])))
     try:
         from loomdata.execution._arrow_pool import choose_before_import, serving_pool
     except ImportError:  # a tree from before session 12 (`PYTHONPATH=.../src`, for a before/after): it chose none
@@ -531,7 +541,7 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
     from loomdata.execution import Autoscaling, Executor, ServeConfig, open_cluster
 
     if os.environ.get("LOOM_BENCH_TRACE_WORKERS"):  # diagnosis: the workers trace Python allocations (tracemalloc_top)
-        os.environ["PYTHONTRACEMALLOC"] = "1"
+        os.environ["PYTHONTRACEMALLOC"] = str(max(1, int(os.environ["LOOM_BENCH_TRACE_WORKERS"])))
 
     with (
         open_cluster(n_workers=n_workers, local_directory=local_dir) as client,

@@ -146,9 +146,7 @@ def tls_apart(folder: Path) -> TlsFiles:
     process; the child, which imports no Dask, takes about 0.1-0.2 s). Only the file paths come back; the
     key never passes through this process's memory.
     """
-    import loomdata
-
-    package_root = str(Path(loomdata.__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder holding this `loomdata` package
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_root, *filter(None, [os.environ.get("PYTHONPATH")])])}
     try:
         subprocess.run(

@@ -120,7 +120,8 @@ def test_the_embedded_cluster_makes_its_credentials_without_loading_cryptography
         "        assert client.scheduler.address.startswith('tls://'), client.scheduler.address\n"
         f"        tls = Path({str(folder)!r}) / '.loom-tls'\n"
         "        assert stat.S_IMODE(os.stat(tls).st_mode) == 0o700\n"
-        "        assert all(stat.S_IMODE(os.stat(tls / f).st_mode) == 0o600 for f in ('ca.pem', 'cert.pem', 'key.pem'))\n"
+        "        names = ('ca.pem', 'cert.pem', 'key.pem')\n"
+        "        assert all(stat.S_IMODE(os.stat(tls / f).st_mode) == 0o600 for f in names)\n"
         "    assert 'cryptography' not in sys.modules, 'cryptography loaded in the serving process'\n"
     )
     script = tmp_path / "serve_once.py"
@@ -134,5 +135,5 @@ def test_credentials_made_apart_name_the_folder_when_it_cannot_be_written(tmp_pa
 
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(ExecutionError, match="TLS credentials in .*file/tls"):
+    with pytest.raises(ExecutionError, match=r"TLS credentials in .*file/tls"):
         tls_apart(blocker / "tls")

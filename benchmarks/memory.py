@@ -297,6 +297,8 @@ HEAVY_MODULES = (
     "loomdata.execution._loader",
     "loomdata.execution._constructor",
     "bokeh",
+    "cryptography",
+    "fsspec",
 )
 """Modules whose presence in a process says what it loaded that it may not need (reported per process)."""
 
@@ -414,6 +416,16 @@ def _tracemalloc_top(n: int = 25) -> list[str] | None:
     stats = snap.statistics("lineno")
     total = sum(s.size for s in stats)
     top = [f"{s.size / MIB:.2f} MiB {s.traceback[0].filename}:{s.traceback[0].lineno}" for s in stats[:n]]
+    if tracemalloc.get_traceback_limit() > 1:  # LOOM_BENCH_TRACE_WORKERS=N > 1: also by the newest loomdata frame
+        by: dict[str, int] = {}
+        for s in snap.statistics("traceback"):
+            ours = [f for f in s.traceback if "loomdata" in f.filename]
+            where = ours[-1] if ours else s.traceback[-1]
+            key = f"{where.filename}:{where.lineno}"
+            by[key] = by.get(key, 0) + s.size
+        top += ["by the newest loomdata frame:"] + [
+            f"{size / MIB:.2f} MiB {key}" for key, size in sorted(by.items(), key=lambda kv: -kv[1])[:n]
+        ]
     return [f"total {total / MIB:.1f} MiB", *top]
 
 
@@ -474,10 +486,20 @@ def worker_inside() -> dict[str, Any]:
         "jemalloc_mib": _jemalloc_mib() if pa.default_memory_pool().backend_name == "jemalloc" else None,
         "glibc_heap_mib": _glibc_heap(),
         "threads": threading.active_count(),
+        "thread_names": _thread_names(),
         "open_parquet_files": sum(1 for o in gc.get_objects() if isinstance(o, pq.ParquetFile)),
         **{k: v for k, v in process_inside().items() if k in _INSIDE_EXTRA},
         "trim_now_returns_mib": _trim_now(roll["Anonymous"]),
     }
+
+
+def _thread_names() -> dict[str, int]:
+    """Python threads by name with trailing digits dropped (which pools a worker runs: each thread may own a
+    glibc arena)."""
+    import collections
+    import threading
+
+    return dict(collections.Counter(re.sub(r"[-_ ]?\d+$", "", t.name) for t in threading.enumerate()).most_common())
 
 
 def _trim_now(anon_before_mib: float) -> float | None:
@@ -509,7 +531,7 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
     if os.environ.get("LOOM_BENCH_TRACE_WORKERS"):  # diagnosis: this process traces its Python allocations too
         import tracemalloc
 
-        tracemalloc.start()
+        tracemalloc.start(max(1, int(os.environ["LOOM_BENCH_TRACE_WORKERS"])))
     try:
         from loomdata.execution._arrow_pool import choose_before_import, serving_pool
     except ImportError:  # a tree from before session 12 (`PYTHONPATH=.../src`, for a before/after): it chose none
@@ -519,7 +541,7 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
     from loomdata.execution import Autoscaling, Executor, ServeConfig, open_cluster
 
     if os.environ.get("LOOM_BENCH_TRACE_WORKERS"):  # diagnosis: the workers trace Python allocations (tracemalloc_top)
-        os.environ["PYTHONTRACEMALLOC"] = "1"
+        os.environ["PYTHONTRACEMALLOC"] = str(max(1, int(os.environ["LOOM_BENCH_TRACE_WORKERS"])))
 
     with (
         open_cluster(n_workers=n_workers, local_directory=local_dir) as client,

@@ -8,6 +8,8 @@ own credentials (`--tls-*` or LOOM_TLS_*). Plain TCP only with `insecure`, which
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -21,7 +23,7 @@ from distributed.security import Security
 from loomdata.execution._arrow_pool import WORKER_ARROW_POOL, jemalloc_conf_env, user_pool
 from loomdata.execution._config import DEFAULT_WORKERS, Timings
 from loomdata.execution._dask_client import new_client
-from loomdata.execution._security import TLS_DIR, TlsFiles, embedded_tls, security_of
+from loomdata.execution._security import TLS_DIR, TlsFiles, security_of
 from loomdata.schemas.errors import ExecutionError
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "connect",
     "embedded_worker_config",
     "open_cluster",
+    "tls_apart",
     "worker_env",
 ]
 
@@ -99,7 +102,7 @@ def open_cluster(
         security = None
         if not insecure:
             folder = Path(tls_dir) if tls_dir is not None else Path(local_directory) / TLS_DIR
-            security = security_of(tls or embedded_tls(folder))
+            security = security_of(tls or tls_apart(folder))
         in_process = n_workers == IN_PROCESS
         if in_process:
             _use_worker_pool_here()
@@ -124,6 +127,48 @@ def open_cluster(
         if dashboard:
             print(f"loomdata: Dask dashboard at {client.dashboard_link}", file=sys.stderr, flush=True)
         yield client
+
+
+_MAKE_TLS = (
+    "import pathlib, sys\n"
+    "from loomdata.execution._security import embedded_tls\n"
+    "embedded_tls(pathlib.Path(sys.argv[1]))\n"
+)
+TLS_CHILD_TIMEOUT_S = 60.0
+"""The most seconds the child interpreter that makes an embedded cluster's credentials may take."""
+
+
+def tls_apart(folder: Path) -> TlsFiles:
+    """`_security.embedded_tls(folder)` run in a short-lived child interpreter: the same files in `folder`.
+
+    Making certificates imports `cryptography` (and its OpenSSL bindings): 3.0 MiB of anonymous memory that
+    the serving process would keep for its whole run to use once at start (benchmarks/memory.py's serving
+    process; the child, which imports no Dask, takes about 0.1-0.2 s). Only the file paths come back; the
+    key never passes through this process's memory.
+    """
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder holding this `loomdata` package
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    try:
+        subprocess.run(
+            [sys.executable, "-c", _MAKE_TLS, str(folder)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=TLS_CHILD_TIMEOUT_S,
+        )
+    except subprocess.CalledProcessError as e:
+        lines = (e.stderr or "").strip().splitlines()
+        raise ExecutionError(
+            f"making the embedded cluster's TLS credentials in {folder} failed: {lines[-1] if lines else e}; "
+            "check that the folder is writable, or pass your own with --tls-ca-file, --tls-cert and --tls-key"
+        ) from None
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ExecutionError(
+            f"could not run a Python interpreter ({sys.executable}) to make the embedded cluster's TLS "
+            f"credentials in {folder}: {e}"
+        ) from None
+    return TlsFiles(*(str(folder / name) for name in ("ca.pem", "cert.pem", "key.pem")))
 
 
 IN_PROCESS = 0

@@ -17,12 +17,13 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from distributed.security import Security
+from typing import TYPE_CHECKING, Any
 
 from loomdata.execution.protocol import TlsInfo
 from loomdata.schemas.errors import ExecutionError
+
+if TYPE_CHECKING:  # imported where used: a child interpreter making certificates loads no Dask (`_cluster`)
+    from distributed.security import Security
 
 __all__ = [
     "EMBEDDED_DAYS",
@@ -75,6 +76,8 @@ class CertFiles:
 
 def security_of(files: TlsFiles) -> Security:
     """A `distributed.Security` with TLS required, the same credentials for every role."""
+    from distributed.security import Security
+
     return Security(
         require_encryption=True,
         tls_ca_file=files.ca_file,

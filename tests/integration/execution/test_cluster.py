@@ -100,3 +100,40 @@ def test_the_in_process_layout_serves_every_rank_exactly_over_tls(
             with StreamClient(stream_plan, r) as stream:
                 got[r] = list(stream)
     loomtest.check_exact(stream_plan, got)
+
+
+def test_the_embedded_cluster_makes_its_credentials_without_loading_cryptography_here(tmp_path: Path) -> None:
+    """The serving process never imports `cryptography` (3 MiB it would keep for a use at start): a child interpreter
+    makes the credentials, private files in the TLS folder, and the cluster runs over TLS with them. Checked in a
+    fresh interpreter (this test process may have loaded it already)."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "dask"
+    code = (
+        "import os, stat, sys\n"
+        "from pathlib import Path\n"
+        "from loomdata.execution import open_cluster\n"
+        "if __name__ == '__main__':\n"
+        f"    with open_cluster(n_workers=1, local_directory={str(folder)!r}) as client:\n"
+        "        assert client.submit(sum, [1, 2]).result() == 3\n"
+        "        assert client.scheduler.address.startswith('tls://'), client.scheduler.address\n"
+        f"        tls = Path({str(folder)!r}) / '.loom-tls'\n"
+        "        assert stat.S_IMODE(os.stat(tls).st_mode) == 0o700\n"
+        "        names = ('ca.pem', 'cert.pem', 'key.pem')\n"
+        "        assert all(stat.S_IMODE(os.stat(tls / f).st_mode) == 0o600 for f in names)\n"
+        "    assert 'cryptography' not in sys.modules, 'cryptography loaded in the serving process'\n"
+    )
+    script = tmp_path / "serve_once.py"
+    script.write_text(code)
+    subprocess.run([sys.executable, str(script)], check=True, timeout=180)
+
+
+def test_credentials_made_apart_name_the_folder_when_it_cannot_be_written(tmp_path: Path) -> None:
+    from loomdata.execution._cluster import tls_apart
+    from loomdata.schemas.errors import ExecutionError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ExecutionError, match=r"TLS credentials in .*file/tls"):
+        tls_apart(blocker / "tls")

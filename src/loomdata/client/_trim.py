@@ -1,0 +1,58 @@
+"""A training rank gives its C heap's freed pages back now and then (glibc `malloc_trim`), on its own thread.
+
+Importing the client and opening its connection leave about 0.9 MiB freed but resident at the top of glibc's
+heap (importlib reads each module's bytecode into buffers it frees; an idle torch process has 0.04 MiB to give
+back), and frames received and freed while batches are consumed leave more between live objects. glibc
+returns pages only at a heap's top unless asked. At 16 ranks each such MiB is 16 of the job's memory
+(`benchmarks/memory.py` counts each rank's private memory above an idle torch process). `malloc_trim(0)` on a
+rank's heap takes 0.02-2 ms; `maybe_trim` runs it at most every `TRIM_EVERY_S` (0.01-0.1% of a consumer's
+time), synchronously: a rank starts no thread for it. Elsewhere than glibc it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Callable
+
+__all__ = ["TRIM_EVERY_S", "RankTrim"]
+
+TRIM_EVERY_S = 2.0
+"""The shortest time between two trims of one rank's heap."""
+
+
+def _load_trim() -> Callable[[int], int] | None:
+    try:
+        fn = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    trim: Callable[[int], int] = fn
+    return trim
+
+
+class RankTrim:
+    """Throttled `malloc_trim(0)` for one client: the first call trims, later ones once `every_s` passed."""
+
+    _trim: Callable[[int], int] | None = None
+    _loaded = False
+
+    def __init__(self, every_s: float = TRIM_EVERY_S) -> None:
+        self.every_s = every_s
+        self.last = -float("inf")
+        self.trims = 0
+
+    def maybe_trim(self, now: float | None = None) -> bool:
+        """Trim if `every_s` passed since this client's last trim; whether it did."""
+        t = time.monotonic() if now is None else now
+        if t - self.last < self.every_s:
+            return False
+        if not RankTrim._loaded:
+            RankTrim._trim, RankTrim._loaded = _load_trim(), True
+        self.last = t
+        if RankTrim._trim is None:
+            return False
+        RankTrim._trim(0)
+        self.trims += 1
+        return True

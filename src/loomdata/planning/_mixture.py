@@ -35,10 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._mixture_kernel import held_rows, held_targets, nearest_run, repair_rows
+from loomdata.planning._mixture_kernel import held_membership, held_rows, held_targets, nearest_run, repair_rows
 from loomdata.planning._packing import Lanes, expand_with_lengths
 from loomdata.planning._permute import uniform_permutation
-from loomdata.planning._pointers import PointerChunk, Pointers, compress_rows
+from loomdata.planning._pointers import PointerChunk, Pointers, chunk_of_changes, compress_rows
 from loomdata.planning._shuffle import BlockLayout
 from loomdata.planning._transpose_kernel import transpose_into, transposed
 from loomdata.schemas.errors import PlanError
@@ -446,8 +446,30 @@ def membership(
     near_before = np.zeros(n_src, dtype=dtype)  # the nearest row before the block (row 0: zeros)
     before: np.ndarray | None = None  # the targets of the step before the block
     chunks: list[PointerChunk] = []
+    held = _held_from(tg, streams)
+    cums = None
     for b0 in range(0, steps, rows):
         b1 = min(steps, b0 + rows)
+        if b0 >= held and isinstance(tg, CumulativeTargets):  # the held pass: no (steps x sources) block
+            cums = _typed_list([s.cum for s in streams]) if cums is None else cums
+            acc = np.zeros(n_src) if before is None else before
+            cur = prev.astype(np.int64)
+            base = prev.copy()
+            e_step, e_src, e_val = held_membership(
+                cums,
+                tg.weights.last,
+                np.ascontiguousarray(tg.budget[b0:b1], dtype=np.int64),
+                acc,
+                state,
+                cur,
+                np.ascontiguousarray(slot_arr[b0:b1]),
+                lanes.seq_len,
+            )
+            before = acc
+            chunks.append(chunk_of_changes(base, b1 - b0, b0, e_step, e_src, e_val))
+            prev = cur.astype(dtype)
+            near_before = state[:, 1].astype(dtype)
+            continue
         tg_rows, by_source = tg.rows_and_columns(b0, b1, before)  # (b1 - b0, sources), and as (sources, b1 - b0)
         before = tg_rows[-1].copy()
         near = _nearest_rows(streams, by_source, state, near_before, dtype)  # rows b0..b1 (row 0: near_before)
@@ -459,6 +481,24 @@ def membership(
     if not chunks:
         chunks.append(compress_rows(np.zeros((1, n_src), dtype=dtype), 0))
     return Pointers(chunks, steps)
+
+
+def _held_from(tg: CumulativeTargets | _GridTargets, streams: Sequence[Stream]) -> int:
+    """The first step membership may work out by the held pass (_mixture_kernel.held_membership): where the
+    weights are all the held last row, for sources without a long lane (no step where there is one)."""
+    if not isinstance(tg, CumulativeTargets) or any(s.cum_short is not None or s.cum_long is not None for s in streams):
+        return np.iinfo(np.int64).max
+    return max(tg.weights.held - tg.weights.first, 0)
+
+
+def _typed_list(arrays: list[np.ndarray]) -> object:
+    """The arrays as a numba typed List (a compiled kernel's list argument; int64 1-d, contiguous)."""
+    from numba.typed import List
+
+    out = List()
+    for a in arrays:
+        out.append(np.ascontiguousarray(a, dtype=np.int64))
+    return out
 
 
 def _nearest_rows(

@@ -18,7 +18,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["held_rows", "held_targets", "nearest_column", "nearest_run", "repair_rows"]
+__all__ = ["held_membership", "held_rows", "held_targets", "nearest_column", "nearest_run", "repair_rows"]
 
 
 @njit
@@ -134,3 +134,111 @@ def held_rows(last: np.ndarray, budget: np.ndarray, acc: np.ndarray, rows: np.nd
             acc[k] = v
             rows[t, k] = v
             cols[k, t] = v
+
+
+@njit
+def held_membership(
+    cums: list[np.ndarray],
+    last: np.ndarray,
+    budget: np.ndarray,
+    acc: np.ndarray,
+    state: np.ndarray,
+    cur: np.ndarray,
+    slots: np.ndarray,
+    seq_len: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Membership of a run of steps whose weights are all the held row `last`, in one pass without a (steps x
+    sources) block: each step's targets (held_rows' floats), each source's nearest pointer (nearest_run's search,
+    carried on in `state`), the sum over the sources that draw (nearest pointer past the repaired one, `cur`)
+    and repair_rows' deferrals where the step overflows its slots: the same pointers bit for bit. Sources with no
+    long lane only (cums[k]: source k's cumulative tokens, which are its short-lane tokens too).
+
+    `acc`, `state` and `cur` (the repaired row before the run) are updated to the run's last step. Returns the
+    run's changes in step order: (local step, source, repaired pointer after the step) of each (step, source)
+    whose pointer moved, what compress_rows would find in the dense rows."""
+    n_src = len(acc)
+    r = len(budget)
+    cap = max(1024, 4 * r)
+    e_step = np.empty(cap, dtype=np.int32)
+    e_src = np.empty(cap, dtype=np.int32)
+    e_val = np.empty(cap, dtype=np.int64)
+    m = 0
+    active = np.empty(n_src, dtype=np.int64)
+    rr = np.empty(n_src, dtype=np.int64)
+    ahead = np.empty(n_src)
+    for t in range(r):
+        b = np.float64(budget[t])
+        na = 0
+        for k in range(n_src):
+            xt = acc[k] + last[k] * b
+            acc[k] = xt
+            cum = cums[k]
+            n = len(cum)
+            j = state[k, 0]
+            needle = np.int64(np.ceil(xt))
+            if j > 0 and cum[j - 1] >= needle:  # (targets do not decrease here: kept as nearest_run has it)
+                lo, hi = 0, j
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if cum[mid] < needle:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                j = lo
+            else:
+                while j < n and cum[j] < needle:
+                    j += 1
+            state[k, 0] = j
+            at = min(j, n - 1)
+            lower = max(at - 1, 0)
+            pick = lower if at > 0 and (xt - cum[lower]) <= (cum[at] - xt) else at
+            best = max(state[k, 1], pick)
+            state[k, 1] = best
+            if best > cur[k]:
+                active[na] = k
+                na += 1
+        short = 0
+        for i in range(na):
+            k = active[i]
+            cum = cums[k]
+            short += cum[state[k, 1]] - cum[cur[k]]
+        sl = slots[t]
+        for i in range(na):
+            rr[i] = state[active[i], 1]
+        if short > sl * seq_len:  # repair_rows' deferrals, over the sources that draw (the others are -inf there)
+            for i in range(na):
+                k = active[i]
+                ahead[i] = cums[k][rr[i]] - acc[k]
+            while True:
+                bi = 0
+                for i in range(1, na):  # np.argmax: the first of the largest, sources in order
+                    if ahead[i] > ahead[bi]:
+                        bi = i
+                k = active[bi]
+                cum = cums[k]
+                at = rr[bi]
+                short -= cum[at] - cum[at - 1]
+                rr[bi] = at - 1
+                ahead[bi] = cum[at - 1] - acc[k] if at - 1 > cur[k] else -np.inf
+                if short <= sl * seq_len:
+                    break
+        if m + na > cap:
+            cap = max(2 * cap, m + na)
+            s2 = np.empty(cap, dtype=np.int32)
+            s2[:m] = e_step[:m]
+            e_step = s2
+            k2 = np.empty(cap, dtype=np.int32)
+            k2[:m] = e_src[:m]
+            e_src = k2
+            v2 = np.empty(cap, dtype=np.int64)
+            v2[:m] = e_val[:m]
+            e_val = v2
+        for i in range(na):
+            k = active[i]
+            if rr[i] != cur[k]:
+                e_step[m] = t
+                e_src[m] = k
+                e_val[m] = rr[i]
+                m += 1
+                cur[k] = rr[i]
+    return e_step[:m], e_src[:m], e_val[:m]

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from loomdata.planning._mixture_kernel import changes_by_source
 from loomdata.planning._pointers_kernel import (
     column_into,
     count_changes,
@@ -99,12 +100,17 @@ def chunk_of_changes(
     counts = np.bincount(src, minlength=n_src) if len(src) else np.zeros(n_src, dtype=np.int64)
     indptr = np.zeros(n_src + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
-    order = np.argsort(src, kind="stable")  # by source, step order kept within one
-    rel = end[order] - base.astype(np.int64)[src[order]]
+    steps, rel = changes_by_source(step, src, end, base.astype(np.int64), indptr)
     most = int(rel.max()) if len(rel) else 0
     low = int(rel.min()) if len(rel) else 0
-    steps = step[order].astype(np.uint16 if rows <= _SHORT_STEPS else np.int32)
-    return PointerChunk(first, rows, base, indptr, steps, rel.astype(_offset_dtype(min(low, 0), most)))
+    return PointerChunk(
+        first,
+        rows,
+        base,
+        indptr,
+        steps.astype(np.uint16 if rows <= _SHORT_STEPS else np.int32),
+        rel.astype(_offset_dtype(min(low, 0), most)),
+    )
 
 
 def _offset_dtype(low: int, most: int) -> type[np.uint16] | type[np.uint32] | type[np.int64]:

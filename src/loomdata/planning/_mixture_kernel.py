@@ -18,7 +18,15 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["changes_by_source", "held_membership", "held_rows", "held_targets", "nearest_column", "nearest_run", "repair_rows"]
+__all__ = [
+    "changes_by_source",
+    "held_membership",
+    "held_rows",
+    "held_targets",
+    "nearest_column",
+    "nearest_run",
+    "repair_rows",
+]
 
 
 @njit

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tests.unit.planning.test_membership_repair import _case, _reference
 
 from loomdata.planning import _mixture
 from loomdata.planning._mixture import CumulativeTargets, StepWeights, membership
 from loomdata.planning._packing import Lanes
-from tests.unit.planning.test_membership_repair import _case, _reference
 
 
 def _weights(w: np.ndarray, steps: int, milestone: int | None) -> StepWeights:

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._mixture_kernel import held_rows, held_targets, nearest_run, repair_rows
+from loomdata.planning._mixture_kernel import held_membership, held_rows, held_targets, nearest_run, repair_rows
 from loomdata.planning._packing import Lanes, expand_with_lengths
 from loomdata.planning._permute import uniform_permutation
-from loomdata.planning._pointers import PointerChunk, Pointers, compress_rows
+from loomdata.planning._pointers import PointerChunk, Pointers, chunk_of_changes, compress_rows
 from loomdata.planning._shuffle import BlockLayout
 from loomdata.planning._transpose_kernel import transpose_into, transposed
 from loomdata.schemas.errors import PlanError
@@ -446,7 +446,31 @@ def membership(
     near_before = np.zeros(n_src, dtype=dtype)  # the nearest row before the block (row 0: zeros)
     before: np.ndarray | None = None  # the targets of the step before the block
     chunks: list[PointerChunk] = []
-    for b0 in range(0, steps, rows):
+    held = _held_from(tg, streams)
+    b0 = 0
+    while b0 < steps:
+        b1 = min(steps, b0 + (rows * HELD_CHUNKS if b0 >= held else rows))
+        windows = _held_windows(tg, streams, b0, b1, before, state, prev) if b0 >= held else None
+        if windows is not None and isinstance(tg, CumulativeTargets):  # the held pass: no (steps x sources) block
+            acc = np.zeros(n_src) if before is None else before
+            cur = prev.astype(np.int64)
+            e_step, e_src, e_val = held_membership(
+                windows,
+                tg.weights.last,
+                np.ascontiguousarray(tg.budget[b0:b1], dtype=np.int64),
+                acc,
+                state,
+                cur,
+                np.ascontiguousarray(slot_arr[b0:b1]),
+                lanes.seq_len,
+            )
+            del windows
+            before = acc
+            chunks.append(chunk_of_changes(prev.copy(), b1 - b0, b0, e_step, e_src, e_val))
+            prev = cur.astype(dtype)
+            near_before = state[:, 1].astype(dtype)
+            b0 = b1
+            continue
         b1 = min(steps, b0 + rows)
         tg_rows, by_source = tg.rows_and_columns(b0, b1, before)  # (b1 - b0, sources), and as (sources, b1 - b0)
         before = tg_rows[-1].copy()
@@ -456,9 +480,55 @@ def membership(
         chunks.extend(_repair(near, b0, prev, tg_rows, streams, lanes, slot_arr))
         prev = chunks[-1].row(chunks[-1].rows)
         del near, tg_rows
+        b0 = b1
     if not chunks:
         chunks.append(compress_rows(np.zeros((1, n_src), dtype=dtype), 0))
     return Pointers(chunks, steps)
+
+
+def _held_from(tg: CumulativeTargets | _GridTargets, streams: Sequence[Stream]) -> int:
+    """The first step membership may work out by the held pass (_mixture_kernel.held_membership): where the
+    weights are all the held last row, for sources without a long lane (no step where there is one)."""
+    if not isinstance(tg, CumulativeTargets) or any(s.cum_short is not None or s.cum_long is not None for s in streams):
+        return np.iinfo(np.int64).max
+    return max(tg.weights.held - tg.weights.first, 0)
+
+
+def _held_windows(
+    tg: CumulativeTargets | _GridTargets,
+    streams: Sequence[Stream],
+    b0: int,
+    b1: int,
+    before: np.ndarray | None,
+    state: np.ndarray,
+    prev: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The windows of the sources' cumulative tokens that the held pass over steps b0..b1-1 reads, laid end to end
+    (held_membership's `windows`): from the repaired pointer before the run (or the nearest search's last answer
+    less one, if lower) through where the search ends at the run's last targets (held_targets' floats; targets
+    do not decrease). None where they would hold more than REPAIR_WINDOW counts (the chunked pass then, whose
+    repair windows are bounded so): a copy, except for one source (its stream's counts themselves)."""
+    if not isinstance(tg, CumulativeTargets):
+        return None
+    n_src = len(streams)
+    end = np.zeros(n_src) if before is None else np.array(before, dtype=np.float64)
+    held_targets(tg.weights.last, np.ascontiguousarray(tg.budget[b0:b1], dtype=np.int64), end)
+    needle = np.ceil(end).astype(np.int64)
+    lo = np.minimum(prev.astype(np.int64), np.maximum(state[:, 0] - 1, 0))
+    n = np.array([len(s.cum) for s in streams], dtype=np.int64)
+    hi = np.empty(n_src, dtype=np.int64)
+    for k, s in enumerate(streams):
+        hi[k] = min(max(int(state[k, 0]), int(np.searchsorted(s.cum, needle[k], side="left"))), n[k] - 1) + 1
+    off = np.zeros(n_src + 1, dtype=np.int64)
+    np.cumsum(hi - lo, out=off[1:])
+    if n_src == 1:
+        return streams[0].cum, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), n
+    if int(off[-1]) > REPAIR_WINDOW:
+        return None
+    cw = np.empty(int(off[-1]), dtype=np.int64)
+    for k, s in enumerate(streams):
+        cw[off[k] : off[k + 1]] = s.cum[lo[k] : hi[k]]
+    return cw, off[:-1].copy(), lo, n
 
 
 def _nearest_rows(
@@ -491,6 +561,8 @@ def _laid_end_to_end(windows: list[np.ndarray]) -> np.ndarray:
 
 REPAIR_CHUNK_CELLS = 1 << 20
 """(steps x sources) cells repaired at once (bounds the windows of the streams' counts gathered for them)."""
+HELD_CHUNKS = 4
+"""The held pass works out this many chunks of REPAIR_CHUNK_CELLS cells at once (it keeps no block of them)."""
 REPAIR_WINDOW = 1 << 22
 """Most segments of several sources' counts laid end to end for one chunk of the repair (8 bytes each a count)."""
 

@@ -18,7 +18,15 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["held_rows", "held_targets", "nearest_column", "nearest_run", "repair_rows"]
+__all__ = [
+    "changes_by_source",
+    "held_membership",
+    "held_rows",
+    "held_targets",
+    "nearest_column",
+    "nearest_run",
+    "repair_rows",
+]
 
 
 @njit
@@ -134,3 +142,162 @@ def held_rows(last: np.ndarray, budget: np.ndarray, acc: np.ndarray, rows: np.nd
             acc[k] = v
             rows[t, k] = v
             cols[k, t] = v
+
+
+@njit
+def _near_at(cw: np.ndarray, sh: int, n: int, j: int, xt: float) -> tuple[int, int, float]:
+    """nearest_run's step for one source at target xt, its search at j (cw[sh + i] is its cum[i]): the search's
+    new answer, the nearest prefix, and the smallest target above which the answer or the prefix may next change
+    (the pick is re-worked out only there: both are monotone in the target)."""
+    needle = np.int64(np.ceil(xt))
+    if j > 0 and cw[sh + j - 1] >= needle:  # (targets do not decrease here: kept as nearest_run has it)
+        lo, hi = 0, j
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if cw[sh + mid] < needle:
+                lo = mid + 1
+            else:
+                hi = mid
+        j = lo
+    else:
+        while j < n and cw[sh + j] < needle:
+            j += 1
+    at = min(j, n - 1)
+    lower = max(at - 1, 0)
+    a = cw[sh + lower]
+    c = cw[sh + at]
+    nxt = np.inf if j >= n else np.float64(c) - 1.0  # ceil(x) > c only for x > c: re-checked a token early
+    if at > 0 and (xt - a) <= (c - xt):
+        # lower until x passes the midpoint; re-checked well before it (rounding of x - a and c - x is far
+        # below a token at any count a float64 holds exactly)
+        mid_x = 0.5 * (np.float64(a) + np.float64(c)) - 1.0 - 1e-9 * np.float64(c)
+        return j, lower, min(nxt, mid_x)
+    return j, at, nxt
+
+
+@njit
+def held_membership(
+    windows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    last: np.ndarray,
+    budget: np.ndarray,
+    acc: np.ndarray,
+    state: np.ndarray,
+    cur: np.ndarray,
+    slots: np.ndarray,
+    seq_len: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Membership of a run of steps whose weights are all the held row `last`, in one pass without a (steps x
+    sources) block: each step's targets (held_rows' floats), each source's nearest pointer (nearest_run's search,
+    carried on in `state`, re-worked out only where the target passes a point where it may change), the sum over
+    the sources that draw (nearest pointer past the repaired one, `cur`) and repair_rows' deferrals where the step
+    overflows its slots: the same pointers bit for bit. Sources with no long lane only (their cumulative tokens
+    are their short-lane tokens).
+
+    `windows`: (cw, off, lo, n): the run's window of every source's cumulative tokens laid end to end (source k's
+    stream position lo[k] at cw[off[k]]; n[k] its whole stream's length), reaching every position the run reads.
+    `acc`, `state` and `cur` (the repaired row before the run) are updated to the run's last step. Returns the
+    run's changes in step order: (local step, source, repaired pointer after the step) of each (step, source)
+    whose pointer moved, what compress_rows would find in the dense rows."""
+    cw, off, wlo, n_of = windows
+    n_src = len(acc)
+    r = len(budget)
+    cap = max(1024, 4 * r)
+    e_step = np.empty(cap, dtype=np.int32)
+    e_src = np.empty(cap, dtype=np.int32)
+    e_val = np.empty(cap, dtype=np.int64)
+    m = 0
+    shift = off - wlo  # cw[shift[k] + j] is source k's cum[j]
+    nxt = np.full(n_src, -np.inf)  # each source's next target to re-work out its pick at (-inf: at once)
+    is_on = np.zeros(n_src, dtype=np.bool_)
+    active = np.empty(n_src, dtype=np.int64)  # sources whose nearest pointer is past the repaired one
+    na = 0
+    for k in range(n_src):
+        if state[k, 1] > cur[k]:
+            is_on[k] = True
+            active[na] = k
+            na += 1
+    rr = np.empty(n_src, dtype=np.int64)
+    ahead = np.empty(n_src)
+    for t in range(r):
+        b = np.float64(budget[t])
+        for k in range(n_src):
+            xt = acc[k] + last[k] * b
+            acc[k] = xt
+            if xt > nxt[k]:
+                j, pick, nx = _near_at(cw, shift[k], n_of[k], state[k, 0], xt)
+                state[k, 0] = j
+                nxt[k] = nx
+                if pick > state[k, 1]:
+                    state[k, 1] = pick
+                    if not is_on[k] and pick > cur[k]:
+                        is_on[k] = True
+                        active[na] = k
+                        na += 1
+        short = 0
+        for i in range(na):
+            k = active[i]
+            rr[i] = state[k, 1]
+            short += cw[shift[k] + rr[i]] - cw[shift[k] + cur[k]]
+        sl = slots[t]
+        if short > sl * seq_len:  # repair_rows' deferrals, over the sources that draw (the others are -inf there)
+            for i in range(na):
+                k = active[i]
+                ahead[i] = cw[shift[k] + rr[i]] - acc[k]
+            while True:
+                bi = 0
+                for i in range(1, na):  # np.argmax over the sources: the largest, the first source on ties
+                    if ahead[i] > ahead[bi] or (ahead[i] == ahead[bi] and active[i] < active[bi]):
+                        bi = i
+                k = active[bi]
+                at = shift[k] + rr[bi]
+                short -= cw[at] - cw[at - 1]
+                rr[bi] -= 1
+                ahead[bi] = cw[at - 1] - acc[k] if rr[bi] > cur[k] else -np.inf
+                if short <= sl * seq_len:
+                    break
+        if m + na > cap:
+            cap = max(2 * cap, m + na)
+            s2 = np.empty(cap, dtype=np.int32)
+            s2[:m] = e_step[:m]
+            e_step = s2
+            k2 = np.empty(cap, dtype=np.int32)
+            k2[:m] = e_src[:m]
+            e_src = k2
+            v2 = np.empty(cap, dtype=np.int64)
+            v2[:m] = e_val[:m]
+            e_val = v2
+        keep = 0
+        for i in range(na):
+            k = active[i]
+            if rr[i] != cur[k]:
+                e_step[m] = t
+                e_src[m] = k
+                e_val[m] = rr[i]
+                m += 1
+                cur[k] = rr[i]
+            if state[k, 1] > cur[k]:  # deferred: still draws next step
+                active[keep] = k
+                keep += 1
+            else:
+                is_on[k] = False
+        na = keep
+    return e_step[:m], e_src[:m], e_val[:m]
+
+
+@njit
+def changes_by_source(
+    step: np.ndarray, src: np.ndarray, val: np.ndarray, base: np.ndarray, indptr: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """A chunk's changes (local step, source, pointer after: in step order) laid out by source, step order kept
+    within one, as (steps, pointers less base[source]); indptr: where each source's entries start (counted)."""
+    m = len(step)
+    out_step = np.empty(m, dtype=np.int64)
+    out_end = np.empty(m, dtype=np.int64)
+    cursor = indptr[:-1].copy()
+    for i in range(m):
+        k = src[i]
+        c = cursor[k]
+        out_step[c] = step[i]
+        out_end[c] = val[i] - base[k]
+        cursor[k] = c + 1
+    return out_step, out_end

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from loomdata.planning._mixture_kernel import changes_by_source
 from loomdata.planning._pointers_kernel import (
     column_into,
     count_changes,
@@ -33,7 +34,7 @@ from loomdata.planning._pointers_kernel import (
     totals_into,
 )
 
-__all__ = ["CHUNK_ROW_CELLS", "PointerChunk", "Pointers", "ReleasedPointers", "compress_rows"]
+__all__ = ["CHUNK_ROW_CELLS", "PointerChunk", "Pointers", "ReleasedPointers", "chunk_of_changes", "compress_rows"]
 
 CHUNK_ROW_CELLS = 1 << 20
 """(steps x sources) cells of a chunk when a dense table is compressed (`Pointers.from_dense`)."""
@@ -87,6 +88,29 @@ def compress_rows(rows: np.ndarray, first: int, dtype: np.dtype | type | None = 
     end = np.empty(nnz, dtype=_offset_dtype(low, most))
     fill_changes(rows, indptr, step, end)
     return PointerChunk(first, r, rows[0].astype(dt), indptr, step, end)
+
+
+def chunk_of_changes(
+    base: np.ndarray, rows: int, first: int, step: np.ndarray, src: np.ndarray, end: np.ndarray
+) -> PointerChunk:
+    """The chunk of `rows` steps from `first` given its row before them (`base`) and its changes in step order
+    (local step, source, pointer after the step: each (step, source) whose pointer moved, as membership's
+    held pass finds them): the same entries as compress_rows of the dense rows, without the dense rows."""
+    n_src = len(base)
+    counts = np.bincount(src, minlength=n_src) if len(src) else np.zeros(n_src, dtype=np.int64)
+    indptr = np.zeros(n_src + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    steps, rel = changes_by_source(step, src, end, base.astype(np.int64), indptr)
+    most = int(rel.max()) if len(rel) else 0
+    low = int(rel.min()) if len(rel) else 0
+    return PointerChunk(
+        first,
+        rows,
+        base,
+        indptr,
+        steps.astype(np.uint16 if rows <= _SHORT_STEPS else np.int32),
+        rel.astype(_offset_dtype(min(low, 0), most)),
+    )
 
 
 def _offset_dtype(low: int, most: int) -> type[np.uint16] | type[np.uint32] | type[np.int64]:

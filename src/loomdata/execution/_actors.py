@@ -304,17 +304,18 @@ def constructor_workers(workers: Iterable[str], fleet: Fleet, n: int) -> list[st
     in its loaders' partitions (a loader's requests cost about in proportion to the samples it serves).
 
     Round-robin put the constructor of 2 sources beside the loader of the source with 4x the samples: that worker
-    ran at one core (constructor, gateway and the busier loader) while the other idled half the time. None each
-    where no worker is live (round-robin then meets the error).
+    ran at one core (constructor, gateway and the busier loader) while the other idled half the time. Lost actors
+    are not counted (a restarted worker may reuse an address). None each where no worker is live (round-robin then
+    meets the error); a constructor submitted again after a failed start goes round-robin.
     """
     live = sorted(workers)
     count, samples = dict.fromkeys(live, 0), dict.fromkeys(live, 0)
     for a in fleet.constructors:
-        if (w := worker_of(a.handle)) in count:
+        if not a.lost and (w := worker_of(a.handle)) in count:
             count[w] += 1
     for sid, actors in fleet.loaders.items():
         for part, a in zip(fleet.partitions[sid], actors, strict=True):
-            if (w := worker_of(a.handle)) in samples:
+            if not a.lost and (w := worker_of(a.handle)) in samples:
                 samples[w] += part.stop_sample - part.first_sample
     out: list[str | None] = [None] * n
     for i in range(n if live else 0):

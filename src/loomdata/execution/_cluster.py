@@ -1,14 +1,14 @@
 """Cluster handling: an embedded LocalCluster of worker processes, or a connection to a running one.
 
 Secured by default: the embedded cluster speaks TLS with mutual authentication, with credentials
-made for it at start (`_security.embedded_tls`); a running scheduler is reached with the user's
-own credentials (`--tls-*` or LOOM_TLS_*). Plain TCP only with `insecure`, which prints a warning.
+made for it at start (`tls_apart`: `_security.embedded_tls` in a child interpreter); a running
+scheduler is reached with the user's own credentials (`--tls-*` or LOOM_TLS_*). Plain TCP only with
+`insecure`, which prints a warning.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import tempfile
@@ -131,11 +131,16 @@ def open_cluster(
 
 _MAKE_TLS = (
     "import pathlib, sys\n"
+    "sys.path[:] = [p for p in sys.path if p]\n"  # not the working directory (`-c` puts it first)
+    "sys.argv[2] in sys.path or sys.path.append(sys.argv[2])\n"  # this loomdata, after the standard library
     "from loomdata.execution._security import embedded_tls\n"
     "embedded_tls(pathlib.Path(sys.argv[1]))\n"
 )
 TLS_CHILD_TIMEOUT_S = 60.0
 """The most seconds the child interpreter that makes an embedded cluster's credentials may take."""
+
+_NOT_WRITABLE = ("PermissionError", "Read-only file system", "Not a directory", "Is a directory", "FileExistsError")
+"""What a child's error says when the folder, not the interpreter, is the problem."""
 
 
 def tls_apart(folder: Path) -> TlsFiles:
@@ -143,15 +148,14 @@ def tls_apart(folder: Path) -> TlsFiles:
 
     Making certificates imports `cryptography` (and its OpenSSL bindings): 3.0 MiB of anonymous memory that
     the serving process would keep for its whole run to use once at start (benchmarks/memory.py's serving
-    process; the child, which imports no Dask, takes about 0.1-0.2 s). Only the file paths come back; the
-    key never passes through this process's memory.
+    process; the child, which imports no Dask, takes about 0.1-0.2 s). Only the files' paths come back;
+    `cryptography` is never imported here (Dask's TLS contexts then load the files as they would any).
     """
     package_root = str(Path(__file__).resolve().parents[2])  # the folder holding this `loomdata` package
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    where = f"the embedded cluster's TLS credentials in {folder}"
     try:
         subprocess.run(
-            [sys.executable, "-c", _MAKE_TLS, str(folder)],
-            env=env,
+            [sys.executable, "-c", _MAKE_TLS, str(folder), package_root],
             check=True,
             capture_output=True,
             text=True,
@@ -159,15 +163,22 @@ def tls_apart(folder: Path) -> TlsFiles:
         )
     except subprocess.CalledProcessError as e:
         lines = (e.stderr or "").strip().splitlines()
+        last = lines[-1] if lines else f"exit status {e.returncode}"
+        hint = (
+            "check that the folder can be created and written"
+            if any(k in last for k in _NOT_WRITABLE)
+            else "check that `cryptography` imports in this environment"
+        )
         raise ExecutionError(
-            f"making the embedded cluster's TLS credentials in {folder} failed: {lines[-1] if lines else e}; "
-            "check that the folder is writable, or pass your own with --tls-ca-file, --tls-cert and --tls-key"
+            f"making {where} failed: {last}; {hint}, or pass your own with --tls-ca-file, --tls-cert and --tls-key"
         ) from None
-    except (OSError, subprocess.TimeoutExpired) as e:
+    except subprocess.TimeoutExpired:
         raise ExecutionError(
-            f"could not run a Python interpreter ({sys.executable}) to make the embedded cluster's TLS "
-            f"credentials in {folder}: {e}"
+            f"making {where} took more than {TLS_CHILD_TIMEOUT_S:.0f} s in a child interpreter "
+            f"({sys.executable}); pass your own with --tls-ca-file, --tls-cert and --tls-key"
         ) from None
+    except OSError as e:
+        raise ExecutionError(f"could not start a Python interpreter ({sys.executable}) to make {where}: {e}") from None
     return TlsFiles(*(str(folder / name) for name in ("ca.pem", "cert.pem", "key.pem")))
 
 

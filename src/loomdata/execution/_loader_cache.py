@@ -444,7 +444,8 @@ def scaled(steps: int, policy: CachePolicy, pool: WorkerPool) -> int:
 
 class Offered(enum.Enum):
     """What became of a unit read ahead (`PlanUnitCache.put_ahead`): kept, no room in the worker's budget (reading
-    further ahead waits for a served step), or not due (no use within the reach now, e.g. the reach narrowed)."""
+    further ahead waits for a served step), or not due: no use within the reach now (the reach narrowed, or it is no
+    longer planned), a shard this loader does not serve, the cache closed, or (`Prefetcher`) nothing was read."""
 
     KEPT = "kept"
     NO_ROOM = "no room"

@@ -7,7 +7,8 @@ the window holds per (rank, step) is a `StepPack` naming its batches in that blo
 consecutive steps of one group is a slice of it (`block_of`: no copy; steps of two groups: one copy of
 their pieces). The block's `input_ids` is the loaders' answers' rows and each batch's padding joined in block order
 by one `concatenate` of views (`_join`; no pad fill first, no scatter into manifest order), `labels` one shifted copy
-of it, `position_ids` views of one `arange` joined the same way: every token is written once per array (session 17:
+of it (IGNORE then written over padding and segment ends), `position_ids` views of one `arange` joined the
+same way: each token of `input_ids` and `position_ids` is written once (session 17:
 two fills, a copy per batch and a cumulative sum less). Rows no answer covers (never in serving) are padding, placed
 by `place_tokens`. The bytes are those of `pack_step` (tests compare them batch by batch).
 """

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import io
 import os
+import pickle
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -239,7 +240,9 @@ def read_range(
     policy: RetryPolicy = DEFAULT_POLICY,
     size: int | None = None,
 ) -> bytes:
-    """Bytes [start, stop) of an object: one range GET, retried when transient.
+    """Bytes [start, stop) of an object: one range GET, retried when transient, or the answer of the same GET
+    another thread has in flight now (`SharedGets`: same URL, range and options; made under that caller's retry
+    policy; if it fails, this call makes its own, so an error can take two retry cycles to surface).
 
     `size`: the object's size as the caller knows it (a large S3 read through pyarrow checks its handle against it).
     """
@@ -276,7 +279,8 @@ def _read_view(
         _STATS.add("get_bytes", len(data))
         return data
 
-    return _SHARED.run((url, start, stop, _options_key(url, options)), one)
+    key = _options_key(url, options)
+    return one() if key is None else _SHARED.run((url, start, stop, key), one)
 
 
 _SHARED = SharedGets()
@@ -284,9 +288,16 @@ _SHARED = SharedGets()
 check's last 64 KiB and a Parquet footer, read together when a loader opens a shard)."""
 
 
-def _options_key(url: str, options: StorageOptions | None) -> tuple[tuple[str, str], ...]:
-    """The options a request of `url` is made with, hashable (two callers with other credentials never share)."""
-    return tuple(sorted((k, repr(v)) for k, v in options_for(protocol_of(url), options).items()))
+def _options_key(url: str, options: StorageOptions | None) -> bytes | None:
+    """The options a request of `url` is made with, as their pickled values (two callers with other credentials
+    never share, whatever the values' repr shows); None where they do not pickle: that request is not shared.
+
+    Not the filesystem instance: fsspec makes one per thread, and the callers to join are on other threads.
+    """
+    try:
+        return pickle.dumps(sorted(options_for(protocol_of(url), options).items(), key=lambda kv: kv[0]))
+    except Exception:  # an option that does not pickle (a client object): no sharing for it
+        return None
 
 
 def _arrow_range(

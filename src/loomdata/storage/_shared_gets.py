@@ -5,7 +5,9 @@ the object's last 64 KiB for its fingerprint: the same bytes, asked for at the s
 requests where one does (one of the five requests of each shard's open on S3). A later caller joins a request
 still in flight and gets its bytes; nothing is kept after it finishes, so no stale bytes are ever served (an
 object rewritten between two reads is read twice, as before). A request that fails is not shared: a joiner then
-makes its own (and meets or reports the error itself, as it would have).
+makes its own and meets or reports the error itself, after the first caller's attempts (an error can take two
+retry cycles to surface). A first caller that is interrupted (KeyboardInterrupt, SystemExit) raises that in its own
+thread only: its joiners make their own requests.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from typing import TypeVar
 __all__ = ["SharedGets"]
 
 T = TypeVar("T")
+
+
+class _LeaderAborted(Exception):
+    """Set on a shared request whose first caller was interrupted (KeyboardInterrupt, SystemExit, a cancelled
+    task): its joiners then make their own requests instead of raising the first caller's interrupt."""
 
 
 class SharedGets:
@@ -51,7 +58,7 @@ class SharedGets:
         except BaseException as e:
             with self._lock:
                 self._calls.pop(key, None)
-            fut.set_exception(e)
+            fut.set_exception(e if isinstance(e, Exception) else _LeaderAborted())
             raise
         with self._lock:
             self._calls.pop(key, None)

@@ -401,5 +401,7 @@ def test_put_ahead_says_why_a_unit_was_not_kept_and_only_no_room_stalls_the_read
     assert not pf._stalled and 99 in pf._declined
     pf._keep(98, shard, order[2], got, 0)  # no room: nothing more is issued until a step is served
     assert pf._stalled
+    pf._keep(97, shard, 7, loaded, 0)  # a later "not due" does not lift the stall
+    assert pf._stalled
     pf.close()
     cache.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -99,9 +100,18 @@ def test_range_file_hands_out_views_of_the_range_fetched_and_bytes_to_read(
     assert first == _DATA and first is g._buf  # the whole range fetched, as fetched (bytes): returned as is
 
 
-def test_pyarrow_decodes_a_coalesced_span_through_views_without_holding_it() -> None:
-    """Row groups decoded from a preloaded span arrive through `read_buffer` and do not point into the span (its
-    memory is freed at `release`, not held by the arrays the unit cache keeps)."""
+def test_pyarrow_decodes_a_coalesced_span_through_views_without_holding_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row groups decoded from a preloaded span arrive through `read_buffer` (never `read`: no copy) and do not
+    point into the span (its memory is freed at `release`, not held by the arrays the unit cache keeps)."""
+    calls = {"read_buffer": 0, "read": 0}
+    for name in calls:
+        real = getattr(RangeFile, name)
+
+        def counted(self: RangeFile, *a: object, _real: Any = real, _name: str = name, **kw: object) -> Any:
+            calls[_name] += 1
+            return _real(self, *a, **kw)
+
+        monkeypatch.setattr(RangeFile, name, counted)
     fs = fsspec.filesystem("memory")
     buf = io.BytesIO()
     tokens = [np.arange(i, i + 50, dtype=np.int32) for i in range(2000)]
@@ -116,7 +126,9 @@ def test_pyarrow_decodes_a_coalesced_span_through_views_without_holding_it() -> 
         f.preload(0, f.size())
         span = memoryview(f._buf)
         lo, hi = np.frombuffer(span, np.uint8).ctypes.data, np.frombuffer(span, np.uint8).ctypes.data + span.nbytes
+        calls.update(read_buffer=0, read=0)
         col = pf.read_row_group(2, columns=["tokens"]).column(0).combine_chunks()
+        assert calls["read_buffer"] >= 1 and calls["read"] == 0  # pyarrow took views of the span
         f.release()
         assert col.to_pylist()[0] == list(range(1000, 1050))
         addresses = [b.address for b in (*col.buffers(), *col.values.buffers()) if b is not None]

@@ -26,25 +26,27 @@ def _until(cond: Callable[[], bool]) -> None:
 
 
 @pytest.fixture
-def gated_mem(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, threading.Event]]:
-    """An in-memory object whose range GETs wait for the yielded event (so two callers' requests overlap)."""
+def gated_mem(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, threading.Event, list[int]]]:
+    """An in-memory object whose range GETs wait for the yielded event (so two callers' requests overlap), and
+    the list each GET appends to as it starts waiting."""
     fs = fsspec.filesystem("memory")
     fs.pipe("/loomshared/blob.bin", _DATA)
     real = type(fs).cat_file
-    go = threading.Event()
+    go, entered = threading.Event(), []
 
     def gated(self: object, path: str, start: int | None = None, end: int | None = None, **kw: object) -> bytes:
+        entered.append(1)
         go.wait(5)
         return real(self, path, start=start, end=end, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(type(fs), "cat_file", gated)
     reset_request_stats()
-    yield "memory://loomshared/blob.bin", go
+    yield "memory://loomshared/blob.bin", go, entered
     fs.rm("/loomshared", recursive=True)
 
 
-def test_the_same_range_asked_twice_at_once_is_one_request(gated_mem: tuple[str, threading.Event]) -> None:
-    url, go = gated_mem
+def test_the_same_range_asked_twice_at_once_is_one_request(gated_mem: tuple[str, threading.Event, list[int]]) -> None:
+    url, go, _ = gated_mem
     size, joined = len(_DATA), _fs._SHARED.joined
     with ThreadPoolExecutor(3) as pool:
         tail = [pool.submit(read_range, url, size - 65536, size) for _ in range(2)]
@@ -55,21 +57,23 @@ def test_the_same_range_asked_twice_at_once_is_one_request(gated_mem: tuple[str,
     assert request_stats()["get"] == 2 and request_stats()["get_bytes"] == 65536 + 100
 
 
-def test_nothing_is_kept_once_a_request_finished(gated_mem: tuple[str, threading.Event]) -> None:
-    url, go = gated_mem
+def test_nothing_is_kept_once_a_request_finished(gated_mem: tuple[str, threading.Event, list[int]]) -> None:
+    url, go, _ = gated_mem
     go.set()
     assert read_range(url, 0, 10) == read_range(url, 0, 10) == _DATA[:10]
     assert request_stats()["get"] == 2  # one after the other: two requests (an object may change between them)
 
 
-def test_other_options_never_share_a_request(gated_mem: tuple[str, threading.Event]) -> None:
-    url, go = gated_mem
+def test_other_options_never_share_a_request(gated_mem: tuple[str, threading.Event, list[int]]) -> None:
+    url, go, entered = gated_mem
+    joined = _fs._SHARED.joined
     with ThreadPoolExecutor(2) as pool:
         a = pool.submit(read_range, url, 0, 10, {"memory": {"skip_instance_cache": True}})
         b = pool.submit(read_range, url, 0, 10)
+        _until(lambda: len(entered) == 2 or _fs._SHARED.joined > joined)  # both in flight at once (or b joined a)
         go.set()
         assert a.result() == b.result() == _DATA[:10]
-    assert request_stats()["get"] == 2
+    assert request_stats()["get"] == 2 and _fs._SHARED.joined == joined
 
 
 def test_a_joiner_tries_itself_when_the_request_it_joined_fails() -> None:
@@ -97,3 +101,27 @@ def test_a_joiner_tries_itself_when_the_request_it_joined_fails() -> None:
             first.result()
         assert second.result() == b"ok"
     assert calls == ["first", "second"] and shared.shared == 0
+
+
+class _Interrupt(BaseException):
+    """Stands for a KeyboardInterrupt in the first caller's thread."""
+
+
+def test_an_interrupted_first_caller_does_not_interrupt_its_joiners() -> None:
+    shared = SharedGets()
+    started, release = threading.Event(), threading.Event()
+
+    def interrupted() -> bytes:
+        started.set()
+        release.wait(5)
+        raise _Interrupt
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(shared.run, "k", interrupted)
+        assert started.wait(5)
+        second = pool.submit(shared.run, "k", lambda: b"own")
+        _until(lambda: shared.joined == 1)
+        release.set()
+        with pytest.raises(_Interrupt):
+            first.result()
+        assert second.result() == b"own"  # its own request, not the first caller's interrupt

@@ -151,7 +151,7 @@ class StreamClient:
         self.calls = 0
         """Calls this client made to its constructor for batches (each carries one or more steps)."""
         self._telemetry: list[tuple[int, float]] = []  # recorded step times not yet sent (ride on the next take)
-        self._heap = RankTrim()  # freed C heap pages back to the OS after answers arrive, at most every 2 s
+        self._trim = RankTrim()  # freed C heap pages back to the OS after answers arrive, at most every 2 s
 
     # ---- iteration ------------------------------------------------------------------------------
 
@@ -359,7 +359,7 @@ class StreamClient:
         if not self._step_nbytes:
             self._step_nbytes = max(1, sum(_nbytes(b) for b in answer[0]))
         self._got.update((step + k, batches) for k, batches in enumerate(answer))
-        self._heap.maybe_trim()
+        self._trim.maybe_trim()
 
     def _check(self, step: int, batches: list[Batch]) -> None:
         if len(batches) != self.meta.micro_batches or any(b.step != step for b in batches):

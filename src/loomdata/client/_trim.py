@@ -1,4 +1,4 @@
-"""A training rank gives its C heap's freed pages back now and then (glibc `malloc_trim`), on its own thread.
+"""A training rank gives its C heap's freed pages back now and then (glibc `malloc_trim`), on the calling thread.
 
 Importing the client and opening its connection leave about 0.9 MiB freed but resident at the top of glibc's
 heap (importlib reads each module's bytecode into buffers it frees; an idle torch process has 0.04 MiB to give
@@ -11,32 +11,16 @@ time), synchronously: a rank starts no thread for it. Elsewhere than glibc it do
 
 from __future__ import annotations
 
-import ctypes
 import time
-from collections.abc import Callable
+
+from loomdata import _glibc
+from loomdata._glibc import TRIM_EVERY_S
 
 __all__ = ["TRIM_EVERY_S", "RankTrim"]
-
-TRIM_EVERY_S = 2.0
-"""The shortest time between two trims of one rank's heap."""
-
-
-def _load_trim() -> Callable[[int], int] | None:
-    try:
-        fn = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    trim: Callable[[int], int] = fn
-    return trim
 
 
 class RankTrim:
     """Throttled `malloc_trim(0)` for one client: the first call trims, later ones once `every_s` passed."""
-
-    _trim: Callable[[int], int] | None = None
-    _loaded = False
 
     def __init__(self, every_s: float = TRIM_EVERY_S) -> None:
         self.every_s = every_s
@@ -48,11 +32,8 @@ class RankTrim:
         t = time.monotonic() if now is None else now
         if t - self.last < self.every_s:
             return False
-        if not RankTrim._loaded:
-            RankTrim._trim, RankTrim._loaded = _load_trim(), True
         self.last = t
-        if RankTrim._trim is None:
+        if not _glibc.trim():
             return False
-        RankTrim._trim(0)
         self.trims += 1
         return True

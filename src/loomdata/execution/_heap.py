@@ -22,40 +22,24 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from loomdata import _glibc
+from loomdata._glibc import TRIM_EVERY_S
 from loomdata.execution._strand import process_threads
 
 __all__ = ["TRIM_EVERY_S", "jemalloc_stats", "maybe_trim"]
-
-TRIM_EVERY_S = 2.0
-"""The shortest time between two trims of one process."""
 
 _LOCK = threading.Lock()
 _LAST = [0.0]
 _TRAILING: list[threading.Timer | None] = [None]  # the trim scheduled at the end of the current interval
 
 
-def _load_trim() -> Callable[[int], int] | None:
-    try:
-        fn = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    trim: Callable[[int], int] = fn
-    return trim
-
-
-_TRIM = _load_trim()
-
-
 def maybe_trim(now: float | None = None) -> Future[None] | None:
     """Start a trim of this process's C heap if `TRIM_EVERY_S` passed since the last one (its future), else None."""
-    if _TRIM is None:
+    if _glibc.glibc() is None:
         return None
     t = time.monotonic() if now is None else now
     with _LOCK:
@@ -79,8 +63,7 @@ def _trailing() -> None:
 
 
 def _trim() -> None:
-    assert _TRIM is not None
-    _TRIM(0)
+    _glibc.trim()
 
 
 def jemalloc_stats() -> dict[str, Any] | None:

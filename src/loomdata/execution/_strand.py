@@ -10,14 +10,15 @@ process's `strand_threads()` instead; strands take turns (one job per turn), so 
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import functools
 import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from typing import Any, TypeVar
+
+from loomdata import _glibc
 
 __all__ = ["HEAP_ARRAY_BYTES", "STRAND_THREADS", "Strand", "arrays_in_heap", "process_threads", "strand_threads"]
 
@@ -43,13 +44,11 @@ HEAP_ARRAY_BYTES = 32 << 20
 """Serving workers' arrays below this size come from glibc's heap, not a fresh mmap each, and up to this much free
 memory stays at the heap's top between trims (`arrays_in_heap`)."""
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-_HEAP_SET = [False]
 
-
-def arrays_in_heap() -> None:
+@functools.cache
+def arrays_in_heap() -> bool:
     """Let this process's arrays up to `HEAP_ARRAY_BYTES` come from glibc's heap and stay there when freed (once;
-    nothing elsewhere than glibc).
+    nothing elsewhere than glibc); whether glibc took both thresholds (a failure is otherwise ignored).
 
     Dask's nannies start workers with `MALLOC_TRIM_THRESHOLD_=65536`, which also turns off glibc's adaptive mmap
     threshold: every array over 128 KiB (a build group's block, a loader's answer) was a fresh mmap, page-faulted in
@@ -57,13 +56,7 @@ def arrays_in_heap() -> None:
     0.29 s with 102,600 page faults, 0.012 s with 507 with both thresholds at 32 MiB. Free pages still go back to the
     OS every few seconds (`_heap.maybe_trim`, after reads and takes).
     """
-    if _HEAP_SET[0]:
-        return
-    _HEAP_SET[0] = True
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: its allocator decides
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(ctypes.c_int(_M_MMAP_THRESHOLD), ctypes.c_int(HEAP_ARRAY_BYTES))
-        libc.mallopt(ctypes.c_int(_M_TRIM_THRESHOLD), ctypes.c_int(HEAP_ARRAY_BYTES))
+    return _glibc.set_heap_thresholds(HEAP_ARRAY_BYTES)  # not glibc: its allocator decides
 
 
 def strand_threads() -> ThreadPoolExecutor:

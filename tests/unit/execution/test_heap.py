@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from loomdata import _glibc
 from loomdata.execution import _heap
 from loomdata.execution._heap import TRIM_EVERY_S, maybe_trim
 
@@ -14,7 +15,7 @@ def _anonymous_kib() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("Anonymous:"))
 
 
-@pytest.mark.skipif(_heap._TRIM is None, reason="not glibc")
+@pytest.mark.skipif(_glibc.glibc() is None, reason="not glibc")
 def test_trims_at_most_once_per_interval_and_gives_freed_holes_back() -> None:
     t0 = 1e9  # far from any real trim of this process
     keep, holes = [], []
@@ -34,7 +35,7 @@ def test_trims_at_most_once_per_interval_and_gives_freed_holes_back() -> None:
     assert len(keep) == 1500
 
 
-@pytest.mark.skipif(_heap._TRIM is None, reason="not glibc")
+@pytest.mark.skipif(_glibc.glibc() is None, reason="not glibc")
 def test_a_call_too_soon_schedules_one_trim_at_the_end_of_the_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     """What is freed after the last trim of a busy spell (steps released once the ranks stop) is given back too."""
     import threading

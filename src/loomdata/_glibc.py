@@ -1,6 +1,6 @@
 """glibc's allocator through one handle on the C library: its heap thresholds and `malloc_trim` (no-ops elsewhere).
 
-Serving workers (`execution._strand.arrays_in_heap`, `execution._heap.maybe_trim`), the planner
+Serving workers (`execution._heap.arrays_in_heap`, `execution._heap.maybe_trim`), the planner
 (`planning._allocator`) and a training rank (`client._trim.RankTrim`) all call it. It imports nothing of loomdata
 and nothing beyond ctypes, so planning still imports nothing of execution and a rank stays lean.
 """

@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loomdata.execution import _gateway
-from loomdata.execution._heap import maybe_trim
+from loomdata.execution._heap import arrays_in_heap, maybe_trim
 from loomdata.execution._manifest import ManifestSlice
 from loomdata.execution._pack_group import StepPack, block_of, pack_group
 from loomdata.execution._packing import PackRules, peer_batches
 from loomdata.execution._reads import Reads, Route
-from loomdata.execution._strand import arrays_in_heap
 from loomdata.execution._telemetry import TelemetryBuffer, valid_report
 from loomdata.execution._window import Admission, Build, StepWindow, build_groups
 from loomdata.execution.protocol import ExecutorUnavailable

@@ -50,14 +50,14 @@ from typing import Any
 
 import numpy as np
 
-from loomdata.execution._heap import maybe_trim
+from loomdata.execution._heap import arrays_in_heap, maybe_trim
 from loomdata.execution._loader_cache import CachePolicy, unit_key
 from loomdata.execution._partition import LoaderPartition
 from loomdata.execution._plan_ahead import PlanAhead
 from loomdata.execution._plan_meta import shared_plan
 from loomdata.execution._sample_index import SampleIndex
 from loomdata.execution._storage_options import SourceOptions
-from loomdata.execution._strand import Strand, arrays_in_heap
+from loomdata.execution._strand import Strand
 from loomdata.execution._verify import Verifier, require_checksums, serving_error
 from loomdata.schemas.errors import ExecutionError, SourceDataError
 from loomdata.schemas.freshness import require_fresh

@@ -10,7 +10,6 @@ process's `strand_threads()` instead; strands take turns (one job per turn), so 
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -18,9 +17,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from typing import Any, TypeVar
 
-from loomdata import _glibc
-
-__all__ = ["HEAP_ARRAY_BYTES", "STRAND_THREADS", "Strand", "arrays_in_heap", "process_threads", "strand_threads"]
+__all__ = ["STRAND_THREADS", "Strand", "process_threads", "strand_threads"]
 
 STRAND_THREADS = 8
 """Threads shared by every strand of a process: reads block on storage at most this many at once here."""
@@ -38,25 +35,6 @@ def process_threads(name: str, threads: int) -> ThreadPoolExecutor:
         if pool is None:
             pool = _POOLS[name] = ThreadPoolExecutor(threads, thread_name_prefix=name)
         return pool
-
-
-HEAP_ARRAY_BYTES = 32 << 20
-"""Serving workers' arrays below this size come from glibc's heap, not a fresh mmap each, and up to this much free
-memory stays at the heap's top between trims (`arrays_in_heap`)."""
-
-
-@functools.cache
-def arrays_in_heap() -> bool:
-    """Let this process's arrays up to `HEAP_ARRAY_BYTES` come from glibc's heap and stay there when freed (once;
-    nothing elsewhere than glibc); whether glibc took both thresholds (a failure is otherwise ignored).
-
-    Dask's nannies start workers with `MALLOC_TRIM_THRESHOLD_=65536`, which also turns off glibc's adaptive mmap
-    threshold: every array over 128 KiB (a build group's block, a loader's answer) was a fresh mmap, page-faulted in
-    as it was written, and one freed at the heap's top was given back at once. A worker wrote 200 arrays of 2 MiB in
-    0.29 s with 102,600 page faults, 0.012 s with 507 with both thresholds at 32 MiB. Free pages still go back to the
-    OS every few seconds (`_heap.maybe_trim`, after reads and takes).
-    """
-    return _glibc.set_heap_thresholds(HEAP_ARRAY_BYTES)  # not glibc: its allocator decides
 
 
 def strand_threads() -> ThreadPoolExecutor:

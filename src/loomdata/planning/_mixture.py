@@ -449,8 +449,10 @@ def membership(
     held = _held_from(tg, streams)
     b0 = 0
     while b0 < steps:
-        b1 = min(steps, b0 + (rows * HELD_CHUNKS if b0 >= held else rows))
-        windows = _held_windows(tg, streams, b0, b1, before, state, prev) if b0 >= held else None
+        windows = None
+        if b0 >= held:  # the held pass, over HELD_CHUNKS chunks at once, where its windows stay bounded
+            b1 = min(steps, b0 + rows * HELD_CHUNKS)
+            windows = _held_windows(tg, streams, b0, b1, before, state, prev)
         if windows is not None and isinstance(tg, CumulativeTargets):  # the held pass: no (steps x sources) block
             acc = np.zeros(n_src) if before is None else before
             cur = prev.astype(np.int64)

@@ -44,3 +44,10 @@ def test_a_recreated_constructor_skips_a_worker_holding_one_and_ignores_dead_wor
     fleet = _fleet({0: (10, "tcp://a"), 1: (10, "tcp://gone")}, ["tcp://a", "tcp://gone"])
     assert constructor_workers(["tcp://a", "tcp://c"], fleet, 1) == ["tcp://c"]
     assert constructor_workers([], fleet, 2) == [None, None]
+
+
+def test_lost_actors_on_a_reused_address_are_not_counted() -> None:
+    fleet = _fleet({0: (48_000, "tcp://a"), 1: (12_000, "tcp://b")}, ["tcp://b"])
+    fleet.constructors[0].future.status = "lost"  # its worker restarted on the same address
+    fleet.loaders[1][0].future.status = "lost"
+    assert constructor_workers(["tcp://a", "tcp://b"], fleet, 1) == ["tcp://b"]

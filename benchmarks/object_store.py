@@ -53,6 +53,7 @@ through s3fs instead of pyarrow's S3 client).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import multiprocessing as mp
@@ -180,6 +181,54 @@ def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any, step_s
     )
 
 
+STORE_PID: int | None = None  # the S3 server's own process (None: moto runs in this process, `--store-in-process`)
+
+
+def _store_cpu_s() -> float:
+    """CPU seconds the S3 server's own process has used so far (0 when it runs in this process)."""
+    if STORE_PID is None:
+        return 0.0
+    try:
+        with open(f"/proc/{STORE_PID}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _start_store(in_process: bool) -> tuple[Any, int]:
+    """moto's S3 server on loopback, in a process of its own (as a real store is not in the scheduler's process, its
+    request threads do not compete for the scheduler's GIL), or in this one (`--store-in-process`, sessions <= 17).
+    Returns (a handle to stop it, its port)."""
+    global STORE_PID
+    if in_process:
+        from moto.server import ThreadedMotoServer
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+        server.start()
+        return server, int(server.get_host_and_port()[1])
+    port = _free_port()
+    code = (
+        "import logging; logging.getLogger('werkzeug').setLevel(logging.ERROR); "
+        "from moto.server import ThreadedMotoServer as T; import time; "
+        f"T(ip_address='127.0.0.1', port={port}).start(); time.sleep(1e6)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    STORE_PID = proc.pid
+    atexit.register(proc.kill)  # a run that fails midway leaves no server behind
+    return proc, port
+
+
+def _stop_store(handle: Any) -> None:
+    global STORE_PID
+    if isinstance(handle, subprocess.Popen):
+        handle.kill()
+        handle.wait()
+        STORE_PID = None
+    else:
+        handle.stop()
+
+
 TRACE = False  # --trace: loop lags, GC pauses and serving calls per worker, long waits per consumer
 PY_SPY: Path | None = None  # --py-spy: a py-spy binary (in a venv of its own) sampling the processes of each run
 PROFILES: list[Path] = []  # the profiles written so far (collapsed stacks, one file per process and run)
@@ -191,6 +240,8 @@ def _profile_start(client: Any, label: str) -> list[subprocess.Popen[bytes]]:
         return []
     pids = {f"worker{k}": pid for k, pid in enumerate(sorted(client.run(os.getpid).values()))}
     pids["bench"] = os.getpid()
+    if STORE_PID is not None:
+        pids["store"] = STORE_PID
     procs = []
     for who, pid in pids.items():
         out = Path(tempfile.gettempdir()) / "loom-object-store-profiles" / f"{label}-{who}.txt"  # large: not results
@@ -209,6 +260,64 @@ def _profile_stop(procs: list[subprocess.Popen[bytes]]) -> None:
         p.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
     for p in procs:
         p.wait(timeout=60)
+
+
+# Where a process's busy samples go (`--py-spy`): each stack is put in the category of its frame nearest the leaf that
+# matches one (so a GET made inside a row-group decode counts as storage, the decode's own C++ time as decode).
+_SPLIT = (
+    ("storage (GETs: s3fs, botocore, pyarrow S3, RangeFile)", ("loomdata/storage/", "s3fs/", "aiobotocore/",
+        "botocore/", "aiohttp/", "urllib3/", "pyarrow/fs.py", "fsspec/")),
+    ("checks and checksums", ("sources/_integrity.py", "execution/_verify.py", "xxhash")),
+    ("decode (Parquet row groups, readers)", ("pyarrow/parquet/", "loomdata/sources/", "execution/_reads.py")),
+    ("read-ahead and loader bookkeeping", ("execution/_prefetch.py", "execution/_shard_opens.py",
+        "execution/_plan_ahead.py", "execution/_loader", "execution/_manifest.py", "execution/_sample_index.py")),
+    ("packing and the serving path", ("execution/_pack", "execution/_constructor.py", "execution/_window.py",
+        "execution/_gateway.py", "execution/_wire.py", "execution/_strand.py", "execution/_arrow_pool.py",
+        "execution/_publish.py", "execution/_loop.py")),
+    ("moto (the S3 server)", ("moto/", "werkzeug/", "flask/", "xmltodict", "jinja2/", "responses/")),
+    ("latency proxy", ("_latency_proxy.py",)),
+    ("dask, comms, event loop", ("distributed/", "tornado/", "asyncio/", "msgpack", "cloudpickle", "selectors.py",
+        "ssl.py", "socket.py", "threading.py", "concurrent/")),
+)  # fmt: skip
+
+
+_IDLE_LEAVES = (
+    "Selector.select (", "Condition.wait (", "Event.wait (", "_worker (concurrent/futures/thread.py", "Queue.get (",
+    "sleep (", "accept (", "_wait_for_tstate_lock", "poll (", "recv_into (", "Connection.recv", "_recv (",
+    "SocketIO.readinto (socket.py",
+)  # fmt: skip
+
+
+def _profile_split(path: Path) -> dict[str, Any]:
+    """A py-spy raw profile's busy samples (threads waiting in a select, a lock or a queue left out) by category
+    (`_SPLIT`, else `other`): their count and each category's share."""
+    counts: dict[str, int] = {}
+    total = 0
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        k = int(n)
+        frames = stack.split(";")
+        leaf = frames[-1]
+        if len(frames) < 2 or any(idle in leaf for idle in _IDLE_LEAVES):  # a thread waiting, not working
+            continue
+        total += k
+        cat = "other"
+        for frame in reversed(frames):
+            hit = next((name for name, keys in _SPLIT if any(key in frame for key in keys)), None)
+            if hit is not None:
+                cat = hit
+                break
+        counts[cat] = counts.get(cat, 0) + k
+    if not total:
+        return {}
+    shares = {c: round(v / total, 3) for c, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+    return {"samples": total, "shares": shares}
 
 
 def _run_consumers(plan_dir: Path, n: int, step_s: float) -> list[dict[str, Any]]:
@@ -272,7 +381,7 @@ def _loom_run(
     with open_cluster(n_workers=2, local_directory=root / "dask") as client:
         # serving CPU from the executor's start: a loader reads ahead before the consumers start (local disk: most of
         # a run's reads), so CPU counted from the consumers' start alone would flatter the faster store
-        serve0, store0 = client.run(time.process_time), time.process_time()
+        serve0, store0 = client.run(time.process_time), time.process_time() + _store_cpu_s()
         with Executor(plan_dir, client, loader_prefetch=prefetch) as ex:
             if proxy is not None:
                 proxy.reset()
@@ -282,12 +391,16 @@ def _loom_run(
                 client.run(_stall_trace.start, patch=True)
             label = f"{spec.name}-{proxy.delay_s * 1000 if proxy else 0:g}ms-{time.time_ns()}"
             spies = _profile_start(client, label)
-            ticks, cpu0, wcpu0 = _cpu_ticks(), time.process_time(), client.run(time.process_time)
+            ticks, wcpu0 = _cpu_ticks(), client.run(time.process_time)
+            cpu0, s3cpu0 = time.process_time(), _store_cpu_s()
             rows = _run_consumers(plan_dir, consumers, step_s)
             _profile_stop(spies)
+            done = PROFILES[-len(spies) :] if spies else []
+            split = {p.name.rsplit("-", 1)[1][: -len(".txt")]: _profile_split(p) for p in done}
             machine = _machine(ticks, _cpu_ticks())
-            # this process: the scheduler, and for S3 the moto server and the proxy (CPU a real store would not take)
-            machine["bench_process_cpu_s"] = round(time.process_time() - cpu0, 3)
+            # this process (the scheduler, for S3 the proxy) and the S3 server's (CPU a real store would not take)
+            machine["store_process_cpu_s"] = round(_store_cpu_s() - s3cpu0, 3)
+            machine["bench_process_cpu_s"] = round(time.process_time() - cpu0 + machine["store_process_cpu_s"], 3)
             wcpu1 = client.run(time.process_time)
             # the serving workers' CPU over the consumers' run (loaders, constructors, their storage clients)
             machine["workers_cpu_s"] = round(sum(wcpu1[w] - wcpu0[w] for w in wcpu1 if w in wcpu0), 3)
@@ -297,7 +410,7 @@ def _loom_run(
             )
             # the same from the executor's start (its warm-up and reads ahead before the consumers start included)
             machine["serve_workers_cpu_s"] = round(sum(wcpu1[w] - serve0[w] for w in wcpu1 if w in serve0), 3)
-            machine["serve_bench_process_cpu_s"] = round(time.process_time() - store0, 3)
+            machine["serve_bench_process_cpu_s"] = round(time.process_time() + _store_cpu_s() - store0, 3)
             trace = client.run(_stall_trace.stop) if TRACE else None
             wall = max(r["t1"] for r in rows) - min(r["t0"] for r in rows)  # from the consumers' common start
             counts = proxy.reset() if proxy is not None else None
@@ -351,6 +464,8 @@ def _loom_run(
     )
     out["tokens_per_serving_cpu_s"] = round(tokens / run_cpu) if run_cpu > 0 else None
     out["tokens_per_serve_start_cpu_s"] = round(tokens / serve_cpu) if serve_cpu > 0 else None
+    if spies:
+        out["profile_split"] = split  # busy samples at 200 Hz per process: worker0/1, bench (scheduler, proxy), store
     if trace is not None:
         out["trace"] = {"consumers": [r["long_gaps"] for r in rows], "workers": trace}
     if counts is not None:
@@ -461,7 +576,7 @@ def _mosaic_run(
     """Each consumer a rank process of the peers' venv streaming its partition of the documents (fresh cache)."""
     env = {**os.environ, **CREDS, "S3_ENDPOINT_URL": proxy.url, "PYTHONPATH": str(HERE / "_peer_stubs")}
     proxy.reset()
-    cpu0 = time.process_time()
+    cpu0 = time.process_time() + _store_cpu_s()
     procs = []
     cache = root / f"mosaic-cache-{time.time_ns()}"  # shared by the consumers of one node, as Mosaic wants
     port = _free_port()
@@ -501,7 +616,7 @@ def _mosaic_run(
         "fetched_per_delivered": round(counts.bytes_down / max(4 * tokens, 1), 3),
         "consumers_cpu_s": round(cpu, 3),
         "tokens_per_serving_cpu_s": round(tokens / cpu) if cpu > 0 else None,
-        "bench_process_cpu_s": round(time.process_time() - cpu0, 3),  # moto and the proxy, serving its downloads
+        "bench_process_cpu_s": round(time.process_time() + _store_cpu_s() - cpu0, 3),  # moto and the proxy
     }
 
 
@@ -870,6 +985,11 @@ def main() -> None:
     ap.add_argument(
         "--py-spy", type=Path, default=None, help="a py-spy binary: profile workers and this process in every run"
     )
+    ap.add_argument(
+        "--store-in-process",
+        action="store_true",
+        help="run moto's S3 server in this process (beside the scheduler and the proxy), as sessions <= 17 did",
+    )
     ap.add_argument("--local-only", action="store_true", help="only the local-disk sides (no S3 server, no Mosaic)")
     ap.add_argument(
         "--read-paths", type=int, default=0, metavar="ROUNDS", help="only measure row-group reads (CPU, wall) per path"
@@ -909,7 +1029,6 @@ def main() -> None:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
 
     import boto3
-    from moto.server import ThreadedMotoServer
 
     from loomdata.execution import open_cluster
     from loomdata.indexing import build_index
@@ -922,13 +1041,16 @@ def main() -> None:
         files, npz = _write_docs(root, args.docs, seed=0)
         tokens = int(np.load(npz)["offsets"][-1])
         steps = max(1, int(tokens * 0.9) // (args.seq_len * args.dp) - 1)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-        server.start()
-        host, port = server.get_host_and_port()
-        direct = f"http://{host}:{port}"
+        server, port = _start_store(args.store_in_process)
+        direct = f"http://127.0.0.1:{port}"
         os.environ["AWS_ENDPOINT_URL"] = direct
         s3 = boto3.client("s3", endpoint_url=direct)
-        s3.create_bucket(Bucket=BUCKET)
+        for _ in range(200):
+            try:
+                s3.create_bucket(Bucket=BUCKET)
+                break
+            except Exception:  # not listening yet
+                time.sleep(0.1)
         _upload(s3, root / "parquet", "parquet")
         mosaic = PEERS_PYTHON.exists() and not args.no_mosaic and not args.local_only
         if args.local_only:
@@ -977,7 +1099,7 @@ def main() -> None:
         finally:
             for proxy in proxies.values():
                 proxy.close()
-        server.stop()
+        _stop_store(server)
     _print_matrix(results["summary"])
     print(f"wrote {args.out}")
 
@@ -993,6 +1115,9 @@ _AB_KEYS = (
     "bench_process_cpu_s",
     "first_batch_s",
     "workers_cpu_s",
+    "requests",
+    "requests_per_step",
+    "fetched_per_delivered",
 )
 
 
@@ -1005,11 +1130,23 @@ def _ab(args: Any) -> None:
     forward = [
         a
         for k, v in vars(args).items()
-        if k not in ("ab", "rounds", "out", "trace", "local_only", "no_mosaic", "mosaic_settings", "read_paths")
+        if k
+        not in (
+            "ab",
+            "rounds",
+            "out",
+            "trace",
+            "local_only",
+            "no_mosaic",
+            "mosaic_settings",
+            "read_paths",
+            "store_in_process",
+        )
         and v is not None
         for a in (f"--{k.replace('_', '-')}", *([str(x) for x in v] if isinstance(v, list) else [str(v)]))
     ]
     forward += ["--no-mosaic"] + ["--local-only"] * bool(args.local_only) + ["--trace"] * bool(args.trace)
+    forward += ["--store-in-process"] * bool(args.store_in_process)
     own = HERE.parent / "src"
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="loom-bench-objstore-ab-") as tmp:

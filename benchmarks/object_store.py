@@ -110,8 +110,19 @@ def _upload(s3: Any, local: Path, prefix: str) -> int:
     return n
 
 
-def _spec(root: Path, paths: str, shuffle: str, seq_len: int, steps: int, dp: int, tag: str, window: int = 4) -> Any:
-    """One Parquet source; `block`: blocks of one row group, `window` of them shuffled together.
+def _spec(
+    root: Path,
+    paths: str,
+    shuffle: str,
+    seq_len: int,
+    steps: int,
+    dp: int,
+    tag: str,
+    window: int = 4,
+    block_size: int = ROW_GROUP,
+) -> Any:
+    """One Parquet source; `block`: blocks of `block_size` documents (default one row group), `window` of them
+    shuffled together.
 
     The default block shuffle (1024 documents x a window of 16) spans more documents than the benchmark's
     corpus, which would make it a global shuffle here; blocks aligned with row groups are what `block` is for.
@@ -120,7 +131,7 @@ def _spec(root: Path, paths: str, shuffle: str, seq_len: int, steps: int, dp: in
 
     source: dict[str, Any] = {"name": "web", "format": "parquet", "paths": [paths], "tokens_field": "tokens"}
     if shuffle != "global":
-        source.update(shuffle=shuffle, block_size=ROW_GROUP, window=window)
+        source.update(shuffle=shuffle, block_size=block_size, window=window)
     return parse_spec(
         {
             "name": f"bench-objstore-{tag}",
@@ -373,6 +384,9 @@ def _loom_run(
     from loomdata.storage._arrow import TRANSPORT_ENV
 
     plan_dir = plans_of[spec.name]
+    from loomdata.planning import plan_report
+
+    shuffle_figures = plan_report(plan_dir).get("shuffle")
     if proxy is not None:
         os.environ["AWS_ENDPOINT_URL"] = proxy.url
     os.environ.pop(TRANSPORT_ENV, None)
@@ -453,6 +467,8 @@ def _loom_run(
         "prefetch_reach_steps": _largest(loaders, "prefetch_reach_steps", 1),
         "step_ms": round(1000 * step_s, 3),
         "consumers_cpu_s": round(sum(r.get("cpu_s", 0.0) for r in rows), 3),
+        # the plan's shuffle quality (spearman, storage jumps, a block reader's read amplification; plan report)
+        "plan_shuffle": shuffle_figures,
     }
     # tokens per serving CPU-second: the workers and the consumers, not the benchmark process (scheduler, and for S3 the
     # moto server and the proxy, which a real store would not run on these cores). Two windows, neither exact: from the
@@ -950,7 +966,13 @@ def main() -> None:
     ap.add_argument("--consumers", type=int, default=2)
     ap.add_argument("--latencies", type=float, nargs="+", default=[0, 20, 100], help="ms added per request")
     ap.add_argument("--shuffles", nargs="+", default=["global", "block"])
-    ap.add_argument("--block-window", type=int, default=4, help="row-group blocks shuffled together (`block`)")
+    ap.add_argument("--block-window", type=int, default=4, help="blocks shuffled together (`block`)")
+    ap.add_argument(
+        "--block-size",
+        type=int,
+        default=ROW_GROUP,
+        help=f"documents per block (`block`; default {ROW_GROUP}: one row group; 2048: 8 row groups, about one object)",
+    )
     ap.add_argument(
         "--prefetch", type=int, default=ServeConfig().loader_prefetch, help="row groups each loader reads ahead"
     )
@@ -1070,7 +1092,15 @@ def main() -> None:
             locals_ = {}
             for sh in args.shuffles:
                 local = _spec(
-                    root, "parquet/*.parquet", sh, args.seq_len, steps, args.dp, f"local-{sh}", args.block_window
+                    root,
+                    "parquet/*.parquet",
+                    sh,
+                    args.seq_len,
+                    steps,
+                    args.dp,
+                    f"local-{sh}",
+                    args.block_window,
+                    args.block_size,
                 )
                 build_index(local, client)
                 plans_of[local.name] = Path(make_plan(local).plan_dir)
@@ -1078,7 +1108,9 @@ def main() -> None:
             for sh in [] if args.local_only else args.shuffles:
                 try:
                     url = f"s3://{BUCKET}/parquet/*.parquet"
-                    spec = _spec(root, url, sh, args.seq_len, steps, args.dp, f"s3-{sh}", args.block_window)
+                    spec = _spec(
+                        root, url, sh, args.seq_len, steps, args.dp, f"s3-{sh}", args.block_window, args.block_size
+                    )
                 except Exception as e:  # a shuffle this loomdata does not have: say so, go on
                     print(f"shuffle {sh}: not supported here ({type(e).__name__}: {e})")
                     continue

@@ -59,7 +59,6 @@ __all__ = [
     "FAST_STEPS_PER_S",
     "LATENCY_MARGIN",
     "MAX_EXTRA_STEPS",
-    "URGENT_STEPS",
     "PrefetchCounters",
     "Prefetcher",
     "StepRate",
@@ -98,12 +97,6 @@ COALESCE_UNITS = 8
 
 COALESCE_GAP = 256 * 1024
 """The most bytes between two units' ranges that a coalesced GET fetches for nothing (other columns' chunks)."""
-
-URGENT_STEPS = 2
-"""Units first used within this many steps of the newest step asked are read alone, not joined by neighbours: a
-coalesced GET of 8 row groups (about 5 MiB) lands and is decoded whole before any of its units is kept, so a step
-about to be served would wait for its neighbours (a block shuffle of whole-object blocks: first batch 0.8 s against
-0.04-0.26 s; results/object_store_s18_48k_block2048.json). Reads for later steps coalesce as before."""
 
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
 _FIRST_RATE_S = 0.1  # the first measure, this soon after the first served step (the reach widens from it)
@@ -178,25 +171,23 @@ def coalesce(
     max_bytes: int = COALESCE_BYTES,
     max_units: int = COALESCE_UNITS,
     max_gap: int = COALESCE_GAP,
-    alone: int = 0,
 ) -> list[list[int]]:
     """`keys` (to read ahead, plan order) as at most `reads` reads, each joined by its object's neighbours in `free`.
 
     A read of key k takes the units k+1, k+2, ... and k-1, ... of the same shard that are `free` (pending, not held
     nor in flight) while their ranges stay within `max_gap` of the run's and the run within `max_bytes` and
-    `max_units`: one GET instead of several; the first `alone` keys (needed soonest, `URGENT_STEPS`) are read one
-    unit each. Pure; each run sorted, the runs in the plan order of their first key.
+    `max_units`: one GET instead of several. Pure; each run sorted, the runs in the plan order of their first key.
     """
     taken: set[int] = set()
     out: list[list[int]] = []
-    for i, k in enumerate(keys):
+    for k in keys:
         if len(out) >= reads:
             break
         if k in taken:
             continue
         run = [k]
         taken.add(k)
-        first = span(k) if i >= alone else None
+        first = span(k)
         if first is not None:
             lo, hi = first
             shard = split_key(k)[0]
@@ -389,10 +380,7 @@ class Prefetcher:
             busy = np.concatenate([held, np.fromiter([*self._inflight, *self._declined], dtype=np.int64)])
             free = plan_prefetch(keys, first, busy, len(keys))
             if self._stores and slots > 0 and len(free):
-                soon = np.asarray(first)[~np.isin(keys, busy)] <= front + URGENT_STEPS  # plan order: soonest first
-                urgent = int(np.count_nonzero(soon))
-                ahead = free[: slots * COALESCE_UNITS].tolist()
-                runs = coalesce(ahead, set(free.tolist()), self._spans.span, slots, alone=urgent)
+                runs = coalesce(free[: slots * COALESCE_UNITS].tolist(), set(free.tolist()), self._spans.span, slots)
             else:
                 runs = [[k] for k in free[: max(slots, 0)].tolist()]
             for run in runs:

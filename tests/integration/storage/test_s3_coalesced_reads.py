@@ -15,7 +15,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from loomdata.execution import _prefetch
 from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, split_key, unit_key
 from loomdata.execution._prefetch import Prefetcher, coalesce
 from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
@@ -91,41 +90,7 @@ def test_neighbouring_row_groups_come_from_one_get_with_the_tokens_of_a_local_re
     assert request_stats()["get"] == 4  # one at a time: four GETs
 
 
-def test_the_units_of_the_next_steps_are_read_alone_and_later_ones_joined(s3: S3Server) -> None:
-    """A step about to be served does not wait for its unit's neighbours: the units first used within
-    `URGENT_STEPS` of the front are one GET each, the later ones still join their pending neighbours."""
-    assert _prefetch.URGENT_STEPS == 2
-    body = _parquet(64)
-    url = _put(s3, "urgent.parquet", body)
-    main = ParquetReader(SRC, TokenizerSpec(), ImageSpec())
-    main.prepare(url, len(body))
-    policy = CachePolicy(worker_bytes=1 << 22, horizon_steps=6, prefetch=2)
-    cache = PlanUnitCache("p", steps=50, policy=policy, shard_of={url: 3})
-    pf = Prefetcher(cache, main.sibling, {3: url}, 2, "t", assumed_steps_per_s=0.0)
-    main.use_unit_cache(pf)
-    order = [0, 5, 6, 1, 2, 4]  # steps 0-2: groups 0, 5, 6 alone; steps 3-5: [1, 2] joined, 4 (5 is held)
-    rows = np.array([8 * g + i for g in order for i in (0, 5)])
-    steps = np.array([s for s in range(len(order)) for _ in (0, 1)])
-    cache.plan(unit_key(3, main.units(url, rows)), steps, None)
-    reset_request_stats()
-    pf.pump(np.array([0]))
-    assert pf.settle(10)
-    assert pf.counters.issued == 6 and pf.counters.prefetched == 6 and pf.counters.reads == 5, pf.counters
-    assert request_stats()["get"] == 5, request_stats()  # all-joined would be 2 ([0, 1, 2], [4, 5, 6])
-    reference = _rows(64)
-    for s in range(len(order)):
-        sel = steps == s
-        assert [x.tokens.tolist() for x in main.read(url, rows[sel])] == [reference[r] for r in rows[sel].tolist()]
-        cache.served(unit_key(3, main.units(url, rows[sel])), steps[sel])
-    assert pf.counters.hits == 6 and pf.counters.misses == 0 and request_stats()["get"] == 5
-    pf.close()
-    cache.close()
-
-
-def test_the_read_ahead_joins_pending_neighbours_within_the_size_bound(
-    s3: S3Server, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(_prefetch, "URGENT_STEPS", -1)  # every read joins its neighbours (the next test: the soonest)
+def test_the_read_ahead_joins_pending_neighbours_within_the_size_bound(s3: S3Server) -> None:
     body = _parquet(64)
     url = _put(s3, "ahead.parquet", body)
     main = ParquetReader(SRC, TokenizerSpec(), ImageSpec())

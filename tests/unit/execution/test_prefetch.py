@@ -72,18 +72,6 @@ def test_coalesce_joins_free_neighbours_of_one_shard_within_the_gap_count_and_si
     assert coalesce([a[1], a[2]], free, lambda k: None, reads=5) == [[a[1]], [a[2]]]
 
 
-def test_coalesce_reads_the_units_needed_soonest_alone_and_joins_the_rest() -> None:
-    """`alone`: the first keys (a step about to be served) are one GET each; later reads take their neighbours,
-    never a unit already read alone."""
-    a = [int(k) for k in unit_key(1, np.arange(10))]
-    spans = {k: (100 * i, 100 * i + 90) for i, k in enumerate(a)}
-    free = set(a)
-    assert coalesce([a[2], a[5]], free, spans.get, reads=4, alone=1) == [[a[2]], a[3:10]]
-    assert coalesce([a[2], a[5]], free, spans.get, reads=4, alone=2) == [[a[2]], [a[5]]]
-    assert coalesce([a[2], a[5]], free, spans.get, reads=4) == [a[2:10]]  # alone=0: forward to 8 units, as before
-    assert coalesce([a[2], a[5], a[0]], free, spans.get, reads=2, alone=1) == [[a[2]], a[3:10]]  # reads bounded
-
-
 @pytest.fixture
 def shard(tmp_path: Path) -> Path:
     """One Parquet file of 24 rows in 8 row groups of 3 (row r holds tokens [r, r + 1])."""

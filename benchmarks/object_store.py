@@ -1,9 +1,11 @@
 """Delivery from object storage: the same corpus on local disk and on an S3-protocol server, with latency.
 
 One pre-tokenized Parquet source (row groups of 256 documents) is written locally and uploaded to
-moto's S3 server on loopback (`moto[server]`, a test dependency). A loopback proxy (`_latency_proxy.py`)
+moto's S3 server on loopback (`moto[server]`, a test dependency), in a process of its own (`--store-in-process`:
+beside the scheduler, as until session 17). A loopback proxy (`_latency_proxy.py`)
 in front of the server adds 0, 20 or 100 ms to every request and counts requests and bytes. For the
-shuffles `global` and `block` (blocks of one row group, `--block-window` of them shuffled together),
+shuffles `global` and `block` (blocks of one row group or `--block-size` documents, `--block-window` of them shuffled
+together),
 loomdata indexes and plans once (local and S3), then a fresh embedded cluster serves each plan (local
 disk; S3 at each latency; with prefetch off at 100 ms too) to `--consumers` rank processes that read
 every step:

@@ -1,9 +1,11 @@
 """Delivery from object storage: the same corpus on local disk and on an S3-protocol server, with latency.
 
 One pre-tokenized Parquet source (row groups of 256 documents) is written locally and uploaded to
-moto's S3 server on loopback (`moto[server]`, a test dependency). A loopback proxy (`_latency_proxy.py`)
+moto's S3 server on loopback (`moto[server]`, a test dependency), in a process of its own (`--store-in-process`:
+beside the scheduler, as until session 17). A loopback proxy (`_latency_proxy.py`)
 in front of the server adds 0, 20 or 100 ms to every request and counts requests and bytes. For the
-shuffles `global` and `block` (blocks of one row group, `--block-window` of them shuffled together),
+shuffles `global` and `block` (blocks of one row group or `--block-size` documents, `--block-window` of them shuffled
+together),
 loomdata indexes and plans once (local and S3), then a fresh embedded cluster serves each plan (local
 disk; S3 at each latency; with prefetch off at 100 ms too) to `--consumers` rank processes that read
 every step:
@@ -53,6 +55,7 @@ through s3fs instead of pyarrow's S3 client).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import multiprocessing as mp
@@ -109,8 +112,19 @@ def _upload(s3: Any, local: Path, prefix: str) -> int:
     return n
 
 
-def _spec(root: Path, paths: str, shuffle: str, seq_len: int, steps: int, dp: int, tag: str, window: int = 4) -> Any:
-    """One Parquet source; `block`: blocks of one row group, `window` of them shuffled together.
+def _spec(
+    root: Path,
+    paths: str,
+    shuffle: str,
+    seq_len: int,
+    steps: int,
+    dp: int,
+    tag: str,
+    window: int = 4,
+    block_size: int = ROW_GROUP,
+) -> Any:
+    """One Parquet source; `block`: blocks of `block_size` documents (default one row group), `window` of them
+    shuffled together.
 
     The default block shuffle (1024 documents x a window of 16) spans more documents than the benchmark's
     corpus, which would make it a global shuffle here; blocks aligned with row groups are what `block` is for.
@@ -119,7 +133,7 @@ def _spec(root: Path, paths: str, shuffle: str, seq_len: int, steps: int, dp: in
 
     source: dict[str, Any] = {"name": "web", "format": "parquet", "paths": [paths], "tokens_field": "tokens"}
     if shuffle != "global":
-        source.update(shuffle=shuffle, block_size=ROW_GROUP, window=window)
+        source.update(shuffle=shuffle, block_size=block_size, window=window)
     return parse_spec(
         {
             "name": f"bench-objstore-{tag}",
@@ -180,6 +194,54 @@ def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any, step_s
     )
 
 
+STORE_PID: int | None = None  # the S3 server's own process (None: moto runs in this process, `--store-in-process`)
+
+
+def _store_cpu_s() -> float:
+    """CPU seconds the S3 server's own process has used so far (0 when it runs in this process)."""
+    if STORE_PID is None:
+        return 0.0
+    try:
+        with open(f"/proc/{STORE_PID}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _start_store(in_process: bool) -> tuple[Any, int]:
+    """moto's S3 server on loopback, in a process of its own (as a real store is not in the scheduler's process, its
+    request threads do not compete for the scheduler's GIL), or in this one (`--store-in-process`, sessions <= 17).
+    Returns (a handle to stop it, its port)."""
+    global STORE_PID
+    if in_process:
+        from moto.server import ThreadedMotoServer
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+        server.start()
+        return server, int(server.get_host_and_port()[1])
+    port = _free_port()
+    code = (
+        "import logging; logging.getLogger('werkzeug').setLevel(logging.ERROR); "
+        "from moto.server import ThreadedMotoServer as T; import time; "
+        f"T(ip_address='127.0.0.1', port={port}).start(); time.sleep(1e6)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    STORE_PID = proc.pid
+    atexit.register(proc.kill)  # a run that fails midway leaves no server behind
+    return proc, port
+
+
+def _stop_store(handle: Any) -> None:
+    global STORE_PID
+    if isinstance(handle, subprocess.Popen):
+        handle.kill()
+        handle.wait()
+        STORE_PID = None
+    else:
+        handle.stop()
+
+
 TRACE = False  # --trace: loop lags, GC pauses and serving calls per worker, long waits per consumer
 PY_SPY: Path | None = None  # --py-spy: a py-spy binary (in a venv of its own) sampling the processes of each run
 PROFILES: list[Path] = []  # the profiles written so far (collapsed stacks, one file per process and run)
@@ -191,6 +253,8 @@ def _profile_start(client: Any, label: str) -> list[subprocess.Popen[bytes]]:
         return []
     pids = {f"worker{k}": pid for k, pid in enumerate(sorted(client.run(os.getpid).values()))}
     pids["bench"] = os.getpid()
+    if STORE_PID is not None:
+        pids["store"] = STORE_PID
     procs = []
     for who, pid in pids.items():
         out = Path(tempfile.gettempdir()) / "loom-object-store-profiles" / f"{label}-{who}.txt"  # large: not results
@@ -209,6 +273,64 @@ def _profile_stop(procs: list[subprocess.Popen[bytes]]) -> None:
         p.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
     for p in procs:
         p.wait(timeout=60)
+
+
+# Where a process's busy samples go (`--py-spy`): each stack is put in the category of its frame nearest the leaf that
+# matches one (so a GET made inside a row-group decode counts as storage, the decode's own C++ time as decode).
+_SPLIT = (
+    ("storage (GETs: s3fs, botocore, pyarrow S3, RangeFile)", ("loomdata/storage/", "s3fs/", "aiobotocore/",
+        "botocore/", "aiohttp/", "urllib3/", "pyarrow/fs.py", "fsspec/")),
+    ("checks and checksums", ("sources/_integrity.py", "execution/_verify.py", "xxhash")),
+    ("decode (Parquet row groups, readers)", ("pyarrow/parquet/", "loomdata/sources/", "execution/_reads.py")),
+    ("read-ahead and loader bookkeeping", ("execution/_prefetch.py", "execution/_shard_opens.py",
+        "execution/_plan_ahead.py", "execution/_loader", "execution/_manifest.py", "execution/_sample_index.py")),
+    ("packing and the serving path", ("execution/_pack", "execution/_constructor.py", "execution/_window.py",
+        "execution/_gateway.py", "execution/_wire.py", "execution/_strand.py", "execution/_arrow_pool.py",
+        "execution/_publish.py", "execution/_loop.py")),
+    ("moto (the S3 server)", ("moto/", "werkzeug/", "flask/", "xmltodict", "jinja2/", "responses/")),
+    ("latency proxy", ("_latency_proxy.py",)),
+    ("dask, comms, event loop", ("distributed/", "tornado/", "asyncio/", "msgpack", "cloudpickle", "selectors.py",
+        "ssl.py", "socket.py", "threading.py", "concurrent/")),
+)  # fmt: skip
+
+
+_IDLE_LEAVES = (
+    "Selector.select (", "Condition.wait (", "Event.wait (", "_worker (concurrent/futures/thread.py", "Queue.get (",
+    "sleep (", "accept (", "_wait_for_tstate_lock", "poll (", "recv_into (", "Connection.recv", "_recv (",
+    "SocketIO.readinto (socket.py",
+)  # fmt: skip
+
+
+def _profile_split(path: Path) -> dict[str, Any]:
+    """A py-spy raw profile's busy samples (threads waiting in a select, a lock or a queue left out) by category
+    (`_SPLIT`, else `other`): their count and each category's share."""
+    counts: dict[str, int] = {}
+    total = 0
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        k = int(n)
+        frames = stack.split(";")
+        leaf = frames[-1]
+        if len(frames) < 2 or any(idle in leaf for idle in _IDLE_LEAVES):  # a thread waiting, not working
+            continue
+        total += k
+        cat = "other"
+        for frame in reversed(frames):
+            hit = next((name for name, keys in _SPLIT if any(key in frame for key in keys)), None)
+            if hit is not None:
+                cat = hit
+                break
+        counts[cat] = counts.get(cat, 0) + k
+    if not total:
+        return {}
+    shares = {c: round(v / total, 3) for c, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+    return {"samples": total, "shares": shares}
 
 
 def _run_consumers(plan_dir: Path, n: int, step_s: float) -> list[dict[str, Any]]:
@@ -264,6 +386,9 @@ def _loom_run(
     from loomdata.storage._arrow import TRANSPORT_ENV
 
     plan_dir = plans_of[spec.name]
+    from loomdata.planning import plan_report
+
+    shuffle_figures = plan_report(plan_dir).get("shuffle")
     if proxy is not None:
         os.environ["AWS_ENDPOINT_URL"] = proxy.url
     os.environ.pop(TRANSPORT_ENV, None)
@@ -272,7 +397,7 @@ def _loom_run(
     with open_cluster(n_workers=2, local_directory=root / "dask") as client:
         # serving CPU from the executor's start: a loader reads ahead before the consumers start (local disk: most of
         # a run's reads), so CPU counted from the consumers' start alone would flatter the faster store
-        serve0, store0 = client.run(time.process_time), time.process_time()
+        serve0, store0 = client.run(time.process_time), time.process_time() + _store_cpu_s()
         with Executor(plan_dir, client, loader_prefetch=prefetch) as ex:
             if proxy is not None:
                 proxy.reset()
@@ -282,12 +407,16 @@ def _loom_run(
                 client.run(_stall_trace.start, patch=True)
             label = f"{spec.name}-{proxy.delay_s * 1000 if proxy else 0:g}ms-{time.time_ns()}"
             spies = _profile_start(client, label)
-            ticks, cpu0, wcpu0 = _cpu_ticks(), time.process_time(), client.run(time.process_time)
+            ticks, wcpu0 = _cpu_ticks(), client.run(time.process_time)
+            cpu0, s3cpu0 = time.process_time(), _store_cpu_s()
             rows = _run_consumers(plan_dir, consumers, step_s)
             _profile_stop(spies)
+            done = PROFILES[-len(spies) :] if spies else []
+            split = {p.name.rsplit("-", 1)[1][: -len(".txt")]: _profile_split(p) for p in done}
             machine = _machine(ticks, _cpu_ticks())
-            # this process: the scheduler, and for S3 the moto server and the proxy (CPU a real store would not take)
-            machine["bench_process_cpu_s"] = round(time.process_time() - cpu0, 3)
+            # this process (the scheduler, for S3 the proxy) and the S3 server's (CPU a real store would not take)
+            machine["store_process_cpu_s"] = round(_store_cpu_s() - s3cpu0, 3)
+            machine["bench_process_cpu_s"] = round(time.process_time() - cpu0 + machine["store_process_cpu_s"], 3)
             wcpu1 = client.run(time.process_time)
             # the serving workers' CPU over the consumers' run (loaders, constructors, their storage clients)
             machine["workers_cpu_s"] = round(sum(wcpu1[w] - wcpu0[w] for w in wcpu1 if w in wcpu0), 3)
@@ -297,7 +426,7 @@ def _loom_run(
             )
             # the same from the executor's start (its warm-up and reads ahead before the consumers start included)
             machine["serve_workers_cpu_s"] = round(sum(wcpu1[w] - serve0[w] for w in wcpu1 if w in serve0), 3)
-            machine["serve_bench_process_cpu_s"] = round(time.process_time() - store0, 3)
+            machine["serve_bench_process_cpu_s"] = round(time.process_time() + _store_cpu_s() - store0, 3)
             trace = client.run(_stall_trace.stop) if TRACE else None
             wall = max(r["t1"] for r in rows) - min(r["t0"] for r in rows)  # from the consumers' common start
             counts = proxy.reset() if proxy is not None else None
@@ -340,6 +469,8 @@ def _loom_run(
         "prefetch_reach_steps": _largest(loaders, "prefetch_reach_steps", 1),
         "step_ms": round(1000 * step_s, 3),
         "consumers_cpu_s": round(sum(r.get("cpu_s", 0.0) for r in rows), 3),
+        # the plan's shuffle quality (spearman, storage jumps, a block reader's read amplification; plan report)
+        "plan_shuffle": shuffle_figures,
     }
     # tokens per serving CPU-second: the workers and the consumers, not the benchmark process (scheduler, and for S3 the
     # moto server and the proxy, which a real store would not run on these cores). Two windows, neither exact: from the
@@ -351,6 +482,8 @@ def _loom_run(
     )
     out["tokens_per_serving_cpu_s"] = round(tokens / run_cpu) if run_cpu > 0 else None
     out["tokens_per_serve_start_cpu_s"] = round(tokens / serve_cpu) if serve_cpu > 0 else None
+    if spies:
+        out["profile_split"] = split  # busy samples at 200 Hz per process: worker0/1, bench (scheduler, proxy), store
     if trace is not None:
         out["trace"] = {"consumers": [r["long_gaps"] for r in rows], "workers": trace}
     if counts is not None:
@@ -461,7 +594,7 @@ def _mosaic_run(
     """Each consumer a rank process of the peers' venv streaming its partition of the documents (fresh cache)."""
     env = {**os.environ, **CREDS, "S3_ENDPOINT_URL": proxy.url, "PYTHONPATH": str(HERE / "_peer_stubs")}
     proxy.reset()
-    cpu0 = time.process_time()
+    cpu0 = time.process_time() + _store_cpu_s()
     procs = []
     cache = root / f"mosaic-cache-{time.time_ns()}"  # shared by the consumers of one node, as Mosaic wants
     port = _free_port()
@@ -501,7 +634,7 @@ def _mosaic_run(
         "fetched_per_delivered": round(counts.bytes_down / max(4 * tokens, 1), 3),
         "consumers_cpu_s": round(cpu, 3),
         "tokens_per_serving_cpu_s": round(tokens / cpu) if cpu > 0 else None,
-        "bench_process_cpu_s": round(time.process_time() - cpu0, 3),  # moto and the proxy, serving its downloads
+        "bench_process_cpu_s": round(time.process_time() + _store_cpu_s() - cpu0, 3),  # moto and the proxy
     }
 
 
@@ -835,7 +968,13 @@ def main() -> None:
     ap.add_argument("--consumers", type=int, default=2)
     ap.add_argument("--latencies", type=float, nargs="+", default=[0, 20, 100], help="ms added per request")
     ap.add_argument("--shuffles", nargs="+", default=["global", "block"])
-    ap.add_argument("--block-window", type=int, default=4, help="row-group blocks shuffled together (`block`)")
+    ap.add_argument("--block-window", type=int, default=4, help="blocks shuffled together (`block`)")
+    ap.add_argument(
+        "--block-size",
+        type=int,
+        default=ROW_GROUP,
+        help=f"documents per block (`block`; default {ROW_GROUP}: one row group; 2048: 8 row groups, about one object)",
+    )
     ap.add_argument(
         "--prefetch", type=int, default=ServeConfig().loader_prefetch, help="row groups each loader reads ahead"
     )
@@ -869,6 +1008,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--py-spy", type=Path, default=None, help="a py-spy binary: profile workers and this process in every run"
+    )
+    ap.add_argument(
+        "--store-in-process",
+        action="store_true",
+        help="run moto's S3 server in this process (beside the scheduler and the proxy), as sessions <= 17 did",
     )
     ap.add_argument("--local-only", action="store_true", help="only the local-disk sides (no S3 server, no Mosaic)")
     ap.add_argument(
@@ -909,7 +1053,6 @@ def main() -> None:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
 
     import boto3
-    from moto.server import ThreadedMotoServer
 
     from loomdata.execution import open_cluster
     from loomdata.indexing import build_index
@@ -922,13 +1065,16 @@ def main() -> None:
         files, npz = _write_docs(root, args.docs, seed=0)
         tokens = int(np.load(npz)["offsets"][-1])
         steps = max(1, int(tokens * 0.9) // (args.seq_len * args.dp) - 1)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-        server.start()
-        host, port = server.get_host_and_port()
-        direct = f"http://{host}:{port}"
+        server, port = _start_store(args.store_in_process)
+        direct = f"http://127.0.0.1:{port}"
         os.environ["AWS_ENDPOINT_URL"] = direct
         s3 = boto3.client("s3", endpoint_url=direct)
-        s3.create_bucket(Bucket=BUCKET)
+        for _ in range(200):
+            try:
+                s3.create_bucket(Bucket=BUCKET)
+                break
+            except Exception:  # not listening yet
+                time.sleep(0.1)
         _upload(s3, root / "parquet", "parquet")
         mosaic = PEERS_PYTHON.exists() and not args.no_mosaic and not args.local_only
         if args.local_only:
@@ -948,7 +1094,15 @@ def main() -> None:
             locals_ = {}
             for sh in args.shuffles:
                 local = _spec(
-                    root, "parquet/*.parquet", sh, args.seq_len, steps, args.dp, f"local-{sh}", args.block_window
+                    root,
+                    "parquet/*.parquet",
+                    sh,
+                    args.seq_len,
+                    steps,
+                    args.dp,
+                    f"local-{sh}",
+                    args.block_window,
+                    args.block_size,
                 )
                 build_index(local, client)
                 plans_of[local.name] = Path(make_plan(local).plan_dir)
@@ -956,7 +1110,9 @@ def main() -> None:
             for sh in [] if args.local_only else args.shuffles:
                 try:
                     url = f"s3://{BUCKET}/parquet/*.parquet"
-                    spec = _spec(root, url, sh, args.seq_len, steps, args.dp, f"s3-{sh}", args.block_window)
+                    spec = _spec(
+                        root, url, sh, args.seq_len, steps, args.dp, f"s3-{sh}", args.block_window, args.block_size
+                    )
                 except Exception as e:  # a shuffle this loomdata does not have: say so, go on
                     print(f"shuffle {sh}: not supported here ({type(e).__name__}: {e})")
                     continue
@@ -977,7 +1133,7 @@ def main() -> None:
         finally:
             for proxy in proxies.values():
                 proxy.close()
-        server.stop()
+        _stop_store(server)
     _print_matrix(results["summary"])
     print(f"wrote {args.out}")
 
@@ -993,6 +1149,9 @@ _AB_KEYS = (
     "bench_process_cpu_s",
     "first_batch_s",
     "workers_cpu_s",
+    "requests",
+    "requests_per_step",
+    "fetched_per_delivered",
 )
 
 
@@ -1005,11 +1164,23 @@ def _ab(args: Any) -> None:
     forward = [
         a
         for k, v in vars(args).items()
-        if k not in ("ab", "rounds", "out", "trace", "local_only", "no_mosaic", "mosaic_settings", "read_paths")
+        if k
+        not in (
+            "ab",
+            "rounds",
+            "out",
+            "trace",
+            "local_only",
+            "no_mosaic",
+            "mosaic_settings",
+            "read_paths",
+            "store_in_process",
+        )
         and v is not None
         for a in (f"--{k.replace('_', '-')}", *([str(x) for x in v] if isinstance(v, list) else [str(v)]))
     ]
     forward += ["--no-mosaic"] + ["--local-only"] * bool(args.local_only) + ["--trace"] * bool(args.trace)
+    forward += ["--store-in-process"] * bool(args.store_in_process)
     own = HERE.parent / "src"
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="loom-bench-objstore-ab-") as tmp:

@@ -25,7 +25,8 @@ hash call, run as a C-level `map`): the floor for sources of many short samples.
 A shard's `fingerprint` hashes its size and first/last 64 KiB (both files of a Megatron pair); it
 is content, never path or time. `ctime_ns` (the inode change time, which no user tool can set back)
 serves change detection only. An object (a URL) is hashed the same way through two range reads (run
-together, and beside its HEAD where the indexed size is known: a loader's check is one round trip), so a
+together, and beside its HEAD where the indexed size is known: a loader's check is one round trip; on S3
+the first range GET's response gives the size and ETag/version, so that check sends no HEAD), so a
 copy in a bucket has the fingerprint of the local file; its `version` (ETag or version id) takes the
 place of the times for change detection: `mtime_ns` holds `version_stamp(version)` (a CRC-32 of it), so
 the loaders' open check, which compares size, mtime and fingerprint, compares the ETag too.
@@ -49,7 +50,19 @@ import xxhash
 
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import SourceFormat
-from loomdata.storage import Location, StorageOptions, identity, is_url, read_range
+from loomdata.storage import (
+    AccessDeniedError,
+    Location,
+    ObjectNotFoundError,
+    StorageError,
+    StorageOptions,
+    TransientStorageError,
+    identity,
+    is_url,
+    protocol_of,
+    read_range,
+    read_range_identity,
+)
 
 __all__ = [
     "CHECKSUM",
@@ -130,8 +143,14 @@ def _hash_object(h: hashlib._Hash, url: str, options: StorageOptions | None, kno
     """Feed an object's size and first/last 64 KiB into `h`; return its size and version.
 
     The two edge reads run together; given the size the index recorded (`known`), alongside the HEAD too (one
-    round trip, not two). An object whose size is not `known` now has its edges read again at its real size.
+    round trip, not two), and on S3 the first edge's GET answers for the HEAD (`read_range_identity`: size and
+    ETag/version from its response, one request fewer per object). An object whose size is not `known` now has its
+    edges read again at its real size.
     """
+    if known is not None and known > 0 and protocol_of(url) == "s3":
+        got = _edges_with_identity(url, known, options)
+        if got is not None:
+            return _feed(h, *got[0]), got[1]
     early = _edges(url, known, options) if known is not None else None
     try:
         ident = identity(url, options)
@@ -139,14 +158,51 @@ def _hash_object(h: hashlib._Hash, url: str, options: StorageOptions | None, kno
         if early is not None and not all(f.done() for f in early):
             wait_for(early)
     if early is not None and ident.size == known:
-        head, tail = (f.result() for f in early)
+        head, tail_bytes = (f.result() for f in early)
     else:
-        head, tail = (f.result() for f in _edges(url, ident.size, options))
-    h.update(f"{ident.size}\0".encode())
+        head, tail_bytes = (f.result() for f in _edges(url, ident.size, options))
+    return _feed(h, ident.size, head, tail_bytes), ident.version
+
+
+def _edges_with_identity(
+    url: str, known: int, options: StorageOptions | None
+) -> tuple[tuple[int, bytes, bytes], str] | None:
+    """An S3 object's (size, first, last 64 KiB) and version from its two edge GETs alone, read at the indexed
+    size `known` (the first GET's response stands for the HEAD). None: take the HEAD path (no s3fs here, or the
+    first GET failed other than "missing", "denied" or "retries ran out", as a read of an object now empty does: the
+    HEAD path reports it as it always has). At another size now, the edges are read again at it."""
+    pool = _edge_pool()
+    first = pool.submit(read_range_identity, url, 0, min(known, _EDGE_BYTES), options)
+    tail = (
+        pool.submit(read_range, url, max(known - _EDGE_BYTES, _EDGE_BYTES), known, options)
+        if known > _EDGE_BYTES
+        else None
+    )
+    try:
+        got = first.result()
+    except (ObjectNotFoundError, AccessDeniedError, TransientStorageError):
+        raise
+    except StorageError:
+        return None
+    finally:
+        if tail is not None and not tail.done():
+            wait_for([tail])
+    if got is None:
+        return None
+    head, ident = got
+    if ident.size == known and len(head) == min(known, _EDGE_BYTES):
+        return (known, head, b"" if tail is None else tail.result()), ident.version
+    head, last = (f.result() for f in _edges(url, ident.size, options))
+    return (ident.size, head, last), ident.version
+
+
+def _feed(h: hashlib._Hash, size: int, head: bytes, tail: bytes) -> int:
+    """Feed a shard file's size and edges into its fingerprint hash `h` (the one layout for files and objects)."""
+    h.update(f"{size}\0".encode())
     h.update(head)
     h.update(b"\0")
     h.update(tail)
-    return ident.size, ident.version
+    return size
 
 
 def _hash_file(h: hashlib._Hash, path: Location) -> os.stat_result:
@@ -162,10 +218,7 @@ def _hash_file(h: hashlib._Hash, path: Location) -> os.stat_result:
                 tail = b""
     except OSError as e:
         raise SourceDataError(str(path), f"cannot read the file ({e.strerror or e})") from None
-    h.update(f"{st.st_size}\0".encode())
-    h.update(head)
-    h.update(b"\0")
-    h.update(tail)
+    _feed(h, st.st_size, head, tail)
     return st
 
 

@@ -2,6 +2,7 @@
 
 One small API for readers and the index job: `location` and `is_url` tell the two apart, `glob`,
 `identity` (size + ETag/version, or the file's stat), `open_input` / `ObjectView` / `read_range` read
+(`read_range_identity`: an S3 range and the object's identity from the one GET's response, no HEAD)
 (`open_ahead` opens an object's read handle before its first large read; `warm_client` makes a store's
 client before its first request)
 (`request_latency`: the median of a store's recent range GETs, for sizing read-ahead),
@@ -25,6 +26,7 @@ from loomdata.storage._fs import (
     open_ahead,
     open_input,
     read_range,
+    read_range_identity,
     request_stats,
     reset_request_stats,
     warm_client,
@@ -61,6 +63,7 @@ __all__ = [
     "options_for",
     "protocol_of",
     "read_range",
+    "read_range_identity",
     "redact",
     "request_latency",
     "request_stats",

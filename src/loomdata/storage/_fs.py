@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import fsspec
+import fsspec.asyn
 
 from loomdata.storage._arrow import (
     ARROW_MIN_READ,
@@ -51,6 +52,7 @@ __all__ = [
     "identity",
     "open_input",
     "read_range",
+    "read_range_identity",
     "request_stats",
     "reset_request_stats",
     "warm_client",
@@ -281,6 +283,54 @@ def _read_view(
 
     key = _options_key(url, options)
     return one() if key is None else _SHARED.run((url, start, stop, key), one)
+
+
+def read_range_identity(
+    url: str, start: int, stop: int, options: StorageOptions | None = None, policy: RetryPolicy = DEFAULT_POLICY
+) -> tuple[bytes, ObjectIdentity] | None:
+    """Bytes [start, stop) of an s3:// object and its identity (size, version), from one range GET; None elsewhere.
+
+    A GET's response carries what a HEAD gives (`Content-Range`'s total size, `ETag`, `x-amz-version-id`), read
+    as s3fs's `info` reads them from a HEAD, so the identity equals `identity(url)`'s: a loader's shard check then
+    needs no HEAD of its own (one request per object open fewer). Protocols other than s3: None (HEAD, then read).
+    Errors raise as `read_range`'s do, naming the URL.
+    """
+    if protocol_of(url) != "s3" or stop <= start:
+        return None
+    fs = _fs(url, options)
+    if not hasattr(fs, "_call_s3"):  # not s3fs
+        return None
+
+    def one() -> tuple[bytes, ObjectIdentity]:
+        _STATS.add("get")
+        get = _timed(lambda: fsspec.asyn.sync(fs.loop, _get_with_headers, fs, url, start, stop), url)
+        data, ident = _retry(get, url, f"read of bytes {start}..{stop}", policy)
+        _STATS.add("get_bytes", len(data))
+        return data, ident
+
+    return one()
+
+
+async def _get_with_headers(fs: Any, url: str, start: int, stop: int) -> tuple[bytes, ObjectIdentity]:
+    """One s3fs `get_object` of bytes [start, stop): the body, and size and version from the response's headers."""
+    from s3fs.core import _error_wrapper, version_id_kw
+
+    bucket, key, vers = fs.split_path(url)
+
+    async def call() -> tuple[bytes, dict[str, Any]]:
+        resp = await fs._call_s3(
+            "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{stop - 1}", **version_id_kw(vers)
+        )
+        try:
+            return await resp["Body"].read(), resp
+        finally:
+            resp["Body"].close()
+
+    body, resp = await _error_wrapper(call, retries=fs.retries)
+    total = str(resp.get("ContentRange") or "").rpartition("/")[2]
+    size = int(total) if total.isdigit() else int(resp.get("ContentLength") or len(body))  # a 200: the whole object
+    info = {"VersionId": resp.get("VersionId"), "ETag": resp.get("ETag", "")}
+    return bytes(body), ObjectIdentity(size, _version_of(info))
 
 
 _SHARED = SharedGets()

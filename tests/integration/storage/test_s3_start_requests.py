@@ -96,18 +96,43 @@ class _Together:
         return run
 
 
-def test_the_shard_check_sends_its_head_and_edge_reads_together(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_shard_check_sends_its_two_edge_reads_together_and_no_head(
+    s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On S3 the first edge's GET answers for the HEAD (size and ETag from its response): two requests, together."""
     body = _parquet(64, 400)
     url = _put(s3, "check.parquet", body)
-    plain = stat_shard(url)  # as the index job computes it (size unknown)
-    together = _Together(3)
+    plain = stat_shard(url)  # as the index job computes it (size unknown: HEAD, then the edges)
+    together = _Together(2)
     monkeypatch.setattr(_integrity, "identity", together.wrap("head", _integrity.identity))
     monkeypatch.setattr(_integrity, "read_range", together.wrap("get", _integrity.read_range))
+    monkeypatch.setattr(_integrity, "read_range_identity", together.wrap("get+id", _integrity.read_range_identity))
     reset_request_stats()
     known = stat_shard(url, size=len(body))  # as a loader checks it
-    assert sorted(together.calls) == ["get", "get", "head"]
-    assert request_stats()["head"] == 1 and request_stats()["get"] == 2, request_stats()
-    assert known == plain
+    assert sorted(together.calls) == ["get", "get+id"]
+    assert request_stats().get("head", 0) == 0 and request_stats()["get"] == 2, request_stats()
+    assert known == plain  # the same size, version stamp and fingerprint as the HEAD path gives
+
+
+def test_the_check_sees_a_rewrite_through_the_get_alone(s3: S3Server) -> None:
+    """A same-size rewrite with the same edges changes the ETag: the GET-only check's stat differs, as the HEAD's."""
+    body = bytearray(_parquet(64, 400))
+    url = _put(s3, "same-size.parquet", bytes(body))
+    before = stat_shard(url, size=len(body))
+    mid = len(body) // 2
+    body[mid] ^= 0xFF  # outside both 64 KiB edges
+    _put(s3, "same-size.parquet", bytes(body))
+    after = stat_shard(url, size=len(body))
+    assert after.fingerprint == before.fingerprint and after.size_bytes == before.size_bytes
+    assert after.version != before.version and after.mtime_ns != before.mtime_ns
+    assert after == stat_shard(url)
+
+
+def test_a_check_of_an_object_now_empty_takes_the_head_path(s3: S3Server) -> None:
+    """An object rewritten empty: the ranged GET is refused (416), the HEAD path hashes what is there."""
+    url = _put(s3, "emptied.parquet", b"")
+    got = stat_shard(url, size=200_000)
+    assert got.size_bytes == 0 and got == stat_shard(url)
 
 
 def test_without_a_known_size_the_edge_reads_run_together_after_the_head(

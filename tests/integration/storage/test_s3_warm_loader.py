@@ -120,9 +120,9 @@ def test_the_start_step_is_served_without_a_storagestep_request(
         if chunk == 2:
             assert loader._plan._planned >= {2, 3, 4, 5}  # steps 5..11: chunk 2 at once, 3..5 behind it
         warmed = request_stats()
-        assert warmed.get("head", 0) >= 3 and warmed.get("get", 0) >= 3, warmed  # shards opened, units read ahead
-        assert warmed["head"] == len(loader._verifier.opened), warmed  # the checks' HEADs alone: footers at the
-        # indexed size need none (objects under 512 KiB: no pyarrow handle opened ahead)
+        assert warmed.get("get", 0) >= 2 * len(loader._verifier.opened) >= 6, warmed  # shards opened, units read
+        assert warmed.get("head", 0) == 0, warmed  # no HEAD at all: footers at the indexed size need none, the
+        # checks' first edge GETs answer for theirs (objects under 512 KiB: no pyarrow handle opened ahead)
         req = step_request(plan_dir, start)
         assert loader._inline_ok(req)  # everything held: a small read may stay on the event loop
         reset_request_stats()

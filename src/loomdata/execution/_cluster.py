@@ -9,6 +9,9 @@ scheduler is reached with the user's own credentials (`--tls-*` or LOOM_TLS_*). 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import multiprocessing.forkserver
+import os
 import subprocess
 import sys
 import tempfile
@@ -107,6 +110,8 @@ def open_cluster(
         if in_process:
             _use_worker_pool_here()
         stack.enter_context(dask.config.set(embedded_worker_config(dashboard=dashboard)))
+        if not in_process:
+            forked_workers()
         cluster = stack.enter_context(
             LocalCluster(
                 n_workers=1 if in_process else n_workers,
@@ -223,6 +228,44 @@ def worker_env() -> dict[str, str]:
     return {"ARROW_DEFAULT_MEMORY_POOL": chosen, **(jemalloc_conf_env() if chosen == "jemalloc" else {})}
 
 
+START_METHOD_KEY = "distributed.worker.multiprocessing-method"
+"""How Dask's nannies start worker processes (`forkserver` for the embedded cluster: `forked_workers`)."""
+
+WORKER_PRELOAD = "loomdata.execution._worker_preload"
+"""The module the fork server imports before forking workers (everything a worker imports; `gc.freeze`)."""
+
+
+def forked_workers() -> bool:
+    """Start the fork server the embedded cluster's workers are forked from, with `WORKER_PRELOAD` imported in it
+    and the workers' environment (`worker_env`, Dask's pre-spawn variables) set before it imports pyarrow; whether
+    workers will be forked (Dask's start method is `forkserver`: `embedded_worker_config` unless the user chose one).
+
+    Spawned, each worker imported its own copy of Dask, pyarrow, pydantic and loomdata; forked from one process that
+    imported them, the workers share the pages they do not write (benchmarks/memory.py). The fork server starts once
+    a process and keeps the environment it started with; this process's own environment is left as it was.
+    """
+    if dask.config.get(START_METHOD_KEY) != "forkserver":
+        return False
+    from distributed.utils import get_mp_context
+
+    ctx = get_mp_context()  # Dask's preload list, set once a process; ours is set after it, so it stays
+    preload = ["distributed", WORKER_PRELOAD]
+    ctx.set_forkserver_preload(preload)
+    pre_spawn = {str(k): str(v) for k, v in (dask.config.get("distributed.nanny.pre-spawn-environ") or {}).items()}
+    env = {**pre_spawn, **worker_env()}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return True
+
+
 PROFILE_KEY = "distributed.worker.profile.enabled"
 """Dask's statistical profiler of worker threads (feeds the dashboard's Profile page and `Client.profile`)."""
 
@@ -242,6 +285,8 @@ def embedded_worker_config(*, dashboard: bool) -> dict[str, Any]:
     config: dict[str, Any] = {}
     if not dashboard and not _user_configured(PROFILE_KEY):
         config[PROFILE_KEY] = False
+    if not _user_configured(START_METHOD_KEY) and "forkserver" in multiprocessing.get_all_start_methods():
+        config[START_METHOD_KEY] = "forkserver"
     return config
 
 

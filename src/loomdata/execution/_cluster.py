@@ -110,8 +110,8 @@ def open_cluster(
         if in_process:
             _use_worker_pool_here()
         stack.enter_context(dask.config.set(embedded_worker_config(dashboard=dashboard)))
-        if not in_process:
-            forked_workers()
+        if not in_process and not forked_workers() and not _user_configured(START_METHOD_KEY):
+            stack.enter_context(dask.config.set({START_METHOD_KEY: "spawn"}))  # Dask's default
         cluster = stack.enter_context(
             LocalCluster(
                 n_workers=1 if in_process else n_workers,
@@ -235,34 +235,45 @@ WORKER_PRELOAD = "loomdata.execution._worker_preload"
 """The module the fork server imports before forking workers (everything a worker imports; `gc.freeze`)."""
 
 
+_FORK_ENV: list[dict[str, str]] = []
+"""The environment `forked_workers` started this process's fork server with (empty: it started none)."""
+
+
 def forked_workers() -> bool:
-    """Start the fork server the embedded cluster's workers are forked from, with `WORKER_PRELOAD` imported in it
-    and the workers' environment (`worker_env`, Dask's pre-spawn variables) set before it imports pyarrow; whether
-    workers will be forked (Dask's start method is `forkserver`: `embedded_worker_config` unless the user chose one).
+    """Make sure the fork server the embedded cluster's workers are forked from runs, with `WORKER_PRELOAD` imported
+    in it and the workers' environment (`worker_env`, Dask's pre-spawn variables) set before it imported pyarrow;
+    whether the workers will be forked from it.
 
     Spawned, each worker imported its own copy of Dask, pyarrow, pydantic and loomdata; forked from one process that
-    imported them, the workers share the pages they do not write (benchmarks/memory.py). The fork server starts once
-    a process and keeps the environment it started with; this process's own environment is left as it was.
+    imported them, the workers share the pages they do not write (benchmarks/memory.py). False where Dask's start
+    method is not `forkserver` (`embedded_worker_config` sets it unless the user chose one), or where a fork server
+    already runs that this function did not start with this environment (one started elsewhere, or a cluster opened
+    before with another Arrow pool: it keeps the environment it started with). This process's own environment
+    is left as it was.
     """
     if dask.config.get(START_METHOD_KEY) != "forkserver":
         return False
     from distributed.utils import get_mp_context
 
-    ctx = get_mp_context()  # Dask's preload list, set once a process; ours is set after it, so it stays
-    preload = ["distributed", WORKER_PRELOAD]
-    ctx.set_forkserver_preload(preload)
     pre_spawn = {str(k): str(v) for k, v in (dask.config.get("distributed.nanny.pre-spawn-environ") or {}).items()}
     env = {**pre_spawn, **worker_env()}
+    server = multiprocessing.forkserver._forkserver  # type: ignore[attr-defined]
+    running = getattr(server, "_forkserver_pid", None) is not None
+    if _FORK_ENV[:1] != [env] and (running or _FORK_ENV):
+        return False
+    ctx = get_mp_context()  # Dask's preload list, set once a process; ours is set after it, so it stays
+    ctx.set_forkserver_preload(["distributed", WORKER_PRELOAD])
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        multiprocessing.forkserver.ensure_running()
+        server.ensure_running()  # started now, or again if it died (then with this environment too)
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    _FORK_ENV[:] = [env]
     return True
 
 
@@ -296,7 +307,7 @@ def _user_configured(key: str) -> bool:
     for part in key.split("."):
         if not isinstance(node, dict):
             return False
-        found = [v for k, v in node.items() if dask.config.canonical_name(k, node) == part]
+        found = [v for k, v in node.items() if str(k).replace("_", "-") == part.replace("_", "-")]  # as Dask reads
         if not found:
             return False
         node = found[0]

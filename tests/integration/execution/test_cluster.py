@@ -137,3 +137,43 @@ def test_credentials_made_apart_name_the_folder_when_it_cannot_be_written(tmp_pa
     blocker.write_text("")
     with pytest.raises(ExecutionError, match=r"TLS credentials in .*file/tls"):
         tls_apart(blocker / "tls")
+
+
+def _start() -> dict[str, Any]:
+    import gc
+    import os
+    import sys
+
+    with open("/proc/self/smaps_rollup") as f:
+        roll = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in f) if v.strip().endswith("kB")}
+    return {
+        "parent": os.getppid(),
+        "preloaded": "loomdata.execution._worker_preload" in sys.modules,
+        "frozen": gc.get_freeze_count(),
+        "shared_dirty_mib": roll.get("Shared_Dirty", 0) / 1024,
+        "pool": _backend(),
+    }
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux's /proc")
+def test_workers_are_forked_from_one_preloaded_server_and_share_its_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both workers come from one fork server that imported what a worker imports (frozen for the collector): the
+    pages they did not write are the server's, shared (a spawned worker shares no anonymous page with anyone)."""
+    import os
+
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    monkeypatch.delenv("DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD", raising=False)
+    with open_cluster(n_workers=2, local_directory=tmp_path / "a") as client:
+        seen = list(client.run(_start).values())
+    assert len({w["parent"] for w in seen}) == 1 and seen[0]["parent"] != os.getpid(), seen
+    assert all(w["preloaded"] and w["frozen"] > 10_000 for w in seen), seen
+    assert all(w["shared_dirty_mib"] > 20 for w in seen), seen
+    assert all(w["pool"] == WORKER_ARROW_POOL for w in seen), seen
+    # the user's start method wins: spawned workers are the nannies' children (here, this process) and share nothing
+    monkeypatch.setenv("DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD", "spawn")
+    with open_cluster(n_workers=1, local_directory=tmp_path / "b") as client:
+        (w,) = client.run(_start).values()
+    assert w["parent"] == os.getpid() and not w["preloaded"] and w["frozen"] == 0, w
+    assert w["shared_dirty_mib"] < 5, w

@@ -257,7 +257,7 @@ def forked_workers() -> bool:
 
     pre_spawn = {str(k): str(v) for k, v in (dask.config.get("distributed.nanny.pre-spawn-environ") or {}).items()}
     env = {**pre_spawn, **worker_env()}
-    server = multiprocessing.forkserver._forkserver  # type: ignore[attr-defined]
+    server = multiprocessing.forkserver._forkserver
     running = getattr(server, "_forkserver_pid", None) is not None
     if _FORK_ENV[:1] != [env] and (running or _FORK_ENV):
         return False

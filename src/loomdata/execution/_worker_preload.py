@@ -6,22 +6,31 @@ A spawned worker imported about 29 MiB of Python objects (code, module dicts, cl
 benchmarks/memory.py at 300 sources) and the C libraries' start-up allocations, each worker its own copy.
 Forked from one process that imported them, the workers share every page neither writes. Freezing moves
 the imported objects out of the collector's generations: a collection in a worker would otherwise write to
-every tracked object's header and so copy nearly every page of them into that worker.
+every tracked object's header and so copy nearly every page of them into that worker. What the imports freed is
+given back to the OS (`malloc_trim`) before any worker is forked.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib
 
-import distributed.nanny  # noqa: F401  (the worker process's entry point and the worker itself)
-import distributed.worker  # noqa: F401
-import numpy  # noqa: F401
-import pyarrow  # noqa: F401
-import pyarrow.compute  # noqa: F401
-import pyarrow.parquet  # noqa: F401
+from loomdata import _glibc
 
-import loomdata.execution._actors  # noqa: F401  (loaders, constructors and what they import)
-import loomdata.sources  # noqa: F401
+WORKER_MODULES = (
+    "distributed.nanny",  # the worker process's entry point
+    "distributed.worker",
+    "numpy",
+    "pyarrow.compute",
+    "pyarrow.parquet",
+    "loomdata.execution._actors",  # loaders, constructors and all they import (pydantic, the schemas, sources)
+    "loomdata.sources",
+)
+"""What a serving worker imports, imported here once."""
+
+for _name in WORKER_MODULES:
+    importlib.import_module(_name)
 
 gc.collect()
 gc.freeze()
+_glibc.trim()  # what the imports freed goes back to the OS before any worker is forked

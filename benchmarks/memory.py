@@ -672,7 +672,8 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
             fork_server: dict[str, float] = {}
             for pid, depth, name in tree(serve_pid):  # LocalCluster's nannies live in the serving process
                 v = pss(pid) / MIB
-                if name == "fork_server":  # the workers' parent (counted with them): its PSS and private MiB
+                if name == "fork_server" and pid not in m["worker_pids"]:  # workers forked from it keep its command
+                    # the workers' parent (counted with them): its PSS and private MiB
                     fork_server = {"pss_mib": round(v, 1), "private_mib": round(uss(pid) / MIB, 1)}
                 key = (
                     "serving process (scheduler + executor)"

@@ -558,7 +558,8 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
         while (cmd := cmds.get()) != "stop":
             if cmd == "metrics":
                 m = ex.metrics()
-                workers = {w: (v.get("id"), v.get("pid")) for w, v in client.scheduler_info()["workers"].items()}
+                pids = client.run(os.getpid)  # the scheduler's worker info carries no pid (None)
+                workers = {w: (v.get("id"), pids.get(w)) for w, v in client.scheduler_info()["workers"].items()}
                 answers.put(
                     {
                         "loaders": sum(v.loaders for v in m.sources.values()),

@@ -236,7 +236,8 @@ WORKER_PRELOAD = "loomdata.execution._worker_preload"
 
 
 _FORK_ENV: list[dict[str, str]] = []
-"""The environment `forked_workers` started this process's fork server with (empty: it started none)."""
+"""The environment `forked_workers` started this process's fork server with (empty: it started none): workers forked
+from it see that environment, so a cluster opened after this process's environment changed spawns its workers."""
 
 
 def forked_workers() -> bool:
@@ -247,9 +248,9 @@ def forked_workers() -> bool:
     Spawned, each worker imported its own copy of Dask, pyarrow, pydantic and loomdata; forked from one process that
     imported them, the workers share the pages they do not write (benchmarks/memory.py). False where Dask's start
     method is not `forkserver` (`embedded_worker_config` sets it unless the user chose one), or where a fork server
-    already runs that this function did not start with this environment (one started elsewhere, or a cluster opened
-    before with another Arrow pool: it keeps the environment it started with). This process's own environment
-    is left as it was.
+    already runs that this function did not start with this process's environment as it is now (one started
+    elsewhere, or one started before a variable changed: it keeps the environment it started with, and a spawned
+    worker sees this process's). This process's own environment is left as it was.
     """
     if dask.config.get(START_METHOD_KEY) != "forkserver":
         return False
@@ -259,8 +260,8 @@ def forked_workers() -> bool:
     env = {**pre_spawn, **worker_env()}
     server = multiprocessing.forkserver._forkserver
     running = getattr(server, "_forkserver_pid", None) is not None
-    if _FORK_ENV[:1] != [env] and (running or _FORK_ENV):
-        return False
+    if _FORK_ENV[:1] != [{**os.environ, **env}] and (running or _FORK_ENV):
+        return False  # a worker forked from it would not see this process's environment as it is now
     ctx = get_mp_context()  # Dask's preload list, set once a process; ours is set after it, so it stays
     ctx.set_forkserver_preload(["distributed", WORKER_PRELOAD])
     saved = {k: os.environ.get(k) for k in env}
@@ -273,7 +274,7 @@ def forked_workers() -> bool:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    _FORK_ENV[:] = [env]
+    _FORK_ENV[:] = [{**os.environ, **env}]
     return True
 
 

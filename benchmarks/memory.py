@@ -12,7 +12,8 @@ source has had many documents read):
   Beside them, the same pattern at its least memory (`baseline_no_prebuffer_w0`): `pre_buffer=False` and
   `num_workers=0`, each rank reading every source itself (one process a rank, not three).
 - loomdata: one serving process (embedded LocalCluster scheduler + `Executor` with default
-  autoscaling, as `loom serve` runs it) with its nannies and 2 worker processes, plus each of R rank
+  autoscaling, as `loom serve` runs it) with its nannies and 2 worker processes (and the fork server they are
+  forked from, counted with them: `fork_server_mib`), plus each of R rank
   processes iterating `LoomDataset(plan_dir, rank)`, counted as its PSS above an idle torch process
   (one that imported torch and did nothing, running beside the ranks), as the issue defines it. The
   plan is `make_plan` over the index `build_index` built on an embedded cluster.
@@ -95,7 +96,13 @@ def tree(pid: int) -> list[tuple[int, int, str]]:
             while p != pid and p > 1:
                 depth, p = depth + 1, psutil.Process(p).ppid()
             cmd = " ".join(child.cmdline())
-            name = "resource_tracker" if "resource_tracker" in cmd else "child"
+            name = (
+                "resource_tracker"
+                if "resource_tracker" in cmd
+                else "fork_server"
+                if "multiprocessing.forkserver" in cmd
+                else "child"
+            )
             out.append((child.pid, depth, name))
         except psutil.NoSuchProcess:
             continue
@@ -551,7 +558,8 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
         while (cmd := cmds.get()) != "stop":
             if cmd == "metrics":
                 m = ex.metrics()
-                workers = {w: (v.get("id"), v.get("pid")) for w, v in client.scheduler_info()["workers"].items()}
+                pids = client.run(os.getpid)  # the scheduler's worker info carries no pid (None)
+                workers = {w: (v.get("id"), pids.get(w)) for w, v in client.scheduler_info()["workers"].items()}
                 answers.put(
                     {
                         "loaders": sum(v.loaders for v in m.sources.values()),
@@ -662,8 +670,12 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
             rank_uss = [uss(pid) for pid in pids]
             parts: dict[str, float] = {"serving process (scheduler + executor)": 0.0, "dask workers": 0.0}
             parts["helpers (resource tracker)"] = 0.0
+            fork_server: dict[str, float] = {}
             for pid, depth, name in tree(serve_pid):  # LocalCluster's nannies live in the serving process
                 v = pss(pid) / MIB
+                if name == "fork_server" and pid not in m["worker_pids"]:  # workers forked from it keep its command
+                    # the workers' parent (counted with them): its PSS and private MiB
+                    fork_server = {"pss_mib": round(v, 1), "private_mib": round(uss(pid) / MIB, 1)}
                 key = (
                     "serving process (scheduler + executor)"
                     if depth == 0
@@ -689,6 +701,7 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
                 "rank0_anon_by_mapping_mib": _anon_by_mapping(pids[0]),
                 "idle_anon_by_mapping_mib": _anon_by_mapping(companion_pid),
                 "breakdown_mib": {k: round(v, 1) for k, v in parts.items()},
+                "fork_server_mib": fork_server,  # empty: the workers were spawned
                 "loader_memory_mib": round(m["loader_memory_bytes"] / MIB, 1),
                 "loader_rss_mib": round(m["loader_rss_bytes"] / MIB, 1),
                 "loaders": m["loaders"],

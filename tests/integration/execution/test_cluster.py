@@ -137,3 +137,75 @@ def test_credentials_made_apart_name_the_folder_when_it_cannot_be_written(tmp_pa
     blocker.write_text("")
     with pytest.raises(ExecutionError, match=r"TLS credentials in .*file/tls"):
         tls_apart(blocker / "tls")
+
+
+def _start() -> dict[str, Any]:
+    import gc
+    import os
+    import sys
+
+    with open("/proc/self/smaps_rollup") as f:
+        roll = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in f) if v.strip().endswith("kB")}
+    return {
+        "parent": os.getppid(),
+        "preloaded": "loomdata.execution._worker_preload" in sys.modules,
+        "frozen": gc.get_freeze_count(),
+        "shared_dirty_mib": roll.get("Shared_Dirty", 0) / 1024,
+        "pool": _backend(),
+        "mark": os.environ.get("LOOM_TEST_MARK"),
+    }
+
+
+_FORKED = """
+import json, os, sys
+from loomdata.execution import open_cluster
+from tests.integration.execution.test_cluster import _start
+
+if __name__ == "__main__":
+    out = {"me": os.getpid()}
+    with open_cluster(n_workers=2, local_directory=sys.argv[1] + "/a") as client:
+        out["first"] = list(client.run(_start).values())
+    os.environ["LOOM_TEST_MARK"] = "set later"
+    with open_cluster(n_workers=1, local_directory=sys.argv[1] + "/b") as client:
+        out["later"] = list(client.run(_start).values())
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux's /proc")
+def test_workers_are_forked_from_one_preloaded_server_and_share_its_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both workers come from one fork server that imported what a worker imports (frozen for the collector): the
+    pages they did not write are the server's, shared (a spawned worker shares no anonymous page with anyone). A
+    variable set after the server started still reaches the workers (spawned then). In a fresh interpreter: this
+    test process's fork server started with whatever environment an earlier test had."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("ARROW_DEFAULT_MEMORY_POOL", "LOOM_TEST_MARK")}
+    env.pop("DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD", None)
+    script = tmp_path / "forked.py"
+    script.write_text(_FORKED)
+    root = Path(__file__).resolve().parents[3]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=240, cwd=root
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = out["first"]
+    assert len({w["parent"] for w in seen}) == 1 and seen[0]["parent"] != out["me"], out
+    assert all(w["preloaded"] and w["frozen"] > 10_000 for w in seen), seen
+    assert all(w["shared_dirty_mib"] > 20 for w in seen), seen
+    assert all(w["pool"] == WORKER_ARROW_POOL for w in seen), seen
+    (later,) = out["later"]
+    assert later["mark"] == "set later" and later["parent"] == out["me"] and not later["preloaded"], later
+    # the user's start method wins: spawned workers are the nannies' children (here, this process) and share nothing
+    monkeypatch.setenv("DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD", "spawn")
+    with open_cluster(n_workers=1, local_directory=tmp_path / "c") as client:
+        (w,) = client.run(_start).values()
+    assert w["parent"] == os.getpid() and not w["preloaded"] and w["frozen"] == 0, w
+    assert w["shared_dirty_mib"] < 5, w

@@ -14,7 +14,15 @@ import numpy as np
 
 from loomdata.schemas.context_parallel import cp_positions
 
-__all__ = ["DERIVED_ARRAYS", "IGNORE_INDEX", "SEGMENT_DTYPE", "Batch", "BatchBlock", "derive_labels_positions", "reassemble_cp"]
+__all__ = [
+    "DERIVED_ARRAYS",
+    "IGNORE_INDEX",
+    "SEGMENT_DTYPE",
+    "Batch",
+    "BatchBlock",
+    "derive_labels_positions",
+    "reassemble_cp",
+]
 
 IGNORE_INDEX = -100
 """Label value across document boundaries and padding (ignored by cross-entropy)."""
@@ -237,7 +245,6 @@ class BatchBlock:
                 )
             )
         return out
-
 
     def _derived(self, first: int, stop: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Arrays and bounds of batches `first..stop-1` alone (bounds from 0), with the derived arrays built."""

@@ -4,8 +4,12 @@ Both sides read the same pre-tokenized Parquet files (two sources, short and lon
 deliver packed int32 sequences of `--seq-len` tokens as torch tensors to each consumer process.
 
 - loomdata: an embedded LocalCluster of 2 worker processes runs the Source Loaders and one Data
-  Constructor for a real indexed and planned (cost-balanced) plan with dp_size 4; each consumer is a
-  separate process iterating `LoomDataset(plan_dir, rank)` over all of its rank's micro-batches.
+  Constructor for a real indexed and planned (cost-balanced) plan; each consumer is a separate process
+  iterating `LoomDataset(plan_dir, rank)` over all of its rank's micro-batches. Each consumer count runs a
+  whole job: a plan of that many ranks (`--dp 0`, the default since session 18), as the peer's world size is
+  the consumer count. `--dp 4` serves one dp-4 plan whose first ranks consume (what earlier sessions
+  measured: one consumer was rank 0 of 4, and with `block` shuffle every row group holds documents of all four
+  ranks, so its loaders decoded every row group for a quarter of their documents).
 - peers, each consumer a torch `DataLoader` over an IterableDataset reading its share of the row groups with
   pyarrow, for the same number of batches (no planning, no balancing), at every `--peer-workers` setting
   (default 0 and 2: the reads in the consumer itself, or in two worker processes whose tensors cross by shared
@@ -88,7 +92,13 @@ _ROW_GROUP = 256  # documents per Parquet row group (`_write_data`); also the bl
 
 
 def _spec(
-    root: Path, seq_len: int, steps: int, micro_batches: int, verify: str = "sample", shuffle: str = "global"
+    root: Path,
+    seq_len: int,
+    steps: int,
+    micro_batches: int,
+    verify: str = "sample",
+    shuffle: str = "global",
+    dp: int = DP,
 ) -> Any:
     from loomdata.schemas import parse_spec
 
@@ -113,7 +123,7 @@ def _spec(
                 for name in ("web", "code")
             ],
             "mixture": {"weights": {"web": 0.5, "code": 0.5}},
-            "training": {"seq_len": seq_len, "steps": steps, "dp_size": DP, "micro_batches": micro_batches},
+            "training": {"seq_len": seq_len, "steps": steps, "dp_size": dp, "micro_batches": micro_batches},
         },
         root,
     )
@@ -607,6 +617,14 @@ def main() -> None:
         help="loomdata's document order: global (any document anywhere) or block (a row group at a time, shuffled "
         "within 16 row groups: reads mostly sequential, as the peer's)",
     )
+    ap.add_argument(
+        "--dp",
+        type=int,
+        default=0,
+        help="loomdata's plan dp size; 0 (default): each consumer count's own plan of that many ranks, a whole job "
+        "as the peer's (its world size is the consumer count); 4: one dp-4 plan whose first ranks consume (before "
+        "session 18: one consumer was rank 0 of 4 and read every row group for a quarter of its documents)",
+    )
     ap.add_argument("--verify-repeat", type=int, default=3, help="runs per verify mode (sample, off); 0: skip")
     ap.add_argument("--peers", nargs="+", default=list(_PEERS), choices=list(_PEERS), help="peer loaders to run")
     ap.add_argument(
@@ -657,18 +675,25 @@ def main() -> None:
         rows: list[dict[str, Any]] = []
         with open_cluster(n_workers=args.workers, local_directory=root / "dask") as client:
             build_index(spec, client)
-            plan_dir = make_plan(spec).plan_dir
+            plan_dirs = {  # a plan of `--dp` ranks, or each consumer count's own (0)
+                n: make_plan(
+                    _spec(root, args.seq_len, args.steps, args.micro_batches, shuffle=args.shuffle, dp=args.dp or n)
+                ).plan_dir
+                for n in args.consumers
+            }
+            plan_dir = plan_dirs[max(args.consumers)]
             meta = read_plan(plan_dir)
+            dps = sorted({read_plan(d).dp_size for d in plan_dirs.values()})
             print(
-                f"data, index and plan in {time.perf_counter() - t:.1f}s: {len(files)} files, plan {meta.plan_id}, "
-                f"{meta.steps} steps x {meta.micro_batches} micro-batches x {meta.seq_len} tokens, dp {DP}"
+                f"data, index and plan(s) in {time.perf_counter() - t:.1f}s: {len(files)} files, plan {meta.plan_id}, "
+                f"{meta.steps} steps x {meta.micro_batches} micro-batches x {meta.seq_len} tokens, dp {dps}"
             )
             print(_HEADER)
             for n in args.consumers:
                 n_batches = meta.steps * meta.micro_batches
                 row = _measure(
                     client,
-                    plan_dir,
+                    plan_dirs[n],
                     files,
                     n,
                     n_batches,
@@ -678,6 +703,7 @@ def main() -> None:
                     args.transports,
                     args.peer_workers,
                 )
+                row["plan_dp"] = read_plan(plan_dirs[n]).dp_size
                 rows.append(row)
                 _print_row(row)
             verify_cost = None
@@ -709,7 +735,7 @@ def main() -> None:
             "steps": args.steps,
             "seq_len": args.seq_len,
             "micro_batches": args.micro_batches,
-            "dp_size": DP,
+            "dp_size": args.dp or "consumers",
             "dask_workers": args.workers,
             "window": args.window,
             "shuffle": args.shuffle,

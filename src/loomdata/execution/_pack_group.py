@@ -6,11 +6,11 @@ laid out rank by rank, step by step, micro-batch by micro-batch, in the arrays o
 the window holds per (rank, step) is a `StepPack` naming its batches in that block, and a take of
 consecutive steps of one group is a slice of it (`block_of`: no copy; steps of two groups: one copy of
 their pieces). The block's `input_ids` is the loaders' answers' rows and each batch's padding joined in block order
-by one `concatenate` of views (`_join`; no pad fill first, no scatter into manifest order), `labels` one shifted copy
-of it (IGNORE then written over padding and segment ends), `position_ids` views of one `arange` joined the
-same way: each token of `input_ids` and `position_ids` is written once (session 17:
-two fills, a copy per batch and a cumulative sum less). Rows no answer covers (never in serving) are padding, placed
-by `place_tokens`. The bytes are those of `pack_step` (tests compare them batch by batch).
+by one `concatenate` of views (`_join`; no pad fill first, no scatter into manifest order). The block is thin
+(`BatchBlock.thin`): labels and position ids follow from `input_ids` and `cu_seqlens`, so they are built where
+batches are made of it (on the rank, `BatchBlock.batches`), never here and never sent (session 18: a third of
+the bytes a take moves). Rows no answer covers (never in serving) are padding, placed by `place_tokens`. The
+batches are those of `pack_step` (tests compare them batch by batch).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from loomdata.execution._packing import PackRules, pack_step
-from loomdata.schemas.batch import BLOCK_ARRAYS, IGNORE_INDEX, SEGMENT_DTYPE, Batch, BatchBlock
+from loomdata.schemas.batch import BLOCK_ARRAYS, DERIVED_ARRAYS, SEGMENT_DTYPE, Batch, BatchBlock
 from loomdata.schemas.errors import ExecutionError
 from loomdata.schemas.plan import PlanMeta
 
@@ -130,22 +130,6 @@ def _block(
     slot, pad_slot, pad = _pieces(bidx, seg_at, per_batch, seq)
     top = int(lane_len.max(initial=0))
     input_ids = _input_ids(rules, rows, answers, row_length, perm, seg_start, (slot, pad_slot, pad), top, size)
-    # Labels: each token's successor (one shifted copy), IGNORE at every segment's last token and on padding.
-    labels = np.empty(size, dtype=np.int32)
-    if size:
-        labels[:-1] = input_ids[1:]
-        labels[-1] = IGNORE_INDEX
-    for o, e in zip((out_at[1:] - pad).tolist(), out_at[1:].tolist(), strict=True):
-        if o < e:
-            labels[o:e] = IGNORE_INDEX
-    # Positions restart at every segment (0..length-1) and are 0 on padding: views of one arange, joined.
-    src = np.zeros(len(slot) + len(pad_slot), dtype=np.int64)
-    src[pad_slot] = 1
-    hi = np.empty(len(src), dtype=np.int64)
-    hi[slot], hi[pad_slot] = length, pad
-    positions = _join([np.arange(top, dtype=np.int32), np.zeros(top, dtype=np.int32)], src, np.zeros_like(hi), hi, size)
-    ends = seg_start[length > 0] + length[length > 0] - 1
-    labels[ends] = IGNORE_INDEX  # every segment's last token
     cu_at = np.zeros(n_batches + 1, dtype=np.int64)
     np.cumsum(rows_per + 1, out=cu_at[1:])
     cu = np.zeros(int(cu_at[-1]), dtype=np.int32)
@@ -160,9 +144,8 @@ def _block(
     scalars[:, 2] = np.tile(np.arange(mbs), len(pairs))
     scalars[:, 3] = lane
     scalars[:, 5] = 1
-    arrays = {"input_ids": input_ids, "labels": labels, "position_ids": positions, "cu_seqlens": cu, "segments": seg}
-    arrays["image_positions"] = np.zeros(0, dtype=np.int32)
-    bounds = {"input_ids": out_at, "labels": out_at, "position_ids": out_at, "cu_seqlens": cu_at, "segments": seg_at}
+    arrays = {"input_ids": input_ids, "cu_seqlens": cu, "segments": seg, "image_positions": np.zeros(0, dtype=np.int32)}
+    bounds = {"input_ids": out_at, "cu_seqlens": cu_at, "segments": seg_at}
     bounds["image_positions"] = np.zeros(n_batches + 1, dtype=np.int64)
     block = BatchBlock(
         steps=np.full(len(pairs), mbs, dtype=np.int64),
@@ -293,7 +276,12 @@ def block_of(packs: Sequence[StepPack]) -> BatchBlock:
         else:
             pieces.append((p.block, p.first, p.stop))
     arrays, bounds = {}, {}
+    thin = pieces[0][0].thin
+    if any(blk.thin != thin for blk, _, _ in pieces):  # pragma: no cover - every group block is thin
+        raise ExecutionError("packing: a take joins thin and full blocks")
     for name in BLOCK_ARRAYS:
+        if thin and name in DERIVED_ARRAYS:
+            continue
         parts, cuts, base = [], [np.zeros(1, dtype=np.int64)], 0
         for blk, a, b in pieces:
             lo, hi = int(blk.bounds[name][a]), int(blk.bounds[name][b])

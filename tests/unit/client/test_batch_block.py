@@ -5,8 +5,10 @@ from __future__ import annotations
 import pickle
 
 import numpy as np
+import pytest
 
-from loomdata.schemas.batch import SEGMENT_DTYPE, Batch, BatchBlock
+from loomdata.execution._packing import pack_arrays
+from loomdata.schemas.batch import DERIVED_ARRAYS, SEGMENT_DTYPE, Batch, BatchBlock
 
 
 def _batch(step: int, mb: int, n: int, segs: int, images: int = 0, cp: tuple[int, int] = (0, 1)) -> Batch:
@@ -60,3 +62,64 @@ def test_unpacked_arrays_are_views_into_the_block() -> None:
     block = BatchBlock.of([[_batch(0, 0, 8, 2)], [_batch(1, 0, 8, 2)]])
     second = block.unpack()[1][0]
     assert np.shares_memory(second.input_ids, block.arrays["input_ids"])
+
+
+def _thin_of(batches: list[Batch]) -> BatchBlock:
+    """`BatchBlock.of(batches)` less its derived arrays: what a constructor's group block is."""
+    full = BatchBlock.of([batches])
+    keep = {k: v for k, v in full.arrays.items() if k not in DERIVED_ARRAYS}
+    bounds = {k: v for k, v in full.bounds.items() if k not in DERIVED_ARRAYS}
+    return BatchBlock(full.steps, full.scalars, keep, bounds, full.images, full.image_bounds)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_thin_block_derives_the_labels_and_positions_packing_writes(seed: int) -> None:
+    """Labels and position ids rebuilt on the rank equal `pack_arrays`' for any segments: empty ones, a batch without
+    segments, a full batch (no padding), lanes of different lengths; after pickling, for any range of batches."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    for mb in range(int(rng.integers(1, 7))):
+        seq = int(rng.choice([1, 8, 64, 100]))
+        kind = rng.integers(0, 4)
+        if kind == 0:
+            lengths = np.zeros(0, dtype=np.int64)  # no segments: all padding
+        elif kind == 1:  # full: no padding
+            cuts = np.sort(rng.integers(0, seq + 1, int(rng.integers(0, 5))))
+            lengths = np.diff(np.concatenate([[0], cuts, [seq]]))
+        else:
+            lengths = rng.integers(0, max(2, seq // 3), int(rng.integers(1, 6)))
+            lengths = lengths[np.cumsum(lengths) <= seq]
+        tokens = rng.integers(0, 50_000, int(lengths.sum())).astype(np.int32)
+        ids, labels, pos, cu = pack_arrays(tokens, lengths, seq, pad_token_id=3)
+        seg = np.zeros(len(lengths), dtype=SEGMENT_DTYPE)
+        seg["length"] = lengths
+        batches.append(Batch(0, 1, mb, mb % 2, ids, labels, pos, cu, seg))
+    thin = _thin_of(batches)
+    assert thin.thin and not BatchBlock.of([batches]).thin
+    for block in (thin, pickle.loads(pickle.dumps(thin, protocol=5))):
+        for want, got in zip(batches, block.unpack()[0], strict=True):
+            _same(want, got)
+        lo = int(rng.integers(0, len(batches)))
+        hi = int(rng.integers(lo, len(batches) + 1))
+        for want, got in zip(batches[lo:hi], block.batches(lo, hi), strict=True):
+            _same(want, got)
+
+
+def test_a_thin_block_moves_a_third_of_the_token_bytes() -> None:
+    ids, labels, pos, cu = pack_arrays(np.arange(4000, dtype=np.int32), np.array([1000, 3000]), 4096, pad_token_id=0)
+    seg = np.zeros(2, dtype=SEGMENT_DTYPE)
+    batches = [Batch(s, 0, 0, 0, ids, labels, pos, cu, seg) for s in range(8)]
+
+    def wire_bytes(block: BatchBlock) -> int:
+        buffers: list[pickle.PickleBuffer] = []
+        body = pickle.dumps(block, protocol=5, buffer_callback=buffers.append)
+        return len(body) + sum(b.raw().nbytes for b in buffers)
+
+    full, thin = wire_bytes(BatchBlock.of([batches])), wire_bytes(_thin_of(batches))
+    assert full > 3 * 8 * 4096 * 4 > thin > 8 * 4096 * 4
+
+
+def test_a_thin_block_refuses_a_cp_shard() -> None:
+    batch = _batch(0, 0, 8, 2, cp=(1, 2))
+    with pytest.raises(ValueError, match="CP shard"):
+        _thin_of([batch]).unpack()

@@ -217,22 +217,27 @@ def held_membership(
             active[na] = k
             na += 1
     rr = np.empty(n_src, dtype=np.int64)
+    hits = np.empty(n_src + 1, dtype=np.int64)  # (one spare: the last source is written before it is counted)
     ahead = np.empty(n_src)
     for t in range(r):
         b = np.float64(budget[t])
-        for k in range(n_src):
-            xt = acc[k] + last[k] * b
-            acc[k] = xt
-            if xt > nxt[k]:
-                j, pick, nx = _near_at(cw, shift[k], n_of[k], state[k, 0], xt)
-                state[k, 0] = j
-                nxt[k] = nx
-                if pick > state[k, 1]:
-                    state[k, 1] = pick
-                    if not is_on[k] and pick > cur[k]:
-                        is_on[k] = True
-                        active[na] = k
-                        na += 1
+        for k in range(n_src):  # every source's target (a loop of its own: vectorised, the same float adds)
+            acc[k] = acc[k] + last[k] * b
+        nh = 0
+        for k in range(n_src):  # the sources whose target passed their next point, listed without a branch
+            hits[nh] = k
+            nh += acc[k] > nxt[k]
+        for h in range(nh):  # (a branch a source and step mispredicted often: 66 -> 42 ms a 14K-step run, 300 sources)
+            k = hits[h]
+            j, pick, nx = _near_at(cw, shift[k], n_of[k], state[k, 0], acc[k])
+            state[k, 0] = j
+            nxt[k] = nx
+            if pick > state[k, 1]:
+                state[k, 1] = pick
+                if not is_on[k] and pick > cur[k]:
+                    is_on[k] = True
+                    active[na] = k
+                    na += 1
         short = 0
         for i in range(na):
             k = active[i]

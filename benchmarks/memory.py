@@ -12,8 +12,8 @@ source has had many documents read):
   Beside them, the same pattern at its least memory (`baseline_no_prebuffer_w0`): `pre_buffer=False` and
   `num_workers=0`, each rank reading every source itself (one process a rank, not three).
 - loomdata: one serving process (embedded LocalCluster scheduler + `Executor` with default
-  autoscaling, as `loom serve` runs it) with its nannies and 2 worker processes (and the fork server they are
-  forked from, counted with them: `fork_server_mib`), plus each of R rank
+  autoscaling, as `loom serve` runs it) with its nannies and 2 worker processes (and, where the workers were forked
+  from a fork server, that server, counted with them: `fork_server_mib`), plus each of R rank
   processes iterating `LoomDataset(plan_dir, rank)`, counted as its PSS above an idle torch process
   (one that imported torch and did nothing, running beside the ranks), as the issue defines it. The
   plan is `make_plan` over the index `build_index` built on an embedded cluster.

@@ -653,6 +653,8 @@ def main() -> None:
     )
     ap.add_argument("--rounds", type=int, default=2, help="with --ab: alternating rounds (before, after) each")
     args = ap.parse_args()
+    if args.dp < 0 or (args.dp and args.dp < max(args.consumers)):
+        ap.error(f"--dp must be 0 (a plan per consumer count) or at least the most consumers, got {args.dp}")
     if args.ab is not None:
         _ab(args)
         return
@@ -708,7 +710,15 @@ def main() -> None:
                 _print_row(row)
             verify_cost = None
             if args.verify_repeat > 0:
-                off = _spec(root, args.seq_len, args.steps, args.micro_batches, verify="off", shuffle=args.shuffle)
+                off = _spec(  # the same ranks as the "sample" plan it is compared with (the largest consumer count's)
+                    root,
+                    args.seq_len,
+                    args.steps,
+                    args.micro_batches,
+                    verify="off",
+                    shuffle=args.shuffle,
+                    dp=args.dp or max(args.consumers),
+                )
                 build_index(off, client)
                 plans = {"sample": Path(plan_dir), "off": Path(make_plan(off).plan_dir)}
                 n = max(args.consumers)

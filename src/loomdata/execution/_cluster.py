@@ -9,9 +9,6 @@ scheduler is reached with the user's own credentials (`--tls-*` or LOOM_TLS_*). 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
-import multiprocessing.forkserver
-import os
 import subprocess
 import sys
 import tempfile
@@ -110,8 +107,6 @@ def open_cluster(
         if in_process:
             _use_worker_pool_here()
         stack.enter_context(dask.config.set(embedded_worker_config(dashboard=dashboard)))
-        if not in_process and not forked_workers() and not _user_configured(START_METHOD_KEY):
-            stack.enter_context(dask.config.set({START_METHOD_KEY: "spawn"}))  # Dask's default
         cluster = stack.enter_context(
             LocalCluster(
                 n_workers=1 if in_process else n_workers,
@@ -228,56 +223,6 @@ def worker_env() -> dict[str, str]:
     return {"ARROW_DEFAULT_MEMORY_POOL": chosen, **(jemalloc_conf_env() if chosen == "jemalloc" else {})}
 
 
-START_METHOD_KEY = "distributed.worker.multiprocessing-method"
-"""How Dask's nannies start worker processes (`forkserver` for the embedded cluster: `forked_workers`)."""
-
-WORKER_PRELOAD = "loomdata.execution._worker_preload"
-"""The module the fork server imports before forking workers (everything a worker imports; `gc.freeze`)."""
-
-
-_FORK_ENV: list[dict[str, str]] = []
-"""The environment `forked_workers` started this process's fork server with (empty: it started none): workers forked
-from it see that environment, so a cluster opened after this process's environment changed spawns its workers."""
-
-
-def forked_workers() -> bool:
-    """Make sure the fork server the embedded cluster's workers are forked from runs, with `WORKER_PRELOAD` imported
-    in it and the workers' environment (`worker_env`, Dask's pre-spawn variables) set before it imported pyarrow;
-    whether the workers will be forked from it.
-
-    Spawned, each worker imported its own copy of Dask, pyarrow, pydantic and loomdata; forked from one process that
-    imported them, the workers share the pages they do not write (benchmarks/memory.py). False where Dask's start
-    method is not `forkserver` (`embedded_worker_config` sets it unless the user chose one), or where a fork server
-    already runs that this function did not start with this process's environment as it is now (one started
-    elsewhere, or one started before a variable changed: it keeps the environment it started with, and a spawned
-    worker sees this process's). This process's own environment is left as it was.
-    """
-    if dask.config.get(START_METHOD_KEY) != "forkserver":
-        return False
-    from distributed.utils import get_mp_context
-
-    pre_spawn = {str(k): str(v) for k, v in (dask.config.get("distributed.nanny.pre-spawn-environ") or {}).items()}
-    env = {**pre_spawn, **worker_env()}
-    server = multiprocessing.forkserver._forkserver
-    running = getattr(server, "_forkserver_pid", None) is not None
-    if _FORK_ENV[:1] != [{**os.environ, **env}] and (running or _FORK_ENV):
-        return False  # a worker forked from it would not see this process's environment as it is now
-    ctx = get_mp_context()  # Dask's preload list, set once a process; ours is set after it, so it stays
-    ctx.set_forkserver_preload(["distributed", WORKER_PRELOAD])
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        server.ensure_running()  # started now, or again if it died (then with this environment too)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    _FORK_ENV[:] = [{**os.environ, **env}]
-    return True
-
-
 PROFILE_KEY = "distributed.worker.profile.enabled"
 """Dask's statistical profiler of worker threads (feeds the dashboard's Profile page and `Client.profile`)."""
 
@@ -297,8 +242,6 @@ def embedded_worker_config(*, dashboard: bool) -> dict[str, Any]:
     config: dict[str, Any] = {}
     if not dashboard and not _user_configured(PROFILE_KEY):
         config[PROFILE_KEY] = False
-    if not _user_configured(START_METHOD_KEY) and "forkserver" in multiprocessing.get_all_start_methods():
-        config[START_METHOD_KEY] = "forkserver"
     return config
 
 
@@ -308,7 +251,7 @@ def _user_configured(key: str) -> bool:
     for part in key.split("."):
         if not isinstance(node, dict):
             return False
-        found = [v for k, v in node.items() if str(k).replace("_", "-") == part.replace("_", "-")]  # as Dask reads
+        found = [v for k, v in node.items() if dask.config.canonical_name(k, node) == part]
         if not found:
             return False
         node = found[0]

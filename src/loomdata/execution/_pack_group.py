@@ -49,7 +49,7 @@ class StepPack:
 
     @property
     def batches(self) -> list[Batch]:
-        """The micro-batches (views into the block, made on first use)."""
+        """The micro-batches, made on first use (views into the block; labels and position ids derived: it is thin)."""
         if self._batches is None:
             assert self.block is not None
             self._batches = self.block.batches(self.first, self.stop)

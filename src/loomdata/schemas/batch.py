@@ -166,7 +166,8 @@ class BatchBlock:
 
     Sent as a list of `Batch`es, every batch costs its own pickled object and six transport frames
     (and a socket write each); a block is one object of about a dozen arrays whatever the number of
-    steps. `unpack` gives the same batches back (views into the block's arrays, no copy).
+    steps. `unpack` gives the same batches back (views into the block's arrays, no copy; a thin block's labels and
+    position ids are built anew, `thin`).
     `steps[k]` is how many batches step k has; `scalars[i]` is batch i's `BLOCK_SCALARS`;
     `bounds[name][i]:bounds[name][i + 1]` is batch i's part of array `name`.
 
@@ -209,13 +210,14 @@ class BatchBlock:
         return "labels" not in self.arrays
 
     def unpack(self) -> list[list[Batch]]:
-        """The steps' batches again (their arrays are views into this block's)."""
+        """The steps' batches again (views into this block's arrays; a thin block's derived arrays are new)."""
         out = self.batches(0, len(self.scalars))
         per = np.concatenate([[0], np.cumsum(self.steps)]).tolist()
         return [out[per[k] : per[k + 1]] for k in range(len(self.steps))]
 
     def batches(self, first: int, stop: int) -> list[Batch]:
-        """Batches `first..stop-1` of the block (in step order; arrays are views into this block's)."""
+        """Batches `first..stop-1` of the block (in step order; views into this block's arrays, a thin block's derived
+        arrays new)."""
         arrays, bounds, at = self.arrays, self.bounds, first
         if self.thin:  # the range's arrays alone, derived ones built: their bounds count from 0
             arrays, bounds, at = *self._derived(first, stop), 0

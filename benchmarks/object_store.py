@@ -906,12 +906,7 @@ def _read_paths(rounds: int, docs: int = 2000) -> dict[str, Any]:
         endpoint = f"http://127.0.0.1:{port}"
         os.environ.update(CREDS | {"AWS_ENDPOINT_URL": endpoint})
         s3 = boto3.client("s3", endpoint_url=endpoint)
-        for _ in range(100):
-            try:
-                s3.create_bucket(Bucket=BUCKET)
-                break
-            except Exception:  # not listening yet
-                time.sleep(0.1)
+        _create_bucket(s3, tries=100)
         with tempfile.TemporaryDirectory(prefix="loom-bench-reads-") as tmp:
             files, _ = _write_docs(Path(tmp), docs, seed=0, per_file=docs)
             local = files[0]
@@ -956,6 +951,16 @@ def _read_paths(rounds: int, docs: int = 2000) -> dict[str, Any]:
     finally:
         server.kill()
         server.wait()
+
+
+def _create_bucket(s3: Any, tries: int) -> None:
+    """Create the benchmark's bucket once the server listens (a try every 0.1 s)."""
+    for _ in range(tries):
+        try:
+            s3.create_bucket(Bucket=BUCKET)
+            return
+        except Exception:  # not listening yet
+            time.sleep(0.1)
 
 
 def main() -> None:
@@ -1069,12 +1074,7 @@ def main() -> None:
         direct = f"http://127.0.0.1:{port}"
         os.environ["AWS_ENDPOINT_URL"] = direct
         s3 = boto3.client("s3", endpoint_url=direct)
-        for _ in range(200):
-            try:
-                s3.create_bucket(Bucket=BUCKET)
-                break
-            except Exception:  # not listening yet
-                time.sleep(0.1)
+        _create_bucket(s3, tries=200)
         _upload(s3, root / "parquet", "parquet")
         mosaic = PEERS_PYTHON.exists() and not args.no_mosaic and not args.local_only
         if args.local_only:

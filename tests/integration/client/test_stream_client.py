@@ -161,3 +161,22 @@ def test_a_failed_connect_leaves_no_half_built_client(stream_plan: Path) -> None
         gc.enable()
     assert left == []
     assert f"127.0.0.1:{port}" in str(raised.value)
+
+
+def test_a_rank_restarted_from_an_earlier_step_is_served_from_builds_ahead(
+    dask_client: Client, stream_plan: Path, loomtest: Any
+) -> None:
+    """A rank that starts again at an earlier step on a live executor (a resume from an older checkpoint): the same
+    batches, built ahead in the moved-back window, not one on-demand build per take."""
+    meta = loomtest.Oracle(stream_plan).meta
+    with Executor(stream_plan, dask_client, window=2, bytes_in_flight=0) as ex:
+        with StreamClient(stream_plan, 0) as first:
+            got = list(first)
+        start = 1
+        with StreamClient(stream_plan, 0, start_step=start) as again:
+            replay = list(again)
+        c0 = next(c for c in ex.metrics().constructors if 0 in c.ranks)
+    assert len(replay) == len(got) - start * meta.micro_batches
+    for x, y in zip(got[start * meta.micro_batches :], replay, strict=True):
+        _same(x, y)
+    assert c0.on_demand_steps == 0 and c0.built_steps >= meta.steps + meta.steps - start

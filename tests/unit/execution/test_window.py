@@ -273,3 +273,41 @@ def test_a_release_builds_ahead_once_half_the_window_is_free_in_one_group() -> N
     assert [sim.take(0, s) for s in range(4, 12)] == [f"s{s}r0" for s in range(4, 12)]
     assert sim.on_demand == 0  # never served outside the window
     assert refill_steps(2) == 1 and refill_steps(1) == 1  # small windows build at every release, as before
+
+
+def test_a_take_before_the_window_of_an_idle_rank_moves_its_window_back() -> None:
+    """A rank restarted from an earlier step on a live executor (or retrying a take whose answer was lost): the
+    window moves back, so the replayed steps are built ahead again, not one on-demand build per take."""
+    sim = _Sim(StepWindow([0, 1], steps=100, window=4, peers=1))
+    sim.launch(sim.w.start())
+    sim.finish_all()
+    for step in range(20):
+        assert sim.take(0, step) == f"s{step}r0"
+        sim.finish_all()
+    assert sim.w.want[0] == 20 and sim.on_demand == 0
+    started = len(sim.started)
+    assert sim.take(0, 5) == "s5r0"  # the rewind: its window is 6..9 now, built ahead
+    assert sim.on_demand == 0 and sim.w.want[0] == 6
+    assert sorted(b.step for b in sim.started[started:]) == [5, 6, 7, 8]
+    sim.finish_all()
+    for step in range(6, 30):
+        assert sim.take(0, step) == f"s{step}r0"
+        sim.finish_all()
+    assert sim.on_demand == 0
+    for rank, s in sim.w.held_keys():  # nothing kept from before the rewind past the window
+        assert sim.w.want[rank] <= s < sim.w.want[rank] + 4
+
+
+def test_a_take_before_the_window_while_another_is_in_progress_is_built_on_demand() -> None:
+    w: StepWindow[str] = StepWindow([0], steps=100, window=2, peers=1)
+    sim = _Sim(w)
+    sim.launch(w.start())
+    sim.finish_all()
+    for step in range(10):
+        sim.take(0, step)
+        sim.finish_all()
+    held = w.admit(0, 11)  # a prefetching take in progress
+    assert sim.take(0, 3) == "s3r0" and sim.on_demand == 1  # the window stays
+    assert w.want[0] == 10
+    w.finish(0)
+    sim.launch(held.builds)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loomdata.schemas.batch import IGNORE_INDEX, SEGMENT_DTYPE, Batch
+from loomdata.schemas.batch import IGNORE_INDEX, SEGMENT_DTYPE, Batch, derive_labels_positions
 from loomdata.schemas.context_parallel import cp_group_check, cp_positions, lane_cp_sizes
 from loomdata.schemas.errors import ExecutionError
 from loomdata.schemas.plan import PlanMeta
@@ -73,13 +73,8 @@ def pack_arrays(
     np.cumsum(lengths, out=cu[1:])
     input_ids = np.full(seq_len, pad_token_id, dtype=np.int32)
     input_ids[:total] = tokens
-    position_ids = np.zeros(seq_len, dtype=np.int32)
-    position_ids[:total] = np.arange(total, dtype=np.int32) - np.repeat(cu[:-1], lengths)
-    labels = np.full(seq_len, IGNORE_INDEX, dtype=np.int32)
-    if total > 1:
-        labels[: total - 1] = input_ids[1:total]
-    ends = cu[1:][lengths > 0] - 1
-    labels[ends] = IGNORE_INDEX
+    one = np.array([0, seq_len], dtype=np.int64)  # one batch: the rule a thin block's batches are derived by
+    labels, position_ids = derive_labels_positions(input_ids, one, cu, np.array([0, len(cu)], dtype=np.int64))
     return input_ids, labels, position_ids, cu
 
 

@@ -74,8 +74,9 @@ def _thin_of(batches: list[Batch]) -> BatchBlock:
 
 @pytest.mark.parametrize("seed", range(20))
 def test_a_thin_block_derives_the_labels_and_positions_packing_writes(seed: int) -> None:
-    """Labels and position ids rebuilt on the rank equal `pack_arrays`' for any segments: empty ones, a batch without
-    segments, a full batch (no padding), lanes of different lengths; after pickling, for any range of batches."""
+    """Labels and position ids rebuilt on the rank equal the rule's, written out segment by segment (`_by_segment`),
+    for any segments: empty ones, a batch without segments, a full batch (no padding), lanes of different lengths;
+    after pickling, for any range of batches."""
     rng = np.random.default_rng(seed)
     batches = []
     for mb in range(int(rng.integers(1, 7))):
@@ -90,7 +91,9 @@ def test_a_thin_block_derives_the_labels_and_positions_packing_writes(seed: int)
             lengths = rng.integers(0, max(2, seq // 3), int(rng.integers(1, 6)))
             lengths = lengths[np.cumsum(lengths) <= seq]
         tokens = rng.integers(0, 50_000, int(lengths.sum())).astype(np.int32)
-        ids, labels, pos, cu = pack_arrays(tokens, lengths, seq, pad_token_id=3)
+        ids, cu = np.full(seq, 3, dtype=np.int32), np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        ids[: len(tokens)] = tokens
+        labels, pos = _by_segment(ids, lengths)
         seg = np.zeros(len(lengths), dtype=SEGMENT_DTYPE)
         seg["length"] = lengths
         batches.append(Batch(0, 1, mb, mb % 2, ids, labels, pos, cu, seg))
@@ -103,6 +106,20 @@ def test_a_thin_block_derives_the_labels_and_positions_packing_writes(seed: int)
         hi = int(rng.integers(lo, len(batches) + 1))
         for want, got in zip(batches[lo:hi], block.batches(lo, hi), strict=True):
             _same(want, got)
+
+
+def _by_segment(ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The packing rule, one segment at a time: the next token inside a segment, -100 at its last token and on
+    padding; positions 0.. in each segment, 0 on padding."""
+    labels = np.full(len(ids), -100, dtype=np.int32)
+    pos = np.zeros(len(ids), dtype=np.int32)
+    at = 0
+    for n in lengths.tolist():
+        if n > 1:
+            labels[at : at + n - 1] = ids[at + 1 : at + n]
+        pos[at : at + n] = np.arange(n)
+        at += n
+    return labels, pos
 
 
 def test_a_thin_block_moves_a_third_of_the_token_bytes() -> None:

@@ -166,7 +166,8 @@ def test_compiled_pieces_match_a_piece_by_piece_reference() -> None:
         ln[rng.random(len(ln)) < 0.1] = 0
         im = np.where(rng.random(len(ln)) < 0.5, rng.integers(0, 2 * seq, len(ln)), 0).astype(np.int64)
         im = np.minimum(im, ln)
-        for got, want in zip(concat_pieces(ln, im, first, seq, dp), _concat_reference(ln, im, first, seq, dp)):
+        want_c = _concat_reference(ln, im, first, seq, dp)
+        for got, want in zip(concat_pieces(ln, im, first, seq, dp), want_c, strict=True):
             assert np.array_equal(got, want)
         got_p = packed_pieces(ln, im, first, seq, dp, dp * mb)
         for got, want in zip(got_p, _packed_reference(ln, im, first, seq, dp, dp * mb), strict=True):

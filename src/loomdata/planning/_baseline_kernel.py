@@ -89,32 +89,42 @@ def shuffle_steps(states: np.ndarray, first: np.ndarray, out: np.ndarray) -> Non
 def concat_pieces(ln: np.ndarray, im: np.ndarray, first: np.ndarray, seq_len: int, dp: int) -> tuple[np.ndarray, ...]:
     """Concat-and-chunk: each step's documents (ln, im: tokens and image tokens, shuffled; step t's are
     first[t]..first[t+1]-1) end to end from a row start, cut at rows of seq_len: per piece in order its key
-    (step * dp + row % dp), tokens and image tokens (pro rata, rounded down), and each step's row count."""
+    (step * dp + row % dp), tokens and image tokens (pro rata, rounded down), and each step's row count.
+    One pass, the current row and its rank followed as the documents go (no division a piece); the arrays are
+    sized by a bound (a piece starts a document or a row) and returned as views of what was written."""
     n_steps = len(first) - 1
     n_rows = np.zeros(n_steps, dtype=np.int64)
-    total = 0
+    bound = len(ln)
     for t in range(n_steps):
         at = 0
         for d in range(first[t], first[t + 1]):
-            if ln[d] > 0:
-                total += (at + ln[d] - 1) // seq_len - at // seq_len + 1
             at += ln[d]
         n_rows[t] = -(-at // seq_len)
-    key = np.empty(total, dtype=np.int64)
-    plen = np.empty(total, dtype=np.int64)
-    pimg = np.empty(total, dtype=np.int64)
+        bound += n_rows[t]
+    key = np.empty(bound, dtype=np.int64)
+    plen = np.empty(bound, dtype=np.int64)
+    pimg = np.empty(bound, dtype=np.int64)
     k = 0
     for t in range(n_steps):
-        at = 0
+        at, rs, rk, base = 0, 0, 0, t * dp  # rs: the current row's first token; rk: its rank (row % dp)
         for d in range(first[t], first[t + 1]):
-            end = at + ln[d]
-            if ln[d] > 0:
-                for row in range(at // seq_len, (end - 1) // seq_len + 1):
-                    p = min(end, (row + 1) * seq_len) - max(at, row * seq_len)
-                    key[k], plen[k], pimg[k] = t * dp + row % dp, p, im[d] * p // max(ln[d], 1)
+            n = ln[d]
+            end = at + n
+            if n > 0:
+                while at >= rs + seq_len:  # the row holding token `at`
+                    rs += seq_len
+                    rk = rk + 1 if rk + 1 < dp else 0
+                img = im[d]
+                while True:  # rows at // seq_len .. (end - 1) // seq_len
+                    p = min(end, rs + seq_len) - max(at, rs)
+                    key[k], plen[k], pimg[k] = base + rk, p, img * p // n if img != 0 else 0
                     k += 1
+                    if rs + seq_len >= end:
+                        break
+                    rs += seq_len
+                    rk = rk + 1 if rk + 1 < dp else 0
             at = end
-    return key, plen, pimg, n_rows
+    return key[:k], plen[:k], pimg[:k], n_rows
 
 
 @njit
@@ -123,27 +133,38 @@ def packed_pieces(
 ) -> tuple[np.ndarray, ...]:
     """Packed: each step's documents (shuffled) cut into seq_len pieces, packed next-fit into the step's own
     sequences (a new one at its first piece): per piece that lands within the first `sequences` in order its
-    key (step * dp + sequence % dp), tokens and image tokens, and each step's packed tokens."""
+    key (step * dp + sequence % dp), tokens and image tokens, and each step's packed tokens. A step's pass ends
+    at its first piece past the `sequences` (none after it lands); the arrays are sized by a bound (a document's
+    pieces are at most its tokens // seq_len + 1) and returned as views of what was written."""
     n_steps = len(first) - 1
     total = 0
     for d in range(len(ln)):
-        total += -(-ln[d] // seq_len)
-    key = np.empty(total, dtype=np.int64)
-    plen = np.empty(total, dtype=np.int64)
-    pimg = np.empty(total, dtype=np.int64)
+        total += ln[d]
+    bound = total // seq_len + len(ln)
+    key = np.empty(bound, dtype=np.int64)
+    plen = np.empty(bound, dtype=np.int64)
+    pimg = np.empty(bound, dtype=np.int64)
     done = np.zeros(n_steps, dtype=np.int64)
     k = 0
     for t in range(n_steps):
-        seq, fill = 0, 0
+        seq, fill, rk, base, tok = 0, 0, 0, t * dp, 0  # rk: seq % dp
         for d in range(first[t], first[t + 1]):
-            for at in range(0, ln[d], seq_len):
-                p = min(seq_len, ln[d] - at)
+            n, img = ln[d], im[d]
+            at = 0
+            while at < n:
+                p = min(seq_len, n - at)
                 if fill + p > seq_len:
                     seq, fill = seq + 1, p
+                    rk = rk + 1 if rk + 1 < dp else 0
                 else:
                     fill += p
-                if seq < sequences:
-                    key[k], plen[k], pimg[k] = t * dp + seq % dp, p, im[d] * p // max(ln[d], 1)
-                    done[t] += p
-                    k += 1
+                if seq >= sequences:
+                    break
+                key[k], plen[k], pimg[k] = base + rk, p, img * p // n if img != 0 else 0
+                tok += p
+                k += 1
+                at += seq_len
+            if seq >= sequences:
+                break
+        done[t] = tok
     return key[:k], plen[:k], pimg[:k], done

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from loomdata.planning._baseline_kernel import concat_pieces, packed_pieces
 from loomdata.planning._baselines import _SALT, _perm, baselines_many, concat_chunk, perms
 from loomdata.planning._cost import segment_cost
 from loomdata.planning._report import ReportBuilder, StepFigures
@@ -114,3 +115,61 @@ def test_block_permutations_are_numpys_seeded_permutations() -> None:
     assert np.array_equal(
         perms(1, _SALT, big, np.array([4, 3])), np.concatenate([_perm(1, _SALT, 2**32, 4), _perm(1, _SALT, 5, 3)])
     )
+
+
+def _concat_reference(ln: np.ndarray, im: np.ndarray, first: np.ndarray, seq: int, dp: int) -> list[np.ndarray]:
+    """concat_pieces written out: each document's rows found by division, piece by piece."""
+    out: list[tuple[int, int, int]] = []
+    rows = []
+    for t in range(len(first) - 1):
+        at = 0
+        for d in range(int(first[t]), int(first[t + 1])):
+            n, end = int(ln[d]), at + int(ln[d])
+            for row in range(at // seq, (end - 1) // seq + 1 if n else at // seq):
+                p = min(end, (row + 1) * seq) - max(at, row * seq)
+                out.append((t * dp + row % dp, p, int(im[d]) * p // max(n, 1)))
+            at = end
+        rows.append(-(-at // seq))
+    cols = np.array(out, dtype=np.int64).reshape(-1, 3).T
+    return [*cols, np.array(rows, dtype=np.int64)]
+
+
+def _packed_reference(ln: np.ndarray, im: np.ndarray, first: np.ndarray, seq: int, dp: int, sequences: int) -> list:
+    """packed_pieces written out: every piece of every document, next-fit, kept while within `sequences`."""
+    out: list[tuple[int, int, int]] = []
+    done = []
+    for t in range(len(first) - 1):
+        s, fill, tok = 0, 0, 0
+        for d in range(int(first[t]), int(first[t + 1])):
+            n = int(ln[d])
+            for at in range(0, n, seq):
+                p = min(seq, n - at)
+                s, fill = (s + 1, p) if fill + p > seq else (s, fill + p)
+                if s < sequences:
+                    out.append((t * dp + s % dp, p, int(im[d]) * p // n))
+                    tok += p
+        done.append(tok)
+    cols = np.array(out, dtype=np.int64).reshape(-1, 3).T
+    return [*cols, np.array(done, dtype=np.int64)]
+
+
+def test_compiled_pieces_match_a_piece_by_piece_reference() -> None:
+    """concat_pieces and packed_pieces (rows and ranks followed as the documents go, a step's packing ended at its
+    first piece past its sequences) give the pieces, rows and packed tokens the division-per-piece definition
+    gives: empty documents and steps, documents longer than several rows, image tokens, dp 1 / 3 / 8."""
+    rng = np.random.default_rng(11)
+    for dp, seq, mb in ((1, 16, 1), (3, 16, 2), (8, 64, 1), (3, 7, 4)):
+        ns = np.concatenate([[0, 1], rng.integers(0, 40, 30)])
+        first = np.zeros(len(ns) + 1, dtype=np.int64)
+        np.cumsum(ns, out=first[1:])
+        ln = rng.integers(0, 5 * seq, int(first[-1])).astype(np.int64)
+        ln[rng.random(len(ln)) < 0.1] = 0
+        im = np.where(rng.random(len(ln)) < 0.5, rng.integers(0, 2 * seq, len(ln)), 0).astype(np.int64)
+        im = np.minimum(im, ln)
+        want_c = _concat_reference(ln, im, first, seq, dp)
+        for got, want in zip(concat_pieces(ln, im, first, seq, dp), want_c, strict=True):
+            assert np.array_equal(got, want)
+        got_p = packed_pieces(ln, im, first, seq, dp, dp * mb)
+        for got, want in zip(got_p, _packed_reference(ln, im, first, seq, dp, dp * mb), strict=True):
+            assert np.array_equal(got, want)
+        assert (got_p[3] < np.bincount(np.repeat(np.arange(len(ns)), ns), weights=ln, minlength=len(ns))).any()

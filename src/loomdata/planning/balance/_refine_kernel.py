@@ -116,6 +116,10 @@ def refine_rounds(
     for s in range(n_steps):
         most = max(most, off[s + 1] - off[s])
     buf = np.empty(most + dp * rounds, dtype=np.int64)
+    # the light rank's candidates' costs, lengths and the room a pair leaves there (cap + 1 at most)
+    jc = np.empty(cap + 2)
+    jl = np.empty(cap + 2, dtype=np.int64)
+    jr = np.empty(cap + 2, dtype=np.int64)
     for s in range(n_steps):
         a0, b0 = off[s], off[s + 1]
         listed = False
@@ -138,18 +142,22 @@ def refine_rounds(
                 if v > top:
                     roomiest, top = m, v
             half = gap / 2
+            # the light rank's side of every pair (j 0: a move to its roomiest micro-batch), read once a round
+            nb = len(ib) + 1
+            for j in range(nb):
+                if j == 0:
+                    cb, lb, mj = 0.0, 0, roomiest
+                else:
+                    cb, lb, mj = g_cost[ib[j - 1]], g_len[ib[j - 1]], p_mb[ib[j - 1]]
+                jc[j], jl[j] = cb, lb
+                jr[j] = room3[s, lo, mj] + lb if lane3[s, lo, mj] == 0 else -1
             best, bi, bj = np.inf, -1, -1
             for i in range(len(ia)):
                 ca, la = g_cost[ia[i]], g_len[ia[i]]
                 room_hi = room3[s, hi, p_mb[ia[i]]] + la
-                for j in range(len(ib) + 1):
-                    if j == 0:
-                        cb, lb, mj = 0.0, 0, roomiest
-                    else:
-                        cb, lb, mj = g_cost[ib[j - 1]], g_len[ib[j - 1]], p_mb[ib[j - 1]]
-                    room_lo = room3[s, lo, mj] + lb if lane3[s, lo, mj] == 0 else -1
-                    delta = ca - cb
-                    if delta <= 0 or delta >= gap or la > room_lo or lb > room_hi:
+                for j in range(nb):
+                    delta = ca - jc[j]
+                    if delta <= 0 or delta >= gap or la > jr[j] or jl[j] > room_hi:
                         continue
                     score = abs(delta - half)
                     if score < best:

@@ -14,8 +14,8 @@ holds it (`_token_views`; its caller copies the segments it needs out); other in
 `take` and are checked and converted to int32.
 
 Narrow units: a kept unit (whole or `KeptRows`) of a `list<int32>` column without nulls whose every id is in
-[0, 65535] is kept with uint16 values on the same offsets (`_narrowed`: one min/max over its values, one Arrow
-cast), half the bytes in the cache and in its accounting (GPT-2's and Llama-2's vocabularies fit). Tokens still
+[0, 65535] is kept with uint16 values on the same offsets (`_narrowed`: one OR-reduction over its values, one
+Arrow cast), half the bytes in the cache and in its accounting (GPT-2's and Llama-2's vocabularies fit). Tokens still
 leave as int32: `read` widens a narrow unit's rows, `token_spans` hands its uint16 buffers to the loader, which
 widens them where it copies the segments out and hashes the samples it checks as int32 (the column's type).
 
@@ -656,19 +656,21 @@ def _narrowed(arr: pa.Array) -> pa.Array:
     """`arr` (a unit to keep) with uint16 values on the same offsets where it is a (large) list of int32 without
     nulls whose every id is in [0, 65535]; else `arr` itself. Half the bytes for vocabularies under 65,536.
 
-    One min/max over the values the offsets cover and one Arrow cast (in Arrow's memory pool, as the unit was).
+    One pass checks the range (an OR of the values has no bit above the 16th: no id over 65535, none negative), one
+    Arrow cast makes the uint16 values (in Arrow's memory pool, as the unit was).
     """
     if not _int32_column(arr.type) or arr.null_count or arr.values.null_count or len(arr) == 0:
         return arr
-    offsets, values = arr.offsets, arr.values
-    first, last = offsets[0].as_py(), offsets[-1].as_py()
+    offsets = arr.offsets
+    bounds = offsets.to_numpy()
+    first, last = int(bounds[0]), int(bounds[-1])
     if last == first:
         return arr
+    values = arr.values
     if first != 0 or last != len(values):  # a slice: keep only the values it covers
         values = values.slice(first, last - first)
-        offsets = pc.subtract(offsets, pa.scalar(first, offsets.type))
-    mm = pc.min_max(values)
-    if mm["min"].as_py() < 0 or mm["max"].as_py() > _NARROW_MAX:
+        offsets = pa.array(bounds - bounds.dtype.type(first))
+    if int(np.bitwise_or.reduce(values.to_numpy())) & ~_NARROW_MAX:
         return arr
     narrow = values.cast(pa.uint16(), safe=False)
     make = pa.LargeListArray if pa.types.is_large_list(arr.type) else pa.ListArray

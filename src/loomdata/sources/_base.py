@@ -71,7 +71,8 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class TokenSpans:
-    """Where the tokens of some rows lie, not copied: row `i` is `buffers[buffer[i]][start[i]:stop[i]]` (int32).
+    """Where the tokens of some rows lie, not copied: row `i` is `buffers[buffer[i]][start[i]:stop[i]]` (int32 ids;
+    a buffer is int32, or uint16 where a unit was kept narrow: widen where copying out, hash as int32).
 
     `FormatReader.token_spans` answers it so a loader can cut, join and checksum a whole request's segments
     in a few calls instead of one `Sample` (and several NumPy calls) per row. `unit`: each row's read unit

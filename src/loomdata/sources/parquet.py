@@ -13,6 +13,12 @@ open file's raw column chunks, which a cache of decoded row groups makes redunda
 holds it (`_token_views`; its caller copies the segments it needs out); other integer types go through a
 `take` and are checked and converted to int32.
 
+Narrow units: a kept unit (whole or `KeptRows`) of a `list<int32>` column without nulls whose every id is in
+[0, 65535] is kept with uint16 values on the same offsets (`_narrowed`: one OR-reduction over its values, one
+Arrow cast), half the bytes in the cache and in its accounting (GPT-2's and Llama-2's vocabularies fit). Tokens still
+leave as int32: `read` widens a narrow unit's rows, `token_spans` hands its uint16 buffers to the loader, which
+widens them where it copies the segments out and hashes the samples it checks as int32 (the column's type).
+
 A file's footer is read and parsed once (`FileLayouts`: its schema check and row-group bounds, and the
 footer itself kept serialized: 2.6 KB where parsed it is ~25 KiB), shared by a reader and its `sibling`s
 (a loader's planning and read-ahead readers); each reader opens its own handle from that footer (parsed
@@ -49,6 +55,7 @@ from loomdata.storage import Location, RangeFile, StorageOptions, identity, is_u
 __all__ = ["ParquetReader"]
 
 _INT32_MAX = np.iinfo(np.int32).max
+_NARROW_MAX = np.iinfo(np.uint16).max  # a unit whose ids all fit [0, this] is kept as uint16 (`_narrowed`)
 _WHOLE_SHARE = 1 / 16  # a row group of which at least this share of rows is wanted is kept whole
 
 
@@ -446,17 +453,20 @@ class ParquetReader(FormatReader):
 
         Kept whole from `_WHOLE_SHARE` of its rows on: a take would save little, and a group many of whose rows
         are wanted (a plan over few sources) gains more rows with every chunk planned (each would drop it).
+        What is kept is `_narrowed` (uint16 ids where they all fit) and `nbytes` counts what is kept.
         """
         if rows is None:
-            return arr, arr.nbytes
+            whole = _narrowed(arr)
+            return whole, whole.nbytes
         lo, hi = int(info.rg_starts[g]), int(info.rg_starts[g + 1])
         rows = np.unique(np.asarray(rows, dtype=np.int64))
         rows = rows[(rows >= lo) & (rows < hi)]
         if len(rows) == 0:
             return None
         if len(rows) >= _WHOLE_SHARE * (hi - lo):
-            return arr, arr.nbytes
-        values = arr.take(pa.array(rows - lo))
+            whole = _narrowed(arr)
+            return whole, whole.nbytes
+        values = _narrowed(arr.take(pa.array(rows - lo)))
         return KeptRows(rows, values), values.nbytes + rows.nbytes
 
     def _decode_row_group(self, path: Location, info: _FileInfo, g: int) -> pa.Array:
@@ -531,9 +541,10 @@ class ParquetReader(FormatReader):
 
         One binary search cuts the sorted rows into their row groups; each group comes from the unit cache (or
         is decoded and offered to it) as `read` does. None for text, other value types or nulls (`read` checks
-        and converts those).
+        and converts those). A narrowed unit's buffer is uint16 (the ids of an int32 column: only a column
+        stored as int32 gets here, so the caller hashes every span as int32).
         """
-        if not self._pretokenized:
+        if not self._pretokenized or not _int32_column(self._layout(path).schema.field(self._field).type):
             return None
         info = self._open(path)
         rows = np.asarray(rows, dtype=np.int64)
@@ -550,7 +561,7 @@ class ParquetReader(FormatReader):
             if a == b:
                 continue
             arr, at = self._rows_of_group(path, info, g, rows[a:b])
-            if not _plain_int32(arr):
+            if not _plain_tokens(arr):
                 return None
             offsets = arr.offsets.to_numpy()
             start[a:b] = offsets[at]
@@ -628,17 +639,49 @@ def _kept_at(value: pa.Array | KeptRows, rows: np.ndarray, local: np.ndarray) ->
     return value.values, pos
 
 
-def _plain_int32(arr: pa.Array) -> bool:
-    """Whether `arr` is a (large) list of int32 with no null list or id: its values buffer holds every row's tokens."""
+def _int32_column(t: pa.DataType) -> bool:
+    """Whether `t` is a (large) list of int32: the token column type whose units are read as views (and narrowed)."""
+    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and t.value_type == pa.int32()
+
+
+def _plain_tokens(arr: pa.Array) -> bool:
+    """Whether `arr` is a (large) list of int32, or of uint16 (a `_narrowed` unit), with no null list or id: its
+    values buffer holds every row's tokens."""
     t = arr.type
-    ok = (pa.types.is_list(t) or pa.types.is_large_list(t)) and t.value_type == pa.int32()
+    ok = (pa.types.is_list(t) or pa.types.is_large_list(t)) and t.value_type in (pa.int32(), pa.uint16())
     return bool(ok and not arr.null_count and not arr.values.null_count)
+
+
+def _narrowed(arr: pa.Array) -> pa.Array:
+    """`arr` (a unit to keep) with uint16 values on the same offsets where it is a (large) list of int32 without
+    nulls whose every id is in [0, 65535]; else `arr` itself. Half the bytes for vocabularies under 65,536.
+
+    One pass checks the range (an OR of the values has no bit above the 16th: no id over 65535, none negative), one
+    Arrow cast makes the uint16 values (in Arrow's memory pool, as the unit was).
+    """
+    if not _int32_column(arr.type) or arr.null_count or arr.values.null_count or len(arr) == 0:
+        return arr
+    offsets = arr.offsets
+    bounds = offsets.to_numpy()
+    first, last = int(bounds[0]), int(bounds[-1])
+    if last == first:
+        return arr
+    values = arr.values
+    if first != 0 or last != len(values):  # a slice: keep only the values it covers
+        values = values.slice(first, last - first)
+        offsets = pa.array(bounds - bounds.dtype.type(first))
+    if int(np.bitwise_or.reduce(values.to_numpy())) & ~_NARROW_MAX:
+        return arr
+    narrow = values.cast(pa.uint16(), safe=False)
+    make = pa.LargeListArray if pa.types.is_large_list(arr.type) else pa.ListArray
+    return make.from_arrays(offsets, narrow)
 
 
 def _token_views(held: list[tuple[pa.Array, np.ndarray]], order: np.ndarray, n: int) -> list[np.ndarray] | None:
     """Each row's tokens as a read-only view into the Arrow array that holds it (no take, no copy), in the order of
     the rows asked for (`order`: row index by group, as `held`); None when a group's column is not a list of int32
-    without nulls (those rows go through a take and `_tokens_of`, which check and convert).
+    (or a `_narrowed` unit's uint16) without nulls (those rows go through a take and `_tokens_of`, which check and
+    convert). A narrowed unit's rows are widened to int32 copies (`Sample.tokens` is int32).
 
     A take of a list column copies every selected token and costs tens of microseconds per row group; the loader
     copies the segments it serves out of these views once.
@@ -646,7 +689,7 @@ def _token_views(held: list[tuple[pa.Array, np.ndarray]], order: np.ndarray, n: 
     out: list[np.ndarray] = [_EMPTY] * n
     k = 0
     for arr, at in held:
-        if not _plain_int32(arr):
+        if not _plain_tokens(arr):
             return None
         offsets = arr.offsets.to_numpy()
         flat = arr.values.to_numpy()
@@ -655,6 +698,9 @@ def _token_views(held: list[tuple[pa.Array, np.ndarray]], order: np.ndarray, n: 
             order[k : k + len(at)].tolist(), offsets[at].tolist(), offsets[at + 1].tolist(), strict=True
         ):
             out[j] = flat[a:b]
+        if flat.dtype != np.int32:
+            for j in order[k : k + len(at)].tolist():
+                out[j] = out[j].astype(np.int32)
         k += len(at)
     return out
 

@@ -22,7 +22,9 @@ deliver packed int32 sequences of `--seq-len` tokens as torch tensors to each co
 `--transports direct dask` measures loomdata once per rank transport (the rank gateway, the default,
 and Dask actor calls, LOOM_TRANSPORT=dask), each with a fresh executor, in the same run: the first is
 `loomdata`, the others `loomdata_<transport>` with their own ratios; `cpu_s_by_process` splits the
-CPU seconds (ranks, each worker, `main`: the scheduler and the serving process).
+CPU seconds (ranks, each worker, `main`: the scheduler and the serving process), and `cpu_s_by_thread` each
+worker's by thread (its event loop `MainThread`: constructors, gateway, Dask comms; `loom-strand` and
+`loom-prefetch`: loader reads; `native`: Arrow's and other threads Python did not start).
 
 Tokens are real (non-padding) tokens. CPU seconds are measured for every process involved (Dask
 workers and scheduler for loomdata, consumers with their DataLoader workers for both), so
@@ -389,6 +391,43 @@ def _worker_cpu(client: Any, parts: dict[str, float] | None = None) -> float:
     return float(sum(per.values())) + main.user + main.system
 
 
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process's threads, summed by name with trailing digits and dashes dropped
+    (`loom-strand_0` and `loom-strand_1` are one entry; threads Python did not start are `native`: Arrow's pools,
+    jemalloc's, OpenSSL's). Linux only (reads /proc/self/task); elsewhere an empty dict."""
+    import threading
+
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return {}
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in tasks.iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = names.get(int(task.name), "native").rstrip("0123456789_-") or "native"
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return out
+
+
+def _workers_thread_cpu(client: Any) -> dict[str, dict[str, float]]:
+    """`_thread_cpu` of every Dask worker, keyed `workerK` in address order (as `_worker_cpu`'s parts)."""
+    per = client.run(_thread_cpu)
+    return {f"worker{k}": per[a] for k, a in enumerate(sorted(per))}
+
+
+def _thread_delta(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Per worker and thread name: CPU seconds spent between `before` and `after` (entries under 5 ms left out)."""
+    out: dict[str, Any] = {}
+    for w, threads in after.items():
+        spent = {n: round(v - before.get(w, {}).get(n, 0.0), 3) for n, v in threads.items()}
+        out[w] = dict(sorted(((n, v) for n, v in spent.items() if v >= 0.005), key=lambda kv: -kv[1]))
+    return out
+
+
 def _side(rows: list[dict[str, Any]], wall: float, cpu: float) -> dict[str, Any]:
     """Totals over a side's consumers: tokens/s (all of them together), steady tokens/s per consumer (the mean,
     after each one's first batch), tokens per CPU-second over every process, the slowest first batch."""
@@ -473,6 +512,7 @@ def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, int], tr
         with Executor(plan_dir, client, **settings) as ex:
             before: dict[str, float] = {}
             cpu0 = _worker_cpu(client, before)
+            threads0 = _workers_thread_cpu(client)
             profile = os.environ.get("LOOM_BENCH_PROFILE")
             if profile:
                 client.run(_profile_start)
@@ -485,6 +525,7 @@ def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, int], tr
                 report = _sampler.stop("main", top=40)
                 (Path(profile) / f"main-{n}-{transport}.json").write_text(json.dumps(report, indent=1))
             after: dict[str, float] = {}
+            threads = _thread_delta(threads0, _workers_thread_cpu(client))
             loom_cpu = _worker_cpu(client, after) - cpu0 + sum(r["cpu_s"] for r in loom)
             m = ex.metrics().to_dict()  # results are written as JSON
             window_steps = ex.window
@@ -510,6 +551,7 @@ def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, int], tr
             "ranks": round(sum(r["cpu_s"] for r in loom), 3),
             **{k: round(after[k] - before.get(k, 0.0), 3) for k in after},  # main: scheduler + this process
         },
+        cpu_s_by_thread=threads,  # each worker's CPU by thread: its event loop (MainThread), loader threads...
     )
     return loom_side
 

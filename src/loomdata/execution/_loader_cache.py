@@ -74,7 +74,8 @@ KEEP_SOFT_BYTES = 8 * 1024 * 1024
 """Serving's `CachePolicy.keep_soft_bytes` (at most the budget; a 32nd of a budget above 256 MiB): bytes of kept rows
 (`KeptRows`) a worker's loaders hold before the horizon and `keep_steps` shrink (`scaled`). 300 sources x 16 ranks:
 first coverage 459-470 MiB against main's 488-512, the long 2-source run's CPU 1.005x and 1.05x (session 16; 4 MiB:
-440 MiB, 1.07x)."""
+440 MiB, 1.07x). Measured with int32 rows: rows of a unit kept narrow (uint16 ids, `sources.parquet`) take half the
+bytes, so the same bound holds about twice their rows (session 19: reach 57-63 steps against 35-38)."""
 
 KEEP_MIN_SHARE = 4
 """`scaled` never goes below a `KEEP_MIN_SHARE`th of the steps: a unit is decoded again at most about this many

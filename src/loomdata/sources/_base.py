@@ -205,7 +205,8 @@ class FormatReader(abc.ABC):
         """The samples at `rows` (values of the scan's `row` column) of `path`, in the order given."""
 
     def token_spans(self, path: Location, rows: np.ndarray) -> TokenSpans | None:
-        """The tokens of `rows` (ascending, distinct) of `path` as spans of int32 buffers, not copied; None: this
+        """The tokens of `rows` (ascending, distinct) of `path` as spans of int32 buffers (or uint16 where a unit was
+        kept narrow: see `TokenSpans`), not copied; None: this
         format or file cannot (the caller uses `read`). Same errors as `read`; no images (a format with images
         returns None)."""
         return None

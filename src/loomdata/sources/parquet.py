@@ -589,8 +589,10 @@ class ParquetReader(FormatReader):
             views = _token_views(held, order, len(rows))
             if views is not None:
                 return [Sample(tokens=t) for t in views]
-        # Take from each row group, then join the (small) takes: never concatenate whole row groups.
-        takes = [arr.take(pa.array(at)) for arr, at in held]
+        # Take from each row group, then join the (small) takes: never concatenate whole row groups. A narrowed
+        # kept unit's take is cast back to the file's column type, so it joins a fresh decode's (a group with a null).
+        column = self._layout(path).schema.field(self._field).type
+        takes = [_as_type(arr.take(pa.array(at)), column) for arr, at in held]
         taken = pa.concat_arrays(takes) if len(takes) > 1 else takes[0]
         if len(takes) > 1 and (np.diff(order) < 0).any():  # back to the order of `rows`
             taken = taken.take(pa.array(np.argsort(order)))
@@ -637,6 +639,11 @@ def _kept_at(value: pa.Array | KeptRows, rows: np.ndarray, local: np.ndarray) ->
     if not ok.all():
         return None
     return value.values, pos
+
+
+def _as_type(arr: pa.Array, column: pa.DataType) -> pa.Array:
+    """`arr` in the column's stored type: a `_narrowed` unit's uint16 values widened back (a safe cast)."""
+    return arr if arr.type == column else arr.cast(column)
 
 
 def _int32_column(t: pa.DataType) -> bool:

@@ -265,3 +265,56 @@ def test_the_loader_serves_and_checks_narrow_units_like_wide_ones(tmp_path: Path
     with pytest.raises(SourceDataError, match=r"sample 20 of source 's'") as e:
         _read(reader, req, index, paths, 14, part, verifier)
     assert e.value.row == 20
+
+
+def _one_shard(tmp_path: Path, docs: list[Any], typ: pa.DataType) -> tuple[dict[int, Path], LoaderPartition]:
+    paths = {0: _write(tmp_path / "part-0.parquet", docs, typ)}
+    part = LoaderPartition(source_id=0, source="s", part=0, first_shard=0, stop_shard=1, first_sample=0, stop_sample=0)
+    return paths, part
+
+
+def _whole(rows: list[int], docs: list[Any]) -> np.ndarray:
+    req = np.zeros(len(rows), dtype=REQUEST_DTYPE)
+    req["sample"] = np.arange(len(rows))
+    req["length"] = [len(docs[r]) for r in rows]
+    return req
+
+
+@pytest.mark.parametrize("every", [None, EVERY], ids=["whole", "kept-rows"])
+def test_a_narrow_unit_joins_a_group_with_a_null_row(tmp_path: Path, every: int | None) -> None:
+    """A group holding a null row (left out of the index with `on_error: skip`) is read through the take path;
+    a narrowed kept unit read in the same request joins it in the file's type (review of session 19)."""
+    docs: list[Any] = _docs(20, 80, 50_000)
+    docs[45] = None  # group 1: no token spans for it, the whole request takes
+    paths, part = _one_shard(tmp_path, docs, pa.list_(pa.int32()))
+    r = _reader(_Cache(every))
+    r.read(paths[0], np.array([0, 1]))  # group 0 decoded and kept narrow
+    for rows in ([1, 41], [41, 0, 1], [20, 60, 0]):
+        got = r.read(paths[0], np.array(rows))
+        assert [s.tokens.tolist() for s in got] == [docs[i] for i in rows]
+        assert all(s.tokens.dtype == np.int32 for s in got)
+    rows = [0, 1, 20, 41, 60]  # the loader, `verify: sample`: the null group sends it to the per-shard read
+    sums = checksums([np.asarray(docs[i], dtype=np.int32) for i in rows])
+    index = SampleIndex.of(
+        np.arange(len(rows), dtype=np.uint64), np.zeros(len(rows), dtype=np.int64), np.array(rows), sums
+    )
+    got, _, _ = _read(r, _whole(rows, docs), index, paths, 14, part, _verifier(paths))
+    np.testing.assert_array_equal(got.tokens, np.concatenate([np.asarray(docs[i], dtype=np.int32) for i in rows]))
+
+
+def test_a_column_stored_as_uint16_is_checked_as_uint16(tmp_path: Path) -> None:
+    """Only a column stored as int32 gives narrowed spans (hashed as int32); a stored `list<uint16>` column is read
+    and checked in its own type, through a cache, twice (the second from the cache)."""
+    docs = _docs(21, 80, 60_000)
+    paths, part = _one_shard(tmp_path, docs, pa.list_(pa.uint16()))
+    rows = list(range(0, 80, 3))
+    sums = checksums([np.asarray(docs[i], dtype=np.uint16) for i in rows], np.uint16)
+    index = SampleIndex.of(
+        np.arange(len(rows), dtype=np.uint64), np.zeros(len(rows), dtype=np.int64), np.array(rows), sums
+    )
+    r, verifier = _reader(_Cache()), _verifier(paths)
+    want = np.concatenate([np.asarray(docs[i], dtype=np.int32) for i in rows])
+    for _ in range(2):
+        got, _, _ = _read(r, _whole(rows, docs), index, paths, 14, part, verifier)
+        assert got.tokens.dtype == np.int32
+        np.testing.assert_array_equal(got.tokens, want)

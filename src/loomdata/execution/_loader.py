@@ -138,7 +138,7 @@ class SourceLoader:
         spec = meta.spec
         self.partition = partition
         source = spec.source(partition.source)
-        self._source = storage.source_spec(source) if storage is not None else source
+        self._source = storage.source_record(source) if storage is not None else source
         files = IndexFiles.of(spec.workdir, partition.source)
         require_fresh(meta, spec.workdir, [partition.source])
         shards = files.shard_table()

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from loomdata.schemas.errors import ContractError, StaleIndexError
+from loomdata.schemas.errors import ContractError
 from loomdata.schemas.header import PLAN_FORMAT_VERSION, load_plan_json
+from loomdata.schemas.plan_view import check_fresh, read_manifest, stale_sources
 from loomdata.schemas.spec import CostSpec, Spec
-from loomdata.schemas.tables import MANIFEST_SCHEMA, TableKind, iter_steps
 
 __all__ = [
     "PLAN_FORMAT_VERSION",
@@ -123,55 +120,3 @@ def read_plan(plan_dir: str | Path) -> PlanMeta:
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise ContractError(f"{p}: invalid plan.json: {problems}") from None
-
-
-def read_manifest(
-    plan_dir: str | Path,
-    meta: PlanMeta,
-    first_step: int = 0,
-    last_step: int | None = None,
-    dp_ranks: list[int] | None = None,
-    columns: list[str] | None = None,
-) -> pa.Table:
-    """Manifest rows for steps [first_step, last_step] (inclusive) and the given ranks, in stored order: only
-    the partitions holding those steps are opened (each one's kind, version and schema checked), only their row
-    groups whose step statistics overlap the range are read, and only `columns` (default all).
-
-    Read with `pyarrow.parquet` and NumPy masks, not `pyarrow.dataset`: a Dask worker or the serving process that
-    reads the manifest does not import the dataset layer (nor start its scan threads).
-    """
-    last = meta.steps - 1 if last_step is None else last_step
-    names = list(MANIFEST_SCHEMA.names if columns is None else columns)
-    read = names if dp_ranks is None else list(dict.fromkeys([*names, "dp_rank"]))
-    ranks = None if dp_ranks is None else np.unique(np.asarray(dp_ranks, dtype=np.int64))
-    parts: list[pa.Table] = []
-    for f in meta.manifest:
-        if f.last_step < first_step or f.first_step > last:
-            continue
-        for t in iter_steps(Path(plan_dir) / f.path, TableKind.MANIFEST, first_step, last, read, use_threads=False):
-            if ranks is not None:
-                keep = np.isin(t.column("dp_rank").to_numpy(), ranks)
-                t = t if keep.all() else t.filter(pa.array(keep))
-            parts.append(t.select(names))
-    schema = pa.schema([MANIFEST_SCHEMA.field(c) for c in names], metadata=MANIFEST_SCHEMA.metadata)
-    if not parts:
-        return schema.empty_table()
-    return pa.concat_tables(parts).combine_chunks().cast(schema)
-
-
-def stale_sources(meta: PlanMeta, current: Mapping[str, str], sources: Sequence[str] | None = None) -> list[str]:
-    """`source (plan FP, index FP)` for each of `sources` (default all) whose index is not the plan's: the one rule."""
-    return [
-        f"{s} (plan {meta.index_fingerprints.get(s)}, index {current.get(s)})"
-        for s in (meta.sources if sources is None else sources)
-        if meta.index_fingerprints.get(s) != current.get(s)
-    ]
-
-
-def check_fresh(meta: PlanMeta, current: Mapping[str, str], sources: Sequence[str] | None = None) -> None:
-    """Raise StaleIndexError when any of `sources` (default all) has an index fingerprint other than the plan's."""
-    stale = stale_sources(meta, current, sources)
-    if stale:
-        raise StaleIndexError(
-            f"plan {meta.plan_id} was made on an older index of: {', '.join(stale)}; re-plan with `loom plan SPEC`"
-        )

@@ -1,9 +1,11 @@
-"""What a serving worker loads: no `pyarrow.dataset` (manifest reads go through `pyarrow.parquet`), and one shared
-manifest span per process for all its loaders."""
+"""What a serving worker loads: no `pyarrow.dataset` (manifest reads go through `pyarrow.parquet`), no pydantic (its
+loaders and constructors read the plan as plain records), and one shared manifest span per process for all its
+loaders."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,18 +14,28 @@ from loomdata.execution import Executor, open_cluster
 from loomdata.schemas import read_plan
 
 
-def _loaded(dask_worker: Any) -> dict[str, Any]:
-    from loomdata.execution import _manifest
+def _probe() -> Callable[[Any], dict[str, Any]]:
+    """What a worker has loaded, as a nested function: pickled by value, so a worker does not import this test
+    module (its imports, `Executor` among them, would load pydantic there)."""
 
-    return {
-        "dataset": "pyarrow.dataset" in sys.modules,
-        "acero": "pyarrow._acero" in sys.modules,
-        "spans": len(_manifest._SPANS),
-        "loaders": sum(1 for k in dask_worker.state.actors if str(k).startswith("loom-loader")),
-    }
+    def loaded(dask_worker: Any) -> dict[str, Any]:
+        from loomdata.execution import _manifest
+
+        return {
+            "dataset": "pyarrow.dataset" in sys.modules,
+            "acero": "pyarrow._acero" in sys.modules,
+            "pydantic": sorted(
+                m for m in ("pydantic", "loomdata.schemas.spec", "loomdata.schemas.plan") if m in sys.modules
+            ),
+            "spans": len(_manifest._SPANS),
+            "loaders": sum(1 for k in dask_worker.state.actors if str(k).startswith("loom-loader")),
+            "constructors": sum(1 for k in dask_worker.state.actors if "constructor" in str(k)),
+        }
+
+    return loaded
 
 
-def test_serving_workers_import_no_pyarrow_dataset_and_share_manifest_spans(
+def test_serving_workers_import_no_pyarrow_dataset_nor_pydantic_and_share_manifest_spans(
     stream_plan: Path, tmp_path: Path, loomtest: Any
 ) -> None:
     meta = read_plan(stream_plan)
@@ -32,9 +44,12 @@ def test_serving_workers_import_no_pyarrow_dataset_and_share_manifest_spans(
         for r in range(meta.dp_size):
             with StreamClient(stream_plan, r) as stream:
                 got[r] = list(stream)
-        seen = list(client.run(_loaded).values())
+        seen = list(client.run(_probe()).values())
     loomtest.check_exact(stream_plan, got)
     assert not any(w["dataset"] or w["acero"] for w in seen), seen
+    # loaders and constructors read plan.json as records (`PlanView`): the pydantic spec never loads in a worker
+    assert sum(w["constructors"] for w in seen) >= 1, seen
+    assert all(not w["pydantic"] for w in seen), seen
     # every loader of a worker plans from the same few spans, read once by that process
     assert sum(w["loaders"] for w in seen) >= 2
     assert all(w["spans"] <= 3 for w in seen), seen

@@ -82,3 +82,44 @@ def test_read_table_and_read_manifest_load_no_pyarrow_dataset(tmp_path: Path) ->
         "assert 'pyarrow.dataset' not in sys.modules and 'pyarrow._acero' not in sys.modules, 'dataset loaded'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_plan_view_reads_what_read_plan_validates(stream_plan: Path, tmp_path: Path) -> None:
+    """A worker's `PlanView` (plain JSON reading) is the view of the validated `PlanMeta` of the same plan.json, for
+    the real plan and for one with every field the view reads away from its default."""
+    import dataclasses
+    import json
+
+    import pytest
+
+    from loomdata.execution._plan_meta import shared_plan
+    from loomdata.schemas.errors import ContractError
+    from loomdata.schemas.plan_view import PlanView, read_plan_view
+    from loomdata.schemas.records import CostBalance, OnError, TokenizerKind, VerifyMode
+
+    assert read_plan_view(stream_plan) == PlanView.from_meta(read_plan(stream_plan))
+    assert shared_plan(stream_plan) is shared_plan(stream_plan)
+
+    raw = json.loads((stream_plan / "plan.json").read_text())
+    raw["spec"]["tokenizer"] = {"kind": "huggingface", "path": str(tmp_path / "tok.json"), "pad_token_id": 3}
+    raw["spec"]["images"] = {"patch_size": 16, "max_pixels": 4096, "placeholder_token_id": 7}
+    src = raw["spec"]["sources"][0]
+    src |= {"metadata": ["a", "b"], "on_error": "skip", "verify": "shard", "image_field": ["png"]}
+    raw["parameters"]["cost"] = {"attention": 2.0, "linear": 5.0, "balance": "both", "encoder": 0.5}
+    raw["parameters"]["short_cp_size"] = 2
+    raw |= {"long_seq_len": 64, "long_cp_size": 4}
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "plan.json").write_text(json.dumps(raw))
+    view = read_plan_view(other)
+    assert view == PlanView.from_meta(read_plan(other))
+    assert view.spec.tokenizer.kind is TokenizerKind.HUGGINGFACE and view.spec.images.patch_size == 16
+    first = view.spec.source(src["name"])
+    assert (first.on_error, first.verify, first.metadata) == (OnError.SKIP, VerifyMode.SHARD, ("a", "b"))
+    assert view.parameters.cost.balance is CostBalance.BOTH and view.lane_seq_len(1) == 64
+    assert dataclasses.astuple(view.parameters)[1] == 2
+
+    del raw["manifest"]
+    (other / "plan.json").write_text(json.dumps(raw))
+    with pytest.raises(ContractError, match=r"invalid plan\.json.*manifest"):
+        read_plan_view(other)

@@ -23,7 +23,7 @@ from loomdata.schemas.plan_view import read_manifest
 from loomdata.schemas.tables import MANIFEST_SCHEMA
 
 if TYPE_CHECKING:  # annotations only: no pydantic in a serving worker
-    from loomdata.schemas.plan_view import AnyPlan
+    from loomdata.schemas.plan import AnyPlan
 
 __all__ = ["ManifestRows", "ManifestSlice", "SpanRows", "source_span"]
 

@@ -28,7 +28,7 @@ from loomdata.schemas.errors import ExecutionError
 if TYPE_CHECKING:  # annotations only (packing stays free of the loader's imports and of pydantic)
     from loomdata.execution._loader import SegmentData
     from loomdata.execution._manifest import ManifestRows
-    from loomdata.schemas.plan_view import AnyPlan
+    from loomdata.schemas.plan import AnyPlan
 
 __all__ = ["StepPack", "block_of", "pack_group", "place_tokens"]
 

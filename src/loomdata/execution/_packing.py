@@ -36,7 +36,8 @@ from loomdata.schemas.errors import ExecutionError
 if TYPE_CHECKING:  # annotations only: packing stays free of the loader's imports (formats, Arrow) and of pydantic
     from loomdata.execution._loader import SegmentData
     from loomdata.execution._manifest import ManifestRows
-    from loomdata.schemas.plan_view import AnyPlan, SpecView
+    from loomdata.schemas.plan import AnyPlan
+    from loomdata.schemas.plan_view import SpecView
     from loomdata.schemas.spec import Spec
 
 __all__ = ["PackRules", "pack_arrays", "pack_batch", "pack_step", "peer_batches", "scatter_answers", "shard_batch"]

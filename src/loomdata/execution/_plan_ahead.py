@@ -43,7 +43,7 @@ from loomdata.sources import FormatReader
 from loomdata.storage import is_url, open_ahead, warm_client
 
 if TYPE_CHECKING:  # annotations only: no pydantic in a serving worker
-    from loomdata.schemas.plan_view import AnyPlan
+    from loomdata.schemas.plan import AnyPlan
 
 __all__ = ["PlanAhead"]
 

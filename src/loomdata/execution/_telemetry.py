@@ -29,7 +29,7 @@ from loomdata.execution._retry import Deadline
 from loomdata.schemas.metrics import StepTelemetry
 
 if TYPE_CHECKING:  # annotations only: no pydantic in a serving worker
-    from loomdata.schemas.plan_view import AnyPlan
+    from loomdata.schemas.plan import AnyPlan
     from loomdata.schemas.records import CostModel
     from loomdata.schemas.spec import CostSpec
 

@@ -26,7 +26,7 @@ from loomdata.schemas.records import SourceFormat, TokenizerKind
 from loomdata.schemas.tables import table_metadata
 
 if TYPE_CHECKING:  # annotations only: a serving worker checks freshness without the pydantic spec
-    from loomdata.schemas.plan_view import AnyPlan
+    from loomdata.schemas.plan import AnyPlan
     from loomdata.schemas.spec import SourceSpec, Spec
 
 __all__ = [

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from loomdata.schemas.errors import ContractError
 from loomdata.schemas.header import PLAN_FORMAT_VERSION, load_plan_json
-from loomdata.schemas.plan_view import check_fresh, read_manifest, stale_sources
+from loomdata.schemas.plan_view import (
+    ManifestPart,
+    ParamsView,
+    PlanView,
+    SpecView,
+    check_fresh,
+    read_manifest,
+    stale_sources,
+)
+from loomdata.schemas.records import CostModel, ImageRecord, SourceRecord, TokenizerRecord
 from loomdata.schemas.spec import CostSpec, Spec
 
 __all__ = [
     "PLAN_FORMAT_VERSION",
+    "AnyPlan",
     "ManifestFile",
     "PlanMeta",
     "PlanParameters",
@@ -107,9 +117,40 @@ class PlanMeta(BaseModel):
             raise ContractError(f"plan {self.plan_id}: lane {lane} used but the plan has no long-context lane")
         return self.long_seq_len
 
+    def view(self) -> PlanView:
+        """This plan as plain records (`PlanView`): what a serving worker reads from the same plan.json."""
+        spec = self.spec
+        return PlanView(
+            plan_id=self.plan_id,
+            spec=SpecView(
+                name=spec.name,
+                workdir=spec.workdir,
+                tokenizer=TokenizerRecord.from_spec(spec.tokenizer),
+                images=ImageRecord.from_spec(spec.images),
+                sources=tuple(SourceRecord.from_spec(s) for s in spec.sources),
+            ),
+            spec_hash=self.spec_hash,
+            sources=tuple(self.sources),
+            index_fingerprints=dict(self.index_fingerprints),
+            seed=self.seed,
+            steps=self.steps,
+            dp_size=self.dp_size,
+            micro_batches=self.micro_batches,
+            seq_len=self.seq_len,
+            long_seq_len=self.long_seq_len,
+            long_cp_size=self.long_cp_size,
+            parameters=ParamsView(CostModel.from_spec(self.parameters.cost), self.parameters.short_cp_size),
+            manifest=tuple(ManifestPart(f.path, f.first_step, f.last_step, f.rows) for f in self.manifest),
+        )
+
     def to_json(self) -> str:
         """Stable JSON (sorted keys) so the same plan gives byte-identical files."""
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=1) + "\n"
+
+
+AnyPlan: TypeAlias = "PlanMeta | PlanView"
+"""A plan as the serving process reads it (validated, `PlanMeta`) or as a worker does (`PlanView`): code that runs in
+both takes either (the two have the same field names)."""
 
 
 def read_plan(plan_dir: str | Path) -> PlanMeta:

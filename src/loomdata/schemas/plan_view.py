@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -21,13 +21,10 @@ from loomdata.schemas.header import load_plan_json
 from loomdata.schemas.records import CostModel, ImageRecord, SourceRecord, TokenizerKind, TokenizerRecord
 from loomdata.schemas.tables import MANIFEST_SCHEMA, TableKind, iter_steps
 
-if TYPE_CHECKING:  # annotations only
-    from loomdata.schemas.plan import PlanMeta
-
-    AnyPlan: TypeAlias = "PlanMeta | PlanView"
-
 __all__ = [
+    "FreshPlan",
     "ManifestPart",
+    "ManifestPlan",
     "ParamsView",
     "PlanView",
     "SpecView",
@@ -36,6 +33,35 @@ __all__ = [
     "read_plan_view",
     "stale_sources",
 ]
+
+
+class _Part(Protocol):
+    @property
+    def path(self) -> str: ...
+    @property
+    def first_step(self) -> int: ...
+    @property
+    def last_step(self) -> int: ...
+
+
+class ManifestPlan(Protocol):
+    """What the manifest reads take of a plan (`PlanMeta` or `PlanView`)."""
+
+    @property
+    def steps(self) -> int: ...
+    @property
+    def manifest(self) -> Sequence[_Part]: ...
+
+
+class FreshPlan(Protocol):
+    """What the freshness rule takes of a plan (`PlanMeta` or `PlanView`)."""
+
+    @property
+    def plan_id(self) -> str: ...
+    @property
+    def sources(self) -> Sequence[str]: ...
+    @property
+    def index_fingerprints(self) -> Mapping[str, str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,35 +128,9 @@ class PlanView:
         return self.long_seq_len
 
     @classmethod
-    def from_meta(cls, meta: PlanMeta) -> PlanView:
-        """The view of a validated `PlanMeta` (what `read_plan_view` reads from the same plan.json)."""
-        spec = meta.spec
-        return cls(
-            plan_id=meta.plan_id,
-            spec=SpecView(
-                name=spec.name,
-                workdir=spec.workdir,
-                tokenizer=TokenizerRecord.from_spec(spec.tokenizer),
-                images=ImageRecord.from_spec(spec.images),
-                sources=tuple(SourceRecord.from_spec(s) for s in spec.sources),
-            ),
-            spec_hash=meta.spec_hash,
-            sources=tuple(meta.sources),
-            index_fingerprints=dict(meta.index_fingerprints),
-            seed=meta.seed,
-            steps=meta.steps,
-            dp_size=meta.dp_size,
-            micro_batches=meta.micro_batches,
-            seq_len=meta.seq_len,
-            long_seq_len=meta.long_seq_len,
-            long_cp_size=meta.long_cp_size,
-            parameters=ParamsView(CostModel.from_spec(meta.parameters.cost), meta.parameters.short_cp_size),
-            manifest=tuple(ManifestPart(f.path, f.first_step, f.last_step, f.rows) for f in meta.manifest),
-        )
-
-    @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> PlanView:
-        """The view of plan.json's contents (written from a validated `PlanMeta`: every field is there)."""
+        """The view of plan.json's contents (written from a validated `PlanMeta`: every field is there; `PlanMeta.view`
+        makes the same view of the validated model)."""
         spec, params = raw["spec"], raw["parameters"]
         tok, img = spec.get("tokenizer") or {}, spec.get("images") or {}
         long_seq_len = raw.get("long_seq_len")
@@ -183,7 +183,7 @@ def read_plan_view(plan_dir: str | Path) -> PlanView:
 
 def read_manifest(
     plan_dir: str | Path,
-    meta: AnyPlan,
+    meta: ManifestPlan,
     first_step: int = 0,
     last_step: int | None = None,
     dp_ranks: list[int] | None = None,
@@ -215,7 +215,7 @@ def read_manifest(
     return pa.concat_tables(parts).combine_chunks().cast(schema)
 
 
-def stale_sources(meta: AnyPlan, current: Mapping[str, str], sources: Sequence[str] | None = None) -> list[str]:
+def stale_sources(meta: FreshPlan, current: Mapping[str, str], sources: Sequence[str] | None = None) -> list[str]:
     """`source (plan FP, index FP)` for each of `sources` (default all) whose index is not the plan's: the one rule."""
     return [
         f"{s} (plan {meta.index_fingerprints.get(s)}, index {current.get(s)})"
@@ -224,7 +224,7 @@ def stale_sources(meta: AnyPlan, current: Mapping[str, str], sources: Sequence[s
     ]
 
 
-def check_fresh(meta: AnyPlan, current: Mapping[str, str], sources: Sequence[str] | None = None) -> None:
+def check_fresh(meta: FreshPlan, current: Mapping[str, str], sources: Sequence[str] | None = None) -> None:
     """Raise StaleIndexError when any of `sources` (default all) has an index fingerprint other than the plan's."""
     stale = stale_sources(meta, current, sources)
     if stale:

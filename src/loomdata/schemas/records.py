@@ -10,21 +10,17 @@ and `spec` re-exports them: one class each, so `is` comparisons hold across both
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # annotations only: this module never imports pydantic
-    from loomdata.schemas.spec import CostSpec, ImageSpec, SourceSpec, TokenizerSpec
-
-    AnySource: TypeAlias = "SourceSpec | SourceRecord"
-    """What a reader is built from: a validated `SourceSpec` (indexing) or its record (serving)."""
-    AnyTokenizer: TypeAlias = "TokenizerSpec | TokenizerRecord"
-    AnyImages: TypeAlias = "ImageSpec | ImageRecord"
-
 __all__ = [
+    "AnyImages",
+    "AnySource",
+    "AnyTokenizer",
     "CostBalance",
     "CostModel",
     "CostTerms",
@@ -88,6 +84,52 @@ class CostBalance(str, enum.Enum):
     BOTH = "both"
 
 
+class AnyTokenizer(Protocol):
+    """A tokenizer's fields: a validated `TokenizerSpec` or its `TokenizerRecord` (a Protocol: no import of spec)."""
+
+    @property
+    def kind(self) -> TokenizerKind: ...
+    @property
+    def path(self) -> Path | None: ...
+    @property
+    def pad_token_id(self) -> int: ...
+    def __hash__(self) -> int: ...  # readers cache a tokenizer per spec
+
+
+class AnyImages(Protocol):
+    """The image rule's fields: a validated `ImageSpec` or its `ImageRecord`."""
+
+    @property
+    def patch_size(self) -> int: ...
+    @property
+    def max_pixels(self) -> int: ...
+    @property
+    def placeholder_token_id(self) -> int: ...
+
+
+class AnySource(Protocol):
+    """What a reader is built from: a validated `SourceSpec` (indexing) or its `SourceRecord` (serving)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def format(self) -> SourceFormat: ...
+    @property
+    def tokens_field(self) -> str | None: ...
+    @property
+    def text_field(self) -> str | None: ...
+    @property
+    def image_field(self) -> Sequence[str]: ...
+    @property
+    def metadata(self) -> Sequence[str]: ...
+    @property
+    def on_error(self) -> OnError: ...
+    @property
+    def verify(self) -> VerifyMode: ...
+    @property
+    def storage_options(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class TokenizerRecord:
     """`TokenizerSpec`'s fields, plain."""
@@ -97,7 +139,7 @@ class TokenizerRecord:
     pad_token_id: int = 0
 
     @classmethod
-    def from_spec(cls, spec: TokenizerSpec | TokenizerRecord) -> TokenizerRecord:
+    def from_spec(cls, spec: AnyTokenizer) -> TokenizerRecord:
         """The record of a validated `TokenizerSpec` (a record is returned as is)."""
         if isinstance(spec, TokenizerRecord):
             return spec
@@ -113,7 +155,7 @@ class ImageRecord:
     placeholder_token_id: int = 32000
 
     @classmethod
-    def from_spec(cls, spec: ImageSpec | ImageRecord) -> ImageRecord:
+    def from_spec(cls, spec: AnyImages) -> ImageRecord:
         """The record of a validated `ImageSpec` (a record is returned as is)."""
         if isinstance(spec, ImageRecord):
             return spec
@@ -138,7 +180,7 @@ class SourceRecord:
     storage_options: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_spec(cls, spec: SourceSpec | SourceRecord) -> SourceRecord:
+    def from_spec(cls, spec: AnySource) -> SourceRecord:
         """The record of a validated `SourceSpec`, its storage options included (a record is returned as is)."""
         if isinstance(spec, SourceRecord):
             return spec
@@ -182,6 +224,8 @@ class CostTerms(Protocol):
     def encoder_linear(self) -> float: ...
     @property
     def encoder_window(self) -> int | None: ...
+    @property
+    def balance(self) -> CostBalance: ...
 
 
 def _has_encoder(c: CostTerms) -> bool:
@@ -230,7 +274,7 @@ class CostModel:
     balance: CostBalance = CostBalance.SUM
 
     @classmethod
-    def from_spec(cls, spec: CostSpec | CostModel) -> CostModel:
+    def from_spec(cls, spec: CostTerms) -> CostModel:
         """The model of a validated `CostSpec` (a model is returned as is)."""
         if isinstance(spec, CostModel):
             return spec

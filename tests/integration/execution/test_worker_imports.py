@@ -94,10 +94,10 @@ def test_plan_view_reads_what_read_plan_validates(stream_plan: Path, tmp_path: P
 
     from loomdata.execution._plan_meta import shared_plan
     from loomdata.schemas.errors import ContractError
-    from loomdata.schemas.plan_view import PlanView, read_plan_view
+    from loomdata.schemas.plan_view import read_plan_view
     from loomdata.schemas.records import CostBalance, OnError, TokenizerKind, VerifyMode
 
-    assert read_plan_view(stream_plan) == PlanView.from_meta(read_plan(stream_plan))
+    assert read_plan_view(stream_plan) == read_plan(stream_plan).view()
     assert shared_plan(stream_plan) is shared_plan(stream_plan)
 
     raw = json.loads((stream_plan / "plan.json").read_text())
@@ -112,7 +112,7 @@ def test_plan_view_reads_what_read_plan_validates(stream_plan: Path, tmp_path: P
     other.mkdir()
     (other / "plan.json").write_text(json.dumps(raw))
     view = read_plan_view(other)
-    assert view == PlanView.from_meta(read_plan(other))
+    assert view == read_plan(other).view()
     assert view.spec.tokenizer.kind is TokenizerKind.HUGGINGFACE and view.spec.images.patch_size == 16
     first = view.spec.source(src["name"])
     assert (first.on_error, first.verify, first.metadata) == (OnError.SKIP, VerifyMode.SHARD, ("a", "b"))

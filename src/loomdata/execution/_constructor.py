@@ -31,6 +31,7 @@ from loomdata.execution._heap import arrays_in_heap, maybe_trim
 from loomdata.execution._manifest import ManifestSlice
 from loomdata.execution._pack_group import StepPack, block_of, pack_group
 from loomdata.execution._packing import PackRules, peer_batches
+from loomdata.execution._plan_meta import shared_plan
 from loomdata.execution._reads import Reads, Route
 from loomdata.execution._telemetry import TelemetryBuffer, valid_report
 from loomdata.execution._window import Admission, Build, StepWindow, build_groups
@@ -39,7 +40,6 @@ from loomdata.schemas.batch import Batch, BatchBlock
 from loomdata.schemas.context_parallel import cp_group_check
 from loomdata.schemas.errors import ExecutionError, LoomError
 from loomdata.schemas.metrics import BuildPhases, ConstructorMetrics, StepTelemetry
-from loomdata.schemas.plan import read_plan
 
 __all__ = ["DataConstructor", "Route"]
 
@@ -73,7 +73,7 @@ class DataConstructor:
         start_step: int = 0,
     ) -> None:
         arrays_in_heap()
-        self._meta = read_plan(plan_dir)
+        self._meta = shared_plan(plan_dir)  # a PlanView: no pydantic in a worker
         self._rules = PackRules.of(self._meta.spec)
         self._window: StepWindow[StepPack] = StepWindow(ranks, self._meta.steps, window, peers, start_step)
         self._ranks = self._window.ranks

@@ -15,11 +15,15 @@ import dataclasses
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loomdata.schemas.plan import PlanMeta, read_manifest
+from loomdata.schemas.plan_view import read_manifest
 from loomdata.schemas.tables import MANIFEST_SCHEMA
+
+if TYPE_CHECKING:  # annotations only: no pydantic in a serving worker
+    from loomdata.schemas.plan import AnyPlan
 
 __all__ = ["ManifestRows", "ManifestSlice", "SpanRows", "source_span"]
 
@@ -51,7 +55,7 @@ if tuple(f.name for f in dataclasses.fields(ManifestRows)) != _COLUMNS:  # pragm
     raise ImportError(f"ManifestRows fields differ from MANIFEST_SCHEMA columns {_COLUMNS}; keep them the same")
 
 
-def _steps_for_rows(meta: PlanMeta, ranks: int, rows: int) -> int:
+def _steps_for_rows(meta: AnyPlan, ranks: int, rows: int) -> int:
     """About how many steps hold `rows` manifest rows of `ranks` ranks (rows spread evenly over steps and ranks)."""
     total = sum(f.rows for f in meta.manifest)
     if rows <= 0 or total <= 0:
@@ -66,7 +70,7 @@ class ManifestSlice:
     def __init__(
         self,
         plan_dir: str | Path,
-        meta: PlanMeta,
+        meta: AnyPlan,
         ranks: list[int],
         chunk_steps: int = 32,
         keep: int = 2,
@@ -141,7 +145,7 @@ class SpanRows:
         return self.step.nbytes + self.sample.nbytes + self.bounds.nbytes
 
 
-def read_span(plan_dir: str | Path, meta: PlanMeta, first: int, last: int) -> SpanRows:
+def read_span(plan_dir: str | Path, meta: AnyPlan, first: int, last: int) -> SpanRows:
     """Read steps [first, last] of the manifest (three of its columns) into a `SpanRows`."""
     t = read_manifest(plan_dir, meta, first, last, columns=["step", "source", "sample"])
     step, source, sample = (t.column(c).to_numpy() for c in ("step", "source", "sample"))
@@ -169,7 +173,7 @@ class _SpanEntry:
 
 
 def source_span(
-    plan_dir: str | Path, meta: PlanMeta, first: int, last: int, source: int
+    plan_dir: str | Path, meta: AnyPlan, first: int, last: int, source: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Source `source`'s (step, sample) manifest rows in steps [first, last], in step order (stored order within
     a step), as views of a span this process reads once for all its loaders (the last `_SPAN_KEEP` are kept).

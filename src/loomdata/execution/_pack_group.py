@@ -24,11 +24,11 @@ import numpy as np
 from loomdata.execution._packing import PackRules, pack_step
 from loomdata.schemas.batch import BLOCK_ARRAYS, DERIVED_ARRAYS, SEGMENT_DTYPE, Batch, BatchBlock
 from loomdata.schemas.errors import ExecutionError
-from loomdata.schemas.plan import PlanMeta
 
-if TYPE_CHECKING:  # annotations only (packing stays free of the loader's imports)
+if TYPE_CHECKING:  # annotations only (packing stays free of the loader's imports and of pydantic)
     from loomdata.execution._loader import SegmentData
     from loomdata.execution._manifest import ManifestRows
+    from loomdata.schemas.plan import AnyPlan
 
 __all__ = ["StepPack", "block_of", "pack_group", "place_tokens"]
 
@@ -60,7 +60,7 @@ class StepPack:
 
 
 def pack_group(
-    meta: PlanMeta, rules: PackRules, work: Work, rows: Sequence[ManifestRows], answers: Sequence[Answers]
+    meta: AnyPlan, rules: PackRules, work: Work, rows: Sequence[ManifestRows], answers: Sequence[Answers]
 ) -> list[dict[int, StepPack]]:
     """Every (step, ranks) of `work` packed, as `pack_step` would, into one block (images: `pack_step` each)."""
     if any(a.images for _, step_answers in answers for a in step_answers):
@@ -77,7 +77,7 @@ def pack_group(
 
 
 def _block(
-    meta: PlanMeta,
+    meta: AnyPlan,
     rules: PackRules,
     work: Work,
     rows: Sequence[ManifestRows],

@@ -32,12 +32,13 @@ import numpy as np
 from loomdata.schemas.batch import IGNORE_INDEX, SEGMENT_DTYPE, Batch, derive_labels_positions
 from loomdata.schemas.context_parallel import cp_group_check, cp_positions, lane_cp_sizes
 from loomdata.schemas.errors import ExecutionError
-from loomdata.schemas.plan import PlanMeta
-from loomdata.schemas.spec import Spec
 
-if TYPE_CHECKING:  # annotations only: packing stays free of the loader's imports (formats, Arrow)
+if TYPE_CHECKING:  # annotations only: packing stays free of the loader's imports (formats, Arrow) and of pydantic
     from loomdata.execution._loader import SegmentData
     from loomdata.execution._manifest import ManifestRows
+    from loomdata.schemas.plan import AnyPlan
+    from loomdata.schemas.plan_view import SpecView
+    from loomdata.schemas.spec import Spec
 
 __all__ = ["PackRules", "pack_arrays", "pack_batch", "pack_step", "peer_batches", "scatter_answers", "shard_batch"]
 
@@ -52,7 +53,7 @@ class PackRules:
     """The image placeholder token: a label that targets it is IGNORE_INDEX."""
 
     @classmethod
-    def of(cls, spec: Spec) -> PackRules:
+    def of(cls, spec: Spec | SpecView) -> PackRules:
         return cls(pad_token_id=spec.tokenizer.pad_token_id, image_token_id=spec.images.placeholder_token_id)
 
 
@@ -150,7 +151,7 @@ def scatter_answers(
 
 
 def pack_step(
-    meta: PlanMeta,
+    meta: AnyPlan,
     rules: PackRules,
     step: int,
     ranks: list[int],
@@ -256,7 +257,7 @@ def shard_batch(batch: Batch, cp_rank: int, cp_size: int, *, image_token_id: int
     )
 
 
-def peer_batches(meta: PlanMeta, rules: PackRules, batches: list[Batch], cp_rank: int) -> list[Batch]:
+def peer_batches(meta: AnyPlan, rules: PackRules, batches: list[Batch], cp_rank: int) -> list[Batch]:
     """What CP peer `cp_rank` of a dp rank receives of its micro-batches: each one's shard by its lane's cp size.
 
     A lane of cp size k < cp_group_size is sharded k ways and peer c takes shard c % k (cp 1: whole).

@@ -29,7 +29,7 @@ import functools
 import threading
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -39,9 +39,11 @@ from loomdata.execution._manifest import source_span
 from loomdata.execution._prefetch import Prefetcher, submit_shared
 from loomdata.execution._shard_opens import ShardOpens
 from loomdata.schemas.errors import LoomError
-from loomdata.schemas.plan import PlanMeta
 from loomdata.sources import FormatReader
 from loomdata.storage import is_url, open_ahead, warm_client
+
+if TYPE_CHECKING:  # annotations only: no pydantic in a serving worker
+    from loomdata.schemas.plan import AnyPlan
 
 __all__ = ["PlanAhead"]
 
@@ -51,7 +53,7 @@ _SPAN_ROWS = 1 << 18  # manifest rows read at once when planning the cache (this
 class PlanAhead:
     """The cache planning and read-ahead of one Source Loader (see the module docstring)."""
 
-    def __init__(self, plan_dir: str, meta: PlanMeta, loader: Any, policy: CachePolicy) -> None:
+    def __init__(self, plan_dir: str, meta: AnyPlan, loader: Any, policy: CachePolicy) -> None:
         """`loader`: the `SourceLoader` this serves (its index arrays, paths, reader, verifier, counters; `_loader`
         imports this module, so it is not named here)."""
         self._plan_dir = plan_dir
@@ -238,6 +240,7 @@ class PlanAhead:
         """Hold a span's rows (and the next one's, read ahead; older ones are dropped) and open its shards ahead."""
         self._spans = {k: v for k, v in self._spans.items() if k >= start - self._span_chunks}
         self._spans[start] = rows
+        self._loader.spans_in_use(np.concatenate([s for _, s in self._spans.values()]))  # their checksums only
         step, sample = rows
         if len(sample):
             shards, first = np.unique(self._shards_of(sample), return_index=True)  # rows in step order

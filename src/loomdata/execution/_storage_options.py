@@ -14,14 +14,18 @@ logs, an error message or a debug print show `***`); it pickles by value, for th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, final
+from typing import TYPE_CHECKING, Any, final
 
 from loomdata.schemas.errors import ContractError
-from loomdata.schemas.plan import PlanMeta
-from loomdata.schemas.spec import SourceSpec, Spec, load_spec
+from loomdata.schemas.records import SourceRecord
 from loomdata.storage import redact
+
+if TYPE_CHECKING:  # annotations only: a loader unpickles SourceOptions in a worker, which imports no pydantic
+    from loomdata.schemas.plan import PlanMeta
+    from loomdata.schemas.spec import SourceSpec, Spec
 
 __all__ = ["OptionsBySource", "SourceOptions", "mapping_options", "serving_options", "spec_options"]
 
@@ -53,6 +57,12 @@ class SourceOptions:
         if source.name not in self._by_source:
             return source
         return source.model_copy(update={"storage_options": self.of(source.name)})
+
+    def source_record(self, source: SourceRecord) -> SourceRecord:
+        """`source_spec` of a plain record (what a loader reads its source as: no pydantic in a worker)."""
+        if source.name not in self._by_source:
+            return source
+        return dataclasses.replace(source, storage_options=self.of(source.name))
 
     def apply(self, spec: Spec) -> Spec:
         """`spec` with every source's options (for the serving checks that list objects, e.g. the globs)."""
@@ -129,6 +139,8 @@ def serving_options(
     if spec is not None and storage_options is not None:
         raise ValueError("give the spec or storage_options, not both")
     if isinstance(spec, (str, Path)):
+        from loomdata.schemas.spec import load_spec  # the serving process only
+
         return spec_options(meta, load_spec(spec, check_paths=False), origin=f"spec {spec}", plan_dir=plan_dir)
     if spec is not None:
         return spec_options(meta, spec, plan_dir=plan_dir)

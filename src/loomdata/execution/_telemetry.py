@@ -18,7 +18,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,8 +27,11 @@ from loomdata.execution._metrics import FleetView
 from loomdata.execution._outcome import issue
 from loomdata.execution._retry import Deadline
 from loomdata.schemas.metrics import StepTelemetry
-from loomdata.schemas.plan import PlanMeta
-from loomdata.schemas.spec import CostSpec
+
+if TYPE_CHECKING:  # annotations only: no pydantic in a serving worker
+    from loomdata.schemas.plan import AnyPlan
+    from loomdata.schemas.records import CostModel
+    from loomdata.schemas.spec import CostSpec
 
 __all__ = [
     "TELEMETRY_FILE",
@@ -43,7 +46,7 @@ TELEMETRY_FILE = "telemetry.jsonl"
 """Name of the telemetry file in the plan dir."""
 
 
-def predicted_cost(length: np.ndarray, lane: np.ndarray, cost: CostSpec, cp: Sequence[int]) -> float:
+def predicted_cost(length: np.ndarray, lane: np.ndarray, cost: CostSpec | CostModel, cp: Sequence[int]) -> float:
     """Sum of the text terms of the plan's cost over segments of `length` in `lane` (cp[lane] ranks share one)."""
     per_lane = np.asarray(cp, dtype=np.int64)[np.asarray(lane, dtype=np.int64)]
     return float(cost.of(length, None, per_lane).sum())
@@ -63,7 +66,7 @@ class TelemetryBuffer:
     synchronous step waits for it.
     """
 
-    def __init__(self, cost: CostSpec, cp: tuple[int, int] = (1, 1), capacity: int = 4096) -> None:
+    def __init__(self, cost: CostSpec | CostModel, cp: tuple[int, int] = (1, 1), capacity: int = 4096) -> None:
         """`cost`: the plan's cost model; `cp`: the cp size of the short and the long lane."""
         self._cost = cost
         self._cp = cp
@@ -73,7 +76,7 @@ class TelemetryBuffer:
         """Records dropped: invalid, or pushed out of a full buffer."""
 
     @classmethod
-    def of(cls, meta: PlanMeta) -> TelemetryBuffer:
+    def of(cls, meta: AnyPlan) -> TelemetryBuffer:
         """A buffer costing steps as the plan's planner did (`parameters.cost`, the lanes' cp sizes)."""
         return cls(meta.parameters.cost, (meta.parameters.short_cp_size, meta.long_cp_size))
 

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loomdata.schemas.errors import ContractError, SourceDataError
-from loomdata.schemas.spec import SourceFormat, VerifyMode
+from loomdata.schemas.records import SourceFormat, VerifyMode
 from loomdata.schemas.tables import CHECKSUM_FIELD
 from loomdata.sources import Sample
 from loomdata.sources._integrity import CHECKSUM, TOKEN_DTYPE, checksums, stat_shard

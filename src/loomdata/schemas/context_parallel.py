@@ -28,6 +28,7 @@ from loomdata.schemas.header import PlanHeader
 
 if TYPE_CHECKING:  # a rank imports this module: no pydantic spec or pyarrow at run time
     from loomdata.schemas.plan import PlanMeta
+    from loomdata.schemas.plan_view import PlanView
     from loomdata.schemas.spec import CostSpec
 
 __all__ = [
@@ -114,19 +115,19 @@ def cp_imbalance(rank_costs: np.ndarray) -> np.ndarray:
     return out
 
 
-def lane_cp_sizes(meta: PlanMeta | PlanHeader) -> tuple[int, int]:
+def lane_cp_sizes(meta: PlanMeta | PlanView | PlanHeader) -> tuple[int, int]:
     """Context-parallel size of the plan's short lane (0) and long lane (1; 1 without a long lane)."""
     if isinstance(meta, PlanHeader):
         return meta.lane_cp
     return meta.parameters.short_cp_size, (meta.long_cp_size if meta.long_seq_len is not None else 1)
 
 
-def cp_group_size(meta: PlanMeta | PlanHeader) -> int:
+def cp_group_size(meta: PlanMeta | PlanView | PlanHeader) -> int:
     """How many CP peers each dp rank of the plan has: the larger of its lanes' cp sizes."""
     return max(lane_cp_sizes(meta))
 
 
-def cp_group_check(meta: PlanMeta | PlanHeader, cp_rank: object) -> None:
+def cp_group_check(meta: PlanMeta | PlanView | PlanHeader, cp_rank: object) -> None:
     """Raise ExecutionError unless `cp_rank` is a CP peer of the plan's dp ranks (0..cp_group_size-1)."""
     group = cp_group_size(meta)
     ok = isinstance(cp_rank, (int, np.integer)) and not isinstance(cp_rank, bool) and 0 <= int(cp_rank) < group

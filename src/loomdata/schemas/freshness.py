@@ -17,13 +17,17 @@ import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loomdata.schemas.errors import StaleIndexError
 from loomdata.schemas.layout import IndexFiles
-from loomdata.schemas.plan import PlanMeta, check_fresh
-from loomdata.schemas.spec import SourceFormat, SourceSpec, Spec, TokenizerKind
+from loomdata.schemas.plan_view import check_fresh
+from loomdata.schemas.records import SourceFormat, TokenizerKind
 from loomdata.schemas.tables import table_metadata
+
+if TYPE_CHECKING:  # annotations only: a serving worker checks freshness without the pydantic spec
+    from loomdata.schemas.plan import AnyPlan
+    from loomdata.schemas.spec import SourceSpec, Spec
 
 __all__ = [
     "SETTINGS_KEY",
@@ -46,7 +50,7 @@ def current_fingerprints(workdir: Path, sources: Sequence[str]) -> dict[str, str
     return {s: IndexFiles.of(workdir, s).fingerprint() for s in sources}
 
 
-def require_fresh(meta: PlanMeta, workdir: Path, sources: Sequence[str] | None = None) -> None:
+def require_fresh(meta: AnyPlan, workdir: Path, sources: Sequence[str] | None = None) -> None:
     """Raise StaleIndexError (listing every changed source) unless `sources` (default all) are as planned."""
     names = list(meta.sources if sources is None else sources)
     check_fresh(meta, current_fingerprints(workdir, names), names)

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
-import numpy as np
-import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from loomdata.schemas.errors import ContractError, StaleIndexError
+from loomdata.schemas.errors import ContractError
 from loomdata.schemas.header import PLAN_FORMAT_VERSION, load_plan_json
+from loomdata.schemas.plan_view import (
+    ManifestPart,
+    ParamsView,
+    PlanView,
+    SpecView,
+    check_fresh,
+    read_manifest,
+    stale_sources,
+)
+from loomdata.schemas.records import CostModel, ImageRecord, SourceRecord, TokenizerRecord
 from loomdata.schemas.spec import CostSpec, Spec
-from loomdata.schemas.tables import MANIFEST_SCHEMA, TableKind, iter_steps
 
 __all__ = [
     "PLAN_FORMAT_VERSION",
+    "AnyPlan",
     "ManifestFile",
     "PlanMeta",
     "PlanParameters",
@@ -110,9 +117,40 @@ class PlanMeta(BaseModel):
             raise ContractError(f"plan {self.plan_id}: lane {lane} used but the plan has no long-context lane")
         return self.long_seq_len
 
+    def view(self) -> PlanView:
+        """This plan as plain records (`PlanView`): what a serving worker reads from the same plan.json."""
+        spec = self.spec
+        return PlanView(
+            plan_id=self.plan_id,
+            spec=SpecView(
+                name=spec.name,
+                workdir=spec.workdir,
+                tokenizer=TokenizerRecord.from_spec(spec.tokenizer),
+                images=ImageRecord.from_spec(spec.images),
+                sources=tuple(SourceRecord.from_spec(s) for s in spec.sources),
+            ),
+            spec_hash=self.spec_hash,
+            sources=tuple(self.sources),
+            index_fingerprints=dict(self.index_fingerprints),
+            seed=self.seed,
+            steps=self.steps,
+            dp_size=self.dp_size,
+            micro_batches=self.micro_batches,
+            seq_len=self.seq_len,
+            long_seq_len=self.long_seq_len,
+            long_cp_size=self.long_cp_size,
+            parameters=ParamsView(CostModel.from_spec(self.parameters.cost), self.parameters.short_cp_size),
+            manifest=tuple(ManifestPart(f.path, f.first_step, f.last_step, f.rows) for f in self.manifest),
+        )
+
     def to_json(self) -> str:
         """Stable JSON (sorted keys) so the same plan gives byte-identical files."""
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=1) + "\n"
+
+
+AnyPlan: TypeAlias = "PlanMeta | PlanView"
+"""A plan as the serving process reads it (validated, `PlanMeta`) or as a worker does (`PlanView`): code that runs in
+both takes either (the two have the same field names)."""
 
 
 def read_plan(plan_dir: str | Path) -> PlanMeta:
@@ -123,55 +161,3 @@ def read_plan(plan_dir: str | Path) -> PlanMeta:
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise ContractError(f"{p}: invalid plan.json: {problems}") from None
-
-
-def read_manifest(
-    plan_dir: str | Path,
-    meta: PlanMeta,
-    first_step: int = 0,
-    last_step: int | None = None,
-    dp_ranks: list[int] | None = None,
-    columns: list[str] | None = None,
-) -> pa.Table:
-    """Manifest rows for steps [first_step, last_step] (inclusive) and the given ranks, in stored order: only
-    the partitions holding those steps are opened (each one's kind, version and schema checked), only their row
-    groups whose step statistics overlap the range are read, and only `columns` (default all).
-
-    Read with `pyarrow.parquet` and NumPy masks, not `pyarrow.dataset`: a Dask worker or the serving process that
-    reads the manifest does not import the dataset layer (nor start its scan threads).
-    """
-    last = meta.steps - 1 if last_step is None else last_step
-    names = list(MANIFEST_SCHEMA.names if columns is None else columns)
-    read = names if dp_ranks is None else list(dict.fromkeys([*names, "dp_rank"]))
-    ranks = None if dp_ranks is None else np.unique(np.asarray(dp_ranks, dtype=np.int64))
-    parts: list[pa.Table] = []
-    for f in meta.manifest:
-        if f.last_step < first_step or f.first_step > last:
-            continue
-        for t in iter_steps(Path(plan_dir) / f.path, TableKind.MANIFEST, first_step, last, read, use_threads=False):
-            if ranks is not None:
-                keep = np.isin(t.column("dp_rank").to_numpy(), ranks)
-                t = t if keep.all() else t.filter(pa.array(keep))
-            parts.append(t.select(names))
-    schema = pa.schema([MANIFEST_SCHEMA.field(c) for c in names], metadata=MANIFEST_SCHEMA.metadata)
-    if not parts:
-        return schema.empty_table()
-    return pa.concat_tables(parts).combine_chunks().cast(schema)
-
-
-def stale_sources(meta: PlanMeta, current: Mapping[str, str], sources: Sequence[str] | None = None) -> list[str]:
-    """`source (plan FP, index FP)` for each of `sources` (default all) whose index is not the plan's: the one rule."""
-    return [
-        f"{s} (plan {meta.index_fingerprints.get(s)}, index {current.get(s)})"
-        for s in (meta.sources if sources is None else sources)
-        if meta.index_fingerprints.get(s) != current.get(s)
-    ]
-
-
-def check_fresh(meta: PlanMeta, current: Mapping[str, str], sources: Sequence[str] | None = None) -> None:
-    """Raise StaleIndexError when any of `sources` (default all) has an index fingerprint other than the plan's."""
-    stale = stale_sources(meta, current, sources)
-    if stale:
-        raise StaleIndexError(
-            f"plan {meta.plan_id} was made on an older index of: {', '.join(stale)}; re-plan with `loom plan SPEC`"
-        )

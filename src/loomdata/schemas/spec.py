@@ -7,7 +7,6 @@ Relative paths are resolved against the spec file's folder.
 
 from __future__ import annotations
 
-import enum
 import glob
 import hashlib
 import json
@@ -29,6 +28,16 @@ from pydantic import (
 
 from loomdata.schemas.errors import SpecError
 from loomdata.schemas.formats import field_problems, metadata_problem
+from loomdata.schemas.records import (
+    CostBalance,
+    OnError,
+    ShuffleMode,
+    SourceFormat,
+    TokenizerKind,
+    VerifyMode,
+    cost_of,
+    cost_parts,
+)
 from loomdata.schemas.tables import INDEX_COLUMNS
 
 __all__ = [
@@ -50,44 +59,6 @@ __all__ = [
     "load_spec",
     "parse_spec",
 ]
-
-
-class SourceFormat(str, enum.Enum):
-    """On-disk formats loomdata can index and read."""
-
-    PARQUET = "parquet"
-    JSONL = "jsonl"
-    WEBDATASET = "webdataset"
-    MEGATRON = "megatron"
-
-
-class OnError(str, enum.Enum):
-    """What to do with a bad shard or sample: stop the job, or skip it (counted and listed)."""
-
-    ERROR = "error"
-    SKIP = "skip"
-
-
-class ShuffleMode(str, enum.Enum):
-    """How a source's stream orders its documents each epoch: one global permutation, or blocks of storage."""
-
-    GLOBAL = "global"
-    BLOCK = "block"
-
-
-class VerifyMode(str, enum.Enum):
-    """What a Source Loader checks against the index: each sample's checksum and its shard, the shard only, nothing."""
-
-    SAMPLE = "sample"
-    SHARD = "shard"
-    OFF = "off"
-
-
-class TokenizerKind(str, enum.Enum):
-    """How raw text becomes tokens."""
-
-    BYTES = "bytes"
-    HUGGINGFACE = "huggingface"
 
 
 class _Frozen(BaseModel):
@@ -206,15 +177,6 @@ class LongContextSpec(_Frozen):
     cp_size: int = Field(default=1, gt=0)
 
 
-class CostBalance(str, enum.Enum):
-    """What the balancer equalizes: the summed cost of a rank (`sum`), or its encoder and backbone parts
-    apart (`both`: the vision encoder and the language backbone run on different stages or devices, so a
-    step takes as long as the slower of the two stages)."""
-
-    SUM = "sum"
-    BOTH = "both"
-
-
 class CostSpec(_Frozen):
     """cost(segment) = backbone + encoder part, over the lane's cp size (`of`; `parts` gives both apart).
 
@@ -285,29 +247,15 @@ class CostSpec(_Frozen):
     def of(self, lengths: Any, image_tokens: Any = None, cp_size: Any = 1) -> np.ndarray:
         """Cost (float64) of each segment of `lengths` tokens (with `image_tokens`) on one rank of its cp group.
 
-        The one formula: the planner balances it, serving predicts step times with it (the sum of `parts`).
+        The one formula (`records.cost_of`): the planner balances it, serving predicts step times with it (the sum
+        of `parts`).
         """
-        n = np.asarray(lengths, dtype=np.float64)
-        out = self.attention * n * n + self.linear * n
-        if image_tokens is not None and self.has_encoder:
-            out = out + self._encoder_raw(np.asarray(image_tokens, dtype=np.float64))
-        return out / np.asarray(cp_size, dtype=np.float64)
+        return cost_of(self, lengths, image_tokens, cp_size)
 
     def parts(self, lengths: Any, image_tokens: Any = None, cp_size: Any = 1) -> tuple[np.ndarray, np.ndarray]:
         """(backbone, encoder) cost (float64) of each segment on one rank of its cp group; they add up to `of`
         (up to rounding). A cp group splits its sequence's images over its peers' encoder too."""
-        n = np.asarray(lengths, dtype=np.float64)
-        cp = np.asarray(cp_size, dtype=np.float64)
-        backbone = (self.attention * n * n + self.linear * n) / cp
-        if image_tokens is None or not self.has_encoder:
-            return backbone, np.zeros(np.broadcast_shapes(n.shape, cp.shape))
-        return backbone, self._encoder_raw(np.asarray(image_tokens, dtype=np.float64)) / cp
-
-    def _encoder_raw(self, img: np.ndarray) -> np.ndarray:
-        """The encoder part of a segment with `img` image tokens, before the cp split."""
-        window = img if self.encoder_window is None else np.minimum(img, float(self.encoder_window))
-        out = self.encoder * img * window
-        return out + self.encoder_linear * img if self.encoder_linear else out
+        return cost_parts(self, lengths, image_tokens, cp_size)
 
 
 LOOKAHEAD_TOLERANCE = 0.0075

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from loomdata.schemas.formats import FIELD_RULES, FieldRules, check_fields, field_problems, metadata_problem
-from loomdata.schemas.spec import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
+from loomdata.schemas.records import SourceFormat
 from loomdata.sources._base import (
     FormatReader,
     KeptRows,
@@ -16,6 +17,9 @@ from loomdata.sources._base import (
     UnitCache,
     UnitKey,
 )
+
+if TYPE_CHECKING:  # annotations only: a serving worker reads records, not the pydantic spec
+    from loomdata.schemas.records import AnyImages, AnySource, AnyTokenizer
 
 __all__ = [
     "FIELD_RULES",
@@ -42,7 +46,7 @@ _READERS: dict[SourceFormat, tuple[str, str]] = {
 }
 
 
-def make_reader(source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> FormatReader:
+def make_reader(source: AnySource, tokenizer: AnyTokenizer, images: AnyImages) -> FormatReader:
     """A fresh reader for `source`'s format (imported lazily: a loader only loads what it serves)."""
     module, name = _READERS[source.format]
     cls: type[FormatReader] = getattr(importlib.import_module(module), name)

@@ -28,15 +28,17 @@ import collections
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from loomdata.schemas.formats import check_fields
-from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
 from loomdata.sources._integrity import TOKEN_DTYPE
 from loomdata.storage import Location
+
+if TYPE_CHECKING:  # annotations only: a serving worker reads records, not the pydantic spec
+    from loomdata.schemas.records import AnyImages, AnySource, AnyTokenizer
 
 __all__ = ["FormatReader", "KeptRows", "LruUnitCache", "Sample", "ScanResult", "UnitCache", "UnitKey"]
 
@@ -154,7 +156,7 @@ class FormatReader(abc.ABC):
     thread_safe: ClassVar[bool] = False
     """Whether `scan`/`read`/`close` may run in several threads at once (else callers serialise them)."""
 
-    def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
+    def __init__(self, source: AnySource, tokenizer: AnyTokenizer, images: AnyImages) -> None:
         check_fields(source)  # the format's field rules (`FIELD_RULES`), the same ones the spec is checked by
         self.source = source
         self.tokenizer_spec = tokenizer

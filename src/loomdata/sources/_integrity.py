@@ -49,7 +49,7 @@ import numpy as np
 import xxhash
 
 from loomdata.schemas.errors import SourceDataError
-from loomdata.schemas.spec import SourceFormat
+from loomdata.schemas.records import SourceFormat
 from loomdata.storage import (
     AccessDeniedError,
     Location,

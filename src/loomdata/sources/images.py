@@ -20,11 +20,14 @@ readers and the loaders use it, so the rule is written once).
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from loomdata.schemas.errors import SourceDataError
-from loomdata.schemas.spec import ImageSpec
+
+if TYPE_CHECKING:  # annotations only: a serving worker reads records, not the pydantic spec
+    from loomdata.schemas.records import AnyImages
 
 __all__ = [
     "decode_image",
@@ -36,7 +39,7 @@ __all__ = [
 ]
 
 
-def image_grid_array(widths: np.ndarray, heights: np.ndarray, spec: ImageSpec) -> tuple[np.ndarray, np.ndarray]:
+def image_grid_array(widths: np.ndarray, heights: np.ndarray, spec: AnyImages) -> tuple[np.ndarray, np.ndarray]:
     """Patch grid (columns, rows) per image, as int64 arrays, by the module's resize rule."""
     w = np.asarray(widths, dtype=np.int64)
     h = np.asarray(heights, dtype=np.int64)
@@ -58,18 +61,18 @@ def image_grid_array(widths: np.ndarray, heights: np.ndarray, spec: ImageSpec) -
     return gw, gh
 
 
-def image_tokens_array(widths: np.ndarray, heights: np.ndarray, spec: ImageSpec) -> np.ndarray:
+def image_tokens_array(widths: np.ndarray, heights: np.ndarray, spec: AnyImages) -> np.ndarray:
     """uint32 token counts of many images at once (vectorised `image_tokens`)."""
     gw, gh = image_grid_array(widths, heights, spec)
     return (gw * gh).astype(np.uint32)
 
 
-def image_tokens(width: int, height: int, spec: ImageSpec) -> int:
+def image_tokens(width: int, height: int, spec: AnyImages) -> int:
     """Tokens (patches) an image of `width x height` pixels costs after resizing."""
     return int(image_tokens_array(np.array([width]), np.array([height]), spec)[0])
 
 
-def resized_size(width: int, height: int, spec: ImageSpec) -> tuple[int, int]:
+def resized_size(width: int, height: int, spec: AnyImages) -> tuple[int, int]:
     """(width, height) in pixels an image is resized to: whole patches, per the module's rule."""
     gw, gh = image_grid_array(np.array([width]), np.array([height]), spec)
     return int(gw[0]) * spec.patch_size, int(gh[0]) * spec.patch_size
@@ -83,7 +86,7 @@ def decoded_image_tokens(image: np.ndarray, patch_size: int) -> int:
     return (int(image.shape[0]) // patch_size) * (int(image.shape[1]) // patch_size)
 
 
-def decode_image(data: bytes, spec: ImageSpec, *, name: str = "<image bytes>") -> np.ndarray:
+def decode_image(data: bytes, spec: AnyImages, *, name: str = "<image bytes>") -> np.ndarray:
     """Decode `data` to an HWC uint8 RGB array resized to `resized_size` (so pixels match tokens).
 
     `name` (file and member) goes into the SourceDataError raised for undecodable data.

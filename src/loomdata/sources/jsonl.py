@@ -39,7 +39,7 @@ import os
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -47,10 +47,13 @@ import pyarrow.json as pajson
 import zstandard
 
 from loomdata.schemas.errors import SourceDataError
-from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
+from loomdata.schemas.records import OnError
 from loomdata.sources._base import FormatReader, Sample, ScanResult
 from loomdata.sources.tokenizer import make_tokenizer
 from loomdata.storage import Location, ObjectView, StorageOptions, identity, is_url, open_input, suffix_of
+
+if TYPE_CHECKING:  # annotations only: a serving worker reads records, not the pydantic spec
+    from loomdata.schemas.records import AnyImages, AnySource, AnyTokenizer
 
 __all__ = ["Compression", "JsonlReader", "compression_of"]
 
@@ -245,7 +248,7 @@ class _Where:
 class JsonlReader(FormatReader):
     """Scans and reads JSONL shards of one source (plain, gzip or Zstandard)."""
 
-    def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
+    def __init__(self, source: AnySource, tokenizer: AnyTokenizer, images: AnyImages) -> None:
         super().__init__(source, tokenizer, images)  # checks that `text_field` is set
         self._field: str = source.text_field or ""
         self._meta: list[str] = list(dict.fromkeys(source.metadata))

@@ -22,16 +22,19 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.formats import DOCUMENT_COLUMN
-from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
 from loomdata.sources._base import FormatReader, Sample, ScanResult
 from loomdata.sources._integrity import checksums_flat
 from loomdata.storage import Location, ObjectView, StorageOptions, fetch_to_cache, identity, is_url, suffix_of
+
+if TYPE_CHECKING:  # annotations only: a serving worker reads records, not the pydantic spec
+    from loomdata.schemas.records import AnyImages, AnySource, AnyTokenizer
 
 __all__ = ["DOCUMENT_COLUMN", "DTYPE_CODES", "IDX_HEADER", "IDX_MAGIC", "IDX_VERSION", "MegatronReader"]
 
@@ -195,7 +198,7 @@ def _check_part(index: _Index, lo: int, hi: int) -> None:
 class MegatronReader(FormatReader):
     """Scans and reads Megatron .bin/.idx datasets; one sample per sequence, `row` = sequence index."""
 
-    def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
+    def __init__(self, source: AnySource, tokenizer: AnyTokenizer, images: AnyImages) -> None:
         super().__init__(source, tokenizer, images)  # checks that `metadata` holds only DOCUMENT_COLUMN
         self._indexes: dict[Location, _Index] = {}
         self._bins: dict[Location, np.ndarray | _RemoteTokens] = {}

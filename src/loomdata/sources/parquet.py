@@ -37,7 +37,7 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -45,12 +45,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from loomdata.schemas.errors import SourceDataError
-from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
+from loomdata.schemas.records import OnError
 from loomdata.sources._base import FormatReader, KeptRows, LruUnitCache, Sample, ScanResult, TokenSpans, UnitKey
 from loomdata.sources._integrity import checksums_flat
 from loomdata.sources._open_files import OpenFiles, new_owner
 from loomdata.sources.tokenizer import Tokenizer, make_tokenizer
 from loomdata.storage import Location, RangeFile, StorageOptions, identity, is_url
+
+if TYPE_CHECKING:  # annotations only: a serving worker reads records, not the pydantic spec
+    from loomdata.schemas.records import AnyImages, AnySource, AnyTokenizer
 
 __all__ = ["ParquetReader"]
 
@@ -218,7 +221,7 @@ def _is_list(t: pa.DataType) -> bool:
 class ParquetReader(FormatReader):
     """Scans and reads Parquet shards of one source."""
 
-    def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
+    def __init__(self, source: AnySource, tokenizer: AnyTokenizer, images: AnyImages) -> None:
         super().__init__(source, tokenizer, images)  # checks that exactly one of the two fields is set
         self._field: str = source.tokens_field or source.text_field or ""
         self._pretokenized = source.tokens_field is not None

@@ -12,15 +12,18 @@ import abc
 import functools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar, TypeAlias
+from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from loomdata.schemas.errors import SourceDataError
-from loomdata.schemas.spec import TokenizerKind, TokenizerSpec
+from loomdata.schemas.records import TokenizerKind
 from loomdata.sources._integrity import TOKEN_DTYPE, checksums, checksums_flat
+
+if TYPE_CHECKING:  # annotations only: a serving worker reads records, not the pydantic spec
+    from loomdata.schemas.records import AnyTokenizer
 
 __all__ = ["BYTE_VOCAB_SIZE", "ByteTokenizer", "HFTokenizer", "Texts", "Tokenizer", "make_tokenizer"]
 
@@ -120,7 +123,7 @@ class HFTokenizer(Tokenizer):
 
 
 @functools.lru_cache(maxsize=8)
-def make_tokenizer(spec: TokenizerSpec) -> Tokenizer:
+def make_tokenizer(spec: AnyTokenizer) -> Tokenizer:
     """The tokenizer `spec` describes, built once per process (loaders and scan tasks reuse it)."""
     if spec.kind is TokenizerKind.BYTES:
         return ByteTokenizer()

@@ -26,18 +26,21 @@ import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import pyarrow as pa
 
 from loomdata.schemas.errors import SourceDataError
-from loomdata.schemas.spec import ImageSpec, OnError, SourceSpec, TokenizerSpec
+from loomdata.schemas.records import OnError
 from loomdata.sources._base import FormatReader, Sample, ScanResult
 from loomdata.sources._integrity import prefixed_checksums
 from loomdata.sources.images import decode_image, decoded_image_tokens, image_tokens_array
 from loomdata.sources.tokenizer import make_tokenizer
 from loomdata.storage import Location, StorageOptions, identity, is_url, open_input
+
+if TYPE_CHECKING:  # annotations only: a serving worker reads records, not the pydantic spec
+    from loomdata.schemas.records import AnyImages, AnySource, AnyTokenizer
 
 __all__ = ["KEY_COLUMN", "WebDatasetReader"]
 
@@ -173,7 +176,7 @@ class WebDatasetReader(FormatReader):
 
     thread_safe = True  # every entry point holds `_lock`
 
-    def __init__(self, source: SourceSpec, tokenizer: TokenizerSpec, images: ImageSpec) -> None:
+    def __init__(self, source: AnySource, tokenizer: AnyTokenizer, images: AnyImages) -> None:
         super().__init__(source, tokenizer, images)  # checks that `text_field` is set
         self._text = (source.text_field or "").lower()
         self._images = [e.lower() for e in source.image_field]

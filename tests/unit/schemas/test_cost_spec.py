@@ -76,3 +76,23 @@ def test_bad_cost_keys_are_reported_with_their_key_path(tmp_path: Path) -> None:
         parse_spec(_raw(tmp_path, {"balance": "both", "encoder": 0.0}), tmp_path, check_paths=False)
     with pytest.raises(ValidationError):
         CostSpec(balance="both", encoder=0.0, encoder_linear=0.0)
+
+
+def test_cost_model_record_costs_as_the_spec() -> None:
+    """The plain `CostModel` a constructor predicts with is the `CostSpec` formula (one implementation)."""
+    import numpy as np
+
+    from loomdata.schemas.records import CostModel
+    from loomdata.schemas.spec import CostSpec
+
+    lengths, images = np.array([0, 7, 300, 4096]), np.array([0, 3, 1024, 2048])
+    for spec in (CostSpec(), CostSpec(balance="both"), CostSpec(encoder=0.5, attention=2.0)):
+        model = CostModel.from_spec(spec)
+        assert CostModel.from_json(spec.model_dump(mode="json")) == model
+        for cp in (1, np.array([1, 2, 2, 4])):
+            assert np.array_equal(model.of(lengths, images, cp), spec.of(lengths, images, cp))
+            assert all(
+                np.array_equal(a, b)
+                for a, b in zip(model.parts(lengths, images, cp), spec.parts(lengths, images, cp), strict=True)
+            )
+    assert CostModel.from_spec(CostSpec(balance="both")).of([10], [10]) > CostModel().of([10], [10])

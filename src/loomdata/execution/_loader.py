@@ -40,8 +40,6 @@ constructor that sent it (a read issued just before its route switched) asks the
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import functools
 import itertools
 import operator
 import time
@@ -57,7 +55,7 @@ from loomdata.execution._loader_cache import CachePolicy, unit_key
 from loomdata.execution._partition import LoaderPartition
 from loomdata.execution._plan_ahead import PlanAhead
 from loomdata.execution._plan_meta import shared_plan
-from loomdata.execution._sample_index import SampleIndex, SpanChecksums
+from loomdata.execution._sample_index import SampleIndex
 from loomdata.execution._storage_options import SourceOptions
 from loomdata.execution._strand import Strand
 from loomdata.execution._verify import Verifier, require_checksums, serving_error
@@ -155,20 +153,15 @@ class SourceLoader:
         )
         if self._verifier.samples:
             require_checksums(files.samples, partition.source)
-        # planned (a cache): checksums are held for the plan spans in use only (`SpanChecksums`); else all of them
-        every_sum = self._verifier.samples and cache is None
-        columns = ["sample", "shard", "row", *(["checksum"] if every_sum else [])]
+        columns = ["sample", "shard", "row", *(["checksum"] if self._verifier.samples else [])]
         table = files.samples_of_shards(partition.first_shard, partition.stop_shard, columns)
         self._index = SampleIndex.of(
             table.column("sample").to_numpy(),
             table.column("shard").to_numpy(),
             table.column("row").to_numpy(),
-            table.column("checksum").to_numpy() if every_sum else None,
+            table.column("checksum").to_numpy() if self._verifier.samples else None,
         )
         del table
-        if self._verifier.samples and cache is not None:
-            load = functools.partial(_checksums_by_position, files, partition.first_shard, partition.stop_shard)
-            self._index = dataclasses.replace(self._index, checksums=SpanChecksums(load, len(self._index)))
         ids = shards.column("shard").to_pylist()
         paths = shards.column("path").to_pylist()
         self._paths = {
@@ -186,13 +179,6 @@ class SourceLoader:
         self._remote = any(is_url(p) for p in self._paths.values())
         self._warm = self._pool.submit(self._plan.warm) if self._plan is not None else None
         _LIVE.add(self)
-
-    def spans_in_use(self, samples: np.ndarray) -> None:
-        """The samples of the plan spans its `PlanAhead` holds now: only theirs are the checksums held."""
-        sums = self._index.checksums
-        if isinstance(sums, SpanChecksums):
-            pos, found = self._index.locate(samples)
-            sums.hold(pos[found])
 
     async def read(self, request: np.ndarray) -> SegmentData:
         """The segments of `request` (REQUEST_DTYPE): small reads inline, large ones in this actor's thread.
@@ -310,13 +296,6 @@ class SourceLoader:
         if self._plan is not None:
             self._plan.close()
         self._pool.shutdown(wait=False)
-
-
-def _checksums_by_position(files: IndexFiles, first_shard: int, stop_shard: int) -> np.ndarray:
-    """The index's checksum of every sample of shards [first, stop), by position (sample order): `SampleIndex.of`'s."""
-    table = files.samples_of_shards(first_shard, stop_shard, ["sample", "checksum"])
-    order = np.argsort(table.column("sample").to_numpy(), kind="stable")
-    return table.column("checksum").to_numpy()[order].astype(np.uint32)
 
 
 def _rss() -> int:

@@ -240,7 +240,6 @@ class PlanAhead:
         """Hold a span's rows (and the next one's, read ahead; older ones are dropped) and open its shards ahead."""
         self._spans = {k: v for k, v in self._spans.items() if k >= start - self._span_chunks}
         self._spans[start] = rows
-        self._loader.spans_in_use(np.concatenate([s for _, s in self._spans.values()]))  # their checksums only
         step, sample = rows
         if len(sample):
             shards, first = np.unique(self._shards_of(sample), return_index=True)  # rows in step order

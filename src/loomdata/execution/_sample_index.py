@@ -8,96 +8,15 @@ bytes unless the format's rows are byte offsets past 4 GiB: 2-4 bytes a sample (
 Where the rows of each run count up by one (Parquet, Megatron: a shard's samples are its rows 0, 1, 2, ...),
 no row is kept at all: a row is its run's first row plus its place in the run (`rows` None, `run_rows`), which
 took 2.3 MiB off each of the two workers serving 300 sources (150 loaders x 8,000 samples x 2 bytes).
-
-Checksums (`verify: sample`, 4 bytes a sample: 4.4-4.7 MiB a worker at 300 sources) are held only for the samples
-of the plan spans a loader plans from now (`SpanChecksums.hold`, from its `PlanAhead`); a sample outside them (a
-rank restarted from an earlier step) has the partition's checksums read again from samples.parquet, held until
-the spans move on. What is verified and the error on a mismatch do not change: the values are the index's.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.schemas.errors import ExecutionError
-
-__all__ = ["SampleIndex", "SpanChecksums"]
-
-
-class SpanChecksums:
-    """The index's checksum (uint32) of each position of a partition, held only for the positions of the plan spans
-    in use (`hold`); `[pos]` gives them like the array they replace, reading every checksum again (`load`: the
-    partition's column from samples.parquet, by position) when a position asked for is not held.
-
-    Threads: `hold` (the loader's planning threads) and lookups (its read thread, the event loop) each see one
-    consistent state: it is replaced whole, under a lock only for the replacement.
-    """
-
-    def __init__(self, load: Callable[[], np.ndarray], size: int) -> None:
-        self._load = load
-        self.size = size
-        self._lock = threading.Lock()
-        # (held positions, sorted; their checksums; every checksum, read for a miss, kept until the next `hold`)
-        self._state: tuple[np.ndarray, np.ndarray, np.ndarray | None] = (
-            np.zeros(0, dtype=np.int64),
-            np.zeros(0, dtype=np.uint32),
-            None,
-        )
-        self.loads = 0  # times every checksum was read (at a `hold` of new positions or a miss)
-
-    def __len__(self) -> int:
-        return self.size
-
-    @property
-    def nbytes(self) -> int:
-        held, sums, every = self._state
-        return int(held.nbytes + sums.nbytes + (every.nbytes if every is not None else 0))
-
-    def _every(self) -> np.ndarray:
-        every = np.asarray(self._load(), dtype=np.uint32)
-        if len(every) != self.size:
-            raise ExecutionError(
-                f"checksums: {len(every)} read for {self.size} samples: the index changed since this loader started; "
-                "restart `loom serve`"
-            )
-        self.loads += 1
-        return every
-
-    def hold(self, pos: np.ndarray) -> None:
-        """Hold the checksums of positions `pos` (any order, repeats) and only those: the plan spans now in use."""
-        want = np.unique(np.asarray(pos, dtype=np.int64))
-        with self._lock:
-            held, sums, every = self._state
-            if every is None:
-                at = np.minimum(np.searchsorted(held, want), max(len(held) - 1, 0))
-                known = at < len(held)
-                known[known] = held[at[known]] == want[known]
-                if not known.all():
-                    every = self._every()
-            new = every[want] if every is not None else sums[at]
-            self._state = (want, new, None)
-
-    def __getitem__(self, pos: np.ndarray) -> np.ndarray:
-        """The checksum of each of positions `pos` (an int array), as indexing the full array would give it."""
-        pos = np.asarray(pos, dtype=np.int64)
-        held, sums, every = self._state
-        if every is not None:
-            return every[pos]
-        at = np.searchsorted(held, pos)
-        ok = at < len(held)
-        ok[ok] = held[at[ok]] == pos[ok]
-        if ok.all():
-            return sums[at]
-        with self._lock:  # a position outside the spans: read every checksum, held until the spans move on
-            held, sums, every = self._state
-            if every is None:
-                every = self._every()
-                self._state = (held, sums, every)
-        return every[pos]
+__all__ = ["SampleIndex"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -110,7 +29,7 @@ class SampleIndex:
     run_shards: np.ndarray  # int64: the shard of each run
     rows: np.ndarray | None  # the smallest of uint16, uint32, int64 that holds every row; None: implied (run_rows)
     size: int  # positions (samples)
-    checksums: np.ndarray | SpanChecksums | None = None  # uint32 per position, when samples are verified
+    checksums: np.ndarray | None = None  # uint32 per position, when samples are verified
     run_rows: np.ndarray | None = None  # int64: the row of each run's first position, where `rows` is None
 
     @classmethod

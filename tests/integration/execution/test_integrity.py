@@ -22,7 +22,6 @@ from distributed import Client
 from loomdata.client import StreamClient
 from loomdata.execution import Executor
 from loomdata.execution._loader import REQUEST_DTYPE, SourceLoader
-from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._partition import partition_source
 from loomdata.indexing import build_index
 from loomdata.planning import make_plan
@@ -172,12 +171,12 @@ def test_every_format_refuses_changed_tokens(dask_client: Client, tmp_path: Path
     assert str(path.with_suffix("")) in str(err.value) and _FIX in str(err.value), str(err.value)
 
 
-def _loader(plan_dir: Path, cache: CachePolicy | None = None) -> SourceLoader:
+def _loader(plan_dir: Path) -> SourceLoader:
     """The Source Loader of the plan's one source, in this process (what a Dask actor runs)."""
     meta = read_plan(plan_dir)
     files = IndexFiles.of(meta.spec.workdir, meta.sources[0])
     (part,) = partition_source(0, meta.sources[0], files.sample_shards().column("shard").to_numpy(), 1)
-    return SourceLoader(str(plan_dir), part, cache)
+    return SourceLoader(str(plan_dir), part)
 
 
 def _request(samples: list[int]) -> np.ndarray:
@@ -185,41 +184,6 @@ def _request(samples: list[int]) -> np.ndarray:
     req["sample"] = samples
     req["length"] = 1
     return req
-
-
-def test_a_planned_loader_holds_its_spans_checksums_only_and_verifies_every_sample(
-    dask_client: Client, tmp_path: Path
-) -> None:
-    """A loader with a plan (a cache) holds the index's checksums of its plan spans' samples only; a changed sample
-    fails with the same error as a loader holding every checksum, inside the spans or outside them (read again)."""
-    from loomdata.execution._sample_index import SpanChecksums
-    from loomdata.schemas.plan import read_manifest
-
-    spec, path = _jsonl_case(tmp_path, "sample")
-    build_index(spec, dask_client)
-    plan_dir = make_plan(spec).plan_dir
-    plain, planned = _loader(plan_dir), _loader(plan_dir, CachePolicy.of(64 << 20, 2))
-    assert planned._warm is not None
-    planned._warm.result(timeout=60)
-    every, sums = plain._index.checksums, planned._index.checksums
-    assert isinstance(every, np.ndarray) and isinstance(sums, SpanChecksums)
-    used = read_manifest(plan_dir, read_plan(plan_dir), columns=["sample"]).column("sample").to_numpy()
-    held = np.unique(plain._index.locate(used)[0])
-    assert 0 < sums.nbytes <= 12 * len(held) and len(held) < len(every)  # the plan reads some of the samples
-    assert np.array_equal(sums[held], every[held]) and sums.loads == 1  # the warm's span: one read
-    middle = np.arange(len(every) * 2 // 5 + 1, len(every) * 3 // 5 - 1)
-    inside, outside = np.intersect1d(middle, held)[:3], np.setdiff1d(middle, held)[:3]
-    assert len(inside) and len(outside)
-    _keep_times(path, _edit_middle_lines)
-    for pos in (inside, outside):
-        req = _request((pos + plain._index.first).tolist())
-        with pytest.raises(SourceDataError) as want:
-            plain.read_now(req)
-        with pytest.raises(SourceDataError) as got:
-            planned.read_now(req)
-        assert str(got.value) == str(want.value) and "checksum" in str(got.value), (got.value, want.value)
-    assert sums.loads == 2  # outside the spans: every checksum read once more
-    assert np.array_equal(sums[np.arange(len(every))], every)
 
 
 @pytest.mark.parametrize("how", ["deleted", "truncated"])

@@ -69,35 +69,3 @@ def test_gaps_keep_the_ids_and_large_rows_stay_int64() -> None:
     assert idx.shard_at(pos[found]).tolist() == want_shard.tolist() == [2, 2, 1]
     assert idx.row_at(pos[found]).tolist() == want_row.tolist() == [1 << 33, 7, 3]
     assert idx.checksums is not None and idx.checksums[pos[found]].tolist() == [90, 400, 20]
-
-
-def test_span_checksums_hold_only_the_spans_and_read_again_for_others() -> None:
-    """`SpanChecksums` answers as the full checksum array would, holding only the positions of the spans in use; a
-    position outside them reads every checksum once (kept until the spans move on), a `hold` of new positions once."""
-    import pytest
-
-    from loomdata.execution._sample_index import SpanChecksums
-    from loomdata.schemas.errors import ExecutionError
-
-    n = 8000
-    every = np.random.default_rng(1).integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
-    sums = SpanChecksums(lambda: every.copy(), n)
-    rng = np.random.default_rng(2)
-    assert sums.nbytes == 0 and len(sums) == n
-    span = rng.choice(n, 600)  # repeats, any order
-    sums.hold(span)
-    assert sums.loads == 1 and sums.nbytes == len(np.unique(span)) * 12
-    ask = rng.choice(span, 50)
-    assert np.array_equal(sums[ask], every[ask]) and sums.loads == 1  # held: no read
-    sums.hold(span[:300])  # a subset of what is held: no read
-    assert sums.loads == 1 and sums.nbytes == len(np.unique(span[:300])) * 12
-    outside = np.array([int(np.setdiff1d(np.arange(n), span)[0]), int(span[0])])
-    assert np.array_equal(sums[outside], every[outside]) and sums.loads == 2  # a miss: every checksum, once
-    assert np.array_equal(sums[np.arange(n)], every) and sums.loads == 2
-    sums.hold(span[300:])  # the spans moved on: only theirs again
-    assert sums.nbytes == len(np.unique(span[300:])) * 12
-    assert np.array_equal(sums[span[300:]], every[span[300:]])
-
-    short = SpanChecksums(lambda: every[:10], n)  # the index changed under the loader
-    with pytest.raises(ExecutionError, match="index changed"):
-        short.hold(np.arange(3))

@@ -3,7 +3,7 @@
 A Dask worker's Source Loaders and Data Constructors read a few fields of a validated spec (a source's format
 and fields, the tokenizer, the image rule, the cost model). Importing the pydantic models for them cost each
 serving worker ~8 MiB of private memory (session 18), so workers get these frozen dataclasses instead, built
-from plan.json that the serving process validated (`plan_view`) or from the models (`of`). The enums live here
+from plan.json that the serving process validated (`plan_view`) or from the models (`from_spec`). The enums live here
 and `spec` re-exports them: one class each, so `is` comparisons hold across both.
 """
 

@@ -13,11 +13,14 @@ open file's raw column chunks, which a cache of decoded row groups makes redunda
 holds it (`_token_views`; its caller copies the segments it needs out); other integer types go through a
 `take` and are checked and converted to int32.
 
-Narrow units: a kept unit (whole or `KeptRows`) of a `list<int32>` column without nulls whose every id is in
-[0, 65535] is kept with uint16 values on the same offsets (`_narrowed`: one OR-reduction over its values, one
-Arrow cast), half the bytes in the cache and in its accounting (GPT-2's and Llama-2's vocabularies fit). Tokens still
-leave as int32: `read` widens a narrow unit's rows, `token_spans` hands its uint16 buffers to the loader, which
-widens them where it copies the segments out and hashes the samples it checks as int32 (the column's type).
+Narrow rows: the rows a loader keeps of a row group (`KeptRows`) of a `list<int32>` column without nulls whose every
+id is in [0, 65535] are kept with uint16 values on the same offsets (`_narrowed`: one OR-reduction over the taken
+values, one Arrow cast), half the bytes in the cache and in its accounting (GPT-2's and Llama-2's vocabularies fit).
+Tokens still leave as int32: `read` widens narrow rows, `token_spans` hands their uint16 buffers to the loader, which
+widens them where it copies the segments out and hashes the samples it checks as int32 (the column's type). Units kept
+whole stay int32: most of their rows are read, so each read would pay the widening (narrowed too, they cost the
+stream benchmark's loaders 10-20% more CPU, session 19), while rows kept of many sources' groups are what fills a
+worker's budget (300 sources: 20 against 28-32 MiB a worker at first coverage).
 
 A file's footer is read and parsed once (`FileLayouts`: its schema check and row-group bounds, and the
 footer itself kept serialized: 2.6 KB where parsed it is ~25 KiB), shared by a reader and its `sibling`s
@@ -456,19 +459,18 @@ class ParquetReader(FormatReader):
 
         Kept whole from `_WHOLE_SHARE` of its rows on: a take would save little, and a group many of whose rows
         are wanted (a plan over few sources) gains more rows with every chunk planned (each would drop it).
-        What is kept is `_narrowed` (uint16 ids where they all fit) and `nbytes` counts what is kept.
+        Rows kept are `_narrowed` (uint16 ids where they all fit; a whole unit stays as decoded: see the module
+        docstring) and `nbytes` counts what is kept.
         """
         if rows is None:
-            whole = _narrowed(arr)
-            return whole, whole.nbytes
+            return arr, arr.nbytes
         lo, hi = int(info.rg_starts[g]), int(info.rg_starts[g + 1])
         rows = np.unique(np.asarray(rows, dtype=np.int64))
         rows = rows[(rows >= lo) & (rows < hi)]
         if len(rows) == 0:
             return None
         if len(rows) >= _WHOLE_SHARE * (hi - lo):
-            whole = _narrowed(arr)
-            return whole, whole.nbytes
+            return arr, arr.nbytes
         values = _narrowed(arr.take(pa.array(rows - lo)))
         return KeptRows(rows, values), values.nbytes + rows.nbytes
 

@@ -13,14 +13,15 @@ open file's raw column chunks, which a cache of decoded row groups makes redunda
 holds it (`_token_views`; its caller copies the segments it needs out); other integer types go through a
 `take` and are checked and converted to int32.
 
-Narrow rows: the rows a loader keeps of a row group (`KeptRows`) of a `list<int32>` column without nulls whose every
-id is in [0, 65535] are kept with uint16 values on the same offsets (`_narrowed`: one OR-reduction over the taken
-values, one Arrow cast), half the bytes in the cache and in its accounting (GPT-2's and Llama-2's vocabularies fit).
-Tokens still leave as int32: `read` widens narrow rows, `token_spans` hands their uint16 buffers to the loader, which
-widens them where it copies the segments out and hashes the samples it checks as int32 (the column's type). Units kept
-whole stay int32: most of their rows are read, so each read would pay the widening (narrowed too, they cost the
-stream benchmark's loaders 10-20% more CPU, session 19), while rows kept of many sources' groups are what fills a
-worker's budget (300 sources: 20 against 28-32 MiB a worker at first coverage).
+Narrow units: a kept unit (whole or `KeptRows`) of a `list<int32>` column without nulls whose every id is in
+[0, 65535], and of which fewer than `_NARROW_SHARE` of the rows are wanted, is kept with uint16 values on the same
+offsets (`_narrowed`: one OR-reduction over its values, one Arrow cast), half the bytes in the cache and in its
+accounting (GPT-2's and Llama-2's vocabularies fit). Tokens still leave as int32: `read` widens a narrow unit's rows,
+`token_spans` hands its uint16 buffers to the loader, which widens them where it copies the segments out and hashes
+the samples it checks as int32 (the column's type). A unit most of whose rows are read stays int32 (as does one kept
+with no rows named, the default LRU cache's): every read would pay the widening, and narrowing every unit cost the
+stream benchmark (2 sources, every row read) 0.81-0.90x its tokens per CPU-second (session 19), while sparsely read
+units of many sources are what fills a worker (300 sources: 20 against 28-32 MiB a worker at first coverage).
 
 A file's footer is read and parsed once (`FileLayouts`: its schema check and row-group bounds, and the
 footer itself kept serialized: 2.6 KB where parsed it is ~25 KiB), shared by a reader and its `sibling`s
@@ -63,6 +64,7 @@ __all__ = ["ParquetReader"]
 _INT32_MAX = np.iinfo(np.int32).max
 _NARROW_MAX = np.iinfo(np.uint16).max  # a unit whose ids all fit [0, this] is kept as uint16 (`_narrowed`)
 _WHOLE_SHARE = 1 / 16  # a row group of which at least this share of rows is wanted is kept whole
+_NARROW_SHARE = 1 / 2  # a kept unit of which fewer rows are wanted is held narrow where its ids fit (`_narrowed`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,8 +461,9 @@ class ParquetReader(FormatReader):
 
         Kept whole from `_WHOLE_SHARE` of its rows on: a take would save little, and a group many of whose rows
         are wanted (a plan over few sources) gains more rows with every chunk planned (each would drop it).
-        Rows kept are `_narrowed` (uint16 ids where they all fit; a whole unit stays as decoded: see the module
-        docstring) and `nbytes` counts what is kept.
+        What is kept is `_narrowed` (uint16 ids where they all fit) where under `_NARROW_SHARE` of its rows are wanted;
+        a group most of whose rows are read (or kept with no rows named) stays as decoded: see the module docstring.
+        `nbytes` counts what is kept.
         """
         if rows is None:
             return arr, arr.nbytes
@@ -470,7 +473,8 @@ class ParquetReader(FormatReader):
         if len(rows) == 0:
             return None
         if len(rows) >= _WHOLE_SHARE * (hi - lo):
-            return arr, arr.nbytes
+            whole = _narrowed(arr) if len(rows) < _NARROW_SHARE * (hi - lo) else arr
+            return whole, whole.nbytes
         values = _narrowed(arr.take(pa.array(rows - lo)))
         return KeptRows(rows, values), values.nbytes + rows.nbytes
 

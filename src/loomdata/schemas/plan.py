@@ -16,6 +16,7 @@ from loomdata.schemas.plan_view import (
     PlanView,
     SpecView,
     check_fresh,
+    lane_capacity,
     read_manifest,
     stale_sources,
 )
@@ -111,11 +112,7 @@ class PlanMeta(BaseModel):
 
     def lane_seq_len(self, lane: int) -> int:
         """Capacity of a packed sequence in `lane` (0 short, 1 long)."""
-        if lane == 0:
-            return self.seq_len
-        if self.long_seq_len is None:
-            raise ContractError(f"plan {self.plan_id}: lane {lane} used but the plan has no long-context lane")
-        return self.long_seq_len
+        return lane_capacity(self.plan_id, self.seq_len, self.long_seq_len, lane)
 
     def view(self) -> PlanView:
         """This plan as plain records (`PlanView`): what a serving worker reads from the same plan.json."""

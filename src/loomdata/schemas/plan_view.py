@@ -121,11 +121,7 @@ class PlanView:
 
     def lane_seq_len(self, lane: int) -> int:
         """Capacity of a packed sequence in `lane` (0 short, 1 long), as `PlanMeta.lane_seq_len`."""
-        if lane == 0:
-            return self.seq_len
-        if self.long_seq_len is None:
-            raise ContractError(f"plan {self.plan_id}: lane {lane} used but the plan has no long-context lane")
-        return self.long_seq_len
+        return lane_capacity(self.plan_id, self.seq_len, self.long_seq_len, lane)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> PlanView:
@@ -167,6 +163,15 @@ class PlanView:
                 for f in raw["manifest"]
             ),
         )
+
+
+def lane_capacity(plan_id: str, seq_len: int, long_seq_len: int | None, lane: int) -> int:
+    """Capacity of a packed sequence in `lane` (0 short, 1 long) of a plan (`PlanMeta` and `PlanView` both)."""
+    if lane == 0:
+        return seq_len
+    if long_seq_len is None:
+        raise ContractError(f"plan {plan_id}: lane {lane} used but the plan has no long-context lane")
+    return long_seq_len
 
 
 def read_plan_view(plan_dir: str | Path) -> PlanView:

@@ -19,9 +19,10 @@ offsets (`_narrowed`: one OR-reduction over its values, one Arrow cast), half th
 accounting (GPT-2's and Llama-2's vocabularies fit). Tokens still leave as int32: `read` widens a narrow unit's rows,
 `token_spans` hands its uint16 buffers to the loader, which widens them where it copies the segments out and hashes
 the samples it checks as int32 (the column's type). A unit most of whose rows are read stays int32 (as does one kept
-with no rows named, the default LRU cache's): every read would pay the widening, and narrowing every unit cost the
-stream benchmark (2 sources, every row read) 0.81-0.90x its tokens per CPU-second (session 19), while sparsely read
-units of many sources are what fills a worker (300 sources: 20 against 28-32 MiB a worker at first coverage).
+with no rows named, the default LRU cache's): every read would pay the widening (narrowing every unit measured
+0.81-0.90x the stream benchmark's tokens per CPU-second against it off, session 19, inside that sitting's spread of
+0.82-1.09x), while sparsely read units of many sources are what fills a worker (300 sources: 20 against 28-32 MiB a
+worker at first coverage).
 
 A file's footer is read and parsed once (`FileLayouts`: its schema check and row-group bounds, and the
 footer itself kept serialized: 2.6 KB where parsed it is ~25 KiB), shared by a reader and its `sibling`s

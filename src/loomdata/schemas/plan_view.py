@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from loomdata.schemas.errors import ContractError, StaleIndexError
 from loomdata.schemas.header import load_plan_json
-from loomdata.schemas.records import CostModel, ImageRecord, SourceRecord, TokenizerKind, TokenizerRecord
+from loomdata.schemas.records import CostModel, ImageRecord, SourceRecord, TokenizerRecord
 from loomdata.schemas.tables import MANIFEST_SCHEMA, TableKind, iter_steps
 
 __all__ = [
@@ -135,16 +135,8 @@ class PlanView:
             spec=SpecView(
                 name=str(spec["name"]),
                 workdir=Path(spec["workdir"]),
-                tokenizer=TokenizerRecord(
-                    kind=TokenizerKind(tok.get("kind", TokenizerKind.BYTES.value)),
-                    path=None if tok.get("path") is None else Path(tok["path"]),
-                    pad_token_id=int(tok.get("pad_token_id", 0)),
-                ),
-                images=ImageRecord(
-                    patch_size=int(img.get("patch_size", 14)),
-                    max_pixels=int(img.get("max_pixels", 200704)),
-                    placeholder_token_id=int(img.get("placeholder_token_id", 32000)),
-                ),
+                tokenizer=TokenizerRecord.from_json(tok),
+                images=ImageRecord.from_json(img),
                 sources=tuple(SourceRecord.from_json(s) for s in spec["sources"]),
             ),
             spec_hash=str(raw["spec_hash"]),

@@ -10,7 +10,7 @@ and `spec` re-exports them: one class each, so `is` comparisons hold across both
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -145,6 +145,11 @@ class TokenizerRecord:
             return spec
         return cls(spec.kind, spec.path, spec.pad_token_id)
 
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> TokenizerRecord:
+        """The record of a tokenizer as plan.json holds it (a field absent: the record's default)."""
+        return cls(**_present(raw, kind=TokenizerKind, path=_optional(Path), pad_token_id=int))
+
 
 @dataclass(frozen=True, slots=True)
 class ImageRecord:
@@ -160,6 +165,11 @@ class ImageRecord:
         if isinstance(spec, ImageRecord):
             return spec
         return cls(spec.patch_size, spec.max_pixels, spec.placeholder_token_id)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> ImageRecord:
+        """The record of an image rule as plan.json holds it (a field absent: the record's default)."""
+        return cls(**_present(raw, patch_size=int, max_pixels=int, placeholder_token_id=int))
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,18 +207,33 @@ class SourceRecord:
         )
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> SourceRecord:
-        """The record of a source as plan.json holds it (a validated spec's dump: no storage options)."""
+    def from_json(cls, raw: Mapping[str, Any]) -> SourceRecord:
+        """The record of a source as plan.json holds it (a validated spec's dump: no storage options; a field other
+        than `name` and `format` absent: the record's default)."""
         return cls(
             name=str(raw["name"]),
             format=SourceFormat(raw["format"]),
-            tokens_field=raw.get("tokens_field"),
-            text_field=raw.get("text_field"),
-            image_field=tuple(raw.get("image_field") or ()),
-            metadata=tuple(raw.get("metadata") or ()),
-            on_error=OnError(raw.get("on_error", OnError.ERROR.value)),
-            verify=VerifyMode(raw.get("verify", VerifyMode.SAMPLE.value)),
+            **_present(
+                raw,
+                tokens_field=_optional(str),
+                text_field=_optional(str),
+                image_field=lambda v: tuple(v or ()),
+                metadata=lambda v: tuple(v or ()),
+                on_error=OnError,
+                verify=VerifyMode,
+            ),
         )
+
+
+def _present(raw: Mapping[str, Any], **convert: Callable[[Any], Any]) -> dict[str, Any]:
+    """The fields of `raw` named in `convert` that it holds, each converted: a record's own defaults stand for the rest
+    (one copy of each default, the record's)."""
+    return {k: f(raw[k]) for k, f in convert.items() if k in raw}
+
+
+def _optional(f: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`f`, passing None through."""
+    return lambda v: None if v is None else f(v)
 
 
 class CostTerms(Protocol):
@@ -281,16 +306,18 @@ class CostModel:
         return cls(spec.attention, spec.linear, spec.encoder, spec.encoder_linear, spec.encoder_window, spec.balance)
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> CostModel:
-        """The model of a cost as plan.json holds it (a `CostSpec` dump: terms at their defaults may be absent)."""
-        window = raw.get("encoder_window")
+    def from_json(cls, raw: Mapping[str, Any]) -> CostModel:
+        """The model of a cost as plan.json holds it (a `CostSpec` dump; a term absent: the model's default)."""
         return cls(
-            attention=float(raw.get("attention", 1.0)),
-            linear=float(raw.get("linear", 24576.0)),
-            encoder=float(raw.get("encoder", 0.0)),
-            encoder_linear=float(raw.get("encoder_linear", 0.0)),
-            encoder_window=None if window is None else int(window),
-            balance=CostBalance(raw.get("balance", CostBalance.SUM.value)),
+            **_present(
+                raw,
+                attention=float,
+                linear=float,
+                encoder=float,
+                encoder_linear=float,
+                encoder_window=_optional(int),
+                balance=CostBalance,
+            )
         )
 
     @property

@@ -64,7 +64,7 @@ from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
 from loomdata.sources import FormatReader, Sample, make_reader
-from loomdata.sources._integrity import TOKEN_DTYPE, checksums_flat, span_checksums
+from loomdata.sources._integrity import span_checksums
 from loomdata.sources.images import decoded_image_tokens
 from loomdata.storage import Location, is_url, location
 
@@ -370,7 +370,7 @@ def _read_spans(
     one `token_spans` per shard gives every sample's tokens as a view into its decoded row group; the checksums
     of all samples read are one C-level map over those views, and the segments are joined into the answer by
     one `concatenate` of views (no per-sample Python frame, no intermediate copy). A narrowed unit's uint16
-    buffer is widened to int32 by that same `concatenate` (and for the checksums, `_checksums_of`).
+    buffer is widened to int32 by that same `concatenate` (and, for the checksums, by `span_checksums`).
     """
     if len(request) == 0:
         return SegmentData(tokens=np.zeros(0, dtype=np.int32)), np.zeros(0, dtype=np.int64), 0
@@ -401,7 +401,7 @@ def _read_spans(
         buffers.extend(spans.buffers)
     lengths = stop - start
     if verifier is not None and index.checksums is not None and verifier.samples:
-        got = _checksums_of(buffers, buffer, start, stop)
+        got = span_checksums(buffers, buffer, start, stop)
         expected = index.checksums[upos]
         bad = np.flatnonzero(got != expected)
         if len(bad):  # report it for the shard of the first one, as the per-shard path does
@@ -429,33 +429,6 @@ def _read_spans(
     )
     np.concatenate(list(views), out=tokens)
     return SegmentData(tokens=tokens), unit_key(shard, unit)[inverse], n
-
-
-def _checksums_of(buffers: list[np.ndarray], buffer: np.ndarray, start: np.ndarray, stop: np.ndarray) -> np.ndarray:
-    """`span_checksums` (int32, the column's type) of spans in int32 or narrowed uint16 buffers: the samples in
-    uint16 buffers are widened into one int32 copy of just those samples (never a whole buffer) and hashed flat."""
-    narrow = np.fromiter((b.dtype != TOKEN_DTYPE for b in buffers), dtype=bool, count=len(buffers))
-    if not narrow.any():
-        return span_checksums(buffers, buffer, start, stop)
-    got = np.empty(len(buffer), dtype=np.uint32)
-    is_narrow = narrow[buffer]
-    sel, wide = np.flatnonzero(is_narrow), np.flatnonzero(~is_narrow)
-    if len(wide):  # narrow buffers left out: span_checksums would widen each whole
-        held = [_NO_TOKENS if n else b for b, n in zip(buffers, narrow.tolist(), strict=True)]
-        got[wide] = span_checksums(held, buffer[wide], start[wide], stop[wide])
-    offsets = np.zeros(len(sel) + 1, dtype=np.int64)
-    np.cumsum(stop[sel] - start[sel], out=offsets[1:])
-    flat = np.empty(int(offsets[-1]), dtype=TOKEN_DTYPE)
-    if len(flat):
-        spans = map(
-            _cut, map(buffers.__getitem__, buffer[sel].tolist()), map(slice, start[sel].tolist(), stop[sel].tolist())
-        )
-        np.concatenate(list(spans), out=flat)
-    got[sel] = checksums_flat(flat, offsets)
-    return got
-
-
-_NO_TOKENS = np.zeros(0, dtype=TOKEN_DTYPE)
 
 
 def _read_per_shard(

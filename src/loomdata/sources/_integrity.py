@@ -286,25 +286,57 @@ def checksums_flat(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 _cut: Callable[[memoryview, slice], memoryview] = operator.getitem  # type: ignore[assignment]
 """`view[s]`, typed for a C-level `map` over many views and slices."""
 
+_cut_array: Callable[[np.ndarray, slice], np.ndarray] = operator.getitem  # type: ignore[assignment]
+"""`array[s]`, typed likewise (`span_checksums`' samples widened from another dtype)."""
+
 
 def span_checksums(
     buffers: Sequence[np.ndarray], buffer: np.ndarray, start: np.ndarray, stop: np.ndarray
 ) -> np.ndarray:
-    """Checksums of int32 samples lying in several buffers: sample i is `buffers[buffer[i]][start[i]:stop[i]]`.
+    """Checksums of token ids lying in several buffers, hashed as int32: sample i is
+    `buffers[buffer[i]][start[i]:stop[i]]`.
 
-    Hashed in place as int32 (`TOKEN_DTYPE`), one C-level map over all samples: no copy, no Python frame per sample.
+    Samples in int32 buffers are hashed in place, one C-level map over them: no copy, no Python frame per sample.
+    A buffer of another integer type (a loader's unit kept narrow, uint16) has only its samples widened, into one
+    int32 copy hashed flat: never the whole buffer.
     """
     n = len(buffer)
     if n == 0:
         return np.zeros(0, dtype=np.uint32)
-    views = [np.ascontiguousarray(b, dtype=TOKEN_DTYPE).data.cast("B") for b in buffers]
+    native = np.fromiter((b.dtype == TOKEN_DTYPE for b in buffers), dtype=bool, count=len(buffers))
+    if native.all():
+        return _spans_in_place(buffers, buffer, start, stop)
+    got = np.empty(n, dtype=np.uint32)
+    is_native = native[buffer]
+    here, other = np.flatnonzero(is_native), np.flatnonzero(~is_native)
+    if len(here):
+        got[here] = _spans_in_place(buffers, buffer[here], start[here], stop[here])
+    offsets = np.zeros(len(other) + 1, dtype=np.int64)
+    np.cumsum(stop[other] - start[other], out=offsets[1:])
+    flat = np.empty(int(offsets[-1]), dtype=TOKEN_DTYPE)
+    if len(flat):
+        spans: map[np.ndarray] = map(
+            _cut_array,
+            map(buffers.__getitem__, buffer[other].tolist()),
+            map(slice, start[other].tolist(), stop[other].tolist()),
+        )
+        np.concatenate(list(spans), out=flat)
+    got[other] = checksums_flat(flat, offsets)
+    return got
+
+
+def _spans_in_place(
+    buffers: Sequence[np.ndarray], buffer: np.ndarray, start: np.ndarray, stop: np.ndarray
+) -> np.ndarray:
+    """`span_checksums` of samples all in int32 buffers (`buffer` names only those), hashed in place."""
+    views = [np.ascontiguousarray(b).data.cast("B") if b.dtype == TOKEN_DTYPE else memoryview(b"") for b in buffers]
     size = TOKEN_DTYPE.itemsize
     pieces: map[memoryview] = map(
         _cut,
         map(views.__getitem__, buffer.tolist()),
         map(slice, (start * size).tolist(), (stop * size).tolist()),
     )
-    return _low32(map(_xxh3, pieces), n)
+    return _low32(map(_xxh3, pieces), len(buffer))
 
 
 def checksums(token_arrays: Sequence[np.ndarray], dtype: np.dtype | str = TOKEN_DTYPE) -> np.ndarray:

@@ -14,7 +14,7 @@ import xxhash
 
 from loomdata.schemas.spec import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.sources import make_reader
-from loomdata.sources._integrity import CHECKSUM, checksums, checksums_flat, prefixed_checksums
+from loomdata.sources._integrity import CHECKSUM, checksums, checksums_flat, prefixed_checksums, span_checksums
 from loomdata.testing import write_megatron
 
 _BLOCK = 1 << 18
@@ -116,3 +116,24 @@ def test_jsonl_byte_text_is_hashed_as_its_utf8_bytes(tmp_path: Path) -> None:
     scanned, verified = _scan_and_read(src, path)
     assert np.array_equal(scanned, verified)
     assert np.array_equal(scanned, _definition([np.frombuffer(t.encode(), np.uint8) for t in texts], "u1"))
+
+
+def test_span_checksums_hash_every_buffer_as_int32() -> None:
+    """Spans in int32 buffers (hashed in place) and in uint16 ones (a unit kept narrow: only its samples widened), in
+    any order and mix, give each sample's int32 checksum (the definition through `checksums`)."""
+    rng = np.random.default_rng(7)
+    buffers = [
+        rng.integers(0, 60_000, size=n).astype(dt) for n, dt in ((500, np.int32), (300, np.uint16), (80, np.int32))
+    ]
+    buffers.append(rng.integers(0, 60_000, size=200).astype(np.uint16)[::2])  # a strided narrow view
+    k = 40
+    buffer = rng.integers(0, len(buffers), size=k)
+    sizes = np.array([len(buffers[b]) for b in buffer])
+    start = (rng.random(k) * sizes).astype(np.int64)
+    stop = start + (rng.random(k) * (sizes - start + 1)).astype(np.int64)  # empty samples too
+    want = checksums([buffers[b][a:z].astype(np.int32) for b, a, z in zip(buffer, start, stop, strict=True)])
+    np.testing.assert_array_equal(span_checksums(buffers, buffer, start, stop), want)
+    only_narrow = buffer % 2 == 1
+    np.testing.assert_array_equal(
+        span_checksums(buffers, buffer[only_narrow], start[only_narrow], stop[only_narrow]), want[only_narrow]
+    )

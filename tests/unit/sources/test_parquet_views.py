@@ -53,7 +53,7 @@ def _reader(cache: _RowsCache | None) -> ParquetReader:
 
 
 def _write(path: Path, typ: pa.DataType, n: int, rg: int, seed: int, high: int = 30_000) -> list[list[int]]:
-    """`n` documents of ids in [0, `high`) (kept units of int32 ids under 65,536 are narrowed to uint16)."""
+    """`n` documents of ids in [0, `high`) (ids under 65,536: a unit kept with under half its rows wanted is uint16)."""
     rng = np.random.default_rng(seed)
     if pa.types.is_fixed_size_list(typ):
         docs = [rng.integers(0, high, size=typ.list_size).tolist() for _ in range(n)]

@@ -171,18 +171,7 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         ("assign_steps", "lookahead"),
     ):
         summed(_plan, attr, name)
-    summed(_distributed, "window", "windows")  # cutting each range's window (driver; on the workers since s20)
-    stream_cpu: list[float] = []  # CPU seconds of each source's stream built on a worker (remote_streams)
-    if hasattr(_plan, "remote_streams"):
-        remote = _plan.remote_streams
-
-        def remote_streams(*a: Any, **kw: Any) -> Any:
-            streams, cpus = remote(*a, **kw)
-            stream_cpu.extend(cpus)
-            return streams, cpus
-
-        _plan.remote_streams = remote_streams
-        summed(_plan, "remote_streams", "streams_on_workers")  # the driver's part: writing lengths, mapping streams
+    summed(_distributed, "window", "windows")  # cutting each range's window (driver)
     summed(_distributed, "fix_up", "fix_ups")  # re-balancing a range's head with the true carry (driver)
     summed(_distributed, "plan_range", "driver_ranges")  # a range refused speculatively, planned here
     _plan._balance_into = timed(_plan._balance_into, "balance")  # type: ignore[attr-defined]
@@ -256,13 +245,7 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         "worker_cpu_seconds": per_worker,  # each worker's summed range CPU
         # CPU on the critical path on idle cores: serial part, the driver's range work (as if it overlapped
         # nothing), the busiest worker's ranges
-        # (+ the slowest source's stream where they were built on the workers, the driver waiting)
-        "critical_cpu_seconds": first_cpu
-        - c0
-        + max(stream_cpu, default=0.0)
-        + driver_cpu
-        + max(per_worker.values(), default=balance_cpu),
-        "stream_worker_cpu_seconds": stream_cpu,  # each source's stream built on a worker (none: built here)
+        "critical_cpu_seconds": first_cpu - c0 + driver_cpu + max(per_worker.values(), default=balance_cpu),
         "cluster_start_seconds": started,  # LocalCluster start and imports, not timed
         "phases": phases,  # the driver's phases (serial ones, then windows/fix-ups while the ranges run)
         # per range in step order: worker, began and ended balancing there, stitched here (seconds from the

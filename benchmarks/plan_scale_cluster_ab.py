@@ -58,7 +58,6 @@ def main(argv: list[str] | None = None) -> int:
                     f" serial CPU {r['serial_cpu_seconds']:6.1f}s"
                     f" balance CPU {r['balance_cpu_seconds']:6.1f}s driver {r.get('driver_cpu_seconds', 0.0):5.1f}s"
                     f" workers {sorted(round(c, 1) for c in r.get('worker_cpu_seconds', {}).values())}"
-                    f" streams on workers {[round(c, 1) for c in r.get('stream_worker_cpu_seconds', [])]}"
                     f" scatter {r['scatter_seconds']:5.2f}s critical {r['critical_cpu_seconds']:6.1f}s"
                     f" (load {load:.1f})",
                     flush=True,

@@ -41,7 +41,6 @@ import pyarrow.parquet as pq
 
 from loomdata.planning._allocator import tune_allocator
 from loomdata.planning._manifest import ManifestWriter
-from loomdata.planning._mixture import Stream, build_stream
 from loomdata.planning._ranges import PlanWork, RangePart, balanced_steps, plan_range, same_carry, window
 from loomdata.planning._segments import Segments
 from loomdata.schemas.errors import PlanError
@@ -55,9 +54,7 @@ __all__ = [
     "SharedWork",
     "fix_up",
     "indexed_samples",
-    "is_dask",
     "plan_ranges",
-    "remote_streams",
     "split_ranges",
     "wants_cluster",
     "worker_count",
@@ -135,7 +132,7 @@ def plan_ranges(
     """Balance `ranges` on the cluster (`carry` into the first), fix each up in order and hand it to `on_part`
     (in step order, exact); return what the last step carries out."""
     workers = _addresses(client) if callable(getattr(client, "scatter", None)) else []
-    shared = SharedWork.write(work, _shared_folder(client, out, _work_bytes(work))) if workers else None
+    shared = SharedWork.write(work, _shared_folder(client, out, work)) if workers else None
     futures: list[Any] = [None] * len(ranges)
     true = carry
     try:
@@ -185,72 +182,23 @@ the 850 MB of a 50M-sample plan's work took 0.34 CPU-s there, 0.4-1.8 into the w
 (the page cache's reclaim), against 0.8 for cutting the 8 windows the driver sent before, their sending aside."""
 
 
-def _shared_folder(client: Executor, out: Path, need: int, tag: str = _SHARED) -> Path:
-    """A folder for `need` bytes of shared arrays: in _MEMORY_FS when it has room for them twice over and every
-    worker sees it (a marker written there, looked for on each), else in the plan's temporary folder."""
-    fallback = out / tag
+def _shared_folder(client: Executor, out: Path, work: PlanWork) -> Path:
+    """A folder for the shared work: in _MEMORY_FS when it has room for it twice over and every worker sees it
+    (a marker written there, looked for on each), else in the plan's temporary folder."""
+    need = 2 * _work_bytes(work)
     try:
-        if shutil.disk_usage(_MEMORY_FS).free < 2 * need:
-            return fallback
-        folder = _MEMORY_FS / f"loom-{out.name.lstrip('.')}{tag}"
+        if shutil.disk_usage(_MEMORY_FS).free < need:
+            return out / _SHARED
+        folder = _MEMORY_FS / f"loom-{out.name.lstrip('.')}"
         folder.mkdir(exist_ok=True)
         (folder / "marker").touch()
     except OSError:
-        return fallback
+        return out / _SHARED
     seen = client.run(_exists, folder / "marker")  # type: ignore[attr-defined]
     if seen and all(seen.values()):
         return folder
     shutil.rmtree(folder, ignore_errors=True)
-    return fallback
-
-
-def is_dask(client: Executor | None) -> bool:
-    """Whether `client` is a distributed.Client (what shares work through files: it has workers to address)."""
-    return client is not None and callable(getattr(client, "scatter", None)) and bool(_addresses(client))
-
-
-def remote_streams(client: Executor, out: Path, args: list[tuple[Any, ...]]) -> tuple[list[Stream], list[float]]:
-    """build_stream(*args[k]) for every source on a Dask client's workers (dealt in turn: they are independent),
-    each written back as files (SharedWork's way) and mapped here; with the CPU seconds each took there. Sources
-    are built in parallel instead of one after the other on the driver, which maps their arrays (0.1-0.3 CPU-s
-    at 50M samples, against 4 CPU-s building the two streams here)."""
-    workers = _addresses(client)
-    need = sum(a.nbytes for arg in args for a in arg if isinstance(a, np.ndarray)) * 4  # doc + counts ~ 3x tokens
-    folder = _shared_folder(client, out, need, ".streams")
-    try:
-        futures = []
-        for k, arg in enumerate(args):
-            into = folder / f"source-{k}"
-            SharedWork.write(arg, into / "in")
-            extra = {"pure": False, "workers": [workers[k % len(workers)]], "allow_other_workers": True}
-            futures.append(client.submit(_remote_stream, into, **extra))
-        streams: list[Stream] = []
-        cpus: list[float] = []
-        for k, fut in enumerate(futures):
-            cpus.append(float(fut.result()))
-            with (folder / f"source-{k}" / "out" / "work.pkl").open("rb") as f:
-                streams.append(_ArrayUnpickler(f, folder / f"source-{k}" / "out").load())
-    except BaseException:
-        for fut in futures:
-            fut.cancel()
-        raise
-    finally:  # the maps keep what they map (unlinked files live on until then)
-        shutil.rmtree(folder, ignore_errors=True)
-    return streams, cpus
-
-
-def _remote_stream(into: Path) -> float:
-    """One source's stream built on a worker from its arguments in `into`/in, written into `into`/out; the CPU
-    seconds it took."""
-    tune_allocator()
-    cpu = time.thread_time()
-    try:
-        with (into / "in" / "work.pkl").open("rb") as f:
-            args = _ArrayUnpickler(f, into / "in").load()
-    except FileNotFoundError:
-        raise _unshared(into) from None
-    SharedWork.write(build_stream(*args), into / "out")
-    return time.thread_time() - cpu
+    return out / _SHARED
 
 
 def _exists(path: Path) -> bool:
@@ -320,8 +268,8 @@ class SharedWork:
         self.folder = folder
 
     @classmethod
-    def write(cls, work: Any, folder: Path) -> SharedWork:
-        """`work` (a PlanWork, or anything picklable) written into `folder` (created)."""
+    def write(cls, work: PlanWork, folder: Path) -> SharedWork:
+        """`work` written into `folder` (created)."""
         folder.mkdir(parents=True, exist_ok=True)
         with (folder / "work.pkl").open("wb") as f:
             _ArrayPickler(f, folder).dump(work)

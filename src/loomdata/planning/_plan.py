@@ -48,15 +48,7 @@ import pyarrow as pa
 
 from loomdata.planning._allocator import trim_arenas
 from loomdata.planning._baselines import BASELINE_DESCRIPTION
-from loomdata.planning._distributed import (
-    RANGES_PER_WORKER,
-    Executor,
-    is_dask,
-    plan_ranges,
-    remote_streams,
-    split_ranges,
-    worker_count,
-)
+from loomdata.planning._distributed import RANGES_PER_WORKER, Executor, plan_ranges, split_ranges, worker_count
 from loomdata.planning._lookahead import Positions, assign_steps, natural_ranges
 from loomdata.planning._manifest import ManifestWriter, file_bounds
 from loomdata.planning._mixture import (
@@ -304,18 +296,15 @@ def _plan_into(
 
     epochs = [int((final[k] + max_seg) // tok) + 1 if tok else 1 for k, tok in enumerate(epoch_tokens)]
 
-    def stream_args(k: int) -> tuple[Any, ...]:
+    def stream_of(k: int) -> Stream:
         s = sources[k]
         blocks = layouts[k] if spec.source(s.name).shuffle_blocks is not None else None
         # a fresh plan needs the stream through its last target (and a segment); a re-plan keeps whole epochs (its
         # base may have placed positions its own, shorter, targets do not reach)
         need = float(final[k]) + max_seg if base is None else None
-        return (s.name, spec.seed, s.num_tokens, lanes, epochs[k], blocks, need)
+        return build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs[k], blocks, need)
 
-    if is_dask(client) and len(sources) > 1:  # independent per source: built on the workers in parallel
-        streams, _ = remote_streams(client, out, [stream_args(k) for k in range(len(sources))])  # type: ignore[arg-type]
-    else:
-        streams = per_source(lambda k: build_stream(*stream_args(k)), len(sources))
+    streams = per_source(stream_of, len(sources))
     ptr = membership(targets, streams, lanes, step_slots)
     shuffle = _shuffle_figures(spec, sources, layouts, streams, ptr, lanes)
     drawn_per_step = np.diff(ptr.totals())  # segments (none empty) of each step

@@ -4,8 +4,8 @@
 pointers or look-ahead assignment, the shape, the cost model and the manifest partition bounds; the mixture
 weights are the driver's report's); it is picklable (an all-zero image column travels as its length).
 `window` cuts from it what one range of steps reads (its stream positions re-indexed from 0 with their
-documents' index columns, its pointer rows), so planning._distributed sends each range's worker only that
-range's part.
+documents' index columns, its pointer rows): a cluster worker cuts its ranges' windows from the shared work it
+maps (planning._distributed.SharedWork), another executor is sent each range's window.
 `balanced_blocks` yields the balanced blocks of [first, stop) from a given
 incoming carry (`balanced_steps` the same step by step, for the distributed fix-up); a step's result
 depends only on its drawn segments and its incoming carry (blocks are

@@ -60,3 +60,27 @@ def test_cluster_plan_is_byte_identical(
     assert (crossing > 0) == carries, crossing
     assert sorted(got) == sorted(want)
     assert [k for k in want if got[k] != want[k]] == []
+
+
+def test_the_shared_work_goes_to_the_plans_folder_where_memory_is_not_shared_and_is_removed(
+    tmp_path: Path, dask_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a memory filesystem every worker sees, the work the workers read is written into the plan's
+    temporary folder (what they must share anyway); the plan is the same bytes and keeps none of it."""
+    from loomdata.planning import _distributed as distributed_module
+
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 40)
+    monkeypatch.setattr(distributed_module, "_MEMORY_FS", tmp_path / "no-such-filesystem")
+    folders: list[Path] = []
+    real = distributed_module.SharedWork.write
+
+    def write(work: Any, folder: Path) -> Any:
+        folders.append(folder)
+        return real(work, folder)
+
+    monkeypatch.setattr(distributed_module.SharedWork, "write", write)
+    _, want, got = _plan_twice("web4k_dp8", tmp_path, dask_client, 6)
+    assert [f.name for f in folders] == [".work"] and folders[0].parent.name.startswith(".tmp-")
+    assert not folders[0].exists()
+    assert sorted(got) == sorted(want)
+    assert [k for k in want if got[k] != want[k]] == []

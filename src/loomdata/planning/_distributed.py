@@ -27,9 +27,13 @@ to /dev/shm 0.34 CPU-s). Another executor gets each range's window as its task's
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
+import os
 import pickle
 import shutil
+import stat
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -133,44 +137,67 @@ def plan_ranges(
     """Balance `ranges` on the cluster (`carry` into the first), fix each up in order and hand it to `on_part`
     (in step order, exact); return what the last step carries out."""
     workers = _addresses(client) if callable(getattr(client, "scatter", None)) else []
-    shared = SharedWork.write(work, _shared_folder(client, out, work)) if workers else None
     futures: list[Any] = [None] * len(ranges)
     true = carry
-    try:
-        for i, (first, stop) in enumerate(ranges):
-            c = carry if i == 0 else None
-            if shared is not None:  # a Dask client: ranges dealt to the workers in turn, movable if one is busy
-                where = [workers[i % len(workers)]]
-                extra = {"pure": False, "workers": where, "allow_other_workers": True}
-                futures[i] = client.submit(_shared_range, shared, out, first, stop, c, **extra)
-            else:
-                futures[i] = client.submit(_worker_range, window(work, first, stop), out, first, stop, c)
-        for i, fut in enumerate(futures):
-            try:
-                part: RangePart = fut.result()
-            except PlanError as e:  # refused with nothing carried in: only the true carry can tell
-                if i == 0 or true is None or isinstance(e, UnsharedWorkdirError):
-                    raise
-                part = plan_range(work, out, *ranges[i], true)
-            else:
-                if i > 0 and true is not None:
-                    part = fix_up(work, out, part, true)
-            _check_written(out, part)
-            on_part(part)
-            true = part.final_carry
-    except BaseException:
-        for fut in futures:
-            if fut is not None:
-                fut.cancel()
-        raise
-    finally:
-        if shared is not None:
-            run = getattr(client, "run", None)
-            if callable(run):  # the workers let go of their maps of the files (a worker gone: nothing to do)
-                with contextlib.suppress(OSError, TimeoutError):  # a worker gone (CommClosedError is an OSError)
-                    run(_forget, shared.folder)
-            shutil.rmtree(shared.folder, ignore_errors=True)
+    with contextlib.ExitStack() as stack:
+        shared = _share(stack, client, work, out) if workers else None
+        try:
+            for i, (first, stop) in enumerate(ranges):
+                c = carry if i == 0 else None
+                if shared is not None:  # a Dask client: ranges dealt to the workers in turn, movable if one is busy
+                    where = [workers[i % len(workers)]]
+                    extra = {"pure": False, "workers": where, "allow_other_workers": True}
+                    futures[i] = client.submit(_shared_range, shared, out, first, stop, c, **extra)
+                else:
+                    futures[i] = client.submit(_worker_range, window(work, first, stop), out, first, stop, c)
+            for i, fut in enumerate(futures):
+                try:
+                    part: RangePart = fut.result()
+                except UnsharedWorkdirError:
+                    # a worker that cannot see the shared work's memory folder (one that joined after the check):
+                    # that range is planned here, with its true carry; a workdir not shared is still an error
+                    if shared is None or shared.folder.parent != _MEMORY_FS:
+                        raise
+                    part = plan_range(work, out, *ranges[i], true)
+                except PlanError:  # refused with nothing carried in: only the true carry can tell
+                    if i == 0 or true is None:
+                        raise
+                    part = plan_range(work, out, *ranges[i], true)
+                else:
+                    if i > 0 and true is not None:
+                        part = fix_up(work, out, part, true)
+                _check_written(out, part)
+                on_part(part)
+                true = part.final_carry
+        except BaseException:
+            for fut in futures:
+                if fut is not None:
+                    fut.cancel()
+            raise
     return true
+
+
+def _share(stack: contextlib.ExitStack, client: Executor, work: PlanWork, out: Path) -> SharedWork:
+    """`work` written where every worker of `client` reads it (see _shared_folder); the folder is removed, and
+    the workers let go of their maps, when `stack` closes, whatever happens meanwhile (a failed write too)."""
+    folder = _shared_folder(stack, client, out, work)
+    try:
+        return SharedWork.write(work, folder)
+    except OSError:  # the memory filesystem filled up since its free space was read: the plan's folder instead
+        if folder.parent != _MEMORY_FS:
+            raise
+        shutil.rmtree(folder, ignore_errors=True)
+        return SharedWork.write(work, _in_plan_folder(stack, client, out))
+
+
+def _cleanup(client: Executor, folder: Path) -> None:
+    """Remove `folder`, then have the workers drop their maps of it (removed files live on while mapped; a worker
+    gone or a client closed: nothing more to do, and never an error in place of the plan's own)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    run = getattr(client, "run", None)
+    if callable(run):
+        with contextlib.suppress(Exception):
+            run(_forget, folder, on_error="ignore")
 
 
 _SHARED = ".work"
@@ -182,24 +209,70 @@ _MEMORY_FS = Path("/dev/shm")
 the 850 MB of a 50M-sample plan's work took 0.34 CPU-s there, 0.4-1.8 into the workdir on this machine's disk
 (the page cache's reclaim), against 0.8 for cutting the 8 windows the driver sent before, their sending aside."""
 
+_MEMORY_PREFIX = "loom-plan-"
+_SWEEP_AGE_S = 60.0
+"""A folder in _MEMORY_FS younger than this is never swept (its process may be between making it and locking it)."""
+_LOCK_FILE = "lock"
+"""Held (flock) by the planning process for as long as its folder in _MEMORY_FS is in use: a folder whose lock
+can be taken belongs to a process that is gone (the kernel drops a killed process's locks), so it is removed."""
 
-def _shared_folder(client: Executor, out: Path, work: PlanWork) -> Path:
-    """A folder for the shared work: in _MEMORY_FS when it has room for it twice over and every worker sees it
-    (a marker written there, looked for on each), else in the plan's temporary folder."""
+
+def _shared_folder(stack: contextlib.ExitStack, client: Executor, out: Path, work: PlanWork) -> Path:
+    """A folder of this process's own (0700, a fresh name) for the shared work: in _MEMORY_FS where it has room
+    for the work twice over, so does the memory available, and every worker sees it (a marker written there,
+    looked for on each); else in the plan's temporary folder. Removed when `stack` closes."""
     need = 2 * _work_bytes(work)
     try:
-        if shutil.disk_usage(_MEMORY_FS).free < need:
-            return out / _SHARED
-        folder = _MEMORY_FS / f"loom-{out.name.lstrip('.')}"
-        folder.mkdir(exist_ok=True)
-        (folder / "marker").touch()
+        _sweep_memory_fs()
+        if shutil.disk_usage(_MEMORY_FS).free < need or _available_memory() < need:
+            return _in_plan_folder(stack, client, out)
+        folder = Path(tempfile.mkdtemp(prefix=_MEMORY_PREFIX, dir=_MEMORY_FS))
     except OSError:
-        return out / _SHARED
-    seen = client.run(_exists, folder / "marker")  # type: ignore[attr-defined]
-    if seen and all(seen.values()):
+        return _in_plan_folder(stack, client, out)
+    stack.callback(_cleanup, client, folder)
+    try:
+        lock = stack.enter_context((folder / _LOCK_FILE).open("wb"))
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (folder / "marker").touch()
+        seen = client.run(_exists, folder / "marker", on_error="return")  # type: ignore[attr-defined]
+    except Exception:  # any failure to check: the workers are not known to see it
+        seen = {}
+    if seen and all(v is True for v in seen.values()):
         return folder
-    shutil.rmtree(folder, ignore_errors=True)
-    return out / _SHARED
+    return _in_plan_folder(stack, client, out)
+
+
+def _in_plan_folder(stack: contextlib.ExitStack, client: Executor, out: Path) -> Path:
+    """The shared work's folder in the plan's temporary folder (which every worker must see), removed with `stack`."""
+    folder = out / _SHARED
+    stack.callback(_cleanup, client, folder)
+    return folder
+
+
+def _sweep_memory_fs() -> None:
+    """Remove this user's shared-work folders in _MEMORY_FS left by planning processes that are gone (killed:
+    nothing else removes them, and they hold memory until the host restarts)."""
+    for folder in _MEMORY_FS.glob(f"{_MEMORY_PREFIX}*"):
+        try:
+            st = folder.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or time.time() - st.st_mtime < _SWEEP_AGE_S:
+                continue  # not ours, or just made (its lock may not be taken yet)
+            with (folder / _LOCK_FILE).open("rb") as f:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken: its process is gone
+        except OSError:  # in use (the lock is held), not ours, or being removed
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _available_memory() -> int:
+    """MemAvailable from /proc/meminfo, in bytes (no such file: no limit known)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1 << 62
 
 
 def _exists(path: Path) -> bool:
@@ -270,30 +343,47 @@ class SharedWork:
 
     @classmethod
     def write(cls, work: PlanWork, folder: Path) -> SharedWork:
-        """`work` written into `folder` (created)."""
-        folder.mkdir(parents=True, exist_ok=True)
+        """`work` written into `folder` (created, or made this user's alone: workers refuse any other)."""
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.chmod(0o700)
         with (folder / "work.pkl").open("wb") as f:
             _ArrayPickler(f, folder).dump(work)
         return cls(folder)
 
     def load(self) -> PlanWork:
-        """The work, once per process and folder (a worker's later ranges reuse its maps)."""
+        """The work, once per process and folder (a worker's later ranges reuse its maps); a folder this process
+        cannot read, or one that is not this user's own (anyone else could have written the pickle), refused."""
         key = str(self.folder)
         with _LOCK:
             work = _LOADED.get(key)
             if work is None:
+                if key in _FORGOTTEN:  # a cancelled range started after its plan ended
+                    raise _unshared(self.folder)
                 _LOADED.clear()  # another plan's work: let go of its maps
                 try:
+                    _check_owned(self.folder)
                     with (self.folder / "work.pkl").open("rb") as f:
                         work = _ArrayUnpickler(f, self.folder).load()
-                except FileNotFoundError:
+                except OSError:
                     raise _unshared(self.folder) from None
                 _LOADED[key] = work
             return work
 
 
+def _check_owned(folder: Path) -> None:
+    """PlanError unless `folder` is a real folder of this user's that no one else may write into."""
+    st = folder.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PlanError(
+            f"the shared planning work in {folder} is not a folder of this user's that only it can write: "
+            "refusing to read it; plan again (a fresh folder is made for each plan)"
+        )
+
+
 _LOADED: dict[str, PlanWork] = {}
 """The shared work this process has mapped, by folder (one plan at a time)."""
+_FORGOTTEN: set[str] = set()
+"""Folders whose plan has ended (`_forget`): never mapped again in this process."""
 _LOCK = threading.Lock()
 
 
@@ -301,6 +391,7 @@ def _forget(folder: Path) -> None:
     """Drop this process's maps of the shared work in `folder` (run on every worker when the ranges are done)."""
     with _LOCK:
         _LOADED.pop(str(folder), None)
+        _FORGOTTEN.add(str(folder))
 
 
 def _shared_range(shared: SharedWork, out: Path, first: int, stop: int, carry: Segments | None) -> RangePart:

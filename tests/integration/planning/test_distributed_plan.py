@@ -84,3 +84,32 @@ def test_the_shared_work_goes_to_the_plans_folder_where_memory_is_not_shared_and
     assert not folders[0].exists()
     assert sorted(got) == sorted(want)
     assert [k for k in want if got[k] != want[k]] == []
+
+
+def test_the_shared_work_in_memory_is_a_private_fresh_folder_removed_after_the_plan(
+    tmp_path: Path, dask_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where every worker sees the memory filesystem (here a folder standing in for /dev/shm on this host), the
+    work goes into a fresh folder only this user can write, and nothing of it is left once the plan is done."""
+    import stat
+
+    from loomdata.planning import _distributed as distributed_module
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 40)
+    monkeypatch.setattr(distributed_module, "_MEMORY_FS", shm)
+    modes: list[tuple[Path, int]] = []
+    real = distributed_module.SharedWork.write
+
+    def write(work: Any, folder: Path) -> Any:
+        shared = real(work, folder)
+        modes.append((folder, stat.S_IMODE(folder.stat().st_mode)))
+        return shared
+
+    monkeypatch.setattr(distributed_module.SharedWork, "write", write)
+    _, want, got = _plan_twice("web4k_dp8", tmp_path, dask_client, 6)
+    assert len(modes) == 1 and modes[0][0].parent == shm and modes[0][0].name.startswith("loom-plan-")
+    assert modes[0][1] == 0o700
+    assert list(shm.iterdir()) == []
+    assert [k for k in want if got[k] != want[k]] == [] and sorted(got) == sorted(want)

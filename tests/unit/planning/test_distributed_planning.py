@@ -247,3 +247,37 @@ def test_a_windows_assignment_goes_as_counts_only_where_they_are_smaller() -> No
         assert x.dtype == y.dtype and np.array_equal(x, y)
     outside = StepAssignment([np.zeros(1, dtype=np.uint32)], [np.array([step0 + steps], dtype=np.int32)])
     assert ranges_module._AssignedCounts.of(outside, step0, steps) is outside
+
+
+def test_sweep_removes_only_this_users_old_unlocked_shared_work_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder whose planning process is gone (its lock free) is removed; one in use (locked), one just made,
+    and anything not named as the shared work stay."""
+    import fcntl
+    import os
+
+    monkeypatch.setattr(distributed_module, "_MEMORY_FS", tmp_path)
+    gone, used, young = (tmp_path / f"loom-plan-{n}" for n in ("gone", "used", "young"))
+    other = tmp_path / "someone-else"
+    for folder in (gone, used, young, other):
+        folder.mkdir()
+        (folder / "lock").touch()
+        (folder / "0.npy").write_bytes(b"x")
+    for folder in (gone, used, other):
+        os.utime(folder, (1.0, 1.0))
+    with (used / "lock").open("rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        distributed_module._sweep_memory_fs()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loom-plan-used", "loom-plan-young", "someone-else"]
+
+
+def test_shared_work_in_a_folder_others_can_write_is_refused(tmp_path: Path) -> None:
+    """A worker never unpickles shared work from a folder another user could have written into."""
+
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "work.pkl").write_bytes(b"not read")
+    folder.chmod(0o777)
+    with pytest.raises(PlanError, match="refusing to read it"):
+        distributed_module.SharedWork(folder).load()

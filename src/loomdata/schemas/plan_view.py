@@ -209,10 +209,7 @@ def read_manifest(
     schema = pa.schema([MANIFEST_SCHEMA.field(c) for c in names], metadata=MANIFEST_SCHEMA.metadata)
     if not parts:
         return schema.empty_table()
-    t = pa.concat_tables(parts).combine_chunks()
-    if t.schema.equals(schema):  # as written (the usual case): no cast, which would load pyarrow.compute (~3 MiB)
-        return t.replace_schema_metadata(schema.metadata)
-    return t.cast(schema)
+    return pa.concat_tables(parts).combine_chunks().cast(schema)
 
 
 def stale_sources(meta: FreshPlan, current: Mapping[str, str], sources: Sequence[str] | None = None) -> list[str]:

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from loomdata.schemas.errors import SourceDataError
@@ -378,8 +379,6 @@ class ParquetReader(FormatReader):
             bad |= nulls
             reasons.update({int(i): "null value" for i in np.flatnonzero(nulls)})
         if self._pretokenized:
-            import pyarrow.compute as pc  # here: a serving worker never scans (pyarrow.compute: ~1.5 MiB a process)
-
             counts = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.uint32)
             flat_bad = self._bad_token_rows(col)
             for i, why in flat_bad.items():
@@ -406,8 +405,6 @@ class ParquetReader(FormatReader):
 
     def _bad_token_rows(self, col: pa.Array) -> dict[int, str]:
         """Rows whose token lists hold nulls or ids outside [0, int32 max]."""
-        import pyarrow.compute as pc  # here: only a scan checks token ids
-
         values = col.flatten()  # skips null lists and honours slicing
         if len(values) == 0:
             return {}
@@ -677,8 +674,7 @@ def _narrowed(arr: pa.Array) -> pa.Array:
     nulls whose every id is in [0, 65535]; else `arr` itself. Half the bytes for vocabularies under 65,536.
 
     One pass checks the range (an OR of the values has no bit above the 16th: no id over 65535, none negative), one
-    NumPy copy makes the uint16 values into a buffer of Arrow's memory pool, as the unit was (not an Arrow cast: that
-    loads `pyarrow.compute`, ~3 MiB a worker that serves pre-tokenized rows would not load otherwise).
+    Arrow cast makes the uint16 values (in Arrow's memory pool, as the unit was).
     """
     if not _int32_column(arr.type) or arr.null_count or arr.values.null_count or len(arr) == 0:
         return arr
@@ -691,12 +687,9 @@ def _narrowed(arr: pa.Array) -> pa.Array:
     if first != 0 or last != len(values):  # a slice: keep only the values it covers
         values = values.slice(first, last - first)
         offsets = pa.array(bounds - bounds.dtype.type(first))
-    ids = values.to_numpy()
-    if int(np.bitwise_or.reduce(ids)) & ~_NARROW_MAX:
+    if int(np.bitwise_or.reduce(values.to_numpy())) & ~_NARROW_MAX:
         return arr
-    buf = pa.allocate_buffer(2 * len(ids))
-    np.copyto(np.frombuffer(buf, dtype=np.uint16), ids, casting="unsafe")
-    narrow = pa.Array.from_buffers(pa.uint16(), len(ids), [None, buf])
+    narrow = values.cast(pa.uint16(), safe=False)
     make = pa.LargeListArray if pa.types.is_large_list(arr.type) else pa.ListArray
     return make.from_arrays(offsets, narrow)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.records import TokenizerKind
@@ -80,8 +81,6 @@ class ByteTokenizer(Tokenizer):
         return np.split(flat, (offsets[1:-1] - offsets[0]).astype(np.intp))
 
     def count_batch(self, texts: Texts) -> np.ndarray:
-        import pyarrow.compute as pc  # here: only counting text loads it (not a worker serving pre-tokenized rows)
-
         arr = _as_arrow(texts)
         return pc.binary_length(arr).to_numpy(zero_copy_only=False).astype(np.uint32)
 

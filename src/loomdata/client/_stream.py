@@ -72,10 +72,11 @@ logger = logging.getLogger(__name__)
 
 _MAX_PENDING_TELEMETRY = 1024
 
-UNPACK_BYTES = 384 * 1024
+UNPACK_BYTES = 128 * 1024
 """About how many bytes of batches (arrays derived on the rank included) a rank makes from a received block at once:
-8 steps of 4096 tokens. Enough steps to amortize the per-call NumPy work, few enough that the block is not held three
-times over, and arrays that stay in cache: 12-14 us a step against 24 for a whole 32-step block, 27 for 3 steps."""
+3 steps of 4096 tokens. Few enough that the block is not held three times over (8 steps a time kept 0.2 MiB a rank
+more at the warm step of `benchmarks/memory.py`), enough to amortize the per-call NumPy work: 21-23 us a step made
+into batches, as for a whole 32-step block (23-24; 8 steps: 13-15)."""
 
 
 class StreamClient:
@@ -339,7 +340,7 @@ class StreamClient:
 
         A thin block's labels and position ids (8 of every 12 bytes a token) are built here, a few steps at a
         time (`UNPACK_BYTES`), not for the whole block on arrival: a rank holds its received steps as the 4 bytes
-        a token that came over the wire, not as 12 (at 4096 tokens a step, up to ~0.75 MiB less a rank).
+        a token that came over the wire, not as 12 (at 4096 tokens a step, up to ~1 MiB less a rank).
         """
         got = self._got.pop(step)
         if isinstance(got, list):

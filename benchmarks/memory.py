@@ -299,6 +299,7 @@ HEAVY_MODULES = (
     "pydantic",
     "pyarrow",
     "pyarrow.dataset",
+    "pyarrow.compute",
     "loomdata.planning",
     "loomdata.sources",
     "loomdata.execution._loader",

@@ -35,6 +35,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from loomdata.client._direct import DirectConstructor, LocalRefused
 from loomdata.client._state import StreamState
 from loomdata.client._trim import RankTrim
@@ -56,7 +58,7 @@ from loomdata.execution.protocol import (
     serve_dataset,
     serve_path,
 )
-from loomdata.schemas.batch import Batch, BatchBlock
+from loomdata.schemas.batch import BLOCK_SCALARS, Batch, BatchBlock
 from loomdata.schemas.context_parallel import cp_group_check
 from loomdata.schemas.errors import ContractError, ExecutionError, LoomError
 from loomdata.schemas.header import PlanHeader, read_plan_header
@@ -69,6 +71,12 @@ __all__ = ["StreamClient"]
 logger = logging.getLogger(__name__)
 
 _MAX_PENDING_TELEMETRY = 1024
+
+UNPACK_BYTES = 128 * 1024
+"""About how many bytes of batches (arrays derived on the rank included) a rank makes from a received block at once:
+3 steps of 4096 tokens. Few enough that the block is not held three times over (8 steps a time kept 0.2 MiB a rank
+more at the warm step of `benchmarks/memory.py`), enough to amortize the per-call NumPy work: 21-23 us a step made
+into batches, as for a whole 32-step block (23-24; 8 steps: 13-15)."""
 
 
 class StreamClient:
@@ -143,7 +151,8 @@ class StreamClient:
         self._actor: Any = None
         self._actor_name = ""
         self._current: list[Batch] | None = None
-        self._got: dict[int, list[Batch]] = {}  # steps received, not yet yielded
+        # steps received, not yet yielded: their batches, or (block, first, stop) until the step is reached (`_steps`)
+        self._got: dict[int, list[Batch] | tuple[BatchBlock, int, int]] = {}
         self._pending: tuple[int, Any] | None = None  # (first step, future) of the call sent ahead
         self.wait_s = 0.0
         """Seconds this client spent blocked waiting for batches."""
@@ -324,7 +333,30 @@ class StreamClient:
             pause_s=self._timings.client_retry_pause_s,
             on_retry=reset,
         )
-        return self._got.pop(step)
+        return self._steps(step)
+
+    def _steps(self, step: int) -> list[Batch]:
+        """Step `step`'s batches, taken from those received; a block's steps become batches only when reached.
+
+        A thin block's labels and position ids (8 of every 12 bytes a token) are built here, a few steps at a
+        time (`UNPACK_BYTES`), not for the whole block on arrival: a rank holds its received steps as the 4 bytes
+        a token that came over the wire, not as 12 (at 4096 tokens a step, up to ~1 MiB less a rank).
+        """
+        got = self._got.pop(step)
+        if isinstance(got, list):
+            return got
+        block, first, stop = got
+        n = 1  # further steps of the same block made into batches with this one (each a dict lookup)
+        per = max(1, (stop - first) * _unpack_cost(block, first, stop))
+        while n * per < UNPACK_BYTES:
+            nxt = self._got.get(step + n)
+            if not (isinstance(nxt, tuple) and nxt[0] is block and nxt[1] == first + n * (stop - first)):
+                break
+            n += 1
+        batches = block.batches(first, first + n * (stop - first))
+        for k in range(1, n):
+            self._got[step + k] = batches[k * (stop - first) : (k + 1) * (stop - first)]
+        return batches[: stop - first]
 
     def _wait_s(self, t0: float) -> None:
         self.wait_s += time.perf_counter() - t0
@@ -348,8 +380,18 @@ class StreamClient:
             self._pending = (end, self._take(end, max(1, count - left)))
 
     def _accept(self, step: int, block: BatchBlock) -> None:
-        """Check an answer (consecutive steps from `step`, each the rank's micro-batches) and keep its steps."""
-        answer = block.unpack() if isinstance(block, BatchBlock) else block
+        """Check an answer (consecutive steps from `step`, each the rank's micro-batches) and keep its steps.
+
+        A block's steps are kept as (block, first batch, stop) and become batches when reached (`_steps`)."""
+        if isinstance(block, BatchBlock) and len(block.steps):
+            self._check_block(step, block)
+            per = np.concatenate([[0], np.cumsum(block.steps)]).tolist()
+            if not self._step_nbytes:
+                self._step_nbytes = max(1, sum(_nbytes(b) for b in block.batches(0, per[1])))
+            self._got.update((step + k, (block, per[k], per[k + 1])) for k in range(len(block.steps)))
+            self._trim.maybe_trim()
+            return
+        answer = block
         if not isinstance(answer, list) or not answer:
             raise ExecutionError(
                 f"executor answered step {step} of rank {self.dp_rank} with {answer!r}; restart `loom serve`"
@@ -360,6 +402,23 @@ class StreamClient:
             self._step_nbytes = max(1, sum(_nbytes(b) for b in answer[0]))
         self._got.update((step + k, batches) for k, batches in enumerate(answer))
         self._trim.maybe_trim()
+
+    def _check_block(self, step: int, block: BatchBlock) -> None:
+        """`_check` over a block's scalars, every step at once (no batches built)."""
+        col = {name: block.scalars[:, i] for i, name in enumerate(BLOCK_SCALARS)}
+        expect = np.repeat(np.arange(step, step + len(block.steps)), block.steps)
+        if (block.steps != self.meta.micro_batches).any() or (col["step"] != expect).any():
+            raise ExecutionError(
+                f"executor answered step {step} of rank {self.dp_rank} with {block.steps.tolist()} batches a step "
+                f"(expected {self.meta.micro_batches}); the executor serves a different plan: restart it"
+            )
+        cp_rank, cp_size = col["cp_rank"], col["cp_size"]
+        want_cp = self.cp_rank if self.cp_rank is not None else 0
+        if (cp_rank != want_cp % cp_size).any() or (self.cp_rank is None and (cp_size > 1).any()):
+            raise ExecutionError(
+                f"executor answered step {step} of rank {self.dp_rank} with the shards of other CP ranks "
+                f"({np.stack([cp_rank, cp_size], axis=1).tolist()}, asked cp rank {self.cp_rank}); restart `loom serve`"
+            )
 
     def _check(self, step: int, batches: list[Batch]) -> None:
         if len(batches) != self.meta.micro_batches or any(b.step != step for b in batches):
@@ -522,6 +581,13 @@ class StreamClient:
         if raw is not None:
             return parse_serve_info(str(raw), f"dataset {serve_dataset(self.meta.plan_id)}")
         return read_serve_info(self.plan_dir)
+
+
+def _unpack_cost(block: BatchBlock, first: int, stop: int) -> int:
+    """Bytes a batch of `block` (batches `first..stop-1` one step) holds once made into batches, about."""
+    b = block.bounds["input_ids"]
+    tokens = int(b[stop] - b[first]) // max(1, stop - first)
+    return tokens * block.arrays["input_ids"].itemsize * 3
 
 
 def _nbytes(batch: Batch) -> int:

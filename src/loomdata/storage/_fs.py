@@ -20,10 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import fsspec
-import fsspec.asyn
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from loomdata.storage._arrow import (
     ARROW_MIN_READ,
@@ -39,6 +36,9 @@ from loomdata.storage._options import options_for
 from loomdata.storage._retry import DEFAULT_POLICY, RetryPolicy, retrying
 from loomdata.storage._shared_gets import SharedGets
 from loomdata.storage._url import Location, is_url, protocol_of
+
+if TYPE_CHECKING:
+    import fsspec
 
 __all__ = [
     "ObjectIdentity",
@@ -102,6 +102,10 @@ _CONNECT_LOCK = threading.Lock()
 
 
 def _fs(url: str, options: StorageOptions | None) -> fsspec.AbstractFileSystem:
+    """The fsspec filesystem of `url`'s protocol; fsspec is imported here, at the first object URL (a process that
+    serves local files never loads it: 17 modules, about 1-2 MiB a process)."""
+    import fsspec
+
     proto = protocol_of(url)
     try:
         fs = fsspec.filesystem(proto, **options_for(proto, options))
@@ -300,6 +304,8 @@ def read_range_identity(
     fs = _fs(url, options)
     if not hasattr(fs, "_call_s3"):  # not s3fs
         return None
+
+    import fsspec.asyn
 
     def one() -> tuple[bytes, ObjectIdentity]:
         _STATS.add("get")

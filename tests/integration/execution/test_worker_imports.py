@@ -1,6 +1,6 @@
 """What a serving worker loads: no `pyarrow.dataset` (manifest reads go through `pyarrow.parquet`), no pydantic (its
-loaders and constructors read the plan as plain records), and one shared manifest span per process for all its
-loaders."""
+loaders and constructors read the plan as plain records), no fsspec where it serves local files (object URLs load it),
+and one shared manifest span per process for all its loaders."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def _probe() -> Callable[[Any], dict[str, Any]]:
         return {
             "dataset": "pyarrow.dataset" in sys.modules,
             "acero": "pyarrow._acero" in sys.modules,
+            "fsspec": "fsspec" in sys.modules,
             "pydantic": sorted(
                 m for m in ("pydantic", "loomdata.schemas.spec", "loomdata.schemas.plan") if m in sys.modules
             ),
@@ -35,7 +36,7 @@ def _probe() -> Callable[[Any], dict[str, Any]]:
     return loaded
 
 
-def test_serving_workers_import_no_pyarrow_dataset_nor_pydantic_and_share_manifest_spans(
+def test_serving_workers_import_no_pyarrow_dataset_pydantic_nor_fsspec_and_share_manifest_spans(
     stream_plan: Path, tmp_path: Path, loomtest: Any
 ) -> None:
     meta = read_plan(stream_plan)
@@ -50,6 +51,8 @@ def test_serving_workers_import_no_pyarrow_dataset_nor_pydantic_and_share_manife
     # loaders and constructors read plan.json as records (`PlanView`): the pydantic spec never loads in a worker
     assert sum(w["constructors"] for w in seen) >= 1, seen
     assert all(not w["pydantic"] for w in seen), seen
+    # local files need no fsspec: storage._fs imports it at the first object URL
+    assert all(not w["fsspec"] for w in seen), seen
     # every loader of a worker plans from the same few spans, read once by that process
     assert sum(w["loaders"] for w in seen) >= 2
     assert all(w["spans"] <= 3 for w in seen), seen

@@ -73,10 +73,11 @@ logger = logging.getLogger(__name__)
 _MAX_PENDING_TELEMETRY = 1024
 
 UNPACK_BYTES = 128 * 1024
-"""About how many bytes of batches (arrays derived on the rank included) a rank makes from a received block at once:
-3 steps of 4096 tokens. Few enough that the block is not held three times over (8 steps a time kept 0.2 MiB a rank
-more at the warm step of `benchmarks/memory.py`), enough to amortize the per-call NumPy work: 21-23 us a step made
-into batches, as for a whole 32-step block (23-24; 8 steps: 13-15)."""
+"""About how many bytes of batches (arrays derived on the rank included) a rank makes from a received block at once,
+one step at least (3 steps of one 4096-token micro-batch; one step of 3 or more). Few enough that the block is not
+held three times over (8 steps a time kept 0.2 MiB a rank more at the warm step of `benchmarks/memory.py`), enough
+to amortize the per-call NumPy work: 21-23 us a step made into batches, as for a whole 32-step block (23-24; 8
+steps: 13-15; one 4096-token micro-batch a step)."""
 
 
 class StreamClient:
@@ -393,8 +394,11 @@ class StreamClient:
             return
         answer = block
         if not isinstance(answer, list) or not answer:
+            what = (
+                f"a block of {block.steps.tolist()} batches a step" if isinstance(block, BatchBlock) else repr(answer)
+            )
             raise ExecutionError(
-                f"executor answered step {step} of rank {self.dp_rank} with {answer!r}; restart `loom serve`"
+                f"executor answered step {step} of rank {self.dp_rank} with {what}; restart `loom serve`"
             )
         for k, batches in enumerate(answer):
             self._check(step + k, batches)
@@ -405,6 +409,12 @@ class StreamClient:
 
     def _check_block(self, step: int, block: BatchBlock) -> None:
         """`_check` over a block's scalars, every step at once (no batches built)."""
+        batches = int(block.steps.sum())
+        if block.scalars.shape != (batches, len(BLOCK_SCALARS)):
+            raise ExecutionError(
+                f"executor answered step {step} of rank {self.dp_rank} with a block of {batches} batches and "
+                f"{block.scalars.shape} scalars: a malformed answer; restart `loom serve`"
+            )
         col = {name: block.scalars[:, i] for i, name in enumerate(BLOCK_SCALARS)}
         expect = np.repeat(np.arange(step, step + len(block.steps)), block.steps)
         if (block.steps != self.meta.micro_batches).any() or (col["step"] != expect).any():
@@ -418,6 +428,11 @@ class StreamClient:
             raise ExecutionError(
                 f"executor answered step {step} of rank {self.dp_rank} with the shards of other CP ranks "
                 f"({np.stack([cp_rank, cp_size], axis=1).tolist()}, asked cp rank {self.cp_rank}); restart `loom serve`"
+            )
+        if block.thin and (cp_size > 1).any():  # a shard's labels cannot be built on the rank: refused now, not later
+            raise ExecutionError(
+                f"executor answered step {step} of rank {self.dp_rank} with CP shards in a block without labels; "
+                "restart `loom serve`"
             )
 
     def _check(self, step: int, batches: list[Batch]) -> None:

@@ -56,7 +56,7 @@ class HeldChecksums:
     """
 
     def __init__(self, load: Callable[[], np.ndarray], size: int, every: np.ndarray | None = None) -> None:
-        """`every`: the checksums read with the index at start (held until the first span is held: no load)."""
+        """`every`: the checksums read with the index at start (they give the first span's, then go: no load)."""
         self._load = load
         self.size = size
         self._pos_dtype = np.uint32 if size <= np.iinfo(np.uint32).max else np.int64
@@ -98,6 +98,7 @@ class HeldChecksums:
             return
         with self._lock:
             st = self._state
+            kept = st.every if self._from is not None else None  # those read at start serve the first span only
             p = np.concatenate([st.pos.astype(np.int64), np.asarray(pos, dtype=np.int64)])
             u = np.concatenate([st.until, np.asarray(steps, dtype=np.int64)])
             order = np.lexsort((u, p))  # by position, then step: the last of each position is its latest step
@@ -114,7 +115,7 @@ class HeldChecksums:
                 sums = every[p]
             else:
                 sums = st.sums
-            self._state = _Held(p.astype(self._pos_dtype), sums, u, st.every, int(u.min()) if len(u) else _NO_DROP)
+            self._state = _Held(p.astype(self._pos_dtype), sums, u, kept, int(u.min()) if len(u) else _NO_DROP)
             self._from = first_step if self._from is None else self._from
 
     def release(self, floor: int) -> None:

@@ -488,6 +488,7 @@ def worker_inside() -> dict[str, Any]:
         "loader_cache_next_use": spread([e.next_use for e in held]),
         "loader_reach_steps": spread([c.reach for c in caches]),
         "loader_keep_now_steps": spread([getattr(c, "keep_now", c.policy.keep_steps) for c in caches]),
+        "loader_checksums": _checksums_held(),
         "smaps_mib": roll,
         "arrow_pool_mib": round(pa.total_allocated_bytes() / MIB, 1),
         "arrow_pool_peak_mib": round(pa.default_memory_pool().max_memory() / MIB, 1),
@@ -498,6 +499,23 @@ def worker_inside() -> dict[str, Any]:
         "open_parquet_files": sum(1 for o in gc.get_objects() if isinstance(o, pq.ParquetFile)),
         **{k: v for k, v in process_inside().items() if k in _INSIDE_EXTRA},
         "trim_now_returns_mib": _trim_now(roll["Anonymous"]),
+    }
+
+
+def _checksums_held() -> dict[str, int]:
+    """The sample checksums this worker's loaders hold (`verify: sample`): bytes, samples, and their reads again
+    from samples.parquet (planning a span; `rereads`: by a read, a sample outside the steps held)."""
+    import gc
+
+    loaders = [o for o in gc.get_objects() if type(o).__name__ == "SourceLoader"]
+    sums = [s for s in (lo._index.checksums for lo in loaders) if s is not None]
+    return {
+        "loaders": len(sums),
+        "bytes": sum(int(s.nbytes) for s in sums),
+        "held": sum(int(getattr(s, "held", len(s))) for s in sums),
+        "samples": sum(len(s) for s in sums),
+        "loads": sum(int(getattr(s, "loads", 0)) for s in sums),
+        "rereads": sum(int(getattr(s, "rereads", 0)) for s in sums),
     }
 
 

@@ -10,7 +10,10 @@ in Arrow's per-thread heaps), so the worker's loop stays responsive and several 
 
 Integrity (`verify` per source, see _verify): a shard is checked against `shards.parquet` when the
 loader first plans (opens it ahead) or reads it, and with `verify: sample` every sample read against its
-checksum in the index.
+checksum in the index. A planned loader holds the checksums of the samples its plan reads from the cache's floor
+to the newest step planned only (`HeldChecksums`, as planning reads the manifest); others are read again from
+samples.parquet, checked to be the index the loader started with (its fingerprint, the plan's), else the read
+fails with `index_changed`.
 A reader that is not `thread_safe` is never inside two reads at once: while a read runs in the thread,
 small reads queue behind it there instead of running inline.
 
@@ -40,6 +43,8 @@ constructor that sent it (a read issued just before its route switched) asks the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import itertools
 import operator
 import time
@@ -49,20 +54,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from loomdata.execution._heap import arrays_in_heap, maybe_trim
-from loomdata.execution._loader_cache import CachePolicy, unit_key
+from loomdata.execution._loader_cache import CachePolicy, PlanUnitCache, unit_key
 from loomdata.execution._partition import LoaderPartition
 from loomdata.execution._plan_ahead import PlanAhead
 from loomdata.execution._plan_meta import shared_plan
-from loomdata.execution._sample_index import SampleIndex
+from loomdata.execution._sample_index import HeldChecksums, SampleIndex
 from loomdata.execution._storage_options import SourceOptions
 from loomdata.execution._strand import Strand
-from loomdata.execution._verify import Verifier, require_checksums, serving_error
-from loomdata.schemas.errors import ExecutionError, SourceDataError
+from loomdata.execution._verify import Verifier, index_changed, require_checksums, serving_error
+from loomdata.schemas.errors import ExecutionError, LoomError, SourceDataError, StaleIndexError
 from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
+from loomdata.schemas.tables import TableKind, open_table
 from loomdata.sources import FormatReader, Sample, make_reader
 from loomdata.sources._integrity import span_checksums
 from loomdata.sources.images import decoded_image_tokens
@@ -154,7 +161,8 @@ class SourceLoader:
         if self._verifier.samples:
             require_checksums(files.samples, partition.source)
         columns = ["sample", "shard", "row", *(["checksum"] if self._verifier.samples else [])]
-        table = files.samples_of_shards(partition.first_shard, partition.stop_shard, columns)
+        fingerprint = meta.index_fingerprints.get(partition.source)
+        table = _partition_rows(files, partition, columns, fingerprint)  # the plan's index, or StaleIndexError
         self._index = SampleIndex.of(
             table.column("sample").to_numpy(),
             table.column("shard").to_numpy(),
@@ -162,6 +170,12 @@ class SourceLoader:
             table.column("checksum").to_numpy() if self._verifier.samples else None,
         )
         del table
+        if self._verifier.samples and cache is not None:  # planned: the plan's next samples' checksums only
+            load = functools.partial(_checksums_again, files, partition, fingerprint, len(self._index))
+            every = self._index.checksums
+            assert isinstance(every, np.ndarray)
+            held = HeldChecksums(load, len(self._index), every=every)  # held until the first span is
+            self._index = dataclasses.replace(self._index, checksums=held)
         ids = shards.column("shard").to_pylist()
         paths = shards.column("path").to_pylist()
         self._paths = {
@@ -206,7 +220,34 @@ class SourceLoader:
             return False
         if self._plan is None:
             return not self._remote
-        return self._plan.ready(request) and self._plan.held(request) and not self._plan.reading(request)
+        return (
+            self._plan.ready(request)
+            and self._plan.held(request)
+            and not self._plan.reading(request)
+            and self._checksums_held(request)
+        )
+
+    def _checksums_held(self, request: np.ndarray) -> bool:
+        """Whether the checksums of every sample of `request` are held (its check reads no samples.parquet)."""
+        sums = self._index.checksums
+        return not isinstance(sums, HeldChecksums) or sums.covers(self._index.locate(request["sample"])[0])
+
+    def hold_checksums(self, step: np.ndarray, sample: np.ndarray, first_step: int) -> None:
+        """Planning read the manifest rows (`step`, `sample`) of a span from `first_step`: hold their checksums.
+
+        Raises what reading the checksums again raises (`PlanAhead` counts it as a planning error)."""
+        sums = self._index.checksums
+        if isinstance(sums, HeldChecksums):
+            pos, found = self._index.locate(sample)
+            sums.hold(pos[found], step[found], first_step)
+
+    def _release_checksums(self, cache: PlanUnitCache) -> None:
+        """Reads were served (the cache's floor may have moved): drop the checksums no request from it on reads."""
+        sums = self._index.checksums
+        if isinstance(sums, HeldChecksums):
+            with cache._pool.lock:  # the floor reads the steps recently asked, which `served` changes
+                floor = cache.floor
+            sums.release(floor)
 
     def read_now(self, request: np.ndarray, *, inline: bool = False) -> SegmentData:
         """Synchronous `read` (the work itself); `inline` (on the event loop): no read ahead is started before it
@@ -229,6 +270,7 @@ class SourceLoader:
         )
         if self._plan is not None:
             self._plan.served(request, keys)
+            self._release_checksums(self._plan.cache)
             self._plan.pump(None)
         maybe_trim()  # the worker's C heap: freed arrays' pages back to the OS every few seconds
         c = self._counters
@@ -259,7 +301,14 @@ class SourceLoader:
             state_bytes=self._index.nbytes,
             rss_bytes=_rss(),
             **self._prefetch_counts(),
+            **self._checksum_counts(),
         )
+
+    def _checksum_counts(self) -> dict[str, Any]:
+        sums = self._index.checksums
+        if not isinstance(sums, HeldChecksums):
+            return {}
+        return {"checksums_held": sums.held, "checksum_loads": sums.loads, "checksum_rereads": sums.rereads}
 
     def _prefetch_counts(self) -> dict[str, Any]:
         pf = self._plan.prefetch if self._plan is not None else None
@@ -296,6 +345,45 @@ class SourceLoader:
         if self._plan is not None:
             self._plan.close()
         self._pool.shutdown(wait=False)
+
+
+def _partition_rows(
+    files: IndexFiles, partition: LoaderPartition, columns: list[str], fingerprint: str | None
+) -> pa.Table:
+    """`columns` of the partition's rows of samples.parquet (stored order), read from one open of the file whose
+    footer carries `fingerprint` (the plan's): StaleIndexError where the index there now is another one."""
+    pf = open_table(files.samples, TableKind.INDEX)
+    now = files.fingerprint_of(pf)
+    if now != fingerprint:
+        raise index_changed(files.samples, partition.source, f"its fingerprint is {now}, the plan's {fingerprint}")
+    first, stop = partition.first_shard, partition.stop_shard
+    col = pf.schema_arrow.get_field_index("shard")
+    md = pf.metadata
+    groups = []
+    for g in range(pf.num_row_groups):
+        st = md.row_group(g).column(col).statistics
+        if st is None or not st.has_min_max or (st.max >= first and st.min < stop):
+            groups.append(g)
+    read = list(dict.fromkeys([*columns, "shard"]))
+    table = pf.read_row_groups(groups, columns=read, use_threads=False) if groups else pf.schema_arrow.empty_table()
+    shard = table.column("shard").to_numpy()
+    keep = (shard >= first) & (shard < stop)
+    return (table if keep.all() else table.filter(pa.array(keep))).select(columns)
+
+
+def _checksums_again(files: IndexFiles, partition: LoaderPartition, fingerprint: str | None, size: int) -> np.ndarray:
+    """Every checksum of the partition by index position (`SampleIndex.of`'s sample order), read again from
+    samples.parquet: only from the index the loader started with (the plan's fingerprint), else `index_changed`."""
+    try:
+        table = _partition_rows(files, partition, ["sample", "checksum"], fingerprint)
+    except StaleIndexError:
+        raise
+    except (LoomError, OSError, pa.ArrowException) as e:  # gone, or not a readable index table now
+        raise index_changed(files.samples, partition.source, f"it cannot be read again: {e}") from None
+    if table.num_rows != size:
+        raise index_changed(files.samples, partition.source, f"{table.num_rows} samples where it had {size}")
+    order = np.argsort(table.column("sample").to_numpy(), kind="stable")
+    return table.column("checksum").to_numpy()[order].astype(np.uint32)
 
 
 def _rss() -> int:

@@ -19,6 +19,11 @@ Storage latency is kept off the read path:
 - only the chunks holding the steps a request reads are planned on the read path (they normally were
   long before); the chunks up to the cache's reach are planned in the background, then read ahead.
 
+With `verify: sample` the loader holds the checksums of the samples each span read names (`hold_checksums`: one
+read of samples.parquet where one is new) and drops those no step from the cache's floor on reads as reads are
+served: from the floor to the newest step planned, however many spans that is. A failed read of them is a planning
+error like the others (counted): the read that needs one reads them again and reports the error.
+
 Planning uses a reader of its own (a `sibling` of the loader's, sharing its footers) under this object's
 lock, so it never runs inside the loader's reader concurrently with a read.
 """
@@ -241,6 +246,7 @@ class PlanAhead:
         self._spans = {k: v for k, v in self._spans.items() if k >= start - self._span_chunks}
         self._spans[start] = rows
         step, sample = rows
+        _hold_checksums(self._loader, step, sample, start * self._policy.chunk_steps)
         if len(sample):
             shards, first = np.unique(self._shards_of(sample), return_index=True)  # rows in step order
             self.opens.want(shards, step[first])
@@ -298,6 +304,15 @@ class PlanAhead:
         with self._lock:
             self._units.close()
         self.cache.close()
+
+
+def _hold_checksums(loader: Any, step: np.ndarray, sample: np.ndarray, first_step: int) -> None:
+    """Hold the checksums of a span's samples (`verify: sample`); a failure is a planning error, counted: the read
+    that needs one reads them again and reports it (`HeldChecksums`)."""
+    try:
+        loader.hold_checksums(step, sample, first_step)
+    except (LoomError, OSError, pa.ArrowException):
+        loader._counters.plan_errors += 1
 
 
 def _size(loader: Any, shard: int) -> int | None:

@@ -16,6 +16,10 @@ the shard and the source (`storage_error`), and keeps its class (`storage._error
 - `TransientStorageError`: throttling, 5xx or dropped connections through every retry with back-off (its
   reason gives the attempts and the last error): the store's status, not the data.
 
+A planned loader holds the checksums of the samples its plan reads next only (`_sample_index.HeldChecksums`);
+those it reads again from samples.parquet must come from the index it started with: one rebuilt since is refused
+with `index_changed` (a StaleIndexError naming the source and the file), never compared against.
+
 Sample checks need the index's checksums to be of this loomdata's definition (`sources._integrity.CHECKSUM`,
 recorded in samples.parquet's metadata): `require_checksums` refuses an index of another definition, or of
 none recorded (built before it was), with "re-run `loom index` and `loom plan`", never a false "file changed".
@@ -31,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from loomdata.schemas.errors import ContractError, SourceDataError
+from loomdata.schemas.errors import ContractError, SourceDataError, StaleIndexError
 from loomdata.schemas.records import SourceFormat, VerifyMode
 from loomdata.schemas.tables import CHECKSUM_FIELD
 from loomdata.sources import Sample
@@ -49,11 +53,13 @@ from loomdata.storage import (
 __all__ = [
     "ACCESS_HINT",
     "CHECKSUM_KEY",
+    "INDEX_CHANGED_HINT",
     "MISSING_HINT",
     "SERVING_HINT",
     "TRANSIENT_HINT",
     "ShardCheck",
     "Verifier",
+    "index_changed",
     "require_checksums",
     "serving_error",
     "storage_error",
@@ -70,6 +76,9 @@ MISSING_HINT = "restore the object (or its bucket), or re-run `loom index` and `
 TRANSIENT_HINT = (
     "the store kept failing through every retry with back-off: check its status and the workers' network to it, "
     "then serve again; the index needs no rebuild"
+)
+INDEX_CHANGED_HINT = (
+    "re-plan with `loom plan SPEC` and restart `loom serve` (its loaders verify against the index they started with)"
 )
 CHECKSUM_KEY = b"loomdata.checksum"
 """samples.parquet metadata key naming the index's checksum definition (written by `indexing._assemble`)."""
@@ -90,6 +99,14 @@ def require_checksums(samples: Path, source: str) -> None:
             f"{samples}: the index of source {source!r} holds {what}, this loomdata verifies {CHECKSUM!r}; "
             "re-run `loom index` and `loom plan` (or set `verify: shard` on the source)"
         )
+
+
+def index_changed(samples: Path | str, source: str, why: str) -> StaleIndexError:
+    """A loader reading its sample checksums again found `samples` (the index) other than when it started."""
+    return StaleIndexError(
+        f"source {source!r}: {samples}: index changed since `loom serve` started ({why}); no sample is checked "
+        f"against another index than the plan's: {INDEX_CHANGED_HINT}"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,12 @@ class LoaderMetrics:
     prefetch_reach_steps: int | None = None
     """Steps beyond the newest served that the read-ahead keeps and reads units for (horizon + latency); None
     without read-ahead."""
+    checksums_held: int | None = None
+    """Samples whose index checksum a planned loader with `verify: sample` holds now (None: it holds every one)."""
+    checksum_loads: int = 0
+    """Times it read its partition's checksums again from samples.parquet (once a manifest span planned)."""
+    checksum_rereads: int = 0
+    """Of them, by a read: a sample outside the steps held (a rank behind the cache's floor); ~0 going forward."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: rates to 0.1, seconds to 1e-4."""
@@ -88,6 +94,9 @@ class LoaderMetrics:
             "unit_misses": self.unit_misses,
             "get_latency_s": None if self.get_latency_s is None else _r4(self.get_latency_s),
             "prefetch_reach_steps": self.prefetch_reach_steps,
+            "checksums_held": self.checksums_held,
+            "checksum_loads": self.checksum_loads,
+            "checksum_rereads": self.checksum_rereads,
         }
 
 

@@ -1,10 +1,14 @@
-"""The loader's sample -> (shard, row) index: compact, and the same answers as plain sorted arrays."""
+"""The loader's sample -> (shard, row) index: compact, and the same answers as plain sorted arrays; the checksums a
+planned loader holds (`HeldChecksums`): from the floor to the spans planned, the index's values, read again only
+for a read behind them."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from loomdata.execution._sample_index import SampleIndex
+from loomdata.execution._sample_index import HeldChecksums, SampleIndex
+from loomdata.schemas.errors import StaleIndexError
 
 
 def _plain(sample: np.ndarray, shard: np.ndarray, row: np.ndarray, ask: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -69,3 +73,81 @@ def test_gaps_keep_the_ids_and_large_rows_stay_int64() -> None:
     assert idx.shard_at(pos[found]).tolist() == want_shard.tolist() == [2, 2, 1]
     assert idx.row_at(pos[found]).tolist() == want_row.tolist() == [1 << 33, 7, 3]
     assert idx.checksums is not None and idx.checksums[pos[found]].tolist() == [90, 400, 20]
+
+
+class _Index:
+    """A partition's checksums as samples.parquet holds them; `load` reads them again (counted), or fails."""
+
+    def __init__(self, n: int) -> None:
+        self.every = np.random.default_rng(5).integers(0, 2**32, size=n, dtype=np.uint64).astype(np.uint32)
+        self.reads = 0
+        self.fail: Exception | None = None
+
+    def load(self) -> np.ndarray:
+        if self.fail is not None:
+            raise self.fail
+        self.reads += 1
+        return self.every.copy()
+
+
+def test_held_checksums_follow_the_floor_and_the_spans_planned() -> None:
+    n = 8000
+    idx = _Index(n)
+    held = HeldChecksums(idx.load, n, every=idx.every.copy())  # read with the index at start
+    rng = np.random.default_rng(1)
+    plan = [rng.choice(n, size=20, replace=False) for _ in range(100)]  # 100 steps of 20 samples
+    span = 4  # steps a manifest span holds: the reach (12) spans several
+    held.hold(np.concatenate(plan[:span]), np.repeat(np.arange(span), 20), 0)
+    assert idx.reads == 0 and held.held <= 20 * span  # the first span's from those read at start, which go
+    for first in range(span, 16, span):
+        held.hold(np.concatenate(plan[first : first + span]), np.repeat(np.arange(first, first + span), 20), first)
+    for step in range(100):
+        floor = step - 8  # the cache's: the horizon behind the newest step served
+        nxt = step + 12
+        if nxt % span == 0 and nxt < 100:  # planning reads the span the reach enters
+            held.hold(np.concatenate(plan[nxt : nxt + span]), np.repeat(np.arange(nxt, nxt + span), 20), nxt)
+        np.testing.assert_array_equal(held[plan[step]], idx.every[plan[step]])
+        held.release(floor)
+        if step >= 8:
+            live = np.unique(np.concatenate(plan[max(floor, 0) : min(nxt + span, 100)]))
+            assert held.held <= len(live) and held.held < n // 3  # only from the floor on, never every one
+    assert held.rereads == 0  # a forward run never reads them again for a read
+    assert 0 < held.loads == idx.reads <= 100 // span  # one read a span planned, at most
+    assert held.nbytes < n  # 12 bytes a held sample, against 4 a sample (32,000 bytes) for every one
+
+
+def test_a_read_behind_the_held_steps_reads_them_again_and_keeps_them_while_it_lags() -> None:
+    n = 1000
+    idx = _Index(n)
+    held = HeldChecksums(idx.load, n)
+    held.hold(np.array([5, 6, 7]), np.array([40, 40, 41]), 40)
+    held.release(38)
+    assert idx.reads == 1 and held.held == 3 and held.covers(np.array([5, 7])) and not held.covers(np.array([1]))
+    np.testing.assert_array_equal(held[np.array([1, 2, 5])], idx.every[[1, 2, 5]])  # a rank restarted at step 3
+    assert held.rereads == 1 and idx.reads == 2 and held.held == n
+    held.release(3)  # it holds the floor back: every checksum kept, read once
+    np.testing.assert_array_equal(held[np.array([3, 900])], idx.every[[3, 900]])
+    assert held.rereads == 1
+    held.release(41)  # caught up (or stopped asking): back to the held steps only
+    assert held.held == 1 and held.covers(np.array([7])) and held.nbytes < 100
+    idx.fail = StaleIndexError("samples.parquet: index changed since `loom serve` started")
+    np.testing.assert_array_equal(held[np.array([7])], idx.every[[7]])  # held: no read
+    with pytest.raises(StaleIndexError):  # the read's own error, never values of another index
+        held[np.array([8])]
+    with pytest.raises(StaleIndexError):  # planning's caller counts it and goes on
+        held.hold(np.array([9]), np.array([42]), 42)
+    assert not held.covers(np.array([9])) and held.held == 1
+
+
+def test_holding_more_than_a_third_of_the_partition_holds_every_checksum() -> None:
+    n = 300
+    idx = _Index(n)
+    held = HeldChecksums(idx.load, n)
+    held.hold(np.arange(0, 180, 2), np.zeros(90, dtype=np.int64), 0)  # 90 positions: 1,080 bytes, < every's 1,200
+    assert not held.dense and held.held == 90
+    held.hold(np.arange(1, 40, 2), np.ones(20, dtype=np.int64), 0)  # 110 of 300: 1,320 bytes
+    assert held.dense and held.held == n and held.nbytes == 4 * n
+    held.release(10**6)
+    held.hold(np.arange(250, 290), np.full(40, 9, dtype=np.int64), 8)
+    assert held.held == n and idx.reads == 2  # one read a span held, none once every one is
+    np.testing.assert_array_equal(held[np.array([299, 0])], idx.every[[299, 0]])

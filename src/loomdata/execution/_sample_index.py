@@ -30,6 +30,7 @@ __all__ = ["HeldChecksums", "SampleIndex"]
 
 _NONE = np.zeros(0, dtype=np.uint32)
 _NO_DROP = np.iinfo(np.int64).max
+_STEP = np.int32  # a plan step (plans have far fewer than 2^31 steps): 4 bytes a held position's last step
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +39,7 @@ class _Held:
 
     pos: np.ndarray  # sorted distinct positions held (uint32, int64 past 4G)
     sums: np.ndarray  # uint32: their checksums
-    until: np.ndarray  # int64: the last planned step that reads each (dropped once the floor passes it)
+    until: np.ndarray  # int32: the last planned step that reads each (dropped once the floor passes it)
     every: np.ndarray | None  # uint32 of every position: read for a sample outside the held steps, or dense
     least: int  # min(until): a floor at or below it drops nothing
 
@@ -62,8 +63,9 @@ class HeldChecksums:
         self._pos_dtype = np.uint32 if size <= np.iinfo(np.uint32).max else np.int64
         self._lock = threading.Lock()
         none = np.zeros(0, dtype=self._pos_dtype)
-        self._state = _Held(none, _NONE, np.zeros(0, np.int64), _checked(every, size), _NO_DROP)
+        self._state = _Held(none, _NONE, np.zeros(0, _STEP), _checked(every, size), _NO_DROP)
         self._from: int | None = None  # every planned read from this step on is held (None: nothing held yet)
+        self._gap_until = -1  # a span's hold failed: its steps up to this one are not held (every kept for them)
         self.dense = False
         self.loads = 0  # times every checksum was read from samples.parquet (planning a span or a read's miss)
         self.rereads = 0  # of them, by a read (a sample outside the held steps)
@@ -97,18 +99,25 @@ class HeldChecksums:
         if self.dense:
             return
         with self._lock:
+            if self.dense:  # went dense meanwhile
+                return
             st = self._state
             kept = st.every if self._from is not None else None  # those read at start serve the first span only
             p = np.concatenate([st.pos.astype(np.int64), np.asarray(pos, dtype=np.int64)])
-            u = np.concatenate([st.until, np.asarray(steps, dtype=np.int64)])
+            u = np.concatenate([st.until, np.asarray(steps, dtype=_STEP)])
             order = np.lexsort((u, p))  # by position, then step: the last of each position is its latest step
             p, u = p[order], u[order]
             last = np.ones(len(p), dtype=bool)
             last[:-1] = p[1:] != p[:-1]
             p, u = p[last], u[last]
             if len(p) > len(st.pos):  # a position not held yet: its checksum from every one (read again, or held)
-                every = st.every if st.every is not None else self._read()
-                if 3 * len(p) >= self.size:  # positions cost more than every checksum: hold those from now on
+                try:
+                    every = st.every if st.every is not None else self._read()
+                except BaseException:  # this span is not held: reads in it keep every checksum once they read them
+                    if len(steps):
+                        self._gap_until = max(self._gap_until, int(np.max(steps)))
+                    raise
+                if 3 * len(p) >= self.size:  # 12 bytes a position cost more than every checksum's 4: hold those
                     self.dense = True
                     self._state = _Held(st.pos[:0], _NONE, st.until[:0], every, _NO_DROP)
                     return
@@ -124,10 +133,12 @@ class HeldChecksums:
         if self.dense:
             return
         st = self._state
-        keep_every = self._from is None or floor < self._from
+        keep_every = self._from is None or floor < self._from or floor <= self._gap_until
         if floor <= st.least and (st.every is None or keep_every):
             return
         with self._lock:
+            if self.dense:  # went dense meanwhile (its every checksum stays)
+                return
             st = self._state
             keep = st.until >= floor
             u = st.until[keep]
@@ -139,10 +150,11 @@ class HeldChecksums:
     def covers(self, pos: np.ndarray) -> bool:
         """Whether the checksums of every one of `pos` are held (looking them up reads nothing)."""
         st = self._state
-        return st.every is not None or bool(self._found(st, np.asarray(pos, dtype=np.int64))[1].all())
+        return st.every is not None or bool(self._found(st, np.asarray(pos))[1].all())
 
     @staticmethod
     def _found(st: _Held, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pos = pos.astype(st.pos.dtype, copy=False)  # positions are in [0, size): no search over a widened copy
         at = np.searchsorted(st.pos, pos)
         ok = at < len(st.pos)
         ok[ok] = st.pos[at[ok]] == pos[ok]

@@ -67,9 +67,11 @@ class LoaderMetrics:
     """Steps beyond the newest served that the read-ahead keeps and reads units for (horizon + latency); None
     without read-ahead."""
     checksums_held: int | None = None
-    """Samples whose index checksum a planned loader with `verify: sample` holds now (None: it holds every one)."""
+    """Samples whose index checksum a planned loader with `verify: sample` holds now (None: not such a loader, which
+    holds every checksum if it verifies samples at all)."""
     checksum_loads: int = 0
-    """Times it read its partition's checksums again from samples.parquet (once a manifest span planned)."""
+    """Times it read its partition's checksums again from samples.parquet: once a manifest span planned with samples
+    new to it, and each read of a sample outside the steps held (`checksum_rereads`)."""
     checksum_rereads: int = 0
     """Of them, by a read: a sample outside the steps held (a rank behind the cache's floor); ~0 going forward."""
 

@@ -144,10 +144,29 @@ def test_holding_more_than_a_third_of_the_partition_holds_every_checksum() -> No
     idx = _Index(n)
     held = HeldChecksums(idx.load, n)
     held.hold(np.arange(0, 180, 2), np.zeros(90, dtype=np.int64), 0)  # 90 positions: 1,080 bytes, < every's 1,200
-    assert not held.dense and held.held == 90
+    assert not held.dense and held.held == 90 and held.nbytes == 90 * 12 < 4 * n
     held.hold(np.arange(1, 40, 2), np.ones(20, dtype=np.int64), 0)  # 110 of 300: 1,320 bytes
     assert held.dense and held.held == n and held.nbytes == 4 * n
     held.release(10**6)
     held.hold(np.arange(250, 290), np.full(40, 9, dtype=np.int64), 8)
     assert held.held == n and idx.reads == 2  # one read a span held, none once every one is
     np.testing.assert_array_equal(held[np.array([299, 0])], idx.every[[299, 0]])
+
+
+def test_a_span_whose_hold_failed_keeps_every_checksum_read_for_it_until_the_floor_passes_it() -> None:
+    """A transient failure holding a span's checksums costs one read again for that span, not one a request."""
+    n = 1000
+    idx = _Index(n)
+    held = HeldChecksums(idx.load, n)
+    held.hold(np.array([1, 2]), np.array([0, 1]), 0)
+    idx.fail = OSError("samples.parquet: a transient read error")
+    with pytest.raises(OSError):
+        held.hold(np.array([10, 11, 12, 13]), np.array([2, 3, 4, 5]), 2)  # planning counts it and goes on
+    idx.fail = None
+    reads = idx.reads
+    for step, pos in zip(range(2, 6), (10, 11, 12, 13), strict=True):
+        np.testing.assert_array_equal(held[np.array([pos])], idx.every[[pos]])
+        held.release(step)  # the floor moves through the span whose hold failed
+    assert idx.reads == reads + 1 and held.rereads == 1  # read again once, kept through the span
+    held.release(6)  # past it: every checksum goes
+    assert held.held == 0

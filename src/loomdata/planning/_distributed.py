@@ -259,6 +259,8 @@ def _sweep_memory_fs() -> None:
                 continue  # not ours, or just made (its lock may not be taken yet)
             with (folder / _LOCK_FILE).open("rb") as f:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken: its process is gone
+        except FileNotFoundError:  # no lock after a minute: its process died before making it (or it is going)
+            pass
         except OSError:  # in use (the lock is held), not ours, or being removed
             continue
         shutil.rmtree(folder, ignore_errors=True)

@@ -259,12 +259,13 @@ def test_sweep_removes_only_this_users_old_unlocked_shared_work_folders(
 
     monkeypatch.setattr(distributed_module, "_MEMORY_FS", tmp_path)
     gone, used, young = (tmp_path / f"loom-plan-{n}" for n in ("gone", "used", "young"))
-    other = tmp_path / "someone-else"
-    for folder in (gone, used, young, other):
+    other, unlocked = tmp_path / "someone-else", tmp_path / "loom-plan-nolock"
+    for folder in (gone, used, young, other, unlocked):
         folder.mkdir()
-        (folder / "lock").touch()
+        if folder != unlocked:  # its process died between making the folder and its lock
+            (folder / "lock").touch()
         (folder / "0.npy").write_bytes(b"x")
-    for folder in (gone, used, other):
+    for folder in (gone, used, other, unlocked):
         os.utime(folder, (1.0, 1.0))
     with (used / "lock").open("rb") as held:
         fcntl.flock(held, fcntl.LOCK_EX)

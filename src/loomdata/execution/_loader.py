@@ -69,7 +69,6 @@ from loomdata.schemas.errors import ExecutionError, LoomError, SourceDataError, 
 from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
-from loomdata.schemas.tables import TableKind, open_table
 from loomdata.sources import FormatReader, Sample, make_reader
 from loomdata.sources._integrity import span_checksums
 from loomdata.sources.images import decoded_image_tokens
@@ -350,25 +349,12 @@ class SourceLoader:
 def _partition_rows(
     files: IndexFiles, partition: LoaderPartition, columns: list[str], fingerprint: str | None
 ) -> pa.Table:
-    """`columns` of the partition's rows of samples.parquet (stored order), read from one open of the file whose
-    footer carries `fingerprint` (the plan's): StaleIndexError where the index there now is another one."""
-    pf = open_table(files.samples, TableKind.INDEX)
-    now = files.fingerprint_of(pf)
+    """`columns` of the partition's rows of samples.parquet (stored order), from an index whose fingerprint is
+    `fingerprint` (the plan's): StaleIndexError where the index there now is another one."""
+    table, now = files.shard_samples(partition.first_shard, partition.stop_shard, columns)
     if now != fingerprint:
         raise index_changed(files.samples, partition.source, f"its fingerprint is {now}, the plan's {fingerprint}")
-    first, stop = partition.first_shard, partition.stop_shard
-    col = pf.schema_arrow.get_field_index("shard")
-    md = pf.metadata
-    groups = []
-    for g in range(pf.num_row_groups):
-        st = md.row_group(g).column(col).statistics
-        if st is None or not st.has_min_max or (st.max >= first and st.min < stop):
-            groups.append(g)
-    read = list(dict.fromkeys([*columns, "shard"]))
-    table = pf.read_row_groups(groups, columns=read, use_threads=False) if groups else pf.schema_arrow.empty_table()
-    shard = table.column("shard").to_numpy()
-    keep = (shard >= first) & (shard < stop)
-    return (table if keep.all() else table.filter(pa.array(keep))).select(columns)
+    return table
 
 
 def _checksums_again(files: IndexFiles, partition: LoaderPartition, fingerprint: str | None, size: int) -> np.ndarray:

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loomdata.schemas.errors import IndexBuildError
-from loomdata.schemas.tables import TableKind, open_table, read_table, stamped_metadata
+from loomdata.schemas.tables import TableKind, open_table, read_filtered, read_table, stamped_metadata
 
 __all__ = ["IndexFiles", "read_index"]
 
@@ -72,10 +72,15 @@ class IndexFiles:
 
     def samples_of_shards(self, first: int, stop: int, columns: list[str]) -> pa.Table:
         """`columns` of the samples in shards [first, stop): one loader partition's part of the index."""
+        return self.shard_samples(first, stop, columns)[0]
+
+    def shard_samples(self, first: int, stop: int, columns: list[str]) -> tuple[pa.Table, str]:
+        """(`samples_of_shards`, the fingerprint of the index they were read from): one open of the file, so the
+        rows are those of the index the fingerprint names (a reader comparing it with a plan's)."""
         self._require()
-        return read_table(
-            self.samples, TableKind.INDEX, columns=columns, filters=[("shard", ">=", first), ("shard", "<", stop)]
-        )
+        pf = open_table(self.samples, TableKind.INDEX)
+        table = read_filtered(pf, str(self.samples), columns, [("shard", ">=", first), ("shard", "<", stop)])
+        return table, self.fingerprint_of(pf)
 
     def shard_table(self) -> pa.Table:
         """The shards table (SHARDS_SCHEMA)."""

@@ -43,6 +43,7 @@ __all__ = [
     "check_schema",
     "iter_steps",
     "open_table",
+    "read_filtered",
     "read_steps",
     "read_table",
     "stamped_metadata",
@@ -347,7 +348,7 @@ def read_table(
     _check_stamp(schema, kind, p)
     if filters is not None and any(op not in _COMPARE for _, op, _ in filters):
         return pq.read_table(str(p), columns=columns, filters=filters)
-    return _read_filtered(str(p), columns, filters or [])
+    return read_filtered(pq.ParquetFile(str(p), memory_map=False, pre_buffer=False), str(p), columns, filters or [])
 
 
 _COMPARE: dict[str, Callable[[np.ndarray, Any], np.ndarray]] = {
@@ -376,15 +377,17 @@ def _may_match(st: Any, op: str, v: Any) -> bool:
     return True
 
 
-def _read_filtered(path: str, columns: list[str] | None, filters: list[tuple[str, str, object]]) -> pa.Table:
-    """`columns` of the rows of the table at `path` passing every (column, op, value) of `filters`, in stored order.
+def read_filtered(
+    pf: pq.ParquetFile, path: str, columns: list[str] | None, filters: list[tuple[str, str, object]]
+) -> pa.Table:
+    """`columns` of the rows of table `pf` (opened from `path`: its footer is not read again) passing every
+    (column, op, value) of `filters` (`_COMPARE`'s operators), in stored order.
 
     With `pyarrow.parquet.ParquetFile` and NumPy masks rather than `pyarrow.parquet.read_table`, which goes through
     `pyarrow.dataset` (its import and its scan threads, in every serving worker that reads an index).
     Row groups whose statistics exclude a filter are not read; a filtered column holding nulls, or one NumPy cannot
     compare, is read through `pyarrow.parquet.read_table` instead (its rules for nulls).
     """
-    pf = pq.ParquetFile(path, memory_map=False, pre_buffer=False)
     if not filters:
         return pf.read(columns=columns, use_threads=False)
     want = pf.schema_arrow.names if columns is None else columns

@@ -505,10 +505,9 @@ def worker_inside() -> dict[str, Any]:
 def _checksums_held() -> dict[str, int]:
     """The sample checksums this worker's loaders hold (`verify: sample`): bytes, samples, and their reads again
     from samples.parquet (planning a span; `rereads`: by a read, a sample outside the steps held)."""
-    import gc
+    from loomdata.execution._loader import _LIVE  # this worker's open loaders
 
-    loaders = [o for o in gc.get_objects() if type(o).__name__ == "SourceLoader"]
-    sums = [s for s in (lo._index.checksums for lo in loaders) if s is not None]
+    sums = [s for s in (lo._index.checksums for lo in list(_LIVE)) if s is not None]
     return {
         "loaders": len(sums),
         "bytes": sum(int(s.nbytes) for s in sums),

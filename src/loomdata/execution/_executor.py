@@ -79,9 +79,7 @@ class Executor:
         self.config = self.config.for_plan(self.meta.seq_len, self.meta.micro_batches)  # window holds bytes_in_flight
         self.spec: SpecView = self.meta.spec
         peers = self.config.peers or checked.peers
-        self._ops = FleetOps(
-            self.plan_dir, client, self.meta, peers=peers, config=self.config, options=checked.options
-        )
+        self._ops = FleetOps(self.plan_dir, client, self.meta, peers=peers, config=self.config, options=checked.options)
         self._loop: ControlLoop | None = None  # kept after stop(): its recovery stats stay readable
         self._serving = False
 

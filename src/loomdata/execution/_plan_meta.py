@@ -105,7 +105,7 @@ def check_plan(
         raise ExecutionError(f"could not start a Python interpreter ({sys.executable}) to check {p}: {e}") from None
     try:
         kind, *got = pickle.loads(done.stdout)
-    except Exception:  # noqa: BLE001 - whatever the child left on stdout, the error names its stderr
+    except Exception:
         lines = done.stderr.decode(errors="replace").strip().splitlines()
         last = lines[-1] if lines else f"exit status {done.returncode}"
         raise ExecutionError(f"checking the plan in {p} failed in a child interpreter: {last}") from None
@@ -131,9 +131,9 @@ def _check_in_child(request: bytes) -> tuple[Any, ...]:
         require_built_from(options.apply(meta.spec))  # nor the settings, nor what its globs match now
         t = meta.spec.training
         return ("ok", meta.plan_id, options, t.tp_size * t.pp_size * t.cp_size)
-    except Exception as e:  # noqa: BLE001 - raised again in the serving process
+    except Exception as e:
         try:
             pickle.dumps(e)
-        except Exception:  # noqa: BLE001 - an exception that does not pickle comes back as its message
+        except Exception:
             return ("error", ExecutionError(f"{type(e).__name__}: {e}"))
         return ("error", e)

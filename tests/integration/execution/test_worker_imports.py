@@ -155,7 +155,7 @@ def test_serving_process_imports_no_pydantic_and_checks_the_plan_in_a_child(stre
 
     checked = check_plan(stream_plan)
     assert checked.view == read_plan(stream_plan).view() and not checked.options
-    with pytest.raises(ValueError, match="storage_options name sources plan .* does not have: .*nowhere"):
+    with pytest.raises(ValueError, match=r"storage_options name sources plan .* does not have: .*nowhere"):
         check_plan(stream_plan, storage_options={"nowhere": {"s3": {"key": "x"}}})
-    with pytest.raises(ContractError, match="plan.json"):
+    with pytest.raises(ContractError, match=r"plan\.json"):
         check_plan(tmp_path / "no-plan")

@@ -56,7 +56,7 @@ PLAN_CHECK_TIMEOUT_S = 600.0
 
 _CHECK = """
 import pickle, sys
-sys.path.insert(0, sys.argv[1])
+sys.path[:] = [sys.argv[1]] + [p for p in sys.path if p]  # this loomdata; not the working directory (`-c` adds it)
 from loomdata.execution._plan_meta import _check_in_child
 sys.stdout.buffer.write(pickle.dumps(_check_in_child(sys.stdin.buffer.read())))
 """

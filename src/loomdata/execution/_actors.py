@@ -42,9 +42,9 @@ from loomdata.execution._retry import retry_until
 from loomdata.execution._storage_options import SourceOptions
 from loomdata.execution.protocol import ServeInfo, constructor_dataset
 from loomdata.schemas.errors import ContractError, ExecutionError, LoomError
-from loomdata.schemas.freshness import require_built_from, require_fresh
+from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
-from loomdata.schemas.plan import PlanMeta
+from loomdata.schemas.plan_view import PlanView
 
 __all__ = ["FleetOps", "constructor_workers"]
 
@@ -53,7 +53,7 @@ class FleetOps:
     """Creates and maintains the actors of one plan on a Dask cluster (single-threaded use)."""
 
     def __init__(
-        self, plan_dir: Path, client: Client, meta: PlanMeta, *, peers: int, config: ServeConfig, options: SourceOptions
+        self, plan_dir: Path, client: Client, meta: PlanView, *, peers: int, config: ServeConfig, options: SourceOptions
     ) -> None:
         self.plan_dir = plan_dir
         self.client = client
@@ -73,8 +73,7 @@ class FleetOps:
 
     def start(self) -> None:
         """Create every loader, then every constructor with their routes; start them; publish."""
-        require_fresh(self.meta, self._workdir)
-        require_built_from(self._options.apply(self.meta.spec))  # nor the settings, nor what its globs match now
+        require_fresh(self.meta, self._workdir)  # the build settings and globs: checked with the plan (`check_plan`)
         if not self.client.scheduler_info()["workers"]:
             raise ExecutionError(f"the cluster at {self.client.scheduler.address} has no workers; start some")
         self._use_live_workers()

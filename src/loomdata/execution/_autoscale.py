@@ -30,7 +30,7 @@ import numpy as np
 
 from loomdata.execution._config import Autoscaling
 from loomdata.schemas.metrics import AutoscaleDecision, AutoscaleReport, AutoscaleRound
-from loomdata.schemas.plan import PlanMeta, read_manifest
+from loomdata.schemas.plan_view import PlanView, read_manifest
 
 __all__ = [
     "Autoscaler",
@@ -218,7 +218,7 @@ class Autoscaler:
     applies the resizes and reports each with `record`; `report()` is what `Executor.metrics()` shows.
     """
 
-    def __init__(self, settings: Autoscaling, *, plan_dir: Path, meta: PlanMeta, shards: Mapping[str, int]) -> None:
+    def __init__(self, settings: Autoscaling, *, plan_dir: Path, meta: PlanView, shards: Mapping[str, int]) -> None:
         self.settings = settings
         self._plan_dir = plan_dir
         self._meta = meta
@@ -380,7 +380,7 @@ class Autoscaler:
         )
 
 
-def _demand(plan_dir: Path, meta: PlanMeta, step: int, horizon: int) -> tuple[dict[str, float], dict[str, float]]:
+def _demand(plan_dir: Path, meta: PlanView, step: int, horizon: int) -> tuple[dict[str, float], dict[str, float]]:
     """Per source: segments per step over steps [step, step + horizon), and mean tokens per segment."""
     t = read_manifest(plan_dir, meta, step, min(step + horizon, meta.steps) - 1)
     src = t.column("source").to_numpy()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed import Client
 
@@ -22,14 +22,17 @@ from loomdata.execution._autoscale import Autoscaler
 from loomdata.execution._config import ServeConfig
 from loomdata.execution._loop import ControlLoop
 from loomdata.execution._metrics import MetricsGather, summarize
+from loomdata.execution._plan_meta import CheckedPlan, check_plan
 from loomdata.execution._recovery import RecoveryStats
-from loomdata.execution._storage_options import OptionsBySource, SourceOptions, serving_options
+from loomdata.execution._storage_options import OptionsBySource, SourceOptions
 from loomdata.execution._telemetry import drain_telemetry
 from loomdata.execution.protocol import ServeInfo
 from loomdata.schemas.errors import ExecutionError
 from loomdata.schemas.metrics import ExecutorMetrics, StepTelemetry
-from loomdata.schemas.plan import PlanMeta, read_plan
-from loomdata.schemas.spec import Spec
+from loomdata.schemas.plan_view import PlanView, SpecView
+
+if TYPE_CHECKING:
+    from loomdata.schemas.spec import Spec
 
 __all__ = ["Executor"]
 
@@ -47,6 +50,11 @@ class Executor:
     spec) or `storage_options` (source name -> {protocol: options}). They stay in memory: every loader,
     also one recreated or added later, is given its own source's at creation. Without either, loaders
     reach the store with their workers' environment (AWS_*, profiles).
+
+    plan.json, the spec or options and the index's build settings are validated in a child interpreter
+    (`_plan_meta.check_plan`): this process reads the plan as a `PlanView` (`meta`) and never imports pydantic
+    unless its caller did. `checked`: that check's result, made already for this plan dir (`serve` checks before
+    it starts a cluster); then `spec` and `storage_options` are not given.
     """
 
     def __init__(
@@ -57,18 +65,21 @@ class Executor:
         *,
         spec: Spec | str | Path | None = None,
         storage_options: SourceOptions | OptionsBySource | None = None,
+        checked: CheckedPlan | None = None,
         **settings: Any,
     ) -> None:
         self.config = (config or ServeConfig()).with_settings(**settings) if settings else (config or ServeConfig())
         self.plan_dir = Path(plan_dir).resolve()
         self.client = client
-        self.meta: PlanMeta = read_plan(self.plan_dir)
-        options = serving_options(self.meta, spec=spec, storage_options=storage_options, plan_dir=self.plan_dir)
+        if checked is not None and (spec is not None or storage_options is not None):
+            raise ValueError("give `checked` or the spec or storage_options it was checked with, not both")
+        if checked is None:
+            checked = check_plan(self.plan_dir, spec=spec, storage_options=storage_options)
+        self.meta: PlanView = checked.view
         self.config = self.config.for_plan(self.meta.seq_len, self.meta.micro_batches)  # window holds bytes_in_flight
-        self.spec = self.meta.spec
-        t = self.spec.training
-        peers = self.config.peers or t.tp_size * t.pp_size * t.cp_size
-        self._ops = FleetOps(self.plan_dir, client, self.meta, peers=peers, config=self.config, options=options)
+        self.spec: SpecView = self.meta.spec
+        peers = self.config.peers or checked.peers
+        self._ops = FleetOps(self.plan_dir, client, self.meta, peers=peers, config=self.config, options=checked.options)
         self._loop: ControlLoop | None = None  # kept after stop(): its recovery stats stay readable
         self._serving = False
 

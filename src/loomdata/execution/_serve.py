@@ -23,19 +23,21 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loomdata.execution._cluster import check_insecure_allowed, open_cluster
 from loomdata.execution._config import Autoscaling, ServeConfig
 from loomdata.execution._executor import Executor
 from loomdata.execution._lock import serve_lock
+from loomdata.execution._plan_meta import check_plan
 from loomdata.execution._security import TLS_DIR, TlsFiles
-from loomdata.execution._storage_options import OptionsBySource, serving_options
+from loomdata.execution._storage_options import OptionsBySource
 from loomdata.execution._telemetry import TELEMETRY_FILE, append_telemetry, imbalance
 from loomdata.schemas.errors import ExecutionError
 from loomdata.schemas.metrics import ExecutorMetrics, StepTelemetry
-from loomdata.schemas.plan import read_plan
-from loomdata.schemas.spec import Spec
+
+if TYPE_CHECKING:
+    from loomdata.schemas.spec import Spec
 
 __all__ = ["serve"]
 
@@ -109,8 +111,9 @@ def serve(
     cfg = config or ServeConfig(autoscale=Autoscaling())
     cfg = cfg.with_settings(**settings) if settings else cfg
     plan_dir = Path(plan_dir).resolve()
-    meta = read_plan(plan_dir)  # a missing or bad plan says so before the lock, the cluster and the signal handlers
-    options = serving_options(meta, spec=spec, storage_options=storage_options, plan_dir=plan_dir)  # so does a spec
+    # a missing or bad plan, another spec or a stale index says so before the lock, the cluster and the signal
+    # handlers (validated in a child interpreter: this process never imports pydantic, `check_plan`)
+    checked = check_plan(plan_dir, spec=spec, storage_options=storage_options)
     stop = threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -134,7 +137,7 @@ def serve(
                 insecure=insecure,
                 dashboard=dashboard,
             ) as client,
-            Executor(plan_dir, client, cfg, storage_options=options) as ex,
+            Executor(plan_dir, client, cfg, checked=checked) as ex,
         ):
             info = ex.info
             if info is None:

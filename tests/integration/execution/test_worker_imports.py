@@ -126,3 +126,24 @@ def test_plan_view_reads_what_read_plan_validates(stream_plan: Path, tmp_path: P
     (other / "plan.json").write_text(json.dumps(raw))
     with pytest.raises(ContractError, match=r"invalid plan\.json.*manifest"):
         read_plan_view(other)
+
+
+def test_serving_process_imports_no_pydantic_and_checks_the_plan_in_a_child(stream_plan: Path, tmp_path: Path) -> None:
+    """The serving process (an embedded cluster and an Executor, as `loom serve` runs them) validates plan.json in a
+    child interpreter and reads it as a `PlanView`: pydantic and the spec and plan models never load in it (fresh
+    interpreter; test_plan_check.py checks the child's answers)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from loomdata.execution import Executor, open_cluster\n"
+        f"with open_cluster(n_workers=1, local_directory={str(tmp_path / 'dask')!r}) as client:\n"
+        f"    with Executor({str(stream_plan)!r}, client) as ex:\n"
+        "        assert ex.info is not None and ex.peers >= 1\n"
+        "        print(ex.meta.plan_id, [m for m in ('pydantic', 'loomdata.schemas.spec', 'loomdata.schemas.plan')"
+        " if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=300, capture_output=True, text=True)
+    assert out.stdout.split()[-1] == "[]", out.stdout
+    assert out.stdout.split()[0] == read_plan(stream_plan).plan_id, out.stdout

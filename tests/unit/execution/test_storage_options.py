@@ -1,6 +1,7 @@
 """Storage options for serving: taken from the plan's own spec only, shown redacted, carried by value.
 
-The integration test `tests/integration/storage/test_s3_spec_options.py` serves with them end to end.
+The integration test `tests/integration/storage/test_s3_spec_options.py` serves with them end to end;
+`tests/integration/execution/test_plan_check.py` has `loom serve` refuse another spec (a child interpreter checks).
 """
 
 from __future__ import annotations
@@ -10,12 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from loomdata.cli import main
 from loomdata.execution._storage_options import SourceOptions, serving_options
 from loomdata.schemas import ContractError, Spec, parse_spec
-from loomdata.schemas.plan import PlanMeta
 from loomtest.plancheck import plan_meta
 
 SECRET = "loomUNITsecret0123456789"
@@ -38,13 +36,6 @@ def _spec(tmp: Path, **kw: Any) -> Spec:
     return parse_spec(_raw(**kw), tmp, check_paths=False)
 
 
-def _plan_dir(tmp: Path, meta: PlanMeta) -> Path:
-    d = tmp / "plans" / meta.plan_id
-    d.mkdir(parents=True)
-    (d / "plan.json").write_text(meta.to_json())
-    return d
-
-
 def test_the_plans_own_spec_gives_its_options_wherever_it_lives(tmp_path: Path) -> None:
     meta = plan_meta()
     spec = _spec(tmp_path / "elsewhere", workdir="/some/other/workdir")  # locations are not the plan's
@@ -65,20 +56,6 @@ def test_another_spec_is_refused_naming_both(tmp_path: Path) -> None:
     for part in (other.content_hash(), meta.spec.content_hash(), f"{tmp_path / 'plan'}/plan.json", meta.plan_id):
         assert part in msg, (part, msg)
     assert SECRET not in msg
-
-
-def test_loom_serve_refuses_a_spec_file_that_is_not_the_plans(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Before the lock and the cluster (a unit test may not start one): one message, exit 2, no secret."""
-    plan_dir = _plan_dir(tmp_path, plan_meta())
-    spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump(_raw(steps=9)))
-    assert main(["serve", str(plan_dir), "--spec", str(spec_file)]) == 2
-    err = capsys.readouterr().err
-    assert f"spec {spec_file} is not the spec plan p was made from" in err and "plan.json" in err, err
-    assert SECRET not in err
-    assert not (plan_dir / "serve.json").exists() and not (plan_dir / "serve.lock").exists()
 
 
 def test_a_mapping_must_name_the_plans_sources(tmp_path: Path) -> None:

@@ -64,7 +64,7 @@ class Executor:
         self.client = client
         self.meta: PlanMeta = read_plan(self.plan_dir)
         options = serving_options(self.meta, spec=spec, storage_options=storage_options, plan_dir=self.plan_dir)
-        self.config = self.config.for_plan(self.meta.seq_len, self.meta.micro_batches)  # window holds bytes_in_flight
+        self.config = self.config.for_plan(self.meta.seq_len, self.meta.micro_batches, self.meta.dp_size)  # widened
         self.spec = self.meta.spec
         t = self.spec.training
         peers = self.config.peers or t.tp_size * t.pp_size * t.cp_size

@@ -33,21 +33,24 @@ DEFAULT_LOADER_MEMORY = 256 * 1024 * 1024
 
 A cap, not a fill target: loaders keep only the rows their next planned steps read (`_loader_cache`)."""
 
-DEFAULT_BYTES_IN_FLIGHT = 4 * 1024 * 1024
-"""Bytes of one rank's packed batches built ahead and moved per take (`--bytes-in-flight`)."""
+DEFAULT_BYTES_IN_FLIGHT = 8 * 1024 * 1024
+"""Bytes of one rank's packed batches built ahead of it (`--bytes-in-flight`); it takes up to half of them a call.
+
+8 MiB (session 21; 4 before): 512 steps of 4096 tokens (4 bytes a token as held and moved) for a rank alone on its
+constructor; ranks sharing one get less (`DEFAULT_CONSTRUCTOR_BYTES`)."""
 
 DEFAULT_CONSTRUCTOR_BYTES = 16 * 1024 * 1024
 """Bytes of batches one constructor builds ahead for all its ranks together (`constructor_bytes`).
 
-Shared by its ranks: at 4096 tokens a step (16 KiB thin) 1 or 4 ranks get `bytes_in_flight`'s 256 steps each,
-16 ranks 64 each (what they held before session 21), so a wide window where few ranks share a constructor costs
-no more memory where many do."""
+Shared by its ranks: at 4096 tokens a step (16 KiB thin) 1 or 2 ranks get `bytes_in_flight`'s 512 steps each,
+4 ranks 256, 16 ranks 64 (what they held before session 21), so a wide window where few ranks share a constructor
+costs no more memory where many do."""
 
-MAX_STEPS_AHEAD = 256
+MAX_STEPS_AHEAD = 512
 """The most steps the bytes bounds alone build ahead (tiny steps: per-call costs are amortized long before).
 
-Each take and each build group costs the constructor's worker a fixed ~4 ms of event-loop CPU and the rank ~0.5 ms
-(session 21): at 4096 tokens a step a 256-step window made 46 takes of 3,000 steps instead of 182 at 64."""
+Each take and each build group costs the constructor's worker a fixed few ms of CPU and the rank ~0.5 ms (session
+21): at 4096 tokens a step one rank made 182 takes of 3,000 steps with a 64-step window, 46 with 256, 23 with 512."""
 
 DEFAULT_LOADER_PREFETCH = 8
 """Read units (row groups) each Source Loader reads ahead at once (`--loader-prefetch`): hides a GET's latency."""

@@ -2,7 +2,8 @@
 
 Delivery in bulk: one actor call (`take_block`: `take_steps` as one `BatchBlock`) answers the step asked
 for and every following step the constructor already built, up to half the steps its window holds
-(`ServeConfig.bytes_in_flight`, or this client's own `bytes_in_flight`); the next call is sent while
+(`ServeConfig.bytes_in_flight` a rank within `constructor_bytes` a constructor, or this client's own
+`bytes_in_flight`); the next call is sent while
 the steps received are consumed.
 Steps received but not yet yielded stay in this client only: `state_dict` names the next micro-batch
 yielded, so a resume asks for those steps again. The position is a `StreamState`; a new client loaded with a saved state

@@ -15,6 +15,7 @@ from loomdata.execution._window import step_bytes
 
 __all__ = [
     "DEFAULT_BYTES_IN_FLIGHT",
+    "DEFAULT_CONSTRUCTOR_BYTES",
     "DEFAULT_LOADER_MEMORY",
     "DEFAULT_LOADER_PREFETCH",
     "DEFAULT_WORKERS",
@@ -32,11 +33,24 @@ DEFAULT_LOADER_MEMORY = 256 * 1024 * 1024
 
 A cap, not a fill target: loaders keep only the rows their next planned steps read (`_loader_cache`)."""
 
-DEFAULT_BYTES_IN_FLIGHT = 4 * 1024 * 1024
-"""Bytes of one rank's packed batches built ahead and moved per take (`--bytes-in-flight`)."""
+DEFAULT_BYTES_IN_FLIGHT = 8 * 1024 * 1024
+"""Bytes of one rank's packed batches built ahead of it (`--bytes-in-flight`); it takes up to half of them a call.
 
-MAX_STEPS_AHEAD = 64
-"""The most steps `bytes_in_flight` alone builds ahead (tiny steps: per-call costs are amortized long before)."""
+8 MiB (session 21; 4 before): 512 steps of 4096 tokens (4 bytes a token as held and moved) for a rank alone on its
+constructor; ranks sharing one get less (`DEFAULT_CONSTRUCTOR_BYTES`)."""
+
+DEFAULT_CONSTRUCTOR_BYTES = 16 * 1024 * 1024
+"""Bytes of batches one constructor builds ahead for all its ranks together (`constructor_bytes`).
+
+Shared by its ranks: at 4096 tokens a step (16 KiB thin) 1 or 2 ranks get `bytes_in_flight`'s 512 steps each,
+4 ranks 256, 16 ranks 64 (what they held before session 21), so a wide window where few ranks share a constructor
+costs no more memory where many do."""
+
+MAX_STEPS_AHEAD = 512
+"""The most steps the bytes bounds alone build ahead (tiny steps: per-call costs are amortized long before).
+
+Each take and each build group costs the constructor's worker a fixed few ms of CPU and the rank ~0.5 ms (session
+21): at 4096 tokens a step one rank made 182 takes of 3,000 steps with a 64-step window, 46 with 256, 23 with 512."""
 
 DEFAULT_LOADER_PREFETCH = 8
 """Read units (row groups) each Source Loader reads ahead at once (`--loader-prefetch`): hides a GET's latency."""
@@ -136,10 +150,11 @@ class ServeConfig:
     `autoscale` None: loader counts stay as set (`loaders_per_source`, `Executor.set_loaders`).
     `loader_memory`: the most bytes of decoded rows of read units (row groups) the loaders on one worker
     keep together, each only until its last use in the next `window` + 2 steps (`_loader_cache`; 0: keep none).
-    `bytes_in_flight`: bytes of one rank's batches built ahead of it and moved in one take: the window
-    is `max(window, bytes_in_flight // bytes of a rank's step)` steps, at most MAX_STEPS_AHEAD
-    (`steps_ahead`), and a client takes every step ready up to it in one call (the `window` + 2 above
-    is that window).
+    `bytes_in_flight`: bytes of one rank's batches built ahead of it; `constructor_bytes`: bytes one
+    constructor builds ahead for all its ranks together. The window is `max(window, min(bytes_in_flight //
+    step, constructor_bytes // (ranks x step), MAX_STEPS_AHEAD))` steps, `step` the bytes of a rank's step as
+    held and moved (`_window.step_bytes`: 4 a token) and `ranks` the most a constructor serves (`steps_ahead`);
+    a client takes up to half of it in one call (the `window` + 2 above is that window).
     `loader_prefetch`: read units each loader reads ahead at once for its next planned steps, within
     `loader_memory` (`_prefetch`; 0, or `loader_memory` 0: no read-ahead).
     `peers` None: the plan's tp*pp*cp. `loaders_per_source` is one count or a count per source name
@@ -156,6 +171,7 @@ class ServeConfig:
     n_workers: int = DEFAULT_WORKERS
     loader_memory: int = DEFAULT_LOADER_MEMORY
     bytes_in_flight: int = DEFAULT_BYTES_IN_FLIGHT
+    constructor_bytes: int = DEFAULT_CONSTRUCTOR_BYTES
     loader_prefetch: int = DEFAULT_LOADER_PREFETCH
     metrics_every_s: float = 10.0  # `serve`'s metrics lines
     timings: Timings = field(default_factory=Timings)
@@ -171,6 +187,8 @@ class ServeConfig:
             raise ValueError(f"ServeConfig.start_step must be >= 0, got {self.start_step!r}")
         if self.bytes_in_flight < 0:
             raise ValueError(f"ServeConfig.bytes_in_flight must be >= 0 bytes, got {self.bytes_in_flight!r}")
+        if self.constructor_bytes < 0:
+            raise ValueError(f"ServeConfig.constructor_bytes must be >= 0 bytes, got {self.constructor_bytes!r}")
         if self.loader_memory < 0:
             raise ValueError(f"ServeConfig.loader_memory must be >= 0 bytes, got {self.loader_memory!r}")
         if self.loader_prefetch < 0:
@@ -186,18 +204,24 @@ class ServeConfig:
         if self.autoscale is not None and not isinstance(self.autoscale, Autoscaling):
             raise ValueError(f"ServeConfig.autoscale must be Autoscaling settings or None, got {self.autoscale!r}")
 
-    def steps_ahead(self, step_bytes: int) -> int:
-        """Steps built ahead of a rank whose step is `step_bytes` bytes: `window`, or more to hold `bytes_in_flight`.
+    def steps_ahead(self, step_bytes: int, ranks: int = 1) -> int:
+        """Steps built ahead of each rank whose step is `step_bytes` bytes, `ranks` of them sharing a constructor:
+        `window`, or more to hold `bytes_in_flight` a rank within `constructor_bytes` for all of them.
 
-        What the bytes bound adds is capped at MAX_STEPS_AHEAD; `window` itself is never lowered.
+        What the bytes bounds add is capped at MAX_STEPS_AHEAD; `window` itself is never lowered.
         """
         if step_bytes < 1:
             raise ValueError(f"step_bytes must be >= 1, got {step_bytes!r}")
-        return max(self.window, min(self.bytes_in_flight // step_bytes, MAX_STEPS_AHEAD))
+        if ranks < 1:
+            raise ValueError(f"ranks must be >= 1, got {ranks!r}")
+        bound = min(self.bytes_in_flight // step_bytes, self.constructor_bytes // (ranks * step_bytes))
+        return max(self.window, min(bound, MAX_STEPS_AHEAD))
 
-    def for_plan(self, seq_len: int, micro_batches: int) -> ServeConfig:
-        """This config with `window` widened to hold `bytes_in_flight` of a plan's steps (what Executor uses)."""
-        return self.with_settings(window=self.steps_ahead(step_bytes(seq_len, micro_batches)))
+    def for_plan(self, seq_len: int, micro_batches: int, dp_size: int = 1) -> ServeConfig:
+        """This config with `window` widened to hold the bytes bounds of a plan's steps (what Executor uses); the
+        largest group of its `dp_size` ranks one of `constructors` serves shares `constructor_bytes`."""
+        ranks = -(-dp_size // max(1, min(self.constructors, dp_size)))
+        return self.with_settings(window=self.steps_ahead(step_bytes(seq_len, micro_batches), max(1, ranks)))
 
     def loaders_for(self, source: str) -> int:
         """The starting loader count of `source`."""

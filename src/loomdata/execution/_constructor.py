@@ -78,10 +78,8 @@ class DataConstructor:
         self._window: StepWindow[StepPack] = StepWindow(ranks, self._meta.steps, window, peers, start_step)
         self._ranks = self._window.ranks
         self._reads = Reads(routes, self._meta.plan_id)
-        chunks = 2 + -(-self._window.window // _MANIFEST_CHUNK)  # the window's chunks stay in memory
-        self._manifest = ManifestSlice(
-            plan_dir, self._meta, self._ranks, chunk_steps=_MANIFEST_CHUNK, keep=chunks, chunk_rows=_MANIFEST_CHUNK_ROWS
-        )
+        chunks = {"chunk_steps": _MANIFEST_CHUNK, "chunk_rows": _MANIFEST_CHUNK_ROWS}
+        self._manifest = ManifestSlice(plan_dir, self._meta, self._ranks, **chunks, keep_steps=self._window.window)
         self._done: dict[int, asyncio.Future[None]] = {}  # Build.id -> resolved when that build ends
         self._tasks: set[asyncio.Task[None]] = set()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="loom-constructor")

@@ -76,7 +76,7 @@ class Executor:
         if checked is None:
             checked = check_plan(self.plan_dir, spec=spec, storage_options=storage_options)
         self.meta: PlanView = checked.view
-        self.config = self.config.for_plan(self.meta.seq_len, self.meta.micro_batches)  # window holds bytes_in_flight
+        self.config = self.config.for_plan(self.meta.seq_len, self.meta.micro_batches, self.meta.dp_size)  # widened
         self.spec: SpecView = self.meta.spec
         peers = self.config.peers or checked.peers
         self._ops = FleetOps(self.plan_dir, client, self.meta, peers=peers, config=self.config, options=checked.options)

@@ -75,17 +75,20 @@ class ManifestSlice:
         chunk_steps: int = 32,
         keep: int = 2,
         chunk_rows: int = 0,
+        keep_steps: int = 0,
     ):
         """`chunk_steps`: steps read at a time, or more to hold about `chunk_rows` of this slice's rows.
 
         Every read scans whole manifest row groups (milliseconds each), so reading few steps at a time
         costs a scan per few steps; `chunk_rows` bounds the memory a larger chunk takes instead.
+        `keep_steps`: keep at least the chunks `keep_steps` steps span, and 2 more (a window's steps, counted in
+        the chunks actually read: a 256-step window of 1 rank is one chunk, not 256 // 32).
         """
         self._plan_dir = Path(plan_dir)
         self._meta = meta
         self._ranks = sorted(ranks)
         self._chunk = max(1, chunk_steps, _steps_for_rows(meta, len(self._ranks), chunk_rows))
-        self._keep = max(1, keep)
+        self._keep = max(1, keep, 2 + -(-keep_steps // self._chunk) if keep_steps > 0 else 0)
         self._cache: collections.OrderedDict[int, ManifestRows] = collections.OrderedDict()
 
     def rows(self, step: int, ranks: list[int] | None = None) -> ManifestRows:

@@ -24,11 +24,12 @@ __all__ = ["Admission", "Build", "Collected", "StepWindow", "build_groups", "ste
 
 T = TypeVar("T")
 
-_BATCH_ARRAYS = 3  # input_ids, labels, position_ids: int32[seq_len] each (cu_seqlens and segments are small)
+_BATCH_ARRAYS = 1  # input_ids: int32[seq_len] (a thin block: labels and position ids are made on the rank; session 18)
 
 
 def step_bytes(seq_len: int, micro_batches: int) -> int:
-    """About how many bytes one rank's step of packed batches takes (text; images come on top)."""
+    """About how many bytes one rank's step of packed batches takes where it is held and moved (text; images come on
+    top): a thin block's `input_ids`, 4 bytes a token (cu_seqlens and the scalars are small)."""
     return max(1, micro_batches * seq_len * 4 * _BATCH_ARRAYS)
 
 

@@ -17,6 +17,7 @@ from distributed import Client
 
 from loomdata.client import StreamClient
 from loomdata.execution import Executor
+from loomdata.execution._window import step_bytes
 from loomdata.schemas import SourceDataError, StaleIndexError, read_plan
 
 
@@ -98,6 +99,16 @@ def test_plan_larger_than_window_holds_at_most_window_steps(dask_client: Client,
             time.sleep(0.05)
         # one step ahead for each of the 2 ranks, never more, whatever the plan length
         assert c.held_steps <= 2 and c.queue_depth <= 2 * meta.micro_batches
+
+
+def test_ranks_sharing_a_constructor_share_its_bytes(dask_client: Client, stream_plan: Path) -> None:
+    """The window the Executor serves with: `constructor_bytes` split among the ranks of one constructor (dp 2)."""
+    meta = read_plan(stream_plan)
+    step = step_bytes(meta.seq_len, meta.micro_batches)
+    bounds = {"bytes_in_flight": 64 * step, "constructor_bytes": 8 * step}
+    assert Executor(stream_plan, dask_client, constructors=1, **bounds).window == 4  # 2 ranks: 4 steps each
+    assert Executor(stream_plan, dask_client, constructors=2, **bounds).window == 8  # a rank alone: all 8
+    assert Executor(stream_plan, dask_client, constructors=2, window=9, **bounds).window == 9  # the least
 
 
 def test_a_corrupt_source_file_fails_the_rank_with_its_path(

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from loomdata.execution import Autoscaling, ServeConfig, Timings
-from loomdata.execution._config import DEFAULT_BYTES_IN_FLIGHT, MAX_STEPS_AHEAD
+from loomdata.execution._config import DEFAULT_BYTES_IN_FLIGHT, DEFAULT_CONSTRUCTOR_BYTES, MAX_STEPS_AHEAD
 from loomdata.execution._window import step_bytes
 
 
@@ -55,18 +55,34 @@ def test_frozen_and_overridable() -> None:
 
 def test_the_window_follows_the_bytes_in_flight_bound() -> None:
     c = ServeConfig()
-    assert c.bytes_in_flight == DEFAULT_BYTES_IN_FLIGHT == 4 * 1024 * 1024
-    per_step = step_bytes(4096, 1)  # input_ids, labels, position_ids: int32[4096] each
-    assert per_step == 3 * 4 * 4096
-    assert c.steps_ahead(per_step) == MAX_STEPS_AHEAD  # 85 steps fit: capped
-    assert c.steps_ahead(step_bytes(8192, 8)) == 4 * 1024 * 1024 // (8 * 8192 * 12) == 5
-    assert c.steps_ahead(step_bytes(32768, 16)) == 2  # a step larger than the bound: the window stays
+    assert c.bytes_in_flight == DEFAULT_BYTES_IN_FLIGHT == 8 * 1024 * 1024
+    assert c.constructor_bytes == DEFAULT_CONSTRUCTOR_BYTES == 16 * 1024 * 1024
+    per_step = step_bytes(4096, 1)  # a thin block: input_ids only, int32[4096]
+    assert per_step == 4 * 4096
+    assert c.steps_ahead(per_step) == MAX_STEPS_AHEAD == 512  # 512 steps fit 8 MiB
+    assert c.steps_ahead(step_bytes(8192, 8)) == 8 * 1024 * 1024 // (8 * 8192 * 4) == 32
+    assert c.steps_ahead(step_bytes(65536, 64)) == 2  # a step larger than the bound: the window stays
     assert ServeConfig(bytes_in_flight=0, window=3).steps_ahead(per_step) == 3
     widened = c.for_plan(8192, 8)
-    assert widened.window == 5 and widened.bytes_in_flight == c.bytes_in_flight and c.window == 2
+    assert widened.window == 32 and widened.bytes_in_flight == c.bytes_in_flight and c.window == 2
     assert widened.for_plan(8192, 8) == widened  # idempotent: the Executor may apply it to a widened config
     with pytest.raises(ValueError, match="step_bytes"):
         c.steps_ahead(0)
+    with pytest.raises(ValueError, match="ranks"):
+        c.steps_ahead(per_step, 0)
+
+
+def test_ranks_sharing_a_constructor_share_its_bytes() -> None:
+    """16 MiB a constructor: 1 or 2 ranks of 4096 tokens get 512 steps each (8 MiB a rank), 4 ranks 256, 16 ranks 64,
+    64 ranks 16; more constructors give each rank more of it; the least `window` stays whatever the bounds say."""
+    c = ServeConfig()
+    assert [c.for_plan(4096, 1, dp).window for dp in (1, 2, 4, 16, 64)] == [512, 512, 256, 64, 16]
+    assert c.with_settings(constructors=4).for_plan(4096, 1, 16).window == 256  # 4 ranks each
+    assert c.with_settings(constructors=3).for_plan(4096, 1, 16).window == 16 * 1024 * 1024 // (6 * 4 * 4096)
+    assert c.with_settings(constructors=64).for_plan(4096, 1, 16).window == 512  # one rank each, no empty group
+    assert c.with_settings(constructor_bytes=0, window=5).for_plan(4096, 1, 16).window == 5
+    with pytest.raises(ValueError, match="constructor_bytes"):
+        ServeConfig(constructor_bytes=-1)
 
 
 def test_no_worker_processes_is_a_layout() -> None:

@@ -78,6 +78,19 @@ def test_chunk_rows_widens_the_chunk_to_hold_that_many_rows(tmp_path: Path) -> N
     assert sl.cached(4) and not sl.cached(6)  # ~60 rows: 5 steps per chunk (not 2)
 
 
+def test_keep_steps_keeps_the_chunks_a_window_spans_counted_in_chunks_read(tmp_path: Path) -> None:
+    """A window of 8 steps over chunks widened to 5 steps spans 2 chunks: 4 kept, not 2 + 8 // 2 = 6."""
+    meta = _plan(tmp_path, steps=30, ranks=3)
+    sl = ManifestSlice(tmp_path, meta, [0, 1, 2], chunk_steps=2, chunk_rows=60, keep_steps=8)
+    for step in range(0, 30, 5):
+        sl.rows(step)
+    assert [sl.cached(s) for s in range(0, 30, 5)] == [False, False, True, True, True, True]
+    narrow = ManifestSlice(tmp_path, meta, [0, 1, 2], chunk_steps=2, keep_steps=8)  # 2-step chunks: 2 + 4 kept
+    for step in range(0, 30, 2):
+        narrow.rows(step)
+    assert sum(narrow.cached(s) for s in range(0, 30, 2)) == 6
+
+
 def test_source_span_rows_match_the_manifest_and_are_read_once_per_process(tmp_path: Path) -> None:
     from loomdata.execution import _manifest
     from loomdata.schemas import read_manifest

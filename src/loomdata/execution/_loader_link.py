@@ -87,6 +87,7 @@ _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 _MAX_REQUEST = 64 << 20  # a request's rows (20 bytes each): far above any step's
 _DIRECT = 1 << 16  # a frame part this large is received straight into its own buffer, not through the scratch
 _ENDPOINT_TIMEOUT_S = 10.0
+_SOCKET_BUFFER = 4 << 20  # an answer (~200 KB for a window's rows) leaves in one send, arrives in one recv
 
 _STATS = dict.fromkeys(("served", "not_served", "read", "opened", "no_link"), 0)
 
@@ -213,6 +214,8 @@ class _ServerConnection(_Frames):
         if uid != os.getuid():  # the folder is 0700: only root gets here otherwise
             logger.warning("loader link: refused a connection from uid %s (serving uid %s)", uid, os.getuid())
             transport.abort()
+            return
+        _grow_buffer(transport.get_extra_info("socket"), socket.SO_SNDBUF)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None  # reads in flight finish; their answers are dropped
@@ -483,6 +486,7 @@ async def _connect(path: str, address: str) -> Link:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.setblocking(False)
+        _grow_buffer(sock, socket.SO_RCVBUF)
         await loop.sock_connect(sock, path)
         uid = peer_uid(sock)
         if uid != os.getuid():
@@ -492,6 +496,12 @@ async def _connect(path: str, address: str) -> Link:
         sock.close()
         raise
     return link
+
+
+def _grow_buffer(sock: Any, option: int) -> None:
+    """Ask for a socket buffer of `_SOCKET_BUFFER` (the kernel caps it at its maximum; failing changes nothing)."""
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, option, _SOCKET_BUFFER)
 
 
 def close_links() -> None:

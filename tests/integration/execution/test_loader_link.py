@@ -22,7 +22,7 @@ from loomdata.client import StreamClient
 from loomdata.execution import Executor
 from loomdata.execution import _loader_link as link_mod
 from loomdata.execution._loader import REQUEST_DTYPE, LoaderRetired, SourceLoader
-from loomdata.execution._loader_link import Link, LinkRefused, NotServed, _connect, _Server
+from loomdata.execution._loader_link import Link, LinkEndpoint, LinkRefused, NotServed, _connect, _Server, link_for
 from loomdata.execution._outcome import Kind, sort_read_failure
 from loomdata.execution._partition import partition_source
 from loomdata.schemas import IndexFiles, Spec, read_plan
@@ -145,3 +145,48 @@ def test_a_link_folder_open_to_others_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(LinkRefused, match="closed to others"):
         asyncio.run(run())
+
+
+class _ElsewhereLoader:
+    """A loader handle whose worker's link is on another host (another `host_id`)."""
+
+    _address = "tls://10.0.0.9:4000"
+    key = "loader-x"
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    async def link_endpoint(self) -> LinkEndpoint:
+        self.asked += 1
+        return LinkEndpoint("/nonexistent/loader.sock", "another-host/boot")
+
+
+def test_a_loader_on_another_host_is_read_through_dask() -> None:
+    async def run() -> tuple[Any, Any, int]:
+        loader = _ElsewhereLoader()
+        first = link_for(loader)
+        assert isinstance(first, asyncio.Future)
+        opened = await first
+        return opened, link_for(loader), loader.asked  # decided once: no second endpoint call
+
+    opened, again, asked = asyncio.run(run())
+    assert opened is None and again is None and asked == 1
+
+
+def test_a_garbage_frame_drops_only_that_connection(stream_plan: Path) -> None:
+    (loader,) = _loaders(stream_plan)
+    req = _request(loader, 2)
+
+    async def run() -> tuple[bytes, int]:
+        server, link = await _link_to({"k": loader})
+        assert server.endpoint is not None
+        reader, writer = await asyncio.open_unix_connection(server.endpoint.path)
+        writer.write(b"GET / HTTP/1.0\r\n\r\n" * 4)
+        dropped = await asyncio.wait_for(reader.read(), 5)  # closed by the server: EOF
+        answer = await link.read("k", req)  # the other connection still served
+        link.close()
+        server.close()
+        return dropped, len(answer.tokens)
+
+    dropped, n = asyncio.run(run())
+    assert dropped == b"" and n == 6

@@ -125,6 +125,7 @@ class _Frames(asyncio.BufferedProtocol):
 
     kinds: tuple[int, ...] = ()
     max_buffers = 1 << 16
+    max_body = 1 << 62  # an answer's body may carry an array in-band (a non-contiguous one)
     max_part = 1 << 62
 
     def __init__(self) -> None:
@@ -175,7 +176,7 @@ class _Frames(asyncio.BufferedProtocol):
                 self._stage, self._cur, self._got = 1, bytearray(lengths_format(n_buffers).size), 0
             elif self._stage == 1:
                 self._sizes = list(lengths_format(self._head[2]).unpack(self._cur))
-                if self._sizes[0] > MAX_BODY or any(s > self.max_part for s in self._sizes[1:]):
+                if self._sizes[0] > self.max_body or any(s > self.max_part for s in self._sizes[1:]):
                     raise WireError(f"a loader link frame of parts {self._sizes} bytes")
                 self._stage, self._cur, self._got = 2, bytearray(self._sizes.pop(0)), 0
             else:
@@ -199,6 +200,7 @@ class _ServerConnection(_Frames):
 
     kinds = (REQUEST,)
     max_buffers = 1
+    max_body = MAX_BODY
     max_part = _MAX_REQUEST
 
     def __init__(self, lookup: Callable[[str], Any], live: weakref.WeakSet[_ServerConnection]) -> None:

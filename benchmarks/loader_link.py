@@ -72,7 +72,8 @@ def main() -> None:
     import pyarrow.parquet as pq
 
     from loomdata.execution import open_cluster
-    from loomdata.execution._loader import REQUEST_DTYPE, SourceLoader
+    from loomdata.execution._loader import REQUEST_DTYPE
+    from loomdata.execution._loader_link import LinkedLoader
     from loomdata.execution._partition import partition_source
     from loomdata.schemas import IndexFiles, read_plan
     from loomdata.schemas.plan_view import read_manifest
@@ -94,7 +95,7 @@ def main() -> None:
             req[name] = rows.column(name).to_numpy()
         req = np.tile(req, args.tile)
         w0, w1 = sorted(client.scheduler_info()["workers"])
-        loader = client.submit(SourceLoader, str(plan_dir), part, actor=True, workers=[w1]).result()
+        loader = client.submit(LinkedLoader, str(plan_dir), part, actor=True, workers=[w1]).result()
         caller = client.submit(Caller, actor=True, workers=[w0]).result()
         caller.run(loader, req, 20, 1, "link").result()  # open the link, warm both
         caller.run(loader, req, 20, 1, "dask").result()

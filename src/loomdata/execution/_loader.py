@@ -211,12 +211,6 @@ class SourceLoader:
         finally:
             self._in_thread -= 1
 
-    async def link_endpoint(self) -> Any:
-        """This worker's loader link (`_loader_link`), where a constructor on this host reads without Dask calls."""
-        from loomdata.execution._loader_link import serve_link  # the link serves this class: imported late
-
-        return await serve_link()
-
     def _inline_ok(self, request: np.ndarray) -> bool:
         """Whether a read waits on nothing: warmed up, its steps planned, its shards open and every unit it needs
         held (else it would read the manifest, or wait for an open or a read ahead queued behind other loaders'

@@ -15,12 +15,14 @@ of its own user, in a folder of its own user closed to others (else `LinkRefused
 Only `SourceLoader.read` is served, and only for an actor key that is a live loader of that worker.
 
 Where it applies: a constructor learns a worker's link endpoint once, from any loader there
-(`SourceLoader.link_endpoint`, an actor call); a worker on another host (another `host_id`), one without
-Unix sockets, or a link that refused or failed to connect is read through Dask (the endpoint is asked again
-after `RETRY_AFTER_S`). Recovery stays `_reads`'s: a link that breaks fails its reads in flight with
-ConnectionError (sorted "lost", asked again on the route of the moment), a retired loader raises
-`LoaderRetired` through it as through Dask, and a key the worker no longer holds (a released actor) is
-read through Dask, whose answer is the one `_reads` already sorts. `LOOM_LOADER_LINK=0` turns the link off.
+(`LinkedLoader.link_endpoint`, an actor call; the executor's loaders are `LinkedLoader`s: a method on
+`SourceLoader` itself would make `_loader` import this module, a circle); a worker on another host (another
+`host_id`), one without Unix sockets, a loader without the method, or a link that refused or failed to connect
+is read through Dask (the endpoint is asked again after `RETRY_AFTER_S`). Recovery stays `_reads`'s: a link
+that breaks fails its reads in flight with ConnectionError (sorted "lost", asked again on the route of the
+moment), a retired loader raises `LoaderRetired` through it as through Dask, and a key the worker no longer
+holds (a released actor) is read through Dask, whose answer is the one `_reads` already sorts.
+`LOOM_LOADER_LINK=0` turns the link off.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ __all__ = [
     "RETRY_AFTER_S",
     "LinkEndpoint",
     "LinkRefused",
+    "LinkedLoader",
     "NotServed",
     "link_for",
     "serve_link",
@@ -111,6 +114,15 @@ class LinkRefused(ConnectionError):
 
 class NotServed(Exception):
     """The link's worker holds no live loader under the key asked (released, or not a loader): read through Dask."""
+
+
+class LinkedLoader(SourceLoader):
+    """A SourceLoader that also tells where its worker's loader link listens (the executor's loaders are these)."""
+
+    async def link_endpoint(self) -> LinkEndpoint | None:
+        """This worker's loader link, opened on first use; None where it has none (a constructor then reads through
+        Dask)."""
+        return await serve_link()
 
 
 # ---- frames ----------------------------------------------------------------------------------------------------

@@ -142,7 +142,7 @@ class _Frames(asyncio.BufferedProtocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self._scratch = bytearray(1 << 18)
+        self._scratch = bytearray(_DIRECT)  # a part this large or larger is received in place
         self._direct = False
         self._reset()
 

@@ -33,8 +33,8 @@ from loomdata.execution._config import ServeConfig
 from loomdata.execution._constructor import DataConstructor
 from loomdata.execution._dask_actors import release
 from loomdata.execution._fleet import Actor, Fleet, worker_of
-from loomdata.execution._loader import SourceLoader
 from loomdata.execution._loader_cache import CachePolicy
+from loomdata.execution._loader_link import LinkedLoader
 from loomdata.execution._outcome import Kind, issue
 from loomdata.execution._partition import LoaderPartition, partition_source, rank_groups
 from loomdata.execution._publish import Publisher
@@ -290,7 +290,7 @@ class FleetOps:
     def _submit_loader(self, p: LoaderPartition) -> Future:
         key = f"loom-loader-{self._tag}-{p.source}-{p.part}-{uuid.uuid4().hex[:6]}"
         policy = CachePolicy.serving(self.config)
-        return self._submit(SourceLoader, str(self.plan_dir), p, policy, self._options.only(p.source), key=key)
+        return self._submit(LinkedLoader, str(self.plan_dir), p, policy, self._options.only(p.source), key=key)
 
     def _submit_constructor(self, ranks: list[int], worker: str | None = None) -> Future:
         key, c = f"loom-constructor-{self._tag}-{ranks[0]}-{uuid.uuid4().hex[:6]}", self.config

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["actor_address", "detach", "local_instance", "release"]
+__all__ = ["actor_address", "detach", "local_instance", "release", "worker_actor"]
 
 
 def actor_address(actor: Any) -> str | None:
@@ -49,8 +49,13 @@ def local_instance(actor: Any) -> Any:
         return None
     if actor_address(actor) != worker.address:
         return None
+    return worker_actor(worker, actor.key)
+
+
+def worker_actor(worker: Any, key: str) -> Any:
+    """The live actor instance `worker` holds under `key`, else None (released, or never held there)."""
     actors = getattr(getattr(worker, "state", None), "actors", None)
-    return actors.get(actor.key) if actors is not None else None
+    return actors.get(key) if actors is not None else None
 
 
 def release(handles: Iterable[Any]) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 
 from loomdata.execution._dask_actors import detach, local_instance
 from loomdata.execution._loader import REQUEST_DTYPE, SegmentData
+from loomdata.execution._loader_link import NotServed, link_for
 from loomdata.execution._manifest import ManifestRows
 from loomdata.execution._outcome import Kind, sort_read_failure
 from loomdata.execution._partition import LoaderPartition
@@ -226,16 +227,34 @@ _LIMITS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]
 
 
 def _call_read(loader: Any, request: np.ndarray) -> Awaitable[SegmentData]:
-    """An awaitable loader read: a direct call when the loader lives in this worker process.
+    """An awaitable loader read: a direct call when the loader lives in this worker process, over the loader
+    link (`_loader_link`) when it lives on another worker of this host, else a Dask actor call.
 
     Dask routes actor calls through an RPC even between actors of one worker (from the event loop);
-    calling the local instance saves both ends of that round trip. Remote reads are bounded per worker
-    process (`REMOTE_READS`): a step over 300 sources is ~300 reads, and every concurrent Dask actor call
+    calling the local instance saves both ends of that round trip. Remote reads through Dask are bounded per
+    worker process (`REMOTE_READS`): a step over 300 sources is ~300 reads, and every concurrent Dask actor call
     opens a connection of its own, so unbounded fan-out from a few constructors opened hundreds of TLS
     connections at once, whose handshakes timed out on a loaded machine ("Unable to contact Actor's worker").
+    A link is one connection per pair of workers, its reads unbounded.
     """
     local = local_instance(loader)
-    return local.read(request) if local is not None else _remote_read(loader, request)
+    if local is not None:
+        return local.read(request)
+    link = link_for(loader)
+    if link is None:
+        return _remote_read(loader, request)
+    return _linked_read(link, loader, request)
+
+
+async def _linked_read(link: Any, loader: Any, request: np.ndarray) -> SegmentData:
+    """Read over `link` (or the future of one opening); through Dask where none opened or the loader is not there."""
+    if isinstance(link, asyncio.Future):
+        link = await link
+    if link is not None:
+        with contextlib.suppress(NotServed):
+            answer: SegmentData = await link.read(loader.key, request)
+            return answer
+    return await _remote_read(loader, request)
 
 
 async def _remote_read(loader: Any, request: np.ndarray) -> SegmentData:

@@ -72,11 +72,21 @@ CONSUMERS = (1, 2, 4)
 # ---- data -----------------------------------------------------------------------------------------
 
 
-def _write_data(root: Path, docs: int, seed: int) -> list[Path]:
-    """Two pre-tokenized sources: `web` (short documents) and `code` (long ones), 2,000 docs per file."""
+def _source_names(sources: int) -> list[str]:
+    """`web` and `code` for 2 sources; with more, the short documents split evenly over `web00`, `web01`, ..."""
+    if sources < 2:
+        raise SystemExit(f"--sources must be >= 2, got {sources}")
+    return ["web", "code"] if sources == 2 else [f"web{k:02d}" for k in range(sources - 1)] + ["code"]
+
+
+def _write_data(root: Path, docs: int, seed: int, sources: int = 2) -> list[Path]:
+    """Pre-tokenized sources: short documents (`web`, 3/4 of `docs`, split evenly over `sources` - 1 sources) and
+    long ones (`code`), 2,000 docs per file."""
     rng = np.random.default_rng(seed)
     files = []
-    for name, n, mean in (("web", docs * 3 // 4, 350.0), ("code", docs // 4, 1400.0)):
+    webs = _source_names(sources)[:-1]
+    parts = [(name, docs * 3 // 4 // len(webs), 350.0) for name in webs] + [("code", docs // 4, 1400.0)]
+    for name, n, mean in parts:
         (root / name).mkdir(parents=True, exist_ok=True)
         lens = np.clip(rng.lognormal(np.log(mean), 0.8, size=n), 8, 16_000).astype(np.int64)
         for k, start in enumerate(range(0, n, 2000)):
@@ -101,12 +111,14 @@ def _spec(
     verify: str = "sample",
     shuffle: str = "global",
     dp: int = DP,
+    sources: int = 2,
 ) -> Any:
     from loomdata.schemas import parse_spec
 
     # `block`: documents drawn a row group at a time, shuffled within a window of 16 row groups (the peer
     # shuffles within one row group); `global`: every document anywhere, each step reading rows of many groups.
     order = {"shuffle": "block", "block_size": _ROW_GROUP, "window": 16} if shuffle == "block" else {}
+    names = _source_names(sources)
 
     return parse_spec(
         {
@@ -122,9 +134,9 @@ def _spec(
                     "verify": verify,
                     **order,
                 }
-                for name in ("web", "code")
+                for name in names
             ],
-            "mixture": {"weights": {"web": 0.5, "code": 0.5}},
+            "mixture": {"weights": {n: (0.5 if n == "code" else 0.5 / (len(names) - 1)) for n in names}},
             "training": {"seq_len": seq_len, "steps": steps, "dp_size": dp, "micro_batches": micro_batches},
         },
         root,
@@ -638,6 +650,12 @@ _HEADER = (
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=16000, help="documents written (3/4 short web, 1/4 long code)")
+    ap.add_argument(
+        "--sources",
+        type=int,
+        default=2,
+        help="sources in the mixture: web and code (2), or the short documents split over N-1 web sources and code",
+    )
     ap.add_argument("--steps", type=int, default=800, help="plan steps (each rank: steps x micro-batches)")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--micro-batches", type=int, default=4)
@@ -714,14 +732,22 @@ def main() -> None:
         root = Path(tmp)
         os.environ["TMPDIR"] = str(root)  # consumers' and torch's scratch stays here
         t = time.perf_counter()
-        files = [str(p) for p in _write_data(root, args.docs, seed=0)]
-        spec = _spec(root, args.seq_len, args.steps, args.micro_batches, shuffle=args.shuffle)
+        files = [str(p) for p in _write_data(root, args.docs, seed=0, sources=args.sources)]
+        spec = _spec(root, args.seq_len, args.steps, args.micro_batches, shuffle=args.shuffle, sources=args.sources)
         rows: list[dict[str, Any]] = []
         with open_cluster(n_workers=args.workers, local_directory=root / "dask") as client:
             build_index(spec, client)
             plan_dirs = {  # a plan of `--dp` ranks, or each consumer count's own (0)
                 n: make_plan(
-                    _spec(root, args.seq_len, args.steps, args.micro_batches, shuffle=args.shuffle, dp=args.dp or n)
+                    _spec(
+                        root,
+                        args.seq_len,
+                        args.steps,
+                        args.micro_batches,
+                        shuffle=args.shuffle,
+                        dp=args.dp or n,
+                        sources=args.sources,
+                    )
                 ).plan_dir
                 for n in args.consumers
             }
@@ -760,6 +786,7 @@ def main() -> None:
                     verify="off",
                     shuffle=args.shuffle,
                     dp=args.dp or max(args.consumers),
+                    sources=args.sources,
                 )
                 build_index(off, client)
                 plans = {"sample": Path(plan_dir), "off": Path(make_plan(off).plan_dir)}
@@ -784,6 +811,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "parameters": {
             "docs": args.docs,
+            "sources": args.sources,
             "steps": args.steps,
             "seq_len": args.seq_len,
             "micro_batches": args.micro_batches,

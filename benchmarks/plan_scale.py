@@ -108,10 +108,20 @@ def _steps(tokens: int, dp: int) -> int:
     return max(1, tokens // (dp * MICRO_BATCHES * SEQ_LEN) - 1)
 
 
+def thread_chain(cpu: list[float], threads: int) -> float:
+    """When the last of `cpu`'s calls ends when they run in order on `threads` threads of idle cores (each call
+    taken by the first thread free, as a ThreadPoolExecutor's map hands them out)."""
+    free = [0.0] * max(1, min(threads, len(cpu)))
+    for c in cpu:
+        i = free.index(min(free))
+        free[i] += c
+    return max(free, default=0.0)
+
+
 def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
     """Plan the index in workdir at dp; with workers > 1 on an embedded LocalCluster of that many processes
     (its start not timed), timing the serial part (index reading and membership) and the balancing apart."""
-    from loomdata.planning import _distributed, _plan, make_plan
+    from loomdata.planning import _distributed, _plan, _threads, make_plan
     from loomdata.schemas import parse_spec
 
     base = _rss_mb()
@@ -145,6 +155,7 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         return run
 
     phases: dict[str, dict[str, float]] = {}  # wall and CPU seconds summed over each phase's calls
+    calls: dict[str, list[float]] = {}  # each call's CPU seconds, by phase (the per-source phases' threads)
 
     def summed(mod: Any, attr: str, name: str, clock: Any = time.process_time) -> None:
         """Sum wall and CPU seconds of every call of mod.attr under `name` (calls on several threads: pass
@@ -160,10 +171,12 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
                 ph["seconds"] += time.perf_counter() - t
                 ph["cpu_seconds"] += clock() - c
                 ph["calls"] += 1
+                calls.setdefault(name, []).append(clock() - c)
 
         setattr(mod, attr, run)
 
     summed(_plan, "build_stream", "streams", time.thread_time)  # one call a source, on planning's threads
+    summed(_plan, "_read_source", "index_reads", time.thread_time)  # one call a source, on planning's threads
     for attr, name in (
         ("_load_index", "index"),
         ("membership", "membership"),
@@ -219,6 +232,10 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
     first = min(marks.get("balance_start", math.inf), marks.get("ranges_start", math.inf))
     first_cpu = min(marks.get("balance_start_cpu", math.inf), marks.get("ranges_start_cpu", math.inf))
     parallel = max(marks.get("balance_end", 0.0), marks.get("ranges_end", 0.0)) - first
+    threads = _threads.plan_threads()
+    serial_chain = first_cpu - c0
+    for name in ("index_reads", "streams"):
+        serial_chain += thread_chain(calls.get(name, []), threads) - sum(calls.get(name, []))
     per_worker: dict[str, float] = {}
     t_ranges = marks.get("ranges_start_wall", 0.0)
     driver_cpu = 0.0
@@ -246,6 +263,11 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         # CPU on the critical path on idle cores: serial part, the driver's range work (as if it overlapped
         # nothing), the busiest worker's ranges
         "critical_cpu_seconds": first_cpu - c0 + driver_cpu + max(per_worker.values(), default=balance_cpu),
+        # the serial part with its per-source phases (index reads, streams; planning._threads) on their threads as
+        # on idle cores: the process's CPU less those calls' summed thread CPU plus each phase's longest thread
+        "serial_chain_cpu_seconds": serial_chain,
+        "critical_chain_cpu_seconds": serial_chain + driver_cpu + max(per_worker.values(), default=balance_cpu),
+        "per_source_call_cpu_seconds": calls,
         "cluster_start_seconds": started,  # LocalCluster start and imports, not timed
         "phases": phases,  # the driver's phases (serial ones, then windows/fix-ups while the ranges run)
         # per range in step order: worker, began and ended balancing there, stitched here (seconds from the

@@ -25,10 +25,18 @@ from plan_scale_ab import run_child  # plan_scale.py as a child of one source tr
 
 
 def _figures(r: dict[str, Any], one: dict[str, Any]) -> dict[str, Any]:
-    """Speedups of run `r` over the same tree's one-process run `one` (wall; critical-path CPU)."""
+    """Speedups of run `r` over the same tree's one-process run `one`: wall; critical-path CPU (the serial part
+    as the process's CPU, all its threads summed) over one process's CPU; and `chain_speedup`, the critical
+    path with the serial part's per-source threads as on idle cores (serial_chain_cpu_seconds) over one
+    process's CPU (one core: how the 1.8x goal is read)."""
     one_cpu = one["serial_cpu_seconds"] + one["balance_cpu_seconds"]
     crit = r["critical_cpu_seconds"] if r["workers"] > 1 else one_cpu
-    return {"wall_speedup": one["seconds"] / r["seconds"], "critical_speedup": one_cpu / crit}
+    chain = r.get("critical_chain_cpu_seconds", crit) if r["workers"] > 1 else one_cpu
+    return {
+        "wall_speedup": one["seconds"] / r["seconds"],
+        "critical_speedup": one_cpu / crit,
+        "chain_speedup": one_cpu / chain,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                     f" balance CPU {r['balance_cpu_seconds']:6.1f}s driver {r.get('driver_cpu_seconds', 0.0):5.1f}s"
                     f" workers {sorted(round(c, 1) for c in r.get('worker_cpu_seconds', {}).values())}"
                     f" scatter {r['scatter_seconds']:5.2f}s critical {r['critical_cpu_seconds']:6.1f}s"
+                    f" (threads as on idle cores {r['critical_chain_cpu_seconds']:6.1f}s)"
                     f" (load {load:.1f})",
                     flush=True,
                 )
@@ -67,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
             for r in by_w.values():
                 r.update(_figures(r, by_w[1]))
                 entry["runs"].append(r)
-            entry["speedups"][tree] = {k: by_w[args.workers][k] for k in ("wall_speedup", "critical_speedup")}
+            entry["speedups"][tree] = {
+                k: by_w[args.workers][k] for k in ("wall_speedup", "critical_speedup", "chain_speedup")
+            }
         a1, b1 = runs["after"][1], runs["before"][1]
         entry["serial_cpu_after_over_before"] = a1["serial_cpu_seconds"] / b1["serial_cpu_seconds"]
         ratio = entry["serial_cpu_after_over_before"]

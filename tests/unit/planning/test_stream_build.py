@@ -83,3 +83,27 @@ def test_a_stream_built_to_a_need_is_the_prefix_of_the_whole(lanes: Lanes, monke
             assert part.cum_long is not None and whole.cum_long is not None
             assert np.array_equal(part.cum_long, whole.cum_long[: n + 1])
     assert len(build_stream("s", 7, lengths, lanes, 3, need=float(whole.cum[-1]) * 2).doc) == len(whole.doc)
+
+
+@pytest.mark.parametrize("lanes", [Lanes(seq_len=512), Lanes(seq_len=512, long_seq_len=4096, threshold=1024)])
+def test_a_stream_built_to_a_need_stops_at_the_first_chunk_boundary_past_it(
+    lanes: Lanes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prefix ends exactly after the first chunk of an epoch's documents (chunks counted from each epoch's
+    start, the epoch's end closing its last) whose cumulative tokens reach `need`, as the chunked NumPy code cut it."""
+    monkeypatch.setattr(_mixture, "_CHUNK", 256)
+    rng = np.random.default_rng(11)
+    lengths = np.clip(rng.lognormal(5.5, 1.5, 1000), 1, 20000).astype(np.uint32)
+    whole = build_stream("s", 7, lengths, lanes, 3)
+    later_piece = set(whole.split_pos[whole.split_off > 0].tolist())
+    doc_starts = np.array([p for p in range(len(whole.doc)) if p not in later_piece])  # each document's first segment
+    per_epoch = len(whole.doc) // 3
+    bounds = sorted(
+        {int(doc_starts[i]) for e in range(3) for i in range(e * 1000 + 256, (e + 1) * 1000, 256)}
+        | {per_epoch * (e + 1) for e in range(3)}
+    )
+    for need in (1.0, float(whole.cum[700]) + 0.5, float(whole.cum[per_epoch + 5]), float(whole.cum[-1]) - 1):
+        part = build_stream("s", 7, lengths, lanes, 3, need=need)
+        want = next(b for b in bounds if whole.cum[b] >= need)
+        assert len(part.doc) == want, need
+        assert np.array_equal(part.cum, whole.cum[: want + 1])

@@ -75,6 +75,8 @@ class Executor:
             raise ValueError("give `checked` or the spec or storage_options it was checked with, not both")
         if checked is None:
             checked = check_plan(self.plan_dir, spec=spec, storage_options=storage_options)
+        elif checked.plan_dir != self.plan_dir:
+            raise ValueError(f"`checked` is the check of {checked.plan_dir}, not of {self.plan_dir}")
         self.meta: PlanView = checked.view
         self.config = self.config.for_plan(self.meta.seq_len, self.meta.micro_batches, self.meta.dp_size)  # widened
         self.spec: SpecView = self.meta.spec
@@ -139,7 +141,7 @@ class Executor:
     def set_loaders(self, source: str, n: int) -> int:
         """Re-partition `source` over `n` loaders (add or remove), re-route every constructor; returns n used."""
         if source not in self.meta.sources:
-            raise ValueError(f"plan {self.meta.plan_id} has no source {source!r}; it has {self.meta.sources}")
+            raise ValueError(f"plan {self.meta.plan_id} has no source {source!r}; it has {list(self.meta.sources)}")
         if n < 1:
             raise ValueError(f"loaders per source must be >= 1, got {n}")
         return self._running().call(lambda: self._ops.resize(source, n))

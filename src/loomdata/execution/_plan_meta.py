@@ -54,11 +54,24 @@ def shared_plan(plan_dir: str | Path) -> PlanView:
 PLAN_CHECK_TIMEOUT_S = 600.0
 """The most seconds the child interpreter that validates a plan for serving may take (it lists each source's files)."""
 
+_ANSWER_MARK = b"\x00loom-plan-check\x00"
+"""Ends the child's stdout just before its answer's length and pickle: anything printed earlier (a sitecustomize,
+a .pth file) comes before the mark and is not read as the answer."""
+
 _CHECK = """
-import pickle, sys
-sys.path[:] = [sys.argv[1]] + [p for p in sys.path if p]  # this loomdata; not the working directory (`-c` adds it)
-from loomdata.execution._plan_meta import _check_in_child
-sys.stdout.buffer.write(pickle.dumps(_check_in_child(sys.stdin.buffer.read())))
+import sys
+root = sys.argv[1]
+sys.path[:] = ([] if root in sys.path else [root]) + [p for p in sys.path if p]  # not the working directory (-c)
+import os, pickle
+out = os.fdopen(os.dup(1), "wb")
+os.dup2(2, 1)  # whatever else the child prints goes to stderr, never into the answer
+import loomdata
+if not os.path.realpath(loomdata.__file__).startswith(os.path.realpath(root) + os.sep):
+    raise SystemExit(f"the child imported loomdata from {loomdata.__file__}, not from {root}")
+from loomdata.execution._plan_meta import _ANSWER_MARK, _check_in_child
+answer = pickle.dumps(_check_in_child(sys.stdin.buffer.read()))
+out.write(_ANSWER_MARK + len(answer).to_bytes(8, "little") + answer)
+out.flush()
 """
 
 
@@ -67,6 +80,7 @@ class CheckedPlan:
     """A plan validated for serving (`check_plan`): its `PlanView`, the storage options it is served with, and the
     model-parallel peers of a data-parallel rank its spec names (tp x pp x cp)."""
 
+    plan_dir: Path
     view: PlanView
     options: SourceOptions
     peers: int
@@ -103,8 +117,10 @@ def check_plan(
         ) from None
     except OSError as e:
         raise ExecutionError(f"could not start a Python interpreter ({sys.executable}) to check {p}: {e}") from None
+    if done.stderr:  # the child's warnings and log lines belong in the serving log
+        sys.stderr.write(done.stderr.decode(errors="replace"))
     try:
-        kind, *got = pickle.loads(done.stdout)
+        kind, *got = pickle.loads(_answer_of(done.stdout))
     except Exception:
         lines = done.stderr.decode(errors="replace").strip().splitlines()
         last = lines[-1] if lines else f"exit status {done.returncode}"
@@ -115,7 +131,18 @@ def check_plan(
     view = read_plan_view(p)
     if view.plan_id != plan_id:
         raise ContractError(f"{p / 'plan.json'} changed while it was checked (plan {plan_id}, now {view.plan_id})")
-    return CheckedPlan(view, options, peers)
+    return CheckedPlan(p, view, options, peers)
+
+
+def _answer_of(stdout: bytes) -> bytes:
+    """The child's answer: the pickle after the last `_ANSWER_MARK` and its 8-byte length, which must end stdout."""
+    at = stdout.rfind(_ANSWER_MARK)
+    if at < 0:
+        raise ValueError("no answer")
+    start = at + len(_ANSWER_MARK) + 8
+    if int.from_bytes(stdout[start - 8 : start], "little") != len(stdout) - start:
+        raise ValueError("a truncated answer")
+    return stdout[start:]
 
 
 def _check_in_child(request: bytes) -> tuple[Any, ...]:
@@ -133,7 +160,7 @@ def _check_in_child(request: bytes) -> tuple[Any, ...]:
         return ("ok", meta.plan_id, options, t.tp_size * t.pp_size * t.cp_size)
     except Exception as e:
         try:
-            pickle.dumps(e)
+            pickle.loads(pickle.dumps(e))  # some exceptions pickle but cannot be rebuilt from their args
         except Exception:
             return ("error", ExecutionError(f"{type(e).__name__}: {e}"))
         return ("error", e)

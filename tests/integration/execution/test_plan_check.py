@@ -67,3 +67,34 @@ def test_check_plan_gives_the_view_options_and_peers_and_raises_the_childs_error
         check_plan(stream_plan, storage_options={"nowhere": {"s3": {"key": "x"}}})
     with pytest.raises(ContractError, match=r"plan\.json"):
         check_plan(tmp_path / "no-plan")
+
+
+def test_the_child_ignores_the_working_directory_and_stray_output(
+    stream_plan: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `pickle.py` in the working directory is not imported by the child (it would see the storage options and
+    write the answer the caller unpickles), and a line printed at start-up (a sitecustomize) is not the answer."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "pickle.py").write_text("raise SystemExit('the working directory was imported')\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("print('hello from sitecustomize')\n")
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    checked = check_plan(stream_plan)
+    assert checked.view == read_plan(stream_plan).view() and checked.plan_dir == stream_plan.resolve()
+    with pytest.raises(ContractError, match=r"plan\.json"):  # the child's error still comes back by class
+        check_plan(tmp_path / "no-plan")
+
+
+def test_an_executor_refuses_the_check_of_another_plan(stream_plan: Path, tmp_path: Path) -> None:
+    from loomdata.execution import Executor
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "plan.json").write_bytes((stream_plan / "plan.json").read_bytes())
+    with pytest.raises(ValueError, match="is the check of"):
+        Executor(other, client=None, checked=check_plan(stream_plan))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not both"):
+        Executor(stream_plan, client=None, checked=check_plan(stream_plan), storage_options={})  # type: ignore[arg-type]

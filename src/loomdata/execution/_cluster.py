@@ -130,9 +130,10 @@ def open_cluster(
 
 
 _MAKE_TLS = (
-    "import pathlib, sys\n"
+    "import sys\n"  # loaded at start-up: nothing is imported from the working directory before the next line
     "sys.path[:] = [p for p in sys.path if p]\n"  # not the working directory (`-c` puts it first)
     "sys.argv[2] in sys.path or sys.path.append(sys.argv[2])\n"  # this loomdata, after the standard library
+    "import pathlib\n"
     "from loomdata.execution._security import embedded_tls\n"
     "embedded_tls(pathlib.Path(sys.argv[1]))\n"
 )

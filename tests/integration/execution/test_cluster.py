@@ -137,3 +137,17 @@ def test_credentials_made_apart_name_the_folder_when_it_cannot_be_written(tmp_pa
     blocker.write_text("")
     with pytest.raises(ExecutionError, match=r"TLS credentials in .*file/tls"):
         tls_apart(blocker / "tls")
+
+
+def test_credentials_made_apart_import_nothing_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `pathlib.py` planted in the working directory is not what the credentials' child imports."""
+    from loomdata.execution._cluster import tls_apart
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "pathlib.py").write_text("raise SystemExit('the working directory was imported')\n")
+    monkeypatch.chdir(cwd)
+    files = tls_apart(tmp_path / "tls")
+    assert Path(files.ca_file).is_file()

@@ -258,6 +258,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             autoscale=Autoscaling() if args.autoscale else None,
             loader_memory=args.loader_memory * 1024 * 1024,
             bytes_in_flight=args.bytes_in_flight * 1024,
+            constructor_bytes=args.constructor_bytes * 1024,
             loader_prefetch=args.loader_prefetch,
         )
     except ValueError as e:
@@ -440,7 +441,15 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=defaults.bytes_in_flight // 1024,
         metavar="KIB",
-        help="KiB of a rank's batches built ahead and moved per call (the window widens to hold them)",
+        help="KiB of a rank's batches built ahead of it (the window widens to hold them; a take moves up to half)",
+    )
+    s.add_argument(
+        "--constructor-bytes",
+        type=int,
+        default=defaults.constructor_bytes // 1024,
+        metavar="KIB",
+        help="KiB of batches one constructor builds ahead for all its ranks together (each rank gets at most "
+        "--bytes-in-flight of it, and never fewer than 64 steps where --bytes-in-flight holds them)",
     )
     s.add_argument(
         "--loader-prefetch",

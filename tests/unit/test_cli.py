@@ -1,10 +1,12 @@
-"""The `loom` CLI's choices made before heavy imports: Arrow's allocator for the serving process and its workers."""
+"""The `loom` CLI: its choices made before heavy imports (Arrow's allocator for the serving process and its
+workers), and `serve`'s settings refused before anything starts."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +81,12 @@ def test_the_in_process_pool_is_the_workers_pool() -> None:
     from loomdata.execution import _cluster
 
     assert cli.IN_PROCESS_ARROW_POOL == _cluster.WORKER_ARROW_POOL and _cluster.IN_PROCESS == 0
+
+
+def test_serve_takes_the_constructor_budget_and_refuses_a_negative_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from loomdata.cli import main
+
+    assert main(["serve", str(tmp_path), "--constructor-bytes", "-1"]) == 2
+    assert "constructor_bytes must be >= 0" in capsys.readouterr().err

@@ -389,7 +389,7 @@ class StreamClient:
             self._check_block(step, block)
             per = np.concatenate([[0], np.cumsum(block.steps)]).tolist()
             if not self._step_nbytes:
-                self._step_nbytes = max(1, sum(_nbytes(b) for b in block.batches(0, per[1])))
+                self._step_nbytes = max(1, sum(_nbytes(b, block.thin) for b in block.batches(0, per[1])))
             self._got.update((step + k, (block, per[k], per[k + 1])) for k in range(len(block.steps)))
             self._trim.maybe_trim()
             return
@@ -606,9 +606,12 @@ def _unpack_cost(block: BatchBlock, first: int, stop: int) -> int:
     return tokens * block.arrays["input_ids"].itemsize * 3
 
 
-def _nbytes(batch: Batch) -> int:
-    """Bytes of a batch's arrays (what moving it costs)."""
-    arrays = [batch.input_ids, batch.labels, batch.position_ids, batch.cu_seqlens, *batch.images]
+def _nbytes(batch: Batch, thin: bool = False) -> int:
+    """Bytes of a batch's arrays as moved and held (`thin`: from a thin block, whose labels and position ids are made
+    on the rank a few steps at a time, so they are not held ahead)."""
+    arrays = [batch.input_ids, batch.cu_seqlens, *batch.images]
+    if not thin:
+        arrays += [batch.labels, batch.position_ids]
     return sum(a.nbytes for a in arrays)
 
 

@@ -34,7 +34,7 @@ DEFAULT_LOADER_MEMORY = 256 * 1024 * 1024
 A cap, not a fill target: loaders keep only the rows their next planned steps read (`_loader_cache`)."""
 
 DEFAULT_BYTES_IN_FLIGHT = 8 * 1024 * 1024
-"""Bytes of one rank's packed batches built ahead of it (`--bytes-in-flight`); it takes up to half of them a call.
+"""Bytes of one rank's packed batches built ahead of it (`--bytes-in-flight`); a take moves up to half of them.
 
 8 MiB (session 21; 4 before): 512 steps of 4096 tokens (4 bytes a token as held and moved) for a rank alone on its
 constructor; ranks sharing one get less (`DEFAULT_CONSTRUCTOR_BYTES`)."""
@@ -51,6 +51,12 @@ MAX_STEPS_AHEAD = 512
 
 Each take and each build group costs the constructor's worker a fixed few ms of CPU and the rank ~0.5 ms (session
 21): at 4096 tokens a step one rank made 182 takes of 3,000 steps with a 64-step window, 46 with 256, 23 with 512."""
+
+SHARED_FLOOR_STEPS = 64
+"""The fewest steps the per-constructor budget leaves each rank (when `bytes_in_flight` allows them): what every rank
+held before session 21, so a constructor serving more than 16 ranks of 4096 tokens holds more than `constructor_bytes`
+rather than making more calls a step (each take and build group costs a fixed few ms). Also the most steps a plan with
+images builds ahead."""
 
 DEFAULT_LOADER_PREFETCH = 8
 """Read units (row groups) each Source Loader reads ahead at once (`--loader-prefetch`): hides a GET's latency."""
@@ -152,9 +158,13 @@ class ServeConfig:
     keep together, each only until its last use in the next `window` + 2 steps (`_loader_cache`; 0: keep none).
     `bytes_in_flight`: bytes of one rank's batches built ahead of it; `constructor_bytes`: bytes one
     constructor builds ahead for all its ranks together. The window is `max(window, min(bytes_in_flight //
-    step, constructor_bytes // (ranks x step), MAX_STEPS_AHEAD))` steps, `step` the bytes of a rank's step as
-    held and moved (`_window.step_bytes`: 4 a token) and `ranks` the most a constructor serves (`steps_ahead`);
-    a client takes up to half of it in one call (the `window` + 2 above is that window).
+    step, max(constructor_bytes // (ranks x step), SHARED_FLOOR_STEPS), MAX_STEPS_AHEAD))` steps, `step` the bytes
+    of a rank's step as held and moved at its longest lane (`_window.step_bytes`: 4 a token) and `ranks` the most a
+    constructor serves (`steps_ahead`; a plan with images: three arrays a token, at most SHARED_FLOOR_STEPS); a
+    client takes up to half of it a call with prefetch on, all of it without (the `window` + 2 above is that
+    window). Memory: a build group's block lives until its last step is taken, so a constructor may hold up to
+    about twice its steps' bytes, and the loaders' horizon follows the window (more rows planned ahead at 1-4 ranks
+    a constructor, within `loader_memory` for decoded units).
     `loader_prefetch`: read units each loader reads ahead at once for its next planned steps, within
     `loader_memory` (`_prefetch`; 0, or `loader_memory` 0: no read-ahead).
     `peers` None: the plan's tp*pp*cp. `loaders_per_source` is one count or a count per source name
@@ -214,14 +224,34 @@ class ServeConfig:
             raise ValueError(f"step_bytes must be >= 1, got {step_bytes!r}")
         if ranks < 1:
             raise ValueError(f"ranks must be >= 1, got {ranks!r}")
-        bound = min(self.bytes_in_flight // step_bytes, self.constructor_bytes // (ranks * step_bytes))
-        return max(self.window, min(bound, MAX_STEPS_AHEAD))
+        per_rank = self.bytes_in_flight // step_bytes
+        shared = self.constructor_bytes // (ranks * step_bytes)
+        if self.constructor_bytes > 0:  # many ranks on one constructor: never fewer steps each than before the budget
+            shared = max(shared, min(per_rank, SHARED_FLOOR_STEPS))
+        return max(self.window, min(per_rank, shared, MAX_STEPS_AHEAD))
 
-    def for_plan(self, seq_len: int, micro_batches: int, dp_size: int = 1) -> ServeConfig:
+    def for_plan(
+        self,
+        seq_len: int,
+        micro_batches: int,
+        dp_size: int = 1,
+        *,
+        long_seq_len: int | None = None,
+        images: bool = False,
+    ) -> ServeConfig:
         """This config with `window` widened to hold the bytes bounds of a plan's steps (what Executor uses); the
-        largest group of its `dp_size` ranks one of `constructors` serves shares `constructor_bytes`."""
+        largest group of its `dp_size` ranks one of `constructors` serves shares `constructor_bytes`.
+
+        A step is counted at its longest lane's length (`long_seq_len`), and a plan with images at three arrays a
+        token and at most SHARED_FLOOR_STEPS steps (image groups are held as whole batches and their pixels are not
+        counted: the bound before session 21)."""
+        step = step_bytes(max(seq_len, long_seq_len or 0), micro_batches)
+        if images:
+            return self.with_settings(
+                window=max(self.window, min(self.bytes_in_flight // (3 * step), SHARED_FLOOR_STEPS))
+            )
         ranks = -(-dp_size // max(1, min(self.constructors, dp_size)))
-        return self.with_settings(window=self.steps_ahead(step_bytes(seq_len, micro_batches), max(1, ranks)))
+        return self.with_settings(window=self.steps_ahead(step, max(1, ranks)))
 
     def loaders_for(self, source: str) -> int:
         """The starting loader count of `source`."""

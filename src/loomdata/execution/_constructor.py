@@ -143,7 +143,7 @@ class DataConstructor:
         self._stats.batches_taken += len(pack)
         if cp_rank is None:
             return pack
-        return StepPack(batches=peer_batches(self._meta, self._rules, pack.batches, cp_rank))
+        return StepPack(batches=peer_batches(self._meta, self._rules, pack.made(), cp_rank))  # the held pack stays thin
 
     async def take_steps(
         self,

@@ -78,7 +78,14 @@ class Executor:
         elif checked.plan_dir != self.plan_dir:
             raise ValueError(f"`checked` is the check of {checked.plan_dir}, not of {self.plan_dir}")
         self.meta: PlanView = checked.view
-        self.config = self.config.for_plan(self.meta.seq_len, self.meta.micro_batches, self.meta.dp_size)  # widened
+        images = any(src.image_field for src in self.meta.spec.sources)
+        self.config = self.config.for_plan(  # the window widened to the bytes bounds
+            self.meta.seq_len,
+            self.meta.micro_batches,
+            self.meta.dp_size,
+            long_seq_len=self.meta.long_seq_len,
+            images=images,
+        )
         self.spec: SpecView = self.meta.spec
         peers = self.config.peers or checked.peers
         self._ops = FleetOps(self.plan_dir, client, self.meta, peers=peers, config=self.config, options=checked.options)

@@ -105,10 +105,10 @@ def test_ranks_sharing_a_constructor_share_its_bytes(dask_client: Client, stream
     """The window the Executor serves with: `constructor_bytes` split among the ranks of one constructor (dp 2)."""
     meta = read_plan(stream_plan)
     step = step_bytes(meta.seq_len, meta.micro_batches)
-    bounds = {"bytes_in_flight": 64 * step, "constructor_bytes": 8 * step}
-    assert Executor(stream_plan, dask_client, constructors=1, **bounds).window == 4  # 2 ranks: 4 steps each
-    assert Executor(stream_plan, dask_client, constructors=2, **bounds).window == 8  # a rank alone: all 8
-    assert Executor(stream_plan, dask_client, constructors=2, window=9, **bounds).window == 9  # the least
+    bounds = {"bytes_in_flight": 200 * step, "constructor_bytes": 300 * step}  # above the 64-step floor
+    assert Executor(stream_plan, dask_client, constructors=1, **bounds).window == 150  # 2 ranks: 150 steps each
+    assert Executor(stream_plan, dask_client, constructors=2, **bounds).window == 200  # a rank alone: its own bound
+    assert Executor(stream_plan, dask_client, constructors=2, window=250, **bounds).window == 250  # the least
 
 
 def test_a_corrupt_source_file_fails_the_rank_with_its_path(

@@ -122,3 +122,16 @@ def test_a_block_of_other_cp_ranks_or_malformed_is_refused_on_arrival(tmp_path: 
     with pytest.raises(ExecutionError, match="without labels"):
         client._accept(4, thin_shards)
     assert not client._got
+
+
+def test_a_thin_step_is_counted_at_the_bytes_it_is_held_and_moved_at() -> None:
+    """A client's own `bytes_in_flight` divides by a step's held bytes: a thin block's input ids and cu_seqlens
+    (labels and position ids are made a few steps at a time, not held ahead), all arrays otherwise."""
+    from loomdata.client._stream import _nbytes
+    from loomdata.schemas.batch import SEGMENT_DTYPE, Batch
+
+    ids = np.arange(4096, dtype=np.int32)
+    cu = np.array([0, 4096], dtype=np.int32)
+    b = Batch(0, 0, 0, 0, ids, ids.copy(), ids.copy(), cu, np.zeros(1, dtype=SEGMENT_DTYPE))
+    assert _nbytes(b, thin=True) == 4 * 4096 + cu.nbytes
+    assert _nbytes(b) == 3 * 4 * 4096 + cu.nbytes

@@ -7,7 +7,12 @@ import dataclasses
 import pytest
 
 from loomdata.execution import Autoscaling, ServeConfig, Timings
-from loomdata.execution._config import DEFAULT_BYTES_IN_FLIGHT, DEFAULT_CONSTRUCTOR_BYTES, MAX_STEPS_AHEAD
+from loomdata.execution._config import (
+    DEFAULT_BYTES_IN_FLIGHT,
+    DEFAULT_CONSTRUCTOR_BYTES,
+    MAX_STEPS_AHEAD,
+    SHARED_FLOOR_STEPS,
+)
 from loomdata.execution._window import step_bytes
 
 
@@ -74,15 +79,30 @@ def test_the_window_follows_the_bytes_in_flight_bound() -> None:
 
 def test_ranks_sharing_a_constructor_share_its_bytes() -> None:
     """16 MiB a constructor: 1 or 2 ranks of 4096 tokens get 512 steps each (8 MiB a rank), 4 ranks 256, 16 ranks 64,
-    64 ranks 16; more constructors give each rank more of it; the least `window` stays whatever the bounds say."""
+    and more ranks never fewer than 64 each (SHARED_FLOOR_STEPS: fewer would mean more calls a step); more
+    constructors give each rank more of it; the least `window` stays whatever the bounds say."""
     c = ServeConfig()
-    assert [c.for_plan(4096, 1, dp).window for dp in (1, 2, 4, 16, 64)] == [512, 512, 256, 64, 16]
+    assert SHARED_FLOOR_STEPS == 64
+    assert [c.for_plan(4096, 1, dp).window for dp in (1, 2, 4, 16, 64, 256)] == [512, 512, 256, 64, 64, 64]
+    assert c.for_plan(8192, 8, 64).window == 32  # the per-rank bound still holds under the floor
     assert c.with_settings(constructors=4).for_plan(4096, 1, 16).window == 256  # 4 ranks each
     assert c.with_settings(constructors=3).for_plan(4096, 1, 16).window == 16 * 1024 * 1024 // (6 * 4 * 4096)
     assert c.with_settings(constructors=64).for_plan(4096, 1, 16).window == 512  # one rank each, no empty group
     assert c.with_settings(constructor_bytes=0, window=5).for_plan(4096, 1, 16).window == 5
     with pytest.raises(ValueError, match="constructor_bytes"):
         ServeConfig(constructor_bytes=-1)
+
+
+def test_a_long_lane_or_images_narrow_the_window() -> None:
+    """A step counts at its longest lane's length; a plan with images at three arrays a token (its groups are held
+    as whole batches, pixels uncounted) and at most SHARED_FLOOR_STEPS steps, as before session 21."""
+    c = ServeConfig()
+    assert c.for_plan(4096, 1, 1, long_seq_len=131072).window == c.for_plan(131072, 1, 1).window == 16
+    assert c.for_plan(4096, 1, 1, long_seq_len=None).window == 512
+    with_images = c.for_plan(4096, 1, 1, images=True)
+    assert with_images.window == SHARED_FLOOR_STEPS
+    assert with_images.for_plan(4096, 1, 1, images=True) == with_images  # idempotent
+    assert c.for_plan(65536, 8, 1, images=True).window == c.window  # a step over the bound: the least window
 
 
 def test_no_worker_processes_is_a_layout() -> None:

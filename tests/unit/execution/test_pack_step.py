@@ -197,3 +197,20 @@ def test_pack_group_pads_rows_no_answer_covers(seed: int) -> None:
                 assert np.array_equal(x.input_ids[keep], y.input_ids[keep])
                 assert np.array_equal(x.position_ids, y.position_ids)
                 assert np.array_equal(x.cu_seqlens, y.cu_seqlens)
+
+
+def test_a_held_pack_made_for_a_peer_stays_thin() -> None:
+    """`made` gives the batches `batches` gives, without keeping them (a CP peer's take must not turn the held step
+    into three arrays a token, which `step_bytes` does not count); `batches` keeps them."""
+    rng = np.random.default_rng(7)
+    meta = PackMeta(micro_batches=2, lanes=(64, 128))
+    rules = PackRules(pad_token_id=5, image_token_id=7)
+    work, rows, answers = _group(rng, meta, 0, False)
+    packs = pack_group(meta, rules, work, rows, answers)  # type: ignore[arg-type]
+    pack = next(iter(packs[0].values()))
+    assert pack.block is not None
+    made = pack.made()
+    assert pack._batches is None
+    for x, y in zip(made, pack.batches, strict=True):
+        _same(x, y)
+    assert pack._batches is not None

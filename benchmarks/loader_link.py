@@ -80,7 +80,7 @@ def main() -> None:
     from loomtest.stream import index_and_plan, make_spec
 
     with (
-        tempfile.TemporaryDirectory(prefix="loom-link-bench-") as tmp,
+        tempfile.TemporaryDirectory(prefix="loom-bench-link-") as tmp,
         open_cluster(n_workers=2, local_directory=Path(tmp) / "dask") as client,
     ):
         spec = make_spec(Path(tmp) / "plan", steps=8, dp_size=1, micro_batches=4, seq_len=1024)

@@ -16,12 +16,15 @@ Only `SourceLoader.read` is served, and only for an actor key that is a live loa
 
 Where it applies: a constructor learns a worker's link endpoint once, from any loader there
 (`LinkedLoader.link_endpoint`, an actor call; the executor's loaders are `LinkedLoader`s: a method on
-`SourceLoader` itself would make `_loader` import this module, a circle); a worker on another host (another
-`host_id`), one without Unix sockets, a loader without the method, or a link that refused or failed to connect
-is read through Dask (the endpoint is asked again after `RETRY_AFTER_S`). Recovery stays `_reads`'s: a link
-that breaks fails its reads in flight with ConnectionError (sorted "lost", asked again on the route of the
-moment), a retired loader raises `LoaderRetired` through it as through Dask, and a key the worker no longer
-holds (a released actor) is read through Dask, whose answer is the one `_reads` already sorts.
+`SourceLoader` itself would make `_loader` import this module, a circle). A worker on another host (another
+`host_id`) or whose link is refused (`LinkRefused`) is read through Dask for good: its endpoint is not asked
+again. A worker without a link (no Unix sockets, a socket path too long), a loader without the method, or a link
+that failed to connect is read through Dask for `RETRY_AFTER_S`, then its endpoint is asked again. A loader on
+the constructor's own worker is never read over a link (in-process while it is live, else through Dask).
+Recovery stays `_reads`'s: a link that breaks fails its reads in flight with ConnectionError (sorted "lost",
+asked again on the route of the moment), a retired loader raises `LoaderRetired` through it as through Dask, a
+key the worker no longer holds (a released actor) is read through Dask, whose answer is the one `_reads` already
+sorts, and an answer that does not unpickle fails its read with ExecutionError (the link stays open).
 `LOOM_LOADER_LINK=0` turns the link off.
 """
 
@@ -34,6 +37,7 @@ import functools
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
@@ -85,6 +89,7 @@ RETRY_AFTER_S = 5.0
 
 LINK_SOCKET = "loader.sock"
 _PREFIX = "loom-link-"
+_FOLDER_NAME = re.compile(re.escape(_PREFIX) + r"[a-z0-9_]{8}")  # the names `tempfile.mkdtemp(prefix=_PREFIX)` makes
 _STALE_AFTER_S = 60.0  # a folder this old whose socket refuses connections is a killed worker's
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 _MAX_REQUEST = 64 << 20  # a request's rows (20 bytes each): far above any step's
@@ -239,8 +244,8 @@ class _ServerConnection(_Frames):
             key = json.loads(body)["key"]
             if not isinstance(key, str) or len(buffers) != 1 or len(buffers[0]) % REQUEST_DTYPE.itemsize:
                 raise ValueError("a key and one buffer of request rows")
-        except (ValueError, KeyError, TypeError) as e:
-            raise WireError(f"not a loader read request ({type(e).__name__}: {e})") from None
+        except Exception as e:  # not JSON, not an object with a key, nested past the recursion limit, ...
+            raise WireError(f"not a loader read request ({type(e).__name__}: {str(e)[:200]})") from None
         request = np.frombuffer(buffers[0], dtype=REQUEST_DTYPE)
         task = asyncio.ensure_future(self._answer(request_id, key, request))
         self._tasks.add(task)
@@ -348,19 +353,42 @@ async def serve_link() -> LinkEndpoint | None:
 
 
 def _sweep_stale(tmp: Path) -> None:
-    """Remove this user's link folders whose socket nobody listens on (workers killed before their exit handlers)."""
+    """Remove this user's link folders left by workers killed before their exit handlers: a folder named as
+    `mkdtemp(prefix=_PREFIX)` names them, owned by this user, untouched for `_STALE_AFTER_S`, and holding nothing
+    or only a `loader.sock` socket that refuses connections. Anything else (another program's folder, a live
+    socket, any other entry) is left alone."""
+    uid = os.getuid()
     for folder in tmp.glob(f"{_PREFIX}*"):
+        if _FOLDER_NAME.fullmatch(folder.name) is None:
+            continue
         try:
             st = folder.lstat()
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or time.time() - st.st_mtime < _STALE_AFTER_S:
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or time.time() - st.st_mtime < _STALE_AFTER_S:
                 continue
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-                probe.setblocking(False)
-                probe.connect(str(folder / LINK_SOCKET))
-        except (ConnectionRefusedError, FileNotFoundError):
-            shutil.rmtree(folder, ignore_errors=True)
-        except OSError:  # alive (connected, or its backlog full), or not ours to judge
+            entries = os.listdir(folder)
+            if entries:
+                if entries != [LINK_SOCKET] or not _dead_socket(folder / LINK_SOCKET, uid):
+                    continue
+                os.unlink(folder / LINK_SOCKET)
+            os.rmdir(folder)  # fails, and keeps it, if anything appeared in it meanwhile
+        except OSError:  # gone meanwhile, or not ours to judge
             continue
+
+
+def _dead_socket(path: Path, uid: int) -> bool:
+    """Whether `path` is a Unix socket of uid `uid` that nobody listens on (connecting is refused)."""
+    st = path.lstat()
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            return True
+        except OSError:  # alive with its backlog full, or not ours to judge
+            return False
+    return False  # connected: alive
 
 
 # ---- the client (in the constructor's worker) ------------------------------------------------------------------
@@ -393,7 +421,11 @@ class Link(_Frames):
         fut = self._pending.pop(request_id, None)
         if fut is None or fut.done():  # an abandoned read: dropped
             return
-        value = decode_answer(body, buffers)
+        try:
+            value = decode_answer(body, buffers)
+        except Exception as e:  # e.g. an exception class that does not unpickle: the read fails, the link stays
+            fut.set_exception(ExecutionError(f"undecodable answer from {self.address}: {type(e).__name__}: {e}"))
+            return
         if kind == ERROR:
             fut.set_exception(value if isinstance(value, BaseException) else ExecutionError(str(value)))
         else:
@@ -484,7 +516,19 @@ def link_for(loader: Any) -> Link | asyncio.Future[Link | None] | None:
         del links.links[address]  # broke (its worker died?): connect again, or read through Dask
     if time.monotonic() < links.not_before.get(address, 0.0):
         return None
+    if address == _own_address():  # a loader released from this very worker: no link to itself, Dask answers
+        return None
     return asyncio.ensure_future(links.open(loader, address))
+
+
+def _own_address() -> str | None:
+    """The address of the worker this runs on (None off a worker)."""
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().address)
+    except ValueError:
+        return None
 
 
 async def _connect(path: str, address: str) -> Link:

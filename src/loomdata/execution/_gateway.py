@@ -19,7 +19,6 @@ buffers in one `sendmsg` (no join into one bytes, no copy into a transport's buf
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import logging
 import os
@@ -28,13 +27,13 @@ import shutil
 import socket
 import ssl
 import stat
-import tempfile
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from loomdata.execution._unix_listen import listen_unix
 from loomdata.execution._wire import (
     HEADER,
     MAGIC,
@@ -63,7 +62,6 @@ _STALE_AFTER_S = 60.0  # a folder this old whose socket refuses connections is a
 _RECV_CHUNK = 1 << 16  # a same-host connection's requests are read this much at a time (a request: ~200 bytes)
 _IOV_MAX = 512  # parts per sendmsg (Linux allows 1024)
 _SEND_BUFFER = 4 << 20  # a take leaves in one sendmsg, not one per 208 KiB (the kernel caps it at wmem_max)
-_MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes: a longer temporary folder gets no same-host endpoint
 
 
 class GatewayAddress(NamedTuple):
@@ -102,27 +100,11 @@ class _Gateway:
 
     def _open_local(self) -> LocalGateway | None:
         """Listen on a Unix socket in a fresh 0700 folder (removed at exit); None where that is not possible."""
-        if not hasattr(socket, "AF_UNIX") or not hasattr(socket, "SO_PEERCRED"):
+        got = listen_unix(_PREFIX, LOCAL_SOCKET, _sweep_stale, logger, "gateway same-host endpoint", "ranks use TLS")
+        if got is None:
             return None
-        _sweep_stale(Path(tempfile.gettempdir()))
-        folder = Path(tempfile.mkdtemp(prefix=_PREFIX))  # 0700, owned by this user, a name nobody else holds
-        path = folder / LOCAL_SOCKET
-        if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
-            shutil.rmtree(folder, ignore_errors=True)
-            logger.info("gateway: no same-host endpoint (%s is too long for a Unix socket); ranks use TLS", path)
-            return None
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            listener.bind(str(path))
-            listener.listen(128)
-            listener.setblocking(False)
-        except OSError as e:
-            listener.close()
-            shutil.rmtree(folder, ignore_errors=True)
-            logger.info("gateway: no same-host endpoint (%s: %s); ranks use TLS", type(e).__name__, e)
-            return None
+        path, listener = got
         self._local = listener
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
         self._accepting = asyncio.ensure_future(self._accept_local(listener))
         return LocalGateway(path=str(path), host_id=host_id())
 

@@ -31,7 +31,6 @@ sorts, and an answer that does not unpickle fails its read with ExecutionError (
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import functools
 import json
@@ -41,7 +40,6 @@ import re
 import shutil
 import socket
 import stat
-import tempfile
 import time
 import weakref
 from collections.abc import Callable
@@ -52,6 +50,7 @@ import numpy as np
 
 from loomdata.execution._dask_actors import actor_address, worker_actor
 from loomdata.execution._loader import REQUEST_DTYPE, SegmentData, SourceLoader
+from loomdata.execution._unix_listen import listen_unix
 from loomdata.execution._wire import (
     ANSWER,
     ERROR,
@@ -91,7 +90,6 @@ LINK_SOCKET = "loader.sock"
 _PREFIX = "loom-link-"
 _FOLDER_NAME = re.compile(re.escape(_PREFIX) + r"[a-z0-9_]{8}")  # the names `tempfile.mkdtemp(prefix=_PREFIX)` makes
 _STALE_AFTER_S = 60.0  # a folder this old whose socket refuses connections is a killed worker's
-_MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 _MAX_REQUEST = 64 << 20  # a request's rows (20 bytes each): far above any step's
 _DIRECT = 1 << 16  # a frame part this large is received straight into its own buffer, not through the scratch
 _ENDPOINT_TIMEOUT_S = 10.0
@@ -284,29 +282,19 @@ class _Server:
         self._live: weakref.WeakSet[_ServerConnection] = weakref.WeakSet()
 
     async def open(self) -> LinkEndpoint | None:
-        if not hasattr(socket, "AF_UNIX") or not hasattr(socket, "SO_PEERCRED"):
+        got = listen_unix(_PREFIX, LINK_SOCKET, _sweep_stale, logger, "loader link", "reads go through Dask")
+        if got is None:
             return None
-        _sweep_stale(Path(tempfile.gettempdir()))
-        folder = Path(tempfile.mkdtemp(prefix=_PREFIX))  # 0700, owned by this user, a name nobody else holds
-        path = folder / LINK_SOCKET
-        if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
-            shutil.rmtree(folder, ignore_errors=True)
-            logger.info("loader link: none (%s is too long for a Unix socket); reads go through Dask", path)
-            return None
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        path, listener = got
         try:
-            listener.bind(str(path))
-            listener.listen(128)
-            listener.setblocking(False)
             loop = asyncio.get_running_loop()
             serve = functools.partial(_ServerConnection, self.lookup, self._live)
             self._server = await loop.create_unix_server(serve, sock=listener)
         except OSError as e:
             listener.close()
-            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(path.parent, ignore_errors=True)
             logger.info("loader link: none (%s: %s); reads go through Dask", type(e).__name__, e)
             return None
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
         self.endpoint = LinkEndpoint(str(path), host_id())
         return self.endpoint
 

@@ -449,7 +449,7 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.constructor_bytes // 1024,
         metavar="KIB",
         help="KiB of batches one constructor builds ahead for all its ranks together (each rank gets at most "
-        "--bytes-in-flight of it, and never fewer than 64 steps where --bytes-in-flight holds them)",
+        "--bytes-in-flight of it, and never fewer than 64 steps where --bytes-in-flight holds them; 0: --window alone)",
     )
     s.add_argument(
         "--loader-prefetch",

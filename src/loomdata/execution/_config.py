@@ -158,9 +158,11 @@ class ServeConfig:
     keep together, each only until its last use in the next `window` + 2 steps (`_loader_cache`; 0: keep none).
     `bytes_in_flight`: bytes of one rank's batches built ahead of it; `constructor_bytes`: bytes one
     constructor builds ahead for all its ranks together. The window is `max(window, min(bytes_in_flight //
-    step, max(constructor_bytes // (ranks x step), SHARED_FLOOR_STEPS), MAX_STEPS_AHEAD))` steps, `step` the bytes
-    of a rank's step as held and moved at its longest lane (`_window.step_bytes`: 4 a token) and `ranks` the most a
-    constructor serves (`steps_ahead`; a plan with images: three arrays a token, at most SHARED_FLOOR_STEPS); a
+    step, max(constructor_bytes // (ranks x step), min(bytes_in_flight // step, SHARED_FLOOR_STEPS)),
+    MAX_STEPS_AHEAD))` steps (`constructor_bytes` 0: `window` alone), `step` the bytes of a rank's step as held and
+    moved (`_window.step_bytes`: 4 a token; one micro-batch at the long lane's length where the plan has one) and
+    `ranks` the most a constructor serves (`steps_ahead`; a plan with images: `max(window, min(bytes_in_flight //
+    (3 x step), SHARED_FLOOR_STEPS))`, no shared bound); a
     client takes up to half of it a call with prefetch on, all of it without (the `window` + 2 above is that
     window). Memory: a build group's block lives until its last step is taken, so a constructor may hold up to
     about twice its steps' bytes, and the loaders' horizon follows the window (more rows planned ahead at 1-4 ranks
@@ -242,10 +244,11 @@ class ServeConfig:
         """This config with `window` widened to hold the bytes bounds of a plan's steps (what Executor uses); the
         largest group of its `dp_size` ranks one of `constructors` serves shares `constructor_bytes`.
 
-        A step is counted at its longest lane's length (`long_seq_len`), and a plan with images at three arrays a
-        token and at most SHARED_FLOOR_STEPS steps (image groups are held as whole batches and their pixels are not
-        counted: the bound before session 21)."""
-        step = step_bytes(max(seq_len, long_seq_len or 0), micro_batches)
+        A step of a plan with a long lane is counted with one of its micro-batches at `long_seq_len` (an upper bound
+        where long lanes are rarer), and a plan with images at three arrays a token and at most SHARED_FLOOR_STEPS
+        steps, `bytes_in_flight` alone (image groups are held as whole batches and their pixels are not counted: the
+        bound before session 21)."""
+        step = step_bytes(seq_len, micro_batches) + 4 * max(0, (long_seq_len or 0) - seq_len)  # one long lane a step
         if images:
             return self.with_settings(
                 window=max(self.window, min(self.bytes_in_flight // (3 * step), SHARED_FLOOR_STEPS))

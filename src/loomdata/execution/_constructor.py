@@ -158,7 +158,7 @@ class DataConstructor:
         The steps after the first are only the ones held now (never waited for), so the answer comes
         as soon as `step` is ready; each counts as a take of that step (released after `peers`).
         """
-        return [p.batches for p in await self._take_packs(dp_rank, step, count, telemetry, cp_rank)]
+        return [p.made() for p in await self._take_packs(dp_rank, step, count, telemetry, cp_rank)]  # held: thin
 
     async def take_block(self, dp_rank: int, step: int, count: int, *more: Any, **cp: Any) -> BatchBlock:
         """`take_steps` as one `BatchBlock` (what clients call): slices of the blocks the steps were packed in."""

@@ -55,22 +55,26 @@ PLAN_CHECK_TIMEOUT_S = 600.0
 """The most seconds the child interpreter that validates a plan for serving may take (it lists each source's files)."""
 
 _ANSWER_MARK = b"\x00loom-plan-check\x00"
-"""Ends the child's stdout just before its answer's length and pickle: anything printed earlier (a sitecustomize,
-a .pth file) comes before the mark and is not read as the answer."""
+"""Ends the child's stdout, after its answer's pickle and that pickle's 8-byte length: anything printed before (a
+sitecustomize, a .pth file) stays ahead of the answer, and the answer is found from the end."""
 
 _CHECK = """
 import sys
 root = sys.argv[1]
-sys.path[:] = ([] if root in sys.path else [root]) + [p for p in sys.path if p]  # not the working directory (-c)
-import os, pickle
+import os
+real = os.path.realpath(root)
+if real not in {os.path.realpath(p) for p in sys.path if p}:
+    sys.path.insert(0, root)
+sys.path[:] = [p for p in sys.path if p]  # not the working directory (-c puts it first)
+import pickle
 out = os.fdopen(os.dup(1), "wb")
 os.dup2(2, 1)  # whatever else the child prints goes to stderr, never into the answer
 import loomdata
-if not os.path.realpath(loomdata.__file__).startswith(os.path.realpath(root) + os.sep):
+if os.path.commonpath([real, os.path.realpath(loomdata.__file__)]) != real:
     raise SystemExit(f"the child imported loomdata from {loomdata.__file__}, not from {root}")
 from loomdata.execution._plan_meta import _ANSWER_MARK, _check_in_child
 answer = pickle.dumps(_check_in_child(sys.stdin.buffer.read()))
-out.write(_ANSWER_MARK + len(answer).to_bytes(8, "little") + answer)
+out.write(answer + len(answer).to_bytes(8, "little") + _ANSWER_MARK)
 out.flush()
 """
 
@@ -135,14 +139,14 @@ def check_plan(
 
 
 def _answer_of(stdout: bytes) -> bytes:
-    """The child's answer: the pickle after the last `_ANSWER_MARK` and its 8-byte length, which must end stdout."""
-    at = stdout.rfind(_ANSWER_MARK)
-    if at < 0:
+    """The child's answer: the pickle before the 8-byte length and the `_ANSWER_MARK` that end stdout."""
+    tail = len(_ANSWER_MARK) + 8
+    if not stdout.endswith(_ANSWER_MARK) or len(stdout) < tail:
         raise ValueError("no answer")
-    start = at + len(_ANSWER_MARK) + 8
-    if int.from_bytes(stdout[start - 8 : start], "little") != len(stdout) - start:
+    size = int.from_bytes(stdout[-tail : -len(_ANSWER_MARK)], "little")
+    if size > len(stdout) - tail:
         raise ValueError("a truncated answer")
-    return stdout[start:]
+    return stdout[len(stdout) - tail - size : len(stdout) - tail]
 
 
 def _check_in_child(request: bytes) -> tuple[Any, ...]:

@@ -98,3 +98,17 @@ def test_an_executor_refuses_the_check_of_another_plan(stream_plan: Path, tmp_pa
         Executor(other, client=None, checked=check_plan(stream_plan))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not both"):
         Executor(stream_plan, client=None, checked=check_plan(stream_plan), storage_options={})  # type: ignore[arg-type]
+
+
+def test_the_child_refuses_another_loomdata_first_on_its_path(
+    stream_plan: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `loomdata` ahead of this one on PYTHONPATH is not what checks the plan (it would see the options)."""
+    from loomdata.schemas import ExecutionError
+
+    fake = tmp_path / "fake"
+    (fake / "loomdata").mkdir(parents=True)
+    (fake / "loomdata" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(fake))
+    with pytest.raises(ExecutionError, match="imported loomdata from"):
+        check_plan(stream_plan)

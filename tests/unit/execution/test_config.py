@@ -94,10 +94,12 @@ def test_ranks_sharing_a_constructor_share_its_bytes() -> None:
 
 
 def test_a_long_lane_or_images_narrow_the_window() -> None:
-    """A step counts at its longest lane's length; a plan with images at three arrays a token (its groups are held
-    as whole batches, pixels uncounted) and at most SHARED_FLOOR_STEPS steps, as before session 21."""
+    """A step counts one micro-batch at the long lane's length; a plan with images at three arrays a token (its
+    groups are held as whole batches, pixels uncounted) and at most SHARED_FLOOR_STEPS steps, as before session 21."""
     c = ServeConfig()
     assert c.for_plan(4096, 1, 1, long_seq_len=131072).window == c.for_plan(131072, 1, 1).window == 16
+    step = 4 * (7 * 4096 + 131072)  # 8 micro-batches, one of them at the long lane's length
+    assert c.for_plan(4096, 8, 1, long_seq_len=131072).window == 8 * 1024 * 1024 // step == 13
     assert c.for_plan(4096, 1, 1, long_seq_len=None).window == 512
     with_images = c.for_plan(4096, 1, 1, images=True)
     assert with_images.window == SHARED_FLOOR_STEPS

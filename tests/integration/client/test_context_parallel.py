@@ -13,7 +13,9 @@ from distributed import Client
 
 from loomdata import reassemble_cp
 from loomdata.client import StreamClient
-from loomdata.execution import Executor
+from loomdata.execution import Executor, ServeConfig
+from loomdata.execution._config import SHARED_FLOOR_STEPS
+from loomdata.execution._window import step_bytes
 from loomdata.indexing import build_index
 from loomdata.planning import make_plan
 from loomdata.schemas import ExecutionError, cp_group_size, cp_positions, parse_spec, read_plan
@@ -42,6 +44,13 @@ def test_cp_peers_shards_reassemble_to_the_whole_read(
     meta = oracle.meta
     seen = {0: 0, 1: 0}
     tokens = 0
+    bound = 64 * step_bytes(meta.seq_len, meta.micro_batches)  # 64 short steps; a step with a long lane is larger
+    window = (
+        ServeConfig(bytes_in_flight=bound)
+        .for_plan(meta.seq_len, meta.micro_batches, meta.dp_size, long_seq_len=meta.long_seq_len)
+        .window
+    )
+    assert Executor(plan_dir, dask_client, bytes_in_flight=bound).window == window < 64  # the Executor counts it
     # one whole reader and CP peers per dp rank: peers = 1 + CP takes release a held step
     with Executor(plan_dir, dask_client, peers=1 + CP) as ex:
         with pytest.raises(ExecutionError, match=rf"pass a cp rank in 0\.\.{CP - 1}"):
@@ -89,6 +98,7 @@ def test_every_format_with_images_under_two_cp_sizes(dask_client: Client, tmp_pa
     assert cp_group_size(res_meta) == 4
     lane_cp = {0: 2, 1: 4}
     images = cut = 0
+    assert Executor(plan_dir, dask_client).window == SHARED_FLOOR_STEPS  # a plan with images: the bound before 21
     lanes = set()
     with Executor(plan_dir, dask_client, peers=1 + 4):
         for r in range(res_meta.dp_size):

@@ -20,7 +20,6 @@ import itertools
 import os
 import socket
 import ssl
-import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from loomdata.execution._wire import (
     encode_request,
     lengths_format,
 )
-from loomdata.execution.protocol import peer_uid
+from loomdata.execution.protocol import foreign_folder, peer_uid
 
 __all__ = ["DirectConstructor", "LocalRefused"]
 
@@ -183,13 +182,10 @@ class DirectConstructor:
 
 def _connect_local(path: str, timeout: float) -> socket.socket:
     """A connection to a gateway's Unix socket, once its folder and its server are known to be this user's."""
-    folder = Path(path).parent
-    st = os.lstat(folder)  # gone (a worker since stopped): OSError, the rank uses TLS
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+    why = foreign_folder(Path(path).parent)  # gone (a worker since stopped): OSError, the rank uses TLS
+    if why is not None:
         raise LocalRefused(
-            f"gateway socket folder {folder} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}; a "
-            f"rank uses only a folder of its own user (uid {os.getuid()}) closed to others: this serve.json was not "
-            "written by your `loom serve` (the rank uses TLS)"
+            f"gateway socket folder {why}: this serve.json was not written by your `loom serve` (the rank uses TLS)"
         )
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -23,14 +23,10 @@ import contextlib
 import logging
 import os
 import secrets
-import shutil
 import socket
 import ssl
-import stat
-import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from loomdata.execution._unix_listen import listen_unix
@@ -58,7 +54,6 @@ METHODS = frozenset({"take", "take_steps", "take_block", "record_telemetry"})
 LOCAL_SOCKET = "gateway.sock"
 """The Unix socket's name inside the gateway's private folder."""
 _PREFIX = "loom-gw-"
-_STALE_AFTER_S = 60.0  # a folder this old whose socket refuses connections is a killed worker's
 _RECV_CHUNK = 1 << 16  # a same-host connection's requests are read this much at a time (a request: ~200 bytes)
 _IOV_MAX = 512  # parts per sendmsg (Linux allows 1024)
 _SEND_BUFFER = 4 << 20  # a take leaves in one sendmsg, not one per 208 KiB (the kernel caps it at wmem_max)
@@ -100,7 +95,7 @@ class _Gateway:
 
     def _open_local(self) -> LocalGateway | None:
         """Listen on a Unix socket in a fresh 0700 folder (removed at exit); None where that is not possible."""
-        got = listen_unix(_PREFIX, LOCAL_SOCKET, _sweep_stale, logger, "gateway same-host endpoint", "ranks use TLS")
+        got = listen_unix(_PREFIX, LOCAL_SOCKET, logger, "gateway same-host endpoint", "ranks use TLS")
         if got is None:
             return None
         path, listener = got
@@ -260,22 +255,6 @@ class _Sender:
         self._conn.close()
         for writable in list(self._waiting):
             _wake(writable)
-
-
-def _sweep_stale(tmp: Path) -> None:
-    """Remove this user's gateway folders whose socket nobody listens on (workers killed before their exit handlers)."""
-    for folder in tmp.glob(f"{_PREFIX}*"):
-        try:
-            st = folder.lstat()
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or time.time() - st.st_mtime < _STALE_AFTER_S:
-                continue
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-                probe.setblocking(False)
-                probe.connect(str(folder / LOCAL_SOCKET))
-        except (ConnectionRefusedError, FileNotFoundError):
-            shutil.rmtree(folder, ignore_errors=True)
-        except OSError:  # alive (connected, or its backlog full), or not ours to judge
-            continue
 
 
 def _wake(future: asyncio.Future[None]) -> None:

@@ -1,12 +1,12 @@
 """Same-host loader reads without Dask actor calls: a constructor reads a loader on another worker of its host
 through that worker's loader link, a Unix socket.
 
-Why: a Dask actor call costs ~4 ms of event-loop CPU per read on the two workers together (TLS, Dask's comm
-stack, msgpack and pickle, the actor machinery), far more than the loader's own read of a few thousand tokens;
-a delivery step reads hundreds of sources. Over the link a read is one small frame out (`_wire`'s header, a
-JSON body naming the loader's actor key, the request's rows as one raw buffer) and one frame back (the answer
-as a protocol-5 pickle, its arrays as raw buffers), on both ends handled by an asyncio protocol on the
-worker's event loop.
+Why: a Dask actor call costs ~1.1-2.2 ms of CPU per read on the two workers together beyond the loader's own read
+(~0.4 ms; TLS, Dask's comm stack, msgpack and pickle, the actor machinery), the link ~0.2-0.9 ms
+(`benchmarks/loader_link.py`), and a build group reads every source of the mixture. Over the link a read is one
+small frame out (`_wire`'s header, a JSON body naming the loader's actor key, the request's rows as one raw buffer)
+and one frame back (the answer as a protocol-5 pickle, its arrays as raw buffers), on both ends handled by an
+asyncio protocol on the worker's event loop.
 
 Safety, as the rank gateway's same-host endpoint (`_gateway`): the socket lives in a folder made with mode
 0700, and each end checks the other's uid (SO_PEERCRED); the server never unpickles what a peer sent (the
@@ -36,10 +36,8 @@ import functools
 import json
 import logging
 import os
-import re
 import shutil
 import socket
-import stat
 import time
 import weakref
 from collections.abc import Callable
@@ -63,7 +61,7 @@ from loomdata.execution._wire import (
     encode_answer,
     lengths_format,
 )
-from loomdata.execution.protocol import host_id, peer_uid
+from loomdata.execution.protocol import foreign_folder, host_id, peer_uid
 from loomdata.schemas.errors import ExecutionError
 
 __all__ = [
@@ -88,8 +86,6 @@ RETRY_AFTER_S = 5.0
 
 LINK_SOCKET = "loader.sock"
 _PREFIX = "loom-link-"
-_FOLDER_NAME = re.compile(re.escape(_PREFIX) + r"[a-z0-9_]{8}")  # the names `tempfile.mkdtemp(prefix=_PREFIX)` makes
-_STALE_AFTER_S = 60.0  # a folder this old whose socket refuses connections is a killed worker's
 _MAX_REQUEST = 64 << 20  # a request's rows (20 bytes each): far above any step's
 _DIRECT = 1 << 16  # a frame part this large is received straight into its own buffer, not through the scratch
 _ENDPOINT_TIMEOUT_S = 10.0
@@ -282,7 +278,7 @@ class _Server:
         self._live: weakref.WeakSet[_ServerConnection] = weakref.WeakSet()
 
     async def open(self) -> LinkEndpoint | None:
-        got = listen_unix(_PREFIX, LINK_SOCKET, _sweep_stale, logger, "loader link", "reads go through Dask")
+        got = listen_unix(_PREFIX, LINK_SOCKET, logger, "loader link", "reads go through Dask")
         if got is None:
             return None
         path, listener = got
@@ -338,45 +334,6 @@ async def serve_link() -> LinkEndpoint | None:
 
         opening.add_done_callback(opened)
     return await asyncio.shield(opening)
-
-
-def _sweep_stale(tmp: Path) -> None:
-    """Remove this user's link folders left by workers killed before their exit handlers: a folder named as
-    `mkdtemp(prefix=_PREFIX)` names them, owned by this user, untouched for `_STALE_AFTER_S`, and holding nothing
-    or only a `loader.sock` socket that refuses connections. Anything else (another program's folder, a live
-    socket, any other entry) is left alone."""
-    uid = os.getuid()
-    for folder in tmp.glob(f"{_PREFIX}*"):
-        if _FOLDER_NAME.fullmatch(folder.name) is None:
-            continue
-        try:
-            st = folder.lstat()
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or time.time() - st.st_mtime < _STALE_AFTER_S:
-                continue
-            entries = os.listdir(folder)
-            if entries:
-                if entries != [LINK_SOCKET] or not _dead_socket(folder / LINK_SOCKET, uid):
-                    continue
-                os.unlink(folder / LINK_SOCKET)
-            os.rmdir(folder)  # fails, and keeps it, if anything appeared in it meanwhile
-        except OSError:  # gone meanwhile, or not ours to judge
-            continue
-
-
-def _dead_socket(path: Path, uid: int) -> bool:
-    """Whether `path` is a Unix socket of uid `uid` that nobody listens on (connecting is refused)."""
-    st = path.lstat()
-    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid:
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.setblocking(False)
-        try:
-            probe.connect(str(path))
-        except ConnectionRefusedError:
-            return True
-        except OSError:  # alive with its backlog full, or not ours to judge
-            return False
-    return False  # connected: alive
 
 
 # ---- the client (in the constructor's worker) ------------------------------------------------------------------
@@ -521,13 +478,9 @@ def _own_address() -> str | None:
 
 async def _connect(path: str, address: str) -> Link:
     """A link over the socket at `path`, once its folder and its server are known to be this user's."""
-    folder = Path(path).parent
-    st = os.lstat(folder)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise LinkRefused(
-            f"link folder {folder} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, "
-            f"not a folder of uid {os.getuid()} closed to others"
-        )
+    why = foreign_folder(Path(path).parent)
+    if why is not None:
+        raise LinkRefused(f"link folder {why}")
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -317,6 +317,19 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+def foreign_folder(folder: Path) -> str | None:
+    """Why `folder` is not a socket folder of this user closed to others (None: it is one); raises OSError if gone.
+
+    What a same-host client checks before it trusts a Unix socket's answers (the rank gateway, the loader link)."""
+    st = os.lstat(folder)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        return None
+    return (
+        f"{folder} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, not a folder of uid "
+        f"{os.getuid()} closed to others"
+    )
+
+
 def peer_uid(conn: socket.socket) -> int | None:
     """The uid of the process at the other end of a Unix socket (SO_PEERCRED; None where unknown)."""
     try:

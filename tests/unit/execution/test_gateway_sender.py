@@ -5,11 +5,8 @@ killed workers are swept."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import threading
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,32 +64,3 @@ def test_a_send_waiting_for_room_fails_when_the_connection_closes() -> None:
 
     asyncio.run(main())
     b.close()
-
-
-def test_only_stale_gateway_folders_are_swept(tmp_path: Path) -> None:
-    """A folder whose socket refuses connections (a killed worker's) goes once it is old; a live or young one stays."""
-    from loomdata.execution._gateway import LOCAL_SOCKET, _sweep_stale
-
-    def folder(name: str, *, listening: bool, age_s: float) -> tuple[Path, socket.socket]:
-        d = tmp_path / name
-        d.mkdir(mode=0o700)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(d / LOCAL_SOCKET))
-        if listening:
-            sock.listen(1)
-        else:
-            sock.close()  # the file stays, nobody listens: connecting is refused
-        old = time.time() - age_s
-        os.utime(d, (old, old))
-        return d, sock
-
-    dead, _ = folder("loom-gw-dead", listening=False, age_s=3600)
-    young, _ = folder("loom-gw-young", listening=False, age_s=0)
-    live, server = folder("loom-gw-live", listening=True, age_s=3600)
-    other, _ = folder("not-a-gateway", listening=False, age_s=3600)
-    try:
-        _sweep_stale(tmp_path)
-    finally:
-        server.close()
-    assert not dead.exists()
-    assert young.exists() and live.exists() and other.exists()

@@ -244,9 +244,7 @@ class SourceLoader:
         """Reads were served (the cache's floor may have moved): drop the checksums no request from it on reads."""
         sums = self._index.checksums
         if isinstance(sums, HeldChecksums):
-            with cache._pool.lock:  # the floor reads the steps recently asked, which `served` changes
-                floor = cache.floor
-            sums.release(floor)
+            sums.release(cache.floor)  # read under the cache's lock
 
     def read_now(self, request: np.ndarray, *, inline: bool = False) -> SegmentData:
         """Synchronous `read` (the work itself); `inline` (on the event loop): no read ahead is started before it

@@ -520,8 +520,8 @@ class PlanUnitCache:
         within `lag_hold_s` if older: a loader serves every group, and one whose ranks run far behind (a slow
         consumer, a rank restarted from a checkpoint) would otherwise find its units' uses forgotten and read each
         unit again at every request. A rank that stops asking stops holding the floor back after `lag_hold_s`."""
-        floor = self.newest - self.policy.horizon_steps
-        return min(floor, self._asked[0][1]) if self._asked else floor
+        with self._pool.lock:  # re-entrant (callers inside it hold it); `served` moves what it reads
+            return min(self.newest - self.policy.horizon_steps, self._asked[0][1] if self._asked else self.newest)
 
     def _asked_for(self, oldest: int) -> None:
         """Record a request whose oldest step is `oldest` (under the pool's lock)."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import random
 import shutil
 import signal
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from loomdata.testing._processes import is_resource_tracker, kill_session
 
 COLS = ("source", "sample", "offset", "length")
 RANKS = 4
@@ -65,7 +66,7 @@ def _serve(plan_dir: Path, log: Any) -> subprocess.Popen[str]:
 def _workers(serve: subprocess.Popen[str]) -> list[psutil.Process]:
     """The serve's Dask worker processes (children of its nannies' process), not resource trackers."""
     kids = psutil.Process(serve.pid).children(recursive=True)
-    return [k for k in kids if "multiprocessing.resource_tracker" not in " ".join(k.cmdline())]
+    return [k for k in kids if not is_resource_tracker(k)]
 
 
 def main() -> None:
@@ -110,8 +111,7 @@ def main() -> None:
     for i in range(args.kills + 1):
         time.sleep(rng.uniform(0.5, 1.5))
         if i == restart_at:
-            os.killpg(serve.pid, signal.SIGKILL)
-            serve.wait()
+            kill_session(serve)  # the whole group but its resource trackers, which unlink its semaphores
             t = time.perf_counter()
             serve = _serve(plan_dir, log)
             print(f"loom serve killed and restarted ({time.perf_counter() - t:.1f}s to serve again)", flush=True)

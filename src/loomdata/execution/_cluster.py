@@ -21,6 +21,7 @@ from distributed import Client, LocalCluster
 from distributed.security import Security
 
 from loomdata.execution._arrow_pool import WORKER_ARROW_POOL, jemalloc_conf_env, user_pool
+from loomdata.execution._child import SAME_LOOMDATA, child_argv
 from loomdata.execution._config import DEFAULT_WORKERS, Timings
 from loomdata.execution._dask_client import new_client
 from loomdata.execution._security import TLS_DIR, TlsFiles, security_of
@@ -130,12 +131,12 @@ def open_cluster(
 
 
 _MAKE_TLS = (
-    "import sys\n"  # loaded at start-up: nothing is imported from the working directory before the next line
-    "sys.path[:] = [p for p in sys.path if p]\n"  # not the working directory (`-c` puts it first)
-    "sys.argv[2] in sys.path or sys.path.append(sys.argv[2])\n"  # this loomdata, after the standard library
-    "import pathlib\n"
-    "from loomdata.execution._security import embedded_tls\n"
-    "embedded_tls(pathlib.Path(sys.argv[1]))\n"
+    SAME_LOOMDATA
+    + """
+import pathlib
+from loomdata.execution._security import embedded_tls
+embedded_tls(pathlib.Path(sys.argv[2]))
+"""
 )
 TLS_CHILD_TIMEOUT_S = 60.0
 """The most seconds the child interpreter that makes an embedded cluster's credentials may take."""
@@ -152,11 +153,10 @@ def tls_apart(folder: Path) -> TlsFiles:
     process; the child, which imports no Dask, takes about 0.1-0.2 s). Only the files' paths come back;
     `cryptography` is never imported here (Dask's TLS contexts then load the files as they would any).
     """
-    package_root = str(Path(__file__).resolve().parents[2])  # the folder holding this `loomdata` package
     where = f"the embedded cluster's TLS credentials in {folder}"
     try:
         subprocess.run(
-            [sys.executable, "-c", _MAKE_TLS, str(folder), package_root],
+            child_argv(_MAKE_TLS, str(folder)),
             check=True,
             capture_output=True,
             text=True,

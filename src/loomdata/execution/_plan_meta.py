@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loomdata.execution._child import SAME_LOOMDATA, child_argv
 from loomdata.execution._storage_options import OptionsBySource, SourceOptions
 from loomdata.schemas.errors import ContractError, ExecutionError
 from loomdata.schemas.plan_view import PlanView, read_plan_view
@@ -58,25 +59,20 @@ _ANSWER_MARK = b"\x00loom-plan-check\x00"
 """Ends the child's stdout, after its answer's pickle and that pickle's 8-byte length: anything printed before (a
 sitecustomize, a .pth file) stays ahead of the answer, and the answer is found from the end."""
 
-_CHECK = """
-import sys
-root = sys.argv[1]
-import os
-real = os.path.realpath(root)
-if real not in {os.path.realpath(p) for p in sys.path if p}:
-    sys.path.insert(0, root)
-sys.path[:] = [p for p in sys.path if p]  # not the working directory (-c puts it first)
+_CHECK = (
+    """
 import pickle
 out = os.fdopen(os.dup(1), "wb")
 os.dup2(2, 1)  # whatever else the child prints goes to stderr, never into the answer
-import loomdata
-if os.path.commonpath([real, os.path.realpath(loomdata.__file__)]) != real:
-    raise SystemExit(f"the child imported loomdata from {loomdata.__file__}, not from {root}")
+"""
+    + SAME_LOOMDATA
+    + """
 from loomdata.execution._plan_meta import _ANSWER_MARK, _check_in_child
 answer = pickle.dumps(_check_in_child(sys.stdin.buffer.read()))
 out.write(answer + len(answer).to_bytes(8, "little") + _ANSWER_MARK)
 out.flush()
 """
+)
 
 
 @dataclass(frozen=True)
@@ -105,11 +101,10 @@ def check_plan(
     error (ContractError, StaleIndexError, ValueError, ...) is raised here as it was raised there.
     """
     p = Path(plan_dir).resolve()
-    package_root = str(Path(__file__).resolve().parents[2])  # the folder holding this `loomdata` package
     request = pickle.dumps((str(p), spec, storage_options))
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _CHECK, package_root],
+            child_argv(_CHECK),
             input=request,
             capture_output=True,
             timeout=PLAN_CHECK_TIMEOUT_S,

@@ -151,3 +151,21 @@ def test_credentials_made_apart_import_nothing_from_the_working_directory(
     monkeypatch.chdir(cwd)
     files = tls_apart(tmp_path / "tls")
     assert Path(files.ca_file).is_file()
+
+
+def test_credentials_made_apart_refuse_another_loomdata_first_on_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `loomdata` ahead of this one on PYTHONPATH is not what writes the cluster's private key."""
+    from loomdata.execution._cluster import tls_apart
+    from loomdata.schemas.errors import ExecutionError
+
+    fake = tmp_path / "fake"
+    (fake / "loomdata" / "execution").mkdir(parents=True)
+    (fake / "loomdata" / "__init__.py").write_text("")
+    (fake / "loomdata" / "execution" / "__init__.py").write_text("")
+    (fake / "loomdata" / "execution" / "_security.py").write_text("def embedded_tls(folder):\n    folder.mkdir()\n")
+    monkeypatch.setenv("PYTHONPATH", str(fake))
+    with pytest.raises(ExecutionError, match=r"imported loomdata from .*fake"):
+        tls_apart(tmp_path / "tls")
+    assert not (tmp_path / "tls").exists()

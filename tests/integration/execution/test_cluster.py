@@ -100,9 +100,9 @@ def test_the_embedded_clusters_housekeeping_is_slower_unless_the_user_configures
         assert client.run_on_scheduler(_periods) == {"tick": 1000.0, "monitor": 2000.0}
     assert dask.config.get("distributed.admin.tick.interval") == "20ms"  # this process's config is left as it was
     monkeypatch.setenv(tick_key, "50ms")  # the user's own setting wins (Dask read DASK_* at import: set it too)
-    with dask.config.set({"distributed.admin.tick.interval": "50ms"}):
-        with open_cluster(n_workers=1, local_directory=tmp_path / "b") as client:
-            assert list(client.run(_periods).values()) == [{"tick": 50.0, "monitor": 2000.0}]
+    user = dask.config.set({"distributed.admin.tick.interval": "50ms"})
+    with user, open_cluster(n_workers=1, local_directory=tmp_path / "b") as client:
+        assert list(client.run(_periods).values()) == [{"tick": 50.0, "monitor": 2000.0}]
 
 
 def test_the_in_process_layout_serves_every_rank_exactly_over_tls(

@@ -248,9 +248,10 @@ def embedded_worker_config(*, dashboard: bool) -> dict[str, Any]:
       of loomdata reads the profiles; the dashboard's Profile page does, so `dashboard` keeps them. A value set in
       code with `dask.config.set` is not seen as the user's (set the key in a config file or DASK_* variable), and
       the False holds in this process's Dask config for as long as the embedded cluster runs.
-    - Dask's periodic housekeeping slower, each unless the user configured its key (`QUIET_PERIODS`): idle, the
-      default periods cost the embedded cluster ~0.1 CPU-second a second (two workers ~0.02-0.025 each, the
-      scheduler and nannies ~0.05), ~0.02 with these (benchmarks/results/stream_throughput_s22_cpu_ab.json's note).
+    - Dask's periodic housekeeping slower, each unless the user configured its key (`QUIET_PERIODS`): with Dask's
+      periods the embedded cluster (2 workers) costs 0.07-0.09 CPU-second a second idle or serving a plan nobody
+      takes from (workers ~0.02 each, the scheduler and nannies 0.03-0.04), 0.018-0.023 with these
+      (benchmarks/cluster_idle.py; results/cluster_idle_s22_cpu.json): a fixed cost a delivery pays whatever it moves.
       The event-loop health tick (20 ms) only feeds "event loop unresponsive" warnings; the memory monitor
       (100 ms) watches for spill, pause and the nanny's terminate threshold; the system monitor (500 ms) feeds
       heartbeats' metrics and the dashboard's plots, so `dashboard` keeps its period.

@@ -663,6 +663,12 @@ def main() -> None:
     ap.add_argument(
         "--bytes-in-flight", type=int, default=None, help="executor bytes bound per rank (default ServeConfig's)"
     )
+    ap.add_argument(
+        "--loader-prefetch",
+        type=int,
+        default=None,
+        help="read units each Source Loader reads ahead at once (default ServeConfig's; 0: no read-ahead)",
+    )
     ap.add_argument("--consumers", type=int, nargs="+", default=list(CONSUMERS))
     ap.add_argument(
         "--workers",
@@ -724,6 +730,8 @@ def main() -> None:
     settings = {"window": args.window}  # the Executor's serving settings (window, bytes bound)
     if args.bytes_in_flight is not None:
         settings["bytes_in_flight"] = args.bytes_in_flight
+    if args.loader_prefetch is not None:
+        settings["loader_prefetch"] = args.loader_prefetch
     from loomdata.indexing import build_index
     from loomdata.planning import make_plan
     from loomdata.schemas import read_plan
@@ -820,6 +828,7 @@ def main() -> None:
             "window": args.window,
             "shuffle": args.shuffle,
             "bytes_in_flight": args.bytes_in_flight,
+            "loader_prefetch": args.loader_prefetch,
             "peer_num_workers": args.peer_workers,
             "transports": args.transports,
             "peers": {k: _PEERS[k].__doc__ for k in args.peers},

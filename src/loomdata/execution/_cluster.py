@@ -228,6 +228,15 @@ PROFILE_KEY = "distributed.worker.profile.enabled"
 """Dask's statistical profiler of worker threads (feeds the dashboard's Profile page and `Client.profile`)."""
 
 
+SYSTEM_MONITOR_KEY = "distributed.admin.system-monitor.interval"
+QUIET_PERIODS = {
+    "distributed.admin.tick.interval": "1s",  # Dask: 20ms
+    "distributed.worker.memory.monitor-interval": "500ms",  # Dask: 100ms
+    SYSTEM_MONITOR_KEY: "2s",  # Dask: 500ms
+}
+"""Periods of Dask's housekeeping callbacks in the embedded cluster (`embedded_worker_config`)."""
+
+
 def embedded_worker_config(*, dashboard: bool) -> dict[str, Any]:
     """Dask config set while the embedded cluster runs (the nannies hand it to the workers they start; the
     in-process layout's worker reads it in this process).
@@ -239,10 +248,20 @@ def embedded_worker_config(*, dashboard: bool) -> dict[str, Any]:
       of loomdata reads the profiles; the dashboard's Profile page does, so `dashboard` keeps them. A value set in
       code with `dask.config.set` is not seen as the user's (set the key in a config file or DASK_* variable), and
       the False holds in this process's Dask config for as long as the embedded cluster runs.
+    - Dask's periodic housekeeping slower, each unless the user configured its key (`QUIET_PERIODS`): with Dask's
+      periods the embedded cluster (2 workers) costs 0.07-0.09 CPU-second a second idle or serving a plan nobody
+      takes from (workers ~0.02 each, the scheduler and nannies 0.03-0.04), 0.018-0.023 with these
+      (benchmarks/cluster_idle.py; results/cluster_idle_s22_cpu.json): a fixed cost a delivery pays whatever it moves.
+      The event-loop health tick (20 ms) only feeds "event loop unresponsive" warnings; the memory monitor
+      (100 ms) watches for spill, pause and the nanny's terminate threshold; the system monitor (500 ms) feeds
+      heartbeats' metrics and the dashboard's plots, so `dashboard` keeps its period.
     """
     config: dict[str, Any] = {}
     if not dashboard and not _user_configured(PROFILE_KEY):
         config[PROFILE_KEY] = False
+    for key, period in QUIET_PERIODS.items():
+        if (not dashboard or key != SYSTEM_MONITOR_KEY) and not _user_configured(key):
+            config[key] = period
     return config
 
 

@@ -38,6 +38,24 @@ def test_client_yields_the_ranks_batches_in_order(dask_client: Client, stream_pl
     )
 
 
+def test_the_first_call_asks_a_few_steps_and_the_rest_at_once(dask_client: Client, stream_plan: Path) -> None:
+    """The first batch waits for FIRST_CALL_STEPS steps' answer, not half a window's; the next call goes out as soon
+    as it arrives, from the first step not received, and the stream is still every step in order."""
+    from loomdata.client._stream import FIRST_CALL_STEPS
+
+    meta = read_plan(stream_plan)
+    with Executor(stream_plan, dask_client, window=16) as ex, StreamClient(stream_plan, 0) as stream:
+        assert ex.window // 2 > FIRST_CALL_STEPS  # a call would ask for more steps than the first one does
+        first = next(stream)
+        assert stream.calls == 2  # the first answer's few steps, and the call sent ahead at once
+        assert sorted(stream._got) == list(range(1, FIRST_CALL_STEPS))
+        assert stream._pending is not None and stream._pending[0] == FIRST_CALL_STEPS
+        rest = list(stream)
+    assert [(b.step, b.micro_batch) for b in [first, *rest]] == [
+        (s, m) for s in range(meta.steps) for m in range(meta.micro_batches)
+    ]
+
+
 def test_state_dict_resume_gives_identical_batches(dask_client: Client, stream_plan: Path) -> None:
     with Executor(stream_plan, dask_client):
         with StreamClient(stream_plan, 0) as first:

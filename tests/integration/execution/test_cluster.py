@@ -79,6 +79,32 @@ def test_workers_run_without_dasks_profiler_unless_the_user_configures_it(
         assert list(client.run(_profiling).values()) == [True]
 
 
+def _periods(dask_worker: Any) -> dict[str, float]:
+    """The periods (ms) of a server's event-loop tick and system monitor callbacks."""
+    return {name: dask_worker.periodic_callbacks[name].callback_time for name in ("tick", "monitor")}
+
+
+def test_the_embedded_clusters_housekeeping_is_slower_unless_the_user_configures_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dask's 20 ms loop tick and 500 ms system monitor run at QUIET_PERIODS' 1 s and 2 s in the workers and the
+    scheduler (their idle CPU: the cluster's fixed cost a second); a user's DASK_* setting wins, this process's
+    own config is left as it was."""
+    from loomdata.execution._cluster import QUIET_PERIODS
+
+    tick_key = "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL"
+    monkeypatch.delenv(tick_key, raising=False)
+    assert set(QUIET_PERIODS) >= {"distributed.admin.tick.interval", "distributed.admin.system-monitor.interval"}
+    with open_cluster(n_workers=1, local_directory=tmp_path / "a") as client:
+        assert list(client.run(_periods).values()) == [{"tick": 1000.0, "monitor": 2000.0}]
+        assert client.run_on_scheduler(_periods) == {"tick": 1000.0, "monitor": 2000.0}
+    assert dask.config.get("distributed.admin.tick.interval") == "20ms"  # this process's config is left as it was
+    monkeypatch.setenv(tick_key, "50ms")  # the user's own setting wins (Dask read DASK_* at import: set it too)
+    user = dask.config.set({"distributed.admin.tick.interval": "50ms"})
+    with user, open_cluster(n_workers=1, local_directory=tmp_path / "b") as client:
+        assert list(client.run(_periods).values()) == [{"tick": 50.0, "monitor": 2000.0}]
+
+
 def test_the_in_process_layout_serves_every_rank_exactly_over_tls(
     stream_plan: Path, tmp_path: Path, loomtest: Any
 ) -> None:

@@ -147,3 +147,26 @@ def test_pack_group_refuses_an_answer_of_the_wrong_size_even_when_the_total_matc
     groups = [np.searchsorted(keep, g) for g in groups]
     with pytest.raises(ExecutionError, match="a loader answered"):
         pack_group(meta, PackRules(pad_token_id=0, image_token_id=7), [(0, [0, 1])], [rows], [(groups, answers)])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_join_equals_a_copy_per_piece_with_runs_and_empty_pieces(seed: int) -> None:
+    """`_join` merges pieces that continue one another in a source and drops empty ones: the same bytes."""
+    rng = np.random.default_rng(seed)
+    sources = [rng.integers(0, 50_000, size=int(rng.integers(0, 200)), dtype=np.int32) for _ in range(4)]
+    src, lo, hi = [], [], []
+    for _ in range(int(rng.integers(0, 120))):
+        s = int(rng.integers(0, len(sources)))
+        n = len(sources[s])
+        run = bool(src) and rng.random() < 0.5 and src[-1] == s and hi[-1] < n  # continue the piece before
+        a = hi[-1] if run else int(rng.integers(0, n + 1))
+        b = a if rng.random() < 0.15 else int(rng.integers(a, n + 1))  # some empty
+        src.append(s)
+        lo.append(a)
+        hi.append(b)
+    want = np.concatenate([sources[s][a:b] for s, a, b in zip(src, lo, hi, strict=True)] or [np.zeros(0, np.int32)])
+    arrays = [np.asarray(x, dtype=np.int64) for x in (src, lo, hi)]
+    np.testing.assert_array_equal(_pack_group._join(sources, *arrays, len(want)), want)
+    merged = _pack_group._runs(*arrays)
+    assert len(merged[0]) <= len(src)
+    assert bool((merged[2] > merged[1]).all())  # no empty piece left

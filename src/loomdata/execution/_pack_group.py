@@ -242,8 +242,8 @@ def _join(sources: list[np.ndarray], src: np.ndarray, lo: np.ndarray, hi: np.nda
     (neighbouring rows of one answer) merged first: a view costs ~1 us whatever its length, one a document.
     """
     out = np.empty(size, dtype=np.int32)
+    src, lo, hi = _runs(src, lo, hi)
     if len(src):
-        src, lo, hi = _runs(src, lo, hi)
         views = map(_cut, map(sources.__getitem__, src.tolist()), map(slice, lo.tolist(), hi.tolist()))
         np.concatenate(list(views), out=out)
     return out

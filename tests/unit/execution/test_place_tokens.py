@@ -170,3 +170,10 @@ def test_join_equals_a_copy_per_piece_with_runs_and_empty_pieces(seed: int) -> N
     merged = _pack_group._runs(*arrays)
     assert len(merged[0]) <= len(src)
     assert bool((merged[2] > merged[1]).all())  # no empty piece left
+
+
+def test_join_of_only_empty_pieces_is_empty() -> None:
+    """A group whose every piece is empty (padding only) joins to an empty array, not numpy's 'need at least one'."""
+    src, lo, hi = (np.asarray(x, dtype=np.int64) for x in ([0, 1], [3, 0], [3, 0]))
+    out = _pack_group._join([np.arange(10, dtype=np.int32), np.arange(4, dtype=np.int32)], src, lo, hi, 0)
+    assert out.dtype == np.int32 and len(out) == 0

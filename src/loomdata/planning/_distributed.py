@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -57,6 +57,7 @@ __all__ = [
     "RANGES_PER_WORKER",
     "Executor",
     "SharedWork",
+    "Speculation",
     "fix_up",
     "indexed_samples",
     "plan_ranges",
@@ -126,30 +127,69 @@ def split_ranges(work: PlanWork, n: int, first: int) -> list[tuple[int, int]]:
     return [(int(bounds[a]), int(bounds[b])) for a, b in itertools.pairwise(cuts) if b > a]
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """The look-ahead worked out over a prefix of the steps first (planning._plan): the ranges ending by `through`
+    are balanced on it while `finish` works out the whole work here, and each is kept only where the prefix's
+    assignment agrees with the whole's before `through` (StepAssignment.agrees; else it is balanced again on the
+    whole work): the look-ahead, serial, overlaps the first ranges' balancing instead of preceding it."""
+
+    work: PlanWork  # the plan's work with the prefix's look-ahead assignment (exact for steps < through if agreed)
+    through: int  # a range bound: the ranges ending by it are balanced on `work`
+    finish: Callable[[], PlanWork]  # the whole work (its assignment over every step), worked out once
+
+
 def plan_ranges(
     client: Executor,
-    work: PlanWork,
+    work: PlanWork | Speculation,
     out: Path,
     carry: Segments | None,
     ranges: list[tuple[int, int]],
     on_part: Callable[[RangePart], None],
 ) -> Segments | None:
     """Balance `ranges` on the cluster (`carry` into the first), fix each up in order and hand it to `on_part`
-    (in step order, exact); return what the last step carries out."""
+    (in step order, exact); return what the last step carries out. With a Speculation, its first ranges go out
+    on the prefix's work before the whole work is worked out here (see Speculation)."""
     workers = _addresses(client) if callable(getattr(client, "scatter", None)) else []
     futures: list[Any] = [None] * len(ranges)
     true = carry
+    spec = work if isinstance(work, Speculation) else None
+    first_work = spec.work if spec is not None else work
+    early = sum(1 for _, b in ranges if b <= spec.through) if spec is not None else len(ranges)
     with contextlib.ExitStack() as stack:
-        shared = _share(stack, client, work, out) if workers else None
+        saved: dict[int, tuple[str, np.ndarray]] = {}  # arrays already in the shared folder (by id)
+        shared = _share(stack, client, first_work, out, saved) if workers else None
+
+        def submit(i: int, w: PlanWork, sh: SharedWork | None) -> None:
+            first, stop = ranges[i]
+            c = carry if i == 0 else None
+            if sh is not None:  # a Dask client: ranges dealt to the workers in turn, movable if one is busy
+                where = [workers[i % len(workers)]]
+                extra = {"pure": False, "workers": where, "allow_other_workers": True}
+                futures[i] = client.submit(_shared_range, sh, out, first, stop, c, **extra)
+            else:
+                futures[i] = client.submit(_worker_range, window(w, first, stop), out, first, stop, c)
+
         try:
-            for i, (first, stop) in enumerate(ranges):
-                c = carry if i == 0 else None
-                if shared is not None:  # a Dask client: ranges dealt to the workers in turn, movable if one is busy
-                    where = [workers[i % len(workers)]]
-                    extra = {"pure": False, "workers": where, "allow_other_workers": True}
-                    futures[i] = client.submit(_shared_range, shared, out, first, stop, c, **extra)
-                else:
-                    futures[i] = client.submit(_worker_range, window(work, first, stop), out, first, stop, c)
+            for i in range(early):
+                submit(i, first_work, shared)
+            if spec is not None:
+                whole = spec.finish()  # the look-ahead over every step, while the first ranges are balanced
+                if shared is not None:
+                    shared = _share_more(shared, whole, saved)
+                if not (
+                    first_work.assignment is not None
+                    and whole.assignment is not None
+                    and first_work.assignment.agrees(whole.assignment, spec.through)
+                ):
+                    for i in range(early):  # (let them end first: they write the same partition files)
+                        with contextlib.suppress(Exception):
+                            futures[i].result()
+                        submit(i, whole, shared)
+                work = whole
+            for i in range(early, len(ranges)):
+                submit(i, work, shared)
+            del first_work, spec
             for i, fut in enumerate(futures):
                 try:
                     part: RangePart = fut.result()
@@ -177,17 +217,36 @@ def plan_ranges(
     return true
 
 
-def _share(stack: contextlib.ExitStack, client: Executor, work: PlanWork, out: Path) -> SharedWork:
+def _share(
+    stack: contextlib.ExitStack,
+    client: Executor,
+    work: PlanWork,
+    out: Path,
+    saved: dict[int, tuple[str, np.ndarray]] | None = None,
+) -> SharedWork:
     """`work` written where every worker of `client` reads it (see _shared_folder); the folder is removed, and
-    the workers let go of their maps, when `stack` closes, whatever happens meanwhile (a failed write too)."""
+    the workers let go of their maps, when `stack` closes, whatever happens meanwhile (a failed write too).
+    `saved` is filled with the arrays written (for _share_more)."""
     folder = _shared_folder(stack, client, out, work)
+    saved = {} if saved is None else saved
     try:
-        return SharedWork.write(work, folder)
+        return SharedWork.write(work, folder, saved=saved)
     except OSError:  # the memory filesystem filled up since its free space was read: the plan's folder instead
         if folder.parent != _MEMORY_FS:
             raise
         shutil.rmtree(folder, ignore_errors=True)
-        return SharedWork.write(work, _in_plan_folder(stack, client, out))
+        saved.clear()
+        return SharedWork.write(work, _in_plan_folder(stack, client, out), saved=saved)
+
+
+def _share_more(shared: SharedWork, work: PlanWork, saved: dict[int, tuple[str, np.ndarray]]) -> SharedWork | None:
+    """`work` written beside the work in `shared`'s folder, sharing the arrays already there (`saved`: the index
+    columns and streams; only its own, e.g. a look-ahead assignment, are new); None where it does not fit (the
+    caller sends windows instead)."""
+    try:
+        return SharedWork.write(work, shared.folder, name="whole.pkl", saved=saved)
+    except OSError:
+        return None
 
 
 def _cleanup(client: Executor, folder: Path) -> None:
@@ -309,10 +368,11 @@ def _unshared(where: Path) -> UnsharedWorkdirError:
 class _ArrayPickler(pickle.Pickler):
     """Pickles with every large plain ndarray written beside the pickle as `<n>.npy` (once per array object)."""
 
-    def __init__(self, file: IO[bytes], folder: Path) -> None:
+    def __init__(self, file: IO[bytes], folder: Path, saved: dict[int, tuple[str, np.ndarray]] | None = None) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.folder = folder
-        self.saved: dict[int, tuple[str, np.ndarray]] = {}  # id -> (file name, the array, kept alive)
+        # id -> (file name, the array, kept alive): an array another pickle in the folder wrote is not written again
+        self.saved: dict[int, tuple[str, np.ndarray]] = {} if saved is None else saved
 
     def persistent_id(self, obj: Any) -> str | None:
         if type(obj) is not np.ndarray or obj.nbytes < _FILE_MIN or obj.dtype.hasobject or 0 in obj.strides:
@@ -340,35 +400,48 @@ class SharedWork:
     """A PlanWork written once into a folder every worker sees: large arrays as .npy files a worker maps (pages
     come from the page cache, each read once per worker), the rest pickled. Small on the wire (its path)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, name: str = "work.pkl") -> None:
         self.folder = folder
+        self.name = name
 
     @classmethod
-    def write(cls, work: PlanWork, folder: Path) -> SharedWork:
-        """`work` written into `folder` (created, or made this user's alone: workers refuse any other)."""
+    def write(
+        cls,
+        work: PlanWork,
+        folder: Path,
+        name: str = "work.pkl",
+        saved: dict[int, tuple[str, np.ndarray]] | None = None,
+    ) -> SharedWork:
+        """`work` written into `folder` (created, or made this user's alone: workers refuse any other) as `name`;
+        its large arrays already in `saved` (another work written there before) are not written again, and those
+        it writes are added to it."""
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder.chmod(0o700)
-        with (folder / "work.pkl").open("wb") as f:
-            _ArrayPickler(f, folder).dump(work)
-        return cls(folder)
+        with (folder / name).open("wb") as f:
+            _ArrayPickler(f, folder, saved).dump(work)
+        return cls(folder, name)
 
     def load(self) -> PlanWork:
-        """The work, once per process and folder (a worker's later ranges reuse its maps); a folder this process
-        cannot read, or one that is not this user's own (anyone else could have written the pickle), refused."""
+        """The work, once per process, folder and name (a worker's later ranges reuse its maps); a folder this
+        process cannot read, or one that is not this user's own (anyone else could have written the pickle),
+        refused."""
         key = str(self.folder)
         with _LOCK:
-            work = _LOADED.get(key)
+            works = _LOADED.get(key)
+            work = None if works is None else works.get(self.name)
             if work is None:
                 if key in _FORGOTTEN:  # a cancelled range started after its plan ended
                     raise _unshared(self.folder)
-                _LOADED.clear()  # another plan's work: let go of its maps
+                if works is None:
+                    _LOADED.clear()  # another plan's work: let go of its maps
+                    works = _LOADED[key] = {}
                 try:
                     _check_owned(self.folder)
-                    with (self.folder / "work.pkl").open("rb") as f:
+                    with (self.folder / self.name).open("rb") as f:
                         work = _ArrayUnpickler(f, self.folder).load()
                 except OSError:
                     raise _unshared(self.folder) from None
-                _LOADED[key] = work
+                works[self.name] = work
             return work
 
 
@@ -382,8 +455,8 @@ def _check_owned(folder: Path) -> None:
         )
 
 
-_LOADED: dict[str, PlanWork] = {}
-"""The shared work this process has mapped, by folder (one plan at a time)."""
+_LOADED: dict[str, dict[str, PlanWork]] = {}
+"""The shared works this process has mapped, by folder (one plan at a time) and name."""
 _FORGOTTEN: set[str] = set()
 """Folders whose plan has ended (`_forget`): never mapped again in this process."""
 _LOCK = threading.Lock()

@@ -154,7 +154,8 @@ def plan_ranges(
     futures: list[Any] = [None] * len(ranges)
     true = carry
     spec = work if isinstance(work, Speculation) else None
-    first_work = spec.work if spec is not None else work
+    first_work: PlanWork = work.work if isinstance(work, Speculation) else work
+    whole = first_work  # the work every range but the speculative ones is balanced on
     early = sum(1 for _, b in ranges if b <= spec.through) if spec is not None else len(ranges)
     with contextlib.ExitStack() as stack:
         saved: dict[int, tuple[str, np.ndarray]] = {}  # arrays already in the shared folder (by id)
@@ -186,9 +187,8 @@ def plan_ranges(
                         with contextlib.suppress(Exception):
                             futures[i].result()
                         submit(i, whole, shared)
-                work = whole
             for i in range(early, len(ranges)):
-                submit(i, work, shared)
+                submit(i, whole, shared)
             del first_work, spec
             for i, fut in enumerate(futures):
                 try:
@@ -198,14 +198,14 @@ def plan_ranges(
                     # that range is planned here, with its true carry; a workdir not shared is still an error
                     if shared is None or shared.folder.parent != _MEMORY_FS:
                         raise
-                    part = plan_range(work, out, *ranges[i], true)
+                    part = plan_range(whole, out, *ranges[i], true)
                 except PlanError:  # refused with nothing carried in: only the true carry can tell
                     if i == 0 or true is None:
                         raise
-                    part = plan_range(work, out, *ranges[i], true)
+                    part = plan_range(whole, out, *ranges[i], true)
                 else:
                     if i > 0 and true is not None:
-                        part = fix_up(work, out, part, true)
+                        part = fix_up(whole, out, part, true)
                 _check_written(out, part)
                 on_part(part)
                 true = part.final_carry

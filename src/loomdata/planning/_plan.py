@@ -458,7 +458,9 @@ def _plan_into(
             cut = split_ranges(work, n, head)
             todo: PlanWork | Speculation = work
             if later:
-                todo = _speculation(work, cut, counted, lanes, step_slots, step_dp, lookahead, spec)
+                todo = _speculation(
+                    work, worker_count(client), cut, counted, lanes, step_slots, step_dp, lookahead, spec
+                )
                 del counted
             carry = plan_ranges(client, todo, out, carry, cut, take)
             del todo
@@ -526,18 +528,27 @@ def _balance_into(
     return carry
 
 
-EARLY_SHARE = 0.4
-"""On a cluster, the share of the ranges (the first ones) balanced on a look-ahead over a prefix of the steps while
-the whole look-ahead is worked out (planning._distributed.Speculation). Measured (benchmarks/plan_scale_cluster_ab.py,
-50M samples, dp 64, 2 workers): see docs/planning.md."""
+EARLY_SHARE = 0.5
+"""On a cluster, the share of the ranges (the first ones, a whole number a worker) balanced on a look-ahead over a
+prefix of the steps while the whole look-ahead is worked out (planning._distributed.Speculation): enough that every
+worker is busy while it is (50M samples, dp 64, 2 workers: the whole look-ahead 3.2-3.9 CPU-s against about 9 of
+each worker's ranges), no more (the prefix's look-ahead is worked out twice). Measured: docs/planning.md."""
 EARLY_MARGIN = 64
 """Steps past the first ranges' last that the prefix's look-ahead also covers, plus 8 * (lookahead + 1): a move
 reaches at most `lookahead` steps, so the prefix's assignment agrees with the whole's well before its end (checked:
 a range whose steps it does not agree on is balanced again)."""
 
 
+def early_ranges(ranges: int, workers: int) -> int:
+    """How many of `ranges` ranges go out on a prefix's look-ahead: EARLY_SHARE of them, rounded to a whole number
+    a worker where there are that many (the workers then wait alike for the rest)."""
+    early = round(ranges * EARLY_SHARE)
+    return early - early % workers if workers > 1 and early >= workers else early
+
+
 def _speculation(
     work: PlanWork,
+    workers: int,
     cut: list[tuple[int, int]],
     counted: list[Stream],
     lanes: Lanes,
@@ -551,7 +562,7 @@ def _speculation(
     where the prefix would reach the last step, the whole work at once. `counted`: the streams with their counts
     (emptied once the whole look-ahead has read them)."""
     ptr, steps = work.ptr, work.steps
-    early = int(round(len(cut) * EARLY_SHARE))
+    early = early_ranges(len(cut), workers)
     through = cut[early - 1][1] if early >= 1 else 0
     reach = min(steps, through + EARLY_MARGIN + 8 * (lookahead + 1))
 

@@ -341,19 +341,25 @@ def test_first_ranges_whose_prefix_look_ahead_disagrees_are_balanced_again_on_th
     got = _files(make_plan(spec, index=index, client=pool, ranges=6, **kw).plan_dir)
     assert len(calls) == 2 and not calls[0][1]
     cuts = [(w.step0, w.step0 + w.rows) for w in pool.works]
-    early = round(6 * plan_module.EARLY_SHARE)
+    early = plan_module.early_ranges(6, 1)
     assert len(cuts) == 6 + early and cuts[:early] == cuts[early : 2 * early]  # the first ranges twice
     assert calls[0][0] == cuts[early - 1][1] - 3  # the prefix ended 3 steps before the first ranges did
     assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
+
+
+def test_the_first_ranges_are_a_share_of_all_a_whole_number_a_worker() -> None:
+    from loomdata.planning._plan import EARLY_SHARE, early_ranges
+
+    assert EARLY_SHARE == 0.5
+    assert [early_ranges(n, 2) for n in (1, 2, 3, 6, 8, 12)] == [0, 1, 2, 2, 4, 6]
+    assert [early_ranges(n, 1) for n in (1, 3, 8)] == [0, 2, 4] and early_ranges(8, 3) == 3
 
 
 def test_assignments_agree_only_on_the_same_positions_in_the_same_steps_before_a_step() -> None:
     from loomdata.planning._lookahead import StepAssignment
 
     def asg(pos: list[list[int]], step: list[list[int]]) -> StepAssignment:
-        return StepAssignment(
-            [np.array(p, dtype=np.uint32) for p in pos], [np.array(s, dtype=np.int32) for s in step]
-        )
+        return StepAssignment([np.array(p, dtype=np.uint32) for p in pos], [np.array(s, dtype=np.int32) for s in step])
 
     a = asg([[0, 1, 2, 3], [0, 1]], [[0, 0, 1, 2], [1, 2]])
     assert a.agrees(asg([[0, 1, 2, 4], [0, 1, 5]], [[0, 0, 1, 2], [1, 2, 2]]), 2)  # steps 0-1 alike

@@ -119,9 +119,9 @@ def test_the_first_ranges_on_a_prefix_look_ahead_share_the_index_with_the_whole_
     tmp_path: Path, dask_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On the cluster the first ranges are balanced on a prefix's look-ahead while the whole is worked out; the
-    whole work is written beside the first in the same folder, adding at most its own arrays (the assignment's:
-    a position and a step array a source; here small enough to go in its pickle), not the index columns and
-    streams again, and the plan is the one-process plan byte for byte."""
+    whole work is written beside the first in the same folder, adding only its own arrays (the assignment's: a
+    position and a step array a source), not the index columns and streams again; the prefix's own arrays are
+    read back from their files (not held twice); the plan is the one-process plan byte for byte."""
     from loomdata.planning import _distributed as distributed_module
     from loomdata.planning import _plan as plan_module
 
@@ -130,6 +130,15 @@ def test_the_first_ranges_on_a_prefix_look_ahead_share_the_index_with_the_whole_
     monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 40)
     monkeypatch.setattr(distributed_module, "_MEMORY_FS", shm)
     monkeypatch.setattr(plan_module, "EARLY_MARGIN", 0)
+    monkeypatch.setattr(distributed_module, "_FILE_MIN", 1 << 10)  # this small plan's assignments as files too
+    mapped: list[int] = []
+    real_map = distributed_module._map_written
+
+    def map_written(asg: Any, folder: Path, saved: Any) -> None:
+        real_map(asg, folder, saved)
+        mapped.append(sum(isinstance(a, np.memmap) for a in (*asg.pos, *asg.step)))
+
+    monkeypatch.setattr(distributed_module, "_map_written", map_written)
     written: list[tuple[str, int]] = []  # (pickle name, .npy files in the folder after it)
     real = distributed_module.SharedWork.write
 
@@ -141,6 +150,7 @@ def test_the_first_ranges_on_a_prefix_look_ahead_share_the_index_with_the_whole_
     monkeypatch.setattr(distributed_module.SharedWork, "write", write)
     _, want, got = _plan_twice("web4k_dp8", tmp_path, dask_client, 6)
     assert [n for n, _ in written] == ["work.pkl", "whole.pkl"]
-    assert written[0][1] >= 4 and written[1][1] - written[0][1] <= 4  # 2 sources: columns, streams; assignments
+    assert written[1][1] - written[0][1] == 4, written  # 2 sources: the whole's positions and steps alone
+    assert mapped == [4]  # the prefix's positions and steps, read back from their files
     assert list(shm.iterdir()) == []
     assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []

@@ -127,6 +127,8 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
 
     base = _rss_mb()
     marks: dict[str, float] = {}
+    if os.environ.get("LOOM_BENCH_SPECULATE") == "1" and hasattr(_plan, "SPECULATE"):
+        _plan.SPECULATE = True  # speculate even where the workers fill this host's cores (the idle-core model)
 
     part_cpu: list[float] = []  # CPU seconds of each range on its worker (RangePart.cpu_seconds)
     part_worker: list[str] = []  # where each ran (RangePart.worker; "" before it was recorded)

@@ -32,6 +32,7 @@ import itertools
 import os
 import pickle
 import shutil
+import socket
 import stat
 import tempfile
 import threading
@@ -40,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, Protocol
+from urllib.parse import urlsplit
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -61,6 +63,7 @@ __all__ = [
     "Speculation",
     "fix_up",
     "indexed_samples",
+    "local_threads",
     "plan_ranges",
     "split_ranges",
     "wants_cluster",
@@ -105,6 +108,19 @@ def worker_count(client: Executor) -> int:
     if callable(info):
         return max(1, len(info()["workers"]))
     return max(1, int(getattr(client, "_max_workers", 1)))
+
+
+def local_threads(client: Executor) -> int:
+    """Worker threads of a distributed.Client's workers on this host (loopback or this host's name or address),
+    or a concurrent.futures pool's (_max_workers; 0 if unknown)."""
+    info = getattr(client, "scheduler_info", None)
+    if not callable(info):
+        return int(getattr(client, "_max_workers", 0))
+    here = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
+    with contextlib.suppress(OSError):
+        here.add(socket.gethostbyname(socket.gethostname()))
+    workers = info()["workers"]
+    return sum(int(w.get("nthreads", 1)) for a, w in workers.items() if urlsplit(a).hostname in here)
 
 
 def _addresses(client: Executor) -> list[str]:

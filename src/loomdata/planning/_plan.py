@@ -52,6 +52,7 @@ from loomdata.planning._distributed import (
     RANGES_PER_WORKER,
     Executor,
     Speculation,
+    local_threads,
     plan_ranges,
     split_ranges,
     worker_count,
@@ -336,7 +337,7 @@ def _plan_into(
     )
     step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
     # on a cluster a fresh plan's look-ahead is worked out while the first ranges are balanced (_speculation)
-    later = client is not None and base is None and lookahead > 0
+    later = client is not None and base is None and lookahead > 0 and _speculate(client)
     counted = streams  # (the streams with their counts, which the look-ahead reads)
     if (lookahead > 0 or lookahead_replan) and not later:
         pos: Sequence[Positions]
@@ -537,6 +538,20 @@ EARLY_MARGIN = 64
 """Steps past the first ranges' last that the prefix's look-ahead also covers, plus 8 * (lookahead + 1): a move
 reaches at most `lookahead` steps, so the prefix's assignment agrees with the whole's well before its end (checked:
 a range whose steps it does not agree on is balanced again)."""
+
+
+SPECULATE: bool | None = None
+"""Whether a fresh plan on a cluster balances its first ranges on a prefix's look-ahead (_speculation): None where
+this host has a core beyond the cluster's worker threads on it (the prefix's look-ahead is worked out twice, and
+the whole one runs beside the workers: on cores the workers fill, that costs more wall clock than it hides;
+measured on this 2-core machine with 2 local workers, docs/planning.md); True or False always."""
+
+
+def _speculate(client: Executor) -> bool:
+    """SPECULATE, or (None) whether this host has more cores than the cluster's worker threads on it."""
+    if SPECULATE is not None:
+        return SPECULATE
+    return len(os.sched_getaffinity(0)) > local_threads(client)
 
 
 def early_ranges(ranges: int, workers: int) -> int:

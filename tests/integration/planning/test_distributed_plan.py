@@ -130,6 +130,7 @@ def test_the_first_ranges_on_a_prefix_look_ahead_share_the_index_with_the_whole_
     monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 40)
     monkeypatch.setattr(distributed_module, "_MEMORY_FS", shm)
     monkeypatch.setattr(plan_module, "EARLY_MARGIN", 0)
+    monkeypatch.setattr(plan_module, "SPECULATE", True)  # (by default only where a core is left beside the workers)
     monkeypatch.setattr(distributed_module, "_FILE_MIN", 1 << 10)  # this small plan's assignments as files too
     mapped: list[int] = []
     real_map = distributed_module._map_written
@@ -154,3 +155,12 @@ def test_the_first_ranges_on_a_prefix_look_ahead_share_the_index_with_the_whole_
     assert mapped == [4]  # the prefix's positions and steps, read back from their files
     assert list(shm.iterdir()) == []
     assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
+
+
+def test_the_cluster_s_worker_threads_on_this_host_are_counted(dask_client: Any) -> None:
+    """The embedded cluster's workers listen on this host: all their threads are local (what decides whether a
+    plan speculates by default: only with a core left beside them)."""
+    from loomdata.planning._distributed import local_threads
+
+    workers = dask_client.scheduler_info()["workers"]
+    assert local_threads(dask_client) == sum(w["nthreads"] for w in workers.values()) >= 2

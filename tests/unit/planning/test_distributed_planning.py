@@ -347,6 +347,21 @@ def test_first_ranges_whose_prefix_look_ahead_disagrees_are_balanced_again_on_th
     assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
 
 
+def test_a_cluster_filling_this_hosts_cores_works_the_look_ahead_out_once_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By default (SPECULATE None) a plan speculates only where this host has a core beside the cluster's worker
+    threads on it: a pool with more threads than cores gets the whole look-ahead before any range."""
+    import os
+
+    calls = _lookahead_calls(monkeypatch)
+    pool = _PicklingPool()
+    pool._max_workers = len(os.sched_getaffinity(0))  # type: ignore[attr-defined]
+    spec, index, kw = CASES["web4k_dp8"](tmp_path)
+    make_plan(spec, index=index, client=pool, ranges=6, **kw)
+    assert calls == [(spec.training.steps, True)]
+
+
 def test_the_first_ranges_are_a_share_of_all_a_whole_number_a_worker() -> None:
     from loomdata.planning._plan import EARLY_SHARE, early_ranges
 

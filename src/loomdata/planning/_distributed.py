@@ -11,7 +11,9 @@ on every step has the same inputs, so the same result), finishes that partition 
 partitions and report rows it touched. A step's result depends only on its drawn segments and its
 incoming carry, so the stitched plan is byte-identical to the one-process plan. Most steps carry
 nothing, so a fix-up is rare and short. A range refused (PlanError) with nothing carried in is planned
-again here with its true carry; a refusal is final only with the true carry.
+again here with its true carry; a refusal is final only with the true carry. A `Speculation` (planning._plan)
+speculates on the look-ahead too: its first ranges go out on a look-ahead over a prefix of the steps, the whole
+look-ahead is worked out here meanwhile, and they are kept only where the two assignments agree on their steps.
 
 `client` is anything with `submit(fn, *args) -> future` whose futures have `.result()`: a
 distributed.Client or a concurrent.futures executor; planning itself imports no Dask. Workers write into the

@@ -551,7 +551,8 @@ def _speculate(client: Executor) -> bool:
     """SPECULATE, or (None) whether this host has more cores than the cluster's worker threads on it."""
     if SPECULATE is not None:
         return SPECULATE
-    return len(os.sched_getaffinity(0)) > local_threads(client)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores > local_threads(client)
 
 
 def early_ranges(ranges: int, workers: int) -> int:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import json
 import math
@@ -126,10 +127,14 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
 
     base = _rss_mb()
     marks: dict[str, float] = {}
+    if os.environ.get("LOOM_BENCH_SPECULATE") == "1" and hasattr(_plan, "SPECULATE"):
+        _plan.SPECULATE = True  # speculate even where the workers fill this host's cores (the idle-core model)
 
     part_cpu: list[float] = []  # CPU seconds of each range on its worker (RangePart.cpu_seconds)
     part_worker: list[str] = []  # where each ran (RangePart.worker; "" before it was recorded)
     part_span: list[tuple[float, float, float]] = []  # each range's (began, ended) on its worker, stitched here
+    part_stop: list[int] = []  # each range's stop step
+    early: dict[str, float] = {}  # a Speculation's `through` and its finish's CPU (the whole look-ahead, here)
 
     def timed(fn: Any, name: str) -> Any:
         def run(*a: Any, **kw: Any) -> Any:
@@ -144,9 +149,24 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
                         part_cpu.append(part.cpu_seconds),
                         part_worker.append(getattr(part, "worker", "")),
                         part_span.append((*getattr(part, "span", (0.0, 0.0)), time.time())),
+                        part_stop.append(part.stop),
                         take(part),
                     ),
                 )
+                spec = a[1]
+                if type(spec).__name__ == "Speculation":  # the whole look-ahead, worked out while ranges run
+                    finish = spec.finish
+
+                    def timed_finish() -> Any:
+                        c = time.process_time()
+                        try:
+                            return finish()
+                        finally:
+                            early["finish_cpu_seconds"] = time.process_time() - c
+                            early["finished_wall"] = time.time()
+
+                    early["through"] = spec.through
+                    a = (a[0], dataclasses.replace(spec, finish=timed_finish), *a[2:])
             out = fn(*a, **kw)
             marks[f"{name}_end"] = time.perf_counter()
             marks[f"{name}_end_cpu"] = time.process_time()
@@ -237,15 +257,30 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
     for name in ("index_reads", "streams"):
         serial_chain += thread_chain(calls.get(name, []), threads) - sum(calls.get(name, []))
     per_worker: dict[str, float] = {}
+    per_worker_early: dict[str, float] = {}  # each worker's CPU on the ranges balanced on a prefix's look-ahead
     t_ranges = marks.get("ranges_start_wall", 0.0)
     driver_cpu = 0.0
     if workers > 1:  # the ranges' CPU on the workers (the driver waits), plus the driver's own (fix-ups, merging)
         driver_cpu = marks["ranges_end_cpu"] - marks["ranges_start_cpu"]  # cutting and sending windows, stitching
         balance_cpu = sum(part_cpu) + driver_cpu
-        for w, c in zip(part_worker, part_cpu, strict=True):
+        for w, c, stop in zip(part_worker, part_cpu, part_stop, strict=True):
             per_worker[w or "?"] = per_worker.get(w or "?", 0.0) + c
+            if stop <= early.get("through", -1):
+                per_worker_early[w or "?"] = per_worker_early.get(w or "?", 0.0) + c
     else:
         balance_cpu = marks["balance_end_cpu"] - marks["balance_start_cpu"]
+    # the critical path of the ranges on idle cores: each worker balances its first ranges (those on a prefix's
+    # look-ahead, if any) while the driver works out the whole look-ahead (finish), then the rest; the driver's
+    # other range work (sharing, stitching, fix-ups) counted as if it overlapped nothing. Without a Speculation:
+    # the driver's range work plus the busiest worker's ranges, as before.
+    finish_cpu = early.get("finish_cpu_seconds", 0.0)
+    ranges_path = (driver_cpu - finish_cpu) + max(
+        (
+            max(per_worker_early.get(w, 0.0), finish_cpu) + c - per_worker_early.get(w, 0.0)
+            for w, c in per_worker.items()
+        ),
+        default=balance_cpu,
+    )
     return {
         "steps": steps,
         "workers": workers,
@@ -262,11 +297,15 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         "worker_cpu_seconds": per_worker,  # each worker's summed range CPU
         # CPU on the critical path on idle cores: serial part, the driver's range work (as if it overlapped
         # nothing), the busiest worker's ranges
-        "critical_cpu_seconds": first_cpu - c0 + driver_cpu + max(per_worker.values(), default=balance_cpu),
+        "critical_cpu_seconds": first_cpu - c0 + ranges_path,
         # the serial part with its per-source phases (index reads, streams; planning._threads) on their threads as
         # on idle cores: the process's CPU less those calls' summed thread CPU plus each phase's longest thread
         "serial_chain_cpu_seconds": serial_chain,
-        "critical_chain_cpu_seconds": serial_chain + driver_cpu + max(per_worker.values(), default=balance_cpu),
+        "critical_chain_cpu_seconds": serial_chain + ranges_path,
+        "early_through": early.get("through"),  # the first ranges' last step + 1 (a Speculation; else None)
+        "early_finish_cpu_seconds": finish_cpu,  # the whole look-ahead's CPU, worked out while the first ranges ran
+        "early_finished_after_s": early.get("finished_wall", t_ranges) - t_ranges if early else None,
+        "worker_early_cpu_seconds": per_worker_early,
         "per_source_call_cpu_seconds": calls,
         "cluster_start_seconds": started,  # LocalCluster start and imports, not timed
         "phases": phases,  # the driver's phases (serial ones, then windows/fix-ups while the ranges run)

@@ -47,9 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dp", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path)
+    ap.add_argument(
+        "--speculate",
+        action="store_true",
+        help="plans on N workers speculate (planning._plan.SPECULATE True) even where the workers fill this host's "
+        "cores, for the critical path on idle cores (a tree without the setting plans as it does)",
+    )
     args = ap.parse_args(argv)
+    if args.speculate:
+        os.environ["LOOM_BENCH_SPECULATE"] = "1"
     trees = {"before": args.before, "after": args.after}
-    out: dict[str, Any] = {"dp": args.dp, "sources": 2, "sizes": []}
+    out: dict[str, Any] = {"dp": args.dp, "sources": 2, "speculate": args.speculate, "sizes": []}
     for n in [int(s) for s in args.sizes]:
         with tempfile.TemporaryDirectory(prefix="loom-scale-") as d:
             run_child(args.after, "--child", "index", "--samples", str(n), "--n-sources", "2", "--workdir", d)

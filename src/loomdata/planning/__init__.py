@@ -40,7 +40,9 @@ Decisions, one module each (their docstrings say more):
 - _ranges, _distributed: balancing a range of steps from a given carry (PlanWork: what it needs, picklable);
   on a cluster (make_plan(client=...)) ranges are balanced on the workers speculatively with nothing
   carried in, then stitched in order, re-balancing a range's first steps when a carry crosses into it,
-  until its carries agree: byte-identical to the one-process plan. `wants_cluster`: the embedded-cluster rule.
+  until its carries agree: byte-identical to the one-process plan; a fresh plan's first ranges may go out on a
+  look-ahead over a prefix of the steps while the whole look-ahead is worked out (kept where the two agree).
+  `wants_cluster`: the embedded-cluster rule.
 - _resume, elastic re-plans: steps < S are the base plan's rows; from S on each source's stream continues
   where the base's membership stood (in-flight deferred pieces first) with the new dp_size/micro_batches
   budget and the same mixture; the base must match in sources, fingerprints, seed, mixture, seq_len and

@@ -11,7 +11,9 @@ on every step has the same inputs, so the same result), finishes that partition 
 partitions and report rows it touched. A step's result depends only on its drawn segments and its
 incoming carry, so the stitched plan is byte-identical to the one-process plan. Most steps carry
 nothing, so a fix-up is rare and short. A range refused (PlanError) with nothing carried in is planned
-again here with its true carry; a refusal is final only with the true carry.
+again here with its true carry; a refusal is final only with the true carry. A `Speculation` (planning._plan)
+speculates on the look-ahead too: its first ranges go out on a look-ahead over a prefix of the steps, the whole
+look-ahead is worked out here meanwhile, and they are kept only where the two assignments agree on their steps.
 
 `client` is anything with `submit(fn, *args) -> future` whose futures have `.result()`: a
 distributed.Client or a concurrent.futures executor; planning itself imports no Dask. Workers write into the
@@ -32,19 +34,22 @@ import itertools
 import os
 import pickle
 import shutil
+import socket
 import stat
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, Protocol
+from urllib.parse import urlsplit
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from loomdata.planning._allocator import tune_allocator
+from loomdata.planning._lookahead import StepAssignment
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._ranges import PlanWork, RangePart, balanced_steps, plan_range, same_carry, window
 from loomdata.planning._segments import Segments
@@ -57,8 +62,10 @@ __all__ = [
     "RANGES_PER_WORKER",
     "Executor",
     "SharedWork",
+    "Speculation",
     "fix_up",
     "indexed_samples",
+    "local_threads",
     "plan_ranges",
     "split_ranges",
     "wants_cluster",
@@ -105,6 +112,19 @@ def worker_count(client: Executor) -> int:
     return max(1, int(getattr(client, "_max_workers", 1)))
 
 
+def local_threads(client: Executor) -> int:
+    """Worker threads of a distributed.Client's workers on this host (loopback or this host's name or address),
+    or a concurrent.futures pool's (_max_workers; 0 if unknown)."""
+    info = getattr(client, "scheduler_info", None)
+    if not callable(info):
+        return int(getattr(client, "_max_workers", 0))
+    here = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
+    with contextlib.suppress(OSError):
+        here.add(socket.gethostbyname(socket.gethostname()))
+    workers = info()["workers"]
+    return sum(int(w.get("nthreads", 1)) for a, w in workers.items() if urlsplit(a).hostname in here)
+
+
 def _addresses(client: Executor) -> list[str]:
     """The addresses of a distributed.Client's workers, sorted (none known: [])."""
     info = getattr(client, "scheduler_info", None)
@@ -126,30 +146,71 @@ def split_ranges(work: PlanWork, n: int, first: int) -> list[tuple[int, int]]:
     return [(int(bounds[a]), int(bounds[b])) for a, b in itertools.pairwise(cuts) if b > a]
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """The look-ahead worked out over a prefix of the steps first (planning._plan): the ranges ending by `through`
+    are balanced on it while `finish` works out the whole work here, and each is kept only where the prefix's
+    assignment agrees with the whole's before `through` (StepAssignment.agrees; else it is balanced again on the
+    whole work): the look-ahead, serial, overlaps the first ranges' balancing instead of preceding it."""
+
+    work: PlanWork  # the plan's work with the prefix's look-ahead assignment (exact for steps < through if agreed)
+    through: int  # a range bound: the ranges ending by it are balanced on `work`
+    finish: Callable[[], PlanWork]  # the whole work (its assignment over every step), worked out once
+
+
 def plan_ranges(
     client: Executor,
-    work: PlanWork,
+    work: PlanWork | Speculation,
     out: Path,
     carry: Segments | None,
     ranges: list[tuple[int, int]],
     on_part: Callable[[RangePart], None],
 ) -> Segments | None:
     """Balance `ranges` on the cluster (`carry` into the first), fix each up in order and hand it to `on_part`
-    (in step order, exact); return what the last step carries out."""
+    (in step order, exact); return what the last step carries out. With a Speculation, its first ranges go out
+    on the prefix's work before the whole work is worked out here (see Speculation)."""
     workers = _addresses(client) if callable(getattr(client, "scatter", None)) else []
     futures: list[Any] = [None] * len(ranges)
     true = carry
+    spec = work if isinstance(work, Speculation) else None
+    first_work: PlanWork = work.work if isinstance(work, Speculation) else work
+    whole = first_work  # the work every range but the speculative ones is balanced on
+    early = sum(1 for _, b in ranges if b <= spec.through) if spec is not None else len(ranges)
     with contextlib.ExitStack() as stack:
-        shared = _share(stack, client, work, out) if workers else None
+        saved: dict[int, tuple[str, np.ndarray]] = {}  # arrays already in the shared folder (by id)
+        shared = _share(stack, client, first_work, out, saved) if workers else None
+        if shared is not None and spec is not None and first_work.assignment is not None:
+            _map_written(first_work.assignment, shared.folder, saved)
+
+        def submit(i: int, w: PlanWork, sh: SharedWork | None) -> None:
+            first, stop = ranges[i]
+            c = carry if i == 0 else None
+            if sh is not None:  # a Dask client: ranges dealt to the workers in turn, movable if one is busy
+                where = [workers[i % len(workers)]]
+                extra = {"pure": False, "workers": where, "allow_other_workers": True}
+                futures[i] = client.submit(_shared_range, sh, out, first, stop, c, **extra)
+            else:
+                futures[i] = client.submit(_worker_range, window(w, first, stop), out, first, stop, c)
+
         try:
-            for i, (first, stop) in enumerate(ranges):
-                c = carry if i == 0 else None
-                if shared is not None:  # a Dask client: ranges dealt to the workers in turn, movable if one is busy
-                    where = [workers[i % len(workers)]]
-                    extra = {"pure": False, "workers": where, "allow_other_workers": True}
-                    futures[i] = client.submit(_shared_range, shared, out, first, stop, c, **extra)
-                else:
-                    futures[i] = client.submit(_worker_range, window(work, first, stop), out, first, stop, c)
+            for i in range(early):
+                submit(i, first_work, shared)
+            if spec is not None:
+                whole = spec.finish()  # the look-ahead over every step, while the first ranges are balanced
+                if shared is not None:
+                    shared = _share_more(shared, whole, saved)
+                if not (
+                    first_work.assignment is not None
+                    and whole.assignment is not None
+                    and first_work.assignment.agrees(whole.assignment, spec.through)
+                ):
+                    for i in range(early):  # (let them end first: they write the same partition files)
+                        with contextlib.suppress(Exception):
+                            futures[i].result()
+                        submit(i, whole, shared)
+            for i in range(early, len(ranges)):
+                submit(i, whole, shared)
+            del first_work, spec
             for i, fut in enumerate(futures):
                 try:
                     part: RangePart = fut.result()
@@ -158,14 +219,14 @@ def plan_ranges(
                     # that range is planned here, with its true carry; a workdir not shared is still an error
                     if shared is None or shared.folder.parent != _MEMORY_FS:
                         raise
-                    part = plan_range(work, out, *ranges[i], true)
+                    part = plan_range(whole, out, *ranges[i], true)
                 except PlanError:  # refused with nothing carried in: only the true carry can tell
                     if i == 0 or true is None:
                         raise
-                    part = plan_range(work, out, *ranges[i], true)
+                    part = plan_range(whole, out, *ranges[i], true)
                 else:
                     if i > 0 and true is not None:
-                        part = fix_up(work, out, part, true)
+                        part = fix_up(whole, out, part, true)
                 _check_written(out, part)
                 on_part(part)
                 true = part.final_carry
@@ -177,17 +238,47 @@ def plan_ranges(
     return true
 
 
-def _share(stack: contextlib.ExitStack, client: Executor, work: PlanWork, out: Path) -> SharedWork:
+def _share(
+    stack: contextlib.ExitStack,
+    client: Executor,
+    work: PlanWork,
+    out: Path,
+    saved: dict[int, tuple[str, np.ndarray]] | None = None,
+) -> SharedWork:
     """`work` written where every worker of `client` reads it (see _shared_folder); the folder is removed, and
-    the workers let go of their maps, when `stack` closes, whatever happens meanwhile (a failed write too)."""
+    the workers let go of their maps, when `stack` closes, whatever happens meanwhile (a failed write too).
+    `saved` is filled with the arrays written (for _share_more)."""
     folder = _shared_folder(stack, client, out, work)
+    saved = {} if saved is None else saved
     try:
-        return SharedWork.write(work, folder)
+        return SharedWork.write(work, folder, saved=saved)
     except OSError:  # the memory filesystem filled up since its free space was read: the plan's folder instead
         if folder.parent != _MEMORY_FS:
             raise
         shutil.rmtree(folder, ignore_errors=True)
-        return SharedWork.write(work, _in_plan_folder(stack, client, out))
+        saved.clear()
+        return SharedWork.write(work, _in_plan_folder(stack, client, out), saved=saved)
+
+
+def _map_written(asg: StepAssignment, folder: Path, saved: dict[int, tuple[str, np.ndarray]]) -> None:
+    """Swap each array of `asg` written as a file into `folder` for a read-only map of that file, and forget it in
+    `saved` (no later work shares it): a speculation's prefix assignment is then not held in this process's memory
+    as well while the whole look-ahead runs (50M samples: about 220 MB of its peak)."""
+    for arrays in (asg.pos, asg.step):
+        for k, a in enumerate(arrays):
+            hit = saved.pop(id(a), None)
+            if hit is not None:
+                arrays[k] = np.load(folder / hit[0], mmap_mode="r")
+
+
+def _share_more(shared: SharedWork, work: PlanWork, saved: dict[int, tuple[str, np.ndarray]]) -> SharedWork | None:
+    """`work` written beside the work in `shared`'s folder, sharing the arrays already there (`saved`: the index
+    columns and streams; only its own, e.g. a look-ahead assignment, are new); None where it does not fit (the
+    caller sends windows instead)."""
+    try:
+        return SharedWork.write(work, shared.folder, name="whole.pkl", saved=saved)
+    except OSError:
+        return None
 
 
 def _cleanup(client: Executor, folder: Path) -> None:
@@ -309,17 +400,20 @@ def _unshared(where: Path) -> UnsharedWorkdirError:
 class _ArrayPickler(pickle.Pickler):
     """Pickles with every large plain ndarray written beside the pickle as `<n>.npy` (once per array object)."""
 
-    def __init__(self, file: IO[bytes], folder: Path) -> None:
+    def __init__(self, file: IO[bytes], folder: Path, saved: dict[int, tuple[str, np.ndarray]] | None = None) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.folder = folder
-        self.saved: dict[int, tuple[str, np.ndarray]] = {}  # id -> (file name, the array, kept alive)
+        # id -> (file name, the array, kept alive): an array another pickle in the folder wrote is not written again
+        self.saved: dict[int, tuple[str, np.ndarray]] = {} if saved is None else saved
+        self.files = sum(1 for _ in folder.glob("*.npy"))  # (file names never repeat: some may be forgotten)
 
     def persistent_id(self, obj: Any) -> str | None:
         if type(obj) is not np.ndarray or obj.nbytes < _FILE_MIN or obj.dtype.hasobject or 0 in obj.strides:
             return None
         hit = self.saved.get(id(obj))
         if hit is None:
-            hit = (f"{len(self.saved)}.npy", obj)
+            hit = (f"{self.files}.npy", obj)
+            self.files += 1
             np.save(self.folder / hit[0], obj, allow_pickle=False)
             self.saved[id(obj)] = hit
         return hit[0]
@@ -340,35 +434,48 @@ class SharedWork:
     """A PlanWork written once into a folder every worker sees: large arrays as .npy files a worker maps (pages
     come from the page cache, each read once per worker), the rest pickled. Small on the wire (its path)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, name: str = "work.pkl") -> None:
         self.folder = folder
+        self.name = name
 
     @classmethod
-    def write(cls, work: PlanWork, folder: Path) -> SharedWork:
-        """`work` written into `folder` (created, or made this user's alone: workers refuse any other)."""
+    def write(
+        cls,
+        work: PlanWork,
+        folder: Path,
+        name: str = "work.pkl",
+        saved: dict[int, tuple[str, np.ndarray]] | None = None,
+    ) -> SharedWork:
+        """`work` written into `folder` (created, or made this user's alone: workers refuse any other) as `name`;
+        its large arrays already in `saved` (another work written there before) are not written again, and those
+        it writes are added to it."""
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder.chmod(0o700)
-        with (folder / "work.pkl").open("wb") as f:
-            _ArrayPickler(f, folder).dump(work)
-        return cls(folder)
+        with (folder / name).open("wb") as f:
+            _ArrayPickler(f, folder, saved).dump(work)
+        return cls(folder, name)
 
     def load(self) -> PlanWork:
-        """The work, once per process and folder (a worker's later ranges reuse its maps); a folder this process
-        cannot read, or one that is not this user's own (anyone else could have written the pickle), refused."""
+        """The work, once per process, folder and name (a worker's later ranges reuse its maps); a folder this
+        process cannot read, or one that is not this user's own (anyone else could have written the pickle),
+        refused."""
         key = str(self.folder)
         with _LOCK:
-            work = _LOADED.get(key)
+            works = _LOADED.get(key)
+            work = None if works is None else works.get(self.name)
             if work is None:
                 if key in _FORGOTTEN:  # a cancelled range started after its plan ended
                     raise _unshared(self.folder)
-                _LOADED.clear()  # another plan's work: let go of its maps
+                if works is None:
+                    _LOADED.clear()  # another plan's work: let go of its maps
+                    works = _LOADED[key] = {}
                 try:
                     _check_owned(self.folder)
-                    with (self.folder / "work.pkl").open("rb") as f:
+                    with (self.folder / self.name).open("rb") as f:
                         work = _ArrayUnpickler(f, self.folder).load()
                 except OSError:
                     raise _unshared(self.folder) from None
-                _LOADED[key] = work
+                works[self.name] = work
             return work
 
 
@@ -382,8 +489,8 @@ def _check_owned(folder: Path) -> None:
         )
 
 
-_LOADED: dict[str, PlanWork] = {}
-"""The shared work this process has mapped, by folder (one plan at a time)."""
+_LOADED: dict[str, dict[str, PlanWork]] = {}
+"""The shared works this process has mapped, by folder (one plan at a time) and name."""
 _FORGOTTEN: set[str] = set()
 """Folders whose plan has ended (`_forget`): never mapped again in this process."""
 _LOCK = threading.Lock()

@@ -95,6 +95,19 @@ class StepAssignment:
         a, b = np.searchsorted(st, np.array([t0, t1], dtype=st.dtype))
         return self.pos[k][a:b], st[a:b]
 
+    def agrees(self, other: StepAssignment, stop: int) -> bool:
+        """Whether `other` assigns every source the same positions to the same steps as this one in every step
+        before `stop` (a look-ahead over a prefix of the steps against the whole's: a range of steps balanced on
+        either is then the same bytes)."""
+        if len(self.pos) != len(other.pos):
+            return False
+        for k in range(len(self.pos)):
+            p1, s1 = self.range(k, 0, stop)  # (steps are never negative)
+            p2, s2 = other.range(k, 0, stop)
+            if len(p1) != len(p2) or not (np.array_equal(s1, s2) and np.array_equal(p1, p2)):
+                return False
+        return True
+
 
 TRIM_BYTES = 1 << 26
 """Bytes of streams' counts the look-ahead drops before it gives the allocator's free memory back (glibc keeps

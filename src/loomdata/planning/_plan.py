@@ -39,7 +39,7 @@ import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,16 @@ import pyarrow as pa
 
 from loomdata.planning._allocator import trim_arenas
 from loomdata.planning._baselines import BASELINE_DESCRIPTION
-from loomdata.planning._distributed import RANGES_PER_WORKER, Executor, plan_ranges, split_ranges, worker_count
-from loomdata.planning._lookahead import Positions, assign_steps, natural_ranges
+from loomdata.planning._distributed import (
+    RANGES_PER_WORKER,
+    Executor,
+    Speculation,
+    local_threads,
+    plan_ranges,
+    split_ranges,
+    worker_count,
+)
+from loomdata.planning._lookahead import Positions, StepAssignment, assign_steps, natural_ranges
 from loomdata.planning._manifest import ManifestWriter, file_bounds
 from loomdata.planning._mixture import (
     CumulativeTargets,
@@ -327,8 +335,11 @@ def _plan_into(
         [s.num_tokens for s in sources],
         [s.num_image_tokens for s in sources],
     )
-    if lookahead > 0 or lookahead_replan:
-        step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
+    step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
+    # on a cluster a fresh plan's look-ahead is worked out while the first ranges are balanced (_speculation)
+    later = client is not None and base is None and lookahead > 0 and _speculate(client)
+    counted = streams  # (the streams with their counts, which the look-ahead reads)
+    if (lookahead > 0 or lookahead_replan) and not later:
         pos: Sequence[Positions]
         nat: Sequence[np.ndarray] | None
         if base is not None:  # what the base placed before S is excluded, what it drew before S and deferred is in
@@ -369,6 +380,8 @@ def _plan_into(
         )
         del pos, nat  # the assignment holds what balancing needs
     streams = [st.without_counts() for st in streams]
+    if not later:
+        del counted
     if assignment is not None and client is None:
         ptr = ptr.released()  # (their chunks let go in the look-ahead of a fresh plan: its steps alone kept)
     trim_arenas()  # the look-ahead's temporaries, the streams' counts and the pointers, before balancing
@@ -443,7 +456,15 @@ def _plan_into(
                 bar.update(part.stop - part.first)
 
         if head < tr.steps:
-            carry = plan_ranges(client, work, out, carry, split_ranges(work, n, head), take)
+            cut = split_ranges(work, n, head)
+            todo: PlanWork | Speculation = work
+            if later:
+                todo = _speculation(
+                    work, worker_count(client), cut, counted, lanes, step_slots, step_dp, lookahead, spec
+                )
+                del counted
+            carry = plan_ranges(client, todo, out, carry, cut, take)
+            del todo
     if bar is not None:
         bar.close()
     del work, sink, ptr, streams, assignment  # the pointers, streams and look-ahead: not needed for the report
@@ -506,6 +527,88 @@ def _balance_into(
     if bar is not None:
         bar.update(stop - work.start - bar.n)
     return carry
+
+
+EARLY_SHARE = 0.5
+"""On a cluster, the share of the ranges (the first ones, a whole number a worker) balanced on a look-ahead over a
+prefix of the steps while the whole look-ahead is worked out (planning._distributed.Speculation): enough that every
+worker is busy while it is (50M samples, dp 64, 2 workers: the whole look-ahead 3.2-3.9 CPU-s against about 9 of
+each worker's ranges), no more (the prefix's look-ahead is worked out twice). Measured: docs/planning.md."""
+EARLY_MARGIN = 64
+"""Steps past the first ranges' last that the prefix's look-ahead also covers, plus 8 * (lookahead + 1): a move
+reaches at most `lookahead` steps, so the prefix's assignment agrees with the whole's well before its end (checked:
+a range whose steps it does not agree on is balanced again)."""
+
+
+SPECULATE: bool | None = None
+"""Whether a fresh plan on a cluster balances its first ranges on a prefix's look-ahead (_speculation): None where
+this host has a core beyond the cluster's worker threads on it (the prefix's look-ahead is worked out twice, and
+the whole one runs beside the workers: on cores the workers fill, that costs more wall clock than it hides;
+measured on this 2-core machine with 2 local workers, docs/planning.md); True or False always."""
+
+
+def _speculate(client: Executor) -> bool:
+    """SPECULATE, or (None) whether this host has more cores than the cluster's worker threads on it."""
+    if SPECULATE is not None:
+        return SPECULATE
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores > local_threads(client)
+
+
+def early_ranges(ranges: int, workers: int) -> int:
+    """How many of `ranges` ranges go out on a prefix's look-ahead: EARLY_SHARE of them, rounded to a whole number
+    a worker where there are that many (the workers then wait alike for the rest)."""
+    early = round(ranges * EARLY_SHARE)
+    return early - early % workers if workers > 1 and early >= workers else early
+
+
+def _speculation(
+    work: PlanWork,
+    workers: int,
+    cut: list[tuple[int, int]],
+    counted: list[Stream],
+    lanes: Lanes,
+    step_slots: np.ndarray,
+    step_dp: np.ndarray,
+    lookahead: int,
+    spec: Spec,
+) -> PlanWork | Speculation:
+    """A fresh plan's look-ahead on a cluster: over a prefix of the steps now (the first EARLY_SHARE of the ranges
+    and EARLY_MARGIN steps more) and over every step when plan_ranges asks (while those ranges are balanced); or,
+    where the prefix would reach the last step, the whole work at once. `counted`: the streams with their counts
+    (emptied once the whole look-ahead has read them)."""
+    ptr, steps = work.ptr, work.steps
+    early = early_ranges(len(cut), workers)
+    through = cut[early - 1][1] if early >= 1 else 0
+    reach = min(steps, through + EARLY_MARGIN + 8 * (lookahead + 1))
+
+    def look(stop: int, streams: list[Stream], drop: bool) -> StepAssignment:
+        return assign_steps(
+            natural_ranges(ptr, 0, stop),
+            None,
+            streams,
+            lanes,
+            step_slots,
+            step_dp,
+            lookahead,
+            0,
+            stop,
+            final=stop == steps,
+            ptr=ptr,
+            drop_counts=drop,
+            tolerance=spec.planning.lookahead_tolerance,
+        )
+
+    def finish() -> PlanWork:
+        whole = look(steps, counted, True)  # (each stream's counts dropped once read)
+        counted.clear()
+        trim_arenas()
+        return replace(work, assignment=whole)
+
+    if early < 1 or reach >= steps:
+        return finish()
+    prefix = look(reach, list(counted), False)
+    return Speculation(work=replace(work, assignment=prefix), through=through, finish=finish)
 
 
 def _shuffle_figures(

@@ -74,9 +74,9 @@ def test_the_shared_work_goes_to_the_plans_folder_where_memory_is_not_shared_and
     folders: list[Path] = []
     real = distributed_module.SharedWork.write
 
-    def write(work: Any, folder: Path) -> Any:
+    def write(work: Any, folder: Path, *args: Any, **kwargs: Any) -> Any:
         folders.append(folder)
-        return real(work, folder)
+        return real(work, folder, *args, **kwargs)
 
     monkeypatch.setattr(distributed_module.SharedWork, "write", write)
     _, want, got = _plan_twice("web4k_dp8", tmp_path, dask_client, 6)
@@ -102,8 +102,8 @@ def test_the_shared_work_in_memory_is_a_private_fresh_folder_removed_after_the_p
     modes: list[tuple[Path, int]] = []
     real = distributed_module.SharedWork.write
 
-    def write(work: Any, folder: Path) -> Any:
-        shared = real(work, folder)
+    def write(work: Any, folder: Path, *args: Any, **kwargs: Any) -> Any:
+        shared = real(work, folder, *args, **kwargs)
         modes.append((folder, stat.S_IMODE(folder.stat().st_mode)))
         return shared
 
@@ -113,3 +113,54 @@ def test_the_shared_work_in_memory_is_a_private_fresh_folder_removed_after_the_p
     assert modes[0][1] == 0o700
     assert list(shm.iterdir()) == []
     assert [k for k in want if got[k] != want[k]] == [] and sorted(got) == sorted(want)
+
+
+def test_the_first_ranges_on_a_prefix_look_ahead_share_the_index_with_the_whole_work(
+    tmp_path: Path, dask_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the cluster the first ranges are balanced on a prefix's look-ahead while the whole is worked out; the
+    whole work is written beside the first in the same folder, adding only its own arrays (the assignment's: a
+    position and a step array a source), not the index columns and streams again; the prefix's own arrays are
+    read back from their files (not held twice); the plan is the one-process plan byte for byte."""
+    from loomdata.planning import _distributed as distributed_module
+    from loomdata.planning import _plan as plan_module
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 40)
+    monkeypatch.setattr(distributed_module, "_MEMORY_FS", shm)
+    monkeypatch.setattr(plan_module, "EARLY_MARGIN", 0)
+    monkeypatch.setattr(plan_module, "SPECULATE", True)  # (by default only where a core is left beside the workers)
+    monkeypatch.setattr(distributed_module, "_FILE_MIN", 1 << 10)  # this small plan's assignments as files too
+    mapped: list[int] = []
+    real_map = distributed_module._map_written
+
+    def map_written(asg: Any, folder: Path, saved: Any) -> None:
+        real_map(asg, folder, saved)
+        mapped.append(sum(isinstance(a, np.memmap) for a in (*asg.pos, *asg.step)))
+
+    monkeypatch.setattr(distributed_module, "_map_written", map_written)
+    written: list[tuple[str, int]] = []  # (pickle name, .npy files in the folder after it)
+    real = distributed_module.SharedWork.write
+
+    def write(work: Any, folder: Path, *args: Any, **kwargs: Any) -> Any:
+        shared = real(work, folder, *args, **kwargs)
+        written.append((shared.name, len(list(folder.glob("*.npy")))))
+        return shared
+
+    monkeypatch.setattr(distributed_module.SharedWork, "write", write)
+    _, want, got = _plan_twice("web4k_dp8", tmp_path, dask_client, 6)
+    assert [n for n, _ in written] == ["work.pkl", "whole.pkl"]
+    assert written[1][1] - written[0][1] == 4, written  # 2 sources: the whole's positions and steps alone
+    assert mapped == [4]  # the prefix's positions and steps, read back from their files
+    assert list(shm.iterdir()) == []
+    assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
+
+
+def test_the_cluster_s_worker_threads_on_this_host_are_counted(dask_client: Any) -> None:
+    """The embedded cluster's workers listen on this host: all their threads are local (what decides whether a
+    plan speculates by default: only with a core left beside them)."""
+    from loomdata.planning._distributed import local_threads
+
+    workers = dask_client.scheduler_info()["workers"]
+    assert local_threads(dask_client) == sum(w["nthreads"] for w in workers.values()) >= 2

@@ -282,3 +282,103 @@ def test_shared_work_in_a_folder_others_can_write_is_refused(tmp_path: Path) -> 
     folder.chmod(0o777)
     with pytest.raises(PlanError, match="refusing to read it"):
         distributed_module.SharedWork(folder).load()
+
+
+def _lookahead_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
+    """(last step + 1, final) of every look-ahead planning works out from here on."""
+    from loomdata.planning import _plan as plan_module
+
+    calls: list[tuple[int, bool]] = []
+    real = plan_module.assign_steps
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args[8], kwargs.get("final", True)))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plan_module, "assign_steps", counting)
+    return calls
+
+
+@pytest.mark.parametrize(("name", "margin", "agrees"), [("web4k_dp8", 0, True), ("web4k_dp1", 0, True)])
+def test_the_first_ranges_go_out_on_a_prefix_look_ahead_and_give_the_one_process_plan(
+    name: str, margin: int, agrees: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a cluster a fresh plan's first ranges are balanced on a look-ahead over a prefix of the steps (final
+    False), the whole look-ahead after; where they agree on those ranges' steps, nothing is balanced twice."""
+    from loomdata.planning import _plan as plan_module
+
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 30)
+    monkeypatch.setattr(plan_module, "EARLY_MARGIN", margin)
+    spec, index, kw = CASES[name](tmp_path)
+    single = make_plan(spec, index=index, **kw).plan_dir
+    want = _files(single.rename(single.with_name("single")))
+    calls = _lookahead_calls(monkeypatch)
+    pool = _PicklingPool()
+    spec, index, kw = CASES[name](tmp_path)
+    got = _files(make_plan(spec, index=index, client=pool, ranges=6, **kw).plan_dir)
+    steps = spec.training.steps
+    assert len(calls) == 2 and calls[0][0] < steps and not calls[0][1] and calls[1] == (steps, True)
+    cuts = [(w.step0, w.step0 + w.rows) for w in pool.works]
+    assert len(cuts) == 6 and all(a[1] == b[0] for a, b in itertools.pairwise(cuts))  # each range once
+    assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
+
+
+def test_first_ranges_whose_prefix_look_ahead_disagrees_are_balanced_again_on_the_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefix that ends before the first ranges do (a margin below the reach of a move) cannot agree with the
+    whole look-ahead there: those ranges are balanced again on the whole work, and the plan is the same bytes."""
+    from loomdata.planning import _plan as plan_module
+
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 30)
+    spec, index, kw = CASES["web4k_dp8"](tmp_path)
+    monkeypatch.setattr(plan_module, "EARLY_MARGIN", -8 * (spec.planning.lookahead + 1) - 3)
+    single = make_plan(spec, index=index, **kw).plan_dir
+    want = _files(single.rename(single.with_name("single")))
+    calls = _lookahead_calls(monkeypatch)
+    pool = _PicklingPool()
+    spec, index, kw = CASES["web4k_dp8"](tmp_path)
+    got = _files(make_plan(spec, index=index, client=pool, ranges=6, **kw).plan_dir)
+    assert len(calls) == 2 and not calls[0][1]
+    cuts = [(w.step0, w.step0 + w.rows) for w in pool.works]
+    early = plan_module.early_ranges(6, 1)
+    assert len(cuts) == 6 + early and cuts[:early] == cuts[early : 2 * early]  # the first ranges twice
+    assert calls[0][0] == cuts[early - 1][1] - 3  # the prefix ended 3 steps before the first ranges did
+    assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
+
+
+def test_a_cluster_filling_this_hosts_cores_works_the_look_ahead_out_once_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By default (SPECULATE None) a plan speculates only where this host has a core beside the cluster's worker
+    threads on it: a pool with more threads than cores gets the whole look-ahead before any range."""
+    import os
+
+    calls = _lookahead_calls(monkeypatch)
+    pool = _PicklingPool()
+    pool._max_workers = os.cpu_count() or 1  # type: ignore[attr-defined]  (at least the usable cores)
+    spec, index, kw = CASES["web4k_dp8"](tmp_path)
+    make_plan(spec, index=index, client=pool, ranges=6, **kw)
+    assert calls == [(spec.training.steps, True)]
+
+
+def test_the_first_ranges_are_a_share_of_all_a_whole_number_a_worker() -> None:
+    from loomdata.planning._plan import EARLY_SHARE, early_ranges
+
+    assert EARLY_SHARE == 0.5
+    assert [early_ranges(n, 2) for n in (1, 2, 3, 6, 8, 12)] == [0, 1, 2, 2, 4, 6]
+    assert [early_ranges(n, 1) for n in (1, 3, 8)] == [0, 2, 4] and early_ranges(8, 3) == 3
+
+
+def test_assignments_agree_only_on_the_same_positions_in_the_same_steps_before_a_step() -> None:
+    from loomdata.planning._lookahead import StepAssignment
+
+    def asg(pos: list[list[int]], step: list[list[int]]) -> StepAssignment:
+        return StepAssignment([np.array(p, dtype=np.uint32) for p in pos], [np.array(s, dtype=np.int32) for s in step])
+
+    a = asg([[0, 1, 2, 3], [0, 1]], [[0, 0, 1, 2], [1, 2]])
+    assert a.agrees(asg([[0, 1, 2, 4], [0, 1, 5]], [[0, 0, 1, 2], [1, 2, 2]]), 2)  # steps 0-1 alike
+    assert not a.agrees(asg([[0, 1, 2, 4], [0, 1, 5]], [[0, 0, 1, 2], [1, 2, 2]]), 3)  # step 2 differs
+    assert not a.agrees(asg([[0, 2, 1, 3], [0, 1]], [[0, 0, 1, 2], [1, 2]]), 1)  # other positions in step 0
+    assert not a.agrees(asg([[0, 1, 2, 3], [0, 1]], [[0, 1, 1, 2], [1, 2]]), 2)  # position 1 a step later
+    assert not a.agrees(asg([[0, 1, 2, 3], [1]], [[0, 0, 1, 2], [1]]), 2)  # a position fewer

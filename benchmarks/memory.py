@@ -486,6 +486,7 @@ def worker_inside() -> dict[str, Any]:
         # the units held and the step each is next used at (diagnosis: rows kept for steps already built?)
         "loader_cache_units": len(held),
         "loader_cache_next_use": spread([e.next_use for e in held]),
+        "loader_horizon_steps": spread([c.policy.horizon_steps for c in caches]),
         "loader_reach_steps": spread([c.reach for c in caches]),
         "loader_keep_now_steps": spread([getattr(c, "keep_now", c.policy.keep_steps) for c in caches]),
         "loader_checksums": _checksums_held(),
@@ -549,6 +550,13 @@ def _serve_config(config: Any, autoscaling: Any) -> Any:
     return config(autoscale=autoscaling(), **extra)
 
 
+def _loader_reads(m: Any) -> dict[str, int]:
+    """The loaders' read-ahead counters summed (units read ahead, then used, waited for, read on the request path):
+    what a shorter horizon costs in reads the read-ahead did not cover."""
+    keys = ("calls", "prefetched", "prefetch_hits", "prefetch_waits", "unit_misses")
+    return {k: sum(int(getattr(lo.metrics, k, 0) or 0) for lo in m.loaders) for k in keys}
+
+
 def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: Any) -> None:
     """What `loom serve` runs: an embedded cluster (scheduler here, 2 workers) and an autoscaling Executor, with
     the Arrow allocator `loom serve` chooses for this process before pyarrow loads (`execution._arrow_pool`)."""
@@ -583,6 +591,7 @@ def loom_serve(plan_dir: str, local_dir: str, ready: Any, cmds: Any, answers: An
                         "loaders": sum(v.loaders for v in m.sources.values()),
                         "loader_memory_bytes": m.to_dict()["loader_memory_bytes"],
                         "loader_rss_bytes": m.to_dict()["loader_rss_bytes"],
+                        "loader_reads": _loader_reads(m),
                         "autoscale_rounds": m.autoscale.rounds,
                         "autoscale_decisions": len(m.autoscale.decisions),
                         "worker_pids": [pid for _, pid in workers.values()],
@@ -723,6 +732,7 @@ def measure_loom(plan_dir: Path, local_dir: Path, ranks: int, cover: int, warm: 
                 "loader_memory_mib": round(m["loader_memory_bytes"] / MIB, 1),
                 "loader_rss_mib": round(m["loader_rss_bytes"] / MIB, 1),
                 "loaders": m["loaders"],
+                "loader_reads": m["loader_reads"],
                 # CPU seconds the workers (loaders, constructors) and the serving process spent up to now: what a
                 # cache that holds less pays in decoding again, in the run whose memory is measured
                 "workers_cpu_s": round(sum(_cpu_s(pid) for pid in m["worker_pids"]), 2),

@@ -52,6 +52,14 @@ def _rate(client: Any, seconds: float) -> dict[str, float]:
     return rates
 
 
+def _periods(dask_worker: Any) -> dict[str, float]:
+    """The periods (ms) a server's housekeeping callbacks really run at (and a worker's memory monitor)."""
+    out = {name: dask_worker.periodic_callbacks[name].callback_time for name in ("tick", "monitor")}
+    if hasattr(dask_worker, "memory_manager"):
+        out["memory"] = dask_worker.memory_manager.memory_monitor_interval * 1000
+    return out
+
+
 def child(seconds: float) -> dict[str, Any]:
     """One run: the idle cluster, then an executor serving a small plan that no rank takes from."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -67,12 +75,13 @@ def child(seconds: float) -> dict[str, Any]:
         with open_cluster(n_workers=2, local_directory=root / "dask") as client:
             build_index(spec, client)
             plan_dir = make_plan(spec).plan_dir
+            periods = {"workers": list(client.run(_periods).values()), "scheduler": client.run_on_scheduler(_periods)}
             time.sleep(2)  # start-up settled
             idle = _rate(client, seconds)
             with Executor(plan_dir, client):
                 time.sleep(2)  # the first window built
                 served = _rate(client, seconds)
-    return {"cluster_idle": idle, "serving_untaken": served}
+    return {"cluster_idle": idle, "serving_untaken": served, "periods_ms": periods}
 
 
 def main() -> None:
@@ -86,14 +95,21 @@ def main() -> None:
         print(json.dumps(child(args.seconds)))
         return
     runs: dict[str, list[dict[str, Any]]] = {"dask": [], "loomdata": []}
+    want = {  # what each side's workers must really run (the scheduler: the same but the memory monitor)
+        "dask": {"tick": 20.0, "monitor": 500.0, "memory": 100.0},
+        "loomdata": {"tick": 1000.0, "monitor": 2000.0, "memory": 500.0},
+    }
     for k in range(args.rounds):
-        for side in runs:
+        for side in list(runs) if k % 2 == 0 else list(runs)[::-1]:  # alternate which side runs first
             env = {key: v for key, v in os.environ.items() if key not in DASK_DEFAULTS}
             if side == "dask":
                 env.update(DASK_DEFAULTS)
             cmd = [sys.executable, __file__, "--child", "--seconds", str(args.seconds)]
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
             got = json.loads(out.strip().splitlines()[-1])
+            ran = [*got["periods_ms"]["workers"], {**got["periods_ms"]["scheduler"], "memory": want[side]["memory"]}]
+            if any(r != want[side] for r in ran):
+                raise SystemExit(f"the {side} run's servers ran periods {ran}, not {want[side]}: not what it measures")
             runs[side].append(got)
             print(f"round {k + 1} {side:8}: idle {got['cluster_idle']}  serving {got['serving_untaken']}", flush=True)
     result = {

@@ -76,7 +76,7 @@ _MAX_PENDING_TELEMETRY = 1024
 FIRST_CALL_STEPS = 4
 """Steps a stream's first call asks for (no step received yet): the first batch does not wait for half a window's
 bytes to be packed into one answer, moved and decoded (256 steps, 4 MiB at 4096 tokens); the rest is asked for as soon
-as it arrives (`_ask_ahead`)."""
+as it arrives (`_ask_ahead`). Not without prefetch: there a call asks the whole window and nothing is asked ahead."""
 
 UNPACK_BYTES = 128 * 1024
 """About how many bytes of batches (arrays derived on the rank included) a rank makes from a received block at once,
@@ -301,7 +301,9 @@ class StreamClient:
                 self._attach()
             if step not in self._got:
                 pending, self._pending = self._pending, None
-                count = self._count() if self._step_nbytes else min(self._count(), FIRST_CALL_STEPS)
+                count = (
+                    self._count() if self._step_nbytes or not self._prefetch else min(self._count(), FIRST_CALL_STEPS)
+                )
                 fut = pending[1] if pending is not None and pending[0] == step else self._take(step, count)
                 t0 = time.perf_counter()
                 try:

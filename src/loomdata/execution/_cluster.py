@@ -228,13 +228,17 @@ PROFILE_KEY = "distributed.worker.profile.enabled"
 """Dask's statistical profiler of worker threads (feeds the dashboard's Profile page and `Client.profile`)."""
 
 
+TICK_KEY = "distributed.admin.tick.interval"
 SYSTEM_MONITOR_KEY = "distributed.admin.system-monitor.interval"
 QUIET_PERIODS = {
-    "distributed.admin.tick.interval": "1s",  # Dask: 20ms
+    TICK_KEY: "1s",  # Dask: 20ms
     "distributed.worker.memory.monitor-interval": "500ms",  # Dask: 100ms
     SYSTEM_MONITOR_KEY: "2s",  # Dask: 500ms
 }
 """Periods of Dask's housekeeping callbacks in the embedded cluster (`embedded_worker_config`)."""
+
+DASHBOARD_PERIODS = frozenset({TICK_KEY, SYSTEM_MONITOR_KEY})
+"""`QUIET_PERIODS`' keys left at Dask's period when the dashboard is on: its event-loop and system plots read them."""
 
 
 def embedded_worker_config(*, dashboard: bool) -> dict[str, Any]:
@@ -248,19 +252,22 @@ def embedded_worker_config(*, dashboard: bool) -> dict[str, Any]:
       of loomdata reads the profiles; the dashboard's Profile page does, so `dashboard` keeps them. A value set in
       code with `dask.config.set` is not seen as the user's (set the key in a config file or DASK_* variable), and
       the False holds in this process's Dask config for as long as the embedded cluster runs.
-    - Dask's periodic housekeeping slower, each unless the user configured its key (`QUIET_PERIODS`): with Dask's
-      periods the embedded cluster (2 workers) costs 0.07-0.09 CPU-second a second idle or serving a plan nobody
-      takes from (workers ~0.02 each, the scheduler and nannies 0.03-0.04), 0.018-0.023 with these
-      (benchmarks/cluster_idle.py; results/cluster_idle_s22_cpu.json): a fixed cost a delivery pays whatever it moves.
-      The event-loop health tick (20 ms) only feeds "event loop unresponsive" warnings; the memory monitor
-      (100 ms) watches for spill, pause and the nanny's terminate threshold; the system monitor (500 ms) feeds
-      heartbeats' metrics and the dashboard's plots, so `dashboard` keeps its period.
+    - Dask's periodic housekeeping slower, each unless the user configured its key (`QUIET_PERIODS`; config files or
+      DASK_* variables, hyphens or underscores): with Dask's periods the embedded cluster (2 workers) costs a fixed
+      CPU a second idle or serving a plan nobody takes from, whatever a delivery moves (benchmarks/cluster_idle.py,
+      results/cluster_idle_s22*.json). The event-loop tick (20 ms) feeds "event loop unresponsive" warnings (the
+      tick's duration includes its period: a block is warned of past the 3 s limit less the period) and the
+      heartbeats' event-loop interval; the memory monitor (100 ms; 500 ms here) watches for spill, pause and the
+      nanny's terminate threshold, so a runaway worker can overshoot by up to 0.5 s of allocation; the system monitor
+      (500 ms) feeds heartbeats' metrics. The dashboard plots the tick and the system monitor, so `dashboard` keeps
+      their periods (`DASHBOARD_PERIODS`). Set process-wide while the embedded cluster runs: another Dask server
+      started in this process meanwhile gets the same periods.
     """
     config: dict[str, Any] = {}
     if not dashboard and not _user_configured(PROFILE_KEY):
         config[PROFILE_KEY] = False
     for key, period in QUIET_PERIODS.items():
-        if (not dashboard or key != SYSTEM_MONITOR_KEY) and not _user_configured(key):
+        if not (dashboard and key in DASHBOARD_PERIODS) and not _user_configured(key):
             config[key] = period
     return config
 
@@ -271,10 +278,10 @@ def _user_configured(key: str) -> bool:
     for part in key.split("."):
         if not isinstance(node, dict):
             return False
-        found = [v for k, v in node.items() if dask.config.canonical_name(k, node) == part]
-        if not found:
+        name = dask.config.canonical_name(part, node)  # `system-monitor` finds a DASK_* variable's `system_monitor`
+        if name not in node:
             return False
-        node = found[0]
+        node = node[name]
     return True
 
 

@@ -243,6 +243,8 @@ def _join(sources: list[np.ndarray], src: np.ndarray, lo: np.ndarray, hi: np.nda
     """
     out = np.empty(size, dtype=np.int32)
     src, lo, hi = _runs(src, lo, hi)
+    if not len(src) and size:
+        raise ExecutionError(f"a packed group of {size} tokens was given only empty pieces (a packing bug)")
     if len(src):
         views = map(_cut, map(sources.__getitem__, src.tolist()), map(slice, lo.tolist(), hi.tolist()))
         np.concatenate(list(views), out=out)

@@ -39,21 +39,35 @@ def test_client_yields_the_ranks_batches_in_order(dask_client: Client, stream_pl
 
 
 def test_the_first_call_asks_a_few_steps_and_the_rest_at_once(dask_client: Client, stream_plan: Path) -> None:
-    """The first batch waits for FIRST_CALL_STEPS steps' answer, not half a window's; the next call goes out as soon
-    as it arrives, from the first step not received, and the stream is still every step in order."""
+    """The first call asks FIRST_CALL_STEPS steps, not half a window; the next goes out from the first step not
+    received, asking a whole call's count; without prefetch every call asks the window; the stream is every step."""
     from loomdata.client._stream import FIRST_CALL_STEPS
 
     meta = read_plan(stream_plan)
-    with Executor(stream_plan, dask_client, window=16) as ex, StreamClient(stream_plan, 0) as stream:
-        assert ex.window // 2 > FIRST_CALL_STEPS  # a call would ask for more steps than the first one does
-        first = next(stream)
-        assert stream.calls == 2  # the first answer's few steps, and the call sent ahead at once
-        assert sorted(stream._got) == list(range(1, FIRST_CALL_STEPS))
-        assert stream._pending is not None and stream._pending[0] == FIRST_CALL_STEPS
-        rest = list(stream)
-    assert [(b.step, b.micro_batch) for b in [first, *rest]] == [
-        (s, m) for s in range(meta.steps) for m in range(meta.micro_batches)
-    ]
+    for prefetch in (True, False):
+        with (
+            Executor(stream_plan, dask_client, window=16) as ex,
+            StreamClient(stream_plan, 0, prefetch=prefetch) as stream,
+        ):
+            assert ex.window // 2 > FIRST_CALL_STEPS  # a call would ask for more steps than the first one does
+            asked: list[tuple[int, int]] = []
+            take = stream._take
+
+            def recorded(step: int, count: int, take: Any = take, asked: list[tuple[int, int]] = asked) -> Any:
+                asked.append((step, count))
+                return take(step, count)
+
+            stream._take = recorded  # type: ignore[method-assign]
+            got = list(stream)
+            if prefetch:
+                assert asked[0] == (0, FIRST_CALL_STEPS)
+                # from the first step the first answer did not hold (a cold worker may have built only step 0)
+                assert 1 <= asked[1][0] <= FIRST_CALL_STEPS and asked[1][1] > FIRST_CALL_STEPS, asked
+            else:
+                assert asked[0][1] > FIRST_CALL_STEPS, asked  # the whole window's count from the start
+        assert [(b.step, b.micro_batch) for b in got] == [
+            (s, m) for s in range(meta.steps) for m in range(meta.micro_batches)
+        ]
 
 
 def test_state_dict_resume_gives_identical_batches(dask_client: Client, stream_plan: Path) -> None:

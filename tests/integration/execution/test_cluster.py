@@ -80,8 +80,25 @@ def test_workers_run_without_dasks_profiler_unless_the_user_configures_it(
 
 
 def _periods(dask_worker: Any) -> dict[str, float]:
-    """The periods (ms) of a server's event-loop tick and system monitor callbacks."""
-    return {name: dask_worker.periodic_callbacks[name].callback_time for name in ("tick", "monitor")}
+    """The periods (ms) of a server's event-loop tick and system monitor callbacks (and a worker's memory monitor)."""
+    out = {name: dask_worker.periodic_callbacks[name].callback_time for name in ("tick", "monitor")}
+    if hasattr(dask_worker, "memory_manager"):
+        out["memory"] = dask_worker.memory_manager.memory_monitor_interval * 1000
+    return out
+
+
+def test_a_users_dask_variables_keep_their_periods_hyphenated_keys_included(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DASK_* variables spell `system-monitor` and `monitor-interval` with underscores: the user's setting is found
+    all the same and left alone; the dashboard keeps Dask's tick and system monitor (it plots them)."""
+    from loomdata.execution._cluster import QUIET_PERIODS, embedded_worker_config
+
+    for var in ("ADMIN__TICK__INTERVAL", "ADMIN__SYSTEM_MONITOR__INTERVAL", "WORKER__MEMORY__MONITOR_INTERVAL"):
+        monkeypatch.delenv(f"DASK_DISTRIBUTED__{var}", raising=False)
+    assert set(QUIET_PERIODS) <= set(embedded_worker_config(dashboard=False))
+    assert set(embedded_worker_config(dashboard=True)) == {"distributed.worker.memory.monitor-interval"}
+    monkeypatch.setenv("DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL", "500ms")
+    monkeypatch.setenv("DASK_DISTRIBUTED__WORKER__MEMORY__MONITOR_INTERVAL", "100ms")
+    assert set(embedded_worker_config(dashboard=False)) & set(QUIET_PERIODS) == {"distributed.admin.tick.interval"}
 
 
 def test_the_embedded_clusters_housekeeping_is_slower_unless_the_user_configures_it(
@@ -96,13 +113,13 @@ def test_the_embedded_clusters_housekeeping_is_slower_unless_the_user_configures
     monkeypatch.delenv(tick_key, raising=False)
     assert set(QUIET_PERIODS) >= {"distributed.admin.tick.interval", "distributed.admin.system-monitor.interval"}
     with open_cluster(n_workers=1, local_directory=tmp_path / "a") as client:
-        assert list(client.run(_periods).values()) == [{"tick": 1000.0, "monitor": 2000.0}]
+        assert list(client.run(_periods).values()) == [{"tick": 1000.0, "monitor": 2000.0, "memory": 500.0}]
         assert client.run_on_scheduler(_periods) == {"tick": 1000.0, "monitor": 2000.0}
     assert dask.config.get("distributed.admin.tick.interval") == "20ms"  # this process's config is left as it was
     monkeypatch.setenv(tick_key, "50ms")  # the user's own setting wins (Dask read DASK_* at import: set it too)
     user = dask.config.set({"distributed.admin.tick.interval": "50ms"})
     with user, open_cluster(n_workers=1, local_directory=tmp_path / "b") as client:
-        assert list(client.run(_periods).values()) == [{"tick": 50.0, "monitor": 2000.0}]
+        assert list(client.run(_periods).values()) == [{"tick": 50.0, "monitor": 2000.0, "memory": 500.0}]
 
 
 def test_the_in_process_layout_serves_every_rank_exactly_over_tls(

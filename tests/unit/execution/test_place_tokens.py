@@ -177,3 +177,12 @@ def test_join_of_only_empty_pieces_is_empty() -> None:
     src, lo, hi = (np.asarray(x, dtype=np.int64) for x in ([0, 1], [3, 0], [3, 0]))
     out = _pack_group._join([np.arange(10, dtype=np.int32), np.arange(4, dtype=np.int32)], src, lo, hi, 0)
     assert out.dtype == np.int32 and len(out) == 0
+
+
+def test_join_refuses_a_size_that_only_empty_pieces_were_given_for() -> None:
+    """A positive size with nothing to copy is a packing bug, not an uninitialised array handed on."""
+    from loomdata.schemas.errors import ExecutionError
+
+    src, lo, hi = (np.asarray(x, dtype=np.int64) for x in ([0], [3], [3]))
+    with pytest.raises(ExecutionError, match="only empty pieces"):
+        _pack_group._join([np.arange(10, dtype=np.int32)], src, lo, hi, 5)

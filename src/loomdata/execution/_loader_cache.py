@@ -628,6 +628,11 @@ class PlanUnitCache:
         return np.array([self._key(k) for k in self._pool.held(self._owner)], dtype=np.int64)
 
     @property
+    def free_bytes(self) -> int:
+        """Bytes of the worker's budget not held now (what reads ahead in flight may still fill)."""
+        return max(self._pool.budget - self._pool.nbytes, 0)
+
+    @property
     def full(self) -> bool:
         """Whether the worker's budget is spent (a read ahead would only push out a unit needed sooner)."""
         return self._pool.nbytes >= self._pool.budget

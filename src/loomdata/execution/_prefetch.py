@@ -59,6 +59,8 @@ __all__ = [
     "FAST_STEPS_PER_S",
     "LATENCY_MARGIN",
     "MAX_EXTRA_STEPS",
+    "MAX_READS_IN_FLIGHT",
+    "READS_MARGIN",
     "PrefetchCounters",
     "Prefetcher",
     "StepRate",
@@ -66,6 +68,7 @@ __all__ = [
     "coalesce",
     "extra_steps",
     "plan_prefetch",
+    "reads_in_flight",
     "run_concurrently",
     "shared_threads",
     "submit_shared",
@@ -97,6 +100,13 @@ COALESCE_UNITS = 8
 
 COALESCE_GAP = 256 * 1024
 """The most bytes between two units' ranges that a coalesced GET fetches for nothing (other columns' chunks)."""
+
+MAX_READS_IN_FLIGHT = 32
+"""The most reads ahead one loader of object URLs keeps in flight (they run on the process's `_THREADS`)."""
+
+READS_MARGIN = 2.0
+"""Reads in flight per read Little's law asks for (units used a second x the store's latency): slack for a GET
+slower than the median and for steps that start several units at once."""
 
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
 _FIRST_RATE_S = 0.1  # the first measure, this soon after the first served step (the reach widens from it)
@@ -146,6 +156,15 @@ def extra_steps(read_s: float, steps_per_s: float, horizon: int) -> int:
         return 0
     need = math.ceil(LATENCY_MARGIN * read_s * steps_per_s)
     return int(min(max(need - horizon, 0), MAX_EXTRA_STEPS))
+
+
+def reads_in_flight(units_per_s: float, latency_s: float, floor: int, cap: int) -> int:
+    """Reads ahead to keep in flight so units land as fast as steps use them: `READS_MARGIN` x units a second x the
+    store's latency (Little's law), at least `floor` (the configured `loader_prefetch`) and at most `cap`."""
+    if units_per_s <= 0 or latency_s <= 0:
+        return floor
+    need = math.ceil(READS_MARGIN * units_per_s * latency_s)
+    return int(max(floor, min(need, cap)))
 
 
 def plan_prefetch(keys: np.ndarray, steps: np.ndarray, busy: np.ndarray, slots: int) -> np.ndarray:
@@ -219,21 +238,26 @@ class StepRate:
     """
 
     steps_per_s: float = 0.0
-    _mark: tuple[float, int] | None = None  # (time, newest step) the next measure starts from
+    _mark: tuple[float, int, float] | None = None  # (time, newest step, `waited`) the next measure starts from
 
-    def observe(self, newest: int, now: float) -> bool:
-        """Note the newest served step (-1: none yet) at time `now`; True when the rate was re-measured."""
+    def observe(self, newest: int, now: float, waited: float = 0.0) -> bool:
+        """Note the newest served step (-1: none yet) at time `now`; True when the rate was re-measured.
+
+        `waited`: seconds the loader has waited on storage so far (cumulative), left out of the measure: a rate
+        measured while starved is the store's, not the rank's, and sizing the reads in flight from it kept
+        them starved (object URLs pass it; at most 90% of an interval is left out)."""
         if newest < 0:
             return False
         if self._mark is None or newest < self._mark[1]:  # the first served step, or a resume further back
-            self._mark = (now, newest)
+            self._mark = (now, newest, waited)
             return False
-        t0, s0 = self._mark
+        t0, s0, w0 = self._mark
         if now - t0 < (_RATE_EVERY_S if self.steps_per_s > 0 else _FIRST_RATE_S) or newest <= s0:
             return False
-        rate = (newest - s0) / (now - t0)
+        busy = max(now - t0 - (waited - w0), 0.1 * (now - t0))
+        rate = (newest - s0) / busy
         self.steps_per_s = rate if self.steps_per_s <= 0 else 0.5 * (self.steps_per_s + rate)
-        self._mark = (now, newest)
+        self._mark = (now, newest, waited)
         return True
 
 
@@ -314,6 +338,11 @@ class Prefetcher:
         if assumed_steps_per_s is None:  # local files: no assumed rate (see FAST_STEPS_PER_S)
             assumed_steps_per_s = FAST_STEPS_PER_S if self._stores else 0.0
         self._assumed_rate = assumed_steps_per_s
+        self._units_per_step = 0.0  # units first used per step ahead (object URLs: from the pending uses)
+        self._unit_bytes = 0.0  # decoded bytes of a unit read ahead (running mean): what a read in flight will hold
+        self._units_read = 0  # units read ahead that `_unit_bytes` averages
+        self._waited_s = 0.0  # seconds the loader's reader waited on reads ahead in flight (`StepRate.observe`)
+        self.reads_limit = limit  # reads ahead allowed in flight now (`_reads_now`)
 
     # ---- UnitCache, for the loader's own reader ----------------------------------------------
 
@@ -322,9 +351,11 @@ class Prefetcher:
         with self._lock:
             fut = self._inflight.get(k) if k is not None else None
         if fut is not None:
+            t0 = time.monotonic()
             wait_for([fut])
             with self._lock:
                 self.counters.waited += 1
+                self._waited_s += time.monotonic() - t0
         value = self.cache.get(key)
         self._hit.key = None
         with self._lock:
@@ -372,10 +403,14 @@ class Prefetcher:
                 self._declined.clear()
                 self._declined_at = c.newest
                 self._stalled = False
-            slots = self.limit - self._requests
-            if self._stalled or slots <= 0:  # nothing can be issued now: skip the pending uses' bookkeeping
-                return
+            if self._stalled or (not self._stores and self._requests >= self.limit):
+                return  # nothing can be issued now: skip the pending uses' bookkeeping
             keys, first = c.pending(front)
+            if self._stores:
+                self._note_units(first, c.newest, c.near(front))
+            slots = self._reads_now() - self._requests
+            if slots <= 0:
+                return
             held = c.held_keys()
             busy = np.concatenate([held, np.fromiter([*self._inflight, *self._declined], dtype=np.int64)])
             free = plan_prefetch(keys, first, busy, len(keys))
@@ -396,10 +431,39 @@ class Prefetcher:
                 for k in run:
                     self._inflight[k] = fut
 
+    def _note_units(self, first: np.ndarray, newest: int, near: int) -> None:
+        """Units first used per step ahead: the pending units whose first use lies between the newest step served
+        and the reach's edge, over those steps (under the lock)."""
+        lo = max(newest, 0)
+        if near > lo:
+            self._units_per_step = int(np.count_nonzero(first > lo)) / (near - lo)
+
+    def _reads_now(self) -> int:
+        """Reads ahead allowed in flight now (under the lock): local files, the configured `limit`; object URLs, as
+        many as the units used a second x the store's latency need (`reads_in_flight`, the served-step rate or the
+        assumed one), at most `MAX_READS_IN_FLIGHT` and, above `limit`, only as many as the worker's free budget
+        holds at the decoded size of the reads so far (a unit read ahead is offered strictly: one with no room
+        would be dropped, its GET wasted)."""
+        if not self._stores:
+            return self.limit
+        cap = min(MAX_READS_IN_FLIGHT, _THREADS)
+        steps_per_s = self.rate.steps_per_s
+        per_read = max(self.counters.issued / self.counters.reads, 1.0) if self.counters.reads else 1.0
+        if steps_per_s > 0:
+            want = reads_in_flight(self._units_per_step * steps_per_s / per_read, self.latency(), self.limit, cap)
+        else:  # no rate measured yet: the warm-up reads (the first steps' units) all at once, at a fast assumed rate
+            want = max(self.limit, cap) if self._assumed_rate > 0 else self.limit
+        if want > self.limit and self._unit_bytes > 0:
+            fits = int(self.cache.free_bytes // (self._unit_bytes * per_read))
+            want = max(self.limit, min(want, fits))
+        self.reads_limit = want
+        return want
+
     def _measure_rate(self, newest: int) -> None:
         """Re-measure the served-step rate and widen the cache's reach to the latency it implies."""
         with self._lock:
-            measured = self.rate.observe(newest, time.monotonic())
+            waited = self._waited_s if self._stores else 0.0  # local files: waits are decoding, CPU (see top)
+            measured = self.rate.observe(newest, time.monotonic(), waited)
             if not measured and self.rate.steps_per_s > 0:
                 return
             rate = self.rate.steps_per_s if self.rate.steps_per_s > 0 else self._assumed_rate  # not measured yet
@@ -470,6 +534,9 @@ class Prefetcher:
         it is declined; only no room stalls the read-ahead until the next served step."""
         offered = Offered.NOT_DUE if got is None else self.cache.put_ahead((str(path), unit), got[0], got[1], front)
         with self._lock:
+            if got is not None:
+                self._units_read += 1
+                self._unit_bytes += (got[1] - self._unit_bytes) / self._units_read
             if offered is Offered.KEPT:
                 self.counters.prefetched += 1
                 self._fresh.add(k)

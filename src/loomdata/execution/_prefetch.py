@@ -27,6 +27,19 @@ step ~145 were read late (session 7). Local files keep the read's own duration (
 milliseconds when the machine is idle, adding nothing; under load it is mostly waiting for a CPU, so no rate
 is assumed for them).
 
+Reads in flight from the rate (session 22): for object URLs `limit` (`loader_prefetch`) is a floor. A read ahead
+holds its slot for a GET's latency, so at most `limit` / latency units land a second (Little's law): 8 GETs of
+~0.6 MB at 110 ms moved ~45 MB/s where two consumers of the object-store benchmark use ~115 MB/s (71-77 storage
+waits a run). `Prefetcher` keeps `reads_in_flight` = `READS_MARGIN` x units first used a step (the pending plan,
+between the newest step served and the reach's edge) x the served-step rate x the store's latency, at least `limit`,
+at most `MAX_READS_IN_FLIGHT`, and above `limit` only as many as the worker's free budget holds at the decoded
+size of the units read so far (a unit read ahead is offered strictly: one with no room is dropped, its GET
+wasted). The rate leaves out the time the loader waited on reads in flight (`StepRate.observe`'s `waited`):
+measured while starved, it was the store's rate, and reads sized from it stayed starved (9-11 in flight). Until
+a rate is measured (0.1 s after the first served step), `limit`: all 32 at warm-up shared the proxy's and the
+store's CPU with the first steps' GETs, and the first batch came after 0.5 s instead of 0.1 s. Local files keep
+exactly `limit` and the rate with waits in it: their reads are decoding and waiting for a CPU.
+
 The loader's own reader sees the cache through `Prefetcher` (a `UnitCache`): a `get` of a unit in
 flight waits for that read instead of issuing a second one. Served bytes never depend on it: a unit
 read ahead is the same decoded array `read` would keep. A failed read ahead keeps nothing and is
@@ -449,10 +462,10 @@ class Prefetcher:
         cap = min(MAX_READS_IN_FLIGHT, _THREADS)
         steps_per_s = self.rate.steps_per_s
         per_read = max(self.counters.issued / self.counters.reads, 1.0) if self.counters.reads else 1.0
-        if steps_per_s > 0:
+        if steps_per_s <= 0:  # no rate measured yet: the warm-up's first steps' units land first (see top)
+            want = self.limit
+        else:
             want = reads_in_flight(self._units_per_step * steps_per_s / per_read, self.latency(), self.limit, cap)
-        else:  # no rate measured yet: the warm-up reads (the first steps' units) all at once, at a fast assumed rate
-            want = max(self.limit, cap) if self._assumed_rate > 0 else self.limit
         if want > self.limit and self._unit_bytes > 0:
             fits = int(self.cache.free_bytes // (self._unit_bytes * per_read))
             want = max(self.limit, min(want, fits))

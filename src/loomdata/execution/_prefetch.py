@@ -121,6 +121,7 @@ READS_MARGIN = 2.0
 """Reads in flight per read Little's law asks for (units used a second x the store's latency): slack for a GET
 slower than the median and for steps that start several units at once."""
 
+_NOTE_EVERY_S = 0.05  # object URLs: the units a step are re-measured this often while every read is in flight
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
 _FIRST_RATE_S = 0.1  # the first measure, this soon after the first served step (the reach widens from it)
 _DECAY = 0.95  # per read: how fast the read-duration high-water mark forgets a slow read
@@ -355,6 +356,7 @@ class Prefetcher:
         self._unit_bytes = 0.0  # decoded bytes of a unit read ahead (running mean): what a read in flight will hold
         self._units_read = 0  # units read ahead that `_unit_bytes` averages
         self._waited_s = 0.0  # seconds the loader's reader waited on reads ahead in flight (`StepRate.observe`)
+        self._noted_at = -math.inf  # when `_units_per_step` was last measured
         self.reads_limit = limit  # reads ahead allowed in flight now (`_reads_now`)
 
     # ---- UnitCache, for the loader's own reader ----------------------------------------------
@@ -416,11 +418,15 @@ class Prefetcher:
                 self._declined.clear()
                 self._declined_at = c.newest
                 self._stalled = False
-            if self._stalled or (not self._stores and self._requests >= self.limit):
-                return  # nothing can be issued now: skip the pending uses' bookkeeping
+            now = time.monotonic()
+            fresh = now - self._noted_at < _NOTE_EVERY_S
+            full = (fresh and self._requests >= self.reads_limit) if self._stores else self._requests >= self.limit
+            if self._stalled or full:  # nothing can be issued now: skip the pending uses' bookkeeping
+                return
             keys, first = c.pending(front)
             if self._stores:
                 self._note_units(first, c.newest, c.near(front))
+                self._noted_at = now
             slots = self._reads_now() - self._requests
             if slots <= 0:
                 return
@@ -477,6 +483,8 @@ class Prefetcher:
         with self._lock:
             waited = self._waited_s if self._stores else 0.0  # local files: waits are decoding, CPU (see top)
             measured = self.rate.observe(newest, time.monotonic(), waited)
+            if measured:
+                self._noted_at = -math.inf  # a new rate: the reads in flight are sized again at once
             if not measured and self.rate.steps_per_s > 0:
                 return
             rate = self.rate.steps_per_s if self.rate.steps_per_s > 0 else self._assumed_rate  # not measured yet

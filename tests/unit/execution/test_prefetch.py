@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 from typing import Any
@@ -453,6 +454,7 @@ def test_object_urls_read_more_than_the_configured_count_ahead_once_a_rate_is_me
         for _ in range(64):
             _LATENCY.record(url, 0.1)  # the store answers in 100 ms
         pf.rate.steps_per_s = 100.0  # 7 units first used in steps 1-10 x 100 steps/s x 0.1 s x 2: 14 reads
+        pf._noted_at = -math.inf  # as a re-measured rate does
         pf.pump(np.array([0]))
         assert pf.reads_limit == 14 and pf.in_flight() == 8  # the other 6 issued too
         gate.set()

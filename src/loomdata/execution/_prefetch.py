@@ -459,8 +459,8 @@ class Prefetcher:
 
     def _reads_now(self) -> int:
         """Reads ahead allowed in flight now (under the lock): local files, the configured `limit`; object URLs, as
-        many as the units used a second x the store's latency need (`reads_in_flight`, the served-step rate or the
-        assumed one), at most `MAX_READS_IN_FLIGHT` and, above `limit`, only as many as the worker's free budget
+        many as the units used a second x the store's latency need (`reads_in_flight`; `limit` until a step rate is
+        measured), at most `MAX_READS_IN_FLIGHT` and, above `limit`, only as many as the worker's free budget
         holds at the decoded size of the reads so far (a unit read ahead is offered strictly: one with no room
         would be dropped, its GET wasted)."""
         if not self._stores:

@@ -76,6 +76,7 @@ __all__ = [
     "READS_MARGIN",
     "PrefetchCounters",
     "Prefetcher",
+    "ReadDepth",
     "StepRate",
     "UnitSpans",
     "coalesce",
@@ -309,6 +310,55 @@ class UnitSpans:
         return self._reader.unit_span(path, unit)
 
 
+class ReadDepth:
+    """How many reads ahead one loader keeps in flight: for object URLs (`sized`) `reads_in_flight` from what it
+    measured (the units first used a step ahead, the decoded size of a unit read, the worker's free budget); for
+    local files the configured `limit`."""
+
+    def __init__(self, limit: int, sized: bool) -> None:
+        self.limit = limit  # the configured floor (`loader_prefetch`)
+        self.sized = sized
+        self.reads = limit  # allowed in flight now
+        self.units_per_step = 0.0  # units first used per step ahead (from the pending uses)
+        self.unit_bytes = 0.0  # decoded bytes of a unit read ahead (running mean): what a read in flight will hold
+        self.noted_at = -math.inf  # when `units_per_step` was last measured
+        self._units = 0
+
+    def full(self, requests: int, now: float) -> bool:
+        """Whether no read can be issued now: `requests` in flight fill `limit` (local files) or the reads sized
+        within the last `_NOTE_EVERY_S` (object URLs: not measured again at every pump while all are in flight)."""
+        if not self.sized:
+            return requests >= self.limit
+        return now - self.noted_at < _NOTE_EVERY_S and requests >= self.reads
+
+    def note_units(self, first: np.ndarray, newest: int, near: int, now: float) -> None:
+        """Units first used per step: pending units (`first`: their first use) after the newest step served, up to
+        the reach's edge `near`, over those steps."""
+        lo = max(newest, 0)
+        if self.sized and near > lo:
+            self.units_per_step = int(np.count_nonzero(first > lo)) / (near - lo)
+        self.noted_at = now
+
+    def note_unit(self, nbytes: int) -> None:
+        """A unit read ahead decoded to `nbytes`."""
+        self._units += 1
+        self.unit_bytes += (nbytes - self.unit_bytes) / self._units
+
+    def size(self, steps_per_s: float, latency_s: float, counters: PrefetchCounters, free_bytes: int) -> int:
+        """Reads allowed in flight: `limit` for local files or while no step rate is measured (warm-up: the first
+        steps' units land first); else `reads_in_flight` at `steps_per_s` and the store's `latency_s` (GETs of
+        `counters`' units a read), at most `MAX_READS_IN_FLIGHT`, above `limit` only as many as `free_bytes` holds."""
+        want = self.limit
+        if self.sized and steps_per_s > 0:
+            per_read = max(counters.issued / counters.reads, 1.0) if counters.reads else 1.0
+            cap = min(MAX_READS_IN_FLIGHT, _THREADS)
+            want = reads_in_flight(self.units_per_step * steps_per_s / per_read, latency_s, self.limit, cap)
+            if want > self.limit and self.unit_bytes > 0:
+                want = max(self.limit, min(want, int(free_bytes // (self.unit_bytes * per_read))))
+        self.reads = want
+        return want
+
+
 class Prefetcher:
     """One loader's read-ahead and its reader's view of the cache (`get`/`put` of `UnitCache`)."""
 
@@ -352,12 +402,8 @@ class Prefetcher:
         if assumed_steps_per_s is None:  # local files: no assumed rate (see FAST_STEPS_PER_S)
             assumed_steps_per_s = FAST_STEPS_PER_S if self._stores else 0.0
         self._assumed_rate = assumed_steps_per_s
-        self._units_per_step = 0.0  # units first used per step ahead (object URLs: from the pending uses)
-        self._unit_bytes = 0.0  # decoded bytes of a unit read ahead (running mean): what a read in flight will hold
-        self._units_read = 0  # units read ahead that `_unit_bytes` averages
-        self._waited_s = 0.0  # seconds the loader's reader waited on reads ahead in flight (`StepRate.observe`)
-        self._noted_at = -math.inf  # when `_units_per_step` was last measured
-        self.reads_limit = limit  # reads ahead allowed in flight now (`_reads_now`)
+        self._waited_s = 0.0  # seconds the reader waited on reads ahead (object URLs: not in the rate; see top)
+        self.depth = ReadDepth(limit, sized=bool(self._stores))  # reads ahead allowed in flight now
 
     # ---- UnitCache, for the loader's own reader ----------------------------------------------
 
@@ -410,7 +456,7 @@ class Prefetcher:
             self._front = max(self._front, int(np.max(steps)))
         c = self.cache
         self._measure_rate(c.newest)
-        if c.full:
+        if c.free_bytes <= 0:
             return
         front = max(self._front, c.newest, 0)
         with self._lock:  # what is held and what is in flight, seen together: a read finishing between
@@ -418,16 +464,11 @@ class Prefetcher:
                 self._declined.clear()
                 self._declined_at = c.newest
                 self._stalled = False
-            now = time.monotonic()
-            fresh = now - self._noted_at < _NOTE_EVERY_S
-            full = (fresh and self._requests >= self.reads_limit) if self._stores else self._requests >= self.limit
-            if self._stalled or full:  # nothing can be issued now: skip the pending uses' bookkeeping
-                return
+            if self._stalled or (d := self.depth).full(self._requests, now := time.monotonic()):
+                return  # nothing can be issued now: skip the pending uses' bookkeeping
             keys, first = c.pending(front)
-            if self._stores:
-                self._note_units(first, c.newest, c.near(front))
-                self._noted_at = now
-            slots = self._reads_now() - self._requests
+            d.note_units(first, c.newest, c.near(front), now)
+            slots = d.size(self.rate.steps_per_s, self.latency(), self.counters, c.free_bytes) - self._requests
             if slots <= 0:
                 return
             held = c.held_keys()
@@ -450,41 +491,10 @@ class Prefetcher:
                 for k in run:
                     self._inflight[k] = fut
 
-    def _note_units(self, first: np.ndarray, newest: int, near: int) -> None:
-        """Units first used per step ahead: the pending units whose first use lies between the newest step served
-        and the reach's edge, over those steps (under the lock)."""
-        lo = max(newest, 0)
-        if near > lo:
-            self._units_per_step = int(np.count_nonzero(first > lo)) / (near - lo)
-
-    def _reads_now(self) -> int:
-        """Reads ahead allowed in flight now (under the lock): local files, the configured `limit`; object URLs, as
-        many as the units used a second x the store's latency need (`reads_in_flight`; `limit` until a step rate is
-        measured), at most `MAX_READS_IN_FLIGHT` and, above `limit`, only as many as the worker's free budget
-        holds at the decoded size of the reads so far (a unit read ahead is offered strictly: one with no room
-        would be dropped, its GET wasted)."""
-        if not self._stores:
-            return self.limit
-        cap = min(MAX_READS_IN_FLIGHT, _THREADS)
-        steps_per_s = self.rate.steps_per_s
-        per_read = max(self.counters.issued / self.counters.reads, 1.0) if self.counters.reads else 1.0
-        if steps_per_s <= 0:  # no rate measured yet: the warm-up's first steps' units land first (see top)
-            want = self.limit
-        else:
-            want = reads_in_flight(self._units_per_step * steps_per_s / per_read, self.latency(), self.limit, cap)
-        if want > self.limit and self._unit_bytes > 0:
-            fits = int(self.cache.free_bytes // (self._unit_bytes * per_read))
-            want = max(self.limit, min(want, fits))
-        self.reads_limit = want
-        return want
-
     def _measure_rate(self, newest: int) -> None:
         """Re-measure the served-step rate and widen the cache's reach to the latency it implies."""
         with self._lock:
-            waited = self._waited_s if self._stores else 0.0  # local files: waits are decoding, CPU (see top)
-            measured = self.rate.observe(newest, time.monotonic(), waited)
-            if measured:
-                self._noted_at = -math.inf  # a new rate: the reads in flight are sized again at once
+            measured = self.rate.observe(newest, time.monotonic(), self._waited_s if self._stores else 0.0)
             if not measured and self.rate.steps_per_s > 0:
                 return
             rate = self.rate.steps_per_s if self.rate.steps_per_s > 0 else self._assumed_rate  # not measured yet
@@ -556,8 +566,7 @@ class Prefetcher:
         offered = Offered.NOT_DUE if got is None else self.cache.put_ahead((str(path), unit), got[0], got[1], front)
         with self._lock:
             if got is not None:
-                self._units_read += 1
-                self._unit_bytes += (got[1] - self._unit_bytes) / self._units_read
+                self.depth.note_unit(got[1])
             if offered is Offered.KEPT:
                 self.counters.prefetched += 1
                 self._fresh.add(k)

@@ -450,13 +450,13 @@ def test_object_urls_read_more_than_the_configured_count_ahead_once_a_rate_is_me
     try:
         cache.plan(unit_key(3, np.arange(8)), np.arange(8))  # step s reads row group s
         pf.pump(np.array([0]))
-        assert pf.reads_limit == 2 and pf.in_flight() == 2  # warm-up: the first steps' units only
+        assert pf.depth.reads == 2 and pf.in_flight() == 2  # warm-up: the first steps' units only
         for _ in range(64):
             _LATENCY.record(url, 0.1)  # the store answers in 100 ms
         pf.rate.steps_per_s = 100.0  # 7 units first used in steps 1-10 x 100 steps/s x 0.1 s x 2: 14 reads
-        pf._noted_at = -math.inf  # as a re-measured rate does
+        pf.depth.noted_at = -math.inf  # as a re-measured rate does
         pf.pump(np.array([0]))
-        assert pf.reads_limit == 14 and pf.in_flight() == 8  # the other 6 issued too
+        assert pf.depth.reads == 14 and pf.in_flight() == 8  # the other 6 issued too
         gate.set()
         assert pf.settle(10)
         assert sorted(log) == list(range(8)) and pf.counters.prefetched == 8
@@ -470,7 +470,7 @@ def test_object_urls_read_more_than_the_configured_count_ahead_once_a_rate_is_me
     pf.rate.steps_per_s = 100.0
     pf.read_s = 0.1
     pf.pump(np.array([0]))
-    assert pf.reads_limit == 2 and pf.in_flight() == 2
+    assert pf.depth.reads == 2 and pf.in_flight() == 2
     pf.close()
     cache.close()
 
@@ -484,14 +484,14 @@ def test_measured_reads_in_flight_are_bounded_by_the_cap_and_above_the_floor_by_
     try:
         for _ in range(64):
             _LATENCY.record(url, 0.1)  # the store answers in 100 ms
-        pf.rate.steps_per_s, pf._units_per_step = 50.0, 1.0  # 50 units/s: 2 x 50 x 0.1 = 10 reads in flight
-        assert pf._reads_now() == 10
+        pf.rate.steps_per_s, pf.depth.units_per_step = 50.0, 1.0  # 50 units/s: 2 x 50 x 0.1 = 10 reads in flight
+        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, cache.free_bytes) == 10
         pf.rate.steps_per_s = 1000.0  # 200 wanted: the cap
-        assert pf._reads_now() == MAX_READS_IN_FLIGHT
-        pf._unit_bytes = float(1 << 18)  # a unit decodes to a quarter of the budget: 4 reads in flight fit
-        assert pf._reads_now() == 4
-        pf._unit_bytes = float(1 << 20)  # none fits: the configured floor still reads ahead (offered strictly)
-        assert pf._reads_now() == 2
+        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, cache.free_bytes) == MAX_READS_IN_FLIGHT
+        pf.depth.unit_bytes = float(1 << 18)  # a unit decodes to a quarter of the budget: 4 reads in flight fit
+        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, cache.free_bytes) == 4
+        pf.depth.unit_bytes = float(1 << 20)  # none fits: the configured floor still reads ahead (offered strictly)
+        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, cache.free_bytes) == 2
     finally:
         pf.close()
         cache.close()

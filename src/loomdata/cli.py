@@ -456,7 +456,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=defaults.loader_prefetch,
         metavar="N",
-        help="row groups each loader reads ahead at once for its next planned steps, within --loader-memory (0: none)",
+        help="row groups each loader reads ahead at once for its next planned steps, within --loader-memory (0: none; "
+        "object URLs: at least N, more when the measured rate x the store's latency needs them, at most 32)",
     )
     s.add_argument(
         "--autoscale",

@@ -168,7 +168,8 @@ class ServeConfig:
     about twice its steps' bytes, and the loaders' horizon follows the window (more rows planned ahead at 1-4 ranks
     a constructor, within `loader_memory` for decoded units).
     `loader_prefetch`: read units each loader reads ahead at once for its next planned steps, within
-    `loader_memory` (`_prefetch`; 0, or `loader_memory` 0: no read-ahead).
+    `loader_memory` (`_prefetch`; 0, or `loader_memory` 0: no read-ahead); for object URLs the floor: more are
+    kept in flight as the measured step rate x the store's latency needs (`_prefetch.reads_in_flight`, at most 32).
     `peers` None: the plan's tp*pp*cp. `loaders_per_source` is one count or a count per source name
     (1 for sources not named). `n_workers` sizes the embedded cluster only (no scheduler given).
     """

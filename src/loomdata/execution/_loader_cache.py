@@ -628,9 +628,9 @@ class PlanUnitCache:
         return np.array([self._key(k) for k in self._pool.held(self._owner)], dtype=np.int64)
 
     @property
-    def full(self) -> bool:
-        """Whether the worker's budget is spent (a read ahead would only push out a unit needed sooner)."""
-        return self._pool.nbytes >= self._pool.budget
+    def free_bytes(self) -> int:
+        """Bytes of the worker's budget not held now (0: spent, a read ahead would push out a unit needed sooner)."""
+        return max(self._pool.budget - self._pool.nbytes, 0)
 
     def plan(self, keys: np.ndarray, steps: np.ndarray, rows: np.ndarray | None = None) -> None:
         """Planned segment reads (unit key, step, and the row read) of steps not planned before.

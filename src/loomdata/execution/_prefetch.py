@@ -27,6 +27,19 @@ step ~145 were read late (session 7). Local files keep the read's own duration (
 milliseconds when the machine is idle, adding nothing; under load it is mostly waiting for a CPU, so no rate
 is assumed for them).
 
+Reads in flight from the rate (session 22): for object URLs `limit` (`loader_prefetch`) is a floor. A read ahead
+holds its slot for a GET's latency, so at most `limit` / latency units land a second (Little's law): 8 GETs of
+~0.6 MB at 110 ms moved ~45 MB/s where two consumers of the object-store benchmark use ~115 MB/s (71-77 storage
+waits a run). `Prefetcher` keeps `reads_in_flight` = `READS_MARGIN` x units first used a step (the pending plan,
+between the newest step served and the reach's edge) x the served-step rate x the store's latency, at least `limit`,
+at most `MAX_READS_IN_FLIGHT`, and above `limit` only as many as the worker's free budget holds at the decoded
+size of the units read so far (a unit read ahead is offered strictly: one with no room is dropped, its GET
+wasted). The rate leaves out the time the loader waited on reads in flight (`StepRate.observe`'s `waited`):
+measured while starved, it was the store's rate, and reads sized from it stayed starved (9-11 in flight). Until
+a rate is measured (0.1 s after the first served step), `limit`: all 32 at warm-up shared the proxy's and the
+store's CPU with the first steps' GETs, and the first batch came after 0.5 s instead of 0.1 s. Local files keep
+exactly `limit` and the rate with waits in it: their reads are decoding and waiting for a CPU.
+
 The loader's own reader sees the cache through `Prefetcher` (a `UnitCache`): a `get` of a unit in
 flight waits for that read instead of issuing a second one. Served bytes never depend on it: a unit
 read ahead is the same decoded array `read` would keep. A failed read ahead keeps nothing and is
@@ -59,13 +72,17 @@ __all__ = [
     "FAST_STEPS_PER_S",
     "LATENCY_MARGIN",
     "MAX_EXTRA_STEPS",
+    "MAX_READS_IN_FLIGHT",
+    "READS_MARGIN",
     "PrefetchCounters",
     "Prefetcher",
+    "ReadDepth",
     "StepRate",
     "UnitSpans",
     "coalesce",
     "extra_steps",
     "plan_prefetch",
+    "reads_in_flight",
     "run_concurrently",
     "shared_threads",
     "submit_shared",
@@ -98,6 +115,14 @@ COALESCE_UNITS = 8
 COALESCE_GAP = 256 * 1024
 """The most bytes between two units' ranges that a coalesced GET fetches for nothing (other columns' chunks)."""
 
+MAX_READS_IN_FLIGHT = 32
+"""The most reads ahead one loader of object URLs keeps in flight (they run on the process's `_THREADS`)."""
+
+READS_MARGIN = 2.0
+"""Reads in flight per read Little's law asks for (units used a second x the store's latency): slack for a GET
+slower than the median and for steps that start several units at once."""
+
+_NOTE_EVERY_S = 0.05  # object URLs: the units a step are re-measured this often while every read is in flight
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
 _FIRST_RATE_S = 0.1  # the first measure, this soon after the first served step (the reach widens from it)
 _DECAY = 0.95  # per read: how fast the read-duration high-water mark forgets a slow read
@@ -146,6 +171,15 @@ def extra_steps(read_s: float, steps_per_s: float, horizon: int) -> int:
         return 0
     need = math.ceil(LATENCY_MARGIN * read_s * steps_per_s)
     return int(min(max(need - horizon, 0), MAX_EXTRA_STEPS))
+
+
+def reads_in_flight(units_per_s: float, latency_s: float, floor: int, cap: int) -> int:
+    """Reads ahead to keep in flight so units land as fast as steps use them: `READS_MARGIN` x units a second x the
+    store's latency (Little's law), at least `floor` (the configured `loader_prefetch`) and at most `cap`."""
+    if units_per_s <= 0 or latency_s <= 0:
+        return floor
+    need = math.ceil(READS_MARGIN * units_per_s * latency_s)
+    return int(max(floor, min(need, cap)))
 
 
 def plan_prefetch(keys: np.ndarray, steps: np.ndarray, busy: np.ndarray, slots: int) -> np.ndarray:
@@ -219,21 +253,26 @@ class StepRate:
     """
 
     steps_per_s: float = 0.0
-    _mark: tuple[float, int] | None = None  # (time, newest step) the next measure starts from
+    _mark: tuple[float, int, float] | None = None  # (time, newest step, `waited`) the next measure starts from
 
-    def observe(self, newest: int, now: float) -> bool:
-        """Note the newest served step (-1: none yet) at time `now`; True when the rate was re-measured."""
+    def observe(self, newest: int, now: float, waited: float = 0.0) -> bool:
+        """Note the newest served step (-1: none yet) at time `now`; True when the rate was re-measured.
+
+        `waited`: seconds the loader has waited on storage so far (cumulative), left out of the measure: a rate
+        measured while starved is the store's, not the rank's, and sizing the reads in flight from it kept
+        them starved (object URLs pass it; at most 90% of an interval is left out)."""
         if newest < 0:
             return False
         if self._mark is None or newest < self._mark[1]:  # the first served step, or a resume further back
-            self._mark = (now, newest)
+            self._mark = (now, newest, waited)
             return False
-        t0, s0 = self._mark
+        t0, s0, w0 = self._mark
         if now - t0 < (_RATE_EVERY_S if self.steps_per_s > 0 else _FIRST_RATE_S) or newest <= s0:
             return False
-        rate = (newest - s0) / (now - t0)
+        busy = max(now - t0 - (waited - w0), 0.1 * (now - t0))
+        rate = (newest - s0) / busy
         self.steps_per_s = rate if self.steps_per_s <= 0 else 0.5 * (self.steps_per_s + rate)
-        self._mark = (now, newest)
+        self._mark = (now, newest, waited)
         return True
 
 
@@ -269,6 +308,55 @@ class UnitSpans:
         if self._reader is None:
             self._reader = self._make_reader()
         return self._reader.unit_span(path, unit)
+
+
+class ReadDepth:
+    """How many reads ahead one loader keeps in flight: for object URLs (`sized`) `reads_in_flight` from what it
+    measured (the units first used a step ahead, the decoded size of a unit read, the worker's free budget); for
+    local files the configured `limit`."""
+
+    def __init__(self, limit: int, sized: bool) -> None:
+        self.limit = limit  # the configured floor (`loader_prefetch`)
+        self.sized = sized
+        self.reads = limit  # allowed in flight now
+        self.units_per_step = 0.0  # units first used per step ahead (from the pending uses)
+        self.unit_bytes = 0.0  # decoded bytes of a unit read ahead (running mean): what a read in flight will hold
+        self.noted_at = -math.inf  # when `units_per_step` was last measured
+        self._units = 0
+
+    def full(self, requests: int, now: float) -> bool:
+        """Whether no read can be issued now: `requests` in flight fill `limit` (local files) or the reads sized
+        within the last `_NOTE_EVERY_S` (object URLs: not measured again at every pump while all are in flight)."""
+        if not self.sized:
+            return requests >= self.limit
+        return now - self.noted_at < _NOTE_EVERY_S and requests >= self.reads
+
+    def note_units(self, first: np.ndarray, newest: int, near: int, now: float) -> None:
+        """Units first used per step: pending units (`first`: their first use) after the newest step served, up to
+        the reach's edge `near`, over those steps."""
+        lo = max(newest, 0)
+        if self.sized and near > lo:
+            self.units_per_step = int(np.count_nonzero(first > lo)) / (near - lo)
+        self.noted_at = now
+
+    def note_unit(self, nbytes: int) -> None:
+        """A unit read ahead decoded to `nbytes`."""
+        self._units += 1
+        self.unit_bytes += (nbytes - self.unit_bytes) / self._units
+
+    def size(self, steps_per_s: float, latency_s: float, counters: PrefetchCounters, free_bytes: int) -> int:
+        """Reads allowed in flight: `limit` for local files or while no step rate is measured (warm-up: the first
+        steps' units land first); else `reads_in_flight` at `steps_per_s` and the store's `latency_s` (GETs of
+        `counters`' units a read), at most `MAX_READS_IN_FLIGHT`, above `limit` only as many as `free_bytes` holds."""
+        want = self.limit
+        if self.sized and steps_per_s > 0:
+            per_read = max(counters.issued / counters.reads, 1.0) if counters.reads else 1.0
+            cap = min(MAX_READS_IN_FLIGHT, _THREADS)
+            want = reads_in_flight(self.units_per_step * steps_per_s / per_read, latency_s, self.limit, cap)
+            if want > self.limit and self.unit_bytes > 0:
+                want = max(self.limit, min(want, int(free_bytes // (self.unit_bytes * per_read))))
+        self.reads = want
+        return want
 
 
 class Prefetcher:
@@ -314,6 +402,8 @@ class Prefetcher:
         if assumed_steps_per_s is None:  # local files: no assumed rate (see FAST_STEPS_PER_S)
             assumed_steps_per_s = FAST_STEPS_PER_S if self._stores else 0.0
         self._assumed_rate = assumed_steps_per_s
+        self._waited_s = 0.0  # seconds the reader waited on reads ahead (object URLs: not in the rate; see top)
+        self.depth = ReadDepth(limit, sized=bool(self._stores))  # reads ahead allowed in flight now
 
     # ---- UnitCache, for the loader's own reader ----------------------------------------------
 
@@ -322,9 +412,11 @@ class Prefetcher:
         with self._lock:
             fut = self._inflight.get(k) if k is not None else None
         if fut is not None:
+            t0 = time.monotonic()
             wait_for([fut])
             with self._lock:
                 self.counters.waited += 1
+                self._waited_s += time.monotonic() - t0
         value = self.cache.get(key)
         self._hit.key = None
         with self._lock:
@@ -364,7 +456,7 @@ class Prefetcher:
             self._front = max(self._front, int(np.max(steps)))
         c = self.cache
         self._measure_rate(c.newest)
-        if c.full:
+        if c.free_bytes <= 0:
             return
         front = max(self._front, c.newest, 0)
         with self._lock:  # what is held and what is in flight, seen together: a read finishing between
@@ -372,10 +464,13 @@ class Prefetcher:
                 self._declined.clear()
                 self._declined_at = c.newest
                 self._stalled = False
-            slots = self.limit - self._requests
-            if self._stalled or slots <= 0:  # nothing can be issued now: skip the pending uses' bookkeeping
-                return
+            if self._stalled or (d := self.depth).full(self._requests, now := time.monotonic()):
+                return  # nothing can be issued now: skip the pending uses' bookkeeping
             keys, first = c.pending(front)
+            d.note_units(first, c.newest, c.near(front), now)
+            slots = d.size(self.rate.steps_per_s, self.latency(), self.counters, c.free_bytes) - self._requests
+            if slots <= 0:
+                return
             held = c.held_keys()
             busy = np.concatenate([held, np.fromiter([*self._inflight, *self._declined], dtype=np.int64)])
             free = plan_prefetch(keys, first, busy, len(keys))
@@ -399,7 +494,7 @@ class Prefetcher:
     def _measure_rate(self, newest: int) -> None:
         """Re-measure the served-step rate and widen the cache's reach to the latency it implies."""
         with self._lock:
-            measured = self.rate.observe(newest, time.monotonic())
+            measured = self.rate.observe(newest, time.monotonic(), self._waited_s if self._stores else 0.0)
             if not measured and self.rate.steps_per_s > 0:
                 return
             rate = self.rate.steps_per_s if self.rate.steps_per_s > 0 else self._assumed_rate  # not measured yet
@@ -470,6 +565,8 @@ class Prefetcher:
         it is declined; only no room stalls the read-ahead until the next served step."""
         offered = Offered.NOT_DUE if got is None else self.cache.put_ahead((str(path), unit), got[0], got[1], front)
         with self._lock:
+            if got is not None:
+                self.depth.note_unit(got[1])
             if offered is Offered.KEPT:
                 self.counters.prefetched += 1
                 self._fresh.add(k)

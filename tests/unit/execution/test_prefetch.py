@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,13 @@ from loomdata.execution._loader_cache import CachePolicy, Offered, PlanUnitCache
 from loomdata.execution._prefetch import (
     FAST_STEPS_PER_S,
     MAX_EXTRA_STEPS,
+    MAX_READS_IN_FLIGHT,
     Prefetcher,
     StepRate,
     coalesce,
     extra_steps,
     plan_prefetch,
+    reads_in_flight,
 )
 from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
 from loomdata.schemas.errors import SourceDataError
@@ -405,3 +408,92 @@ def test_put_ahead_says_why_a_unit_was_not_kept_and_only_no_room_stalls_the_read
     assert pf._stalled
     pf.close()
     cache.close()
+
+
+def test_reads_in_flight_follow_littles_law_between_the_configured_floor_and_the_cap() -> None:
+    assert reads_in_flight(100.0, 0.1, floor=8, cap=32) == 20  # 2 x 100 units/s x 0.1 s
+    assert reads_in_flight(10.0, 0.1, floor=8, cap=32) == 8  # 2 needed: the configured floor
+    assert reads_in_flight(1000.0, 0.1, floor=8, cap=32) == 32  # 200 needed: the cap
+    assert reads_in_flight(0.0, 0.1, floor=8, cap=32) == reads_in_flight(100.0, 0.0, floor=8, cap=32) == 8
+    assert reads_in_flight(1000.0, 0.1, floor=40, cap=32) == 40  # a floor above the cap: the user's knob wins
+
+
+def test_the_step_rate_leaves_out_the_time_spent_waiting_on_storage() -> None:
+    """Measured while starved, the rate is the store's: sizing reads in flight from it kept them starved."""
+    rate = StepRate()
+    assert not rate.observe(0, 0.0, waited=0.0)
+    assert rate.observe(100, 0.2, waited=0.1)  # 100 steps in 0.2 s, 0.1 s of it waiting: 1000 steps/s, not 500
+    assert rate.steps_per_s == pytest.approx(1000.0)
+    assert rate.observe(600, 0.8, waited=0.7)  # waited 0.6 of 0.6 s: at most 90% is left out (500 / 0.06)
+    assert rate.steps_per_s == pytest.approx(0.5 * (1000.0 + 500 / 0.06))
+
+
+def _memory_shard(name: str) -> str:
+    """The `shard` fixture's Parquet file (8 row groups of 3 rows) as an object URL in fsspec's memory store."""
+    buf = pa.BufferOutputStream()
+    pq.write_table(pa.table({"ids": pa.array([[r, r + 1] for r in range(24)], pa.list_(pa.int32()))}), buf, 3)
+    fsspec.filesystem("memory").pipe(f"/{name}/s.parquet", buf.getvalue().to_pybytes())
+    return f"memory://{name}/s.parquet"
+
+
+def test_object_urls_read_more_than_the_configured_count_ahead_once_a_rate_is_measured_and_local_files_do_not(
+    shard: Path,
+) -> None:
+    """At warm-up (no rate yet) a loader of object URLs keeps `limit` in flight, so the first steps' GETs land
+    first; with a rate and the store's latency it keeps what they need; local files keep `limit` (decoding)."""
+    url = _memory_shard("loomwarm")
+    reset_request_latency()
+    gate, log, live = threading.Event(), [], [0, 0]
+    policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=10, prefetch=2)
+    cache = PlanUnitCache("p-warm", steps=50, policy=policy, shard_of={url: 3})
+    pf = Prefetcher(cache, lambda: _GatedReader(gate, log, live), {3: url}, 2, "t")
+    try:
+        cache.plan(unit_key(3, np.arange(8)), np.arange(8))  # step s reads row group s
+        pf.pump(np.array([0]))
+        assert pf.depth.reads == 2 and pf.in_flight() == 2  # warm-up: the first steps' units only
+        for _ in range(64):
+            _LATENCY.record(url, 0.1)  # the store answers in 100 ms
+        pf.rate.steps_per_s = 100.0  # 7 units first used in steps 1-10 x 100 steps/s x 0.1 s x 2: 14 reads
+        pf.depth.noted_at = -math.inf  # as a re-measured rate does
+        pf.pump(np.array([0]))
+        assert pf.depth.reads == 14 and pf.in_flight() == 8  # the other 6 issued too
+        gate.set()
+        assert pf.settle(10)
+        assert sorted(log) == list(range(8)) and pf.counters.prefetched == 8
+    finally:
+        gate.set()
+        pf.close()
+        cache.close()
+        fsspec.filesystem("memory").rm("/loomwarm", recursive=True)
+        reset_request_latency()
+    _, _, live, cache, pf, *_ = _setup(shard, limit=2, plan_id="p-warm-local", assumed=FAST_STEPS_PER_S)
+    pf.rate.steps_per_s = 100.0
+    pf.read_s = 0.1
+    pf.pump(np.array([0]))
+    assert pf.depth.reads == 2 and pf.in_flight() == 2
+    pf.close()
+    cache.close()
+
+
+def test_measured_reads_in_flight_are_bounded_by_the_cap_and_above_the_floor_by_the_free_budget() -> None:
+    url = _memory_shard("loombound")
+    reset_request_latency()
+    policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=10, prefetch=2)
+    cache = PlanUnitCache("p-bound", steps=50, policy=policy, shard_of={url: 3})
+    pf = Prefetcher(cache, lambda: ParquetReader(SRC, TokenizerSpec(), ImageSpec()), {3: url}, 2, "t")
+    try:
+        for _ in range(64):
+            _LATENCY.record(url, 0.1)  # the store answers in 100 ms
+        pf.rate.steps_per_s, pf.depth.units_per_step = 50.0, 1.0  # 50 units/s: 2 x 50 x 0.1 = 10 reads in flight
+        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, cache.free_bytes) == 10
+        pf.rate.steps_per_s = 1000.0  # 200 wanted: the cap
+        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, cache.free_bytes) == MAX_READS_IN_FLIGHT
+        pf.depth.unit_bytes = float(1 << 18)  # a unit decodes to a quarter of the budget: 4 reads in flight fit
+        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, cache.free_bytes) == 4
+        pf.depth.unit_bytes = float(1 << 20)  # none fits: the configured floor still reads ahead (offered strictly)
+        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, cache.free_bytes) == 2
+    finally:
+        pf.close()
+        cache.close()
+        fsspec.filesystem("memory").rm("/loombound", recursive=True)
+        reset_request_latency()

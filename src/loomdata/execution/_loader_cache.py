@@ -309,9 +309,28 @@ class WorkerPool:
         self.budget = budget
         self.nbytes = 0
         self.rows_nbytes = 0  # of `nbytes`, units kept as some of their rows (`KeptRows`)
+        self.reserved = 0  # bytes that the worker's reads ahead in flight will hold (`reserve`), every loader's
         self.lock = threading.RLock()
         self.owners = 0
         self._owned: dict[int, dict[UnitKey, _Entry]] = {}
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes of the budget neither held nor reserved by reads in flight (0: spent; a read ahead would push out a
+        unit needed sooner, or find no room)."""
+        return max(self.budget - self.nbytes - self.reserved, 0)
+
+    def reserve(self, nbytes: int) -> Callable[[object], None]:
+        """Count `nbytes` a read ahead will hold against `free_bytes` until it ends (every loader of the worker sizes
+        its reads from the same free bytes); the callback (a future's done callback) that releases them."""
+        with self.lock:
+            self.reserved += nbytes
+
+        def release(_done: object) -> None:
+            with self.lock:
+                self.reserved -= nbytes
+
+        return release
 
     def get(self, owner: int, key: UnitKey) -> Any | None:
         with self.lock:
@@ -628,9 +647,9 @@ class PlanUnitCache:
         return np.array([self._key(k) for k in self._pool.held(self._owner)], dtype=np.int64)
 
     @property
-    def free_bytes(self) -> int:
-        """Bytes of the worker's budget not held now (0: spent, a read ahead would push out a unit needed sooner)."""
-        return max(self._pool.budget - self._pool.nbytes, 0)
+    def pool(self) -> WorkerPool:
+        """The worker's pool this loader's units are held in (its budget, free and reserved bytes: `_prefetch`)."""
+        return self._pool
 
     def plan(self, keys: np.ndarray, steps: np.ndarray, rows: np.ndarray | None = None) -> None:
         """Planned segment reads (unit key, step, and the row read) of steps not planned before.

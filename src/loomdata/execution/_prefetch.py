@@ -125,6 +125,7 @@ slower than the median and for steps that start several units at once."""
 _NOTE_EVERY_S = 0.05  # object URLs: the units a step are re-measured this often while every read is in flight
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
 _FIRST_RATE_S = 0.1  # the first measure, this soon after the first served step (the reach widens from it)
+_UNIT_MEAN_OVER = 32  # units: a unit's decoded size is their mean, then a mean decaying by 1/32 a unit
 _DECAY = 0.95  # per read: how fast the read-duration high-water mark forgets a slow read
 _REREADS = 2  # times a unit read ahead is read again at most when newly planned rows were not kept
 
@@ -341,7 +342,7 @@ class ReadDepth:
 
     def note_unit(self, nbytes: int) -> None:
         """A unit read ahead decoded to `nbytes`."""
-        self._units += 1
+        self._units = min(self._units + 1, _UNIT_MEAN_OVER)  # a mean of the first, then decaying (rows kept narrow)
         self.unit_bytes += (nbytes - self.unit_bytes) / self._units
 
     def size(self, steps_per_s: float, latency_s: float, counters: PrefetchCounters, free_bytes: int) -> int:
@@ -353,8 +354,12 @@ class ReadDepth:
             per_read = max(counters.issued / counters.reads, 1.0) if counters.reads else 1.0
             cap = min(MAX_READS_IN_FLIGHT, _THREADS)
             want = reads_in_flight(self.units_per_step * steps_per_s / per_read, latency_s, self.limit, cap)
-            if want > self.limit and self.unit_bytes > 0:
-                want = max(self.limit, min(want, int(free_bytes // (self.unit_bytes * per_read))))
+            if want > self.limit:  # no unit's size known yet: nothing tells how many more the budget holds
+                want = (
+                    max(self.limit, min(want, int(free_bytes // (self.unit_bytes * per_read))))
+                    if self.unit_bytes
+                    else self.limit
+                )
         self.reads = want
         return want
 
@@ -397,15 +402,12 @@ class Prefetcher:
         self._closed = False
         self.read_s = 0.0  # high-water mark of read-ahead durations (decaying)
         self.rate = StepRate()  # served steps per second, re-measured every _RATE_EVERY_S
-        # the stores of the object URLs (once: a partition may hold thousands of shards), whose latency sizes the reach
-        self._stores = sorted({store_of(str(p)) for p in paths.values() if is_url(p)})
+        self._stores = sorted({store_of(str(p)) for p in paths.values() if is_url(p)})  # latency sizes the reach
         if assumed_steps_per_s is None:  # local files: no assumed rate (see FAST_STEPS_PER_S)
             assumed_steps_per_s = FAST_STEPS_PER_S if self._stores else 0.0
         self._assumed_rate = assumed_steps_per_s
         self._waited_s = 0.0  # seconds the reader waited on reads ahead (object URLs: not in the rate; see top)
         self.depth = ReadDepth(limit, sized=bool(self._stores))  # reads ahead allowed in flight now
-
-    # ---- UnitCache, for the loader's own reader ----------------------------------------------
 
     def get(self, key: UnitKey) -> Any | None:
         k = self._int_key(key)
@@ -446,8 +448,6 @@ class Prefetcher:
     def wanted(self, key: UnitKey) -> np.ndarray | None:
         return self.cache.wanted(key)
 
-    # ---- read-ahead ----------------------------------------------------------------------------
-
     def pump(self, steps: np.ndarray | None = None) -> None:
         """Issue reads ahead for the pending uses up to the horizon of the newest step asked (or served)."""
         if self._closed or self.limit <= 0:
@@ -456,7 +456,7 @@ class Prefetcher:
             self._front = max(self._front, int(np.max(steps)))
         c = self.cache
         self._measure_rate(c.newest)
-        if c.free_bytes <= 0:
+        if c.pool.free_bytes <= 0:
             return
         front = max(self._front, c.newest, 0)
         with self._lock:  # what is held and what is in flight, seen together: a read finishing between
@@ -468,7 +468,7 @@ class Prefetcher:
                 return  # nothing can be issued now: skip the pending uses' bookkeeping
             keys, first = c.pending(front)
             d.note_units(first, c.newest, c.near(front), now)
-            slots = d.size(self.rate.steps_per_s, self.latency(), self.counters, c.free_bytes) - self._requests
+            slots = d.size(self.rate.steps_per_s, self.latency(), self.counters, c.pool.free_bytes) - self._requests
             if slots <= 0:
                 return
             held = c.held_keys()
@@ -488,6 +488,7 @@ class Prefetcher:
                 self.counters.reads += 1
                 self._requests += 1
                 fut = self._pool.submit(self._fetch, run, path, units, front, c.plans)
+                fut.add_done_callback(c.pool.reserve(int(d.unit_bytes * len(run)) if d.sized else 0))
                 for k in run:
                     self._inflight[k] = fut
 
@@ -495,7 +496,9 @@ class Prefetcher:
         """Re-measure the served-step rate and widen the cache's reach to the latency it implies."""
         with self._lock:
             measured = self.rate.observe(newest, time.monotonic(), self._waited_s if self._stores else 0.0)
-            if not measured and self.rate.steps_per_s > 0:
+            if measured:  # a new rate: the reads in flight are sized again at the next pump, not up to 50 ms later
+                self.depth.noted_at = -math.inf
+            elif self.rate.steps_per_s > 0:
                 return
             rate = self.rate.steps_per_s if self.rate.steps_per_s > 0 else self._assumed_rate  # not measured yet
             need = extra_steps(self.latency(), rate, self.cache.policy.horizon_steps)

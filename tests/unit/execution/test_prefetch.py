@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import math
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,9 @@ from loomdata.execution._prefetch import (
     FAST_STEPS_PER_S,
     MAX_EXTRA_STEPS,
     MAX_READS_IN_FLIGHT,
+    PrefetchCounters,
     Prefetcher,
+    ReadDepth,
     StepRate,
     coalesce,
     extra_steps,
@@ -453,13 +455,15 @@ def test_object_urls_read_more_than_the_configured_count_ahead_once_a_rate_is_me
         assert pf.depth.reads == 2 and pf.in_flight() == 2  # warm-up: the first steps' units only
         for _ in range(64):
             _LATENCY.record(url, 0.1)  # the store answers in 100 ms
-        pf.rate.steps_per_s = 100.0  # 7 units first used in steps 1-10 x 100 steps/s x 0.1 s x 2: 14 reads
-        pf.depth.noted_at = -math.inf  # as a re-measured rate does
-        pf.pump(np.array([0]))
-        assert pf.depth.reads == 14 and pf.in_flight() == 8  # the other 6 issued too
+        pf.depth.unit_bytes = 1024.0  # a unit's decoded size known (none landed: the gate holds them)
+        cache.served(unit_key(3, np.array([0])), np.array([0]))  # step 0 served, 0.1 s after step -10 was:
+        pf.rate._mark = (time.monotonic() - 0.1, -10, 0.0)  # ~100 steps/s, measured at the next pump
+        pf.pump(np.array([0]))  # the units first used a step (over the reach, widened by the rate) x ~100 steps/s x
+        assert pf.depth.reads > 2 and pf.in_flight() == pf.depth.reads  # 0.1 s x 2, sized and issued at once
         gate.set()
         assert pf.settle(10)
-        assert sorted(log) == list(range(8)) and pf.counters.prefetched == 8
+        assert sorted(log) == list(range(8))  # unit 0's step was served while it was read: read, not kept
+        assert (pf.counters.prefetched, pf.counters.dropped) == (7, 1)
     finally:
         gate.set()
         pf.close()
@@ -485,15 +489,38 @@ def test_measured_reads_in_flight_are_bounded_by_the_cap_and_above_the_floor_by_
         for _ in range(64):
             _LATENCY.record(url, 0.1)  # the store answers in 100 ms
         pf.rate.steps_per_s, pf.depth.units_per_step = 50.0, 1.0  # 50 units/s: 2 x 50 x 0.1 = 10 reads in flight
-        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, cache.free_bytes) == 10
+        free = cache.pool.free_bytes
+        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, free) == 2  # no unit's size known yet
+        pf.depth.unit_bytes = 1024.0
+        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, free) == 10
         pf.rate.steps_per_s = 1000.0  # 200 wanted: the cap
-        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, cache.free_bytes) == MAX_READS_IN_FLIGHT
+        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, free) == MAX_READS_IN_FLIGHT
         pf.depth.unit_bytes = float(1 << 18)  # a unit decodes to a quarter of the budget: 4 reads in flight fit
-        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, cache.free_bytes) == 4
+        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, free) == 4
         pf.depth.unit_bytes = float(1 << 20)  # none fits: the configured floor still reads ahead (offered strictly)
-        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, cache.free_bytes) == 2
+        assert pf.depth.size(pf.rate.steps_per_s, pf.latency(), pf.counters, free) == 2
     finally:
         pf.close()
         cache.close()
         fsspec.filesystem("memory").rm("/loombound", recursive=True)
         reset_request_latency()
+
+
+def test_reads_in_flight_of_one_loader_are_reserved_against_every_loader_of_the_worker() -> None:
+    """Loaders of one worker size their reads from the same free bytes: a read in flight reserves what it will hold
+    until it ends, so a second loader does not see the budget as free (N loaders issued N times what fits)."""
+    policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=10, prefetch=2)
+    a = PlanUnitCache("p-shared", steps=50, policy=policy, shard_of={"a": 0})
+    b = PlanUnitCache("p-shared", steps=50, policy=policy, shard_of={"b": 0})
+    try:
+        assert a.pool is b.pool and b.pool.free_bytes == 1 << 20
+        release = a.pool.reserve(3 << 18)  # a's reads in flight will hold three quarters of the budget
+        assert b.pool.free_bytes == 1 << 18
+        depth = ReadDepth(2, sized=True)
+        depth.units_per_step, depth.unit_bytes = 1.0, float(1 << 16)
+        assert depth.size(1000.0, 0.1, PrefetchCounters(), b.pool.free_bytes) == 4  # a quarter left: 4 units fit
+        release(None)
+        assert b.pool.free_bytes == 1 << 20
+    finally:
+        a.close()
+        b.close()

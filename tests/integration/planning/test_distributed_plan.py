@@ -203,7 +203,7 @@ def test_in_process_workers_count_as_this_hosts_threads() -> None:
     from loomdata.planning._distributed import local_threads
 
     with (
-        LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         assert all(a.startswith("inproc://") for a in client.scheduler_info()["workers"])

@@ -157,13 +157,19 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
                 if type(spec).__name__ == "Speculation":  # the whole look-ahead, worked out while ranges run
                     finish = spec.finish
 
-                    def timed_finish() -> Any:
+                    def timed_finish(spec: Any = spec) -> Any:
                         c = time.process_time()
+                        whole = None
                         try:
-                            return finish()
+                            whole = finish()
+                            return whole
                         finally:
                             early["finish_cpu_seconds"] = time.process_time() - c
                             early["finished_wall"] = time.time()
+                            if whole is not None:  # (after the timing) whether plan_ranges keeps the first ranges
+                                mine, full = spec.work.assignment, whole.assignment
+                                agreed = mine is not None and full is not None and mine.agrees(full, spec.through)
+                                early["agreed"] = float(agreed)
 
                     early["through"] = spec.through
                     a = (a[0], dataclasses.replace(spec, finish=timed_finish), *a[2:])
@@ -273,10 +279,15 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
     # look-ahead, if any) while the driver works out the whole look-ahead (finish), then the rest; the driver's
     # other range work (sharing, stitching, fix-ups) counted as if it overlapped nothing. Without a Speculation:
     # the driver's range work plus the busiest worker's ranges, as before.
+    # Where the two look-aheads disagree, the first ranges are balanced again after the whole look-ahead (their
+    # first runs overlapped it, wasted): each worker's path is then finish + its ranges (the reruns included).
     finish_cpu = early.get("finish_cpu_seconds", 0.0)
+    agreed = bool(early.get("agreed", 1.0))
     ranges_path = (driver_cpu - finish_cpu) + max(
         (
-            max(per_worker_early.get(w, 0.0), finish_cpu) + c - per_worker_early.get(w, 0.0)
+            (max(per_worker_early.get(w, 0.0), finish_cpu) + c - per_worker_early.get(w, 0.0))
+            if agreed
+            else finish_cpu + c
             for w, c in per_worker.items()
         ),
         default=balance_cpu,
@@ -303,6 +314,7 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         "serial_chain_cpu_seconds": serial_chain,
         "critical_chain_cpu_seconds": serial_chain + ranges_path,
         "early_through": early.get("through"),  # the first ranges' last step + 1 (a Speculation; else None)
+        "early_agreed": agreed if "through" in early else None,  # the first ranges kept (else balanced again)
         "early_finish_cpu_seconds": finish_cpu,  # the whole look-ahead's CPU, worked out while the first ranges ran
         "early_finished_after_s": early.get("finished_wall", t_ranges) - t_ranges if early else None,
         "worker_early_cpu_seconds": per_worker_early,

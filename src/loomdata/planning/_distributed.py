@@ -113,16 +113,52 @@ def worker_count(client: Executor) -> int:
 
 
 def local_threads(client: Executor) -> int:
-    """Worker threads of a distributed.Client's workers on this host (loopback or this host's name or address),
-    or a concurrent.futures pool's (_max_workers; 0 if unknown)."""
+    """Worker threads of a distributed.Client's workers on this host, or a concurrent.futures pool's (_max_workers;
+    0 if unknown). A worker is on this host where it reports this host's identity (_host_identity: whatever address
+    it listens on, in-process `inproc://` workers and workers under a remote scheduler too); one that cannot be
+    asked is judged by its address (an `inproc://` one, loopback, or this host's name or addresses)."""
     info = getattr(client, "scheduler_info", None)
     if not callable(info):
         return int(getattr(client, "_max_workers", 0))
+    workers = info()["workers"]
+    try:
+        ids = client.run(_host_identity, on_error="return")  # type: ignore[attr-defined]
+    except Exception:  # any failure to ask: the addresses alone tell
+        ids = {}
+    me = _host_identity()
+    here = _this_hosts_names()
+    total = 0
+    for a, w in workers.items():
+        who = ids.get(a)
+        local = who == me if isinstance(who, str) else _is_local_address(a, here)
+        total += int(w.get("nthreads", 1)) if local else 0
+    return total
+
+
+def _host_identity() -> str:
+    """This host's identity: its kernel's boot id (the same in every container on the host), else its name."""
+    try:
+        return "boot:" + Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "name:" + socket.gethostname()
+
+
+def _this_hosts_names() -> set[str]:
+    """Loopback, this host's name and the addresses it resolves to and listens on (where psutil is there)."""
     here = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
     with contextlib.suppress(OSError):
         here.add(socket.gethostbyname(socket.gethostname()))
-    workers = info()["workers"]
-    return sum(int(w.get("nthreads", 1)) for a, w in workers.items() if urlsplit(a).hostname in here)
+    with contextlib.suppress(Exception):
+        import psutil  # a dependency of distributed's
+
+        here.update(a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs)
+    return here
+
+
+def _is_local_address(address: str, here: set[str]) -> bool:
+    """Whether a worker's address is on this host: an in-process one, or its host among `here`."""
+    parts = urlsplit(address)
+    return parts.scheme == "inproc" or parts.hostname in here
 
 
 def _addresses(client: Executor) -> list[str]:
@@ -179,6 +215,7 @@ def plan_ranges(
     with contextlib.ExitStack() as stack:
         saved: dict[int, tuple[str, np.ndarray]] = {}  # arrays already in the shared folder (by id)
         shared = _share(stack, client, first_work, out, saved) if workers else None
+        first_shared = shared  # (where the early ranges read theirs, whatever the whole work's fate)
         if shared is not None and spec is not None and first_work.assignment is not None:
             _map_written(first_work.assignment, shared.folder, saved)
 
@@ -205,8 +242,11 @@ def plan_ranges(
                     and first_work.assignment.agrees(whole.assignment, spec.through)
                 ):
                     for i in range(early):  # (let them end first: they write the same partition files)
-                        with contextlib.suppress(Exception):
+                        try:
                             futures[i].result()
+                        except Exception:
+                            if not _ended(futures[i]):  # lost or cancelled here: it may still be writing
+                                raise
                         submit(i, whole, shared)
             for i in range(early, len(ranges)):
                 submit(i, whole, shared)
@@ -217,7 +257,8 @@ def plan_ranges(
                 except UnsharedWorkdirError:
                     # a worker that cannot see the shared work's memory folder (one that joined after the check):
                     # that range is planned here, with its true carry; a workdir not shared is still an error
-                    if shared is None or shared.folder.parent != _MEMORY_FS:
+                    sh = shared if shared is not None else first_shared
+                    if sh is None or sh.folder.parent != _MEMORY_FS:
                         raise
                     part = plan_range(whole, out, *ranges[i], true)
                 except PlanError:  # refused with nothing carried in: only the true carry can tell
@@ -231,11 +272,38 @@ def plan_ranges(
                 on_part(part)
                 true = part.final_carry
         except BaseException:
-            for fut in futures:
-                if fut is not None:
-                    fut.cancel()
+            _drain(futures, _DRAIN_S)
             raise
     return true
+
+
+_DRAIN_S = 60.0
+"""After a failure, how long the ranges already submitted are given to end before the error is raised: they
+write into the plan's temporary folder, which the caller then removes (and a retry of the plan reuses)."""
+
+
+def _ended(fut: Any) -> bool:
+    """Whether the task behind `fut` ran to its end (a result or its own error), not only lost or cancelled in this
+    process while it may still run: a Dask future's status, a concurrent.futures one's done() but not cancelled."""
+    status = getattr(fut, "status", None)
+    if isinstance(status, str):
+        return status in ("finished", "error")
+    return bool(fut.done()) and not fut.cancelled()
+
+
+def _drain(futures: list[Any], timeout: float) -> None:
+    """Cancel the submitted ranges that have not started (a concurrent.futures pool's; cancelling a Dask task
+    that runs does not stop it), wait up to `timeout` seconds in all for the others to end, then cancel them all."""
+    live = [f for f in futures if f is not None]
+    for f in live:
+        if not isinstance(getattr(f, "status", None), str):
+            f.cancel()
+    deadline = time.monotonic() + timeout
+    for f in live:
+        with contextlib.suppress(Exception):
+            f.result(timeout=max(0.0, deadline - time.monotonic()))
+    for f in live:
+        f.cancel()
 
 
 def _share(
@@ -275,9 +343,15 @@ def _share_more(shared: SharedWork, work: PlanWork, saved: dict[int, tuple[str, 
     """`work` written beside the work in `shared`'s folder, sharing the arrays already there (`saved`: the index
     columns and streams; only its own, e.g. a look-ahead assignment, are new); None where it does not fit (the
     caller sends windows instead)."""
+    before = set(os.listdir(shared.folder))
     try:
         return SharedWork.write(work, shared.folder, name="whole.pkl", saved=saved)
-    except OSError:
+    except OSError:  # what it wrote before it failed goes (it would hold memory until the plan ends)
+        for name in set(os.listdir(shared.folder)) - before:
+            with contextlib.suppress(OSError):
+                (shared.folder / name).unlink()
+        for key in [k for k, (name, _) in saved.items() if name not in before]:
+            del saved[key]
         return None
 
 
@@ -405,7 +479,8 @@ class _ArrayPickler(pickle.Pickler):
         self.folder = folder
         # id -> (file name, the array, kept alive): an array another pickle in the folder wrote is not written again
         self.saved: dict[int, tuple[str, np.ndarray]] = {} if saved is None else saved
-        self.files = sum(1 for _ in folder.glob("*.npy"))  # (file names never repeat: some may be forgotten)
+        # the next file's number: past every one there (names never repeat, whatever gaps removals left)
+        self.files = 1 + max((int(p.stem) for p in folder.glob("*.npy") if p.stem.isdigit()), default=-1)
 
     def persistent_id(self, obj: Any) -> str | None:
         if type(obj) is not np.ndarray or obj.nbytes < _FILE_MIN or obj.dtype.hasobject or 0 in obj.strides:

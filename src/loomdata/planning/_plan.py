@@ -535,9 +535,10 @@ prefix of the steps while the whole look-ahead is worked out (planning._distribu
 worker is busy while it is (50M samples, dp 64, 2 workers: the whole look-ahead 3.2-3.9 CPU-s against about 9 of
 each worker's ranges), no more (the prefix's look-ahead is worked out twice). Measured: docs/planning.md."""
 EARLY_MARGIN = 64
-"""Steps past the first ranges' last that the prefix's look-ahead also covers, plus 8 * (lookahead + 1): a move
-reaches at most `lookahead` steps, so the prefix's assignment agrees with the whole's well before its end (checked:
-a range whose steps it does not agree on is balanced again)."""
+"""Steps past the first ranges' last that the prefix's look-ahead also covers, plus 8 * (lookahead + 1). A margin
+makes agreement likely, never certain: the look-ahead's choices near the prefix's end can differ from the whole's
+many steps earlier (long_lane_cp4, lookahead 2: a prefix 3 steps past the first ranges differs at step 5), so the
+guarantee is StepAssignment.agrees, checked before the ranges are kept (else they are balanced again)."""
 
 
 SPECULATE: bool | None = None
@@ -599,11 +600,15 @@ def _speculation(
             tolerance=spec.planning.lookahead_tolerance,
         )
 
+    done: list[PlanWork] = []
+
     def finish() -> PlanWork:
-        whole = look(steps, counted, True)  # (each stream's counts dropped once read)
-        counted.clear()
-        trim_arenas()
-        return replace(work, assignment=whole)
+        if not done:  # once: it drops the streams' counts as it reads them, so a second run would differ
+            whole = look(steps, counted, True)  # (each stream's counts dropped once read)
+            counted.clear()
+            trim_arenas()
+            done.append(replace(work, assignment=whole))
+        return done[0]
 
     if early < 1 or reach >= steps:
         return finish()

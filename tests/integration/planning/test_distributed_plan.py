@@ -39,18 +39,30 @@ def _plan_twice(
 
 
 @pytest.mark.parametrize(
-    ("name", "ranges", "carries"),
+    ("name", "ranges", "carries", "speculate"),
     [
-        ("images_defer_dp3", 1000, True),  # every partition its own range: carries cross range bounds
-        ("images_defer_dp3", None, True),  # the default number of ranges (4 per worker)
-        ("web4k_dp8", None, False),
-        ("elastic_images_in_flight", 1000, True),  # a re-plan: the base's last partition is finished here
+        ("images_defer_dp3", 1000, True, True),  # every partition its own range: carries cross range bounds
+        ("images_defer_dp3", None, True, False),  # the default number of ranges (4 per worker)
+        ("web4k_dp8", None, False, True),  # the first ranges on a prefix's look-ahead
+        ("web4k_dp8", None, False, False),  # the whole look-ahead first
+        ("elastic_images_in_flight", 1000, True, None),  # a re-plan: the base's last partition is finished here
     ],
 )
 def test_cluster_plan_is_byte_identical(
-    name: str, ranges: int | None, carries: bool, tmp_path: Path, dask_client: Any, monkeypatch: pytest.MonkeyPatch
+    name: str,
+    ranges: int | None,
+    carries: bool,
+    speculate: bool | None,
+    tmp_path: Path,
+    dask_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from loomdata.planning import _plan as plan_module
+
     monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 40)
+    monkeypatch.setattr(plan_module, "SPECULATE", speculate)  # (None: this host's cores decide; a re-plan never)
+    if speculate:  # a prefix short of the last step, so the first ranges do go out on it
+        monkeypatch.setattr(plan_module, "EARLY_MARGIN", 0)
     single, want, got = _plan_twice(name, tmp_path, dask_client, ranges)
     meta = read_plan(single)
     assert len(meta.manifest) > 8
@@ -115,13 +127,15 @@ def test_the_shared_work_in_memory_is_a_private_fresh_folder_removed_after_the_p
     assert [k for k in want if got[k] != want[k]] == [] and sorted(got) == sorted(want)
 
 
+@pytest.mark.parametrize("agree", [True, False])
 def test_the_first_ranges_on_a_prefix_look_ahead_share_the_index_with_the_whole_work(
-    tmp_path: Path, dask_client: Any, monkeypatch: pytest.MonkeyPatch
+    agree: bool, tmp_path: Path, dask_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On the cluster the first ranges are balanced on a prefix's look-ahead while the whole is worked out; the
     whole work is written beside the first in the same folder, adding only its own arrays (the assignment's: a
     position and a step array a source), not the index columns and streams again; the prefix's own arrays are
-    read back from their files (not held twice); the plan is the one-process plan byte for byte."""
+    read back from their files (not held twice); where the two disagree (a prefix ending before the first ranges
+    do), those ranges are sent again on the whole work; the plan is the one-process plan byte for byte."""
     from loomdata.planning import _distributed as distributed_module
     from loomdata.planning import _plan as plan_module
 
@@ -129,7 +143,8 @@ def test_the_first_ranges_on_a_prefix_look_ahead_share_the_index_with_the_whole_
     shm.mkdir()
     monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 40)
     monkeypatch.setattr(distributed_module, "_MEMORY_FS", shm)
-    monkeypatch.setattr(plan_module, "EARLY_MARGIN", 0)
+    lookahead = CASES["web4k_dp8"](tmp_path / "probe")[0].planning.lookahead
+    monkeypatch.setattr(plan_module, "EARLY_MARGIN", 0 if agree else -8 * (lookahead + 1) - 3)
     monkeypatch.setattr(plan_module, "SPECULATE", True)  # (by default only where a core is left beside the workers)
     monkeypatch.setattr(distributed_module, "_FILE_MIN", 1 << 10)  # this small plan's assignments as files too
     mapped: list[int] = []
@@ -149,7 +164,21 @@ def test_the_first_ranges_on_a_prefix_look_ahead_share_the_index_with_the_whole_
         return shared
 
     monkeypatch.setattr(distributed_module.SharedWork, "write", write)
+    sent: list[tuple[str, int, int]] = []  # (the shared work's name, first step, stop) of each range sent
+    real_submit = dask_client.submit
+
+    def submit(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if fn is distributed_module._shared_range:
+            sent.append((args[0].name, args[2], args[3]))
+        return real_submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(dask_client, "submit", submit)
     _, want, got = _plan_twice("web4k_dp8", tmp_path, dask_client, 6)
+    early = plan_module.early_ranges(6, 2)
+    assert len(sent) == 6 + (0 if agree else early)
+    assert {n for n, *_ in sent[:early]} == {"work.pkl"} and {n for n, *_ in sent[early:]} == {"whole.pkl"}
+    if not agree:  # the first ranges again, on the whole work
+        assert [r for _, *r in sent[:early]] == [r for _, *r in sent[early : 2 * early]]
     assert [n for n, _ in written] == ["work.pkl", "whole.pkl"]
     assert written[1][1] - written[0][1] == 4, written  # 2 sources: the whole's positions and steps alone
     assert mapped == [4]  # the prefix's positions and steps, read back from their files
@@ -164,3 +193,18 @@ def test_the_cluster_s_worker_threads_on_this_host_are_counted(dask_client: Any)
 
     workers = dask_client.scheduler_info()["workers"]
     assert local_threads(dask_client) == sum(w["nthreads"] for w in workers.values()) >= 2
+
+
+def test_in_process_workers_count_as_this_hosts_threads() -> None:
+    """A LocalCluster of threads (processes=False) listens on `inproc://` addresses, which name no host: its
+    workers report this host's identity, so their threads count as local (they fill this host's cores)."""
+    from distributed import Client, LocalCluster
+
+    from loomdata.planning._distributed import local_threads
+
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        assert all(a.startswith("inproc://") for a in client.scheduler_info()["workers"])
+        assert local_threads(client) == 2

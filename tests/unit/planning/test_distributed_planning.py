@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import pickle
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -299,16 +299,18 @@ def _lookahead_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
     return calls
 
 
-@pytest.mark.parametrize(("name", "margin", "agrees"), [("web4k_dp8", 0, True), ("web4k_dp1", 0, True)])
+@pytest.mark.parametrize("name", ["web4k_dp8", "web4k_dp1", "curriculum", "long_lane_cp4"])
 def test_the_first_ranges_go_out_on_a_prefix_look_ahead_and_give_the_one_process_plan(
-    name: str, margin: int, agrees: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a cluster a fresh plan's first ranges are balanced on a look-ahead over a prefix of the steps (final
-    False), the whole look-ahead after; where they agree on those ranges' steps, nothing is balanced twice."""
+    False), the whole look-ahead after; where they agree on those ranges' steps, nothing is balanced twice (a
+    mixture schedule and a long lane too)."""
     from loomdata.planning import _plan as plan_module
 
     monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 30)
-    monkeypatch.setattr(plan_module, "EARLY_MARGIN", margin)
+    monkeypatch.setattr(plan_module, "EARLY_MARGIN", 0)
+    monkeypatch.setattr(plan_module, "SPECULATE", True)
     spec, index, kw = CASES[name](tmp_path)
     single = make_plan(spec, index=index, **kw).plan_dir
     want = _files(single.rename(single.with_name("single")))
@@ -345,6 +347,182 @@ def test_first_ranges_whose_prefix_look_ahead_disagrees_are_balanced_again_on_th
     assert len(cuts) == 6 + early and cuts[:early] == cuts[early : 2 * early]  # the first ranges twice
     assert calls[0][0] == cuts[early - 1][1] - 3  # the prefix ended 3 steps before the first ranges did
     assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
+
+
+def test_a_prefix_past_the_first_ranges_can_still_disagree_and_the_plan_is_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A margin does not ensure agreement: on long_lane_cp4 a prefix ending 3 steps past the first ranges already
+    differs from the whole look-ahead within them (a choice near the prefix's end moves an earlier step), so
+    `agrees` refuses them; they are balanced again on the whole work, and the plan is the same bytes."""
+    from loomdata.planning import _plan as plan_module
+
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 30)
+    monkeypatch.setattr(plan_module, "SPECULATE", True)
+    spec, index, kw = CASES["long_lane_cp4"](tmp_path)
+    monkeypatch.setattr(plan_module, "EARLY_MARGIN", -8 * (spec.planning.lookahead + 1) + 3)
+    single = make_plan(spec, index=index, **kw).plan_dir
+    want = _files(single.rename(single.with_name("single")))
+    calls = _lookahead_calls(monkeypatch)
+    pool = _PicklingPool()
+    spec, index, kw = CASES["long_lane_cp4"](tmp_path)
+    got = _files(make_plan(spec, index=index, client=pool, ranges=6, **kw).plan_dir)
+    cuts = [(w.step0, w.step0 + w.rows) for w in pool.works]
+    early = plan_module.early_ranges(6, 1)
+    assert calls[0] == (cuts[early - 1][1] + 3, False)  # the prefix ended 3 steps past the first ranges
+    assert len(cuts) == 6 + early and cuts[:early] == cuts[early : 2 * early]  # the first ranges twice
+    assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
+
+
+class _LostFuture:
+    """A Dask-like future lost in the driver (a scheduler reconnect) while its task may still run on a worker."""
+
+    status = "lost"
+
+    def __init__(self, inner: Future[Any]) -> None:
+        self.inner = inner
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.inner.result(timeout)  # (the task itself ran; only the driver lost sight of it)
+        raise CancelledError("lost on reconnect")
+
+    def cancel(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return True
+
+
+def test_a_first_range_lost_in_the_driver_is_not_sent_again_beside_its_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a disagreement a first range is sent again only once its first run ended (a result or its own error):
+    one whose future is lost in the driver may still be writing the same partition files, so it is an error."""
+    from loomdata.planning import _plan as plan_module
+
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 30)
+    monkeypatch.setattr(plan_module, "SPECULATE", True)
+    spec, index, kw = CASES["web4k_dp8"](tmp_path)
+    monkeypatch.setattr(plan_module, "EARLY_MARGIN", -8 * (spec.planning.lookahead + 1) - 3)  # (disagrees)
+    pool = _PicklingPool()
+    real = pool.submit
+
+    def submit(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        fut = real(fn, *args, **kwargs)
+        return _LostFuture(fut) if len(pool.sent) == 1 else fut
+
+    pool.submit = submit  # type: ignore[method-assign]
+    with pytest.raises(CancelledError, match="lost on reconnect"):
+        make_plan(spec, index=index, client=pool, ranges=6, **kw)
+    assert len(pool.sent) == plan_module.early_ranges(6, 1)  # none sent twice
+
+
+def test_a_failed_whole_look_ahead_waits_for_the_first_ranges_before_raising(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the whole look-ahead fails, the first ranges already running (they write into the plan's temporary
+    folder, which is then removed) have ended before the error is raised; those not started never run."""
+    import threading
+
+    from loomdata.planning import _plan as plan_module
+
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 30)
+    monkeypatch.setattr(plan_module, "SPECULATE", True)
+    monkeypatch.setattr(plan_module, "EARLY_MARGIN", 0)  # (a prefix short of the last step)
+    gate = threading.Event()  # the running ranges are held until a second after the whole look-ahead fails
+    real_assign = plan_module.assign_steps
+
+    def assign(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("final", True):
+            threading.Timer(1.0, gate.set).start()
+            raise MemoryError("the whole look-ahead")
+        return real_assign(*args, **kwargs)
+
+    monkeypatch.setattr(plan_module, "assign_steps", assign)
+    pool = _PicklingPool()
+    futures: list[Future[Any]] = []
+    real = pool.submit
+
+    def held(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        def run(*a: Any, **kw: Any) -> Any:
+            gate.wait(30)
+            return fn(*a, **kw)
+
+        futures.append(real(run, *args, **kwargs))
+        return futures[-1]
+
+    pool.submit = held  # type: ignore[method-assign]
+    spec, index, kw = CASES["web4k_dp8"](tmp_path)
+    with pytest.raises(MemoryError, match="the whole look-ahead"):
+        make_plan(spec, index=index, client=pool, ranges=6, **kw)
+    assert len(futures) == plan_module.early_ranges(6, 1) == 3
+    assert all(f.done() for f in futures)  # (the pool's 2 threads ran two; the third, queued, was cancelled)
+    assert [f.cancelled() for f in futures] == [False, False, True]
+
+
+def test_the_whole_look_ahead_is_worked_out_once_however_often_it_is_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Speculation.finish drops the streams' counts as it reads them: asked again, it hands back the same work
+    instead of running over emptied streams."""
+    from loomdata.planning import _plan as plan_module
+    from loomdata.planning._distributed import Speculation
+
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 30)
+    monkeypatch.setattr(plan_module, "SPECULATE", True)
+    monkeypatch.setattr(plan_module, "EARLY_MARGIN", 0)
+    calls = _lookahead_calls(monkeypatch)
+    seen: list[bool] = []
+    real = plan_module.plan_ranges
+
+    def plan_ranges(client: Any, work: Any, *args: Any) -> Any:
+        if isinstance(work, Speculation):
+            seen.append(work.finish() is work.finish())
+        return real(client, work, *args)
+
+    monkeypatch.setattr(plan_module, "plan_ranges", plan_ranges)
+    spec, index, kw = CASES["web4k_dp8"](tmp_path)
+    make_plan(spec, index=index, client=_PicklingPool(), ranges=6, **kw)
+    assert seen == [True] and [final for _, final in calls] == [False, True]
+
+
+def test_array_files_never_reuse_a_name_whatever_gaps_the_folder_has(tmp_path: Path) -> None:
+    """A shared folder's array files are numbered past the highest there: with a gap (0.npy and 2.npy), a new array
+    goes to 3.npy and 2.npy is left as it was."""
+    np.save(tmp_path / "0.npy", np.zeros(4))
+    np.save(tmp_path / "2.npy", np.ones(4))
+    kept = (tmp_path / "2.npy").read_bytes()
+    big = np.arange(distributed_module._FILE_MIN, dtype=np.int64)
+    shared = distributed_module.SharedWork.write(big, tmp_path, name="w.pkl")  # type: ignore[arg-type]
+    assert (tmp_path / "2.npy").read_bytes() == kept
+    assert np.array_equal(np.load(tmp_path / "3.npy"), big)
+    assert np.array_equal(shared.load(), big)  # type: ignore[arg-type]
+
+
+def test_a_whole_work_that_does_not_fit_leaves_nothing_of_itself_in_the_shared_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where writing the whole work beside the first fails (the memory filesystem full), its pickle and the array
+    files it wrote are removed, and forgotten as shared (nothing else would remove them before the plan ends)."""
+    saved: dict[int, tuple[str, np.ndarray]] = {}
+    first = np.arange(distributed_module._FILE_MIN, dtype=np.int64)
+    shared = distributed_module.SharedWork.write([first], tmp_path, saved=saved)  # type: ignore[arg-type]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    real = np.save
+    written: list[str] = []
+
+    def save(path: Path, arr: np.ndarray, **kwargs: Any) -> None:
+        if written:
+            raise OSError(28, "No space left on device")
+        written.append(Path(path).name)
+        real(path, arr, **kwargs)
+
+    monkeypatch.setattr(np, "save", save)
+    whole = [first, first + 1, first + 2]  # the first's array shared, two of its own
+    assert distributed_module._share_more(shared, whole, saved) is None  # type: ignore[arg-type]
+    assert written == ["1.npy"]  # one of its own written before the filesystem filled
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert [name for name, _ in saved.values()] == ["0.npy"]
 
 
 def test_a_cluster_filling_this_hosts_cores_works_the_look_ahead_out_once_first(

@@ -168,6 +168,8 @@ def tls_apart(folder: Path) -> TlsFiles:
         hint = (
             "check that the folder can be created and written"
             if any(k in last for k in _NOT_WRITABLE)
+            else "drop the other loomdata from PYTHONPATH"
+            if "imported loomdata from" in last
             else "check that `cryptography` imports in this environment"
         )
         raise ExecutionError(

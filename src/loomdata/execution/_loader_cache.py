@@ -309,28 +309,22 @@ class WorkerPool:
         self.budget = budget
         self.nbytes = 0
         self.rows_nbytes = 0  # of `nbytes`, units kept as some of their rows (`KeptRows`)
-        self.reserved = 0  # bytes that the worker's reads ahead in flight will hold (`reserve`), every loader's
+        self.reserved = 0  # bytes the worker's reads ahead in flight will hold (`reserve`), every loader's
         self.lock = threading.RLock()
         self.owners = 0
         self._owned: dict[int, dict[UnitKey, _Entry]] = {}
 
     @property
     def free_bytes(self) -> int:
-        """Bytes of the budget neither held nor reserved by reads in flight (0: spent; a read ahead would push out a
-        unit needed sooner, or find no room)."""
-        return max(self.budget - self.nbytes - self.reserved, 0)
+        """Bytes of the budget not held now (0: spent, a read ahead would push out a unit needed sooner); reads in
+        flight reserve theirs apart (`reserved`)."""
+        return max(self.budget - self.nbytes, 0)
 
-    def reserve(self, nbytes: int) -> Callable[[object], None]:
-        """Count `nbytes` a read ahead will hold against `free_bytes` until it ends (every loader of the worker sizes
-        its reads from the same free bytes); the callback (a future's done callback) that releases them."""
+    def reserve(self, nbytes: int) -> None:
+        """Count `nbytes` (negative: release) that reads ahead in flight will hold: every loader of the worker sizes
+        its reads from the same free bytes, less the others' reservations (`_prefetch.ReadDepth.free`)."""
         with self.lock:
             self.reserved += nbytes
-
-        def release(_done: object) -> None:
-            with self.lock:
-                self.reserved -= nbytes
-
-        return release
 
     def get(self, owner: int, key: UnitKey) -> Any | None:
         with self.lock:

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from loomdata.execution._loader_cache import Offered, PlanUnitCache, int_key, split_key
+from loomdata.execution._loader_cache import Offered, PlanUnitCache, WorkerPool, int_key, split_key
 from loomdata.execution._strand import process_threads
 from loomdata.sources import FormatReader, KeptRows, UnitKey
 from loomdata.storage import Location, is_url, request_latency, store_of
@@ -324,6 +324,7 @@ class ReadDepth:
         self.unit_bytes = 0.0  # decoded bytes of a unit read ahead (running mean): what a read in flight will hold
         self.noted_at = -math.inf  # when `units_per_step` was last measured
         self._units = 0
+        self._reserved: dict[int, int] = {}  # bytes reserved in the worker's pool, by the first unit key of a read
 
     def full(self, requests: int, now: float) -> bool:
         """Whether no read can be issued now: `requests` in flight fill `limit` (local files) or the reads sized
@@ -344,6 +345,24 @@ class ReadDepth:
         """A unit read ahead decoded to `nbytes`."""
         self._units = min(self._units + 1, _UNIT_MEAN_OVER)  # a mean of the first, then decaying (rows kept narrow)
         self.unit_bytes += (nbytes - self.unit_bytes) / self._units
+
+    def reserve(self, pool: WorkerPool, key: int, units: int) -> None:
+        """Reserve in `pool` what the read of `units` keyed `key` (its first unit) will hold, until `release`."""
+        nbytes = int(self.unit_bytes * units) if self.sized else 0
+        if nbytes > 0:
+            pool.reserve(nbytes)
+            self._reserved[key] = self._reserved.get(key, 0) + nbytes
+
+    def release(self, pool: WorkerPool, key: int | None = None) -> None:
+        """Release the reservation of the read keyed `key` (None: every one, at close); twice releases nothing."""
+        for k in list(self._reserved) if key is None else [key]:
+            nbytes = self._reserved.pop(k, 0)
+            if nbytes:
+                pool.reserve(-nbytes)
+
+    def free(self, pool: WorkerPool) -> int:
+        """`pool`'s free bytes less the other loaders' reads in flight (this loader's count as its own requests)."""
+        return max(pool.free_bytes - (pool.reserved - sum(self._reserved.values())), 0)
 
     def size(self, steps_per_s: float, latency_s: float, counters: PrefetchCounters, free_bytes: int) -> int:
         """Reads allowed in flight: `limit` for local files or while no step rate is measured (warm-up: the first
@@ -468,7 +487,7 @@ class Prefetcher:
                 return  # nothing can be issued now: skip the pending uses' bookkeeping
             keys, first = c.pending(front)
             d.note_units(first, c.newest, c.near(front), now)
-            slots = d.size(self.rate.steps_per_s, self.latency(), self.counters, c.pool.free_bytes) - self._requests
+            slots = d.size(self.rate.steps_per_s, self.latency(), self.counters, d.free(c.pool)) - self._requests
             if slots <= 0:
                 return
             held = c.held_keys()
@@ -488,7 +507,7 @@ class Prefetcher:
                 self.counters.reads += 1
                 self._requests += 1
                 fut = self._pool.submit(self._fetch, run, path, units, front, c.plans)
-                fut.add_done_callback(c.pool.reserve(int(d.unit_bytes * len(run)) if d.sized else 0))
+                d.reserve(c.pool, run[0], len(run))
                 for k in run:
                     self._inflight[k] = fut
 
@@ -552,6 +571,7 @@ class Prefetcher:
             if reader is not None:
                 reader.close()
             with self._lock:
+                self.depth.release(self.cache.pool, keys[0])  # before the follow-up pump sizes the next reads
                 for k in keys:
                     self._inflight.pop(k, None)
                 self._requests -= 1
@@ -610,5 +630,6 @@ class Prefetcher:
             if self._closed:
                 return
             self._closed = True
+            self.depth.release(self.cache.pool)  # queued reads never run; running ones no longer size anything
             for fut in self._inflight.values():
                 fut.cancel()

@@ -209,6 +209,6 @@ def test_credentials_made_apart_refuse_another_loomdata_first_on_the_path(
     (fake / "loomdata" / "execution" / "__init__.py").write_text("")
     (fake / "loomdata" / "execution" / "_security.py").write_text("def embedded_tls(folder):\n    folder.mkdir()\n")
     monkeypatch.setenv("PYTHONPATH", str(fake))
-    with pytest.raises(ExecutionError, match=r"imported loomdata from .*fake"):
+    with pytest.raises(ExecutionError, match=r"imported loomdata from .*fake.*drop the other loomdata from PYTHONPATH"):
         tls_apart(tmp_path / "tls")
     assert not (tmp_path / "tls").exists()

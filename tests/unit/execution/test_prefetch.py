@@ -18,7 +18,6 @@ from loomdata.execution._prefetch import (
     FAST_STEPS_PER_S,
     MAX_EXTRA_STEPS,
     MAX_READS_IN_FLIGHT,
-    PrefetchCounters,
     Prefetcher,
     ReadDepth,
     StepRate,
@@ -506,21 +505,43 @@ def test_measured_reads_in_flight_are_bounded_by_the_cap_and_above_the_floor_by_
         reset_request_latency()
 
 
-def test_reads_in_flight_of_one_loader_are_reserved_against_every_loader_of_the_worker() -> None:
+def test_reads_in_flight_reserve_their_bytes_for_the_other_loaders_of_the_worker_until_they_end() -> None:
     """Loaders of one worker size their reads from the same free bytes: a read in flight reserves what it will hold
-    until it ends, so a second loader does not see the budget as free (N loaders issued N times what fits)."""
+    (against the others, not its own loader) until it ends, before its follow-up pump; close releases queued ones."""
+    url = _memory_shard("loomreserve")
+    gate, log, live = threading.Event(), [], [0, 0]
     policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=10, prefetch=2)
-    a = PlanUnitCache("p-shared", steps=50, policy=policy, shard_of={"a": 0})
-    b = PlanUnitCache("p-shared", steps=50, policy=policy, shard_of={"b": 0})
+    cache = PlanUnitCache("p-reserve", steps=50, policy=policy, shard_of={url: 3})
+    other = PlanUnitCache("p-reserve", steps=50, policy=policy, shard_of={"elsewhere": 0})
+    pf = Prefetcher(cache, lambda: _GatedReader(gate, log, live), {3: url}, 2, "t")
     try:
-        assert a.pool is b.pool and b.pool.free_bytes == 1 << 20
-        release = a.pool.reserve(3 << 18)  # a's reads in flight will hold three quarters of the budget
-        assert b.pool.free_bytes == 1 << 18
-        depth = ReadDepth(2, sized=True)
-        depth.units_per_step, depth.unit_bytes = 1.0, float(1 << 16)
-        assert depth.size(1000.0, 0.1, PrefetchCounters(), b.pool.free_bytes) == 4  # a quarter left: 4 units fit
-        release(None)
-        assert b.pool.free_bytes == 1 << 20
+        assert cache.pool is other.pool
+        cache.plan(unit_key(3, np.arange(8)), np.arange(8))
+        pf.depth.unit_bytes = 1024.0  # what a unit decodes to, as if measured
+        pf.pump(np.array([0]))
+        assert pf.in_flight() == 2 and cache.pool.reserved == 2048  # two units in flight, 1 KiB each
+        assert pf.depth.free(cache.pool) == cache.pool.free_bytes  # its own reads count as its requests
+        assert ReadDepth(2, sized=True).free(other.pool) == other.pool.free_bytes - 2048  # another loader's view
+        gate.set()
+        assert pf.settle(10)
+        assert cache.pool.reserved == 0
     finally:
-        a.close()
-        b.close()
+        gate.set()
+        pf.close()
+    gate2 = threading.Event()
+    fresh = PlanUnitCache("p-reserve2", steps=50, policy=policy, shard_of={url: 3})
+    pf2 = Prefetcher(fresh, lambda: _GatedReader(gate2, [], [0, 0]), {3: url}, 2, "t2")
+    try:
+        fresh.plan(unit_key(3, np.arange(8)), np.arange(8))
+        pf2.depth.unit_bytes = 1024.0
+        pf2.pump(np.array([0]))
+        assert fresh.pool.reserved == 2048
+        pf2.close()  # queued or gated reads no longer size anything: released at close
+        assert fresh.pool.reserved == 0
+    finally:
+        gate2.set()
+        pf2.close()
+        fresh.close()
+        cache.close()
+        other.close()
+        fsspec.filesystem("memory").rm("/loomreserve", recursive=True)

@@ -32,9 +32,10 @@ holds its slot for a GET's latency, so at most `limit` / latency units land a se
 ~0.6 MB at 110 ms moved ~45 MB/s where two consumers of the object-store benchmark use ~115 MB/s (71-77 storage
 waits a run). `Prefetcher` keeps `reads_in_flight` = `READS_MARGIN` x units first used a step (the pending plan,
 between the newest step served and the reach's edge) x the served-step rate x the store's latency, at least `limit`,
-at most `MAX_READS_IN_FLIGHT`, and above `limit` only as many as the worker's free budget holds at the decoded
-size of the units read so far (a unit read ahead is offered strictly: one with no room is dropped, its GET
-wasted). The rate leaves out the time the loader waited on reads in flight (`StepRate.observe`'s `waited`):
+at most `MAX_READS_IN_FLIGHT`, and above `limit` only as many as the worker's free budget, less the other loaders'
+reads in flight (`WorkerPool.reserve`), holds at the decoded size of the units read lately (a unit read ahead is
+offered strictly: one with no room is dropped, its GET wasted; none above `limit` before a unit's size is known).
+The rate leaves out the time the loader waited on reads in flight (`StepRate.observe`'s `waited`):
 measured while starved, it was the store's rate, and reads sized from it stayed starved (9-11 in flight). Until
 a rate is measured (0.1 s after the first served step), `limit`: all 32 at warm-up shared the proxy's and the
 store's CPU with the first steps' GETs, and the first batch came after 0.5 s instead of 0.1 s. Local files keep
@@ -321,7 +322,7 @@ class ReadDepth:
         self.sized = sized
         self.reads = limit  # allowed in flight now
         self.units_per_step = 0.0  # units first used per step ahead (from the pending uses)
-        self.unit_bytes = 0.0  # decoded bytes of a unit read ahead (running mean): what a read in flight will hold
+        self.unit_bytes = 0.0  # decoded bytes of a unit read ahead (a decaying mean): what a read in flight will hold
         self.noted_at = -math.inf  # when `units_per_step` was last measured
         self._units = 0
         self._reserved: dict[int, int] = {}  # bytes reserved in the worker's pool, by the first unit key of a read
@@ -373,12 +374,9 @@ class ReadDepth:
             per_read = max(counters.issued / counters.reads, 1.0) if counters.reads else 1.0
             cap = min(MAX_READS_IN_FLIGHT, _THREADS)
             want = reads_in_flight(self.units_per_step * steps_per_s / per_read, latency_s, self.limit, cap)
-            if want > self.limit:  # no unit's size known yet: nothing tells how many more the budget holds
-                want = (
-                    max(self.limit, min(want, int(free_bytes // (self.unit_bytes * per_read))))
-                    if self.unit_bytes
-                    else self.limit
-                )
+            # above the floor only what the free budget holds (no unit's size known yet: nothing tells, so none)
+            fits = int(free_bytes // (self.unit_bytes * per_read)) if self.unit_bytes else 0
+            want = max(self.limit, min(want, fits))
         self.reads = want
         return want
 

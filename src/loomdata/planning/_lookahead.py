@@ -104,7 +104,7 @@ class StepAssignment:
         for k in range(len(self.pos)):
             p1, s1 = self.range(k, 0, stop)  # (steps are never negative)
             p2, s2 = other.range(k, 0, stop)
-            if len(p1) != len(p2) or not (np.array_equal(s1, s2) and np.array_equal(p1, p2)):
+            if not (np.array_equal(s1, s2) and np.array_equal(p1, p2)):
                 return False
         return True
 

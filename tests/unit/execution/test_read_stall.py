@@ -219,3 +219,19 @@ def test_a_local_loader_forced_on_reads_ahead_at_once_and_object_urls_always_do(
     finally:
         upf.close()
         ucache.close()
+
+
+def test_the_setting_is_checked_and_reaches_the_loaders_policy() -> None:
+    from loomdata.cli import _parser
+    from loomdata.execution._config import ServeConfig
+
+    assert ServeConfig().local_read_ahead == "auto"
+    assert CachePolicy.serving(ServeConfig(local_read_ahead="off")).local_read_ahead == "off"
+    assert CachePolicy(worker_bytes=1, horizon_steps=1).local_read_ahead == "on"  # a policy made directly: as before
+    with pytest.raises(ValueError, match="local_read_ahead"):
+        ServeConfig(local_read_ahead="sometimes")
+    with pytest.raises(ValueError, match="local_read_ahead"):
+        CachePolicy(worker_bytes=1, horizon_steps=1, local_read_ahead="yes")
+    args = _parser().parse_args(["serve", "plan", "--local-read-ahead", "on"])
+    assert args.local_read_ahead == "on"
+    assert _parser().parse_args(["serve", "plan"]).local_read_ahead == "auto"

@@ -465,7 +465,7 @@ def _measure(
     n: int,
     n_batches: int,
     seq_len: int,
-    settings: dict[str, int],
+    settings: dict[str, Any],
     peers: list[str],
     transports: list[str],
     peer_workers: list[int],
@@ -514,7 +514,7 @@ def _profile_stop(prefix: str) -> None:
     prof.dump_stats(f"{prefix}-{os.getpid()}.prof")
 
 
-def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, int], transport: str) -> dict[str, Any]:
+def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, Any], transport: str) -> dict[str, Any]:
     """loomdata to `n` consumers (fresh executor) whose ranks use `transport` (LOOM_TRANSPORT: direct or dask)."""
     from loomdata.execution import Executor
 
@@ -541,6 +541,7 @@ def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, int], tr
             loom_cpu = _worker_cpu(client, after) - cpu0 + sum(r["cpu_s"] for r in loom)
             m = ex.metrics().to_dict()  # results are written as JSON
             window_steps = ex.window
+            read_ahead = [x for got in client.run(_read_ahead_state).values() for x in got]
     finally:
         if env_before is None:
             os.environ.pop("LOOM_TRANSPORT", None)
@@ -564,8 +565,31 @@ def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, int], tr
             **{k: round(after[k] - before.get(k, 0.0), 3) for k in after},  # main: scheduler + this process
         },
         cpu_s_by_thread=threads,  # each worker's CPU by thread: its event loop (MainThread), loader threads...
+        read_ahead=read_ahead,  # each loader's read-ahead decision (local files: `_prefetch.ReadStall`)
     )
     return loom_side
+
+
+def _read_ahead_state() -> list[dict[str, Any]]:
+    """This worker's live loaders' read-ahead: mode, on now, and each turn with its inputs (`_prefetch.ReadStall`;
+    none on a tree without it)."""
+    from loomdata.execution import _loader
+
+    out = []
+    for lo in list(_loader._LIVE):
+        pf = lo._plan.prefetch if lo._plan is not None else None
+        st = getattr(pf, "stall", None)
+        if pf is not None and st is not None:
+            out.append(
+                {
+                    "loader": pf.name,
+                    "mode": st.mode,
+                    "on": st.on,
+                    "timed": getattr(st, "timed", None),
+                    "turns": [list(t) for t in st.turns],
+                }
+            )
+    return out
 
 
 def _ratios(loom: dict[str, Any], peer: dict[str, Any], kind: str) -> dict[str, float]:
@@ -583,7 +607,7 @@ def _ratios(loom: dict[str, Any], peer: dict[str, Any], kind: str) -> dict[str, 
     }
 
 
-def _loom_only(client: Any, plan_dir: Path, n: int, settings: dict[str, int]) -> dict[str, Any]:
+def _loom_only(client: Any, plan_dir: Path, n: int, settings: dict[str, Any]) -> dict[str, Any]:
     """loomdata alone to `n` consumers (fresh executor): tokens/s and CPU seconds."""
     from loomdata.execution import Executor
 
@@ -597,7 +621,7 @@ def _loom_only(client: Any, plan_dir: Path, n: int, settings: dict[str, int]) ->
     return side
 
 
-def _verify_cost(client: Any, plans: dict[str, Path], n: int, settings: dict[str, int], repeat: int) -> dict[str, Any]:
+def _verify_cost(client: Any, plans: dict[str, Path], n: int, settings: dict[str, Any], repeat: int) -> dict[str, Any]:
     """Best of `repeat` alternating runs per verify mode; the slowdown of `sample` against `off`."""
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in plans}
     for _ in range(repeat):
@@ -669,6 +693,12 @@ def main() -> None:
         default=None,
         help="read units each Source Loader reads ahead at once (default ServeConfig's; 0: no read-ahead)",
     )
+    ap.add_argument(
+        "--local-read-ahead",
+        choices=["auto", "on", "off"],
+        default=None,
+        help="whether loaders of local files read ahead (default ServeConfig's: auto, only once reads stall)",
+    )
     ap.add_argument("--consumers", type=int, nargs="+", default=list(CONSUMERS))
     ap.add_argument(
         "--workers",
@@ -727,11 +757,13 @@ def main() -> None:
 
     from loomdata.execution import open_cluster
 
-    settings = {"window": args.window}  # the Executor's serving settings (window, bytes bound)
+    settings: dict[str, Any] = {"window": args.window}  # the Executor's serving settings (window, bytes bound)
     if args.bytes_in_flight is not None:
         settings["bytes_in_flight"] = args.bytes_in_flight
     if args.loader_prefetch is not None:
         settings["loader_prefetch"] = args.loader_prefetch
+    if args.local_read_ahead is not None:
+        settings["local_read_ahead"] = args.local_read_ahead
     from loomdata.indexing import build_index
     from loomdata.planning import make_plan
     from loomdata.schemas import read_plan
@@ -829,6 +861,7 @@ def main() -> None:
             "shuffle": args.shuffle,
             "bytes_in_flight": args.bytes_in_flight,
             "loader_prefetch": args.loader_prefetch,
+            "local_read_ahead": args.local_read_ahead,
             "peer_num_workers": args.peer_workers,
             "transports": args.transports,
             "peers": {k: _PEERS[k].__doc__ for k in args.peers},

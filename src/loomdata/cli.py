@@ -260,6 +260,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             bytes_in_flight=args.bytes_in_flight * 1024,
             constructor_bytes=args.constructor_bytes * 1024,
             loader_prefetch=args.loader_prefetch,
+            local_read_ahead=args.local_read_ahead,
         )
     except ValueError as e:
         print(f"loom serve: error: {e}", file=sys.stderr)
@@ -458,6 +459,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="row groups each loader reads ahead at once for its next planned steps, within --loader-memory (0: none; "
         "object URLs: at least N, more when the measured rate x the store's latency needs them, at most 32)",
+    )
+    s.add_argument(
+        "--local-read-ahead",
+        choices=["auto", "on", "off"],
+        default=defaults.local_read_ahead,
+        help="whether loaders of local files read ahead (--loader-prefetch deep): auto (default) only once their own "
+        "reads are measured to stall the steps (a cold or networked disk), on, or off; object URLs always read ahead",
     )
     s.add_argument(
         "--autoscale",

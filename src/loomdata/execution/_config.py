@@ -61,6 +61,12 @@ images builds ahead."""
 DEFAULT_LOADER_PREFETCH = 8
 """Read units (row groups) each Source Loader reads ahead at once (`--loader-prefetch`): hides a GET's latency."""
 
+LOCAL_READ_AHEAD = ("auto", "on", "off")
+"""`--local-read-ahead`: whether loaders of local files read ahead. auto (default): not until their own reads are
+measured to stall the steps (`_prefetch.ReadStall`); on: always, at `loader_prefetch` depth; off: never. A read ahead
+of a file the page cache holds is double work (thread hand-offs, futures); a cold or networked disk needs it.
+Object URLs always read ahead."""
+
 
 def _positive(obj: Any, *names: str) -> None:
     for name in names:
@@ -170,6 +176,8 @@ class ServeConfig:
     `loader_prefetch`: read units each loader reads ahead at once for its next planned steps, within
     `loader_memory` (`_prefetch`; 0, or `loader_memory` 0: no read-ahead); for object URLs the floor: more are
     kept in flight as the measured step rate x the store's latency needs (`_prefetch.reads_in_flight`, at most 32).
+    `local_read_ahead`: for local files, auto (read ahead at `loader_prefetch` only once the loader's own reads are
+    measured to stall its steps, `_prefetch.ReadStall`), on (always) or off (never); object URLs always read ahead.
     `peers` None: the plan's tp*pp*cp. `loaders_per_source` is one count or a count per source name
     (1 for sources not named). `n_workers` sizes the embedded cluster only (no scheduler given).
     """
@@ -186,6 +194,7 @@ class ServeConfig:
     bytes_in_flight: int = DEFAULT_BYTES_IN_FLIGHT
     constructor_bytes: int = DEFAULT_CONSTRUCTOR_BYTES
     loader_prefetch: int = DEFAULT_LOADER_PREFETCH
+    local_read_ahead: str = "auto"
     metrics_every_s: float = 10.0  # `serve`'s metrics lines
     timings: Timings = field(default_factory=Timings)
 
@@ -206,6 +215,10 @@ class ServeConfig:
             raise ValueError(f"ServeConfig.loader_memory must be >= 0 bytes, got {self.loader_memory!r}")
         if self.loader_prefetch < 0:
             raise ValueError(f"ServeConfig.loader_prefetch must be >= 0 units in flight, got {self.loader_prefetch!r}")
+        if self.local_read_ahead not in LOCAL_READ_AHEAD:
+            raise ValueError(
+                f"ServeConfig.local_read_ahead must be one of {LOCAL_READ_AHEAD}, got {self.local_read_ahead!r}"
+            )
         n = self.loaders_per_source
         if isinstance(n, Mapping):
             bad = {k: v for k, v in n.items() if not isinstance(v, int) or v < 1}

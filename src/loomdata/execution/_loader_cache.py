@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from loomdata.execution._config import ServeConfig
+from loomdata.execution._config import LOCAL_READ_AHEAD, ServeConfig
 from loomdata.sources import KeptRows, UnitKey
 
 __all__ = [
@@ -113,6 +113,8 @@ class CachePolicy:
     `keep_soft_bytes`: above this many bytes held as rows by the worker's loaders, the horizon (not a read-ahead's
     latency cover) and `keep_steps` are scaled down by soft / held (to at least a `KEEP_MIN_SHARE`th; 0: never):
     what is held shrinks as the held bytes grow, and the decodes again it costs grow with it, gradually (`scaled`).
+    `local_read_ahead`: for local files, "on" (read ahead at `prefetch`), "off" (never) or "auto" (only once the
+    loader's own reads are measured to stall its steps: `_prefetch.ReadStall`); object URLs always read ahead.
     """
 
     worker_bytes: int
@@ -123,6 +125,7 @@ class CachePolicy:
     lag_hold_s: float = 30.0
     keep_steps: int = 0
     keep_soft_bytes: int = 0
+    local_read_ahead: str = "on"
 
     def __post_init__(self) -> None:
         if self.worker_bytes < 0:
@@ -139,14 +142,22 @@ class CachePolicy:
             raise ValueError(f"CachePolicy.keep_steps must be >= 0 steps, got {self.keep_steps!r}")
         if self.keep_soft_bytes < 0:
             raise ValueError(f"CachePolicy.keep_soft_bytes must be >= 0 bytes, got {self.keep_soft_bytes!r}")
+        if self.local_read_ahead not in LOCAL_READ_AHEAD:
+            raise ValueError(
+                f"CachePolicy.local_read_ahead must be one of {LOCAL_READ_AHEAD}, got {self.local_read_ahead!r}"
+            )
 
     @classmethod
     def serving(cls, config: ServeConfig) -> CachePolicy:
         """The policy of the loaders a `ServeConfig` serves with (its budget, window, read-ahead and start step)."""
-        return cls.of(config.loader_memory, config.window, config.loader_prefetch, config.start_step)
+        return cls.of(
+            config.loader_memory, config.window, config.loader_prefetch, config.start_step, config.local_read_ahead
+        )
 
     @classmethod
-    def of(cls, loader_memory: int, window: int, prefetch: int = 0, start_step: int = 0) -> CachePolicy:
+    def of(
+        cls, loader_memory: int, window: int, prefetch: int = 0, start_step: int = 0, local_read_ahead: str = "auto"
+    ) -> CachePolicy:
         """The policy serving uses: the configured budget, the window plus a few steps (more to read ahead into)."""
         extra = PREFETCH_STEPS if prefetch > 0 and loader_memory > 0 else 0
         horizon = window + 2 + extra
@@ -157,6 +168,7 @@ class CachePolicy:
             start_step=start_step,
             keep_steps=KEEP_AHEAD * horizon if loader_memory > 0 else 0,
             keep_soft_bytes=min(max(KEEP_SOFT_BYTES, loader_memory // 32), loader_memory),  # a larger budget: more
+            local_read_ahead=local_read_ahead,
         )
 
 

@@ -135,7 +135,8 @@ class PlanAhead:
 
     def reading(self, request: np.ndarray) -> bool:
         """Whether a unit `request` reads is being read ahead now (serving it would wait for that read)."""
-        return self.prefetch is not None and self.prefetch.reading(self.keys(request["sample"]))
+        pf = self.prefetch  # none in flight (local files, read-ahead off): no keys to tell
+        return pf is not None and pf.in_flight() > 0 and pf.reading(self.keys(request["sample"]))
 
     def _shards_of(self, samples: np.ndarray) -> np.ndarray:
         """The shard of each of `samples` (of this partition)."""

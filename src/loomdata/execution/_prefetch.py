@@ -41,6 +41,19 @@ a rate is measured (0.1 s after the first served step), `limit`: all 32 at warm-
 store's CPU with the first steps' GETs, and the first batch came after 0.5 s instead of 0.1 s. Local files keep
 exactly `limit` and the rate with waits in it: their reads are decoding and waiting for a CPU.
 
+Local files read ahead only where their reads stall (session 23, `local_read_ahead` auto): reading ahead a file
+the page cache holds is double work (thread hand-offs, futures, the pool's bookkeeping; `--loader-prefetch 0` gave
+16.9-18.1M tokens per CPU-second against 14.3-14.9M at one consumer), but a cold or networked disk (NFS, Lustre, a
+spinning disk) needs it. `ReadStall` starts a loader of local files with none (its reader reads what a step needs
+inline), times each of those reads, and turns the read-ahead on (at `limit`) when a window of them stalls the steps
+(`judge_stall`): their wall time at least `STALL_SHARE` of the window's (the read wait a step over the step interval),
+their median at least `SLOW_READ_S` (a row group the page cache holds decodes in ~1-4 ms here; a cold disk or NFS
+read adds 5-50 ms), and the process read from storage meanwhile (`storage_read_bytes`, the kernel's block input):
+on two loaded cores, reads of cached files took a median 5-29 ms and 25-92% of the time at 4 consumers (waiting for
+a CPU, which a read-ahead thread waits for too), and wall time alone turned it on. Once on, it measures the reads
+ahead the same way and turns off only after `QUIET_WINDOWS` windows in a row of fast reads (it does not flap).
+Object URLs always read ahead.
+
 The loader's own reader sees the cache through `Prefetcher` (a `UnitCache`): a `get` of a unit in
 flight waits for that read instead of issuing a second one. Served bytes never depend on it: a unit
 read ahead is the same decoded array `read` would keep. A failed read ahead keeps nothing and is
@@ -50,6 +63,7 @@ storage where transient) is reported by that read, with the verifier's words.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -74,21 +88,31 @@ __all__ = [
     "LATENCY_MARGIN",
     "MAX_EXTRA_STEPS",
     "MAX_READS_IN_FLIGHT",
+    "QUIET_WINDOWS",
     "READS_MARGIN",
+    "SLOW_READ_S",
+    "STALL_MIN_READS",
+    "STALL_SHARE",
+    "STALL_WINDOW_S",
+    "STORAGE_MIN_BYTES",
     "PrefetchCounters",
     "Prefetcher",
     "ReadDepth",
+    "ReadStall",
     "StepRate",
     "UnitSpans",
     "coalesce",
     "extra_steps",
+    "judge_stall",
     "plan_prefetch",
     "reads_in_flight",
     "run_concurrently",
     "shared_threads",
+    "storage_read_bytes",
     "submit_shared",
 ]
 
+logger = logging.getLogger(__name__)
 
 _THREADS = 32
 """Threads reading ahead in one worker process, shared by all its loaders (each bounded by its own `limit`)."""
@@ -122,6 +146,27 @@ MAX_READS_IN_FLIGHT = 32
 READS_MARGIN = 2.0
 """Reads in flight per read Little's law asks for (units used a second x the store's latency): slack for a GET
 slower than the median and for steps that start several units at once."""
+
+STALL_SHARE = 0.2
+"""A window of local reads stalls the steps (`ReadStall` turns the read-ahead on) when their wall time is at least this
+share of the window's: the read wait a step is at least this share of the step interval."""
+
+SLOW_READ_S = 0.005
+"""...and their median read takes at least this long: a row group the page cache holds decodes in ~1-4 ms (this
+machine, 2 MB decoded, loaded), a cold disk or NFS read takes 5-50 ms more. Reads ahead at half of it are fast."""
+
+STORAGE_MIN_BYTES = 256 * 1024
+"""...and their process read at least this many bytes from storage in the window (`storage_read_bytes`)."""
+
+STALL_WINDOW_S = 0.5
+"""The shortest window `ReadStall` judges (its reads' share is over this much wall time at least)."""
+
+STALL_MIN_READS = 8
+"""The fewest reads a window is judged on; a window that has not that many after `10 x STALL_WINDOW_S` is quiet."""
+
+QUIET_WINDOWS = 4
+"""Windows of fast reads in a row (median under `SLOW_READ_S / 2`, or wall time under a quarter of `STALL_SHARE`)
+after which a read-ahead `ReadStall` turned on turns off again: on after one stalled window, off only after these."""
 
 _NOTE_EVERY_S = 0.05  # object URLs: the units a step are re-measured this often while every read is in flight
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
@@ -312,6 +357,123 @@ class UnitSpans:
         return self._reader.unit_span(path, unit)
 
 
+def judge_stall(
+    on: bool, reads: np.ndarray, window_s: float, quiet: int, storage_bytes: int | None
+) -> tuple[bool, int, str] | None:
+    """Whether a local loader reads ahead after a window of `window_s` seconds in which its reads took `reads` seconds
+    each (inline while off, ahead while on) and its process read `storage_bytes` from storage (None: not known), and
+    the quiet windows in a row since: (on, quiet, why); None: too few reads or too short a window to judge (keep
+    measuring). Pure (`ReadStall` measures, this decides).
+
+    Stalled (turn on): the reads' wall time is at least `STALL_SHARE` of the window's, their median at least
+    `SLOW_READ_S`, and they came from storage (at least `STORAGE_MIN_BYTES`): reads that are slow while the page
+    cache holds their bytes are waiting for a CPU (a loaded machine), which a read-ahead thread would wait for too.
+    Quiet (on; `QUIET_WINDOWS` in a row turn it off): too few reads, a fast median, little wall time, or no storage."""
+    if window_s < STALL_WINDOW_S or (len(reads) < STALL_MIN_READS and window_s < 10 * STALL_WINDOW_S):
+        return None
+    share = float(np.sum(reads)) / window_s
+    median = float(np.median(reads)) if len(reads) else 0.0
+    stored = storage_bytes is None or storage_bytes >= STORAGE_MIN_BYTES
+    why = f"{len(reads)} reads in {window_s:.2f} s, median {median * 1e3:.1f} ms, {share:.0%} of the time, " + (
+        "storage not measured" if storage_bytes is None else f"{storage_bytes / 2**20:.1f} MiB from storage"
+    )
+    if not on:
+        stalled = len(reads) >= STALL_MIN_READS and share >= STALL_SHARE and median >= SLOW_READ_S and stored
+        return stalled, 0, why
+    fast = len(reads) < STALL_MIN_READS or median < SLOW_READ_S / 2 or share < STALL_SHARE / 4 or not stored
+    if not fast:
+        return True, 0, why
+    return (True, quiet + 1, why) if quiet + 1 < QUIET_WINDOWS else (False, 0, why)
+
+
+def storage_read_bytes() -> int | None:
+    """Bytes this process has read from storage, not from the page cache (`getrusage`'s block input: local disks and
+    network filesystems that account their reads); None where not known (no `resource` module)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_inblock) * 512
+
+
+class ReadStall:
+    """Whether a loader of local files reads ahead now (`local_read_ahead`: "on", "off", or "auto": from its reads'
+    times, `judge_stall`); `begin`/`end` time the reader's own reads of units it missed, `note` a read ahead."""
+
+    def __init__(
+        self,
+        mode: str,
+        name: str,
+        clock: Callable[[], float] = time.monotonic,
+        stored: Callable[[], int | None] = storage_read_bytes,
+    ) -> None:
+        """`clock` and `stored` (the process's bytes read from storage so far) are what a window is measured with."""
+        self.mode = mode
+        self.on = mode == "on"
+        self.turns: list[tuple[bool, str]] = []  # each turn (on?, its inputs), in order
+        self._name = name
+        self._clock = clock
+        self._read_stored = stored
+        self.timed = 0  # reads timed so far (auto)
+        self._local = threading.local()  # the unit the reading thread missed and when its read began
+        self._lock = threading.Lock()
+        self._reads: list[float] = []
+        self._since: float | None = None  # the window began (its first read)
+        self._stored: int | None = None  # `storage_read_bytes` when it began
+        self._quiet = 0
+
+    def begin(self, key: int | None) -> None:
+        """The reader missed unit `key` and reads it now."""
+        if self.mode == "auto":
+            self._local.read = (key, time.perf_counter())
+
+    def end(self, key: int | None) -> None:
+        """The reader read unit `key` (its rows are asked for): the read `begin` timed, if it is that one."""
+        got = getattr(self._local, "read", None)
+        if got is not None:
+            self._local.read = None
+            if got[0] == key:
+                self.note(time.perf_counter() - got[1])
+
+    def note(self, seconds: float) -> None:
+        """A read of a unit took `seconds` (auto only)."""
+        if self.mode == "auto":
+            with self._lock:
+                if self._since is None:
+                    self._since, self._stored = self._clock() - seconds, self._read_stored()
+                self.timed += 1
+                self._reads.append(seconds)
+
+    def ahead(self) -> bool:
+        """Whether to read ahead now; auto: judges the window once it is long enough, logs a turn with its inputs."""
+        if self.mode != "auto" or self._since is None or self._clock() - self._since < STALL_WINDOW_S:
+            return self.on
+        with self._lock:
+            now = self._clock()
+            stored, began = self._read_stored(), self._stored
+            read = None if stored is None or began is None else stored - began
+            got = judge_stall(self.on, np.array(self._reads), now - (self._since or now), self._quiet, read)
+            if got is None:
+                return self.on
+            on, self._quiet, why = got
+            self._reads, self._since = [], None
+            if on != self.on:
+                self.on = on
+                self.turns.append((on, why))
+                logger.info(
+                    "local read-ahead %s: %s (%s; on at >= %.0f%% of the time, a median >= %.1f ms and >= %d KiB from "
+                    "storage; off after %d windows fast)",
+                    self._name,
+                    "on" if on else "off",
+                    why,
+                    STALL_SHARE * 100,
+                    SLOW_READ_S * 1e3,
+                    STORAGE_MIN_BYTES // 1024,
+                    QUIET_WINDOWS,
+                )
+        return self.on
+
+
 class ReadDepth:
     """How many reads ahead one loader keeps in flight: for object URLs (`sized`) `reads_in_flight` from what it
     measured (the units first used a step ahead, the decoded size of a unit read, the worker's free budget); for
@@ -425,6 +587,7 @@ class Prefetcher:
         self._assumed_rate = assumed_steps_per_s
         self._waited_s = 0.0  # seconds the reader waited on reads ahead (object URLs: not in the rate; see top)
         self.depth = ReadDepth(limit, sized=bool(self._stores))  # reads ahead allowed in flight now
+        self.stall = ReadStall("on" if self._stores else cache.policy.local_read_ahead, name)  # local: when
 
     def get(self, key: UnitKey) -> Any | None:
         k = self._int_key(key)
@@ -441,6 +604,7 @@ class Prefetcher:
         with self._lock:
             if value is None:
                 self.counters.misses += 1
+                self.stall.begin(k)
             elif k is not None and k in self._fresh:
                 self._fresh.discard(k)
                 self.counters.hits += 1
@@ -463,11 +627,12 @@ class Prefetcher:
         self.cache.put(key, value, nbytes)
 
     def wanted(self, key: UnitKey) -> np.ndarray | None:
+        self.stall.end(self._int_key(key))  # a unit `get` missed was read: its rows are asked for now
         return self.cache.wanted(key)
 
     def pump(self, steps: np.ndarray | None = None) -> None:
         """Issue reads ahead for the pending uses up to the horizon of the newest step asked (or served)."""
-        if self._closed or self.limit <= 0:
+        if self._closed or self.limit <= 0 or not self.stall.ahead():
             return
         if steps is not None and len(steps):
             self._front = max(self._front, int(np.max(steps)))
@@ -556,10 +721,11 @@ class Prefetcher:
             else:
                 loaded = reader.load_units(path, units, wanted)
             took = time.perf_counter() - t0
+            self.stall.note(took)
             with self._lock:
                 self.read_s = max(took, self.read_s * _DECAY)
             for k, unit, got in zip(keys, units, loaded, strict=True):
-                self._keep(k, path, unit, self._cover(reader, path, unit, got, front, planned), front)
+                self._keep(k, path, unit, _cover(self, reader, path, unit, got, front, planned), front)
         except Exception as e:  # the read that needs the unit reads it again and reports the real error
             with self._lock:
                 self.counters.errors += len(keys)
@@ -597,27 +763,6 @@ class Prefetcher:
                 # no room: units needed later would not fit either; one no longer due stops nothing else
                 self._stalled = self._stalled or offered is Offered.NO_ROOM
 
-    def _cover(
-        self, reader: FormatReader, path: Location, unit: int, got: tuple[Any, int] | None, front: int, planned: int
-    ) -> tuple[Any, int] | None:
-        """`got`, or the unit read again if chunks planned during its read want rows it did not keep within the reach.
-
-        A unit read ahead keeps the rows wanted when its read was issued; a chunk planned meanwhile may want
-        more of it (the cache drops such units only among those it holds). Kept as it was, the read that needs a
-        new row would find the unit held but short, and fetch it itself, on the read path (none planned since the
-        read was issued, `planned`: none). A row wanted only past the reach does not make it read again now.
-        """
-        for _ in range(_REREADS):
-            if got is None or not isinstance(got[0], KeptRows) or self.cache.plans == planned:
-                return got
-            first = self.cache.first_missing((str(path), unit), got[0].rows)
-            if first < 0 or first > self.cache.near(front):
-                return got
-            with self._lock:
-                self.counters.reread += 1
-            got = reader.load_unit(path, unit, self.cache.wanted((str(path), unit)))
-        return got
-
     def _int_key(self, key: UnitKey) -> int | None:
         shard = self._shard_of.get(str(key[0]))
         return None if shard is None else int_key(shard, key[1])
@@ -631,3 +776,31 @@ class Prefetcher:
             self.depth.release(self.cache.pool)  # queued reads never run; running ones no longer size anything
             for fut in self._inflight.values():
                 fut.cancel()
+
+
+def _cover(
+    pf: Prefetcher,
+    reader: FormatReader,
+    path: Location,
+    unit: int,
+    got: tuple[Any, int] | None,
+    front: int,
+    planned: int,
+) -> tuple[Any, int] | None:
+    """`got`, or the unit read again if chunks planned during its read want rows it did not keep within the reach.
+
+    A unit read ahead keeps the rows wanted when its read was issued; a chunk planned meanwhile may want
+    more of it (the cache drops such units only among those it holds). Kept as it was, the read that needs a
+    new row would find the unit held but short, and fetch it itself, on the read path (none planned since the
+    read was issued, `planned`: none). A row wanted only past the reach does not make it read again now.
+    """
+    for _ in range(_REREADS):
+        if got is None or not isinstance(got[0], KeptRows) or pf.cache.plans == planned:
+            return got
+        first = pf.cache.first_missing((str(path), unit), got[0].rows)
+        if first < 0 or first > pf.cache.near(front):
+            return got
+        with pf._lock:
+            pf.counters.reread += 1
+        got = reader.load_unit(path, unit, pf.cache.wanted((str(path), unit)))
+    return got

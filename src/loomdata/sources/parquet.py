@@ -33,7 +33,10 @@ An object URL is opened as a range-reading file (`loomdata.storage.RangeFile`): 
 group's column chunks are range GETs; its size and footer are fetched once (`prepare`, or the first
 open), so a reader opening an object whose layout is held makes no request. Given the size the index
 recorded (`prepare(path, size)`: a loader's shard opens), the footer is one range GET and no HEAD; an
-object of another size now (rewritten since indexing) fails that read and is HEADed and read afresh.
+object of another size now (rewritten since indexing) fails that read and is HEADed and read afresh. Given the
+footer the index kept (`layouts.parquet`, `sources._layouts`; a loader's `hold_layouts`), opening the object makes
+no request at all: its first row-group GET goes out at once (the shard check, which every read waits for before it
+uses a byte, still refuses an object rewritten since).
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ pyarrow opens a handle with a HEAD (its Python API takes no known size), so hand
 (`_MAX_HANDLES` objects, least recently used dropped), a loader opens them while it opens its shards ahead
 (`arrow_open`, beside the footer and the shard check, so a shard's first row group costs one round trip, not
 two), and only reads of at least `ARROW_MIN_READ` bytes use them: footers, headers and line pages stay one
-fsspec request each. fsspec stays the path for everything else (listing, HEADs, GCS, HTTP), for
-`storage_options` pyarrow cannot take (anything but key/secret/token/anon/endpoint_url/region), and
-everywhere with `LOOMDATA_S3_TRANSPORT=fsspec`.
+fsspec request each. A large read asked while its handle is still being opened (a footer kept by the index lets a
+shard's first row groups be asked at once, beside that HEAD) goes through fsspec rather than wait for the HEAD.
+fsspec stays the path for everything else (listing, HEADs, GCS, HTTP), for `storage_options` pyarrow cannot
+take (anything but key/secret/token/anon/endpoint_url/region), and everywhere with `LOOMDATA_S3_TRANSPORT=fsspec`.
 Credentials: the options' key/secret/token, else the AWS SDK's own chain (environment, profiles); the
 endpoint: the options', else `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL` (which pyarrow itself ignores).
 """

@@ -25,6 +25,7 @@ from loomdata.indexing import build_index
 from loomdata.planning import make_plan
 from loomdata.schemas import IndexFiles, LoomError, Spec, VerifyMode, parse_spec, read_plan
 from loomdata.schemas.tables import TableKind, read_table, write_table
+from loomdata.sources._integrity import unchanged_object
 from loomdata.sources._layouts import LAYOUTS_FILE, index_layouts
 from loomdata.sources.parquet import ParquetReader
 from loomdata.storage import location, request_stats, reset_request_stats
@@ -170,3 +171,36 @@ def test_a_rewritten_object_is_refused_while_its_kept_footer_is_held(
             with StreamClient(plan_dir, rank, retry_s=20) as stream:
                 list(stream)
     assert url in str(err.value), str(err.value)
+
+
+def test_the_open_check_of_an_unchanged_object_is_one_tiny_get(
+    dask_client: Client, s3: S3Server, tmp_path: Path
+) -> None:
+    """Size and ETag from a 1-byte GET's response stand for the edge reads; a same-size rewrite (new ETag) is told
+    apart and takes the full check, which reports it."""
+    _upload(s3, tmp_path, "quick", shards=1)
+    spec = _spec(tmp_path / "s3", f"s3://{BUCKET}/quick/*.parquet", "shard")
+    build_index(spec, dask_client)
+    shards = IndexFiles.of(spec.workdir, "web").shard_table()
+    url, size, stamp = (
+        shards["path"][0].as_py(),
+        int(shards["size_bytes"][0].as_py()),
+        int(shards["mtime_ns"][0].as_py()),
+    )
+    fmt = spec.sources[0].format
+    reset_request_stats()
+    assert unchanged_object(url, fmt, None, size, stamp)
+    assert request_stats() == {"get": 1, "get_bytes": 1}, request_stats()
+    verifier = Verifier.of("web", VerifyMode.SHARD, fmt, shards, 0, 1)
+    reset_request_stats()
+    verifier.open_shard(0, url)
+    assert request_stats() == {"get": 1, "get_bytes": 1}, request_stats()
+
+    body = bytearray(s3.boto3().get_object(Bucket=BUCKET, Key="quick/part-0.parquet")["Body"].read())
+    assert len(body) == size
+    assert unchanged_object(url, fmt, None, size, stamp)  # the same bytes written again: the same ETag (content)
+    body[size // 2] ^= 0xFF  # same size, edges unchanged: only the ETag tells
+    s3.boto3().put_object(Bucket=BUCKET, Key="quick/part-0.parquet", Body=bytes(body))
+    assert not unchanged_object(url, fmt, None, size, stamp)
+    with pytest.raises(LoomError, match="ETag/version changed"):
+        Verifier.of("web", VerifyMode.SHARD, fmt, shards, 0, 1).open_shard(0, url)

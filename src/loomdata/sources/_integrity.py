@@ -261,7 +261,8 @@ def unchanged_object(path: Location, fmt: SourceFormat, options: StorageOptions 
     bucket keeps versions the version id names one write: an equal one and size are the indexed object, whose content
     fingerprint needs no reading (the same bytes written again keep their ETag: the same content, rightly accepted).
     False (the caller hashes the edges: `stat_shard`, whose differences it reports) where that cannot tell: not S3,
-    several files, no stamp or size recorded, the GET failed other than "missing", "denied" or "retries ran out" (those raise), or the object differs.
+    several files, no stamp or size recorded, the GET failed other than "missing", "denied" or "retries ran out"
+    (those raise), or the object differs.
     """
     url = str(path)
     if not is_url(path) or protocol_of(url) != "s3" or len(files_of(path, fmt)) != 1 or not stamp or size <= 0:

@@ -26,7 +26,9 @@ A shard's `fingerprint` hashes its size and first/last 64 KiB (both files of a M
 is content, never path or time. `ctime_ns` (the inode change time, which no user tool can set back)
 serves change detection only. An object (a URL) is hashed the same way through two range reads (run
 together, and beside its HEAD where the indexed size is known: a loader's check is one round trip; on S3
-the first range GET's response gives the size and ETag/version, so that check sends no HEAD), so a
+the first range GET's response gives the size and ETag/version, so that check sends no HEAD; since session 23 a
+loader's check of an S3 object first asks one 1-byte GET, whose response's size and ETag/version equal to the
+indexed ones accept it with no edge read: `unchanged_object`), so a
 copy in a bucket has the fingerprint of the local file; its `version` (ETag or version id) takes the
 place of the times for change detection: `mtime_ns` holds `version_stamp(version)` (a CRC-32 of it), so
 the loaders' open check, which compares size, mtime and fingerprint, compares the ETag too.

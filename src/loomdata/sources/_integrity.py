@@ -118,7 +118,7 @@ def files_of(path: Location, fmt: SourceFormat) -> list[Location]:
     return [path]
 
 
-_EDGE_THREADS = 32  # a loader checks 8 shards at once (two edge GETs each), several loaders a process at serve start
+_EDGE_THREADS = 8
 _EDGE_POOL: list[ThreadPoolExecutor] = []  # made on first use (a local-only process never starts its threads)
 _EDGE_LOCK = threading.Lock()
 

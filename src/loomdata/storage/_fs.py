@@ -107,11 +107,8 @@ def _fs(url: str, options: StorageOptions | None) -> fsspec.AbstractFileSystem:
     import fsspec
 
     proto = protocol_of(url)
-    kwargs = options_for(proto, options)
-    if proto == "s3":
-        kwargs = _with_pool(kwargs)
     try:
-        fs = fsspec.filesystem(proto, **kwargs)
+        fs = fsspec.filesystem(proto, **options_for(proto, options))
     except ImportError as e:
         extra = {"s3": "s3", "gs": "gcs", "gcs": "gcs"}.get(proto, "")
         hint = f"pip install 'loomdata[{extra}]'" if extra else "install fsspec's HTTP support (aiohttp)"
@@ -119,25 +116,6 @@ def _fs(url: str, options: StorageOptions | None) -> fsspec.AbstractFileSystem:
     if proto == "s3" and not getattr(fs, "_loom_connected", False):
         _connect(fs)
     return fs
-
-
-S3_POOL = 64
-"""Connections s3fs's client keeps to S3 per process, unless the options' `config_kwargs` name theirs.
-
-botocore's default is 10: a loader opening 8 shards ahead sends two edge GETs each (the shard checks), several
-loaders at once at serve start, and every request past the tenth waits for a connection (a round trip each
-wave: at 100 ms a request the checks of 24 shards took 0.2-0.37 s, session 23, benchmarks/object_store.py --trace).
-"""
-
-
-def _with_pool(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """s3fs `kwargs` with `S3_POOL` connections (a user's `config_kwargs.max_pool_connections` is kept)."""
-    config = kwargs.get("config_kwargs")
-    if config is not None and not isinstance(config, Mapping):
-        return kwargs
-    if config is not None and "max_pool_connections" in config:
-        return kwargs
-    return {**kwargs, "config_kwargs": {**(config or {}), "max_pool_connections": S3_POOL}}
 
 
 def _connect(fs: fsspec.AbstractFileSystem) -> None:

@@ -1,7 +1,8 @@
 """The index's side table of object shards' layouts (`layouts.parquet`): a loader opens an object with no footer read.
 
 Opening a Parquet object costs a range GET of its footer before its first row group can be asked for: one round
-trip at the head of every serve's first wait (session 22: 0.1 of the 0.35 s at 100 ms a request). The index job
+trip at the head of every serve's first read (session 23, 100 ms a request: planning the first chunk waited 180 ms
+for the footers, 44 ms with them held; docs/object-storage.md). The index job
 has read every footer already; it keeps each object shard's (`FormatReader.layout_of`, serialized: a few KB) in
 `index/<source>/layouts.parquet` (LAYOUTS_SCHEMA), with the shard's fingerprint. A loader hands the layouts of its
 object shards whose fingerprint is still the one shards.parquet holds to its reader (`hold_layouts`): an object

@@ -69,8 +69,10 @@ from loomdata.schemas.errors import ExecutionError, LoomError, SourceDataError, 
 from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.metrics import LoaderMetrics
+from loomdata.schemas.records import VerifyMode
 from loomdata.sources import FormatReader, Sample, make_reader
 from loomdata.sources._integrity import span_checksums
+from loomdata.sources._layouts import index_layouts
 from loomdata.sources.images import decoded_image_tokens
 from loomdata.storage import Location, is_url, location
 
@@ -183,6 +185,8 @@ class SourceLoader:
             if partition.first_shard <= s < partition.stop_shard
         }
         self._reader: FormatReader = make_reader(self._source, spec.tokenizer, spec.images)
+        if self._verifier.mode is not VerifyMode.OFF:  # objects' footers the index kept (no footer GET); checked reads
+            self._reader.hold_layouts(index_layouts(files.root, shards, self._paths))
         self._patch = spec.images.patch_size
         self._plan = PlanAhead(plan_dir, meta, self, cache) if cache is not None else None
         self._pool = Strand(f"loom-loader-{partition.source}-{partition.part}")

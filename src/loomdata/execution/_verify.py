@@ -39,7 +39,7 @@ from loomdata.schemas.errors import ContractError, SourceDataError, StaleIndexEr
 from loomdata.schemas.records import SourceFormat, VerifyMode
 from loomdata.schemas.tables import CHECKSUM_FIELD
 from loomdata.sources import Sample
-from loomdata.sources._integrity import CHECKSUM, TOKEN_DTYPE, checksums, stat_shard
+from loomdata.sources._integrity import CHECKSUM, TOKEN_DTYPE, checksums, stat_shard, unchanged_object
 from loomdata.storage import (
     AccessDeniedError,
     Location,
@@ -235,6 +235,9 @@ class Verifier:
     def _check(self, shard: int, path: Location) -> None:
         want = self.shards[shard]
         try:
+            if unchanged_object(path, self.fmt, self.options, want.size_bytes, want.mtime_ns):  # S3: size and ETag
+                self.opened.add(shard)
+                return
             # an object: its edges read beside its HEAD
             got = stat_shard(path, self.fmt, self.options, size=want.size_bytes)
         except StorageError as e:  # the store refused: not a change (credentials, a missing object, retries out)

@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from loomdata.indexing._cache import ShardScan, checksum_dtype_of
+from loomdata.indexing._cache import ShardScan, checksum_dtype_of, layout_of
 from loomdata.indexing._fingerprint import ShardStat
 from loomdata.schemas.errors import IndexBuildError
 from loomdata.schemas.tables import CHECKSUM_FIELD, ERRORS_SCHEMA, INDEX_SCHEMA, SHARDS_SCHEMA, TableKind, write_table
 from loomdata.sources._integrity import CHECKSUM
+from loomdata.sources._layouts import layouts_table, write_layouts
 
 __all__ = ["IndexTables", "assemble", "write_tables"]
 
@@ -32,6 +33,7 @@ class IndexTables:
     shards: pa.Table
     errors: pa.Table | None
     checksum_dtypes: tuple[str, ...] = ()
+    layouts: pa.Table | None = None  # object shards' footers (`sources._layouts`); None: none kept
 
 
 def concat_scans(tables: list[pa.Table], where: str, what: str = "shards") -> pa.Table:
@@ -105,7 +107,10 @@ def assemble(
             schema=ERRORS_SCHEMA,
         )
     dtypes = tuple(sorted({d for i in kept if (d := checksum_dtype_of(scans[i])) is not None}))
-    return IndexTables(samples=samples, shards=shards, errors=errors, checksum_dtypes=dtypes)
+    layouts = layouts_table(
+        list(range(len(kept))), [stats[i].fingerprint for i in kept], [layout_of(scans[i]) for i in kept]
+    )
+    return IndexTables(samples=samples, shards=shards, errors=errors, checksum_dtypes=dtypes, layouts=layouts)
 
 
 def _write_atomic(table: pa.Table, path: Path, kind: TableKind, meta: dict[str, str] | None = None) -> None:
@@ -127,6 +132,7 @@ def write_tables(
     `extra` goes into samples.parquet's metadata beside the fingerprint (the scan settings), and `checksum`
     names the definition of the per-sample checksums (`sources._integrity.CHECKSUM`), which loaders check, and
     `checksum_dtype` the dtype(s) the shards' ids were hashed in (comma-separated)."""
+    write_layouts(shards.parent, tables.layouts)
     if tables.errors is not None:
         _write_atomic(tables.errors, errors, TableKind.ERRORS)
     else:

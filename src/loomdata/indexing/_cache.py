@@ -26,6 +26,7 @@ __all__ = [
     "ObjectMemo",
     "ShardScan",
     "checksum_dtype_of",
+    "layout_of",
     "load_objects",
     "load_scan",
     "objects_file",
@@ -33,6 +34,7 @@ __all__ = [
     "store_objects",
     "store_scan",
     "tag_checksum_dtype",
+    "tag_layout",
 ]
 
 _VERSION = b"2"
@@ -41,6 +43,7 @@ _K_SKIPPED = b"loomdata.skipped"
 _K_ERRORS = b"loomdata.errors"
 _K_CHECKSUM = b"loomdata.checksum"
 _K_DTYPE = b"loomdata.checksum_dtype"
+_K_LAYOUT = b"loomdata.layout"
 
 SCAN_COLUMNS = ("row", "num_tokens", "num_image_tokens", "checksum")
 
@@ -59,6 +62,18 @@ def tag_checksum_dtype(rows: pa.Table, dtype: np.dtype) -> pa.Table:
     meta = dict(rows.schema.metadata or {})
     meta[_K_DTYPE] = np.dtype(dtype).name.encode()
     return rows.replace_schema_metadata(meta)
+
+
+def tag_layout(rows: pa.Table, layout: bytes | None) -> pa.Table:
+    """`rows` (a shard's first part's scan) carrying the shard's layout (`FormatReader.layout_of`), if it has one."""
+    if layout is None:
+        return rows
+    return rows.replace_schema_metadata({**(rows.schema.metadata or {}), _K_LAYOUT: layout})
+
+
+def layout_of(scan: ShardScan) -> bytes | None:
+    """The layout a shard's scan carries (None: a local file, a skipped shard, a scan cached before layouts)."""
+    return (scan.rows.schema.metadata or {}).get(_K_LAYOUT)
 
 
 def checksum_dtype_of(scan: ShardScan) -> str | None:
@@ -100,7 +115,7 @@ def load_scan(path: Path) -> ShardScan | None:
         skipped = meta.get(_K_SKIPPED) == b"1"
     except (OSError, pa.ArrowException, KeyError, ValueError, TypeError):
         return None
-    kept = {_K_DTYPE: meta[_K_DTYPE]} if _K_DTYPE in meta else None
+    kept = {k: meta[k] for k in (_K_DTYPE, _K_LAYOUT) if k in meta} or None
     return ShardScan(rows=table.replace_schema_metadata(kept), errors=errors, skipped=skipped)
 
 

@@ -48,6 +48,7 @@ from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.spec import OnError, SourceSpec, Spec
 from loomdata.schemas.tables import INDEX_COLUMNS, TableKind, read_table, table_metadata
 from loomdata.sources._integrity import CHECKSUM, files_of, version_stamp
+from loomdata.sources._layouts import write_layouts
 from loomdata.storage import Location, identity, is_url
 
 __all__ = ["DEFAULT_PART_BYTES", "build_index"]
@@ -308,6 +309,8 @@ def _finish(run: _SourceRun) -> SourceSummary:
     )
     if not unchanged:
         write_tables(tables, f.samples, f.shards, f.errors, fp, {SETTINGS_KEY: run.settings})
+    else:
+        write_layouts(f.root, tables.layouts)  # an index written before layouts were kept gains them
     _collect_garbage(run)
     store_objects(f.root, run.objects)
     samples = tables.samples

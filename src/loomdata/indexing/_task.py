@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from loomdata.indexing._cache import tag_checksum_dtype
+from loomdata.indexing._cache import tag_checksum_dtype, tag_layout
 from loomdata.schemas.errors import SourceDataError
 from loomdata.schemas.spec import ImageSpec, SourceSpec, TokenizerSpec
 from loomdata.sources import make_reader
@@ -90,6 +90,8 @@ def run_scan(job: ScanJob, part: int | None, num_parts: int | None) -> PartOutco
                 n = max(int(reader.num_parts(job.path, job.target_bytes)), 1)
             result = reader.scan(job.path, p, n)
             rows = tag_checksum_dtype(result.rows, reader.checksum_dtype(job.path))
+            if p == 0:  # an object's footer, for the index's layouts table (read already: no request)
+                rows = tag_layout(rows, reader.layout_of(job.path))
         finally:
             reader.close()
         return PartOutcome(job.source_idx, job.shard_idx, p, n, rows=rows, errors=list(result.errors))

@@ -32,6 +32,7 @@ __all__ = [
     "ERRORS_SCHEMA",
     "INDEX_COLUMNS",
     "INDEX_SCHEMA",
+    "LAYOUTS_SCHEMA",
     "MANIFEST_SCHEMA",
     "PLAN_RANKS_SCHEMA",
     "PLAN_SOURCES_SCHEMA",
@@ -65,6 +66,7 @@ class TableKind(str, enum.Enum):
     PLAN_RANKS = "plan_ranks"
     PLAN_SOURCES = "plan_sources"
     PLAN_WEIGHTS = "plan_weights"
+    LAYOUTS = "layouts"
 
 
 INDEX_SCHEMA = pa.schema(
@@ -95,6 +97,16 @@ SHARDS_SCHEMA = pa.schema(
         pa.field("num_rows", pa.uint64(), nullable=False),
     ]
 )
+
+LAYOUTS_SCHEMA = pa.schema(
+    [
+        pa.field("shard", pa.uint32(), nullable=False),  # into shards.parquet
+        pa.field("fingerprint", pa.string(), nullable=False),  # the shard's, as shards.parquet holds it when indexed
+        pa.field("layout", pa.binary(), nullable=False),  # the format's layout (Parquet: the footer, serialized)
+    ]
+)
+"""layouts.parquet, beside an index of object shards: what a reader learns from a shard's footer, so a loader opens
+the object with no footer read (shards the index job saw a layout of; a shard without a row reads its footer)."""
 
 ERRORS_SCHEMA = pa.schema(
     [
@@ -176,6 +188,7 @@ _SCHEMAS: dict[TableKind, pa.Schema] = {
     TableKind.PLAN_RANKS: PLAN_RANKS_SCHEMA,
     TableKind.PLAN_SOURCES: PLAN_SOURCES_SCHEMA,
     TableKind.PLAN_WEIGHTS: PLAN_WEIGHTS_SCHEMA,
+    TableKind.LAYOUTS: LAYOUTS_SCHEMA,
 }
 VERSIONS: dict[TableKind, int] = {**{k: 1 for k in TableKind}, TableKind.INDEX: 2}
 _OPTIONAL: dict[TableKind, list[pa.Field]] = {TableKind.INDEX: [CHECKSUM_FIELD]}

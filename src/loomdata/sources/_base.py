@@ -26,7 +26,7 @@ from __future__ import annotations
 import abc
 import collections
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -220,6 +220,15 @@ class FormatReader(abc.ABC):
         Thread-safe, unlike `read`: a Source Loader opens its shards' objects concurrently at serve start
         so that no read waits on those requests in turn. Default: nothing to fetch ahead.
         """
+
+    def layout_of(self, path: Location) -> bytes | None:
+        """What opening object `path` reads before its data (a Parquet footer), as bytes for the index to keep
+        (`layouts.parquet`), so a loader opens it with no such read; None: a local file, or nothing to keep."""
+        return None
+
+    def hold_layouts(self, layouts: Mapping[str, tuple[int, bytes]]) -> None:  # noqa: B027 - optional hook
+        """Take objects' layouts as the index kept them (`layout_of`; URL -> (indexed size, layout)): `prepare` then
+        reads nothing for them. Their content is checked as always (the shard check before a read uses any byte)."""
 
     def sibling(self) -> FormatReader:
         """A new reader of the same source that shares what `prepare` fetched (for a loader's read-ahead threads)."""

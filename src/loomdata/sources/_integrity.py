@@ -26,7 +26,9 @@ A shard's `fingerprint` hashes its size and first/last 64 KiB (both files of a M
 is content, never path or time. `ctime_ns` (the inode change time, which no user tool can set back)
 serves change detection only. An object (a URL) is hashed the same way through two range reads (run
 together, and beside its HEAD where the indexed size is known: a loader's check is one round trip; on S3
-the first range GET's response gives the size and ETag/version, so that check sends no HEAD), so a
+the first range GET's response gives the size and ETag/version, so that check sends no HEAD; since session 23 a
+loader's check of an S3 object first asks one 1-byte GET, whose response's size and ETag/version equal to the
+indexed ones accept it with no edge read: `unchanged_object`), so a
 copy in a bucket has the fingerprint of the local file; its `version` (ETag or version id) takes the
 place of the times for change detection: `mtime_ns` holds `version_stamp(version)` (a CRC-32 of it), so
 the loaders' open check, which compares size, mtime and fingerprint, compares the ETag too.
@@ -74,6 +76,7 @@ __all__ = [
     "prefixed_checksums",
     "span_checksums",
     "stat_shard",
+    "unchanged_object",
     "version_stamp",
 ]
 
@@ -250,6 +253,29 @@ def stat_shard(
         mtime = max(mtime, int(st.st_mtime_ns))
         ctime = max(ctime, int(st.st_ctime_ns))
     return ShardStat(path=path, size_bytes=size, mtime_ns=mtime, fingerprint=h.hexdigest()[:32], ctime_ns=ctime)
+
+
+def unchanged_object(path: Location, fmt: SourceFormat, options: StorageOptions | None, size: int, stamp: int) -> bool:
+    """Whether a one-object S3 shard still has the size and ETag/version (`stamp`: `version_stamp`) it was indexed
+    with, from the response of one 1-byte range GET (`read_range_identity`): no HEAD, no edge reads.
+
+    An S3 ETag is a digest of the object's content (MD5, or of its parts' for a multipart upload), and where the
+    bucket keeps versions the version id names one write: an equal one and size are the indexed object, whose content
+    fingerprint needs no reading (the same bytes written again keep their ETag: the same content, rightly accepted).
+    False (the caller hashes the edges: `stat_shard`, whose differences it reports) where that cannot tell: not S3,
+    several files, no stamp or size recorded, the GET failed other than "missing", "denied" or "retries ran out"
+    (those raise), or the object differs.
+    """
+    url = str(path)
+    if not is_url(path) or protocol_of(url) != "s3" or len(files_of(path, fmt)) != 1 or not stamp or size <= 0:
+        return False
+    try:
+        got = read_range_identity(url, 0, 1, options)
+    except (ObjectNotFoundError, AccessDeniedError, TransientStorageError):
+        raise
+    except StorageError:
+        return False
+    return got is not None and got[1].size == size and version_stamp(got[1].version) == stamp
 
 
 def _low32(digests: Iterator[int], n: int) -> np.ndarray:

@@ -33,14 +33,17 @@ An object URL is opened as a range-reading file (`loomdata.storage.RangeFile`): 
 group's column chunks are range GETs; its size and footer are fetched once (`prepare`, or the first
 open), so a reader opening an object whose layout is held makes no request. Given the size the index
 recorded (`prepare(path, size)`: a loader's shard opens), the footer is one range GET and no HEAD; an
-object of another size now (rewritten since indexing) fails that read and is HEADed and read afresh.
+object of another size now (rewritten since indexing) fails that read and is HEADed and read afresh. Given the
+footer the index kept (`layouts.parquet`, `sources._layouts`; a loader's `hold_layouts`), opening the object makes
+no request at all: its first row-group GET goes out at once (the shard check, which every read waits for before it
+uses a byte, still refuses an object rewritten since).
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -132,6 +135,13 @@ class FileLayouts:
         self._lock = threading.Lock()
         self._held: dict[str, _Layout] = {}
         self._reading: dict[str, threading.Lock] = {}
+        self._known: dict[str, tuple[int, bytes]] = {}  # URL -> (indexed size, footer) the index kept, not parsed yet
+
+    def hold(self, layouts: Mapping[str, tuple[int, bytes]]) -> None:
+        """Objects' footers as the index kept them (URL -> (indexed size, serialized footer)): parsed when first
+        asked for, with no request (an unparsable one is read from the object instead)."""
+        with self._lock:
+            self._known.update(layouts)
 
     def peek(self, path: Location) -> _Layout | None:
         """`path`'s layout if held (never a request)."""
@@ -157,7 +167,11 @@ class FileLayouts:
                 hit = self._held.get(key)
             if hit is not None:
                 return hit
-            layout = _read_layout(path, options, size)
+            with self._lock:
+                known = self._known.pop(key, None)
+            layout = _kept_layout(known) if known is not None else None
+            if layout is None:
+                layout = _read_layout(path, options, size)
             check(layout.schema)
             with self._lock:
                 self._held[key] = layout
@@ -192,13 +206,33 @@ def _read_layout(path: Location, options: StorageOptions | None, known: int | No
         schema = md.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as e:
         raise SourceDataError(str(path), f"not a readable Parquet file ({e})") from None
+    sink = pa.BufferOutputStream()
+    md.write_metadata_file(sink)
+    return _layout_of(md, schema, size, sink.getvalue().to_pybytes())
+
+
+def _kept_layout(known: tuple[int, bytes]) -> _Layout | None:
+    """An object's layout from the footer the index kept (`layouts.parquet`) at its indexed size; no request.
+
+    None: the bytes do not parse (the footer is then read from the object). The object may have changed since
+    indexing: the shard check, which every read waits for before it uses a byte, refuses it then.
+    """
+    size, footer = known
+    try:
+        md = pq.read_metadata(pa.BufferReader(footer))
+        schema = md.schema.to_arrow_schema()
+    except (OSError, pa.ArrowException):
+        return None
+    return _layout_of(md, schema, int(size), footer)
+
+
+def _layout_of(md: pq.FileMetaData, schema: pa.Schema, size: int | None, footer: bytes) -> _Layout:
+    """A `_Layout` of a parsed footer `md` (`footer`: it serialized as a Parquet metadata file)."""
     sizes = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], dtype=np.int64)
     nbytes = np.array([md.row_group(i).total_byte_size for i in range(md.num_row_groups)], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     leaves, chunks = _chunk_spans(md)
-    sink = pa.BufferOutputStream()
-    md.write_metadata_file(sink)
-    return _Layout(sink.getvalue().to_pybytes(), schema, size, starts, nbytes, leaves, chunks)
+    return _Layout(footer, schema, size, starts, nbytes, leaves, chunks)
 
 
 def _chunk_spans(md: pq.FileMetaData) -> tuple[tuple[str, ...], np.ndarray]:
@@ -299,6 +333,14 @@ class ParquetReader(FormatReader):
         `size`: the object's size as the index recorded it; then its footer is one range GET, no HEAD.
         """
         self._layout(path, size)
+
+    def layout_of(self, path: Location) -> bytes | None:
+        """An object's footer, serialized (read once with the file; for the index's `layouts.parquet`); None locally."""
+        return self._layout(path).footer if is_url(path) else None
+
+    def hold_layouts(self, layouts: Mapping[str, tuple[int, bytes]]) -> None:
+        """Objects' footers as the index kept them: `prepare` and every open of them then read no footer."""
+        self._layouts.hold(layouts)
 
     def sibling(self) -> ParquetReader:
         """A reader of the same source sharing this one's layouts (its own files and handles)."""

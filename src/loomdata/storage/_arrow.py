@@ -10,9 +10,10 @@ pyarrow opens a handle with a HEAD (its Python API takes no known size), so hand
 (`_MAX_HANDLES` objects, least recently used dropped), a loader opens them while it opens its shards ahead
 (`arrow_open`, beside the footer and the shard check, so a shard's first row group costs one round trip, not
 two), and only reads of at least `ARROW_MIN_READ` bytes use them: footers, headers and line pages stay one
-fsspec request each. fsspec stays the path for everything else (listing, HEADs, GCS, HTTP), for
-`storage_options` pyarrow cannot take (anything but key/secret/token/anon/endpoint_url/region), and
-everywhere with `LOOMDATA_S3_TRANSPORT=fsspec`.
+fsspec request each. A large read asked while its handle is still being opened (a footer kept by the index lets a
+shard's first row groups be asked at once, beside that HEAD) goes through fsspec rather than wait for the HEAD.
+fsspec stays the path for everything else (listing, HEADs, GCS, HTTP), for `storage_options` pyarrow cannot
+take (anything but key/secret/token/anon/endpoint_url/region), and everywhere with `LOOMDATA_S3_TRANSPORT=fsspec`.
 Credentials: the options' key/secret/token, else the AWS SDK's own chain (environment, profiles); the
 endpoint: the options', else `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL` (which pyarrow itself ignores).
 """
@@ -46,6 +47,7 @@ _SIMPLE = {"key": "access_key", "secret": "secret_key", "token": "session_token"
 _LOCK = threading.Lock()
 _FILESYSTEMS: dict[tuple[tuple[str, Any], ...], Any] = {}
 _HANDLES: OrderedDict[tuple[tuple[tuple[str, Any], ...], str], Any] = OrderedDict()
+_OPENING: dict[tuple[tuple[tuple[str, Any], ...], str], int] = {}  # handles being opened now (their HEAD in flight)
 
 
 def arrow_s3_kwargs(options: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
@@ -92,7 +94,9 @@ def arrow_filesystem(kwargs: dict[str, Any]) -> bool:
     return _filesystem(kwargs) is not None
 
 
-def _handle(url: str, kwargs: dict[str, Any], on_open: Any) -> Any | None:
+def _handle(url: str, kwargs: dict[str, Any], on_open: Any, wait: bool = True) -> Any | None:
+    """The kept handle of `url`, opened now if none is (one HEAD). `wait=False`: None while another thread opens it
+    (the caller reads through fsspec rather than wait for that HEAD or send a second one)."""
     got = _filesystem(kwargs)
     if got is None:
         return None
@@ -103,8 +107,17 @@ def _handle(url: str, kwargs: dict[str, Any], on_open: Any) -> Any | None:
         if f is not None:
             _HANDLES.move_to_end(hkey)
             return f
-    on_open()
-    f = fs.open_input_file(url.split("://", 1)[1])  # one HEAD; ReadAt on it is thread-safe
+        if not wait and hkey in _OPENING:
+            return None
+        _OPENING[hkey] = _OPENING.get(hkey, 0) + 1
+    try:
+        on_open()
+        f = fs.open_input_file(url.split("://", 1)[1])  # one HEAD; ReadAt on it is thread-safe
+    finally:
+        with _LOCK:
+            left = _OPENING.pop(hkey) - 1
+            if left:
+                _OPENING[hkey] = left
     with _LOCK:
         f = _HANDLES.setdefault(hkey, f)
         while len(_HANDLES) > _MAX_HANDLES:
@@ -138,9 +151,13 @@ def arrow_read(
     before `stop` is opened afresh once; if it still disagrees, None (fsspec reads what is there). An
     object rewritten while a handle is kept is caught by the loaders' per-sample checksums (`verify:
     sample`, the default), as a same-size rewrite read through fsspec is.
+
+    While the handle is being opened by another thread (a loader's shard open, `arrow_open`), None: the read goes
+    through fsspec at once, one round trip, instead of waiting for that HEAD and then its GET (two). A shard's first
+    row groups are read so when its footer is held from the index and its GET is issued beside the open's HEAD.
     """
     for _ in range(2):
-        f = _handle(url, kwargs, on_open)
+        f = _handle(url, kwargs, on_open, wait=False)
         if f is None:
             return None
         n = int(f.size())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from loomdata.storage import (
     request_stats,
     reset_request_stats,
 )
-from loomdata.storage._arrow import ARROW_MIN_READ, TRANSPORT_ENV, drop_handle
+from loomdata.storage._arrow import ARROW_MIN_READ, TRANSPORT_ENV, arrow_open, arrow_s3_kwargs, drop_handle
 from loomtest.s3 import DroppingProxy, S3Server
 
 BUCKET = "loom-arrow"
@@ -65,6 +66,37 @@ def test_a_handle_opened_ahead_makes_the_first_large_read_one_request(s3: S3Serv
     drop_handle(url)
     with pytest.raises(ObjectNotFoundError, match=rf"s3://{BUCKET}/nope.bin: open"):  # a missing object, named
         open_ahead(f"s3://{BUCKET}/nope.bin")
+
+
+def test_a_large_read_while_the_handle_is_opening_goes_through_fsspec_at_once(s3: S3Server) -> None:
+    """A shard's first row group, asked while its open (another thread) still waits on pyarrow's HEAD: one GET through
+    s3fs now, not a second HEAD or a wait for that one; once the handle is open, reads use it."""
+    url = f"s3://{BUCKET}/blob.bin"
+    drop_handle(url)
+    kwargs = arrow_s3_kwargs({})
+    assert kwargs is not None
+    opening, release = threading.Event(), threading.Event()
+
+    def held_open() -> None:  # the HEAD's callback: the open stays in progress until released
+        opening.set()
+        assert release.wait(20)
+
+    opener = threading.Thread(target=arrow_open, args=(url, kwargs, held_open))
+    opener.start()
+    try:
+        assert opening.wait(20)
+        reset_request_stats()
+        assert read_range(url, 0, ARROW_MIN_READ, size=len(_DATA)) == _DATA[:ARROW_MIN_READ]
+        assert request_stats() == {"get": 1, "get_bytes": ARROW_MIN_READ}  # through s3fs: no HEAD of its own
+    finally:
+        release.set()
+        opener.join(20)
+    reset_request_stats()
+    assert (
+        read_range(url, ARROW_MIN_READ, 2 * ARROW_MIN_READ, size=len(_DATA))
+        == _DATA[ARROW_MIN_READ : 2 * ARROW_MIN_READ]
+    )
+    assert request_stats() == {"get": 1, "get_bytes": ARROW_MIN_READ}  # the handle the open made: no HEAD
 
 
 def test_a_reset_mid_response_is_retried_and_a_rewritten_object_is_read_afresh(s3: S3Server) -> None:

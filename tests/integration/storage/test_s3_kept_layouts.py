@@ -1,0 +1,206 @@
+"""Object shards' footers kept by the index (`layouts.parquet`): a loader opens them with no footer read.
+
+On a real S3-protocol server (moto on loopback): the index job writes a layout per object shard (none for local
+files), an incremental re-run keeps it with no data read, a reader holding the kept layouts opens and reads an
+object with requests for its row groups only and the same rows as a footer read; a stale row (another
+fingerprint) is ignored; an index without the table (older loomdata) still serves, reading footers; an object
+rewritten after indexing is still refused, naming its URL, while its old footer is held.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from distributed import Client
+
+from loomdata.client import StreamClient
+from loomdata.execution import Executor
+from loomdata.execution._verify import Verifier
+from loomdata.indexing import build_index
+from loomdata.planning import make_plan
+from loomdata.schemas import IndexFiles, LoomError, Spec, VerifyMode, parse_spec, read_plan
+from loomdata.schemas.tables import TableKind, read_table, write_table
+from loomdata.sources._integrity import unchanged_object
+from loomdata.sources._layouts import LAYOUTS_FILE, index_layouts
+from loomdata.sources.parquet import ParquetReader
+from loomdata.storage import location, request_stats, reset_request_stats
+from loomtest.s3 import S3Server
+
+BUCKET = "loom-layouts"
+
+
+def _parquet(path: Path, seed: int, rows: int = 96) -> None:
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(1, 1000, size=int(n), dtype=np.int32) for n in rng.integers(20, 200, size=rows)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))}), path, row_group_size=16)
+
+
+def _spec(tmp: Path, pattern: str, verify: str = "sample") -> Spec:
+    source: dict[str, Any] = {
+        "name": "web",
+        "format": "parquet",
+        "paths": [pattern],
+        "tokens_field": "tokens",
+        "verify": verify,
+    }
+    raw = {
+        "name": "layouts",
+        "workdir": str(tmp / "work"),
+        "sources": [source],
+        "mixture": {"weights": {"web": 1.0}},
+        "training": {"seq_len": 256, "steps": 4, "dp_size": 2, "micro_batches": 1},
+    }
+    return parse_spec(raw, tmp)
+
+
+def _upload(s3: S3Server, tmp: Path, prefix: str, shards: int = 3) -> Path:
+    root = tmp / prefix
+    for i in range(shards):
+        _parquet(root / f"part-{i}.parquet", seed=i)
+    s3.upload_dir(root, BUCKET, prefix)
+    return root
+
+
+def _serve_all(plan_dir: Path, dask_client: Client) -> int:
+    meta = read_plan(plan_dir)
+    served = 0
+    with Executor(plan_dir, dask_client, constructors=1):
+        for rank in range(meta.dp_size):
+            with StreamClient(plan_dir, rank, retry_s=20) as stream:
+                served += sum(1 for _ in stream)
+    return served
+
+
+def test_the_index_keeps_each_objects_footer_and_a_reader_holding_it_reads_no_footer(
+    dask_client: Client, s3: S3Server, tmp_path: Path
+) -> None:
+    local_root = _upload(s3, tmp_path, "kept")
+    spec = _spec(tmp_path / "s3", f"s3://{BUCKET}/kept/*.parquet")
+    build_index(spec, dask_client)
+    files = IndexFiles.of(spec.workdir, "web")
+    layouts = read_table(files.root / LAYOUTS_FILE, TableKind.LAYOUTS)
+    shards = files.shard_table()
+    assert layouts.column("shard").to_pylist() == shards.column("shard").to_pylist() == [0, 1, 2]
+    assert layouts.column("fingerprint").equals(shards.column("fingerprint"))
+
+    # an incremental re-run reads no data and leaves the table as it was
+    written = (files.root / LAYOUTS_FILE).stat().st_mtime_ns
+    reset_request_stats()
+    build_index(spec, dask_client)
+    assert request_stats().get("get", 0) == 0, request_stats()
+    assert (files.root / LAYOUTS_FILE).stat().st_mtime_ns == written
+
+    paths = {int(s): location(p) for s, p in zip(shards["shard"].to_pylist(), shards["path"].to_pylist(), strict=True)}
+    held = index_layouts(files.root, shards, paths)
+    assert sorted(held) == sorted(str(p) for p in paths.values())
+    url, size = str(paths[1]), int(shards["size_bytes"][1].as_py())
+    assert held[url][0] == size
+
+    reader = ParquetReader(spec.sources[0], spec.tokenizer, spec.images)
+    reader.hold_layouts(held)
+    reset_request_stats()
+    reader.prepare(url, size)
+    rows = np.array([0, 17, 95])
+    assert reader.units(url, rows).tolist() == [0, 1, 5]
+    assert request_stats() == {}, request_stats()  # no HEAD, no footer GET
+    got = reader.read(url, rows)
+    stats = request_stats()
+    assert stats.get("head", 0) + stats.get("get", 0) <= 3 and stats.get("head", 0) <= 1, stats  # row groups only
+    want = pq.read_table(local_root / "part-1.parquet").column("tokens").to_pylist()
+    assert [s.tokens.tolist() for s in got] == [want[r] for r in rows.tolist()]
+    reader.close()
+
+    # a row of another fingerprint (a stale table) is not held: that object's footer is read from it
+    stale = layouts.set_column(1, "fingerprint", pa.array(["0" * 32, *layouts["fingerprint"].to_pylist()[1:]]))
+    write_table(stale, files.root / LAYOUTS_FILE, TableKind.LAYOUTS)
+    assert sorted(index_layouts(files.root, shards, paths)) == sorted(str(paths[s]) for s in (1, 2))
+
+
+def test_an_index_of_local_files_keeps_no_layouts(dask_client: Client, tmp_path: Path) -> None:
+    for i in range(2):
+        _parquet(tmp_path / "data" / f"part-{i}.parquet", seed=i)
+    spec = _spec(tmp_path, str(tmp_path / "data" / "*.parquet"))
+    build_index(spec, dask_client)
+    files = IndexFiles.of(spec.workdir, "web")
+    assert files.shards.exists() and not (files.root / LAYOUTS_FILE).exists()
+
+
+def test_an_index_without_the_layouts_table_still_serves(dask_client: Client, s3: S3Server, tmp_path: Path) -> None:
+    """An index written before layouts were kept: the loaders read each footer from its object, as they did."""
+    _upload(s3, tmp_path, "old")
+    spec = _spec(tmp_path / "s3", f"s3://{BUCKET}/old/*.parquet")
+    build_index(spec, dask_client)
+    files = IndexFiles.of(spec.workdir, "web")
+    (files.root / LAYOUTS_FILE).unlink()
+    plan = make_plan(spec)
+    shards = files.shard_table()
+    paths = {int(s): location(p) for s, p in zip(shards["shard"].to_pylist(), shards["path"].to_pylist(), strict=True)}
+    assert index_layouts(files.root, shards, paths) == {}
+    meta = read_plan(plan.plan_dir)
+    assert _serve_all(plan.plan_dir, dask_client) == meta.steps * meta.dp_size * meta.micro_batches
+
+
+@pytest.mark.parametrize("verify", ["sample", "shard"])
+def test_a_rewritten_object_is_refused_while_its_kept_footer_is_held(
+    dask_client: Client, s3: S3Server, tmp_path: Path, verify: str
+) -> None:
+    """The kept footer is the old object's: the shard check (size, ETag, fingerprint) refuses the new one, by URL."""
+    root = _upload(s3, tmp_path, f"rewrite-{verify}", shards=1)
+    spec = _spec(tmp_path / "s3", f"s3://{BUCKET}/rewrite-{verify}/*.parquet", verify)
+    build_index(spec, dask_client)
+    files = IndexFiles.of(spec.workdir, "web")
+    assert (files.root / LAYOUTS_FILE).exists()
+    plan_dir = make_plan(spec).plan_dir
+    url = f"s3://{BUCKET}/rewrite-{verify}/part-0.parquet"
+    _parquet(root / "part-0.parquet", seed=7, rows=120)  # another size, ETag and content
+    s3.boto3().upload_file(str(root / "part-0.parquet"), BUCKET, f"rewrite-{verify}/part-0.parquet")
+
+    shards = files.shard_table()
+    verifier = Verifier.of("web", VerifyMode(verify), spec.sources[0].format, shards, 0, 1)
+    with pytest.raises(LoomError, match="size"):
+        verifier.open_shard(0, url)  # what every read waits for before it uses a byte of the shard
+
+    with pytest.raises(LoomError) as err, Executor(plan_dir, dask_client, constructors=1):
+        for rank in range(2):
+            with StreamClient(plan_dir, rank, retry_s=20) as stream:
+                list(stream)
+    assert url in str(err.value), str(err.value)
+
+
+def test_the_open_check_of_an_unchanged_object_is_one_tiny_get(
+    dask_client: Client, s3: S3Server, tmp_path: Path
+) -> None:
+    """Size and ETag from a 1-byte GET's response stand for the edge reads; a same-size rewrite (new ETag) is told
+    apart and takes the full check, which reports it."""
+    _upload(s3, tmp_path, "quick", shards=1)
+    spec = _spec(tmp_path / "s3", f"s3://{BUCKET}/quick/*.parquet", "shard")
+    build_index(spec, dask_client)
+    shards = IndexFiles.of(spec.workdir, "web").shard_table()
+    url, size, stamp = (
+        shards["path"][0].as_py(),
+        int(shards["size_bytes"][0].as_py()),
+        int(shards["mtime_ns"][0].as_py()),
+    )
+    fmt = spec.sources[0].format
+    reset_request_stats()
+    assert unchanged_object(url, fmt, None, size, stamp)
+    assert request_stats() == {"get": 1, "get_bytes": 1}, request_stats()
+    verifier = Verifier.of("web", VerifyMode.SHARD, fmt, shards, 0, 1)
+    reset_request_stats()
+    verifier.open_shard(0, url)
+    assert request_stats() == {"get": 1, "get_bytes": 1}, request_stats()
+
+    body = bytearray(s3.boto3().get_object(Bucket=BUCKET, Key="quick/part-0.parquet")["Body"].read())
+    assert len(body) == size
+    assert unchanged_object(url, fmt, None, size, stamp)  # the same bytes written again: the same ETag (content)
+    body[size // 2] ^= 0xFF  # same size, edges unchanged: only the ETag tells
+    s3.boto3().put_object(Bucket=BUCKET, Key="quick/part-0.parquet", Body=bytes(body))
+    assert not unchanged_object(url, fmt, None, size, stamp)
+    with pytest.raises(LoomError, match="ETag/version changed"):
+        Verifier.of("web", VerifyMode.SHARD, fmt, shards, 0, 1).open_shard(0, url)

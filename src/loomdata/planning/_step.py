@@ -62,11 +62,16 @@ class StepSink:
         total, top = run_sums(np.ascontiguousarray(own, dtype=np.float64), own_off)
         if len(total) < n:
             raise ValueError("a step without segments")
+        # each source's tokens per step: the placed pieces themselves where the block's (steps x sources) cells
+        # outnumber them (many sources, small dp: the report adds them into its sparse counts), else those cells
+        tokens: np.ndarray | Pieces = Pieces(n, rs, placed_src, blk.length)
+        if n * self.n_sources <= len(item):
+            tokens = tokens.dense(self.n_sources)
         deferred = np.zeros(n, dtype=np.int64)
         if blk.carry is not None:
             deferred[-1] = int(blk.carry.length.sum())
         fig = BlockFigures(
-            tokens=Pieces(n, rs, placed_src, blk.length),  # each source's tokens per step: the placed pieces
+            tokens=tokens,
             lb=np.maximum(total / dp, top),
             loom_rank=blk.rank_cost,
             concat_rank=blk.concat_rank,

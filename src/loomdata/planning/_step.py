@@ -64,9 +64,8 @@ class StepSink:
             raise ValueError("a step without segments")
         # each source's tokens per step: the placed pieces themselves where the block's (steps x sources) cells
         # outnumber them (many sources, small dp: the report adds them into its sparse counts), else those cells
-        tokens: np.ndarray | Pieces = Pieces(n, rs, placed_src, blk.length)
-        if n * self.n_sources <= len(item):
-            tokens = tokens.dense(self.n_sources)
+        pieces = Pieces(n, rs, placed_src, blk.length)
+        tokens = pieces if n * self.n_sources > len(item) else pieces.dense(self.n_sources)
         deferred = np.zeros(n, dtype=np.int64)
         if blk.carry is not None:
             deferred[-1] = int(blk.carry.length.sum())

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._counts_kernel import count_nonzero, fill_nonzero, scatter_sources, source_sums
+from loomdata.planning._counts_kernel import add_pieces, count_nonzero, fill_nonzero, scatter_sources, source_sums
 
-__all__ = ["STAGE_CELLS", "DenseCounts", "SparseCounts", "StepCounts", "count_dtype"]
+__all__ = ["STAGE_CELLS", "DenseCounts", "Pieces", "SparseCounts", "StepCounts", "count_dtype"]
 
 STAGE_CELLS = 1 << 20
 """(steps x sources) cells of a SparseCounts' staging block (int64: 8 MiB), at least 64 steps."""
@@ -33,6 +33,23 @@ def count_dtype(most: int) -> type[np.uint16] | type[np.uint32] | type[np.int64]
     return np.uint32 if most <= _UINT32_MAX else np.int64
 
 
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """A block of `steps` consecutive steps' counts as pieces: each one's step within the block (ascending),
+    source and count; a (step, source) cell's count is the sum of its pieces'."""
+
+    steps: int
+    step: np.ndarray  # int64
+    source: np.ndarray  # integer source ids
+    count: np.ndarray  # int64
+
+    def dense(self, n_sources: int) -> np.ndarray:
+        """(steps, n_sources) int64: the block's cells."""
+        by_src = self.source.astype(np.int64) * self.steps + self.step
+        cells = np.bincount(by_src, weights=self.count, minlength=self.steps * n_sources)
+        return cells.astype(np.int64).reshape(n_sources, self.steps).T
+
+
 class StepCounts:
     """(steps, sources) integer counts: what the report reads of them."""
 
@@ -45,6 +62,10 @@ class StepCounts:
     def put(self, first: int, block: np.ndarray) -> None:
         """Rows first..first+len(block)-1 := block ((n, sources) non-negative integers)."""
         raise NotImplementedError
+
+    def put_pieces(self, first: int, pieces: Pieces) -> None:
+        """Rows first..first+pieces.steps-1 := the cells of `pieces` (put of their dense block)."""
+        self.put(first, pieces.dense(self.n_sources))
 
     def source_rows(self, k0: int, k1: int, a: int = 0, b: int | None = None) -> np.ndarray:
         """(k1 - k0, b - a) C-ordered: sources k0..k1-1's counts at steps a..b-1, as rows."""
@@ -150,6 +171,28 @@ class SparseCounts(StepCounts):
             self._stage[t - self._s0 : t - self._s0 + n] = block[at : at + n]
             at += n
             self._filled = max(self._filled, t + n)
+
+    def put_pieces(self, first: int, pieces: Pieces) -> None:
+        """put of the pieces' cells, the pieces added straight into the staging block (no dense block of the
+        steps: its (steps x sources) cells cost more to make and copy than the pieces to add)."""
+        n = pieces.steps
+        if first < self._filled:
+            raise ValueError(f"counts of step {first} after step {self._filled - 1}: rows must come in step order")
+        if first + n > self.steps:
+            raise ValueError(f"steps {first}..{first + n - 1} are beyond the {self.steps} steps")
+        if len(self._stage) == 0:
+            self._stage = np.zeros((self._stage_rows, self.n_sources), dtype=np.int64)
+        at, lo = 0, 0
+        while at < n:
+            t = first + at
+            if t >= self._s0 + self._stage_rows:
+                self._flush(t)
+            m = min(n - at, self._s0 + self._stage_rows - t)
+            hi = int(np.searchsorted(pieces.step, at + m, side="left"))
+            # rows from _filled on are zero (put never writes before it): adding is put's assignment
+            add_pieces(self._stage, t - self._s0 - at, pieces.step, pieces.source, pieces.count, lo, hi)
+            lo, at = hi, at + m
+            self._filled = max(self._filled, t + m)
 
     def _flush(self, next_first: int) -> None:
         """Compress the staged steps s0..filled-1 into a chunk (none: nothing), restage from `next_first`."""

@@ -7,7 +7,16 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["count_nonzero", "fill_nonzero", "scatter_sources", "source_sums"]
+__all__ = ["add_pieces", "count_nonzero", "fill_nonzero", "scatter_sources", "source_sums"]
+
+
+@njit
+def add_pieces(
+    rows: np.ndarray, row0: int, step: np.ndarray, src: np.ndarray, count: np.ndarray, a: int, b: int
+) -> None:
+    """rows[row0 + step[i], src[i]] += count[i] for pieces a..b-1."""
+    for i in range(a, b):
+        rows[row0 + step[i], src[i]] += count[i]
 
 
 @njit

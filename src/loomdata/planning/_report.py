@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from loomdata.planning._counts import DenseCounts, SparseCounts, StepCounts
+from loomdata.planning._counts import DenseCounts, Pieces, SparseCounts, StepCounts
 from loomdata.planning._cp_report import cp_figures
 from loomdata.planning._mixture import StepWeights
 from loomdata.planning._report_kernel import mixture_rows, mixture_shares, running_totals
@@ -134,7 +134,7 @@ class StepFigures:
 class BlockFigures:
     """The figures of consecutive steps (StepFigures' fields with a leading step axis)."""
 
-    tokens: np.ndarray  # int64 [steps, sources]
+    tokens: np.ndarray | Pieces  # int64 [steps, sources], or the placed pieces' (step, source, tokens)
     lb: np.ndarray  # [steps]
     loom_rank: np.ndarray  # [steps, dp]
     concat_rank: np.ndarray  # [steps, dp]
@@ -230,7 +230,10 @@ class ReportBuilder:
         """Record the figures of steps first.. (one row of each array per step), all at once."""
         n = len(fig.lb)
         sl = slice(first, first + n)
-        self.tokens.put(first, fig.tokens)
+        if isinstance(fig.tokens, Pieces):
+            self.tokens.put_pieces(first, fig.tokens)
+        else:
+            self.tokens.put(first, fig.tokens)
         loom_rank, slot_cost = fig.loom_rank, fig.slot_cost
         dp, mb = slot_cost.shape[1], slot_cost.shape[2]
         c = self.cols

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loomdata.planning._counts import Pieces
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._report import BlockFigures, ReportBuilder, StepFigures
 from loomdata.planning._report_kernel import run_sums
@@ -61,14 +62,15 @@ class StepSink:
         total, top = run_sums(np.ascontiguousarray(own, dtype=np.float64), own_off)
         if len(total) < n:
             raise ValueError("a step without segments")
-        # each source's tokens per step, source-major (the report's layout: copied a source's run at a time)
-        by_src = placed_src.astype(np.int64) * n + rs
-        tokens = np.bincount(by_src, weights=blk.length, minlength=n * self.n_sources)
+        # each source's tokens per step: the placed pieces themselves where the block's (steps x sources) cells
+        # outnumber them (many sources, small dp: the report adds them into its sparse counts), else those cells
+        pieces = Pieces(n, rs, placed_src, blk.length)
+        tokens = pieces if n * self.n_sources > len(item) else pieces.dense(self.n_sources)
         deferred = np.zeros(n, dtype=np.int64)
         if blk.carry is not None:
             deferred[-1] = int(blk.carry.length.sum())
         fig = BlockFigures(
-            tokens=tokens.astype(np.int64).reshape(self.n_sources, n).T,
+            tokens=tokens,
             lb=np.maximum(total / dp, top),
             loom_rank=blk.rank_cost,
             concat_rank=blk.concat_rank,

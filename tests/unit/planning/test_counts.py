@@ -73,3 +73,52 @@ def test_sparse_counts_refuse_rows_out_of_order() -> None:
     with pytest.raises(ValueError, match="beyond"):
         c.put(9, np.ones((2, 2), dtype=np.int64))
     assert c.rows(0, 10).sum(axis=1).tolist() == [0, 0, 0, 2, 2, 0, 0, 0, 0, 0]
+
+
+def _pieces(rng: np.random.Generator, block: np.ndarray) -> _counts.Pieces:
+    """A block's cells cut into pieces (each cell's count split in up to 3, in shuffled order within a step)."""
+    step, src, count = [], [], []
+    for t in range(len(block)):
+        cells = []
+        for k in np.flatnonzero(block[t]).tolist():
+            v = int(block[t, k])
+            cuts = np.sort(rng.integers(0, v + 1, int(rng.integers(0, 3))))
+            cells += [(k, int(x)) for x in np.diff(np.concatenate([[0], cuts, [v]])) if x]
+        rng.shuffle(cells)  # type: ignore[arg-type]
+        step += [t] * len(cells)
+        src += [k for k, _ in cells]
+        count += [x for _, x in cells]
+    return _counts.Pieces(
+        len(block), np.asarray(step, np.int64), np.asarray(src, np.uint16), np.asarray(count, np.int64)
+    )
+
+
+@pytest.mark.parametrize(("seed", "steps", "n_src", "stage"), [(0, 500, 30, 64 * 30), (1, 700, 300, None)])
+def test_put_pieces_is_put_of_their_cells(
+    seed: int, steps: int, n_src: int, stage: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """put_pieces (the report's path from a block's placed pieces) stores what put of the summed cells does, for
+    blocks that cross staging blocks and with steps skipped between them, in both kinds."""
+    if stage is not None:
+        monkeypatch.setattr(_counts, "STAGE_CELLS", stage)
+    rng = np.random.default_rng(seed)
+    want = _table(rng, steps, n_src, 0.1, 5000)
+    sparse, dense = SparseCounts(steps, n_src), DenseCounts(steps, n_src, 1000)
+    t = 0
+    while t < steps:
+        n = min(steps - t, int(rng.integers(1, 150)))
+        if rng.random() < 0.1:
+            want[t : t + n] = 0
+        else:
+            p = _pieces(rng, want[t : t + n])
+            assert np.array_equal(p.dense(n_src), want[t : t + n])
+            sparse.put_pieces(t, p)
+            dense.put_pieces(t, p)
+        t += n
+    for c in (sparse, dense):
+        assert np.array_equal(c.rows(0, steps), want)
+        step, src, value = c.cells(0, steps)
+        at = np.nonzero(want)
+        assert np.array_equal(step, at[0]) and np.array_equal(src, at[1]) and np.array_equal(value, want[at])
+    with pytest.raises(ValueError, match="step order"):
+        sparse.put_pieces(0, _pieces(rng, want[:2]))

@@ -106,11 +106,15 @@ def deal_flat(
     # each step's dealing order (short items: carried ones first, then largest cost first, ties in item
     # order), for all steps at once
     is_long = all_lane == 1
-    short = (~is_long).nonzero()[0]
-    step_of = np.repeat(np.arange(b), ns)[short]
-    cut = np.zeros(b + 1, dtype=np.int64)
-    np.cumsum(np.bincount(step_of, minlength=b), out=cut[1:])
-    by = short[by_cost_order(np.ascontiguousarray(all_cost[short], dtype=np.float64), cut)]
+    if is_long.any() or int(off[0]) != 0:
+        short = (~is_long).nonzero()[0]
+        step_of = np.repeat(np.arange(b), ns)[short]
+        cut = np.zeros(b + 1, dtype=np.int64)
+        np.cumsum(np.bincount(step_of, minlength=b), out=cut[1:])
+        by = short[by_cost_order(np.ascontiguousarray(all_cost[short], dtype=np.float64), cut)]
+    else:  # no long-lane items (the common case): every item is short, each step's from off on
+        cut = np.array(off, dtype=np.int64)
+        by = by_cost_order(np.ascontiguousarray(all_cost, dtype=np.float64), cut)
     n_carried = np.zeros(b, dtype=np.int64) if carried is None else np.asarray(carried, dtype=np.int64)
     for c_i in np.flatnonzero(n_carried > 0).tolist():
         own = np.sort(by[cut[c_i] : cut[c_i + 1]])  # a step with carried items: those first, then largest cost

@@ -87,7 +87,7 @@ def refine_flat(
         p_rank,
         p_mb,
         g_cost,
-        g_len.astype(np.int64),
+        g_len.astype(np.int64, copy=False),
         key,
         off,
         SWAP_ROUNDS,

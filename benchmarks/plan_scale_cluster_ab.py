@@ -53,16 +53,24 @@ def main(argv: list[str] | None = None) -> int:
         help="plans on N workers speculate (planning._plan.SPECULATE True) even where the workers fill this host's "
         "cores, for the critical path on idle cores (a tree without the setting plans as it does)",
     )
+    ap.add_argument(
+        "--swap",
+        action="store_true",
+        help="the N-worker runs in the other order (before first; by default after goes first there, before first on "
+        "one worker): a round each way separates a tree's effect from its place in the round",
+    )
     args = ap.parse_args(argv)
     if args.speculate:
         os.environ["LOOM_BENCH_SPECULATE"] = "1"
     trees = {"before": args.before, "after": args.after}
-    out: dict[str, Any] = {"dp": args.dp, "sources": 2, "speculate": args.speculate, "sizes": []}
+    out: dict[str, Any] = {"dp": args.dp, "sources": 2, "speculate": args.speculate, "swap": args.swap, "sizes": []}
     for n in [int(s) for s in args.sizes]:
         with tempfile.TemporaryDirectory(prefix="loom-scale-") as d:
             run_child(args.after, "--child", "index", "--samples", str(n), "--n-sources", "2", "--workdir", d)
             runs: dict[str, dict[int, dict[str, Any]]] = {"before": {}, "after": {}}
             firsts = {1: ("before", "after"), args.workers: ("after", "before")}  # alternate who goes first
+            if args.swap:
+                firsts = {1: ("after", "before"), args.workers: ("before", "after")}
             order = [(t, w) for w in (1, args.workers) for t in firsts[w]]
             for tree, w in order:
                 load = os.getloadavg()[0]

@@ -861,7 +861,7 @@ def main() -> None:
             "shuffle": args.shuffle,
             "bytes_in_flight": args.bytes_in_flight,
             "loader_prefetch": args.loader_prefetch,
-            "local_read_ahead": args.local_read_ahead,
+            "local_read_ahead": args.local_read_ahead or "default (ServeConfig: auto)",
             "peer_num_workers": args.peer_workers,
             "transports": args.transports,
             "peers": {k: _PEERS[k].__doc__ for k in args.peers},

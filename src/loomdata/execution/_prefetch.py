@@ -48,7 +48,8 @@ spinning disk) needs it. `ReadStall` starts a loader of local files with none (i
 inline), times each of those reads, and turns the read-ahead on (at `limit`) when a window of them stalls the steps
 (`judge_stall`): their wall time at least `STALL_SHARE` of the window's (the read wait a step over the step interval),
 their median at least `SLOW_READ_S` (a row group the page cache holds decodes in ~1-4 ms here; a cold disk or NFS
-read adds 5-50 ms), and the process read from storage meanwhile (`storage_read_bytes`, the kernel's block input):
+read adds 5-50 ms), and the process read from storage meanwhile (`storage_read_bytes`, the kernel's block input;
+left out for files on a network filesystem or FUSE and off Linux, `counts_storage`: their reads' times decide):
 on two loaded cores, reads of cached files took a median 5-29 ms and 25-92% of the time at 4 consumers (waiting for
 a CPU, which a read-ahead thread waits for too), and wall time alone turned it on. Once on, it measures the reads
 ahead the same way and turns off only after `QUIET_WINDOWS` windows in a row of fast reads (it does not flap).
@@ -65,12 +66,16 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -95,6 +100,7 @@ __all__ = [
     "STALL_SHARE",
     "STALL_WINDOW_S",
     "STORAGE_MIN_BYTES",
+    "UNACCOUNTED_FS",
     "PrefetchCounters",
     "Prefetcher",
     "ReadDepth",
@@ -102,9 +108,12 @@ __all__ = [
     "StepRate",
     "UnitSpans",
     "coalesce",
+    "counts_storage",
     "extra_steps",
     "judge_stall",
+    "mount_types",
     "plan_prefetch",
+    "read_stall",
     "reads_in_flight",
     "run_concurrently",
     "shared_threads",
@@ -387,13 +396,54 @@ def judge_stall(
 
 
 def storage_read_bytes() -> int | None:
-    """Bytes this process has read from storage, not from the page cache (`getrusage`'s block input: local disks and
-    network filesystems that account their reads); None where not known (no `resource` module)."""
+    """Bytes this process has read from storage, not from the page cache (`getrusage`'s block input: local disks
+    that account their reads); None where not known (no `resource` module, or not Linux: macOS counts operations)."""
+    if sys.platform != "linux":
+        return None
     try:
         import resource
-    except ImportError:  # Windows
+    except ImportError:  # pragma: no cover - Linux always has it
         return None
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_inblock) * 512
+
+
+UNACCOUNTED_FS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "ceph", "glusterfs", "9p", "virtiofs", "beegfs", "gpfs"}
+)
+"""Filesystem types whose reads the kernel's block input may not count (network filesystems; FUSE is `fuse.*`):
+a loader of files there judges its reads by their times alone (`storage_read_bytes` would say 0)."""
+
+
+def mount_types(paths: Sequence[str], mountinfo: str = "/proc/self/mountinfo") -> list[str | None]:
+    """The filesystem type of the mount holding each of `paths` (the longest mount point above it), None where
+    unknown (no /proc: not Linux)."""
+    try:
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return [None] * len(paths)
+    mounts: list[tuple[str, str]] = []
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if sep and len(fields) >= 5 and rest:
+            mounts.append((fields[4].replace("\\040", " "), rest[0]))
+    kinds: list[str | None] = []
+    for path in paths:
+        target, best, kind = os.path.realpath(path), -1, None
+        for point, fs in mounts:
+            inside = target == point or target.startswith(point.rstrip("/") + "/")
+            if inside and len(point) > best:
+                best, kind = len(point), fs
+        kinds.append(kind)
+    return kinds
+
+
+def counts_storage(paths: Sequence[str]) -> bool:
+    """Whether the kernel's block input counts reads of every one of `paths` (local disks, not a network
+    filesystem or FUSE, whose reads `storage_read_bytes` may not see)."""
+    dirs = sorted({os.path.dirname(os.path.abspath(p)) for p in paths})
+    kinds = mount_types(dirs)
+    return all(k is not None and k not in UNACCOUNTED_FS and not k.startswith("fuse") for k in kinds)
 
 
 class ReadStall:
@@ -410,7 +460,7 @@ class ReadStall:
         """`clock` and `stored` (the process's bytes read from storage so far) are what a window is measured with."""
         self.mode = mode
         self.on = mode == "on"
-        self.turns: list[tuple[bool, str]] = []  # each turn (on?, its inputs), in order
+        self.turns: deque[tuple[bool, str]] = deque(maxlen=64)  # the latest turns (on?, its inputs), in order
         self._name = name
         self._clock = clock
         self._read_stored = stored
@@ -446,32 +496,46 @@ class ReadStall:
 
     def ahead(self) -> bool:
         """Whether to read ahead now; auto: judges the window once it is long enough, logs a turn with its inputs."""
-        if self.mode != "auto" or self._since is None or self._clock() - self._since < STALL_WINDOW_S:
+        since = self._since  # read once: another thread's judgement may close the window meanwhile
+        if self.mode != "auto" or since is None or self._clock() - since < STALL_WINDOW_S:
             return self.on
+        turned = None
         with self._lock:
+            since, reads = self._since, self._reads
+            if since is None or (len(reads) < STALL_MIN_READS and self._clock() - since < 10 * STALL_WINDOW_S):
+                return self.on  # closed by another thread, or too few reads to judge yet (no getrusage per pump)
             now = self._clock()
             stored, began = self._read_stored(), self._stored
             read = None if stored is None or began is None else stored - began
-            got = judge_stall(self.on, np.array(self._reads), now - (self._since or now), self._quiet, read)
+            got = judge_stall(self.on, np.array(reads), now - since, self._quiet, read)
             if got is None:
                 return self.on
             on, self._quiet, why = got
             self._reads, self._since = [], None
             if on != self.on:
-                self.on = on
-                self.turns.append((on, why))
-                logger.info(
-                    "local read-ahead %s: %s (%s; on at >= %.0f%% of the time, a median >= %.1f ms and >= %d KiB from "
-                    "storage; off after %d windows fast)",
-                    self._name,
-                    "on" if on else "off",
-                    why,
-                    STALL_SHARE * 100,
-                    SLOW_READ_S * 1e3,
-                    STORAGE_MIN_BYTES // 1024,
-                    QUIET_WINDOWS,
-                )
+                self.on, turned = on, (on, why)
+                self.turns.append(turned)
+        if turned is not None:  # logged outside the lock the reader threads' `note` takes
+            logger.info(
+                "local read-ahead %s: %s (%s; on at >= %.0f%% of the time, a median >= %.1f ms and >= %d KiB from "
+                "storage; off after %d windows fast)",
+                self._name,
+                "on" if turned[0] else "off",
+                turned[1],
+                STALL_SHARE * 100,
+                SLOW_READ_S * 1e3,
+                STORAGE_MIN_BYTES // 1024,
+                QUIET_WINDOWS,
+            )
         return self.on
+
+
+def read_stall(mode: str, name: str, paths: dict[int, Location]) -> ReadStall:
+    """A loader's `ReadStall`; in auto over files whose reads the kernel's block input may not count (a network
+    filesystem, FUSE, not Linux) the storage condition is left out: its reads' times alone decide."""
+    if mode != "auto" or counts_storage([str(p) for p in paths.values()]):
+        return ReadStall(mode, name)
+    return ReadStall(mode, name, stored=lambda: None)
 
 
 class ReadDepth:
@@ -587,7 +651,7 @@ class Prefetcher:
         self._assumed_rate = assumed_steps_per_s
         self._waited_s = 0.0  # seconds the reader waited on reads ahead (object URLs: not in the rate; see top)
         self.depth = ReadDepth(limit, sized=bool(self._stores))  # reads ahead allowed in flight now
-        self.stall = ReadStall("on" if self._stores else cache.policy.local_read_ahead, name)  # local: when
+        self.stall = read_stall("on" if self._stores else cache.policy.local_read_ahead, name, paths)  # local: when
 
     def get(self, key: UnitKey) -> Any | None:
         k = self._int_key(key)

@@ -108,6 +108,9 @@ def test_local_files_in_auto_read_inline_and_serve_what_on_serves(
     assert auto == on  # byte-identical batches, in the same order
     assert seen and all(mode == "auto" for mode, *_ in seen)
     assert sum(timed for *_, timed in seen) > 0  # the loaders' own reads were timed
-    # fast reads (page cache, or this fast disk) never stall the steps: no read ahead, nothing read ahead
-    assert [on_now for _, on_now, _, _ in seen] == [False] * len(seen)
-    assert sum(lo.metrics.prefetched for lo in m_auto.loaders) == 0
+    # whether a loader turned on depends on this disk (a fast one never stalls the steps; a network volume may):
+    # consistent either way: auto starts off and each turn flips it, and nothing is read ahead unless one turned on
+    for _, on_now, turns, _ in seen:
+        assert on_now == (turns % 2 == 1)
+    if not any(turns for _, _, turns, _ in seen):
+        assert sum(lo.metrics.prefetched for lo in m_auto.loaders) == 0

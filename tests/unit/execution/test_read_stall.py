@@ -20,7 +20,10 @@ from loomdata.execution._prefetch import (
     STORAGE_MIN_BYTES,
     Prefetcher,
     ReadStall,
+    counts_storage,
     judge_stall,
+    mount_types,
+    read_stall,
     storage_read_bytes,
 )
 from loomdata.schemas import ImageSpec, SourceFormat, SourceSpec, TokenizerSpec
@@ -116,6 +119,60 @@ def test_read_stall_measures_windows_and_logs_each_turn_with_its_inputs(caplog: 
     assert stall.on is False and [on for on, _ in stall.turns] == [True, False]
 
 
+class _ClosingClock(_Clock):
+    """A clock whose next read closes the stall's window, as another thread's judgement would between the
+    unlocked check and the lock (the race a review found: `ahead` read `_since` twice)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stall: ReadStall | None = None
+        self.close_on_read = -1
+
+    def __call__(self) -> float:
+        self.close_on_read -= 1
+        if self.close_on_read == 0 and self.stall is not None:
+            self.stall._since = None  # another thread judged the window meanwhile
+        return self.t
+
+
+def test_a_window_closed_by_another_thread_meanwhile_is_not_judged_again() -> None:
+    clock = _ClosingClock()
+    stall = ReadStall("auto", "x", clock=clock, stored=lambda: 8 * MIB)
+    clock.stall = stall
+    for _ in range(16):
+        stall.note(0.012)
+        clock.t += 0.035
+    clock.close_on_read = 1  # the unlocked check's own clock read closes the window
+    assert stall.ahead() is False and not stall.turns  # no TypeError; nothing left to judge
+
+
+def test_turns_kept_are_bounded() -> None:
+    clock = _Clock()
+    stall = ReadStall("auto", "x", clock=clock, stored=lambda: 0)
+    assert stall.turns.maxlen is not None and stall.turns.maxlen <= 64
+
+
+def test_mount_types_pick_the_longest_mount_point_above_a_path(tmp_path: Path) -> None:
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+        "30 22 0:40 / /mnt/data rw,relatime shared:2 - nfs4 server:/export rw,vers=4.2\n"
+        "31 22 0:41 / /mnt/my\\040disk rw - fuse.s3fs s3fs rw\n"
+        "32 30 0:42 / /mnt/data/local rw - xfs /dev/sdb1 rw\n"
+    )
+    got = mount_types(["/etc/x", "/mnt/data/a/b", "/mnt/data/local/c", "/mnt/my disk/d", "/mnt/datas"], str(info))
+    assert got == ["ext4", "nfs4", "xfs", "fuse.s3fs", "ext4"]
+    assert mount_types(["/x"], str(tmp_path / "none")) == [None]
+
+
+def test_files_on_a_network_filesystem_are_judged_by_their_times_alone(tmp_path: Path) -> None:
+    assert counts_storage([str(tmp_path / "a.parquet")]) is (mount_types([str(tmp_path)])[0] not in (None, "nfs4"))
+    # a network filesystem's reads may not show in the block input: read_stall leaves the storage condition out
+    here = read_stall("auto", "x", {0: tmp_path / "a.parquet"})
+    assert (here._read_stored() is None) is (not counts_storage([str(tmp_path / "a.parquet")]))
+    assert read_stall("on", "x", {0: tmp_path / "a.parquet"})._read_stored is storage_read_bytes
+
+
 def test_forced_modes_never_change_and_time_nothing() -> None:
     clock = _Clock()
     for mode, on in (("on", True), ("off", False)):
@@ -123,7 +180,7 @@ def test_forced_modes_never_change_and_time_nothing() -> None:
         for _ in range(32):
             stall.note(0.05)
             clock.t += 0.05
-        assert stall.ahead() is on and stall.timed == 0 and stall.turns == []
+        assert stall.ahead() is on and stall.timed == 0 and not stall.turns
 
 
 def test_begin_and_end_time_only_the_read_of_the_unit_missed() -> None:

@@ -1,7 +1,8 @@
 """Where one plan's CPU goes, by term: plan_scale's one-core plan (its `child_loom`) with CPU timers wrapped
 around the balancing phases, the manifest and report per block and the report's writing, printed as one line
 (`term=CPU seconds`; the phases plan_scale times itself are included). Cheaper than a profiler, so terms can be
-compared between trees run one after the other (PYTHONPATH picks the tree).
+compared between trees run one after the other (PYTHONPATH picks the tree). The terms nest, do not add them up:
+`sink.add_block` holds `report.add_block` and the manifest's writes, and the `bs.*` terms are parts of `balance_span`.
 
     PYTHONPATH=src .venv/bin/python benchmarks/plan_scale_terms.py --samples 1e7 --sources 300 --dp 4 \
         --workdir /tmp/idx-300

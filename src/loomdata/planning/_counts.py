@@ -43,8 +43,20 @@ class Pieces:
     source: np.ndarray  # integer source ids
     count: np.ndarray  # int64
 
+    def check(self, n_sources: int) -> None:
+        """Raise ValueError unless every piece's step is within the block and ascending and its source below
+        `n_sources` (the compiled adding checks no bounds: a bad piece would write outside its rows)."""
+        step, src = self.step, self.source
+        if len(step) == 0:
+            return
+        if step[0] < 0 or step[-1] >= self.steps or (len(step) > 1 and bool(np.any(step[1:] < step[:-1]))):
+            raise ValueError(f"pieces' steps must be ascending within the block's {self.steps} steps")
+        if int(src.min()) < 0 or int(src.max()) >= n_sources:
+            raise ValueError(f"pieces' sources must be below {n_sources}, got {int(src.min())}..{int(src.max())}")
+
     def dense(self, n_sources: int) -> np.ndarray:
         """(steps, n_sources) int64: the block's cells."""
+        self.check(n_sources)
         by_src = self.source.astype(np.int64) * self.steps + self.step
         cells = np.bincount(by_src, weights=self.count, minlength=self.steps * n_sources)
         return cells.astype(np.int64).reshape(n_sources, self.steps).T
@@ -176,6 +188,7 @@ class SparseCounts(StepCounts):
         """put of the pieces' cells, the pieces added straight into the staging block (no dense block of the
         steps: its (steps x sources) cells cost more to make and copy than the pieces to add)."""
         n = pieces.steps
+        pieces.check(self.n_sources)
         if first < self._filled:
             raise ValueError(f"counts of step {first} after step {self._filled - 1}: rows must come in step order")
         if first + n > self.steps:

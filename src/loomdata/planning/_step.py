@@ -13,7 +13,14 @@ from loomdata.planning._report import BlockFigures, ReportBuilder, StepFigures
 from loomdata.planning._report_kernel import run_sums
 from loomdata.planning.balance import BalancedBlock, BalancedStep
 
-__all__ = ["StepSink"]
+__all__ = ["StepSink", "report_tokens"]
+
+
+def report_tokens(pieces: Pieces, n_sources: int) -> Pieces | np.ndarray:
+    """A block's tokens per (step, source) for the report: the placed pieces themselves where the block's
+    (steps x sources) cells outnumber them (many sources, small dp: added into the sparse counts), else those
+    cells (same counts either way)."""
+    return pieces if pieces.steps * n_sources > len(pieces.step) else pieces.dense(n_sources)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,10 +69,7 @@ class StepSink:
         total, top = run_sums(np.ascontiguousarray(own, dtype=np.float64), own_off)
         if len(total) < n:
             raise ValueError("a step without segments")
-        # each source's tokens per step: the placed pieces themselves where the block's (steps x sources) cells
-        # outnumber them (many sources, small dp: the report adds them into its sparse counts), else those cells
-        pieces = Pieces(n, rs, placed_src, blk.length)
-        tokens = pieces if n * self.n_sources > len(item) else pieces.dense(self.n_sources)
+        tokens = report_tokens(Pieces(n, rs, placed_src, blk.length), self.n_sources)
         deferred = np.zeros(n, dtype=np.int64)
         if blk.carry is not None:
             deferred[-1] = int(blk.carry.length.sum())

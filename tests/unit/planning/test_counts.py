@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from loomdata.planning import _counts
-from loomdata.planning._counts import DenseCounts, SparseCounts
+from loomdata.planning._counts import DenseCounts, Pieces, SparseCounts
 
 
 def _table(rng: np.random.Generator, steps: int, n_src: int, density: float, most: int) -> np.ndarray:
@@ -122,3 +122,24 @@ def test_put_pieces_is_put_of_their_cells(
         assert np.array_equal(step, at[0]) and np.array_equal(src, at[1]) and np.array_equal(value, want[at])
     with pytest.raises(ValueError, match="step order"):
         sparse.put_pieces(0, _pieces(rng, want[:2]))
+
+
+@pytest.mark.parametrize(
+    ("step", "source", "match"),
+    [
+        ([70, 5, 90, 1], [0, 1, 2, 3], "ascending"),  # out of order: would be dropped or misplaced across stages
+        ([0, 1, 100], [0, 0, 0], "ascending"),  # a step past the block: would land in the next source's column
+        ([-1, 0], [0, 0], "ascending"),
+        ([0, 1], [0, 4], "below 4"),  # a source past the table: the compiled adding would write outside it
+        ([0, 1], [-1, 0], "below 4"),
+    ],
+)
+def test_bad_pieces_are_refused_not_written_outside(step: list[int], source: list[int], match: str) -> None:
+    """A piece outside the block (its step) or the table (its source) raises in both paths, before any write."""
+    p = Pieces(100, np.array(step, dtype=np.int64), np.array(source, dtype=np.int64), np.ones(len(step), np.int64))
+    with pytest.raises(ValueError, match=match):
+        p.dense(4)
+    sparse = SparseCounts(200, 4)
+    with pytest.raises(ValueError, match=match):
+        sparse.put_pieces(0, p)
+    assert not sparse.rows(0, 200).any()

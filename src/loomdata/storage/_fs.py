@@ -297,7 +297,7 @@ def read_range_identity(
     A GET's response carries what a HEAD gives (`Content-Range`'s total size, `ETag`, `x-amz-version-id`), read
     as s3fs's `info` reads them from a HEAD, so the identity equals `identity(url)`'s: a loader's shard check then
     needs no HEAD of its own (one request per object open fewer). Protocols other than s3, or a server that ignored
-the Range (a longer body than asked; at most one byte more is read): None (HEAD, then read).
+    the Range (a body longer than asked; at most one byte more is read, then it is closed): None (HEAD, then read).
     Errors raise as `read_range`'s do, naming the URL.
     """
     if protocol_of(url) != "s3" or stop <= start:

@@ -14,12 +14,12 @@ import pytest
 from loomdata.storage import (
     ObjectNotFoundError,
     RetryPolicy,
+    _arrow,
     open_ahead,
     read_range,
     request_stats,
     reset_request_stats,
 )
-from loomdata.storage import _arrow
 from loomdata.storage._arrow import ARROW_MIN_READ, TRANSPORT_ENV, arrow_open, arrow_s3_kwargs, drop_handle
 from loomtest.s3 import DroppingProxy, S3Server
 

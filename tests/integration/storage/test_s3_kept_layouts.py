@@ -32,7 +32,7 @@ from loomdata.planning import make_plan
 from loomdata.schemas import IndexFiles, LoomError, Spec, VerifyMode, parse_spec, read_plan
 from loomdata.schemas.spec import SourceFormat
 from loomdata.schemas.tables import LAYOUTS_SCHEMA, TableKind, read_table, write_table
-from loomdata.sources._integrity import unchanged_object
+from loomdata.sources._integrity import unchanged_object, version_stamp
 from loomdata.sources._layouts import LAYOUTS_FILE, index_layouts
 from loomdata.sources.parquet import ParquetReader
 from loomdata.storage import location, read_range_identity, request_stats, reset_request_stats
@@ -286,13 +286,14 @@ class _RangeIgnoringS3(http.server.BaseHTTPRequestHandler):
     """An S3-like endpoint that ignores Range: every GET answers 200 with the whole (large) object."""
 
     size = 64 << 20
+    etag = "0123456789abcdef0123456789abcdef"
     sent: ClassVar[list[int]] = []
     done: ClassVar[threading.Event] = threading.Event()
 
     def do_GET(self) -> None:
         self.send_response(200)
         self.send_header("Content-Length", str(self.size))
-        self.send_header("ETag", '"0123456789abcdef0123456789abcdef"')
+        self.send_header("ETag", f'"{self.etag}"')
         self.end_headers()
         chunk, sent = b"\0" * (1 << 20), 0
         try:
@@ -321,7 +322,8 @@ def test_a_server_ignoring_the_range_is_not_downloaded_and_cannot_pass_the_quick
         assert read_range_identity(url, 0, 1, options) is None  # a 200 longer than asked: cannot tell
         assert _RangeIgnoringS3.done.wait(30)
         assert _RangeIgnoringS3.sent[0] < _RangeIgnoringS3.size // 2, _RangeIgnoringS3.sent  # the body was closed
-        assert not unchanged_object(url, SourceFormat.PARQUET, options, _RangeIgnoringS3.size, 1)
+        stamp = version_stamp(_RangeIgnoringS3.etag)  # the size and ETag it answers with: only the Range is wrong
+        assert not unchanged_object(url, SourceFormat.PARQUET, options, _RangeIgnoringS3.size, stamp)
     finally:
         server.shutdown()
         server.server_close()

@@ -310,7 +310,10 @@ def _finish(run: _SourceRun) -> SourceSummary:
     if not unchanged:
         write_tables(tables, f.samples, f.shards, f.errors, fp, {SETTINGS_KEY: run.settings})
     else:
-        write_layouts(f.root, tables.layouts)  # an index written before layouts were kept gains them
+        # the layouts of the shards scanned now; a shard whose scan was cached before layouts were kept has none
+        # until it is rescanned (the scan cache's version is not bumped for it: that would re-read every shard's data
+        # to save one footer GET per object open); its loaders read its footer from the object, as before
+        write_layouts(f.root, tables.layouts)
     _collect_garbage(run)
     store_objects(f.root, run.objects)
     samples = tables.samples

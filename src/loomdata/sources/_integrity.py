@@ -259,9 +259,13 @@ def unchanged_object(path: Location, fmt: SourceFormat, options: StorageOptions 
     """Whether a one-object S3 shard still has the size and ETag/version (`stamp`: `version_stamp`) it was indexed
     with, from the response of one 1-byte range GET (`read_range_identity`): no HEAD, no edge reads.
 
-    An S3 ETag is a digest of the object's content (MD5, or of its parts' for a multipart upload), and where the
-    bucket keeps versions the version id names one write: an equal one and size are the indexed object, whose content
-    fingerprint needs no reading (the same bytes written again keep their ETag: the same content, rightly accepted).
+    An S3 ETag changes with every write that changes the content (a single-part upload's is its MD5 without SSE-KMS;
+    a multipart or SSE-KMS upload's is opaque, and new on each upload), and where the bucket keeps versions the version
+    id names one write: an equal one and size are taken for the indexed object, whose content fingerprint is not read.
+    The same bytes written again keep their ETag only as a single-part upload without SSE-KMS to an unversioned
+    bucket (accepted then: the same content); otherwise they differ here and the full check below compares content.
+    The stamp is a CRC-32 of the ETag/version, not the string: a same-size rewrite whose stamp collides (about one in
+    4 billion) is accepted unread; the per-sample checksums (`verify: sample`) still catch its changed samples.
     False (the caller hashes the edges: `stat_shard`, whose differences it reports) where that cannot tell: not S3,
     several files, no stamp or size recorded, the GET failed other than "missing", "denied" or "retries ran out"
     (those raise), or the object differs.

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from loomdata.schemas.errors import ContractError
 from loomdata.schemas.tables import LAYOUTS_SCHEMA, TableKind, read_table, write_table
@@ -81,7 +82,10 @@ def index_layouts(root: Path, shards: pa.Table, paths: Mapping[int, Location]) -
             shards.column("size_bytes").to_pylist(),
             strict=True,
         )
+        if is_url(paths.get(int(s), ""))
     }
+    # this loader's object shards' rows only, before any layout becomes Python bytes (the table holds every shard's)
+    table = table.filter(pc.is_in(table.column("shard"), value_set=pa.array(sorted(want), pa.uint32())))
     out: dict[str, tuple[int, bytes]] = {}
     for s, fp, layout in zip(
         table.column("shard").to_pylist(),
@@ -89,8 +93,7 @@ def index_layouts(root: Path, shards: pa.Table, paths: Mapping[int, Location]) -
         table.column("layout").to_pylist(),
         strict=True,
     ):
-        path = paths.get(int(s))
-        got = want.get(int(s))
-        if path is not None and is_url(path) and got is not None and got[0] == fp:
-            out[str(path)] = (got[1], layout)
+        got = want[int(s)]
+        if got[0] == fp:
+            out[str(paths[int(s)])] = (got[1], layout)
     return out

@@ -50,6 +50,23 @@ _HANDLES: OrderedDict[tuple[tuple[tuple[str, Any], ...], str], Any] = OrderedDic
 _OPENING: dict[tuple[tuple[tuple[str, Any], ...], str], int] = {}  # handles being opened now (their HEAD in flight)
 
 
+def _forget_after_fork() -> None:
+    """In a forked child: start with no filesystem, handle or open of the parent's, and a lock no parent thread holds.
+
+    A parent thread may hold `_LOCK` or be opening a handle at the fork (that thread is not in the child: its
+    `_OPENING` count would never drop, and every read of that object would go through fsspec); the parent's pyarrow
+    clients and handles are not for a child's use either."""
+    global _LOCK, _FILESYSTEMS, _HANDLES, _OPENING
+    _LOCK = threading.Lock()
+    _FILESYSTEMS = {}
+    _HANDLES = OrderedDict()
+    _OPENING = {}
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def arrow_s3_kwargs(options: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """`pyarrow.fs.S3FileSystem` arguments for s3fs-style `options`, or None where pyarrow cannot honour them."""
     env = os.environ if env is None else env
@@ -155,6 +172,9 @@ def arrow_read(
     While the handle is being opened by another thread (a loader's shard open, `arrow_open`), None: the read goes
     through fsspec at once, one round trip, instead of waiting for that HEAD and then its GET (two). A shard's first
     row groups are read so when its footer is held from the index and its GET is issued beside the open's HEAD.
+
+    A None never asks the caller to drop anything: a handle whose size disagreed is dropped here, and one being
+    opened is the other thread's, kept for the reads after it.
     """
     for _ in range(2):
         f = _handle(url, kwargs, on_open, wait=False)

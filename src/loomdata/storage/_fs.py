@@ -296,7 +296,8 @@ def read_range_identity(
 
     A GET's response carries what a HEAD gives (`Content-Range`'s total size, `ETag`, `x-amz-version-id`), read
     as s3fs's `info` reads them from a HEAD, so the identity equals `identity(url)`'s: a loader's shard check then
-    needs no HEAD of its own (one request per object open fewer). Protocols other than s3: None (HEAD, then read).
+    needs no HEAD of its own (one request per object open fewer). Protocols other than s3, or a server that ignored
+    the Range (a body longer than asked; at most one byte more is read, then it is closed): None (HEAD, then read).
     Errors raise as `read_range`'s do, naming the URL.
     """
     if protocol_of(url) != "s3" or stop <= start:
@@ -307,33 +308,41 @@ def read_range_identity(
 
     import fsspec.asyn
 
-    def one() -> tuple[bytes, ObjectIdentity]:
+    def one() -> tuple[bytes, ObjectIdentity] | None:
         _STATS.add("get")
         get = _timed(lambda: fsspec.asyn.sync(fs.loop, _get_with_headers, fs, url, start, stop), url)
-        data, ident = _retry(get, url, f"read of bytes {start}..{stop}", policy)
-        _STATS.add("get_bytes", len(data))
-        return data, ident
+        got = _retry(get, url, f"read of bytes {start}..{stop}", policy)
+        if got is not None:
+            _STATS.add("get_bytes", len(got[0]))
+        return got
 
     return one()
 
 
-async def _get_with_headers(fs: Any, url: str, start: int, stop: int) -> tuple[bytes, ObjectIdentity]:
-    """One s3fs `get_object` of bytes [start, stop): the body, and size and version from the response's headers."""
+async def _get_with_headers(fs: Any, url: str, start: int, stop: int) -> tuple[bytes, ObjectIdentity] | None:
+    """One s3fs `get_object` of bytes [start, stop): the body, and size and version from the response's headers.
+
+    At most `stop - start` bytes of the body are read (one more to tell a longer answer), then it is closed: a server
+    that ignores the Range (a 200 with the whole object) costs no download of the object. Such an answer longer than
+    asked: None (cannot tell; the caller HEADs and reads the ranges it needs)."""
     from s3fs.core import _error_wrapper, version_id_kw
 
     bucket, key, vers = fs.split_path(url)
+    want = stop - start
 
     async def call() -> tuple[bytes, dict[str, Any]]:
         resp = await fs._call_s3(
             "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{stop - 1}", **version_id_kw(vers)
         )
         try:
-            return await resp["Body"].read(), resp
+            return await resp["Body"].read(want + 1), resp
         finally:
             resp["Body"].close()
 
     body, resp = await _error_wrapper(call, retries=fs.retries)
     total = str(resp.get("ContentRange") or "").rpartition("/")[2]
+    if len(body) > want or (not total.isdigit() and start > 0):
+        return None  # the Range was not honoured: these are not bytes [start, stop)
     size = int(total) if total.isdigit() else int(resp.get("ContentLength") or len(body))  # a 200: the whole object
     info = {"VersionId": resp.get("VersionId"), "ETag": resp.get("ETag", "")}
     return bytes(body), ObjectIdentity(size, _version_of(info))
@@ -367,8 +376,10 @@ def _arrow_range(
     what = f"read of bytes {start}..{stop}"
     get = _timed(lambda: arrow_read(url, start, stop, kwargs, lambda: _STATS.add("head"), size), url)
     data = _retry(get, url, what, policy)
-    n = -1 if data is None else memoryview(data).nbytes
-    if n != stop - start:
+    if data is None:  # being opened by another thread (kept: not dropped), or its size disagreed (dropped already)
+        return None
+    n = memoryview(data).nbytes
+    if n != stop - start:  # a short read through a handle
         drop_handle(url)
         return None
     _STATS.add("get")

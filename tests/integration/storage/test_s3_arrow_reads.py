@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 from loomdata.storage import (
     ObjectNotFoundError,
     RetryPolicy,
+    _arrow,
     open_ahead,
     read_range,
     request_stats,
@@ -128,3 +131,70 @@ def test_a_missing_object_names_its_url(s3: S3Server, tmp_path: Path) -> None:
 
     with pytest.raises(ObjectNotFoundError, match=rf"s3://{BUCKET}/nope.bin: read of bytes 0\.\.{ARROW_MIN_READ}"):
         read_range(f"s3://{BUCKET}/nope.bin", 0, ARROW_MIN_READ)
+
+
+_REGION = {"client_kwargs": {"region_name": "us-east-1"}}
+"""Options whose pyarrow filesystem is another than the default's: a second handle of one object, kept apart."""
+
+
+def test_a_read_while_a_handle_is_opened_elsewhere_drops_no_kept_handle(s3: S3Server) -> None:
+    """A large read that finds its handle being opened by another thread goes through fsspec and drops nothing:
+    neither the handle being opened nor another kept handle of the object (each pays its HEAD once)."""
+    url = f"s3://{BUCKET}/blob.bin"
+    drop_handle(url)
+    plain, other = arrow_s3_kwargs({}), arrow_s3_kwargs(_REGION)
+    assert plain is not None and other is not None and plain != other
+    assert arrow_open(url, plain, lambda: None)
+    entered, gate = threading.Event(), threading.Event()
+
+    def held_open() -> None:
+        entered.set()
+        assert gate.wait(30)
+
+    opening = threading.Thread(target=arrow_open, args=(url, other, held_open))
+    opening.start()
+    try:
+        assert entered.wait(30)
+        reset_request_stats()
+        assert read_range(url, 0, ARROW_MIN_READ, {"s3": _REGION}) == _DATA[:ARROW_MIN_READ]
+        assert request_stats() == {"get": 1, "get_bytes": ARROW_MIN_READ}  # through fsspec, no HEAD
+    finally:
+        gate.set()
+        opening.join(30)
+    reset_request_stats()
+    assert read_range(url, ARROW_MIN_READ, 2 * ARROW_MIN_READ) == _DATA[ARROW_MIN_READ : 2 * ARROW_MIN_READ]
+    assert read_range(url, 0, ARROW_MIN_READ, {"s3": _REGION}) == _DATA[:ARROW_MIN_READ]
+    assert request_stats() == {"get": 2, "get_bytes": 2 * ARROW_MIN_READ}  # both handles kept: no HEAD
+
+
+def test_a_forked_child_starts_with_no_handle_open_or_held_lock(s3: S3Server) -> None:
+    """A child forked while the parent keeps a handle, opens another and holds the lock has none of them."""
+    url = f"s3://{BUCKET}/blob.bin"
+    plain, other = arrow_s3_kwargs({}), arrow_s3_kwargs(_REGION)
+    assert plain is not None and other is not None
+    drop_handle(url)
+    assert arrow_open(url, plain, lambda: None)
+    entered, gate = threading.Event(), threading.Event()
+
+    def held_open() -> None:
+        entered.set()
+        assert gate.wait(30)
+
+    opening = threading.Thread(target=arrow_open, args=(url, other, held_open))
+    opening.start()
+    try:
+        assert entered.wait(30)
+        assert _arrow._HANDLES and _arrow._OPENING and _arrow._FILESYSTEMS
+        with warnings.catch_warnings(), _arrow._LOCK:  # held at the fork
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: the child only reads state
+            pid = os.fork()
+            if pid == 0:  # the child: no pytest here, only an exit status
+                fresh = not (_arrow._HANDLES or _arrow._OPENING or _arrow._FILESYSTEMS)
+                free = _arrow._LOCK.acquire(blocking=False)
+                os._exit(0 if fresh and free else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        gate.set()
+        opening.join(30)
+    assert len([k for k in _arrow._HANDLES if k[1] == url]) == 2  # the parent's own are untouched

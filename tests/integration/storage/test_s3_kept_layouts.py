@@ -9,8 +9,12 @@ rewritten after indexing is still refused, naming its URL, while its old footer 
 
 from __future__ import annotations
 
+import asyncio
+import http.server
+import threading
+import tracemalloc
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -20,15 +24,18 @@ from distributed import Client
 
 from loomdata.client import StreamClient
 from loomdata.execution import Executor
+from loomdata.execution._loader import SourceLoader
+from loomdata.execution._partition import partition_source
 from loomdata.execution._verify import Verifier
 from loomdata.indexing import build_index
 from loomdata.planning import make_plan
 from loomdata.schemas import IndexFiles, LoomError, Spec, VerifyMode, parse_spec, read_plan
-from loomdata.schemas.tables import TableKind, read_table, write_table
-from loomdata.sources._integrity import unchanged_object
+from loomdata.schemas.spec import SourceFormat
+from loomdata.schemas.tables import LAYOUTS_SCHEMA, TableKind, read_table, write_table
+from loomdata.sources._integrity import unchanged_object, version_stamp
 from loomdata.sources._layouts import LAYOUTS_FILE, index_layouts
 from loomdata.sources.parquet import ParquetReader
-from loomdata.storage import location, request_stats, reset_request_stats
+from loomdata.storage import location, read_range_identity, request_stats, reset_request_stats
 from loomtest.s3 import S3Server
 
 BUCKET = "loom-layouts"
@@ -67,13 +74,19 @@ def _upload(s3: S3Server, tmp: Path, prefix: str, shards: int = 3) -> Path:
     return root
 
 
-def _serve_all(plan_dir: Path, dask_client: Client) -> int:
+_ARRAYS = ("input_ids", "labels", "position_ids", "cu_seqlens")
+
+
+def _serve_all(plan_dir: Path, dask_client: Client) -> list[tuple[Any, ...]]:
+    """Every batch of the plan, per rank in order: (rank, step, micro-batch, lane, *its `_ARRAYS`)."""
     meta = read_plan(plan_dir)
-    served = 0
+    served: list[tuple[Any, ...]] = []
     with Executor(plan_dir, dask_client, constructors=1):
         for rank in range(meta.dp_size):
             with StreamClient(plan_dir, rank, retry_s=20) as stream:
-                served += sum(1 for _ in stream)
+                for b in stream:
+                    arrays = (np.array(getattr(b, name), copy=True) for name in _ARRAYS)
+                    served.append((rank, b.step, b.micro_batch, b.lane, *arrays))
     return served
 
 
@@ -131,19 +144,52 @@ def test_an_index_of_local_files_keeps_no_layouts(dask_client: Client, tmp_path:
     assert files.shards.exists() and not (files.root / LAYOUTS_FILE).exists()
 
 
-def test_an_index_without_the_layouts_table_still_serves(dask_client: Client, s3: S3Server, tmp_path: Path) -> None:
-    """An index written before layouts were kept: the loaders read each footer from its object, as they did."""
+def test_an_index_without_the_layouts_table_serves_the_same_batches(
+    dask_client: Client, s3: S3Server, tmp_path: Path
+) -> None:
+    """An index written before layouts were kept: the loaders read each footer from its object, as they did, and
+    serve byte for byte what loaders holding the kept footers serve."""
     _upload(s3, tmp_path, "old")
     spec = _spec(tmp_path / "s3", f"s3://{BUCKET}/old/*.parquet")
     build_index(spec, dask_client)
     files = IndexFiles.of(spec.workdir, "web")
-    (files.root / LAYOUTS_FILE).unlink()
     plan = make_plan(spec)
     shards = files.shard_table()
     paths = {int(s): location(p) for s, p in zip(shards["shard"].to_pylist(), shards["path"].to_pylist(), strict=True)}
+    assert len(index_layouts(files.root, shards, paths)) == 3
+    held = _serve_all(plan.plan_dir, dask_client)
+    (files.root / LAYOUTS_FILE).unlink()
     assert index_layouts(files.root, shards, paths) == {}
+    read = _serve_all(plan.plan_dir, dask_client)
     meta = read_plan(plan.plan_dir)
-    assert _serve_all(plan.plan_dir, dask_client) == meta.steps * meta.dp_size * meta.micro_batches
+    assert len(held) == len(read) == meta.steps * meta.dp_size * meta.micro_batches
+    assert sum(int((b[4] > 0).sum()) for b in held) > 0  # tokens were served, not only padding
+    for a, b in zip(held, read, strict=True):
+        assert a[:4] == b[:4]
+        for name, x, y in zip(_ARRAYS, a[4:], b[4:], strict=True):
+            assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), (a[:4], name)
+
+
+@pytest.mark.parametrize("verify", ["off", "shard"])
+def test_a_loader_holds_the_kept_layouts_only_when_it_checks_shards(
+    dask_client: Client, s3: S3Server, tmp_path: Path, verify: str
+) -> None:
+    """`verify: off` reads no shard check: its loaders hold no footer the index kept (each is read from its object)."""
+    _upload(s3, tmp_path, f"held-{verify}", shards=2)
+    spec = _spec(tmp_path / "s3", f"s3://{BUCKET}/held-{verify}/*.parquet", verify)
+    build_index(spec, dask_client)
+    files = IndexFiles.of(spec.workdir, "web")
+    assert (files.root / LAYOUTS_FILE).exists()
+    plan_dir = make_plan(spec).plan_dir
+    meta = read_plan(plan_dir)
+    (part,) = partition_source(0, meta.sources[0], files.sample_shards().column("shard").to_numpy(), 1)
+    loader = SourceLoader(str(plan_dir), part)
+    try:
+        known = set(loader._reader._layouts._known)  # type: ignore[attr-defined]
+    finally:
+        asyncio.run(loader.close())
+    urls = {f"s3://{BUCKET}/held-{verify}/part-{i}.parquet" for i in range(2)}
+    assert known == (set() if verify == "off" else urls)
 
 
 @pytest.mark.parametrize("verify", ["sample", "shard"])
@@ -198,9 +244,87 @@ def test_the_open_check_of_an_unchanged_object_is_one_tiny_get(
 
     body = bytearray(s3.boto3().get_object(Bucket=BUCKET, Key="quick/part-0.parquet")["Body"].read())
     assert len(body) == size
-    assert unchanged_object(url, fmt, None, size, stamp)  # the same bytes written again: the same ETag (content)
+    # the same bytes written again (one part, no KMS, an unversioned bucket): the same ETag, accepted as unchanged
+    s3.boto3().put_object(Bucket=BUCKET, Key="quick/part-0.parquet", Body=bytes(body))
+    assert s3.boto3().head_object(Bucket=BUCKET, Key="quick/part-0.parquet")["ContentLength"] == size
+    assert unchanged_object(url, fmt, None, size, stamp)
     body[size // 2] ^= 0xFF  # same size, edges unchanged: only the ETag tells
     s3.boto3().put_object(Bucket=BUCKET, Key="quick/part-0.parquet", Body=bytes(body))
     assert not unchanged_object(url, fmt, None, size, stamp)
     with pytest.raises(LoomError, match="ETag/version changed"):
         Verifier.of("web", VerifyMode.SHARD, fmt, shards, 0, 1).open_shard(0, url)
+
+
+def test_a_loader_turns_only_its_own_shards_layouts_into_bytes(tmp_path: Path) -> None:
+    """A loader of one shard among many: the other shards' layouts stay in Arrow memory, never Python bytes."""
+    n, each = 64, 256 * 1024
+    urls = [f"s3://{BUCKET}/many/part-{i}.parquet" for i in range(n)]
+    fps = [f"{i:032x}" for i in range(n)]
+    write_table(
+        pa.table(
+            {
+                "shard": pa.array(range(n), pa.uint32()),
+                "fingerprint": pa.array(fps),
+                "layout": pa.array([bytes([i]) * each for i in range(n)], pa.binary()),
+            }
+        ).cast(LAYOUTS_SCHEMA),
+        tmp_path / LAYOUTS_FILE,
+        TableKind.LAYOUTS,
+    )
+    shards = pa.table({"shard": range(n), "fingerprint": fps, "size_bytes": [1000 + i for i in range(n)]})
+    tracemalloc.start()
+    try:
+        held = index_layouts(tmp_path, shards, {5: urls[5]})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held == {urls[5]: (1005, bytes([5]) * each)}
+    assert peak < 4 * each, peak  # the whole column as bytes would be n * each (16 MiB)
+
+
+class _RangeIgnoringS3(http.server.BaseHTTPRequestHandler):
+    """An S3-like endpoint that ignores Range: every GET answers 200 with the whole (large) object."""
+
+    size = 64 << 20
+    etag = "0123456789abcdef0123456789abcdef"
+    sent: ClassVar[list[int]] = []
+    done: ClassVar[threading.Event] = threading.Event()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(self.size))
+        self.send_header("ETag", f'"{self.etag}"')
+        self.end_headers()
+        chunk, sent = b"\0" * (1 << 20), 0
+        try:
+            while sent < self.size:
+                self.wfile.write(chunk)
+                sent += len(chunk)
+        except OSError:  # the client closed the body
+            pass
+        finally:
+            _RangeIgnoringS3.sent.append(sent)
+            _RangeIgnoringS3.done.set()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_server_ignoring_the_range_is_not_downloaded_and_cannot_pass_the_quick_check() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RangeIgnoringS3)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    options = {"s3": {"endpoint_url": f"http://127.0.0.1:{server.server_port}", "key": "k", "secret": "s"}}
+    url = f"s3://{BUCKET}/whole.parquet"
+    try:
+        _RangeIgnoringS3.sent.clear()
+        _RangeIgnoringS3.done.clear()
+        assert read_range_identity(url, 0, 1, options) is None  # a 200 longer than asked: cannot tell
+        assert _RangeIgnoringS3.done.wait(30)
+        assert _RangeIgnoringS3.sent[0] < _RangeIgnoringS3.size // 2, _RangeIgnoringS3.sent  # the body was closed
+        stamp = version_stamp(_RangeIgnoringS3.etag)  # the size and ETag it answers with: only the Range is wrong
+        assert not unchanged_object(url, SourceFormat.PARQUET, options, _RangeIgnoringS3.size, stamp)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(30)

@@ -140,6 +140,10 @@ def test_a_shard_with_side_jobs_only_is_planned_at_once() -> None:
     assert opens.settle(_T) and opens.done([2])
 
 
+_PATH = "/data/x.parquet"
+"""A shard of local files (never opened: `stat_shard` is held by the test); the quick object check declines it."""
+
+
 def _verifier() -> Verifier:
     checks = {3: ShardCheck(10, 7, "fp")}
     return Verifier("web", VerifyMode.SHARD, SourceFormat.PARQUET, checks)
@@ -159,12 +163,11 @@ def _two_checks_at_once(
         return ShardStat(path=Path("x"), size_bytes=found_bytes, mtime_ns=7, fingerprint="fp")
 
     monkeypatch.setattr(_verify, "stat_shard", stat)
-    monkeypatch.setattr(_verify, "unchanged_object", lambda *a: False)  # no store here: the full check, held above
     v = _verifier()
-    with ThreadPoolExecutor(2) as pool:
-        first = pool.submit(v.open_shard, 3, "s3://b/x.parquet")
+    with ThreadPoolExecutor(2) as pool:  # a local path: the real quick check says "cannot tell", the full one runs
+        first = pool.submit(v.open_shard, 3, _PATH)
         assert entered.wait(_T)
-        second = pool.submit(v.open_shard, 3, "s3://b/x.parquet")  # waits for the first instead of repeating it
+        second = pool.submit(v.open_shard, 3, _PATH)  # waits for the first instead of repeating it
         gate.set()
         wait_for([first, second], _T)
     return calls, v, [first, second]
@@ -173,13 +176,13 @@ def _two_checks_at_once(
 def test_a_shard_checked_in_two_threads_at_once_is_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
     calls, v, futs = _two_checks_at_once(monkeypatch, found_bytes=10)
     assert [f.result() for f in futs] == [None, None]
-    assert calls == ["s3://b/x.parquet"] and v.opened == {3}
+    assert calls == [_PATH] and v.opened == {3}
 
 
 def test_when_the_check_waited_for_fails_the_waiter_reports_its_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
     calls, v, futs = _two_checks_at_once(monkeypatch, found_bytes=11)  # rewritten: 11 bytes
     for fut in futs:
-        with pytest.raises(SourceDataError, match=r"s3://b/x.parquet.*size 11 bytes, indexed 10"):
+        with pytest.raises(SourceDataError, match=r"/data/x.parquet.*size 11 bytes, indexed 10"):
             fut.result()
     assert len(calls) == 2 and v.opened == set()
 

@@ -65,6 +65,7 @@ from loomdata.execution._sample_index import HeldChecksums, SampleIndex
 from loomdata.execution._storage_options import SourceOptions
 from loomdata.execution._strand import Strand
 from loomdata.execution._verify import Verifier, index_changed, require_checksums, serving_error
+from loomdata.indexing._cache import load_objects
 from loomdata.schemas.errors import ExecutionError, LoomError, SourceDataError, StaleIndexError
 from loomdata.schemas.freshness import require_fresh
 from loomdata.schemas.layout import IndexFiles
@@ -187,6 +188,11 @@ class SourceLoader:
         self._reader: FormatReader = make_reader(self._source, spec.tokenizer, spec.images)
         if self._verifier.mode is not VerifyMode.OFF:  # objects' footers the index kept (no footer GET); checked reads
             self._reader.hold_layouts(index_layouts(files.root, shards, self._paths))
+            if any(is_url(p) for p in self._paths.values()):  # their whole ETags, for the one-GET shard check
+                memo = load_objects(files.root)
+                self._verifier.hold_versions(
+                    {u: (m.version, m.size, m.fingerprint) for u, m in memo.items()}, self._paths
+                )
         self._patch = spec.images.patch_size
         self._plan = PlanAhead(plan_dir, meta, self, cache) if cache is not None else None
         self._pool = Strand(f"loom-loader-{partition.source}-{partition.part}")

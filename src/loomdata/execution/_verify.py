@@ -28,6 +28,7 @@ none recorded (built before it was), with "re-run `loom index` and `loom plan`",
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,6 +180,7 @@ class Verifier:
     fmt: SourceFormat
     shards: dict[int, ShardCheck]
     options: StorageOptions | None = None  # the source's `storage_options`: its checks reach the store its reads do
+    versions: dict[int, str] = field(default_factory=dict)  # objects' whole ETag/version the index recorded, by shard
     opened: set[int] = field(default_factory=set)
     _checking: dict[int, threading.Event] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -205,6 +207,14 @@ class Verifier:
             if first <= i < stop
         }
         return cls(source, mode, fmt, shards, options)
+
+    def hold_versions(self, memo: Mapping[str, tuple[str, int, str]], paths: Mapping[int, Location]) -> None:
+        """Keep each object shard's whole ETag/version from the index's memo (URL -> (version, size, fingerprint)),
+        where the memo's size and fingerprint are the shards table's: the one-GET check compares it exactly."""
+        for shard, path in paths.items():
+            want, got = self.shards.get(shard), memo.get(str(path))
+            if want is not None and got is not None and (got[1], got[2]) == (want.size_bytes, want.fingerprint):
+                self.versions[shard] = got[0]
 
     @property
     def samples(self) -> bool:
@@ -235,7 +245,8 @@ class Verifier:
     def _check(self, shard: int, path: Location) -> None:
         want = self.shards[shard]
         try:
-            if unchanged_object(path, self.fmt, self.options, want.size_bytes, want.mtime_ns):  # S3: size and ETag
+            version = self.versions.get(shard)
+            if unchanged_object(path, self.fmt, self.options, want.size_bytes, want.mtime_ns, version):  # S3: one GET
                 self.opened.add(shard)
                 return
             # an object: its edges read beside its HEAD

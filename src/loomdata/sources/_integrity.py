@@ -255,7 +255,9 @@ def stat_shard(
     return ShardStat(path=path, size_bytes=size, mtime_ns=mtime, fingerprint=h.hexdigest()[:32], ctime_ns=ctime)
 
 
-def unchanged_object(path: Location, fmt: SourceFormat, options: StorageOptions | None, size: int, stamp: int) -> bool:
+def unchanged_object(
+    path: Location, fmt: SourceFormat, options: StorageOptions | None, size: int, stamp: int, version: str | None
+) -> bool:
     """Whether a one-object S3 shard still has the size and ETag/version (`stamp`: `version_stamp`) it was indexed
     with, from the response of one 1-byte range GET (`read_range_identity`): no HEAD, no edge reads.
 
@@ -264,14 +266,16 @@ def unchanged_object(path: Location, fmt: SourceFormat, options: StorageOptions 
     id names one write: an equal one and size are taken for the indexed object, whose content fingerprint is not read.
     The same bytes written again keep their ETag only as a single-part upload without SSE-KMS to an unversioned
     bucket (accepted then: the same content); otherwise they differ here and the full check below compares content.
-    The stamp is a CRC-32 of the ETag/version, not the string: a same-size rewrite whose stamp collides (about one in
-    4 billion) is accepted unread; the per-sample checksums (`verify: sample`) still catch its changed samples.
-    False (the caller hashes the edges: `stat_shard`, whose differences it reports) where that cannot tell: not S3,
-    several files, no stamp or size recorded, the GET failed other than "missing", "denied" or "retries ran out"
-    (those raise), or the object differs.
+    The answer's ETag/version is compared whole with `version`, the string the index recorded for this object (its
+    `_objects.json` memo), and its CRC-32 with `stamp` (shards.parquet's): a same-size rewrite is never taken for the
+    indexed object on a stamp that collides. False (the caller hashes the edges: `stat_shard`, whose differences it
+    reports) where that cannot tell: not S3, several files, no version, stamp or size recorded (an index without the
+    memo), the GET failed other than "missing", "denied" or "retries ran out" (those raise), or the object differs.
     """
     url = str(path)
-    if not is_url(path) or protocol_of(url) != "s3" or len(files_of(path, fmt)) != 1 or not stamp or size <= 0:
+    if not version or not is_url(path) or protocol_of(url) != "s3" or not stamp or size <= 0:
+        return False
+    if len(files_of(path, fmt)) != 1:
         return False
     try:
         got = read_range_identity(url, 0, 1, options)
@@ -279,7 +283,9 @@ def unchanged_object(path: Location, fmt: SourceFormat, options: StorageOptions 
         raise
     except StorageError:
         return False
-    return got is not None and got[1].size == size and version_stamp(got[1].version) == stamp
+    if got is None or got[1].size != size or got[1].version != version:
+        return False
+    return version_stamp(got[1].version) == stamp
 
 
 def _low32(digests: Iterator[int], n: int) -> np.ndarray:

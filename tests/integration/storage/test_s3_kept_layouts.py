@@ -28,6 +28,7 @@ from loomdata.execution._loader import SourceLoader
 from loomdata.execution._partition import partition_source
 from loomdata.execution._verify import Verifier
 from loomdata.indexing import build_index
+from loomdata.indexing._cache import load_objects
 from loomdata.planning import make_plan
 from loomdata.schemas import IndexFiles, LoomError, Spec, VerifyMode, parse_spec, read_plan
 from loomdata.schemas.spec import SourceFormat
@@ -186,10 +187,14 @@ def test_a_loader_holds_the_kept_layouts_only_when_it_checks_shards(
     loader = SourceLoader(str(plan_dir), part)
     try:
         known = set(loader._reader._layouts._known)  # type: ignore[attr-defined]
+        versions = dict(loader._verifier.versions)
     finally:
         asyncio.run(loader.close())
     urls = {f"s3://{BUCKET}/held-{verify}/part-{i}.parquet" for i in range(2)}
     assert known == (set() if verify == "off" else urls)
+    # the whole ETags the index recorded, for the one-GET check (none where shards are not checked)
+    memo = load_objects(files.root)
+    assert versions == ({} if verify == "off" else {s: memo[u].version for s, u in loader._paths.items()})
 
 
 @pytest.mark.parametrize("verify", ["sample", "shard"])
@@ -234,10 +239,18 @@ def test_the_open_check_of_an_unchanged_object_is_one_tiny_get(
         int(shards["mtime_ns"][0].as_py()),
     )
     fmt = spec.sources[0].format
+    memo = load_objects(IndexFiles.of(spec.workdir, "web").root)
+    etag = memo[url].version  # the whole ETag the index recorded
+    assert version_stamp(etag) == stamp
     reset_request_stats()
-    assert unchanged_object(url, fmt, None, size, stamp)
+    assert unchanged_object(url, fmt, None, size, stamp, etag)
     assert request_stats() == {"get": 1, "get_bytes": 1}, request_stats()
+    # an ETag that is not the recorded one is never taken for it, even where its CRC-32 (the stamp) agrees
+    assert not unchanged_object(url, fmt, None, size, stamp, etag + "-other")
+    assert not unchanged_object(url, fmt, None, size, stamp, None)  # no recorded string: the full check
     verifier = Verifier.of("web", VerifyMode.SHARD, fmt, shards, 0, 1)
+    verifier.hold_versions({u: (m.version, m.size, m.fingerprint) for u, m in memo.items()}, {0: url})
+    assert verifier.versions == {0: etag}
     reset_request_stats()
     verifier.open_shard(0, url)
     assert request_stats() == {"get": 1, "get_bytes": 1}, request_stats()
@@ -247,10 +260,10 @@ def test_the_open_check_of_an_unchanged_object_is_one_tiny_get(
     # the same bytes written again (one part, no KMS, an unversioned bucket): the same ETag, accepted as unchanged
     s3.boto3().put_object(Bucket=BUCKET, Key="quick/part-0.parquet", Body=bytes(body))
     assert s3.boto3().head_object(Bucket=BUCKET, Key="quick/part-0.parquet")["ContentLength"] == size
-    assert unchanged_object(url, fmt, None, size, stamp)
+    assert unchanged_object(url, fmt, None, size, stamp, etag)
     body[size // 2] ^= 0xFF  # same size, edges unchanged: only the ETag tells
     s3.boto3().put_object(Bucket=BUCKET, Key="quick/part-0.parquet", Body=bytes(body))
-    assert not unchanged_object(url, fmt, None, size, stamp)
+    assert not unchanged_object(url, fmt, None, size, stamp, etag)
     with pytest.raises(LoomError, match="ETag/version changed"):
         Verifier.of("web", VerifyMode.SHARD, fmt, shards, 0, 1).open_shard(0, url)
 
@@ -323,7 +336,8 @@ def test_a_server_ignoring_the_range_is_not_downloaded_and_cannot_pass_the_quick
         assert _RangeIgnoringS3.done.wait(30)
         assert _RangeIgnoringS3.sent[0] < _RangeIgnoringS3.size // 2, _RangeIgnoringS3.sent  # the body was closed
         stamp = version_stamp(_RangeIgnoringS3.etag)  # the size and ETag it answers with: only the Range is wrong
-        assert not unchanged_object(url, SourceFormat.PARQUET, options, _RangeIgnoringS3.size, stamp)
+        etag = _RangeIgnoringS3.etag
+        assert not unchanged_object(url, SourceFormat.PARQUET, options, _RangeIgnoringS3.size, stamp, etag)
     finally:
         server.shutdown()
         server.server_close()

@@ -65,10 +65,9 @@ from loomdata.execution._sample_index import HeldChecksums, SampleIndex
 from loomdata.execution._storage_options import SourceOptions
 from loomdata.execution._strand import Strand
 from loomdata.execution._verify import Verifier, index_changed, require_checksums, serving_error
-from loomdata.indexing._cache import load_objects
 from loomdata.schemas.errors import ExecutionError, LoomError, SourceDataError, StaleIndexError
 from loomdata.schemas.freshness import require_fresh
-from loomdata.schemas.layout import IndexFiles
+from loomdata.schemas.layout import IndexFiles, load_objects
 from loomdata.schemas.metrics import LoaderMetrics
 from loomdata.schemas.records import VerifyMode
 from loomdata.sources import FormatReader, Sample, make_reader

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from loomdata.schemas.layout import ObjectMemo, load_objects, objects_file, store_objects
 from loomdata.sources._integrity import CHECKSUM
 
 __all__ = [
@@ -117,47 +117,3 @@ def load_scan(path: Path) -> ShardScan | None:
         return None
     kept = {k: meta[k] for k in (_K_DTYPE, _K_LAYOUT) if k in meta} or None
     return ShardScan(rows=table.replace_schema_metadata(kept), errors=errors, skipped=skipped)
-
-
-_OBJECTS_VERSION = 1
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectMemo:
-    """What an object was when last indexed: its version (ETag/version id), size and content fingerprint."""
-
-    version: str
-    size: int
-    fingerprint: str
-
-
-def objects_file(root: Path) -> Path:
-    """The memo of a source's indexed objects."""
-    return root / "_objects.json"
-
-
-def load_objects(root: Path) -> dict[str, ObjectMemo]:
-    """The memo of a source's objects (empty when missing, unreadable or of another version)."""
-    try:
-        data = json.loads(objects_file(root).read_text())
-        if data.get("version") != _OBJECTS_VERSION:
-            return {}
-        return {u: ObjectMemo(str(v), int(n), str(f)) for u, (v, n, f) in data["objects"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
-
-
-def store_objects(root: Path, memo: Mapping[str, ObjectMemo]) -> None:
-    """Write the memo atomically (or remove it when no shard is an object)."""
-    path = objects_file(root)
-    if not memo:
-        path.unlink(missing_ok=True)
-        return
-    body = {
-        "version": _OBJECTS_VERSION,
-        "objects": {u: [m.version, m.size, m.fingerprint] for u, m in sorted(memo.items())},
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(body, indent=1))
-    os.replace(tmp, path)

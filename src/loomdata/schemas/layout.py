@@ -11,6 +11,9 @@ workdir/plans/<plan_id>/serve.json       ServeInfo, while an executor serves the
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +23,7 @@ import pyarrow.parquet as pq
 from loomdata.schemas.errors import IndexBuildError
 from loomdata.schemas.tables import TableKind, open_table, read_filtered, read_table, stamped_metadata
 
-__all__ = ["IndexFiles", "read_index"]
+__all__ = ["IndexFiles", "ObjectMemo", "load_objects", "objects_file", "read_index", "store_objects"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,3 +103,48 @@ def read_index(workdir: Path, source: str, columns: list[str] | None = None) -> 
     samples = pf.read(columns=columns)
     shards = open_table(files.shards, TableKind.SHARDS).read()
     return samples, shards, files.fingerprint_of(pf)
+
+
+_OBJECTS_VERSION = 1
+"""The format of a source's `_objects.json` (the indexer writes it; a loader reads its objects' whole ETags)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectMemo:
+    """What an object was when last indexed: its version (ETag/version id), size and content fingerprint."""
+
+    version: str
+    size: int
+    fingerprint: str
+
+
+def objects_file(root: Path) -> Path:
+    """The memo of a source's indexed objects."""
+    return root / "_objects.json"
+
+
+def load_objects(root: Path) -> dict[str, ObjectMemo]:
+    """The memo of a source's objects (empty when missing, unreadable or of another version)."""
+    try:
+        data = json.loads(objects_file(root).read_text())
+        if data.get("version") != _OBJECTS_VERSION:
+            return {}
+        return {u: ObjectMemo(str(v), int(n), str(f)) for u, (v, n, f) in data["objects"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def store_objects(root: Path, memo: Mapping[str, ObjectMemo]) -> None:
+    """Write the memo atomically (or remove it when no shard is an object)."""
+    path = objects_file(root)
+    if not memo:
+        path.unlink(missing_ok=True)
+        return
+    body = {
+        "version": _OBJECTS_VERSION,
+        "objects": {u: [m.version, m.size, m.fingerprint] for u, m in sorted(memo.items())},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(body, indent=1))
+    os.replace(tmp, path)

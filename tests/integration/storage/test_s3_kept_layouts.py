@@ -28,9 +28,9 @@ from loomdata.execution._loader import SourceLoader
 from loomdata.execution._partition import partition_source
 from loomdata.execution._verify import Verifier
 from loomdata.indexing import build_index
-from loomdata.indexing._cache import load_objects
 from loomdata.planning import make_plan
 from loomdata.schemas import IndexFiles, LoomError, Spec, VerifyMode, parse_spec, read_plan
+from loomdata.schemas.layout import load_objects
 from loomdata.schemas.spec import SourceFormat
 from loomdata.schemas.tables import LAYOUTS_SCHEMA, TableKind, read_table, write_table
 from loomdata.sources._integrity import unchanged_object, version_stamp

@@ -188,10 +188,7 @@ class SourceLoader:
         if self._verifier.mode is not VerifyMode.OFF:  # objects' footers the index kept (no footer GET); checked reads
             self._reader.hold_layouts(index_layouts(files.root, shards, self._paths))
             if any(is_url(p) for p in self._paths.values()):  # their whole ETags, for the one-GET shard check
-                memo = load_objects(files.root)
-                self._verifier.hold_versions(
-                    {u: (m.version, m.size, m.fingerprint) for u, m in memo.items()}, self._paths
-                )
+                self._verifier.hold_versions(load_objects(files.root), self._paths)
         self._patch = spec.images.patch_size
         self._plan = PlanAhead(plan_dir, meta, self, cache) if cache is not None else None
         self._pool = Strand(f"loom-loader-{partition.source}-{partition.part}")

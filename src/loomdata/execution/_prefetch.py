@@ -111,6 +111,7 @@ __all__ = [
     "counts_storage",
     "extra_steps",
     "judge_stall",
+    "judgeable",
     "mount_types",
     "plan_prefetch",
     "read_stall",
@@ -366,6 +367,12 @@ class UnitSpans:
         return self._reader.unit_span(path, unit)
 
 
+def judgeable(reads: int, window_s: float) -> bool:
+    """Whether a window of `reads` reads over `window_s` seconds is long and full enough to judge (a window that has
+    not `STALL_MIN_READS` reads after `10 x STALL_WINDOW_S` is judged too: quiet)."""
+    return window_s >= STALL_WINDOW_S and (reads >= STALL_MIN_READS or window_s >= 10 * STALL_WINDOW_S)
+
+
 def judge_stall(
     on: bool, reads: np.ndarray, window_s: float, quiet: int, storage_bytes: int | None
 ) -> tuple[bool, int, str] | None:
@@ -378,7 +385,7 @@ def judge_stall(
     `SLOW_READ_S`, and they came from storage (at least `STORAGE_MIN_BYTES`): reads that are slow while the page
     cache holds their bytes are waiting for a CPU (a loaded machine), which a read-ahead thread would wait for too.
     Quiet (on; `QUIET_WINDOWS` in a row turn it off): too few reads, a fast median, little wall time, or no storage."""
-    if window_s < STALL_WINDOW_S or (len(reads) < STALL_MIN_READS and window_s < 10 * STALL_WINDOW_S):
+    if not judgeable(len(reads), window_s):
         return None
     share = float(np.sum(reads)) / window_s
     median = float(np.median(reads)) if len(reads) else 0.0
@@ -501,10 +508,9 @@ class ReadStall:
             return self.on
         turned = None
         with self._lock:
-            since, reads = self._since, self._reads
-            if since is None or (len(reads) < STALL_MIN_READS and self._clock() - since < 10 * STALL_WINDOW_S):
-                return self.on  # closed by another thread, or too few reads to judge yet (no getrusage per pump)
-            now = self._clock()
+            since, reads, now = self._since, self._reads, self._clock()
+            if since is None or not judgeable(len(reads), now - since):
+                return self.on  # closed by another thread, or not judged yet (no getrusage per pump)
             stored, began = self._read_stored(), self._stored
             read = None if stored is None or began is None else stored - began
             got = judge_stall(self.on, np.array(reads), now - since, self._quiet, read)

@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loomdata.schemas.errors import ContractError, SourceDataError, StaleIndexError
+from loomdata.schemas.layout import ObjectMemo
 from loomdata.schemas.records import SourceFormat, VerifyMode
 from loomdata.schemas.tables import CHECKSUM_FIELD
 from loomdata.sources import Sample
@@ -208,13 +209,17 @@ class Verifier:
         }
         return cls(source, mode, fmt, shards, options)
 
-    def hold_versions(self, memo: Mapping[str, tuple[str, int, str]], paths: Mapping[int, Location]) -> None:
-        """Keep each object shard's whole ETag/version from the index's memo (URL -> (version, size, fingerprint)),
-        where the memo's size and fingerprint are the shards table's: the one-GET check compares it exactly."""
+    def hold_versions(self, memo: Mapping[str, ObjectMemo], paths: Mapping[int, Location]) -> None:
+        """Keep each object shard's whole ETag/version from the index's memo (by URL), where the memo's size and
+        fingerprint are the shards table's: the one-GET check compares it exactly."""
         for shard, path in paths.items():
             want, got = self.shards.get(shard), memo.get(str(path))
-            if want is not None and got is not None and (got[1], got[2]) == (want.size_bytes, want.fingerprint):
-                self.versions[shard] = got[0]
+            if (
+                want is not None
+                and got is not None
+                and (got.size, got.fingerprint) == (want.size_bytes, want.fingerprint)
+            ):
+                self.versions[shard] = got.version
 
     @property
     def samples(self) -> bool:

@@ -334,10 +334,17 @@ async def _get_with_headers(fs: Any, url: str, start: int, stop: int) -> tuple[b
         resp = await fs._call_s3(
             "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{stop - 1}", **version_id_kw(vers)
         )
+        body, parts, got = resp["Body"], [], 0
         try:
-            return await resp["Body"].read(want + 1), resp
+            while got <= want:  # a stream's read(n) returns what has arrived, up to n: read until n or the end
+                part = await body.read(want + 1 - got)
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+            return b"".join(parts), resp
         finally:
-            resp["Body"].close()
+            body.close()
 
     body, resp = await _error_wrapper(call, retries=fs.retries)
     total = str(resp.get("ContentRange") or "").rpartition("/")[2]

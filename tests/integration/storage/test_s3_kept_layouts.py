@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import threading
+import time
 import tracemalloc
 from pathlib import Path
 from typing import Any, ClassVar
@@ -249,7 +250,7 @@ def test_the_open_check_of_an_unchanged_object_is_one_tiny_get(
     assert not unchanged_object(url, fmt, None, size, stamp, etag + "-other")
     assert not unchanged_object(url, fmt, None, size, stamp, None)  # no recorded string: the full check
     verifier = Verifier.of("web", VerifyMode.SHARD, fmt, shards, 0, 1)
-    verifier.hold_versions({u: (m.version, m.size, m.fingerprint) for u, m in memo.items()}, {0: url})
+    verifier.hold_versions(memo, {0: url})
     assert verifier.versions == {0: etag}
     reset_request_stats()
     verifier.open_shard(0, url)
@@ -338,6 +339,50 @@ def test_a_server_ignoring_the_range_is_not_downloaded_and_cannot_pass_the_quick
         stamp = version_stamp(_RangeIgnoringS3.etag)  # the size and ETag it answers with: only the Range is wrong
         etag = _RangeIgnoringS3.etag
         assert not unchanged_object(url, SourceFormat.PARQUET, options, _RangeIgnoringS3.size, stamp, etag)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(30)
+
+
+class _SlowRangeS3(http.server.BaseHTTPRequestHandler):
+    """An S3-like endpoint that honours Range but sends a range's bytes in two parts, a pause between them (as a
+    slow or congested link delivers them): a stream's read(n) returns the first part alone."""
+
+    size = 1 << 20
+    etag = "fedcba9876543210fedcba9876543210"
+
+    def do_GET(self) -> None:
+        first, last = (int(x) for x in self.headers["Range"].removeprefix("bytes=").split("-"))
+        body = bytes(i % 251 for i in range(first, last + 1))
+        self.send_response(206)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Range", f"bytes {first}-{last}/{self.size}")
+        self.send_header("ETag", f'"{self.etag}"')
+        self.end_headers()
+        half = len(body) // 2
+        self.wfile.write(body[:half])
+        self.wfile.flush()
+        time.sleep(0.2)
+        self.wfile.write(body[half:])
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_range_that_arrives_in_parts_is_read_whole() -> None:
+    """The identity GET reads its range to the end, not only what arrived first (the 64 KiB edge a shard check
+    hashes would otherwise come back short and be read again)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowRangeS3)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    options = {"s3": {"endpoint_url": f"http://127.0.0.1:{server.server_port}", "key": "k", "secret": "s"}}
+    try:
+        got = read_range_identity(f"s3://{BUCKET}/parts.parquet", 0, 64 * 1024, options)
+        assert got is not None
+        data, ident = got
+        assert data == bytes(i % 251 for i in range(64 * 1024))
+        assert ident.size == _SlowRangeS3.size
     finally:
         server.shutdown()
         server.server_close()

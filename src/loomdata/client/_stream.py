@@ -294,7 +294,11 @@ class StreamClient:
         Then, while fewer than half a call's steps are left received, the next call is sent ahead.
         Retried (re-resolving the constructor) while the executor is unavailable or unreachable, for
         up to `retry_s`; a LoomError from the executor (bad data, a wrong rank) fails at once.
+        A step already received while a call is in flight (or without prefetch) is taken at once: nothing
+        there can fail or be sent, so the retry plumbing is not set up for it (most steps of a stream).
         """
+        if step in self._got and self._actor is not None and (self._pending is not None or not self._prefetch):
+            return self._steps(step)
 
         def attempt() -> None:
             if self._actor is None:

@@ -44,8 +44,17 @@ class ManifestRows:
     lane: np.ndarray
 
     def take(self, idx: np.ndarray | slice) -> ManifestRows:
-        """The rows at `idx`."""
-        return ManifestRows(*(getattr(self, c)[idx] for c in _COLUMNS))
+        """The rows at `idx` (the fields spelled out: a constructor takes a step's rows a few thousand times a run)."""
+        return ManifestRows(
+            self.step[idx],
+            self.dp_rank[idx],
+            self.micro_batch[idx],
+            self.source[idx],
+            self.sample[idx],
+            self.offset[idx],
+            self.length[idx],
+            self.lane[idx],
+        )
 
     def __len__(self) -> int:
         return len(self.step)
@@ -89,14 +98,16 @@ class ManifestSlice:
         self._ranks = sorted(ranks)
         self._chunk = max(1, chunk_steps, _steps_for_rows(meta, len(self._ranks), chunk_rows))
         self._keep = max(1, keep, 2 + -(-keep_steps // self._chunk) if keep_steps > 0 else 0)
-        self._cache: collections.OrderedDict[int, ManifestRows] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[int, tuple[ManifestRows, np.ndarray]] = collections.OrderedDict()
 
     def rows(self, step: int, ranks: list[int] | None = None) -> ManifestRows:
         """Rows of `step` (for `ranks`, default all of this slice's), ordered by (dp_rank, micro_batch)."""
-        chunk = self._chunk_rows(step // self._chunk)
-        lo, hi = np.searchsorted(chunk.step, np.array([step, step + 1], dtype=chunk.step.dtype))
-        if ranks is None or sorted(ranks) == self._ranks:
-            return chunk.take(slice(int(lo), int(hi)))
+        index = step // self._chunk
+        chunk, starts = self._chunk_rows(index)
+        at = step - index * self._chunk
+        lo, hi = starts[at : at + 2].tolist()  # the step's rows: one run, its bounds found once a chunk
+        if ranks is None or ranks == self._ranks or sorted(ranks) == self._ranks:
+            return chunk.take(slice(lo, hi))
         # a step's rows are ordered by dp_rank: each rank's rows are one run, found by bisection
         want = np.unique(np.asarray(ranks, dtype=chunk.dp_rank.dtype))
         ranks_of_step = chunk.dp_rank[lo:hi]
@@ -110,7 +121,8 @@ class ManifestSlice:
         """Whether `step`'s chunk is in memory (`rows` then does no I/O)."""
         return step // self._chunk in self._cache
 
-    def _chunk_rows(self, index: int) -> ManifestRows:
+    def _chunk_rows(self, index: int) -> tuple[ManifestRows, np.ndarray]:
+        """Chunk `index`'s rows, and where each of its steps' rows start (one more: the end)."""
         hit = self._cache.get(index)
         if hit is not None:
             self._cache.move_to_end(index)
@@ -121,10 +133,12 @@ class ManifestSlice:
         cols = {c: table.column(c).to_numpy() for c in _COLUMNS}
         order = np.lexsort((cols["micro_batch"], cols["dp_rank"], cols["step"]))
         rows = ManifestRows(*(cols[c][order] for c in _COLUMNS))
-        self._cache[index] = rows
+        edges = np.arange(first, first + self._chunk + 1)  # to a whole chunk's end: a step past the plan has none
+        starts = np.searchsorted(rows.step, edges.astype(rows.step.dtype, copy=False))
+        self._cache[index] = (rows, starts)
         while len(self._cache) > self._keep:
             self._cache.popitem(last=False)
-        return rows
+        return rows, starts
 
 
 @dataclass(frozen=True, slots=True)

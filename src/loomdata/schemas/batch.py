@@ -218,10 +218,10 @@ class BatchBlock:
     def batches(self, first: int, stop: int) -> list[Batch]:
         """Batches `first..stop-1` of the block (in step order; views into this block's arrays, a thin block's derived
         arrays new)."""
-        arrays, bounds, at = self.arrays, self.bounds, first
-        if self.thin:  # the range's arrays alone, derived ones built: their bounds count from 0
-            arrays, bounds, at = *self._derived(first, stop), 0
-        cuts = {name: bounds[name][at : at + stop - first + 1].tolist() for name in BLOCK_ARRAYS}
+        if self.thin:
+            return self._thin_batches(first, stop)
+        arrays, bounds = self.arrays, self.bounds
+        cuts = {name: bounds[name][first : stop + 1].tolist() for name in BLOCK_ARRAYS}
         img = self.image_bounds[first : stop + 1].tolist()
         out: list[Batch] = []
         for i, (step, dp_rank, micro_batch, lane, cp_rank, cp_size, sequence_len) in enumerate(
@@ -248,22 +248,48 @@ class BatchBlock:
             )
         return out
 
-    def _derived(self, first: int, stop: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Arrays and bounds of batches `first..stop-1` alone (bounds from 0), with the derived arrays built."""
-        if np.any(self.scalars[first:stop, BLOCK_SCALARS.index("cp_size")] != 1):
+    def _thin_batches(self, first: int, stop: int) -> list[Batch]:
+        """`batches` of a thin block: the range's labels and position ids derived in one call, then sliced per batch.
+
+        What a rank runs for every step it yields, so the per-batch part is plain slicing of precomputed bounds
+        (one `tolist` an array, no dict a batch): 3 steps a call cost about half what the generic path did."""
+        rows = self.scalars[first:stop].tolist()
+        if any(row[_CP_SIZE] != 1 for row in rows):
             raise ValueError("a thin BatchBlock holds whole micro-batches only; a CP shard's labels cannot be derived")
-        arrays, bounds = {}, {}
-        for name in BLOCK_ARRAYS:
-            if name in DERIVED_ARRAYS:
-                continue
-            b = self.bounds[name][first : stop + 1]
-            arrays[name] = self.arrays[name][int(b[0]) : int(b[-1])]
-            bounds[name] = b - b[0]
-        arrays["labels"], arrays["position_ids"] = derive_labels_positions(
-            arrays["input_ids"], bounds["input_ids"], arrays["cu_seqlens"], bounds["cu_seqlens"]
-        )
-        bounds["labels"] = bounds["position_ids"] = bounds["input_ids"]
-        return arrays, bounds
+        arrays, bounds = self.arrays, self.bounds
+        ib, cb = bounds["input_ids"][first : stop + 1], bounds["cu_seqlens"][first : stop + 1]
+        ids, cu = arrays["input_ids"], arrays["cu_seqlens"]
+        i0, c0 = int(ib[0]), int(cb[0])
+        labels, positions = derive_labels_positions(ids[i0 : int(ib[-1])], ib - i0, cu[c0 : int(cb[-1])], cb - c0)
+        idl, cul = ib.tolist(), cb.tolist()
+        segl, segs = bounds["segments"][first : stop + 1].tolist(), arrays["segments"]
+        ipl, ips = bounds["image_positions"][first : stop + 1].tolist(), arrays["image_positions"]
+        img, images = self.image_bounds[first : stop + 1].tolist(), self.images
+        out: list[Batch] = []
+        for i, (step, dp_rank, micro_batch, lane, cp_rank, cp_size, sequence_len) in enumerate(rows):
+            lo, hi = idl[i], idl[i + 1]
+            out.append(
+                Batch(
+                    step=step,
+                    dp_rank=dp_rank,
+                    micro_batch=micro_batch,
+                    lane=lane,
+                    input_ids=ids[lo:hi],
+                    labels=labels[lo - i0 : hi - i0],
+                    position_ids=positions[lo - i0 : hi - i0],
+                    cu_seqlens=cu[cul[i] : cul[i + 1]],
+                    segments=segs[segl[i] : segl[i + 1]],
+                    images=images[img[i] : img[i + 1]],
+                    image_positions=ips[ipl[i] : ipl[i + 1]],
+                    cp_rank=cp_rank,
+                    cp_size=cp_size,
+                    sequence_len=sequence_len,
+                )
+            )
+        return out
+
+
+_CP_SIZE = BLOCK_SCALARS.index("cp_size")
 
 
 def derive_labels_positions(
@@ -274,38 +300,40 @@ def derive_labels_positions(
     Batch i holds `input_ids[id_bounds[i]:id_bounds[i + 1]]` and its `cu_seqlens[cu_bounds[i]:cu_bounds[i + 1]]`
     (offsets within the batch; the last is its real tokens, padding follows). A label is the next token inside
     a segment, IGNORE_INDEX on every segment's last token and on padding; a position counts from 0 in every
-    segment and is 0 on padding. Vectorised over the batches: a shifted copy, one cumulative sum and a scatter
-    at the pieces' starts, plus a slice per padded batch.
+    segment and is 0 on padding. Vectorised over the batches: a shifted copy, `arange` less each piece's start
+    (a repeat; no cumulative sum), a scatter at the pieces' ends, plus a slice per padded batch. Pieces (segments,
+    paddings) may be empty or repeat a start: a repeat of zero and a second IGNORE at the same end change nothing.
     """
     n = len(input_ids)
     labels = np.empty(n, dtype=np.int32)
-    positions = np.ones(n, dtype=np.int32)
     if n == 0:
-        return labels, positions
+        return labels, np.ones(0, dtype=np.int32)
     labels[:-1] = input_ids[1:]
     labels[-1] = IGNORE_INDEX
-    n_batches = len(id_bounds) - 1
-    per = np.diff(cu_bounds)
-    at = cu_seqlens.astype(np.int64) + np.repeat(id_bounds[:-1], per)  # every segment's start, and padding's
-    bare = per == 0  # a batch without cu_seqlens entries (all padding) starts a piece too; the others' cu[0] does
-    starts = np.concatenate([id_bounds[:-1][bare], at]) if bare.any() else at
-    if bare.any():
-        starts.sort()
-    starts = starts[starts < n]
-    starts = starts[np.concatenate([[True], starts[1:] != starts[:-1]])]  # not np.unique: it imports numpy.ma (8 ms)
-    # Pieces (segments, paddings) end to end: every piece counts 0, 1, ... from its start.
-    positions[0] = 0
-    positions[starts[1:]] = 1 - np.diff(starts).astype(np.int32)
-    np.cumsum(positions, dtype=np.int32, out=positions)
+    batch_at = id_bounds[:-1]
+    per = cu_bounds[1:] - cu_bounds[:-1]
+    per_list = per.tolist()
+    bare = 0 in per_list  # a batch without cu_seqlens entries (all padding) starts a piece of its own
+    starts = cu_seqlens + np.repeat(batch_at, per)  # every segment's start, and every padding's
+    if bare:
+        starts = np.sort(np.concatenate([batch_at[per == 0], starts]))
+    if starts[0] != 0:  # the first piece starts at 0 whatever the first batch's cu_seqlens say
+        starts = np.concatenate([np.zeros(1, dtype=starts.dtype), starts])
+    lens = np.empty(len(starts), dtype=np.int64)
+    np.subtract(starts[1:], starts[:-1], out=lens[:-1])
+    lens[-1] = n - starts[-1]
+    positions = np.arange(n, dtype=np.int32)
+    positions -= np.repeat(starts.astype(np.int32), lens)  # every piece counts 0, 1, ... from its start
     labels[starts[1:] - 1] = IGNORE_INDEX  # every piece's last token (a segment's end; padding is IGNORE anyway)
-    last = np.zeros(n_batches, dtype=np.int64)  # each batch's real tokens
-    has = per > 0
-    last[has] = cu_seqlens[cu_bounds[1:][has] - 1]
-    pad_from = id_bounds[:-1] + last
-    for lo, hi in zip(pad_from.tolist(), id_bounds[1:].tolist(), strict=True):
-        if lo < hi:
-            labels[lo:hi] = IGNORE_INDEX
-            positions[lo:hi] = 0
+    if bare:  # each batch's real tokens: its last cu_seqlens entry (a bare batch: none)
+        cu_list = cu_seqlens.tolist()
+        real = [cu_list[end - 1] if k else 0 for k, end in zip(per_list, cu_bounds[1:].tolist(), strict=True)]
+    else:
+        real = cu_seqlens[cu_bounds[1:] - 1].tolist()
+    for at, hi, k in zip(batch_at.tolist(), id_bounds[1:].tolist(), real, strict=True):
+        if at + k < hi:  # the batch's padding
+            labels[at + k : hi] = IGNORE_INDEX
+            positions[at + k : hi] = 0
     return labels, positions
 
 

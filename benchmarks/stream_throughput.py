@@ -161,10 +161,11 @@ def _self_cpu_s() -> float:
 
 def _consume(items: Iterable[dict[str, Any]], t0: float) -> dict[str, Any]:
     """Real tokens and batches of `items`, the seconds from `t0` to the first one, and the steady part after it."""
-    tokens = batches = first_tokens = 0
+    tokens = batches = first_tokens = slots = 0
     first = 0.0
     for item in items:
         tokens += int(item["cu_seqlens"][-1])
+        slots += len(item["input_ids"])
         batches += 1
         if batches == 1:
             first = time.time() - t0
@@ -174,6 +175,7 @@ def _consume(items: Iterable[dict[str, Any]], t0: float) -> dict[str, Any]:
     return {
         "tokens": tokens,
         "batches": batches,
+        "row_tokens": slots,
         "first_s": first,
         "t1": t1,
         "steady_tokens_per_s": (tokens - first_tokens) / steady_s if steady_s > 0 else 0.0,
@@ -319,11 +321,11 @@ ROW_CONTENT = (
     "input_ids, labels (the next token; -100 on every document piece's last token and on padding), position_ids "
     "(from 0 in every piece) and cu_seqlens as torch tensors sharing NumPy memory, so a trainer with document masking "
     "needs nothing more from either. loomdata also yields step/dp_rank/micro_batch/lane and keeps documents whole "
-    "(a row is padded where the next document does not fit: about 83% real tokens at --seq-len 4096 here), "
+    "(a row is padded where the next document does not fit: each side's `real_token_fraction` says how much), "
     "after planning and cost-balancing; concat_cut cuts documents at row boundaries (every row full, no padding; "
     "a cut document's second part starts again at position 0 and its first part loses the label across the cut). "
-    "Tokens counted are real tokens, so per row loomdata is credited ~17% fewer tokens for the same row's work: "
-    "`batches_per_cpu_s` gives the per-row figure beside tokens per CPU-second."
+    "Tokens counted are real tokens, so per row loomdata is credited (1 - real_token_fraction) fewer tokens for the "
+    "same row's work: `batches_per_cpu_s` gives the per-row figure beside tokens per CPU-second."
 )
 
 
@@ -454,8 +456,10 @@ def _thread_delta(before: dict[str, dict[str, float]], after: dict[str, dict[str
 
 def _side(rows: list[dict[str, Any]], wall: float, cpu: float) -> dict[str, Any]:
     """Totals over a side's consumers: tokens/s (all of them together), steady tokens/s per consumer (the mean,
-    after each one's first batch), tokens per CPU-second over every process, the slowest first batch."""
+    after each one's first batch), tokens and rows (batches) per CPU-second over every process, the real tokens'
+    share of the rows' length, the slowest first batch."""
     tokens = sum(r["tokens"] for r in rows)
+    batches = sum(r["batches"] for r in rows)
     rank_cpu = sum(r["rank_cpu_s"] for r in rows)
     return {
         "first_batch_s": round(max(r["first_s"] for r in rows), 4),
@@ -467,8 +471,9 @@ def _side(rows: list[dict[str, Any]], wall: float, cpu: float) -> dict[str, Any]
         "tokens_per_cpu_s": round(tokens / cpu),
         "rank_cpu_s": round(rank_cpu, 3),
         "tokens_per_rank_cpu_s": round(tokens / max(rank_cpu, 1e-6)),
-        "batches": sum(r["batches"] for r in rows),
-        "batches_per_cpu_s": round(sum(r["batches"] for r in rows) / cpu),
+        "batches": batches,
+        "batches_per_cpu_s": round(batches / cpu, 1),
+        "real_token_fraction": round(tokens / max(sum(r.get("row_tokens", 0) for r in rows), 1), 4),
     }
 
 

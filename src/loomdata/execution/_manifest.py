@@ -99,6 +99,8 @@ class ManifestSlice:
         self._chunk = max(1, chunk_steps, _steps_for_rows(meta, len(self._ranks), chunk_rows))
         self._keep = max(1, keep, 2 + -(-keep_steps // self._chunk) if keep_steps > 0 else 0)
         self._cache: collections.OrderedDict[int, tuple[ManifestRows, np.ndarray]] = collections.OrderedDict()
+        # the event loop reads hits while the constructor's pool reads and evicts chunks: the cache's moves are locked
+        self._cache_lock = threading.Lock()
 
     def rows(self, step: int, ranks: list[int] | None = None) -> ManifestRows:
         """Rows of `step` (for `ranks`, default all of this slice's), ordered by (dp_rank, micro_batch)."""
@@ -123,10 +125,11 @@ class ManifestSlice:
 
     def _chunk_rows(self, index: int) -> tuple[ManifestRows, np.ndarray]:
         """Chunk `index`'s rows, and where each of its steps' rows start (one more: the end)."""
-        hit = self._cache.get(index)
-        if hit is not None:
-            self._cache.move_to_end(index)
-            return hit
+        with self._cache_lock:
+            hit = self._cache.get(index)
+            if hit is not None:
+                self._cache.move_to_end(index)
+                return hit
         first = index * self._chunk
         last = min(first + self._chunk, self._meta.steps) - 1
         table = read_manifest(self._plan_dir, self._meta, first, last, dp_ranks=self._ranks)
@@ -135,9 +138,10 @@ class ManifestSlice:
         rows = ManifestRows(*(cols[c][order] for c in _COLUMNS))
         edges = np.arange(first, first + self._chunk + 1)  # to a whole chunk's end: a step past the plan has none
         starts = np.searchsorted(rows.step, edges.astype(rows.step.dtype, copy=False))
-        self._cache[index] = (rows, starts)
-        while len(self._cache) > self._keep:
-            self._cache.popitem(last=False)
+        with self._cache_lock:
+            self._cache[index] = (rows, starts)
+            while len(self._cache) > self._keep:
+                self._cache.popitem(last=False)
         return rows, starts
 
 

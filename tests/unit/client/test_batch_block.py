@@ -72,17 +72,18 @@ def _thin_of(batches: list[Batch]) -> BatchBlock:
     return BatchBlock(full.steps, full.scalars, keep, bounds, full.images, full.image_bounds)
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(40))
 def test_a_thin_block_derives_the_labels_and_positions_packing_writes(seed: int) -> None:
     """Labels and position ids rebuilt on the rank equal the rule's, written out segment by segment (`_by_segment`),
-    for any segments: empty ones, a batch without segments, a full batch (no padding), lanes of different lengths;
+    for any segments: empty ones, a batch without segments (cu_seqlens [0] or empty), an empty batch, a full batch
+    (no padding), lanes of different lengths;
     after pickling, for any range of batches."""
     rng = np.random.default_rng(seed)
     batches = []
     for mb in range(int(rng.integers(1, 7))):
-        seq = int(rng.choice([1, 8, 64, 100]))
-        kind = rng.integers(0, 4)
-        if kind == 0:
+        seq = int(rng.choice([0, 1, 8, 64, 100]))
+        kind = rng.integers(0, 5)
+        if kind in (0, 4):
             lengths = np.zeros(0, dtype=np.int64)  # no segments: all padding
         elif kind == 1:  # full: no padding
             cuts = np.sort(rng.integers(0, seq + 1, int(rng.integers(0, 5))))
@@ -92,6 +93,8 @@ def test_a_thin_block_derives_the_labels_and_positions_packing_writes(seed: int)
             lengths = lengths[np.cumsum(lengths) <= seq]
         tokens = rng.integers(0, 50_000, int(lengths.sum())).astype(np.int32)
         ids, cu = np.full(seq, 3, dtype=np.int32), np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        if kind == 4:
+            cu = cu[:0]  # no cu_seqlens entry at all: all padding (the packer writes [0], a block may not)
         ids[: len(tokens)] = tokens
         labels, pos = _by_segment(ids, lengths)
         seg = np.zeros(len(lengths), dtype=SEGMENT_DTYPE)

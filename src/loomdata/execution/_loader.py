@@ -76,7 +76,7 @@ from loomdata.sources._layouts import index_layouts
 from loomdata.sources.images import decoded_image_tokens
 from loomdata.storage import Location, is_url, location
 
-__all__ = ["REQUEST_DTYPE", "LoaderRetired", "SegmentData", "SourceLoader", "read_segments"]
+__all__ = ["REQUEST_DTYPE", "LoaderRetired", "SegmentData", "SourceLoader", "read_segments", "read_waits"]
 
 _INLINE_TOKENS = 1 << 16  # requests up to this many tokens are read on the event loop
 INLINE_LOADERS = 16
@@ -348,6 +348,18 @@ class SourceLoader:
         if self._plan is not None:
             self._plan.close()
         self._pool.shutdown(wait=False)
+
+
+def read_waits() -> list[dict[str, Any]]:
+    """This process's open loaders' latest waits on units being read ahead (`Prefetcher.waits`), oldest first: where a
+    run waited on storage (`benchmarks/object_store.py` runs it in each worker), with the source and part waiting."""
+    out = []
+    for lo in list(_LIVE):
+        pf = lo._plan.prefetch if lo._plan is not None else None
+        if pf is not None:
+            who = {"source": lo.partition.source, "part": lo.partition.part}
+            out += [{**who, **dataclasses.asdict(w)} for w in list(pf.waits)]
+    return sorted(out, key=lambda w: w["at"])
 
 
 def _partition_rows(

@@ -285,8 +285,10 @@ class PlanAhead:
         path = lo._paths.get(shard)
         if path is None:
             return []
-        handle = functools.partial(open_ahead, path, lo._source.storage_options, _size(lo, shard))
-        return [functools.partial(lo._verifier.open_shard, shard, path), handle]
+        check = functools.partial(lo._verifier.open_shard, shard, path)
+        if lo._verifier.opens_handle(shard, path):  # the check's HEAD opens the read handle: no second HEAD
+            return [check]
+        return [check, functools.partial(open_ahead, path, lo._source.storage_options, _size(lo, shard))]
 
     def served(self, request: np.ndarray, keys: np.ndarray | None = None) -> None:
         """The segments of `request` (their unit `keys`, if the read knew them) were read: count their uses off."""

@@ -30,6 +30,7 @@ __all__ = [
     "ARROW_MIN_READ",
     "TRANSPORT_ENV",
     "arrow_filesystem",
+    "arrow_head",
     "arrow_open",
     "arrow_read",
     "arrow_s3_kwargs",
@@ -148,6 +149,35 @@ def arrow_open(url: str, kwargs: dict[str, Any], on_open: Any) -> bool:
     False where pyarrow has no S3; an error opening it (a missing object) raises, as the read would.
     """
     return _handle(url, kwargs, on_open) is not None
+
+
+def arrow_head(url: str, kwargs: dict[str, Any], on_open: Any) -> tuple[int, dict[str, str]] | None:
+    """Open `url`'s pyarrow handle afresh (its one HEAD) and keep it for the large reads after, in place of any kept:
+    the object's size and the HEAD's headers (`ETag`, `VersionId` where the store sends one), for a shard check that
+    then costs no request of its own (session 24). None where pyarrow has no S3. Errors raise, as `arrow_open`'s.
+    """
+    got = _filesystem(kwargs)
+    if got is None:
+        return None
+    key, fs = got
+    hkey = (key, url)
+    with _LOCK:
+        _OPENING[hkey] = _OPENING.get(hkey, 0) + 1  # reads meanwhile go through fsspec, as beside any open
+    try:
+        on_open()
+        f = fs.open_input_file(url.split("://", 1)[1])
+    finally:
+        with _LOCK:
+            left = _OPENING.pop(hkey) - 1
+            if left:
+                _OPENING[hkey] = left
+    with _LOCK:
+        _HANDLES[hkey] = f  # fresher than one kept (not closed: a read may still hold that one)
+        _HANDLES.move_to_end(hkey)
+        while len(_HANDLES) > _MAX_HANDLES:
+            _HANDLES.popitem(last=False)
+    meta = {str(k): v.decode(errors="replace") if isinstance(v, bytes) else str(v) for k, v in f.metadata().items()}
+    return int(f.size()), meta
 
 
 def drop_handle(url: str) -> None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from loomdata.storage._arrow import (
     ARROW_MIN_READ,
     arrow_filesystem,
+    arrow_head,
     arrow_open,
     arrow_read,
     arrow_s3_kwargs,
@@ -287,6 +288,32 @@ def _read_view(
 
     key = _options_key(url, options)
     return one() if key is None else _SHARED.run((url, start, stop, key), one)
+
+
+def head_identity(
+    url: str, size: int, options: StorageOptions | None = None, policy: RetryPolicy = DEFAULT_POLICY
+) -> ObjectIdentity | None:
+    """Size and version of an s3:// object of `size` bytes (as indexed) from the HEAD that opens its pyarrow read
+    handle (kept for the large reads after: `_arrow.arrow_head`), so checking a shard and opening it for reads is one
+    request. None where its reads take no such handle (`handle_opened`). Errors raise, naming the URL."""
+    if not handle_opened(url, size, options):
+        return None
+    kwargs = arrow_s3_kwargs(options_for("s3", options))
+    if kwargs is None:
+        return None
+    got = _retry(lambda: arrow_head(url, kwargs, lambda: _STATS.add("head")), url, "open", policy)
+    if got is None:
+        return None
+    size, headers = got
+    return ObjectIdentity(size, _version_of(headers))
+
+
+def handle_opened(url: str, size: int, options: StorageOptions | None = None) -> bool:
+    """Whether large reads of `url` (an object of `size` bytes) go through a pyarrow handle, opened by a HEAD: an
+    s3:// object of at least `ARROW_MIN_READ` bytes, pyarrow with S3, options it takes, no `LOOMDATA_S3_TRANSPORT`."""
+    if protocol_of(url) != "s3" or size < ARROW_MIN_READ:
+        return False
+    return arrow_s3_kwargs(options_for("s3", options)) is not None
 
 
 def read_range_identity(

@@ -179,6 +179,7 @@ class SourceLoader:
             self._index = dataclasses.replace(self._index, checksums=held)
         ids = shards.column("shard").to_pylist()
         paths = shards.column("path").to_pylist()
+        self._held_layouts: frozenset[str] = frozenset()
         self._paths = {
             int(s): location(p)  # a URL stays a string (Path would fold its "//")
             for s, p in zip(ids, paths, strict=True)
@@ -186,7 +187,9 @@ class SourceLoader:
         }
         self._reader: FormatReader = make_reader(self._source, spec.tokenizer, spec.images)
         if self._verifier.mode is not VerifyMode.OFF:  # objects' footers the index kept (no footer GET); checked reads
-            self._reader.hold_layouts(index_layouts(files.root, shards, self._paths))
+            layouts = index_layouts(files.root, shards, self._paths)
+            self._reader.hold_layouts(layouts)
+            self._held_layouts = frozenset(layouts)  # URLs whose footer no request reads
             if any(is_url(p) for p in self._paths.values()):  # their whole ETags, for the one-GET shard check
                 self._verifier.hold_versions(load_objects(files.root), self._paths)
         self._patch = spec.images.patch_size

@@ -286,7 +286,7 @@ class PlanAhead:
         if path is None:
             return []
         check = functools.partial(lo._verifier.open_shard, shard, path)
-        if lo._verifier.opens_handle(shard, path):  # the check's HEAD opens the read handle: no second HEAD
+        if shard not in lo._verifier.opened and lo._verifier.opens_handle(shard, path):  # its HEAD opens the handle
             return [check]
         return [check, functools.partial(open_ahead, path, lo._source.storage_options, _size(lo, shard))]
 

@@ -227,7 +227,7 @@ class Verifier:
         """Whether checking `shard` opens its read handle: an s3:// object whose ETag/version the index recorded, read
         through a pyarrow handle, is checked from the HEAD that opens it (`unchanged_object`): not opened again."""
         want = self.shards.get(shard)
-        if self.mode is VerifyMode.OFF or shard in self.opened or not self.versions.get(shard) or want is None:
+        if self.mode is VerifyMode.OFF or not self.versions.get(shard) or want is None:
             return False
         return is_url(path) and handle_opened(str(path), want.size_bytes, self.options)
 

@@ -285,10 +285,7 @@ class PlanAhead:
         path = lo._paths.get(shard)
         if path is None:
             return []
-        check = functools.partial(lo._verifier.open_shard, shard, path)
-        if shard not in lo._verifier.opened and lo._verifier.opens_handle(shard, path):  # its HEAD opens the handle
-            return [check]
-        return [check, functools.partial(open_ahead, path, lo._source.storage_options, _size(lo, shard))]
+        return _check_and_handle(lo, shard, path)
 
     def served(self, request: np.ndarray, keys: np.ndarray | None = None) -> None:
         """The segments of `request` (their unit `keys`, if the read knew them) were read: count their uses off."""
@@ -316,6 +313,14 @@ def _hold_checksums(loader: Any, step: np.ndarray, sample: np.ndarray, first_ste
         loader.hold_checksums(step, sample, first_step)
     except (LoomError, OSError, pa.ArrowException):
         loader._counters.plan_errors += 1
+
+
+def _check_and_handle(loader: Any, shard: int, path: Any) -> list[functools.partial[None]]:
+    """A shard's check and the open of its read handle, or the check alone where its HEAD opens the handle."""
+    check = functools.partial(loader._verifier.open_shard, shard, path)
+    if shard not in loader._verifier.opened and loader._verifier.opens_handle(shard, path):
+        return [check]
+    return [check, functools.partial(open_ahead, path, loader._source.storage_options, _size(loader, shard))]
 
 
 def _size(loader: Any, shard: int) -> int | None:

@@ -398,7 +398,9 @@ def _loom_run(
         # serving CPU from the executor's start: a loader reads ahead before the consumers start (local disk: most of
         # a run's reads), so CPU counted from the consumers' start alone would flatter the faster store
         serve0, store0 = client.run(time.process_time), time.process_time() + _store_cpu_s()
+        t_serve = time.time()
         with Executor(plan_dir, client, loader_prefetch=prefetch) as ex:
+            t_ready = time.time()
             if proxy is not None:
                 proxy.reset()
             if TRACE:
@@ -428,6 +430,7 @@ def _loom_run(
             machine["serve_workers_cpu_s"] = round(sum(wcpu1[w] - serve0[w] for w in wcpu1 if w in serve0), 3)
             machine["serve_bench_process_cpu_s"] = round(time.process_time() + _store_cpu_s() - store0, 3)
             trace = client.run(_stall_trace.stop) if TRACE else None
+            read_waits = _read_waits(client)
             wall = max(r["t1"] for r in rows) - min(r["t0"] for r in rows)  # from the consumers' common start
             counts = proxy.reset() if proxy is not None else None
             loaders = [lo.metrics for lo in ex.metrics().loaders]
@@ -482,6 +485,9 @@ def _loom_run(
     )
     out["tokens_per_serving_cpu_s"] = round(tokens / run_cpu) if run_cpu > 0 else None
     out["tokens_per_serve_start_cpu_s"] = round(tokens / serve_cpu) if serve_cpu > 0 else None
+    out["wait_timeline"] = _wait_timeline(rows, read_waits, out)
+    t0 = min(r["t0"] for r in rows)  # the serve's start and readiness, from the consumers' common start
+    out["wait_timeline"].update(serve_start_s=round(t_serve - t0, 3), serve_ready_s=round(t_ready - t0, 3))
     if spies:
         out["profile_split"] = split  # busy samples at 200 Hz per process: worker0/1, bench (scheduler, proxy), store
     if trace is not None:
@@ -492,6 +498,71 @@ def _loom_run(
             requests_per_step=round(counts.requests / steps, 2),
             fetched_per_delivered=round(counts.bytes_down / max(4 * tokens, 1), 3),
         )
+    return out
+
+
+def _read_waits(client: Any) -> list[dict[str, Any]] | None:
+    """The loaders' waits on units still being read ahead, every worker's (None from a loomdata without the log)."""
+    try:
+        from loomdata.execution._loader import read_waits
+    except ImportError:
+        return None
+    return sorted((w for ws in client.run(read_waits).values() for w in ws), key=lambda w: w["at"])
+
+
+TIMELINE_BINS = 10  # the consumer's wait per tenth of the run's steps
+LONG_WAIT_S = 0.05  # a wait over this long is listed with its step and time
+
+
+def _wait_timeline(rows: list[dict[str, Any]], read_waits: list[dict[str, Any]] | None, run: dict[str, Any]) -> dict:
+    """Where a run's consumer wait is (issue 9's "which steps wait and why"), for the consumer that waited longest:
+
+    - `first_s` (serve start, once a run) and the wait after it per tenth of the steps (`by_tenth_ms`);
+    - `long`: each wait over `LONG_WAIT_S` after the first batch: [step, ms, seconds since the consumers' start];
+    - `loader_waits`: the loaders' waits on units being read ahead (`read_waits`; all workers): how many and their
+      seconds, in the first second after the consumers' start (cold start: opens and first GETs) and later, and how
+      many waited on a read issued more than two store latencies earlier (`issued_early`: storage or CPU too slow,
+      not a read issued late);
+    - `machine_share`: the run's processes' CPU (workers, consumers, the benchmark process with moto and the proxy)
+      over the wall time of the machine's cores: near 1, the run is CPU-bound and waits are the serving rate's.
+    """
+    worst = max(rows, key=lambda r: sum(r["gaps"][1:]))
+    gaps = np.asarray(worst["gaps"][1:], dtype=np.float64)
+    t0 = min(r["t0"] for r in rows)
+    tenth = [round(1000 * float(b.sum()), 1) for b in np.array_split(gaps, TIMELINE_BINS)] if len(gaps) else []
+    long = [[int(n), round(1000 * s, 1), round(at - t0, 3)] for at, s, n in worst["long_gaps"] if n > 0]
+    out: dict[str, Any] = {
+        "first_s": round(float(worst["gaps"][0]), 3) if worst["gaps"] else None,
+        "after_first_s": round(float(gaps.sum()), 3),
+        "by_tenth_ms": tenth,
+        "long": long,
+        "long_s": round(sum(x[1] for x in long) / 1000, 3),
+    }
+    cpu = sum(run.get(k) or 0.0 for k in ("workers_cpu_s", "consumers_cpu_s", "bench_process_cpu_s"))
+    wall = run.get("wall_s") or 0.0
+    out["machine_share"] = round(cpu / (wall * (os.cpu_count() or 1)), 3) if wall > 0 else None
+    if read_waits is not None:
+        lat = (run.get("get_latency_ms") or 0.0) / 1000
+        cold = [w for w in read_waits if w["at"] - t0 < 1.0]
+        later = [w for w in read_waits if w["at"] - t0 >= 1.0]
+        out["loader_waits"] = {
+            "count": len(read_waits),
+            "seconds": round(sum(w["seconds"] for w in read_waits), 3),
+            "first_second": [len(cold), round(sum(w["seconds"] for w in cold), 3)],
+            "later": [len(later), round(sum(w["seconds"] for w in later), 3)],
+            "issued_early": sum(1 for w in read_waits if w["at"] - w["issued_at"] > 2 * lat),
+            "each": [
+                [
+                    round(w["at"] - t0, 3),
+                    round(1000 * w["seconds"], 1),
+                    round(1000 * (w["at"] - w["issued_at"]), 1),
+                    w["newest"],
+                    w["issued_front"],
+                    w["in_flight"],
+                ]
+                for w in read_waits
+            ],  # [seconds since start, ms waited, ms since issued, newest served, front at issue, in flight]
+        }
     return out
 
 
@@ -645,7 +716,11 @@ def _print_row(side: str, ms: float, row: dict[str, Any]) -> None:
     wait = row.get("wait_per_step_ms", row.get("wait_per_batch_ms", 0.0))
     after = f"{row['wait_per_step_after_first_ms']:>11.2f}" if "wait_per_step_after_first_ms" in row else f"{'':>11}"
     waits = [row.get("prefetch_waits"), row.get("unit_misses")]
-    misses = f"  storage waits {waits[0] + waits[1]}" if None not in waits else ""
+    misses = ""
+    if None not in waits and ms > 0:  # object URLs: a unit awaited in flight or fetched by the read path
+        misses = f"  storage waits {waits[0] + waits[1]}"
+    elif None not in waits:  # local files: a miss is a read inline (auto read-ahead off), not a wait on storage
+        misses = f"  read-ahead waits {waits[0]} inline reads {waits[1]}"
     pct = (
         f"  p50/90/99 {row['wait_p50_ms']:.2f}/{row['wait_p90_ms']:.2f}/{row['wait_p99_ms']:.1f}"
         if "wait_p50_ms" in row

@@ -76,7 +76,7 @@ from loomdata.sources._layouts import index_layouts
 from loomdata.sources.images import decoded_image_tokens
 from loomdata.storage import Location, is_url, location
 
-__all__ = ["REQUEST_DTYPE", "LoaderRetired", "SegmentData", "SourceLoader", "read_segments"]
+__all__ = ["REQUEST_DTYPE", "LoaderRetired", "SegmentData", "SourceLoader", "read_segments", "read_waits"]
 
 _INLINE_TOKENS = 1 << 16  # requests up to this many tokens are read on the event loop
 INLINE_LOADERS = 16
@@ -179,6 +179,7 @@ class SourceLoader:
             self._index = dataclasses.replace(self._index, checksums=held)
         ids = shards.column("shard").to_pylist()
         paths = shards.column("path").to_pylist()
+        self._held_layouts: frozenset[str] = frozenset()
         self._paths = {
             int(s): location(p)  # a URL stays a string (Path would fold its "//")
             for s, p in zip(ids, paths, strict=True)
@@ -186,7 +187,9 @@ class SourceLoader:
         }
         self._reader: FormatReader = make_reader(self._source, spec.tokenizer, spec.images)
         if self._verifier.mode is not VerifyMode.OFF:  # objects' footers the index kept (no footer GET); checked reads
-            self._reader.hold_layouts(index_layouts(files.root, shards, self._paths))
+            layouts = index_layouts(files.root, shards, self._paths)
+            self._reader.hold_layouts(layouts)
+            self._held_layouts = frozenset(layouts)  # URLs whose footer no request reads
             if any(is_url(p) for p in self._paths.values()):  # their whole ETags, for the one-GET shard check
                 self._verifier.hold_versions(load_objects(files.root), self._paths)
         self._patch = spec.images.patch_size
@@ -348,6 +351,18 @@ class SourceLoader:
         if self._plan is not None:
             self._plan.close()
         self._pool.shutdown(wait=False)
+
+
+def read_waits() -> list[dict[str, Any]]:
+    """This process's open loaders' latest waits on units being read ahead (`Prefetcher.waits`), oldest first: where a
+    run waited on storage (`benchmarks/object_store.py` runs it in each worker), with the source and part waiting."""
+    out = []
+    for lo in list(_LIVE):
+        pf = lo._plan.prefetch if lo._plan is not None else None
+        if pf is not None:
+            who = {"source": lo.partition.source, "part": lo.partition.part}
+            out += [{**who, **dataclasses.asdict(w)} for w in list(pf.waits)]
+    return sorted(out, key=lambda w: w["at"])
 
 
 def _partition_rows(

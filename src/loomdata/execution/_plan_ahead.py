@@ -285,8 +285,7 @@ class PlanAhead:
         path = lo._paths.get(shard)
         if path is None:
             return []
-        handle = functools.partial(open_ahead, path, lo._source.storage_options, _size(lo, shard))
-        return [functools.partial(lo._verifier.open_shard, shard, path), handle]
+        return _check_and_handle(lo, shard, path)
 
     def served(self, request: np.ndarray, keys: np.ndarray | None = None) -> None:
         """The segments of `request` (their unit `keys`, if the read knew them) were read: count their uses off."""
@@ -316,6 +315,14 @@ def _hold_checksums(loader: Any, step: np.ndarray, sample: np.ndarray, first_ste
         loader._counters.plan_errors += 1
 
 
+def _check_and_handle(loader: Any, shard: int, path: Any) -> list[functools.partial[None]]:
+    """A shard's check and the open of its read handle, or the check alone where its HEAD opens the handle."""
+    check = functools.partial(loader._verifier.open_shard, shard, path)
+    if shard not in loader._verifier.opened and loader._verifier.opens_handle(shard, path):
+        return [check]
+    return [check, functools.partial(open_ahead, path, loader._source.storage_options, _size(loader, shard))]
+
+
 def _size(loader: Any, shard: int) -> int | None:
     """A shard's size as the index recorded it (None where the verifier does not know the shard)."""
     known = loader._verifier.shards.get(shard)
@@ -323,7 +330,18 @@ def _size(loader: Any, shard: int) -> int | None:
 
 
 def _warm_store(loader: Any) -> None:
-    """On an object store, make its client now (0.3 s in a fresh process), so the first request pays only its trip."""
+    """On an object store, make its client now (0.3 s in a fresh process), so the first request pays only its trip;
+    s3fs's only where the loader's requests go through it (`_needs_fsspec`)."""
     remote = next((p for p in loader._paths.values() if is_url(p)), None)
     if remote is not None:
-        warm_client(remote, loader._source.storage_options)
+        warm_client(remote, loader._source.storage_options, fsspec=_needs_fsspec(loader))
+
+
+def _needs_fsspec(loader: Any) -> bool:
+    """Whether a loader's requests go through fsspec: an object whose footer the index did not keep for it (read by a
+    small GET), or that is not checked and read through a pyarrow handle (`Verifier.opens_handle`). Where none does,
+    making s3fs's client at warm-up (~0.3 s of CPU, session 24: beside the first window's GETs on a loaded host) is
+    left to a request that needs it (a row group under `ARROW_MIN_READ`, a read whose handle was refused)."""
+    held = loader._held_layouts
+    check = loader._verifier
+    return any(is_url(p) and (str(p) not in held or not check.opens_handle(s, p)) for s, p in loader._paths.items())

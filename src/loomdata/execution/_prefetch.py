@@ -101,10 +101,12 @@ __all__ = [
     "STALL_WINDOW_S",
     "STORAGE_MIN_BYTES",
     "UNACCOUNTED_FS",
+    "WAIT_LOG",
     "PrefetchCounters",
     "Prefetcher",
     "ReadDepth",
     "ReadStall",
+    "ReadWait",
     "StepRate",
     "UnitSpans",
     "coalesce",
@@ -184,6 +186,8 @@ _FIRST_RATE_S = 0.1  # the first measure, this soon after the first served step 
 _UNIT_MEAN_OVER = 32  # units: a unit's decoded size is their mean, then a mean decaying by 1/32 a unit
 _DECAY = 0.95  # per read: how fast the read-duration high-water mark forgets a slow read
 _REREADS = 2  # times a unit read ahead is read again at most when newly planned rows were not kept
+WAIT_LOG = 256
+"""The most storage waits one loader's read-ahead remembers (`Prefetcher.waits`: the benchmarks' wait timeline)."""
 
 
 def shared_threads() -> ThreadPoolExecutor:
@@ -331,6 +335,22 @@ class StepRate:
         self.steps_per_s = rate if self.steps_per_s <= 0 else 0.5 * (self.steps_per_s + rate)
         self._mark = (now, newest, waited)
         return True
+
+
+@dataclass(frozen=True, slots=True)
+class ReadWait:
+    """One read that waited on a unit still being read ahead: when (wall clock), how long, and why.
+
+    `issued_at`: when that unit's read ahead was issued (wall clock), `issued_front`: the newest step asked then,
+    `newest`: the newest step served when the wait began, `in_flight`: reads ahead in flight then. A read issued
+    long before the wait and still in flight is slow storage (or a starved CPU); one issued just before, late."""
+
+    at: float
+    seconds: float
+    issued_at: float
+    issued_front: int
+    newest: int
+    in_flight: int
 
 
 @dataclass
@@ -640,6 +660,8 @@ class Prefetcher:
         self._idle = threading.Condition(self._lock)  # notified when a finished read's follow-up pump is done
         self._pumping = 0  # finished reads whose follow-up pump (which may issue the next) still runs
         self._inflight: dict[int, Future[None]] = {}  # by unit key (a coalesced read's units share one future)
+        self._issued: dict[int, tuple[float, int]] = {}  # by unit key in flight: (wall clock issued, front then)
+        self.waits: deque[ReadWait] = deque(maxlen=WAIT_LOG)  # the latest reads that waited on a read ahead
         self._requests = 0  # reads ahead in flight (the `limit` bounds these)
         self._spans = UnitSpans(make_reader, paths)
         self._fresh: set[int] = set()  # read ahead and kept, not yet asked for
@@ -664,11 +686,16 @@ class Prefetcher:
         with self._lock:
             fut = self._inflight.get(k) if k is not None else None
         if fut is not None:
-            t0 = time.monotonic()
+            t0, at = time.monotonic(), time.time()
+            with self._lock:
+                issued, ahead = self._issued.get(k, (at, -1)) if k is not None else (at, -1), self._requests
+            newest = self.cache.newest
             wait_for([fut])
             with self._lock:
                 self.counters.waited += 1
-                self._waited_s += time.monotonic() - t0
+                took = time.monotonic() - t0
+                self._waited_s += took
+                self.waits.append(ReadWait(at, took, issued[0], issued[1], newest, ahead))
         value = self.cache.get(key)
         self._hit.key = None
         with self._lock:
@@ -741,8 +768,10 @@ class Prefetcher:
                 self._requests += 1
                 fut = self._pool.submit(self._fetch, run, path, units, front, c.plans)
                 d.reserve(c.pool, run[0], len(run))
+                at = time.time()
                 for k in run:
                     self._inflight[k] = fut
+                    self._issued[k] = (at, front)
 
     def _measure_rate(self, newest: int) -> None:
         """Re-measure the served-step rate and widen the cache's reach to the latency it implies."""
@@ -808,6 +837,7 @@ class Prefetcher:
                 self.depth.release(self.cache.pool, keys[0])  # before the follow-up pump sizes the next reads
                 for k in keys:
                     self._inflight.pop(k, None)
+                    self._issued.pop(k, None)
                 self._requests -= 1
                 self._pumping += 1
         try:

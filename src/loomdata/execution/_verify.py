@@ -49,6 +49,8 @@ from loomdata.storage import (
     StorageError,
     StorageOptions,
     TransientStorageError,
+    handle_opened,
+    is_url,
     redact,
 )
 
@@ -220,6 +222,14 @@ class Verifier:
                 and (got.size, got.fingerprint) == (want.size_bytes, want.fingerprint)
             ):
                 self.versions[shard] = got.version
+
+    def opens_handle(self, shard: int, path: Location) -> bool:
+        """Whether checking `shard` opens its read handle: an s3:// object whose ETag/version the index recorded, read
+        through a pyarrow handle, is checked from the HEAD that opens it (`unchanged_object`): not opened again."""
+        want = self.shards.get(shard)
+        if self.mode is VerifyMode.OFF or not self.versions.get(shard) or want is None:
+            return False
+        return is_url(path) and handle_opened(str(path), want.size_bytes, self.options)
 
     @property
     def samples(self) -> bool:

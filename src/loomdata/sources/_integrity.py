@@ -56,9 +56,11 @@ from loomdata.storage import (
     AccessDeniedError,
     Location,
     ObjectNotFoundError,
+    RetryPolicy,
     StorageError,
     StorageOptions,
     TransientStorageError,
+    head_identity,
     identity,
     is_url,
     protocol_of,
@@ -255,11 +257,19 @@ def stat_shard(
     return ShardStat(path=path, size_bytes=size, mtime_ns=mtime, fingerprint=h.hexdigest()[:32], ctime_ns=ctime)
 
 
+_ONCE = RetryPolicy(attempts=1)
+"""The shard check's HEAD is not retried: the 1-byte GET after a failed one retries, and names the error as before."""
+
+
 def unchanged_object(
     path: Location, fmt: SourceFormat, options: StorageOptions | None, size: int, stamp: int, version: str | None
 ) -> bool:
     """Whether a one-object S3 shard still has the size and ETag/version (`stamp`: `version_stamp`) it was indexed
-    with, from the response of one 1-byte range GET (`read_range_identity`): no HEAD, no edge reads.
+    with, from one request's response (see below): no edge reads.
+
+    The identity comes from the HEAD that opens the object's pyarrow read handle (`head_identity`, kept for the
+    reads: checking and opening a shard is one request, session 24); where that HEAD does not name the version the
+    index recorded (a versioned bucket's id, or no pyarrow S3), from the 1-byte GET's response.
 
     An S3 ETag changes with every write that changes the content (a single-part upload's is its MD5 without SSE-KMS;
     a multipart or SSE-KMS upload's is opaque, and new on each upload), and where the bucket keeps versions the version
@@ -277,15 +287,23 @@ def unchanged_object(
         return False
     if len(files_of(path, fmt)) != 1:
         return False
+    # the HEAD that opens its read handle: no request of the check's own. Any error, any difference (a HEAD may not
+    # name the version): the 1-byte GET asks, and reports what it meets
     try:
-        got = read_range_identity(url, 0, 1, options)
+        head = head_identity(url, size, options, _ONCE)
+    except StorageError:
+        head = None
+    try:
+        if head is None or head.size != size or head.version != version:
+            got = read_range_identity(url, 0, 1, options)
+            head = None if got is None else got[1]
     except (ObjectNotFoundError, AccessDeniedError, TransientStorageError):
         raise
     except StorageError:
         return False
-    if got is None or got[1].size != size or got[1].version != version:
+    if head is None or head.size != size or head.version != version:
         return False
-    return version_stamp(got[1].version) == stamp
+    return version_stamp(head.version) == stamp
 
 
 def _low32(digests: Iterator[int], n: int) -> np.ndarray:

@@ -30,6 +30,7 @@ __all__ = [
     "ARROW_MIN_READ",
     "TRANSPORT_ENV",
     "arrow_filesystem",
+    "arrow_head",
     "arrow_open",
     "arrow_read",
     "arrow_s3_kwargs",
@@ -48,6 +49,9 @@ _LOCK = threading.Lock()
 _FILESYSTEMS: dict[tuple[tuple[str, Any], ...], Any] = {}
 _HANDLES: OrderedDict[tuple[tuple[tuple[str, Any], ...], str], Any] = OrderedDict()
 _OPENING: dict[tuple[tuple[tuple[str, Any], ...], str], int] = {}  # handles being opened now (their HEAD in flight)
+_OPENED = threading.Condition(_LOCK)  # notified when an open ends (`arrow_read(wait_open=True)` waits on it)
+OPEN_WAIT_S = 30.0
+"""The longest a read waits for another thread's open of its handle (then it opens one itself)."""
 
 
 def _forget_after_fork() -> None:
@@ -56,8 +60,9 @@ def _forget_after_fork() -> None:
     A parent thread may hold `_LOCK` or be opening a handle at the fork (that thread is not in the child: its
     `_OPENING` count would never drop, and every read of that object would go through fsspec); the parent's pyarrow
     clients and handles are not for a child's use either."""
-    global _LOCK, _FILESYSTEMS, _HANDLES, _OPENING
+    global _LOCK, _FILESYSTEMS, _HANDLES, _OPENING, _OPENED
     _LOCK = threading.Lock()
+    _OPENED = threading.Condition(_LOCK)
     _FILESYSTEMS = {}
     _HANDLES = OrderedDict()
     _OPENING = {}
@@ -111,15 +116,18 @@ def arrow_filesystem(kwargs: dict[str, Any]) -> bool:
     return _filesystem(kwargs) is not None
 
 
-def _handle(url: str, kwargs: dict[str, Any], on_open: Any, wait: bool = True) -> Any | None:
+def _handle(url: str, kwargs: dict[str, Any], on_open: Any, wait: bool = True, wait_open: bool = False) -> Any | None:
     """The kept handle of `url`, opened now if none is (one HEAD). `wait=False`: None while another thread opens it
-    (the caller reads through fsspec rather than wait for that HEAD or send a second one)."""
+    (the caller reads through fsspec rather than wait for that HEAD or send a second one), unless `wait_open`: then
+    that open is waited for (at most `OPEN_WAIT_S`) and its handle used (no second HEAD, no fsspec request)."""
     got = _filesystem(kwargs)
     if got is None:
         return None
     key, fs = got
     hkey = (key, url)
     with _LOCK:
+        if not wait and wait_open and hkey in _OPENING and hkey not in _HANDLES:
+            _OPENED.wait_for(lambda: hkey not in _OPENING, OPEN_WAIT_S)
         f = _HANDLES.get(hkey)
         if f is not None:
             _HANDLES.move_to_end(hkey)
@@ -130,15 +138,27 @@ def _handle(url: str, kwargs: dict[str, Any], on_open: Any, wait: bool = True) -
     try:
         on_open()
         f = fs.open_input_file(url.split("://", 1)[1])  # one HEAD; ReadAt on it is thread-safe
-    finally:
-        with _LOCK:
-            left = _OPENING.pop(hkey) - 1
-            if left:
-                _OPENING[hkey] = left
+    except BaseException:
+        _opened(hkey, None)
+        raise
+    return _opened(hkey, f, replace=False)
+
+
+def _opened(hkey: tuple[tuple[tuple[str, Any], ...], str], f: Any | None, replace: bool = True) -> Any | None:
+    """An open of `hkey` ended with handle `f` (None: it failed): keep it (`replace`: in place of one kept, else the
+    one kept wins), then wake the reads waiting for it. Returns the handle kept."""
     with _LOCK:
-        f = _HANDLES.setdefault(hkey, f)
-        while len(_HANDLES) > _MAX_HANDLES:
-            _HANDLES.popitem(last=False)  # not closed here: a read may still hold it (closed when dropped)
+        left = _OPENING.pop(hkey) - 1
+        if left:
+            _OPENING[hkey] = left
+        if f is not None:
+            if replace:
+                _HANDLES[hkey] = f  # fresher than one kept (not closed: a read may still hold that one)
+            f = _HANDLES.setdefault(hkey, f)
+            _HANDLES.move_to_end(hkey)
+            while len(_HANDLES) > _MAX_HANDLES:
+                _HANDLES.popitem(last=False)  # not closed here: a read may still hold it (closed when dropped)
+        _OPENED.notify_all()
     return f
 
 
@@ -150,6 +170,29 @@ def arrow_open(url: str, kwargs: dict[str, Any], on_open: Any) -> bool:
     return _handle(url, kwargs, on_open) is not None
 
 
+def arrow_head(url: str, kwargs: dict[str, Any], on_open: Any) -> tuple[int, dict[str, str]] | None:
+    """Open `url`'s pyarrow handle afresh (its one HEAD) and keep it for the large reads after, in place of any kept:
+    the object's size and the HEAD's headers (`ETag`, `VersionId` where the store sends one), for a shard check that
+    then costs no request of its own (session 24). None where pyarrow has no S3. Errors raise, as `arrow_open`'s.
+    """
+    got = _filesystem(kwargs)
+    if got is None:
+        return None
+    key, fs = got
+    hkey = (key, url)
+    with _LOCK:
+        _OPENING[hkey] = _OPENING.get(hkey, 0) + 1  # reads meanwhile go through fsspec, as beside any open
+    try:
+        on_open()
+        f = fs.open_input_file(url.split("://", 1)[1])
+    except BaseException:
+        _opened(hkey, None)
+        raise
+    _opened(hkey, f)
+    meta = {str(k): v.decode(errors="replace") if isinstance(v, bytes) else str(v) for k, v in f.metadata().items()}
+    return int(f.size()), meta
+
+
 def drop_handle(url: str) -> None:
     """Forget every process-wide handle of `url` (after a failed or short read: the next read opens afresh)."""
     with _LOCK:
@@ -158,7 +201,13 @@ def drop_handle(url: str) -> None:
 
 
 def arrow_read(
-    url: str, start: int, stop: int, kwargs: dict[str, Any], on_open: Any, size: int | None = None
+    url: str,
+    start: int,
+    stop: int,
+    kwargs: dict[str, Any],
+    on_open: Any,
+    size: int | None = None,
+    wait_open: bool = False,
 ) -> Any | None:
     """Bytes [start, stop) of an s3:// object through a kept pyarrow handle, as the `pyarrow.Buffer` the GET filled
     (no copy: a caller that needs `bytes` copies once); None: read it through fsspec.
@@ -173,11 +222,14 @@ def arrow_read(
     through fsspec at once, one round trip, instead of waiting for that HEAD and then its GET (two). A shard's first
     row groups are read so when its footer is held from the index and its GET is issued beside the open's HEAD.
 
+    `wait_open`: wait for that open instead (the caller's fsspec client is not made yet: making it costs more CPU
+    than the HEAD's round trip costs time; session 24).
+
     A None never asks the caller to drop anything: a handle whose size disagreed is dropped here, and one being
     opened is the other thread's, kept for the reads after it.
     """
     for _ in range(2):
-        f = _handle(url, kwargs, on_open, wait=False)
+        f = _handle(url, kwargs, on_open, wait=False, wait_open=wait_open)
         if f is None:
             return None
         n = int(f.size())

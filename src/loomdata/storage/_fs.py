@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from loomdata.storage._arrow import (
     ARROW_MIN_READ,
     arrow_filesystem,
+    arrow_head,
     arrow_open,
     arrow_read,
     arrow_s3_kwargs,
@@ -99,6 +100,16 @@ def reset_request_stats() -> None:
 
 
 _CONNECT_LOCK = threading.Lock()
+_MADE: set[bytes | None] = set()  # the options (`_options_key`) whose s3fs client this process has made
+
+
+if hasattr(os, "register_at_fork"):  # a forked child makes its own clients (fsspec forgets the parent's)
+    os.register_at_fork(after_in_child=_MADE.clear)
+
+
+def _client_made(url: str, options: StorageOptions | None) -> bool:
+    """Whether this process has made the s3fs client `url` would be read with (checked without making it)."""
+    return _options_key(url, options) in _MADE
 
 
 def _fs(url: str, options: StorageOptions | None) -> fsspec.AbstractFileSystem:
@@ -115,6 +126,7 @@ def _fs(url: str, options: StorageOptions | None) -> fsspec.AbstractFileSystem:
         raise ObjectNotFoundError(url, f"no filesystem for {proto}:// ({e})", hint=hint) from None
     if proto == "s3" and not getattr(fs, "_loom_connected", False):
         _connect(fs)
+        _MADE.add(_options_key(url, options))
     return fs
 
 
@@ -133,16 +145,18 @@ def _connect(fs: fsspec.AbstractFileSystem) -> None:
         fs._loom_connected = True
 
 
-def warm_client(loc: Location, options: StorageOptions | None = None) -> None:
+def warm_client(loc: Location, options: StorageOptions | None = None, fsspec: bool = True) -> None:
     """Make the client of `loc`'s store now (s3fs's session, pyarrow's S3 filesystem), sending no request.
 
     For a worker that starts serving a source on an object store: its first request then pays only its round
-    trip. A no-op for a local path (a local-only plan starts no storage client).
+    trip. A no-op for a local path (a local-only plan starts no storage client). `fsspec=False`: on S3, pyarrow's
+    alone (a loader whose requests all go through pyarrow: s3fs's client, ~0.3 s of CPU, is made only if needed).
     """
     if not is_url(loc):
         return
     url = str(loc)
-    _fs(url, options)
+    if fsspec or protocol_of(url) != "s3":
+        _fs(url, options)
     if protocol_of(url) == "s3":
         kwargs = arrow_s3_kwargs(options_for("s3", options))
         if kwargs is not None:
@@ -289,6 +303,32 @@ def _read_view(
     return one() if key is None else _SHARED.run((url, start, stop, key), one)
 
 
+def head_identity(
+    url: str, size: int, options: StorageOptions | None = None, policy: RetryPolicy = DEFAULT_POLICY
+) -> ObjectIdentity | None:
+    """Size and version of an s3:// object of `size` bytes (as indexed) from the HEAD that opens its pyarrow read
+    handle (kept for the large reads after: `_arrow.arrow_head`), so checking a shard and opening it for reads is one
+    request. None where its reads take no such handle (`handle_opened`). Errors raise, naming the URL."""
+    if not handle_opened(url, size, options):
+        return None
+    kwargs = arrow_s3_kwargs(options_for("s3", options))
+    if kwargs is None:
+        return None
+    got = _retry(lambda: arrow_head(url, kwargs, lambda: _STATS.add("head")), url, "open", policy)
+    if got is None:
+        return None
+    size, headers = got
+    return ObjectIdentity(size, _version_of(headers))
+
+
+def handle_opened(url: str, size: int, options: StorageOptions | None = None) -> bool:
+    """Whether large reads of `url` (an object of `size` bytes) go through a pyarrow handle, opened by a HEAD: an
+    s3:// object of at least `ARROW_MIN_READ` bytes, pyarrow with S3, options it takes, no `LOOMDATA_S3_TRANSPORT`."""
+    if protocol_of(url) != "s3" or size < ARROW_MIN_READ:
+        return False
+    return arrow_s3_kwargs(options_for("s3", options)) is not None
+
+
 def read_range_identity(
     url: str, start: int, stop: int, options: StorageOptions | None = None, policy: RetryPolicy = DEFAULT_POLICY
 ) -> tuple[bytes, ObjectIdentity] | None:
@@ -381,7 +421,8 @@ def _arrow_range(
     if kwargs is None:
         return None
     what = f"read of bytes {start}..{stop}"
-    get = _timed(lambda: arrow_read(url, start, stop, kwargs, lambda: _STATS.add("head"), size), url)
+    wait = not _client_made(url, options)  # no s3fs client yet: wait for a handle being opened rather than make one
+    get = _timed(lambda: arrow_read(url, start, stop, kwargs, lambda: _STATS.add("head"), size, wait), url)
     data = _retry(get, url, what, policy)
     if data is None:  # being opened by another thread (kept: not dropped), or its size disagreed (dropped already)
         return None

@@ -15,10 +15,12 @@ from loomdata.storage import (
     ObjectNotFoundError,
     RetryPolicy,
     _arrow,
+    _fs,
     open_ahead,
     read_range,
     request_stats,
     reset_request_stats,
+    warm_client,
 )
 from loomdata.storage._arrow import ARROW_MIN_READ, TRANSPORT_ENV, arrow_open, arrow_s3_kwargs, drop_handle
 from loomtest.s3 import DroppingProxy, S3Server
@@ -72,10 +74,12 @@ def test_a_handle_opened_ahead_makes_the_first_large_read_one_request(s3: S3Serv
 
 
 def test_a_large_read_while_the_handle_is_opening_goes_through_fsspec_at_once(s3: S3Server) -> None:
-    """A shard's first row group, asked while its open (another thread) still waits on pyarrow's HEAD: one GET through
-    s3fs now, not a second HEAD or a wait for that one; once the handle is open, reads use it."""
+    """A shard's first row group, asked while its open (another thread) still waits on pyarrow's HEAD, in a process
+    that has made s3fs's client: one GET through s3fs now, not a second HEAD or a wait for that one; once the handle
+    is open, reads use it."""
     url = f"s3://{BUCKET}/blob.bin"
     drop_handle(url)
+    warm_client(url)  # s3fs's client made: the read need not wait for the HEAD
     kwargs = arrow_s3_kwargs({})
     assert kwargs is not None
     opening, release = threading.Event(), threading.Event()
@@ -100,6 +104,46 @@ def test_a_large_read_while_the_handle_is_opening_goes_through_fsspec_at_once(s3
         == _DATA[ARROW_MIN_READ : 2 * ARROW_MIN_READ]
     )
     assert request_stats() == {"get": 1, "get_bytes": ARROW_MIN_READ}  # the handle the open made: no HEAD
+
+
+def test_without_an_s3fs_client_a_large_read_waits_for_the_handle_being_opened(s3: S3Server) -> None:
+    """The same read in a process that has not made s3fs's client for these options (a loader that reads only through
+    pyarrow does not make it, ~0.3 s of CPU): it waits for the open in flight and reads through its handle, one GET,
+    no second HEAD, no s3fs client made."""
+    url = f"s3://{BUCKET}/blob.bin"
+    opts = s3.options()  # options no other test of this module makes a client with
+    kwargs = arrow_s3_kwargs(opts["s3"])
+    assert kwargs is not None and not _fs._client_made(url, opts)
+    drop_handle(url)
+    opening, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def held_open() -> None:
+        opening.set()
+        assert release.wait(20)
+
+    got: list[bytes] = []
+
+    def read() -> None:
+        got.append(read_range(url, 0, ARROW_MIN_READ, opts, size=len(_DATA)))
+        done.set()
+
+    opener = threading.Thread(target=arrow_open, args=(url, kwargs, held_open))
+    opener.start()
+    reader = threading.Thread(target=read)
+    try:
+        assert opening.wait(20)
+        reset_request_stats()
+        reader.start()
+        assert not done.wait(0.5)  # waiting for the HEAD in flight, not reading through s3fs
+        release.set()
+        assert done.wait(20)
+    finally:
+        release.set()
+        opener.join(20)
+        reader.join(20)
+    assert got == [_DATA[:ARROW_MIN_READ]]
+    assert request_stats() == {"get": 1, "get_bytes": ARROW_MIN_READ}, request_stats()  # the opener's handle
+    assert not _fs._client_made(url, opts)
 
 
 def test_a_reset_mid_response_is_retried_and_a_rewritten_object_is_read_afresh(s3: S3Server) -> None:
@@ -142,6 +186,7 @@ def test_a_read_while_a_handle_is_opened_elsewhere_drops_no_kept_handle(s3: S3Se
     neither the handle being opened nor another kept handle of the object (each pays its HEAD once)."""
     url = f"s3://{BUCKET}/blob.bin"
     drop_handle(url)
+    warm_client(url, {"s3": _REGION})  # s3fs's client made: the read goes through it rather than wait
     plain, other = arrow_s3_kwargs({}), arrow_s3_kwargs(_REGION)
     assert plain is not None and other is not None and plain != other
     assert arrow_open(url, plain, lambda: None)

@@ -37,7 +37,8 @@ from loomdata.schemas.tables import LAYOUTS_SCHEMA, TableKind, read_table, write
 from loomdata.sources._integrity import unchanged_object, version_stamp
 from loomdata.sources._layouts import LAYOUTS_FILE, index_layouts
 from loomdata.sources.parquet import ParquetReader
-from loomdata.storage import location, read_range_identity, request_stats, reset_request_stats
+from loomdata.storage import location, read_range, read_range_identity, request_stats, reset_request_stats
+from loomdata.storage._arrow import ARROW_MIN_READ, TRANSPORT_ENV, drop_handle
 from loomtest.s3 import S3Server
 
 BUCKET = "loom-layouts"
@@ -228,8 +229,9 @@ def test_a_rewritten_object_is_refused_while_its_kept_footer_is_held(
 def test_the_open_check_of_an_unchanged_object_is_one_tiny_get(
     dask_client: Client, s3: S3Server, tmp_path: Path
 ) -> None:
-    """Size and ETag from a 1-byte GET's response stand for the edge reads; a same-size rewrite (new ETag) is told
-    apart and takes the full check, which reports it."""
+    """Size and ETag from a 1-byte GET's response stand for the edge reads of an object under `ARROW_MIN_READ` (read
+    through s3fs: no pyarrow handle to open); a same-size rewrite (new ETag) is told apart and takes the full check,
+    which reports it."""
     _upload(s3, tmp_path, "quick", shards=1)
     spec = _spec(tmp_path / "s3", f"s3://{BUCKET}/quick/*.parquet", "shard")
     build_index(spec, dask_client)
@@ -251,7 +253,7 @@ def test_the_open_check_of_an_unchanged_object_is_one_tiny_get(
     assert not unchanged_object(url, fmt, None, size, stamp, None)  # no recorded string: the full check
     verifier = Verifier.of("web", VerifyMode.SHARD, fmt, shards, 0, 1)
     verifier.hold_versions(memo, {0: url})
-    assert verifier.versions == {0: etag}
+    assert verifier.versions == {0: etag} and not verifier.opens_handle(0, url)
     reset_request_stats()
     verifier.open_shard(0, url)
     assert request_stats() == {"get": 1, "get_bytes": 1}, request_stats()
@@ -264,6 +266,52 @@ def test_the_open_check_of_an_unchanged_object_is_one_tiny_get(
     assert unchanged_object(url, fmt, None, size, stamp, etag)
     body[size // 2] ^= 0xFF  # same size, edges unchanged: only the ETag tells
     s3.boto3().put_object(Bucket=BUCKET, Key="quick/part-0.parquet", Body=bytes(body))
+    assert not unchanged_object(url, fmt, None, size, stamp, etag)
+    with pytest.raises(LoomError, match="ETag/version changed"):
+        Verifier.of("web", VerifyMode.SHARD, fmt, shards, 0, 1).open_shard(0, url)
+
+
+def test_the_open_check_of_a_large_object_is_the_head_that_opens_its_read_handle(
+    dask_client: Client, s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object read through a pyarrow handle: size and ETag from the HEAD that opens it (kept for the reads), so a
+    shard's check and open are one request, and a loader opens no second handle beside it; a same-size rewrite is
+    still told apart. With `LOOMDATA_S3_TRANSPORT=fsspec` (no handle) the check is the 1-byte GET."""
+    _parquet(tmp_path / "large" / "part-0.parquet", seed=7, rows=6000)
+    s3.upload_dir(tmp_path / "large", BUCKET, "large")
+    spec = _spec(tmp_path / "s3", f"s3://{BUCKET}/large/*.parquet", "shard")
+    build_index(spec, dask_client)
+    shards = IndexFiles.of(spec.workdir, "web").shard_table()
+    url, size, stamp = (
+        shards["path"][0].as_py(),
+        int(shards["size_bytes"][0].as_py()),
+        int(shards["mtime_ns"][0].as_py()),
+    )
+    assert size >= ARROW_MIN_READ
+    fmt = spec.sources[0].format
+    memo = load_objects(IndexFiles.of(spec.workdir, "web").root)
+    etag = memo[url].version
+    drop_handle(url)
+    reset_request_stats()
+    assert unchanged_object(url, fmt, None, size, stamp, etag)
+    assert request_stats() == {"head": 1}, request_stats()
+    reset_request_stats()
+    assert len(read_range(url, 0, ARROW_MIN_READ, size=size)) == ARROW_MIN_READ  # through the kept handle: no HEAD
+    assert request_stats() == {"get": 1, "get_bytes": ARROW_MIN_READ}, request_stats()
+    with monkeypatch.context() as m:
+        m.setenv(TRANSPORT_ENV, "fsspec")
+        reset_request_stats()
+        assert unchanged_object(url, fmt, None, size, stamp, etag)
+        assert request_stats() == {"get": 1, "get_bytes": 1}, request_stats()
+    verifier = Verifier.of("web", VerifyMode.SHARD, fmt, shards, 0, 1)
+    verifier.hold_versions(memo, {0: url})
+    assert verifier.opens_handle(0, url)  # a loader's shard open runs the check alone, no `open_ahead` beside it
+    reset_request_stats()
+    verifier.open_shard(0, url)
+    assert request_stats() == {"head": 1} and verifier.opened == {0}, request_stats()
+    body = bytearray(s3.boto3().get_object(Bucket=BUCKET, Key="large/part-0.parquet")["Body"].read())
+    body[size // 2] ^= 0xFF  # same size, edges unchanged: only the ETag tells
+    s3.boto3().put_object(Bucket=BUCKET, Key="large/part-0.parquet", Body=bytes(body))
     assert not unchanged_object(url, fmt, None, size, stamp, etag)
     with pytest.raises(LoomError, match="ETag/version changed"):
         Verifier.of("web", VerifyMode.SHARD, fmt, shards, 0, 1).open_shard(0, url)

@@ -25,11 +25,13 @@ from loomdata.execution import _prefetch
 from loomdata.execution._loader import SourceLoader
 from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._partition import partition_source
+from loomdata.execution._plan_ahead import _needs_fsspec
 from loomdata.execution._verify import Verifier
 from loomdata.indexing import build_index
 from loomdata.planning import make_plan
 from loomdata.schemas import IndexFiles, parse_spec, read_manifest, read_plan
-from loomdata.storage import request_stats, reset_request_stats
+from loomdata.storage import _fs, request_stats, reset_request_stats
+from loomdata.storage._arrow import ARROW_MIN_READ
 from loomtest.s3 import S3Server
 from loomtest.stream import step_request
 
@@ -50,13 +52,30 @@ def _write(root: Path) -> dict[str, list[np.ndarray]]:
     return out
 
 
-def _plan(tmp: Path, s3: S3Server, dask_client: Client) -> tuple[Path, dict[str, list[np.ndarray]]]:
-    docs = _write(tmp / "data")
-    s3.upload_dir(tmp / "data", BUCKET, "warm")
+def _write_large(root: Path) -> dict[str, list[np.ndarray]]:
+    """Two Parquet files of 96 documents in row groups of 48, each row group over `ARROW_MIN_READ` (read through
+    pyarrow's handle, as every request of such a loader is)."""
+    rng = np.random.default_rng(8)
+    out = {}
+    root.mkdir(parents=True, exist_ok=True)
+    for k in range(2):
+        docs = [rng.integers(1, 1 << 30, size=int(n), dtype=np.int32) for n in rng.integers(3000, 5000, size=96)]
+        table = pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))})
+        pq.write_table(table, root / f"p{k}.parquet", row_group_size=48, use_dictionary=False, compression="none")
+        assert pq.ParquetFile(root / f"p{k}.parquet").metadata.row_group(0).total_byte_size > ARROW_MIN_READ
+        out[f"p{k}.parquet"] = docs
+    return out
+
+
+def _plan(
+    tmp: Path, s3: S3Server, dask_client: Client, write: Any = _write, prefix: str = "warm"
+) -> tuple[Path, dict[str, list[np.ndarray]]]:
+    docs = write(tmp / "data")
+    s3.upload_dir(tmp / "data", BUCKET, prefix)
     source: dict[str, Any] = {
         "name": "web",
         "format": "parquet",
-        "paths": [f"s3://{BUCKET}/warm/*.parquet"],
+        "paths": [f"s3://{BUCKET}/{prefix}/*.parquet"],
         "tokens_field": "tokens",
         "shuffle": "block",
         "block_size": 16,
@@ -245,5 +264,33 @@ def test_the_read_ahead_starts_before_the_shard_checks_and_the_read_waits_for_th
         assert m.prefetch_reach_steps is not None and m.prefetch_reach_steps >= 6  # at least the horizon
     finally:
         gate.set()
+        loader._pool.submit(loader._reader.close).result()
+        loader._plan.close() if loader._plan is not None else None
+
+
+def test_a_loader_whose_requests_all_go_through_pyarrow_makes_no_s3fs_client(
+    dask_client: Client, s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Footers held, every object read through a pyarrow handle and checked by its HEAD: the warm-up makes no s3fs
+    client (~0.3 s of CPU) and no request asks for one; the steps served equal an independent read of the local copy.
+    """
+    plan_dir, docs = _plan(tmp_path, s3, dask_client, _write_large, "large")
+    monkeypatch.setattr(_fs, "_MADE", set())  # as in a fresh worker: no s3fs client made yet
+    made: list[str] = []
+    real = _fs._fs
+    monkeypatch.setattr(_fs, "_fs", lambda url, options: made.append(url) or real(url, options))
+    reset_request_stats()
+    loader = _loader(plan_dir, 0, 32)
+    try:
+        assert loader._warm is not None
+        loader._warm.result(timeout=60)
+        assert loader._plan is not None and loader._plan.idle(60)
+        assert not _needs_fsspec(loader)
+        for step in range(12):
+            req = step_request(plan_dir, step)
+            np.testing.assert_array_equal(loader.read_now(req).tokens, _expected(plan_dir, req, docs))
+        assert made == [], made  # no s3fs filesystem asked for: checks, opens and reads through pyarrow
+        assert request_stats().get("head", 0) == len(loader._verifier.opened) == 2, request_stats()  # one per object
+    finally:
         loader._pool.submit(loader._reader.close).result()
         loader._plan.close() if loader._plan is not None else None

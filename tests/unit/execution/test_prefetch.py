@@ -545,3 +545,30 @@ def test_reads_in_flight_reserve_their_bytes_for_the_other_loaders_of_the_worker
         cache.close()
         other.close()
         fsspec.filesystem("memory").rm("/loomreserve", recursive=True)
+
+
+def test_a_read_that_waits_on_a_unit_in_flight_is_logged_with_when_that_read_was_issued(
+    shard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loomdata.execution import _prefetch
+
+    gate, _, _, cache, pf, _, order, _, _ = _setup(shard, limit=2, plan_id="pw")
+    pf.pump(np.array([0]))
+    assert pf.in_flight() == 2 and not pf.waits
+    real = _prefetch.wait_for
+
+    def opening(futs: Any, timeout: float | None = None) -> Any:  # the gate opens once the reader waits
+        gate.set()
+        return real(futs, timeout)
+
+    monkeypatch.setattr(_prefetch, "wait_for", opening)
+    before = time.time()
+    assert pf.get((str(shard), order[0])) is not None  # waited for the read ahead, then found the unit held
+    assert pf.counters.waited == 1 and len(pf.waits) == 1
+    w = pf.waits[0]
+    assert w.issued_at <= before <= w.at and w.seconds >= 0 and w.in_flight == 2
+    assert w.issued_front == 0 and w.newest == -1  # issued for step 0; nothing served yet
+    assert pf.settle(10)
+    assert pf.get((str(shard), order[1])) is not None and len(pf.waits) == 1  # held already: no wait, none logged
+    pf.close()
+    cache.close()

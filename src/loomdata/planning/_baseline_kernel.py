@@ -225,20 +225,20 @@ def baselines_pass(
         _shuffle_one(states, t, perm, 0, m)
         tok = 0
         for i in range(m):
-            tok += np.int64(length[a + perm[i]])
+            tok += int(length[a + perm[i]])
         tokens[t] = np.float64(tok)
         n_rows[t] = -(-tok // seq_len)
         # concat-and-chunk (concat_pieces)
         at, rs, rk = 0, 0, 0
         for i in range(m):
             d = a + perm[i]
-            n = np.int64(length[d])
+            n = int(length[d])
             end = at + n
             if n > 0:
                 while at >= rs + seq_len:
                     rs += seq_len
                     rk = rk + 1 if rk + 1 < dp else 0
-                img = np.int64(image[d])
+                img = int(image[d])
                 while True:
                     p = min(end, rs + seq_len) - max(at, rs)
                     concat[t, rk] += _price(p, img * p // n if img != 0 else 0, terms, window, cp)
@@ -251,8 +251,8 @@ def baselines_pass(
         seq, fill, rk, got = 0, 0, 0, 0
         for i in range(m):
             d = a + perm[i]
-            n = np.int64(length[d])
-            img = np.int64(image[d])
+            n = int(length[d])
+            img = int(image[d])
             at = 0
             while at < n:
                 p = min(seq_len, n - at)

@@ -4,8 +4,10 @@
   SeedSequence state (the same bits: PCG64's XSL-RR output over 128-bit state, next_uint32 buffering the high
   half of a 64-bit draw, bounded draws by masked rejection, Fisher-Yates from the last position down);
 - concat_pieces / packed_pieces: each step's documents cut into pieces at seq_len boundaries, concatenated
-  (concat-and-chunk) or one sequence a document piece, packed next-fit (packed); their pricing and the per-rank
-  sums stay in NumPy (CostSpec's one formula, np.bincount's order), over the pieces these return in order.
+  (concat-and-chunk) or one sequence a document piece, packed next-fit (packed), as arrays (a part of the cost is
+  priced and summed over them in NumPy);
+- baselines_pass: all of it for the whole cost in one pass a step (shuffle, cut, price, add to the rank's sum in
+  np.bincount's order): no piece arrays, the same bits.
 """
 
 from __future__ import annotations

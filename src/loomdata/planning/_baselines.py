@@ -18,8 +18,9 @@
 With `part="encoder"` (or "backbone") the same layouts are priced by that part of the cost alone
 (CostSpec.parts): the baselines' encoder and backbone loads per rank, for the report of `cost.balance: both`.
 
-Both use one shuffle per step, seeded by (plan seed, salt, step), so they are deterministic; the shuffles and
-the cutting into pieces run compiled (_baseline_kernel), the pricing and per-rank sums in NumPy. Long-lane
+Both use one shuffle per step, seeded by (plan seed, salt, step), so they are deterministic; a block's shuffles,
+cutting into pieces, pricing and per-rank sums run in one compiled pass a step (_baseline_kernel.baselines_pass;
+a part of the cost: the pieces as arrays, priced and summed in NumPy, the same bits). Long-lane
 segments are treated like text (no framework has loomdata's lanes): short cp, seq_len rows.
 """
 

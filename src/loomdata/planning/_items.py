@@ -118,32 +118,22 @@ class StepItems:
             col = self._ptr.column(k, t0 - s0, t1 - s0)
             step = np.searchsorted(col - np.asarray(a, dtype=col.dtype), np.arange(b - a), side="right") - 1
             parts.append((ids, self._samples[k][doc], off, length.astype(np.int64), lane, img, step))
-        cols = [
-            None if c[0] is None else c[0] if len(parts) == 1 else np.concatenate(c) for c in zip(*parts, strict=True)
-        ]
+        cols = [c[0] if len(parts) == 1 else np.concatenate(c) for c in zip(*parts, strict=True)]
         step_of = cols[-1]
-        if step_of is None:
-            raise AssertionError("every gathered part has its steps")
         if len(step_of) > 1 and not (step_of[1:] >= step_of[:-1]).all():  # already so: one source
             order = stable_order(step_of, 0, t1 - t0)  # step-major; within a step source order, then stream order
-            cols = [None if c is None else c[order] for c in cols[:-1]]  # (the steps in order are the bounds')
-        src_id, sample, offset, g_len, g_lane, g_img = cols[:6]
-        if g_img is None:  # (look-ahead membership, no images anywhere: zeros made once, not gathered)
-            g_img = np.zeros(len(step_of), dtype=self._images[0].dtype)
-        if src_id is None or sample is None or offset is None or g_len is None or g_lane is None:
-            raise AssertionError("only the image tokens are made after the gather")
-        cost = segment_cost(g_len, g_img, self._cost_spec, self._lanes.cp_sizes(g_lane))
-        self._cols = (src_id, sample, offset, g_len, g_lane, g_img, cost)
-        # each step's first segment: the steps' counts summed (what searchsorted finds in the step-major steps)
-        self._bounds = np.zeros(t1 - t0 + 1, dtype=np.int64)
-        np.cumsum(np.bincount(step_of, minlength=t1 - t0), out=self._bounds[1:])
+            cols = [c[order] for c in cols]
+        src_id, sample, offset, length, lane, img, step_of = cols
+        cost = segment_cost(length, img, self._cost_spec, self._lanes.cp_sizes(lane))
+        self._cols = (src_id, sample, offset, length, lane, img, cost)
+        self._bounds = np.searchsorted(step_of, np.arange(t1 - t0 + 1), side="left")
         self._first = t0
 
-    def _assigned(self, t0: int, t1: int) -> tuple[np.ndarray | None, ...]:
+    def _assigned(self, t0: int, t1: int) -> tuple[np.ndarray, ...]:
         """The columns of the segments assigned to steps t0..t1-1 (look-ahead membership), source after source
         (each source's in step-major, stream order) with each one's step from t0: per source only the gather and
-        its sample ids; the source ids, int64 lengths and steps made once for all sources, the same values and types
-        as made source by source. No images anywhere: the image tokens are None (zeros made after the gather)."""
+        its sample ids; the source ids, int64 lengths, steps and (no images anywhere) image tokens made once for
+        all sources, the same values and types as made source by source."""
         asg = self._asg
         if asg is None:
             raise AssertionError("no assignment to gather from")
@@ -171,7 +161,10 @@ class StepItems:
         sample, offset, length, lane, step = (
             c[0] if len(c) == 1 else np.concatenate(c) for c in (samples, offsets, lengths, lanes, steps)
         )
-        img = None if no_images else images[0] if len(images) == 1 else np.concatenate(images)
+        if no_images:
+            img = np.zeros(len(length), dtype=self._images[ks[0]].dtype)
+        else:
+            img = images[0] if len(images) == 1 else np.concatenate(images)
         ids = np.repeat(np.asarray(ks, dtype=np.uint16), [len(x) for x in offsets])
         return ids, sample, offset, length.astype(np.int64), lane, img, step - t0
 

@@ -4,8 +4,10 @@
   SeedSequence state (the same bits: PCG64's XSL-RR output over 128-bit state, next_uint32 buffering the high
   half of a 64-bit draw, bounded draws by masked rejection, Fisher-Yates from the last position down);
 - concat_pieces / packed_pieces: each step's documents cut into pieces at seq_len boundaries, concatenated
-  (concat-and-chunk) or one sequence a document piece, packed next-fit (packed); their pricing and the per-rank
-  sums stay in NumPy (CostSpec's one formula, np.bincount's order), over the pieces these return in order.
+  (concat-and-chunk) or one sequence a document piece, packed next-fit (packed), as arrays (a part of the cost is
+  priced and summed over them in NumPy);
+- baselines_pass: all of it for the whole cost in one pass a step (shuffle, cut, price, add to the rank's sum in
+  np.bincount's order): no piece arrays, the same bits.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["concat_pieces", "packed_pieces", "shuffle_steps"]
+__all__ = ["baselines_pass", "concat_pieces", "packed_pieces", "shuffle_steps"]
 
 _U32 = np.uint64(0xFFFFFFFF)
 _S1, _S32, _S58, _S63, _S64M = np.uint64(1), np.uint64(32), np.uint64(58), np.uint64(63), np.uint64(63)
@@ -53,36 +55,41 @@ def shuffle_steps(states: np.ndarray, first: np.ndarray, out: np.ndarray) -> Non
     """Shuffle out[first[i]:first[i+1]] in place as PCG64 seeded with SeedSequence state states[i] (4 words) and
     Generator.shuffle would (steps of fewer than 2 items draw nothing)."""
     for t in range(len(first) - 1):
-        a, n = first[t], first[t + 1] - first[t]
-        if n < 2:
-            continue
-        s0, s1, i0, i1 = states[t, 0], states[t, 1], states[t, 2], states[t, 3]
-        inc_hi, inc_lo = (i0 << _S1) | (i1 >> _S63), (i1 << _S1) | _S1  # pcg_setseq_128_srandom_r
-        lo = s1 + inc_lo
-        hi = s0 + inc_hi + (np.uint64(1) if lo < s1 else np.uint64(0))
-        hi, lo = _step(hi, lo, inc_hi, inc_lo)
-        has32, buf = False, np.uint64(0)
-        for i in range(n - 1, 0, -1):
-            top = np.uint64(i)
-            mask = top
-            for sh in (1, 2, 4, 8, 16, 32):
-                mask |= mask >> np.uint64(sh)
-            while True:  # random_interval(i): masked draws until one is within [0, i]
-                if top <= _U32:
-                    if has32:
-                        v, has32 = buf, False
-                    else:
-                        hi, lo = _step(hi, lo, inc_hi, inc_lo)
-                        w = _output(hi, lo)
-                        v, buf, has32 = w & _U32, w >> _S32, True
+        _shuffle_one(states, t, out, first[t], first[t + 1] - first[t])
+
+
+@njit
+def _shuffle_one(states: np.ndarray, t: int, out: np.ndarray, a: int, n: int) -> None:
+    """Shuffle out[a:a+n] in place as PCG64 seeded with SeedSequence state states[t] and Generator.shuffle would."""
+    if n < 2:
+        return
+    s0, s1, i0, i1 = states[t, 0], states[t, 1], states[t, 2], states[t, 3]
+    inc_hi, inc_lo = (i0 << _S1) | (i1 >> _S63), (i1 << _S1) | _S1  # pcg_setseq_128_srandom_r
+    lo = s1 + inc_lo
+    hi = s0 + inc_hi + (np.uint64(1) if lo < s1 else np.uint64(0))
+    hi, lo = _step(hi, lo, inc_hi, inc_lo)
+    has32, buf = False, np.uint64(0)
+    for i in range(n - 1, 0, -1):
+        top = np.uint64(i)
+        mask = top
+        for sh in (1, 2, 4, 8, 16, 32):
+            mask |= mask >> np.uint64(sh)
+        while True:  # random_interval(i): masked draws until one is within [0, i]
+            if top <= _U32:
+                if has32:
+                    v, has32 = buf, False
                 else:
                     hi, lo = _step(hi, lo, inc_hi, inc_lo)
-                    v = _output(hi, lo)
-                v &= mask
-                if v <= top:
-                    break
-            j = a + np.int64(v)
-            out[a + i], out[j] = out[j], out[a + i]
+                    w = _output(hi, lo)
+                    v, buf, has32 = w & _U32, w >> _S32, True
+            else:
+                hi, lo = _step(hi, lo, inc_hi, inc_lo)
+                v = _output(hi, lo)
+            v &= mask
+            if v <= top:
+                break
+        j = a + np.int64(v)
+        out[a + i], out[j] = out[j], out[a + i]
 
 
 @njit
@@ -168,3 +175,100 @@ def packed_pieces(
                 break
         done[t] = tok
     return key[:k], plen[:k], pimg[:k], done
+
+
+@njit
+def _price(p: int, img: int, terms: np.ndarray, window: int, cp: float) -> float:
+    """CostSpec.of of one piece (p tokens, img image tokens) with the float operations in records.cost_of's order:
+    terms = (attention, linear, encoder, encoder_linear, has_encoder); window < 0: no encoder window."""
+    n = np.float64(p)
+    out = terms[0] * n * n + terms[1] * n
+    if terms[4] != 0.0:
+        e = np.float64(img)
+        w = e if window < 0 else min(e, np.float64(window))
+        enc = terms[2] * e * w
+        if terms[3] != 0.0:
+            enc = enc + terms[3] * e
+        out = out + enc
+    return out / cp
+
+
+@njit
+def baselines_pass(
+    states: np.ndarray,
+    first: np.ndarray,
+    length: np.ndarray,
+    image: np.ndarray,
+    seq_len: int,
+    dp: int,
+    sequences: int,
+    terms: np.ndarray,
+    window: int,
+    cp: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Both baselines of a block in one pass a step: the step's shuffle (shuffle_steps), then its documents in that
+    order cut by concat_pieces' and packed_pieces' rules, each piece priced (_price) and added to its rank's sum
+    as it is cut (the order np.bincount adds the pieces in). No piece arrays. Returns (concat per-rank sums
+    [steps, dp], packed per-rank sums [steps, dp], each step's tokens (float64), concat rows, packed tokens)."""
+    n_steps = len(first) - 1
+    concat = np.zeros((n_steps, dp))
+    packed = np.zeros((n_steps, dp))
+    tokens = np.zeros(n_steps)
+    n_rows = np.zeros(n_steps, dtype=np.int64)
+    done = np.zeros(n_steps, dtype=np.int64)
+    width = 0
+    for t in range(n_steps):
+        width = max(width, first[t + 1] - first[t])
+    perm = np.empty(width, dtype=np.int64)
+    for t in range(n_steps):
+        a, m = first[t], first[t + 1] - first[t]
+        for i in range(m):
+            perm[i] = i
+        _shuffle_one(states, t, perm, 0, m)
+        tok = 0
+        for i in range(m):
+            tok += int(length[a + perm[i]])
+        tokens[t] = np.float64(tok)
+        n_rows[t] = -(-tok // seq_len)
+        # concat-and-chunk (concat_pieces)
+        at, rs, rk = 0, 0, 0
+        for i in range(m):
+            d = a + perm[i]
+            n = int(length[d])
+            end = at + n
+            if n > 0:
+                while at >= rs + seq_len:
+                    rs += seq_len
+                    rk = rk + 1 if rk + 1 < dp else 0
+                img = int(image[d])
+                while True:
+                    p = min(end, rs + seq_len) - max(at, rs)
+                    concat[t, rk] += _price(p, img * p // n if img != 0 else 0, terms, window, cp)
+                    if rs + seq_len >= end:
+                        break
+                    rs += seq_len
+                    rk = rk + 1 if rk + 1 < dp else 0
+            at = end
+        # packed (packed_pieces)
+        seq, fill, rk, got = 0, 0, 0, 0
+        for i in range(m):
+            d = a + perm[i]
+            n = int(length[d])
+            img = int(image[d])
+            at = 0
+            while at < n:
+                p = min(seq_len, n - at)
+                if fill + p > seq_len:
+                    seq, fill = seq + 1, p
+                    rk = rk + 1 if rk + 1 < dp else 0
+                else:
+                    fill += p
+                if seq >= sequences:
+                    break
+                packed[t, rk] += _price(p, img * p // n if img != 0 else 0, terms, window, cp)
+                got += p
+                at += seq_len
+            if seq >= sequences:
+                break
+        done[t] = got
+    return concat, packed, tokens, n_rows, done

@@ -18,19 +18,20 @@
 With `part="encoder"` (or "backbone") the same layouts are priced by that part of the cost alone
 (CostSpec.parts): the baselines' encoder and backbone loads per rank, for the report of `cost.balance: both`.
 
-Both use one shuffle per step, seeded by (plan seed, salt, step), so they are deterministic; the shuffles and
-the cutting into pieces run compiled (_baseline_kernel), the pricing and per-rank sums in NumPy. Long-lane
+Both use one shuffle per step, seeded by (plan seed, salt, step), so they are deterministic; a block's shuffles,
+cutting into pieces, pricing and per-rank sums run in one compiled pass a step (_baseline_kernel.baselines_pass;
+a part of the cost: the pieces as arrays, priced and summed in NumPy, the same bits). Long-lane
 segments are treated like text (no framework has loomdata's lanes): short cp, seq_len rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
 
-from loomdata.planning._baseline_kernel import concat_pieces, packed_pieces, shuffle_steps
+from loomdata.planning._baseline_kernel import baselines_pass, concat_pieces, packed_pieces, shuffle_steps
 from loomdata.planning._cost import segment_cost, segment_parts
 from loomdata.schemas.spec import CostSpec
 
@@ -179,8 +180,11 @@ def baselines_flat(
     cost_spec: CostSpec,
     cp: int,
     part: Literal["all", "backbone", "encoder"] = "all",
+    one_pass: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """baselines_many on a block's own segments laid out flat (`ns[i]` of step ts[i], one step after the other)."""
+    """baselines_many on a block's own segments laid out flat (`ns[i]` of step ts[i], one step after the other).
+    The whole cost is worked out in one compiled pass a step (_baseline_kernel.baselines_pass: no piece arrays);
+    a part of it, steps past 32 bits or `one_pass=False` take the piece arrays' path (the same bits)."""
 
     def price(plen: np.ndarray, pimg: np.ndarray) -> np.ndarray:
         if part == "all":
@@ -191,6 +195,51 @@ def baselines_flat(
     ns = np.asarray(ns, dtype=np.int64)
     first = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(ns, out=first[1:])
+    steps = np.asarray(ts, dtype=np.int64)
+    if one_pass and part == "all" and b and steps.min() >= 0 and steps.max() <= _MASK32:  # one compiled pass a step
+        words = [*_uint32_words(int(seed) & 0xFFFFFFFFFFFFFFFF), _SALT]
+        c = cost_spec
+        terms = np.array([c.attention, c.linear, c.encoder, c.encoder_linear, 1.0 if c.has_encoder else 0.0])
+        window = -1 if c.encoder_window is None else int(c.encoder_window)
+        concat, packed, tokens, n_rows, done_int = baselines_pass(
+            _seed_states(words, steps.astype(np.uint32)),
+            first,
+            length,
+            image,
+            seq_len,
+            dp,
+            dp * micro_batches,
+            terms,
+            window,
+            float(cp),
+        )
+    else:
+        concat, packed, tokens, n_rows, done_int = _baselines_arrays(
+            ts, length, image, ns, first, price, seed, seq_len, dp, micro_batches
+        )
+    rows = np.maximum((n_rows[:, None] - np.arange(dp)[None, :] + dp - 1) // dp, 1)
+    concat = concat * (micro_batches / rows * (n_rows / (dp * micro_batches))[:, None])
+    done = done_int.astype(np.float64)
+    packed = packed * (tokens / np.maximum(done, 1))[:, None]
+    return concat, packed, tokens - done
+
+
+def _baselines_arrays(
+    ts: Sequence[int],
+    length: np.ndarray,
+    image: np.ndarray,
+    ns: np.ndarray,
+    first: np.ndarray,
+    price: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    seed: int,
+    seq_len: int,
+    dp: int,
+    micro_batches: int,
+) -> tuple[np.ndarray, ...]:
+    """baselines_flat's per-rank sums before scaling, as piece arrays priced and summed by np.bincount (one part
+    of the cost, or steps past 32 bits): (concat [steps, dp], packed [steps, dp], tokens, concat rows, packed
+    tokens)."""
+    b = len(ns)
     step_of = np.repeat(np.arange(b), ns)
     idx = perms(seed, _SALT, ts, ns) + first[:-1][step_of]
     ln = length[idx].astype(np.int64)
@@ -199,17 +248,11 @@ def baselines_flat(
     keys = b * dp
     # concat_chunk: each step's documents end to end from a row start of its own (pieces cut by the kernel)
     key, plen, pimg, n_rows = concat_pieces(ln, im, first, seq_len, dp)
-    concat: np.ndarray = np.bincount(key, weights=price(plen, pimg), minlength=keys).reshape(b, dp)
-    rows = np.maximum((n_rows[:, None] - np.arange(dp)[None, :] + dp - 1) // dp, 1)
-    concat = concat * (micro_batches / rows * (n_rows / (dp * micro_batches))[:, None])
+    concat = np.bincount(key, weights=price(plen, pimg), minlength=keys).reshape(b, dp)
     # packed: documents cut into seq_len pieces, next-fit with a new sequence at each step's first piece
     key, plen, pimg, done_int = packed_pieces(ln, im, first, seq_len, dp, dp * micro_batches)
-    done = done_int.astype(np.float64)
-    packed = (
-        np.bincount(key, weights=price(plen, pimg), minlength=keys).reshape(b, dp)
-        * (tokens / np.maximum(done, 1))[:, None]
-    )
-    return concat, packed, tokens - done
+    packed = np.bincount(key, weights=price(plen, pimg), minlength=keys).reshape(b, dp)
+    return concat, packed, tokens, n_rows, done_int
 
 
 def concat_chunk(

@@ -20,7 +20,8 @@ With `part="encoder"` (or "backbone") the same layouts are priced by that part o
 
 Both use one shuffle per step, seeded by (plan seed, salt, step), so they are deterministic; a block's shuffles,
 cutting into pieces, pricing and per-rank sums run in one compiled pass a step (_baseline_kernel.baselines_pass;
-a part of the cost: the pieces as arrays, priced and summed in NumPy, the same bits). Long-lane
+a part of the cost, steps outside 0..2^32-1 or an empty block: the pieces as arrays, priced and summed in NumPy,
+the same bits). Long-lane
 segments are treated like text (no framework has loomdata's lanes): short cp, seq_len rows.
 """
 
@@ -237,8 +238,8 @@ def _baselines_arrays(
     micro_batches: int,
 ) -> tuple[np.ndarray, ...]:
     """baselines_flat's per-rank sums before scaling, as piece arrays priced and summed by np.bincount (one part
-    of the cost, or steps past 32 bits): (concat [steps, dp], packed [steps, dp], tokens, concat rows, packed
-    tokens)."""
+    of the cost, steps outside 32 bits, an empty block or `one_pass=False`): (concat [steps, dp], packed
+    [steps, dp], tokens, concat rows, packed tokens)."""
     b = len(ns)
     step_of = np.repeat(np.arange(b), ns)
     idx = perms(seed, _SALT, ts, ns) + first[:-1][step_of]

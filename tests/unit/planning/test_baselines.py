@@ -182,30 +182,44 @@ def test_compiled_pieces_match_a_piece_by_piece_reference() -> None:
         CostSpec(attention=1.0, linear=24576.0),
         CostSpec(attention=0.3, linear=7.0, encoder=0.1875, encoder_linear=1152.0, encoder_window=17),
         CostSpec(attention=1.0, linear=3.0, encoder=0.5),
+        CostSpec(attention=0.37, linear=1234.567, encoder=0.1, encoder_linear=11.1, encoder_window=5),
     ],
 )
-def test_one_pass_baselines_are_the_piece_arrays_bits(cost: CostSpec) -> None:
+def test_one_pass_baselines_are_the_piece_arrays_bits(cost: CostSpec, monkeypatch: pytest.MonkeyPatch) -> None:
     """baselines_flat's compiled pass a step (shuffle, cut, price and add each piece as it goes) gives the same
     bytes as the piece arrays priced by CostSpec and summed by np.bincount: text and image samples, split pieces,
-    steps that overflow the packed sequences, empty steps, cp 1 and 2, int64 and uint32 lengths."""
+    steps that overflow the packed sequences, empty steps and empty documents, cp 1 to 3, int64 and uint32 lengths
+    and image tokens; coefficients whose products round (one ulp off in any term fails)."""
+    from loomdata.planning import _baselines
+
+    passes = 0
+    real = _baselines.baselines_pass
+
+    def counted(*a: object) -> object:
+        nonlocal passes
+        passes += 1
+        return real(*a)
+
+    monkeypatch.setattr(_baselines, "baselines_pass", counted)
     rng = np.random.default_rng(7)
     for trial in range(40):
         b = int(rng.integers(1, 30))
         ns = rng.integers(0, 50, b)
         ns[0] = 0 if trial % 5 == 0 else ns[0]
         n, seq = int(ns.sum()), int(rng.choice([50, 100, 4096]))
-        length = rng.integers(1, 3 * seq, n).astype(np.uint32 if trial % 2 else np.int64)
-        image = (rng.integers(0, seq, n) * (rng.random(n) < 0.3)).astype(np.int64)
+        length = rng.integers(0, 3 * seq, n).astype(np.uint32 if trial % 2 else np.int64)
+        image = (rng.integers(0, seq, n) * (rng.random(n) < 0.3)).astype(np.uint32 if trial % 3 else np.int64)
         kw = {
             "seed": int(rng.integers(0, 2**63)),
             "seq_len": seq,
             "dp": int(rng.choice([1, 3, 8])),
             "micro_batches": int(rng.integers(1, 4)),
             "cost_spec": cost,
-            "cp": int(rng.choice([1, 2])),
+            "cp": int(rng.choice([1, 2, 3])),
         }
         ts = np.arange(b) + int(rng.integers(0, 2**32 - b))
         got = baselines_flat(ts, length, image, ns, **kw)  # type: ignore[arg-type]
         want = baselines_flat(ts, length, image, ns, one_pass=False, **kw)  # type: ignore[arg-type]
         for g, w in zip(got, want, strict=True):
             assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes()
+    assert passes == 40  # every trial took the compiled pass (the other call the piece arrays)

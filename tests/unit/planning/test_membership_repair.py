@@ -38,14 +38,15 @@ def _reference(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slo
             k = int(np.argmax(ahead))
             row[k] -= 1
         if (row == ptr[t]).all():  # the fill: the next segment of the weighted source it leaves least ahead
-            row[_fill(targets, t, streams, row, lanes, sl)] += 1
+            k = _fill(targets, t, streams, row, lanes, sl)
+            row[k] += k >= 0  # (-1: none fits or is left: the step stays empty, make_plan refuses it)
         ptr[t + 1] = row
     return ptr
 
 
 def _fill(targets: np.ndarray, t: int, streams: Sequence[Stream], row: np.ndarray, lanes: Lanes, sl: int) -> int:
     """The fill's source (a plain loop): argmin of cum[row + 1] - target over the sources weighted at step t with a
-    next segment that fits the step alone; first on ties. (Every case here has one.)"""
+    next segment that fits the step alone; first on ties; -1 where there is none."""
     best, bv = -1, np.inf
     for k, s in enumerate(streams):
         weighted = targets[t, k] > (targets[t - 1, k] if t else 0.0)
@@ -60,7 +61,6 @@ def _fill(targets: np.ndarray, t: int, streams: Sequence[Stream], row: np.ndarra
             continue
         if s.cum[j] - targets[t, k] < bv:
             best, bv = k, s.cum[j] - targets[t, k]
-    assert best >= 0
     return best
 
 

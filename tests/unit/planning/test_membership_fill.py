@@ -14,13 +14,14 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.unit.planning.test_distributed_planning import _files, _PicklingPool
 from tests.unit.planning.test_membership_held import _weights
 from tests.unit.planning.test_membership_repair import _reference
 
 from loomdata.planning import PlanResume, _mixture, make_plan
+from loomdata.planning import _manifest as manifest_module
 from loomdata.planning._mixture import CumulativeTargets, Stream, build_stream, membership
 from loomdata.planning._packing import Lanes
-from loomdata.schemas.errors import PlanError
 from loomdata.schemas.plan import read_manifest
 
 _SEQ = 64
@@ -168,11 +169,15 @@ def test_resuming_fifty_equal_sources_reproduces_the_straight_plan(
         assert read_manifest(res.plan_dir, res.meta).equals(read_manifest(base.plan_dir, base.meta))
 
 
-def test_a_stream_run_out_still_refuses_the_step(
-    tmp_path: Path, spec_of: Callable[..., Any], index_of: Callable[..., pa.Table]
+def test_fifty_equal_sources_at_dp1_plan_in_ranges_as_on_one_process(
+    tmp_path: Path, spec_of: Callable[..., Any], index_of: Callable[..., pa.Table], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # one slot of 64 tokens (budget 61), every document a whole 64-token sequence: each step draws one (the fill
-    # where the nearest rule lags), so 101 steps need 101 documents of a stream built to its targets' 100
-    spec = spec_of(tmp_path, ["web"], seq_len=64, dp=1, micro_batches=1, steps=101)
-    with pytest.raises(PlanError, match=r"step 100 draws no document: no source weighted at that step has"):
-        make_plan(spec, index={"web": index_of([64] * 100)})
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 30)  # several ranges (cut at manifest file bounds)
+    spec, names = _plan_50(tmp_path, spec_of, 120)
+    index = _index_50(names, index_of)
+    single = make_plan(spec, index=index).plan_dir
+    want = _files(single.rename(single.with_name("single")))
+    pool = _PicklingPool()
+    got = _files(make_plan(spec, index=index, client=pool, ranges=4).plan_dir)
+    assert len(pool.sent) > 3  # several ranges
+    assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []

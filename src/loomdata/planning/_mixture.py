@@ -18,13 +18,16 @@ Python loop.
 Each source's realized cumulative tokens stay within half a segment of its target on every prefix, so
 cumulative shares converge on the targets (after step 20 within 1 percentage point once a step holds a
 few dozen documents). A step whose segments would not fit its slots defers the segments of the source
-most ahead of its target to the next step (a sequential repair, compiled: _mixture_kernel).
+most ahead of its target to the next step (a sequential repair, compiled: _mixture_kernel); a step that draws
+nothing (its sources' targets all short of half their next segment: many sources, few slots) draws the next segment
+of the weighted source that leaves least ahead of its target (the fill, the repair's mirror; a step's pointer is
+then the greater of its nearest and the step before's).
 
 The mixture's own rules (known sources, weights, milestone steps) are the spec's (parse_spec); planning
 trusts a validated Spec and checks only what needs the data. Errors (PlanError): a source with a
 positive weight but no tokens; a source whose cumulative target exceeds max_epochs epochs (names the
-source and the first such step). A step that draws no segment at all (its budget is smaller than the
-next documents: a budget no source can fill) is refused by make_plan.
+source and the first such step). A step that draws no segment even so (no weighted source has a next segment
+left in its stream) is refused by make_plan.
 """
 
 from __future__ import annotations

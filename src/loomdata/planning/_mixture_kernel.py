@@ -232,6 +232,37 @@ def _near_at(cw: np.ndarray, sh: int, n: int, j: int, xt: float) -> tuple[int, i
 
 
 @njit
+def _held_fill(
+    cw: np.ndarray,
+    shift: np.ndarray,
+    whi: np.ndarray,
+    n_of: np.ndarray,
+    acc: np.ndarray,
+    prior: np.ndarray,
+    cur: np.ndarray,
+    room: int,
+) -> int:
+    """held_membership's fill (fill_pick's rule without a long lane; `room`: the step's slots x seq_len): the source,
+    -1 for none, -2 where a source's next segment lies past its window."""
+    best = -1
+    bv = np.inf
+    for k in range(len(acc)):
+        c = cur[k]
+        if not acc[k] > prior[k] or c + 1 >= n_of[k]:
+            continue
+        if c + 1 >= whi[k]:
+            return -2
+        at = shift[k] + c + 1
+        if cw[at] - cw[at - 1] > room:
+            continue
+        v = cw[at] - acc[k]
+        if v < bv:
+            bv = v
+            best = k
+    return best
+
+
+@njit
 def held_membership(
     windows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     last: np.ndarray,
@@ -338,21 +369,9 @@ def held_membership(
             v2[:m] = e_val[:m]
             e_val = v2
         if na == 0:  # the step draws nothing: the fill (fill_pick's rule, no long lane here)
-            best = -1
-            bv = np.inf
-            for k in range(n_src):
-                c = cur[k]
-                if not acc[k] > prior[k] or c + 1 >= n_of[k]:
-                    continue
-                if c + 1 >= whi[k]:
-                    return e_step[:m], e_src[:m], e_val[:m], t
-                at = shift[k] + c + 1
-                if cw[at] - cw[at - 1] > sl * seq_len:
-                    continue
-                v = cw[at] - acc[k]
-                if v < bv:
-                    bv = v
-                    best = k
+            best = _held_fill(cw, shift, whi, n_of, acc, prior, cur, sl * seq_len)
+            if best == -2:
+                return e_step[:m], e_src[:m], e_val[:m], t
             if best >= 0:
                 e_step[m] = t
                 e_src[m] = best

@@ -18,13 +18,16 @@ Python loop.
 Each source's realized cumulative tokens stay within half a segment of its target on every prefix, so
 cumulative shares converge on the targets (after step 20 within 1 percentage point once a step holds a
 few dozen documents). A step whose segments would not fit its slots defers the segments of the source
-most ahead of its target to the next step (a sequential repair, compiled: _mixture_kernel).
+most ahead of its target to the next step (a sequential repair, compiled: _mixture_kernel); a step that draws
+nothing (its sources' targets all short of half their next segment: many sources, few slots) draws the next segment
+of the weighted source that leaves least ahead of its target (the fill, the repair's mirror; a step's pointer is
+then the greater of its nearest and the step before's).
 
 The mixture's own rules (known sources, weights, milestone steps) are the spec's (parse_spec); planning
 trusts a validated Spec and checks only what needs the data. Errors (PlanError): a source with a
 positive weight but no tokens; a source whose cumulative target exceeds max_epochs epochs (names the
-source and the first such step). A step that draws no segment at all (its budget is smaller than the
-next documents: a budget no source can fill) is refused by make_plan.
+source and the first such step). A step that draws no segment even so (no weighted source has a next segment
+left in its stream) is refused by make_plan.
 """
 
 from __future__ import annotations
@@ -456,16 +459,7 @@ def membership(
         if windows is not None and isinstance(tg, CumulativeTargets):  # the held pass: no (steps x sources) block
             acc = np.zeros(n_src) if before is None else before
             cur = prev.astype(np.int64)
-            e_step, e_src, e_val = held_membership(
-                windows,
-                tg.weights.last,
-                np.ascontiguousarray(tg.budget[b0:b1], dtype=np.int64),
-                acc,
-                state,
-                cur,
-                np.ascontiguousarray(slot_arr[b0:b1]),
-                lanes.seq_len,
-            )
+            e_step, e_src, e_val = _held_run(tg, streams, windows, b0, b1, acc, state, cur, slot_arr, lanes.seq_len)
             del windows
             before = acc
             chunks.append(chunk_of_changes(prev.copy(), b1 - b0, b0, e_step, e_src, e_val))
@@ -475,11 +469,12 @@ def membership(
             continue
         b1 = min(steps, b0 + rows)
         tg_rows, by_source = tg.rows_and_columns(b0, b1, before)  # (b1 - b0, sources), and as (sources, b1 - b0)
+        prior = np.zeros(n_src) if before is None else before  # (step b0 - 1's targets: the fill's weighted sources)
         before = tg_rows[-1].copy()
         near = _nearest_rows(streams, by_source, state, near_before, dtype)  # rows b0..b1 (row 0: near_before)
         del by_source
         near_before = near[-1].copy()
-        chunks.extend(_repair(near, b0, prev, tg_rows, streams, lanes, slot_arr))
+        chunks.extend(_repair(near, b0, prev, tg_rows, streams, lanes, slot_arr, prior))
         prev = chunks[-1].row(chunks[-1].rows)
         del near, tg_rows
         b0 = b1
@@ -496,6 +491,42 @@ def _held_from(tg: CumulativeTargets | _GridTargets, streams: Sequence[Stream]) 
     return max(tg.weights.held - tg.weights.first, 0)
 
 
+def _held_run(
+    tg: CumulativeTargets,
+    streams: Sequence[Stream],
+    windows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    b0: int,
+    b1: int,
+    acc: np.ndarray,
+    state: np.ndarray,
+    cur: np.ndarray,
+    slot_arr: np.ndarray,
+    seq_len: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """held_membership over steps b0..b1-1 (acc, state, cur updated), its changes in step order; where a fill would
+    read past a source's window, the windows are widened (through every source's repaired pointer plus a segment a
+    step left: a fill draws one a step) and the run goes on from that step."""
+    budget = np.ascontiguousarray(tg.budget[b0:b1], dtype=np.int64)
+    slots = np.ascontiguousarray(slot_arr[b0:b1])
+    prior = np.zeros(len(acc))
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    s, resume = 0, False
+    while True:
+        e_step, e_src, e_val, done = held_membership(
+            windows, tg.weights.last, budget[s:], acc, prior, state, cur, slots[s:], seq_len, resume
+        )
+        parts.append((e_step + np.int32(s), e_src, e_val))
+        if s + done >= b1 - b0:
+            break
+        s += done  # step b0 + s: its targets are in acc; the windows from there to b1, through the fills' reach
+        windows_or_none = _held_windows(tg, streams, b0 + s + 1, b1, acc, state, cur, cur + 1 + (b1 - b0 - s))
+        assert windows_or_none is not None  # (given a reach, always windows)
+        windows, resume = windows_or_none, True
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
+
+
 def _held_windows(
     tg: CumulativeTargets | _GridTargets,
     streams: Sequence[Stream],
@@ -504,12 +535,15 @@ def _held_windows(
     before: np.ndarray | None,
     state: np.ndarray,
     prev: np.ndarray,
+    reach: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """The windows of the sources' cumulative tokens that the held pass over steps b0..b1-1 reads, laid end to end
     (held_membership's `windows`): from the repaired pointer before the run (or the nearest search's last answer
     less one, if lower) through where the search ends at the run's last targets (held_targets' floats; targets
-    do not decrease). None where they would hold more than REPAIR_WINDOW counts (the chunked pass then, whose
-    repair windows are bounded so): a copy, except for one source (its stream's counts themselves)."""
+    do not decrease), and through the repaired pointer (a fill may have drawn past the search). None where they would
+    hold more than REPAIR_WINDOW counts (the chunked pass then, whose repair windows are bounded so): a copy, except
+    for one source (its stream's counts themselves). `reach`: positions each window reaches at least (a run widened
+    for its fills, _held_run; never None then)."""
     if not isinstance(tg, CumulativeTargets):
         return None
     n_src = len(streams)
@@ -520,12 +554,13 @@ def _held_windows(
     n = np.array([len(s.cum) for s in streams], dtype=np.int64)
     hi = np.empty(n_src, dtype=np.int64)
     for k, s in enumerate(streams):
-        hi[k] = min(max(int(state[k, 0]), int(np.searchsorted(s.cum, needle[k], side="left"))), n[k] - 1) + 1
+        top = max(int(state[k, 0]), int(np.searchsorted(s.cum, needle[k], side="left")), int(prev[k]))
+        hi[k] = min(top if reach is None else max(top, int(reach[k])), n[k] - 1) + 1
     off = np.zeros(n_src + 1, dtype=np.int64)
     np.cumsum(hi - lo, out=off[1:])
     if n_src == 1:
         return streams[0].cum, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), n
-    if int(off[-1]) > REPAIR_WINDOW:
+    if int(off[-1]) > REPAIR_WINDOW and reach is None:
         return None
     cw = np.empty(int(off[-1]), dtype=np.int64)
     for k, s in enumerate(streams):
@@ -577,18 +612,22 @@ def _repair(
     streams: Sequence[Stream],
     lanes: Lanes,
     slot_arr: np.ndarray,
+    prior: np.ndarray,
 ) -> list[PointerChunk]:
-    """Defer segments of the source most ahead of target, one at a time, until every step fits its slots:
-    steps b0..b0+len(tg_rows)-1, `near` their nearest pointer rows (row 0: step b0's nearest row), `prev` the
-    repaired row before step b0; returns the repaired rows as pointer chunks.
+    """Defer segments of the source most ahead of target, one at a time, until every step fits its slots, and fill
+    a step that draws nothing with the next segment of the source it leaves least ahead: steps b0..b0+len(tg_rows)-1,
+    `near` their nearest pointer rows (row 0: step b0's nearest row), `prev` the repaired row before step b0,
+    `prior` step b0 - 1's targets; returns the repaired rows as pointer chunks.
 
     Sequential by nature (a deferral moves a segment into the next step): a compiled pass over a chunk of steps
     at a time (_mixture_kernel.repair_rows), linear in steps and sources, over the window of each stream's
     counts those steps can reach (from the repaired pointer before the chunk to the nearest pointer after it:
-    a deferral never goes below the pointer before its step). It matches the original per-step loop exactly.
+    a deferral never goes below the pointer before its step; widened where a fill reads past it). It matches the
+    original per-step loop exactly where no step draws nothing.
     """
     r, n_src = tg_rows.shape
     sl = np.ascontiguousarray(slot_arr[b0 : b0 + r], dtype=np.int64)
+    n_of = np.array([len(s.cum) for s in streams], dtype=np.int64)
     # several sources' windows are laid end to end (a copy): a chunk also ends once they would hold more than
     # REPAIR_WINDOW segments (sized from the nearest pointers; the repair only lowers them)
     drawn = near.sum(axis=1, dtype=np.int64) if n_src > 1 else None
@@ -602,29 +641,58 @@ def _repair(
             c1 = min(c1, max(c0 + 1, fits))
         chunk = near[c0 : c1 + 1].copy()
         chunk[0] = lo
-        hi = chunk[-1] + 1  # still the nearest row: the chunk's last step sets it
-        cum, short, long_ = [], [], []
-        for k, s in enumerate(streams):
-            a, b = int(lo[k]), int(hi[k])
-            cum.append(s.cum[a:b])
-            short.append((s.cum if s.cum_short is None else s.cum_short)[a:b])
-            long_.append(s.cum_long[a:b] if s.cum_long is not None else s.cum[:0])
-        off_s = np.concatenate([[0], np.cumsum(hi.astype(np.int64) - lo)])
-        off_l = np.concatenate([[0], np.cumsum([len(x) for x in long_])]).astype(np.int64)
-        cum_w = _laid_end_to_end(cum)  # one source: its window itself; without a long lane short is cum
-        short_w = cum_w if all(s.cum_short is None for s in streams) else _laid_end_to_end(short)
-        repair_rows(
-            chunk,
-            tg_rows[c0:c1],
-            (cum_w, short_w, _laid_end_to_end(long_)),
-            (off_s, off_l),
-            lo.astype(np.int64),
-            sl[c0:c1],
-            lanes.seq_len,
-            (0, c1 - c0),
-        )
-        del cum, short, long_, cum_w, short_w
+        # still the nearest row (the chunk's last step sets it), or the row before, past it after a fill
+        hi = np.maximum(chunk[-1], lo).astype(np.int64) + 1
+        at = 0
+        while True:
+            before = prior if c0 + at == 0 else tg_rows[c0 + at - 1]
+            done = _repair_window(chunk, tg_rows[c0 + at : c1], streams, (lo, hi, n_of), sl[c0:c1], lanes, at, before)
+            if done >= c1 - c0:
+                break
+            # a fill reads past a window: through every source's pointer before the step plus a segment a step left
+            at = done
+            hi = np.minimum(np.maximum(hi - 1, chunk[at]) + 2 + (c1 - c0 - at), n_of)
         out.append(compress_rows(chunk, b0 + c0))
         lo = chunk[-1].copy()
         c0 = c1
     return out
+
+
+def _repair_window(
+    chunk: np.ndarray,
+    tg_rows: np.ndarray,
+    streams: Sequence[Stream],
+    reach: tuple[np.ndarray, np.ndarray, np.ndarray],
+    sl: np.ndarray,
+    lanes: Lanes,
+    at: int,
+    prior: np.ndarray,
+) -> int:
+    """repair_rows over the chunk's steps from `at` on (`tg_rows` theirs, `sl` the whole chunk's slots), every
+    source's counts at stream positions lo..hi-1 gathered (laid end to end; reach: lo, hi, the streams' lengths);
+    the steps done (repair_rows' answer)."""
+    lo, hi, n_of = reach
+    cum, short, long_ = [], [], []
+    for k, s in enumerate(streams):
+        a, b = int(lo[k]), int(hi[k])
+        cum.append(s.cum[a:b])
+        short.append((s.cum if s.cum_short is None else s.cum_short)[a:b])
+        long_.append(s.cum_long[a:b] if s.cum_long is not None else s.cum[:0])
+    off_s = np.concatenate([[0], np.cumsum(hi.astype(np.int64) - lo)])
+    off_l = np.concatenate([[0], np.cumsum([len(x) for x in long_])]).astype(np.int64)
+    cum_w = _laid_end_to_end(cum)  # one source: its window itself; without a long lane short is cum
+    short_w = cum_w if all(s.cum_short is None for s in streams) else _laid_end_to_end(short)
+    return int(
+        repair_rows(
+            chunk,
+            tg_rows,
+            (cum_w, short_w, _laid_end_to_end(long_)),
+            (off_s, off_l),
+            lo.astype(np.int64),
+            sl,
+            lanes.seq_len,
+            (at, at + len(tg_rows)),
+            np.ascontiguousarray(prior, dtype=np.float64),
+            n_of,
+        )
+    )

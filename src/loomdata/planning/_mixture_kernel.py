@@ -81,11 +81,18 @@ def repair_rows(
     slots: np.ndarray,
     seq_len: int,
     steps: tuple[int, int],
-) -> None:
+    prior: np.ndarray,
+    n_of: np.ndarray,
+) -> int:
     """Rewrite ptr[t + 1] (nearest pointers on entry) for every step t of steps[0]..steps[1]-1 that overflows its
-    slots (`targets`: those steps' rows, row 0 being steps[0]'s). counts: the windows' tokens, short-lane
-    tokens and long-lane segments (a source without a long lane has an empty long window); off: where each
-    source's window starts in them (tokens and short, long)."""
+    slots (`targets`: those steps' rows, row 0 being steps[0]'s; `prior`: the row of the step before steps[0]),
+    or that draws nothing (the fill: `fill_pick`). counts: the windows' tokens, short-lane tokens and long-lane
+    segments (a source without a long lane has an empty long window); off: where each source's window starts in
+    them (tokens and short, long); n_of: each source's whole stream length (len(cum)).
+
+    A step's pointer is max(its nearest, the step before's) (a filled segment stays drawn). Returns steps[1],
+    or the first step whose fill would read past a source's window (ptr[t] final, ptr[t + 1] raised to it: the
+    caller widens the windows and calls again from that step)."""
     cum, short_of, long_of = counts
     off_s, off_l = off
     n_src = ptr.shape[1]
@@ -94,13 +101,24 @@ def repair_rows(
     ahead = np.empty(n_src)
     for t in range(steps[0], steps[1]):
         short = n_long = 0
+        drew = False
         for k in range(n_src):
+            if ptr[t + 1, k] < ptr[t, k]:  # after a fill: a pointer never goes back
+                ptr[t + 1, k] = ptr[t, k]
             p, q = ptr[t, k] - lo[k], ptr[t + 1, k] - lo[k]
+            drew = drew or q > p
             short += short_of[off_s[k] + q] - short_of[off_s[k] + p]
             if off_l[k + 1] > off_l[k]:
                 n_long += long_of[off_l[k] + q] - long_of[off_l[k] + p]
         sl = slots[t]
         if n_long <= sl and short <= (sl - n_long) * seq_len:
+            if not drew:
+                before = prior if t == t0 else targets[t - t0 - 1]
+                k = fill_pick(ptr[t], targets[t - t0], before, counts, off, lo, n_of, sl, seq_len)
+                if k == -2:
+                    return t
+                if k >= 0:
+                    ptr[t + 1, k] = ptr[t, k] + 1
             continue
         for k in range(n_src):
             r[k] = ptr[t + 1, k]
@@ -117,6 +135,44 @@ def repair_rows(
             if n_long <= sl and short <= (sl - n_long) * seq_len:
                 break
         ptr[t + 1] = r
+    return steps[1]
+
+
+@njit
+def fill_pick(
+    row: np.ndarray,
+    target: np.ndarray,
+    before: np.ndarray,
+    counts: tuple[np.ndarray, np.ndarray, np.ndarray],
+    off: tuple[np.ndarray, np.ndarray],
+    lo: np.ndarray,
+    n_of: np.ndarray,
+    sl: int,
+    seq_len: int,
+) -> int:
+    """The fill of a step that draws nothing (repair_rows' mirror): the source whose next segment leaves it least
+    ahead of its target (argmin of cum[row + 1] - target, the first source on ties) among the sources weighted at
+    the step (target above the step before's), with a next segment in their stream that fits the step's `sl`
+    slots alone. -1: none; -2: a source's next segment lies past its window (the caller widens it)."""
+    cum, short_of, long_of = counts
+    off_s, off_l = off
+    best = -1
+    bv = np.inf
+    for k in range(len(row)):
+        if not target[k] > before[k] or row[k] + 1 >= n_of[k]:
+            continue
+        at = row[k] + 1 - lo[k]
+        if at >= off_s[k + 1] - off_s[k]:
+            return -2
+        n_long = long_of[off_l[k] + at] - long_of[off_l[k] + at - 1] if off_l[k + 1] > off_l[k] else 0
+        short = short_of[off_s[k] + at] - short_of[off_s[k] + at - 1]
+        if n_long > sl or short > (sl - n_long) * seq_len:
+            continue
+        v = cum[off_s[k] + at] - target[k]
+        if v < bv:
+            bv = v
+            best = k
+    return best
 
 
 @njit
@@ -176,16 +232,49 @@ def _near_at(cw: np.ndarray, sh: int, n: int, j: int, xt: float) -> tuple[int, i
 
 
 @njit
+def _held_fill(
+    cw: np.ndarray,
+    shift: np.ndarray,
+    whi: np.ndarray,
+    n_of: np.ndarray,
+    acc: np.ndarray,
+    prior: np.ndarray,
+    cur: np.ndarray,
+    room: int,
+) -> int:
+    """held_membership's fill (fill_pick's rule without a long lane; `room`: the step's slots x seq_len): the source,
+    -1 for none, -2 where a source's next segment lies past its window."""
+    best = -1
+    bv = np.inf
+    for k in range(len(acc)):
+        c = cur[k]
+        if not acc[k] > prior[k] or c + 1 >= n_of[k]:
+            continue
+        if c + 1 >= whi[k]:
+            return -2
+        at = shift[k] + c + 1
+        if cw[at] - cw[at - 1] > room:
+            continue
+        v = cw[at] - acc[k]
+        if v < bv:
+            bv = v
+            best = k
+    return best
+
+
+@njit
 def held_membership(
     windows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     last: np.ndarray,
     budget: np.ndarray,
     acc: np.ndarray,
+    prior: np.ndarray,
     state: np.ndarray,
     cur: np.ndarray,
     slots: np.ndarray,
     seq_len: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    resume: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Membership of a run of steps whose weights are all the held row `last`, in one pass without a (steps x
     sources) block: each step's targets (held_rows' floats), each source's nearest pointer (nearest_run's search,
     carried on in `state`, re-worked out only where the target passes a point where it may change), the sum over
@@ -195,11 +284,17 @@ def held_membership(
 
     `windows`: (cw, off, lo, n): the run's window of every source's cumulative tokens laid end to end (source k's
     stream position lo[k] at cw[off[k]]; n[k] its whole stream's length), reaching every position the run reads.
-    `acc`, `state` and `cur` (the repaired row before the run) are updated to the run's last step. Returns the
-    run's changes in step order: (local step, source, repaired pointer after the step) of each (step, source)
-    whose pointer moved, what compress_rows would find in the dense rows."""
+    `acc`, `prior` (the targets of the step before acc's), `state` and `cur` (the repaired row before the run) are
+    updated to the run's last step. A step that draws nothing draws the fill's segment (repair_rows' fill_pick).
+    Returns the run's changes in step order: (local step, source, repaired pointer after the step) of each (step,
+    source) whose pointer moved, what compress_rows would find in the dense rows; and the steps done: len(budget),
+    or the step whose fill would read past a source's window (its targets and nearest pointers worked out, its
+    changes not: the caller widens the windows and calls again from it with `resume`, which skips that work)."""
     cw, off, wlo, n_of = windows
     n_src = len(acc)
+    whi = np.empty(n_src, dtype=np.int64)  # each source's window end (stream positions)
+    for k in range(n_src):
+        whi[k] = wlo[k] + (off[k + 1] if k + 1 < n_src else len(cw)) - off[k]
     r = len(budget)
     cap = max(1024, 4 * r)
     e_step = np.empty(cap, dtype=np.int32)
@@ -220,24 +315,26 @@ def held_membership(
     hits = np.empty(n_src + 1, dtype=np.int64)  # (one spare: the last source is written before it is counted)
     ahead = np.empty(n_src)
     for t in range(r):
-        b = np.float64(budget[t])
-        for k in range(n_src):  # every source's target (a loop of its own: vectorised, the same float adds)
-            acc[k] = acc[k] + last[k] * b
-        nh = 0
-        for k in range(n_src):  # the sources whose target passed their next point, listed without a branch
-            hits[nh] = k
-            nh += acc[k] > nxt[k]
-        for h in range(nh):  # (a branch a source and step mispredicted often: 66 -> 42 ms a 14K-step run, 300 sources)
-            k = hits[h]
-            j, pick, nx = _near_at(cw, shift[k], n_of[k], state[k, 0], acc[k])
-            state[k, 0] = j
-            nxt[k] = nx
-            if pick > state[k, 1]:
-                state[k, 1] = pick
-                if not is_on[k] and pick > cur[k]:
-                    is_on[k] = True
-                    active[na] = k
-                    na += 1
+        if not (resume and t == 0):  # (resume: the step's targets and nearest pointers were worked out before)
+            b = np.float64(budget[t])
+            for k in range(n_src):  # every source's target (a loop of its own: vectorised, the same float adds)
+                prior[k] = acc[k]
+                acc[k] = acc[k] + last[k] * b
+            nh = 0
+            for k in range(n_src):  # the sources whose target passed their next point, listed without a branch
+                hits[nh] = k
+                nh += acc[k] > nxt[k]
+            for h in range(nh):  # (a branch a source and step mispredicted often: 66 -> 42 ms a 14K-step run)
+                k = hits[h]
+                j, pick, nx = _near_at(cw, shift[k], n_of[k], state[k, 0], acc[k])
+                state[k, 0] = j
+                nxt[k] = nx
+                if pick > state[k, 1]:
+                    state[k, 1] = pick
+                    if not is_on[k] and pick > cur[k]:
+                        is_on[k] = True
+                        active[na] = k
+                        na += 1
         short = 0
         for i in range(na):
             k = active[i]
@@ -260,8 +357,8 @@ def held_membership(
                 ahead[bi] = cw[at - 1] - acc[k] if rr[bi] > cur[k] else -np.inf
                 if short <= sl * seq_len:
                     break
-        if m + na > cap:
-            cap = max(2 * cap, m + na)
+        if m + na + 1 > cap:  # (one more: a fill)
+            cap = max(2 * cap, m + na + 1)
             s2 = np.empty(cap, dtype=np.int32)
             s2[:m] = e_step[:m]
             e_step = s2
@@ -271,6 +368,17 @@ def held_membership(
             v2 = np.empty(cap, dtype=np.int64)
             v2[:m] = e_val[:m]
             e_val = v2
+        if na == 0:  # the step draws nothing: the fill (fill_pick's rule, no long lane here)
+            best = _held_fill(cw, shift, whi, n_of, acc, prior, cur, sl * seq_len)
+            if best == -2:
+                return e_step[:m], e_src[:m], e_val[:m], t
+            if best >= 0:
+                e_step[m] = t
+                e_src[m] = best
+                e_val[m] = cur[best] + 1
+                m += 1
+                cur[best] += 1
+            continue
         keep = 0
         for i in range(na):
             k = active[i]
@@ -286,7 +394,7 @@ def held_membership(
             else:
                 is_on[k] = False
         na = keep
-    return e_step[:m], e_src[:m], e_val[:m]
+    return e_step[:m], e_src[:m], e_val[:m], r
 
 
 @njit

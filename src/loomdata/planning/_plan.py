@@ -387,10 +387,13 @@ def _plan_into(
     trim_arenas()  # the look-ahead's temporaries, the streams' counts and the pointers, before balancing
     empty = np.flatnonzero(drawn_per_step[start:] == 0)
     if len(empty):
+        # membership fills a step its nearest pointers leave empty from the weighted source it leaves least ahead:
+        # a step stays empty only where every source weighted at it has no next segment left in its stream
         raise PlanError(
-            f"step {int(empty[0]) + start} draws no document: its budget of {budget} tokens "
-            f"(dp_size*micro_batches*seq_len*{fill}) cannot be filled by any source's next document "
-            f"({len(empty)} empty step(s)); raise micro_batches, dp_size or seq_len"
+            f"step {int(empty[0]) + start} draws no document: no source weighted at that step has a next "
+            f"segment left in its stream (the steps drew past the data their targets need: a budget of {budget} "
+            f"tokens, dp_size*micro_batches*seq_len*{fill}, below the documents' lengths; {len(empty)} empty "
+            "step(s)); raise micro_batches, dp_size or seq_len, or lower the steps"
         )
 
     bounds = file_bounds(drawn_per_step)  # fixes the manifest partitions up front

@@ -30,7 +30,7 @@ def test_plans_cover_each_epoch_once_fit_capacity_track_the_mixture_and_are_dete
         try:
             res = make_plan(spec, index=index)
         except PlanError as e:
-            assume("draws no document" not in str(e) and "found no room" not in str(e))
+            assume("found no room" not in str(e))  # (every step draws: membership fills an empty one)
             raise
         meta = read_plan(res.plan_dir)
         assert meta == res.meta

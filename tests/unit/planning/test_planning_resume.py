@@ -21,7 +21,7 @@ from loomdata.schemas.errors import PlanError
 from loomdata.schemas.plan import StepShape, read_manifest, read_plan
 from loomtest import plancheck as pc
 
-_SKIPPABLE = ("draws no document", "found no room")
+_SKIPPABLE = ("found no room",)  # (every step draws: membership fills one its nearest rule leaves empty)
 
 
 def _deferred(plan_dir: Path) -> np.ndarray:

@@ -60,6 +60,7 @@ from loomdata.storage import (
     StorageError,
     StorageOptions,
     TransientStorageError,
+    handle_opened,
     head_identity,
     identity,
     is_url,
@@ -75,6 +76,7 @@ __all__ = [
     "checksums",
     "checksums_flat",
     "files_of",
+    "head_checked",
     "prefixed_checksums",
     "span_checksums",
     "stat_shard",
@@ -261,6 +263,23 @@ _ONCE = RetryPolicy(attempts=1)
 """The shard check's HEAD is not retried: the 1-byte GET after a failed one retries, and names the error as before."""
 
 
+def _one_object(path: Location, fmt: SourceFormat, size: int, stamp: int, version: str | None) -> bool:
+    """Whether `unchanged_object` can tell a shard from one response: a one-object S3 shard whose size, stamp and
+    ETag/version string the index recorded (else it answers False at once, sending nothing)."""
+    if not version or not is_url(path) or protocol_of(str(path)) != "s3" or not stamp or size <= 0:
+        return False
+    return len(files_of(path, fmt)) == 1
+
+
+def head_checked(
+    path: Location, fmt: SourceFormat, options: StorageOptions | None, size: int, stamp: int, version: str | None
+) -> bool:
+    """Whether `unchanged_object` checks this shard from the HEAD that opens its pyarrow read handle (`head_identity`),
+    so a loader need not open that handle beside the check (`Verifier.opens_handle`). The same conditions as the
+    check's own, so a shard it will not HEAD is never left without its handle opened ahead."""
+    return _one_object(path, fmt, size, stamp, version) and handle_opened(str(path), size, options)
+
+
 def unchanged_object(
     path: Location, fmt: SourceFormat, options: StorageOptions | None, size: int, stamp: int, version: str | None
 ) -> bool:
@@ -283,9 +302,7 @@ def unchanged_object(
     memo), the GET failed other than "missing", "denied" or "retries ran out" (those raise), or the object differs.
     """
     url = str(path)
-    if not version or not is_url(path) or protocol_of(url) != "s3" or not stamp or size <= 0:
-        return False
-    if len(files_of(path, fmt)) != 1:
+    if not _one_object(path, fmt, size, stamp, version):
         return False
     # the HEAD that opens its read handle: no request of the check's own. Any error, any difference (a HEAD may not
     # name the version): the 1-byte GET asks, and reports what it meets

@@ -103,8 +103,16 @@ _CONNECT_LOCK = threading.Lock()
 _MADE: set[bytes | None] = set()  # the options (`_options_key`) whose s3fs client this process has made
 
 
-if hasattr(os, "register_at_fork"):  # a forked child makes its own clients (fsspec forgets the parent's)
-    os.register_at_fork(after_in_child=_MADE.clear)
+def _forget_after_fork() -> None:
+    """In a forked child: no s3fs client made yet (fsspec forgets the parent's), and a `_CONNECT_LOCK` no thread holds
+    (a parent thread making a client at the fork is not in the child: its lock would never be released there)."""
+    global _CONNECT_LOCK
+    _CONNECT_LOCK = threading.Lock()
+    _MADE.clear()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _client_made(url: str, options: StorageOptions | None) -> bool:

@@ -243,3 +243,22 @@ def test_a_forked_child_starts_with_no_handle_open_or_held_lock(s3: S3Server) ->
         gate.set()
         opening.join(30)
     assert len([k for k in _arrow._HANDLES if k[1] == url]) == 2  # the parent's own are untouched
+
+
+def test_a_forked_child_has_made_no_s3fs_client_and_holds_no_connect_lock() -> None:
+    """A child forked while a parent thread makes an s3fs client (`_CONNECT_LOCK` held) and after one was made
+    (`_MADE`) can make its own: the lock is free and no client counts as made."""
+    made = set(_fs._MADE)
+    _fs._MADE.add(b"parent's options")
+    try:
+        with warnings.catch_warnings(), _fs._CONNECT_LOCK:  # held at the fork
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: the child only reads state
+            pid = os.fork()
+            if pid == 0:  # the child: no pytest here, only an exit status
+                free = _fs._CONNECT_LOCK.acquire(blocking=False)
+                os._exit(0 if free and not _fs._MADE else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert b"parent's options" in _fs._MADE  # the parent's own are untouched
+    finally:
+        _fs._MADE.intersection_update(made)

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = [
@@ -208,6 +209,7 @@ def arrow_read(
     on_open: Any,
     size: int | None = None,
     wait_open: bool = False,
+    on_read: Callable[[float], None] | None = None,
 ) -> Any | None:
     """Bytes [start, stop) of an s3:// object through a kept pyarrow handle, as the `pyarrow.Buffer` the GET filled
     (no copy: a caller that needs `bytes` copies once); None: read it through fsspec.
@@ -227,6 +229,9 @@ def arrow_read(
 
     A None never asks the caller to drop anything: a handle whose size disagreed is dropped here, and one being
     opened is the other thread's, kept for the reads after it.
+
+    `on_read`: called with the seconds the GET alone took (not a wait for another thread's open, nor an open's own
+    HEAD: the storage latency that sizes read-ahead is one request's round trip).
     """
     for _ in range(2):
         f = _handle(url, kwargs, on_open, wait=False, wait_open=wait_open)
@@ -235,7 +240,11 @@ def arrow_read(
         n = int(f.size())
         if (size is None or n == size) and stop <= n:
             try:
-                return f.read_at(stop - start, start)
+                t0 = time.perf_counter()
+                out = f.read_at(stop - start, start)
+                if on_read is not None:
+                    on_read(time.perf_counter() - t0)
+                return out
             except BaseException:
                 drop_handle(url)
                 raise

@@ -11,6 +11,7 @@ mmap-like view (`len`, slicing, `find`) for readers written against memory maps.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import os
@@ -430,7 +431,11 @@ def _arrow_range(
         return None
     what = f"read of bytes {start}..{stop}"
     wait = not _client_made(url, options)  # no s3fs client yet: wait for a handle being opened rather than make one
-    get = _timed(lambda: arrow_read(url, start, stop, kwargs, lambda: _STATS.add("head"), size, wait), url)
+    timed = functools.partial(_LATENCY.record, url)  # the GET alone: not a wait for the HEAD opening its handle
+
+    def get() -> Any | None:
+        return arrow_read(url, start, stop, kwargs, lambda: _STATS.add("head"), size, wait, timed)
+
     data = _retry(get, url, what, policy)
     if data is None:  # being opened by another thread (kept: not dropped), or its size disagreed (dropped already)
         return None

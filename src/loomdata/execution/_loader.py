@@ -361,7 +361,9 @@ def read_waits() -> list[dict[str, Any]]:
         pf = lo._plan.prefetch if lo._plan is not None else None
         if pf is not None:
             who = {"source": lo.partition.source, "part": lo.partition.part}
-            out += [{**who, **dataclasses.asdict(w)} for w in list(pf.waits)]
+            with pf._lock:  # appended under it by the reading threads
+                waits = list(pf.waits)
+            out += [{**who, **dataclasses.asdict(w)} for w in waits]
     return sorted(out, key=lambda w: w["at"])
 
 

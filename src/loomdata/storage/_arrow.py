@@ -52,7 +52,8 @@ _HANDLES: OrderedDict[tuple[tuple[tuple[str, Any], ...], str], Any] = OrderedDic
 _OPENING: dict[tuple[tuple[tuple[str, Any], ...], str], int] = {}  # handles being opened now (their HEAD in flight)
 _OPENED = threading.Condition(_LOCK)  # notified when an open ends (`arrow_read(wait_open=True)` waits on it)
 OPEN_WAIT_S = 30.0
-"""The longest a read waits for another thread's open of its handle (then it opens one itself)."""
+"""The longest a read waits for another thread's open of its handle (then, if that open has not ended, the read goes
+through fsspec)."""
 
 
 def _forget_after_fork() -> None:
@@ -128,7 +129,7 @@ def _handle(url: str, kwargs: dict[str, Any], on_open: Any, wait: bool = True, w
     hkey = (key, url)
     with _LOCK:
         if not wait and wait_open and hkey in _OPENING and hkey not in _HANDLES:
-            _OPENED.wait_for(lambda: hkey not in _OPENING, OPEN_WAIT_S)
+            _OPENED.wait_for(lambda: hkey not in _OPENING or hkey in _HANDLES, OPEN_WAIT_S)
         f = _HANDLES.get(hkey)
         if f is not None:
             _HANDLES.move_to_end(hkey)

@@ -218,7 +218,7 @@ class Verifier:
 
     def hold_versions(self, memo: Mapping[str, ObjectMemo], paths: Mapping[int, Location]) -> None:
         """Keep each object shard's whole ETag/version from the index's memo (by URL), where the memo's size and
-        fingerprint are the shards table's: the one-GET check compares it exactly."""
+        fingerprint are the shards table's: the one-request check (`unchanged_object`) compares it exactly."""
         for shard, path in paths.items():
             want, got = self.shards.get(shard), memo.get(str(path))
             if (
@@ -267,7 +267,7 @@ class Verifier:
         want = self.shards[shard]
         try:
             version = self.versions.get(shard)
-            if unchanged_object(path, self.fmt, self.options, want.size_bytes, want.mtime_ns, version):  # S3: one GET
+            if unchanged_object(path, self.fmt, self.options, want.size_bytes, want.mtime_ns, version):  # S3: 1 request
                 self.opened.add(shard)
                 return
             # an object: its edges read beside its HEAD

@@ -27,8 +27,9 @@ is content, never path or time. `ctime_ns` (the inode change time, which no user
 serves change detection only. An object (a URL) is hashed the same way through two range reads (run
 together, and beside its HEAD where the indexed size is known: a loader's check is one round trip; on S3
 the first range GET's response gives the size and ETag/version, so that check sends no HEAD; since session 23 a
-loader's check of an S3 object first asks one 1-byte GET, whose response's size and ETag/version equal to the
-indexed ones accept it with no edge read: `unchanged_object`), so a
+loader's check of a one-object S3 shard first asks one request, whose size and ETag/version equal to the indexed
+ones accept it with no edge read: `unchanged_object`; since session 24 that request is the HEAD that opens the
+object's pyarrow read handle where its reads take one (`head_checked`), else a 1-byte GET), so a
 copy in a bucket has the fingerprint of the local file; its `version` (ETag or version id) takes the
 place of the times for change detection: `mtime_ns` holds `version_stamp(version)` (a CRC-32 of it), so
 the loaders' open check, which compares size, mtime and fingerprint, compares the ETag too.
@@ -260,7 +261,8 @@ def stat_shard(
 
 
 _ONCE = RetryPolicy(attempts=1)
-"""The shard check's HEAD is not retried: the 1-byte GET after a failed one retries, and names the error as before."""
+"""The shard check's HEAD is not retried by loomdata (pyarrow's own S3 retry strategy still retries it inside the one
+attempt): the 1-byte GET after a failed one retries, and names the error as before."""
 
 
 def _one_object(path: Location, fmt: SourceFormat, size: int, stamp: int, version: str | None) -> bool:

@@ -277,3 +277,57 @@ def test_a_forked_child_has_made_no_s3fs_client_and_holds_no_connect_lock() -> N
         assert b"parent's options" in _fs._MADE  # the parent's own are untouched
     finally:
         _fs._MADE.intersection_update(made)
+
+
+def test_a_failed_open_wakes_the_read_waiting_for_it_which_opens_its_own_handle(
+    s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read waiting for another thread's open (no s3fs client made) is woken when that open fails, not held until
+    `OPEN_WAIT_S`: it opens the handle itself (one HEAD) and reads the right bytes; the opener's error is its own."""
+    url = f"s3://{BUCKET}/blob.bin"
+    monkeypatch.setattr(_fs, "_MADE", set())  # as in a fresh worker: no s3fs client made yet
+    kwargs = arrow_s3_kwargs({})
+    assert kwargs is not None
+    drop_handle(url)
+    opening, release, waiting = threading.Event(), threading.Event(), threading.Event()
+    real_wait = _arrow._OPENED.wait_for
+
+    def wait_for(predicate: Any, timeout: float | None = None) -> Any:
+        waiting.set()
+        return real_wait(predicate, timeout)
+
+    monkeypatch.setattr(_arrow._OPENED, "wait_for", wait_for)
+
+    def failing_open() -> None:
+        opening.set()
+        assert release.wait(20)
+        raise OSError("simulated HEAD failure")
+
+    errors: list[BaseException] = []
+
+    def open_it() -> None:
+        try:
+            arrow_open(url, kwargs, failing_open)
+        except OSError as e:
+            errors.append(e)
+
+    got: list[bytes] = []
+    opener = threading.Thread(target=open_it)
+    reader = threading.Thread(target=lambda: got.append(read_range(url, 0, ARROW_MIN_READ, size=len(_DATA))))
+    opener.start()
+    try:
+        assert opening.wait(20)
+        reset_request_stats()
+        reader.start()
+        assert waiting.wait(20) and not got  # waiting for the open in flight
+        release.set()
+        reader.join(20)
+        assert not reader.is_alive()  # woken by the failure (OPEN_WAIT_S is 30 s)
+    finally:
+        release.set()
+        opener.join(20)
+        reader.join(20)
+    assert [str(e) for e in errors] == ["simulated HEAD failure"]
+    assert got == [_DATA[:ARROW_MIN_READ]]
+    assert request_stats() == {"head": 1, "get": 1, "get_bytes": ARROW_MIN_READ}, request_stats()  # its own open
+    assert not _fs._MADE  # still no s3fs client

@@ -158,12 +158,12 @@ def _consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any, step_s
     tokens = n = first_tokens = 0
     first = None
     gaps = []  # seconds each batch took to arrive
-    long_gaps = []  # (wall-clock end, seconds, batch index) of waits over 50 ms: lined up with --trace's events
+    long_gaps = []  # (wall-clock end, seconds, batch index) of waits over LONG_WAIT_S: lined up with --trace's events
     t = time.perf_counter()
     for b in c:
         now = time.perf_counter()
         gaps.append(now - t)
-        if now - t > 0.05:
+        if now - t > LONG_WAIT_S:
             long_gaps.append((time.time(), now - t, n))
         tokens += int(b.cu_seqlens[-1])
         n += 1
@@ -518,7 +518,8 @@ def _wait_timeline(rows: list[dict[str, Any]], read_waits: list[dict[str, Any]] 
     """Where a run's consumer wait is (issue 9's "which steps wait and why"), for the consumer that waited longest:
 
     - `first_s` (serve start, once a run) and the wait after it per tenth of the steps (`by_tenth_ms`);
-    - `long`: each wait over `LONG_WAIT_S` after the first batch: [step, ms, seconds since the consumers' start];
+    - `long`: each wait over `LONG_WAIT_S` after the first batch: [step, ms, seconds from the consumers' start to the
+      wait's end (when its batch arrived)];
     - `loader_waits`: the loaders' waits on units being read ahead (`read_waits`; all workers): how many and their
       seconds, in the first second after the consumers' start (cold start: opens and first GETs) and later, and how
       many waited on a read issued more than two store latencies earlier (`issued_early`: storage or CPU too slow,

@@ -190,7 +190,7 @@ class SourceLoader:
             layouts = index_layouts(files.root, shards, self._paths)
             self._reader.hold_layouts(layouts)
             self._held_layouts = frozenset(layouts)  # URLs whose footer no request reads
-            if any(is_url(p) for p in self._paths.values()):  # their whole ETags, for the one-GET shard check
+            if any(is_url(p) for p in self._paths.values()):  # their whole ETags, for the one-request shard check
                 self._verifier.hold_versions(load_objects(files.root), self._paths)
         self._patch = spec.images.patch_size
         self._plan = PlanAhead(plan_dir, meta, self, cache) if cache is not None else None
@@ -361,7 +361,9 @@ def read_waits() -> list[dict[str, Any]]:
         pf = lo._plan.prefetch if lo._plan is not None else None
         if pf is not None:
             who = {"source": lo.partition.source, "part": lo.partition.part}
-            out += [{**who, **dataclasses.asdict(w)} for w in list(pf.waits)]
+            with pf._lock:  # appended under it by the reading threads
+                waits = list(pf.waits)
+            out += [{**who, **dataclasses.asdict(w)} for w in waits]
     return sorted(out, key=lambda w: w["at"])
 
 

@@ -46,6 +46,7 @@ from loomdata.execution._shard_opens import ShardOpens
 from loomdata.schemas.errors import LoomError
 from loomdata.sources import FormatReader
 from loomdata.storage import is_url, open_ahead, warm_client
+from loomdata.storage._arrow import ARROW_MIN_READ
 
 if TYPE_CHECKING:  # annotations only: no pydantic in a serving worker
     from loomdata.schemas.plan import AnyPlan
@@ -339,9 +340,32 @@ def _warm_store(loader: Any) -> None:
 
 def _needs_fsspec(loader: Any) -> bool:
     """Whether a loader's requests go through fsspec: an object whose footer the index did not keep for it (read by a
-    small GET), or that is not checked and read through a pyarrow handle (`Verifier.opens_handle`). Where none does,
-    making s3fs's client at warm-up (~0.3 s of CPU, session 24: beside the first window's GETs on a loaded host) is
-    left to a request that needs it (a row group under `ARROW_MIN_READ`, a read whose handle was refused)."""
+    small GET), that is not checked and read through a pyarrow handle (`Verifier.opens_handle`), or one of whose units
+    is read by a GET under `ARROW_MIN_READ` (`_small_units`). Where none does, making s3fs's client at warm-up (~0.3 s
+    of CPU, session 24: beside the first window's GETs on a loaded host) is left to a request that needs it (a read
+    whose handle was refused, a read ahead's coalesced span)."""
     held = loader._held_layouts
     check = loader._verifier
-    return any(is_url(p) and (str(p) not in held or not check.opens_handle(s, p)) for s, p in loader._paths.items())
+    return any(
+        is_url(p) and (str(p) not in held or not check.opens_handle(s, p) or _small_units(loader, s, p))
+        for s, p in loader._paths.items()
+    )
+
+
+def _small_units(loader: Any, shard: int, path: Any) -> bool:
+    """Whether reading some unit (row group) of object `path` is a GET under `ARROW_MIN_READ` (those go through
+    fsspec: `storage._fs._read_view`), from its footer the index kept: parsed now rather than at its first planning
+    (no request; the same parse, earlier). A unit's GET is its content column's bytes (`unit_span`; a read of fewer
+    bytes would fetch `RangeFile`'s 256 KiB, still under the bar). True where that cannot be told (no units told, a
+    footer that does not parse: read by a small GET)."""
+    reader = loader._reader
+    try:
+        reader.prepare(path, _size(loader, shard))
+    except (LoomError, OSError, pa.ArrowException):
+        return True
+    unit = 0
+    while (span := reader.unit_span(path, unit)) is not None:
+        if span[1] - span[0] < ARROW_MIN_READ:
+            return True
+        unit += 1
+    return unit == 0

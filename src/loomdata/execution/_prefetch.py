@@ -683,12 +683,12 @@ class Prefetcher:
 
     def get(self, key: UnitKey) -> Any | None:
         k = self._int_key(key)
-        with self._lock:
+        with self._lock:  # the read in flight and when it was issued, as one state
             fut = self._inflight.get(k) if k is not None else None
+            issued, ahead = self._issued.get(k) if k is not None and fut is not None else None, self._requests
         if fut is not None:
             t0, at = time.monotonic(), time.time()
-            with self._lock:
-                issued, ahead = self._issued.get(k, (at, -1)) if k is not None else (at, -1), self._requests
+            issued = issued if issued is not None else (at, -1)
             newest = self.cache.newest
             wait_for([fut])
             with self._lock:

@@ -41,7 +41,14 @@ from loomdata.schemas.layout import ObjectMemo
 from loomdata.schemas.records import SourceFormat, VerifyMode
 from loomdata.schemas.tables import CHECKSUM_FIELD
 from loomdata.sources import Sample
-from loomdata.sources._integrity import CHECKSUM, TOKEN_DTYPE, checksums, stat_shard, unchanged_object
+from loomdata.sources._integrity import (
+    CHECKSUM,
+    TOKEN_DTYPE,
+    checksums,
+    head_checked,
+    stat_shard,
+    unchanged_object,
+)
 from loomdata.storage import (
     AccessDeniedError,
     Location,
@@ -49,8 +56,6 @@ from loomdata.storage import (
     StorageError,
     StorageOptions,
     TransientStorageError,
-    handle_opened,
-    is_url,
     redact,
 )
 
@@ -213,7 +218,7 @@ class Verifier:
 
     def hold_versions(self, memo: Mapping[str, ObjectMemo], paths: Mapping[int, Location]) -> None:
         """Keep each object shard's whole ETag/version from the index's memo (by URL), where the memo's size and
-        fingerprint are the shards table's: the one-GET check compares it exactly."""
+        fingerprint are the shards table's: the one-request check (`unchanged_object`) compares it exactly."""
         for shard, path in paths.items():
             want, got = self.shards.get(shard), memo.get(str(path))
             if (
@@ -224,12 +229,13 @@ class Verifier:
                 self.versions[shard] = got.version
 
     def opens_handle(self, shard: int, path: Location) -> bool:
-        """Whether checking `shard` opens its read handle: an s3:// object whose ETag/version the index recorded, read
-        through a pyarrow handle, is checked from the HEAD that opens it (`unchanged_object`): not opened again."""
+        """Whether checking `shard` opens its read handle: a one-object s3:// shard whose size, stamp and ETag/version
+        the index recorded, read through a pyarrow handle, is checked from the HEAD that opens it (`unchanged_object`;
+        `head_checked` is its own test): not opened again."""
         want = self.shards.get(shard)
-        if self.mode is VerifyMode.OFF or not self.versions.get(shard) or want is None:
+        if self.mode is VerifyMode.OFF or want is None:
             return False
-        return is_url(path) and handle_opened(str(path), want.size_bytes, self.options)
+        return head_checked(path, self.fmt, self.options, want.size_bytes, want.mtime_ns, self.versions.get(shard))
 
     @property
     def samples(self) -> bool:
@@ -261,7 +267,7 @@ class Verifier:
         want = self.shards[shard]
         try:
             version = self.versions.get(shard)
-            if unchanged_object(path, self.fmt, self.options, want.size_bytes, want.mtime_ns, version):  # S3: one GET
+            if unchanged_object(path, self.fmt, self.options, want.size_bytes, want.mtime_ns, version):  # S3: 1 request
                 self.opened.add(shard)
                 return
             # an object: its edges read beside its HEAD

@@ -27,8 +27,9 @@ is content, never path or time. `ctime_ns` (the inode change time, which no user
 serves change detection only. An object (a URL) is hashed the same way through two range reads (run
 together, and beside its HEAD where the indexed size is known: a loader's check is one round trip; on S3
 the first range GET's response gives the size and ETag/version, so that check sends no HEAD; since session 23 a
-loader's check of an S3 object first asks one 1-byte GET, whose response's size and ETag/version equal to the
-indexed ones accept it with no edge read: `unchanged_object`), so a
+loader's check of a one-object S3 shard first asks one request, whose size and ETag/version equal to the indexed
+ones accept it with no edge read: `unchanged_object`; since session 24 that request is the HEAD that opens the
+object's pyarrow read handle where its reads take one (`head_checked`), else a 1-byte GET), so a
 copy in a bucket has the fingerprint of the local file; its `version` (ETag or version id) takes the
 place of the times for change detection: `mtime_ns` holds `version_stamp(version)` (a CRC-32 of it), so
 the loaders' open check, which compares size, mtime and fingerprint, compares the ETag too.
@@ -60,6 +61,7 @@ from loomdata.storage import (
     StorageError,
     StorageOptions,
     TransientStorageError,
+    handle_opened,
     head_identity,
     identity,
     is_url,
@@ -75,6 +77,7 @@ __all__ = [
     "checksums",
     "checksums_flat",
     "files_of",
+    "head_checked",
     "prefixed_checksums",
     "span_checksums",
     "stat_shard",
@@ -258,7 +261,25 @@ def stat_shard(
 
 
 _ONCE = RetryPolicy(attempts=1)
-"""The shard check's HEAD is not retried: the 1-byte GET after a failed one retries, and names the error as before."""
+"""The shard check's HEAD is not retried by loomdata (pyarrow's own S3 retry strategy still retries it inside the one
+attempt): the 1-byte GET after a failed one retries, and names the error as before."""
+
+
+def _one_object(path: Location, fmt: SourceFormat, size: int, stamp: int, version: str | None) -> bool:
+    """Whether `unchanged_object` can tell a shard from one response: a one-object S3 shard whose size, stamp and
+    ETag/version string the index recorded (else it answers False at once, sending nothing)."""
+    if not version or not is_url(path) or protocol_of(str(path)) != "s3" or not stamp or size <= 0:
+        return False
+    return len(files_of(path, fmt)) == 1
+
+
+def head_checked(
+    path: Location, fmt: SourceFormat, options: StorageOptions | None, size: int, stamp: int, version: str | None
+) -> bool:
+    """Whether `unchanged_object` checks this shard from the HEAD that opens its pyarrow read handle (`head_identity`),
+    so a loader need not open that handle beside the check (`Verifier.opens_handle`). The same conditions as the
+    check's own, so a shard it will not HEAD is never left without its handle opened ahead."""
+    return _one_object(path, fmt, size, stamp, version) and handle_opened(str(path), size, options)
 
 
 def unchanged_object(
@@ -283,9 +304,7 @@ def unchanged_object(
     memo), the GET failed other than "missing", "denied" or "retries ran out" (those raise), or the object differs.
     """
     url = str(path)
-    if not version or not is_url(path) or protocol_of(url) != "s3" or not stamp or size <= 0:
-        return False
-    if len(files_of(path, fmt)) != 1:
+    if not _one_object(path, fmt, size, stamp, version):
         return False
     # the HEAD that opens its read handle: no request of the check's own. Any error, any difference (a HEAD may not
     # name the version): the 1-byte GET asks, and reports what it meets

@@ -2,7 +2,9 @@
 
 One small API for readers and the index job: `location` and `is_url` tell the two apart, `glob`,
 `identity` (size + ETag/version, or the file's stat), `open_input` / `ObjectView` / `read_range` read
-(`read_range_identity`: an S3 range and the object's identity from the one GET's response, no HEAD)
+(`read_range_identity`: an S3 range and the object's identity from the one GET's response, no HEAD;
+`head_identity`: an S3 object's identity from the HEAD that opens its pyarrow read handle, kept for its large reads,
+where `handle_opened` says its reads take one)
 (`open_ahead` opens an object's read handle before its first large read; `warm_client` makes a store's
 client before its first request)
 (`request_latency`: the median of a store's recent range GETs, for sizing read-ahead),

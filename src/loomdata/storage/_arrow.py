@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = [
@@ -51,7 +52,8 @@ _HANDLES: OrderedDict[tuple[tuple[tuple[str, Any], ...], str], Any] = OrderedDic
 _OPENING: dict[tuple[tuple[tuple[str, Any], ...], str], int] = {}  # handles being opened now (their HEAD in flight)
 _OPENED = threading.Condition(_LOCK)  # notified when an open ends (`arrow_read(wait_open=True)` waits on it)
 OPEN_WAIT_S = 30.0
-"""The longest a read waits for another thread's open of its handle (then it opens one itself)."""
+"""The longest a read waits for another thread's open of its handle (then, if that open has not ended, the read goes
+through fsspec)."""
 
 
 def _forget_after_fork() -> None:
@@ -127,7 +129,7 @@ def _handle(url: str, kwargs: dict[str, Any], on_open: Any, wait: bool = True, w
     hkey = (key, url)
     with _LOCK:
         if not wait and wait_open and hkey in _OPENING and hkey not in _HANDLES:
-            _OPENED.wait_for(lambda: hkey not in _OPENING, OPEN_WAIT_S)
+            _OPENED.wait_for(lambda: hkey not in _OPENING or hkey in _HANDLES, OPEN_WAIT_S)
         f = _HANDLES.get(hkey)
         if f is not None:
             _HANDLES.move_to_end(hkey)
@@ -208,6 +210,7 @@ def arrow_read(
     on_open: Any,
     size: int | None = None,
     wait_open: bool = False,
+    on_read: Callable[[float], None] | None = None,
 ) -> Any | None:
     """Bytes [start, stop) of an s3:// object through a kept pyarrow handle, as the `pyarrow.Buffer` the GET filled
     (no copy: a caller that needs `bytes` copies once); None: read it through fsspec.
@@ -227,6 +230,9 @@ def arrow_read(
 
     A None never asks the caller to drop anything: a handle whose size disagreed is dropped here, and one being
     opened is the other thread's, kept for the reads after it.
+
+    `on_read`: called with the seconds the GET alone took (not a wait for another thread's open, nor an open's own
+    HEAD: the storage latency that sizes read-ahead is one request's round trip).
     """
     for _ in range(2):
         f = _handle(url, kwargs, on_open, wait=False, wait_open=wait_open)
@@ -235,7 +241,11 @@ def arrow_read(
         n = int(f.size())
         if (size is None or n == size) and stop <= n:
             try:
-                return f.read_at(stop - start, start)
+                t0 = time.perf_counter()
+                out = f.read_at(stop - start, start)
+                if on_read is not None:
+                    on_read(time.perf_counter() - t0)
+                return out
             except BaseException:
                 drop_handle(url)
                 raise

@@ -11,6 +11,7 @@ mmap-like view (`len`, slicing, `find`) for readers written against memory maps.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import os
@@ -103,8 +104,16 @@ _CONNECT_LOCK = threading.Lock()
 _MADE: set[bytes | None] = set()  # the options (`_options_key`) whose s3fs client this process has made
 
 
-if hasattr(os, "register_at_fork"):  # a forked child makes its own clients (fsspec forgets the parent's)
-    os.register_at_fork(after_in_child=_MADE.clear)
+def _forget_after_fork() -> None:
+    """In a forked child: no s3fs client made yet (fsspec forgets the parent's), and a `_CONNECT_LOCK` no thread holds
+    (a parent thread making a client at the fork is not in the child: its lock would never be released there)."""
+    global _CONNECT_LOCK
+    _CONNECT_LOCK = threading.Lock()
+    _MADE.clear()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _client_made(url: str, options: StorageOptions | None) -> bool:
@@ -422,7 +431,11 @@ def _arrow_range(
         return None
     what = f"read of bytes {start}..{stop}"
     wait = not _client_made(url, options)  # no s3fs client yet: wait for a handle being opened rather than make one
-    get = _timed(lambda: arrow_read(url, start, stop, kwargs, lambda: _STATS.add("head"), size, wait), url)
+    timed = functools.partial(_LATENCY.record, url)  # the GET alone: not a wait for the HEAD opening its handle
+
+    def get() -> Any | None:
+        return arrow_read(url, start, stop, kwargs, lambda: _STATS.add("head"), size, wait, timed)
+
     data = _retry(get, url, what, policy)
     if data is None:  # being opened by another thread (kept: not dropped), or its size disagreed (dropped already)
         return None

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +20,9 @@ from loomdata.storage import (
     _fs,
     open_ahead,
     read_range,
+    request_latency,
     request_stats,
+    reset_request_latency,
     reset_request_stats,
     warm_client,
 )
@@ -106,37 +110,47 @@ def test_a_large_read_while_the_handle_is_opening_goes_through_fsspec_at_once(s3
     assert request_stats() == {"get": 1, "get_bytes": ARROW_MIN_READ}  # the handle the open made: no HEAD
 
 
-def test_without_an_s3fs_client_a_large_read_waits_for_the_handle_being_opened(s3: S3Server) -> None:
+def test_without_an_s3fs_client_a_large_read_waits_for_the_handle_being_opened(
+    s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same read in a process that has not made s3fs's client for these options (a loader that reads only through
     pyarrow does not make it, ~0.3 s of CPU): it waits for the open in flight and reads through its handle, one GET,
-    no second HEAD, no s3fs client made."""
+    no second HEAD, no s3fs client made. The storage latency it records is its GET's alone, not that wait's."""
     url = f"s3://{BUCKET}/blob.bin"
     opts = s3.options()  # options no other test of this module makes a client with
     kwargs = arrow_s3_kwargs(opts["s3"])
     assert kwargs is not None and not _fs._client_made(url, opts)
     drop_handle(url)
-    opening, release, done = threading.Event(), threading.Event(), threading.Event()
+    opening, release, waiting = threading.Event(), threading.Event(), threading.Event()
+    real_wait, real_clock = _arrow._OPENED.wait_for, time.perf_counter
+    skew = [0.0]
+
+    def wait_for(predicate: Any, timeout: float | None = None) -> Any:
+        skew[0] += 60.0  # the clocks see this wait take a minute (no real sleep): only a timed wait records it
+        waiting.set()
+        return real_wait(predicate, timeout)
+
+    monkeypatch.setattr(_arrow._OPENED, "wait_for", wait_for)
+    monkeypatch.setattr(time, "perf_counter", lambda: real_clock() + skew[0])
 
     def held_open() -> None:
         opening.set()
         assert release.wait(20)
 
     got: list[bytes] = []
-
-    def read() -> None:
-        got.append(read_range(url, 0, ARROW_MIN_READ, opts, size=len(_DATA)))
-        done.set()
-
     opener = threading.Thread(target=arrow_open, args=(url, kwargs, held_open))
     opener.start()
-    reader = threading.Thread(target=read)
+    reader = threading.Thread(target=lambda: got.append(read_range(url, 0, ARROW_MIN_READ, opts, size=len(_DATA))))
     try:
         assert opening.wait(20)
         reset_request_stats()
+        reset_request_latency()
         reader.start()
-        assert not done.wait(0.5)  # waiting for the HEAD in flight, not reading through s3fs
+        assert waiting.wait(20)  # waiting for the HEAD in flight, not reading through s3fs
+        assert not got and request_stats() == {}
         release.set()
-        assert done.wait(20)
+        reader.join(20)
+        assert not reader.is_alive()
     finally:
         release.set()
         opener.join(20)
@@ -144,6 +158,7 @@ def test_without_an_s3fs_client_a_large_read_waits_for_the_handle_being_opened(s
     assert got == [_DATA[:ARROW_MIN_READ]]
     assert request_stats() == {"get": 1, "get_bytes": ARROW_MIN_READ}, request_stats()  # the opener's handle
     assert not _fs._client_made(url, opts)
+    assert 0 < request_latency([url]) < 60.0  # the GET, not the minute its wait took
 
 
 def test_a_reset_mid_response_is_retried_and_a_rewritten_object_is_read_afresh(s3: S3Server) -> None:
@@ -243,3 +258,76 @@ def test_a_forked_child_starts_with_no_handle_open_or_held_lock(s3: S3Server) ->
         gate.set()
         opening.join(30)
     assert len([k for k in _arrow._HANDLES if k[1] == url]) == 2  # the parent's own are untouched
+
+
+def test_a_forked_child_has_made_no_s3fs_client_and_holds_no_connect_lock() -> None:
+    """A child forked while a parent thread makes an s3fs client (`_CONNECT_LOCK` held) and after one was made
+    (`_MADE`) can make its own: the lock is free and no client counts as made."""
+    made = set(_fs._MADE)
+    _fs._MADE.add(b"parent's options")
+    try:
+        with warnings.catch_warnings(), _fs._CONNECT_LOCK:  # held at the fork
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: the child only reads state
+            pid = os.fork()
+            if pid == 0:  # the child: no pytest here, only an exit status
+                free = _fs._CONNECT_LOCK.acquire(blocking=False)
+                os._exit(0 if free and not _fs._MADE else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert b"parent's options" in _fs._MADE  # the parent's own are untouched
+    finally:
+        _fs._MADE.intersection_update(made)
+
+
+def test_a_failed_open_wakes_the_read_waiting_for_it_which_opens_its_own_handle(
+    s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read waiting for another thread's open (no s3fs client made) is woken when that open fails, not held until
+    `OPEN_WAIT_S`: it opens the handle itself (one HEAD) and reads the right bytes; the opener's error is its own."""
+    url = f"s3://{BUCKET}/blob.bin"
+    monkeypatch.setattr(_fs, "_MADE", set())  # as in a fresh worker: no s3fs client made yet
+    kwargs = arrow_s3_kwargs({})
+    assert kwargs is not None
+    drop_handle(url)
+    opening, release, waiting = threading.Event(), threading.Event(), threading.Event()
+    real_wait = _arrow._OPENED.wait_for
+
+    def wait_for(predicate: Any, timeout: float | None = None) -> Any:
+        waiting.set()
+        return real_wait(predicate, timeout)
+
+    monkeypatch.setattr(_arrow._OPENED, "wait_for", wait_for)
+
+    def failing_open() -> None:
+        opening.set()
+        assert release.wait(20)
+        raise OSError("simulated HEAD failure")
+
+    errors: list[BaseException] = []
+
+    def open_it() -> None:
+        try:
+            arrow_open(url, kwargs, failing_open)
+        except OSError as e:
+            errors.append(e)
+
+    got: list[bytes] = []
+    opener = threading.Thread(target=open_it)
+    reader = threading.Thread(target=lambda: got.append(read_range(url, 0, ARROW_MIN_READ, size=len(_DATA))))
+    opener.start()
+    try:
+        assert opening.wait(20)
+        reset_request_stats()
+        reader.start()
+        assert waiting.wait(20) and not got  # waiting for the open in flight
+        release.set()
+        reader.join(20)
+        assert not reader.is_alive()  # woken by the failure (OPEN_WAIT_S is 30 s)
+    finally:
+        release.set()
+        opener.join(20)
+        reader.join(20)
+    assert [str(e) for e in errors] == ["simulated HEAD failure"]
+    assert got == [_DATA[:ARROW_MIN_READ]]
+    assert request_stats() == {"head": 1, "get": 1, "get_bytes": ARROW_MIN_READ}, request_stats()  # its own open
+    assert not _fs._MADE  # still no s3fs client

@@ -37,7 +37,16 @@ from loomdata.schemas.tables import LAYOUTS_SCHEMA, TableKind, read_table, write
 from loomdata.sources._integrity import unchanged_object, version_stamp
 from loomdata.sources._layouts import LAYOUTS_FILE, index_layouts
 from loomdata.sources.parquet import ParquetReader
-from loomdata.storage import location, read_range, read_range_identity, request_stats, reset_request_stats
+from loomdata.storage import (
+    ObjectNotFoundError,
+    _fs,
+    head_identity,
+    location,
+    read_range,
+    read_range_identity,
+    request_stats,
+    reset_request_stats,
+)
 from loomdata.storage._arrow import ARROW_MIN_READ, TRANSPORT_ENV, drop_handle
 from loomtest.s3 import S3Server
 
@@ -435,3 +444,45 @@ def test_a_range_that_arrives_in_parts_is_read_whole() -> None:
         server.shutdown()
         server.server_close()
         thread.join(30)
+
+
+def test_a_large_objects_check_falls_back_to_the_1_byte_get_where_its_head_fails_or_names_no_version(
+    s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The HEAD that opens a large object's handle stands for its check only where it answers with the recorded
+    version: a HEAD that fails, or that names no VersionId in a versioned bucket, is followed by the 1-byte GET, which
+    accepts the unchanged object; a missing object's error names its URL."""
+    bucket = "loom-layouts-versioned"
+    c = s3.boto3()
+    c.create_bucket(Bucket=bucket)
+    c.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    size = ARROW_MIN_READ + 10
+    c.put_object(Bucket=bucket, Key="x.parquet", Body=np.random.default_rng(1).bytes(size))
+    url, fmt = f"s3://{bucket}/x.parquet", SourceFormat.PARQUET
+    head = head_identity(url, size)
+    assert head is not None and head.size == size and head.version
+    version, stamp = head.version, version_stamp(head.version)  # the version id, as the index records it
+    reset_request_stats()
+    assert unchanged_object(url, fmt, None, size, stamp, version)
+    assert request_stats() == {"head": 1}, request_stats()  # the HEAD alone
+
+    real = _fs.arrow_head
+
+    def no_version(url: str, kwargs: Any, on_open: Any) -> Any:
+        n, headers = real(url, kwargs, on_open)
+        headers.pop("VersionId", None)
+        return n, headers
+
+    def failing(url: str, kwargs: Any, on_open: Any) -> Any:
+        on_open()
+        raise OSError("simulated HEAD failure")
+
+    for head_of in (no_version, failing):
+        monkeypatch.setattr(_fs, "arrow_head", head_of)
+        reset_request_stats()
+        assert unchanged_object(url, fmt, None, size, stamp, version), head_of.__name__
+        assert request_stats() == {"head": 1, "get": 1, "get_bytes": 1}, (head_of.__name__, request_stats())
+    monkeypatch.setattr(_fs, "arrow_head", real)
+    missing = f"s3://{bucket}/missing.parquet"
+    with pytest.raises(ObjectNotFoundError, match=missing):
+        unchanged_object(missing, fmt, None, size, stamp, version)

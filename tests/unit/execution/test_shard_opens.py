@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -198,3 +199,29 @@ def test_finished_opens_keep_no_future_of_their_own() -> None:
     kept = {id(f) for f in [*opens._started.values(), *opens._whole.values()]}
     assert len(opens._started) == 6 and len(kept) == 1  # every finished open shares one finished future
     assert opens.wait([3], timeout=_T)  # and asking again still answers at once
+
+
+@pytest.mark.parametrize(
+    ("fmt", "stamp", "heads"),
+    [
+        (SourceFormat.PARQUET, 7, True),  # one object, size, stamp and ETag recorded: the check's HEAD opens it
+        (SourceFormat.PARQUET, 0, False),  # no stamp recorded: the check sends no HEAD (edge reads instead)
+        (SourceFormat.MEGATRON, 7, False),  # two objects (.idx, .bin): the check sends no HEAD
+    ],
+)
+def test_a_shard_whose_check_sends_no_head_has_its_read_handle_opened_ahead(
+    fmt: SourceFormat, stamp: int, heads: bool
+) -> None:
+    """`opens_handle` is the shard check's own test (`head_checked`): where the check will not HEAD the object (no
+    stamp, several files), a loader's shard open also opens its read handle ahead (`open_ahead` beside the check)."""
+    from loomdata.execution._plan_ahead import _check_and_handle
+    from loomdata.sources._integrity import head_checked
+    from loomdata.storage._arrow import ARROW_MIN_READ
+
+    url, size = "s3://bkt/part-0", ARROW_MIN_READ + 1
+    v = Verifier("src", VerifyMode.SHARD, fmt, {0: ShardCheck(size, stamp, "fp")}, versions={0: "etag"})
+    assert v.opens_handle(0, url) is heads
+    assert head_checked(url, fmt, None, size, stamp, "etag") is heads
+    loader = SimpleNamespace(_verifier=v, _source=SimpleNamespace(storage_options=None))
+    jobs = _check_and_handle(loader, 0, url)  # builds the jobs, runs none (no request)
+    assert [j.func.__name__ for j in jobs] == (["open_shard"] if heads else ["open_shard", "open_ahead"])

@@ -19,7 +19,7 @@ from loomdata.planning._packing import Lanes
 
 def main() -> None:
     lanes = Lanes(seq_len=4096)
-    n_src, steps = 300, int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+    n_src, steps = 300, int(sys.argv[1]) if len(sys.argv) > 1 else 50_000
     rng = np.random.default_rng(0)
     w = rng.random(n_src) + 0.2
     w /= w.sum()

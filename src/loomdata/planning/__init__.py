@@ -19,9 +19,10 @@ Decisions, one module each (their docstrings say more):
 - _mixture, step membership: every step draws planning.fill (default 0.96) x dp_size x micro_batches x seq_len tokens,
   split by the interpolated weights (token shares); each source draws from its own seeded permutation,
   a new one per epoch; a credit accumulator (searchsorted over the stream's cumulative tokens, all
-  steps at once) keeps each source's cumulative tokens within half a segment of its target. Errors:
-  max_epochs exceeded (names source and step), an empty source with positive weight, a step no source
-  can fill (budget smaller than the documents); the mixture's own rules are the spec's (parse_spec).
+  steps at once) keeps each source's cumulative tokens within half a segment of its target; a step that
+  would draw nothing draws from the weighted source it leaves least ahead (the fill). Errors:
+  max_epochs exceeded (names source and step), an empty source with positive weight, fills that run a
+  source past its stream (budget smaller than the documents); the mixture's own rules are the spec's (parse_spec).
 - _shuffle, the I/O-aware block shuffle (spec `shuffle: block`: block order permuted per epoch, documents
   shuffled within windows of blocks) and the per-source shuffle figures of the summary (Spearman
   correlation with storage order, storage jump, LRU block-read amplification).

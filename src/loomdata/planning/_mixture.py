@@ -15,7 +15,8 @@ token count.
 Credit accumulator. Through step t, source k has consumed the stream prefix whose cumulative token
 count is nearest to T[t, k]: one compiled walk per source over all steps (_mixture_kernel), no per-document
 Python loop.
-Each source's realized cumulative tokens stay within half a segment of its target on every prefix, so
+Each source's realized cumulative tokens stay within half a segment of its target on every prefix without a
+fill (below), so
 cumulative shares converge on the targets (after step 20 within 1 percentage point once a step holds a
 few dozen documents). A step whose segments would not fit its slots defers the segments of the source
 most ahead of its target to the next step (a sequential repair, compiled: _mixture_kernel); a step that draws
@@ -26,8 +27,10 @@ then the greater of its nearest and the step before's).
 The mixture's own rules (known sources, weights, milestone steps) are the spec's (parse_spec); planning
 trusts a validated Spec and checks only what needs the data. Errors (PlanError): a source with a
 positive weight but no tokens; a source whose cumulative target exceeds max_epochs epochs (names the
-source and the first such step). A step that draws no segment even so (no weighted source has a next segment
-left in its stream) is refused by make_plan.
+source and the first such step); StreamRunOut where a fill meets a weighted source with no segment left in the
+stream the plan built (budgets below the documents' lengths draw fills past the targets: refused, not filled from
+another source, so a plan does not depend on how far its streams were built). A step that draws no segment even so
+(no weighted source's next segment fits its sequences) is refused by make_plan.
 """
 
 from __future__ import annotations
@@ -433,7 +436,8 @@ def membership(
 
     `targets`: CumulativeTargets (worked out a chunk of steps at a time) or the whole grid. `slots` is the step's
     dp_size * micro_batches, one number or one per step (an elastic re-plan changes it from its resume step
-    on); pointers of steps < t depend only on targets and slots of steps < t.
+    on); pointers of steps < t depend only on targets and slots of steps < t (StreamRunOut where that would not
+    hold: a fill that needs a segment past a stream's end).
 
     A chunk of steps at a time (REPAIR_CHUNK_CELLS cells): each source's nearest pointers carried on from the
     chunk before (_mixture_kernel.nearest_run, its search state kept), the repair over them, and the repaired
@@ -519,12 +523,33 @@ def _held_run(
         if s + done >= b1 - b0:
             break
         s += done  # step b0 + s: its targets are in acc; the windows from there to b1, through the fills' reach
-        windows_or_none = _held_windows(tg, streams, b0 + s + 1, b1, acc, state, cur, cur + 1 + (b1 - b0 - s))
+        _refuse_run_out(b0 + s, cur, acc > prior, streams)
+        # (a segment a step for the steps left, bounded as the windows are: a later fill past it widens again)
+        reach = cur + 1 + min(b1 - b0 - s, max(1, REPAIR_WINDOW // len(streams)))
+        windows_or_none = _held_windows(tg, streams, b0 + s + 1, b1, acc, state, cur, reach)
         assert windows_or_none is not None  # (given a reach, always windows)
         windows, resume = windows_or_none, True
     if len(parts) == 1:
         return parts[0]
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
+
+
+class StreamRunOut(PlanError):
+    """A step that draws nothing found a source weighted at it with no segment left in its stream: its draws ran
+    past the data its targets need (fills at a budget below its documents' lengths). Refused rather than filled
+    from another source, so a plan never depends on how far its streams were built (a fresh plan builds each to
+    its final target and a segment, a re-plan whole epochs): `step`, `source` (its index; make_plan names it)."""
+
+    def __init__(self, step: int, source: int):
+        super().__init__(f"step {step}: source #{source} has no segment left for the step's fill")
+        self.step, self.source = step, source
+
+
+def _refuse_run_out(step: int, row: np.ndarray, weighted: np.ndarray, streams: Sequence[Stream]) -> None:
+    """StreamRunOut where a source weighted at `step` (its pointer before it: `row`) has no next segment."""
+    for k in np.flatnonzero(weighted).tolist():
+        if int(row[k]) + 1 >= len(streams[k].cum):
+            raise StreamRunOut(step, k)
 
 
 def _held_windows(
@@ -644,13 +669,18 @@ def _repair(
         # still the nearest row (the chunk's last step sets it), or the row before, past it after a fill
         hi = np.maximum(chunk[-1], lo).astype(np.int64) + 1
         at = 0
+
+        def before_of(i: int) -> np.ndarray:
+            return prior if i == 0 else tg_rows[i - 1]
+
         while True:
-            before = prior if c0 + at == 0 else tg_rows[c0 + at - 1]
+            before = before_of(c0 + at)
             done = _repair_window(chunk, tg_rows[c0 + at : c1], streams, (lo, hi, n_of), sl[c0:c1], lanes, at, before)
             if done >= c1 - c0:
                 break
             # a fill reads past a window: through every source's pointer before the step plus a segment a step left
             at = done
+            _refuse_run_out(b0 + c0 + at, chunk[at], tg_rows[c0 + at] > before_of(c0 + at), streams)
             hi = np.minimum(np.maximum(hi - 1, chunk[at]) + 2 + (c1 - c0 - at), n_of)
         out.append(compress_rows(chunk, b0 + c0))
         lo = chunk[-1].copy()

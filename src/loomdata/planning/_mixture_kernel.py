@@ -92,7 +92,7 @@ def repair_rows(
 
     A step's pointer is max(its nearest, the step before's) (a filled segment stays drawn). Returns steps[1],
     or the first step whose fill would read past a source's window (ptr[t] final, ptr[t + 1] raised to it: the
-    caller widens the windows and calls again from that step)."""
+    caller widens the windows and calls again from that step) or its stream's end (the caller refuses)."""
     cum, short_of, long_of = counts
     off_s, off_l = off
     n_src = ptr.shape[1]
@@ -152,15 +152,18 @@ def fill_pick(
 ) -> int:
     """The fill of a step that draws nothing (repair_rows' mirror): the source whose next segment leaves it least
     ahead of its target (argmin of cum[row + 1] - target, the first source on ties) among the sources weighted at
-    the step (target above the step before's), with a next segment in their stream that fits the step's `sl`
-    slots alone. -1: none; -2: a source's next segment lies past its window (the caller widens it)."""
+    the step (target above the step before's) whose next segment fits the step's `sl` slots alone. -1: none;
+    -2: a weighted source's next segment lies past its window (the caller widens it) or past its stream's end (the
+    caller refuses the step: how far a stream was built must not change a plan)."""
     cum, short_of, long_of = counts
     off_s, off_l = off
     best = -1
     bv = np.inf
     for k in range(len(row)):
-        if not target[k] > before[k] or row[k] + 1 >= n_of[k]:
+        if not target[k] > before[k]:
             continue
+        if row[k] + 1 >= n_of[k]:
+            return -2
         at = row[k] + 1 - lo[k]
         if at >= off_s[k + 1] - off_s[k]:
             return -2
@@ -243,14 +246,14 @@ def _held_fill(
     room: int,
 ) -> int:
     """held_membership's fill (fill_pick's rule without a long lane; `room`: the step's slots x seq_len): the source,
-    -1 for none, -2 where a source's next segment lies past its window."""
+    -1 for none, -2 where a weighted source's next segment lies past its window or its stream's end."""
     best = -1
     bv = np.inf
     for k in range(len(acc)):
         c = cur[k]
-        if not acc[k] > prior[k] or c + 1 >= n_of[k]:
+        if not acc[k] > prior[k]:
             continue
-        if c + 1 >= whi[k]:
+        if c + 1 >= n_of[k] or c + 1 >= whi[k]:
             return -2
         at = shift[k] + c + 1
         if cw[at] - cw[at - 1] > room:

@@ -63,6 +63,7 @@ from loomdata.planning._mixture import (
     CumulativeTargets,
     StepWeights,
     Stream,
+    StreamRunOut,
     build_stream,
     check_epochs,
     membership,
@@ -313,7 +314,15 @@ def _plan_into(
         return build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs[k], blocks, need)
 
     streams = per_source(stream_of, len(sources))
-    ptr = membership(targets, streams, lanes, step_slots)
+    try:
+        ptr = membership(targets, streams, lanes, step_slots)
+    except StreamRunOut as e:
+        raise PlanError(
+            f"step {e.step} draws no document: source {names[e.source]!r}, weighted at that step, has drawn past the "
+            f"data its share needs (steps whose nearest draws are empty take one segment each: a budget of {budget} "
+            f"tokens, dp_size*micro_batches*seq_len*{fill}, below the documents' lengths); raise "
+            "micro_batches, dp_size or seq_len"
+        ) from None
     shuffle = _shuffle_figures(spec, sources, layouts, streams, ptr, lanes)
     drawn_per_step = np.diff(ptr.totals())  # segments (none empty) of each step
     trim_arenas()  # what membership's chunks and the figures freed, before the look-ahead's peak
@@ -387,13 +396,12 @@ def _plan_into(
     trim_arenas()  # the look-ahead's temporaries, the streams' counts and the pointers, before balancing
     empty = np.flatnonzero(drawn_per_step[start:] == 0)
     if len(empty):
-        # membership fills a step its nearest pointers leave empty from the weighted source it leaves least ahead:
-        # a step stays empty only where every source weighted at it has no next segment left in its stream
+        # membership fills a step its nearest pointers leave empty from the weighted source it leaves least ahead
+        # (a source that has run out of its stream is refused there): a step stays empty only where no weighted
+        # source's next segment fits the step's slots alone
         raise PlanError(
-            f"step {int(empty[0]) + start} draws no document: no source weighted at that step has a next "
-            f"segment left in its stream (the steps drew past the data their targets need: a budget of {budget} "
-            f"tokens, dp_size*micro_batches*seq_len*{fill}, below the documents' lengths; {len(empty)} empty "
-            "step(s)); raise micro_batches, dp_size or seq_len, or lower the steps"
+            f"step {int(empty[0]) + start} draws no document: no source weighted at that step has a next segment "
+            f"that fits the step's sequences ({len(empty)} empty step(s)); raise micro_batches, dp_size or seq_len"
         )
 
     bounds = file_bounds(drawn_per_step)  # fixes the manifest partitions up front

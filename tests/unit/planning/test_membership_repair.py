@@ -39,19 +39,22 @@ def _reference(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slo
             row[k] -= 1
         if (row == ptr[t]).all():  # the fill: the next segment of the weighted source it leaves least ahead
             k = _fill(targets, t, streams, row, lanes, sl)
-            row[k] += k >= 0  # (-1: none fits or is left: the step stays empty, make_plan refuses it)
+            row[k] += k >= 0  # (-1: none fits: the step stays empty, make_plan refuses it)
         ptr[t + 1] = row
     return ptr
 
 
 def _fill(targets: np.ndarray, t: int, streams: Sequence[Stream], row: np.ndarray, lanes: Lanes, sl: int) -> int:
-    """The fill's source (a plain loop): argmin of cum[row + 1] - target over the sources weighted at step t with a
-    next segment that fits the step alone; first on ties; -1 where there is none."""
+    """The fill's source (a plain loop): argmin of cum[row + 1] - target over the sources weighted at step t whose
+    next segment fits the step alone; first on ties; -1 where there is none; StreamRunOut where a weighted source
+    has no next segment (the first such source)."""
     best, bv = -1, np.inf
     for k, s in enumerate(streams):
         weighted = targets[t, k] > (targets[t - 1, k] if t else 0.0)
-        if not weighted or row[k] + 1 >= len(s.cum):
+        if not weighted:
             continue
+        if row[k] + 1 >= len(s.cum):
+            raise _mixture.StreamRunOut(t, k)
         j = int(row[k]) + 1
         n_long = int(s.cum_long[j] - s.cum_long[j - 1]) if s.cum_long is not None else 0
         short = int(

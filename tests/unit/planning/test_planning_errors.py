@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from loomdata.planning import make_plan
+from loomdata.planning import PlanResume, make_plan
 from loomdata.schemas.errors import ContractError, PlanError, SpecError
 from loomdata.schemas.plan import read_manifest
 
@@ -94,8 +94,41 @@ def test_a_budget_below_every_document_draws_one_a_step(
 def test_a_stream_run_out_refuses_the_step(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:
     # the same, 101 steps: each draws one of the 100 documents its stream is built to (its targets need 97)
     spec = spec_of(tmp_path, ["web"], seq_len=64, dp=1, micro_batches=1, steps=101)
-    with pytest.raises(PlanError, match=r"step 100 draws no document: no source weighted at that step has a next"):
+    with pytest.raises(PlanError, match=r"step 100 draws no document: source 'web', weighted at that step, has drawn"):
         make_plan(spec, index={"web": index_of([64] * 100)})
+
+
+def test_a_plan_is_the_prefix_of_a_longer_one_or_refused(
+    tmp_path: Path, spec_of: Callable[..., Any], index_of: Any
+) -> None:
+    """Fills at a budget below the documents draw a source past its targets; where one runs out of the stream a
+    fresh plan built (to its own final targets), the step is refused, never filled from another source: so a plan
+    that plans is the prefix of a longer one, and its re-plan never places a document twice."""
+    index = {"a": index_of([64] * 50), "b": index_of([64] * 1000)}
+
+    def rows(steps: int, resume: Any = None) -> Any:
+        spec = spec_of(
+            tmp_path / str(steps) / str(resume is not None), ["a", "b"], seq_len=64, dp=1, micro_batches=1, steps=steps
+        )
+        spec = spec.model_copy(update={"planning": spec.planning.model_copy(update={"lookahead": 0})})
+        res = make_plan(spec, index=index, resume_from=resume)
+        m = read_manifest(res.plan_dir, res.meta)
+        return res, m.select(["step", "source", "sample"]).to_pylist()
+
+    _, long_rows = rows(110)
+    planned = refused = 0
+    for steps in (60, 99, 102, 105):
+        try:
+            res, got = rows(steps)
+        except PlanError as e:
+            assert "has drawn past the data its share needs" in str(e)
+            refused += 1
+            continue
+        planned += 1
+        assert got == [r for r in long_rows if r["step"] < steps]
+        _, again = rows(110, PlanResume(plan_dir=res.plan_dir, at_step=steps - 1))  # extended from its last step
+        assert again == long_rows
+    assert planned and refused  # both outcomes met (60 plans; 102 runs out of a's stream)
 
 
 def test_sample_with_images_larger_than_any_lane(tmp_path: Path, spec_of: Callable[..., Any], index_of: Any) -> None:

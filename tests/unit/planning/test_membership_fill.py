@@ -192,3 +192,34 @@ def test_fifty_equal_sources_at_dp1_plan_in_ranges_as_on_one_process(
     got = _files(make_plan(spec, index=index, client=pool, ranges=4).plan_dir)
     assert len(pool.sent) > 3  # several ranges
     assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_held_pass_fills_as_the_plain_loop_with_milestones_weightless_sources_and_small_windows(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CumulativeTargets (the held pass from the milestone on, the chunked pass before it), weightless sources,
+    per-step slots, budgets below the documents, windows of 30 counts: the same pointers as the plain loop, or
+    the same step and source refused where a weighted source's stream runs out."""
+    rng = np.random.default_rng(seed)
+    n_src, steps = int(rng.integers(1, 15)), int(rng.integers(1, 120))
+    lanes = Lanes(seq_len=64)
+    streams = [
+        build_stream(f"s{k}", seed, rng.integers(1, 150, int(rng.integers(3, 80))).astype(np.uint32), lanes, 3)
+        for k in range(n_src)
+    ]
+    w = rng.random(n_src) * (rng.random(n_src) < 0.7)
+    w[int(rng.integers(n_src))] += 0.05
+    w /= w.sum()
+    slots = rng.integers(1, 3, steps).astype(np.int64)
+    budget = (slots * 64 * rng.choice([0.3, 0.96])).astype(np.int64)
+    milestone = None if rng.random() < 0.5 else int(rng.integers(1, steps + 1))
+    tg = CumulativeTargets(_weights(w, steps, milestone), budget)
+    want = _dense_or_refused(lambda: _reference(tg.rows(0, steps, None), streams, lanes, slots))
+    monkeypatch.setattr(_mixture, "REPAIR_WINDOW", 30)
+    monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", int(rng.integers(1, 9)) * n_src)
+    got = _dense_or_refused(lambda: membership(tg, streams, lanes, slots).dense())
+    if isinstance(want, tuple) or isinstance(got, tuple):
+        assert got == want
+    else:
+        np.testing.assert_array_equal(got, want)

@@ -134,6 +134,32 @@ def repair_rows(
             ahead[k] = cum[at - 1] - targets[t - t0, k] if r[k] > ptr[t, k] else -np.inf
             if n_long <= sl and short <= (sl - n_long) * seq_len:
                 break
+        while True:  # the give-back: a deferred segment that fits again, of the source least ahead (first on ties)
+            best = -1
+            bv = np.inf
+            for k in range(n_src):
+                if r[k] >= ptr[t + 1, k]:
+                    continue
+                at = off_s[k] + r[k] + 1 - lo[k]
+                d_long = 0
+                if off_l[k + 1] > off_l[k]:
+                    at_l = off_l[k] + r[k] + 1 - lo[k]
+                    d_long = long_of[at_l] - long_of[at_l - 1]
+                d_short = short_of[at] - short_of[at - 1]
+                if n_long + d_long > sl or short + d_short > (sl - n_long - d_long) * seq_len:
+                    continue
+                v = cum[at] - targets[t - t0, k]
+                if v < bv:
+                    bv = v
+                    best = k
+            if best < 0:
+                break
+            at = off_s[best] + r[best] + 1 - lo[best]
+            short += short_of[at] - short_of[at - 1]
+            if off_l[best + 1] > off_l[best]:
+                at_l = off_l[best] + r[best] + 1 - lo[best]
+                n_long += long_of[at_l] - long_of[at_l - 1]
+            r[best] += 1
         ptr[t + 1] = r
     return steps[1]
 
@@ -360,6 +386,25 @@ def held_membership(
                 ahead[bi] = cw[at - 1] - acc[k] if rr[bi] > cur[k] else -np.inf
                 if short <= sl * seq_len:
                     break
+            while True:  # repair_rows' give-back: a deferred segment that fits again, of the source least ahead
+                bi = -1
+                bv = np.inf
+                for i in range(na):
+                    k = active[i]
+                    if rr[i] >= state[k, 1]:
+                        continue
+                    at = shift[k] + rr[i] + 1
+                    if short + cw[at] - cw[at - 1] > sl * seq_len:
+                        continue
+                    v = cw[at] - acc[k]
+                    if v < bv or (v == bv and k < active[bi]):
+                        bv = v
+                        bi = i
+                if bi < 0:
+                    break
+                at = shift[active[bi]] + rr[bi] + 1
+                short += cw[at] - cw[at - 1]
+                rr[bi] += 1
         if m + na + 1 > cap:  # (one more: a fill)
             cap = max(2 * cap, m + na + 1)
             s2 = np.empty(cap, dtype=np.int32)

@@ -97,7 +97,7 @@ from loomdata.schemas.tables import TableKind, check_schema
 
 __all__ = ["PLANNER_VERSION", "PlanResult", "PlanResume", "make_plan"]
 
-PLANNER_VERSION = "9"
+PLANNER_VERSION = "10"
 """Part of the plan id: bump it whenever the planner's output for the same inputs changes (8: the manifest's and
 the report's Parquet encoding, the same rows and figures as 7; see `schemas.tables._SPLIT`; 9: the report's
 (step, source) token counts and weights in report/sources.parquet and report/weights.parquet, not 2 columns a source

@@ -429,7 +429,11 @@ def _nearest(cum: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def membership(
-    targets: np.ndarray | CumulativeTargets, streams: Sequence[Stream], lanes: Lanes, slots: int | np.ndarray
+    targets: np.ndarray | CumulativeTargets,
+    streams: Sequence[Stream],
+    lanes: Lanes,
+    slots: int | np.ndarray,
+    budget: int | np.ndarray | None = None,
 ) -> Pointers:
     """(steps+1, sources) stream pointers: segments of each source consumed before step t (row 0 is zeros), as
     sparse Pointers (planning._pointers: per chunk of steps, the steps each source draws at).
@@ -437,7 +441,9 @@ def membership(
     `targets`: CumulativeTargets (worked out a chunk of steps at a time) or the whole grid. `slots` is the step's
     dp_size * micro_batches, one number or one per step (an elastic re-plan changes it from its resume step
     on); pointers of steps < t depend only on targets and slots of steps < t (StreamRunOut where that would not
-    hold: a fill that needs a segment past a stream's end).
+    hold: a fill that needs a segment past a stream's end). `budget`: the tokens up to which a step whose deferrals
+    left room gives deferred segments back (one number or one per step; 0: none); by default the targets' own step
+    budget (CumulativeTargets), or the slots' tokens (a grid of targets).
 
     A chunk of steps at a time (REPAIR_CHUNK_CELLS cells): each source's nearest pointers carried on from the
     chunk before (_mixture_kernel.nearest_run, its search state kept), the repair over them, and the repaired
@@ -446,6 +452,9 @@ def membership(
     tg = _as_targets(targets)
     steps, n_src = tg.shape
     slot_arr = np.broadcast_to(np.asarray(slots, dtype=np.int64), (steps,))
+    if budget is None:
+        budget = tg.budget if isinstance(tg, CumulativeTargets) else slot_arr * lanes.seq_len
+    give = np.ascontiguousarray(np.broadcast_to(np.asarray(budget, dtype=np.int64), (steps,)))
     dtype = pointer_dtype(streams)
     rows = max(64, REPAIR_CHUNK_CELLS // max(n_src, 1))
     state = np.zeros((n_src, 2), dtype=np.int64)  # each source's nearest search: last answer, running maximum
@@ -463,7 +472,9 @@ def membership(
         if windows is not None and isinstance(tg, CumulativeTargets):  # the held pass: no (steps x sources) block
             acc = np.zeros(n_src) if before is None else before
             cur = prev.astype(np.int64)
-            e_step, e_src, e_val = _held_run(tg, streams, windows, b0, b1, acc, state, cur, slot_arr, lanes.seq_len)
+            e_step, e_src, e_val = _held_run(
+                tg, streams, windows, (b0, b1), acc, state, cur, (slot_arr, give), lanes.seq_len
+            )
             del windows
             before = acc
             chunks.append(chunk_of_changes(prev.copy(), b1 - b0, b0, e_step, e_src, e_val))
@@ -478,7 +489,7 @@ def membership(
         near = _nearest_rows(streams, by_source, state, near_before, dtype)  # rows b0..b1 (row 0: near_before)
         del by_source
         near_before = near[-1].copy()
-        chunks.extend(_repair(near, b0, prev, tg_rows, streams, lanes, slot_arr, prior))
+        chunks.extend(_repair(near, b0, prev, tg_rows, streams, lanes, (slot_arr, give), prior))
         prev = chunks[-1].row(chunks[-1].rows)
         del near, tg_rows
         b0 = b1
@@ -499,25 +510,26 @@ def _held_run(
     tg: CumulativeTargets,
     streams: Sequence[Stream],
     windows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-    b0: int,
-    b1: int,
+    steps: tuple[int, int],
     acc: np.ndarray,
     state: np.ndarray,
     cur: np.ndarray,
-    slot_arr: np.ndarray,
+    room: tuple[np.ndarray, np.ndarray],
     seq_len: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """held_membership over steps b0..b1-1 (acc, state, cur updated), its changes in step order; where a fill would
     read past a source's window, the windows are widened (through every source's repaired pointer plus a segment a
     step left: a fill draws one a step) and the run goes on from that step."""
+    b0, b1 = steps
     budget = np.ascontiguousarray(tg.budget[b0:b1], dtype=np.int64)
-    slots = np.ascontiguousarray(slot_arr[b0:b1])
+    slots = np.ascontiguousarray(room[0][b0:b1])
+    give = np.ascontiguousarray(room[1][b0:b1], dtype=np.int64)
     prior = np.zeros(len(acc))
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     s, resume = 0, False
     while True:
         e_step, e_src, e_val, done = held_membership(
-            windows, tg.weights.last, budget[s:], acc, prior, state, cur, slots[s:], seq_len, resume
+            windows, tg.weights.last, (budget[s:], give[s:]), acc, prior, state, cur, slots[s:], seq_len, resume
         )
         parts.append((e_step + np.int32(s), e_src, e_val))
         if s + done >= b1 - b0:
@@ -636,7 +648,7 @@ def _repair(
     tg_rows: np.ndarray,
     streams: Sequence[Stream],
     lanes: Lanes,
-    slot_arr: np.ndarray,
+    room: tuple[np.ndarray, np.ndarray],
     prior: np.ndarray,
 ) -> list[PointerChunk]:
     """Defer segments of the source most ahead of target, one at a time, until every step fits its slots, and fill
@@ -651,7 +663,8 @@ def _repair(
     original per-step loop exactly where no step draws nothing.
     """
     r, n_src = tg_rows.shape
-    sl = np.ascontiguousarray(slot_arr[b0 : b0 + r], dtype=np.int64)
+    sl = np.ascontiguousarray(room[0][b0 : b0 + r], dtype=np.int64)
+    gb = np.ascontiguousarray(room[1][b0 : b0 + r], dtype=np.int64)
     n_of = np.array([len(s.cum) for s in streams], dtype=np.int64)
     # several sources' windows are laid end to end (a copy): a chunk also ends once they would hold more than
     # REPAIR_WINDOW segments (sized from the nearest pointers; the repair only lowers them)
@@ -675,7 +688,9 @@ def _repair(
 
         while True:
             before = before_of(c0 + at)
-            done = _repair_window(chunk, tg_rows[c0 + at : c1], streams, (lo, hi, n_of), sl[c0:c1], lanes, at, before)
+            done = _repair_window(
+                chunk, tg_rows[c0 + at : c1], streams, (lo, hi, n_of), (sl[c0:c1], gb[c0:c1]), lanes, at, before
+            )
             if done >= c1 - c0:
                 break
             # a fill reads past a window: through every source's pointer before the step plus a segment a step left
@@ -693,12 +708,13 @@ def _repair_window(
     tg_rows: np.ndarray,
     streams: Sequence[Stream],
     reach: tuple[np.ndarray, np.ndarray, np.ndarray],
-    sl: np.ndarray,
+    room: tuple[np.ndarray, np.ndarray],
     lanes: Lanes,
     at: int,
     prior: np.ndarray,
 ) -> int:
-    """repair_rows over the chunk's steps from `at` on (`tg_rows` theirs, `sl` the whole chunk's slots), every
+    """repair_rows over the chunk's steps from `at` on (`tg_rows` theirs, `room` the whole chunk's slots and token
+    budgets), every
     source's counts at stream positions lo..hi-1 gathered (laid end to end; reach: lo, hi, the streams' lengths);
     the steps done (repair_rows' answer)."""
     lo, hi, n_of = reach
@@ -719,10 +735,11 @@ def _repair_window(
             (cum_w, short_w, _laid_end_to_end(long_)),
             (off_s, off_l),
             lo.astype(np.int64),
-            sl,
+            room[0],
             lanes.seq_len,
             (at, at + len(tg_rows)),
             np.ascontiguousarray(prior, dtype=np.float64),
             n_of,
+            room[1],
         )
     )

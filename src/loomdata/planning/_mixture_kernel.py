@@ -8,8 +8,10 @@ of the source most ahead of its target until each step fits its slots.
 Per step it sums the sources' short-lane tokens and long-lane segments between the repaired pointer row before
 the step and the nearest row after it (integers: exact); a step that overflows defers, one segment at a time,
 from the source whose count is furthest ahead of its target (the first such source on ties), as the
-per-step loop it replaces did. The counts come as the chunk's window of every source's stream, laid end to
-end (`off`: where each source's window starts; `lo`: the stream position of its first entry).
+per-step loop it replaces did, then gives back deferred segments that fit again, least ahead first (planner
+version 10: deferring a large segment last used to leave its step part empty, and on one slot a source with long
+documents could stay behind its share for good). The counts come as the chunk's window of every source's
+stream, laid end to end (`off`: where each source's window starts; `lo`: the stream position of its first entry).
 """
 
 from __future__ import annotations
@@ -83,10 +85,14 @@ def repair_rows(
     steps: tuple[int, int],
     prior: np.ndarray,
     n_of: np.ndarray,
+    budget: np.ndarray,
 ) -> int:
     """Rewrite ptr[t + 1] (nearest pointers on entry) for every step t of steps[0]..steps[1]-1 that overflows its
     slots (`targets`: those steps' rows, row 0 being steps[0]'s; `prior`: the row of the step before steps[0]),
-    or that draws nothing (the fill: `fill_pick`). counts: the windows' tokens, short-lane tokens and long-lane
+    or that draws nothing (the fill: `fill_pick`); after an overflowing step's deferrals, the give-back: while a
+    deferred segment fits again (the slots, and `budget[t]` tokens counting a long segment as a sequence's), the
+    next one of the source least ahead of its target is drawn back (a large segment deferred last can leave room
+    that the others' deferred segments fill). counts: the windows' tokens, short-lane tokens and long-lane
     segments (a source without a long lane has an empty long window); off: where each source's window starts in
     them (tokens and short, long); n_of: each source's whole stream length (len(cum)).
 
@@ -147,6 +153,8 @@ def repair_rows(
                     d_long = long_of[at_l] - long_of[at_l - 1]
                 d_short = short_of[at] - short_of[at - 1]
                 if n_long + d_long > sl or short + d_short > (sl - n_long - d_long) * seq_len:
+                    continue
+                if short + d_short + (n_long + d_long) * seq_len > budget[t]:  # (a long segment fills a slot)
                     continue
                 v = cum[at] - targets[t - t0, k]
                 if v < bv:
@@ -295,7 +303,7 @@ def _held_fill(
 def held_membership(
     windows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     last: np.ndarray,
-    budget: np.ndarray,
+    budgets: tuple[np.ndarray, np.ndarray],
     acc: np.ndarray,
     prior: np.ndarray,
     state: np.ndarray,
@@ -307,12 +315,13 @@ def held_membership(
     """Membership of a run of steps whose weights are all the held row `last`, in one pass without a (steps x
     sources) block: each step's targets (held_rows' floats), each source's nearest pointer (nearest_run's search,
     carried on in `state`, re-worked out only where the target passes a point where it may change), the sum over
-    the sources that draw (nearest pointer past the repaired one, `cur`) and repair_rows' deferrals where the step
-    overflows its slots: the same pointers bit for bit. Sources with no long lane only (their cumulative tokens
-    are their short-lane tokens).
+    the sources that draw (nearest pointer past the repaired one, `cur`) and repair_rows' deferrals and give-back
+    where the step overflows its slots: the same pointers bit for bit. Sources with no long lane only (their
+    cumulative tokens are their short-lane tokens).
 
     `windows`: (cw, off, lo, n): the run's window of every source's cumulative tokens laid end to end (source k's
     stream position lo[k] at cw[off[k]]; n[k] its whole stream's length), reaching every position the run reads.
+    `budgets`: (each step's token budget, each step's give-back room: repair_rows' `budget`).
     `acc`, `prior` (the targets of the step before acc's), `state` and `cur` (the repaired row before the run) are
     updated to the run's last step. A step that draws nothing draws the fill's segment (repair_rows' fill_pick).
     Returns the run's changes in step order: (local step, source, repaired pointer after the step) of each (step,
@@ -320,6 +329,7 @@ def held_membership(
     or the step whose fill would read past a source's window (its targets and nearest pointers worked out, its
     changes not: the caller widens the windows and calls again from it with `resume`, which skips that work)."""
     cw, off, wlo, n_of = windows
+    budget, give = budgets
     n_src = len(acc)
     whi = np.empty(n_src, dtype=np.int64)  # each source's window end (stream positions)
     for k in range(n_src):
@@ -394,7 +404,7 @@ def held_membership(
                     if rr[i] >= state[k, 1]:
                         continue
                     at = shift[k] + rr[i] + 1
-                    if short + cw[at] - cw[at - 1] > sl * seq_len:
+                    if short + cw[at] - cw[at - 1] > give[t]:
                         continue
                     v = cw[at] - acc[k]
                     if v < bv or (v == bv and k < active[bi]):

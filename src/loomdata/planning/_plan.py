@@ -314,8 +314,12 @@ def _plan_into(
         return build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs[k], blocks, need)
 
     streams = per_source(stream_of, len(sources))
+    step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
+    # the repair gives deferred segments back up to the budget at dp 1 only: with more ranks the look-ahead evens
+    # heavy segments out by moving lights through the steps' spare room, which full steps would not leave it
+    give_back = np.where(step_dp == 1, step_budget, 0)
     try:
-        ptr = membership(targets, streams, lanes, step_slots)
+        ptr = membership(targets, streams, lanes, step_slots, give_back)
     except StreamRunOut as e:
         raise PlanError(
             f"step {e.step} draws no document: source {names[e.source]!r}, weighted at that step, has drawn past the "
@@ -344,7 +348,6 @@ def _plan_into(
         [s.num_tokens for s in sources],
         [s.num_image_tokens for s in sources],
     )
-    step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
     # on a cluster a fresh plan's look-ahead is worked out while the first ranges are balanced (_speculation)
     later = client is not None and base is None and lookahead > 0 and _speculate(client)
     counted = streams  # (the streams with their counts, which the look-ahead reads)

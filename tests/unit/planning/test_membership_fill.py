@@ -68,7 +68,7 @@ def test_chunked_and_held_passes_match_the_reference_across_chunks_and_widened_w
 ) -> None:
     steps = 300
     tg, streams, slots, lanes = _equal_sources(seed, n_src, steps, *docs)
-    want = _reference(tg.rows(0, steps, None), streams, lanes, slots)
+    want = _reference(tg.rows(0, steps, None), streams, lanes, slots, tg.budget)
     widened = {"held": 0, "chunked": 0}
     held_windows, repair_window = _mixture._held_windows, _mixture._repair_window
 
@@ -215,7 +215,7 @@ def test_the_held_pass_fills_as_the_plain_loop_with_milestones_weightless_source
     budget = (slots * 64 * rng.choice([0.3, 0.96])).astype(np.int64)
     milestone = None if rng.random() < 0.5 else int(rng.integers(1, steps + 1))
     tg = CumulativeTargets(_weights(w, steps, milestone), budget)
-    want = _dense_or_refused(lambda: _reference(tg.rows(0, steps, None), streams, lanes, slots))
+    want = _dense_or_refused(lambda: _reference(tg.rows(0, steps, None), streams, lanes, slots, tg.budget))
     monkeypatch.setattr(_mixture, "REPAIR_WINDOW", 30)
     monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", int(rng.integers(1, 9)) * n_src)
     got = _dense_or_refused(lambda: membership(tg, streams, lanes, slots).dense())

@@ -44,5 +44,5 @@ def test_held_pass_matches_the_chunked_pass(
     want = membership(targets, streams, lanes, step_slots)
     np.testing.assert_array_equal(got.dense(), want.dense())
     grid = np.stack([targets.rows(0, steps, None)[:, k] for k in range(n_src)], 1)
-    np.testing.assert_array_equal(got.dense(), _reference(grid, streams, lanes, step_slots))
+    np.testing.assert_array_equal(got.dense(), _reference(grid, streams, lanes, step_slots, targets.budget))
     np.testing.assert_array_equal(got.totals(), want.totals())

@@ -18,8 +18,12 @@ from loomdata.schemas.plan import read_manifest
 from loomdata.schemas.spec import Spec
 
 
-def _reference(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slots: np.ndarray) -> np.ndarray:
-    """The planner's original membership: nearest pointers, then a per-step repair from the first bad step."""
+def _reference(
+    targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slots: np.ndarray, budget: np.ndarray | None = None
+) -> np.ndarray:
+    """The planner's membership as a plain loop: nearest pointers, then a per-step repair from the first bad step
+    (deferrals, the give-back up to the step's `budget` of tokens (default: its slots'), the fill)."""
+    give = slots * lanes.seq_len if budget is None else np.broadcast_to(budget, slots.shape)
     steps, n_src = targets.shape
     ptr = np.zeros((steps + 1, n_src), dtype=np.int64)
     for k, s in enumerate(streams):
@@ -39,7 +43,9 @@ def _reference(targets: np.ndarray, streams: Sequence[Stream], lanes: Lanes, slo
             back = [
                 (streams[k].cum[row[k] + 1] - targets[t, k], k)
                 for k in range(n_src)
-                if row[k] < top[k] and _fits(streams, ptr[t], row + (np.arange(n_src) == k), lanes, sl)
+                if row[k] < top[k]
+                and _fits(streams, ptr[t], row + (np.arange(n_src) == k), lanes, sl)
+                and _tokens(streams, ptr[t], row + (np.arange(n_src) == k), lanes) <= give[t]
             ]
             if not back:
                 break
@@ -60,6 +66,17 @@ def _fits(streams: Sequence[Stream], before: np.ndarray, row: np.ndarray, lanes:
         if s.cum_long is not None:
             n_long += int(s.cum_long[row[k]] - s.cum_long[before[k]])
     return n_long <= sl and short <= (sl - n_long) * lanes.seq_len
+
+
+def _tokens(streams: Sequence[Stream], before: np.ndarray, row: np.ndarray, lanes: Lanes) -> int:
+    """The step's tokens as slots count them: its short-lane tokens plus a sequence's for each long segment."""
+    short = n_long = 0
+    for k, s in enumerate(streams):
+        cs = s.cum if s.cum_short is None else s.cum_short
+        short += int(cs[row[k]] - cs[before[k]])
+        if s.cum_long is not None:
+            n_long += int(s.cum_long[row[k]] - s.cum_long[before[k]])
+    return short + n_long * lanes.seq_len
 
 
 def _fill(targets: np.ndarray, t: int, streams: Sequence[Stream], row: np.ndarray, lanes: Lanes, sl: int) -> int:
@@ -112,18 +129,19 @@ def test_repair_matches_the_reference_loop(
 ) -> None:
     lanes = Lanes(seq_len=512, long_seq_len=2048, long_cp=2, threshold=512) if long else Lanes(seq_len=512)
     targets, streams, step_slots = _case(seed, n_src, steps, slots, lanes)
-    want = _reference(targets, streams, lanes, step_slots)
+    budget = (step_slots * lanes.seq_len * 0.96).astype(np.int64)  # the give-back's room: the targets' budget
+    want = _reference(targets, streams, lanes, step_slots, budget)
     monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", 7 * n_src)  # many chunks: boundaries get crossed
-    got = membership(targets, streams, lanes, step_slots).dense()
+    got = membership(targets, streams, lanes, step_slots, budget).dense()
     near = np.zeros_like(want)
     for k, s in enumerate(streams):
         near[1:, k] = _mixture._nearest(s.cum, targets[:, k])
     assert (want != np.maximum.accumulate(near, axis=0)).any()  # the case does need repairs
     np.testing.assert_array_equal(got, want)
     monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", 1 << 20)
-    np.testing.assert_array_equal(membership(targets, streams, lanes, step_slots).dense(), want)
+    np.testing.assert_array_equal(membership(targets, streams, lanes, step_slots, budget).dense(), want)
     monkeypatch.setattr(_mixture, "REPAIR_WINDOW", 50)  # chunks ended by their windows' segments, some of one step
-    np.testing.assert_array_equal(membership(targets, streams, lanes, step_slots).dense(), want)
+    np.testing.assert_array_equal(membership(targets, streams, lanes, step_slots, budget).dense(), want)
 
 
 @pytest.mark.parametrize(("micro_batches", "held"), [(1, True), (2, True), (1, False)])
@@ -154,7 +172,30 @@ def test_a_step_keeps_the_deferred_segments_that_fit_again(
     res = make_plan(spec, index={"web": index_of(web), "books": index_of(books)})
     m = read_manifest(res.plan_dir, res.meta)
     tokens = np.bincount(m["source"].to_numpy(), weights=m["length"].to_numpy().astype(np.float64), minlength=2)
-    assert tokens.sum() / (steps * micro_batches * seq) > 0.9  # the budget is 0.96 of the rows (planning.fill)
+    assert tokens.sum() / (steps * micro_batches * seq) > 0.85  # the budget is 0.96 of the rows (planning.fill)
     assert abs(tokens[1] / tokens.sum() - 0.25) < 0.025
     per_step = np.bincount(m["step"].to_numpy(), weights=m["length"].to_numpy().astype(np.float64), minlength=steps)
-    assert np.median(per_step) > 0.9 * micro_batches * seq
+    assert np.median(per_step) > 0.85 * micro_batches * seq
+
+
+def test_with_more_ranks_the_repair_gives_nothing_back_and_the_look_ahead_keeps_its_room(tmp_path: Path) -> None:
+    """dp 2, three sources, the look-ahead on: its lights move through the steps' spare room, so the give-back stays
+    at dp 1 (given back here, full steps pushed lights to the last step and back onto step 0: refused)."""
+    from loomtest.golden_plans import _index, _lognormal, _spec
+
+    sizes = (6712, 3356, 6712)  # (plan_identity_ab.py's src3_dp2_mb1)
+    index = {
+        f"s{k:03d}": _index(_lognormal(100 + k, n, 6.0 if k % 2 == 0 else 6.7, 1.1 if k % 2 == 0 else 1.3))
+        for k, n in enumerate(sizes)
+    }
+    weights = {f"s{k:03d}": 1.0 + k for k in range(3)}
+    spec = _spec(
+        tmp_path,
+        list(index),
+        {"seq_len": 4096, "steps": 400, "dp_size": 2, "micro_batches": 1},
+        mixture={"weights": weights},
+    )
+    res = make_plan(spec, index=index)
+    m = read_manifest(res.plan_dir, res.meta)
+    per_step = np.bincount(m["step"].to_numpy(), weights=m["length"].to_numpy().astype(np.float64), minlength=400)
+    assert per_step.max() <= 2 * 4096

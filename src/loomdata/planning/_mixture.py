@@ -19,7 +19,9 @@ Each source's realized cumulative tokens stay within half a segment of its targe
 fill (below), so
 cumulative shares converge on the targets (after step 20 within 1 percentage point once a step holds a
 few dozen documents). A step whose segments would not fit its slots defers the segments of the source
-most ahead of its target to the next step (a sequential repair, compiled: _mixture_kernel); a step that draws
+most ahead of its target to the next step (a sequential repair, compiled: _mixture_kernel), then, at dp 1 (the
+caller's per-step give-back room), draws back deferred segments that fit again up to its budget, the source least
+ahead first (a long segment deferred last no longer leaves the step part empty); a step that draws
 nothing (its sources' targets all short of half their next segment: many sources, few slots) draws the next segment
 of the weighted source that leaves least ahead of its target (the fill, the repair's mirror; a step's pointer is
 then the greater of its nearest and the step before's).

@@ -30,7 +30,6 @@ def child(dp: int, mb: int, steps: int, seed: int) -> dict[str, Any]:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _synthetic import index_table
-
     from loomdata.planning import make_plan
     from loomdata.schemas.spec import parse_spec
 
@@ -80,7 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     for dp, mb in SHAPES:
         for tree in a.trees:
             env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
-            cmd = [sys.executable, __file__, "--child", str(dp), str(mb), "--steps", str(a.steps), "--seed", str(a.seed)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                str(dp),
+                str(mb),
+                "--steps",
+                str(a.steps),
+                "--seed",
+                str(a.seed),
+            ]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
             rows.append({"tree": tree, **json.loads(out.strip().splitlines()[-1])})
     print(f"{'tree':<24} {'dp':>3} {'mb':>3} {'real tokens':>11} {'books share':>11} {'worst err pp':>12} {'cpu s':>6}")

@@ -57,25 +57,26 @@ def _reference(
     return ptr
 
 
-def _fits(streams: Sequence[Stream], before: np.ndarray, row: np.ndarray, lanes: Lanes, sl: int) -> bool:
-    """Whether the segments between the pointer rows `before` and `row` fit a step's `sl` slots."""
+def _drawn(streams: Sequence[Stream], before: np.ndarray, row: np.ndarray) -> tuple[int, int]:
+    """(short-lane tokens, long-lane segments) between the pointer rows `before` and `row`."""
     short = n_long = 0
     for k, s in enumerate(streams):
         cs = s.cum if s.cum_short is None else s.cum_short
         short += int(cs[row[k]] - cs[before[k]])
         if s.cum_long is not None:
             n_long += int(s.cum_long[row[k]] - s.cum_long[before[k]])
+    return short, n_long
+
+
+def _fits(streams: Sequence[Stream], before: np.ndarray, row: np.ndarray, lanes: Lanes, sl: int) -> bool:
+    """Whether the segments between the pointer rows `before` and `row` fit a step's `sl` slots."""
+    short, n_long = _drawn(streams, before, row)
     return n_long <= sl and short <= (sl - n_long) * lanes.seq_len
 
 
 def _tokens(streams: Sequence[Stream], before: np.ndarray, row: np.ndarray, lanes: Lanes) -> int:
     """The step's tokens as slots count them: its short-lane tokens plus a sequence's for each long segment."""
-    short = n_long = 0
-    for k, s in enumerate(streams):
-        cs = s.cum if s.cum_short is None else s.cum_short
-        short += int(cs[row[k]] - cs[before[k]])
-        if s.cum_long is not None:
-            n_long += int(s.cum_long[row[k]] - s.cum_long[before[k]])
+    short, n_long = _drawn(streams, before, row)
     return short + n_long * lanes.seq_len
 
 

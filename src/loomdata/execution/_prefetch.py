@@ -86,6 +86,7 @@ from loomdata.sources import FormatReader, KeptRows, UnitKey
 from loomdata.storage import Location, is_url, request_latency, store_of
 
 __all__ = [
+    "BUDGET_SHARE",
     "COALESCE_BYTES",
     "COALESCE_GAP",
     "COALESCE_UNITS",
@@ -93,6 +94,7 @@ __all__ = [
     "LATENCY_MARGIN",
     "MAX_EXTRA_STEPS",
     "MAX_READS_IN_FLIGHT",
+    "MAX_REMOTE_EXTRA_STEPS",
     "QUIET_WINDOWS",
     "READS_MARGIN",
     "SLOW_READ_S",
@@ -111,6 +113,7 @@ __all__ = [
     "UnitSpans",
     "coalesce",
     "counts_storage",
+    "extra_cap",
     "extra_steps",
     "judge_stall",
     "judgeable",
@@ -133,7 +136,17 @@ LATENCY_MARGIN = 4.0
 """How many read durations ahead of its step a unit's read is issued (queueing behind `limit` reads in flight)."""
 
 MAX_EXTRA_STEPS = 512
-"""The most steps the latency adds to a cache's reach (the worker's byte budget bounds what is kept anyway)."""
+"""The most steps the latency adds to a cache's reach for local files, and for object URLs until the bytes a step
+holds are measured (the worker's byte budget bounds what is kept anyway)."""
+
+MAX_REMOTE_EXTRA_STEPS = 8192
+"""The most steps the latency adds to the reach of object URLs once the bytes a step holds are known (`extra_cap`):
+at 512 a flat-out rank of the object-store benchmark (~4,000 steps/s, GETs of 150-300 ms on two loaded cores) had
+its reads issued 512 steps (~0.13 s) ahead and waited on them (session 24: 10-12 waits a run, 0.31-0.33 s)."""
+
+BUDGET_SHARE = 0.5
+"""The share of the worker's budget a loader's reach may span at its measured bytes a step (`extra_cap`): the rest
+holds the units in use (first used before the newest step, still used after it) and the other loaders' units."""
 
 FAST_STEPS_PER_S = 1000.0
 """The step rate a read-ahead of object URLs assumes until it has measured one: a fast rank, so the first reads
@@ -226,12 +239,25 @@ def _run_one(job: Callable[[], None]) -> Future[None]:
     return fut
 
 
-def extra_steps(read_s: float, steps_per_s: float, horizon: int) -> int:
-    """Steps beyond `horizon` a read-ahead must reach to issue each read `LATENCY_MARGIN` read durations early."""
+def extra_steps(read_s: float, steps_per_s: float, horizon: int, cap: int = MAX_EXTRA_STEPS) -> int:
+    """Steps beyond `horizon` a read-ahead must reach to issue each read `LATENCY_MARGIN` read durations early (at
+    most `cap`: `extra_cap`)."""
     if read_s <= 0 or steps_per_s <= 0:
         return 0
     need = math.ceil(LATENCY_MARGIN * read_s * steps_per_s)
-    return int(min(max(need - horizon, 0), MAX_EXTRA_STEPS))
+    return int(min(max(need - horizon, 0), cap))
+
+
+def extra_cap(remote: bool, budget: int, step_bytes: float) -> int:
+    """The most steps a loader's reach adds for latency: `MAX_EXTRA_STEPS` for local files and until `step_bytes` (the
+    decoded bytes of the units first used a step) is measured; for object URLs the steps `BUDGET_SHARE` of the
+    worker's `budget` holds at `step_bytes`, between `MAX_EXTRA_STEPS` and `MAX_REMOTE_EXTRA_STEPS`.
+
+    A wider reach issues reads earlier, it does not hold more than the budget: a unit read ahead is kept strictly
+    (`PlanUnitCache.put_ahead`); the cap keeps a fast rank's reach from planning past what the budget could hold."""
+    if not remote or step_bytes <= 0 or budget <= 0:
+        return MAX_EXTRA_STEPS
+    return int(min(max(BUDGET_SHARE * budget / step_bytes, MAX_EXTRA_STEPS), MAX_REMOTE_EXTRA_STEPS))
 
 
 def reads_in_flight(units_per_s: float, latency_s: float, floor: int, cap: int) -> int:
@@ -594,6 +620,10 @@ class ReadDepth:
             self.units_per_step = int(np.count_nonzero(first > lo)) / (near - lo)
         self.noted_at = now
 
+    def step_bytes(self) -> float:
+        """Decoded bytes of the units first used a step ahead (0.0 until both are measured)."""
+        return self.units_per_step * self.unit_bytes
+
     def note_unit(self, nbytes: int) -> None:
         """A unit read ahead decoded to `nbytes`."""
         self._units = min(self._units + 1, _UNIT_MEAN_OVER)  # a mean of the first, then decaying (rows kept narrow)
@@ -782,7 +812,8 @@ class Prefetcher:
             elif self.rate.steps_per_s > 0:
                 return
             rate = self.rate.steps_per_s if self.rate.steps_per_s > 0 else self._assumed_rate  # not measured yet
-            need = extra_steps(self.latency(), rate, self.cache.policy.horizon_steps)
+            cap = extra_cap(bool(self._stores), self.cache.pool.budget, self.depth.step_bytes())
+            need = extra_steps(self.latency(), rate, self.cache.policy.horizon_steps, cap)
             self.cache.extra_steps = max(self.cache.extra_steps, need)  # never narrowed: units read would be dropped
 
     def latency(self) -> float:

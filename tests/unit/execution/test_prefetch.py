@@ -15,13 +15,16 @@ import pytest
 
 from loomdata.execution._loader_cache import CachePolicy, Offered, PlanUnitCache, UnitUses, unit_key
 from loomdata.execution._prefetch import (
+    BUDGET_SHARE,
     FAST_STEPS_PER_S,
     MAX_EXTRA_STEPS,
     MAX_READS_IN_FLIGHT,
+    MAX_REMOTE_EXTRA_STEPS,
     Prefetcher,
     ReadDepth,
     StepRate,
     coalesce,
+    extra_cap,
     extra_steps,
     plan_prefetch,
     reads_in_flight,
@@ -190,6 +193,39 @@ def test_extra_steps_cover_the_read_latency_at_the_served_rate() -> None:
     assert extra_steps(0.01, 200.0, horizon=20) == 0  # the horizon already covers fast storage
     assert extra_steps(5.0, 1000.0, horizon=20) == MAX_EXTRA_STEPS
     assert extra_steps(0.0, 200.0, horizon=20) == 0 and extra_steps(0.1, 0.0, horizon=20) == 0  # nothing measured
+
+
+def test_object_urls_reach_as_far_as_half_the_budget_holds_at_the_measured_bytes_a_step() -> None:
+    # 64 KiB of units first used a step, 256 MiB budget: half of it holds 2,048 steps
+    assert extra_cap(True, 256 << 20, 64 << 10) == int(BUDGET_SHARE * (256 << 20) / (64 << 10)) == 2048
+    assert extra_steps(0.2, 4000.0, horizon=530, cap=extra_cap(True, 256 << 20, 64 << 10)) == 2048  # 3,200 - 530
+    assert extra_steps(0.2, 4000.0, horizon=530) == MAX_EXTRA_STEPS  # the local cap (session 24's reach)
+    assert extra_cap(True, 256 << 20, 1 << 30) == MAX_EXTRA_STEPS  # huge steps: never under the local cap
+    assert extra_cap(True, 256 << 20, 16.0) == MAX_REMOTE_EXTRA_STEPS  # tiny steps: at most the remote cap
+    assert extra_cap(True, 256 << 20, 0.0) == MAX_EXTRA_STEPS  # not measured yet
+    assert extra_cap(False, 256 << 20, 64 << 10) == MAX_EXTRA_STEPS  # local files keep their cap
+
+
+def test_a_fast_rank_on_object_urls_widens_the_reach_past_the_local_cap_once_step_bytes_are_known() -> None:
+    """At 4,000 steps/s and 0.2 s GETs the reach needs 3,200 steps: an object URL loader that measured its bytes a
+    step goes past `MAX_EXTRA_STEPS` (reads issued ~0.8 s ahead, not 0.13 s), a local one does not."""
+    url = "memory://loomwide/s.parquet"
+    reset_request_latency()
+    policy = CachePolicy(worker_bytes=256 << 20, horizon_steps=6, prefetch=8)
+    cache = PlanUnitCache("p-url-wide", steps=100_000, policy=policy, shard_of={url: 3})
+    pf = Prefetcher(cache, lambda: ParquetReader(SRC, TokenizerSpec(), ImageSpec()), {3: url}, 8, "t", 4000.0)
+    try:
+        for _ in range(64):
+            _LATENCY.record(url, 0.2)
+        pf.pump(np.array([0]))
+        assert cache.extra_steps == MAX_EXTRA_STEPS  # no unit read yet: its bytes a step are not known
+        pf.depth.units_per_step, pf.depth.unit_bytes = 0.02, float(1 << 20)  # 1 MiB every 50 steps: cap 6,400
+        pf.pump(np.array([0]))
+        assert cache.extra_steps == extra_steps(0.2, 4000.0, horizon=6, cap=MAX_REMOTE_EXTRA_STEPS) == 3194
+    finally:
+        pf.close()
+        cache.close()
+        reset_request_latency()
 
 
 def test_the_step_rate_is_measured_from_the_first_served_step_not_the_idle_start() -> None:

@@ -91,6 +91,7 @@ __all__ = [
     "COALESCE_GAP",
     "COALESCE_UNITS",
     "FAST_STEPS_PER_S",
+    "IDLE_GAP_S",
     "LATENCY_MARGIN",
     "MAX_EXTRA_STEPS",
     "MAX_READS_IN_FLIGHT",
@@ -193,9 +194,14 @@ QUIET_WINDOWS = 4
 """Windows of fast reads in a row (median under `SLOW_READ_S / 2`, or wall time under a quarter of `STALL_SHARE`)
 after which a read-ahead `ReadStall` turned on turns off again: on after one stalled window, off only after these."""
 
+IDLE_GAP_S = 0.2
+"""A gap between two looks at the served steps with no step served in it, at least this long, is a pause that the
+step rate leaves out (`StepRate`)."""
+
 _NOTE_EVERY_S = 0.05  # object URLs: the units a step are re-measured this often while every read is in flight
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
 _FIRST_RATE_S = 0.1  # the first measure, this soon after the first served step (the reach widens from it)
+_SLOTS_OVER = 32  # object URLs: reads ahead whose issue-to-done time `Prefetcher.slot_s` is the median of
 _UNIT_MEAN_OVER = 32  # units: a unit's decoded size is their mean, then a mean decaying by 1/32 a unit
 _DECAY = 0.95  # per read: how fast the read-duration high-water mark forgets a slow read
 _REREADS = 2  # times a unit read ahead is read again at most when newly planned rows were not kept
@@ -337,29 +343,41 @@ class StepRate:
     A loader warms up (and reads ahead) well before the first request: measured from then, the first rate
     was diluted by the serve's start-up, so the reach widened only seconds into the run (session 6: waits
     early in every 100 ms run). The first measure comes `_FIRST_RATE_S` after the first served step.
+
+    Pauses are left out too (session 25): a gap of at least `IDLE_GAP_S` between two observations with no step served
+    between them is idle time, not the rank's pace. The constructors build the first window at the executor's start,
+    then nothing is asked until the ranks have started (0.3-0.5 s in the object-store benchmark): measured over that
+    pause, the first rate was 600-2,000 steps/s where the ranks then took ~4,000, and the reach stayed at ~600 steps
+    (0.15 s) through the first second, where every storage wait of a run was. A rank slower than a step per
+    `IDLE_GAP_S` may be measured faster than it is (at most 10x: the busy time's floor); its reach is a few steps.
     """
 
     steps_per_s: float = 0.0
     _mark: tuple[float, int, float] | None = None  # (time, newest step, `waited`) the next measure starts from
+    _seen: tuple[float, int] | None = None  # the last observation (time, newest step)
+    _idle: float = 0.0  # seconds of pauses since the mark
 
     def observe(self, newest: int, now: float, waited: float = 0.0) -> bool:
         """Note the newest served step (-1: none yet) at time `now`; True when the rate was re-measured.
 
         `waited`: seconds the loader has waited on storage so far (cumulative), left out of the measure: a rate
         measured while starved is the store's, not the rank's, and sizing the reads in flight from it kept
-        them starved (object URLs pass it; at most 90% of an interval is left out)."""
+        them starved (object URLs pass it; at most 90% of an interval is left out, pauses included)."""
         if newest < 0:
             return False
+        seen, self._seen = self._seen, (now, newest)
         if self._mark is None or newest < self._mark[1]:  # the first served step, or a resume further back
-            self._mark = (now, newest, waited)
+            self._mark, self._idle = (now, newest, waited), 0.0
             return False
+        if seen is not None and seen[1] == newest and now - seen[0] >= IDLE_GAP_S:
+            self._idle += now - seen[0]  # nothing served since the last look: a pause
         t0, s0, w0 = self._mark
         if now - t0 < (_RATE_EVERY_S if self.steps_per_s > 0 else _FIRST_RATE_S) or newest <= s0:
             return False
-        busy = max(now - t0 - (waited - w0), 0.1 * (now - t0))
+        busy = max(now - t0 - (waited - w0) - self._idle, 0.1 * (now - t0))
         rate = (newest - s0) / busy
         self.steps_per_s = rate if self.steps_per_s <= 0 else 0.5 * (self.steps_per_s + rate)
-        self._mark = (now, newest, waited)
+        self._mark, self._idle = (now, newest, waited), 0.0
         return True
 
 
@@ -707,6 +725,7 @@ class Prefetcher:
         if assumed_steps_per_s is None:  # local files: no assumed rate (see FAST_STEPS_PER_S)
             assumed_steps_per_s = FAST_STEPS_PER_S if self._stores else 0.0
         self._assumed_rate = assumed_steps_per_s
+        self._slots: deque[float] = deque(maxlen=_SLOTS_OVER)  # object URLs: issue -> done of the latest reads ahead
         self._waited_s = 0.0  # seconds the reader waited on reads ahead (object URLs: not in the rate; see top)
         self.depth = ReadDepth(limit, sized=bool(self._stores))  # reads ahead allowed in flight now
         self.stall = read_stall("on" if self._stores else cache.policy.local_read_ahead, name, paths)  # local: when
@@ -777,7 +796,8 @@ class Prefetcher:
                 return  # nothing can be issued now: skip the pending uses' bookkeeping
             keys, first = c.pending(front)
             d.note_units(first, c.newest, c.near(front), now)
-            slots = d.size(self.rate.steps_per_s, self.latency(), self.counters, d.free(c.pool)) - self._requests
+            held_s = max(self.latency(), self._slot_median())  # Little's law: the time a read holds its slot
+            slots = d.size(self.rate.steps_per_s, held_s, self.counters, d.free(c.pool)) - self._requests
             if slots <= 0:
                 return
             held = c.held_keys()
@@ -796,7 +816,7 @@ class Prefetcher:
                 self.counters.issued += len(run)
                 self.counters.reads += 1
                 self._requests += 1
-                fut = self._pool.submit(self._fetch, run, path, units, front, c.plans)
+                fut = self._pool.submit(self._fetch, run, path, units, front, c.plans, now)
                 d.reserve(c.pool, run[0], len(run))
                 at = time.time()
                 for k in run:
@@ -820,6 +840,17 @@ class Prefetcher:
         """The latency the reach hides: the stores' GETs alone for object URLs, the whole read for local files."""
         return request_latency(self._stores) if self._stores else self.read_s
 
+    def slot_s(self) -> float:
+        """The median time the latest reads ahead held their slot, issued to done (0.0 before any; object URLs only):
+        the GET's latency plus its wait for a thread and a CPU and its decode, which on two loaded cores was 150-300 ms
+        against GETs of 130-150 ms, so reads sized from the GETs alone (Little's law) kept 18-26 in flight where the
+        units needed more, and the rest waited (session 25)."""
+        with self._lock:
+            return self._slot_median()
+
+    def _slot_median(self) -> float:
+        return float(np.median(self._slots)) if self._slots else 0.0  # under the lock (appended under it)
+
     def in_flight(self) -> int:
         """Reads ahead issued and not finished."""
         with self._lock:
@@ -840,7 +871,9 @@ class Prefetcher:
             if not done:
                 return False
 
-    def _fetch(self, keys: list[int], path: Location, units: list[int], front: int, planned: int) -> None:
+    def _fetch(
+        self, keys: list[int], path: Location, units: list[int], front: int, planned: int, issued: float
+    ) -> None:
         reader: FormatReader | None = None
         try:
             reader = self._make_reader()
@@ -871,6 +904,8 @@ class Prefetcher:
                     self._issued.pop(k, None)
                 self._requests -= 1
                 self._pumping += 1
+                if self._stores:
+                    self._slots.append(time.monotonic() - issued)
         try:
             self.pump()
         finally:

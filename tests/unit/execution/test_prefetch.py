@@ -241,6 +241,22 @@ def test_the_step_rate_is_measured_from_the_first_served_step_not_the_idle_start
     assert rate.steps_per_s == pytest.approx(1500.0)
 
 
+def test_a_pause_with_no_step_served_is_left_out_of_the_step_rate() -> None:
+    """The first window is built at the executor's start, then the ranks start: the pause between is not their pace."""
+    rate = StepRate()
+    assert not rate.observe(0, 10.0)  # the first window: steps 0-500 served in 0.125 s
+    assert rate.observe(500, 10.125) and rate.steps_per_s == pytest.approx(4000.0)
+    assert not rate.observe(500, 10.2)  # a read ahead landed; nothing served (a gap under IDLE_GAP_S: not a pause)
+    assert not rate.observe(500, 10.6)  # 0.4 s with nothing served: the ranks starting, a pause
+    assert rate.observe(2500, 11.125)  # 2,000 steps in 0.6 s (1 s from the mark less the 0.4 s pause), not in 1 s
+    assert rate.steps_per_s == pytest.approx(0.5 * (4000.0 + 2000.0 / 0.6))
+    slow = StepRate()  # without the pause rule the same looks measure 2,000 / 0.9 s: pauses count only from IDLE_GAP_S
+    slow.observe(0, 0.0)
+    for t in np.arange(1, 10) * 0.1:
+        slow.observe(int(t * 1000), float(t))  # steady 1,000 steps/s, looked at every 0.1 s
+    assert slow.steps_per_s == pytest.approx(1000.0)
+
+
 def test_a_wider_reach_reads_further_ahead_and_keeps_those_units(shard: Path) -> None:
     gate, log, _, cache, pf, main, order, _, _ = _setup(shard, limit=8, plan_id="p4")
     gate.set()
@@ -538,6 +554,45 @@ def test_measured_reads_in_flight_are_bounded_by_the_cap_and_above_the_floor_by_
         pf.close()
         cache.close()
         fsspec.filesystem("memory").rm("/loombound", recursive=True)
+        reset_request_latency()
+
+
+def test_reads_in_flight_are_sized_from_the_time_a_read_holds_its_slot_where_that_exceeds_the_stores_latency() -> None:
+    """Little's law needs the time a read holds its slot: on loaded cores a read ahead waits for a thread and a CPU and
+    decodes after its GET, so sized from the GETs alone (20 ms here) too few were in flight; sized from the reads'
+    issue-to-done median (100 ms) the depth is what that time asks for. Each read ahead records its own."""
+    url = _memory_shard("loomslots")
+    reset_request_latency()
+    gate, log, live = threading.Event(), [], [0, 0]
+    policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=10, prefetch=2)
+    cache = PlanUnitCache("p-slots", steps=50, policy=policy, shard_of={url: 3})
+    pf = Prefetcher(cache, lambda: _GatedReader(gate, log, live), {3: url}, 2, "t")
+    try:
+        cache.plan(unit_key(3, np.arange(8)), np.arange(8))  # step s reads row group s
+        for _ in range(64):
+            _LATENCY.record(url, 0.02)  # the store answers its GETs in 20 ms
+        pf.rate.steps_per_s, pf.depth.unit_bytes = 100.0, 1024.0
+        pf.pump(np.array([0]))
+        units_per_s = pf.depth.units_per_step * 100.0
+        by_get = reads_in_flight(units_per_s, 0.02, 2, MAX_READS_IN_FLIGHT)
+        assert pf.slot_s() == 0.0 and pf.depth.reads == by_get == 3  # no read done yet: 2 x 70 units/s x 20 ms
+        gate.set()
+        assert pf.settle(10) and pf.slot_s() > 0.0  # every read ahead recorded its issue-to-done time
+        gate.clear()
+        cache.plan(unit_key(3, np.arange(8)), np.arange(8, 16))  # the same units, used again at steps 8-15
+        cache.served(unit_key(3, np.arange(8)), np.arange(8))
+        with pf._lock:
+            pf._slots.clear()
+            pf._slots.extend([0.1] * 8)  # the latest reads held their slots 100 ms
+        pf.depth.noted_at = -float("inf")
+        pf.pump(np.array([8]))
+        by_slot = reads_in_flight(pf.depth.units_per_step * 100.0, 0.1, 2, MAX_READS_IN_FLIGHT)
+        assert pf.depth.reads == by_slot > by_get
+    finally:
+        gate.set()
+        pf.close()
+        cache.close()
+        fsspec.filesystem("memory").rm("/loomslots", recursive=True)
         reset_request_latency()
 
 

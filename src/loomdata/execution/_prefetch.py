@@ -344,8 +344,9 @@ class StepRate:
     was diluted by the serve's start-up, so the reach widened only seconds into the run (session 6: waits
     early in every 100 ms run). The first measure comes `_FIRST_RATE_S` after the first served step.
 
-    Pauses are left out too (session 25): a gap of at least `IDLE_GAP_S` between two observations with no step served
-    between them is idle time, not the rank's pace. The constructors build the first window at the executor's start,
+    Pauses are left out too (session 25): where the newest step served has not advanced for at least `IDLE_GAP_S` at
+    a look in between (a read ahead landing), the time from that advance to the last such look is idle, not the
+    rank's pace. The constructors build the first window at the executor's start,
     then nothing is asked until the ranks have started (0.3-0.5 s in the object-store benchmark): measured over that
     pause, the first rate was 600-2,000 steps/s where the ranks then took ~4,000, and the reach stayed at ~600 steps
     (0.15 s) through the first second, where every storage wait of a run was. A rank slower than a step per
@@ -354,7 +355,8 @@ class StepRate:
 
     steps_per_s: float = 0.0
     _mark: tuple[float, int, float] | None = None  # (time, newest step, `waited`) the next measure starts from
-    _seen: tuple[float, int] | None = None  # the last observation (time, newest step)
+    _moved: tuple[float, int] | None = None  # (time, newest step) when the newest step last advanced
+    _still: float | None = None  # the latest look since then that saw no step served
     _idle: float = 0.0  # seconds of pauses since the mark
 
     def observe(self, newest: int, now: float, waited: float = 0.0) -> bool:
@@ -365,12 +367,17 @@ class StepRate:
         them starved (object URLs pass it; at most 90% of an interval is left out, pauses included)."""
         if newest < 0:
             return False
-        seen, self._seen = self._seen, (now, newest)
         if self._mark is None or newest < self._mark[1]:  # the first served step, or a resume further back
-            self._mark, self._idle = (now, newest, waited), 0.0
+            self._mark, self._idle, self._moved, self._still = (now, newest, waited), 0.0, (now, newest), None
             return False
-        if seen is not None and seen[1] == newest and now - seen[0] >= IDLE_GAP_S:
-            self._idle += now - seen[0]  # nothing served since the last look: a pause
+        moved, still = self._moved, self._still
+        if moved is not None and newest > moved[1]:
+            begun = max(moved[0], self._mark[0])
+            if still is not None and still - begun >= IDLE_GAP_S:
+                self._idle += still - begun  # looked at and nothing served for that long: a pause
+            self._moved, self._still = (now, newest), None
+        elif moved is not None and newest == moved[1]:
+            self._still = now
         t0, s0, w0 = self._mark
         if now - t0 < (_RATE_EVERY_S if self.steps_per_s > 0 else _FIRST_RATE_S) or newest <= s0:
             return False

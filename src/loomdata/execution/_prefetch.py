@@ -41,6 +41,13 @@ a rate is measured (0.1 s after the first served step), `limit`: all 32 at warm-
 store's CPU with the first steps' GETs, and the first batch came after 0.5 s instead of 0.1 s. Local files keep
 exactly `limit` and the rate with waits in it: their reads are decoding and waiting for a CPU.
 
+The cold start (session 25): at 100 ms a flat-out rank of the object-store benchmark still waited 10-17 times a run,
+all in the first second, on reads issued only ~500 steps (1-2 GETs) ahead. Three limits, each lifted here: the reach's
+512-step cap (object URLs now reach as far as half the worker's budget holds at the measured bytes a step,
+`extra_cap`); the reads in flight, sized from the GET's latency where a read holds its slot 150-300 ms on loaded cores
+(`ReadDepth.slot_s`); and the step rate, diluted by the pause between the first window's build and the ranks' start
+(`StepRate` leaves pauses out), which kept the reach at ~600 steps through the first second.
+
 Local files read ahead only where their reads stall (session 23, `local_read_ahead` auto): reading ahead a file
 the page cache holds is double work (thread hand-offs, futures, the pool's bookkeeping; `--loader-prefetch 0` gave
 16.9-18.1M tokens per CPU-second against 14.3-14.9M at one consumer), but a cold or networked disk (NFS, Lustre, a
@@ -201,7 +208,7 @@ step rate leaves out (`StepRate`)."""
 _NOTE_EVERY_S = 0.05  # object URLs: the units a step are re-measured this often while every read is in flight
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
 _FIRST_RATE_S = 0.1  # the first measure, this soon after the first served step (the reach widens from it)
-_SLOTS_OVER = 32  # object URLs: reads ahead whose issue-to-done time `Prefetcher.slot_s` is the median of
+_SLOTS_OVER = 32  # object URLs: reads ahead whose issue-to-done time `ReadDepth.slot_s` is the median of
 _UNIT_MEAN_OVER = 32  # units: a unit's decoded size is their mean, then a mean decaying by 1/32 a unit
 _DECAY = 0.95  # per read: how fast the read-duration high-water mark forgets a slow read
 _REREADS = 2  # times a unit read ahead is read again at most when newly planned rows were not kept
@@ -629,6 +636,7 @@ class ReadDepth:
         self.noted_at = -math.inf  # when `units_per_step` was last measured
         self._units = 0
         self._reserved: dict[int, int] = {}  # bytes reserved in the worker's pool, by the first unit key of a read
+        self._slots: deque[float] = deque(maxlen=_SLOTS_OVER)  # issue -> done of the latest reads ahead
 
     def full(self, requests: int, now: float) -> bool:
         """Whether no read can be issued now: `requests` in flight fill `limit` (local files) or the reads sized
@@ -644,6 +652,17 @@ class ReadDepth:
         if self.sized and near > lo:
             self.units_per_step = int(np.count_nonzero(first > lo)) / (near - lo)
         self.noted_at = now
+
+    def note_slot(self, seconds: float) -> None:
+        """A read ahead held its slot `seconds`, issued to done (under the loader's lock)."""
+        self._slots.append(seconds)
+
+    def slot_s(self) -> float:
+        """The median time the latest reads ahead held their slot, issued to done (0.0 before any; object URLs only):
+        the GET's latency plus its wait for a thread and a CPU and its decode, which on two loaded cores was 150-300 ms
+        against GETs of 130-150 ms, so reads sized from the GETs alone (Little's law) kept 18-26 in flight where the
+        units needed more, and the rest waited (session 25). Under the loader's lock."""
+        return float(np.median(self._slots)) if self._slots else 0.0
 
     def step_bytes(self) -> float:
         """Decoded bytes of the units first used a step ahead (0.0 until both are measured)."""
@@ -732,7 +751,6 @@ class Prefetcher:
         if assumed_steps_per_s is None:  # local files: no assumed rate (see FAST_STEPS_PER_S)
             assumed_steps_per_s = FAST_STEPS_PER_S if self._stores else 0.0
         self._assumed_rate = assumed_steps_per_s
-        self._slots: deque[float] = deque(maxlen=_SLOTS_OVER)  # object URLs: issue -> done of the latest reads ahead
         self._waited_s = 0.0  # seconds the reader waited on reads ahead (object URLs: not in the rate; see top)
         self.depth = ReadDepth(limit, sized=bool(self._stores))  # reads ahead allowed in flight now
         self.stall = read_stall("on" if self._stores else cache.policy.local_read_ahead, name, paths)  # local: when
@@ -803,7 +821,7 @@ class Prefetcher:
                 return  # nothing can be issued now: skip the pending uses' bookkeeping
             keys, first = c.pending(front)
             d.note_units(first, c.newest, c.near(front), now)
-            held_s = max(self.latency(), self._slot_median())  # Little's law: the time a read holds its slot
+            held_s = max(self.latency(), d.slot_s())  # Little's law: the time a read holds its slot
             slots = d.size(self.rate.steps_per_s, held_s, self.counters, d.free(c.pool)) - self._requests
             if slots <= 0:
                 return
@@ -846,17 +864,6 @@ class Prefetcher:
     def latency(self) -> float:
         """The latency the reach hides: the stores' GETs alone for object URLs, the whole read for local files."""
         return request_latency(self._stores) if self._stores else self.read_s
-
-    def slot_s(self) -> float:
-        """The median time the latest reads ahead held their slot, issued to done (0.0 before any; object URLs only):
-        the GET's latency plus its wait for a thread and a CPU and its decode, which on two loaded cores was 150-300 ms
-        against GETs of 130-150 ms, so reads sized from the GETs alone (Little's law) kept 18-26 in flight where the
-        units needed more, and the rest waited (session 25)."""
-        with self._lock:
-            return self._slot_median()
-
-    def _slot_median(self) -> float:
-        return float(np.median(self._slots)) if self._slots else 0.0  # under the lock (appended under it)
 
     def in_flight(self) -> int:
         """Reads ahead issued and not finished."""
@@ -912,7 +919,7 @@ class Prefetcher:
                 self._requests -= 1
                 self._pumping += 1
                 if self._stores:
-                    self._slots.append(time.monotonic() - issued)
+                    self.depth.note_slot(time.monotonic() - issued)
         try:
             self.pump()
         finally:

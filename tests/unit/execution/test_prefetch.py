@@ -575,15 +575,15 @@ def test_reads_in_flight_are_sized_from_the_time_a_read_holds_its_slot_where_tha
         pf.pump(np.array([0]))
         units_per_s = pf.depth.units_per_step * 100.0
         by_get = reads_in_flight(units_per_s, 0.02, 2, MAX_READS_IN_FLIGHT)
-        assert pf.slot_s() == 0.0 and pf.depth.reads == by_get == 3  # no read done yet: 2 x 70 units/s x 20 ms
+        assert pf.depth.slot_s() == 0.0 and pf.depth.reads == by_get == 3  # no read done yet: 2 x 70 units/s x 20 ms
         gate.set()
-        assert pf.settle(10) and pf.slot_s() > 0.0  # every read ahead recorded its issue-to-done time
+        assert pf.settle(10) and pf.depth.slot_s() > 0.0  # every read ahead recorded its issue-to-done time
         gate.clear()
         cache.plan(unit_key(3, np.arange(8)), np.arange(8, 16))  # the same units, used again at steps 8-15
         cache.served(unit_key(3, np.arange(8)), np.arange(8))
         with pf._lock:
-            pf._slots.clear()
-            pf._slots.extend([0.1] * 8)  # the latest reads held their slots 100 ms
+            for _ in range(32):
+                pf.depth.note_slot(0.1)  # the latest reads held their slots 100 ms
         pf.depth.noted_at = -float("inf")
         pf.pump(np.array([8]))
         by_slot = reads_in_flight(pf.depth.units_per_step * 100.0, 0.1, 2, MAX_READS_IN_FLIGHT)

@@ -41,13 +41,6 @@ a rate is measured (0.1 s after the first served step), `limit`: all 32 at warm-
 store's CPU with the first steps' GETs, and the first batch came after 0.5 s instead of 0.1 s. Local files keep
 exactly `limit` and the rate with waits in it: their reads are decoding and waiting for a CPU.
 
-The cold start (session 25): at 100 ms a flat-out rank of the object-store benchmark still waited 10-17 times a run,
-all in the first second, on reads issued only ~500 steps (1-2 GETs) ahead. Three limits, each lifted here: the reach's
-512-step cap (object URLs now reach as far as half the worker's budget holds at the measured bytes a step,
-`extra_cap`); the reads in flight, sized from the GET's latency where a read holds its slot 150-300 ms on loaded cores
-(`ReadDepth.slot_s`); and the step rate, diluted by the pause between the first window's build and the ranks' start
-(`StepRate` leaves pauses out), which kept the reach at ~600 steps through the first second.
-
 Local files read ahead only where their reads stall (session 23, `local_read_ahead` auto): reading ahead a file
 the page cache holds is double work (thread hand-offs, futures, the pool's bookkeeping; `--loader-prefetch 0` gave
 16.9-18.1M tokens per CPU-second against 14.3-14.9M at one consumer), but a cold or networked disk (NFS, Lustre, a
@@ -93,16 +86,13 @@ from loomdata.sources import FormatReader, KeptRows, UnitKey
 from loomdata.storage import Location, is_url, request_latency, store_of
 
 __all__ = [
-    "BUDGET_SHARE",
     "COALESCE_BYTES",
     "COALESCE_GAP",
     "COALESCE_UNITS",
     "FAST_STEPS_PER_S",
-    "IDLE_GAP_S",
     "LATENCY_MARGIN",
     "MAX_EXTRA_STEPS",
     "MAX_READS_IN_FLIGHT",
-    "MAX_REMOTE_EXTRA_STEPS",
     "QUIET_WINDOWS",
     "READS_MARGIN",
     "SLOW_READ_S",
@@ -121,7 +111,6 @@ __all__ = [
     "UnitSpans",
     "coalesce",
     "counts_storage",
-    "extra_cap",
     "extra_steps",
     "judge_stall",
     "judgeable",
@@ -144,17 +133,7 @@ LATENCY_MARGIN = 4.0
 """How many read durations ahead of its step a unit's read is issued (queueing behind `limit` reads in flight)."""
 
 MAX_EXTRA_STEPS = 512
-"""The most steps the latency adds to a cache's reach for local files, and for object URLs until the bytes a step
-holds are measured (the worker's byte budget bounds what is kept anyway)."""
-
-MAX_REMOTE_EXTRA_STEPS = 8192
-"""The most steps the latency adds to the reach of object URLs once the bytes a step holds are known (`extra_cap`):
-at 512 a flat-out rank of the object-store benchmark (~4,000 steps/s, GETs of 150-300 ms on two loaded cores) had
-its reads issued 512 steps (~0.13 s) ahead and waited on them (session 24: 10-12 waits a run, 0.31-0.33 s)."""
-
-BUDGET_SHARE = 0.5
-"""The share of the worker's budget a loader's reach may span at its measured bytes a step (`extra_cap`): the rest
-holds the units in use (first used before the newest step, still used after it) and the other loaders' units."""
+"""The most steps the latency adds to a cache's reach (the worker's byte budget bounds what is kept anyway)."""
 
 FAST_STEPS_PER_S = 1000.0
 """The step rate a read-ahead of object URLs assumes until it has measured one: a fast rank, so the first reads
@@ -201,14 +180,9 @@ QUIET_WINDOWS = 4
 """Windows of fast reads in a row (median under `SLOW_READ_S / 2`, or wall time under a quarter of `STALL_SHARE`)
 after which a read-ahead `ReadStall` turned on turns off again: on after one stalled window, off only after these."""
 
-IDLE_GAP_S = 0.2
-"""A gap between two looks at the served steps with no step served in it, at least this long, is a pause that the
-step rate leaves out (`StepRate`)."""
-
 _NOTE_EVERY_S = 0.05  # object URLs: the units a step are re-measured this often while every read is in flight
 _RATE_EVERY_S = 0.5  # how often the served-step rate is re-measured
 _FIRST_RATE_S = 0.1  # the first measure, this soon after the first served step (the reach widens from it)
-_SLOTS_OVER = 32  # object URLs: reads ahead whose issue-to-done time `ReadDepth.slot_s` is the median of
 _UNIT_MEAN_OVER = 32  # units: a unit's decoded size is their mean, then a mean decaying by 1/32 a unit
 _DECAY = 0.95  # per read: how fast the read-duration high-water mark forgets a slow read
 _REREADS = 2  # times a unit read ahead is read again at most when newly planned rows were not kept
@@ -252,25 +226,12 @@ def _run_one(job: Callable[[], None]) -> Future[None]:
     return fut
 
 
-def extra_steps(read_s: float, steps_per_s: float, horizon: int, cap: int = MAX_EXTRA_STEPS) -> int:
-    """Steps beyond `horizon` a read-ahead must reach to issue each read `LATENCY_MARGIN` read durations early (at
-    most `cap`: `extra_cap`)."""
+def extra_steps(read_s: float, steps_per_s: float, horizon: int) -> int:
+    """Steps beyond `horizon` a read-ahead must reach to issue each read `LATENCY_MARGIN` read durations early."""
     if read_s <= 0 or steps_per_s <= 0:
         return 0
     need = math.ceil(LATENCY_MARGIN * read_s * steps_per_s)
-    return int(min(max(need - horizon, 0), cap))
-
-
-def extra_cap(remote: bool, budget: int, step_bytes: float) -> int:
-    """The most steps a loader's reach adds for latency: `MAX_EXTRA_STEPS` for local files and until `step_bytes` (the
-    decoded bytes of the units first used a step) is measured; for object URLs the steps `BUDGET_SHARE` of the
-    worker's `budget` holds at `step_bytes`, between `MAX_EXTRA_STEPS` and `MAX_REMOTE_EXTRA_STEPS`.
-
-    A wider reach issues reads earlier, it does not hold more than the budget: a unit read ahead is kept strictly
-    (`PlanUnitCache.put_ahead`); the cap keeps a fast rank's reach from planning past what the budget could hold."""
-    if not remote or step_bytes <= 0 or budget <= 0:
-        return MAX_EXTRA_STEPS
-    return int(min(max(BUDGET_SHARE * budget / step_bytes, MAX_EXTRA_STEPS), MAX_REMOTE_EXTRA_STEPS))
+    return int(min(max(need - horizon, 0), MAX_EXTRA_STEPS))
 
 
 def reads_in_flight(units_per_s: float, latency_s: float, floor: int, cap: int) -> int:
@@ -350,48 +311,29 @@ class StepRate:
     A loader warms up (and reads ahead) well before the first request: measured from then, the first rate
     was diluted by the serve's start-up, so the reach widened only seconds into the run (session 6: waits
     early in every 100 ms run). The first measure comes `_FIRST_RATE_S` after the first served step.
-
-    Pauses are left out too (session 25): where the newest step served has not advanced for at least `IDLE_GAP_S` at
-    a look in between (a read ahead landing), the time from that advance to the last such look is idle, not the
-    rank's pace. The constructors build the first window at the executor's start,
-    then nothing is asked until the ranks have started (0.3-0.5 s in the object-store benchmark): measured over that
-    pause, the first rate was 600-2,000 steps/s where the ranks then took ~4,000, and the reach stayed at ~600 steps
-    (0.15 s) through the first second, where every storage wait of a run was. A rank slower than a step per
-    `IDLE_GAP_S` may be measured faster than it is (at most 10x: the busy time's floor); its reach is a few steps.
     """
 
     steps_per_s: float = 0.0
     _mark: tuple[float, int, float] | None = None  # (time, newest step, `waited`) the next measure starts from
-    _moved: tuple[float, int] | None = None  # (time, newest step) when the newest step last advanced
-    _still: float | None = None  # the latest look since then that saw no step served
-    _idle: float = 0.0  # seconds of pauses since the mark
 
     def observe(self, newest: int, now: float, waited: float = 0.0) -> bool:
         """Note the newest served step (-1: none yet) at time `now`; True when the rate was re-measured.
 
         `waited`: seconds the loader has waited on storage so far (cumulative), left out of the measure: a rate
         measured while starved is the store's, not the rank's, and sizing the reads in flight from it kept
-        them starved (object URLs pass it; at most 90% of an interval is left out, pauses included)."""
+        them starved (object URLs pass it; at most 90% of an interval is left out)."""
         if newest < 0:
             return False
         if self._mark is None or newest < self._mark[1]:  # the first served step, or a resume further back
-            self._mark, self._idle, self._moved, self._still = (now, newest, waited), 0.0, (now, newest), None
+            self._mark = (now, newest, waited)
             return False
-        moved, still = self._moved, self._still
-        if moved is not None and newest > moved[1]:
-            begun = max(moved[0], self._mark[0])
-            if still is not None and still - begun >= IDLE_GAP_S:
-                self._idle += still - begun  # looked at and nothing served for that long: a pause
-            self._moved, self._still = (now, newest), None
-        elif moved is not None and newest == moved[1]:
-            self._still = now
         t0, s0, w0 = self._mark
         if now - t0 < (_RATE_EVERY_S if self.steps_per_s > 0 else _FIRST_RATE_S) or newest <= s0:
             return False
-        busy = max(now - t0 - (waited - w0) - self._idle, 0.1 * (now - t0))
+        busy = max(now - t0 - (waited - w0), 0.1 * (now - t0))
         rate = (newest - s0) / busy
         self.steps_per_s = rate if self.steps_per_s <= 0 else 0.5 * (self.steps_per_s + rate)
-        self._mark, self._idle = (now, newest, waited), 0.0
+        self._mark = (now, newest, waited)
         return True
 
 
@@ -636,7 +578,6 @@ class ReadDepth:
         self.noted_at = -math.inf  # when `units_per_step` was last measured
         self._units = 0
         self._reserved: dict[int, int] = {}  # bytes reserved in the worker's pool, by the first unit key of a read
-        self._slots: deque[float] = deque(maxlen=_SLOTS_OVER)  # issue -> done of the latest reads ahead
 
     def full(self, requests: int, now: float) -> bool:
         """Whether no read can be issued now: `requests` in flight fill `limit` (local files) or the reads sized
@@ -652,21 +593,6 @@ class ReadDepth:
         if self.sized and near > lo:
             self.units_per_step = int(np.count_nonzero(first > lo)) / (near - lo)
         self.noted_at = now
-
-    def note_slot(self, seconds: float) -> None:
-        """A read ahead held its slot `seconds`, issued to done (under the loader's lock)."""
-        self._slots.append(seconds)
-
-    def slot_s(self) -> float:
-        """The median time the latest reads ahead held their slot, issued to done (0.0 before any; object URLs only):
-        the GET's latency plus its wait for a thread and a CPU and its decode, which on two loaded cores was 150-300 ms
-        against GETs of 130-150 ms, so reads sized from the GETs alone (Little's law) kept 18-26 in flight where the
-        units needed more, and the rest waited (session 25). Under the loader's lock."""
-        return float(np.median(self._slots)) if self._slots else 0.0
-
-    def step_bytes(self) -> float:
-        """Decoded bytes of the units first used a step ahead (0.0 until both are measured)."""
-        return self.units_per_step * self.unit_bytes
 
     def note_unit(self, nbytes: int) -> None:
         """A unit read ahead decoded to `nbytes`."""
@@ -821,8 +747,7 @@ class Prefetcher:
                 return  # nothing can be issued now: skip the pending uses' bookkeeping
             keys, first = c.pending(front)
             d.note_units(first, c.newest, c.near(front), now)
-            held_s = max(self.latency(), d.slot_s())  # Little's law: the time a read holds its slot
-            slots = d.size(self.rate.steps_per_s, held_s, self.counters, d.free(c.pool)) - self._requests
+            slots = d.size(self.rate.steps_per_s, self.latency(), self.counters, d.free(c.pool)) - self._requests
             if slots <= 0:
                 return
             held = c.held_keys()
@@ -841,7 +766,7 @@ class Prefetcher:
                 self.counters.issued += len(run)
                 self.counters.reads += 1
                 self._requests += 1
-                fut = self._pool.submit(self._fetch, run, path, units, front, c.plans, now)
+                fut = self._pool.submit(self._fetch, run, path, units, front, c.plans)
                 d.reserve(c.pool, run[0], len(run))
                 at = time.time()
                 for k in run:
@@ -857,8 +782,7 @@ class Prefetcher:
             elif self.rate.steps_per_s > 0:
                 return
             rate = self.rate.steps_per_s if self.rate.steps_per_s > 0 else self._assumed_rate  # not measured yet
-            cap = extra_cap(bool(self._stores), self.cache.pool.budget, self.depth.step_bytes())
-            need = extra_steps(self.latency(), rate, self.cache.policy.horizon_steps, cap)
+            need = extra_steps(self.latency(), rate, self.cache.policy.horizon_steps)
             self.cache.extra_steps = max(self.cache.extra_steps, need)  # never narrowed: units read would be dropped
 
     def latency(self) -> float:
@@ -885,9 +809,7 @@ class Prefetcher:
             if not done:
                 return False
 
-    def _fetch(
-        self, keys: list[int], path: Location, units: list[int], front: int, planned: int, issued: float
-    ) -> None:
+    def _fetch(self, keys: list[int], path: Location, units: list[int], front: int, planned: int) -> None:
         reader: FormatReader | None = None
         try:
             reader = self._make_reader()
@@ -918,8 +840,6 @@ class Prefetcher:
                     self._issued.pop(k, None)
                 self._requests -= 1
                 self._pumping += 1
-                if self._stores:
-                    self.depth.note_slot(time.monotonic() - issued)
         try:
             self.pump()
         finally:

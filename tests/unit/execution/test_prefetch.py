@@ -15,16 +15,13 @@ import pytest
 
 from loomdata.execution._loader_cache import CachePolicy, Offered, PlanUnitCache, UnitUses, unit_key
 from loomdata.execution._prefetch import (
-    BUDGET_SHARE,
     FAST_STEPS_PER_S,
     MAX_EXTRA_STEPS,
     MAX_READS_IN_FLIGHT,
-    MAX_REMOTE_EXTRA_STEPS,
     Prefetcher,
     ReadDepth,
     StepRate,
     coalesce,
-    extra_cap,
     extra_steps,
     plan_prefetch,
     reads_in_flight,
@@ -195,39 +192,6 @@ def test_extra_steps_cover_the_read_latency_at_the_served_rate() -> None:
     assert extra_steps(0.0, 200.0, horizon=20) == 0 and extra_steps(0.1, 0.0, horizon=20) == 0  # nothing measured
 
 
-def test_object_urls_reach_as_far_as_half_the_budget_holds_at_the_measured_bytes_a_step() -> None:
-    # 64 KiB of units first used a step, 256 MiB budget: half of it holds 2,048 steps
-    assert extra_cap(True, 256 << 20, 64 << 10) == int(BUDGET_SHARE * (256 << 20) / (64 << 10)) == 2048
-    assert extra_steps(0.2, 4000.0, horizon=530, cap=extra_cap(True, 256 << 20, 64 << 10)) == 2048  # 3,200 - 530
-    assert extra_steps(0.2, 4000.0, horizon=530) == MAX_EXTRA_STEPS  # the local cap (session 24's reach)
-    assert extra_cap(True, 256 << 20, 1 << 30) == MAX_EXTRA_STEPS  # huge steps: never under the local cap
-    assert extra_cap(True, 256 << 20, 16.0) == MAX_REMOTE_EXTRA_STEPS  # tiny steps: at most the remote cap
-    assert extra_cap(True, 256 << 20, 0.0) == MAX_EXTRA_STEPS  # not measured yet
-    assert extra_cap(False, 256 << 20, 64 << 10) == MAX_EXTRA_STEPS  # local files keep their cap
-
-
-def test_a_fast_rank_on_object_urls_widens_the_reach_past_the_local_cap_once_step_bytes_are_known() -> None:
-    """At 4,000 steps/s and 0.2 s GETs the reach needs 3,200 steps: an object URL loader that measured its bytes a
-    step goes past `MAX_EXTRA_STEPS` (reads issued ~0.8 s ahead, not 0.13 s), a local one does not."""
-    url = "memory://loomwide/s.parquet"
-    reset_request_latency()
-    policy = CachePolicy(worker_bytes=256 << 20, horizon_steps=6, prefetch=8)
-    cache = PlanUnitCache("p-url-wide", steps=100_000, policy=policy, shard_of={url: 3})
-    pf = Prefetcher(cache, lambda: ParquetReader(SRC, TokenizerSpec(), ImageSpec()), {3: url}, 8, "t", 4000.0)
-    try:
-        for _ in range(64):
-            _LATENCY.record(url, 0.2)
-        pf.pump(np.array([0]))
-        assert cache.extra_steps == MAX_EXTRA_STEPS  # no unit read yet: its bytes a step are not known
-        pf.depth.units_per_step, pf.depth.unit_bytes = 0.02, float(1 << 20)  # 1 MiB every 50 steps: cap 6,400
-        pf.pump(np.array([0]))
-        assert cache.extra_steps == extra_steps(0.2, 4000.0, horizon=6, cap=MAX_REMOTE_EXTRA_STEPS) == 3194
-    finally:
-        pf.close()
-        cache.close()
-        reset_request_latency()
-
-
 def test_the_step_rate_is_measured_from_the_first_served_step_not_the_idle_start() -> None:
     rate = StepRate()
     assert not rate.observe(-1, 0.0)  # warmed up at t=0, nothing served for 8 s (the serve starting)
@@ -239,22 +203,6 @@ def test_the_step_rate_is_measured_from_the_first_served_step_not_the_idle_start
     assert rate.observe(1125, 8.625) and rate.steps_per_s == pytest.approx(0.5 * (1000.0 + 2000.0))
     assert not rate.observe(5, 9.0)  # a resume further back restarts the measure, keeps the rate
     assert rate.steps_per_s == pytest.approx(1500.0)
-
-
-def test_a_pause_with_no_step_served_is_left_out_of_the_step_rate() -> None:
-    """The first window is built at the executor's start, then the ranks start: the pause between is not their pace."""
-    rate = StepRate()
-    assert not rate.observe(0, 10.0)  # the first window: steps 0-500 served in 0.125 s
-    assert rate.observe(500, 10.125) and rate.steps_per_s == pytest.approx(4000.0)
-    for t in (10.2, 10.3, 10.4, 10.5, 10.6):
-        assert not rate.observe(500, t)  # reads ahead landing every 0.1 s; nothing served: the ranks starting
-    assert rate.observe(2500, 11.125)  # 2,000 steps in 0.525 s: 1 s from the mark less 0.475 s seen idle
-    assert rate.steps_per_s == pytest.approx(0.5 * (4000.0 + 2000.0 / 0.525))
-    slow = StepRate()  # a steady rank: no look without a step served, no pause
-    slow.observe(0, 0.0)
-    for t in np.arange(1, 10) * 0.1:
-        slow.observe(int(t * 1000), float(t))  # steady 1,000 steps/s, looked at every 0.1 s
-    assert slow.steps_per_s == pytest.approx(1000.0)
 
 
 def test_a_wider_reach_reads_further_ahead_and_keeps_those_units(shard: Path) -> None:
@@ -554,45 +502,6 @@ def test_measured_reads_in_flight_are_bounded_by_the_cap_and_above_the_floor_by_
         pf.close()
         cache.close()
         fsspec.filesystem("memory").rm("/loombound", recursive=True)
-        reset_request_latency()
-
-
-def test_reads_in_flight_are_sized_from_the_time_a_read_holds_its_slot_where_that_exceeds_the_stores_latency() -> None:
-    """Little's law needs the time a read holds its slot: on loaded cores a read ahead waits for a thread and a CPU and
-    decodes after its GET, so sized from the GETs alone (20 ms here) too few were in flight; sized from the reads'
-    issue-to-done median (100 ms) the depth is what that time asks for. Each read ahead records its own."""
-    url = _memory_shard("loomslots")
-    reset_request_latency()
-    gate, log, live = threading.Event(), [], [0, 0]
-    policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=10, prefetch=2)
-    cache = PlanUnitCache("p-slots", steps=50, policy=policy, shard_of={url: 3})
-    pf = Prefetcher(cache, lambda: _GatedReader(gate, log, live), {3: url}, 2, "t")
-    try:
-        cache.plan(unit_key(3, np.arange(8)), np.arange(8))  # step s reads row group s
-        for _ in range(64):
-            _LATENCY.record(url, 0.02)  # the store answers its GETs in 20 ms
-        pf.rate.steps_per_s, pf.depth.unit_bytes = 100.0, 1024.0
-        pf.pump(np.array([0]))
-        units_per_s = pf.depth.units_per_step * 100.0
-        by_get = reads_in_flight(units_per_s, 0.02, 2, MAX_READS_IN_FLIGHT)
-        assert pf.depth.slot_s() == 0.0 and pf.depth.reads == by_get == 3  # no read done yet: 2 x 70 units/s x 20 ms
-        gate.set()
-        assert pf.settle(10) and pf.depth.slot_s() > 0.0  # every read ahead recorded its issue-to-done time
-        gate.clear()
-        cache.plan(unit_key(3, np.arange(8)), np.arange(8, 16))  # the same units, used again at steps 8-15
-        cache.served(unit_key(3, np.arange(8)), np.arange(8))
-        with pf._lock:
-            for _ in range(32):
-                pf.depth.note_slot(0.1)  # the latest reads held their slots 100 ms
-        pf.depth.noted_at = -float("inf")
-        pf.pump(np.array([8]))
-        by_slot = reads_in_flight(pf.depth.units_per_step * 100.0, 0.1, 2, MAX_READS_IN_FLIGHT)
-        assert pf.depth.reads == by_slot > by_get
-    finally:
-        gate.set()
-        pf.close()
-        cache.close()
-        fsspec.filesystem("memory").rm("/loomslots", recursive=True)
         reset_request_latency()
 
 

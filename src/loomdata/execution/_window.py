@@ -148,6 +148,26 @@ class StepWindow(Generic[T]):
         builds = self._release(rank, step) if held.takes >= self.peers else ()
         return Collected(builds, payload=held.payload)
 
+    def collect_run(self, rank: int, step: int, most: int) -> tuple[list[T], tuple[Build, ...]]:
+        """`collect` of the held steps from `step` on (at most `most`, up to the first one not held or failed), each
+        counted as a take, with one release for the run (its last step all peers took) instead of one a step.
+
+        What a take of several steps does for the steps after its first: the window's bookkeeping once a take, not
+        once a step (12,000 `collect`s at 4 consumers). The release frees what the step-by-step releases would and
+        builds ahead at most to the window's end from the run's last step: the same steps, started together."""
+        held, failed = self._held, self._failed
+        out: list[T] = []
+        last = -1
+        for s in range(step, step + most):
+            h = held.get((rank, s))
+            if h is None or (failed and (rank, s) in failed):
+                break
+            h.takes += 1
+            out.append(h.payload)
+            if h.takes >= self.peers:
+                last = s
+        return out, (self._release(rank, last) if last >= 0 else ())
+
     def finish(self, rank: int) -> None:
         """A take of `rank` ended (served, failed or cancelled)."""
         self._in_progress[rank] -= 1

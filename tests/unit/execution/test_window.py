@@ -311,3 +311,54 @@ def test_a_take_before_the_window_while_another_is_in_progress_is_built_on_deman
     assert w.want[0] == 10
     w.finish(0)
     sim.launch(held.builds)
+
+
+def _sims_at(window: int, peers: int) -> tuple[_Sim, _Sim]:
+    """Two windows in the same state: the first window built, step 0 taken by every peer."""
+    sims = (_Sim(StepWindow([0], steps=40, window=window, peers=peers)), _Sim(StepWindow([0], 40, window, peers)))
+    for sim in sims:
+        sim.launch(sim.w.start())
+        sim.finish_all()
+        for _ in range(peers):
+            assert sim.take(0, 0) == "s0r0"
+        sim.finish_all()
+    return sims
+
+
+def test_collect_run_is_the_step_by_step_collects_with_one_release() -> None:
+    """A take of several steps collects the ones after its first in one call (one release, not one a step): the
+    same payloads, the same steps freed, and builds ahead to the window's end from the run's last step, no further."""
+    one, run = _sims_at(window=8, peers=1)
+    step_by_step = []
+    for s in range(1, 6):
+        got = one.w.collect(0, s)
+        one.launch(got.builds)
+        step_by_step.append(got.payload)
+    payloads, builds = run.w.collect_run(0, 1, 5)
+    run.launch(builds)
+    assert payloads == step_by_step == [f"s{s}r0" for s in range(1, 6)]
+    assert run.w.want[0] == one.w.want[0] == 6 and run.w.held_keys() == one.w.held_keys()
+    assert set(one.built_steps(0)) <= set(run.built_steps(0)) == set(range(0, 6 + 8))  # never past the window
+    assert len(run.built_steps(0)) == len(set(run.built_steps(0)))  # no step built twice
+
+
+def test_collect_run_stops_at_a_step_not_held_and_releases_only_what_every_peer_took() -> None:
+    _, sim = _sims_at(window=8, peers=1)
+    payloads, builds = sim.w.collect_run(0, 1, 0)
+    assert (payloads, builds, sim.w.want[0]) == ([], (), 1)  # nothing asked: nothing taken or released
+    sim.launch(sim.w.collect_run(0, 1, 2)[1])  # steps 1, 2: two free, under half the window: nothing built
+    assert sim.w.want[0] == 3 and not sim.running
+    sim.launch(sim.w.collect_run(0, 3, 2)[1])  # 3, 4: half the window free: 8..12 start (5..7 held)
+    building = sorted(b.step for b in sim.running.values())
+    assert building == [8, 9, 10, 11, 12]
+    payloads, _ = sim.w.collect_run(0, 5, 10)  # 8 is still being built: the run ends at 7
+    assert payloads == [f"s{s}r0" for s in range(5, 8)] and sim.w.want[0] == 8
+    sim.w.failed(sim.running.pop(next(b.id for b in sim.running.values() if b.step == 8)), RuntimeError("x"))
+    assert sim.w.collect_run(0, 8, 3) == ([], ())  # a failed step is not a held one: `take` reports it
+
+    _, peers = _sims_at(window=4, peers=2)
+    assert peers.w.collect_run(0, 1, 2) == (["s1r0", "s2r0"], ())  # one peer took them: nothing released
+    assert peers.w.want[0] == 1 and (0, 1) in peers.w.held_keys()
+    payloads, builds = peers.w.collect_run(0, 1, 1)  # the second peer takes step 1 only
+    peers.launch(builds)
+    assert payloads == ["s1r0"] and peers.w.want[0] == 2 and peers.w.held_keys()[0] == (0, 2)

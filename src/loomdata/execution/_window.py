@@ -155,8 +155,8 @@ class StepWindow(Generic[T]):
         For a take's steps after its first (12,000 `collect`s at 4 consumers). A release builds ahead only once at
         most `window - refill` steps from `want` are known; before that point (every step below `_known_to` is known)
         it would only move `want`, which a later release in the run does for it. From there each step is released as
-        `collect` does: the same builds in the same order (one release for the whole run built further ahead and cut
-        the builds into other groups: 102 loader calls instead of 86 at 4 consumers)."""
+        `collect` does: the same builds in the same order (one release for the whole run built further ahead than
+        `collect` and grouped the builds differently: not the window's behaviour, so not kept)."""
         held, failed = self._held, self._failed
         out: list[T] = []
         builds: tuple[Build, ...] = ()

@@ -204,8 +204,9 @@ def _connect_local(path: str, timeout: float) -> socket.socket:
 RECYCLE_BYTES = 64 * 1024
 """Receive buffers this large or larger are recycled (`_Recycled`): smaller ones come from the C heap's free lists."""
 
-RECYCLE_KEEP = 3
-"""Large receive buffers a connection keeps for reuse: the answer being consumed, the one sent ahead, one spare."""
+RECYCLE_KEEP = 2
+"""Large receive buffers a connection keeps for reuse: the answer being consumed and the one sent ahead (a third, kept
+spare, held 0.5 MiB a rank more at the warm step of `benchmarks/memory.py`, 300 sources x 16 ranks)."""
 
 
 class _Recycled:

@@ -204,9 +204,12 @@ def _connect_local(path: str, timeout: float) -> socket.socket:
 RECYCLE_BYTES = 64 * 1024
 """Receive buffers this large or larger are recycled (`_Recycled`): smaller ones come from the C heap's free lists."""
 
-RECYCLE_KEEP = 2
-"""Large receive buffers a connection keeps for reuse: the answer being consumed and the one sent ahead (a third, kept
-spare, held 0.5 MiB a rank more at the warm step of `benchmarks/memory.py`, 300 sources x 16 ranks)."""
+RECYCLE_KEEP = 3
+"""Large receive buffers a connection keeps for reuse: the answer being consumed, the one sent ahead, one spare (the
+last batch of an answer is often still alive when the next answer's buffer is asked for). Session 25, one run each:
+keep 3 -> 2,400 page faults a rank at 1 consumer, keep 2 -> 5,600, none -> 12,170; at the warm step of
+`benchmarks/memory.py` (300 sources x 16 ranks) the ranks above idle torch held 45.4 MiB with 3, 42.2 with 2, 37.5-38.3
+with none: an idle buffer a rank."""
 
 
 class _Recycled:

@@ -162,13 +162,15 @@ def _self_cpu_s() -> float:
 def _consume(items: Iterable[dict[str, Any]], t0: float) -> dict[str, Any]:
     """Real tokens and batches of `items`, the seconds from `t0` to the first one, and the steady part after it."""
     tokens = batches = first_tokens = slots = 0
-    first = 0.0
+    first = first_cpu = 0.0
+    cpu0 = _self_cpu_s()
     for item in items:
         tokens += int(item["cu_seqlens"][-1])
         slots += len(item["input_ids"])
         batches += 1
         if batches == 1:
             first = time.time() - t0
+            first_cpu = _self_cpu_s() - cpu0
             first_tokens = tokens
     t1 = time.time()
     steady_s = t1 - t0 - first
@@ -177,13 +179,26 @@ def _consume(items: Iterable[dict[str, Any]], t0: float) -> dict[str, Any]:
         "batches": batches,
         "row_tokens": slots,
         "first_s": first,
+        "first_cpu_s": first_cpu,  # this process's CPU seconds to its first batch (connecting, first answer)
         "t1": t1,
         "steady_tokens_per_s": (tokens - first_tokens) / steady_s if steady_s > 0 else 0.0,
     }
 
 
-def _report(rank: int, got: dict[str, Any], t0: float, cpu0: float, self0: float) -> dict[str, Any]:
-    return {"rank": rank, "t0": t0, "cpu_s": _cpu_s() - cpu0, "rank_cpu_s": _self_cpu_s() - self0, **got}
+def _faults() -> int:
+    """Minor page faults of this process so far (each a fresh page touched: received frames land in new memory)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _report(rank: int, got: dict[str, Any], t0: float, cpu0: float, self0: float, faults0: int = 0) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "t0": t0,
+        "cpu_s": _cpu_s() - cpu0,
+        "rank_cpu_s": _self_cpu_s() - self0,
+        "rank_minor_faults": _faults() - faults0,
+        **got,
+    }
 
 
 def _loom_consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -> None:
@@ -201,7 +216,7 @@ def _loom_consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -
 
         prof = cProfile.Profile()
         prof.enable()
-    cpu0, self0, t0 = _cpu_s(), _self_cpu_s(), time.time()
+    cpu0, self0, faults0, t0 = _cpu_s(), _self_cpu_s(), _faults(), time.time()
     got = _consume(ds, t0)
     stream = ds._client
     if stream is not None:
@@ -211,7 +226,7 @@ def _loom_consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -
         prof.disable()
         transport = os.environ.get("LOOM_TRANSPORT", "direct")
         prof.dump_stats(str(Path(prof_dir) / f"rank{rank}-{transport}-{os.getpid()}.prof"))
-    out.put(_report(rank, got, t0, cpu0, self0))
+    out.put(_report(rank, got, t0, cpu0, self0, faults0))
 
 
 class _PackedParquet(IterableDataset):  # type: ignore[type-arg]
@@ -356,11 +371,11 @@ def _baseline_consumer(
     loader = _peer_loader(kind, files, rank, world, seq_len, workers)
     ready.put(rank)
     start.wait()
-    cpu0, self0, t0 = _cpu_s(), _self_cpu_s(), time.time()
+    cpu0, self0, faults0, t0 = _cpu_s(), _self_cpu_s(), _faults(), time.time()
     it = iter(loader)
     got = _consume(itertools.islice(it, n), t0)
     del it  # joins the DataLoader workers, so their CPU time is counted as reaped children
-    out.put(_report(rank, got, t0, cpu0, self0))
+    out.put(_report(rank, got, t0, cpu0, self0, faults0))
 
 
 def _run_consumers(target: Any, args_of: Any, n: int) -> tuple[list[dict[str, Any]], float]:
@@ -439,6 +454,12 @@ def _thread_cpu() -> dict[str, float]:
     return out
 
 
+def _workers_faults(client: Any) -> dict[str, int]:
+    """Minor page faults so far of every Dask worker, keyed `workerK` in address order (as `_worker_cpu`'s parts)."""
+    per = client.run(_faults)
+    return {f"worker{k}": per[a] for k, a in enumerate(sorted(per))}
+
+
 def _workers_thread_cpu(client: Any) -> dict[str, dict[str, float]]:
     """`_thread_cpu` of every Dask worker, keyed `workerK` in address order (as `_worker_cpu`'s parts)."""
     per = client.run(_thread_cpu)
@@ -470,6 +491,8 @@ def _side(rows: list[dict[str, Any]], wall: float, cpu: float) -> dict[str, Any]
         "cpu_s": round(cpu, 2),
         "tokens_per_cpu_s": round(tokens / cpu),
         "rank_cpu_s": round(rank_cpu, 3),
+        "rank_cpu_to_first_batch_s": round(sum(r.get("first_cpu_s", 0.0) for r in rows), 3),  # in rank_cpu_s
+        "rank_minor_faults": sum(r.get("rank_minor_faults", 0) for r in rows),  # consumer processes' page faults
         "tokens_per_rank_cpu_s": round(tokens / max(rank_cpu, 1e-6)),
         "batches": batches,
         "batches_per_cpu_s": round(batches / cpu, 1),
@@ -544,6 +567,7 @@ def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, Any], tr
             before: dict[str, float] = {}
             cpu0 = _worker_cpu(client, before)
             threads0 = _workers_thread_cpu(client)
+            faults0 = _workers_faults(client)
             profile = os.environ.get("LOOM_BENCH_PROFILE")
             if profile:
                 client.run(_profile_start)
@@ -557,6 +581,7 @@ def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, Any], tr
                 (Path(profile) / f"main-{n}-{transport}.json").write_text(json.dumps(report, indent=1))
             after: dict[str, float] = {}
             threads = _thread_delta(threads0, _workers_thread_cpu(client))
+            faults = {w: n - faults0.get(w, 0) for w, n in _workers_faults(client).items()}
             loom_cpu = _worker_cpu(client, after) - cpu0 + sum(r["cpu_s"] for r in loom)
             m = ex.metrics().to_dict()  # results are written as JSON
             window_steps = ex.window
@@ -583,6 +608,8 @@ def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, Any], tr
             "ranks": round(sum(r["cpu_s"] for r in loom), 3),
             **{k: round(after[k] - before.get(k, 0.0), 3) for k in after},  # main: scheduler + this process
         },
+        # page faults of ranks and workers (~2.6 us each on this machine)
+        minor_faults_by_process={"ranks": sum(r.get("rank_minor_faults", 0) for r in loom), **faults},
         cpu_s_by_thread=threads,  # each worker's CPU by thread: its event loop (MainThread), loader threads...
         read_ahead=read_ahead,  # each loader's read-ahead decision (local files: `_prefetch.ReadStall`)
     )

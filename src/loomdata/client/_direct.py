@@ -20,6 +20,7 @@ import itertools
 import os
 import socket
 import ssl
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -200,14 +201,63 @@ def _connect_local(path: str, timeout: float) -> socket.socket:
     return sock
 
 
+RECYCLE_BYTES = 64 * 1024
+"""Receive buffers this large or larger are recycled (`_Recycled`): smaller ones come from the C heap's free lists."""
+
+RECYCLE_KEEP = 3
+"""Large receive buffers a connection keeps for reuse: the answer being consumed, the one sent ahead, one spare (the
+last batch of an answer is often still alive when the next answer's buffer is asked for). Session 25, one run each:
+keep 3 -> 2,400 page faults a rank at 1 consumer, keep 2 -> 5,600, none -> 12,170; at the warm step of
+`benchmarks/memory.py` (300 sources x 16 ranks) the ranks above idle torch held 45.4 MiB with 3, 42.2 with 2, 37.5-38.3
+with none: an idle buffer a rank."""
+
+
+class _Recycled:
+    """Large receive buffers, used again for a later answer once nothing refers to them any more.
+
+    An answer's arrays live in the buffers it was received into, so a fresh buffer each answer is fresh memory
+    each answer: every page of it faults in when the socket writes it (one minor fault a 4 KiB page, ~2.6 us on
+    this machine's VMs; 12,000 a rank at 3,000 steps of 4,096 tokens, as much CPU as the rank's own unpacking). A
+    buffer is free again when the batches (and tensors) made of it are gone: an array or memoryview over a bytearray
+    holds a reference to it, so only this list's reference left means nobody can see its bytes (CPython's reference
+    count; a training loop that keeps a batch keeps its buffer out of reuse). At most `keep` are kept."""
+
+    __slots__ = ("_buffers", "keep", "reused")
+
+    def __init__(self, keep: int = RECYCLE_KEEP) -> None:
+        self._buffers: list[bytearray] = []
+        self.keep = keep
+        self.reused = 0
+
+    def get(self, n: int) -> bytearray | memoryview:
+        """A buffer of `n` bytes: a recycled one (its first `n` bytes) if one of n..2n bytes is free, else a new one."""
+        if n < RECYCLE_BYTES:
+            return bytearray(n)
+        buffers = self._buffers
+        for i in range(len(buffers)):  # not `enumerate`: its reused result tuple would hold one more reference
+            buf = buffers[i]
+            # 3: the list's reference, `buf`'s and the call's own: nothing else holds it (no array, no view)
+            if n <= len(buf) <= 2 * n and sys.getrefcount(buf) == 3:
+                self.reused += 1
+                buffers.append(buffers.pop(i))  # most recently used last: the oldest are dropped first
+                return buf if len(buf) == n else memoryview(buf)[:n]
+        buf = bytearray(n)
+        buffers.append(buf)
+        if len(buffers) > self.keep:
+            del buffers[0]  # freed once its arrays are
+        return buf
+
+
 class _Frame:
-    """One answer frame being received: header, lengths, body, buffers, each into a buffer of its own."""
+    """One answer frame being received: header, lengths, body, buffers, each into a buffer of its own (large ones
+    recycled, `_Recycled`)."""
 
     def __init__(self) -> None:
+        self.recycled = _Recycled()
         self._reset()
 
     def _reset(self) -> None:
-        self._parts: list[bytearray] = [bytearray(HEADER.size)]
+        self._parts: list[bytearray | memoryview] = [bytearray(HEADER.size)]
         self._got = 0  # bytes of the last part received so far
         self._stage = 0  # 0 header, 1 lengths, 2 body and buffers
         self._head: tuple[int, int, int] = (0, 0, 0)  # kind, request id, buffers
@@ -234,7 +284,7 @@ class _Frame:
                 self._parts.append(bytearray(self._lengths.pop(0)))
             elif self._lengths:
                 self._got = 0
-                self._parts.append(bytearray(self._lengths.pop(0)))
+                self._parts.append(self.recycled.get(self._lengths.pop(0)))
             else:
                 kind, request_id, _ = self._head
                 value = decode_answer(self._parts[2], self._parts[3:])

@@ -172,13 +172,9 @@ class DataConstructor:
         builds: list[Build] = []  # what these takes release: started together (one group of reads), also on errors
         try:
             out = [await self._take_one(dp_rank, step, telemetry, cp_rank, builds)]
-            more = self._window.ready_run(dp_rank, step + 1, min(count, self._meta.steps - step) - 1)
-            for s in range(step + 1, step + 1 + more):
-                got = self._window.collect(dp_rank, s)
-                builds.extend(got.builds)
-                if got.payload is None:  # pragma: no cover - ready_run saw it held, nothing ran in between
-                    break
-                out.append(self._taken(dp_rank, got.payload, cp_rank))
+            held, released = self._window.collect_run(dp_rank, step + 1, min(count, self._meta.steps - step) - 1)
+            builds.extend(released)  # the steps after the first: held ones only, one release for them all
+            out.extend([self._taken(dp_rank, pack, cp_rank) for pack in held])
         finally:
             self._launch(tuple(builds))
             maybe_trim()  # released steps' arrays: their heap pages back to the OS (at most every 2 s, trailing)

@@ -148,6 +148,35 @@ class StepWindow(Generic[T]):
         builds = self._release(rank, step) if held.takes >= self.peers else ()
         return Collected(builds, payload=held.payload)
 
+    def collect_run(self, rank: int, step: int, most: int) -> tuple[list[T], tuple[Build, ...]]:
+        """`collect` of the held steps from `step` on (at most `most`, up to the first one not held or failed), each
+        counted as a take, and the same releases and builds as one `collect` a step, for less bookkeeping.
+
+        For a take's steps after its first (12,000 `collect`s at 4 consumers). A release builds ahead only once at
+        most `window - refill` steps from `want` are known; before that point (every step below `_known_to` is known)
+        it would only move `want`, which a later release in the run does for it. From there each step is released as
+        `collect` does: the same builds in the same order (one release for the whole run built further ahead than
+        `collect` and grouped the builds differently: not the window's behaviour, so not kept)."""
+        held, failed = self._held, self._failed
+        out: list[T] = []
+        builds: tuple[Build, ...] = ()
+        last = released = step - 1
+        for s in range(step, step + most):
+            h = held.get((rank, s))
+            if h is None or (failed and (rank, s) in failed):
+                break
+            h.takes += 1
+            out.append(h.payload)
+            if h.takes < self.peers:
+                continue
+            last = s
+            if s + 1 >= self._known_to[rank] - self.window + self.refill:  # this release may build ahead
+                builds += self._release(rank, s)
+                released = s
+        if last > released:
+            builds += self._release(rank, last)  # only moves `want`: nothing is due before the point above
+        return out, builds
+
     def finish(self, rank: int) -> None:
         """A take of `rank` ended (served, failed or cancelled)."""
         self._in_progress[rank] -= 1

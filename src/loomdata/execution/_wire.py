@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import pickle
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
@@ -77,6 +78,6 @@ def encode_answer(request_id: int, value: Any, *, error: bool = False) -> list[b
     return [head + lengths, body, *raws]
 
 
-def decode_answer(body: bytes | bytearray, buffers: list[bytearray]) -> Any:
+def decode_answer(body: bytes | bytearray | memoryview, buffers: Sequence[bytearray | memoryview]) -> Any:
     """The value an answer carries (arrays backed by `buffers`, not copied)."""
     return pickle.loads(body, buffers=buffers)

@@ -265,28 +265,28 @@ class BatchBlock:
         segl, segs = bounds["segments"][first : stop + 1].tolist(), arrays["segments"]
         ipl, ips = bounds["image_positions"][first : stop + 1].tolist(), arrays["image_positions"]
         img, images = self.image_bounds[first : stop + 1].tolist(), self.images
-        out: list[Batch] = []
-        for i, (step, dp_rank, micro_batch, lane, cp_rank, cp_size, sequence_len) in enumerate(rows):
-            lo, hi = idl[i], idl[i + 1]
-            out.append(
-                Batch(
-                    step=step,
-                    dp_rank=dp_rank,
-                    micro_batch=micro_batch,
-                    lane=lane,
-                    input_ids=ids[lo:hi],
-                    labels=labels[lo - i0 : hi - i0],
-                    position_ids=positions[lo - i0 : hi - i0],
-                    cu_seqlens=cu[cul[i] : cul[i + 1]],
-                    segments=segs[segl[i] : segl[i + 1]],
-                    images=images[img[i] : img[i + 1]],
-                    image_positions=ips[ipl[i] : ipl[i + 1]],
-                    cp_rank=cp_rank,
-                    cp_size=cp_size,
-                    sequence_len=sequence_len,
-                )
+        # Positional arguments in `Batch`'s field order (a quarter cheaper than keywords: this runs for every batch)
+        return [
+            Batch(
+                step,
+                dp_rank,
+                micro_batch,
+                lane,
+                ids[lo:hi],
+                labels[lo - i0 : hi - i0],
+                positions[lo - i0 : hi - i0],
+                cu[cul[i] : cul[i + 1]],
+                segs[segl[i] : segl[i + 1]],
+                images[img[i] : img[i + 1]],
+                ips[ipl[i] : ipl[i + 1]],
+                cp_rank,
+                cp_size,
+                sequence_len,
             )
-        return out
+            for i, (lo, hi, (step, dp_rank, micro_batch, lane, cp_rank, cp_size, sequence_len)) in enumerate(
+                zip(idl[:-1], idl[1:], rows, strict=True)
+            )
+        ]
 
 
 _CP_SIZE = BLOCK_SCALARS.index("cp_size")

@@ -311,3 +311,70 @@ def test_a_take_before_the_window_while_another_is_in_progress_is_built_on_deman
     assert w.want[0] == 10
     w.finish(0)
     sim.launch(held.builds)
+
+
+def _sims_at(window: int, peers: int) -> tuple[_Sim, _Sim]:
+    """Two windows in the same state: the first window built, step 0 taken by every peer."""
+    sims = (_Sim(StepWindow([0], steps=40, window=window, peers=peers)), _Sim(StepWindow([0], 40, window, peers)))
+    for sim in sims:
+        sim.launch(sim.w.start())
+        sim.finish_all()
+        for _ in range(peers):
+            assert sim.take(0, 0) == "s0r0"
+        sim.finish_all()
+    return sims
+
+
+def test_collect_run_is_the_step_by_step_collects() -> None:
+    """A take of several steps collects the ones after its first in one call: the same payloads, the same steps freed
+    and the same builds started in the same order as one `collect` a step (so the same groups and loader requests)."""
+    rng = random.Random(7)
+    for _ in range(60):
+        window, peers, ranks = rng.choice([2, 4, 8, 16]), rng.choice([1, 1, 2]), rng.choice([[0], [0, 1], [0, 1, 2]])
+        one, run = (_Sim(StepWindow(ranks, steps=80, window=window, peers=peers)) for _ in range(2))
+        for sim in (one, run):
+            sim.launch(sim.w.start())
+        at = {(r, p): 0 for r in ranks for p in range(peers)}
+        while min(at.values()) < 80:
+            r, p = rng.choice([k for k, v in at.items() if v < 80])
+            s, most = at[(r, p)], rng.randint(1, 12)
+            for sim in (one, run):
+                assert sim.take(r, s) == f"s{s}r{r}"
+            n = min(one.w.ready_run(r, s + 1, most), 79 - s)
+            step_by_step = []
+            for k in range(s + 1, s + 1 + n):
+                got = one.w.collect(r, k)
+                one.launch(got.builds)
+                step_by_step.append(got.payload)
+            payloads, builds = run.w.collect_run(r, s + 1, n)
+            run.launch(builds)
+            assert payloads == step_by_step == [f"s{k}r{r}" for k in range(s + 1, s + 1 + n)]
+            assert [(b.step, b.ranks) for b in run.started] == [(b.step, b.ranks) for b in one.started]
+            assert run.w.held_keys() == one.w.held_keys() and run.w.want == one.w.want
+            at[(r, p)] = s + 1 + n
+            if rng.random() < 0.5:  # builds finish in the same order on both
+                for sim in (one, run):
+                    sim.finish_all()
+        assert one.on_demand == run.on_demand
+
+
+def test_collect_run_stops_at_a_step_not_held_and_releases_only_what_every_peer_took() -> None:
+    _, sim = _sims_at(window=8, peers=1)
+    payloads, builds = sim.w.collect_run(0, 1, 0)
+    assert (payloads, builds, sim.w.want[0]) == ([], (), 1)  # nothing asked: nothing taken or released
+    sim.launch(sim.w.collect_run(0, 1, 2)[1])  # steps 1, 2: two free, under half the window: nothing built
+    assert sim.w.want[0] == 3 and not sim.running
+    sim.launch(sim.w.collect_run(0, 3, 2)[1])  # half the window free at step 3: 8..11 start (as `collect` does)
+    building = sorted(b.step for b in sim.running.values())
+    assert building == [8, 9, 10, 11] and sim.w.want[0] == 5
+    payloads, _ = sim.w.collect_run(0, 5, 10)  # 8 is still being built: the run ends at 7
+    assert payloads == [f"s{s}r0" for s in range(5, 8)] and sim.w.want[0] == 8
+    sim.w.failed(sim.running.pop(next(b.id for b in sim.running.values() if b.step == 8)), RuntimeError("x"))
+    assert sim.w.collect_run(0, 8, 3) == ([], ())  # a failed step is not a held one: `take` reports it
+
+    _, peers = _sims_at(window=4, peers=2)
+    assert peers.w.collect_run(0, 1, 2) == (["s1r0", "s2r0"], ())  # one peer took them: nothing released
+    assert peers.w.want[0] == 1 and (0, 1) in peers.w.held_keys()
+    payloads, builds = peers.w.collect_run(0, 1, 1)  # the second peer takes step 1 only
+    peers.launch(builds)
+    assert payloads == ["s1r0"] and peers.w.want[0] == 2 and peers.w.held_keys()[0] == (0, 2)

@@ -581,7 +581,7 @@ def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, Any], tr
                 (Path(profile) / f"main-{n}-{transport}.json").write_text(json.dumps(report, indent=1))
             after: dict[str, float] = {}
             threads = _thread_delta(threads0, _workers_thread_cpu(client))
-            faults = {w: n - faults0.get(w, 0) for w, n in _workers_faults(client).items()}
+            faults = {w: f - faults0.get(w, 0) for w, f in _workers_faults(client).items()}
             loom_cpu = _worker_cpu(client, after) - cpu0 + sum(r["cpu_s"] for r in loom)
             m = ex.metrics().to_dict()  # results are written as JSON
             window_steps = ex.window

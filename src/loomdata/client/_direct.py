@@ -206,10 +206,38 @@ RECYCLE_BYTES = 64 * 1024
 
 RECYCLE_KEEP = 3
 """Large receive buffers a connection keeps for reuse: the answer being consumed, the one sent ahead, one spare (the
-last batch of an answer is often still alive when the next answer's buffer is asked for). Session 25, one run each:
-keep 3 -> 2,400 page faults a rank at 1 consumer, keep 2 -> 5,600, none -> 12,170; at the warm step of
-`benchmarks/memory.py` (300 sources x 16 ranks) the ranks above idle torch held 45.4 MiB with 3, 42.2 with 2, 37.5-38.3
-with none: an idle buffer a rank."""
+last batch of an answer is often still alive when the next answer's buffer is asked for). Session 25: keep 3 ->
+2,400 page faults a rank at 1 consumer, none -> 12,170 (stream_throughput_s25_rank_ab2/3.json); at the warm step of
+`benchmarks/memory.py` (300 sources x 16 ranks) the ranks above idle torch held 45.4 MiB with 3, 42.2 with 2,
+37.5-38.3 with none (one run each). The bound: at most this many buffers of RECYCLE_BYTES..RECYCLE_MAX_BYTES held
+idle a connection (a take's largest array, about steps x micro_batches x seq_len x 4 bytes for text), and a
+delivered array may keep a buffer of up to twice its own size alive while the caller holds it."""
+
+RECYCLE_MAX_BYTES = 8 << 20
+"""Buffers above this size are not kept for reuse (a large image block's arrays would otherwise stay held idle)."""
+
+
+def _refs(buffers: list[bytearray], i: int) -> int:
+    """sys.getrefcount of buffers[i] as `_Recycled.get` sees it: the probe and the check share this code shape."""
+    buf = buffers[i]
+    return sys.getrefcount(buf)
+
+
+def _free_refs() -> int | None:
+    """The count `_refs` gives a buffer nothing else holds, measured on this interpreter, or None where a count cannot
+    tell (no GIL, or an interpreter whose borrowed references leave one more holder uncounted: CPython 3.14 loads
+    locals without a reference, gh-130704): then nothing is recycled rather than reuse a buffer someone still reads."""
+    if getattr(sys, "_is_gil_enabled", lambda: True)() is False:
+        return None
+    probe = [bytearray(1)]
+    free = _refs(probe, 0)
+    view = memoryview(probe[0])
+    held = _refs(probe, 0)
+    view.release()
+    return free if held == free + 1 else None
+
+
+_FREE_REFS = _free_refs()
 
 
 class _Recycled:
@@ -220,26 +248,26 @@ class _Recycled:
     this machine's VMs; 12,000 a rank at 3,000 steps of 4,096 tokens, as much CPU as the rank's own unpacking). A
     buffer is free again when the batches (and tensors) made of it are gone: an array or memoryview over a bytearray
     holds a reference to it, so only this list's reference left means nobody can see its bytes (CPython's reference
-    count; a training loop that keeps a batch keeps its buffer out of reuse). At most `keep` are kept."""
+    count, as measured at import by `_free_refs`; recycling is off where it cannot be; a training loop that keeps a
+    batch keeps its buffer out of reuse). At most `keep` are kept, none above RECYCLE_MAX_BYTES."""
 
     __slots__ = ("_buffers", "keep", "reused")
 
     def __init__(self, keep: int = RECYCLE_KEEP) -> None:
         self._buffers: list[bytearray] = []
-        self.keep = keep
+        self.keep = keep if _FREE_REFS is not None else 0
         self.reused = 0
 
     def get(self, n: int) -> bytearray | memoryview:
         """A buffer of `n` bytes: a recycled one (its first `n` bytes) if one of n..2n bytes is free, else a new one."""
-        if n < RECYCLE_BYTES:
+        if n < RECYCLE_BYTES or n > RECYCLE_MAX_BYTES or not self.keep:
             return bytearray(n)
         buffers = self._buffers
-        for i in range(len(buffers)):  # not `enumerate`: its reused result tuple would hold one more reference
-            buf = buffers[i]
-            # 3: the list's reference, `buf`'s and the call's own: nothing else holds it (no array, no view)
-            if n <= len(buf) <= 2 * n and sys.getrefcount(buf) == 3:
+        for i in range(len(buffers)):  # (not `enumerate`: its reused result tuple would hold one more reference)
+            if n <= len(buffers[i]) <= 2 * n and _refs(buffers, i) == _FREE_REFS:  # nothing else holds it
                 self.reused += 1
-                buffers.append(buffers.pop(i))  # most recently used last: the oldest are dropped first
+                buf = buffers.pop(i)
+                buffers.append(buf)  # most recently used last: the oldest are dropped first
                 return buf if len(buf) == n else memoryview(buf)[:n]
         buf = bytearray(n)
         buffers.append(buf)

@@ -174,6 +174,7 @@ class DataConstructor:
             out = [await self._take_one(dp_rank, step, telemetry, cp_rank, builds)]
             held, released = self._window.collect_run(dp_rank, step + 1, min(count, self._meta.steps - step) - 1)
             builds.extend(released)  # the steps after the first: held ones only, one release for them all
+            # (counted as taken before `_taken` runs: it ran on the first step's pack already, so it does not raise)
             out.extend([self._taken(dp_rank, pack, cp_rank) for pack in held])
         finally:
             self._launch(tuple(builds))

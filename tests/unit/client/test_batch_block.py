@@ -143,3 +143,28 @@ def test_a_thin_block_refuses_a_cp_shard() -> None:
     batch = _batch(0, 0, 8, 2, cp=(1, 2))
     with pytest.raises(ValueError, match="CP shard"):
         _thin_of([batch]).unpack()
+
+
+def test_batch_fields_keep_the_order_thin_batches_pass_them_in() -> None:
+    """BatchBlock's thin batches build Batch positionally (per batch, the cheaper call): a reordered field (labels and
+    position_ids are both int32 arrays of one length) would swap values silently, so the order is pinned here."""
+    from dataclasses import fields
+
+    from loomdata.schemas.batch import Batch
+
+    assert tuple(f.name for f in fields(Batch))[:14] == (
+        "step",
+        "dp_rank",
+        "micro_batch",
+        "lane",
+        "input_ids",
+        "labels",
+        "position_ids",
+        "cu_seqlens",
+        "segments",
+        "images",
+        "image_positions",
+        "cp_rank",
+        "cp_size",
+        "sequence_len",
+    )

@@ -6,9 +6,10 @@ import pickle
 import socket
 
 import numpy as np
-import torch
+import pytest
 
-from loomdata.client._direct import RECYCLE_BYTES, _Frame, _Recycled
+from loomdata.client import _direct
+from loomdata.client._direct import RECYCLE_BYTES, RECYCLE_MAX_BYTES, _Frame, _Recycled
 from loomdata.execution._wire import ANSWER, encode_answer
 
 
@@ -17,6 +18,8 @@ def _base(buf: bytearray | memoryview) -> bytearray:
 
 
 def test_a_buffer_is_reused_only_once_no_array_or_tensor_refers_to_it() -> None:
+    torch = pytest.importorskip("torch")
+    assert _direct._FREE_REFS is not None  # this interpreter's counts tell (else recycling is off, tested below)
     pool = _Recycled(keep=2)
     n = RECYCLE_BYTES * 2
     first = pool.get(n)
@@ -26,7 +29,8 @@ def test_a_buffer_is_reused_only_once_no_array_or_tensor_refers_to_it() -> None:
     assert _base(second) is not _base(pool._buffers[0]) and pool.reused == 0  # `arr` still sees the first one
     tensor = torch.from_numpy(arr[10:20])  # a tensor of a view of it holds it as well
     del arr
-    assert _base(pool.get(n)) is not pool._buffers[0] and pool.reused == 0
+    pool.get(n)
+    assert pool.reused == 0  # the tensor's buffer was not handed out again (a new one was made)
     del tensor
     del second
     again = pool.get(n - 8)  # now free: its first n - 8 bytes, no new memory
@@ -68,3 +72,19 @@ def test_answers_received_into_recycled_buffers_keep_their_values() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_recycling_is_off_where_reference_counts_cannot_tell_and_for_huge_buffers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An interpreter whose counts do not see one more holder (no GIL, borrowed references) gets fresh buffers only;
+    a buffer above RECYCLE_MAX_BYTES is never kept."""
+    monkeypatch.setattr(_direct, "_FREE_REFS", None)
+    pool = _Recycled()
+    for _ in range(3):
+        pool.get(RECYCLE_BYTES * 2)
+    assert pool.keep == 0 and pool._buffers == [] and pool.reused == 0
+    monkeypatch.undo()
+    pool = _Recycled()
+    pool.get(RECYCLE_MAX_BYTES + 1)
+    assert pool._buffers == []

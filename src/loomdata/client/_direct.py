@@ -204,14 +204,15 @@ def _connect_local(path: str, timeout: float) -> socket.socket:
 RECYCLE_BYTES = 64 * 1024
 """Receive buffers this large or larger are recycled (`_Recycled`): smaller ones come from the C heap's free lists."""
 
-RECYCLE_KEEP = 3
-"""Large receive buffers a connection keeps for reuse: the answer being consumed, the one sent ahead, one spare (the
-last batch of an answer is often still alive when the next answer's buffer is asked for). Session 25: keep 3 ->
-2,400 page faults a rank at 1 consumer, none -> 12,170 (stream_throughput_s25_rank_ab2/3.json); at the warm step of
-`benchmarks/memory.py` (300 sources x 16 ranks) the ranks above idle torch held 45.4 MiB with 3, 42.2 with 2,
-37.5-38.3 with none (one run each). The bound: at most this many buffers of RECYCLE_BYTES..RECYCLE_MAX_BYTES held
-idle a connection (a take's largest array, about steps x micro_batches x seq_len x 4 bytes for text), and a
-delivered array may keep a buffer of up to twice its own size alive while the caller holds it."""
+RECYCLE_KEEP = 2
+"""Large receive buffers a connection keeps for reuse (the answer being consumed and the one sent ahead). Session 25,
+300 sources x 16 ranks at the warm step of `benchmarks/memory.py` (results/memory_n300_r16_s25_recycle_*.json): the
+ranks above idle torch held 37.1-38.6 MiB with none, 44.6-44.7 with 2 and 45.4-53.1 with 3, and the whole serving
+side 401-409 / 408-411 / 413-422 MiB, so 3 broke the 13.5x memory bound (419 MiB) in one run of three; page faults a
+rank at 1 consumer: none 12,170, 3 about 2,400 (stream_throughput_s25_rank_ab2/3.json); 2: see
+stream_throughput_s25_keep2_vs_off.json. The bound: at most this many buffers of RECYCLE_BYTES..RECYCLE_MAX_BYTES held
+idle a connection (a take's largest array, about steps x micro_batches x seq_len x 4 bytes for text), and a delivered
+array may keep a buffer of up to twice its own size alive while the caller holds it."""
 
 RECYCLE_MAX_BYTES = 8 << 20
 """Buffers above this size are not kept for reuse (a large image block's arrays would otherwise stay held idle)."""

@@ -140,7 +140,9 @@ def repair_rows(
             ahead[k] = cum[at - 1] - targets[t - t0, k] if r[k] > ptr[t, k] else -np.inf
             if n_long <= sl and short <= (sl - n_long) * seq_len:
                 break
-        while True:  # the give-back: a deferred segment that fits again, of the source least ahead (first on ties)
+        # the give-back (while the budget leaves a token): a deferred segment that fits again, of the source least
+        # ahead of its target (first on ties)
+        while budget[t] > short + n_long * seq_len:
             best = -1
             bv = np.inf
             for k in range(n_src):
@@ -396,7 +398,8 @@ def held_membership(
                 ahead[bi] = cw[at - 1] - acc[k] if rr[bi] > cur[k] else -np.inf
                 if short <= sl * seq_len:
                     break
-            while True:  # repair_rows' give-back: a deferred segment that fits again, of the source least ahead
+            # repair_rows' give-back (while the room leaves a token): a deferred segment that fits again, least ahead
+            while give[t] > short:
                 bi = -1
                 bv = np.inf
                 for i in range(na):

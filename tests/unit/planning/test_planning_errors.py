@@ -145,3 +145,38 @@ def test_more_image_samples_than_sequences_can_take(tmp_path: Path, spec_of: Cal
     spec = spec_of(tmp_path, ["caps"], seq_len=64, dp=1, micro_batches=2, steps=20)
     with pytest.raises(PlanError, match=r"step \d+: \d+ samples with images found no room .* raise micro_batches"):
         make_plan(spec, index={"caps": index_of(np.full(100, 40), np.full(100, 30))})
+
+
+def _carry_segments(image_tokens: list[int]) -> Any:
+    from loomdata.planning._segments import Segments
+
+    n = len(image_tokens)
+    return Segments(
+        np.zeros(n, dtype=np.uint16),
+        np.arange(n, dtype=np.uint64),
+        np.zeros(n, dtype=np.uint32),
+        np.full(n, 40, dtype=np.int64),
+        np.zeros(n, dtype=np.uint8),
+        np.array(image_tokens, dtype=np.uint32),
+    )
+
+
+@pytest.mark.parametrize(
+    ("image_tokens", "says"),
+    [
+        ([30, 30, 30, 30], r"step 7: 3 samples with images found no room .* raise micro_batches"),
+        (
+            [0, 0, 0, 0],
+            r"step 7: 3 segments \(120 tokens, 0 of them samples with images\) found no room .* planning\.fill",
+        ),
+        ([30, 0, 30, 0], r"step 7: 3 segments \(120 tokens, 1 of them samples with images\) found no room"),
+    ],
+)
+def test_a_carry_past_the_sequences_names_what_it_holds(image_tokens: list[int], says: str) -> None:
+    # the balancer's refusal blamed images for a text carry too (a step overfilled by membership or the look-ahead)
+    from loomdata.planning.balance._block import _block_end
+
+    segs = _carry_segments(image_tokens)
+    rests = np.array([[1, 0, 40], [2, 0, 40], [3, 0, 40]], dtype=np.int64)  # three wholly deferred, two sequences
+    with pytest.raises(PlanError, match=says):
+        _block_end(0, rests, segs, np.array([0, 4]), range(7, 8), slots=2)

@@ -406,16 +406,31 @@ def _block_end(
     if new_carry is None:
         raise ValueError(f"step {steps[i]} ends a block but deferred nothing")
     if len(new_carry) > slots:
-        raise PlanError(
-            f"step {steps[i]}: {len(new_carry)} samples with images found no room and wait for the next step, "
-            f"more than it has sequences ({slots}): the mixture holds more image samples than sequences can "
-            "take; raise micro_batches or seq_len, or lower the image sources' weights"
-        )
+        raise PlanError(_no_room(steps[i], new_carry, slots))
     in_step = None
     if m is not None:
         in_step = np.ones(b, dtype=bool)
         in_step[a:b] = m
     return i + 1, in_step, new_carry, rests
+
+
+def _no_room(step: int, carry: Segments, slots: int) -> str:
+    """Why step `step` cannot hand its `carry` on (more deferred segments than the next step has sequences): image
+    samples (never split) the mixture holds too many of, or text the step was given more of than its sequences take."""
+    images = int((carry.image_tokens > 0).sum())
+    if images == len(carry):
+        return (
+            f"step {step}: {len(carry)} samples with images found no room and wait for the next step, "
+            f"more than it has sequences ({slots}): the mixture holds more image samples than sequences can "
+            "take; raise micro_batches or seq_len, or lower the image sources' weights"
+        )
+    tokens = int(carry.length.sum())
+    return (
+        f"step {step}: {len(carry)} segments ({tokens} tokens, {images} of them samples with images) found no room "
+        f"and wait for the next step, more than it has sequences ({slots}): the step was given more tokens than its "
+        "sequences take (membership or the look-ahead overfilled it); lower planning.fill, or set planning.lookahead "
+        "to 0, and report the spec and index as a planner issue"
+    )
 
 
 def _assignment(d: Dealt, extra: tuple[np.ndarray, ...], micro_batches: int) -> Assignment:

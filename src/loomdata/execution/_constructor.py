@@ -3,7 +3,7 @@
 A thin actor wiring three parts: the pure step window (`_window.StepWindow`: per rank `want`, held
 steps and their takes, what to build, when to release or jump), the read/route protocol
 (`_reads.Reads`: routes per source, re-issuing reads a `set_routes` abandoned, retrying lost loaders)
-and packing (`_pack_group.pack_group`: a build group's batches in one pass, into one block). Its own
+and packing (`_pack_group.pack_joined`: a build group's batches in one pass, into one block). Its own
 job is the event loop: start builds the window asks for, let takes wait on them, record metrics.
 
 State is rebuildable from the plan and a step number. A constructor recreated after its worker died
@@ -29,7 +29,7 @@ from typing import Any
 from loomdata.execution import _gateway
 from loomdata.execution._heap import arrays_in_heap, maybe_trim
 from loomdata.execution._manifest import ManifestSlice
-from loomdata.execution._pack_group import StepPack, block_of, pack_group
+from loomdata.execution._pack_group import StepPack, block_of, pack_joined
 from loomdata.execution._packing import PackRules, peer_batches
 from loomdata.execution._plan_meta import shared_plan
 from loomdata.execution._reads import Reads, Route
@@ -294,9 +294,9 @@ class DataConstructor:
         else:  # reading a manifest chunk is file I/O: off the event loop
             rows = await loop.run_in_executor(self._pool, lambda: [self._manifest.rows(st, rk) for st, rk in work])
         t1 = time.perf_counter()
-        answers = await self._reads.read_steps([step for step, _ in work], rows)
+        joined = await self._reads.read_steps([step for step, _ in work], rows)  # for the rows end to end
         t2 = time.perf_counter()
-        out = pack_group(self._meta, self._rules, work, rows, answers)  # one vectorised pass, one block
+        out = pack_joined(self._meta, self._rules, work, rows, joined)  # one vectorised pass, one block
         t3 = time.perf_counter()
         s = self._stats
         s.build_s += t3 - t0

@@ -15,6 +15,7 @@ batches are those of `pack_step` (tests compare them batch by batch).
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # annotations only (packing stays free of the loader's import
     from loomdata.execution._manifest import ManifestRows
     from loomdata.schemas.plan import AnyPlan
 
-__all__ = ["StepPack", "block_of", "pack_group", "place_tokens"]
+__all__ = ["StepPack", "block_of", "join_answers", "pack_group", "pack_joined", "place_tokens", "split_answers"]
 
 Work = list[tuple[int, list[int]]]  # (step, ranks) of a build group
 Answers = tuple[list[np.ndarray], list["SegmentData"]]  # as `_reads.Answers`: row indices and answer per request
@@ -69,13 +70,86 @@ class StepPack:
 def pack_group(
     meta: AnyPlan, rules: PackRules, work: Work, rows: Sequence[ManifestRows], answers: Sequence[Answers]
 ) -> list[dict[int, StepPack]]:
-    """Every (step, ranks) of `work` packed, as `pack_step` would, into one block (images: `pack_step` each)."""
+    """Every (step, ranks) of `work` packed, as `pack_step` would, into one block (images: `pack_step` each), from
+    each step's own answers (`pack_joined` takes them for the steps' rows end to end, as serving reads them)."""
     if any(a.images for _, step_answers in answers for a in step_answers):
-        return [
-            {r: StepPack(batches=b) for r, b in pack_step(meta, rules, step, ranks, rw, g, a).items()}
-            for (step, ranks), rw, (g, a) in zip(work, rows, answers, strict=True)
-        ]
-    block, first = _block(meta, rules, work, rows, answers)
+        return _per_step(meta, rules, work, rows, answers)
+    return _packs(meta, work, *_block(meta, rules, work, rows, join_answers(rows, answers)))
+
+
+def pack_joined(
+    meta: AnyPlan, rules: PackRules, work: Work, rows: Sequence[ManifestRows], joined: Answers
+) -> list[dict[int, StepPack]]:
+    """`pack_group` from the answers for the steps' rows laid end to end (`_reads.Reads.read_steps`): used whole,
+    never cut per step, except where images send each step through `pack_step` (`split_answers`)."""
+    if any(a.images for a in joined[1]):
+        bounds = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in rows], out=bounds[1:])
+        lengths = np.concatenate([r.length for r in rows])
+        return _per_step(meta, rules, work, rows, split_answers(lengths, bounds.tolist(), joined))
+    return _packs(meta, work, *_block(meta, rules, work, rows, joined))
+
+
+def join_answers(rows: Sequence[ManifestRows], answers: Sequence[Answers]) -> Answers:
+    """Each step's answers as answers for the steps' rows end to end (row indices shifted by the rows before)."""
+    groups: list[np.ndarray] = []
+    datas: list[SegmentData] = []
+    row_at = 0
+    for step_rows, (sel, data) in zip(rows, answers, strict=True):
+        groups.extend(row_at + np.asarray(g, dtype=np.int64) for g in sel)
+        datas.extend(data)
+        row_at += len(step_rows)
+    return groups, datas
+
+
+def split_answers(lengths: np.ndarray, bounds: Sequence[int], answers: Answers) -> list[Answers]:
+    """Cut the answers for rows laid end to end into the answers of each part `[bounds[i], bounds[i+1])`.
+
+    `lengths`: every row's token count. A request's row indices ascend, so each part's rows are one
+    contiguous slice of it, and their tokens one contiguous slice of its answer (a view, no copy).
+    """
+    groups, datas = answers
+    out: list[Answers] = [([], []) for _ in range(len(bounds) - 1)]
+    for sel, data in zip(groups, datas, strict=True):
+        cuts = np.searchsorted(sel, bounds)
+        tok = np.zeros(len(sel) + 1, dtype=np.int64)
+        np.cumsum(lengths[sel], out=tok[1:])
+        for i in range(len(bounds) - 1):
+            a, b = int(cuts[i]), int(cuts[i + 1])
+            if a == b:
+                continue
+            if data.images:
+                pick = np.flatnonzero((data.image_segment >= a) & (data.image_segment < b))
+                images = [data.images[k] for k in pick.tolist()]
+                image_segment, image_offset = data.image_segment[pick] - a, data.image_offset[pick]
+            else:
+                images, image_segment, image_offset = [], data.image_segment[:0], data.image_offset[:0]
+            part = dataclasses.replace(
+                data,
+                tokens=data.tokens[tok[a] : tok[b]],
+                images=images,
+                image_segment=image_segment,
+                image_offset=image_offset,
+            )
+            out[i][0].append(sel[a:b] - bounds[i])
+            out[i][1].append(part)
+    return out
+
+
+def _per_step(
+    meta: AnyPlan, rules: PackRules, work: Work, rows: Sequence[ManifestRows], answers: Sequence[Answers]
+) -> list[dict[int, StepPack]]:
+    """Each step packed alone by `pack_step` (the path for images)."""
+    return [
+        {r: StepPack(batches=b) for r, b in pack_step(meta, rules, step, ranks, rw, g, a).items()}
+        for (step, ranks), rw, (g, a) in zip(work, rows, answers, strict=True)
+    ]
+
+
+def _packs(
+    meta: AnyPlan, work: Work, block: BatchBlock, first: dict[tuple[int, int], int]
+) -> list[dict[int, StepPack]]:
+    """Each (step, rank)'s pack: its micro-batches in the group's block."""
     mbs = meta.micro_batches
     return [
         {r: StepPack(block=block, first=first[(r, i)], stop=first[(r, i)] + mbs) for r in ranks}
@@ -88,9 +162,10 @@ def _block(
     rules: PackRules,
     work: Work,
     rows: Sequence[ManifestRows],
-    answers: Sequence[Answers],
+    joined: Answers,
 ) -> tuple[BatchBlock, dict[tuple[int, int], int]]:
-    """The group's block (batches by rank, then step, then micro-batch) and each (rank, work index)'s first batch."""
+    """The group's block (batches by rank, then step, then micro-batch) and each (rank, work index)'s first batch,
+    from the answers for the steps' rows end to end."""
     mbs = meta.micro_batches
     order = sorted({r for _, ranks in work for r in ranks})
     pairs = [(r, i) for r in order for i, (_, ranks) in enumerate(work) if r in ranks]
@@ -136,7 +211,7 @@ def _block(
     # Each batch's rows, then its padding: the block's pieces in order (`_pieces`), each array joined from views.
     slot, pad_slot, pad = _pieces(bidx, seg_at, per_batch, seq)
     top = int(lane_len.max(initial=0))
-    input_ids = _input_ids(rules, rows, answers, row_length, perm, seg_start, (slot, pad_slot, pad), top, size)
+    input_ids = _input_ids(rules, joined, row_length, perm, seg_start, (slot, pad_slot, pad), top, size)
     cu_at = np.zeros(n_batches + 1, dtype=np.int64)
     np.cumsum(rows_per + 1, out=cu_at[1:])
     cu = np.zeros(int(cu_at[-1]), dtype=np.int32)
@@ -175,8 +250,7 @@ def _pieces(bidx: np.ndarray, seg_at: np.ndarray, per_batch: np.ndarray, seq: np
 
 def _input_ids(
     rules: PackRules,
-    rows: Sequence[ManifestRows],
-    answers: Sequence[Answers],
+    joined: Answers,
     row_length: np.ndarray,
     perm: np.ndarray,
     seg_start: np.ndarray,
@@ -187,15 +261,12 @@ def _input_ids(
     """The block's `input_ids`: the answers' rows and each batch's padding as views joined in block order (one
     `concatenate`: tokens copied once, padding written with them, no Python step per row or batch).
 
-    `row_length`: every row's length (the steps' rows end to end); `perm`: the rows in block order, `seg_start` their
-    first token in the block; `pieces`: `_pieces`; `top`: the longest lane.
+    `joined`: the answers, row indices into the steps' rows end to end; `row_length`: every row's length (in that
+    order); `perm`: the rows in block order, `seg_start` their first token in the block; `pieces`: `_pieces`; `top`:
+    the longest lane.
     """
-    answered, answer_tokens, row_at = [], [], 0
-    for step_rows, (groups, step_answers) in zip(rows, answers, strict=True):
-        for sel, ans in zip(groups, step_answers, strict=True):
-            answered.append(row_at + np.asarray(sel, dtype=np.int64))
-            answer_tokens.append(ans.tokens)
-        row_at += len(step_rows)
+    answered = [np.asarray(sel, dtype=np.int64) for sel in joined[0]]
+    answer_tokens = [ans.tokens for ans in joined[1]]
     n = len(row_length)
     at = np.concatenate(answered) if answered else np.zeros(0, dtype=np.int64)
     at_length = row_length[at]

@@ -1,5 +1,6 @@
 """`pack_step` (one search and one segments array per step) against the per-batch reference it replaced,
-and `pack_group` (a build group in one pass, into one block) against `pack_step`.
+and `pack_group` (a build group in one pass, into one block) against `pack_step`; `pack_joined` (answers for the
+group's rows end to end, requests spanning steps, as serving reads them) against `pack_group`.
 
 Random steps: several ranks and micro-batches, empty micro-batches, zero-length segments, two lanes,
 images spread over several loader answers; every array of every batch must be equal, dtypes included.
@@ -14,7 +15,7 @@ import pytest
 
 from loomdata.execution._loader import SegmentData
 from loomdata.execution._manifest import ManifestRows
-from loomdata.execution._pack_group import StepPack, block_of, pack_group
+from loomdata.execution._pack_group import StepPack, block_of, pack_group, pack_joined
 from loomdata.execution._packing import PackRules, pack_batch, pack_step, scatter_answers
 from loomdata.schemas.batch import SEGMENT_DTYPE, Batch, BatchBlock
 from loomtest.manifest_rows import PackMeta, rows_of
@@ -214,3 +215,58 @@ def test_a_held_pack_made_for_a_peer_stays_thin() -> None:
     for x, y in zip(made, pack.batches, strict=True):
         _same(x, y)
     assert pack._batches is not None
+
+
+def _spanning(rng: np.random.Generator, rows: list[Any], answers: list[Any]) -> tuple[Any, ...]:
+    """The group's answers as serving reads them: two requests over the steps' rows end to end (each row to one of
+    them at random, ascending across the steps), their tokens and images moved with their rows."""
+    row_tokens: list[np.ndarray] = []
+    row_images: list[list[tuple[np.ndarray, int]]] = []  # each row's (image, offset in the row)
+    for rw, (groups, datas) in zip(rows, answers, strict=True):
+        toks: list[np.ndarray] = [np.zeros(0, dtype=np.int32)] * len(rw)
+        imgs: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(len(rw))]
+        for sel, data in zip(groups, datas, strict=True):
+            at = np.concatenate([[0], np.cumsum(rw.length[sel].astype(np.int64))])
+            for j, row in enumerate(sel.tolist()):
+                toks[row] = data.tokens[at[j] : at[j + 1]]
+            for img, seg, off in zip(data.images, data.image_segment.tolist(), data.image_offset.tolist(), strict=True):
+                imgs[int(sel[seg])].append((img, off))
+        row_tokens.extend(toks)
+        row_images.extend(imgs)
+    n = len(row_tokens)
+    which = rng.integers(0, 2, size=n)
+    groups, datas = [], []
+    for w in (0, 1):
+        sel = np.flatnonzero(which == w)
+        if not len(sel):
+            continue
+        pairs = [(j, img, off) for j, row in enumerate(sel.tolist()) for img, off in row_images[row]]
+        groups.append(sel)
+        datas.append(
+            SegmentData(
+                tokens=np.concatenate([row_tokens[row] for row in sel.tolist()]).astype(np.int32),
+                images=[img for _, img, _ in pairs],
+                image_segment=np.array([j for j, _, _ in pairs], dtype=np.int32),
+                image_offset=np.array([off for _, _, off in pairs], dtype=np.int32),
+            )
+        )
+    return groups, datas
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_pack_joined_of_requests_spanning_steps_equals_pack_group(seed: int) -> None:
+    """Serving packs a group from one answer per (source, partition) for all its steps, never cut per step (the cut
+    was the constructor's largest term on long plans): the same batches as each step's own answers give."""
+    rng = np.random.default_rng(500 + seed)
+    meta = PackMeta(micro_batches=int(rng.integers(1, 4)), lanes=(64, 128))
+    rules = PackRules(pad_token_id=5, image_token_id=7)
+    work, rows, answers = _group(rng, meta, 0, images=seed % 3 == 0)  # images: pack_step's path, cut per step
+    want = pack_group(meta, rules, work, rows, answers)  # type: ignore[arg-type]
+    got = pack_joined(meta, rules, work, rows, _spanning(rng, rows, answers))  # type: ignore[arg-type]
+    assert len(got) == len(want) == len(work)
+    for (_, ranks), g, w in zip(work, got, want, strict=True):
+        assert sorted(g) == sorted(w) == ranks
+        for r in ranks:
+            assert (g[r].block is None) == (w[r].block is None)
+            for x, y in zip(g[r].batches, w[r].batches, strict=True):
+                _same(x, y)

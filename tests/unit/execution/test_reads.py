@@ -13,8 +13,9 @@ from loomdata.execution._loader import LoaderRetired, SegmentData
 from loomdata.execution._manifest import ManifestRows
 from loomdata.execution._outcome import Kind as Outcome
 from loomdata.execution._outcome import sort_read_failure as classify
+from loomdata.execution._pack_group import split_answers
 from loomdata.execution._partition import LoaderPartition
-from loomdata.execution._reads import REMOTE_READS, Reads, Route, concat_rows, split_answers
+from loomdata.execution._reads import REMOTE_READS, Reads, Route, concat_rows
 from loomdata.schemas import ExecutionError, SourceDataError
 
 

@@ -290,13 +290,13 @@ class DataConstructor:
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
         if all(self._manifest.cached(step) for step, _ in work):
-            rows = [self._manifest.rows(step, ranks) for step, ranks in work]
+            rows, bounds = self._manifest.rows_of(work)  # the steps' rows end to end
         else:  # reading a manifest chunk is file I/O: off the event loop
-            rows = await loop.run_in_executor(self._pool, lambda: [self._manifest.rows(st, rk) for st, rk in work])
+            rows, bounds = await loop.run_in_executor(self._pool, self._manifest.rows_of, work)
         t1 = time.perf_counter()
-        joined = await self._reads.read_steps([step for step, _ in work], rows)  # for the rows end to end
+        joined = await self._reads.read_steps([step for step, _ in work], rows)
         t2 = time.perf_counter()
-        out = pack_joined(self._meta, self._rules, work, rows, joined)  # one vectorised pass, one block
+        out = pack_joined(self._meta, self._rules, work, rows, bounds, joined)  # one vectorised pass, one block
         t3 = time.perf_counter()
         s = self._stats
         s.build_s += t3 - t0

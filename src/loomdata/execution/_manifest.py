@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,6 +59,13 @@ class ManifestRows:
 
     def __len__(self) -> int:
         return len(self.step)
+
+    @classmethod
+    def concat(cls, parts: Sequence[ManifestRows]) -> ManifestRows:
+        """Several runs of rows end to end (in the order given; one part: itself)."""
+        if len(parts) == 1:
+            return parts[0]
+        return cls(*(np.concatenate([getattr(p, c) for p in parts]) for c in _COLUMNS))
 
 
 if tuple(f.name for f in dataclasses.fields(ManifestRows)) != _COLUMNS:  # pragma: no cover - a programming error
@@ -108,7 +116,7 @@ class ManifestSlice:
         chunk, starts = self._chunk_rows(index)
         at = step - index * self._chunk
         lo, hi = starts[at : at + 2].tolist()  # the step's rows: one run, its bounds found once a chunk
-        if ranks is None or ranks == self._ranks or sorted(ranks) == self._ranks:
+        if self._all(ranks):
             return chunk.take(slice(lo, hi))
         # a step's rows are ordered by dp_rank: each rank's rows are one run, found by bisection
         want = np.unique(np.asarray(ranks, dtype=chunk.dp_rank.dtype))
@@ -118,6 +126,48 @@ class ManifestSlice:
         if len(want) == 1:
             return chunk.take(slice(int(a[0]), int(b[0])))
         return chunk.take(np.concatenate([np.arange(x, y) for x, y in zip(a.tolist(), b.tolist(), strict=True)]))
+
+    def rows_of(self, work: Sequence[tuple[int, list[int]]]) -> tuple[ManifestRows, np.ndarray]:
+        """The rows of every (step, ranks) of `work` end to end, and where each one's rows start (one more: the end).
+
+        Consecutive steps of one chunk for all of this slice's ranks (a build group, as the window asks for them)
+        are one slice of the chunk: no take a step (a constructor builds every step of a run once).
+        """
+        parts: list[ManifestRows] = []
+        counts: list[np.ndarray] = []
+        i = 0
+        while i < len(work):
+            step, ranks = work[i]
+            if not self._all(ranks):
+                parts.append(self.rows(step, ranks))
+                counts.append(np.array([len(parts[-1])], dtype=np.int64))
+                i += 1
+                continue
+            index = step // self._chunk
+            j = i + 1
+            while (
+                j < len(work)
+                and work[j][0] == work[j - 1][0] + 1
+                and work[j][0] // self._chunk == index
+                and self._all(work[j][1])
+            ):
+                j += 1
+            chunk, starts = self._chunk_rows(index)
+            at = step - index * self._chunk
+            cut = starts[at : at + j - i + 1].astype(np.int64)
+            parts.append(chunk.take(slice(int(cut[0]), int(cut[-1]))))
+            counts.append(np.diff(cut))
+            i = j
+        bounds = np.zeros(len(work) + 1, dtype=np.int64)
+        if counts:
+            np.cumsum(np.concatenate(counts), out=bounds[1:])
+        if not parts:
+            raise ValueError("rows_of needs at least one (step, ranks)")
+        return ManifestRows.concat(parts), bounds
+
+    def _all(self, ranks: list[int] | None) -> bool:
+        """Whether `ranks` (None: all) are all of this slice's ranks."""
+        return ranks is None or ranks == self._ranks or sorted(ranks) == self._ranks
 
     def cached(self, step: int) -> bool:
         """Whether `step`'s chunk is in memory (`rows` then does no I/O)."""

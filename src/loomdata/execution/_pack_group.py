@@ -16,6 +16,7 @@ batches are those of `pack_step` (tests compare them batch by batch).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -74,20 +75,23 @@ def pack_group(
     each step's own answers (`pack_joined` takes them for the steps' rows end to end, as serving reads them)."""
     if any(a.images for _, step_answers in answers for a in step_answers):
         return _per_step(meta, rules, work, rows, answers)
-    return _packs(meta, work, *_block(meta, rules, work, rows, join_answers(rows, answers)))
+    bounds = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in rows], out=bounds[1:])
+    both = type(rows[0]).concat(rows)
+    return _packs(meta, work, *_block(meta, rules, work, both, bounds, join_answers(rows, answers)))
 
 
 def pack_joined(
-    meta: AnyPlan, rules: PackRules, work: Work, rows: Sequence[ManifestRows], joined: Answers
+    meta: AnyPlan, rules: PackRules, work: Work, rows: ManifestRows, bounds: np.ndarray, joined: Answers
 ) -> list[dict[int, StepPack]]:
-    """`pack_group` from the answers for the steps' rows laid end to end (`_reads.Reads.read_steps`): used whole,
-    never cut per step, except where images send each step through `pack_step` (`split_answers`)."""
+    """`pack_group` from the steps' rows end to end (step i's are `bounds[i]:bounds[i + 1]`: `ManifestSlice.rows_of`)
+    and the answers for them (`_reads.Reads.read_steps`): used whole, never cut per step, except where images send
+    each step through `pack_step` (`split_answers`)."""
     if any(a.images for a in joined[1]):
-        bounds = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum([len(r) for r in rows], out=bounds[1:])
-        lengths = np.concatenate([r.length for r in rows])
-        return _per_step(meta, rules, work, rows, split_answers(lengths, bounds.tolist(), joined))
-    return _packs(meta, work, *_block(meta, rules, work, rows, joined))
+        cuts = bounds.tolist()
+        per_step = [rows.take(slice(a, b)) for a, b in itertools.pairwise(cuts)]
+        return _per_step(meta, rules, work, per_step, split_answers(rows.length, cuts, joined))
+    return _packs(meta, work, *_block(meta, rules, work, rows, bounds, joined))
 
 
 def join_answers(rows: Sequence[ManifestRows], answers: Sequence[Answers]) -> Answers:
@@ -161,11 +165,12 @@ def _block(
     meta: AnyPlan,
     rules: PackRules,
     work: Work,
-    rows: Sequence[ManifestRows],
+    rows: ManifestRows,
+    step_at: np.ndarray,
     joined: Answers,
 ) -> tuple[BatchBlock, dict[tuple[int, int], int]]:
     """The group's block (batches by rank, then step, then micro-batch) and each (rank, work index)'s first batch,
-    from the answers for the steps' rows end to end."""
+    from the steps' rows end to end (`step_at`: where each step's start, one more: the end) and the answers for them."""
     mbs = meta.micro_batches
     order = sorted({r for _, ranks in work for r in ranks})
     pairs = [(r, i) for r in order for i, (_, ranks) in enumerate(work) if r in ranks]
@@ -175,8 +180,8 @@ def _block(
     for (r, i), b in first.items():
         table[r, i] = b
     # Every row of the group (the steps' rows end to end) with its batch.
-    widx = np.concatenate([np.full(len(r), i, dtype=np.int64) for i, r in enumerate(rows)])
-    col = {c: np.concatenate([getattr(r, c) for r in rows]) for c in ("dp_rank", "micro_batch", "lane", "length")}
+    widx = np.repeat(np.arange(len(work), dtype=np.int64), np.diff(step_at))
+    col = {c: getattr(rows, c) for c in ("dp_rank", "micro_batch", "lane", "length")}
     bidx = table[col["dp_rank"].astype(np.int64), widx]
     if len(bidx) and (bidx < 0).any():
         raise ExecutionError("packing: manifest rows of a rank that was not asked for in their step")
@@ -218,7 +223,7 @@ def _block(
     cu[cu_at[bidx] + (np.arange(len(bidx)) - seg_at[bidx]) + 1] = pos_in_batch + length
     seg = np.empty(len(bidx), dtype=SEGMENT_DTYPE)
     for c in ("source", "sample", "offset", "length"):
-        seg[c] = np.concatenate([getattr(r, c) for r in rows])[perm]
+        seg[c] = getattr(rows, c)[perm]
     steps = np.array([work[i][0] for _, i in pairs], dtype=np.int64)
     scalars = np.zeros((n_batches, 7), dtype=np.int64)  # BLOCK_SCALARS: step, dp_rank, micro_batch, lane, 0, 1, 0
     scalars[:, 0] = np.repeat(steps, mbs)

@@ -155,3 +155,29 @@ def test_read_manifest_selects_steps_ranks_and_columns_across_partitions(tmp_pat
         assert got.to_pydict() == want.to_pydict() and got.schema.types == want.schema.types
     assert read_manifest(tmp_path, meta, 100, 120).num_rows == 0
     assert read_manifest(tmp_path, meta, 0, 9, dp_ranks=[7], columns=["step"]).column_names == ["step"]
+
+
+def test_rows_of_a_build_group_are_each_steps_rows_end_to_end(tmp_path: Path) -> None:
+    """`rows_of` (a build group's rows as one slice of a chunk where it can) gives `rows` of every (step, ranks) laid
+    end to end, and where each starts: runs across chunk boundaries, gaps, repeated steps and rank subsets."""
+    from loomdata.execution._manifest import ManifestRows
+
+    meta = _plan(tmp_path, steps=14, ranks=3)
+    sl = ManifestSlice(tmp_path, meta, [0, 1, 2], chunk_steps=3, keep=2)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        work: list[tuple[int, list[int]]] = []
+        step = int(rng.integers(0, meta.steps))
+        for _ in range(int(rng.integers(1, 9))):
+            all_ranks = rng.random() < 0.7
+            ranks = (
+                [0, 1, 2] if all_ranks else sorted(rng.choice(3, size=int(rng.integers(1, 3)), replace=False).tolist())
+            )
+            work.append((step, ranks if rng.random() < 0.8 else ranks[::-1]))
+            step = min(meta.steps - 1, step + int(rng.choice([0, 1, 1, 1, 2])))
+        got, bounds = sl.rows_of(work)
+        want = [sl.rows(st, rk) for st, rk in work]
+        assert bounds.tolist() == np.concatenate([[0], np.cumsum([len(w) for w in want])]).tolist()
+        both = ManifestRows.concat(want)
+        for c in MANIFEST_SCHEMA.names:
+            assert np.array_equal(getattr(got, c), getattr(both, c)), c

@@ -262,7 +262,9 @@ def test_pack_joined_of_requests_spanning_steps_equals_pack_group(seed: int) -> 
     rules = PackRules(pad_token_id=5, image_token_id=7)
     work, rows, answers = _group(rng, meta, 0, images=seed % 3 == 0)  # images: pack_step's path, cut per step
     want = pack_group(meta, rules, work, rows, answers)  # type: ignore[arg-type]
-    got = pack_joined(meta, rules, work, rows, _spanning(rng, rows, answers))  # type: ignore[arg-type]
+    bounds = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    both = ManifestRows.concat(rows)
+    got = pack_joined(meta, rules, work, both, bounds, _spanning(rng, rows, answers))  # type: ignore[arg-type]
     assert len(got) == len(want) == len(work)
     for (_, ranks), g, w in zip(work, got, want, strict=True):
         assert sorted(g) == sorted(w) == ranks

@@ -58,6 +58,7 @@ __all__ = [
     "Stream",
     "build_stream",
     "check_epochs",
+    "give_back_room",
     "membership",
     "pointer_dtype",
     "step_weights",
@@ -430,12 +431,19 @@ def _nearest(cum: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.where(take_lower, lower, j).astype(np.int64)
 
 
+def give_back_room(step_dp: np.ndarray, step_budget: np.ndarray) -> np.ndarray:
+    """The planner's give-back room a step (`membership`'s `budget`): the step's token budget at dp 1, none at dp > 1,
+    where the look-ahead evens heavy segments out by moving lights through the steps' spare room, which steps filled
+    to the budget would not leave it (session 25: given back at dp 2 the excess ran to the last step)."""
+    return np.where(np.asarray(step_dp) == 1, np.asarray(step_budget, dtype=np.int64), 0)
+
+
 def membership(
     targets: np.ndarray | CumulativeTargets,
     streams: Sequence[Stream],
     lanes: Lanes,
     slots: int | np.ndarray,
-    budget: int | np.ndarray | None = None,
+    budget: int | np.ndarray,
 ) -> Pointers:
     """(steps+1, sources) stream pointers: segments of each source consumed before step t (row 0 is zeros), as
     sparse Pointers (planning._pointers: per chunk of steps, the steps each source draws at).
@@ -444,8 +452,8 @@ def membership(
     dp_size * micro_batches, one number or one per step (an elastic re-plan changes it from its resume step
     on); pointers of steps < t depend only on targets and slots of steps < t (StreamRunOut where that would not
     hold: a fill that needs a segment past a stream's end). `budget`: the tokens up to which a step whose deferrals
-    left room gives deferred segments back (one number or one per step; 0: none); by default the targets' own step
-    budget (CumulativeTargets), or the slots' tokens (a grid of targets).
+    left room gives deferred segments back (one number or one per step; 0: none). Required, so that no caller gets
+    the give-back by default: the planner's rule is `give_back_room` (dp 1 only).
 
     A chunk of steps at a time (REPAIR_CHUNK_CELLS cells): each source's nearest pointers carried on from the
     chunk before (_mixture_kernel.nearest_run, its search state kept), the repair over them, and the repaired
@@ -454,8 +462,6 @@ def membership(
     tg = _as_targets(targets)
     steps, n_src = tg.shape
     slot_arr = np.broadcast_to(np.asarray(slots, dtype=np.int64), (steps,))
-    if budget is None:
-        budget = tg.budget if isinstance(tg, CumulativeTargets) else slot_arr * lanes.seq_len
     give = np.ascontiguousarray(np.broadcast_to(np.asarray(budget, dtype=np.int64), (steps,)))
     dtype = pointer_dtype(streams)
     rows = max(64, REPAIR_CHUNK_CELLS // max(n_src, 1))

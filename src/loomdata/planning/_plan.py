@@ -66,6 +66,7 @@ from loomdata.planning._mixture import (
     StreamRunOut,
     build_stream,
     check_epochs,
+    give_back_room,
     membership,
     step_weights,
 )
@@ -315,11 +316,8 @@ def _plan_into(
 
     streams = per_source(stream_of, len(sources))
     step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
-    # the repair gives deferred segments back up to the budget at dp 1 only: with more ranks the look-ahead evens
-    # heavy segments out by moving lights through the steps' spare room, which full steps would not leave it
-    give_back = np.where(step_dp == 1, step_budget, 0)
     try:
-        ptr = membership(targets, streams, lanes, step_slots, give_back)
+        ptr = membership(targets, streams, lanes, step_slots, give_back_room(step_dp, step_budget))
     except StreamRunOut as e:
         raise PlanError(
             f"step {e.step} draws no document: source {names[e.source]!r}, weighted at that step, has drawn past the "

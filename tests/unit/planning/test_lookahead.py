@@ -15,7 +15,7 @@ import pytest
 
 from loomdata.planning import PlanResult, PlanResume, make_plan
 from loomdata.planning._lookahead import HEAVY_SHARE, assign_steps, natural_positions
-from loomdata.planning._mixture import build_stream, membership, step_weights
+from loomdata.planning._mixture import build_stream, give_back_room, membership, step_weights
 from loomdata.planning._packing import Lanes
 from loomdata.schemas.plan import read_manifest
 from loomdata.schemas.spec import Spec
@@ -108,7 +108,7 @@ def test_assign_steps_covers_positions_and_bounds_heavy_moves(
     budget = slots * SEQ * spec.planning.fill
     targets = np.cumsum(step_weights(spec).grid() * budget[:, None], axis=0)
     streams = [build_stream(n, spec.seed, ln, lanes, 3) for n, ln in zip(spec.source_names, lengths, strict=True)]
-    ptr = membership(targets, streams, lanes, slots)
+    ptr = membership(targets, streams, lanes, slots, give_back_room(np.full(n_steps, dp), budget))
     pos, nat = natural_positions(ptr, 0, n_steps)
     asg = assign_steps(pos, nat, streams, lanes, slots, np.full(n_steps, dp), k, 0, n_steps)
     heavy_per_step = np.zeros(n_steps, dtype=np.int64)
@@ -174,9 +174,10 @@ def _crossings(spec: Spec, index: dict[str, pa.Table]) -> np.ndarray:
     n_steps, dp = spec.training.steps, spec.training.dp_size
     slots = np.full(n_steps, dp * spec.training.micro_batches, dtype=np.int64)
     lengths = [index[n].column("num_tokens").to_numpy() for n in spec.source_names]
-    targets = np.cumsum(step_weights(spec).grid() * (slots * SEQ * spec.planning.fill)[:, None], axis=0)
+    budget = slots * SEQ * spec.planning.fill
+    targets = np.cumsum(step_weights(spec).grid() * budget[:, None], axis=0)
     streams = [build_stream(n, spec.seed, ln, lanes, 3) for n, ln in zip(spec.source_names, lengths, strict=True)]
-    ptr = membership(targets, streams, lanes, slots)
+    ptr = membership(targets, streams, lanes, slots, give_back_room(np.full(n_steps, dp), budget))
     pos, nat = natural_positions(ptr, 0, n_steps)
     asg = assign_steps(pos, nat, streams, lanes, slots, np.full(n_steps, dp), spec.planning.lookahead, 0, n_steps)
     out = np.zeros(n_steps + 1, dtype=np.int64)

@@ -12,7 +12,7 @@ import pytest
 
 from loomdata.planning import _lookahead as lookahead_module
 from loomdata.planning._lookahead import _Cum, assign_steps, natural_positions, natural_ranges, stable_order
-from loomdata.planning._mixture import build_stream, membership, step_weights
+from loomdata.planning._mixture import build_stream, give_back_room, membership, step_weights
 from loomdata.planning._packing import Lanes
 from loomdata.schemas.spec import Spec
 
@@ -56,11 +56,12 @@ def test_natural_ranges_assign_as_natural_position_arrays(
     lanes = Lanes.of(spec)
     n_steps = spec.training.steps
     slots = np.full(n_steps, 4 * spec.training.micro_batches, dtype=np.int64)
-    targets = np.cumsum(step_weights(spec).grid() * (slots * seq * spec.planning.fill)[:, None], axis=0)
+    budget = slots * seq * spec.planning.fill
+    targets = np.cumsum(step_weights(spec).grid() * budget[:, None], axis=0)
     cols = [t.column("num_tokens").to_numpy() for t in index]
     streams = [build_stream(n, 7, c, lanes, 3) for n, c in zip(spec.source_names, cols, strict=True)]
-    ptr = membership(targets, streams, lanes, slots)
     dp = np.full(n_steps, 4)
+    ptr = membership(targets, streams, lanes, slots, give_back_room(dp, budget))
     pos, nat = natural_positions(ptr, 0, n_steps)
     a = assign_steps(pos, nat, list(streams), lanes, slots, dp, 2, 0, n_steps)
     kept = list(streams)

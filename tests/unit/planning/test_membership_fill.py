@@ -47,7 +47,7 @@ def _drawn(ptr: np.ndarray, streams: list[Stream]) -> np.ndarray:
 
 def test_fifty_equal_sources_on_one_slot_draw_every_step_near_their_targets() -> None:
     tg, streams, slots, lanes = _equal_sources(0, 50, 400)
-    ptr = membership(tg, streams, lanes, slots).dense()
+    ptr = membership(tg, streams, lanes, slots, tg.budget).dense()
     per_step = np.diff(ptr.sum(axis=1))
     assert (per_step > 0).all()  # the nearest rule alone leaves the first ~10 steps empty (below)
     assert (np.diff(ptr, axis=0) >= 0).all()
@@ -84,9 +84,9 @@ def test_chunked_and_held_passes_match_the_reference_across_chunks_and_widened_w
     monkeypatch.setattr(_mixture, "_repair_window", counting_repair)
     monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", chunk * n_src)
     monkeypatch.setattr(_mixture, "REPAIR_WINDOW", window)
-    held = membership(tg, streams, lanes, slots)  # constant weights: the held pass from step 0
+    held = membership(tg, streams, lanes, slots, tg.budget)  # constant weights: the held pass from step 0
     monkeypatch.setattr(_mixture, "_held_from", lambda tg, st: np.iinfo(np.int64).max)
-    chunked = membership(tg, streams, lanes, slots)
+    chunked = membership(tg, streams, lanes, slots, tg.budget)
     np.testing.assert_array_equal(held.dense(), want)
     np.testing.assert_array_equal(chunked.dense(), want)
     assert (np.diff(want.sum(axis=1)) > 0).all()
@@ -125,7 +125,7 @@ def test_the_compiled_fill_matches_a_plain_loop_on_random_small_cases(case: dict
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_mixture, "REPAIR_CHUNK_CELLS", case["chunk"] * len(streams))
         mp.setattr(_mixture, "REPAIR_WINDOW", 40)
-        got = _dense_or_refused(lambda: membership(targets, streams, lanes, slots).dense())
+        got = _dense_or_refused(lambda: membership(targets, streams, lanes, slots, slots * lanes.seq_len).dense())
     want = _dense_or_refused(lambda: _reference(targets, streams, lanes, slots))
     if isinstance(want, tuple) or isinstance(got, tuple):  # a stream run out: both refuse the same step and source
         assert got == want
@@ -218,7 +218,7 @@ def test_the_held_pass_fills_as_the_plain_loop_with_milestones_weightless_source
     want = _dense_or_refused(lambda: _reference(tg.rows(0, steps, None), streams, lanes, slots, tg.budget))
     monkeypatch.setattr(_mixture, "REPAIR_WINDOW", 30)
     monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", int(rng.integers(1, 9)) * n_src)
-    got = _dense_or_refused(lambda: membership(tg, streams, lanes, slots).dense())
+    got = _dense_or_refused(lambda: membership(tg, streams, lanes, slots, tg.budget).dense())
     if isinstance(want, tuple) or isinstance(got, tuple):
         assert got == want
     else:

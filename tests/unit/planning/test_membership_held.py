@@ -39,9 +39,9 @@ def test_held_pass_matches_the_chunked_pass(
     w /= w.sum()
     targets = CumulativeTargets(_weights(w, steps, milestone), step_slots * int(lanes.seq_len * 0.96))
     monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", chunk * n_src)  # chunk boundaries get crossed
-    got = membership(targets, streams, lanes, step_slots)
+    got = membership(targets, streams, lanes, step_slots, targets.budget)
     monkeypatch.setattr(_mixture, "_held_from", lambda tg, st: np.iinfo(np.int64).max)
-    want = membership(targets, streams, lanes, step_slots)
+    want = membership(targets, streams, lanes, step_slots, targets.budget)
     np.testing.assert_array_equal(got.dense(), want.dense())
     grid = np.stack([targets.rows(0, steps, None)[:, k] for k in range(n_src)], 1)
     np.testing.assert_array_equal(got.dense(), _reference(grid, streams, lanes, step_slots, targets.budget))

@@ -163,7 +163,7 @@ def test_membership_pointers_of_many_sources_are_each_sources_own(tmp_path: Path
     w = rng.random((60, 5))
     w /= w.sum(axis=1)[:, None]
     targets = _targets(w, np.full(60, 8 * 4096, dtype=np.int64))
-    ptr = membership(targets, streams, lanes, 8).dense()
+    ptr = membership(targets, streams, lanes, 8, 8 * lanes.seq_len).dense()
     assert ptr.shape == (61, 5) and ptr.flags.c_contiguous
     for k, st in enumerate(streams):
         col = np.concatenate([[0], _nearest(st.cum, targets[:, k])])
@@ -188,11 +188,11 @@ def test_membership_pointers_worked_out_a_chunk_of_steps_at_a_time_are_the_whole
     w = rng.random((200, 7))
     w /= w.sum(axis=1)[:, None]
     targets = _targets(w, np.full(200, 8 * 4096, dtype=np.int64))
-    whole = membership(targets, streams, lanes, 8)
+    whole = membership(targets, streams, lanes, 8, 8 * lanes.seq_len)
     assert len(whole.chunks) == 1
     monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", cells)
     monkeypatch.setattr(_mixture, "REPAIR_WINDOW", 40)
-    chunked = membership(targets, streams, lanes, 8)
+    chunked = membership(targets, streams, lanes, 8, 8 * lanes.seq_len)
     assert len(chunked.chunks) > 4
     assert np.array_equal(chunked.dense(), whole.dense())
 

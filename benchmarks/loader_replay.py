@@ -58,8 +58,11 @@ def _prepare(root: Path, args: argparse.Namespace) -> Path:
     return Path(make_plan(spec).plan_dir)
 
 
-def _child(plan_dir: Path, group: int) -> dict[str, Any]:
-    """One replay with the loomdata on sys.path: every source's loader reads every step group in order."""
+def _child(plan_dir: Path, group: int, plan_window: bool = False) -> dict[str, Any]:
+    """One replay with the loomdata on sys.path: every source's loader reads every step group in order.
+
+    `plan_window`: the cache policy of the window the Executor serves the plan with (`ServeConfig.for_plan`: 512
+    steps at 4096 tokens a step), not `ServeConfig`'s own (2 steps): the loaders' plan reach and what they hold."""
     import numpy as np
 
     from loomdata.execution._config import ServeConfig
@@ -83,7 +86,10 @@ def _child(plan_dir: Path, group: int) -> dict[str, Any]:
     meta = read_plan(plan_dir)
     table = read_manifest(plan_dir, meta, columns=["step", "source", "sample", "offset", "length"])
     cols = {k: table.column(k).to_numpy() for k in ("step", "source", "sample", "offset", "length")}
-    policy = CachePolicy.serving(ServeConfig())
+    config = ServeConfig()
+    if plan_window:
+        config = config.for_plan(meta.seq_len, meta.micro_batches, meta.dp_size, long_seq_len=meta.long_seq_len)
+    policy = CachePolicy.serving(config)
     t_open = time.perf_counter()
     loaders = {}
     for sid, src in enumerate(meta.sources):
@@ -142,10 +148,11 @@ def _anonymous_mib() -> int:
     return 0
 
 
-def _run(src: Path, plan_dir: Path, group: int) -> dict[str, Any]:
+def _run(src: Path, plan_dir: Path, group: int, plan_window: bool = False) -> dict[str, Any]:
     # Arrow's allocator as in the embedded cluster's workers (`_cluster.worker_env`)
     env = {"ARROW_DEFAULT_MEMORY_POOL": "jemalloc", **os.environ, "PYTHONPATH": str(src)}
     cmd = [sys.executable, __file__, "--child", str(plan_dir), "--group", str(group)]
+    cmd += ["--plan-window"] if plan_window else []
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -170,11 +177,16 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--data", type=Path, default=None, help="keep data, index and plan in this folder (reused)")
+    ap.add_argument(
+        "--plan-window",
+        action="store_true",
+        help="serve with the window the Executor widens to for the plan (ServeConfig.for_plan), not ServeConfig's own",
+    )
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--group", type=int, default=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
-        print(json.dumps(_child(args.child, args.group)))
+        print(json.dumps(_child(args.child, args.group, args.plan_window)))
         return
     trees = {"after": SRC} if args.ab is None else {"before": args.ab.resolve(), "after": SRC}
     runs: list[dict[str, Any]] = []
@@ -185,7 +197,7 @@ def main() -> None:
             for group in args.groups:
                 for name, src in trees.items() if r % 2 == 0 else reversed(trees.items()):
                     load = _load()
-                    got = _run(src, plan_dir, group)
+                    got = _run(src, plan_dir, group, args.plan_window)
                     runs.append({"round": r, "group": group, "tree": name, "load": load, **got})
                     print(json.dumps(runs[-1]), flush=True)
     summary = []

@@ -206,8 +206,8 @@ class UnitUses:
             self._ids = np.insert(self._ids, at, np.arange(self._next_id, self._next_id + len(fresh)))
             self._next_id += len(fresh)
         code, count = np.unique(self._ids[np.searchsorted(self._keys, k)] * self.span + s, return_counts=True)
-        pos: np.ndarray = np.searchsorted(self._code, code)
-        held: np.ndarray = pos < len(self._code)
+        pos = np.searchsorted(self._code, np.asarray(code, dtype=np.int64))
+        held = pos < len(self._code)
         held[held] = self._code[pos[held]] == code[held]
         self._left[pos[held]] += count[held]
         new = ~held

@@ -542,6 +542,7 @@ class PlanUnitCache:
         self.newest = -1  # the newest step served
         self._plan_id = plan_id
         self._shard_of = shard_of
+        self._ints: dict[UnitKey, int] = {}  # `_key` of the units seen (a loader's units: its shards' row groups)
         self._pool, self._owner = pool_for(plan_id, policy.worker_bytes)
         self._closed = False
         self.extra_steps = 0  # steps beyond the horizon a read-ahead needs to cover storage latency (`_prefetch`)
@@ -599,8 +600,12 @@ class PlanUnitCache:
             self._asked.popleft()
 
     def _key(self, key: UnitKey) -> int:
-        path, unit = key
-        return int_key(self._shard_of[str(path)], unit)
+        """The int key of a unit (remembered: `served` asks it of every held unit at every read)."""
+        k = self._ints.get(key)
+        if k is None:
+            path, unit = key
+            k = self._ints[key] = int_key(self._shard_of[str(path)], unit)
+        return k
 
     def get(self, key: UnitKey) -> Any | None:
         return self._pool.get(self._owner, key)
@@ -714,20 +719,23 @@ class PlanUnitCache:
                 self._mark_uncovered(k, st, r)
 
     def _mark_uncovered(self, keys: np.ndarray, steps: np.ndarray, rows: np.ndarray) -> None:
+        held = [(key, value) for key, value in self._pool.items(self._owner) if isinstance(value, KeptRows)]
+        if not held:
+            return
+        ints = np.array([self._key(key) for key, _ in held], dtype=np.int64)
         near = self.near()
-        for key, value in self._pool.items(self._owner):
-            if isinstance(value, KeptRows):
-                k = self._key(key)
-                sel = keys == k
-                new = ~np.isin(rows[sel], value.rows)
-                if not new.any():
-                    continue
-                first = int(steps[sel][new].min())
-                if first <= near:
-                    self._pool.drop(self._owner, key)
-                    self._stale.pop(k, None)
-                else:
-                    self._stale[k] = min(self._stale.get(k, first), first)
+        for i in np.flatnonzero(np.isin(ints, keys)).tolist():  # only units this chunk reads can gain a row
+            (key, value), k = held[i], int(ints[i])
+            sel = keys == k
+            new = ~np.isin(rows[sel], value.rows)
+            if not new.any():
+                continue
+            first = int(steps[sel][new].min())
+            if first <= near:
+                self._pool.drop(self._owner, key)
+                self._stale.pop(k, None)
+            else:
+                self._stale[k] = min(self._stale.get(k, first), first)
 
     def served(self, keys: np.ndarray, steps: np.ndarray) -> None:
         """Segment reads served: count them off and drop every held unit whose last use (in the horizon) is over."""

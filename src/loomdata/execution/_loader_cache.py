@@ -279,12 +279,11 @@ class UnitUses:
         self._next_id = len(live)
 
     def _base(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per key, its id * span (0 where unknown) and whether it has an id."""
+        """Per key, its id * span (some id's where unknown) and whether it has an id."""
         if len(self._keys) == 0:
             return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=bool)
         at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
-        known = self._keys[at] == keys
-        return np.where(known, self._ids[at] * self.span, 0), known
+        return self._ids[at] * self.span, self._keys[at] == keys
 
     def _find(self, keys: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Positions of (key, step) pairs in the code array and whether each is planned (with reads left)."""

@@ -9,9 +9,12 @@ per source with serving's cache policy (`ServeConfig` defaults: budget, window, 
 `read_now` for every step group of the plan in order, as a constructor does (one request per source
 and group of `--group` steps). Reported per run: process CPU seconds (all threads: the read-ahead's
 too), wall seconds, row groups decoded and the tokens in them (over the tokens read: the read
-amplification), tokens and one CRC over them (both trees must agree), and the anonymous memory once
-every loader has warmed up and at the end (Arrow on jemalloc, as in the workers). `--shuffle block`
-plans stream_throughput's sources with its block shuffle instead of the global one.
+amplification), tokens and one CRC over them (both trees must agree), the anonymous memory once
+every loader has warmed up and at the end (Arrow on jemalloc, as in the workers), and the thread CPU seconds
+of the loaders' bookkeeping (`bookkeeping_cpu_s`: counting served reads off, counting planned chunks in).
+`--plan-window` serves with the window the Executor widens to for the plan (512 steps at 4096 tokens a
+step: a plan reach of about 2,000 steps, what the delivery benchmark's loaders hold), not `ServeConfig`'s 2.
+`--shuffle block` plans stream_throughput's sources with its block shuffle instead of the global one.
 
     .venv/bin/python benchmarks/loader_replay.py --ab ../main/src --rounds 3
 """
@@ -83,6 +86,7 @@ def _child(plan_dir: Path, group: int, plan_window: bool = False) -> dict[str, A
         return arr
 
     parquet.ParquetReader._decode_row_group = counted  # type: ignore[method-assign]
+    book = _time_bookkeeping()
     meta = read_plan(plan_dir)
     table = read_manifest(plan_dir, meta, columns=["step", "source", "sample", "offset", "length"])
     cols = {k: table.column(k).to_numpy() for k in ("step", "source", "sample", "offset", "length")}
@@ -137,7 +141,29 @@ def _child(plan_dir: Path, group: int, plan_window: bool = False) -> dict[str, A
         "anonymous_mib": anon,
         "warm_anonymous_mib": warm_anon,
         "prefetch": counts,
+        "bookkeeping_cpu_s": {k: round(v, 3) for k, v in book.items()},
     }
+
+
+def _time_bookkeeping() -> dict[str, float]:
+    """Thread CPU seconds spent in the loaders' bookkeeping, filled in as the replay runs: counting served reads off
+    (`PlanAhead.served`, on the read path) and counting a chunk's planned reads (`PlanAhead._plan_chunk`, the
+    plan-ahead's). Both methods exist in every tree compared; a call inside another of the same is not counted twice."""
+    from loomdata.execution._plan_ahead import PlanAhead
+
+    spent = {"served": 0.0, "plan_chunk": 0.0}
+    for label, name in (("served", "served"), ("plan_chunk", "_plan_chunk")):
+        original = getattr(PlanAhead, name)
+
+        def timed(self: Any, *a: Any, _f: Any = original, _label: str = label) -> Any:
+            t0 = time.thread_time()
+            try:
+                return _f(self, *a)
+            finally:
+                spent[_label] += time.thread_time() - t0
+
+        setattr(PlanAhead, name, timed)
+    return spent
 
 
 def _anonymous_mib() -> int:
@@ -207,6 +233,9 @@ def main() -> None:
             mine = [x for x in runs if x["group"] == group and x["tree"] == name]
             cpu = sorted(x["cpu_s"] for x in mine)
             row[name] = {"cpu_s_median": cpu[len(cpu) // 2], "cpu_s_min": cpu[0], "decodes": mine[0]["decodes"]}
+            for part in ("served", "plan_chunk"):  # the bookkeeping's thread CPU (absent in older results)
+                got = sorted(x.get("bookkeeping_cpu_s", {}).get(part, 0.0) for x in mine)
+                row[name][f"{part}_cpu_s_range"] = [got[0], got[-1]]
             row[name]["crc"] = sorted({x["crc"] for x in mine})
         if "before" in trees:
             row["cpu_after_over_before_median"] = round(row["after"]["cpu_s_median"] / row["before"]["cpu_s_median"], 3)

@@ -600,10 +600,8 @@ class PlanUnitCache:
 
     def _key(self, key: UnitKey) -> int:
         """The int key of a unit (remembered: `served` asks it of every held unit at every read)."""
-        k = self._ints.get(key)
-        if k is None:
-            path, unit = key
-            k = self._ints[key] = int_key(self._shard_of[str(path)], unit)
+        if (k := self._ints.get(key)) is None:
+            k = self._ints[key] = int_key(self._shard_of[str(key[0])], key[1])
         return k
 
     def get(self, key: UnitKey) -> Any | None:
@@ -614,15 +612,12 @@ class PlanUnitCache:
         if not self._by_rows or str(key[0]) not in self._shard_of:
             return None
         with self._pool.lock:
-            rows, steps = self._pending_rows(self._key(key))
+            # reads from the floor on still to be served (rows served behind a lagging floor are not wanted again:
+            # kept, they made units look mostly wanted, kept whole)
+            rows, steps = self.rows.planned(self._key(key), max(self.floor, 0), self.uses)
             if over_soft(self.policy, self._pool):  # rows planned past what is kept now: read again when they near
                 rows = rows[steps <= max(self.newest, self._front, 0) + self.reach + self.keep_now]
             return np.unique(rows)
-
-    def _pending_rows(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The (row, step) of unit `k`'s planned reads from the floor on that are still to be served (rows of steps
-        served behind a lagging floor are not wanted again: kept, they made units look mostly wanted, kept whole)."""
-        return self.rows.planned(k, max(self.floor, 0), self.uses)
 
     def holds(self, keys: np.ndarray, rows: np.ndarray) -> bool:
         """Whether reading `rows[i]` of unit `keys[i]` (int keys) for every i needs no decoding: all kept."""
@@ -669,7 +664,7 @@ class PlanUnitCache:
             return self._first_missing(self._key(key), kept)
 
     def _first_missing(self, k: int, kept: np.ndarray) -> int:
-        rows, steps = self._pending_rows(k)
+        rows, steps = self.rows.planned(k, max(self.floor, 0), self.uses)  # from the floor on, still to be served
         missing = ~np.isin(rows, kept)
         return int(steps[missing].min()) if missing.any() else -1
 
@@ -718,11 +713,9 @@ class PlanUnitCache:
                 self._mark_uncovered(k, st, r)
 
     def _mark_uncovered(self, keys: np.ndarray, steps: np.ndarray, rows: np.ndarray) -> None:
-        held = [(key, value) for key, value in self._pool.items(self._owner) if isinstance(value, KeptRows)]
-        if not held:
-            return
-        ints = np.array([self._key(key) for key, _ in held], dtype=np.int64)
         near = self.near()
+        held = [(key, value) for key, value in self._pool.items(self._owner) if isinstance(value, KeptRows)]
+        ints = np.array([self._key(key) for key, _ in held], dtype=np.int64)
         for i in np.flatnonzero(np.isin(ints, keys)).tolist():  # only units this chunk reads can gain a row
             (key, value), k = held[i], int(ints[i])
             sel = keys == k

@@ -716,7 +716,7 @@ class PlanUnitCache:
         near = self.near()
         held = [(key, value) for key, value in self._pool.items(self._owner) if isinstance(value, KeptRows)]
         ints = np.array([self._key(key) for key, _ in held], dtype=np.int64)
-        for i in np.flatnonzero(np.isin(ints, keys)).tolist():  # only units this chunk reads can gain a row
+        for i in np.flatnonzero(np.isin(ints, keys)).tolist() if held else []:  # only units it reads gain a row
             (key, value), k = held[i], int(ints[i])
             sel = keys == k
             new = ~np.isin(rows[sel], value.rows)

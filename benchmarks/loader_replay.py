@@ -9,9 +9,12 @@ per source with serving's cache policy (`ServeConfig` defaults: budget, window, 
 `read_now` for every step group of the plan in order, as a constructor does (one request per source
 and group of `--group` steps). Reported per run: process CPU seconds (all threads: the read-ahead's
 too), wall seconds, row groups decoded and the tokens in them (over the tokens read: the read
-amplification), tokens and one CRC over them (both trees must agree), and the anonymous memory once
-every loader has warmed up and at the end (Arrow on jemalloc, as in the workers). `--shuffle block`
-plans stream_throughput's sources with its block shuffle instead of the global one.
+amplification), tokens and one CRC over them (both trees must agree), the anonymous memory once
+every loader has warmed up and at the end (Arrow on jemalloc, as in the workers), and the thread CPU seconds
+of the loaders' bookkeeping (`bookkeeping_cpu_s`: counting served reads off, counting planned chunks in).
+`--plan-window` serves with the window the Executor widens to for the plan (512 steps at 4096 tokens a
+step: a plan reach of about 2,000 steps, what the delivery benchmark's loaders hold), not `ServeConfig`'s 2.
+`--shuffle block` plans stream_throughput's sources with its block shuffle instead of the global one.
 
     .venv/bin/python benchmarks/loader_replay.py --ab ../main/src --rounds 3
 """
@@ -58,8 +61,11 @@ def _prepare(root: Path, args: argparse.Namespace) -> Path:
     return Path(make_plan(spec).plan_dir)
 
 
-def _child(plan_dir: Path, group: int) -> dict[str, Any]:
-    """One replay with the loomdata on sys.path: every source's loader reads every step group in order."""
+def _child(plan_dir: Path, group: int, plan_window: bool = False) -> dict[str, Any]:
+    """One replay with the loomdata on sys.path: every source's loader reads every step group in order.
+
+    `plan_window`: the cache policy of the window the Executor serves the plan with (`ServeConfig.for_plan`: 512
+    steps at 4096 tokens a step), not `ServeConfig`'s own (2 steps): the loaders' plan reach and what they hold."""
     import numpy as np
 
     from loomdata.execution._config import ServeConfig
@@ -80,10 +86,14 @@ def _child(plan_dir: Path, group: int) -> dict[str, Any]:
         return arr
 
     parquet.ParquetReader._decode_row_group = counted  # type: ignore[method-assign]
+    book = _time_bookkeeping()
     meta = read_plan(plan_dir)
     table = read_manifest(plan_dir, meta, columns=["step", "source", "sample", "offset", "length"])
     cols = {k: table.column(k).to_numpy() for k in ("step", "source", "sample", "offset", "length")}
-    policy = CachePolicy.serving(ServeConfig())
+    config = ServeConfig()
+    if plan_window:
+        config = config.for_plan(meta.seq_len, meta.micro_batches, meta.dp_size, long_seq_len=meta.long_seq_len)
+    policy = CachePolicy.serving(config)
     t_open = time.perf_counter()
     loaders = {}
     for sid, src in enumerate(meta.sources):
@@ -131,7 +141,29 @@ def _child(plan_dir: Path, group: int) -> dict[str, Any]:
         "anonymous_mib": anon,
         "warm_anonymous_mib": warm_anon,
         "prefetch": counts,
+        "bookkeeping_cpu_s": {k: round(v, 3) for k, v in book.items()},
     }
+
+
+def _time_bookkeeping() -> dict[str, float]:
+    """Thread CPU seconds spent in the loaders' bookkeeping, filled in as the replay runs: counting served reads off
+    (`PlanAhead.served`, on the read path) and counting a chunk's planned reads (`PlanAhead._plan_chunk`, the
+    plan-ahead's). Both methods exist in every tree compared; a call inside another of the same is not counted twice."""
+    from loomdata.execution._plan_ahead import PlanAhead
+
+    spent = {"served": 0.0, "plan_chunk": 0.0}
+    for label, name in (("served", "served"), ("plan_chunk", "_plan_chunk")):
+        original = getattr(PlanAhead, name)
+
+        def timed(self: Any, *a: Any, _f: Any = original, _label: str = label) -> Any:
+            t0 = time.thread_time()
+            try:
+                return _f(self, *a)
+            finally:
+                spent[_label] += time.thread_time() - t0
+
+        setattr(PlanAhead, name, timed)
+    return spent
 
 
 def _anonymous_mib() -> int:
@@ -142,10 +174,11 @@ def _anonymous_mib() -> int:
     return 0
 
 
-def _run(src: Path, plan_dir: Path, group: int) -> dict[str, Any]:
+def _run(src: Path, plan_dir: Path, group: int, plan_window: bool = False) -> dict[str, Any]:
     # Arrow's allocator as in the embedded cluster's workers (`_cluster.worker_env`)
     env = {"ARROW_DEFAULT_MEMORY_POOL": "jemalloc", **os.environ, "PYTHONPATH": str(src)}
     cmd = [sys.executable, __file__, "--child", str(plan_dir), "--group", str(group)]
+    cmd += ["--plan-window"] if plan_window else []
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -170,11 +203,16 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--data", type=Path, default=None, help="keep data, index and plan in this folder (reused)")
+    ap.add_argument(
+        "--plan-window",
+        action="store_true",
+        help="serve with the window the Executor widens to for the plan (ServeConfig.for_plan), not ServeConfig's own",
+    )
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--group", type=int, default=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
-        print(json.dumps(_child(args.child, args.group)))
+        print(json.dumps(_child(args.child, args.group, args.plan_window)))
         return
     trees = {"after": SRC} if args.ab is None else {"before": args.ab.resolve(), "after": SRC}
     runs: list[dict[str, Any]] = []
@@ -185,7 +223,7 @@ def main() -> None:
             for group in args.groups:
                 for name, src in trees.items() if r % 2 == 0 else reversed(trees.items()):
                     load = _load()
-                    got = _run(src, plan_dir, group)
+                    got = _run(src, plan_dir, group, args.plan_window)
                     runs.append({"round": r, "group": group, "tree": name, "load": load, **got})
                     print(json.dumps(runs[-1]), flush=True)
     summary = []
@@ -195,6 +233,9 @@ def main() -> None:
             mine = [x for x in runs if x["group"] == group and x["tree"] == name]
             cpu = sorted(x["cpu_s"] for x in mine)
             row[name] = {"cpu_s_median": cpu[len(cpu) // 2], "cpu_s_min": cpu[0], "decodes": mine[0]["decodes"]}
+            for part in ("served", "plan_chunk"):  # the bookkeeping's thread CPU (absent in older results)
+                got = sorted(x.get("bookkeeping_cpu_s", {}).get(part, 0.0) for x in mine)
+                row[name][f"{part}_cpu_s_range"] = [got[0], got[-1]]
             row[name]["crc"] = sorted({x["crc"] for x in mine})
         if "before" in trees:
             row["cpu_after_over_before_median"] = round(row["after"]["cpu_s_median"] / row["before"]["cpu_s_median"], 3)

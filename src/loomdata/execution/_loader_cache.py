@@ -175,106 +175,134 @@ class CachePolicy:
 class UnitUses:
     """Pending uses of units by steps: how many segment reads of each (unit key, step) are still to come.
 
-    Pure NumPy over sorted arrays; `span` (the plan's step count) makes (key rank, step) one sortable code.
+    Pure NumPy over sorted arrays, updated in place (merges, never a sort of what is held: session 26, the plan-ahead's
+    CPU grew with everything held, rebuilt for every chunk planned). Each unit key has an id (`_ids`, beside the
+    sorted keys `_keys`) and `span` (the plan's step count) makes (id, step) one sortable code: a key's uses are one
+    run of codes in step order. Only pairs with reads left are held (one served to none is removed), so a key's
+    next use from a step on is one `searchsorted`. Ids follow first planning, renumbered densely (in order) by `prune`.
     """
 
     def __init__(self, span: int) -> None:
         self.span = max(int(span), 1)
-        self._keys = np.zeros(0, dtype=np.int64)  # distinct unit keys, sorted
-        self._code = np.zeros(0, dtype=np.int64)  # rank(key) * span + step, sorted, distinct
-        self._left = np.zeros(0, dtype=np.int64)  # segment reads still to come
+        self._keys = np.zeros(0, dtype=np.int64)  # unit keys with an id, sorted
+        self._ids = np.zeros(0, dtype=np.int64)  # the id of each of `_keys`
+        self._code = np.zeros(0, dtype=np.int64)  # id * span + step, sorted, distinct, reads left > 0
+        self._left = np.zeros(0, dtype=np.int64)  # segment reads still to come (> 0)
+        self._next_id = 0
+        self._spent: tuple[int, int] | None = None  # steps of pairs served to none since `take_spent`: first, last
 
     def __len__(self) -> int:
-        return int(np.count_nonzero(self._left))
+        return len(self._code)
 
     def add(self, keys: np.ndarray, steps: np.ndarray) -> None:
         """Count one planned read per (keys[i], steps[i]) (a manifest segment), merged with those held."""
-        k0, s0 = self._pairs()
-        k = np.concatenate([k0, np.asarray(keys, dtype=np.int64)])
-        s = np.concatenate([s0, np.asarray(steps, dtype=np.int64)])
-        c = np.concatenate([self._left, np.ones(len(keys), dtype=np.int64)])
-        self._build(k, s, c)
+        k, s = np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64)
+        if len(k) == 0:
+            return
+        fresh = np.setdiff1d(k, self._keys)  # sorted, distinct: keys new here get the next ids
+        if len(fresh):
+            at = np.searchsorted(self._keys, fresh)
+            self._keys = np.insert(self._keys, at, fresh)
+            self._ids = np.insert(self._ids, at, np.arange(self._next_id, self._next_id + len(fresh)))
+            self._next_id += len(fresh)
+        code, count = np.unique(self._ids[np.searchsorted(self._keys, k)] * self.span + s, return_counts=True)
+        pos = np.searchsorted(self._code, np.asarray(code, dtype=np.int64))
+        held = pos < len(self._code)
+        held[held] = self._code[pos[held]] == code[held]
+        self._left[pos[held]] += count[held]
+        new = ~held
+        self._code = np.insert(self._code, pos[new], code[new])
+        self._left = np.insert(self._left, pos[new], count[new])
 
     def left(self, keys: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """Segment reads still to come per (keys[i], steps[i]) (0 where none is planned)."""
         pos, ok = self._find(np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64))
-        out = np.zeros(len(pos), dtype=np.int64)
-        out[ok] = self._left[pos[ok]]
-        return out
+        return np.where(ok, self._left[pos] if len(self._left) else 0, 0)
 
     def consume(self, keys: np.ndarray, steps: np.ndarray) -> None:
         """Segment reads served: one use of each (keys[i], steps[i]) less (unplanned pairs are ignored)."""
         pos, ok = self._find(np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64))
-        np.subtract.at(self._left, pos[ok], 1)
-        np.maximum(self._left, 0, out=self._left)
+        pos = pos[ok]
+        if len(pos) == 0:
+            return
+        np.subtract.at(self._left, pos, 1)
+        done = self._left[pos] <= 0
+        if done.any():  # served to none: no longer held
+            gone = np.asarray(steps, dtype=np.int64)[ok][done]
+            lo, hi = int(gone.min()), int(gone.max())
+            self._spent = (lo, hi) if self._spent is None else (min(lo, self._spent[0]), max(hi, self._spent[1]))
+            keep = np.ones(len(self._code), dtype=bool)
+            keep[pos[done]] = False
+            self._code, self._left = self._code[keep], self._left[keep]
+
+    def take_spent(self) -> tuple[int, int] | None:
+        """The first and last step of the pairs served to none since the last call (None: none), for `UnitRows`."""
+        spent, self._spent = self._spent, None
+        return spent
 
     def next_use(self, keys: np.ndarray, floor: int) -> np.ndarray:
         """Per key, the first step >= `floor` with a pending use; -1 where none is known."""
         keys = np.asarray(keys, dtype=np.int64)
-        out = np.full(len(keys), -1, dtype=np.int64)
-        if len(self._keys) == 0 or len(keys) == 0:
-            return out
-        rank = np.searchsorted(self._keys, keys)
-        known = rank < len(self._keys)
-        known[known] = self._keys[rank[known]] == keys[known]
-        r = rank[known]
-        lo = np.searchsorted(self._code, r * self.span + max(int(floor), 0))
-        hi = np.searchsorted(self._code, (r + 1) * self.span)
-        live = np.flatnonzero(self._left > 0)
-        if len(live) == 0:
-            return out
-        i = np.searchsorted(live, lo)
-        first = live[np.minimum(i, len(live) - 1)]
-        found = (i < len(live)) & (first < hi)
-        out[np.flatnonzero(known)[found]] = self._code[first[found]] - r[found] * self.span
-        return out
+        if len(self._code) == 0 or len(keys) == 0:
+            return np.full(len(keys), -1, dtype=np.int64)
+        base, known = self._base(keys)
+        pos = np.searchsorted(self._code, base + max(int(floor), 0))
+        code = self._code[np.minimum(pos, len(self._code) - 1)]
+        found = known & (pos < len(self._code)) & (code < base + self.span)
+        return np.where(found, code - base, -1)
 
     def pending(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Keys with a pending use in steps lo..hi and the first such step, in plan order (step, then key)."""
-        k, s = self._pairs()
-        m = (self._left > 0) & (s >= lo) & (s <= hi)
-        k, s = k[m], s[m]
-        keys, first = np.unique(k, return_index=True)  # pairs are sorted by (key, step): the first is the earliest
-        steps = s[first]
+        if len(self._code) == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        base = self._ids * self.span
+        pos = np.searchsorted(self._code, base + max(int(lo), 0))  # each key's first use from `lo` on
+        step = self._code[np.minimum(pos, len(self._code) - 1)] - base
+        m = (pos < len(self._code)) & (step < self.span) & (step <= hi)
+        keys, steps = self._keys[m], step[m]
         order = np.lexsort((keys, steps))
         return keys[order], steps[order]
 
     def prune(self, floor: int) -> None:
-        """Forget uses before `floor` (served, or skipped by a resume) and spent ones."""
-        k, s = self._pairs()
-        keep = (s >= floor) & (self._left > 0)
-        self._build(k[keep], s[keep], self._left[keep])
+        """Forget uses before `floor` (served, or skipped by a resume), and the ids of keys with none left."""
+        ids = self._code // self.span
+        steps = self._code - ids * self.span
+        keep = steps >= floor
+        ids, steps, self._left = ids[keep], steps[keep], self._left[keep]
+        first = np.ones(len(ids), dtype=bool)
+        first[1:] = ids[1:] != ids[:-1]
+        live = ids[first]  # ids with uses left, in order: renumbered 0.. (codes stay sorted)
+        self._code = (np.cumsum(first) - 1) * self.span + steps
+        at = np.minimum(np.searchsorted(live, self._ids), max(len(live) - 1, 0))
+        held = (at < len(live)) & (live[at] == self._ids) if len(live) else np.zeros(len(self._ids), dtype=bool)
+        self._keys, self._ids = self._keys[held], at[held]
+        self._next_id = len(live)
 
-    def _pairs(self) -> tuple[np.ndarray, np.ndarray]:
-        rank = self._code // self.span
-        return self._keys[rank], self._code - rank * self.span
-
-    def _build(self, k: np.ndarray, s: np.ndarray, c: np.ndarray) -> None:
-        self._keys = np.unique(k)
-        code = np.searchsorted(self._keys, k).astype(np.int64) * self.span + s
-        order = np.argsort(code, kind="stable")
-        code, c = code[order], c[order]
-        if len(code):
-            starts = np.flatnonzero(np.concatenate([[True], code[1:] != code[:-1]]))
-            self._code, self._left = code[starts], np.add.reduceat(c, starts)
-        else:
-            self._code, self._left = code, c
-
-    def _find(self, keys: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Positions of (key, step) pairs in the code array and whether each is planned."""
+    def _base(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per key, its id * span (some id's where unknown) and whether it has an id."""
         if len(self._keys) == 0:
             return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=bool)
-        rank = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
-        code = rank.astype(np.int64) * self.span + steps
+        at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
+        return self._ids[at] * self.span, self._keys[at] == keys
+
+    def _find(self, keys: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of (key, step) pairs in the code array and whether each is planned (with reads left)."""
+        if len(self._code) == 0:
+            return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=bool)
+        base, known = self._base(keys)
+        code = base + steps
         pos = np.minimum(np.searchsorted(self._code, code), len(self._code) - 1)
-        ok = (self._keys[rank] == keys) & (steps >= 0) & (steps < self.span) & (self._code[pos] == code)
+        ok = known & (steps >= 0) & (steps < self.span) & (self._code[pos] == code)
         return pos, ok
 
 
 class UnitRows:
     """The rows planned reads take from each unit, with their steps: what of a unit to keep (`KeptRows`).
 
-    Pure NumPy: (key, step, row) triples sorted by key, so one key's rows are one `searchsorted` slice.
+    Pure NumPy: (key, step, row) triples sorted by key (a key's in the order planned), so one key's rows are one
+    `searchsorted` slice; a chunk planned is merged in (no sort of what is held: session 26). Reads served are told
+    apart by the `UnitUses` given to `planned`; `prune` forgets the steps behind the floor and the reads served since
+    it last ran (looking every held triple up in `UnitUses` at each prune was the strands' largest bookkeeping cost).
     """
 
     def __init__(self) -> None:
@@ -287,23 +315,35 @@ class UnitRows:
 
     def add(self, keys: np.ndarray, steps: np.ndarray, rows: np.ndarray) -> None:
         """Planned reads of `rows[i]` of unit `keys[i]` at `steps[i]`."""
-        k = np.concatenate([self._key, np.asarray(keys, dtype=np.int64)])
-        s = np.concatenate([self._step, np.asarray(steps, dtype=np.int64)])
-        r = np.concatenate([self._row, np.asarray(rows, dtype=np.int64)])
+        k = np.asarray(keys, dtype=np.int64)
         order = np.argsort(k, kind="stable")
-        self._key, self._step, self._row = k[order], s[order], r[order]
+        k = k[order]
+        at = np.searchsorted(self._key, k, side="right")  # after the key's held triples, in the order given
+        self._key = np.insert(self._key, at, k)
+        self._step = np.insert(self._step, at, np.asarray(steps, dtype=np.int64)[order])
+        self._row = np.insert(self._row, at, np.asarray(rows, dtype=np.int64)[order])
 
-    def planned(self, key: int, floor: int) -> tuple[np.ndarray, np.ndarray]:
-        """The (row, step) of each planned read of unit `key` at a step >= `floor`."""
+    def planned(self, key: int, floor: int, uses: UnitUses | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The (row, step) of each planned read of unit `key` at a step >= `floor` (with `uses`: of those still to be
+        served, a read left in `uses`)."""
         lo, hi = np.searchsorted(self._key, [key, key + 1])
         step, row = self._step[lo:hi], self._row[lo:hi]
         live = step >= floor
+        if uses is not None:
+            live[live] = uses.left(np.full(int(live.sum()), key, dtype=np.int64), step[live]) > 0
         return row[live], step[live]
 
     def prune(self, floor: int, uses: UnitUses) -> None:
-        """Forget reads before step `floor` and those served (no use left in `uses`)."""
+        """Forget reads before step `floor` and those served since the last prune (no read left in `uses`).
+
+        Only the triples at steps `uses` served a pair to none at since (`UnitUses.take_spent`) are looked up; a
+        triple whose pair left `uses` otherwise (its own `prune` at a later floor) stays until the floor passes it:
+        `planned` tells it apart all the same."""
         keep = self._step >= floor
-        keep[keep] = uses.left(self._key[keep], self._step[keep]) > 0
+        spent = uses.take_spent()
+        if spent is not None:
+            near = np.flatnonzero(keep & (self._step >= spent[0]) & (self._step <= spent[1]))
+            keep[near] = uses.left(self._key[near], self._step[near]) > 0
         self._key, self._step, self._row = self._key[keep], self._step[keep], self._row[keep]
 
 
@@ -501,6 +541,7 @@ class PlanUnitCache:
         self.newest = -1  # the newest step served
         self._plan_id = plan_id
         self._shard_of = shard_of
+        self._ints: dict[UnitKey, int] = {}  # `_key` of the units seen (a loader's units: its shards' row groups)
         self._pool, self._owner = pool_for(plan_id, policy.worker_bytes)
         self._closed = False
         self.extra_steps = 0  # steps beyond the horizon a read-ahead needs to cover storage latency (`_prefetch`)
@@ -558,8 +599,10 @@ class PlanUnitCache:
             self._asked.popleft()
 
     def _key(self, key: UnitKey) -> int:
-        path, unit = key
-        return int_key(self._shard_of[str(path)], unit)
+        """The int key of a unit (remembered: `served` asks it of every held unit at every read)."""
+        if (k := self._ints.get(key)) is None:
+            k = self._ints[key] = int_key(self._shard_of[str(key[0])], key[1])
+        return k
 
     def get(self, key: UnitKey) -> Any | None:
         return self._pool.get(self._owner, key)
@@ -569,17 +612,12 @@ class PlanUnitCache:
         if not self._by_rows or str(key[0]) not in self._shard_of:
             return None
         with self._pool.lock:
-            rows, steps = self._pending_rows(self._key(key))
+            # reads from the floor on still to be served (rows served behind a lagging floor are not wanted again:
+            # kept, they made units look mostly wanted, kept whole)
+            rows, steps = self.rows.planned(self._key(key), max(self.floor, 0), self.uses)
             if over_soft(self.policy, self._pool):  # rows planned past what is kept now: read again when they near
                 rows = rows[steps <= max(self.newest, self._front, 0) + self.reach + self.keep_now]
             return np.unique(rows)
-
-    def _pending_rows(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The (row, step) of unit `k`'s planned reads from the floor on that are still to be served (rows of steps
-        served behind a lagging floor are not wanted again: kept, they made units look mostly wanted, kept whole)."""
-        rows, steps = self.rows.planned(k, max(self.floor, 0))
-        live = self.uses.left(np.full(len(steps), k, dtype=np.int64), steps) > 0
-        return rows[live], steps[live]
 
     def holds(self, keys: np.ndarray, rows: np.ndarray) -> bool:
         """Whether reading `rows[i]` of unit `keys[i]` (int keys) for every i needs no decoding: all kept."""
@@ -626,7 +664,7 @@ class PlanUnitCache:
             return self._first_missing(self._key(key), kept)
 
     def _first_missing(self, k: int, kept: np.ndarray) -> int:
-        rows, steps = self._pending_rows(k)
+        rows, steps = self.rows.planned(k, max(self.floor, 0), self.uses)  # from the floor on, still to be served
         missing = ~np.isin(rows, kept)
         return int(steps[missing].min()) if missing.any() else -1
 
@@ -676,19 +714,20 @@ class PlanUnitCache:
 
     def _mark_uncovered(self, keys: np.ndarray, steps: np.ndarray, rows: np.ndarray) -> None:
         near = self.near()
-        for key, value in self._pool.items(self._owner):
-            if isinstance(value, KeptRows):
-                k = self._key(key)
-                sel = keys == k
-                new = ~np.isin(rows[sel], value.rows)
-                if not new.any():
-                    continue
-                first = int(steps[sel][new].min())
-                if first <= near:
-                    self._pool.drop(self._owner, key)
-                    self._stale.pop(k, None)
-                else:
-                    self._stale[k] = min(self._stale.get(k, first), first)
+        held = [(key, value) for key, value in self._pool.items(self._owner) if isinstance(value, KeptRows)]
+        ints = np.array([self._key(key) for key, _ in held], dtype=np.int64)
+        for i in np.flatnonzero(np.isin(ints, keys)).tolist() if held else []:  # only units it reads gain a row
+            (key, value), k = held[i], int(ints[i])
+            sel = keys == k
+            new = ~np.isin(rows[sel], value.rows)
+            if not new.any():
+                continue
+            first = int(steps[sel][new].min())
+            if first <= near:
+                self._pool.drop(self._owner, key)
+                self._stale.pop(k, None)
+            else:
+                self._stale[k] = min(self._stale.get(k, first), first)
 
     def served(self, keys: np.ndarray, steps: np.ndarray) -> None:
         """Segment reads served: count them off and drop every held unit whose last use (in the horizon) is over."""

@@ -97,21 +97,7 @@ class PlanAhead:
 
     def keys(self, samples: np.ndarray, reader: FormatReader | None = None) -> np.ndarray:
         """Unit key per sample of this partition (-1 where the reader cannot tell); the loader's reader by default."""
-        lo = self._loader
-        reader = lo._reader if reader is None else reader
-        pos, _ = lo._index.locate(samples)
-        shard, row = lo._index.shard_at(pos), lo._index.row_at(pos)
-        out = np.full(len(samples), -1, dtype=np.int64)
-        for s in np.unique(shard).tolist():
-            sel = np.flatnonzero(shard == s)
-            try:
-                units = reader.units(lo._paths[int(s)], row[sel])
-            except (LoomError, OSError, pa.ArrowException):  # the read itself reports it, with the verifier's words
-                lo._counters.plan_errors += 1
-                continue
-            if units is not None:
-                out[sel] = np.where(units >= 0, unit_key(s, units), -1)
-        return out
+        return _keys_rows(self._loader, samples, reader)[0]
 
     def held(self, request: np.ndarray) -> bool:
         """Whether every row `request` reads is held now (reading it makes no storage request).
@@ -201,8 +187,9 @@ class PlanAhead:
         if got is None:
             return
         step, sample = got
-        ok = (keys := self.keys(sample, self._units)) >= 0
-        self.cache.plan(keys[ok], step[ok], self._rows_of(sample[ok]))
+        keys, rows = _keys_rows(self._loader, sample, self._units)
+        ok = keys >= 0
+        self.cache.plan(keys[ok], step[ok], rows[ok])
 
     def _mine(self, c: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(step, sample) of this partition's manifest rows in chunk `c`; None if the manifest cannot be read.
@@ -305,6 +292,27 @@ class PlanAhead:
         with self._lock:
             self._units.close()
         self.cache.close()
+
+
+def _keys_rows(loader: Any, samples: np.ndarray, reader: FormatReader | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`PlanAhead.keys` and the file row of each sample (planning needs both: one lookup of the samples in the index)
+    from `loader`'s index, and its paths, counters and (by default) reader."""
+    lo = loader
+    reader = lo._reader if reader is None else reader
+    pos, _ = lo._index.locate(samples)
+    shard, row = lo._index.shard_row_at(pos)
+    out = np.full(len(samples), -1, dtype=np.int64)
+    shards = np.unique(shard)
+    for s in shards.tolist():
+        sel: np.ndarray | slice = np.flatnonzero(shard == s) if len(shards) > 1 else slice(None)
+        try:
+            units = reader.units(lo._paths[int(s)], row[sel])
+        except (LoomError, OSError, pa.ArrowException):  # the read itself reports it, with the verifier's words
+            lo._counters.plan_errors += 1
+            continue
+        if units is not None:
+            out[sel] = np.where(units >= 0, unit_key(s, units), -1)
+    return out, row
 
 
 def _hold_checksums(loader: Any, step: np.ndarray, sample: np.ndarray, first_step: int) -> None:

@@ -265,5 +265,13 @@ class SampleIndex:
         run = self._run_of(pos)
         return self.run_rows[run] + (np.asarray(pos, dtype=np.int64) - self.run_starts[run])
 
+    def shard_row_at(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`shard_at` and `row_at` of each position, with one search of the runs (planning asks both of every read)."""
+        if self.rows is not None:
+            return self.shard_at(pos), self.rows[pos].astype(np.int64)
+        assert self.run_rows is not None
+        run = self._run_of(pos)
+        return self.run_shards[run], self.run_rows[run] + (np.asarray(pos, dtype=np.int64) - self.run_starts[run])
+
     def _run_of(self, pos: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.run_starts, pos, side="right") - 1

@@ -1,0 +1,123 @@
+"""`UnitUses` and `UnitRows` merge chunks in place (session 26): every answer equals a plain reference's, rebuilt from
+scratch (dicts and lists), over random plan / serve / prune sequences as `PlanUnitCache` makes them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loomdata.execution._loader_cache import UnitRows, UnitUses, unit_key
+
+
+class _RefUses:
+    """Reads left per (key, step), in a dict; every answer computed from all of it."""
+
+    def __init__(self, span: int) -> None:
+        self.span = span
+        self.left: dict[tuple[int, int], int] = {}
+
+    def add(self, keys: np.ndarray, steps: np.ndarray) -> None:
+        for k, s in zip(keys.tolist(), steps.tolist(), strict=True):
+            self.left[(k, s)] = self.left.get((k, s), 0) + 1
+
+    def consume(self, keys: np.ndarray, steps: np.ndarray) -> None:
+        for k, s in zip(keys.tolist(), steps.tolist(), strict=True):
+            if (k, s) in self.left:
+                self.left[(k, s)] = max(self.left[(k, s)] - 1, 0)
+
+    def get(self, keys: np.ndarray, steps: np.ndarray) -> list[int]:
+        return [self.left.get((k, s), 0) for k, s in zip(keys.tolist(), steps.tolist(), strict=True)]
+
+    def next_use(self, keys: np.ndarray, floor: int) -> list[int]:
+        out = []
+        for k in keys.tolist():
+            mine = [s for (kk, s), n in self.left.items() if kk == k and n > 0 and s >= max(floor, 0)]
+            out.append(min(mine) if mine else -1)
+        return out
+
+    def pending(self, lo: int, hi: int) -> tuple[list[int], list[int]]:
+        first: dict[int, int] = {}
+        for (k, s), n in self.left.items():
+            if n > 0 and lo <= s <= hi:
+                first[k] = min(first.get(k, s), s)
+        pairs = sorted((s, k) for k, s in first.items())
+        return [k for _, k in pairs], [s for s, _ in pairs]
+
+    def prune(self, floor: int) -> None:
+        self.left = {ks: n for ks, n in self.left.items() if ks[1] >= floor and n > 0}
+
+    def __len__(self) -> int:
+        return sum(1 for n in self.left.values() if n > 0)
+
+
+def _ref_planned(triples: list[tuple[int, int, int]], uses: _RefUses, key: int, floor: int) -> tuple[list, list]:
+    """A unit's planned (row, step) from `floor` on with a read left, in the order planned."""
+    got = [(r, s) for k, s, r in triples if k == key and s >= floor and uses.left.get((k, s), 0) > 0]
+    return [r for r, _ in got], [s for _, s in got]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_merged_uses_and_rows_answer_as_a_reference_rebuilt_from_scratch(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    span, chunk, n_keys = 400, 16, 24
+    all_keys = unit_key(rng.integers(0, 6, n_keys), rng.integers(0, 2**20, n_keys))
+    uses, rows, ref, triples = UnitUses(span), UnitRows(), _RefUses(span), []
+    planned_to, newest, floor = 0, 0, 0
+    for _ in range(120):
+        op = rng.integers(0, 4)
+        if op == 0 and planned_to < span:  # a chunk planned (out of order now and then: a read path's chunk)
+            lo = planned_to if rng.random() < 0.8 else int(rng.integers(0, planned_to + 1))
+            hi = min(lo + chunk, span)
+            n = int(rng.integers(0, 60))
+            k = rng.choice(all_keys[: int(rng.integers(1, n_keys + 1))], n)
+            s = rng.integers(lo, hi, n) if hi > lo else np.zeros(0, dtype=np.int64)
+            r = rng.integers(0, 50, len(s))
+            uses.add(k, s)
+            rows.add(k, s, r)
+            ref.add(k, s)
+            triples += list(zip(k.tolist(), s.tolist(), r.tolist(), strict=True))
+            planned_to = max(planned_to, hi)
+        elif op == 1 and ref.left:  # reads served: mostly planned pairs, some twice, some never planned
+            pairs = list(ref.left)
+            pick = [pairs[i] for i in rng.integers(0, len(pairs), int(rng.integers(1, 40)))]
+            pick += [(int(all_keys[0]), span), (12345, 3)]
+            k, s = (np.array(x, dtype=np.int64) for x in zip(*pick, strict=True))
+            uses.consume(k, s)
+            ref.consume(k, s)
+            newest = max(newest, int(s[s < span].max()))
+        elif op == 2:  # the floor moves (back too: a lagging rank asks) and both forget what is behind it
+            floor = max(0, newest - int(rng.integers(0, 40)))
+            if rng.random() < 0.5:
+                uses.prune(floor)
+                rows.prune(floor, uses)
+            else:
+                rows.prune(floor, uses)
+                uses.prune(floor)
+            ref.prune(floor)  # and the reads held as before: those behind the floor or with none left go
+            triples = [t for t in triples if t[1] >= floor and ref.left.get((t[0], t[1]), 0) > 0]
+            assert len(rows) == len(triples)
+        q = rng.choice(np.concatenate([all_keys, [7, 12345]]), int(rng.integers(0, 12)))
+        f = int(rng.integers(-5, span))
+        assert uses.next_use(q, f).tolist() == ref.next_use(q, f)
+        lo, hi = sorted(rng.integers(-5, span + 5, 2).tolist())
+        got = uses.pending(lo, hi)
+        assert (got[0].tolist(), got[1].tolist()) == ref.pending(lo, hi)
+        qs = rng.integers(-1, span + 1, len(q))
+        assert uses.left(q, qs).tolist() == ref.get(q, qs)
+        assert len(uses) == len(ref)
+        for key in all_keys[:6].tolist():
+            r, s = rows.planned(key, floor, uses)
+            assert (r.tolist(), s.tolist()) == _ref_planned(triples, ref, key, floor)
+
+
+def test_rows_forget_reads_served_and_behind_the_floor() -> None:
+    """`prune` keeps the arrays small: a read served to none and a step behind the floor are no longer held."""
+    uses, rows = UnitUses(100), UnitRows()
+    k = np.array([5, 5, 5, 9], dtype=np.int64)
+    s = np.array([1, 2, 3, 3], dtype=np.int64)
+    uses.add(k, s)
+    rows.add(k, s, np.array([10, 11, 12, 0]))
+    uses.consume(np.array([5]), np.array([2]))  # step 2's only read of unit 5: served
+    rows.prune(2, uses)  # step 1 is behind the floor
+    assert len(rows) == 2 and rows.planned(5, 0, uses)[0].tolist() == [12]
+    assert uses.take_spent() is None  # told once

@@ -49,7 +49,19 @@ from typing import Any, Literal
 import numpy as np
 
 from loomdata.planning._allocator import trim_arenas
-from loomdata.planning._lookahead_kernel import add_step_counts, fit_lights, natural_chunk, run_steps, segments_of
+from loomdata.planning._lookahead_kernel import (
+    add_step_counts,
+    classify,
+    collect_heavy,
+    collect_light,
+    fit_lights,
+    light_counts,
+    natural_chunk,
+    overflowing,
+    run_steps,
+    segments_of,
+    write_steps,
+)
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 from loomdata.planning._pointers import Pointers
@@ -333,7 +345,6 @@ def assign_steps(
     nt = np.clip(raw, 0, n - 1) if clipped else raw
     sl = slots[t0:t1].astype(np.int64)
     dpt = dp[t0:t1].astype(np.int64)
-    tall = length > HEAVY_SHARE * seq
     # a source whose epoch is shorter than a few windows of steps repeats documents within reach of a move:
     # its segments stay where membership drew them (they still take their room in the step)
     epochs = np.array([st.epoch_tokens for st in streams], dtype=np.float64)
@@ -347,26 +358,34 @@ def assign_steps(
     else:
         pinned[:] = False
     del edge
-    n_long = _step_sums(nt, n, [is_long]) + _step_sums(nt, n, [pinned, tall])
-    cap_h = np.maximum(sl - n_long, 0)  # sequences left for the moving short segments
-    pinned_light = _step_sums(nt, n, [pinned], [tall], length)
-    short_tok = _step_sums(nt, n, [], [is_long], length).astype(np.float64)
-    moving = ~is_long & ~pinned  # heavy when tall, light otherwise
-    del is_long, pinned
-    order = _Order(pos, raw, offs, n)
-    # the heavy segments' indices (int32 where they fit: 4 bytes a heavy segment less through the lights' peak)
-    idx_dtype = np.int32 if total < 2**31 else np.int64
-    hi_idx = np.concatenate(
-        [c[tall[c] & moving[c]].astype(idx_dtype) for c in order.chunks()] or [np.zeros(0, dtype=idx_dtype)]
+    # one compiled pass: each segment's kind (HEAVY, LIGHT or staying, written over the pinned flags) and the
+    # per-step sums the heavy and light passes need
+    kind = pinned.view(np.uint8)
+    del pinned
+    n_long, pinned_light, short_i, h_cnt, h_nat_tok, n_heavy, n_light = classify(
+        nt, length, is_long, kind, HEAVY_SHARE * seq, n
     )
-    c = np.cumsum(np.bincount(nt[hi_idx], minlength=n))
+    del is_long
+    cap_h = np.maximum(sl - n_long, 0)  # sequences left for the moving short segments
+    short_tok = short_i.astype(np.float64)
+    del short_i
+    order = _Order(pos, raw, offs, n)
+    # the heavy segments' natural steps and lengths in natural order (one compiled pass over the natural order)
+    h_raw = np.empty(n_heavy, dtype=raw.dtype)
+    h_len = np.empty(n_heavy, dtype=np.uint32)
+    at = 0
+    for ch in order.chunks():
+        at = collect_heavy(ch, kind, raw, length, h_raw, h_len, at)
+    c = np.cumsum(h_cnt)
+    del h_cnt
     a = (c + dpt // 2) // dpt * dpt
     # no heavy segment later than K steps after its natural step (also those a re-plan's base deferred)
-    lo = np.searchsorted(raw[hi_idx], (np.arange(n) - k).astype(raw.dtype), side="right")
+    lo = np.searchsorted(h_raw, (np.arange(n) - k).astype(raw.dtype), side="right")
+    del h_raw
     hi = c[np.minimum(np.arange(n) + k, n - 1)]
     a = np.clip(a, lo, hi)
-    hc = np.zeros(len(hi_idx) + 1, dtype=np.int64)
-    np.cumsum(length[hi_idx], out=hc[1:])
+    hc = np.zeros(n_heavy + 1, dtype=np.int64)
+    np.cumsum(h_len, out=hc[1:])
     slack = tolerance * (planned_before + np.cumsum(short_tok))
     h_nat = hc[c]
     a = np.clip(
@@ -383,30 +402,22 @@ def assign_steps(
         # the steps after t can take only so many: what they cannot is placed by t (nothing past the last step)
         a = np.maximum(a, c[-1] - (capc[-1] - capc))
         a[-1] = c[-1]
-    h_step = np.searchsorted(a, np.arange(len(hi_idx)), side="right").astype(step_dtype)  # steps <= n
-    h_nat_tok = np.bincount(nt[hi_idx], weights=length[hi_idx], minlength=n).astype(np.int64)
-    h_asg_tok = np.bincount(np.minimum(h_step, n - 1), weights=length[hi_idx], minlength=n).astype(np.int64)
+    h_step = np.searchsorted(a, np.arange(n_heavy), side="right").astype(step_dtype)  # steps <= n
+    h_asg_tok = np.bincount(np.minimum(h_step, n - 1), weights=h_len, minlength=n).astype(np.int64)
     # the heavy pass's arrays of steps go before the lights' peak (at dp 4 a step holds about 60 segments, so a
     # dozen 8-byte arrays of steps are over a byte a segment)
-    del n_long, short_tok, sl, dpt, lo, hi, a, c, slack, h_cap, capc, epochs, short_epoch, drawn
+    del n_long, short_tok, sl, dpt, lo, hi, a, c, slack, h_cap, capc, epochs, short_epoch, drawn, h_len
 
-    light = moving & ~tall
-    del moving, tall
-    n_light = int(light.sum())
     l_len = _Cum.buffer(n_light)  # the lights' lengths in natural order, written straight into _Cum's blocks
     l_nat = np.zeros(n, dtype=np.int64)
     at = 0
-    for ch in order.chunks():
-        li = ch[light[ch]]
-        ln = length[li]
-        l_len[at : at + len(li)] = ln
-        l_nat += np.bincount(nt[li], weights=ln, minlength=n).astype(np.int64)
-        at += len(li)
+    for ch in order.chunks():  # (one compiled pass over the natural order)
+        at = collect_light(ch, kind, nt, length, l_len, l_nat, at)
     del length
     lc = _Cum(l_len, n_light)  # cumulative light tokens in natural order (owns l_len: no copy)
     del l_len
     room = np.cumsum(l_nat + h_nat_tok - h_asg_tok)
-    cnt = np.maximum.accumulate(np.maximum(lc.searchsorted(room, "right") - 1, 0))
+    cnt = light_counts(lc.pre, lc.pad, n_light + 1, room)
     if final and n:
         cnt[-1] = n_light
     light_room = cap_h * seq - h_asg_tok - pinned_light
@@ -414,20 +425,15 @@ def assign_steps(
     if final and n:
         _fit_end(cnt, lc, light_room)
     del lc
-    out = nt.copy()  # long-lane segments and those of short-epoch sources keep their natural step
-    out[hi_idx] = h_step  # (made only now: the per-segment steps are not held while the lights are poured)
-    del hi_idx, h_step
-    at = 0
+    # every segment's assigned step, written over `raw` (each index of a chunk is read before it is written; no
+    # second array of all steps): heavy ones from h_step, lights from cnt, the others their natural step; what no
+    # step took (a prefix window) is left at its end
+    out = raw
     cnt0 = np.concatenate([np.zeros(1, dtype=np.int64), cnt.astype(np.int64, copy=False)])
-    for ch in order.chunks():  # light j goes to searchsorted(cnt, j, "right"): j is consecutive here
-        li = ch[light[ch]]
-        if len(li):
-            out[li] = _steps_of_run(cnt0, at, at + len(li))
-        at += len(li)
-    del cnt0
-    del light, raw, nt, order
-    np.minimum(out, n - 1, out=out)
-    out += t0  # what no step took (a prefix window) is left at its end
+    hj, lj, tl = 0, 0, -1
+    for ch in order.chunks():
+        hj, lj, tl = write_steps(ch, kind, nt, out, h_step, cnt0, hj, lj, tl, n - 1, t0)
+    del cnt0, h_step, kind, raw, nt, order
 
     # each source's steps are sorted into its own slice of `out` (the result's steps are views of it: no second
     # array of all steps beside it while the positions are laid out)
@@ -638,7 +644,6 @@ def _fit_lights(cnt: np.ndarray, lc: _Cum, room: np.ndarray) -> None:
 
     Visits only steps that overflow and the steps after a push (a light segment is at most half a sequence,
     so an overflow is rare and short-lived); the last step keeps what it has (the balancer carries it)."""
-    prev = np.concatenate([[0], cnt[:-1]])
-    bad = np.flatnonzero(lc[cnt] - lc[prev] > room)
+    bad = overflowing(cnt, lc.pre, lc.pad, room)
     if len(bad):  # compiled (_lookahead_kernel.fit_lights): a few NumPy calls an overflowing step otherwise
         fit_lights(cnt, lc.pre, lc.pad, len(lc.len) + 1, room, bad)

@@ -17,6 +17,12 @@ from loomdata.planning._jit import njit
 __all__ = ["run_steps"]
 
 
+HEAVY = 1
+"""`classify`'s kind of a heavy segment the look-ahead moves."""
+LIGHT = 2
+"""`classify`'s kind of a light segment the look-ahead pours into the steps' room."""
+
+
 @njit
 def run_steps(col: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """(hi - lo,) int64: for v in lo..hi-1 the last step t with col[t] <= v (col non-decreasing, col[0] <= lo)."""
@@ -167,4 +173,169 @@ def natural_chunk(raw: np.ndarray, offs: np.ndarray, cuts: np.ndarray, c: int, l
             k = raw[i] - lo
             out[count[k]] = i
             count[k] += 1
+    return out
+
+
+@njit
+def classify(
+    nt: np.ndarray,
+    length: np.ndarray,
+    is_long: np.ndarray,
+    kind: np.ndarray,
+    tall_over: float,
+    n: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """The look-ahead's per-segment flags and per-step sums in one pass over all segments (natural steps `nt` in
+    0..n-1). On entry `kind` holds the pinned flags (0/1, already clear where `is_long`); on return it holds
+    each segment's kind: HEAVY (a moving segment longer than `tall_over` tokens), LIGHT (another moving
+    short-lane one) or 0 (long-lane or pinned: stays in its natural step). Returns, per step (int64): the
+    sequences taken by what stays (long-lane segments and pinned heavy ones), the pinned lights' tokens, the
+    short-lane tokens, the heavy segments and their tokens; then the numbers of heavy and light segments
+    (_lookahead's masks and bincounts over all segments, one compiled pass)."""
+    n_long = np.zeros(n, dtype=np.int64)
+    pinned_light = np.zeros(n, dtype=np.int64)
+    short_tok = np.zeros(n, dtype=np.int64)
+    h_cnt = np.zeros(n, dtype=np.int64)
+    h_tok = np.zeros(n, dtype=np.int64)
+    n_heavy = 0
+    n_light = 0
+    for i in range(len(nt)):
+        t = nt[i]
+        ln = np.int64(length[i])
+        tall = length[i] > tall_over
+        if is_long[i]:
+            n_long[t] += 1
+            kind[i] = 0
+            continue
+        short_tok[t] += ln
+        if kind[i]:  # pinned
+            if tall:
+                n_long[t] += 1
+            else:
+                pinned_light[t] += ln
+            kind[i] = 0
+        elif tall:
+            h_cnt[t] += 1
+            h_tok[t] += ln
+            kind[i] = HEAVY
+            n_heavy += 1
+        else:
+            kind[i] = LIGHT
+            n_light += 1
+    return n_long, pinned_light, short_tok, h_cnt, h_tok, n_heavy, n_light
+
+
+@njit
+def collect_heavy(
+    idx: np.ndarray,
+    kind: np.ndarray,
+    raw: np.ndarray,
+    length: np.ndarray,
+    h_raw: np.ndarray,
+    h_len: np.ndarray,
+    at: int,
+) -> int:
+    """Append the natural steps (`raw`) and lengths of the heavy segments among the global indices `idx` (a chunk
+    of the natural order) to h_raw/h_len from index `at`; returns the next free index."""
+    for i in idx:
+        if kind[i] == HEAVY:
+            h_raw[at] = raw[i]
+            h_len[at] = length[i]
+            at += 1
+    return at
+
+
+@njit
+def collect_light(
+    idx: np.ndarray, kind: np.ndarray, nt: np.ndarray, length: np.ndarray, l_len: np.ndarray, l_nat: np.ndarray, at: int
+) -> int:
+    """Append the lengths of the light segments among `idx` (a chunk of the natural order) to l_len from `at` and
+    add them to their natural steps' light tokens `l_nat`; returns the next free index."""
+    for i in idx:
+        if kind[i] == LIGHT:
+            ln = length[i]
+            l_len[at] = ln
+            l_nat[nt[i]] += np.int64(ln)
+            at += 1
+    return at
+
+
+@njit
+def write_steps(
+    idx: np.ndarray,
+    kind: np.ndarray,
+    nt: np.ndarray,
+    out: np.ndarray,
+    h_step: np.ndarray,
+    cnt0: np.ndarray,
+    hj: int,
+    lj: int,
+    t: int,
+    last: int,
+    t0: int,
+) -> tuple[int, int, int]:
+    """The assigned step of each segment among `idx` (a chunk of the natural order) into `out` (which may be `nt`
+    or the array it was clipped from: each index is read before it is written): the j-th heavy segment in
+    natural order goes to h_step[j], the j-th light one to the last step t with cnt0[t] <= j (cnt0: 0, then the
+    cumulative lights a step; `t` carries that walk from chunk to chunk, -1 before the first), the others stay
+    in nt; every step is capped at `last` and offset by t0. Returns the next (hj, lj, t)."""
+    m = len(cnt0)
+    for i in idx:
+        k = kind[i]
+        if k == HEAVY:
+            v = np.int64(h_step[hj])
+            hj += 1
+        elif k == LIGHT:
+            if t < 0:  # the first light: one binary search (searchsorted(cnt0, lj, "right") - 1)
+                a, b = 0, m
+                while a < b:
+                    mid = (a + b) // 2
+                    if cnt0[mid] <= lj:
+                        a = mid + 1
+                    else:
+                        b = mid
+                t = a - 1
+            while t + 1 < m and cnt0[t + 1] <= lj:
+                t += 1
+            v = np.int64(t)
+            lj += 1
+        else:
+            v = np.int64(nt[i])
+        out[i] = min(v, last) + t0
+    return hj, lj, t
+
+
+@njit
+def light_counts(pre: np.ndarray, pad: np.ndarray, n_c: int, room: np.ndarray) -> np.ndarray:
+    """(len(room),) int64: the running maximum of max(searchsorted(c, room[t], "right") - 1, 0) over the _Cum c
+    (pre, pad, n_c): the lights each step's cumulative room takes, never fewer than the step before."""
+    out = np.empty(len(room), dtype=np.int64)
+    best = 0
+    for t in range(len(room)):
+        v = _cum_right(pre, pad, n_c, room[t]) - 1
+        if v > best:
+            best = v
+        out[t] = best
+    return out
+
+
+@njit
+def overflowing(cnt: np.ndarray, pre: np.ndarray, pad: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """Steps t whose lights (c[cnt[t]] - c[cnt[t-1]], cnt[-1] = 0) exceed room[t] (np.flatnonzero, int64)."""
+    n = len(cnt)
+    flag = np.zeros(n, dtype=np.bool_)
+    k = 0
+    prev = np.int64(0)  # c[0]
+    for t in range(n):
+        cur = _cum_at(pre, pad, cnt[t])
+        if cur - prev > room[t]:
+            flag[t] = True
+            k += 1
+        prev = cur
+    out = np.empty(k, dtype=np.int64)
+    j = 0
+    for t in range(n):
+        if flag[t]:
+            out[j] = t
+            j += 1
     return out

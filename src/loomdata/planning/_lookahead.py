@@ -50,16 +50,19 @@ import numpy as np
 
 from loomdata.planning._allocator import trim_arenas
 from loomdata.planning._lookahead_kernel import (
+    HEAVY,
+    LIGHT,
     add_step_counts,
     classify,
-    collect_heavy,
-    collect_light,
+    collect,
     fit_lights,
     light_counts,
     natural_chunk,
     overflowing,
     run_steps,
+    scatter_natural,
     segments_of,
+    write_natural,
     write_steps,
 )
 from loomdata.planning._mixture import Stream
@@ -189,12 +192,15 @@ def segments_at(
 
 class _Order:
     """The drawn segments of all sources (concatenated source after source) in natural order: natural step,
-    then source, then stream position; handed out a chunk of global indices at a time. Where every source's
-    positions increase and natural steps do not decrease (as drawn), a chunk of steps is merged from the
-    sources' slices (no permutation of all segments is stored); otherwise one lexsort of all of them."""
+    then source, then stream position. Where every source's positions increase and natural steps do not
+    decrease (as drawn), each source's slice is in natural order already: a pass reads the slices a chunk of
+    steps at a time and places each segment by its rank (scatter_natural, write_natural: no permutation of all
+    segments); otherwise one lexsort of all of them, handed out a chunk of global indices at a time."""
 
-    def __init__(self, pos: Sequence[Positions], raw: np.ndarray, offs: np.ndarray, n: int) -> None:
-        self.raw, self.offs, self.n = raw, offs, n
+    def __init__(self, pos: Sequence[Positions], raw: np.ndarray, offs: np.ndarray, lo_step: int, hi_step: int) -> None:
+        """`lo_step`..`hi_step` - 1: the range of the natural steps `raw`."""
+        self.raw, self.offs = raw, np.ascontiguousarray(offs, dtype=np.int64)
+        self.lo_step, self.hi_step = lo_step, hi_step
         sorted_ = all(
             _nondecreasing(raw[offs[s] : offs[s + 1]]) and (isinstance(p, range) or _increasing(np.asarray(p)))
             for s, p in enumerate(pos)
@@ -204,6 +210,20 @@ class _Order:
             src = np.repeat(np.arange(len(pos), dtype=np.int64), np.diff(offs))
             flat_pos = np.concatenate([_arr(p, np.int64) for p in pos])
             self.full = np.lexsort((flat_pos, src, raw))
+        per_step = max(1, len(raw) // max(hi_step - lo_step, 1))
+        self.width = max(1, CHUNK // per_step)
+        self.edges = np.arange(lo_step, hi_step + self.width, self.width, dtype=np.int64)
+        # where every chunk of steps starts in each source's slice: one search a source, not one a chunk and source
+        self.cuts = (
+            np.stack(
+                [
+                    np.searchsorted(raw[offs[s] : offs[s + 1]], self.edges.astype(raw.dtype))
+                    for s in range(len(offs) - 1)
+                ]
+            ).astype(np.int64)
+            if self.full is None and len(offs) > 1
+            else np.zeros((len(offs) - 1, 1), dtype=np.int64)
+        )
 
     def chunks(self) -> Iterator[np.ndarray]:
         """Global indices in natural order, chunk after chunk."""
@@ -211,22 +231,54 @@ class _Order:
             for a in range(0, len(self.full), CHUNK):
                 yield self.full[a : a + CHUNK]
             return
-        raw, offs = self.raw, self.offs
-        if len(raw) == 0:
+        if len(self.raw) == 0:
             return
-        lo_step, hi_step = int(raw.min()), int(raw.max()) + 1
-        per_step = max(1, len(raw) // max(hi_step - lo_step, 1))
-        width = max(1, CHUNK // per_step)
-        edges = np.arange(lo_step, hi_step + width, width, dtype=np.int64)
-        # where every chunk of steps starts in each source's slice: one search a source, not one a chunk and source
-        cuts = np.stack(
-            [np.searchsorted(raw[offs[s] : offs[s + 1]], edges.astype(raw.dtype)) for s in range(len(offs) - 1)]
-        ).astype(np.int64)
-        offs64 = np.ascontiguousarray(offs, dtype=np.int64)
-        for c, a in enumerate(range(lo_step, hi_step, width)):
-            idx = natural_chunk(raw, offs64, cuts, c, a, width)  # the chunk's slices, counting-sorted (compiled)
+        for c, a in enumerate(range(self.lo_step, self.hi_step, self.width)):
+            idx = natural_chunk(self.raw, self.offs, self.cuts, c, a, self.width)  # counting-sorted (compiled)
             if len(idx):
                 yield idx
+
+    def gather(self, kind: np.ndarray, want: int, per_step: np.ndarray, vals: np.ndarray, dst: np.ndarray) -> None:
+        """dst[j] = vals[i] for the j-th segment i of kind `want` in natural order (`per_step`: how many of them
+        each natural step lo_step.. holds)."""
+        if self.full is not None:
+            at = 0
+            for ch in self.chunks():
+                at = collect(ch, kind, want, vals, dst, at)
+            return
+        nxt = _exclusive(per_step)
+        scatter_natural(self.raw, self.offs, self.cuts, kind, want, nxt, self.lo_step, vals, dst)
+
+    def write(
+        self,
+        kind: np.ndarray,
+        nt: np.ndarray,
+        out: np.ndarray,
+        h_step: np.ndarray,
+        h_per_step: np.ndarray,
+        l_per_step: np.ndarray,
+        cnt0: np.ndarray,
+        last: int,
+        t0: int,
+    ) -> None:
+        """The assigned steps into `out` (may be `raw`): heavy j (natural order) to h_step[j], light j to the last
+        step t with cnt0[t] <= j, the others nt; capped at `last`, offset by t0 (write_natural/write_steps)."""
+        if self.full is not None:
+            hj, lj, tl = 0, 0, -1
+            for ch in self.chunks():
+                hj, lj, tl = write_steps(ch, kind, nt, out, h_step, cnt0, hj, lj, tl, last, t0)
+            return
+        hn, ln = _exclusive(h_per_step), _exclusive(l_per_step)
+        write_natural(
+            self.raw, self.offs, self.cuts, self.edges, kind, nt, out, h_step, hn, ln, cnt0, self.lo_step, last, t0
+        )
+
+
+def _exclusive(counts: np.ndarray) -> np.ndarray:
+    """(len(counts) + 1,) int64: 0, then the cumulative counts (where each count's run starts, and the total)."""
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
 
 
 def stable_order(key: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -341,7 +393,8 @@ def assign_steps(
     if release_ptr and ptr is not None:
         ptr.release()
         trim_arenas()
-    clipped = total and (int(raw.min()) < 0 or int(raw.max()) > n - 1)
+    lo_step, hi_step = (int(raw.min()), int(raw.max()) + 1) if total else (0, 0)
+    clipped = total and (lo_step < 0 or hi_step > n)
     nt = np.clip(raw, 0, n - 1) if clipped else raw
     sl = slots[t0:t1].astype(np.int64)
     dpt = dp[t0:t1].astype(np.int64)
@@ -362,26 +415,27 @@ def assign_steps(
     # per-step sums the heavy and light passes need
     kind = pinned.view(np.uint8)
     del pinned
-    n_long, pinned_light, short_i, h_cnt, h_nat_tok, n_heavy, n_light = classify(
-        nt, length, is_long, kind, HEAVY_SHARE * seq, n
+    n_long, pinned_light, short_i, h_cnt, h_nat_tok, l_nat, h_raw, l_raw = classify(
+        raw, nt, length, is_long, kind, HEAVY_SHARE * seq, n, lo_step, hi_step - lo_step
     )
     del is_long
+    n_heavy, n_light = int(h_raw.sum()), int(l_raw.sum())
     cap_h = np.maximum(sl - n_long, 0)  # sequences left for the moving short segments
     short_tok = short_i.astype(np.float64)
     del short_i
-    order = _Order(pos, raw, offs, n)
-    # the heavy segments' natural steps and lengths in natural order (one compiled pass over the natural order)
-    h_raw = np.empty(n_heavy, dtype=raw.dtype)
+    order = _Order(pos, raw, offs, lo_step, hi_step)
+    # the heavy segments' lengths in natural order (one compiled pass over the sources' slices)
     h_len = np.empty(n_heavy, dtype=np.uint32)
-    at = 0
-    for ch in order.chunks():
-        at = collect_heavy(ch, kind, raw, length, h_raw, h_len, at)
+    order.gather(kind, HEAVY, h_raw, length, h_len)
     c = np.cumsum(h_cnt)
     del h_cnt
     a = (c + dpt // 2) // dpt * dpt
-    # no heavy segment later than K steps after its natural step (also those a re-plan's base deferred)
-    lo = np.searchsorted(h_raw, (np.arange(n) - k).astype(raw.dtype), side="right")
-    del h_raw
+    # no heavy segment later than K steps after its natural step (also those a re-plan's base deferred): lo[t]
+    # heavy segments have a natural step <= t - K (searchsorted over their natural steps in natural order)
+    h_le = np.cumsum(h_raw)
+    v = np.arange(n, dtype=np.int64) - k - lo_step
+    lo = np.where(v < 0, 0, h_le[np.clip(v, 0, len(h_le) - 1)] if len(h_le) else 0)
+    del h_le, v
     hi = c[np.minimum(np.arange(n) + k, n - 1)]
     a = np.clip(a, lo, hi)
     hc = np.zeros(n_heavy + 1, dtype=np.int64)
@@ -409,10 +463,7 @@ def assign_steps(
     del n_long, short_tok, sl, dpt, lo, hi, a, c, slack, h_cap, capc, epochs, short_epoch, drawn, h_len
 
     l_len = _Cum.buffer(n_light)  # the lights' lengths in natural order, written straight into _Cum's blocks
-    l_nat = np.zeros(n, dtype=np.int64)
-    at = 0
-    for ch in order.chunks():  # (one compiled pass over the natural order)
-        at = collect_light(ch, kind, nt, length, l_len, l_nat, at)
+    order.gather(kind, LIGHT, l_raw, length, l_len)  # (one compiled pass over the sources' slices)
     del length
     lc = _Cum(l_len, n_light)  # cumulative light tokens in natural order (owns l_len: no copy)
     del l_len
@@ -425,15 +476,14 @@ def assign_steps(
     if final and n:
         _fit_end(cnt, lc, light_room)
     del lc
-    # every segment's assigned step, written over `raw` (each index of a chunk is read before it is written; no
-    # second array of all steps): heavy ones from h_step, lights from cnt, the others their natural step; what no
-    # step took (a prefix window) is left at its end
+    # every segment's assigned step, written over `raw` (each segment is read before it is written; no second
+    # array of all steps): heavy ones from h_step, lights from cnt, the others their natural step; what no step
+    # took (a prefix window) is left at its end
     out = raw
     cnt0 = np.concatenate([np.zeros(1, dtype=np.int64), cnt.astype(np.int64, copy=False)])
-    hj, lj, tl = 0, 0, -1
-    for ch in order.chunks():
-        hj, lj, tl = write_steps(ch, kind, nt, out, h_step, cnt0, hj, lj, tl, n - 1, t0)
-    del cnt0, h_step, kind, raw, nt, order
+    if total:
+        order.write(kind, nt, out, h_step, h_raw, l_raw, cnt0, n - 1, t0)
+    del cnt0, h_step, kind, raw, nt, order, h_raw, l_raw
 
     # each source's steps are sorted into its own slice of `out` (the result's steps are views of it: no second
     # array of all steps beside it while the positions are laid out)

@@ -178,27 +178,32 @@ def natural_chunk(raw: np.ndarray, offs: np.ndarray, cuts: np.ndarray, c: int, l
 
 @njit
 def classify(
+    raw: np.ndarray,
     nt: np.ndarray,
     length: np.ndarray,
     is_long: np.ndarray,
     kind: np.ndarray,
     tall_over: float,
     n: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
+    lo_step: int,
+    span: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The look-ahead's per-segment flags and per-step sums in one pass over all segments (natural steps `nt` in
     0..n-1). On entry `kind` holds the pinned flags (0/1, already clear where `is_long`); on return it holds
     each segment's kind: HEAVY (a moving segment longer than `tall_over` tokens), LIGHT (another moving
     short-lane one) or 0 (long-lane or pinned: stays in its natural step). Returns, per step (int64): the
     sequences taken by what stays (long-lane segments and pinned heavy ones), the pinned lights' tokens, the
-    short-lane tokens, the heavy segments and their tokens; then the numbers of heavy and light segments
-    (_lookahead's masks and bincounts over all segments, one compiled pass)."""
+    short-lane tokens, the heavy segments and their tokens, the lights' tokens; then (int64, `span` entries)
+    the heavy and the light segments of each unclipped natural step lo_step + r of `raw` (`nt` is `raw` clipped
+    into 0..n-1) (_lookahead's masks and bincounts over all segments, one compiled pass)."""
     n_long = np.zeros(n, dtype=np.int64)
     pinned_light = np.zeros(n, dtype=np.int64)
     short_tok = np.zeros(n, dtype=np.int64)
     h_cnt = np.zeros(n, dtype=np.int64)
     h_tok = np.zeros(n, dtype=np.int64)
-    n_heavy = 0
-    n_light = 0
+    l_tok = np.zeros(n, dtype=np.int64)
+    h_raw = np.zeros(span, dtype=np.int64)
+    l_raw = np.zeros(span, dtype=np.int64)
     for i in range(len(nt)):
         t = nt[i]
         ln = np.int64(length[i])
@@ -218,44 +223,21 @@ def classify(
             h_cnt[t] += 1
             h_tok[t] += ln
             kind[i] = HEAVY
-            n_heavy += 1
+            h_raw[raw[i] - lo_step] += 1
         else:
             kind[i] = LIGHT
-            n_light += 1
-    return n_long, pinned_light, short_tok, h_cnt, h_tok, n_heavy, n_light
+            l_tok[t] += ln
+            l_raw[raw[i] - lo_step] += 1
+    return n_long, pinned_light, short_tok, h_cnt, h_tok, l_tok, h_raw, l_raw
 
 
 @njit
-def collect_heavy(
-    idx: np.ndarray,
-    kind: np.ndarray,
-    raw: np.ndarray,
-    length: np.ndarray,
-    h_raw: np.ndarray,
-    h_len: np.ndarray,
-    at: int,
-) -> int:
-    """Append the natural steps (`raw`) and lengths of the heavy segments among the global indices `idx` (a chunk
-    of the natural order) to h_raw/h_len from index `at`; returns the next free index."""
+def collect(idx: np.ndarray, kind: np.ndarray, want: int, vals: np.ndarray, dst: np.ndarray, at: int) -> int:
+    """Append vals[i] of the segments of kind `want` among the global indices `idx` (a chunk of the natural order)
+    to dst from index `at`; returns the next free index (scatter_natural's order through a permutation)."""
     for i in idx:
-        if kind[i] == HEAVY:
-            h_raw[at] = raw[i]
-            h_len[at] = length[i]
-            at += 1
-    return at
-
-
-@njit
-def collect_light(
-    idx: np.ndarray, kind: np.ndarray, nt: np.ndarray, length: np.ndarray, l_len: np.ndarray, l_nat: np.ndarray, at: int
-) -> int:
-    """Append the lengths of the light segments among `idx` (a chunk of the natural order) to l_len from `at` and
-    add them to their natural steps' light tokens `l_nat`; returns the next free index."""
-    for i in idx:
-        if kind[i] == LIGHT:
-            ln = length[i]
-            l_len[at] = ln
-            l_nat[nt[i]] += np.int64(ln)
+        if kind[i] == want:
+            dst[at] = vals[i]
             at += 1
     return at
 
@@ -339,3 +321,75 @@ def overflowing(cnt: np.ndarray, pre: np.ndarray, pad: np.ndarray, room: np.ndar
             out[j] = t
             j += 1
     return out
+
+
+@njit
+def scatter_natural(
+    raw: np.ndarray,
+    offs: np.ndarray,
+    cuts: np.ndarray,
+    kind: np.ndarray,
+    want: int,
+    nxt: np.ndarray,
+    lo_step: int,
+    vals: np.ndarray,
+    dst: np.ndarray,
+) -> None:
+    """dst[j] = vals[i] for the segments i of kind `want`, j their rank among those in natural order (natural
+    step `raw`, then source, then position), where every source's slice (offs) is in natural order already.
+    `nxt[r]`: on entry the rank of the first such segment of natural step lo_step + r (the exclusive prefix sums
+    of their counts a step), advanced as they are placed. Source slices are read in order a chunk of steps at a
+    time (cuts[s, c]: where chunk c starts in source s's slice): within a step, source after source, so a step's
+    ranks go out in natural order, and the writes stay within the chunk's ranks (no gather through a
+    permutation: _lookahead's merged walk read the segments in natural order, 300 slices interleaved)."""
+    for c in range(cuts.shape[1] - 1):
+        for s in range(cuts.shape[0]):
+            for i in range(offs[s] + cuts[s, c], offs[s] + cuts[s, c + 1]):
+                if kind[i] == want:
+                    r = raw[i] - lo_step
+                    dst[nxt[r]] = vals[i]
+                    nxt[r] += 1
+
+
+@njit
+def write_natural(
+    raw: np.ndarray,
+    offs: np.ndarray,
+    cuts: np.ndarray,
+    edges: np.ndarray,
+    kind: np.ndarray,
+    nt: np.ndarray,
+    out: np.ndarray,
+    h_step: np.ndarray,
+    hnxt: np.ndarray,
+    lnxt: np.ndarray,
+    cnt0: np.ndarray,
+    lo_step: int,
+    last: int,
+    t0: int,
+) -> None:
+    """write_steps over all segments in the layout scatter_natural reads (its heavy and light ranks from `hnxt`
+    and `lnxt`, each the exclusive prefix sums of the kind's counts a natural step, with one entry more: the
+    total): the j-th heavy segment in natural order goes to h_step[j], the j-th light one to the last step t
+    with cnt0[t] <= j (run_steps over the chunk's ranks), the others stay in nt; capped at `last`, offset by t0,
+    into `out` (which may be `raw`: each segment is read before it is written)."""
+    r_all = len(lnxt) - 1
+    for c in range(cuts.shape[1] - 1):
+        a = min(edges[c] - lo_step, r_all)
+        b = min(edges[c + 1] - lo_step, r_all)
+        l0 = lnxt[a]
+        lsteps = run_steps(cnt0, l0, lnxt[b])  # the steps of the chunk's lights, by rank
+        for s in range(cuts.shape[0]):
+            for i in range(offs[s] + cuts[s, c], offs[s] + cuts[s, c + 1]):
+                k = kind[i]
+                if k == HEAVY:
+                    r = raw[i] - lo_step
+                    v = np.int64(h_step[hnxt[r]])
+                    hnxt[r] += 1
+                elif k == LIGHT:
+                    r = raw[i] - lo_step
+                    v = lsteps[lnxt[r] - l0]
+                    lnxt[r] += 1
+                else:
+                    v = np.int64(nt[i])
+                out[i] = min(v, last) + t0

@@ -548,28 +548,6 @@ def _sorted_pieces(key: np.ndarray) -> list[tuple[int, int]]:
     return out
 
 
-def _step_sums(
-    nt: np.ndarray,
-    n: int,
-    keep: Sequence[np.ndarray],
-    drop: Sequence[np.ndarray] = (),
-    weights: np.ndarray | None = None,
-) -> np.ndarray:
-    """(n,) int64 per step of `nt`: the count (or the sum of integer `weights`) of the segments where every
-    `keep` mask is set and no `drop` mask is, a chunk at a time (exactly a float bincount's integer sums)."""
-    out = np.zeros(n, dtype=np.int64)
-    for a in range(0, len(nt), CHUNK):
-        b = a + CHUNK
-        m = np.ones(min(len(nt), b) - a, dtype=bool)
-        for x in keep:
-            m &= x[a:b]
-        for x in drop:
-            m &= ~x[a:b]
-        w = None if weights is None else weights[a:b][m]
-        out += np.bincount(nt[a:b][m], weights=w, minlength=n).astype(np.int64)
-    return out
-
-
 def _epoch_starts(p: Positions, st: Stream) -> np.ndarray:
     """Indices i into the positions `p` (increasing) where a new epoch of the stream begins (p[i-1] is in an
     earlier epoch than p[i]), from the epochs' first stream positions (no per-position epoch array)."""

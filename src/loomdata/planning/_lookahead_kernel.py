@@ -283,7 +283,7 @@ def write_steps(
             lj += 1
         else:
             v = np.int64(nt[i])
-        out[i] = min(v, last) + t0
+        out[i] = (v if v < last else last) + t0
     return hj, lj, t
 
 
@@ -307,7 +307,7 @@ def overflowing(cnt: np.ndarray, pre: np.ndarray, pad: np.ndarray, room: np.ndar
     n = len(cnt)
     flag = np.zeros(n, dtype=np.bool_)
     k = 0
-    prev = np.int64(0)  # c[0]
+    prev = 0  # c[0]
     for t in range(n):
         cur = _cum_at(pre, pad, cnt[t])
         if cur - prev > room[t]:
@@ -392,4 +392,4 @@ def write_natural(
                     lnxt[r] += 1
                 else:
                     v = np.int64(nt[i])
-                out[i] = min(v, last) + t0
+                out[i] = (v if v < last else last) + t0

@@ -402,21 +402,16 @@ def assign_steps(
     # its segments stay where membership drew them (they still take their room in the step)
     epochs = np.array([st.epoch_tokens for st in streams], dtype=np.float64)
     short_epoch = epochs * n < PIN_WINDOWS * (k + 1) * drawn  # its epoch lasts fewer steps than that
-    # and segments drawn within K + 1 steps of their source's epoch start stay too: no move crosses an epoch
-    pinned = edge
-    if n:
-        for j in np.flatnonzero(short_epoch).tolist():
-            pinned[offs[j] : offs[j + 1]] = True
-        pinned &= ~is_long
-    else:
-        pinned[:] = False
+    # and segments drawn within K + 1 steps of their source's epoch start stay too (`edge`): no move crosses an
+    # epoch. One compiled pass: each segment's kind (HEAVY, LIGHT or staying, written over the `edge` flags) and
+    # the per-step sums the heavy and light passes need
+    if not n:
+        edge[:] = False
+        short_epoch[:] = False
+    kind = edge.view(np.uint8)
     del edge
-    # one compiled pass: each segment's kind (HEAVY, LIGHT or staying, written over the pinned flags) and the
-    # per-step sums the heavy and light passes need
-    kind = pinned.view(np.uint8)
-    del pinned
     n_long, pinned_light, short_i, h_cnt, h_nat_tok, l_nat, h_raw, l_raw = classify(
-        raw, nt, length, is_long, kind, HEAVY_SHARE * seq, n, lo_step, hi_step - lo_step
+        raw, nt, length, is_long, kind, offs, short_epoch, HEAVY_SHARE * seq, n, lo_step, hi_step - lo_step
     )
     del is_long
     n_heavy, n_light = int(h_raw.sum()), int(l_raw.sum())
@@ -456,7 +451,10 @@ def assign_steps(
         # the steps after t can take only so many: what they cannot is placed by t (nothing past the last step)
         a = np.maximum(a, c[-1] - (capc[-1] - capc))
         a[-1] = c[-1]
-    h_step = np.searchsorted(a, np.arange(n_heavy), side="right").astype(step_dtype)  # steps <= n
+    if len(a) and bool((a[1:] >= a[:-1]).all()):  # (as a rule): one merged walk, not a search a heavy segment
+        h_step = run_steps(np.concatenate([[-1], a]), 0, n_heavy).astype(step_dtype)  # steps <= n
+    else:
+        h_step = np.searchsorted(a, np.arange(n_heavy), side="right").astype(step_dtype)
     h_asg_tok = np.bincount(np.minimum(h_step, n - 1), weights=h_len, minlength=n).astype(np.int64)
     # the heavy pass's arrays of steps go before the lights' peak (at dp 4 a step holds about 60 segments, so a
     # dozen 8-byte arrays of steps are over a byte a segment)

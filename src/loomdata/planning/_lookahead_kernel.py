@@ -183,19 +183,22 @@ def classify(
     length: np.ndarray,
     is_long: np.ndarray,
     kind: np.ndarray,
+    offs: np.ndarray,
+    short_epoch: np.ndarray,
     tall_over: float,
     n: int,
     lo_step: int,
     span: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The look-ahead's per-segment flags and per-step sums in one pass over all segments (natural steps `nt` in
-    0..n-1). On entry `kind` holds the pinned flags (0/1, already clear where `is_long`); on return it holds
-    each segment's kind: HEAVY (a moving segment longer than `tall_over` tokens), LIGHT (another moving
-    short-lane one) or 0 (long-lane or pinned: stays in its natural step). Returns, per step (int64): the
-    sequences taken by what stays (long-lane segments and pinned heavy ones), the pinned lights' tokens, the
-    short-lane tokens, the heavy segments and their tokens, the lights' tokens; then (int64, `span` entries)
-    the heavy and the light segments of each unclipped natural step lo_step + r of `raw` (`nt` is `raw` clipped
-    into 0..n-1) (_lookahead's masks and bincounts over all segments, one compiled pass)."""
+    0..n-1; source s's segments are offs[s]..offs[s+1]-1). A short-lane segment is pinned (stays in its natural
+    step) where `kind` is set on entry (drawn near an epoch start) or its source's `short_epoch` is; on return
+    `kind` holds each segment's kind: HEAVY (a moving segment longer than `tall_over` tokens), LIGHT (another
+    moving short-lane one) or 0 (long-lane or pinned). Returns, per step (int64): the sequences taken by what
+    stays (long-lane segments and pinned heavy ones), the pinned lights' tokens, the short-lane tokens, the heavy
+    segments and their tokens, the lights' tokens; then (int64, `span` entries) the heavy and the light segments
+    of each unclipped natural step lo_step + r of `raw` (`nt` is `raw` clipped into 0..n-1) (_lookahead's masks
+    and bincounts over all segments, one compiled pass)."""
     n_long = np.zeros(n, dtype=np.int64)
     pinned_light = np.zeros(n, dtype=np.int64)
     short_tok = np.zeros(n, dtype=np.int64)
@@ -204,7 +207,12 @@ def classify(
     l_tok = np.zeros(n, dtype=np.int64)
     h_raw = np.zeros(span, dtype=np.int64)
     l_raw = np.zeros(span, dtype=np.int64)
+    s, stop, pin = -1, 0, False  # the source of segment i, where its slice ends, whether it is pinned whole
     for i in range(len(nt)):
+        while i >= stop:
+            s += 1
+            stop = offs[s + 1]
+            pin = short_epoch[s]
         t = nt[i]
         ln = np.int64(length[i])
         tall = length[i] > tall_over
@@ -213,7 +221,7 @@ def classify(
             kind[i] = 0
             continue
         short_tok[t] += ln
-        if kind[i]:  # pinned
+        if kind[i] or pin:  # pinned
             if tall:
                 n_long[t] += 1
             else:

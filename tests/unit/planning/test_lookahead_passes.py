@@ -89,18 +89,21 @@ def test_assign_steps_matches_the_numpy_passes(seed: int) -> None:
 
 
 def test_classify_sums_and_kinds_match_the_masks() -> None:
-    """classify's kinds and per-step sums against the masks and bincounts (steps clipped, one out of range)."""
+    """classify's kinds and per-step sums against the masks and bincounts (steps clipped, some out of range; the
+    second of two sources pinned whole, as a source of short epochs is)."""
     rng = np.random.default_rng(11)
     n, seq = 50, 100
     raw = np.sort(rng.integers(-3, n + 2, 5000)).astype(np.int32)
     nt = np.clip(raw, 0, n - 1)
     length = rng.integers(1, 2 * seq, len(raw)).astype(np.uint32)
     is_long = length > 1.5 * seq
-    pinned = (rng.random(len(raw)) < 0.2) & ~is_long
-    kind = pinned.copy().view(np.uint8)
+    edge = rng.random(len(raw)) < 0.2
+    kind = edge.copy().view(np.uint8)
+    offs = np.array([0, 3000, len(raw)], dtype=np.int64)
     n_long, pinned_light, short_tok, h_cnt, h_tok, l_tok, h_raw, l_raw = classify(
-        raw, nt, length, is_long, kind, HEAVY_SHARE * seq, n, -3, n + 5
+        raw, nt, length, is_long, kind, offs, np.array([False, True]), HEAVY_SHARE * seq, n, -3, n + 5
     )
+    pinned = (edge | (np.arange(len(raw)) >= 3000)) & ~is_long
     tall = length > HEAVY_SHARE * seq
     heavy, light = tall & ~is_long & ~pinned, ~tall & ~is_long & ~pinned
 

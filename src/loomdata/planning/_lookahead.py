@@ -5,8 +5,10 @@ on its own. A step holding h heavy segments over dp ranks gives h mod dp ranks o
 others, and no assignment within the step can even that out (max/LB ~ (q+1)/q with few slots a rank).
 Choosing which step a heavy segment goes to can.
 
-How (planning.lookahead = K > 0; K = 0 keeps membership as drawn, byte-identical plans). All of it is
-NumPy over all segments of the planned steps at once, a short loop only over steps a repair must visit:
+How (planning.lookahead = K > 0; K = 0 keeps membership as drawn, byte-identical plans). Over all segments of the
+planned steps at once: a few compiled passes over the segments (_lookahead_kernel: one classifies them and sums
+what each step holds, one places the heavy segments' and one the lights' lengths in natural order, one writes
+every segment's step), NumPy over the steps and the heavy segments between them:
 - every stream position p of source k has its natural step n(p) (from the membership pointers);
 - heavy: a short-lane segment longer than HEAVY_SHARE of a sequence (at most one fits a sequence);
 - heavy segments of all sources in natural order (natural step, then source, then stream position);
@@ -31,12 +33,13 @@ steps' spare room).
 The result is an assigned step per stream position; a step's segments of one source are no longer one
 contiguous range, so StepItems gathers them through `StepAssignment` (same column layout).
 Memory (bounded per segment, no int64 array over all segments): a fresh plan's positions are ranges and their
-natural steps come from the pointers chunk by chunk; the pass keeps int32 steps, uint32 lengths and a few
-one-byte flags per segment, the natural order is merged from the sources a chunk of steps at a time (no
-permutation of all segments), the lights' cumulative tokens are block sums (_Cum, ~4 bytes a light, the
-lengths written once into its buffer); each stream's counts are dropped once that source's lengths are read
-(`drop_counts`), before the next source's are. The result keeps uint32 positions
-and int32 steps (8 bytes a segment). Every position
+natural steps come from the pointers chunk by chunk; the pass keeps int32 steps, uint32 lengths and two
+one-byte flags per segment (long lane; then the kind, written over the pins), the natural order is not stored
+(each source's slice is in natural order: a pass reads the slices a chunk of steps at a time and places each
+segment by its rank among the step's, no permutation of all segments), the lights' cumulative tokens are block
+sums (_Cum, ~4 bytes a light, the lengths written once into its buffer), the assigned steps are written over the
+natural ones; each stream's counts are dropped once that source's lengths are read (`drop_counts`), before the
+next source's are. The result keeps uint32 positions and int32 steps (8 bytes a segment). Every position
 drawn for the planned steps gets exactly one step (the property tests check all positions).
 """
 

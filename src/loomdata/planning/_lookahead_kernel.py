@@ -6,6 +6,13 @@ they span. The NumPy form (each step repeated by how many positions fall in it: 
 over every step the run spans) costs O(steps) a call: with many sources at small dp a source draws a
 fraction of a segment a step (300 sources, dp 4: 166K steps, ~0.2 positions of a source a step), so
 the steps dominated. `col` may be a strided column of the (steps + 1, sources) pointer grid.
+
+The look-ahead's passes over all segments are compiled here too (NumPy's masks, gathers and bincounts made
+a dozen passes over every segment, and the merged natural order's indices read the segments of 300 sources
+interleaved): `classify` (each segment's kind and the per-step sums, one pass), `scatter_natural` (the
+heavy or light segments' lengths in natural order: each source's slice read in order, a segment placed by its
+rank), `write_natural` (every segment's assigned step), `light_counts` and `overflowing` (the lights' searches
+over a _Cum); `collect` and `write_steps` do the same through a permutation (positions not in stream order).
 """
 
 from __future__ import annotations

@@ -5,8 +5,10 @@ on its own. A step holding h heavy segments over dp ranks gives h mod dp ranks o
 others, and no assignment within the step can even that out (max/LB ~ (q+1)/q with few slots a rank).
 Choosing which step a heavy segment goes to can.
 
-How (planning.lookahead = K > 0; K = 0 keeps membership as drawn, byte-identical plans). All of it is
-NumPy over all segments of the planned steps at once, a short loop only over steps a repair must visit:
+How (planning.lookahead = K > 0; K = 0 keeps membership as drawn, byte-identical plans). Over all segments of the
+planned steps at once: a few compiled passes over the segments (_lookahead_kernel: one classifies them and sums
+what each step holds, one places the heavy segments' and one the lights' lengths in natural order, one writes
+every segment's step), NumPy over the steps and the heavy segments between them:
 - every stream position p of source k has its natural step n(p) (from the membership pointers);
 - heavy: a short-lane segment longer than HEAVY_SHARE of a sequence (at most one fits a sequence);
 - heavy segments of all sources in natural order (natural step, then source, then stream position);
@@ -31,12 +33,13 @@ steps' spare room).
 The result is an assigned step per stream position; a step's segments of one source are no longer one
 contiguous range, so StepItems gathers them through `StepAssignment` (same column layout).
 Memory (bounded per segment, no int64 array over all segments): a fresh plan's positions are ranges and their
-natural steps come from the pointers chunk by chunk; the pass keeps int32 steps, uint32 lengths and a few
-one-byte flags per segment, the natural order is merged from the sources a chunk of steps at a time (no
-permutation of all segments), the lights' cumulative tokens are block sums (_Cum, ~4 bytes a light, the
-lengths written once into its buffer); each stream's counts are dropped once that source's lengths are read
-(`drop_counts`), before the next source's are. The result keeps uint32 positions
-and int32 steps (8 bytes a segment). Every position
+natural steps come from the pointers chunk by chunk; the pass keeps int32 steps, uint32 lengths and two
+one-byte flags per segment (long lane; then the kind, written over the pins), the natural order is not stored
+(each source's slice is in natural order: a pass reads the slices a chunk of steps at a time and places each
+segment by its rank among the step's, no permutation of all segments), the lights' cumulative tokens are block
+sums (_Cum, ~4 bytes a light, the lengths written once into its buffer), the assigned steps are written over the
+natural ones; each stream's counts are dropped once that source's lengths are read (`drop_counts`), before the
+next source's are. The result keeps uint32 positions and int32 steps (8 bytes a segment). Every position
 drawn for the planned steps gets exactly one step (the property tests check all positions).
 """
 
@@ -49,7 +52,22 @@ from typing import Any, Literal
 import numpy as np
 
 from loomdata.planning._allocator import trim_arenas
-from loomdata.planning._lookahead_kernel import add_step_counts, fit_lights, natural_chunk, run_steps, segments_of
+from loomdata.planning._lookahead_kernel import (
+    HEAVY,
+    LIGHT,
+    add_step_counts,
+    classify,
+    collect,
+    fit_lights,
+    light_counts,
+    natural_chunk,
+    overflowing,
+    run_steps,
+    scatter_natural,
+    segments_of,
+    write_natural,
+    write_steps,
+)
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 from loomdata.planning._pointers import Pointers
@@ -177,12 +195,15 @@ def segments_at(
 
 class _Order:
     """The drawn segments of all sources (concatenated source after source) in natural order: natural step,
-    then source, then stream position; handed out a chunk of global indices at a time. Where every source's
-    positions increase and natural steps do not decrease (as drawn), a chunk of steps is merged from the
-    sources' slices (no permutation of all segments is stored); otherwise one lexsort of all of them."""
+    then source, then stream position. Where every source's positions increase and natural steps do not
+    decrease (as drawn), each source's slice is in natural order already: a pass reads the slices a chunk of
+    steps at a time and places each segment by its rank (scatter_natural, write_natural: no permutation of all
+    segments); otherwise one lexsort of all of them, handed out a chunk of global indices at a time."""
 
-    def __init__(self, pos: Sequence[Positions], raw: np.ndarray, offs: np.ndarray, n: int) -> None:
-        self.raw, self.offs, self.n = raw, offs, n
+    def __init__(self, pos: Sequence[Positions], raw: np.ndarray, offs: np.ndarray, lo_step: int, hi_step: int) -> None:
+        """`lo_step`..`hi_step` - 1: the range of the natural steps `raw`."""
+        self.raw, self.offs = raw, np.ascontiguousarray(offs, dtype=np.int64)
+        self.lo_step, self.hi_step = lo_step, hi_step
         sorted_ = all(
             _nondecreasing(raw[offs[s] : offs[s + 1]]) and (isinstance(p, range) or _increasing(np.asarray(p)))
             for s, p in enumerate(pos)
@@ -192,6 +213,20 @@ class _Order:
             src = np.repeat(np.arange(len(pos), dtype=np.int64), np.diff(offs))
             flat_pos = np.concatenate([_arr(p, np.int64) for p in pos])
             self.full = np.lexsort((flat_pos, src, raw))
+        per_step = max(1, len(raw) // max(hi_step - lo_step, 1))
+        self.width = max(1, CHUNK // per_step)
+        self.edges = np.arange(lo_step, hi_step + self.width, self.width, dtype=np.int64)
+        # where every chunk of steps starts in each source's slice: one search a source, not one a chunk and source
+        self.cuts = (
+            np.stack(
+                [
+                    np.searchsorted(raw[offs[s] : offs[s + 1]], self.edges.astype(raw.dtype))
+                    for s in range(len(offs) - 1)
+                ]
+            ).astype(np.int64)
+            if self.full is None and len(offs) > 1
+            else np.zeros((len(offs) - 1, 1), dtype=np.int64)
+        )
 
     def chunks(self) -> Iterator[np.ndarray]:
         """Global indices in natural order, chunk after chunk."""
@@ -199,22 +234,54 @@ class _Order:
             for a in range(0, len(self.full), CHUNK):
                 yield self.full[a : a + CHUNK]
             return
-        raw, offs = self.raw, self.offs
-        if len(raw) == 0:
+        if len(self.raw) == 0:
             return
-        lo_step, hi_step = int(raw.min()), int(raw.max()) + 1
-        per_step = max(1, len(raw) // max(hi_step - lo_step, 1))
-        width = max(1, CHUNK // per_step)
-        edges = np.arange(lo_step, hi_step + width, width, dtype=np.int64)
-        # where every chunk of steps starts in each source's slice: one search a source, not one a chunk and source
-        cuts = np.stack(
-            [np.searchsorted(raw[offs[s] : offs[s + 1]], edges.astype(raw.dtype)) for s in range(len(offs) - 1)]
-        ).astype(np.int64)
-        offs64 = np.ascontiguousarray(offs, dtype=np.int64)
-        for c, a in enumerate(range(lo_step, hi_step, width)):
-            idx = natural_chunk(raw, offs64, cuts, c, a, width)  # the chunk's slices, counting-sorted (compiled)
+        for c, a in enumerate(range(self.lo_step, self.hi_step, self.width)):
+            idx = natural_chunk(self.raw, self.offs, self.cuts, c, a, self.width)  # counting-sorted (compiled)
             if len(idx):
                 yield idx
+
+    def gather(self, kind: np.ndarray, want: int, per_step: np.ndarray, vals: np.ndarray, dst: np.ndarray) -> None:
+        """dst[j] = vals[i] for the j-th segment i of kind `want` in natural order (`per_step`: how many of them
+        each natural step lo_step.. holds)."""
+        if self.full is not None:
+            at = 0
+            for ch in self.chunks():
+                at = collect(ch, kind, want, vals, dst, at)
+            return
+        nxt = _exclusive(per_step)
+        scatter_natural(self.raw, self.offs, self.cuts, kind, want, nxt, self.lo_step, vals, dst)
+
+    def write(
+        self,
+        kind: np.ndarray,
+        nt: np.ndarray,
+        out: np.ndarray,
+        h_step: np.ndarray,
+        h_per_step: np.ndarray,
+        l_per_step: np.ndarray,
+        cnt0: np.ndarray,
+        last: int,
+        t0: int,
+    ) -> None:
+        """The assigned steps into `out` (may be `raw`): heavy j (natural order) to h_step[j], light j to the last
+        step t with cnt0[t] <= j, the others nt; capped at `last`, offset by t0 (write_natural/write_steps)."""
+        if self.full is not None:
+            hj, lj, tl = 0, 0, -1
+            for ch in self.chunks():
+                hj, lj, tl = write_steps(ch, kind, nt, out, h_step, cnt0, hj, lj, tl, last, t0)
+            return
+        hn, ln = _exclusive(h_per_step), _exclusive(l_per_step)
+        write_natural(
+            self.raw, self.offs, self.cuts, self.edges, kind, nt, out, h_step, hn, ln, cnt0, self.lo_step, last, t0
+        )
+
+
+def _exclusive(counts: np.ndarray) -> np.ndarray:
+    """(len(counts) + 1,) int64: 0, then the cumulative counts (where each count's run starts, and the total)."""
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
 
 
 def stable_order(key: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -329,44 +396,48 @@ def assign_steps(
     if release_ptr and ptr is not None:
         ptr.release()
         trim_arenas()
-    clipped = total and (int(raw.min()) < 0 or int(raw.max()) > n - 1)
+    lo_step, hi_step = (int(raw.min()), int(raw.max()) + 1) if total else (0, 0)
+    clipped = total and (lo_step < 0 or hi_step > n)
     nt = np.clip(raw, 0, n - 1) if clipped else raw
     sl = slots[t0:t1].astype(np.int64)
     dpt = dp[t0:t1].astype(np.int64)
-    tall = length > HEAVY_SHARE * seq
     # a source whose epoch is shorter than a few windows of steps repeats documents within reach of a move:
     # its segments stay where membership drew them (they still take their room in the step)
     epochs = np.array([st.epoch_tokens for st in streams], dtype=np.float64)
     short_epoch = epochs * n < PIN_WINDOWS * (k + 1) * drawn  # its epoch lasts fewer steps than that
-    # and segments drawn within K + 1 steps of their source's epoch start stay too: no move crosses an epoch
-    pinned = edge
-    if n:
-        for j in np.flatnonzero(short_epoch).tolist():
-            pinned[offs[j] : offs[j + 1]] = True
-        pinned &= ~is_long
-    else:
-        pinned[:] = False
+    # and segments drawn within K + 1 steps of their source's epoch start stay too (`edge`): no move crosses an
+    # epoch. One compiled pass: each segment's kind (HEAVY, LIGHT or staying, written over the `edge` flags) and
+    # the per-step sums the heavy and light passes need
+    if not n:
+        edge[:] = False
+        short_epoch[:] = False
+    kind = edge.view(np.uint8)
     del edge
-    n_long = _step_sums(nt, n, [is_long]) + _step_sums(nt, n, [pinned, tall])
-    cap_h = np.maximum(sl - n_long, 0)  # sequences left for the moving short segments
-    pinned_light = _step_sums(nt, n, [pinned], [tall], length)
-    short_tok = _step_sums(nt, n, [], [is_long], length).astype(np.float64)
-    moving = ~is_long & ~pinned  # heavy when tall, light otherwise
-    del is_long, pinned
-    order = _Order(pos, raw, offs, n)
-    # the heavy segments' indices (int32 where they fit: 4 bytes a heavy segment less through the lights' peak)
-    idx_dtype = np.int32 if total < 2**31 else np.int64
-    hi_idx = np.concatenate(
-        [c[tall[c] & moving[c]].astype(idx_dtype) for c in order.chunks()] or [np.zeros(0, dtype=idx_dtype)]
+    n_long, pinned_light, short_i, h_cnt, h_nat_tok, l_nat, h_raw, l_raw = classify(
+        raw, nt, length, is_long, kind, offs, short_epoch, HEAVY_SHARE * seq, n, lo_step, hi_step - lo_step
     )
-    c = np.cumsum(np.bincount(nt[hi_idx], minlength=n))
+    del is_long
+    n_heavy, n_light = int(h_raw.sum()), int(l_raw.sum())
+    cap_h = np.maximum(sl - n_long, 0)  # sequences left for the moving short segments
+    short_tok = short_i.astype(np.float64)
+    del short_i
+    order = _Order(pos, raw, offs, lo_step, hi_step)
+    # the heavy segments' lengths in natural order (one compiled pass over the sources' slices)
+    h_len = np.empty(n_heavy, dtype=np.uint32)
+    order.gather(kind, HEAVY, h_raw, length, h_len)
+    c = np.cumsum(h_cnt)
+    del h_cnt
     a = (c + dpt // 2) // dpt * dpt
-    # no heavy segment later than K steps after its natural step (also those a re-plan's base deferred)
-    lo = np.searchsorted(raw[hi_idx], (np.arange(n) - k).astype(raw.dtype), side="right")
+    # no heavy segment later than K steps after its natural step (also those a re-plan's base deferred): lo[t]
+    # heavy segments have a natural step <= t - K (searchsorted over their natural steps in natural order)
+    h_le = np.cumsum(h_raw)
+    v = np.arange(n, dtype=np.int64) - k - lo_step
+    lo = np.where(v < 0, 0, h_le[np.clip(v, 0, len(h_le) - 1)] if len(h_le) else 0)
+    del h_le, v
     hi = c[np.minimum(np.arange(n) + k, n - 1)]
     a = np.clip(a, lo, hi)
-    hc = np.zeros(len(hi_idx) + 1, dtype=np.int64)
-    np.cumsum(length[hi_idx], out=hc[1:])
+    hc = np.zeros(n_heavy + 1, dtype=np.int64)
+    np.cumsum(h_len, out=hc[1:])
     slack = tolerance * (planned_before + np.cumsum(short_tok))
     h_nat = hc[c]
     a = np.clip(
@@ -383,30 +454,22 @@ def assign_steps(
         # the steps after t can take only so many: what they cannot is placed by t (nothing past the last step)
         a = np.maximum(a, c[-1] - (capc[-1] - capc))
         a[-1] = c[-1]
-    h_step = np.searchsorted(a, np.arange(len(hi_idx)), side="right").astype(step_dtype)  # steps <= n
-    h_nat_tok = np.bincount(nt[hi_idx], weights=length[hi_idx], minlength=n).astype(np.int64)
-    h_asg_tok = np.bincount(np.minimum(h_step, n - 1), weights=length[hi_idx], minlength=n).astype(np.int64)
+    if len(a) and bool((a[1:] >= a[:-1]).all()):  # (as a rule): one merged walk, not a search a heavy segment
+        h_step = run_steps(np.concatenate([[-1], a]), 0, n_heavy).astype(step_dtype)  # steps <= n
+    else:
+        h_step = np.searchsorted(a, np.arange(n_heavy), side="right").astype(step_dtype)
+    h_asg_tok = np.bincount(np.minimum(h_step, n - 1), weights=h_len, minlength=n).astype(np.int64)
     # the heavy pass's arrays of steps go before the lights' peak (at dp 4 a step holds about 60 segments, so a
     # dozen 8-byte arrays of steps are over a byte a segment)
-    del n_long, short_tok, sl, dpt, lo, hi, a, c, slack, h_cap, capc, epochs, short_epoch, drawn
+    del n_long, short_tok, sl, dpt, lo, hi, a, c, slack, h_cap, capc, epochs, short_epoch, drawn, h_len
 
-    light = moving & ~tall
-    del moving, tall
-    n_light = int(light.sum())
     l_len = _Cum.buffer(n_light)  # the lights' lengths in natural order, written straight into _Cum's blocks
-    l_nat = np.zeros(n, dtype=np.int64)
-    at = 0
-    for ch in order.chunks():
-        li = ch[light[ch]]
-        ln = length[li]
-        l_len[at : at + len(li)] = ln
-        l_nat += np.bincount(nt[li], weights=ln, minlength=n).astype(np.int64)
-        at += len(li)
+    order.gather(kind, LIGHT, l_raw, length, l_len)  # (one compiled pass over the sources' slices)
     del length
     lc = _Cum(l_len, n_light)  # cumulative light tokens in natural order (owns l_len: no copy)
     del l_len
     room = np.cumsum(l_nat + h_nat_tok - h_asg_tok)
-    cnt = np.maximum.accumulate(np.maximum(lc.searchsorted(room, "right") - 1, 0))
+    cnt = light_counts(lc.pre, lc.pad, n_light + 1, room)
     if final and n:
         cnt[-1] = n_light
     light_room = cap_h * seq - h_asg_tok - pinned_light
@@ -414,20 +477,14 @@ def assign_steps(
     if final and n:
         _fit_end(cnt, lc, light_room)
     del lc
-    out = nt.copy()  # long-lane segments and those of short-epoch sources keep their natural step
-    out[hi_idx] = h_step  # (made only now: the per-segment steps are not held while the lights are poured)
-    del hi_idx, h_step
-    at = 0
+    # every segment's assigned step, written over `raw` (each segment is read before it is written; no second
+    # array of all steps): heavy ones from h_step, lights from cnt, the others their natural step; what no step
+    # took (a prefix window) is left at its end
+    out = raw
     cnt0 = np.concatenate([np.zeros(1, dtype=np.int64), cnt.astype(np.int64, copy=False)])
-    for ch in order.chunks():  # light j goes to searchsorted(cnt, j, "right"): j is consecutive here
-        li = ch[light[ch]]
-        if len(li):
-            out[li] = _steps_of_run(cnt0, at, at + len(li))
-        at += len(li)
-    del cnt0
-    del light, raw, nt, order
-    np.minimum(out, n - 1, out=out)
-    out += t0  # what no step took (a prefix window) is left at its end
+    if total:
+        order.write(kind, nt, out, h_step, h_raw, l_raw, cnt0, n - 1, t0)
+    del cnt0, h_step, kind, raw, nt, order, h_raw, l_raw
 
     # each source's steps are sorted into its own slice of `out` (the result's steps are views of it: no second
     # array of all steps beside it while the positions are laid out)
@@ -489,28 +546,6 @@ def _sorted_pieces(key: np.ndarray) -> list[tuple[int, int]]:
             out.append((start, bounds[i]))
             start = bounds[i]
     out.append((start, n))
-    return out
-
-
-def _step_sums(
-    nt: np.ndarray,
-    n: int,
-    keep: Sequence[np.ndarray],
-    drop: Sequence[np.ndarray] = (),
-    weights: np.ndarray | None = None,
-) -> np.ndarray:
-    """(n,) int64 per step of `nt`: the count (or the sum of integer `weights`) of the segments where every
-    `keep` mask is set and no `drop` mask is, a chunk at a time (exactly a float bincount's integer sums)."""
-    out = np.zeros(n, dtype=np.int64)
-    for a in range(0, len(nt), CHUNK):
-        b = a + CHUNK
-        m = np.ones(min(len(nt), b) - a, dtype=bool)
-        for x in keep:
-            m &= x[a:b]
-        for x in drop:
-            m &= ~x[a:b]
-        w = None if weights is None else weights[a:b][m]
-        out += np.bincount(nt[a:b][m], weights=w, minlength=n).astype(np.int64)
     return out
 
 
@@ -638,7 +673,6 @@ def _fit_lights(cnt: np.ndarray, lc: _Cum, room: np.ndarray) -> None:
 
     Visits only steps that overflow and the steps after a push (a light segment is at most half a sequence,
     so an overflow is rare and short-lived); the last step keeps what it has (the balancer carries it)."""
-    prev = np.concatenate([[0], cnt[:-1]])
-    bad = np.flatnonzero(lc[cnt] - lc[prev] > room)
+    bad = overflowing(cnt, lc.pre, lc.pad, room)
     if len(bad):  # compiled (_lookahead_kernel.fit_lights): a few NumPy calls an overflowing step otherwise
         fit_lights(cnt, lc.pre, lc.pad, len(lc.len) + 1, room, bad)

@@ -6,6 +6,13 @@ they span. The NumPy form (each step repeated by how many positions fall in it: 
 over every step the run spans) costs O(steps) a call: with many sources at small dp a source draws a
 fraction of a segment a step (300 sources, dp 4: 166K steps, ~0.2 positions of a source a step), so
 the steps dominated. `col` may be a strided column of the (steps + 1, sources) pointer grid.
+
+The look-ahead's passes over all segments are compiled here too (NumPy's masks, gathers and bincounts made
+a dozen passes over every segment, and the merged natural order's indices read the segments of 300 sources
+interleaved): `classify` (each segment's kind and the per-step sums, one pass), `scatter_natural` (the
+heavy or light segments' lengths in natural order: each source's slice read in order, a segment placed by its
+rank), `write_natural` (every segment's assigned step), `light_counts` and `overflowing` (the lights' searches
+over a _Cum); `collect` and `write_steps` do the same through a permutation (positions not in stream order).
 """
 
 from __future__ import annotations
@@ -15,6 +22,12 @@ import numpy as np
 from loomdata.planning._jit import njit
 
 __all__ = ["run_steps"]
+
+
+HEAVY = 1
+"""`classify`'s kind of a heavy segment the look-ahead moves."""
+LIGHT = 2
+"""`classify`'s kind of a light segment the look-ahead pours into the steps' room."""
 
 
 @njit
@@ -168,3 +181,230 @@ def natural_chunk(raw: np.ndarray, offs: np.ndarray, cuts: np.ndarray, c: int, l
             out[count[k]] = i
             count[k] += 1
     return out
+
+
+@njit
+def classify(
+    raw: np.ndarray,
+    nt: np.ndarray,
+    length: np.ndarray,
+    is_long: np.ndarray,
+    kind: np.ndarray,
+    offs: np.ndarray,
+    short_epoch: np.ndarray,
+    tall_over: float,
+    n: int,
+    lo_step: int,
+    span: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The look-ahead's per-segment flags and per-step sums in one pass over all segments (natural steps `nt` in
+    0..n-1; source s's segments are offs[s]..offs[s+1]-1). A short-lane segment is pinned (stays in its natural
+    step) where `kind` is set on entry (drawn near an epoch start) or its source's `short_epoch` is; on return
+    `kind` holds each segment's kind: HEAVY (a moving segment longer than `tall_over` tokens), LIGHT (another
+    moving short-lane one) or 0 (long-lane or pinned). Returns, per step (int64): the sequences taken by what
+    stays (long-lane segments and pinned heavy ones), the pinned lights' tokens, the short-lane tokens, the heavy
+    segments and their tokens, the lights' tokens; then (int64, `span` entries) the heavy and the light segments
+    of each unclipped natural step lo_step + r of `raw` (`nt` is `raw` clipped into 0..n-1) (_lookahead's masks
+    and bincounts over all segments, one compiled pass)."""
+    n_long = np.zeros(n, dtype=np.int64)
+    pinned_light = np.zeros(n, dtype=np.int64)
+    short_tok = np.zeros(n, dtype=np.int64)
+    h_cnt = np.zeros(n, dtype=np.int64)
+    h_tok = np.zeros(n, dtype=np.int64)
+    l_tok = np.zeros(n, dtype=np.int64)
+    h_raw = np.zeros(span, dtype=np.int64)
+    l_raw = np.zeros(span, dtype=np.int64)
+    s, stop, pin = -1, 0, False  # the source of segment i, where its slice ends, whether it is pinned whole
+    for i in range(len(nt)):
+        while i >= stop:
+            s += 1
+            stop = offs[s + 1]
+            pin = short_epoch[s]
+        t = nt[i]
+        ln = np.int64(length[i])
+        tall = length[i] > tall_over
+        if is_long[i]:
+            n_long[t] += 1
+            kind[i] = 0
+            continue
+        short_tok[t] += ln
+        if kind[i] or pin:  # pinned
+            if tall:
+                n_long[t] += 1
+            else:
+                pinned_light[t] += ln
+            kind[i] = 0
+        elif tall:
+            h_cnt[t] += 1
+            h_tok[t] += ln
+            kind[i] = HEAVY
+            h_raw[raw[i] - lo_step] += 1
+        else:
+            kind[i] = LIGHT
+            l_tok[t] += ln
+            l_raw[raw[i] - lo_step] += 1
+    return n_long, pinned_light, short_tok, h_cnt, h_tok, l_tok, h_raw, l_raw
+
+
+@njit
+def collect(idx: np.ndarray, kind: np.ndarray, want: int, vals: np.ndarray, dst: np.ndarray, at: int) -> int:
+    """Append vals[i] of the segments of kind `want` among the global indices `idx` (a chunk of the natural order)
+    to dst from index `at`; returns the next free index (scatter_natural's order through a permutation)."""
+    for i in idx:
+        if kind[i] == want:
+            dst[at] = vals[i]
+            at += 1
+    return at
+
+
+@njit
+def write_steps(
+    idx: np.ndarray,
+    kind: np.ndarray,
+    nt: np.ndarray,
+    out: np.ndarray,
+    h_step: np.ndarray,
+    cnt0: np.ndarray,
+    hj: int,
+    lj: int,
+    t: int,
+    last: int,
+    t0: int,
+) -> tuple[int, int, int]:
+    """The assigned step of each segment among `idx` (a chunk of the natural order) into `out` (which may be `nt`
+    or the array it was clipped from: each index is read before it is written): the j-th heavy segment in
+    natural order goes to h_step[j], the j-th light one to the last step t with cnt0[t] <= j (cnt0: 0, then the
+    cumulative lights a step; `t` carries that walk from chunk to chunk, -1 before the first), the others stay
+    in nt; every step is capped at `last` and offset by t0. Returns the next (hj, lj, t)."""
+    m = len(cnt0)
+    for i in idx:
+        k = kind[i]
+        if k == HEAVY:
+            v = np.int64(h_step[hj])
+            hj += 1
+        elif k == LIGHT:
+            if t < 0:  # the first light: one binary search (searchsorted(cnt0, lj, "right") - 1)
+                a, b = 0, m
+                while a < b:
+                    mid = (a + b) // 2
+                    if cnt0[mid] <= lj:
+                        a = mid + 1
+                    else:
+                        b = mid
+                t = a - 1
+            while t + 1 < m and cnt0[t + 1] <= lj:
+                t += 1
+            v = np.int64(t)
+            lj += 1
+        else:
+            v = np.int64(nt[i])
+        out[i] = (v if v < last else last) + t0
+    return hj, lj, t
+
+
+@njit
+def light_counts(pre: np.ndarray, pad: np.ndarray, n_c: int, room: np.ndarray) -> np.ndarray:
+    """(len(room),) int64: the running maximum of max(searchsorted(c, room[t], "right") - 1, 0) over the _Cum c
+    (pre, pad, n_c): the lights each step's cumulative room takes, never fewer than the step before."""
+    out = np.empty(len(room), dtype=np.int64)
+    best = 0
+    for t in range(len(room)):
+        v = _cum_right(pre, pad, n_c, room[t]) - 1
+        if v > best:
+            best = v
+        out[t] = best
+    return out
+
+
+@njit
+def overflowing(cnt: np.ndarray, pre: np.ndarray, pad: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """Steps t whose lights (c[cnt[t]] - c[cnt[t-1]], cnt[-1] = 0) exceed room[t] (np.flatnonzero, int64)."""
+    n = len(cnt)
+    flag = np.zeros(n, dtype=np.bool_)
+    k = 0
+    prev = 0  # c[0]
+    for t in range(n):
+        cur = _cum_at(pre, pad, cnt[t])
+        if cur - prev > room[t]:
+            flag[t] = True
+            k += 1
+        prev = cur
+    out = np.empty(k, dtype=np.int64)
+    j = 0
+    for t in range(n):
+        if flag[t]:
+            out[j] = t
+            j += 1
+    return out
+
+
+@njit
+def scatter_natural(
+    raw: np.ndarray,
+    offs: np.ndarray,
+    cuts: np.ndarray,
+    kind: np.ndarray,
+    want: int,
+    nxt: np.ndarray,
+    lo_step: int,
+    vals: np.ndarray,
+    dst: np.ndarray,
+) -> None:
+    """dst[j] = vals[i] for the segments i of kind `want`, j their rank among those in natural order (natural
+    step `raw`, then source, then position), where every source's slice (offs) is in natural order already.
+    `nxt[r]`: on entry the rank of the first such segment of natural step lo_step + r (the exclusive prefix sums
+    of their counts a step), advanced as they are placed. Source slices are read in order a chunk of steps at a
+    time (cuts[s, c]: where chunk c starts in source s's slice): within a step, source after source, so a step's
+    ranks go out in natural order, and the writes stay within the chunk's ranks (no gather through a
+    permutation: _lookahead's merged walk read the segments in natural order, 300 slices interleaved)."""
+    for c in range(cuts.shape[1] - 1):
+        for s in range(cuts.shape[0]):
+            for i in range(offs[s] + cuts[s, c], offs[s] + cuts[s, c + 1]):
+                if kind[i] == want:
+                    r = raw[i] - lo_step
+                    dst[nxt[r]] = vals[i]
+                    nxt[r] += 1
+
+
+@njit
+def write_natural(
+    raw: np.ndarray,
+    offs: np.ndarray,
+    cuts: np.ndarray,
+    edges: np.ndarray,
+    kind: np.ndarray,
+    nt: np.ndarray,
+    out: np.ndarray,
+    h_step: np.ndarray,
+    hnxt: np.ndarray,
+    lnxt: np.ndarray,
+    cnt0: np.ndarray,
+    lo_step: int,
+    last: int,
+    t0: int,
+) -> None:
+    """write_steps over all segments in the layout scatter_natural reads (its heavy and light ranks from `hnxt`
+    and `lnxt`, each the exclusive prefix sums of the kind's counts a natural step, with one entry more: the
+    total): the j-th heavy segment in natural order goes to h_step[j], the j-th light one to the last step t
+    with cnt0[t] <= j (run_steps over the chunk's ranks), the others stay in nt; capped at `last`, offset by t0,
+    into `out` (which may be `raw`: each segment is read before it is written)."""
+    r_all = len(lnxt) - 1
+    for c in range(cuts.shape[1] - 1):
+        a = min(edges[c] - lo_step, r_all)
+        b = min(edges[c + 1] - lo_step, r_all)
+        l0 = lnxt[a]
+        lsteps = run_steps(cnt0, l0, lnxt[b])  # the steps of the chunk's lights, by rank
+        for s in range(cuts.shape[0]):
+            for i in range(offs[s] + cuts[s, c], offs[s] + cuts[s, c + 1]):
+                k = kind[i]
+                if k == HEAVY:
+                    r = raw[i] - lo_step
+                    v = np.int64(h_step[hnxt[r]])
+                    hnxt[r] += 1
+                elif k == LIGHT:
+                    r = raw[i] - lo_step
+                    v = lsteps[lnxt[r] - l0]
+                    lnxt[r] += 1
+                else:
+                    v = np.int64(nt[i])
+                out[i] = (v if v < last else last) + t0

@@ -9,7 +9,7 @@ import pytest
 
 from loomdata.planning._lookahead import HEAVY_SHARE, StepAssignment, assign_steps, natural_positions, natural_ranges
 from loomdata.planning._lookahead_kernel import HEAVY, LIGHT, classify
-from loomdata.planning._mixture import Stream, build_stream, membership
+from loomdata.planning._mixture import Stream, build_stream, give_back_room, membership
 from loomdata.planning._packing import Lanes
 from loomdata.planning._pointers import Pointers
 from loomtest.lookahead_ref import assign_steps_ref
@@ -49,7 +49,7 @@ def _corpus(
         ).astype(np.uint32)
         epochs = int(targets[-1, s] // lengths.sum()) + 2 + int(rng.integers(0, 3))  # enough for every step's fill
         streams.append(build_stream(f"s{s}", int(rng.integers(1 << 30)), lengths, lanes, epochs))
-    ptr = membership(targets, streams, lanes, slots)
+    ptr = membership(targets, streams, lanes, slots, give_back_room(dp, budget))  # as plans draw them
     return lanes, streams, ptr, slots, dp
 
 

@@ -31,17 +31,23 @@ LIGHT = 2
 
 
 @njit
+def _upper(a: np.ndarray, n: int, v: int) -> int:
+    """The first index i < n with a[i] > v (n if none): searchsorted(a[:n], v, "right") for a non-decreasing `a`."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] <= v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit
 def run_steps(col: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """(hi - lo,) int64: for v in lo..hi-1 the last step t with col[t] <= v (col non-decreasing, col[0] <= lo)."""
     n = len(col)
-    a, b = 0, n
-    while a < b:  # first index with col[index] > lo
-        mid = (a + b) // 2
-        if col[mid] <= lo:
-            a = mid + 1
-        else:
-            b = mid
-    t = a - 1
+    t = _upper(col, n, lo) - 1
     out = np.empty(max(hi - lo, 0), dtype=np.int64)
     for v in range(lo, hi):
         while t + 1 < n and col[t + 1] <= v:
@@ -284,14 +290,7 @@ def write_steps(
             hj += 1
         elif k == LIGHT:
             if t < 0:  # the first light: one binary search (searchsorted(cnt0, lj, "right") - 1)
-                a, b = 0, m
-                while a < b:
-                    mid = (a + b) // 2
-                    if cnt0[mid] <= lj:
-                        a = mid + 1
-                    else:
-                        b = mid
-                t = a - 1
+                t = _upper(cnt0, m, lj) - 1
             while t + 1 < m and cnt0[t + 1] <= lj:
                 t += 1
             v = np.int64(t)

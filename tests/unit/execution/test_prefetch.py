@@ -108,14 +108,36 @@ class _GatedReader(ParquetReader):
             self.live[0] -= 1
 
 
+class _Entered:
+    """Set once `n` reads have entered `load_unit` (a `_GatedReader`'s `entered`): both reads of a bound of two are
+    inside before the gate opens, so the most at once is not left to which thread starts first."""
+
+    def __init__(self, n: int) -> None:
+        self._left, self._lock, self.all_in = n, threading.Lock(), threading.Event()
+
+    def set(self) -> None:
+        with self._lock:
+            self._left -= 1
+            if self._left <= 0:
+                self.all_in.set()
+
+
 def _setup(
-    shard: Path, limit: int, budget: int = 1 << 20, plan_id: str = "p", by_rows: bool = False, assumed: float = 0.0
+    shard: Path,
+    limit: int,
+    budget: int = 1 << 20,
+    plan_id: str = "p",
+    by_rows: bool = False,
+    assumed: float = 0.0,
+    entered: Any = None,
 ) -> tuple[Any, ...]:
     gate, log, live = threading.Event(), [], [0, 0]
     policy = CachePolicy(worker_bytes=budget, horizon_steps=6, prefetch=limit)
     cache = PlanUnitCache(plan_id, steps=50, policy=policy, shard_of={str(shard): 3})
     # no assumed step rate: these tests check the horizon itself (a gated read would look slow and widen it)
-    pf = Prefetcher(cache, lambda: _GatedReader(gate, log, live), {3: shard}, limit, "t", assumed_steps_per_s=assumed)
+    pf = Prefetcher(
+        cache, lambda: _GatedReader(gate, log, live, entered), {3: shard}, limit, "t", assumed_steps_per_s=assumed
+    )
     main = ParquetReader(SRC, TokenizerSpec(), ImageSpec())
     main.use_unit_cache(pf)
     # the plan: step s reads row group order[s] (rows 3g, 3g+1); row group 7 is first needed at step 20
@@ -127,9 +149,11 @@ def _setup(
 
 
 def test_reads_ahead_in_plan_order_within_the_horizon_and_the_in_flight_bound(shard: Path) -> None:
-    gate, log, live, cache, pf, main, order, rows, steps = _setup(shard, limit=2)
+    entered = _Entered(2)
+    gate, log, live, cache, pf, main, order, rows, steps = _setup(shard, limit=2, entered=entered)
     pf.pump(np.array([0]))
     assert pf.in_flight() == 2 and pf.counters.issued == 2  # the bound holds before anything finishes
+    assert entered.all_in.wait(10)  # both reads run at once (CI once opened the gate before the second began)
     gate.set()
     assert pf.settle(10)
     assert live[1] == 2  # never more than two at once

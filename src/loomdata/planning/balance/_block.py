@@ -425,11 +425,17 @@ def _no_room(step: int, carry: Segments, slots: int) -> str:
             "take; raise micro_batches or seq_len, or lower the image sources' weights"
         )
     tokens = int(carry.length.sum())
+    with_images = (
+        "; with image samples among them, raising micro_batches or seq_len or lowering the image sources' weights "
+        "helps too"
+        if images
+        else ""
+    )
     return (
         f"step {step}: {len(carry)} segments ({tokens} tokens, {images} of them samples with images) found no room "
         f"and wait for the next step, more than it has sequences ({slots}): the step was given more tokens than its "
         "sequences take (membership or the look-ahead overfilled it); lower planning.fill, or set planning.lookahead "
-        "to 0, and report the spec and index as a planner issue"
+        f"to 0, and report the spec and index as a planner issue{with_images}"
     )
 
 

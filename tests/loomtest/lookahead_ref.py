@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from loomdata.planning._allocator import trim_arenas
+from loomdata.planning._jit import njit
 from loomdata.planning._lookahead import (
     CHUNK,
     HEAVY_SHARE,
@@ -31,7 +32,7 @@ from loomdata.planning._lookahead import (
     _steps_of_run,
     stable_order,
 )
-from loomdata.planning._lookahead_kernel import fit_lights, natural_chunk
+from loomdata.planning._lookahead_kernel import fit_lights
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 from loomdata.planning._pointers import Pointers
@@ -312,3 +313,25 @@ def _fit_lights_ref(cnt: np.ndarray, lc: _Cum, room: np.ndarray) -> None:
     bad = np.flatnonzero(lc[cnt] - lc[prev] > room)
     if len(bad):  # compiled (_lookahead_kernel.fit_lights): a few NumPy calls an overflowing step otherwise
         fit_lights(cnt, lc.pre, lc.pad, len(lc.len) + 1, room, bad)
+
+
+@njit
+def natural_chunk(raw: np.ndarray, offs: np.ndarray, cuts: np.ndarray, c: int, lo: int, width: int) -> np.ndarray:
+    """(The reference's; src reads the slices in order since session 26.) chunk_indices(offs, cuts, c) in natural
+    order (step, then source, then position): its stable sort by
+    raw[i] - lo in [0, width), by one counting sort (each source's slice is already in step order)."""
+    count = np.zeros(width + 1, dtype=np.int64)
+    n = 0
+    for s in range(cuts.shape[0]):
+        for i in range(offs[s] + cuts[s, c], offs[s] + cuts[s, c + 1]):
+            count[raw[i] - lo + 1] += 1
+            n += 1
+    for k in range(width):
+        count[k + 1] += count[k]
+    out = np.empty(n, dtype=np.int64)
+    for s in range(cuts.shape[0]):
+        for i in range(offs[s] + cuts[s, c], offs[s] + cuts[s, c + 1]):
+            k = raw[i] - lo
+            out[count[k]] = i
+            count[k] += 1
+    return out

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # annotations only (packing stays free of the loader's import
     from loomdata.execution._manifest import ManifestRows
     from loomdata.schemas.plan import AnyPlan
 
-__all__ = ["StepPack", "block_of", "join_answers", "pack_group", "pack_joined", "place_tokens", "split_answers"]
+__all__ = ["StepPack", "block_of", "pack_joined", "place_tokens", "split_answers"]
 
 Work = list[tuple[int, list[int]]]  # (step, ranks) of a build group
 Answers = tuple[list[np.ndarray], list["SegmentData"]]  # as `_reads.Answers`: row indices and answer per request
@@ -68,42 +68,18 @@ class StepPack:
         return self.stop - self.first if self.block is not None else len(self.batches)
 
 
-def pack_group(
-    meta: AnyPlan, rules: PackRules, work: Work, rows: Sequence[ManifestRows], answers: Sequence[Answers]
-) -> list[dict[int, StepPack]]:
-    """Every (step, ranks) of `work` packed, as `pack_step` would, into one block (images: `pack_step` each), from
-    each step's own answers (`pack_joined` takes them for the steps' rows end to end, as serving reads them)."""
-    if any(a.images for _, step_answers in answers for a in step_answers):
-        return _per_step(meta, rules, work, rows, answers)
-    bounds = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum([len(r) for r in rows], out=bounds[1:])
-    both = type(rows[0]).concat(rows)
-    return _packs(meta, work, *_block(meta, rules, work, both, bounds, join_answers(rows, answers)))
-
-
 def pack_joined(
     meta: AnyPlan, rules: PackRules, work: Work, rows: ManifestRows, bounds: np.ndarray, joined: Answers
 ) -> list[dict[int, StepPack]]:
-    """`pack_group` from the steps' rows end to end (step i's are `bounds[i]:bounds[i + 1]`: `ManifestSlice.rows_of`)
-    and the answers for them (`_reads.Reads.read_steps`): used whole, never cut per step, except where images send
-    each step through `pack_step` (`split_answers`)."""
+    """Every (step, ranks) of `work` packed, as `pack_step` would, into one block, from the steps' rows end to end
+    (step i's are `bounds[i]:bounds[i + 1]`: `ManifestSlice.rows_of`) and the answers for them (`_reads.Reads.
+    read_steps`): used whole, never cut per step, except where images send each step through `pack_step`
+    (`split_answers`)."""
     if any(a.images for a in joined[1]):
         cuts = bounds.tolist()
         per_step = [rows.take(slice(a, b)) for a, b in itertools.pairwise(cuts)]
         return _per_step(meta, rules, work, per_step, split_answers(rows.length, cuts, joined))
     return _packs(meta, work, *_block(meta, rules, work, rows, bounds, joined))
-
-
-def join_answers(rows: Sequence[ManifestRows], answers: Sequence[Answers]) -> Answers:
-    """Each step's answers as answers for the steps' rows end to end (row indices shifted by the rows before)."""
-    groups: list[np.ndarray] = []
-    datas: list[SegmentData] = []
-    row_at = 0
-    for step_rows, (sel, data) in zip(rows, answers, strict=True):
-        groups.extend(row_at + np.asarray(g, dtype=np.int64) for g in sel)
-        datas.extend(data)
-        row_at += len(step_rows)
-    return groups, datas
 
 
 def split_answers(lengths: np.ndarray, bounds: Sequence[int], answers: Answers) -> list[Answers]:

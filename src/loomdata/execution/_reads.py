@@ -37,18 +37,13 @@ from loomdata.execution._outcome import Kind, sort_read_failure
 from loomdata.execution._partition import LoaderPartition
 from loomdata.schemas.errors import ExecutionError
 
-__all__ = ["READ_DEADLINE_S", "Answers", "Reads", "Route", "concat_rows"]
+__all__ = ["READ_DEADLINE_S", "Answers", "Reads", "Route"]
 
 READ_DEADLINE_S = 60.0
 """How long a read waits for lost loaders to be recreated before the step fails."""
 
 Answers = tuple[list[np.ndarray], list[SegmentData]]
 """Loader answers for some manifest rows: (row indices per request, answer per request)."""
-
-
-def concat_rows(parts: Sequence[ManifestRows]) -> ManifestRows:
-    """Several steps' manifest rows end to end (in the order given)."""
-    return ManifestRows.concat(parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,7 +60,6 @@ from loomdata.planning._lookahead_kernel import (
     collect,
     fit_lights,
     light_counts,
-    natural_chunk,
     overflowing,
     run_steps,
     scatter_natural,
@@ -229,17 +228,10 @@ class _Order:
         )
 
     def chunks(self) -> Iterator[np.ndarray]:
-        """Global indices in natural order, chunk after chunk."""
-        if self.full is not None:
-            for a in range(0, len(self.full), CHUNK):
-                yield self.full[a : a + CHUNK]
-            return
-        if len(self.raw) == 0:
-            return
-        for c, a in enumerate(range(self.lo_step, self.hi_step, self.width)):
-            idx = natural_chunk(self.raw, self.offs, self.cuts, c, a, self.width)  # counting-sorted (compiled)
-            if len(idx):
-                yield idx
+        """Global indices in natural order, chunk after chunk (the lexsort path: positions not in stream order)."""
+        full = self.full if self.full is not None else np.zeros(0, dtype=np.int64)
+        for a in range(0, len(full), CHUNK):
+            yield full[a : a + CHUNK]
 
     def gather(self, kind: np.ndarray, want: int, per_step: np.ndarray, vals: np.ndarray, dst: np.ndarray) -> None:
         """dst[j] = vals[i] for the j-th segment i of kind `want` in natural order (`per_step`: how many of them

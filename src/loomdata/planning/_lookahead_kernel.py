@@ -169,27 +169,6 @@ def segments_of(
 
 
 @njit
-def natural_chunk(raw: np.ndarray, offs: np.ndarray, cuts: np.ndarray, c: int, lo: int, width: int) -> np.ndarray:
-    """chunk_indices(offs, cuts, c) in natural order (step, then source, then position): its stable sort by
-    raw[i] - lo in [0, width), by one counting sort (each source's slice is already in step order)."""
-    count = np.zeros(width + 1, dtype=np.int64)
-    n = 0
-    for s in range(cuts.shape[0]):
-        for i in range(offs[s] + cuts[s, c], offs[s] + cuts[s, c + 1]):
-            count[raw[i] - lo + 1] += 1
-            n += 1
-    for k in range(width):
-        count[k + 1] += count[k]
-    out = np.empty(n, dtype=np.int64)
-    for s in range(cuts.shape[0]):
-        for i in range(offs[s] + cuts[s, c], offs[s] + cuts[s, c + 1]):
-            k = raw[i] - lo
-            out[count[k]] = i
-            count[k] += 1
-    return out
-
-
-@njit
 def classify(
     raw: np.ndarray,
     nt: np.ndarray,

@@ -15,10 +15,11 @@ import pytest
 
 from loomdata.execution._loader import SegmentData
 from loomdata.execution._manifest import ManifestRows
-from loomdata.execution._pack_group import StepPack, block_of, pack_group, pack_joined
+from loomdata.execution._pack_group import StepPack, block_of, pack_joined
 from loomdata.execution._packing import PackRules, pack_batch, pack_step, scatter_answers
 from loomdata.schemas.batch import SEGMENT_DTYPE, Batch, BatchBlock
 from loomtest.manifest_rows import PackMeta, rows_of
+from loomtest.pack_group import pack_group
 
 
 def _reference(

@@ -15,10 +15,11 @@ import pytest
 
 from loomdata.execution import _pack_group
 from loomdata.execution._loader import SegmentData
-from loomdata.execution._pack_group import pack_group, place_tokens
+from loomdata.execution._pack_group import place_tokens
 from loomdata.execution._packing import PackRules, pack_step
 from loomdata.schemas.errors import ExecutionError
 from loomtest.manifest_rows import PackMeta, rows_of
+from loomtest.pack_group import pack_group
 
 
 def _reference(size: int, tokens: np.ndarray, dest: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from loomdata.execution._outcome import Kind as Outcome
 from loomdata.execution._outcome import sort_read_failure as classify
 from loomdata.execution._pack_group import split_answers
 from loomdata.execution._partition import LoaderPartition
-from loomdata.execution._reads import REMOTE_READS, Reads, Route, concat_rows
+from loomdata.execution._reads import REMOTE_READS, Reads, Route
 from loomdata.schemas import ExecutionError, SourceDataError
 
 
@@ -151,6 +151,6 @@ def test_answers_for_several_steps_split_back_into_each_steps_answers() -> None:
 
 def test_several_steps_rows_concatenate_in_order() -> None:
     a, b = _rows([0, 0], [5, 6]), _rows([0], [7])
-    both = concat_rows([a, b])
+    both = ManifestRows.concat([a, b])
     assert both.sample.tolist() == [5, 6, 7] and len(both) == 3
-    assert concat_rows([a]) is a
+    assert ManifestRows.concat([a]) is a

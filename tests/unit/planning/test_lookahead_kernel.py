@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from loomdata.planning._lookahead import _Cum, _fit_lights, segments_at
-from loomdata.planning._lookahead_kernel import _cum_right, add_step_counts, natural_chunk, run_steps
+from loomdata.planning._lookahead_kernel import _cum_right, add_step_counts, run_steps
 from loomdata.planning._mixture import Stream, build_stream
 from loomdata.planning._packing import Lanes
+from loomtest.lookahead_ref import natural_chunk
 
 
 def _repeat_steps(col: np.ndarray, lo: int, hi: int) -> np.ndarray:

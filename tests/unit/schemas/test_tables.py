@@ -107,10 +107,11 @@ def test_read_table_filters_as_pyarrow_does(
 
 def test_manifest_and_report_steps_are_byte_stream_split_and_read_back(tmp_path: Path) -> None:
     """The planner's two big tables: every column BYTE_STREAM_SPLIT and zstd, no dictionary, step statistics kept
-    (step-range reads prune by them); other kinds keep dictionaries. The values read back are the table's."""
+    (step-range reads prune by them); kinds outside the split ones keep dictionaries. The values read back are the
+    table's."""
     import numpy as np
 
-    from loomdata.schemas.tables import INDEX_SCHEMA, PLAN_STEPS_SCHEMA, step_span
+    from loomdata.schemas.tables import ERRORS_SCHEMA, PLAN_STEPS_SCHEMA, step_span
 
     rng = np.random.default_rng(0)
     n = 5000
@@ -143,9 +144,45 @@ def test_manifest_and_report_steps_are_byte_stream_split_and_read_back(tmp_path:
                 assert "BYTE_STREAM_SPLIT" in col.encodings and "RLE_DICTIONARY" not in col.encodings, col
         assert step_span(p, kind) == (int(table["step"][0].as_py()), int(table["step"][-1].as_py()))
         assert md.row_group(1).column(0).statistics.has_min_max
-    index = pa.table({f.name: pa.array(rng.integers(0, 5, n), f.type) for f in INDEX_SCHEMA}, schema=INDEX_SCHEMA)
-    write_table(index, tmp_path / "i.parquet", TableKind.INDEX)
-    assert "RLE_DICTIONARY" in pq.ParquetFile(tmp_path / "i.parquet").metadata.row_group(0).column(1).encodings
+    errors = pa.table(
+        {"path": ["a.jsonl"] * n, "row": pa.array(rng.integers(0, 5, n), pa.int64()), "message": ["bad"] * n},
+        schema=ERRORS_SCHEMA,
+    )
+    write_table(errors, tmp_path / "e.parquet", TableKind.ERRORS)
+    assert "RLE_DICTIONARY" in pq.ParquetFile(tmp_path / "e.parquet").metadata.row_group(0).column(1).encodings
+
+
+def test_index_tables_split_their_numbers_and_keep_dictionaries_for_the_rest(tmp_path: Path) -> None:
+    """An index's number columns (required, checksum, carried) are BYTE_STREAM_SPLIT without a dictionary (their
+    values barely repeat); a carried string column keeps its dictionary, a bool is written plain; every value reads
+    back the same."""
+    import numpy as np
+
+    from loomdata.schemas.tables import INDEX_SCHEMA
+
+    rng = np.random.default_rng(1)
+    n = 5000
+    index = pa.table(
+        {
+            **{f.name: pa.array(rng.integers(0, 1 << 20, n), f.type) for f in INDEX_SCHEMA},
+            "checksum": pa.array(rng.integers(0, 1 << 32, n, dtype=np.uint32)),
+            "lang": pa.array(rng.choice(["en", "de", "fr"], n)),
+            "score": pa.array(rng.random(n)),
+            "kept": pa.array(rng.random(n) > 0.5),
+        }
+    )
+    p = tmp_path / "samples.parquet"
+    write_table(index, p, TableKind.INDEX, row_group_size=2048)
+    assert read_table(p, TableKind.INDEX).equals(index)
+    md = pq.ParquetFile(p).metadata
+    for g in range(md.num_row_groups):
+        enc = {
+            md.row_group(g).column(c).path_in_schema: md.row_group(g).column(c).encodings for c in range(md.num_columns)
+        }
+        for name in (*INDEX_SCHEMA.names, "checksum", "score"):
+            assert "BYTE_STREAM_SPLIT" in enc[name] and "RLE_DICTIONARY" not in enc[name], (name, enc[name])
+        assert "RLE_DICTIONARY" in enc["lang"]
+        assert "BYTE_STREAM_SPLIT" not in enc["kept"] and "RLE_DICTIONARY" not in enc["kept"]
 
 
 def test_a_split_kind_writes_an_extra_column_parquet_cannot_split(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""Compiled passes of planning._counts: a dense block of (steps, sources) counts compressed into a chunk of its
-nonzero cells by source, and a chunk's cells scattered back into rows of sources."""
+"""Compiled passes of planning._counts: a block's placed pieces summed into its nonzero (step, source) cells,
+step-major with sources ascending within a step (the order report/sources.parquet stores them in), and the
+cells' per-source and per-step sums."""
 
 from __future__ import annotations
 
@@ -7,62 +8,86 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["add_pieces", "count_nonzero", "fill_nonzero", "scatter_sources", "source_sums"]
+__all__ = ["piece_cells", "source_sums", "step_sums"]
+
+_FEW = 8
+"""A step's touched sources are sorted (insertion) when fewer than 1/_FEW of the sources, else every source's
+slot is read in order (a branch-free scan of a row that stays in cache)."""
 
 
 @njit
-def add_pieces(
-    rows: np.ndarray, row0: int, step: np.ndarray, src: np.ndarray, count: np.ndarray, a: int, b: int
-) -> None:
-    """rows[row0 + step[i], src[i]] += count[i] for pieces a..b-1."""
-    for i in range(a, b):
-        rows[row0 + step[i], src[i]] += count[i]
+def piece_cells(
+    step: np.ndarray,
+    src: np.ndarray,
+    count: np.ndarray,
+    steps: int,
+    row: np.ndarray,
+    out_src: np.ndarray,
+    out_val: np.ndarray,
+    per_step: np.ndarray,
+) -> tuple[int, int]:
+    """The nonzero cells of pieces (step ascending within 0..steps-1, source, count), step after step, sources
+    ascending within a step: written to out_src / out_val (room for len(step) + 1: the scan writes one past the
+    last cell), each step's number of cells to per_step[0:steps]; returns (the number of cells, the largest).
+    `row`: int64 (sources,) zeros, left zero."""
+    n_src = len(row)
+    seen = np.zeros(n_src, dtype=np.int64)  # step + 1 where a source was last touched
+    touched = np.empty(n_src, dtype=np.int64)
+    c, i, n, most = 0, 0, len(step), 0
+    for t in range(steps):
+        m = 0
+        while i < n and step[i] == t:
+            k = src[i]
+            if seen[k] != t + 1:
+                seen[k] = t + 1
+                touched[m] = k
+                m += 1
+            row[k] += count[i]
+            i += 1
+        c0 = c
+        if m * _FEW < n_src:
+            for q in range(1, m):  # insertion sort of the few touched sources
+                x = touched[q]
+                p = q - 1
+                while p >= 0 and touched[p] > x:
+                    touched[p + 1] = touched[p]
+                    p -= 1
+                touched[p + 1] = x
+            for q in range(m):
+                k = touched[q]
+                v = row[k]
+                if v != 0:
+                    out_src[c] = k
+                    out_val[c] = v
+                    c += 1
+                    most = max(most, v)
+                row[k] = 0
+        elif m:
+            for k in range(n_src):
+                v = row[k]
+                out_src[c] = k
+                out_val[c] = v
+                c += v != 0
+                most = max(most, v)
+                row[k] = 0
+        per_step[t] = c - c0
+    return c, most
 
 
 @njit
-def count_nonzero(rows: np.ndarray, counts: np.ndarray) -> None:
-    """counts[k] = the nonzero cells of column k of a dense (steps, sources) block."""
-    for i in range(rows.shape[0]):
-        for k in range(rows.shape[1]):
-            if rows[i, k] != 0:
-                counts[k] += 1
+def source_sums(src: np.ndarray, value: np.ndarray, out: np.ndarray) -> None:
+    """out[src[i]] += value[i] (int64)."""
+    for i in range(len(src)):
+        out[src[i]] += np.int64(value[i])
 
 
 @njit
-def fill_nonzero(rows: np.ndarray, indptr: np.ndarray, step: np.ndarray, value: np.ndarray) -> None:
-    """The nonzero cells of a dense block by source (indptr from count_nonzero): their steps (ascending within
-    a source) and values."""
-    n_src = rows.shape[1]
-    cursor = indptr[:n_src].copy()
-    for i in range(rows.shape[0]):
-        for k in range(n_src):
-            v = rows[i, k]
-            if v != 0:
-                c = cursor[k]
-                step[c] = i
-                value[c] = v
-                cursor[k] = c + 1
-
-
-@njit
-def scatter_sources(
-    indptr: np.ndarray, step: np.ndarray, value: np.ndarray, k0: int, i0: int, i1: int, at: int, out: np.ndarray
-) -> None:
-    """out[k - k0, at + i - i0] = the chunk's cell (local step i, source k) for sources k0..k0+len(out)-1 and
-    steps i0..i1-1 (out zeroed by the caller)."""
-    for j in range(out.shape[0]):
-        k = k0 + j
-        for c in range(indptr[k], indptr[k + 1]):
-            i = step[c]
-            if i0 <= i < i1:
-                out[j, at + i - i0] = value[c]
-
-
-@njit
-def source_sums(indptr: np.ndarray, value: np.ndarray, out: np.ndarray) -> None:
-    """out[k] += the sum of source k's cells in the chunk (int64)."""
-    for k in range(len(indptr) - 1):
+def step_sums(per_step: np.ndarray, value: np.ndarray, out: np.ndarray) -> None:
+    """out[t] = the sum of step t's cells (per_step[t] of them, the cells step-major; int64)."""
+    c = 0
+    for t in range(len(per_step)):
         s = np.int64(0)
-        for c in range(indptr[k], indptr[k + 1]):
+        for _ in range(per_step[t]):
             s += np.int64(value[c])
-        out[k] += s
+            c += 1
+        out[t] = s

@@ -13,7 +13,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["mixture_rows", "mixture_shares", "mixture_totals", "run_sums", "running_totals"]
+__all__ = ["mixture_rows", "mixture_shares", "mixture_steps", "mixture_totals", "run_sums", "running_totals"]
 
 
 @njit
@@ -96,6 +96,60 @@ def mixture_rows(
         if not full and steps:
             realized[k, 0] = r
             target[k, 0] = g
+
+
+@njit
+def mixture_steps(
+    per_step: np.ndarray,
+    src: np.ndarray,
+    value: np.ndarray,
+    weights: np.ndarray,
+    budgets: np.ndarray,
+    t0: int,
+    b_div: np.ndarray,
+    cum: np.ndarray,
+    run: np.ndarray,
+    total: np.ndarray,
+    worst: np.ndarray,
+) -> None:
+    """mixture_rows step by step over the nonzero cells of steps t0..t0+len(per_step)-1 (step-major: each step's
+    per_step[i] cells, their sources and counts), every source's running tokens (`cum`, float64: integers, exact
+    below 2^53) and target (`run`) carried across calls, and the running total of all tokens in total[0]: each
+    step's worst error written to `worst`. `weights`: the steps' target rows (len(per_step), sources), or one row
+    every step shares (a fixed mixture, or the steps after the schedule's last milestone). The same float
+    operations on each (source, step) as mixture_rows, so the same bits; the sources' loop is free of carried
+    dependencies (it vectorizes), the maximum taken after it."""
+    n_src = len(cum)
+    weighted = len(budgets) > 0
+    one_row = weights.shape[0] == 1
+    err = np.empty(n_src)
+    c = 0
+    tot = total[0]
+    for i in range(len(per_step)):
+        t = t0 + i
+        for _ in range(per_step[i]):
+            k = src[c]
+            v = value[c]
+            cum[k] += v
+            tot += v
+            c += 1
+        d = float(tot) if tot > 0 else 1.0
+        bd = b_div[t]
+        w = weights[0] if one_row else weights[i]
+        if weighted:
+            bt = budgets[t]
+            for k in range(n_src):
+                run[k] += w[k] * bt
+                err[k] = abs(cum[k] / d - run[k] / bd)
+        else:
+            for k in range(n_src):
+                run[k] += w[k]
+                err[k] = abs(cum[k] / d - run[k] / bd)
+        m = worst[t]
+        for k in range(n_src):
+            m = max(m, err[k])
+        worst[t] = m
+    total[0] = tot
 
 
 _PW_BLOCK = 128  # NumPy's PW_BLOCKSIZE: pairwise summation recurses above this many values

@@ -124,10 +124,24 @@ def _schedule(rng: np.random.Generator, n_src: int, steps: int, milestone: int |
 @pytest.mark.parametrize("budgets", [False, True])
 @pytest.mark.parametrize(
     ("steps", "n_src", "milestone", "seeded"),
-    [(300, 40, 116, 0), (300, 9, 115, 0), (257, 7, None, 0), (200, 300, 50, 92), (1, 3, None, 0), (500, 5, 600, 130), (0, 4, None, 0)],
+    [
+        (300, 40, 116, 0),
+        (300, 9, 115, 0),
+        (257, 7, None, 0),
+        (200, 300, 50, 92),
+        (1, 3, None, 0),
+        (500, 5, 600, 130),
+        (0, 4, None, 0),
+    ],
 )
 def test_the_reports_mixture_error_over_its_cells_is_the_dense_pass(
-    steps: int, n_src: int, milestone: int | None, seeded: int, budgets: bool, sparse: bool, monkeypatch: pytest.MonkeyPatch
+    steps: int,
+    n_src: int,
+    milestone: int | None,
+    seeded: int,
+    budgets: bool,
+    sparse: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """ReportBuilder's mixture error, one pass down the steps over the counts' nonzero cells in blocks of steps
     (the steady weight row shared, a re-plan's base weights first), gives mixture_error's bits on the dense

@@ -1,16 +1,16 @@
 """The report's tokens of each source in each step, a (steps, sources) table of integers, dense or sparse.
 
-With many sources and a small dp a step places tokens of a few of them (300 sources at dp 4: about 60 a step),
-and the dense table grows with steps x sources (166K steps x 300 sources of uint16 at 10M samples: 10 bytes a
-sample). `SparseCounts` (the plan's report, filled in step order) keeps the nonzero cells step-major, sources
-ascending within a step (the order report/sources.parquet stores them in): each step's number of cells (uint32),
-and per cell its source (uint16) and count (the narrowest type of the largest of its put: 4 bytes a cell at dp 4),
-joined into a chunk every STAGE_CELLS cells. A block's placed pieces are summed into its cells directly
-(_counts_kernel.piece_cells: a row of the sources in cache, no dense block of the steps), so writing the report
-reads them as stored and the summary's mixture error runs over them step by step (_report_kernel.mixture_steps)
-without rows of sources made dense. `DenseCounts` (a range's report, whose rows a fix-up may rewrite) is the
-source-major grid, widened when a count does not fit its type. Both read back the same values: a run of steps'
-cells, rows of sources over a run of steps, each source's total.
+With many sources and a small dp a step places tokens of a few of them (300 sources at dp 4: about 60 a step), and the
+dense table grows with steps x sources (166K steps x 300 sources of uint16 at 10M samples: 10 bytes a sample).
+`SparseCounts` (the plan's report, filled in step order) keeps the nonzero cells step-major, sources ascending within a
+step (the order report/sources.parquet stores them in): each step's number of cells (uint32), and per cell its source
+(uint16) and count (the narrowest type of the largest of its put: 4 bytes a cell at dp 4); a large put's cells are a
+chunk of their own, small ones are joined into a chunk every STAGE_CELLS cells. A block's placed pieces are summed into
+its cells directly (_counts_kernel.piece_cells: a row of the sources in cache, no dense block of the steps), so writing
+the report reads them as stored and the summary's mixture error runs over them step by step
+(_report_kernel.mixture_steps) without rows of sources made dense. `DenseCounts` (a range's report, whose rows a fix-up
+may rewrite) is the source-major grid, widened when a count does not fit its type. Both read back the same values: a run
+of steps' cells, rows of sources over a run of steps, each source's total.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from loomdata.planning._counts_kernel import piece_cells, source_sums
 __all__ = ["STAGE_CELLS", "DenseCounts", "Pieces", "SparseCounts", "StepCounts", "count_dtype"]
 
 STAGE_CELLS = 1 << 20
-"""Nonzero cells a SparseCounts gathers before joining them into a chunk (their counts then narrowed)."""
+"""Nonzero cells a SparseCounts gathers from small puts before joining them into a chunk (a put of an eighth of
+this or more is a chunk of its own)."""
 _UINT32_MAX = int(np.iinfo(np.uint32).max)
 
 
@@ -207,10 +208,13 @@ class SparseCounts(StepCounts):
         """Append the cells of the steps just put (`most`: their largest count; filled: the step after them)."""
         self._filled = max(self._filled, filled)
         self._offsets = None
-        if len(val):
-            self._most = max(self._most, most)
+        if len(val) >= STAGE_CELLS // 8:  # a block's cells: a chunk of their own (not copied again)
+            self._flush()
+            self._chunks.append((src, val))
+        elif len(val):
             self._pending.append((src, val))
             self._pending_cells += len(val)
+        self._most = max(self._most, most)
         if self._pending_cells >= STAGE_CELLS:
             self._flush()
 

@@ -10,14 +10,11 @@ from loomdata.planning._jit import njit
 
 __all__ = ["piece_cells", "source_sums", "step_sums"]
 
-_BIT_INDEX = np.array(
-    [0, 1, 48, 2, 57, 49, 28, 3, 61, 58, 50, 42, 38, 29, 17, 4, 62, 55, 59, 36, 53, 51, 43, 22, 45, 39, 33, 30, 24, 18, 12]
-    + [5, 63, 47, 56, 27, 60, 41, 37, 16, 54, 35, 52, 21, 44, 32, 23, 11, 46, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9]
-    + [13, 8, 7, 6],
-    dtype=np.int64,
-)
-"""The position of a word's one set bit b from (b * _DE_BRUIJN) >> 58 (a de Bruijn sequence's lookup)."""
 _DE_BRUIJN = np.uint64(0x03F79D71B4CB0A89)
+"""A de Bruijn sequence: the top 6 bits of (a word with one bit set) x this tell the bit (through _BIT_INDEX)."""
+_BIT_INDEX = np.zeros(64, dtype=np.int64)
+for _j in range(64):
+    _BIT_INDEX[((int(_DE_BRUIJN) << _j) & ((1 << 64) - 1)) >> 58] = _j
 
 
 @njit
@@ -45,17 +42,17 @@ def piece_cells(
         c0 = c
         lo, hi = len(bits), -1  # the words touched
         while i < n and step[i] == t:
-            k = np.int64(src[i])
-            w = k >> 6
-            bits[w] |= one << np.uint64(k & 63)
-            lo, hi = min(lo, w), max(hi, w)
+            k = int(src[i])
+            word = k >> 6
+            bits[word] |= one << np.uint64(k & 63)
+            lo, hi = min(lo, word), max(hi, word)
             row[k] += count[i]
             i += 1
         for w in range(lo, hi + 1):
             b = bits[w]
             while b:
                 low = b & (~b + one)  # the lowest set bit
-                k = (w << 6) + _BIT_INDEX[np.int64((low * _DE_BRUIJN) >> np.uint64(58))]
+                k = (w << 6) + int(_BIT_INDEX[np.int64((low * _DE_BRUIJN) >> np.uint64(58))])
                 v = row[k]
                 out_src[c] = k
                 out_val[c] = v

@@ -392,7 +392,7 @@ class ReportBuilder:
         prev: list[np.ndarray] = []  # the weights of the step before the block (none before step 0)
         weights = (self._weights_table(a, min(steps, a + rows), prev) for a in range(0, max(steps, 1), rows))
         write_table_parts(
-            (t for t in weights if t.num_rows or not prev),  # no empty row groups (a fixed mixture: one row)
+            (t for t in weights if t is not None),  # no empty row groups (a fixed mixture: one row)
             plan_dir / _WEIGHTS_FILE,
             TableKind.PLAN_WEIGHTS,
         )
@@ -421,10 +421,11 @@ class ReportBuilder:
         step = np.repeat(np.arange(a, b, dtype=np.uint32), cells)
         return pa.table({"step": step, "source": np.asarray(src, dtype=np.uint16), "tokens": tokens.astype(np.int64)})
 
-    def _weights_table(self, a: int, b: int, prev: list[np.ndarray]) -> pa.Table:
+    def _weights_table(self, a: int, b: int, prev: list[np.ndarray]) -> pa.Table | None:
         """The rows of report/weights.parquet among steps a..b-1: a step whose weights differ from the step
-        before's (`prev` holds that step's weights when a > 0, and is given the block's last). Weights are worked
-        out up to the steady row (_steady) only: the steps after its first all repeat it."""
+        before's (`prev` holds that step's weights when a > 0, and is given the block's last); None where no step
+        of them has a row (an empty table for no steps at all). Weights are worked out up to the steady row
+        (_steady) only: the steps after its first all repeat it."""
         n = len(self.sources)
         start, row = self._steady()
         m = min(max(start, a), b)  # steps m..b-1 hold the steady row
@@ -443,6 +444,8 @@ class ReportBuilder:
         if b > a:
             prev.append(w[:, -1].copy())
         at = np.flatnonzero(change)
+        if not len(at) and b > a:
+            return None
         data: dict[str, Any] = {"step": (at + a).astype(np.uint32)}
         for k, name in enumerate(self.sources):
             data[f"weight__{name}"] = w[k, at]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._counts_kernel import piece_cells, source_sums
+from loomdata.planning._counts_kernel import dense_cells, piece_cells, source_sums
 
 __all__ = ["STAGE_CELLS", "DenseCounts", "Pieces", "SparseCounts", "StepCounts", "count_dtype"]
 
@@ -185,11 +185,11 @@ class SparseCounts(StepCounts):
     def put(self, first: int, block: np.ndarray) -> None:
         n = len(block)
         self._check(first, n)
-        t, k = np.nonzero(block)  # row-major: step after step, sources ascending within a step
-        self._per_step[first : first + n] = np.bincount(t, minlength=n) if n else 0
-        val = np.asarray(block[t, k], dtype=np.int64)
-        most = int(val.max()) if len(val) else 0
-        self._add(k.astype(np.uint16), val.astype(count_dtype(most)), most, first + n)
+        cells = int(np.count_nonzero(block))
+        src = np.empty(cells + 1, dtype=np.uint16)
+        val = np.empty(cells + 1, dtype=np.int64)
+        c, most = dense_cells(np.asarray(block, dtype=np.int64), src, val, self._per_step[first : first + n])
+        self._add(src[:c].copy(), val[:c].astype(count_dtype(most)), most, first + n)
 
     def put_pieces(self, first: int, pieces: Pieces) -> None:
         """put of the pieces' cells, summed straight from the pieces (_counts_kernel.piece_cells: no dense block of

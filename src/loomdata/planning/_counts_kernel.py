@@ -8,7 +8,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["piece_cells", "source_sums", "step_sums"]
+__all__ = ["dense_cells", "piece_cells", "source_sums", "step_sums"]
 
 _DE_BRUIJN = np.uint64(0x03F79D71B4CB0A89)
 """A de Bruijn sequence: the top 6 bits of (a word with one bit set) x this tell the bit (through _BIT_INDEX)."""
@@ -61,6 +61,22 @@ def piece_cells(
                 row[k] = 0
                 b ^= low
             bits[w] = 0
+        per_step[t] = c - c0
+    return c, most
+
+
+@njit
+def dense_cells(block: np.ndarray, out_src: np.ndarray, out_val: np.ndarray, per_step: np.ndarray) -> tuple[int, int]:
+    """piece_cells of a dense (steps, sources) block of counts (out_src / out_val: room for its cells + 1)."""
+    c, most = 0, 0
+    for t in range(block.shape[0]):
+        c0 = c
+        for k in range(block.shape[1]):
+            v = block[t, k]
+            out_src[c] = k
+            out_val[c] = v
+            c += v != 0
+            most = max(most, v)
         per_step[t] = c - c0
     return c, most
 

@@ -1,6 +1,7 @@
 """Compiled report figures: the mixture error (planning._report.mixture_error: realized and target cumulative
-shares and each step's worst error, in one pass over the (sources, steps) tables the report keeps source-major,
-instead of a NumPy pass per operation) and each step's cost total and largest segment (run_sums, for its LB).
+shares and each step's worst error, in one pass over (sources, steps) tables, instead of a NumPy pass per operation;
+the plan's own summary runs mixture_steps, the same operations step by step over its sparse token counts' cells) and
+each step's cost total and largest segment (run_sums, for its LB).
 
 The same values: token counts are integers, so their running and per-step totals are exact in any order;
 the target's running sums run down the steps (as np.cumsum does) and every division is the same; a step's

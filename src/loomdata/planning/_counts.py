@@ -169,7 +169,7 @@ class SparseCounts(StepCounts):
         self.n_sources = n_sources
         self._per_step = np.zeros(steps, dtype=np.uint32)  # each step's cells
         self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (uint16 sources, narrow counts), in cell order
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (uint16 sources, int64 counts) not yet chunked
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # small puts' cells, not yet joined into a chunk
         self._pending_cells = 0
         self._filled = 0  # steps before this are final (put or skipped)
         self._most = 0  # the largest count held

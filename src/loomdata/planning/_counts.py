@@ -1,13 +1,16 @@
 """The report's tokens of each source in each step, a (steps, sources) table of integers, dense or sparse.
 
-With many sources and a small dp a step places tokens of a few of them (300 sources at dp 4: about 60 a step),
-and the dense table grows with steps x sources (166K steps x 300 sources of uint16 at 10M samples: 10 bytes a
-sample). `SparseCounts` (the plan's report, filled in step order) keeps chunks of consecutive steps, each with
-per source the steps of the chunk where it has tokens and how many (uint16 local steps and the narrowest count
-type the chunk's largest count fits: 4 bytes a nonzero cell at dp 4), rows arriving into a dense staging block
-of about STAGE_CELLS cells until it is compressed. `DenseCounts` (a range's report, whose rows a fix-up may
-rewrite) is the source-major grid, widened when a count does not fit its type. Both read back the same values:
-rows of sources over a run of steps, each source's total, the grand total.
+With many sources and a small dp a step places tokens of a few of them (300 sources at dp 4: about 60 a step), and the
+dense table grows with steps x sources (166K steps x 300 sources of uint16 at 10M samples: 10 bytes a sample).
+`SparseCounts` (the plan's report, filled in step order) keeps the nonzero cells step-major, sources ascending within a
+step (the order report/sources.parquet stores them in): each step's number of cells (uint32), and per cell its source
+(uint16) and count (the narrowest type of the largest of its put: 4 bytes a cell at dp 4); a large put's cells are a
+chunk of their own, small ones are joined into a chunk every STAGE_CELLS cells. A block's placed pieces are summed into
+its cells directly (_counts_kernel.piece_cells: a row of the sources in cache, no dense block of the steps), so writing
+the report reads them as stored and the summary's mixture error runs over them step by step
+(_report_kernel.mixture_steps) without rows of sources made dense. `DenseCounts` (a range's report, whose rows a fix-up
+may rewrite) is the source-major grid, widened when a count does not fit its type. Both read back the same values: a run
+of steps' cells, rows of sources over a run of steps, each source's total.
 """
 
 from __future__ import annotations
@@ -16,14 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomdata.planning._counts_kernel import add_pieces, count_nonzero, fill_nonzero, scatter_sources, source_sums
+from loomdata.planning._counts_kernel import dense_cells, piece_cells, source_sums
 
 __all__ = ["STAGE_CELLS", "DenseCounts", "Pieces", "SparseCounts", "StepCounts", "count_dtype"]
 
 STAGE_CELLS = 1 << 20
-"""(steps x sources) cells of a SparseCounts' staging block (int64: 8 MiB), at least 64 steps."""
+"""Nonzero cells a SparseCounts gathers from small puts before joining them into a chunk (a put of an eighth of
+this or more is a chunk of its own)."""
 _UINT32_MAX = int(np.iinfo(np.uint32).max)
-_SHORT_STEPS = 1 << 16
 
 
 def count_dtype(most: int) -> type[np.uint16] | type[np.uint32] | type[np.int64]:
@@ -80,19 +83,32 @@ class StepCounts:
         self.put(first, pieces.dense(self.n_sources))
 
     def source_rows(self, k0: int, k1: int, a: int = 0, b: int | None = None) -> np.ndarray:
-        """(k1 - k0, b - a) C-ordered: sources k0..k1-1's counts at steps a..b-1, as rows."""
-        raise NotImplementedError
+        """(k1 - k0, b - a) C-ordered: sources k0..k1-1's counts at steps a..b-1, as rows (of `dtype`)."""
+        b = self.steps if b is None else b
+        out = np.zeros((k1 - k0, max(b - a, 0)), dtype=self.dtype)
+        per_step, src, value = self.step_cells(a, b)
+        step = np.repeat(np.arange(b - a), per_step)
+        keep = (src >= k0) & (src < k1)
+        out[src[keep].astype(np.int64) - k0, step[keep]] = value[keep]
+        return out
 
     def rows(self, a: int, b: int) -> np.ndarray:
         """(b - a, sources) int64: steps a..b-1's rows."""
         return np.ascontiguousarray(self.source_rows(0, self.n_sources, a, b).T, dtype=np.int64)
 
-    def cells(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The nonzero cells of steps a..b-1, step after step, sources in order within a step: (int64 steps,
-        uint16 sources, int64 counts). This one reads the steps' rows (a block of them at once)."""
+    def step_cells(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The nonzero cells of steps a..b-1, step after step, sources ascending within a step: (each step's
+        number of cells, their uint16 sources, their counts (of `dtype`, or int64)); views where they can be."""
         rows = self.rows(a, b)
         step, src = np.nonzero(rows)
-        return step + a, src.astype(np.uint16), rows[step, src]
+        return np.bincount(step, minlength=b - a), src.astype(np.uint16), rows[step, src]
+
+    def cells(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The nonzero cells of steps a..b-1, step after step, sources in order within a step: (int64 steps,
+        uint16 sources, int64 counts)."""
+        per_step, src, value = self.step_cells(a, b)
+        step = np.repeat(np.arange(a, b, dtype=np.int64), per_step)
+        return step, np.asarray(src, dtype=np.uint16), np.asarray(value, dtype=np.int64)
 
     def source_totals(self) -> np.ndarray:
         """(sources,) int64: each source's count over all steps."""
@@ -144,142 +160,115 @@ class DenseCounts(StepCounts):
         return int(self.grid.nbytes)
 
 
-@dataclass(frozen=True, slots=True)
-class _Chunk:
-    first: int  # first step
-    rows: int  # steps
-    indptr: np.ndarray  # int64 (sources + 1,): source k's cells are indptr[k]..indptr[k+1]-1
-    step: np.ndarray  # uint16 / int32 local steps, ascending within a source
-    value: np.ndarray  # their counts (nonzero), the narrowest type the chunk's largest fits
-
-
 class SparseCounts(StepCounts):
-    """The nonzero cells, by chunks of steps (module docstring); rows must arrive in step order (put's `first`
-    never before the last row put; steps skipped stay zero)."""
+    """The nonzero cells, step-major (module docstring); rows must arrive in step order (put's `first` never before
+    the last row put; steps skipped stay zero)."""
 
     def __init__(self, steps: int, n_sources: int) -> None:
         self.steps = steps
         self.n_sources = n_sources
-        self._chunks: list[_Chunk] = []
-        self._stage_rows = max(64, STAGE_CELLS // max(n_sources, 1))
-        self._stage = np.zeros((0, n_sources), dtype=np.int64)  # allocated on the first put
-        self._s0 = 0  # the staging block's first step
+        self._per_step = np.zeros(steps, dtype=np.uint32)  # each step's cells
+        self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (uint16 sources, narrow counts), in cell order
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # small puts' cells, not yet joined into a chunk
+        self._pending_cells = 0
         self._filled = 0  # steps before this are final (put or skipped)
-        self._dtype: np.dtype = np.dtype(np.uint16)
+        self._most = 0  # the largest count held
+        self._row = np.zeros(n_sources, dtype=np.int64)  # put_pieces' scratch row (left zero)
+        self._offsets: np.ndarray | None = None  # each step's first cell (steps + 1), once asked for
 
-    def put(self, first: int, block: np.ndarray) -> None:
-        if first < self._filled:
-            raise ValueError(f"counts of step {first} after step {self._filled - 1}: rows must come in step order")
-        if first + len(block) > self.steps:
-            raise ValueError(f"steps {first}..{first + len(block) - 1} are beyond the {self.steps} steps")
-        if len(self._stage) == 0:
-            self._stage = np.zeros((self._stage_rows, self.n_sources), dtype=np.int64)
-        at = 0
-        while at < len(block):
-            t = first + at
-            if t >= self._s0 + self._stage_rows:  # the staging block is full: compress it, start the next at t
-                self._flush(t)
-            n = min(len(block) - at, self._s0 + self._stage_rows - t)
-            self._stage[t - self._s0 : t - self._s0 + n] = block[at : at + n]
-            at += n
-            self._filled = max(self._filled, t + n)
-
-    def put_pieces(self, first: int, pieces: Pieces) -> None:
-        """put of the pieces' cells, the pieces added straight into the staging block (no dense block of the
-        steps: its (steps x sources) cells cost more to make and copy than the pieces to add)."""
-        n = pieces.steps
-        pieces.check(self.n_sources)
+    def _check(self, first: int, n: int) -> None:
         if first < self._filled:
             raise ValueError(f"counts of step {first} after step {self._filled - 1}: rows must come in step order")
         if first + n > self.steps:
             raise ValueError(f"steps {first}..{first + n - 1} are beyond the {self.steps} steps")
-        if len(self._stage) == 0:
-            self._stage = np.zeros((self._stage_rows, self.n_sources), dtype=np.int64)
-        at, lo = 0, 0
-        while at < n:
-            t = first + at
-            if t >= self._s0 + self._stage_rows:
-                self._flush(t)
-            m = min(n - at, self._s0 + self._stage_rows - t)
-            hi = int(np.searchsorted(pieces.step, at + m, side="left"))
-            # rows from _filled on are zero (put never writes before it): adding is put's assignment
-            add_pieces(self._stage, t - self._s0 - at, pieces.step, pieces.source, pieces.count, lo, hi)
-            lo, at = hi, at + m
-            self._filled = max(self._filled, t + m)
 
-    def _flush(self, next_first: int) -> None:
-        """Compress the staged steps s0..filled-1 into a chunk (none: nothing), restage from `next_first`."""
-        n = self._filled - self._s0
-        if n > 0:
-            rows = self._stage[:n]
-            counts = np.zeros(self.n_sources, dtype=np.int64)
-            count_nonzero(rows, counts)
-            indptr = np.zeros(self.n_sources + 1, dtype=np.int64)
-            np.cumsum(counts, out=indptr[1:])
-            most = int(rows.max()) if rows.size else 0
-            dt = np.dtype(count_dtype(most))
-            if dt.itemsize > self._dtype.itemsize:
-                self._dtype = dt
-            step = np.empty(int(indptr[-1]), dtype=np.uint16 if n <= _SHORT_STEPS else np.int32)
-            value = np.empty(int(indptr[-1]), dtype=dt)
-            fill_nonzero(rows, indptr, step, value)
-            self._chunks.append(_Chunk(self._s0, n, indptr, step, value))
-            self._stage[:n] = 0
-        self._s0 = next_first
-        self._filled = max(self._filled, next_first)
+    def put(self, first: int, block: np.ndarray) -> None:
+        n = len(block)
+        self._check(first, n)
+        cells = int(np.count_nonzero(block))
+        src = np.empty(cells + 1, dtype=np.uint16)
+        val = np.empty(cells + 1, dtype=np.int64)
+        c, most = dense_cells(np.asarray(block, dtype=np.int64), src, val, self._per_step[first : first + n])
+        self._add(src[:c].copy(), val[:c].astype(count_dtype(most)), most, first + n)
 
-    def _settled(self) -> list[_Chunk]:
-        """Every chunk, the staged steps compressed first (later puts go on after them)."""
-        if self._filled > self._s0:
-            self._flush(self._filled)
-        return self._chunks
+    def put_pieces(self, first: int, pieces: Pieces) -> None:
+        """put of the pieces' cells, summed straight from the pieces (_counts_kernel.piece_cells: no dense block of
+        the steps, whose (steps x sources) cells cost more to make and scan than the pieces to add)."""
+        n = pieces.steps
+        pieces.check(self.n_sources)
+        self._check(first, n)
+        src = np.empty(len(pieces.step) + 1, dtype=np.uint16)
+        val = np.empty(len(pieces.step) + 1, dtype=np.int64)
+        per = np.zeros(n, dtype=np.uint32)
+        c, most = piece_cells(pieces.step, pieces.source, pieces.count, n, self._row, src, val, per)
+        self._per_step[first : first + n] = per
+        self._add(src[:c].copy(), val[:c].astype(count_dtype(most)), most, first + n)
 
-    def source_rows(self, k0: int, k1: int, a: int = 0, b: int | None = None) -> np.ndarray:
-        b = self.steps if b is None else b
-        out = np.zeros((k1 - k0, max(b - a, 0)), dtype=self.dtype)
-        for c in self._settled():
-            i0, i1 = max(a, c.first) - c.first, min(b, c.first + c.rows) - c.first
-            if i1 > i0:
-                scatter_sources(c.indptr, c.step, c.value, k0, i0, i1, c.first + i0 - a, out)
-        return out
+    def _add(self, src: np.ndarray, val: np.ndarray, most: int, filled: int) -> None:
+        """Append the cells of the steps just put (`most`: their largest count; filled: the step after them)."""
+        self._filled = max(self._filled, filled)
+        self._offsets = None
+        if len(val) >= STAGE_CELLS // 8:  # a block's cells: a chunk of their own (not copied again)
+            self._flush()
+            self._chunks.append((src, val))
+        elif len(val):
+            self._pending.append((src, val))
+            self._pending_cells += len(val)
+        self._most = max(self._most, most)
+        if self._pending_cells >= STAGE_CELLS:
+            self._flush()
 
-    def cells(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """StepCounts.cells from the chunks' nonzero cells (by source, each source's steps ascending): a stable
-        sort by step a chunk, no (steps x sources) block."""
-        steps, srcs, vals = [], [], []
-        for c in self._settled():
-            i0, i1 = max(a, c.first) - c.first, min(b, c.first + c.rows) - c.first
-            if i1 <= i0:
-                continue
-            src = np.repeat(np.arange(self.n_sources, dtype=np.uint16), np.diff(c.indptr))
-            step, value = c.step, c.value
-            if i0 > 0 or i1 < c.rows:
-                keep = (step >= i0) & (step < i1)
-                step, value, src = step[keep], value[keep], src[keep]
-            order = np.argsort(step, kind="stable")  # a step's cells keep source order
-            steps.append(step[order].astype(np.int64) + c.first)
-            srcs.append(src[order])
-            vals.append(value[order].astype(np.int64))
-        if not steps:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint16), np.zeros(0, dtype=np.int64)
-        return np.concatenate(steps), np.concatenate(srcs), np.concatenate(vals)
+    def _flush(self) -> None:
+        """The pending cells into one chunk (their counts each put's narrowest type, joined: the widest of them)."""
+        if not self._pending:
+            return
+        src = np.concatenate([s for s, _ in self._pending]) if len(self._pending) > 1 else self._pending[0][0]
+        val = np.concatenate([v for _, v in self._pending]) if len(self._pending) > 1 else self._pending[0][1]
+        self._chunks.append((src, val))
+        self._pending, self._pending_cells = [], 0
+
+    def _settled(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+        """Every chunk (the pending cells chunked first) and each step's first cell (steps + 1, int64)."""
+        self._flush()
+        if self._offsets is None:
+            off = np.zeros(self.steps + 1, dtype=np.int64)
+            np.cumsum(self._per_step, out=off[1:])
+            self._offsets = off
+        return self._chunks, self._offsets
+
+    def step_cells(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        chunks, off = self._settled()
+        c0, c1 = int(off[a]), int(off[b])
+        srcs, vals = [], []
+        at = 0
+        for s, v in chunks:
+            lo, hi = max(c0, at), min(c1, at + len(s))
+            if hi > lo:
+                srcs.append(s[lo - at : hi - at])
+                vals.append(v[lo - at : hi - at])
+            at += len(s)
+        if len(srcs) == 1:
+            return self._per_step[a:b], srcs[0], vals[0]
+        src = np.concatenate(srcs) if srcs else np.zeros(0, dtype=np.uint16)
+        val = np.concatenate(vals) if vals else np.zeros(0, dtype=self.dtype)
+        return self._per_step[a:b], src, val
 
     def source_totals(self) -> np.ndarray:
         out = np.zeros(self.n_sources, dtype=np.int64)
-        for c in self._settled():
-            source_sums(c.indptr, c.value, out)
+        for s, v in self._settled()[0]:
+            source_sums(s, v, out)
         return out
 
     @property
     def dtype(self) -> np.dtype:
-        self._settled()
-        return self._dtype
+        return np.dtype(count_dtype(self._most))
 
     @property
     def nbytes(self) -> int:
-        return int(self._stage.nbytes) + sum(c.indptr.nbytes + c.step.nbytes + c.value.nbytes for c in self._chunks)
+        held = [*self._chunks, *self._pending]
+        return int(self._per_step.nbytes + self._row.nbytes) + sum(s.nbytes + v.nbytes for s, v in held)
 
     @property
     def entries(self) -> int:
         """Nonzero cells held."""
-        return sum(len(c.step) for c in self._settled())
+        return int(self._per_step.sum(dtype=np.int64))

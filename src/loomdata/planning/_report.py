@@ -57,9 +57,10 @@ import numpy as np
 import pyarrow as pa
 
 from loomdata.planning._counts import DenseCounts, Pieces, SparseCounts, StepCounts
+from loomdata.planning._counts_kernel import step_sums
 from loomdata.planning._cp_report import cp_figures
 from loomdata.planning._mixture import StepWeights
-from loomdata.planning._report_kernel import mixture_rows, mixture_shares, running_totals
+from loomdata.planning._report_kernel import mixture_shares, mixture_steps, running_totals
 from loomdata.planning._transpose_kernel import transposed
 from loomdata.schemas.plan import read_plan
 from loomdata.schemas.tables import (
@@ -391,7 +392,7 @@ class ReportBuilder:
         prev: list[np.ndarray] = []  # the weights of the step before the block (none before step 0)
         weights = (self._weights_table(a, min(steps, a + rows), prev) for a in range(0, max(steps, 1), rows))
         write_table_parts(
-            (t for t in weights if t.num_rows or not prev),  # no empty row groups (a fixed mixture: one row)
+            (t for t in weights if t is not None),  # no empty row groups (a fixed mixture: one row)
             plan_dir / _WEIGHTS_FILE,
             TableKind.PLAN_WEIGHTS,
         )
@@ -413,25 +414,29 @@ class ReportBuilder:
         write_table(ranks, plan_dir / _RANKS_FILE, TableKind.PLAN_RANKS)
 
     def _sources_table(self, a: int, b: int, per_step: np.ndarray) -> pa.Table:
-        """Steps a..b-1 of report/sources.parquet (the cells that place tokens, step-major); their steps' tokens
-        added into per_step (the steps table's `tokens`: integers, exact in any order)."""
-        step, src, tokens = self.tokens.cells(a, b)
-        run = np.zeros(len(tokens) + 1, dtype=np.int64)
-        np.cumsum(tokens, out=run[1:])
-        bounds = np.searchsorted(step, np.arange(a, b + 1))  # each step's cells (steps ascending)
-        per_step[a:b] = run[bounds[1:]] - run[bounds[:-1]]
-        return pa.table({"step": step.astype(np.uint32), "source": src, "tokens": tokens})
+        """Steps a..b-1 of report/sources.parquet (the cells that place tokens, step-major, as the counts hold
+        them); their steps' tokens written to per_step (the steps table's `tokens`: integers, exact in any order)."""
+        cells, src, tokens = self.tokens.step_cells(a, b)
+        step_sums(cells, tokens, per_step[a:b])
+        step = np.repeat(np.arange(a, b, dtype=np.uint32), cells)
+        return pa.table({"step": step, "source": np.asarray(src, dtype=np.uint16), "tokens": tokens.astype(np.int64)})
 
-    def _weights_table(self, a: int, b: int, prev: list[np.ndarray]) -> pa.Table:
+    def _weights_table(self, a: int, b: int, prev: list[np.ndarray]) -> pa.Table | None:
         """The rows of report/weights.parquet among steps a..b-1: a step whose weights differ from the step
-        before's (`prev` holds that step's weights when a > 0, and is given the block's last)."""
+        before's (`prev` holds that step's weights when a > 0, and is given the block's last); None where no step
+        of them has a row (an empty table for no steps at all). Weights are worked out up to the steady row
+        (_steady) only: the steps after its first all repeat it."""
         n = len(self.sources)
-        w = np.empty((n, b - a))
+        start, row = self._steady()
+        m = min(max(start, a), b)  # steps m..b-1 hold the steady row
+        w = np.empty((n, m - a + (m < b)))  # the steps a..m-1, then one step of the steady row
         for k0, k1 in self._source_blocks():
-            w[k0:k1] = self.weight_rows(k0, k1, a, b)
+            w[k0:k1, : m - a] = self.weight_rows(k0, k1, a, m)
+        if m < b:
+            w[:, m - a] = row
         bits = w.view(np.int64)  # compared bit for bit (forward-filled rows are the same floats, -0.0 included)
-        change = np.ones(b - a, dtype=bool)
-        if b - a > 1:
+        change = np.ones(w.shape[1], dtype=bool)
+        if w.shape[1] > 1:
             change[1:] = (bits[:, 1:] != bits[:, :-1]).any(axis=0)
         if prev:
             change[0] = bool((bits[:, 0] != prev[0].view(np.int64)).any())
@@ -439,6 +444,8 @@ class ReportBuilder:
         if b > a:
             prev.append(w[:, -1].copy())
         at = np.flatnonzero(change)
+        if not len(at) and b > a:
+            return None
         data: dict[str, Any] = {"step": (at + a).astype(np.uint32)}
         for k, name in enumerate(self.sources):
             data[f"weight__{name}"] = w[k, at]
@@ -461,21 +468,43 @@ class ReportBuilder:
         self._shuffle = dict(figures)
 
     def _mixture_error(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """mixture_error(tokens, weights, budgets, full=False), the weights worked out a block of sources at a
-        time (the kernel's sources are independent given every step's totals)."""
+        """mixture_error(tokens, weights, budgets, full=False), bit for bit, in one pass down the steps over the
+        token counts' nonzero cells (_report_kernel.mixture_steps; no rows of sources made dense), the target
+        weights worked out a block of steps at a time (one row for the steps of the steady row on)."""
         b = np.zeros(0) if self.budgets is None else np.ascontiguousarray(self.budgets, dtype=np.float64)
         steps, n = len(self.tokens), len(self.sources)
-        per_step = np.zeros(steps, dtype=np.int64)
-        for k0, k1 in self._source_blocks():  # every step's tokens (integers: exact in any order)
-            per_step += self.tokens.source_rows(k0, k1).sum(axis=0, dtype=np.int64)
-        div, b_div = running_totals(per_step, b)
-        worst = np.zeros(steps)
-        realized, target = np.empty((n, 1 if steps else 0)), np.empty((n, 1 if steps else 0))
-        for k0, k1 in self._source_blocks():
-            w = self.weight_rows(k0, k1)
-            tokens = self.tokens.source_rows(k0, k1)  # (k1 - k0, steps): a block of sources as rows
-            mixture_rows(tokens, w, b, div, b_div, worst, realized[k0:k1], target[k0:k1], False)
-        return worst * 100.0, realized.T, target.T
+        _, b_div = running_totals(np.zeros(steps, dtype=np.int64), b)
+        cum, run, total, worst = np.zeros(n), np.zeros(n), np.zeros(1, dtype=np.int64), np.zeros(steps)
+        block = max(1, WEIGHT_BLOCK_CELLS // max(n, 1))
+        for a in range(0, steps, block):
+            e = min(steps, a + block)
+            per_step, src, value = self.tokens.step_cells(a, e)
+            mixture_steps(per_step, src, value, self._weight_steps(a, e), b, a, b_div, cum, run, total, worst)
+        if not steps:
+            return worst, np.empty((0, n)), np.empty((0, n))
+        d = float(total[0]) if total[0] > 0 else 1.0
+        return worst * 100.0, (cum / d)[None], (run / b_div[-1])[None]
+
+    def _steady(self) -> tuple[int, np.ndarray]:
+        """(the first step from which every step's target weights are one row, that row): the schedule's last
+        milestone on (a fixed mixture: every step), after a re-plan's base steps; zeros without weights."""
+        upto = self._seeded.shape[1]
+        if self.weights is None:
+            return upto, np.zeros(len(self.sources))
+        w = self.weights
+        return max(upto, w.held - w.first, 0), np.ascontiguousarray(w.last, dtype=np.float64)
+
+    def _weight_steps(self, a: int, b: int) -> np.ndarray:
+        """(b - a, sources) float64: the target weights of steps a..b-1 step-major (weight_rows' values), or their
+        one row (1, sources) where all of them hold the steady row."""
+        start, row = self._steady()
+        if a >= start:
+            return row[None]
+        out = np.zeros((b - a, len(self.sources))) if self.weights is None else self.weights.rows(a, b)
+        upto = self._seeded.shape[1]
+        if a < upto:
+            out[: min(upto, b) - a] = self._seeded[:, a : min(upto, b)].T
+        return out
 
     def summary(self) -> dict[str, Any]:
         """The plan's summary figures (stored in plan.json, printed by `loom plan` / `loom inspect`)."""

@@ -1,6 +1,7 @@
 """Compiled report figures: the mixture error (planning._report.mixture_error: realized and target cumulative
-shares and each step's worst error, in one pass over the (sources, steps) tables the report keeps source-major,
-instead of a NumPy pass per operation) and each step's cost total and largest segment (run_sums, for its LB).
+shares and each step's worst error, in one pass over (sources, steps) tables, instead of a NumPy pass per operation;
+the plan's own summary runs mixture_steps, the same operations step by step over its sparse token counts' cells) and
+each step's cost total and largest segment (run_sums, for its LB).
 
 The same values: token counts are integers, so their running and per-step totals are exact in any order;
 the target's running sums run down the steps (as np.cumsum does) and every division is the same; a step's
@@ -13,7 +14,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["mixture_rows", "mixture_shares", "mixture_totals", "run_sums", "running_totals"]
+__all__ = ["mixture_rows", "mixture_shares", "mixture_steps", "mixture_totals", "run_sums", "running_totals"]
 
 
 @njit
@@ -96,6 +97,70 @@ def mixture_rows(
         if not full and steps:
             realized[k, 0] = r
             target[k, 0] = g
+
+
+@njit
+def mixture_steps(
+    per_step: np.ndarray,
+    src: np.ndarray,
+    value: np.ndarray,
+    weights: np.ndarray,
+    budgets: np.ndarray,
+    t0: int,
+    b_div: np.ndarray,
+    cum: np.ndarray,
+    run: np.ndarray,
+    total: np.ndarray,
+    worst: np.ndarray,
+) -> None:
+    """mixture_rows step by step over the nonzero cells of steps t0..t0+len(per_step)-1 (step-major: each step's
+    per_step[i] cells, their sources and counts), every source's running tokens (`cum`, float64: integers, exact
+    below 2^53) and target (`run`) carried across calls, and the running total of all tokens in total[0]: each
+    step's worst error written to `worst`. `weights`: the steps' target rows (len(per_step), sources), or one row
+    every step shares (a fixed mixture, or the steps after the schedule's last milestone). The same float
+    operations on each (source, step) as mixture_rows, so the same bits; the sources' loop is free of carried
+    dependencies (it vectorizes), the maximum taken after it."""
+    n_src = len(cum)
+    weighted = len(budgets) > 0
+    one_row = weights.shape[0] == 1
+    err = np.empty(n_src)
+    c = 0
+    tot = total[0]
+    for i in range(len(per_step)):
+        t = t0 + i
+        for _ in range(per_step[i]):
+            k = src[c]
+            v = value[c]
+            cum[k] += v
+            tot += v
+            c += 1
+        d = float(tot) if tot > 0 else 1.0
+        bd = b_div[t]
+        w = weights[0] if one_row else weights[i]
+        if weighted:
+            bt = budgets[t]
+            for k in range(n_src):
+                run[k] += w[k] * bt
+                err[k] = abs(cum[k] / d - run[k] / bd)
+        else:
+            for k in range(n_src):
+                run[k] += w[k]
+                err[k] = abs(cum[k] / d - run[k] / bd)
+        # the largest error, in 4 independent running maxima (one chain of n_src dependent max operations was the
+        # pass's bound); a maximum of finite values is the same in any order
+        m0 = m1 = m2 = m3 = worst[t]
+        k = 0
+        while k + 4 <= n_src:
+            m0 = max(m0, err[k])
+            m1 = max(m1, err[k + 1])
+            m2 = max(m2, err[k + 2])
+            m3 = max(m3, err[k + 3])
+            k += 4
+        while k < n_src:
+            m0 = max(m0, err[k])
+            k += 1
+        worst[t] = max(max(m0, m1), max(m2, m3))
+    total[0] = tot
 
 
 _PW_BLOCK = 128  # NumPy's PW_BLOCKSIZE: pairwise summation recurses above this many values

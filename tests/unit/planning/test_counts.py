@@ -84,6 +84,8 @@ def _pieces(rng: np.random.Generator, block: np.ndarray) -> _counts.Pieces:
             v = int(block[t, k])
             cuts = np.sort(rng.integers(0, v + 1, int(rng.integers(0, 3))))
             cells += [(k, int(x)) for x in np.diff(np.concatenate([[0], cuts, [v]])) if x]
+        if cells and rng.random() < 0.2:  # a piece of no tokens (a cell of its own source: none unless others)
+            cells.append((int(rng.integers(0, block.shape[1])), 0))
         rng.shuffle(cells)  # type: ignore[arg-type]
         step += [t] * len(cells)
         src += [k for k, _ in cells]
@@ -93,16 +95,20 @@ def _pieces(rng: np.random.Generator, block: np.ndarray) -> _counts.Pieces:
     )
 
 
-@pytest.mark.parametrize(("seed", "steps", "n_src", "stage"), [(0, 500, 30, 64 * 30), (1, 700, 300, None)])
+@pytest.mark.parametrize(
+    ("seed", "steps", "n_src", "stage", "density"),
+    [(0, 500, 30, 64 * 30, 0.1), (1, 700, 300, None, 0.1), (2, 400, 150, 50, 0.6), (3, 300, 9, None, 0.95)],
+)
 def test_put_pieces_is_put_of_their_cells(
-    seed: int, steps: int, n_src: int, stage: int | None, monkeypatch: pytest.MonkeyPatch
+    seed: int, steps: int, n_src: int, stage: int | None, density: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """put_pieces (the report's path from a block's placed pieces) stores what put of the summed cells does, for
-    blocks that cross staging blocks and with steps skipped between them, in both kinds."""
+    puts joined into chunks of `stage` cells and with steps skipped between them, in both kinds: steps touching
+    few of the sources and most of them (more than 64: several bitmap words), pieces of 0 tokens left out."""
     if stage is not None:
         monkeypatch.setattr(_counts, "STAGE_CELLS", stage)
     rng = np.random.default_rng(seed)
-    want = _table(rng, steps, n_src, 0.1, 5000)
+    want = _table(rng, steps, n_src, density, 5000)
     sparse, dense = SparseCounts(steps, n_src), DenseCounts(steps, n_src, 1000)
     t = 0
     while t < steps:

@@ -1,5 +1,6 @@
 """The summary's mixture error without the full share tables (mixture_error(full=False)): the same per-step
-errors and last-step shares, bit for bit, as the full pass (which plot_plan uses), with and without budgets."""
+errors and last-step shares, bit for bit, as the full pass (which plot_plan uses), with and without budgets; the
+report's own pass over its sparse cells (ReportBuilder._mixture_error) gives the same bits again."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import itertools
 import numpy as np
 import pytest
 
-from loomdata.planning._report import mixture_error
+from loomdata.planning import _mixture, _report
+from loomdata.planning._mixture import StepWeights
+from loomdata.planning._report import ReportBuilder, mixture_error
 from loomdata.planning._report_kernel import run_sums
 
 
@@ -104,3 +107,62 @@ def test_run_sums_are_each_runs_own_sum_and_max(kind: str) -> None:
 def test_run_sums_refuse_an_empty_run() -> None:
     total, top = run_sums(np.ones(4), np.array([0, 2, 2, 4], dtype=np.int64))
     assert len(total) == 0 and len(top) == 0
+
+
+def _schedule(rng: np.random.Generator, n_src: int, steps: int, milestone: int | None) -> StepWeights:
+    """A fixed mixture (milestone None) or random weights at step 0 moving to others at `milestone`, held after."""
+    if milestone is None:
+        xs, ys = np.zeros(1), rng.random((1, n_src)) + 0.01
+    else:
+        xs, ys = np.array([0.0, float(milestone)]), rng.random((2, n_src)) + 0.01
+    held = int(min(max(np.ceil(xs[-1]), 0), steps))
+    sums = np.array([_mixture._interpolated(xs, ys, a, a + 1).sum() for a in range(held)])
+    return StepWeights(xs, ys, ys[-1] / ys[-1].sum(), sums, held, 0, steps)
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+@pytest.mark.parametrize("budgets", [False, True])
+@pytest.mark.parametrize(
+    ("steps", "n_src", "milestone", "seeded"),
+    [
+        (300, 40, 116, 0),
+        (300, 9, 115, 0),
+        (257, 7, None, 0),
+        (200, 300, 50, 92),
+        (1, 3, None, 0),
+        (500, 5, 600, 130),
+        (0, 4, None, 0),
+    ],
+)
+def test_the_reports_mixture_error_over_its_cells_is_the_dense_pass(
+    steps: int,
+    n_src: int,
+    milestone: int | None,
+    seeded: int,
+    budgets: bool,
+    sparse: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ReportBuilder's mixture error, one pass down the steps over the counts' nonzero cells in blocks of steps
+    (the steady weight row shared, a re-plan's base weights first), gives mixture_error's bits on the dense
+    (steps, sources) tables: every step's worst error and the last step's shares."""
+    monkeypatch.setattr(_report, "WEIGHT_BLOCK_CELLS", n_src * 23)  # blocks of 23 steps (115 = 5 x 23)
+    rng = np.random.default_rng(steps + n_src)
+    tokens = ((rng.random((steps, n_src)) < 0.2) * rng.integers(1, 70_000, (steps, n_src))).astype(np.int64)
+    tokens[: min(2, steps)] = 0  # leading steps with nothing placed
+    w = _schedule(rng, n_src, steps, milestone)
+    b = rng.integers(1, 1000, steps).astype(np.float64) if budgets else None
+    names = [f"s{k}" for k in range(n_src)]
+    r = ReportBuilder(steps, names, 2, weights=w, budgets=b, sparse=sparse)
+    grid = w.grid()
+    if seeded:  # a re-plan: its base's counts and weights of the steps before its resume step
+        base = rng.random((seeded, n_src))
+        rows = {f"tokens__{n}": tokens[:seeded, k] for k, n in enumerate(names)}
+        r.seed({**rows, **{f"weight__{n}": base[:, k] for k, n in enumerate(names)}}, seeded)
+        grid[:seeded] = base
+    r.tokens.put(seeded, tokens[seeded:])
+    got = r._mixture_error()
+    want = mixture_error(tokens, grid, b, full=False)
+    for g, x in zip(got, want, strict=True):
+        assert g.shape == x.shape and g.tobytes() == x.tobytes()
+    assert float(want[0].max(initial=0.0)) > 0.0 or steps < 3  # the errors compared are not all zero

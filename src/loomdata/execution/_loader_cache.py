@@ -28,11 +28,13 @@ a unit is decoded again sooner, both by degrees. A hard allowance for rows past 
 once spent, every unit kept as rows was decoded again per use (7.6x the loaders' CPU on a long 2-source run).
 
 Threads: loaders read in their own threads and on the worker's event loop; every operation on a pool
-and on the uses of its loaders holds the pool's lock (each is a few NumPy calls on small arrays).
+and on the uses of its loaders holds the pool's lock (each is a few NumPy calls on small arrays, or a few
+list updates per segment served).
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import enum
 import itertools
@@ -175,125 +177,159 @@ class CachePolicy:
 class UnitUses:
     """Pending uses of units by steps: how many segment reads of each (unit key, step) are still to come.
 
-    Pure NumPy over sorted arrays, updated in place (merges, never a sort of what is held: session 26, the plan-ahead's
-    CPU grew with everything held, rebuilt for every chunk planned). Each unit key has an id (`_ids`, beside the
-    sorted keys `_keys`) and `span` (the plan's step count) makes (id, step) one sortable code: a key's uses are one
-    run of codes in step order. Only pairs with reads left are held (one served to none is removed), so a key's
-    next use from a step on is one `searchsorted`. Ids follow first planning, renumbered densely (in order) by `prune`.
+    Per unit key, two plain lists: the steps with reads left, ascending, and the reads left at each (> 0). Serving a
+    read updates a few lists in place (a `bisect` each), and a key's next use from a step on is one `bisect` (session
+    27: over sorted NumPy arrays of every pair, each read cost some 25 NumPy calls and a copy of everything held, the
+    largest part of `served`). A chunk planned is grouped by key in NumPy and merged per key (appended, as a chunk
+    planned in order comes after everything held). Only pairs with reads left are held (one served to none is
+    removed), and so only keys with pairs.
     """
 
     def __init__(self, span: int) -> None:
         self.span = max(int(span), 1)
-        self._keys = np.zeros(0, dtype=np.int64)  # unit keys with an id, sorted
-        self._ids = np.zeros(0, dtype=np.int64)  # the id of each of `_keys`
-        self._code = np.zeros(0, dtype=np.int64)  # id * span + step, sorted, distinct, reads left > 0
-        self._left = np.zeros(0, dtype=np.int64)  # segment reads still to come (> 0)
-        self._next_id = 0
-        self._spent: tuple[int, int] | None = None  # steps of pairs served to none since `take_spent`: first, last
+        self._uses: dict[int, tuple[list[int], list[int]]] = {}  # key -> (steps ascending, reads left at each > 0)
+        self._pairs = 0
+        self._spent: dict[int, set[int]] = {}  # key -> steps of its pairs served to none since `take_spent`
 
     def __len__(self) -> int:
-        return len(self._code)
+        return self._pairs
 
     def add(self, keys: np.ndarray, steps: np.ndarray) -> None:
         """Count one planned read per (keys[i], steps[i]) (a manifest segment), merged with those held."""
         k, s = np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64)
         if len(k) == 0:
             return
-        fresh = np.setdiff1d(k, self._keys)  # sorted, distinct: keys new here get the next ids
-        if len(fresh):
-            at = np.searchsorted(self._keys, fresh)
-            self._keys = np.insert(self._keys, at, fresh)
-            self._ids = np.insert(self._ids, at, np.arange(self._next_id, self._next_id + len(fresh)))
-            self._next_id += len(fresh)
-        code, count = np.unique(self._ids[np.searchsorted(self._keys, k)] * self.span + s, return_counts=True)
-        pos = np.searchsorted(self._code, np.asarray(code, dtype=np.int64))
-        held = pos < len(self._code)
-        held[held] = self._code[pos[held]] == code[held]
-        self._left[pos[held]] += count[held]
-        new = ~held
-        self._code = np.insert(self._code, pos[new], code[new])
-        self._left = np.insert(self._left, pos[new], count[new])
+        order = np.lexsort((s, k))
+        k, s = k[order], s[order]
+        first = np.ones(len(k), dtype=bool)
+        first[1:] = (k[1:] != k[:-1]) | (s[1:] != s[:-1])
+        at = np.flatnonzero(first)  # distinct pairs, by key then step
+        count = np.diff(np.append(at, len(k))).tolist()
+        k, s = k[at], s[at]
+        runs = [*np.flatnonzero(np.append(True, k[1:] != k[:-1])).tolist(), len(k)]
+        keys_l, steps_l, uses = k.tolist(), s.tolist(), self._uses
+        spent = self._spent
+        for lo, hi in itertools.pairwise(runs):
+            if spent and (gone := spent.get(keys_l[lo])) is not None:  # served to none, then planned again: held
+                gone.difference_update(steps_l[lo:hi])
+            got = uses.get(keys_l[lo])
+            if got is None:
+                uses[keys_l[lo]] = (steps_l[lo:hi], count[lo:hi])
+                self._pairs += hi - lo
+                continue
+            st, lf = got
+            if st[-1] < steps_l[lo]:  # after every step held (a key's list is never empty)
+                st.extend(steps_l[lo:hi])
+                lf.extend(count[lo:hi])
+                self._pairs += hi - lo
+                continue
+            for x, c in zip(steps_l[lo:hi], count[lo:hi], strict=True):
+                i = bisect.bisect_left(st, x)
+                if i < len(st) and st[i] == x:
+                    lf[i] += c
+                else:
+                    st.insert(i, x)
+                    lf.insert(i, c)
+                    self._pairs += 1
 
     def left(self, keys: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """Segment reads still to come per (keys[i], steps[i]) (0 where none is planned)."""
-        pos, ok = self._find(np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64))
-        return np.where(ok, self._left[pos] if len(self._left) else 0, 0)
+        k, s = np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64)
+        out = []
+        uses = self._uses
+        for key, x in zip(k.tolist(), s.tolist(), strict=True):
+            got = uses.get(key)
+            n = 0
+            if got is not None:
+                st = got[0]
+                i = bisect.bisect_left(st, x)
+                if i < len(st) and st[i] == x:
+                    n = got[1][i]
+            out.append(n)
+        return np.array(out, dtype=np.int64)
+
+    def holds(self, key: int, steps: np.ndarray) -> np.ndarray:
+        """Whether each (key, steps[i]) has a read left (`left` > 0) for one key: one search of its steps."""
+        got = self._uses.get(int(key))
+        s = np.asarray(steps, dtype=np.int64)
+        if got is None or len(s) == 0:
+            return np.zeros(len(s), dtype=bool)
+        st = np.array(got[0], dtype=np.int64)
+        return st[np.minimum(np.searchsorted(st, s), len(st) - 1)] == s
 
     def consume(self, keys: np.ndarray, steps: np.ndarray) -> None:
         """Segment reads served: one use of each (keys[i], steps[i]) less (unplanned pairs are ignored)."""
-        pos, ok = self._find(np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64))
-        pos = pos[ok]
-        if len(pos) == 0:
-            return
-        np.subtract.at(self._left, pos, 1)
-        done = self._left[pos] <= 0
-        if done.any():  # served to none: no longer held
-            gone = np.asarray(steps, dtype=np.int64)[ok][done]
-            lo, hi = int(gone.min()), int(gone.max())
-            self._spent = (lo, hi) if self._spent is None else (min(lo, self._spent[0]), max(hi, self._spent[1]))
-            keep = np.ones(len(self._code), dtype=bool)
-            keep[pos[done]] = False
-            self._code, self._left = self._code[keep], self._left[keep]
+        uses, spent = self._uses, self._spent
+        for key, x in zip(np.asarray(keys).tolist(), np.asarray(steps).tolist(), strict=True):
+            got = uses.get(key)
+            if got is None:
+                continue
+            st, lf = got
+            i = bisect.bisect_left(st, x)
+            if i == len(st) or st[i] != x:
+                continue
+            if lf[i] > 1:
+                lf[i] -= 1
+                continue
+            del st[i], lf[i]  # served to none: no longer held
+            self._pairs -= 1
+            if not st:
+                del uses[key]
+            if (gone := spent.get(key)) is None:
+                spent[key] = {x}
+            else:
+                gone.add(x)
 
-    def take_spent(self) -> tuple[int, int] | None:
-        """The first and last step of the pairs served to none since the last call (None: none), for `UnitRows`."""
-        spent, self._spent = self._spent, None
-        return spent
+    def take_spent(self) -> tuple[np.ndarray, np.ndarray, int, int] | None:
+        """The pairs served to none since the last call and not planned again (None: none), for `UnitRows.prune`:
+        their keys (sorted, distinct), a code per pair (its key's place among them * span + its step; sorted) and
+        their first and last step."""
+        spent, self._spent = self._spent, {}
+        keys = sorted(k for k, gone in spent.items() if gone)
+        if not keys:
+            return None
+        sizes = [len(spent[k]) for k in keys]
+        steps = np.fromiter(itertools.chain.from_iterable(spent[k] for k in keys), dtype=np.int64, count=sum(sizes))
+        code = np.repeat(np.arange(len(keys), dtype=np.int64) * self.span, sizes) + steps
+        code.sort()
+        return np.array(keys, dtype=np.int64), code, int(steps.min()), int(steps.max())
 
     def next_use(self, keys: np.ndarray, floor: int) -> np.ndarray:
         """Per key, the first step >= `floor` with a pending use; -1 where none is known."""
-        keys = np.asarray(keys, dtype=np.int64)
-        if len(self._code) == 0 or len(keys) == 0:
-            return np.full(len(keys), -1, dtype=np.int64)
-        base, known = self._base(keys)
-        pos = np.searchsorted(self._code, base + max(int(floor), 0))
-        code = self._code[np.minimum(pos, len(self._code) - 1)]
-        found = known & (pos < len(self._code)) & (code < base + self.span)
-        return np.where(found, code - base, -1)
+        f, uses, out = max(int(floor), 0), self._uses, []
+        for key in np.asarray(keys).tolist():
+            got = uses.get(key)
+            if got is None:
+                out.append(-1)
+                continue
+            st = got[0]
+            i = bisect.bisect_left(st, f)
+            out.append(st[i] if i < len(st) else -1)
+        return np.array(out, dtype=np.int64)
 
     def pending(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Keys with a pending use in steps lo..hi and the first such step, in plan order (step, then key)."""
-        if len(self._code) == 0:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        base = self._ids * self.span
-        pos = np.searchsorted(self._code, base + max(int(lo), 0))  # each key's first use from `lo` on
-        step = self._code[np.minimum(pos, len(self._code) - 1)] - base
-        m = (pos < len(self._code)) & (step < self.span) & (step <= hi)
-        keys, steps = self._keys[m], step[m]
-        order = np.lexsort((keys, steps))
-        return keys[order], steps[order]
+        f, keys, steps = max(int(lo), 0), [], []
+        for key, (st, _) in self._uses.items():
+            i = bisect.bisect_left(st, f)
+            if i < len(st) and st[i] <= hi:
+                keys.append(key)
+                steps.append(st[i])
+        k, s = np.array(keys, dtype=np.int64), np.array(steps, dtype=np.int64)
+        order = np.lexsort((k, s))
+        return k[order], s[order]
 
     def prune(self, floor: int) -> None:
-        """Forget uses before `floor` (served, or skipped by a resume), and the ids of keys with none left."""
-        ids = self._code // self.span
-        steps = self._code - ids * self.span
-        keep = steps >= floor
-        ids, steps, self._left = ids[keep], steps[keep], self._left[keep]
-        first = np.ones(len(ids), dtype=bool)
-        first[1:] = ids[1:] != ids[:-1]
-        live = ids[first]  # ids with uses left, in order: renumbered 0.. (codes stay sorted)
-        self._code = (np.cumsum(first) - 1) * self.span + steps
-        at = np.minimum(np.searchsorted(live, self._ids), max(len(live) - 1, 0))
-        held = (at < len(live)) & (live[at] == self._ids) if len(live) else np.zeros(len(self._ids), dtype=bool)
-        self._keys, self._ids = self._keys[held], at[held]
-        self._next_id = len(live)
-
-    def _base(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per key, its id * span (some id's where unknown) and whether it has an id."""
-        if len(self._keys) == 0:
-            return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=bool)
-        at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
-        return self._ids[at] * self.span, self._keys[at] == keys
-
-    def _find(self, keys: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Positions of (key, step) pairs in the code array and whether each is planned (with reads left)."""
-        if len(self._code) == 0:
-            return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=bool)
-        base, known = self._base(keys)
-        code = base + steps
-        pos = np.minimum(np.searchsorted(self._code, code), len(self._code) - 1)
-        ok = known & (steps >= 0) & (steps < self.span) & (self._code[pos] == code)
-        return pos, ok
+        """Forget uses before `floor` (served, or skipped by a resume), and the keys with none left."""
+        uses = self._uses
+        for key in [k for k, (st, _) in uses.items() if st[0] < floor]:
+            st, lf = uses[key]
+            i = bisect.bisect_left(st, floor)
+            self._pairs -= i
+            if i == len(st):
+                del uses[key]
+            else:
+                del st[:i], lf[:i]
 
 
 class UnitRows:
@@ -330,20 +366,27 @@ class UnitRows:
         step, row = self._step[lo:hi], self._row[lo:hi]
         live = step >= floor
         if uses is not None:
-            live[live] = uses.left(np.full(int(live.sum()), key, dtype=np.int64), step[live]) > 0
+            live[live] = uses.holds(key, step[live])
         return row[live], step[live]
 
     def prune(self, floor: int, uses: UnitUses) -> None:
         """Forget reads before step `floor` and those served since the last prune (no read left in `uses`).
 
-        Only the triples at steps `uses` served a pair to none at since (`UnitUses.take_spent`) are looked up; a
-        triple whose pair left `uses` otherwise (its own `prune` at a later floor) stays until the floor passes it:
-        `planned` tells it apart all the same."""
+        The pairs `uses` served to none since (`UnitUses.take_spent`) are matched against the triples in their steps'
+        range (one `isin`: looking every held triple up in `UnitUses` at each prune was the strands' largest
+        bookkeeping cost); a triple whose pair left `uses` otherwise (its own `prune` at a later floor) stays until
+        the floor passes it: `planned` tells it apart all the same."""
         keep = self._step >= floor
         spent = uses.take_spent()
         if spent is not None:
-            near = np.flatnonzero(keep & (self._step >= spent[0]) & (self._step <= spent[1]))
-            keep[near] = uses.left(self._key[near], self._step[near]) > 0
+            known, code, lo, hi = spent
+            near = np.flatnonzero(keep & (self._step >= lo) & (self._step <= hi))
+            if len(near):
+                k = self._key[near]
+                at = np.minimum(np.searchsorted(known, k), len(known) - 1)
+                mine = at * uses.span + self._step[near]
+                pos = np.minimum(np.searchsorted(code, mine), len(code) - 1)
+                keep[near[(code[pos] == mine) & (known[at] == k)]] = False
         self._key, self._step, self._row = self._key[keep], self._step[keep], self._row[keep]
 
 

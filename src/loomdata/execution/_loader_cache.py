@@ -257,10 +257,10 @@ class UnitUses:
         st = np.array(got[0], dtype=np.int64)
         return st[np.minimum(np.searchsorted(st, s), len(st) - 1)] == s
 
-    def consume(self, keys: np.ndarray, steps: np.ndarray) -> None:
+    def consume(self, keys: np.ndarray | list[int], steps: np.ndarray | list[int]) -> None:
         """Segment reads served: one use of each (keys[i], steps[i]) less (unplanned pairs are ignored)."""
         uses, spent = self._uses, self._spent
-        for key, x in zip(np.asarray(keys).tolist(), np.asarray(steps).tolist(), strict=True):
+        for key, x in zip(_ints(keys), _ints(steps), strict=True):
             got = uses.get(key)
             if got is None:
                 continue
@@ -296,8 +296,12 @@ class UnitUses:
 
     def next_use(self, keys: np.ndarray, floor: int) -> np.ndarray:
         """Per key, the first step >= `floor` with a pending use; -1 where none is known."""
+        return np.array(self.next_steps(_ints(keys), floor), dtype=np.int64)
+
+    def next_steps(self, keys: list[int], floor: int) -> list[int]:
+        """`next_use` of plain ints (`PlanUnitCache.served` asks it of every held unit at every read)."""
         f, uses, out = max(int(floor), 0), self._uses, []
-        for key in np.asarray(keys).tolist():
+        for key in keys:
             got = uses.get(key)
             if got is None:
                 out.append(-1)
@@ -305,7 +309,7 @@ class UnitUses:
             st = got[0]
             i = bisect.bisect_left(st, f)
             out.append(st[i] if i < len(st) else -1)
-        return np.array(out, dtype=np.int64)
+        return out
 
     def pending(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Keys with a pending use in steps lo..hi and the first such step, in plan order (step, then key)."""
@@ -330,6 +334,11 @@ class UnitUses:
                 del uses[key]
             else:
                 del st[:i], lf[:i]
+
+
+def _ints(values: np.ndarray | list[int]) -> list[int]:
+    """Plain ints of an array (a list as it is)."""
+    return values if isinstance(values, list) else np.asarray(values).tolist()
 
 
 class UnitRows:
@@ -464,6 +473,10 @@ class WorkerPool:
     def held(self, owner: int) -> list[UnitKey]:
         with self.lock:
             return list(self._owned.get(owner, {}))
+
+    def entries(self, owner: int) -> dict[UnitKey, _Entry]:
+        """The units `owner` holds, live (read and change them only under the pool's lock; drop through `drop`)."""
+        return self._owned.get(owner, {})
 
     def items(self, owner: int) -> list[tuple[UnitKey, Any]]:
         """(key, value) of each unit `owner` holds."""
@@ -775,34 +788,40 @@ class PlanUnitCache:
     def served(self, keys: np.ndarray, steps: np.ndarray) -> None:
         """Segment reads served: count them off and drop every held unit whose last use (in the horizon) is over."""
         with self._pool.lock:
-            self.uses.consume(keys, steps)
-            if len(steps):
-                self._asked_for(int(np.min(steps)))
-                newest = max(self.newest, int(np.max(steps)))
+            ks, ss = _ints(keys), _ints(steps)  # plain ints: a few list updates per segment, no NumPy call
+            self.uses.consume(ks, ss)
+            if ss:
+                self._asked_for(min(ss))
+                newest = max(self.newest, max(ss))
                 moved = newest // self.policy.chunk_steps != self.newest // self.policy.chunk_steps
                 self.newest = newest
                 if moved:  # keeps the arrays small
-                    self.uses.prune(self.floor)
-                    self.rows.prune(self.floor, self.uses)
-            held = self._pool.items(self._owner)
+                    floor = self.floor
+                    self.uses.prune(floor)
+                    self.rows.prune(floor, self.uses)
+            held = self._pool.entries(self._owner)  # live: changed below only after the loop
             if not held:
                 self._stale.clear()
                 self._pool.trim()
                 return
-            ints = [self._key(k) for k, _ in held]
-            nxt = self.uses.next_use(np.array(ints, dtype=np.int64), self.floor).tolist()
+            ints = [self._key(k) for k in held]
+            nxt = self.uses.next_steps(ints, self.floor)
             near, stale, last = self.newest + self.reach, self._stale, self.newest + self.plan_reach  # last: unscaled
-            self._stale, update = {}, {}
-            for (key, value), k, n in zip(held, ints, nxt, strict=True):
-                lacks = stale.get(k)
+            whole = last - self.policy.keep_steps  # a unit kept whole: the reach only
+            self._stale, drop = {}, []
+            for (key, e), k, n in zip(held.items(), ints, nxt, strict=True):
+                lacks = stale.get(k) if stale else None
                 if lacks is not None and lacks <= near:  # a row it lacks is now due: read again, with every row
-                    update[key] = -1
+                    drop.append(key)
                     continue
                 if lacks is not None:
                     self._stale[k] = lacks
-                cut = last if isinstance(value, KeptRows) else last - self.policy.keep_steps  # whole: the reach only
-                update[key] = n if n <= cut else -1
-            self._pool.update(self._owner, update)
+                if 0 <= n <= (last if isinstance(e.value, KeptRows) else whole):
+                    e.next_use = n
+                else:  # no use left within the reach
+                    drop.append(key)
+            for key in drop:
+                self._pool.drop(self._owner, key)
             self._pool.trim()
 
     def close(self) -> None:

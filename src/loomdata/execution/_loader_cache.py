@@ -564,6 +564,34 @@ def scaled(steps: int, policy: CachePolicy, pool: WorkerPool) -> int:
     return max(steps * policy.keep_soft_bytes // pool.rows_nbytes, -(-steps // KEEP_MIN_SHARE))
 
 
+def _renew(
+    held: dict[UnitKey, _Entry],
+    ints: list[int],
+    nxt: list[int],
+    stale: dict[int, int],
+    near: int,
+    last: int,
+    whole: int,
+) -> tuple[list[UnitKey], dict[int, int]]:
+    """`PlanUnitCache.served`'s verdict on each held unit (int key `ints[i]`, next use `nxt[i]`, -1: none): the units to
+    drop (a row it lacks now due by step `near`, `stale`: read again with every row; no use left up to step `last`, or
+    `whole` for a unit kept whole) and the stale units still held; every other unit's next use is set in place."""
+    drop: list[UnitKey] = []
+    still: dict[int, int] = {}
+    for (key, e), k, n in zip(held.items(), ints, nxt, strict=True):
+        lacks = stale.get(k) if stale else None
+        if lacks is not None and lacks <= near:
+            drop.append(key)
+            continue
+        if lacks is not None:
+            still[k] = lacks
+        if 0 <= n <= (last if isinstance(e.value, KeptRows) else whole):
+            e.next_use = n
+        else:
+            drop.append(key)
+    return drop, still
+
+
 class Offered(enum.Enum):
     """What became of a unit read ahead (`PlanUnitCache.put_ahead`): kept, no room in the worker's budget (reading
     further ahead waits for a served step), or not due: no use within the reach now (the reach narrowed, or it is no
@@ -805,21 +833,9 @@ class PlanUnitCache:
                 self._pool.trim()
                 return
             ints = [self._key(k) for k in held]
-            nxt = self.uses.next_steps(ints, self.floor)
-            near, stale, last = self.newest + self.reach, self._stale, self.newest + self.plan_reach  # last: unscaled
+            nxt, last = self.uses.next_steps(ints, self.floor), self.newest + self.plan_reach  # last: unscaled
             whole = last - self.policy.keep_steps  # a unit kept whole: the reach only
-            self._stale, drop = {}, []
-            for (key, e), k, n in zip(held.items(), ints, nxt, strict=True):
-                lacks = stale.get(k) if stale else None
-                if lacks is not None and lacks <= near:  # a row it lacks is now due: read again, with every row
-                    drop.append(key)
-                    continue
-                if lacks is not None:
-                    self._stale[k] = lacks
-                if 0 <= n <= (last if isinstance(e.value, KeptRows) else whole):
-                    e.next_use = n
-                else:  # no use left within the reach
-                    drop.append(key)
+            drop, self._stale = _renew(held, ints, nxt, self._stale, self.newest + self.reach, last, whole)
             for key in drop:
                 self._pool.drop(self._owner, key)
             self._pool.trim()

@@ -64,6 +64,10 @@ __all__ = [
     "unit_key",
 ]
 
+FEW_READS = 64
+"""`UnitUses.consume` takes up to this many segment reads one at a time (a list update each, no NumPy call); more at
+once (a constructor's build group of hundreds of steps) are counted in NumPy first, then updated per key."""
+
 _UNIT_BITS = 24  # row groups per file below 2**24; a unit key is shard << 24 | unit
 
 PREFETCH_STEPS = 16
@@ -258,27 +262,63 @@ class UnitUses:
         return st[np.minimum(np.searchsorted(st, s), len(st) - 1)] == s
 
     def consume(self, keys: np.ndarray | list[int], steps: np.ndarray | list[int]) -> None:
-        """Segment reads served: one use of each (keys[i], steps[i]) less (unplanned pairs are ignored)."""
-        uses, spent = self._uses, self._spent
+        """Segment reads served: one use of each (keys[i], steps[i]) less (unplanned pairs are ignored).
+
+        A few (`FEW_READS`): one list update each. More (a constructor's build group, hundreds of steps): counted per
+        distinct pair in NumPy, then per key, where the pairs served are the key's first ones held and each is served
+        to none (steps served in order), one slice of its lists goes; otherwise a list update per pair."""
+        if len(keys) > FEW_READS:
+            self._consume_many(np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64))
+            return
         for key, x in zip(_ints(keys), _ints(steps), strict=True):
-            got = uses.get(key)
+            self._take(key, x, 1)
+
+    def _take(self, key: int, x: int, n: int) -> None:
+        """`n` reads of (key, x) served: the pair goes once none is left (served to none); an unplanned one: ignored."""
+        got = self._uses.get(key)
+        if got is None:
+            return
+        st, lf = got
+        i = bisect.bisect_left(st, x)
+        if i == len(st) or st[i] != x:
+            return
+        if lf[i] > n:
+            lf[i] -= n
+            return
+        del st[i], lf[i]  # served to none: no longer held
+        self._pairs -= 1
+        if not st:
+            del self._uses[key]
+        if (gone := self._spent.get(key)) is None:
+            self._spent[key] = {x}
+        else:
+            gone.add(x)
+
+    def _consume_many(self, keys: np.ndarray, steps: np.ndarray) -> None:
+        order = np.lexsort((steps, keys))
+        k, s = keys[order], steps[order]
+        first = np.ones(len(k), dtype=bool)
+        first[1:] = (k[1:] != k[:-1]) | (s[1:] != s[:-1])
+        at = np.flatnonzero(first)  # distinct pairs, by key then step, and the reads of each
+        count = np.diff(np.append(at, len(k))).tolist()
+        k, s = k[at], s[at]
+        runs = [*np.flatnonzero(np.append(True, k[1:] != k[:-1])).tolist(), len(k)]
+        keys_l, steps_l, uses = k.tolist(), s.tolist(), self._uses
+        for lo, hi in itertools.pairwise(runs):
+            key, got = keys_l[lo], uses.get(keys_l[lo])
             if got is None:
                 continue
             st, lf = got
-            i = bisect.bisect_left(st, x)
-            if i == len(st) or st[i] != x:
+            mine, m = steps_l[lo:hi], hi - lo
+            if st[:m] == mine and lf[:m] == count[lo:hi]:  # its first pairs, each served to none
+                del st[:m], lf[:m]
+                self._pairs -= m
+                if not st:
+                    del uses[key]
+                self._spent.setdefault(key, set()).update(mine)
                 continue
-            if lf[i] > 1:
-                lf[i] -= 1
-                continue
-            del st[i], lf[i]  # served to none: no longer held
-            self._pairs -= 1
-            if not st:
-                del uses[key]
-            if (gone := spent.get(key)) is None:
-                spent[key] = {x}
-            else:
-                gone.add(x)
+            for x, n in zip(mine, count[lo:hi], strict=True):
+                self._take(key, x, n)
 
     def take_spent(self) -> tuple[np.ndarray, np.ndarray, int, int] | None:
         """The pairs served to none since the last call and not planned again (None: none), for `UnitRows.prune`:
@@ -816,11 +856,12 @@ class PlanUnitCache:
     def served(self, keys: np.ndarray, steps: np.ndarray) -> None:
         """Segment reads served: count them off and drop every held unit whose last use (in the horizon) is over."""
         with self._pool.lock:
-            ks, ss = _ints(keys), _ints(steps)  # plain ints: a few list updates per segment, no NumPy call
+            few = len(steps) <= FEW_READS  # plain ints: a few list updates per segment, no NumPy call
+            ks, ss = (_ints(keys), _ints(steps)) if few else (keys, np.asarray(steps, dtype=np.int64))
             self.uses.consume(ks, ss)
-            if ss:
-                self._asked_for(min(ss))
-                newest = max(self.newest, max(ss))
+            if len(ss):
+                self._asked_for(int(min(ss) if few else np.min(ss)))
+                newest = max(self.newest, int(max(ss) if few else np.max(ss)))
                 moved = newest // self.policy.chunk_steps != self.newest // self.policy.chunk_steps
                 self.newest = newest
                 if moved:  # keeps the arrays small

@@ -82,10 +82,10 @@ def test_merged_uses_and_rows_answer_as_a_reference_rebuilt_from_scratch(seed: i
             pairs = list(ref.left)
             if rng.random() < 0.5:  # as serving does: every read of the next few steps, in step order
                 first = min((s for (_, s), n in ref.left.items() if n > 0 and s >= newest), default=0)
-                near = int(rng.integers(1, 4))
+                near = int(rng.choice([1, 2, 3, 40]))  # 40: a build group, more reads than `FEW_READS`
                 pick = [p for p, n in ref.left.items() for _ in range(n) if first <= p[1] < first + near]
             else:
-                pick = [pairs[i] for i in rng.integers(0, len(pairs), int(rng.integers(1, 40)))]
+                pick = [pairs[i] for i in rng.integers(0, len(pairs), int(rng.choice([rng.integers(1, 40), 200])))]
             pick += [(int(all_keys[0]), span), (12345, 3), (int(all_keys[1]), -1)]
             k, s = (np.array(x, dtype=np.int64) for x in zip(*pick, strict=True))
             uses.consume(k, s)

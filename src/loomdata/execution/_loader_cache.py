@@ -28,11 +28,13 @@ a unit is decoded again sooner, both by degrees. A hard allowance for rows past 
 once spent, every unit kept as rows was decoded again per use (7.6x the loaders' CPU on a long 2-source run).
 
 Threads: loaders read in their own threads and on the worker's event loop; every operation on a pool
-and on the uses of its loaders holds the pool's lock (each is a few NumPy calls on small arrays).
+and on the uses of its loaders holds the pool's lock (each is a few NumPy calls on small arrays, or a few
+list updates per segment served).
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import enum
 import itertools
@@ -61,6 +63,10 @@ __all__ = [
     "split_key",
     "unit_key",
 ]
+
+FEW_READS = 64
+"""`UnitUses.consume` takes up to this many segment reads one at a time (a list update each, no NumPy call); more at
+once (a constructor's build group of hundreds of steps) are counted in NumPy first, then updated per key."""
 
 _UNIT_BITS = 24  # row groups per file below 2**24; a unit key is shard << 24 | unit
 
@@ -175,125 +181,204 @@ class CachePolicy:
 class UnitUses:
     """Pending uses of units by steps: how many segment reads of each (unit key, step) are still to come.
 
-    Pure NumPy over sorted arrays, updated in place (merges, never a sort of what is held: session 26, the plan-ahead's
-    CPU grew with everything held, rebuilt for every chunk planned). Each unit key has an id (`_ids`, beside the
-    sorted keys `_keys`) and `span` (the plan's step count) makes (id, step) one sortable code: a key's uses are one
-    run of codes in step order. Only pairs with reads left are held (one served to none is removed), so a key's
-    next use from a step on is one `searchsorted`. Ids follow first planning, renumbered densely (in order) by `prune`.
+    Per unit key, two plain lists: the steps with reads left, ascending, and the reads left at each (> 0). Serving a
+    read updates a few lists in place (a `bisect` each), and a key's next use from a step on is one `bisect` (session
+    27: over sorted NumPy arrays of every pair, each read cost some 25 NumPy calls and a copy of everything held, the
+    largest part of `served`). A chunk planned is grouped by key in NumPy and merged per key (appended, as a chunk
+    planned in order comes after everything held). Only pairs with reads left are held (one served to none is
+    removed), and so only keys with pairs.
     """
 
     def __init__(self, span: int) -> None:
         self.span = max(int(span), 1)
-        self._keys = np.zeros(0, dtype=np.int64)  # unit keys with an id, sorted
-        self._ids = np.zeros(0, dtype=np.int64)  # the id of each of `_keys`
-        self._code = np.zeros(0, dtype=np.int64)  # id * span + step, sorted, distinct, reads left > 0
-        self._left = np.zeros(0, dtype=np.int64)  # segment reads still to come (> 0)
-        self._next_id = 0
-        self._spent: tuple[int, int] | None = None  # steps of pairs served to none since `take_spent`: first, last
+        self._uses: dict[int, tuple[list[int], list[int]]] = {}  # key -> (steps ascending, reads left at each > 0)
+        self._pairs = 0
+        self._spent: dict[int, set[int]] = {}  # key -> steps of its pairs served to none since `take_spent`
 
     def __len__(self) -> int:
-        return len(self._code)
+        return self._pairs
 
     def add(self, keys: np.ndarray, steps: np.ndarray) -> None:
         """Count one planned read per (keys[i], steps[i]) (a manifest segment), merged with those held."""
         k, s = np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64)
         if len(k) == 0:
             return
-        fresh = np.setdiff1d(k, self._keys)  # sorted, distinct: keys new here get the next ids
-        if len(fresh):
-            at = np.searchsorted(self._keys, fresh)
-            self._keys = np.insert(self._keys, at, fresh)
-            self._ids = np.insert(self._ids, at, np.arange(self._next_id, self._next_id + len(fresh)))
-            self._next_id += len(fresh)
-        code, count = np.unique(self._ids[np.searchsorted(self._keys, k)] * self.span + s, return_counts=True)
-        pos = np.searchsorted(self._code, np.asarray(code, dtype=np.int64))
-        held = pos < len(self._code)
-        held[held] = self._code[pos[held]] == code[held]
-        self._left[pos[held]] += count[held]
-        new = ~held
-        self._code = np.insert(self._code, pos[new], code[new])
-        self._left = np.insert(self._left, pos[new], count[new])
+        order = np.lexsort((s, k))
+        k, s = k[order], s[order]
+        first = np.ones(len(k), dtype=bool)
+        first[1:] = (k[1:] != k[:-1]) | (s[1:] != s[:-1])
+        at = np.flatnonzero(first)  # distinct pairs, by key then step
+        count = np.diff(np.append(at, len(k))).tolist()
+        k, s = k[at], s[at]
+        runs = [*np.flatnonzero(np.append(True, k[1:] != k[:-1])).tolist(), len(k)]
+        keys_l, steps_l, uses = k.tolist(), s.tolist(), self._uses
+        spent = self._spent
+        for lo, hi in itertools.pairwise(runs):
+            if spent and (gone := spent.get(keys_l[lo])) is not None:  # served to none, then planned again: held
+                gone.difference_update(steps_l[lo:hi])
+            got = uses.get(keys_l[lo])
+            if got is None:
+                uses[keys_l[lo]] = (steps_l[lo:hi], count[lo:hi])
+                self._pairs += hi - lo
+                continue
+            st, lf = got
+            if st[-1] < steps_l[lo]:  # after every step held (a key's list is never empty)
+                st.extend(steps_l[lo:hi])
+                lf.extend(count[lo:hi])
+                self._pairs += hi - lo
+                continue
+            for x, c in zip(steps_l[lo:hi], count[lo:hi], strict=True):
+                i = bisect.bisect_left(st, x)
+                if i < len(st) and st[i] == x:
+                    lf[i] += c
+                else:
+                    st.insert(i, x)
+                    lf.insert(i, c)
+                    self._pairs += 1
 
     def left(self, keys: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """Segment reads still to come per (keys[i], steps[i]) (0 where none is planned)."""
-        pos, ok = self._find(np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64))
-        return np.where(ok, self._left[pos] if len(self._left) else 0, 0)
+        k, s = np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64)
+        out = []
+        uses = self._uses
+        for key, x in zip(k.tolist(), s.tolist(), strict=True):
+            got = uses.get(key)
+            n = 0
+            if got is not None:
+                st = got[0]
+                i = bisect.bisect_left(st, x)
+                if i < len(st) and st[i] == x:
+                    n = got[1][i]
+            out.append(n)
+        return np.array(out, dtype=np.int64)
 
-    def consume(self, keys: np.ndarray, steps: np.ndarray) -> None:
-        """Segment reads served: one use of each (keys[i], steps[i]) less (unplanned pairs are ignored)."""
-        pos, ok = self._find(np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64))
-        pos = pos[ok]
-        if len(pos) == 0:
+    def holds(self, key: int, steps: np.ndarray) -> np.ndarray:
+        """Whether each (key, steps[i]) has a read left (`left` > 0) for one key: one search of its steps."""
+        got = self._uses.get(int(key))
+        s = np.asarray(steps, dtype=np.int64)
+        if got is None or len(s) == 0:
+            return np.zeros(len(s), dtype=bool)
+        st = np.array(got[0], dtype=np.int64)
+        return st[np.minimum(np.searchsorted(st, s), len(st) - 1)] == s
+
+    def consume(self, keys: np.ndarray | list[int], steps: np.ndarray | list[int]) -> None:
+        """Segment reads served: one use of each (keys[i], steps[i]) less (unplanned pairs are ignored).
+
+        A few (`FEW_READS`): one list update each. More (a constructor's build group, hundreds of steps): counted per
+        distinct pair in NumPy, then per key, where the pairs served are the key's first ones held and each is served
+        to none (steps served in order), one slice of its lists goes; otherwise a list update per pair."""
+        if len(keys) > FEW_READS:
+            self._consume_many(np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64))
             return
-        np.subtract.at(self._left, pos, 1)
-        done = self._left[pos] <= 0
-        if done.any():  # served to none: no longer held
-            gone = np.asarray(steps, dtype=np.int64)[ok][done]
-            lo, hi = int(gone.min()), int(gone.max())
-            self._spent = (lo, hi) if self._spent is None else (min(lo, self._spent[0]), max(hi, self._spent[1]))
-            keep = np.ones(len(self._code), dtype=bool)
-            keep[pos[done]] = False
-            self._code, self._left = self._code[keep], self._left[keep]
+        for key, x in zip(_ints(keys), _ints(steps), strict=True):
+            self._take(key, x, 1)
 
-    def take_spent(self) -> tuple[int, int] | None:
-        """The first and last step of the pairs served to none since the last call (None: none), for `UnitRows`."""
-        spent, self._spent = self._spent, None
-        return spent
+    def _take(self, key: int, x: int, n: int) -> None:
+        """`n` reads of (key, x) served: the pair goes once none is left (served to none); an unplanned one: ignored."""
+        got = self._uses.get(key)
+        if got is None:
+            return
+        st, lf = got
+        i = bisect.bisect_left(st, x)
+        if i == len(st) or st[i] != x:
+            return
+        if lf[i] > n:
+            lf[i] -= n
+            return
+        del st[i], lf[i]  # served to none: no longer held
+        self._pairs -= 1
+        if not st:
+            del self._uses[key]
+        if (gone := self._spent.get(key)) is None:
+            self._spent[key] = {x}
+        else:
+            gone.add(x)
+
+    def _consume_many(self, keys: np.ndarray, steps: np.ndarray) -> None:
+        order = np.lexsort((steps, keys))
+        k, s = keys[order], steps[order]
+        first = np.ones(len(k), dtype=bool)
+        first[1:] = (k[1:] != k[:-1]) | (s[1:] != s[:-1])
+        at = np.flatnonzero(first)  # distinct pairs, by key then step, and the reads of each
+        count = np.diff(np.append(at, len(k))).tolist()
+        k, s = k[at], s[at]
+        runs = [*np.flatnonzero(np.append(True, k[1:] != k[:-1])).tolist(), len(k)]
+        keys_l, steps_l, uses = k.tolist(), s.tolist(), self._uses
+        for lo, hi in itertools.pairwise(runs):
+            key, got = keys_l[lo], uses.get(keys_l[lo])
+            if got is None:
+                continue
+            st, lf = got
+            mine, m = steps_l[lo:hi], hi - lo
+            if st[:m] == mine and lf[:m] == count[lo:hi]:  # its first pairs, each served to none
+                del st[:m], lf[:m]
+                self._pairs -= m
+                if not st:
+                    del uses[key]
+                self._spent.setdefault(key, set()).update(mine)
+                continue
+            for x, n in zip(mine, count[lo:hi], strict=True):
+                self._take(key, x, n)
+
+    def take_spent(self) -> tuple[np.ndarray, np.ndarray, int, int] | None:
+        """The pairs served to none since the last call and not planned again (None: none), for `UnitRows.prune`:
+        their keys (sorted, distinct), a code per pair (its key's place among them * span + its step; sorted) and
+        their first and last step."""
+        spent, self._spent = self._spent, {}
+        keys = sorted(k for k, gone in spent.items() if gone)
+        if not keys:
+            return None
+        sizes = [len(spent[k]) for k in keys]
+        steps = np.fromiter(itertools.chain.from_iterable(spent[k] for k in keys), dtype=np.int64, count=sum(sizes))
+        code = np.repeat(np.arange(len(keys), dtype=np.int64) * self.span, sizes) + steps
+        code.sort()
+        return np.array(keys, dtype=np.int64), code, int(steps.min()), int(steps.max())
 
     def next_use(self, keys: np.ndarray, floor: int) -> np.ndarray:
         """Per key, the first step >= `floor` with a pending use; -1 where none is known."""
-        keys = np.asarray(keys, dtype=np.int64)
-        if len(self._code) == 0 or len(keys) == 0:
-            return np.full(len(keys), -1, dtype=np.int64)
-        base, known = self._base(keys)
-        pos = np.searchsorted(self._code, base + max(int(floor), 0))
-        code = self._code[np.minimum(pos, len(self._code) - 1)]
-        found = known & (pos < len(self._code)) & (code < base + self.span)
-        return np.where(found, code - base, -1)
+        return np.array(self.next_steps(_ints(keys), floor), dtype=np.int64)
+
+    def next_steps(self, keys: list[int], floor: int) -> list[int]:
+        """`next_use` of plain ints (`PlanUnitCache.served` asks it of every held unit at every read)."""
+        f, uses, out = max(int(floor), 0), self._uses, []
+        for key in keys:
+            got = uses.get(key)
+            if got is None:
+                out.append(-1)
+                continue
+            st = got[0]
+            i = bisect.bisect_left(st, f)
+            out.append(st[i] if i < len(st) else -1)
+        return out
 
     def pending(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Keys with a pending use in steps lo..hi and the first such step, in plan order (step, then key)."""
-        if len(self._code) == 0:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        base = self._ids * self.span
-        pos = np.searchsorted(self._code, base + max(int(lo), 0))  # each key's first use from `lo` on
-        step = self._code[np.minimum(pos, len(self._code) - 1)] - base
-        m = (pos < len(self._code)) & (step < self.span) & (step <= hi)
-        keys, steps = self._keys[m], step[m]
-        order = np.lexsort((keys, steps))
-        return keys[order], steps[order]
+        f, keys, steps = max(int(lo), 0), [], []
+        for key, (st, _) in self._uses.items():
+            i = bisect.bisect_left(st, f)
+            if i < len(st) and st[i] <= hi:
+                keys.append(key)
+                steps.append(st[i])
+        k, s = np.array(keys, dtype=np.int64), np.array(steps, dtype=np.int64)
+        order = np.lexsort((k, s))
+        return k[order], s[order]
 
     def prune(self, floor: int) -> None:
-        """Forget uses before `floor` (served, or skipped by a resume), and the ids of keys with none left."""
-        ids = self._code // self.span
-        steps = self._code - ids * self.span
-        keep = steps >= floor
-        ids, steps, self._left = ids[keep], steps[keep], self._left[keep]
-        first = np.ones(len(ids), dtype=bool)
-        first[1:] = ids[1:] != ids[:-1]
-        live = ids[first]  # ids with uses left, in order: renumbered 0.. (codes stay sorted)
-        self._code = (np.cumsum(first) - 1) * self.span + steps
-        at = np.minimum(np.searchsorted(live, self._ids), max(len(live) - 1, 0))
-        held = (at < len(live)) & (live[at] == self._ids) if len(live) else np.zeros(len(self._ids), dtype=bool)
-        self._keys, self._ids = self._keys[held], at[held]
-        self._next_id = len(live)
+        """Forget uses before `floor` (served, or skipped by a resume), and the keys with none left."""
+        uses = self._uses
+        for key in [k for k, (st, _) in uses.items() if st[0] < floor]:
+            st, lf = uses[key]
+            i = bisect.bisect_left(st, floor)
+            self._pairs -= i
+            if i == len(st):
+                del uses[key]
+            else:
+                del st[:i], lf[:i]
 
-    def _base(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per key, its id * span (some id's where unknown) and whether it has an id."""
-        if len(self._keys) == 0:
-            return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=bool)
-        at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
-        return self._ids[at] * self.span, self._keys[at] == keys
 
-    def _find(self, keys: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Positions of (key, step) pairs in the code array and whether each is planned (with reads left)."""
-        if len(self._code) == 0:
-            return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=bool)
-        base, known = self._base(keys)
-        code = base + steps
-        pos = np.minimum(np.searchsorted(self._code, code), len(self._code) - 1)
-        ok = known & (steps >= 0) & (steps < self.span) & (self._code[pos] == code)
-        return pos, ok
+def _ints(values: np.ndarray | list[int]) -> list[int]:
+    """Plain ints of an array (a list as it is)."""
+    return values if isinstance(values, list) else np.asarray(values).tolist()
 
 
 class UnitRows:
@@ -330,20 +415,27 @@ class UnitRows:
         step, row = self._step[lo:hi], self._row[lo:hi]
         live = step >= floor
         if uses is not None:
-            live[live] = uses.left(np.full(int(live.sum()), key, dtype=np.int64), step[live]) > 0
+            live[live] = uses.holds(key, step[live])
         return row[live], step[live]
 
     def prune(self, floor: int, uses: UnitUses) -> None:
         """Forget reads before step `floor` and those served since the last prune (no read left in `uses`).
 
-        Only the triples at steps `uses` served a pair to none at since (`UnitUses.take_spent`) are looked up; a
-        triple whose pair left `uses` otherwise (its own `prune` at a later floor) stays until the floor passes it:
-        `planned` tells it apart all the same."""
+        The pairs `uses` served to none since (`UnitUses.take_spent`) are matched against the triples in their steps'
+        range (one `isin`: looking every held triple up in `UnitUses` at each prune was the strands' largest
+        bookkeeping cost); a triple whose pair left `uses` otherwise (its own `prune` at a later floor) stays until
+        the floor passes it: `planned` tells it apart all the same."""
         keep = self._step >= floor
         spent = uses.take_spent()
         if spent is not None:
-            near = np.flatnonzero(keep & (self._step >= spent[0]) & (self._step <= spent[1]))
-            keep[near] = uses.left(self._key[near], self._step[near]) > 0
+            known, code, lo, hi = spent
+            near = np.flatnonzero(keep & (self._step >= lo) & (self._step <= hi))
+            if len(near):
+                k = self._key[near]
+                at = np.minimum(np.searchsorted(known, k), len(known) - 1)
+                mine = at * uses.span + self._step[near]
+                pos = np.minimum(np.searchsorted(code, mine), len(code) - 1)
+                keep[near[(code[pos] == mine) & (known[at] == k)]] = False
         self._key, self._step, self._row = self._key[keep], self._step[keep], self._row[keep]
 
 
@@ -421,6 +513,10 @@ class WorkerPool:
     def held(self, owner: int) -> list[UnitKey]:
         with self.lock:
             return list(self._owned.get(owner, {}))
+
+    def entries(self, owner: int) -> dict[UnitKey, _Entry]:
+        """The units `owner` holds, live (read and change them only under the pool's lock; drop through `drop`)."""
+        return self._owned.get(owner, {})
 
     def items(self, owner: int) -> list[tuple[UnitKey, Any]]:
         """(key, value) of each unit `owner` holds."""
@@ -506,6 +602,34 @@ def scaled(steps: int, policy: CachePolicy, pool: WorkerPool) -> int:
     if not over_soft(policy, pool):
         return steps
     return max(steps * policy.keep_soft_bytes // pool.rows_nbytes, -(-steps // KEEP_MIN_SHARE))
+
+
+def _renew(
+    held: dict[UnitKey, _Entry],
+    ints: list[int],
+    nxt: list[int],
+    stale: dict[int, int],
+    near: int,
+    last: int,
+    whole: int,
+) -> tuple[list[UnitKey], dict[int, int]]:
+    """`PlanUnitCache.served`'s verdict on each held unit (int key `ints[i]`, next use `nxt[i]`, -1: none): the units to
+    drop (a row it lacks now due by step `near`, `stale`: read again with every row; no use left up to step `last`, or
+    `whole` for a unit kept whole) and the stale units still held; every other unit's next use is set in place."""
+    drop: list[UnitKey] = []
+    still: dict[int, int] = {}
+    for (key, e), k, n in zip(held.items(), ints, nxt, strict=True):
+        lacks = stale.get(k) if stale else None
+        if lacks is not None and lacks <= near:
+            drop.append(key)
+            continue
+        if lacks is not None:
+            still[k] = lacks
+        if 0 <= n <= (last if isinstance(e.value, KeptRows) else whole):
+            e.next_use = n
+        else:
+            drop.append(key)
+    return drop, still
 
 
 class Offered(enum.Enum):
@@ -732,34 +856,29 @@ class PlanUnitCache:
     def served(self, keys: np.ndarray, steps: np.ndarray) -> None:
         """Segment reads served: count them off and drop every held unit whose last use (in the horizon) is over."""
         with self._pool.lock:
-            self.uses.consume(keys, steps)
-            if len(steps):
-                self._asked_for(int(np.min(steps)))
-                newest = max(self.newest, int(np.max(steps)))
+            few = len(steps) <= FEW_READS  # plain ints: a few list updates per segment, no NumPy call
+            ks, ss = (_ints(keys), _ints(steps)) if few else (keys, np.asarray(steps, dtype=np.int64))
+            self.uses.consume(ks, ss)
+            if len(ss):
+                self._asked_for(int(min(ss) if few else np.min(ss)))
+                newest = max(self.newest, int(max(ss) if few else np.max(ss)))
                 moved = newest // self.policy.chunk_steps != self.newest // self.policy.chunk_steps
                 self.newest = newest
                 if moved:  # keeps the arrays small
-                    self.uses.prune(self.floor)
-                    self.rows.prune(self.floor, self.uses)
-            held = self._pool.items(self._owner)
+                    floor = self.floor
+                    self.uses.prune(floor)
+                    self.rows.prune(floor, self.uses)
+            held = self._pool.entries(self._owner)  # live: changed below only after the loop
             if not held:
                 self._stale.clear()
                 self._pool.trim()
                 return
-            ints = [self._key(k) for k, _ in held]
-            nxt = self.uses.next_use(np.array(ints, dtype=np.int64), self.floor).tolist()
-            near, stale, last = self.newest + self.reach, self._stale, self.newest + self.plan_reach  # last: unscaled
-            self._stale, update = {}, {}
-            for (key, value), k, n in zip(held, ints, nxt, strict=True):
-                lacks = stale.get(k)
-                if lacks is not None and lacks <= near:  # a row it lacks is now due: read again, with every row
-                    update[key] = -1
-                    continue
-                if lacks is not None:
-                    self._stale[k] = lacks
-                cut = last if isinstance(value, KeptRows) else last - self.policy.keep_steps  # whole: the reach only
-                update[key] = n if n <= cut else -1
-            self._pool.update(self._owner, update)
+            ints = [self._key(k) for k in held]
+            nxt, last = self.uses.next_steps(ints, self.floor), self.newest + self.plan_reach  # last: unscaled
+            whole = last - self.policy.keep_steps  # a unit kept whole: the reach only
+            drop, self._stale = _renew(held, ints, nxt, self._stale, self.newest + self.reach, last, whole)
+            for key in drop:
+                self._pool.drop(self._owner, key)
             self._pool.trim()
 
     def close(self) -> None:

@@ -80,6 +80,7 @@ class PlanAhead:
         shard_of = {str(p): s for s, p in loader._paths.items()}
         self.cache = PlanUnitCache(meta.plan_id, meta.steps, policy, shard_of)
         self._units: FormatReader = loader._reader.sibling()  # the planner's own reader (units only)
+        self._table = UnitTable()  # where each shard's units start, as the readers told it (footers are held)
         self.prefetch: Prefetcher | None = None
         if policy.prefetch > 0 and policy.worker_bytes > 0:
             part = loader.partition
@@ -97,7 +98,7 @@ class PlanAhead:
 
     def keys(self, samples: np.ndarray, reader: FormatReader | None = None) -> np.ndarray:
         """Unit key per sample of this partition (-1 where the reader cannot tell); the loader's reader by default."""
-        return _keys_rows(self._loader, samples, reader)[0]
+        return _keys_rows(self._loader, self._table, samples, reader)[0]
 
     def held(self, request: np.ndarray) -> bool:
         """Whether every row `request` reads is held now (reading it makes no storage request).
@@ -187,7 +188,7 @@ class PlanAhead:
         if got is None:
             return
         step, sample = got
-        keys, rows = _keys_rows(self._loader, sample, self._units)
+        keys, rows = _keys_rows(self._loader, self._table, sample, self._units)
         ok = keys >= 0
         self.cache.plan(keys[ok], step[ok], rows[ok])
 
@@ -294,25 +295,78 @@ class PlanAhead:
         self.cache.close()
 
 
-def _keys_rows(loader: Any, samples: np.ndarray, reader: FormatReader | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _keys_rows(
+    loader: Any, table: UnitTable, samples: np.ndarray, reader: FormatReader | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """`PlanAhead.keys` and the file row of each sample (planning needs both: one lookup of the samples in the index)
-    from `loader`'s index, and its paths, counters and (by default) reader."""
+    from `loader`'s index, and its paths, counters and (by default) reader.
+
+    A shard's unit starts are asked of the reader once (`table`), then every sample's unit is one search of all of
+    them (session 27: a reader's `units` per shard per chunk planned was the largest part of planning a chunk). A
+    shard whose units cannot be told (its footer does not read: the read itself reports it, with the verifier's
+    words) is asked again at the next call, and counted as a planning error each time."""
     lo = loader
     reader = lo._reader if reader is None else reader
     pos, _ = lo._index.locate(samples)
     shard, row = lo._index.shard_row_at(pos)
-    out = np.full(len(samples), -1, dtype=np.int64)
-    shards = np.unique(shard)
-    for s in shards.tolist():
-        sel: np.ndarray | slice = np.flatnonzero(shard == s) if len(shards) > 1 else slice(None)
-        try:
-            units = reader.units(lo._paths[int(s)], row[sel])
-        except (LoomError, OSError, pa.ArrowException):  # the read itself reports it, with the verifier's words
-            lo._counters.plan_errors += 1
-            continue
-        if units is not None:
-            out[sel] = np.where(units >= 0, unit_key(s, units), -1)
-    return out, row
+    new = [s for s in np.unique(shard).tolist() if s not in table]
+    if new:
+        starts: dict[int, np.ndarray] = {}
+        for s in new:
+            try:
+                got = reader.unit_starts(lo._paths[int(s)])
+            except (LoomError, OSError, pa.ArrowException):
+                lo._counters.plan_errors += 1
+                continue
+            if got is not None:
+                starts[s] = got
+        table.add(starts)
+    return table.keys(shard, row), row
+
+
+class UnitTable:
+    """Where the read units of a loader's shards start, for the shards told so far: the unit key of any (shard, row)
+    in one search, however many shards a chunk reads.
+
+    The shards' rows are laid end to end (sorted by shard) and each unit's first row placed in that one row space, so
+    a unit is a `searchsorted` of it, exactly as `FormatReader.units` searches one shard's starts (an empty unit is
+    passed over the same way). Rebuilt when shards are added (once each); read from any thread (one tuple swapped)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._starts: dict[int, np.ndarray] = {}
+        empty = np.zeros(0, dtype=np.int64)
+        # shards (sorted), their first row in the row space, their rows, their first unit's place, every unit's start
+        self._table: tuple[np.ndarray, ...] = (empty, empty, empty, empty, empty)
+
+    def __contains__(self, shard: int) -> bool:
+        return shard in self._starts
+
+    def add(self, starts: dict[int, np.ndarray]) -> None:
+        """Shards' unit starts (`FormatReader.unit_starts`: each unit's first row, then the shard's rows)."""
+        if not starts:
+            return
+        with self._lock:
+            self._starts.update(starts)
+            shards = sorted(self._starts)
+            got = [np.asarray(self._starts[s], dtype=np.int64) for s in shards]
+            rows = np.array([int(g[-1]) for g in got], dtype=np.int64)
+            units = np.array([len(g) - 1 for g in got], dtype=np.int64)
+            first = np.cumsum(rows) - rows
+            place = np.cumsum(units) - units
+            where = np.concatenate([g[:-1] + f for g, f in zip(got, first.tolist(), strict=True)])
+            self._table = (np.array(shards, dtype=np.int64), first, rows, place, where)
+
+    def keys(self, shard: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """The unit key (`unit_key`) of each (shard, row); -1 where its shard is not told or the row is not in it."""
+        shards, first, rows, place, where = self._table
+        if len(shards) == 0:
+            return np.full(len(shard), -1, dtype=np.int64)
+        shard, row = np.asarray(shard, dtype=np.int64), np.asarray(row, dtype=np.int64)
+        i = np.minimum(np.searchsorted(shards, shard), len(shards) - 1)
+        unit = np.searchsorted(where, first[i] + row, side="right") - 1 - place[i]
+        ok = (shards[i] == shard) & (row >= 0) & (row < rows[i]) & (unit >= 0)
+        return np.where(ok, unit_key(shard, unit), -1)
 
 
 def _hold_checksums(loader: Any, step: np.ndarray, sample: np.ndarray, first_step: int) -> None:

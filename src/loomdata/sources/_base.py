@@ -171,6 +171,11 @@ class FormatReader(abc.ABC):
         """The read unit (e.g. row group, int64) each of `rows` lives in; None: this format has no units to cache."""
         return None
 
+    def unit_starts(self, path: Location) -> np.ndarray | None:
+        """The first row of each read unit of `path` and its row count at the end (int64, ascending: `units` is a
+        search of it), as `units` knows them (opens no file); None: this format has no units to cache."""
+        return None
+
     def load_unit(self, path: Location, unit: int, rows: np.ndarray | None = None) -> tuple[Any, int] | None:
         """Decode read unit `unit` of `path` without touching the unit cache: (value, nbytes) as `read` would keep it.
 

@@ -579,6 +579,10 @@ class ParquetReader(FormatReader):
         g = np.searchsorted(info.rg_starts, rows, side="right") - 1
         return np.where((rows >= 0) & (rows < info.num_rows), g, -1).astype(np.int64)
 
+    def unit_starts(self, path: Location) -> np.ndarray:
+        """The first row of each row group and the file's row count at the end (`units` searches it); opens no file."""
+        return self._layout(path).rg_starts
+
     @staticmethod
     def _check_rows(path: Location, info: _FileInfo, rows: np.ndarray, lo: int, hi: int) -> None:
         """SourceDataError naming the first of `rows` (smallest `lo`, largest `hi`) past the file's rows."""

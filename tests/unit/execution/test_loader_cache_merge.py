@@ -1,5 +1,6 @@
-"""`UnitUses` and `UnitRows` merge chunks in place (session 26): every answer equals a plain reference's, rebuilt from
-scratch (dicts and lists), over random plan / serve / prune sequences as `PlanUnitCache` makes them."""
+"""`UnitUses` and `UnitRows` merge chunks in place (session 26; session 27: `UnitUses` as per-key lists, the pairs
+served to none named to `UnitRows.prune`): every answer equals a plain reference's, rebuilt from scratch (dicts and
+lists), over random plan / serve / prune sequences as `PlanUnitCache` makes them."""
 
 from __future__ import annotations
 
@@ -79,8 +80,13 @@ def test_merged_uses_and_rows_answer_as_a_reference_rebuilt_from_scratch(seed: i
             planned_to = max(planned_to, hi)
         elif op == 1 and ref.left:  # reads served: mostly planned pairs, some twice, some never planned
             pairs = list(ref.left)
-            pick = [pairs[i] for i in rng.integers(0, len(pairs), int(rng.integers(1, 40)))]
-            pick += [(int(all_keys[0]), span), (12345, 3)]
+            if rng.random() < 0.5:  # as serving does: every read of the next few steps, in step order
+                first = min((s for (_, s), n in ref.left.items() if n > 0 and s >= newest), default=0)
+                near = int(rng.choice([1, 2, 3, 40]))  # 40: a build group, more reads than `FEW_READS`
+                pick = [p for p, n in ref.left.items() for _ in range(n) if first <= p[1] < first + near]
+            else:
+                pick = [pairs[i] for i in rng.integers(0, len(pairs), int(rng.choice([rng.integers(1, 40), 200])))]
+            pick += [(int(all_keys[0]), span), (12345, 3), (int(all_keys[1]), -1)]
             k, s = (np.array(x, dtype=np.int64) for x in zip(*pick, strict=True))
             uses.consume(k, s)
             ref.consume(k, s)
@@ -105,6 +111,8 @@ def test_merged_uses_and_rows_answer_as_a_reference_rebuilt_from_scratch(seed: i
         qs = rng.integers(-1, span + 1, len(q))
         assert uses.left(q, qs).tolist() == ref.get(q, qs)
         assert len(uses) == len(ref)
+        one = int(q[0]) if len(q) else 7
+        assert uses.holds(one, qs).tolist() == [n > 0 for n in ref.get(np.full(len(qs), one), qs)]
         for key in all_keys[:6].tolist():
             r, s = rows.planned(key, floor, uses)
             assert (r.tolist(), s.tolist()) == _ref_planned(triples, ref, key, floor)
@@ -121,3 +129,20 @@ def test_rows_forget_reads_served_and_behind_the_floor() -> None:
     rows.prune(2, uses)  # step 1 is behind the floor
     assert len(rows) == 2 and rows.planned(5, 0, uses)[0].tolist() == [12]
     assert uses.take_spent() is None  # told once
+
+
+def test_a_read_served_to_none_then_planned_again_keeps_its_rows() -> None:
+    """A pair served to none, then planned again (a chunk planned out of order) before the next prune is held: `prune`
+    keeps its rows (the one planned first too, as the reference does), and forgets those of a pair still spent."""
+    uses, rows = UnitUses(100), UnitRows()
+    k = np.array([5, 5, 9], dtype=np.int64)
+    s = np.array([4, 6, 4], dtype=np.int64)
+    uses.add(k, s)
+    rows.add(k, s, np.array([1, 2, 3]))
+    uses.consume(np.array([5, 9, 5]), np.array([4, 4, 6]))  # all three served to none
+    uses.add(np.array([5]), np.array([4]))  # (5, 4) planned again
+    rows.add(np.array([5]), np.array([4]), np.array([7]))
+    rows.prune(0, uses)
+    assert rows.planned(5, 0, uses)[0].tolist() == [1, 7]  # (5, 6) and (9, 4) are forgotten
+    assert len(rows) == 2 and len(uses) == 1
+    assert uses.next_use(np.array([5, 9]), 0).tolist() == [4, -1]

@@ -240,10 +240,11 @@ def held_rows(last: np.ndarray, budget: np.ndarray, acc: np.ndarray, rows: np.nd
 
 
 @njit
-def _near_at(cw: np.ndarray, sh: int, n: int, j: int, xt: float) -> tuple[int, int, float]:
-    """nearest_run's step for one source at target xt, its search at j (cw[sh + i] is its cum[i]): the search's
-    new answer, the nearest prefix, and the smallest target above which the answer or the prefix may next change
-    (the pick is re-worked out only there: both are monotone in the target)."""
+def _near_at(cw: np.ndarray, sh: int, n: int, end: int, j: int, xt: float) -> tuple[int, int, float]:
+    """nearest_run's step for one source at target xt, its search at j (cw[sh + i] is its cum[i] for i below `end`,
+    its window's end; n: its stream's length): the search's new answer, the nearest prefix, and a target below
+    which the prefix does not change (the pick is re-worked out only past it: the prefix is monotone in the target,
+    and targets here do not decrease)."""
     needle = np.int64(np.ceil(xt))
     if j > 0 and cw[sh + j - 1] >= needle:  # (targets do not decrease here: kept as nearest_run has it)
         lo, hi = 0, j
@@ -261,13 +262,24 @@ def _near_at(cw: np.ndarray, sh: int, n: int, j: int, xt: float) -> tuple[int, i
     lower = max(at - 1, 0)
     a = cw[sh + lower]
     c = cw[sh + at]
-    nxt = np.inf if j >= n else np.float64(c) - 1.0  # ceil(x) > c only for x > c: re-checked a token early
     if at > 0 and (xt - a) <= (c - xt):
         # lower until x passes the midpoint; re-checked well before it (rounding of x - a and c - x is far
         # below a token at any count a float64 holds exactly)
-        mid_x = 0.5 * (np.float64(a) + np.float64(c)) - 1.0 - 1e-9 * np.float64(c)
-        return j, lower, min(nxt, mid_x)
-    return j, at, nxt
+        return j, lower, _below_mid(a, c)
+    # the pick is `at` until x passes the midpoint of cum[at] and cum[at + 1] (past cum[at] the search moves on to
+    # at + 1, whose lower neighbour is `at`: the same pick), so the search is not re-worked out at cum[at] itself
+    # (the answer j may lag by one: the walk from it finds the same j); none past the stream's last prefix; where
+    # cum[at + 1] lies past the window (`end`), at cum[at] (a token early), which the run's targets do not pass
+    if at + 1 >= n:
+        return j, at, np.inf
+    return j, at, _below_mid(c, cw[sh + at + 1]) if at + 1 < end else np.float64(c) - 1.0
+
+
+@njit
+def _below_mid(a: int, c: int) -> float:
+    """A target a token (and a relative 1e-9) below the midpoint of the counts a <= c: where the nearest of the
+    two may next change, early enough for any rounding of x - a and c - x."""
+    return 0.5 * (np.float64(a) + np.float64(c)) - 1.0 - 1e-9 * np.float64(c)
 
 
 @njit
@@ -367,7 +379,7 @@ def held_membership(
                 nh += acc[k] > nxt[k]
             for h in range(nh):  # (a branch a source and step mispredicted often: 66 -> 42 ms a 14K-step run)
                 k = hits[h]
-                j, pick, nx = _near_at(cw, shift[k], n_of[k], state[k, 0], acc[k])
+                j, pick, nx = _near_at(cw, shift[k], n_of[k], whi[k], state[k, 0], acc[k])
                 state[k, 0] = j
                 nxt[k] = nx
                 if pick > state[k, 1]:

@@ -472,18 +472,30 @@ def held_membership(
 
 @njit
 def changes_by_source(
-    step: np.ndarray, src: np.ndarray, val: np.ndarray, base: np.ndarray, indptr: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+    step: np.ndarray, src: np.ndarray, val: np.ndarray, base: np.ndarray, step_out: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int, int]:
     """A chunk's changes (local step, source, pointer after: in step order) laid out by source, step order kept
-    within one, as (steps, pointers less base[source]); indptr: where each source's entries start (counted)."""
+    within one, in one counting pass and one scatter: (indptr: where each source's entries start, the pointers
+    less base[source] (int64), the least of them and 0, the most of them and 0); their steps are written into
+    `step_out` (its dtype: the chunk's step type)."""
     m = len(step)
-    out_step = np.empty(m, dtype=np.int64)
-    out_end = np.empty(m, dtype=np.int64)
+    n_src = len(base)
+    indptr = np.zeros(n_src + 1, dtype=np.int64)
+    for i in range(m):
+        indptr[src[i] + 1] += 1
+    for k in range(n_src):
+        indptr[k + 1] += indptr[k]
     cursor = indptr[:-1].copy()
+    out_end = np.empty(m, dtype=np.int64)
+    low = 0
+    most = 0
     for i in range(m):
         k = src[i]
         c = cursor[k]
-        out_step[c] = step[i]
-        out_end[c] = val[i] - base[k]
+        step_out[c] = step[i]
+        v = val[i] - base[k]
+        out_end[c] = v
+        low = min(low, v)
+        most = max(most, v)
         cursor[k] = c + 1
-    return out_step, out_end
+    return indptr, out_end, low, most

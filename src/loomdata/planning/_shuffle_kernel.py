@@ -62,7 +62,7 @@ def block_reads(
             d = x - p[i - 1]
             jump += d if d >= 0 else -d
         # no block holds more than `block` positions, so x's block is at least x // block: most often that one
-        b = min(np.int64(x * inv), nb - 1)  # (a guess: a float product, not an integer division)
+        b = min(int(x * inv), nb - 1)  # (a guess: a float product, not an integer division)
         if starts[b] > x or starts[b + 1] <= x:
             lo = 0 if starts[b] > x else b + 1  # (0: blocks larger than `block`, a hand-made layout's)
             hi = nb + 1

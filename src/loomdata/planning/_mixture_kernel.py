@@ -349,7 +349,7 @@ def held_membership(
     for k in range(n_src):
         whi[k] = wlo[k] + (off[k + 1] if k + 1 < n_src else len(cw)) - off[k]
     r = len(budget)
-    cap = max(1024, 4 * r)
+    cap = max(1024, min(len(cw), r * n_src))  # (a change moves a pointer on inside its window: never more)
     e_step = np.empty(cap, dtype=np.int32)
     e_src = np.empty(cap, dtype=np.int32)
     e_val = np.empty(cap, dtype=np.int64)

@@ -313,6 +313,33 @@ def _held_fill(
     return best
 
 
+HEAP_AFTER = 8
+"""held_membership's deferrals in a step scan the drawing sources for np.argmax this many times, then keep them in
+a heap (a step of a plan defers ~6 segments over ~65 sources; a backlog of deferred sources can take ~150 over
+~170, where the scans were most of membership)."""
+
+
+@njit
+def _sift_down(heap: np.ndarray, n: int, i: int, ahead: np.ndarray, active: np.ndarray) -> None:
+    """Restore the heap order of heap[:n] below position i: each entry indexes ahead and active, and comes before
+    another further ahead, or as far ahead and of the first source (np.argmax's order of the sources)."""
+    x = heap[i]
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n:
+            u, v = heap[c + 1], heap[c]
+            if ahead[u] > ahead[v] or (ahead[u] == ahead[v] and active[u] < active[v]):
+                c += 1
+        y = heap[c]
+        if not (ahead[y] > ahead[x] or (ahead[y] == ahead[x] and active[y] < active[x])):
+            break
+        heap[i] = y
+        i = c
+    heap[i] = x
+
+
 @njit
 def held_membership(
     windows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
@@ -367,6 +394,7 @@ def held_membership(
     rr = np.empty(n_src, dtype=np.int64)
     hits = np.empty(n_src + 1, dtype=np.int64)  # (one spare: the last source is written before it is counted)
     ahead = np.empty(n_src)
+    heap = np.empty(n_src, dtype=np.int64)
     for t in range(r):
         if not (resume and t == 0):  # (resume: the step's targets and nearest pointers were worked out before)
             b = np.float64(budget[t])
@@ -398,11 +426,20 @@ def held_membership(
             for i in range(na):
                 k = active[i]
                 ahead[i] = cw[shift[k] + rr[i]] - acc[k]
+            nd = 0  # deferrals so far: past HEAP_AFTER of them, np.argmax is the top of a heap of the drawing sources
             while True:
-                bi = 0
-                for i in range(1, na):  # np.argmax over the sources: the largest, the first source on ties
-                    if ahead[i] > ahead[bi] or (ahead[i] == ahead[bi] and active[i] < active[bi]):
-                        bi = i
+                if nd < HEAP_AFTER:
+                    bi = 0
+                    for i in range(1, na):  # np.argmax over the sources: the largest, the first source on ties
+                        if ahead[i] > ahead[bi] or (ahead[i] == ahead[bi] and active[i] < active[bi]):
+                            bi = i
+                else:
+                    if nd == HEAP_AFTER:
+                        for i in range(na):
+                            heap[i] = i
+                        for i in range(na // 2 - 1, -1, -1):
+                            _sift_down(heap, na, i, ahead, active)
+                    bi = heap[0]
                 k = active[bi]
                 at = shift[k] + rr[bi]
                 short -= cw[at] - cw[at - 1]
@@ -410,6 +447,9 @@ def held_membership(
                 ahead[bi] = cw[at - 1] - acc[k] if rr[bi] > cur[k] else -np.inf
                 if short <= sl * seq_len:
                     break
+                if nd >= HEAP_AFTER:  # only the top's value fell: back down to its place
+                    _sift_down(heap, na, 0, ahead, active)
+                nd += 1
             # repair_rows' give-back (while the room leaves a token): a deferred segment that fits again, least ahead
             while give[t] > short:
                 bi = -1

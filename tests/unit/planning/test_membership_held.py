@@ -53,11 +53,13 @@ def test_held_pass_matches_the_chunked_pass(
 
 @pytest.mark.parametrize("seed", range(24))
 def test_held_pass_equals_the_pass_it_replaced(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The held pass of now (searches re-worked out only where a source's pick may change) against the pass at main
-    8f9077a (tests/loomtest/held_membership_ref): every call's changes, steps done, targets, repaired row and
-    running nearest pointers the same; its search answers at most one behind. Random mixes: segments from a few
-    tokens (several picks a step) to several steps' targets, one to 40 sources, the give-back on or off, and small
-    chunks, so that runs end, and windows close, at many points (a fill widening one: the resumed call too)."""
+    """The held pass of now (searches re-worked out only where a source's pick may change, the deferrals' argmax past
+    a few from a heap) against the pass at main 8f9077a (tests/loomtest/held_membership_ref): every call's changes,
+    steps done, targets, repaired row and running nearest pointers the same; its search answers at most one behind.
+    Random mixes: segments from a few tokens (several picks a step) to several steps' targets, one to 40 sources,
+    the give-back on or off, and small chunks, so that runs end, and windows close, at many points (a fill widening
+    one: the resumed call too), and steps deferring more than HEAP_AFTER segments (their argmax from a heap: a
+    min-heap in its place fails 5 of the 24)."""
     from tests.loomtest.held_membership_ref import held_membership_ref
 
     rng = np.random.default_rng(1000 + seed)

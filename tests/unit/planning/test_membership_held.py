@@ -59,7 +59,7 @@ def test_held_pass_equals_the_pass_it_replaced(seed: int, monkeypatch: pytest.Mo
     Random mixes: segments from a few tokens (several picks a step) to several steps' targets, one to 40 sources,
     the give-back on or off, and small chunks, so that runs end, and windows close, at many points (a fill widening
     one: the resumed call too), and steps deferring more than HEAP_AFTER segments (their argmax from a heap: a
-    min-heap in its place fails 5 of the 24)."""
+    min-heap in its place fails 4 of the 24)."""
     from tests.loomtest.held_membership_ref import held_membership_ref
 
     rng = np.random.default_rng(1000 + seed)

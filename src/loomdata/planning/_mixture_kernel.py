@@ -240,10 +240,11 @@ def held_rows(last: np.ndarray, budget: np.ndarray, acc: np.ndarray, rows: np.nd
 
 
 @njit
-def _near_at(cw: np.ndarray, sh: int, n: int, j: int, xt: float) -> tuple[int, int, float]:
-    """nearest_run's step for one source at target xt, its search at j (cw[sh + i] is its cum[i]): the search's
-    new answer, the nearest prefix, and the smallest target above which the answer or the prefix may next change
-    (the pick is re-worked out only there: both are monotone in the target)."""
+def _near_at(cw: np.ndarray, sh: int, n: int, end: int, j: int, xt: float) -> tuple[int, int, float]:
+    """nearest_run's step for one source at target xt, its search at j (cw[sh + i] is its cum[i] for i below `end`,
+    its window's end; n: its stream's length): the search's new answer, the nearest prefix, and a target below
+    which the prefix does not change (the pick is re-worked out only past it: the prefix is monotone in the target,
+    and targets here do not decrease)."""
     needle = np.int64(np.ceil(xt))
     if j > 0 and cw[sh + j - 1] >= needle:  # (targets do not decrease here: kept as nearest_run has it)
         lo, hi = 0, j
@@ -261,13 +262,24 @@ def _near_at(cw: np.ndarray, sh: int, n: int, j: int, xt: float) -> tuple[int, i
     lower = max(at - 1, 0)
     a = cw[sh + lower]
     c = cw[sh + at]
-    nxt = np.inf if j >= n else np.float64(c) - 1.0  # ceil(x) > c only for x > c: re-checked a token early
     if at > 0 and (xt - a) <= (c - xt):
         # lower until x passes the midpoint; re-checked well before it (rounding of x - a and c - x is far
         # below a token at any count a float64 holds exactly)
-        mid_x = 0.5 * (np.float64(a) + np.float64(c)) - 1.0 - 1e-9 * np.float64(c)
-        return j, lower, min(nxt, mid_x)
-    return j, at, nxt
+        return j, lower, _below_mid(a, c)
+    # the pick is `at` until x passes the midpoint of cum[at] and cum[at + 1] (past cum[at] the search moves on to
+    # at + 1, whose lower neighbour is `at`: the same pick), so the search is not re-worked out at cum[at] itself
+    # (the answer j may lag by one: the walk from it finds the same j); none past the stream's last prefix; where
+    # cum[at + 1] lies past the window (`end`), at cum[at] (a token early), which the run's targets do not pass
+    if at + 1 >= n:
+        return j, at, np.inf
+    return j, at, _below_mid(c, cw[sh + at + 1]) if at + 1 < end else np.float64(c) - 1.0
+
+
+@njit
+def _below_mid(a: int, c: int) -> float:
+    """A target a token (and a relative 1e-9) below the midpoint of the counts a <= c: where the nearest of the
+    two may next change, early enough for any rounding of x - a and c - x."""
+    return 0.5 * (np.float64(a) + np.float64(c)) - 1.0 - 1e-9 * np.float64(c)
 
 
 @njit
@@ -299,6 +311,33 @@ def _held_fill(
             bv = v
             best = k
     return best
+
+
+HEAP_AFTER = 24
+"""held_membership's deferrals in a step scan the drawing sources for np.argmax this many times, then keep them in
+a heap (a backlog of ~170 drawing sources deferring ~150 segments a step spent most of membership in the scans;
+a plan's step defers ~6 over ~65, where building the heap after 8 cost its held pass 4-13%)."""
+
+
+@njit
+def _sift_down(heap: np.ndarray, n: int, i: int, ahead: np.ndarray, active: np.ndarray) -> None:
+    """Restore the heap order of heap[:n] below position i: each entry indexes ahead and active, and comes before
+    another further ahead, or as far ahead and of the first source (np.argmax's order of the sources)."""
+    x = heap[i]
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n:
+            u, v = heap[c + 1], heap[c]
+            if ahead[u] > ahead[v] or (ahead[u] == ahead[v] and active[u] < active[v]):
+                c += 1
+        y = heap[c]
+        if not (ahead[y] > ahead[x] or (ahead[y] == ahead[x] and active[y] < active[x])):
+            break
+        heap[i] = y
+        i = c
+    heap[i] = x
 
 
 @njit
@@ -337,7 +376,7 @@ def held_membership(
     for k in range(n_src):
         whi[k] = wlo[k] + (off[k + 1] if k + 1 < n_src else len(cw)) - off[k]
     r = len(budget)
-    cap = max(1024, 4 * r)
+    cap = max(1024, min(len(cw), r * n_src))  # (a change moves a pointer on inside its window: never more)
     e_step = np.empty(cap, dtype=np.int32)
     e_src = np.empty(cap, dtype=np.int32)
     e_val = np.empty(cap, dtype=np.int64)
@@ -355,6 +394,7 @@ def held_membership(
     rr = np.empty(n_src, dtype=np.int64)
     hits = np.empty(n_src + 1, dtype=np.int64)  # (one spare: the last source is written before it is counted)
     ahead = np.empty(n_src)
+    heap = np.empty(n_src, dtype=np.int64)
     for t in range(r):
         if not (resume and t == 0):  # (resume: the step's targets and nearest pointers were worked out before)
             b = np.float64(budget[t])
@@ -367,7 +407,7 @@ def held_membership(
                 nh += acc[k] > nxt[k]
             for h in range(nh):  # (a branch a source and step mispredicted often: 66 -> 42 ms a 14K-step run)
                 k = hits[h]
-                j, pick, nx = _near_at(cw, shift[k], n_of[k], state[k, 0], acc[k])
+                j, pick, nx = _near_at(cw, shift[k], n_of[k], whi[k], state[k, 0], acc[k])
                 state[k, 0] = j
                 nxt[k] = nx
                 if pick > state[k, 1]:
@@ -386,11 +426,20 @@ def held_membership(
             for i in range(na):
                 k = active[i]
                 ahead[i] = cw[shift[k] + rr[i]] - acc[k]
+            nd = 0  # deferrals so far: past HEAP_AFTER of them, np.argmax is the top of a heap of the drawing sources
             while True:
-                bi = 0
-                for i in range(1, na):  # np.argmax over the sources: the largest, the first source on ties
-                    if ahead[i] > ahead[bi] or (ahead[i] == ahead[bi] and active[i] < active[bi]):
-                        bi = i
+                if nd < HEAP_AFTER:
+                    bi = 0
+                    for i in range(1, na):  # np.argmax over the sources: the largest, the first source on ties
+                        if ahead[i] > ahead[bi] or (ahead[i] == ahead[bi] and active[i] < active[bi]):
+                            bi = i
+                else:
+                    if nd == HEAP_AFTER:
+                        for i in range(na):
+                            heap[i] = i
+                        for i in range(na // 2 - 1, -1, -1):
+                            _sift_down(heap, na, i, ahead, active)
+                    bi = heap[0]
                 k = active[bi]
                 at = shift[k] + rr[bi]
                 short -= cw[at] - cw[at - 1]
@@ -398,6 +447,9 @@ def held_membership(
                 ahead[bi] = cw[at - 1] - acc[k] if rr[bi] > cur[k] else -np.inf
                 if short <= sl * seq_len:
                     break
+                if nd >= HEAP_AFTER:  # only the top's value fell: back down to its place
+                    _sift_down(heap, na, 0, ahead, active)
+                nd += 1
             # repair_rows' give-back (while the room leaves a token): a deferred segment that fits again, least ahead
             while give[t] > short:
                 bi = -1
@@ -460,18 +512,30 @@ def held_membership(
 
 @njit
 def changes_by_source(
-    step: np.ndarray, src: np.ndarray, val: np.ndarray, base: np.ndarray, indptr: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+    step: np.ndarray, src: np.ndarray, val: np.ndarray, base: np.ndarray, step_out: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int, int]:
     """A chunk's changes (local step, source, pointer after: in step order) laid out by source, step order kept
-    within one, as (steps, pointers less base[source]); indptr: where each source's entries start (counted)."""
+    within one, in one counting pass and one scatter: (indptr: where each source's entries start, the pointers
+    less base[source] (int64), the least of them and 0, the most of them and 0); their steps are written into
+    `step_out` (its dtype: the chunk's step type)."""
     m = len(step)
-    out_step = np.empty(m, dtype=np.int64)
-    out_end = np.empty(m, dtype=np.int64)
+    n_src = len(base)
+    indptr = np.zeros(n_src + 1, dtype=np.int64)
+    for i in range(m):
+        indptr[src[i] + 1] += 1
+    for k in range(n_src):
+        indptr[k + 1] += indptr[k]
     cursor = indptr[:-1].copy()
+    out_end = np.empty(m, dtype=np.int64)
+    low = 0
+    most = 0
     for i in range(m):
         k = src[i]
         c = cursor[k]
-        out_step[c] = step[i]
-        out_end[c] = val[i] - base[k]
+        step_out[c] = step[i]
+        v = val[i] - base[k]
+        out_end[c] = v
+        low = min(low, v)
+        most = max(most, v)
         cursor[k] = c + 1
-    return out_step, out_end
+    return indptr, out_end, low, most

@@ -325,7 +325,7 @@ def _plan_into(
             f"tokens, dp_size*micro_batches*seq_len*{fill}, below the documents' lengths); raise "
             "micro_batches, dp_size or seq_len"
         ) from None
-    shuffle = _shuffle_figures(spec, sources, layouts, streams, ptr, lanes)
+    shuffle = _shuffle_figures(spec, sources, layouts, streams, ptr)
     drawn_per_step = np.diff(ptr.totals())  # segments (none empty) of each step
     trim_arenas()  # what membership's chunks and the figures freed, before the look-ahead's peak
     assignment = None
@@ -634,15 +634,14 @@ def _shuffle_figures(
     layouts: list[BlockLayout],
     streams: list[Stream],
     ptr: Pointers,
-    lanes: Lanes,
 ) -> dict[str, dict[str, float | int | str]]:
     """Per source, what its shuffle gives and costs in reads (planning._shuffle), over the stream it draws."""
     out: dict[str, dict[str, float | int | str]] = {}
     last = ptr.last()
     for k, s in enumerate(sources):
         st = streams[k]
-        doc, _, length, _ = st.segments(0, min(int(last[k]), FIGURE_SEGMENTS), s.num_tokens, lanes)
-        figs = shuffle_figures(spec.source(s.name), layouts[k], doc, length, s.num_tokens)
+        m = min(int(last[k]), FIGURE_SEGMENTS)  # (the segments' tokens: the stream's count, no lengths gathered)
+        figs = shuffle_figures(spec.source(s.name), layouts[k], st.doc[:m], None, s.num_tokens, tokens=int(st.cum[m]))
         out[s.name] = figs.to_dict()
     return out
 

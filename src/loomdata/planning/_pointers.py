@@ -96,21 +96,9 @@ def chunk_of_changes(
     """The chunk of `rows` steps from `first` given its row before them (`base`) and its changes in step order
     (local step, source, pointer after the step: each (step, source) whose pointer moved, as membership's
     held pass finds them): the same entries as compress_rows of the dense rows, without the dense rows."""
-    n_src = len(base)
-    counts = np.bincount(src, minlength=n_src) if len(src) else np.zeros(n_src, dtype=np.int64)
-    indptr = np.zeros(n_src + 1, dtype=np.int64)
-    np.cumsum(counts, out=indptr[1:])
-    steps, rel = changes_by_source(step, src, end, base.astype(np.int64), indptr)
-    most = int(rel.max()) if len(rel) else 0
-    low = int(rel.min()) if len(rel) else 0
-    return PointerChunk(
-        first,
-        rows,
-        base,
-        indptr,
-        steps.astype(np.uint16 if rows <= _SHORT_STEPS else np.int32),
-        rel.astype(_offset_dtype(min(low, 0), most)),
-    )
+    steps = np.empty(len(step), dtype=np.uint16 if rows <= _SHORT_STEPS else np.int32)
+    indptr, rel, low, most = changes_by_source(step, src, end, base.astype(np.int64), steps)
+    return PointerChunk(first, rows, base, indptr, steps, rel.astype(_offset_dtype(low, most)))
 
 
 def _offset_dtype(low: int, most: int) -> type[np.uint16] | type[np.uint32] | type[np.int64]:

@@ -147,14 +147,25 @@ class ShuffleFigures:
 
 
 def shuffle_figures(
-    source: SourceSpec, layout: BlockLayout, doc: np.ndarray, length: np.ndarray, lengths: np.ndarray
+    source: SourceSpec,
+    layout: BlockLayout,
+    doc: np.ndarray,
+    length: np.ndarray | None,
+    lengths: np.ndarray,
+    *,
+    tokens: int | None = None,
 ) -> ShuffleFigures:
     """Figures of the segments (`doc` index rows, `length` tokens) a plan draws from `source` over `layout`
     (the source's blocks; for a global shuffle, blocks of the default size); `lengths` are its documents'
-    tokens by index row."""
+    tokens by index row. `tokens` instead of `length`: the measured segments' tokens summed (the first
+    min(len(doc), FIGURE_SEGMENTS) of them: a stream's cumulative count there), so no lengths are gathered."""
     m = min(len(doc), FIGURE_SEGMENTS)
     p = layout.positions(doc[:m])
-    seg_len_total = int(np.asarray(length[:m]).sum(dtype=np.int64))  # < 2**53: its float64 sum, exactly
+    if tokens is None:
+        if length is None:
+            raise ValueError("shuffle_figures needs the segments' `length` or their `tokens`")
+        tokens = int(np.asarray(length[:m]).sum(dtype=np.int64))
+    seg_len_total = int(tokens)  # < 2**53: its float64 sum, exactly
     spearman = 0.0
     if m > 2:
         hi = int(p.max()) + 1

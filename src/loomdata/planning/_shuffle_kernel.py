@@ -55,13 +55,14 @@ def block_reads(
     fetched = 0
     fetched_f = 0.0  # the sum once it reaches 2**53
     jump = 0
+    inv = 1.0 / block
     for i in range(m):
         x = p[i]
         if i:
             d = x - p[i - 1]
             jump += d if d >= 0 else -d
         # no block holds more than `block` positions, so x's block is at least x // block: most often that one
-        b = min(x // block, nb - 1)
+        b = min(int(x * inv), nb - 1)  # (a guess: a float product, not an integer division)
         if starts[b] > x or starts[b + 1] <= x:
             lo = 0 if starts[b] > x else b + 1  # (0: blocks larger than `block`, a hand-made layout's)
             hi = nb + 1

@@ -294,6 +294,9 @@ def test_one_pass_read_figures_equal_the_numpy_ones_bit_for_bit(
             want = _figures_before(layout, doc, length, lengths)
             assert (got.mean_jump_docs, got.mean_jump_share, got.read_amplification, got.fetches_per_segment) == want
             assert got.segments == min(len(doc), _shuffle.FIGURE_SEGMENTS)
+            # the planner's form: the measured segments' tokens summed (a stream's count), no lengths
+            tokens = int(length[: got.segments].sum(dtype=np.int64))
+            assert _shuffle.shuffle_figures(src, layout, doc, None, lengths, tokens=tokens) == got
 
 
 def test_block_reads_counts_an_lru_cache_and_sums_on_past_2_53() -> None:

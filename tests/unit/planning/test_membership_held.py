@@ -4,12 +4,15 @@ reference per-step loop, for a fixed mixture and a schedule that holds from a mi
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import numpy as np
 import pytest
 from tests.unit.planning.test_membership_repair import _case, _reference
 
 from loomdata.planning import _mixture
-from loomdata.planning._mixture import CumulativeTargets, StepWeights, membership
+from loomdata.planning._mixture import CumulativeTargets, StepWeights, build_stream, membership
 from loomdata.planning._packing import Lanes
 
 
@@ -46,3 +49,60 @@ def test_held_pass_matches_the_chunked_pass(
     grid = np.stack([targets.rows(0, steps, None)[:, k] for k in range(n_src)], 1)
     np.testing.assert_array_equal(got.dense(), _reference(grid, streams, lanes, step_slots, targets.budget))
     np.testing.assert_array_equal(got.totals(), want.totals())
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_held_pass_equals_the_pass_it_replaced(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The held pass of now (searches re-worked out only where a source's pick may change, the deferrals' argmax past
+    a few from a heap) against the pass at main 8f9077a (tests/loomtest/held_membership_ref): every call's changes,
+    steps done, targets, repaired row and running nearest pointers the same; its search answers at most one behind.
+    Random mixes: segments from a few tokens (several picks a step) to several steps' targets, one to 40 sources,
+    the give-back on or off, and small chunks, so that runs end, and windows close, at many points (a fill widening
+    one: the resumed call too), and steps deferring more than HEAP_AFTER segments (their argmax from a heap: a
+    min-heap in its place fails 4 of the 24)."""
+    from tests.loomtest.held_membership_ref import held_membership_ref
+
+    rng = np.random.default_rng(1000 + seed)
+    n_src = int(rng.choice([1, 2, 5, 40]))
+    steps = int(rng.integers(50, 400))
+    slots = int(rng.integers(1, 5))
+    lanes = Lanes(seq_len=int(rng.choice([64, 512])))
+    fill = float(rng.choice([0.3, 0.96]))  # 0.3: steps whose nearest draws are empty take a fill's segment
+    budget = int(slots * lanes.seq_len * fill)
+    w = rng.random(n_src) + 0.05
+    w /= w.sum()
+    mu = float(rng.uniform(1.0, 7.0))  # log mean tokens a document: 3 to 1100
+    streams = []
+    for k in range(n_src):
+        n = int(steps * budget * w[k] / np.exp(mu)) + 50
+        lengths = np.clip(rng.lognormal(mu, 1.2, n), 1, 4 * lanes.seq_len).astype(np.uint32)
+        epochs = int(steps * budget * w[k] // int(lengths.sum())) + 2
+        streams.append(build_stream(f"s{k}", seed, lengths, lanes, epochs))
+    step_slots = np.full(steps, slots, dtype=np.int64)
+    targets = CumulativeTargets(_weights(w, steps, None), step_slots * int(lanes.seq_len * fill))
+    give = targets.budget if rng.random() < 0.5 else np.zeros(steps, dtype=np.int64)
+    monkeypatch.setattr(_mixture, "REPAIR_CHUNK_CELLS", int(rng.integers(3, 40)) * n_src)
+    monkeypatch.setattr(_mixture, "HELD_CHUNKS", 1)  # runs of 64 steps
+    calls: list[tuple[Any, Any, Any]] = []
+    held = _mixture.held_membership
+
+    def recorded(*a: Any) -> Any:
+        before = copy.deepcopy(a)
+        out = held(*a)
+        calls.append((before, copy.deepcopy(a), out))  # (acc and the others go on to later calls)
+        return out
+
+    monkeypatch.setattr(_mixture, "held_membership", recorded)
+    got = membership(targets, streams, lanes, step_slots, give)
+    assert calls
+    for before, after, out in calls:
+        args = copy.deepcopy(before)
+        want = held_membership_ref(*args)
+        for x, y in zip(out, want, strict=True):
+            np.testing.assert_array_equal(x, y)
+        for i in (3, 4, 6):  # acc, prior, cur
+            np.testing.assert_array_equal(after[i], args[i])
+        np.testing.assert_array_equal(after[5][:, 1], args[5][:, 1])  # running nearest pointers
+        assert ((after[5][:, 0] <= args[5][:, 0]) & (after[5][:, 0] >= args[5][:, 0] - 1)).all()
+    monkeypatch.setattr(_mixture, "held_membership", held_membership_ref)
+    np.testing.assert_array_equal(got.dense(), membership(targets, streams, lanes, step_slots, give).dense())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loomdata.planning._pointers import Pointers, compress_rows
+from loomdata.planning._pointers import Pointers, chunk_of_changes, compress_rows
 
 
 def _dense(rng: np.random.Generator, steps: int, n_src: int, draws: float, dtype: type = np.int32) -> np.ndarray:
@@ -173,3 +173,35 @@ def test_pointers_released_in_place_refuse_reads_wherever_held() -> None:
         with pytest.raises(ValueError, match="released"):
             read()
     assert len(ptr.released()) == 41
+
+
+@pytest.mark.parametrize(
+    ("seed", "steps", "n_src", "draws", "dtype"),
+    [
+        (0, 300, 7, 0.2, np.int32),
+        (1, 70_000, 3, 0.3, np.int32),  # int32 local steps
+        (2, 40, 3, 1.0, np.int64),  # uint32 offsets
+        (3, 120, 5, 0.0, np.int32),  # no change
+        (4, 500, 300, 0.05, np.int64),
+    ],
+)
+def test_a_chunk_of_changes_is_the_compressed_dense_rows(
+    seed: int, steps: int, n_src: int, draws: float, dtype: type
+) -> None:
+    """chunk_of_changes (the held pass's changes in step order, laid out by source in one compiled pass) gives the
+    very arrays, dtypes included, of compress_rows over the dense rows they describe."""
+    rng = np.random.default_rng(seed)
+    dense = _dense(rng, steps, n_src, draws, dtype)
+    if seed == 2:
+        dense[1:] *= 30_000  # offsets past 65,535
+    dense += rng.integers(0, 1000, n_src).astype(dtype)  # a base row that is not zeros
+    t, k = np.nonzero(dense[1:] != dense[:-1])  # in step order, sources ascending within a step
+    order = np.lexsort((rng.random(len(t)), t))  # any source order within a step
+    t, k = t[order], k[order]
+    got = chunk_of_changes(dense[0].copy(), steps, 11, t.astype(np.int32), k.astype(np.int32), dense[t + 1, k])
+    want = compress_rows(dense, 11)
+    assert (got.first, got.rows) == (want.first, want.rows)
+    for name in ("base", "indptr", "step", "end"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype, name
+        np.testing.assert_array_equal(a, b)

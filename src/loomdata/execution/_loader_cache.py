@@ -203,15 +203,8 @@ class UnitUses:
         k, s = np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64)
         if len(k) == 0:
             return
-        order = np.lexsort((s, k))
-        k, s = k[order], s[order]
-        first = np.ones(len(k), dtype=bool)
-        first[1:] = (k[1:] != k[:-1]) | (s[1:] != s[:-1])
-        at = np.flatnonzero(first)  # distinct pairs, by key then step
-        count = np.diff(np.append(at, len(k))).tolist()
-        k, s = k[at], s[at]
-        runs = [*np.flatnonzero(np.append(True, k[1:] != k[:-1])).tolist(), len(k)]
-        keys_l, steps_l, uses = k.tolist(), s.tolist(), self._uses
+        keys_l, steps_l, count, runs = _pair_runs(k, s)
+        uses = self._uses
         spent = self._spent
         for lo, hi in itertools.pairwise(runs):
             if spent and (gone := spent.get(keys_l[lo])) is not None:  # served to none, then planned again: held
@@ -295,15 +288,8 @@ class UnitUses:
             gone.add(x)
 
     def _consume_many(self, keys: np.ndarray, steps: np.ndarray) -> None:
-        order = np.lexsort((steps, keys))
-        k, s = keys[order], steps[order]
-        first = np.ones(len(k), dtype=bool)
-        first[1:] = (k[1:] != k[:-1]) | (s[1:] != s[:-1])
-        at = np.flatnonzero(first)  # distinct pairs, by key then step, and the reads of each
-        count = np.diff(np.append(at, len(k))).tolist()
-        k, s = k[at], s[at]
-        runs = [*np.flatnonzero(np.append(True, k[1:] != k[:-1])).tolist(), len(k)]
-        keys_l, steps_l, uses = k.tolist(), s.tolist(), self._uses
+        keys_l, steps_l, count, runs = _pair_runs(keys, steps)
+        uses = self._uses
         for lo, hi in itertools.pairwise(runs):
             key, got = keys_l[lo], uses.get(keys_l[lo])
             if got is None:
@@ -374,6 +360,20 @@ class UnitUses:
                 del uses[key]
             else:
                 del st[:i], lf[:i]
+
+
+def _pair_runs(keys: np.ndarray, steps: np.ndarray) -> tuple[list[int], list[int], list[int], list[int]]:
+    """The distinct (key, step) pairs of `keys`, `steps` sorted by key then step, as plain ints: their keys, steps,
+    how many times each occurs, and where each key's run starts (then the end)."""
+    order = np.lexsort((steps, keys))
+    k, s = keys[order], steps[order]
+    first = np.ones(len(k), dtype=bool)
+    first[1:] = (k[1:] != k[:-1]) | (s[1:] != s[:-1])
+    at = np.flatnonzero(first)
+    count = np.diff(np.append(at, len(k))).tolist()
+    k, s = k[at], s[at]
+    runs = [*np.flatnonzero(np.append(True, k[1:] != k[:-1])).tolist(), len(k)]
+    return k.tolist(), s.tolist(), count, runs
 
 
 def _ints(values: np.ndarray | list[int]) -> list[int]:

@@ -291,20 +291,11 @@ def _options(table: pa.Table, kind: TableKind) -> dict[str, Any]:
     kinds in _SPLIT no dictionaries and their integer and floating columns BYTE_STREAM_SPLIT (any other column,
     an extra one a table may carry, plain), for _SPLIT_NUMBERS the same numbers split and a dictionary for any
     other column, for the others a dictionary for every column."""
-    if kind in _SPLIT_NUMBERS:
+    if kind in _SPLIT or kind in _SPLIT_NUMBERS:
         split = {f.name: "BYTE_STREAM_SPLIT" for f in table.schema if _splittable(f.type)}
         return {
             "compression": "zstd",
-            "use_dictionary": [f.name for f in table.schema if f.name not in split],
-            "column_encoding": split,
-            "write_statistics": True,
-            "store_schema": True,
-        }
-    if kind in _SPLIT:
-        split = {f.name: "BYTE_STREAM_SPLIT" for f in table.schema if _splittable(f.type)}
-        return {
-            "compression": "zstd",
-            "use_dictionary": False,
+            "use_dictionary": False if kind in _SPLIT else [f.name for f in table.schema if f.name not in split],
             "column_encoding": split,
             "write_statistics": True,
             "store_schema": True,

@@ -168,12 +168,19 @@ class FormatReader(abc.ABC):
         self.unit_cache = cache
 
     def units(self, path: Location, rows: np.ndarray) -> np.ndarray | None:
-        """The read unit (e.g. row group, int64) each of `rows` lives in; None: this format has no units to cache."""
-        return None
+        """The read unit (e.g. row group, int64) each of `rows` lives in, a search of `unit_starts` (an empty unit is
+        passed over; rows out of range map to -1: `read` reports them); None: this format has no units to cache."""
+        starts = self.unit_starts(path)
+        if starts is None:
+            return None
+        rows = np.asarray(rows, dtype=np.int64)
+        g = np.searchsorted(starts, rows, side="right") - 1
+        return np.where((rows >= 0) & (rows < starts[-1]), g, -1).astype(np.int64)
 
     def unit_starts(self, path: Location) -> np.ndarray | None:
-        """The first row of each read unit of `path` and its row count at the end (int64, ascending: `units` is a
-        search of it), as `units` knows them (opens no file); None: this format has no units to cache."""
+        """The first row of each read unit of `path` and its row count at the end (int64, ascending), opening no
+        file; None: this format has no units to cache. The one place a format tells its units (`units` and the
+        loaders' planning, `_plan_ahead.UnitTable`, search it)."""
         return None
 
     def load_unit(self, path: Location, unit: int, rows: np.ndarray | None = None) -> tuple[Any, int] | None:

@@ -572,15 +572,9 @@ class ParquetReader(FormatReader):
         finally:
             info.handle.release()
 
-    def units(self, path: Location, rows: np.ndarray) -> np.ndarray:
-        """The row group of each row (rows out of range map to -1; `read` reports them); opens no file."""
-        info = self._layout(path)
-        rows = np.asarray(rows, dtype=np.int64)
-        g = np.searchsorted(info.rg_starts, rows, side="right") - 1
-        return np.where((rows >= 0) & (rows < info.num_rows), g, -1).astype(np.int64)
-
     def unit_starts(self, path: Location) -> np.ndarray:
-        """The first row of each row group and the file's row count at the end (`units` searches it); opens no file."""
+        """The first row of each row group and the file's row count at the end (a read unit is a row group); opens no
+        file."""
         return self._layout(path).rg_starts
 
     @staticmethod

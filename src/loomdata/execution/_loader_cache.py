@@ -253,7 +253,9 @@ class UnitUses:
         if got is None or len(s) == 0:
             return np.zeros(len(s), dtype=bool)
         st = np.frombuffer(got, dtype=np.int64) >> _LEFT_BITS  # a copy: the array is free to grow again
-        return st[np.minimum(np.searchsorted(st, s), len(st) - 1)] == s
+        at = st.searchsorted(s)
+        np.minimum(at, len(st) - 1, out=at)
+        return st[at] == s
 
     def consume(self, keys: np.ndarray | list[int], steps: np.ndarray | list[int]) -> None:
         """Segment reads served: one use of each (keys[i], steps[i]) less (unplanned pairs are ignored).
@@ -436,8 +438,8 @@ class UnitRows:
             got = np.concatenate([got, more])
         step = got >> _ROW_BITS
         live = step >= floor
-        if uses is not None:
-            live[live] = uses.holds(key, step[live])
+        if uses is not None and len(step):
+            live &= uses.holds(key, step)
         return got[live] & _ROW_MASK, step[live]
 
     def prune(self, floor: int, uses: UnitUses) -> None:
@@ -450,6 +452,17 @@ class UnitRows:
         spent = uses.take_spent()
         self._held = _pruned(self._held, floor, spent, uses.span)
         self._tail = _pruned(self._tail, floor, spent, uses.span)
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """`np.unique` of a small int array, sorted (NumPy 2's `unique` costs ~20 us a call on a few hundred values)."""
+    v = np.sort(values)
+    if len(v) < 2:
+        return v
+    first = np.empty(len(v), dtype=bool)
+    first[0] = True
+    np.not_equal(v[1:], v[:-1], out=first[1:])
+    return v[first]
 
 
 _ROW_BITS = 32  # `UnitRows` packs a planned read's step and row (a row of one unit's file) into one int64
@@ -807,7 +820,7 @@ class PlanUnitCache:
             rows, steps = self.rows.planned(self._key(key), max(self.floor, 0), self.uses)
             if over_soft(self.policy, self._pool):  # rows planned past what is kept now: read again when they near
                 rows = rows[steps <= max(self.newest, self._front, 0) + self.reach + self.keep_now]
-            return np.unique(rows)
+            return _distinct(rows)
 
     def holds(self, keys: np.ndarray, rows: np.ndarray) -> bool:
         """Whether reading `rows[i]` of unit `keys[i]` (int keys) for every i needs no decoding: all kept."""

@@ -29,7 +29,7 @@ once spent, every unit kept as rows was decoded again per use (7.6x the loaders'
 
 Threads: loaders read in their own threads and on the worker's event loop; every operation on a pool
 and on the uses of its loaders holds the pool's lock (each is a few NumPy calls on small arrays, or a few
-list updates per segment served).
+updates of a packed array per segment served).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""`UnitUses` and `UnitRows` merge chunks in place (session 26; session 27: `UnitUses` as per-key lists, the pairs
-served to none named to `UnitRows.prune`): every answer equals a plain reference's, rebuilt from scratch (dicts and
-lists), over random plan / serve / prune sequences as `PlanUnitCache` makes them."""
+"""`UnitUses` and `UnitRows` merge chunks in place (session 26; session 27: `UnitUses` per key, the pairs served to
+none named to `UnitRows.prune`; session 28: packed, `UnitRows` in a held run and a tail): every answer equals a plain
+reference's, rebuilt from scratch (dicts and lists), over random plan / serve / prune sequences as `PlanUnitCache`
+makes them."""
 
 from __future__ import annotations
 

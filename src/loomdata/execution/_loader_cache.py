@@ -29,11 +29,12 @@ once spent, every unit kept as rows was decoded again per use (7.6x the loaders'
 
 Threads: loaders read in their own threads and on the worker's event loop; every operation on a pool
 and on the uses of its loaders holds the pool's lock (each is a few NumPy calls on small arrays, or a few
-list updates per segment served).
+updates of a packed array per segment served).
 """
 
 from __future__ import annotations
 
+import array
 import bisect
 import collections
 import enum
@@ -181,17 +182,19 @@ class CachePolicy:
 class UnitUses:
     """Pending uses of units by steps: how many segment reads of each (unit key, step) are still to come.
 
-    Per unit key, two plain lists: the steps with reads left, ascending, and the reads left at each (> 0). Serving a
-    read updates a few lists in place (a `bisect` each), and a key's next use from a step on is one `bisect` (session
-    27: over sorted NumPy arrays of every pair, each read cost some 25 NumPy calls and a copy of everything held, the
-    largest part of `served`). A chunk planned is grouped by key in NumPy and merged per key (appended, as a chunk
-    planned in order comes after everything held). Only pairs with reads left are held (one served to none is
-    removed), and so only keys with pairs.
+    Per unit key, one `array('q')` of its pairs with reads left, ascending: each a step and its reads left (> 0) packed
+    in one int64 (`_LEFT_BITS`), so a step's pair is the first value >= step << `_LEFT_BITS`. Serving a read updates
+    a value in place (a `bisect` each), and a key's next use from a step on is one `bisect` (session 27: over sorted
+    NumPy arrays of every pair, each read cost some 25 NumPy calls and a copy of everything held). Session 28: one
+    packed array per key, not two lists of Python ints (a step's int object and two list slots: the workers' Python
+    arenas grew 3-4 MiB with them at 300 sources). A chunk planned is grouped by key in NumPy and merged per key
+    (appended, as a chunk planned in order comes after everything held). Only pairs with reads left are held (one
+    served to none is removed), and so only keys with pairs.
     """
 
     def __init__(self, span: int) -> None:
         self.span = max(int(span), 1)
-        self._uses: dict[int, tuple[list[int], list[int]]] = {}  # key -> (steps ascending, reads left at each > 0)
+        self._uses: dict[int, array.array[int]] = {}  # key -> step << _LEFT_BITS | reads left (> 0), ascending
         self._pairs = 0
         self._spent: dict[int, set[int]] = {}  # key -> steps of its pairs served to none since `take_spent`
 
@@ -203,45 +206,43 @@ class UnitUses:
         k, s = np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64)
         if len(k) == 0:
             return
-        keys_l, steps_l, count, runs = _pair_runs(k, s)
-        uses = self._uses
-        spent = self._spent
+        if int(s.min()) < 0 or int(s.max()) >> (63 - _LEFT_BITS):
+            raise ValueError(
+                f"UnitUses: planned steps must be in 0..2**{63 - _LEFT_BITS}, got {int(s.min())}..{int(s.max())}"
+            )
+        keys_l, steps_l, count, runs, packed = _pair_runs(k, s)
+        uses, spent, b = self._uses, self._spent, _LEFT_BITS
         for lo, hi in itertools.pairwise(runs):
             if spent and (gone := spent.get(keys_l[lo])) is not None:  # served to none, then planned again: held
                 gone.difference_update(steps_l[lo:hi])
             got = uses.get(keys_l[lo])
             if got is None:
-                uses[keys_l[lo]] = (steps_l[lo:hi], count[lo:hi])
+                uses[keys_l[lo]] = packed[lo:hi]
                 self._pairs += hi - lo
                 continue
-            st, lf = got
-            if st[-1] < steps_l[lo]:  # after every step held (a key's list is never empty)
-                st.extend(steps_l[lo:hi])
-                lf.extend(count[lo:hi])
+            if got[-1] >> b < steps_l[lo]:  # after every step held (a key's array is never empty)
+                got.extend(packed[lo:hi])
                 self._pairs += hi - lo
                 continue
             for x, c in zip(steps_l[lo:hi], count[lo:hi], strict=True):
-                i = bisect.bisect_left(st, x)
-                if i < len(st) and st[i] == x:
-                    lf[i] += c
+                i = bisect.bisect_left(got, x << b)
+                if i < len(got) and got[i] >> b == x:
+                    got[i] += c
                 else:
-                    st.insert(i, x)
-                    lf.insert(i, c)
+                    got.insert(i, x << b | c)
                     self._pairs += 1
 
     def left(self, keys: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """Segment reads still to come per (keys[i], steps[i]) (0 where none is planned)."""
         k, s = np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64)
-        out = []
-        uses = self._uses
+        out, uses, b = [], self._uses, _LEFT_BITS
         for key, x in zip(k.tolist(), s.tolist(), strict=True):
             got = uses.get(key)
             n = 0
-            if got is not None:
-                st = got[0]
-                i = bisect.bisect_left(st, x)
-                if i < len(st) and st[i] == x:
-                    n = got[1][i]
+            if got is not None and x >= 0:
+                i = bisect.bisect_left(got, x << b)
+                if i < len(got) and got[i] >> b == x:
+                    n = got[i] & _LEFT_MASK
             out.append(n)
         return np.array(out, dtype=np.int64)
 
@@ -251,15 +252,17 @@ class UnitUses:
         s = np.asarray(steps, dtype=np.int64)
         if got is None or len(s) == 0:
             return np.zeros(len(s), dtype=bool)
-        st = np.array(got[0], dtype=np.int64)
-        return st[np.minimum(np.searchsorted(st, s), len(st) - 1)] == s
+        st = np.frombuffer(got, dtype=np.int64) >> _LEFT_BITS  # a copy: the array is free to grow again
+        at = st.searchsorted(s)
+        np.minimum(at, len(st) - 1, out=at)
+        return st[at] == s
 
     def consume(self, keys: np.ndarray | list[int], steps: np.ndarray | list[int]) -> None:
         """Segment reads served: one use of each (keys[i], steps[i]) less (unplanned pairs are ignored).
 
-        A few (`FEW_READS`): one list update each. More (a constructor's build group, hundreds of steps): counted per
+        A few (`FEW_READS`): one update each. More (a constructor's build group, hundreds of steps): counted per
         distinct pair in NumPy, then per key, where the pairs served are the key's first ones held and each is served
-        to none (steps served in order), one slice of its lists goes; otherwise a list update per pair."""
+        to none (steps served in order), one slice of its array goes; otherwise an update per pair."""
         if len(keys) > FEW_READS:
             self._consume_many(np.asarray(keys, dtype=np.int64), np.asarray(steps, dtype=np.int64))
             return
@@ -269,18 +272,17 @@ class UnitUses:
     def _take(self, key: int, x: int, n: int) -> None:
         """`n` reads of (key, x) served: the pair goes once none is left (served to none); an unplanned one: ignored."""
         got = self._uses.get(key)
-        if got is None:
+        if got is None or x < 0:
             return
-        st, lf = got
-        i = bisect.bisect_left(st, x)
-        if i == len(st) or st[i] != x:
+        i = bisect.bisect_left(got, x << _LEFT_BITS)
+        if i == len(got) or got[i] >> _LEFT_BITS != x:
             return
-        if lf[i] > n:
-            lf[i] -= n
+        if got[i] & _LEFT_MASK > n:
+            got[i] -= n
             return
-        del st[i], lf[i]  # served to none: no longer held
+        del got[i]  # served to none: no longer held
         self._pairs -= 1
-        if not st:
+        if not got:
             del self._uses[key]
         if (gone := self._spent.get(key)) is None:
             self._spent[key] = {x}
@@ -288,18 +290,18 @@ class UnitUses:
             gone.add(x)
 
     def _consume_many(self, keys: np.ndarray, steps: np.ndarray) -> None:
-        keys_l, steps_l, count, runs = _pair_runs(keys, steps)
-        uses = self._uses
+        keys_l, steps_l, count, runs, packed = _pair_runs(keys, steps)
+        uses, b = self._uses, _LEFT_BITS
         for lo, hi in itertools.pairwise(runs):
             key, got = keys_l[lo], uses.get(keys_l[lo])
             if got is None:
                 continue
-            st, lf = got
             mine, m = steps_l[lo:hi], hi - lo
-            if st[:m] == mine and lf[:m] == count[lo:hi]:  # its first pairs, each served to none
-                del st[:m], lf[:m]
+            # its first pairs, each served to none (steps past any planned are not packed: never these)
+            if m <= len(got) and mine[0] >= 0 and not mine[-1] >> (63 - b) and got[:m] == packed[lo:hi]:
+                del got[:m]
                 self._pairs -= m
-                if not st:
+                if not got:
                     del uses[key]
                 self._spent.setdefault(key, set()).update(mine)
                 continue
@@ -326,54 +328,62 @@ class UnitUses:
 
     def next_steps(self, keys: list[int], floor: int) -> list[int]:
         """`next_use` of plain ints (`PlanUnitCache.served` asks it of every held unit at every read)."""
-        f, uses, out = max(int(floor), 0), self._uses, []
+        f, uses, out, b = max(int(floor), 0) << _LEFT_BITS, self._uses, [], _LEFT_BITS
         for key in keys:
             got = uses.get(key)
             if got is None:
                 out.append(-1)
                 continue
-            st = got[0]
-            i = bisect.bisect_left(st, f)
-            out.append(st[i] if i < len(st) else -1)
+            i = bisect.bisect_left(got, f)
+            out.append(got[i] >> b if i < len(got) else -1)
         return out
 
     def pending(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Keys with a pending use in steps lo..hi and the first such step, in plan order (step, then key)."""
-        f, keys, steps = max(int(lo), 0), [], []
-        for key, (st, _) in self._uses.items():
-            i = bisect.bisect_left(st, f)
-            if i < len(st) and st[i] <= hi:
+        f, keys, steps, b = max(int(lo), 0) << _LEFT_BITS, [], [], _LEFT_BITS
+        for key, got in self._uses.items():
+            i = bisect.bisect_left(got, f)
+            if i < len(got) and got[i] >> b <= hi:
                 keys.append(key)
-                steps.append(st[i])
+                steps.append(got[i] >> b)
         k, s = np.array(keys, dtype=np.int64), np.array(steps, dtype=np.int64)
         order = np.lexsort((k, s))
         return k[order], s[order]
 
     def prune(self, floor: int) -> None:
         """Forget uses before `floor` (served, or skipped by a resume), and the keys with none left."""
-        uses = self._uses
-        for key in [k for k, (st, _) in uses.items() if st[0] < floor]:
-            st, lf = uses[key]
-            i = bisect.bisect_left(st, floor)
+        uses, f = self._uses, max(int(floor), 0) << _LEFT_BITS
+        for key in [k for k, got in uses.items() if got[0] < f]:
+            got = uses[key]
+            i = bisect.bisect_left(got, f)
             self._pairs -= i
-            if i == len(st):
+            if i == len(got):
                 del uses[key]
             else:
-                del st[:i], lf[:i]
+                del got[:i]
 
 
-def _pair_runs(keys: np.ndarray, steps: np.ndarray) -> tuple[list[int], list[int], list[int], list[int]]:
+_LEFT_BITS = 32  # `UnitUses` packs a (unit, step) pair's step and its reads left into one int64
+_LEFT_MASK = (1 << _LEFT_BITS) - 1
+
+
+def _pair_runs(
+    keys: np.ndarray, steps: np.ndarray
+) -> tuple[list[int], list[int], list[int], list[int], array.array[int]]:
     """The distinct (key, step) pairs of `keys`, `steps` sorted by key then step, as plain ints: their keys, steps,
-    how many times each occurs, and where each key's run starts (then the end)."""
+    how many times each occurs, where each key's run starts (then the end), and each step and count packed as
+    `UnitUses` holds them (meaningful for steps in 0..2**31 only)."""
     order = np.lexsort((steps, keys))
     k, s = keys[order], steps[order]
     first = np.ones(len(k), dtype=bool)
     first[1:] = (k[1:] != k[:-1]) | (s[1:] != s[:-1])
     at = np.flatnonzero(first)
-    count = np.diff(np.append(at, len(k))).tolist()
+    count = np.diff(np.append(at, len(k)))
     k, s = k[at], s[at]
     runs = [*np.flatnonzero(np.append(True, k[1:] != k[:-1])).tolist(), len(k)]
-    return k.tolist(), s.tolist(), count, runs
+    packed = array.array("q")
+    packed.frombytes(((s << _LEFT_BITS) | count).tobytes())
+    return k.tolist(), s.tolist(), count.tolist(), runs, packed
 
 
 def _ints(values: np.ndarray | list[int]) -> list[int]:
@@ -385,38 +395,52 @@ class UnitRows:
     """The rows planned reads take from each unit, with their steps: what of a unit to keep (`KeptRows`).
 
     Pure NumPy: (key, step, row) triples sorted by key (a key's in the order planned), so one key's rows are one
-    `searchsorted` slice; a chunk planned is merged in (no sort of what is held: session 26). Reads served are told
-    apart by the `UnitUses` given to `planned`; `prune` forgets the steps behind the floor and the reads served since
-    it last ran (looking every held triple up in `UnitUses` at each prune was the strands' largest bookkeeping cost).
+    `searchsorted` slice; a triple is two int64s, its key and its step and row packed (`_ROW_BITS`). Two such runs:
+    the held triples and a tail of those planned since the tail was last merged into them. A chunk planned is merged
+    into the tail, and the tail into the held triples once it is about the square root of twice their size times a
+    chunk's, by a mask (session 28: `np.insert` of three arrays of everything held per chunk planned was the largest
+    term of planning); a key's rows are its slice of each, the held ones first (planned earlier). Reads served are
+    told apart by the `UnitUses` given to `planned`; `prune` forgets the steps behind the floor and the reads served
+    since it last ran (looking every held triple up in `UnitUses` at each prune was the strands' largest cost).
     """
 
     def __init__(self) -> None:
-        self._key = np.zeros(0, dtype=np.int64)
-        self._step = np.zeros(0, dtype=np.int64)
-        self._row = np.zeros(0, dtype=np.int64)
+        empty = np.zeros(0, dtype=np.int64)
+        self._held = (empty, empty)  # keys sorted, step << _ROW_BITS | row
+        self._tail = (empty, empty)
 
     def __len__(self) -> int:
-        return len(self._key)
+        return len(self._held[0]) + len(self._tail[0])
 
     def add(self, keys: np.ndarray, steps: np.ndarray, rows: np.ndarray) -> None:
         """Planned reads of `rows[i]` of unit `keys[i]` at `steps[i]`."""
         k = np.asarray(keys, dtype=np.int64)
+        if len(k) == 0:
+            return
+        s, r = np.asarray(steps, dtype=np.int64), np.asarray(rows, dtype=np.int64)
+        if ((r >> _ROW_BITS) | (s >> (63 - _ROW_BITS))).any():  # negative, or too large to pack
+            bad = int(np.flatnonzero((r >> _ROW_BITS) | (s >> (63 - _ROW_BITS)))[0])
+            raise ValueError(
+                f"UnitRows: planned read {bad} (unit key {int(k[bad])}) has row {int(r[bad])} or step {int(s[bad])} "
+                f"outside 0..2**{_ROW_BITS} and 0..2**{63 - _ROW_BITS}"
+            )
         order = np.argsort(k, kind="stable")
-        k = k[order]
-        at = np.searchsorted(self._key, k, side="right")  # after the key's held triples, in the order given
-        self._key = np.insert(self._key, at, k)
-        self._step = np.insert(self._step, at, np.asarray(steps, dtype=np.int64)[order])
-        self._row = np.insert(self._row, at, np.asarray(rows, dtype=np.int64)[order])
+        self._tail = _merged(self._tail, (k[order], ((s << _ROW_BITS) | r)[order]))
+        if len(self._tail[0]) ** 2 > 2 * max(len(self._held[0]), 1) * len(k):  # about sqrt(2 held chunk): merged
+            empty = np.zeros(0, dtype=np.int64)
+            self._held, self._tail = _merged(self._held, self._tail), (empty, empty)
 
     def planned(self, key: int, floor: int, uses: UnitUses | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The (row, step) of each planned read of unit `key` at a step >= `floor` (with `uses`: of those still to be
         served, a read left in `uses`)."""
-        lo, hi = np.searchsorted(self._key, [key, key + 1])
-        step, row = self._step[lo:hi], self._row[lo:hi]
+        got = _slice_of(self._held, key)
+        if len(self._tail[0]) and len(more := _slice_of(self._tail, key)):
+            got = np.concatenate([got, more])
+        step = got >> _ROW_BITS
         live = step >= floor
-        if uses is not None:
-            live[live] = uses.holds(key, step[live])
-        return row[live], step[live]
+        if uses is not None and len(step):
+            live &= uses.holds(key, step)
+        return got[live] & _ROW_MASK, step[live]
 
     def prune(self, floor: int, uses: UnitUses) -> None:
         """Forget reads before step `floor` and those served since the last prune (no read left in `uses`).
@@ -425,18 +449,73 @@ class UnitRows:
         range (one `isin`: looking every held triple up in `UnitUses` at each prune was the strands' largest
         bookkeeping cost); a triple whose pair left `uses` otherwise (its own `prune` at a later floor) stays until
         the floor passes it: `planned` tells it apart all the same."""
-        keep = self._step >= floor
         spent = uses.take_spent()
-        if spent is not None:
-            known, code, lo, hi = spent
-            near = np.flatnonzero(keep & (self._step >= lo) & (self._step <= hi))
-            if len(near):
-                k = self._key[near]
-                at = np.minimum(np.searchsorted(known, k), len(known) - 1)
-                mine = at * uses.span + self._step[near]
-                pos = np.minimum(np.searchsorted(code, mine), len(code) - 1)
-                keep[near[(code[pos] == mine) & (known[at] == k)]] = False
-        self._key, self._step, self._row = self._key[keep], self._step[keep], self._row[keep]
+        self._held = _pruned(self._held, floor, spent, uses.span)
+        self._tail = _pruned(self._tail, floor, spent, uses.span)
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """`np.unique` of a small int array, sorted (NumPy 2's `unique` costs ~20 us a call on a few hundred values)."""
+    v = np.sort(values)
+    if len(v) < 2:
+        return v
+    first = np.empty(len(v), dtype=bool)
+    first[0] = True
+    np.not_equal(v[1:], v[:-1], out=first[1:])
+    return v[first]
+
+
+_ROW_BITS = 32  # `UnitRows` packs a planned read's step and row (a row of one unit's file) into one int64
+_ROW_MASK = (1 << _ROW_BITS) - 1
+
+
+def _merged(into: tuple[np.ndarray, np.ndarray], new: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """`UnitRows` triples `new` (sorted by key) merged into `into`: each after its key's triples there (planned later).
+    By a mask, not `np.insert` (tens of microseconds of checks a call, per array)."""
+    if len(into[0]) == 0:
+        return new
+    n = len(into[0]) + len(new[0])
+    at = np.searchsorted(into[0], new[0], side="right")
+    at += np.arange(len(at))
+    old = np.ones(n, dtype=bool)
+    old[at] = False
+    out = []
+    for a, b in zip(into, new, strict=True):
+        c = np.empty(n, dtype=np.int64)
+        c[old] = a
+        c[at] = b
+        out.append(c)
+    return out[0], out[1]
+
+
+def _slice_of(triples: tuple[np.ndarray, np.ndarray], key: int) -> np.ndarray:
+    """One key's packed steps and rows."""
+    keys = triples[0]
+    return triples[1][keys.searchsorted(key) : keys.searchsorted(key + 1)]
+
+
+def _pruned(
+    triples: tuple[np.ndarray, np.ndarray], floor: int, spent: tuple[np.ndarray, np.ndarray, int, int] | None, span: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`UnitRows.prune` of one run of triples: those before `floor`, and those of a pair in `spent`, go (a step is
+    compared packed: a step >= s is a packed value >= s << `_ROW_BITS`)."""
+    key, packed = triples
+    if len(key) == 0:
+        return triples
+    floor = max(int(floor), 0)
+    keep = packed >= floor << _ROW_BITS
+    if spent is not None:
+        known, code, lo, hi = spent
+        near = np.flatnonzero((packed >= max(lo, floor) << _ROW_BITS) & (packed < (hi + 1) << _ROW_BITS))
+        if len(near):
+            k = key[near]
+            at = np.minimum(np.searchsorted(known, k), len(known) - 1)
+            mine = at * span + (packed[near] >> _ROW_BITS)
+            pos = np.minimum(np.searchsorted(code, mine), len(code) - 1)
+            keep[near[(code[pos] == mine) & (known[at] == k)]] = False
+    if np.count_nonzero(keep) == len(keep):
+        return triples
+    return key[keep], packed[keep]
 
 
 @dataclass(slots=True)
@@ -741,7 +820,7 @@ class PlanUnitCache:
             rows, steps = self.rows.planned(self._key(key), max(self.floor, 0), self.uses)
             if over_soft(self.policy, self._pool):  # rows planned past what is kept now: read again when they near
                 rows = rows[steps <= max(self.newest, self._front, 0) + self.reach + self.keep_now]
-            return np.unique(rows)
+            return _distinct(rows)
 
     def holds(self, keys: np.ndarray, rows: np.ndarray) -> bool:
         """Whether reading `rows[i]` of unit `keys[i]` (int keys) for every i needs no decoding: all kept."""

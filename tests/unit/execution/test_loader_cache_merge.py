@@ -1,13 +1,14 @@
-"""`UnitUses` and `UnitRows` merge chunks in place (session 26; session 27: `UnitUses` as per-key lists, the pairs
-served to none named to `UnitRows.prune`): every answer equals a plain reference's, rebuilt from scratch (dicts and
-lists), over random plan / serve / prune sequences as `PlanUnitCache` makes them."""
+"""`UnitUses` and `UnitRows` merge chunks in place (session 26; session 27: `UnitUses` per key, the pairs served to
+none named to `UnitRows.prune`; session 28: packed, `UnitRows` in a held run and a tail): every answer equals a plain
+reference's, rebuilt from scratch (dicts and lists), over random plan / serve / prune sequences as `PlanUnitCache`
+makes them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from loomdata.execution._loader_cache import UnitRows, UnitUses, unit_key
+from loomdata.execution._loader_cache import FEW_READS, UnitRows, UnitUses, unit_key
 
 
 class _RefUses:
@@ -146,3 +147,65 @@ def test_a_read_served_to_none_then_planned_again_keeps_its_rows() -> None:
     assert rows.planned(5, 0, uses)[0].tolist() == [1, 7]  # (5, 6) and (9, 4) are forgotten
     assert len(rows) == 2 and len(uses) == 1
     assert uses.next_use(np.array([5, 9]), 0).tolist() == [4, -1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_held_and_their_tail_answer_as_the_reference_across_merges(seed: int) -> None:
+    """Session 28: chunks go into a tail merged into the held triples now and then; a key's rows are read from both,
+    the held ones first (planned earlier), and prune forgets from both: every answer as the reference's, with the
+    tail both empty and not at the moments asked (many small chunks in order, a few out of order)."""
+    rng = np.random.default_rng(100 + seed)
+    span, chunk = 3000, 8
+    all_keys = unit_key(rng.integers(0, 3, 10), rng.integers(0, 50, 10))
+    uses, rows, ref, triples = UnitUses(span), UnitRows(), _RefUses(span), []
+    tails, merged, floor = 0, 0, 0
+    for c in range(span // chunk):
+        lo = c * chunk if rng.random() < 0.9 else int(rng.integers(0, (c + 1) * chunk))
+        n = int(rng.integers(1, 30))
+        k = rng.choice(all_keys, n)
+        s = rng.integers(lo, lo + chunk, n)
+        r = rng.integers(0, 2**32, n)  # any row a file may hold: packed beside its step
+        before = len(rows._tail[0])
+        uses.add(k, s)
+        rows.add(k, s, r)
+        ref.add(k, s)
+        triples += list(zip(k.tolist(), s.tolist(), r.tolist(), strict=True))
+        merged += len(rows._tail[0]) < before + n
+        tails += len(rows._tail[0]) > 0
+        if c % 5 == 4:  # serve the oldest planned step's reads, and prune now and then
+            first = min(s_ for (_, s_), m in ref.left.items() if m > 0)
+            pick = [p for p, m in ref.left.items() for _ in range(m) if p[1] == first]
+            kk, ss = (np.array(x, dtype=np.int64) for x in zip(*pick, strict=True))
+            uses.consume(kk, ss)
+            ref.consume(kk, ss)
+            if c % 10 == 9:
+                floor = max(floor, first - 20)
+                rows.prune(floor, uses)
+                uses.prune(floor)
+                ref.prune(floor)
+                triples = [t for t in triples if t[1] >= floor and ref.left.get((t[0], t[1]), 0) > 0]
+        for key in all_keys.tolist():
+            got_r, got_s = rows.planned(key, floor, uses)
+            assert (got_r.tolist(), got_s.tolist()) == _ref_planned(triples, ref, key, floor)
+    assert tails > 10 and merged > 3  # both runs were read from, and the tail merged more than once
+
+
+def test_reads_outside_what_is_packed_are_refused_or_ignored() -> None:
+    """A planned row or step that does not fit its packing is a clear error naming it; a read served at a step no
+    plan can hold (negative, or past 2**31) is ignored as any unplanned read is, a few at a time or a build group."""
+    uses, rows = UnitUses(100), UnitRows()
+    with pytest.raises(ValueError, match=r"row 4294967296 or step 3"):
+        rows.add(np.array([5, 5]), np.array([2, 3]), np.array([1, 2**32]))
+    with pytest.raises(ValueError, match=r"step -1"):
+        rows.add(np.array([5]), np.array([-1]), np.array([1]))
+    with pytest.raises(ValueError, match=r"planned steps must be in 0\.\.2\*\*31, got 0\.\.2147483648"):
+        uses.add(np.array([5, 5]), np.array([0, 2**31]))
+    assert len(rows) == 0 and len(uses) == 0
+    uses.add(np.array([5, 5, 9]), np.array([1, 2, 2]))
+    uses.consume(np.array([5, 5, 9]), np.array([2**40, -3, 2**31]))
+    many = np.full(FEW_READS + 1, 5)
+    uses.consume(many, np.full(FEW_READS + 1, 2**40))
+    uses.consume(np.append(many, 5), np.append(np.arange(-FEW_READS - 1, 0), 2**33))
+    assert uses.left(np.array([5, 5, 9]), np.array([1, 2, 2])).tolist() == [1, 1, 1]
+    uses.consume(np.array([5]), np.array([1]))
+    assert uses.next_use(np.array([5, 9]), 0).tolist() == [2, 2]

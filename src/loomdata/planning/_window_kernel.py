@@ -1,0 +1,210 @@
+"""Compiled windowed draw (planning.draw_window = W > 0, steps at dp 1): the greedy fill of a run of steps.
+
+Per step, its `slots` rows of seq_len tokens are filled by repeating: for the sources weighted at the step, in
+order of how far each is ahead of its target (least ahead first, the first source on ties), take the first segment
+of that source's window that fits a row (best fit: the row with the least room that holds it); stop at the first
+source that has one; until no weighted source has a segment that fits. A source's window is its pending positions
+(skipped at an earlier step, oldest first) and then its next not-yet-drawn positions, W in all; the next positions
+do not cross an epoch start while a position of the earlier epoch is pending. A source's target is the tokens the
+plan has drawn so far weighted by each step's weights (sum over steps s of w[s, k] x tokens drawn at s), so the
+shares follow the weights whatever share of the rows the fill fills. Before the greedy fill a step takes every
+pending segment that has waited MAX_WAIT steps or more (oldest first, any source, weighted or not: it was drawn
+when its source was), where one fits: the first always does (a row is empty and a segment is at most seq_len), so
+a segment waits at most MAX_WAIT + (pending segments of all sources) steps.
+
+State (carried from call to call, so a run of steps is worked out a block at a time): each source's frontier (the
+first position never in its window), its pending positions and the steps they were skipped at, its drawn tokens
+and its target. Output per step: the taken-prefix pointer of each source (its first pending position, else its
+frontier: every position below it is placed at a step before) and the taken positions (source, position, step),
+sorted within the step by (source, position).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from loomdata.planning._jit import njit
+
+__all__ = ["by_source", "window_steps"]
+
+DONE = 0
+FULL = 1  # the take buffers may not hold another step: the caller grows them and calls again from `at`
+RUN_OUT = 2  # a window read past the stream this plan built (`at`, `source`): the caller refuses
+
+
+@njit
+def window_steps(
+    lens: np.ndarray,
+    off: np.ndarray,
+    epoch_segs: np.ndarray,
+    weights: np.ndarray,
+    t0: int,
+    t_end: int,
+    w0: int,
+    slots: np.ndarray,
+    seq_len: int,
+    window: int,
+    max_wait: int,
+    state: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    ptr_rows: np.ndarray,
+    takes: tuple[np.ndarray, np.ndarray, np.ndarray],
+    n_taken: int,
+) -> tuple[int, int, int, int]:
+    """Steps t0..t_end-1 (weights[t - w0] their rows; slots[t] their rows of seq_len tokens). lens: every source's
+    segment lengths laid end to end (source k's at off[k]..off[k+1]-1); epoch_segs: segments an epoch (huge where
+    the stream holds less than one). state = (frontier, pend (sources, W), pend_step (sources, W), pend_n, drawn,
+    target), updated in place. ptr_rows[t - w0 + 1] gets the pointers after step t (row t0 - w0 is the caller's).
+    takes = (source int32, position int64, step int32) from index n_taken. Returns (status, at, source, n_taken):
+    DONE with at = t_end, FULL before step `at`, RUN_OUT at step `at` for `source`."""
+    frontier, pend, pend_step, pend_n, drawn, target = state
+    t_src, t_pos, t_step = takes
+    n_src = len(frontier)
+    rooms = np.empty(slots.max() if len(slots) else 1, dtype=np.int64)
+    key = np.empty(n_src)
+    order = np.empty(n_src, dtype=np.int64)
+    for t in range(t0, t_end):
+        sl = slots[t]
+        if len(t_src) - n_taken < sl * seq_len + n_src * window:  # each take is a token at least
+            return FULL, t, -1, n_taken
+        first = n_taken
+        w = weights[t - w0]
+        for r in range(sl):
+            rooms[r] = seq_len
+        used = 0
+        # the pending that have waited max_wait steps, oldest first, where they fit
+        while True:
+            best_k, best_i, best_s = -1, -1, t - max_wait + 1
+            for k in range(n_src):
+                for i in range(pend_n[k]):
+                    if pend_step[k, i] < best_s:
+                        best_k, best_i, best_s = k, i, pend_step[k, i]
+            if best_k < 0:
+                break
+            length = lens[off[best_k] + pend[best_k, best_i]]
+            r = _best_row(rooms, sl, length)
+            if r < 0:
+                break
+            rooms[r] -= length
+            used += length
+            drawn[best_k] += length
+            t_src[n_taken], t_pos[n_taken], t_step[n_taken] = best_k, pend[best_k, best_i], t
+            n_taken += 1
+            _drop_pending(pend, pend_step, pend_n, best_k, best_i)
+        while True:
+            m = 0
+            for k in range(n_src):
+                if w[k] > 0:
+                    key[m] = drawn[k] - target[k] - w[k] * used
+                    order[m] = k
+                    m += 1
+            _sort_by_key(key, order, m)
+            took = False
+            for j in range(m):
+                k = order[j]
+                # the pending positions first (oldest first), then the next ones (not past an epoch while the
+                # earlier epoch has one pending)
+                for i in range(pend_n[k]):
+                    length = lens[off[k] + pend[k, i]]
+                    r = _best_row(rooms, sl, length)
+                    if r >= 0:
+                        rooms[r] -= length
+                        used += length
+                        drawn[k] += length
+                        t_src[n_taken], t_pos[n_taken], t_step[n_taken] = k, pend[k, i], t
+                        n_taken += 1
+                        _drop_pending(pend, pend_step, pend_n, k, i)
+                        took = True
+                        break
+                if took:
+                    break
+                epoch = pend[k, 0] // epoch_segs[k] if pend_n[k] > 0 else -1
+                for d in range(window - pend_n[k]):
+                    p = frontier[k] + d
+                    if epoch >= 0 and p // epoch_segs[k] != epoch:
+                        break
+                    if p >= off[k + 1] - off[k]:
+                        return RUN_OUT, t, k, n_taken
+                    length = lens[off[k] + p]
+                    r = _best_row(rooms, sl, length)
+                    if r >= 0:
+                        rooms[r] -= length
+                        used += length
+                        drawn[k] += length
+                        t_src[n_taken], t_pos[n_taken], t_step[n_taken] = k, p, t
+                        n_taken += 1
+                        for q in range(frontier[k], p):  # skipped: pending from this step on
+                            pend[k, pend_n[k]] = q
+                            pend_step[k, pend_n[k]] = t
+                            pend_n[k] += 1
+                        frontier[k] = p + 1
+                        took = True
+                        break
+                if took:
+                    break
+            if not took:
+                break
+        for k in range(n_src):
+            target[k] += w[k] * used
+            ptr_rows[t - w0 + 1, k] = pend[k, 0] if pend_n[k] > 0 else frontier[k]
+        _sort_step(t_src, t_pos, first, n_taken)
+    return DONE, t_end, -1, n_taken
+
+
+@njit
+def _best_row(rooms: np.ndarray, sl: int, length: int) -> int:
+    """The row with the least room that holds `length` tokens (the first on ties), or -1."""
+    best = -1
+    for r in range(sl):
+        if rooms[r] >= length and (best < 0 or rooms[r] < rooms[best]):
+            best = r
+    return best
+
+
+@njit
+def _drop_pending(pend: np.ndarray, pend_step: np.ndarray, pend_n: np.ndarray, k: int, i: int) -> None:
+    """Remove source k's pending entry i (the rest keep their order)."""
+    for j in range(i, pend_n[k] - 1):
+        pend[k, j] = pend[k, j + 1]
+        pend_step[k, j] = pend_step[k, j + 1]
+    pend_n[k] -= 1
+
+
+@njit
+def _sort_by_key(key: np.ndarray, order: np.ndarray, m: int) -> None:
+    """Sort order[:m] by key[:m] ascending, stably (insertion: sources weighted at a step, few reorder a pick)."""
+    for i in range(1, m):
+        kv, ov = key[i], order[i]
+        j = i
+        while j > 0 and key[j - 1] > kv:
+            key[j] = key[j - 1]
+            order[j] = order[j - 1]
+            j -= 1
+        key[j] = kv
+        order[j] = ov
+
+
+@njit
+def _sort_step(src: np.ndarray, pos: np.ndarray, a: int, b: int) -> None:
+    """Sort one step's takes src[a:b], pos[a:b] by (source, position) (insertion: a step takes few)."""
+    for i in range(a + 1, b):
+        s, p = src[i], pos[i]
+        j = i
+        while j > a and (src[j - 1] > s or (src[j - 1] == s and pos[j - 1] > p)):
+            src[j] = src[j - 1]
+            pos[j] = pos[j - 1]
+            j -= 1
+        src[j] = s
+        pos[j] = p
+
+
+@njit
+def by_source(
+    src: np.ndarray, pos: np.ndarray, step: np.ndarray, indptr: np.ndarray, out_pos: np.ndarray, out_step: np.ndarray
+) -> None:
+    """Scatter takes (in step order) into each source's slice out_*[indptr[k]:indptr[k+1]], keeping their order."""
+    at = indptr[:-1].copy()
+    for i in range(len(src)):
+        k = src[i]
+        out_pos[at[k]] = pos[i]
+        out_step[at[k]] = step[i]
+        at[k] += 1

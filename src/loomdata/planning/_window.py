@@ -57,10 +57,9 @@ def window_membership(
     off = np.zeros(n_src + 1, dtype=np.int64)
     np.cumsum([len(st.cum) - 1 for st in streams], out=off[1:])
     huge = np.iinfo(np.int64).max
-    epoch_segs = np.array(
-        [int(np.searchsorted(st.cum, st.epoch_tokens)) if st.cum[-1] >= st.epoch_tokens > 0 else huge for st in streams],
-        dtype=np.int64,
-    )
+    # every epoch has the same segments; where the stream holds less than one, no epoch start is reached
+    ends = [int(np.searchsorted(s.cum, s.epoch_tokens)) if s.cum[-1] >= s.epoch_tokens > 0 else huge for s in streams]
+    epoch_segs = np.array(ends, dtype=np.int64)
     epoch_segs[epoch_segs <= 0] = huge
     slot_arr = np.ascontiguousarray(np.broadcast_to(np.asarray(slots, dtype=np.int64), (steps,)))
     state = (

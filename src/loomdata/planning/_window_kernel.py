@@ -10,7 +10,9 @@ plan has drawn so far weighted by each step's weights (sum over steps s of w[s, 
 shares follow the weights whatever share of the rows the fill fills. Before the greedy fill a step takes every
 pending segment that has waited MAX_WAIT steps or more (oldest first, any source, weighted or not: it was drawn
 when its source was), where one fits: the first always does (a row is empty and a segment is at most seq_len), so
-a segment waits at most MAX_WAIT + (pending segments of all sources) steps.
+a segment waits at most MAX_WAIT + (pending segments of all sources) steps. A greedy take never puts its source
+more than seq_len tokens ahead of its target, so (offsets from the targets sum to 0) no source is more than
+(sources - 1) x seq_len behind; takes of waiting segments are outside that rule.
 
 State (carried from call to call, so a run of steps is worked out a block at a time): each source's frontier (the
 first position never in its window), its pending positions and the steps they were skipped at, its drawn tokens
@@ -105,7 +107,7 @@ def window_steps(
                 # earlier epoch has one pending)
                 for i in range(pend_n[k]):
                     length = lens[off[k] + pend[k, i]]
-                    r = _best_row(rooms, sl, length)
+                    r = _best_row(rooms, sl, length) if _within(drawn, target, w, k, used, length, seq_len) else -1
                     if r >= 0:
                         rooms[r] -= length
                         used += length
@@ -125,7 +127,7 @@ def window_steps(
                     if p >= off[k + 1] - off[k]:
                         return RUN_OUT, t, k, n_taken
                     length = lens[off[k] + p]
-                    r = _best_row(rooms, sl, length)
+                    r = _best_row(rooms, sl, length) if _within(drawn, target, w, k, used, length, seq_len) else -1
                     if r >= 0:
                         rooms[r] -= length
                         used += length
@@ -148,6 +150,13 @@ def window_steps(
             ptr_rows[t - w0 + 1, k] = pend[k, 0] if pend_n[k] > 0 else frontier[k]
         _sort_step(t_src, t_pos, first, n_taken)
     return DONE, t_end, -1, n_taken
+
+
+@njit
+def _within(drawn: np.ndarray, target: np.ndarray, w: np.ndarray, k: int, used: int, length: int, seq_len: int) -> bool:
+    """Whether source k taking `length` tokens stays at most seq_len tokens ahead of its target (the source least
+    ahead always does: the sources' offsets from their targets sum to 0, so its offset is <= 0)."""
+    return drawn[k] + length - target[k] - w[k] * (used + length) <= seq_len
 
 
 @njit

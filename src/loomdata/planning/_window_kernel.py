@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from loomdata.planning._jit import njit
+from loomdata.planning._jit import njit, stable_argsort
 
 __all__ = ["by_source", "window_steps"]
 
@@ -99,57 +99,73 @@ def window_steps(
                     key[m] = drawn[k] - target[k] - w[k] * used
                     order[m] = k
                     m += 1
-            _sort_by_key(key, order, m)
-            took = False
-            for j in range(m):
-                k = order[j]
-                # the pending positions first (oldest first), then the next ones (not past an epoch while the
-                # earlier epoch has one pending)
-                for i in range(pend_n[k]):
-                    length = lens[off[k] + pend[k, i]]
-                    r = _best_row(rooms, sl, length) if _within(drawn, target, w, k, used, length, seq_len) else -1
-                    if r >= 0:
-                        rooms[r] -= length
-                        used += length
-                        drawn[k] += length
-                        t_src[n_taken], t_pos[n_taken], t_step[n_taken] = k, pend[k, i], t
-                        n_taken += 1
-                        _drop_pending(pend, pend_step, pend_n, k, i)
-                        took = True
-                        break
-                if took:
-                    break
-                epoch = pend[k, 0] // epoch_segs[k] if pend_n[k] > 0 else -1
-                for d in range(window - pend_n[k]):
-                    p = frontier[k] + d
-                    if epoch >= 0 and p // epoch_segs[k] != epoch:
-                        break
-                    if p >= off[k + 1] - off[k]:
-                        return RUN_OUT, t, k, n_taken
-                    length = lens[off[k] + p]
-                    r = _best_row(rooms, sl, length) if _within(drawn, target, w, k, used, length, seq_len) else -1
-                    if r >= 0:
-                        rooms[r] -= length
-                        used += length
-                        drawn[k] += length
-                        t_src[n_taken], t_pos[n_taken], t_step[n_taken] = k, p, t
-                        n_taken += 1
-                        for q in range(frontier[k], p):  # skipped: pending from this step on
-                            pend[k, pend_n[k]] = q
-                            pend_step[k, pend_n[k]] = t
-                            pend_n[k] += 1
-                        frontier[k] = p + 1
-                        took = True
-                        break
-                if took:
-                    break
-            if not took:
+            if m == 0:
+                break
+            j0 = 0  # the least ahead (the first on ties) is tried first: most picks end there, without a sort
+            for j in range(1, m):
+                if key[j] < key[j0]:
+                    j0 = j
+            args = (lens, off, epoch_segs, w, rooms, sl, seq_len, window, state, takes)
+            tried = order[j0]
+            code, n_taken, used = _take_one(tried, t, used, n_taken, args)
+            if code == _NONE:
+                for j in stable_argsort(key[:m]):
+                    if j != j0:
+                        tried = order[j]
+                        code, n_taken, used = _take_one(tried, t, used, n_taken, args)
+                        if code != _NONE:
+                            break
+            if code == _RUN:
+                return RUN_OUT, t, tried, n_taken
+            if code == _NONE:
                 break
         for k in range(n_src):
             target[k] += w[k] * used
             ptr_rows[t - w0 + 1, k] = pend[k, 0] if pend_n[k] > 0 else frontier[k]
         _sort_step(t_src, t_pos, first, n_taken)
     return DONE, t_end, -1, n_taken
+
+
+_NONE, _TOOK, _RUN = 0, 1, 2
+
+
+@njit
+def _take_one(k: int, t: int, used: int, n_taken: int, args: tuple) -> tuple[int, int, int]:
+    """Source k takes the first segment of its window that fits a row and keeps it within seq_len of its target:
+    its pending positions first (oldest first), then its next ones (not past an epoch start while a position of the
+    earlier epoch is pending). Returns (_TOOK / _NONE / _RUN: the window reads past the stream, n_taken, used)."""
+    lens, off, epoch_segs, w, rooms, sl, seq_len, window, state, takes = args
+    frontier, pend, pend_step, pend_n, drawn, target = state
+    t_src, t_pos, t_step = takes
+    for i in range(pend_n[k]):
+        length = lens[off[k] + pend[k, i]]
+        r = _best_row(rooms, sl, length) if _within(drawn, target, w, k, used, length, seq_len) else -1
+        if r >= 0:
+            rooms[r] -= length
+            drawn[k] += length
+            t_src[n_taken], t_pos[n_taken], t_step[n_taken] = k, pend[k, i], t
+            _drop_pending(pend, pend_step, pend_n, k, i)
+            return _TOOK, n_taken + 1, used + length
+    epoch = pend[k, 0] // epoch_segs[k] if pend_n[k] > 0 else -1
+    for d in range(window - pend_n[k]):
+        p = frontier[k] + d
+        if epoch >= 0 and p // epoch_segs[k] != epoch:
+            break
+        if p >= off[k + 1] - off[k]:
+            return _RUN, n_taken, used
+        length = lens[off[k] + p]
+        r = _best_row(rooms, sl, length) if _within(drawn, target, w, k, used, length, seq_len) else -1
+        if r >= 0:
+            rooms[r] -= length
+            drawn[k] += length
+            t_src[n_taken], t_pos[n_taken], t_step[n_taken] = k, p, t
+            for q in range(frontier[k], p):  # skipped: pending from this step on
+                pend[k, pend_n[k]] = q
+                pend_step[k, pend_n[k]] = t
+                pend_n[k] += 1
+            frontier[k] = p + 1
+            return _TOOK, n_taken + 1, used + length
+    return _NONE, n_taken, used
 
 
 @njit
@@ -176,20 +192,6 @@ def _drop_pending(pend: np.ndarray, pend_step: np.ndarray, pend_n: np.ndarray, k
         pend[k, j] = pend[k, j + 1]
         pend_step[k, j] = pend_step[k, j + 1]
     pend_n[k] -= 1
-
-
-@njit
-def _sort_by_key(key: np.ndarray, order: np.ndarray, m: int) -> None:
-    """Sort order[:m] by key[:m] ascending, stably (insertion: sources weighted at a step, few reorder a pick)."""
-    for i in range(1, m):
-        kv, ov = key[i], order[i]
-        j = i
-        while j > 0 and key[j - 1] > kv:
-            key[j] = key[j - 1]
-            order[j] = order[j - 1]
-            j -= 1
-        key[j] = kv
-        order[j] = ov
 
 
 @njit

@@ -40,7 +40,7 @@ def _streams(seed: int, means: list[float], n: int = 3000, epochs: int = 2) -> l
 
 def _check_run(streams: list[Stream], w: np.ndarray, steps: int, slots: int, window: int) -> tuple[Any, Any]:
     """Run the windowed draw and check its contracts; returns (dense pointers, assignment)."""
-    weights = _weights(w, steps, None) if w.ndim == 1 else _weights(w[0], steps, w)
+    weights = _weights(w, steps, None)
     ptr, asg = window_membership(weights, streams, _SEQ, np.full(steps, slots), window)
     dense = ptr.dense()
     assert (np.diff(dense, axis=0) >= 0).all()

@@ -171,8 +171,9 @@ def _take_one(k: int, t: int, used: int, n_taken: int, args: tuple) -> tuple[int
 @njit
 def _within(drawn: np.ndarray, target: np.ndarray, w: np.ndarray, k: int, used: int, length: int, seq_len: int) -> bool:
     """Whether source k taking `length` tokens stays at most seq_len tokens ahead of its target (the source least
-    ahead always does: the sources' offsets from their targets sum to 0, so its offset is <= 0)."""
-    return drawn[k] + length - target[k] - w[k] * (used + length) <= seq_len
+    ahead does: the sources' offsets from their targets sum to 0, so its offset is <= 0; but for a curriculum's
+    unweighted sources, so an empty step takes its first segment whatever it does)."""
+    return used == 0 or drawn[k] + length - target[k] - w[k] * (used + length) <= seq_len
 
 
 @njit

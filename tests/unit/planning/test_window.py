@@ -72,7 +72,7 @@ def _check_run(streams: list[Stream], w: np.ndarray, steps: int, slots: int, win
     target = np.cumsum(ws * used[:, None], axis=0)
     drawn = np.cumsum(per_src, axis=0)
     # greedy takes keep a source within seq_len ahead; the waiting segments' forced takes add to that (measured at
-    # most 2.7 x seq_len here, 40 sources on one row)
+    # most 2.3 x seq_len here, 40 sources on one row)
     assert np.abs(drawn - target).max() <= 3 * _SEQ, np.abs(drawn - target).max()
     return dense, asg
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from loomdata.planning._jit import njit, stable_argsort
+from loomdata.planning._jit import njit
 
 __all__ = ["by_source", "window_steps"]
 
@@ -62,8 +62,12 @@ def window_steps(
     t_src, t_pos, t_step = takes
     n_src = len(frontier)
     rooms = np.empty(slots.max() if len(slots) else 1, dtype=np.int64)
-    key = np.empty(n_src)
-    order = np.empty(n_src, dtype=np.int64)
+    # each source's shortest candidate (0 where its window reaches past its stream: it must be tried to be refused)
+    shortest = np.empty(n_src, dtype=np.int64)
+    for k in range(n_src):
+        shortest[k] = _shortest(k, lens, off, epoch_segs, window, state)
+    failed = np.full(n_src, -1, dtype=np.int64)  # the pick at which a source had nothing that fits
+    pick = 0
     for t in range(t0, t_end):
         sl = slots[t]
         if len(t_src) - n_taken < sl * seq_len + n_src * window:  # each take is a token at least
@@ -92,33 +96,34 @@ def window_steps(
             t_src[n_taken], t_pos[n_taken], t_step[n_taken] = best_k, pend[best_k, best_i], t
             n_taken += 1
             _drop_pending(pend, pend_step, pend_n, best_k, best_i)
+            shortest[best_k] = _shortest(best_k, lens, off, epoch_segs, window, state)
+        args = (lens, off, epoch_segs, w, rooms, sl, seq_len, window, state, takes)
         while True:
-            m = 0
-            for k in range(n_src):
-                if w[k] > 0:
-                    key[m] = drawn[k] - target[k] - w[k] * used
-                    order[m] = k
-                    m += 1
-            if m == 0:
-                break
-            j0 = 0  # the least ahead (the first on ties) is tried first: most picks end there, without a sort
-            for j in range(1, m):
-                if key[j] < key[j0]:
-                    j0 = j
-            args = (lens, off, epoch_segs, w, rooms, sl, seq_len, window, state, takes)
-            tried = order[j0]
-            code, n_taken, used = _take_one(tried, t, used, n_taken, args)
-            if code == _NONE:
-                for j in stable_argsort(key[:m]):
-                    if j != j0:
-                        tried = order[j]
-                        code, n_taken, used = _take_one(tried, t, used, n_taken, args)
-                        if code != _NONE:
-                            break
+            most = 0  # the most room a row has: a source whose shortest candidate is longer has none that fits
+            for r in range(sl):
+                most = max(most, rooms[r])
+            pick += 1
+            code = _NONE
+            tried = -1
+            while True:  # the least ahead first (the first on ties) of the sources that may have one that fits
+                tried = -1
+                best = np.inf
+                for k in range(n_src):
+                    if w[k] > 0 and shortest[k] <= most and failed[k] != pick:
+                        kv = drawn[k] - target[k] - w[k] * used
+                        if kv < best:
+                            tried, best = k, kv
+                if tried < 0:
+                    break
+                code, n_taken, used = _take_one(tried, t, used, n_taken, args)
+                if code != _NONE:
+                    break
+                failed[tried] = pick
             if code == _RUN:
                 return RUN_OUT, t, tried, n_taken
             if code == _NONE:
                 break
+            shortest[tried] = _shortest(tried, lens, off, epoch_segs, window, state)
         for k in range(n_src):
             target[k] += w[k] * used
             ptr_rows[t - w0 + 1, k] = pend[k, 0] if pend_n[k] > 0 else frontier[k]
@@ -127,6 +132,25 @@ def window_steps(
 
 
 _NONE, _TOOK, _RUN = 0, 1, 2
+
+
+@njit
+def _shortest(k: int, lens: np.ndarray, off: np.ndarray, epoch_segs: np.ndarray, window: int, state: tuple) -> int:
+    """The shortest segment in source k's window (what _take_one would try), 0 where the window reads past the
+    stream (so that trying it refuses), a huge number where the window is empty."""
+    frontier, pend, _, pend_n, _, _ = state
+    out = np.iinfo(np.int64).max
+    for i in range(pend_n[k]):
+        out = min(out, lens[off[k] + pend[k, i]])
+    epoch = pend[k, 0] // epoch_segs[k] if pend_n[k] > 0 else -1
+    for d in range(window - pend_n[k]):
+        p = frontier[k] + d
+        if epoch >= 0 and p // epoch_segs[k] != epoch:
+            break
+        if p >= off[k + 1] - off[k]:
+            return 0
+        out = min(out, lens[off[k] + p])
+    return out
 
 
 @njit

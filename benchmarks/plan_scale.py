@@ -40,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,7 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
 
     phases: dict[str, dict[str, float]] = {}  # wall and CPU seconds summed over each phase's calls
     calls: dict[str, list[float]] = {}  # each call's CPU seconds, by phase (the per-source phases' threads)
+    on_threads: set[str] = set()  # the phases whose calls ran on planning's threads (large sources only)
 
     def summed(mod: Any, attr: str, name: str, clock: Any = time.process_time) -> None:
         """Sum wall and CPU seconds of every call of mod.attr under `name` (calls on several threads: pass
@@ -198,6 +200,8 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
                 ph["cpu_seconds"] += clock() - c
                 ph["calls"] += 1
                 calls.setdefault(name, []).append(clock() - c)
+                if threading.current_thread() is not threading.main_thread():
+                    on_threads.add(name)  # planning._threads.per_source put this phase's calls on threads
 
         setattr(mod, attr, run)
 
@@ -264,7 +268,9 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
     threads = _threads.plan_threads()
     serial_chain = first_cpu - c0
     for name in ("index_reads", "streams"):
-        serial_chain += thread_chain(calls.get(name, []), threads) - sum(calls.get(name, []))
+        serial_chain += thread_chain(calls.get(name, []), threads if name in on_threads else 1) - sum(
+            calls.get(name, [])
+        )
     per_worker: dict[str, float] = {}
     per_worker_early: dict[str, float] = {}  # each worker's CPU on the ranges balanced on a prefix's look-ahead
     t_ranges = marks.get("ranges_start_wall", 0.0)

@@ -87,7 +87,7 @@ from loomdata.planning._resume import (
 from loomdata.planning._segments import DenseIds, SampleIds, Segments
 from loomdata.planning._shuffle import FIGURE_SEGMENTS, BlockLayout, layout_of, shuffle_figures, storage_runs
 from loomdata.planning._step import StepSink
-from loomdata.planning._threads import per_source
+from loomdata.planning._threads import THREAD_BYTES, per_source
 from loomdata.planning._window import window_membership
 from loomdata.planning.balance import BalanceConfig
 from loomdata.schemas.errors import PlanError
@@ -194,7 +194,13 @@ def _load_index(
     out: list[_Source] = []
     fps: dict[str, str] = {}
     names = spec.source_names
-    read = per_source(lambda k: _read_source(spec.workdir, names[k]), len(names)) if index is None else []
+    read = (
+        per_source(
+            lambda k: _read_source(spec.workdir, names[k]), len(names), _index_bytes(spec.workdir, names), THREAD_BYTES
+        )
+        if index is None
+        else []
+    )
     for k, name in enumerate(names):
         if index is None:
             src, fp = read[k]
@@ -213,6 +219,18 @@ def _load_index(
         fps[name] = fp
         out.append(src)
     return out, fps
+
+
+def _index_bytes(workdir: Path, names: Sequence[str]) -> list[int]:
+    """Each source's index table size in bytes (0 where there is none: its read says so): how much reading
+    each is, for planning._threads.per_source to choose threads by."""
+    out = []
+    for name in names:
+        try:
+            out.append(IndexFiles.of(workdir, name).samples.stat().st_size)
+        except OSError:
+            out.append(0)
+    return out
 
 
 def _read_source(workdir: Path, name: str) -> tuple[_Source, str]:
@@ -321,7 +339,7 @@ def _plan_into(
         need = float(final[k]) + reach if base is None else None
         return build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs[k], blocks, need)
 
-    streams = per_source(stream_of, len(sources))
+    streams = per_source(stream_of, len(sources), [len(s.num_tokens) for s in sources])
     windowed: StepAssignment | None = None
     try:
         if window:

@@ -75,7 +75,8 @@ def window_membership(
     dtype = pointer_dtype(streams)
     rows = max(64, _BLOCK_CELLS // max(n_src, 1))
     cap = rows * 64 + int(slot_arr.max(initial=1)) * seq_len + n_src * window
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (source, position, step) of runs of takes
+    pos_dt = np.uint32 if int(off[-1]) < 2**32 else np.int64
     chunks: list[PointerChunk] = []
     prev = np.zeros(n_src, dtype=np.int64)
     for b0 in range(0, steps, rows):
@@ -89,25 +90,23 @@ def window_membership(
             status, at, k, n = window_steps(
                 lens, off, epoch_segs, w, at, b1, b0, slot_arr, seq_len, window, max_wait, state, ptr_rows, takes, 0
             )
-            parts.append((takes[0][:n].copy(), takes[1][:n].copy(), takes[2][:n].copy()))
+            parts.append((takes[0][:n].copy(), takes[1][:n].astype(pos_dt), takes[2][:n].copy()))
             if status not in (DONE, FULL):
                 raise StreamRunOut(at, k)
         prev = ptr_rows[-1].copy()
         chunks.append(compress_rows(ptr_rows, b0, dtype))
     if not chunks:
         chunks.append(compress_rows(np.zeros((1, n_src), dtype=dtype), 0))
-    src = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int32)
-    pos = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
-    stp = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int32)
-    del parts
+    # each source's takes in step order, scattered part by part into one flat array of each (12 bytes a take in the
+    # parts, 8 in the result: no concatenation of all takes, no int64 copy of them)
     indptr = np.zeros(n_src + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n_src), out=indptr[1:])
-    out_pos, out_step = np.empty(len(src), dtype=np.int64), np.empty(len(src), dtype=np.int32)
-    by_source(src, pos, stp, indptr, out_pos, out_step)
-    del src, pos, stp
-    pos_k = [
-        out_pos[indptr[k] : indptr[k + 1]].astype(np.uint32 if len(streams[k].cum) <= 2**32 else np.int64)
-        for k in range(n_src)
-    ]
-    step_k = [out_step[indptr[k] : indptr[k + 1]].copy() for k in range(n_src)]
+    for p in parts:
+        indptr[1:] += np.bincount(p[0], minlength=n_src)
+    np.cumsum(indptr, out=indptr)
+    out_pos, out_step = np.empty(int(indptr[-1]), dtype=pos_dt), np.empty(int(indptr[-1]), dtype=np.int32)
+    next_at = indptr[:-1].copy()
+    while parts:
+        by_source(*parts.pop(0), next_at, out_pos, out_step)
+    pos_k = [out_pos[indptr[k] : indptr[k + 1]] for k in range(n_src)]
+    step_k = [out_step[indptr[k] : indptr[k + 1]] for k in range(n_src)]
     return Pointers(chunks, steps), StepAssignment(pos_k, step_k)

@@ -235,10 +235,10 @@ def _sort_step(src: np.ndarray, pos: np.ndarray, a: int, b: int) -> None:
 
 @njit
 def by_source(
-    src: np.ndarray, pos: np.ndarray, step: np.ndarray, indptr: np.ndarray, out_pos: np.ndarray, out_step: np.ndarray
+    src: np.ndarray, pos: np.ndarray, step: np.ndarray, at: np.ndarray, out_pos: np.ndarray, out_step: np.ndarray
 ) -> None:
-    """Scatter takes (in step order) into each source's slice out_*[indptr[k]:indptr[k+1]], keeping their order."""
-    at = indptr[:-1].copy()
+    """Scatter takes (in step order) to out_*[at[k]] for their source k, advancing at[k] (each source's slice of the
+    flat outputs, filled in order part after part)."""
     for i in range(len(src)):
         k = src[i]
         out_pos[at[k]] = pos[i]

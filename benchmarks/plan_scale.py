@@ -212,8 +212,10 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         ("membership", "membership"),
         ("_shuffle_figures", "shuffle_figures"),
         ("assign_steps", "lookahead"),
+        ("window_membership", "membership"),  # planning.draw_window (LOOM_BENCH_DRAW_WINDOW)
     ):
-        summed(_plan, attr, name)
+        if hasattr(_plan, attr):
+            summed(_plan, attr, name)
     summed(_distributed, "window", "windows")  # cutting each range's window (driver)
     summed(_distributed, "fix_up", "fix_ups")  # re-balancing a range's head with the true carry (driver)
     summed(_distributed, "plan_range", "driver_ranges")  # a range refused speculatively, planned here
@@ -228,6 +230,7 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
             "sources": [{"name": n, "format": "parquet", "paths": ["x"], "tokens_field": "t"} for n in info["weights"]],
             "mixture": {"weights": info["weights"]},
             "training": {"seq_len": SEQ_LEN, "steps": steps, "dp_size": dp, "micro_batches": MICRO_BATCHES},
+            **({"planning": {"draw_window": int(os.environ["LOOM_BENCH_DRAW_WINDOW"])}} if _window() else {}),
         },
         workdir,
         check_paths=False,
@@ -396,6 +399,11 @@ def _call(*args: str) -> dict[str, Any]:
     out = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True)
     r: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return r
+
+
+def _window() -> int:
+    """planning.draw_window of the plans (environment LOOM_BENCH_DRAW_WINDOW; unset or 0: the default)."""
+    return int(os.environ.get("LOOM_BENCH_DRAW_WINDOW", "0") or 0)
 
 
 def run(kind: str, samples: int, n_sources: int, dp: int, workdir: Path, workers: int = 1) -> dict[str, Any]:

@@ -112,6 +112,7 @@ def _spec(
     shuffle: str = "global",
     dp: int = DP,
     sources: int = 2,
+    draw_window: int = 0,
 ) -> Any:
     from loomdata.schemas import parse_spec
 
@@ -138,6 +139,7 @@ def _spec(
             ],
             "mixture": {"weights": {n: (0.5 if n == "code" else 0.5 / (len(names) - 1)) for n in names}},
             "training": {"seq_len": seq_len, "steps": steps, "dp_size": dp, "micro_batches": micro_batches},
+            **({"planning": {"draw_window": draw_window}} if draw_window else {}),  # (0: the spec as before it)
         },
         root,
     )
@@ -769,6 +771,12 @@ def main() -> None:
         "as the peer's (its world size is the consumer count); 4: one dp-4 plan whose first ranks consume (before "
         "session 18: one consumer was rank 0 of 4 and read every row group for a quarter of its documents)",
     )
+    ap.add_argument(
+        "--draw-window",
+        type=int,
+        default=0,
+        help="planning.draw_window of loomdata's plans (the windowed draw at dp 1; 0: the default membership)",
+    )
     ap.add_argument("--verify-repeat", type=int, default=3, help="runs per verify mode (sample, off); 0: skip")
     ap.add_argument("--peers", nargs="+", default=list(_PEERS), choices=list(_PEERS), help="peer loaders to run")
     ap.add_argument(
@@ -835,6 +843,7 @@ def main() -> None:
                         shuffle=args.shuffle,
                         dp=args.dp or n,
                         sources=args.sources,
+                        draw_window=args.draw_window,
                     )
                 ).plan_dir
                 for n in args.consumers
@@ -875,6 +884,7 @@ def main() -> None:
                     shuffle=args.shuffle,
                     dp=args.dp or max(args.consumers),
                     sources=args.sources,
+                    draw_window=args.draw_window,
                 )
                 build_index(off, client)
                 plans = {"sample": Path(plan_dir), "off": Path(make_plan(off).plan_dir)}

@@ -88,6 +88,7 @@ from loomdata.planning._segments import DenseIds, SampleIds, Segments
 from loomdata.planning._shuffle import FIGURE_SEGMENTS, BlockLayout, layout_of, shuffle_figures, storage_runs
 from loomdata.planning._step import StepSink
 from loomdata.planning._threads import THREAD_BYTES, per_source
+from loomdata.planning._window import window_membership
 from loomdata.planning.balance import BalanceConfig
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.freshness import require_built_from
@@ -316,27 +317,41 @@ def _plan_into(
     step_budget = (step_slots * tr.seq_len * fill).astype(np.int64)
     targets = CumulativeTargets(weights, step_budget)  # worked out a block at a time, never whole
     epoch_tokens = [int(s.num_tokens.sum(dtype=np.int64)) for s in sources]
-    final = check_epochs(names, targets, epoch_tokens, [spec.source(n).max_epochs for n in names])
+    step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
+    images = any(s.num_image_tokens.any() for s in sources)
+    window = _draw_window(spec, base, images, lanes, step_dp)  # planning.draw_window where it applies, else 0
+    # a windowed draw fills the rows, not fill x rows: its epochs and streams are checked and built for that
+    drawn_targets = CumulativeTargets(weights, step_slots * tr.seq_len) if window else targets
+    final = check_epochs(names, drawn_targets, epoch_tokens, [spec.source(n).max_epochs for n in names])
     max_seg = max(lanes.seq_len, lanes.long_seq_len or 0)
+    reach = max_seg * (window + 4) if window else max_seg  # the window reads W segments past a source's share
     layouts = [layout_of(spec.source(s.name), s.runs, s.order) for s in sources]
     for s in sources:
         check_unsplittable(s.name, s.sample, s.num_tokens, s.num_image_tokens, lanes)
 
-    epochs = [int((final[k] + max_seg) // tok) + 1 if tok else 1 for k, tok in enumerate(epoch_tokens)]
+    epochs = [int((final[k] + reach) // tok) + 1 if tok else 1 for k, tok in enumerate(epoch_tokens)]
 
     def stream_of(k: int) -> Stream:
         s = sources[k]
         blocks = layouts[k] if spec.source(s.name).shuffle_blocks is not None else None
         # a fresh plan needs the stream through its last target (and a segment); a re-plan keeps whole epochs (its
         # base may have placed positions its own, shorter, targets do not reach)
-        need = float(final[k]) + max_seg if base is None else None
+        need = float(final[k]) + reach if base is None else None
         return build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs[k], blocks, need)
 
     streams = per_source(stream_of, len(sources), [len(s.num_tokens) for s in sources])
-    step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
+    windowed: StepAssignment | None = None
     try:
-        ptr = membership(targets, streams, lanes, step_slots, give_back_room(step_dp, step_budget))
+        if window:
+            ptr, windowed = window_membership(weights, streams, tr.seq_len, step_slots, window)
+        else:
+            ptr = membership(targets, streams, lanes, step_slots, give_back_room(step_dp, step_budget))
     except StreamRunOut as e:
+        if window:
+            raise PlanError(
+                f"step {e.step}: source {names[e.source]!r}'s draw window (planning.draw_window {window}) reads past "
+                "the segments of its stream this plan built (its data, or its max_epochs, ends there)"
+            ) from None
         raise PlanError(
             f"step {e.step} draws no document: source {names[e.source]!r}, weighted at that step, has drawn past the "
             f"data its share needs (steps whose nearest draws are empty take one segment each: a budget of {budget} "
@@ -344,19 +359,19 @@ def _plan_into(
             "micro_batches, dp_size or seq_len"
         ) from None
     shuffle = _shuffle_figures(spec, sources, layouts, streams, ptr)
-    drawn_per_step = np.diff(ptr.totals())  # segments (none empty) of each step
+    drawn_per_step = np.diff(ptr.totals()) if windowed is None else windowed.counts(tr.steps)  # segments a step
     trim_arenas()  # what membership's chunks and the figures freed, before the look-ahead's peak
     assignment = None
     carry: Segments | None = None
     # image samples cannot be split: with them in the mix membership stays as drawn (moved segments would
     # crowd steps the balancer must fit unsplittable samples into)
-    images = any(s.num_image_tokens.any() for s in sources)
-    lookahead = 0 if images else spec.planning.lookahead
+    lookahead = 0 if images or window else spec.planning.lookahead  # (dp 1: the look-ahead moves nothing)
     # a re-plan with look-ahead anywhere (the spec, the base, or the base's own base) finds its positions by
     # sets; with images in the mix (the base has the same index) every plan of the chain drew as membership did
     lookahead_replan = (
         base is not None
         and not images
+        and not window
         and (lookahead > 0 or base.meta.spec.planning.lookahead > 0 or base.meta.parameters.resume is not None)
     )
     samples, num_tokens, num_images = (
@@ -407,10 +422,12 @@ def _plan_into(
             release_ptr=client is None and base is None,
         )
         del pos, nat  # the assignment holds what balancing needs
+    if windowed is not None:  # its steps are the assignment (a re-plan reads steps >= start of it)
+        assignment = windowed
     streams = [st.without_counts() for st in streams]
     if not later:
         del counted
-    if assignment is not None and client is None:
+    if assignment is not None and client is None and windowed is None:
         ptr = ptr.released()  # (their chunks let go in the look-ahead of a fresh plan: its steps alone kept)
     trim_arenas()  # the look-ahead's temporaries, the streams' counts and the pointers, before balancing
     empty = np.flatnonzero(drawn_per_step[start:] == 0)
@@ -662,6 +679,39 @@ def _shuffle_figures(
         figs = shuffle_figures(spec.source(s.name), layouts[k], st.doc[:m], None, s.num_tokens, tokens=int(st.cum[m]))
         out[s.name] = figs.to_dict()
     return out
+
+
+def _draw_window(spec: Spec, base: BasePlan | None, images: bool, lanes: Lanes, step_dp: np.ndarray) -> int:
+    """planning.draw_window where every step is at dp 1 (0 where none is: steps at dp > 1 keep membership's rule;
+    and with image samples in the mix, which stay as drawn, as with the look-ahead); PlanError where it cannot hold:
+    steps at dp 1 and dp > 1 in one plan (a re-plan to or from another dp), a long lane, a re-plan whose base drew
+    with another window or carried segments into the re-plan's first step."""
+    w = spec.planning.draw_window
+    if base is not None and base.meta.spec.planning.draw_window != w:
+        raise PlanError(
+            f"planning.draw_window differs (base {base.meta.spec.planning.draw_window}, spec {w}): a re-plan keeps "
+            "its base's draw (its steps before the resume step are drawn again to continue its streams)"
+        )
+    dp1 = step_dp == 1
+    if w == 0 or images or not dp1.any():
+        return 0
+    if not dp1.all():
+        first = int(np.flatnonzero(~dp1)[0] if dp1[0] else np.flatnonzero(dp1)[0])
+        raise PlanError(
+            f"planning.draw_window {w} needs every step at dp 1, but step {first} is at dp {int(step_dp[first])} and "
+            f"step 0 at dp {int(step_dp[0])}: a re-plan to or from another dp_size continues with draw_window 0 only "
+            "(plan the base with draw_window 0, or keep dp_size 1)"
+        )
+    if lanes.has_long:
+        raise PlanError(f"planning.draw_window {w} does not take a long_context lane yet; set draw_window to 0")
+    if base is not None:
+        rows = base_report_rows(base, ["deferred_tokens"])
+        if rows is not None and rows["deferred_tokens"][base.at_step - 1] > 0:
+            raise PlanError(
+                f"planning.draw_window {w}: the base plan carried segments into step {base.at_step}; re-plan from a "
+                "step the base carried nothing into"
+            )
+    return w
 
 
 def _step_slots(shapes: list[StepShape], steps: int) -> np.ndarray:

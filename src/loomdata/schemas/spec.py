@@ -278,6 +278,11 @@ class PlanningSpec(_Frozen):
     a rank): 32K x 1 micro-batch at dp 8 (train_throughput's mix, books 15%, 24 steps) moves none, mean max/mean
     1.69; 0.05 with `lookahead: 8` gives 1.19 for a worst mixture error of 1.33 points instead of 0.49. On the
     bench-long curriculum: `benchmarks/balance.py --configs bench-long-1mb --tolerance` (docs/planning.md)."""
+    draw_window: int = Field(default=0, ge=0, le=64, exclude_if=lambda v: v == 0)
+    """Windowed draw at dp 1 (planning._window): a step fills its rows from any of each source's next W not yet
+    drawn segments (the least-ahead source first, first fit), not only the next one: rows hold ~98% real tokens at
+    W 4-8 instead of ~90%. 0 (default): membership as drawn; left out of the spec's dumps, so plan ids and plan.json
+    of specs written before it are unchanged. Every step must be at dp 1 (a PlanError otherwise)."""
 
 
 class Spec(_Frozen):

@@ -448,9 +448,10 @@ class UnitRows:
         """Forget reads before step `floor` and those served since the last prune (no read left in `uses`).
 
         The pairs `uses` served to none since (`UnitUses.take_spent`) are matched against the triples in their steps'
-        range (one `isin`: looking every held triple up in `UnitUses` at each prune was the strands' largest
-        bookkeeping cost); a triple whose pair left `uses` otherwise (its own `prune` at a later floor) stays until
-        the floor passes it: `planned` tells it apart all the same."""
+        range, in the held run and in the tail alike (`_pruned`: one search of the pairs' codes per run; looking every
+        held triple up in `UnitUses` at each prune was the strands' largest bookkeeping cost); a triple whose pair left
+        `uses` otherwise (its own `prune` at a later floor) stays until the floor passes it: `planned` tells it apart
+        all the same."""
         spent = uses.take_spent()
         self._held = _pruned(self._held, floor, spent, uses.span)
         self._tail = _pruned(self._tail, floor, spent, uses.span)

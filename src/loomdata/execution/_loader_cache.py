@@ -207,8 +207,10 @@ class UnitUses:
         if len(k) == 0:
             return
         if int(s.min()) < 0 or int(s.max()) >> (63 - _LEFT_BITS):
+            bad = int(np.flatnonzero(s >> (63 - _LEFT_BITS))[0])
             raise ValueError(
-                f"UnitUses: planned steps must be in 0..2**{63 - _LEFT_BITS}, got {int(s.min())}..{int(s.max())}"
+                f"UnitUses: planned steps must be in 0..2**{63 - _LEFT_BITS}, got {int(s.min())}..{int(s.max())} "
+                f"(read {bad}: unit key {int(k[bad])}, step {int(s[bad])})"
             )
         keys_l, steps_l, count, runs, packed = _pair_runs(k, s)
         uses, spent, b = self._uses, self._spent, _LEFT_BITS
@@ -446,9 +448,10 @@ class UnitRows:
         """Forget reads before step `floor` and those served since the last prune (no read left in `uses`).
 
         The pairs `uses` served to none since (`UnitUses.take_spent`) are matched against the triples in their steps'
-        range (one `isin`: looking every held triple up in `UnitUses` at each prune was the strands' largest
-        bookkeeping cost); a triple whose pair left `uses` otherwise (its own `prune` at a later floor) stays until
-        the floor passes it: `planned` tells it apart all the same."""
+        range, in the held run and in the tail alike (`_pruned`: one search of the pairs' codes per run; looking every
+        held triple up in `UnitUses` at each prune was the strands' largest bookkeeping cost); a triple whose pair left
+        `uses` otherwise (its own `prune` at a later floor) stays until the floor passes it: `planned` tells it apart
+        all the same."""
         spent = uses.take_spent()
         self._held = _pruned(self._held, floor, spent, uses.span)
         self._tail = _pruned(self._tail, floor, spent, uses.span)
@@ -907,11 +910,12 @@ class PlanUnitCache:
         row with every chunk planned, and dropping them at once decoded each again for every chunk.
         """
         with self._pool.lock:
-            self.plans += 1
+            if rows is not None:  # first: it refuses a row or step it cannot pack before anything is counted
+                self.rows.add(keys, steps, rows)
             self.uses.add(keys, steps)
+            self.plans += 1
             if rows is not None:
                 self._by_rows = True
-                self.rows.add(keys, steps, rows)
                 k, st, r = (np.asarray(a, dtype=np.int64) for a in (keys, steps, rows))
                 self._mark_uncovered(k, st, r)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loomdata.execution._loader_cache import FEW_READS, UnitRows, UnitUses, unit_key
+from loomdata.execution._loader_cache import FEW_READS, CachePolicy, PlanUnitCache, UnitRows, UnitUses, unit_key
 
 
 class _RefUses:
@@ -198,7 +198,10 @@ def test_reads_outside_what_is_packed_are_refused_or_ignored() -> None:
         rows.add(np.array([5, 5]), np.array([2, 3]), np.array([1, 2**32]))
     with pytest.raises(ValueError, match=r"step -1"):
         rows.add(np.array([5]), np.array([-1]), np.array([1]))
-    with pytest.raises(ValueError, match=r"planned steps must be in 0\.\.2\*\*31, got 0\.\.2147483648"):
+    with pytest.raises(
+        ValueError,
+        match=r"planned steps must be in 0\.\.2\*\*31, got 0\.\.2147483648 \(read 1: unit key 5, step 2147483648\)",
+    ):
         uses.add(np.array([5, 5]), np.array([0, 2**31]))
     assert len(rows) == 0 and len(uses) == 0
     uses.add(np.array([5, 5, 9]), np.array([1, 2, 2]))
@@ -209,3 +212,17 @@ def test_reads_outside_what_is_packed_are_refused_or_ignored() -> None:
     assert uses.left(np.array([5, 5, 9]), np.array([1, 2, 2])).tolist() == [1, 1, 1]
     uses.consume(np.array([5]), np.array([1]))
     assert uses.next_use(np.array([5, 9]), 0).tolist() == [2, 2]
+
+
+def test_a_chunk_refused_for_its_rows_leaves_the_cache_as_it_was() -> None:
+    """`PlanUnitCache.plan` with a row that does not fit `UnitRows`' packing: the error names it, and nothing of the
+    chunk is counted (its uses held without its rows would keep units wanted that no plan reads)."""
+    policy = CachePolicy(worker_bytes=1 << 20, horizon_steps=4, chunk_steps=2)
+    cache = PlanUnitCache("plan-refused", steps=64, policy=policy, shard_of={}, clock=lambda: 0.0)
+    keys = unit_key(np.array([0, 0]), np.array([1, 1]))
+    with pytest.raises(ValueError, match=r"unit key \d+\) has row 4294967296"):
+        cache.plan(keys, np.array([2, 3]), np.array([1, 2**32]))
+    assert len(cache.uses) == 0 and len(cache.rows) == 0
+    cache.plan(keys, np.array([2, 3]), np.array([1, 2]))
+    assert len(cache.uses) == 2 and cache.rows.planned(int(keys[0]), 0, cache.uses)[0].tolist() == [1, 2]
+    cache.close()

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
+import numpy as np
 import pytest
 
+from loomdata.planning import _plan, make_plan
 from loomdata.planning._plan import _index_bytes
 from loomdata.planning._threads import PLAN_THREADS_ENV, THREAD_ROWS, per_source
+from loomdata.schemas.layout import IndexFiles
+from loomdata.schemas.tables import SHARDS_SCHEMA, TableKind, write_table
+from loomtest.golden_plans import plan_hashes
+
+T = TypeVar("T")
 
 
 def _where(k: int) -> tuple[int, str]:
@@ -55,3 +64,41 @@ def test_index_bytes_are_the_samples_tables_sizes_and_zero_where_missing(tmp_pat
     table.parent.mkdir(parents=True)
     table.write_bytes(b"x" * 1234)
     assert _index_bytes(tmp_path, ["web", "absent"]) == [1234, 0]
+
+
+@pytest.mark.parametrize("on_threads", [False, True])
+def test_a_plan_is_the_same_on_threads_or_not(
+    on_threads: bool, tmp_path: Path, spec_of: Callable[..., Any], index_of: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The size rule only moves work between threads: three sources read from their index files and streamed, every
+    per-source phase on the planning threads (the rule overridden) or on the calling thread (the rule as it is, these
+    sources being small), plan to the same plan id and manifest and report contents as one thread does."""
+    used: list[str] = []
+    original = per_source
+
+    def forced(fn: Callable[[int], T], n: int, sizes: Any = None, large: int = THREAD_ROWS) -> list[T]:
+        def where(k: int) -> T:
+            used.append(threading.current_thread().name)
+            return fn(k)
+
+        return original(where, n, None if on_threads else sizes, large)
+
+    def plan(workdir: Path) -> tuple[str, dict[str, str]]:
+        rng = np.random.default_rng(3)
+        for name, n in (("web", 4000), ("code", 1500), ("math", 700)):
+            files = IndexFiles.of(workdir, name)
+            lengths = np.clip(rng.lognormal(4.5, 1.0, n), 1, 2000).astype(np.int64)
+            write_table(index_of(lengths), files.samples, TableKind.INDEX, {"fingerprint": f"fp-{name}"})
+            write_table(SHARDS_SCHEMA.empty_table(), files.shards, TableKind.SHARDS)
+        weights = {"web": 3, "code": 2, "math": 1}
+        spec = spec_of(workdir, list(weights), weights=weights, steps=40, dp=4, micro_batches=2)
+        res = make_plan(spec)
+        return res.meta.plan_id, plan_hashes(res.plan_dir)
+
+    monkeypatch.setenv(PLAN_THREADS_ENV, "1")
+    alone = plan(tmp_path / "one")
+    monkeypatch.setenv(PLAN_THREADS_ENV, "2")
+    monkeypatch.setattr(_plan, "per_source", forced)
+    assert plan(tmp_path / "two") == alone
+    threads = {name.startswith("loom-plan") for name in used}
+    assert threads == {on_threads} and len(used) >= 6  # index reads and streams, three sources each

@@ -422,7 +422,13 @@ def held_membership(
             rr[i] = state[k, 1]
             short += cw[shift[k] + rr[i]] - cw[shift[k] + cur[k]]
         sl = slots[t]
-        if short > sl * seq_len:  # repair_rows' deferrals, over the sources that draw (the others are -inf there)
+        over = short > sl * seq_len
+        if over and na == 1:  # one drawing source: its deferrals end at the last position that fits
+            k = active[0]
+            lo = shift[k] + cur[k]  # (a search, not a walk back over a backlog of deferred segments: O(log) a step)
+            rr[0] = cur[k] + np.searchsorted(cw[lo : shift[k] + rr[0] + 1], cw[lo] + sl * seq_len, side="right") - 1
+            short = cw[shift[k] + rr[0]] - cw[lo]
+        elif over:  # repair_rows' deferrals, over the sources that draw (the others are -inf there)
             for i in range(na):
                 k = active[i]
                 ahead[i] = cw[shift[k] + rr[i]] - acc[k]
@@ -450,6 +456,7 @@ def held_membership(
                 if nd >= HEAP_AFTER:  # only the top's value fell: back down to its place
                     _sift_down(heap, na, 0, ahead, active)
                 nd += 1
+        if over:
             # repair_rows' give-back (while the room leaves a token): a deferred segment that fits again, least ahead
             while give[t] > short:
                 bi = -1

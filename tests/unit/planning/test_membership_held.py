@@ -106,3 +106,22 @@ def test_held_pass_equals_the_pass_it_replaced(seed: int, monkeypatch: pytest.Mo
         assert ((after[5][:, 0] <= args[5][:, 0]) & (after[5][:, 0] >= args[5][:, 0] - 1)).all()
     monkeypatch.setattr(_mixture, "held_membership", held_membership_ref)
     np.testing.assert_array_equal(got.dense(), membership(targets, streams, lanes, step_slots, give).dense())
+
+
+def test_one_source_backlog_search_matches_the_reference() -> None:
+    """One source at dp 1 with segments long against the budget's slack: each step keeps its row less part of its
+    last segment, so the nearest pointer runs ahead of the repaired one by a backlog that grows every step (session
+    28: a deferral walk over it made such plans quadratic). The held pass finds where the deferrals end by a search;
+    its pointers must be the reference loop's, and the backlog must be there (else the search is not exercised)."""
+    lanes = Lanes(seq_len=512)
+    steps, slots = 300, 1
+    rng = np.random.default_rng(7)
+    lengths = np.clip(rng.lognormal(5.6, 0.6, 4000), 8, 2048).astype(np.uint32)  # many pieces of a whole row
+    streams = [build_stream("s0", 7, lengths, lanes, 2)]
+    step_slots = np.full(steps, slots, dtype=np.int64)
+    targets = CumulativeTargets(_weights(np.ones(1), steps, None), step_slots * int(lanes.seq_len * 0.96))
+    got = membership(targets, streams, lanes, step_slots, targets.budget)
+    grid = targets.rows(0, steps, None)
+    np.testing.assert_array_equal(got.dense(), _reference(grid, streams, lanes, step_slots, targets.budget))
+    placed = int(streams[0].cum[got.dense()[-1, 0]])
+    assert float(grid[-1, 0]) - placed > 20 * lanes.seq_len  # the backlog the deferrals would have walked

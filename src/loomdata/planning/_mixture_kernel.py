@@ -340,6 +340,95 @@ def _sift_down(heap: np.ndarray, n: int, i: int, ahead: np.ndarray, active: np.n
     heap[i] = x
 
 
+WALK_MAX = 64
+"""held_membership's deferrals in one step walked one segment at a time up to this many; past it the rest are found
+by `_defer_to_level` (a step at dp 1 whose sources run a backlog ahead of what fits defers thousands a step)."""
+
+
+@njit
+def _kept_at(cw: np.ndarray, at0: int, lo: int, hi: int, acc_k: float, v: float) -> int:
+    """The last position p in lo..hi (lo: the repaired pointer) whose deferral's key, cw[at0 + p] - acc_k (the
+    deferral loop's `ahead` of a source whose pointer is at p), is <= v: lo where none is (keys grow with p)."""
+    a, b = lo + 1, hi
+    while a <= b:
+        m = (a + b) // 2
+        if cw[at0 + m] - acc_k <= v:
+            a = m + 1
+        else:
+            b = m - 1
+    return b
+
+
+@njit
+def _defer_to_level(
+    cw: np.ndarray,
+    shift: np.ndarray,
+    active: np.ndarray,
+    na: int,
+    cur: np.ndarray,
+    acc: np.ndarray,
+    rr: np.ndarray,
+    cap: int,
+) -> int:
+    """The rest of a step's deferrals (the loop's: the source furthest ahead, the first source on ties, one segment
+    at a time until the step holds at most `cap` tokens) in O(sources x log^2 backlog): a source whose pointer is at
+    p defers at key cw[p] - acc (increasing in p), so the loop defers segments in decreasing key order. v*, the
+    smallest key v with kept(v) > cap (kept(v): the tokens left once every key > v is deferred), is found by halving
+    the widest source's range of candidate keys; every key > v* is deferred, then the sources at key v* in source
+    order until the step fits. rr (the sources' pointers) updated in place; returns the step's tokens."""
+    lo_p = np.empty(na, dtype=np.int64)  # candidate keys: source i's positions lo_p[i]..hi_p[i]
+    hi_p = np.empty(na, dtype=np.int64)
+    for i in range(na):
+        k = active[i]
+        lo_p[i] = cur[k] + 1
+        hi_p[i] = rr[i]
+    best = np.inf  # the smallest key found with kept > cap (the largest key has: the step overflows)
+    while True:
+        w = 0
+        bi = -1
+        for i in range(na):
+            if hi_p[i] - lo_p[i] + 1 > w:
+                w = hi_p[i] - lo_p[i] + 1
+                bi = i
+        if bi < 0:
+            break
+        k = active[bi]
+        m = (lo_p[bi] + hi_p[bi]) // 2
+        v = cw[shift[k] + m] - acc[k]
+        kept = 0
+        for i in range(na):
+            k = active[i]
+            kept += cw[shift[k] + _kept_at(cw, shift[k], cur[k], rr[i], acc[k], v)] - cw[shift[k] + cur[k]]
+        if kept > cap:  # v* <= v: keys >= v are out of the running
+            best = min(best, v)
+            for i in range(na):
+                k = active[i]
+                b = _kept_at(cw, shift[k], cur[k], rr[i], acc[k], v)
+                if b >= cur[k] + 1 and cw[shift[k] + b] - acc[k] == v:
+                    b -= 1
+                hi_p[i] = min(hi_p[i], b)
+        else:  # v* > v: keys <= v are out
+            for i in range(na):
+                k = active[i]
+                lo_p[i] = max(lo_p[i], _kept_at(cw, shift[k], cur[k], rr[i], acc[k], v) + 1)
+    short = 0
+    for i in range(na):  # every key > v* deferred
+        k = active[i]
+        rr[i] = _kept_at(cw, shift[k], cur[k], rr[i], acc[k], best)
+        short += cw[shift[k] + rr[i]] - cw[shift[k] + cur[k]]
+    while short > cap:  # the sources at key v*, the first source first (each has one such key at most)
+        bi = -1
+        for i in range(na):
+            k = active[i]
+            if rr[i] > cur[k] and cw[shift[k] + rr[i]] - acc[k] == best and (bi < 0 or k < active[bi]):
+                bi = i
+        k = active[bi]
+        at = shift[k] + rr[bi]
+        short -= cw[at] - cw[at - 1]
+        rr[bi] -= 1
+    return short
+
+
 @njit
 def held_membership(
     windows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
@@ -452,6 +541,9 @@ def held_membership(
                 rr[bi] -= 1
                 ahead[bi] = cw[at - 1] - acc[k] if rr[bi] > cur[k] else -np.inf
                 if short <= sl * seq_len:
+                    break
+                if nd >= WALK_MAX:  # a backlog: the rest by level, not a segment at a time
+                    short = _defer_to_level(cw, shift, active, na, cur, acc, rr, sl * seq_len)
                     break
                 if nd >= HEAP_AFTER:  # only the top's value fell: back down to its place
                     _sift_down(heap, na, 0, ahead, active)

@@ -125,3 +125,32 @@ def test_one_source_backlog_search_matches_the_reference() -> None:
     np.testing.assert_array_equal(got.dense(), _reference(grid, streams, lanes, step_slots, targets.budget))
     placed = int(streams[0].cum[got.dense()[-1, 0]])
     assert float(grid[-1, 0]) - placed > 20 * lanes.seq_len  # the backlog the deferrals would have walked
+
+
+@pytest.mark.parametrize(("n_src", "seed"), [(2, 3), (5, 4), (2, 11)])
+def test_backlog_deferrals_by_level_match_the_reference(n_src: int, seed: int) -> None:
+    """Several sources at dp 1 running a backlog ahead of what fits: past WALK_MAX deferrals in a step the held pass
+    defers the rest by level (_defer_to_level); its pointers must be the reference loop's (the source furthest ahead
+    first, the first source on ties, one segment at a time), with equal weights and lengths so that ties occur."""
+    from loomdata.planning._mixture_kernel import WALK_MAX
+
+    lanes = Lanes(seq_len=512)
+    steps, slots = 1500, 1
+    rng = np.random.default_rng(seed)
+    streams = []
+    for k in range(n_src):
+        if seed == 11:  # the same lengths in every source: equal keys across sources
+            lengths = np.full(6000, 300 + 7 * (np.arange(6000) % 5), dtype=np.uint32)
+        else:
+            lengths = np.clip(rng.lognormal(5.7 + 0.2 * k, 0.7, 6000), 8, 2048).astype(np.uint32)
+        streams.append(build_stream(f"s{k}", seed, lengths, lanes, 2))
+    w = np.ones(n_src) if seed == 11 else rng.random(n_src) + 0.2
+    w /= w.sum()
+    step_slots = np.full(steps, slots, dtype=np.int64)
+    targets = CumulativeTargets(_weights(w, steps, None), step_slots * int(lanes.seq_len * 0.96))
+    got = membership(targets, streams, lanes, step_slots, targets.budget)
+    grid = np.stack([targets.rows(0, steps, None)[:, k] for k in range(n_src)], 1)
+    want = _reference(grid, streams, lanes, step_slots, targets.budget)
+    np.testing.assert_array_equal(got.dense(), want)
+    near = np.array([np.searchsorted(st.cum, grid[-1, k]) for k, st in enumerate(streams)])
+    assert int((near - want[-1]).sum()) > 2 * WALK_MAX  # the last steps' deferrals went past the walk

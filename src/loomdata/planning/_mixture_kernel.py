@@ -73,6 +73,110 @@ def nearest_run(cum: np.ndarray, x: np.ndarray, out: np.ndarray, state: np.ndarr
     state[1] = best
 
 
+WALK_MAX = 64
+"""A step's deferrals (repair_rows', held_membership's) walked one segment at a time up to this many; past it the
+rest are found by level (`_rows_to_level`, `_defer_to_level`): a step at dp 1 whose sources run a backlog ahead of
+what fits its rows defers thousands of segments a step."""
+
+
+@njit
+def _row_kept_at(cum: np.ndarray, at0: int, lo: int, hi: int, tgt: float, v: float) -> int:
+    """repair_rows' `_kept_at`: the last pointer p in lo..hi whose deferral's key cum[at0 + p] - tgt is <= v (lo
+    where none is); at0 is the source's window offset less its window start."""
+    a, b = lo + 1, hi
+    while a <= b:
+        m = (a + b) // 2
+        if cum[at0 + m] - tgt <= v:
+            a = m + 1
+        else:
+            b = m - 1
+    return b
+
+
+@njit
+def _row_tokens(
+    counts: tuple[np.ndarray, np.ndarray, np.ndarray],
+    off: tuple[np.ndarray, np.ndarray],
+    lo: np.ndarray,
+    base: np.ndarray,
+    r: np.ndarray,
+) -> tuple[int, int]:
+    """(short tokens, long segments) of a step whose pointers go from `base` to `r` (repair_rows' sums)."""
+    _, short_of, long_of = counts
+    off_s, off_l = off
+    short = n_long = 0
+    for k in range(len(r)):
+        p, q = base[k] - lo[k], r[k] - lo[k]
+        short += short_of[off_s[k] + q] - short_of[off_s[k] + p]
+        if off_l[k + 1] > off_l[k]:
+            n_long += long_of[off_l[k] + q] - long_of[off_l[k] + p]
+    return short, n_long
+
+
+@njit
+def _rows_to_level(
+    counts: tuple[np.ndarray, np.ndarray, np.ndarray],
+    off: tuple[np.ndarray, np.ndarray],
+    lo: np.ndarray,
+    base: np.ndarray,
+    r: np.ndarray,
+    tgt: np.ndarray,
+    sl: int,
+    seq_len: int,
+) -> tuple[int, int]:
+    """The rest of repair_rows' deferrals of a step (base: the step's first pointers, r: its pointers now, updated
+    in place) by level, as _defer_to_level does for the held pass: keys cum[p] - target grow with p, so the loop
+    defers in decreasing key order; v*, the smallest key whose kept segments still overflow the slots, is found by
+    halving the widest source's range; every key > v* deferred, then the sources at v* in source order (np.argmax's
+    ties) until the step fits. Returns the step's (short tokens, long segments)."""
+    cum = counts[0]
+    off_s = off[0]
+    n_src = len(r)
+    a_p = np.empty(n_src, dtype=np.int64)
+    b_p = np.empty(n_src, dtype=np.int64)
+    at0 = np.empty(n_src, dtype=np.int64)
+    for k in range(n_src):
+        a_p[k] = base[k] + 1
+        b_p[k] = r[k]
+        at0[k] = off_s[k] - lo[k]
+    cut = np.empty(n_src, dtype=np.int64)
+    best = np.inf
+    while True:
+        w = 0
+        bk = -1
+        for k in range(n_src):
+            if b_p[k] - a_p[k] + 1 > w:
+                w = b_p[k] - a_p[k] + 1
+                bk = k
+        if bk < 0:
+            break
+        m = (a_p[bk] + b_p[bk]) // 2
+        v = cum[at0[bk] + m] - tgt[bk]
+        for k in range(n_src):
+            cut[k] = _row_kept_at(cum, at0[k], base[k], r[k], tgt[k], v)
+        short, n_long = _row_tokens(counts, off, lo, base, cut)
+        if not (n_long <= sl and short <= (sl - n_long) * seq_len):  # v* <= v: keys >= v out of the running
+            best = min(best, v)
+            for k in range(n_src):
+                b = cut[k]
+                if b >= base[k] + 1 and cum[at0[k] + b] - tgt[k] == v:
+                    b -= 1
+                b_p[k] = min(b_p[k], b)
+        else:
+            for k in range(n_src):
+                a_p[k] = max(a_p[k], cut[k] + 1)
+    for k in range(n_src):
+        r[k] = _row_kept_at(cum, at0[k], base[k], r[k], tgt[k], best)
+    short, n_long = _row_tokens(counts, off, lo, base, r)
+    while not (n_long <= sl and short <= (sl - n_long) * seq_len):
+        for k in range(n_src):  # the first source at key v*
+            if r[k] > base[k] and cum[at0[k] + r[k]] - tgt[k] == best:
+                break
+        r[k] -= 1
+        short, n_long = _row_tokens(counts, off, lo, base, r)
+    return short, n_long
+
+
 @njit
 def repair_rows(
     ptr: np.ndarray,
@@ -129,7 +233,12 @@ def repair_rows(
         for k in range(n_src):
             r[k] = ptr[t + 1, k]
             ahead[k] = cum[off_s[k] + r[k] - lo[k]] - targets[t - t0, k] if r[k] > ptr[t, k] else -np.inf
+        nd = 0
         while True:
+            if nd >= WALK_MAX:  # a backlog: the rest by level, not a segment at a time
+                short, n_long = _rows_to_level(counts, off, lo, ptr[t], r, targets[t - t0], sl, seq_len)
+                break
+            nd += 1
             k = int(np.argmax(ahead))
             at = off_s[k] + r[k] - lo[k]
             short -= short_of[at] - short_of[at - 1]
@@ -338,11 +447,6 @@ def _sift_down(heap: np.ndarray, n: int, i: int, ahead: np.ndarray, active: np.n
         heap[i] = y
         i = c
     heap[i] = x
-
-
-WALK_MAX = 64
-"""held_membership's deferrals in one step walked one segment at a time up to this many; past it the rest are found
-by `_defer_to_level` (a step at dp 1 whose sources run a backlog ahead of what fits defers thousands a step)."""
 
 
 @njit

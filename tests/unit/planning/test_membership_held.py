@@ -127,12 +127,19 @@ def test_one_source_backlog_search_matches_the_reference() -> None:
     assert float(grid[-1, 0]) - placed > 20 * lanes.seq_len  # the backlog the deferrals would have walked
 
 
+@pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize(("n_src", "seed"), [(2, 3), (5, 4), (2, 11)])
-def test_backlog_deferrals_by_level_match_the_reference(n_src: int, seed: int) -> None:
+def test_backlog_deferrals_by_level_match_the_reference(
+    n_src: int, seed: int, chunked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Several sources at dp 1 running a backlog ahead of what fits: past WALK_MAX deferrals in a step the held pass
-    defers the rest by level (_defer_to_level); its pointers must be the reference loop's (the source furthest ahead
-    first, the first source on ties, one segment at a time), with equal weights and lengths so that ties occur."""
+    defers the rest by level (_defer_to_level; `chunked`: the chunked pass's repair_rows, _rows_to_level); its
+    pointers must be the reference loop's (the source furthest ahead first, the first source on ties, one segment
+    at a time), with equal weights and lengths (seed 11) so that ties occur."""
     from loomdata.planning._mixture_kernel import WALK_MAX
+
+    if chunked:
+        monkeypatch.setattr(_mixture, "_held_from", lambda tg, st: np.iinfo(np.int64).max)
 
     lanes = Lanes(seq_len=512)
     steps, slots = 1500, 1

@@ -200,3 +200,35 @@ def test_with_more_ranks_the_repair_gives_nothing_back_and_the_look_ahead_keeps_
     m = read_manifest(res.plan_dir, res.meta)
     per_step = np.bincount(m["step"].to_numpy(), weights=m["length"].to_numpy().astype(np.float64), minlength=400)
     assert per_step.max() <= 2 * 4096
+
+
+@pytest.mark.parametrize(
+    ("n_src", "long", "ties"), [(1, False, False), (2, False, False), (2, False, True), (3, True, False)]
+)
+def test_backlog_deferrals_by_level_match_the_reference_loop(n_src: int, long: bool, ties: bool) -> None:
+    """dp 1 with segments long against the budget's slack: the nearest pointers run a backlog ahead of what fits
+    that grows every step, so steps defer far more than WALK_MAX segments and repair_rows defers the rest by level
+    (_rows_to_level, session 28: a walk over the backlog made such plans quadratic). Its pointers must be the
+    reference loop's, with equal weights and lengths (`ties`) and with a long lane (long segments count a slot)."""
+    from loomdata.planning._mixture_kernel import WALK_MAX
+
+    lanes = Lanes(seq_len=512, long_seq_len=2048, long_cp=2, threshold=1024) if long else Lanes(seq_len=512)
+    steps = 3000 if long else 1200
+    rng = np.random.default_rng(5 + n_src)
+    streams = []
+    for k in range(n_src):
+        if ties:
+            lengths = np.full(16000, 300 + 7 * (np.arange(16000) % 5), dtype=np.uint32)
+        else:
+            lengths = np.clip(rng.lognormal(5.7 + 0.2 * k, 0.7, 16000), 8, 1800).astype(np.uint32)
+        streams.append(build_stream(f"s{k}", 3, lengths, lanes, 2))
+    w = np.ones(n_src) if ties else rng.random(n_src) + 0.2
+    w /= w.sum()
+    step_slots = np.ones(steps, dtype=np.int64)
+    budget = (step_slots * lanes.seq_len * 0.96).astype(np.int64)
+    targets = np.cumsum(w * budget[:, None].astype(np.float64), axis=0)
+    want = _reference(targets, streams, lanes, step_slots, budget)
+    got = membership(targets, streams, lanes, step_slots, budget).dense()  # (a grid of targets: the chunked pass)
+    np.testing.assert_array_equal(got, want)
+    near = np.array([_mixture._nearest(s.cum, targets[-1:, k])[0] for k, s in enumerate(streams)])
+    assert int((near - want[-1]).sum()) > 2 * WALK_MAX  # the last steps' deferrals went past the walk

@@ -74,9 +74,28 @@ def nearest_run(cum: np.ndarray, x: np.ndarray, out: np.ndarray, state: np.ndarr
 
 
 WALK_MAX = 64
-"""A step's deferrals (repair_rows', held_membership's) walked one segment at a time up to this many; past it the
-rest are found by level (`_rows_to_level`, `_defer_to_level`): a step at dp 1 whose sources run a backlog ahead of
-what fits its rows defers thousands of segments a step."""
+"""A step's deferrals (repair_rows', held_membership's) walked one segment at a time up to this many; past it, and
+where the segments it could still defer are at least WALK_MAX a drawing source (a search by level costs about
+sources x log^2 of them), the rest are found by level (`_rows_to_level`, `_defer_to_level`): a step at dp 1 whose
+sources run a backlog ahead of what fits its rows defers thousands of segments a step."""
+
+
+@njit
+def _backlog(base: np.ndarray, r: np.ndarray) -> int:
+    """Segments a step could still defer (its pointers r above the step's first ones, base)."""
+    n = 0
+    for k in range(len(r)):
+        n += r[k] - base[k]
+    return n
+
+
+@njit
+def _active_backlog(active: np.ndarray, na: int, cur: np.ndarray, rr: np.ndarray) -> int:
+    """held_membership's `_backlog`: over its drawing sources (active[:na], pointers rr from cur)."""
+    n = 0
+    for i in range(na):
+        n += rr[i] - cur[active[i]]
+    return n
 
 
 @njit
@@ -235,7 +254,8 @@ def repair_rows(
             ahead[k] = cum[off_s[k] + r[k] - lo[k]] - targets[t - t0, k] if r[k] > ptr[t, k] else -np.inf
         nd = 0
         while True:
-            if nd >= WALK_MAX:  # a backlog: the rest by level, not a segment at a time
+            if nd >= WALK_MAX and nd % WALK_MAX == 0 and _backlog(ptr[t], r) >= WALK_MAX * n_src:
+                # a backlog: the rest by level, not a segment at a time
                 short, n_long = _rows_to_level(counts, off, lo, ptr[t], r, targets[t - t0], sl, seq_len)
                 break
             nd += 1
@@ -646,7 +666,8 @@ def held_membership(
                 ahead[bi] = cw[at - 1] - acc[k] if rr[bi] > cur[k] else -np.inf
                 if short <= sl * seq_len:
                     break
-                if nd >= WALK_MAX:  # a backlog: the rest by level, not a segment at a time
+                if nd >= WALK_MAX and nd % WALK_MAX == 0 and _active_backlog(active, na, cur, rr) >= WALK_MAX * na:
+                    # a backlog: the rest by level, not a segment at a time
                     short = _defer_to_level(cw, shift, active, na, cur, acc, rr, sl * seq_len)
                     break
                 if nd >= HEAP_AFTER:  # only the top's value fell: back down to its place

@@ -99,13 +99,14 @@ def _active_backlog(active: np.ndarray, na: int, cur: np.ndarray, rr: np.ndarray
 
 
 @njit
-def _row_kept_at(cum: np.ndarray, at0: int, lo: int, hi: int, tgt: float, v: float) -> int:
-    """repair_rows' `_kept_at`: the last pointer p in lo..hi whose deferral's key cum[at0 + p] - tgt is <= v (lo
-    where none is); at0 is the source's window offset less its window start."""
+def _kept_at(cw: np.ndarray, at0: int, lo: int, hi: int, acc_k: float, v: float) -> int:
+    """The last position p in lo..hi (lo: the step's first pointer) whose deferral's key, cw[at0 + p] - acc_k (the
+    deferral loop's `ahead` of a source whose pointer is at p), is <= v: lo where none is (keys grow with p). Both
+    passes: at0 is where the source's cumulative tokens start less its first position."""
     a, b = lo + 1, hi
     while a <= b:
         m = (a + b) // 2
-        if cum[at0 + m] - tgt <= v:
+        if cw[at0 + m] - acc_k <= v:
             a = m + 1
         else:
             b = m - 1
@@ -172,7 +173,7 @@ def _rows_to_level(
         m = (a_p[bk] + b_p[bk]) // 2
         v = cum[at0[bk] + m] - tgt[bk]
         for k in range(n_src):
-            cut[k] = _row_kept_at(cum, at0[k], base[k], r[k], tgt[k], v)
+            cut[k] = _kept_at(cum, at0[k], base[k], r[k], tgt[k], v)
         short, n_long = _row_tokens(counts, off, lo, base, cut)
         if not (n_long <= sl and short <= (sl - n_long) * seq_len):  # v* <= v: keys >= v out of the running
             best = min(best, v)
@@ -185,7 +186,7 @@ def _rows_to_level(
             for k in range(n_src):
                 a_p[k] = max(a_p[k], cut[k] + 1)
     for k in range(n_src):
-        r[k] = _row_kept_at(cum, at0[k], base[k], r[k], tgt[k], best)
+        r[k] = _kept_at(cum, at0[k], base[k], r[k], tgt[k], best)
     short, n_long = _row_tokens(counts, off, lo, base, r)
     while not (n_long <= sl and short <= (sl - n_long) * seq_len):
         for k in range(n_src):  # the first source at key v*
@@ -467,20 +468,6 @@ def _sift_down(heap: np.ndarray, n: int, i: int, ahead: np.ndarray, active: np.n
         heap[i] = y
         i = c
     heap[i] = x
-
-
-@njit
-def _kept_at(cw: np.ndarray, at0: int, lo: int, hi: int, acc_k: float, v: float) -> int:
-    """The last position p in lo..hi (lo: the repaired pointer) whose deferral's key, cw[at0 + p] - acc_k (the
-    deferral loop's `ahead` of a source whose pointer is at p), is <= v: lo where none is (keys grow with p)."""
-    a, b = lo + 1, hi
-    while a <= b:
-        m = (a + b) // 2
-        if cw[at0 + m] - acc_k <= v:
-            a = m + 1
-        else:
-            b = m - 1
-    return b
 
 
 @njit

@@ -312,7 +312,7 @@ def _keys_rows(
     keys = table.keys(shard, row)
     if not (keys < 0).any():  # every shard told (no `np.unique` of the shards: ~20 us a chunk)
         return keys, row
-    new = [s for s in set(shard[keys < 0].tolist()) if s not in table]
+    new = [s for s in sorted(set(shard[keys < 0].tolist())) if s not in table]  # (a fixed order of reader calls)
     if new:
         starts: dict[int, np.ndarray] = {}
         for s in new:

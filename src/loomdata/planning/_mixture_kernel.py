@@ -76,7 +76,7 @@ def nearest_run(cum: np.ndarray, x: np.ndarray, out: np.ndarray, state: np.ndarr
 WALK_MAX = 64
 """A step's deferrals (repair_rows', held_membership's) walked one segment at a time up to this many; past it, and
 where the segments it could still defer are at least WALK_MAX a drawing source (a search by level costs about
-sources x log^2 of them), the rest are found by level (`_rows_to_level`, `_defer_to_level`): a step at dp 1 whose
+sources x log^2 of them), the rest are found by level (`_to_level`): a step at dp 1 whose
 sources run a backlog ahead of what fits its rows defers thousands of segments a step."""
 
 
@@ -114,86 +114,77 @@ def _kept_at(cw: np.ndarray, at0: int, lo: int, hi: int, acc_k: float, v: float)
 
 
 @njit
-def _row_tokens(
-    counts: tuple[np.ndarray, np.ndarray, np.ndarray],
-    off: tuple[np.ndarray, np.ndarray],
-    lo: np.ndarray,
-    base: np.ndarray,
-    r: np.ndarray,
+def _step_tokens(
+    of: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], base: np.ndarray, r: np.ndarray
 ) -> tuple[int, int]:
-    """(short tokens, long segments) of a step whose pointers go from `base` to `r` (repair_rows' sums)."""
-    _, short_of, long_of = counts
-    off_s, off_l = off
+    """(short tokens, long segments) of a step whose sources' pointers go from `base` to `r`; `of`: (short tokens,
+    long segments, each source's offset into both less its first position, its long offset or -1 for none)."""
+    short_of, long_of, at0, l0 = of
     short = n_long = 0
-    for k in range(len(r)):
-        p, q = base[k] - lo[k], r[k] - lo[k]
-        short += short_of[off_s[k] + q] - short_of[off_s[k] + p]
-        if off_l[k + 1] > off_l[k]:
-            n_long += long_of[off_l[k] + q] - long_of[off_l[k] + p]
+    for i in range(len(r)):
+        short += short_of[at0[i] + r[i]] - short_of[at0[i] + base[i]]
+        if l0[i] >= 0:
+            n_long += long_of[l0[i] + r[i]] - long_of[l0[i] + base[i]]
     return short, n_long
 
 
 @njit
-def _rows_to_level(
-    counts: tuple[np.ndarray, np.ndarray, np.ndarray],
-    off: tuple[np.ndarray, np.ndarray],
-    lo: np.ndarray,
+def _to_level(
+    cum: np.ndarray,
+    of: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     base: np.ndarray,
     r: np.ndarray,
     tgt: np.ndarray,
+    ids: np.ndarray,
     sl: int,
     seq_len: int,
 ) -> tuple[int, int]:
-    """The rest of repair_rows' deferrals of a step (base: the step's first pointers, r: its pointers now, updated
-    in place) by level, as _defer_to_level does for the held pass: keys cum[p] - target grow with p, so the loop
-    defers in decreasing key order; v*, the smallest key whose kept segments still overflow the slots, is found by
-    halving the widest source's range; every key > v* deferred, then the sources at v* in source order (np.argmax's
-    ties) until the step fits. Returns the step's (short tokens, long segments)."""
-    cum = counts[0]
-    off_s = off[0]
-    n_src = len(r)
-    a_p = np.empty(n_src, dtype=np.int64)
-    b_p = np.empty(n_src, dtype=np.int64)
-    at0 = np.empty(n_src, dtype=np.int64)
-    for k in range(n_src):
-        a_p[k] = base[k] + 1
-        b_p[k] = r[k]
-        at0[k] = off_s[k] - lo[k]
-    cut = np.empty(n_src, dtype=np.int64)
-    best = np.inf
+    """The rest of a step's deferrals by level (both passes' loop: the source furthest ahead, the first source on
+    ties, one segment at a time until the step fits its `sl` slots) in O(sources x log^2 backlog). Source i (id
+    ids[i], pointers from base[i], now r[i], updated in place) at pointer p defers at key cum[at0[i] + p] - tgt[i],
+    increasing in p (at0 = of[2]), so the loop defers in decreasing key order. v*, the smallest key whose kept
+    segments still overflow the step, is found by halving the widest source's range of candidate keys; every key >
+    v* is deferred, then the sources at v* in id order until the step fits. Returns (short tokens, long segments)."""
+    at0 = of[2]
+    n = len(r)
+    a_p = base + 1  # candidate keys: source i's pointers a_p[i]..b_p[i]
+    b_p = r.copy()
+    cut = np.empty(n, dtype=np.int64)
+    best = np.inf  # the smallest key found that overflows (the largest key does: the step overflows)
     while True:
         w = 0
-        bk = -1
-        for k in range(n_src):
-            if b_p[k] - a_p[k] + 1 > w:
-                w = b_p[k] - a_p[k] + 1
-                bk = k
-        if bk < 0:
+        bi = -1
+        for i in range(n):
+            if b_p[i] - a_p[i] + 1 > w:
+                w = b_p[i] - a_p[i] + 1
+                bi = i
+        if bi < 0:
             break
-        m = (a_p[bk] + b_p[bk]) // 2
-        v = cum[at0[bk] + m] - tgt[bk]
-        for k in range(n_src):
-            cut[k] = _kept_at(cum, at0[k], base[k], r[k], tgt[k], v)
-        short, n_long = _row_tokens(counts, off, lo, base, cut)
+        m = (a_p[bi] + b_p[bi]) // 2
+        v = cum[at0[bi] + m] - tgt[bi]
+        for i in range(n):
+            cut[i] = _kept_at(cum, at0[i], base[i], r[i], tgt[i], v)
+        short, n_long = _step_tokens(of, base, cut)
         if not (n_long <= sl and short <= (sl - n_long) * seq_len):  # v* <= v: keys >= v out of the running
             best = min(best, v)
-            for k in range(n_src):
-                b = cut[k]
-                if b >= base[k] + 1 and cum[at0[k] + b] - tgt[k] == v:
+            for i in range(n):
+                b = cut[i]
+                if b > base[i] and cum[at0[i] + b] - tgt[i] == v:
                     b -= 1
-                b_p[k] = min(b_p[k], b)
-        else:
-            for k in range(n_src):
-                a_p[k] = max(a_p[k], cut[k] + 1)
-    for k in range(n_src):
-        r[k] = _kept_at(cum, at0[k], base[k], r[k], tgt[k], best)
-    short, n_long = _row_tokens(counts, off, lo, base, r)
-    while not (n_long <= sl and short <= (sl - n_long) * seq_len):
-        for k in range(n_src):  # the first source at key v*
-            if r[k] > base[k] and cum[at0[k] + r[k]] - tgt[k] == best:
-                break
-        r[k] -= 1
-        short, n_long = _row_tokens(counts, off, lo, base, r)
+                b_p[i] = min(b_p[i], b)
+        else:  # v* > v: keys <= v out
+            for i in range(n):
+                a_p[i] = max(a_p[i], cut[i] + 1)
+    for i in range(n):
+        r[i] = _kept_at(cum, at0[i], base[i], r[i], tgt[i], best)
+    short, n_long = _step_tokens(of, base, r)
+    while not (n_long <= sl and short <= (sl - n_long) * seq_len):  # the sources at v*, the first id first
+        bi = -1
+        for i in range(n):
+            if r[i] > base[i] and cum[at0[i] + r[i]] - tgt[i] == best and (bi < 0 or ids[i] < ids[bi]):
+                bi = i
+        r[bi] -= 1
+        short, n_long = _step_tokens(of, base, r)
     return short, n_long
 
 
@@ -257,7 +248,11 @@ def repair_rows(
         while True:
             if nd >= WALK_MAX and nd % WALK_MAX == 0 and _backlog(ptr[t], r) >= WALK_MAX * n_src:
                 # a backlog: the rest by level, not a segment at a time
-                short, n_long = _rows_to_level(counts, off, lo, ptr[t], r, targets[t - t0], sl, seq_len)
+                at0 = off_s[:n_src] - lo
+                l0 = np.where(off_l[1:] > off_l[:-1], off_l[:n_src] - lo, -1)
+                of = (short_of, long_of, at0, l0)
+                ids = np.arange(n_src)
+                short, n_long = _to_level(cum, of, ptr[t].astype(np.int64), r, targets[t - t0], ids, sl, seq_len)
                 break
             nd += 1
             k = int(np.argmax(ahead))
@@ -471,76 +466,6 @@ def _sift_down(heap: np.ndarray, n: int, i: int, ahead: np.ndarray, active: np.n
 
 
 @njit
-def _defer_to_level(
-    cw: np.ndarray,
-    shift: np.ndarray,
-    active: np.ndarray,
-    na: int,
-    cur: np.ndarray,
-    acc: np.ndarray,
-    rr: np.ndarray,
-    cap: int,
-) -> int:
-    """The rest of a step's deferrals (the loop's: the source furthest ahead, the first source on ties, one segment
-    at a time until the step holds at most `cap` tokens) in O(sources x log^2 backlog): a source whose pointer is at
-    p defers at key cw[p] - acc (increasing in p), so the loop defers segments in decreasing key order. v*, the
-    smallest key v with kept(v) > cap (kept(v): the tokens left once every key > v is deferred), is found by halving
-    the widest source's range of candidate keys; every key > v* is deferred, then the sources at key v* in source
-    order until the step fits. rr (the sources' pointers) updated in place; returns the step's tokens."""
-    lo_p = np.empty(na, dtype=np.int64)  # candidate keys: source i's positions lo_p[i]..hi_p[i]
-    hi_p = np.empty(na, dtype=np.int64)
-    for i in range(na):
-        k = active[i]
-        lo_p[i] = cur[k] + 1
-        hi_p[i] = rr[i]
-    best = np.inf  # the smallest key found with kept > cap (the largest key has: the step overflows)
-    while True:
-        w = 0
-        bi = -1
-        for i in range(na):
-            if hi_p[i] - lo_p[i] + 1 > w:
-                w = hi_p[i] - lo_p[i] + 1
-                bi = i
-        if bi < 0:
-            break
-        k = active[bi]
-        m = (lo_p[bi] + hi_p[bi]) // 2
-        v = cw[shift[k] + m] - acc[k]
-        kept = 0
-        for i in range(na):
-            k = active[i]
-            kept += cw[shift[k] + _kept_at(cw, shift[k], cur[k], rr[i], acc[k], v)] - cw[shift[k] + cur[k]]
-        if kept > cap:  # v* <= v: keys >= v are out of the running
-            best = min(best, v)
-            for i in range(na):
-                k = active[i]
-                b = _kept_at(cw, shift[k], cur[k], rr[i], acc[k], v)
-                if b >= cur[k] + 1 and cw[shift[k] + b] - acc[k] == v:
-                    b -= 1
-                hi_p[i] = min(hi_p[i], b)
-        else:  # v* > v: keys <= v are out
-            for i in range(na):
-                k = active[i]
-                lo_p[i] = max(lo_p[i], _kept_at(cw, shift[k], cur[k], rr[i], acc[k], v) + 1)
-    short = 0
-    for i in range(na):  # every key > v* deferred
-        k = active[i]
-        rr[i] = _kept_at(cw, shift[k], cur[k], rr[i], acc[k], best)
-        short += cw[shift[k] + rr[i]] - cw[shift[k] + cur[k]]
-    while short > cap:  # the sources at key v*, the first source first (each has one such key at most)
-        bi = -1
-        for i in range(na):
-            k = active[i]
-            if rr[i] > cur[k] and cw[shift[k] + rr[i]] - acc[k] == best and (bi < 0 or k < active[bi]):
-                bi = i
-        k = active[bi]
-        at = shift[k] + rr[bi]
-        short -= cw[at] - cw[at - 1]
-        rr[bi] -= 1
-    return short
-
-
-@njit
 def held_membership(
     windows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     last: np.ndarray,
@@ -655,7 +580,9 @@ def held_membership(
                     break
                 if nd >= WALK_MAX and nd % WALK_MAX == 0 and _active_backlog(active, na, cur, rr) >= WALK_MAX * na:
                     # a backlog: the rest by level, not a segment at a time
-                    short = _defer_to_level(cw, shift, active, na, cur, acc, rr, sl * seq_len)
+                    ids = active[:na]
+                    of = (cw, cw[:0], shift[ids], np.full(na, -1, dtype=np.int64))
+                    short = _to_level(cw, of, cur[ids], rr[:na], acc[ids], ids, sl, seq_len)[0]
                     break
                 if nd >= HEAP_AFTER:  # only the top's value fell: back down to its place
                     _sift_down(heap, na, 0, ahead, active)

@@ -133,7 +133,7 @@ def test_backlog_deferrals_by_level_match_the_reference(
     n_src: int, seed: int, chunked: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Several sources at dp 1 running a backlog ahead of what fits: past WALK_MAX deferrals in a step the held pass
-    defers the rest by level (_defer_to_level; `chunked`: the chunked pass's repair_rows, _rows_to_level); its
+    defers the rest by level (_to_level; `chunked`: the chunked pass's repair_rows, the same search); its
     pointers must be the reference loop's (the source furthest ahead first, the first source on ties, one segment
     at a time), with equal weights and lengths (seed 11) so that ties occur."""
     from loomdata.planning._mixture_kernel import WALK_MAX

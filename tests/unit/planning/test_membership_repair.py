@@ -208,7 +208,7 @@ def test_with_more_ranks_the_repair_gives_nothing_back_and_the_look_ahead_keeps_
 def test_backlog_deferrals_by_level_match_the_reference_loop(n_src: int, long: bool, ties: bool) -> None:
     """dp 1 with segments long against the budget's slack: the nearest pointers run a backlog ahead of what fits
     that grows every step, so steps defer far more than WALK_MAX segments and repair_rows defers the rest by level
-    (_rows_to_level, session 28: a walk over the backlog made such plans quadratic). Its pointers must be the
+    (_to_level, session 28: a walk over the backlog made such plans quadratic). Its pointers must be the
     reference loop's, with equal weights and lengths (`ties`) and with a long lane (long segments count a slot)."""
     from loomdata.planning._mixture_kernel import WALK_MAX
 

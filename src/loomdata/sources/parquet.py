@@ -525,7 +525,11 @@ class ParquetReader(FormatReader):
         return KeptRows(rows, values), values.nbytes + rows.nbytes
 
     def _decode_row_group(self, path: Location, info: _FileInfo, g: int) -> pa.Array:
-        return self._read_row_groups(path, info, np.array([g]), [self._field]).column(0).combine_chunks()
+        """Row group `g`'s content column as one array: the decoded chunk itself where there is one (the reader's
+        usual answer), joined only where Arrow split it. `combine_chunks` copies even a single chunk: ~0.65 ms of a
+        row group's ~2.7 ms of decoding on the delivery benchmark's 1.9 MB groups (session 29)."""
+        column = self._read_row_groups(path, info, np.array([g]), [self._field]).column(0)
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
     def load_unit(
         self, path: Location, unit: int, rows: np.ndarray | None = None

@@ -330,8 +330,9 @@ def test_a_column_stored_as_uint16_is_checked_as_uint16(tmp_path: Path) -> None:
 
 
 def test_a_decoded_group_is_the_readers_chunk_without_validity_bitmaps(tmp_path: Path) -> None:
-    """`_decode_row_group` keeps the reader's own buffers (no `combine_chunks` copy) minus the all-valid bitmaps Parquet's
-    reader allocates: the same array and `nbytes` as the copy; a column with nulls is still combined (`_unmasked` None)."""
+    """`_decode_row_group` keeps the reader's own buffers (no `combine_chunks` copy) minus the all-valid bitmaps
+    Parquet's reader allocates: the same array and `nbytes` as the copy; a column with nulls is still combined
+    (`_unmasked` None)."""
     path = _write(tmp_path / "w.parquet", [[1, 2], [70_000], [3, 4, 5]] * 27, pa.list_(pa.int32()))
     chunk = pq.ParquetFile(path, pre_buffer=False).read_row_group(0, columns=["ids"]).column(0).chunk(0)
     assert chunk.buffers()[2] is not None  # the reader's values carry a validity bitmap though nothing is null

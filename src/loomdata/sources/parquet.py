@@ -525,7 +525,12 @@ class ParquetReader(FormatReader):
         return KeptRows(rows, values), values.nbytes + rows.nbytes
 
     def _decode_row_group(self, path: Location, info: _FileInfo, g: int) -> pa.Array:
-        return self._read_row_groups(path, info, np.array([g]), [self._field]).column(0).combine_chunks()
+        """Row group `g`'s content column as one array: the decoded chunk itself where there is one and it has no nulls
+        (`_unmasked`, the token columns serving reads), else joined by `combine_chunks`, which copies even a single
+        chunk: ~0.65 ms of a row group's ~2.7 ms of decoding on the delivery benchmark's 1.9 MB groups (session 29)."""
+        column = self._read_row_groups(path, info, np.array([g]), [self._field]).column(0)
+        whole = _unmasked(column.chunk(0)) if column.num_chunks == 1 else None
+        return whole if whole is not None else column.combine_chunks()
 
     def load_unit(
         self, path: Location, unit: int, rows: np.ndarray | None = None
@@ -692,6 +697,23 @@ def _kept_at(value: pa.Array | KeptRows, rows: np.ndarray, local: np.ndarray) ->
     if not ok.all():
         return None
     return value.values, pos
+
+
+def _unmasked(arr: pa.Array) -> pa.Array | None:
+    """A decoded (large) list of fixed-width ids without nulls, on its own buffers minus the validity bitmaps Parquet's
+    reader allocates even where nothing is null (what `combine_chunks` would drop while copying): the same array and
+    `nbytes` as the copy, with no copy. None for anything else (nulls, other types: those are combined as before)."""
+    t = arr.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or arr.null_count or arr.offset:
+        return None
+    values = arr.values
+    if values.null_count or not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
+        return None
+    own = arr.buffers()  # validity, offsets, then the values' validity and data
+    if own[0] is None and own[2] is None:
+        return arr
+    ids = pa.Array.from_buffers(values.type, len(values), [None, own[3]], null_count=0, offset=values.offset)
+    return pa.Array.from_buffers(t, len(arr), [None, own[1]], null_count=0, children=[ids])
 
 
 def _as_type(arr: pa.Array, column: pa.DataType) -> pa.Array:

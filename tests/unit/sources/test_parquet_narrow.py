@@ -327,3 +327,23 @@ def test_a_column_stored_as_uint16_is_checked_as_uint16(tmp_path: Path) -> None:
         got, _, _ = _read(r, _whole(rows, docs), index, paths, 14, part, verifier)
         assert got.tokens.dtype == np.int32
         np.testing.assert_array_equal(got.tokens, want)
+
+
+def test_a_decoded_group_is_the_readers_chunk_without_validity_bitmaps(tmp_path: Path) -> None:
+    """`_decode_row_group` keeps the reader's own buffers (no `combine_chunks` copy) minus the all-valid bitmaps
+    Parquet's reader allocates: the same array and `nbytes` as the copy; a column with nulls is still combined
+    (`_unmasked` None)."""
+    path = _write(tmp_path / "w.parquet", [[1, 2], [70_000], [3, 4, 5]] * 27, pa.list_(pa.int32()))
+    chunk = pq.ParquetFile(path, pre_buffer=False).read_row_group(0, columns=["ids"]).column(0).chunk(0)
+    assert chunk.buffers()[2] is not None  # the reader's values carry a validity bitmap though nothing is null
+    got = parquet._unmasked(chunk)
+    assert got is not None and got.equals(chunk) and got.type == chunk.type
+    assert got.buffers()[0] is None and got.buffers()[2] is None
+    assert got.buffers()[3].address == chunk.buffers()[3].address  # the ids themselves: not copied
+    assert got.nbytes == pa.concat_arrays([chunk]).nbytes
+    r = _reader()
+    decoded = r.load_unit(path, 1)
+    assert decoded is not None and decoded[0].buffers()[2] is None
+    assert decoded[0].equals(pq.ParquetFile(path).read_row_group(1).column("ids").combine_chunks())
+    with_null = pa.array([[1, None], [2]], type=pa.list_(pa.int32()))
+    assert parquet._unmasked(with_null) is None and parquet._unmasked(pa.array([[1], None])) is None

@@ -93,28 +93,48 @@ def place_assigned(
     than `threshold`, none where threshold < 0), the sample id its document's row as uint64 (`dense`) or ids[doc]
     as uint64, the length widened to int64. Returns how many segments it placed."""
     a = _lower(at, t0)
-    b = _lower(at, t1)
+    m = _lower(at, t1) - a
+    # in separate passes (each one's loads independent of the last's, so they overlap; one fused loop measured
+    # 1.5-2x slower on a 300-source block, its searches' branches holding back the next documents' loads)
+    doc = np.empty(m, dtype=doc_col.dtype)
+    for j in range(m):
+        doc[j] = doc_col[pos[a + j]]
+    ln = np.empty(m, dtype=np.uint32)
+    ln_lane = np.zeros(m, dtype=np.uint8)
+    for j in range(m):
+        dl = lengths[doc[j]]
+        ln[j] = np.uint32(dl)
+        if threshold >= 0 and dl > threshold:
+            ln_lane[j] = 1
+    off = np.zeros(m, dtype=np.uint32)
     n_split = len(split_pos)
-    last_p, last_i = -1, 0
-    for j in range(a, b):
-        p = int(pos[j])
-        d = doc_col[p]
-        dl = lengths[d]
-        off = np.uint32(0)
-        ln = np.uint32(dl)
-        if n_split:
+    if n_split:
+        last_p, last_i = -1, 0
+        for j in range(m):
+            p = int(pos[a + j])
             i = _split_at(split_pos, p, last_p, last_i)
             last_p, last_i = p, i
             i = min(i, n_split - 1)
             if split_pos[i] == p:
-                off = split_off[i]
-                ln = np.uint32(split_len[i])
-        s = int(at[j]) - t0
-        slot = nxt[s]
-        nxt[s] = slot + 1
-        src[slot] = k
-        sample[slot] = np.uint64(d) if dense else np.uint64(ids[d])
-        offset[slot] = off
-        length[slot] = np.int64(ln)
-        lane[slot] = 1 if threshold >= 0 and dl > threshold else 0
-    return b - a
+                off[j] = split_off[i]
+                ln[j] = np.uint32(split_len[i])
+    slot = np.empty(m, dtype=np.int64)
+    for j in range(m):
+        s = int(at[a + j]) - t0
+        slot[j] = nxt[s]
+        nxt[s] += 1
+    for j in range(m):  # one column at a time
+        src[slot[j]] = k
+    if dense:
+        for j in range(m):
+            sample[slot[j]] = np.uint64(doc[j])
+    else:
+        for j in range(m):
+            sample[slot[j]] = np.uint64(ids[doc[j]])
+    for j in range(m):
+        offset[slot[j]] = off[j]
+    for j in range(m):
+        length[slot[j]] = np.int64(ln[j])
+    for j in range(m):
+        lane[slot[j]] = ln_lane[j]
+    return m

@@ -7,7 +7,9 @@ each); here one block of steps (about BLOCK_SEGMENTS segments) is gathered with 
 source and laid out step-major (within a step: source order, then stream order), so a step's items are
 one contiguous slice. Every value is computed element-wise exactly as for a single step, so the items
 and costs are the same bytes. With look-ahead membership (`assignment`, see _lookahead) a step's segments
-of a source are the positions assigned to it instead of one pointer range; the layout is the same.
+of a source are the positions assigned to it instead of one pointer range; the layout is the same, and where no
+source has images and every source's sample ids are uint64 (as indexes give them) each source's segments are
+written straight into their steps' places (`_placed`, _items_kernel), with no sort.
 """
 
 from __future__ import annotations

@@ -5,8 +5,11 @@ then the columns concatenated), then put step-major by a stable argsort of their
 gathered through it. The block's steps and how many segments each holds are known before (the assignment's
 counts), so each segment's place is known too: a step's segments are its sources' in source order, each
 source's in its stream order, so source by source a segment goes to the next free slot of its step (a
-counting sort). `place_assigned` writes a source's segments there in one pass: no per-source columns, no
-concatenation, no sort, no permutation of the block's columns; the same values in the same places.
+counting sort). `place_assigned` writes a source's segments there: no per-source columns handed back, no
+concatenation, no sort, no permutation of the block's columns; the same values in the same places. Its passes are
+separate loops (documents, their lengths and lanes, split pieces, slots, then one column at a time): a fused loop
+measured 1.5-2x slower on a captured 300-source block (55-58 against 27-38 ns a segment), each segment's split
+search and scattered writes holding back the next documents' loads.
 """
 
 from __future__ import annotations
@@ -94,8 +97,7 @@ def place_assigned(
     as uint64, the length widened to int64. Returns how many segments it placed."""
     a = _lower(at, t0)
     m = _lower(at, t1) - a
-    # in separate passes (each one's loads independent of the last's, so they overlap; one fused loop measured
-    # 1.5-2x slower on a 300-source block, its searches' branches holding back the next documents' loads)
+    # in separate passes (see the module doc)
     doc = np.empty(m, dtype=doc_col.dtype)
     for j in range(m):
         doc[j] = doc_col[pos[a + j]]

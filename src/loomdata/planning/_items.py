@@ -7,7 +7,9 @@ each); here one block of steps (about BLOCK_SEGMENTS segments) is gathered with 
 source and laid out step-major (within a step: source order, then stream order), so a step's items are
 one contiguous slice. Every value is computed element-wise exactly as for a single step, so the items
 and costs are the same bytes. With look-ahead membership (`assignment`, see _lookahead) a step's segments
-of a source are the positions assigned to it instead of one pointer range; the layout is the same.
+of a source are the positions assigned to it instead of one pointer range; the layout is the same, and where no
+source has images and every source's sample ids are uint64 (as indexes give them) each source's segments are
+written straight into their steps' places (`_placed`, _items_kernel), with no sort.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from loomdata.planning._cost import segment_cost
+from loomdata.planning._items_kernel import place_assigned
 from loomdata.planning._lookahead import StepAssignment, segments_at, stable_order
 from loomdata.planning._mixture import Stream
 from loomdata.planning._packing import Lanes
 from loomdata.planning._pointers import Pointers
-from loomdata.planning._segments import RowIds, SampleIds, Segments
+from loomdata.planning._segments import DenseIds, RowIds, SampleIds, Segments
 from loomdata.schemas.spec import CostSpec
 
 __all__ = ["BLOCK_SEGMENTS", "StepItems", "block_segments"]
@@ -68,6 +71,7 @@ class StepItems:
             self._seg_end = ptr.totals()  # segments drawn before step t (all sources)
         else:
             self._seg_end = np.concatenate([[0], np.cumsum(_counts(assignment, step0, len(ptr) - 1))])
+        self._placing = assignment is not None and self._can_place()
         self._first = 0
         self._bounds = np.zeros(1, dtype=np.int64)  # block-relative start of each step of the block, and end
         self._cols: tuple[np.ndarray, ...] = ()
@@ -103,6 +107,13 @@ class StepItems:
         end = self._seg_end[t0 - s0] + block_segments(len(self._streams))
         t1 = s0 + int(np.searchsorted(self._seg_end, end, side="right")) - 1
         t1 = min(max(t1, t0 + 1), last)
+        if self._placing:  # step-major as gathered (see _items_kernel)
+            src_id, sample, offset, length, lane, img = self._placed(t0, t1)
+            cost = segment_cost(length, img, self._cost_spec, self._lanes.cp_sizes(lane))
+            self._cols = (src_id, sample, offset, length, lane, img, cost)
+            self._bounds = self._seg_end[t0 - s0 : t1 - s0 + 1] - self._seg_end[t0 - s0]
+            self._first = t0
+            return
         parts = [] if self._asg is None else [self._assigned(t0, t1)]
         first, last_row = (self._ptr.row(t0 - s0), self._ptr.row(t1 - s0)) if self._asg is None else (None, None)
         for k, st in enumerate(self._streams if self._asg is None else ()):
@@ -128,6 +139,50 @@ class StepItems:
         self._cols = (src_id, sample, offset, length, lane, img, cost)
         self._bounds = np.searchsorted(step_of, np.arange(t1 - t0 + 1), side="left")
         self._first = t0
+
+    def _can_place(self) -> bool:
+        """Whether `_placed` gathers this plan's blocks: no images anywhere (zeros of one type) and every source's
+        sample ids dense, a dense index's rows, or stored as uint64 (the types `_assigned` gives: the same bytes)."""
+        k_all = range(len(self._streams))
+        if not all(self._no_images(k) for k in k_all) or len({self._images[k].dtype for k in k_all}) > 1:
+            return False
+        return all(
+            isinstance(ids, DenseIds | RowIds) or (isinstance(ids, np.ndarray) and ids.dtype == np.uint64)
+            for ids in self._samples
+        )
+
+    def _placed(self, t0: int, t1: int) -> tuple[np.ndarray, ...]:
+        """The columns of the segments assigned to steps t0..t1-1 (look-ahead membership) already step-major: a
+        step's segments are placed source by source where its run starts (the assignment's counts) by one compiled
+        pass a source (_items_kernel.place_assigned), no sort. The values and types of `_assigned`'s columns put
+        in step order."""
+        asg = self._asg
+        if asg is None:
+            raise AssertionError("no assignment to gather from")
+        s0 = self._step0
+        start = self._seg_end[t0 - s0 : t1 - s0 + 1] - self._seg_end[t0 - s0]
+        n = int(start[-1])
+        if n == 0:
+            raise AssertionError(f"steps {t0}..{t1 - 1} have no segments assigned")
+        nxt = start[:-1].copy()
+        src = np.empty(n, dtype=np.uint16)
+        sample = np.empty(n, dtype=np.uint64)
+        offset = np.empty(n, dtype=np.uint32)
+        length = np.empty(n, dtype=np.int64)
+        lane = np.empty(n, dtype=np.uint8)
+        threshold = -1 if self._lanes.threshold is None else int(self._lanes.threshold)
+        no_ids = np.zeros(0, dtype=np.uint64)
+        for k, st in enumerate(self._streams):
+            ids = self._samples[k]
+            dense = isinstance(ids, DenseIds)
+            col = no_ids if isinstance(ids, DenseIds) else ids.rows if isinstance(ids, RowIds) else ids
+            place_assigned(
+                st.doc, asg.pos[k], asg.step[k], t0, t1, self._tokens[k], st.split_pos, st.split_off,
+                st.split_len, threshold, col, dense, k, nxt, src, sample, offset, length, lane,
+            )  # fmt: skip
+        if not np.array_equal(nxt, start[1:]):
+            raise AssertionError(f"steps {t0}..{t1 - 1}: the sources' segments do not match the assignment's counts")
+        return src, sample, offset, length, lane, np.zeros(n, dtype=self._images[0].dtype)
 
     def _assigned(self, t0: int, t1: int) -> tuple[np.ndarray, ...]:
         """The columns of the segments assigned to steps t0..t1-1 (look-ahead membership), source after source

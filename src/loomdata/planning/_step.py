@@ -42,16 +42,16 @@ class StepSink:
         placed_src = segs.source[item]
         self.writer.add_block(
             blk.steps,
-            (rs + blk.steps.start).astype(np.uint32),
+            rs,
             {
                 "dp_rank": blk.rank,
                 "micro_batch": blk.micro_batch,
                 "source": placed_src,
-                "sample": segs.sample[item],
-                "offset": segs.offset[item].astype(np.int64) + blk.delta,
                 "length": blk.length,
                 "lane": blk.lane,
             },
+            take=(item, {"sample": segs.sample, "offset": segs.offset}),
+            offset_delta=blk.delta,
         )
         rank_max_item = np.zeros(n * dp)
         if len(item):  # rows are sorted by (step, rank): one reduceat gives each rank's largest segment

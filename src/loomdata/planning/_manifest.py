@@ -42,7 +42,7 @@ def file_bounds(drawn: np.ndarray, rows_per_file: int | None = None) -> np.ndarr
 class ManifestWriter:
     """Buffers the rows of the steps from `first_step` on and writes a partition file at each bound.
 
-    The rows go straight into one array a column in the column's final dtype (grown by doubling, kept between
+    The rows go straight into one array a column in the column's final dtype (grown as needed, kept between
     partitions), so a partition is written from those arrays as they are: no list of blocks to concatenate and
     cast at every flush, and a block's gathered columns (`add_block`'s `take`) are written once, in place."""
 
@@ -133,11 +133,14 @@ class ManifestWriter:
                 np.add(out, offset_delta[lo:hi], out=out, casting="unsafe")  # int64 sum, then cast as astype
 
     def _reserve(self, n: int) -> int:
-        """Room for n more rows in every column (doubling, the rows so far kept); returns the first new row."""
+        """Room for n more rows in every column (the rows so far kept); returns the first new row. Grown to what is
+        needed or by a quarter, so the buffers stay near the largest partition's rows (a doubling left up to twice
+        that held: +1 B of peak RSS a sample at 300 sources x 10M)."""
         at = self._rows
         need = at + n
-        if need > len(self._cols["step"]):
-            cap = max(need, 2 * len(self._cols["step"]), 1024)
+        have = len(self._cols["step"])
+        if need > have:
+            cap = max(need, have + have // 4)
             for k, v in self._cols.items():
                 grown = np.empty(cap, dtype=v.dtype)
                 grown[:at] = v[:at]

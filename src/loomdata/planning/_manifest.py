@@ -40,7 +40,11 @@ def file_bounds(drawn: np.ndarray, rows_per_file: int | None = None) -> np.ndarr
 
 
 class ManifestWriter:
-    """Buffers the rows of the steps from `first_step` on and writes a partition file at each bound."""
+    """Buffers the rows of the steps from `first_step` on and writes a partition file at each bound.
+
+    The rows go straight into one array a column in the column's final dtype (grown as needed, kept between
+    partitions), so a partition is written from those arrays as they are: no list of blocks to concatenate and
+    cast at every flush, and a block's gathered columns (`add_block`'s `take`) are written once, in place."""
 
     def __init__(self, plan_dir: Path, plan_id: str, bounds: np.ndarray, first_step: int = 0) -> None:
         """`bounds`: file_bounds of the plan (first step of each partition, then the step count); `first_step`:
@@ -50,7 +54,8 @@ class ManifestWriter:
         self._dir = plan_dir
         self._plan_id = plan_id
         self._bounds = np.asarray(bounds, dtype=np.int64)
-        self._buf: list[dict[str, np.ndarray]] = []
+        self._cols: dict[str, np.ndarray] = {name: np.empty(0, dtype=dtype) for name, dtype in _COLUMNS}
+        self._rows = 0
         self._first = first_step
         self._next = self._bound_after(first_step)
         self.files: list[ManifestFile] = []
@@ -61,20 +66,31 @@ class ManifestWriter:
             self._flush()
         n = len(columns["sample"])
         if n:
-            self._buf.append({"step": np.full(n, step, dtype=np.uint32), **columns})
+            at = self._reserve(n)
+            self._cols["step"][at : at + n] = step
+            for k, v in columns.items():
+                self._cols[k][at : at + n] = v  # cast to the column's dtype as astype does
 
-    def add_block(self, steps: range, step: np.ndarray, columns: dict[str, np.ndarray]) -> None:
-        """Append the rows of consecutive `steps` (`step`: each row's step, ascending; columns without `step`),
-        flushing every partition that ends before the block's last step, as add does step by step."""
+    def add_block(
+        self,
+        steps: range,
+        row_step: np.ndarray,
+        columns: dict[str, np.ndarray],
+        take: tuple[np.ndarray, dict[str, np.ndarray]] | None = None,
+        offset_delta: np.ndarray | None = None,
+    ) -> None:
+        """Append the rows of consecutive `steps` (`row_step`: each row's step within the block, ascending;
+        `columns` without `step`, one value a row), flushing every partition that ends before the block's last
+        step, as add does step by step. `take`: (item, base columns): the row's value of each such column is
+        `base[item]`, gathered straight into the buffer; `offset_delta` is then added to the gathered `offset`
+        (the piece's first token within its segment)."""
         lo = 0
         while steps.stop - 1 >= self._next:
-            hi = int(np.searchsorted(step, self._next, side="left"))
-            if hi > lo:
-                self._buf.append({"step": step[lo:hi], **{k: v[lo:hi] for k, v in columns.items()}})
+            hi = int(np.searchsorted(row_step, self._next - steps.start, side="left"))
+            self._put(steps.start, row_step, columns, take, offset_delta, lo, hi)
             lo = hi
             self._flush()
-        if len(step) > lo:
-            self._buf.append({"step": step[lo:], **{k: v[lo:] for k, v in columns.items()}})
+        self._put(steps.start, row_step, columns, take, offset_delta, lo, len(row_step))
 
     def close(self, last_step: int) -> list[ManifestFile]:
         """Flush every partition up to the one holding `last_step` (it must end there) and return the list."""
@@ -84,23 +100,67 @@ class ManifestWriter:
             raise ValueError(f"step {last_step} is not the last step of a partition")
         return self.files
 
+    def _put(
+        self,
+        start: int,
+        row_step: np.ndarray,
+        columns: dict[str, np.ndarray],
+        take: tuple[np.ndarray, dict[str, np.ndarray]] | None,
+        offset_delta: np.ndarray | None,
+        lo: int,
+        hi: int,
+    ) -> None:
+        """Rows lo..hi-1 of a block into the buffers (the same values as astype of each column to its dtype)."""
+        n = hi - lo
+        if n <= 0:
+            return
+        at = self._reserve(n)
+        cols = self._cols
+        np.add(row_step[lo:hi], start, out=cols["step"][at : at + n], casting="unsafe")
+        for k, v in columns.items():
+            cols[k][at : at + n] = v[lo:hi]
+        if take is not None:
+            item, base = take
+            part = item[lo:hi]
+            for k, v in base.items():
+                out = cols[k][at : at + n]
+                if v.dtype == out.dtype:
+                    np.take(v, part, out=out)
+                else:
+                    out[:] = v[part]
+            if offset_delta is not None:
+                out = cols["offset"][at : at + n]
+                np.add(out, offset_delta[lo:hi], out=out, casting="unsafe")  # int64 sum, then cast as astype
+
+    def _reserve(self, n: int) -> int:
+        """Room for n more rows in every column (the rows so far kept); returns the first new row. Grown to what is
+        needed or by a quarter, so the buffers stay near the largest partition's rows (a doubling left up to twice
+        that held: +1 B of peak RSS a sample at 300 sources x 10M)."""
+        at = self._rows
+        need = at + n
+        have = len(self._cols["step"])
+        if need > have:
+            cap = max(need, have + have // 4)
+            for k, v in self._cols.items():
+                grown = np.empty(cap, dtype=v.dtype)
+                grown[:at] = v[:at]
+                self._cols[k] = grown
+        self._rows = need
+        return at
+
     def _bound_after(self, step: int) -> int:
         return int(self._bounds[np.searchsorted(self._bounds, step, side="right")])
 
     def _flush(self) -> None:
         last = self._next - 1
-        arrays = [
-            pa.array(
-                np.concatenate([b[name] for b in self._buf]).astype(dtype, copy=False)
-                if self._buf
-                else np.zeros(0, dtype=dtype)
-            )
-            for name, dtype in _COLUMNS
-        ]
-        table = pa.Table.from_arrays(arrays, schema=MANIFEST_SCHEMA)
+        rows = self._rows
+        table = pa.Table.from_arrays(
+            [pa.array(self._cols[name][:rows]) for name, _ in _COLUMNS], schema=MANIFEST_SCHEMA
+        )
         rel = f"manifest/steps-{self._first:08d}-{last:08d}.parquet"
         write_table(table, self._dir / rel, TableKind.MANIFEST, {"plan_id": self._plan_id}, row_group_size=1 << 17)
         self.files.append(ManifestFile(path=rel, first_step=self._first, last_step=last, rows=table.num_rows))
-        self._buf.clear()
+        del table  # the buffers are reused for the next partition: nothing may keep a view of them
+        self._rows = 0
         self._first = self._next
         self._next = self._bound_after(self._first) if self._first < int(self._bounds[-1]) else self._first + 1

@@ -11,9 +11,10 @@ from loomdata.planning._counts import Pieces
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._report import BlockFigures, ReportBuilder, StepFigures
 from loomdata.planning._report_kernel import run_sums
+from loomdata.planning._step_kernel import rank_max_item as rank_max_item_of
 from loomdata.planning.balance import BalancedBlock, BalancedStep
 
-__all__ = ["StepSink", "report_tokens"]
+__all__ = ["StepSink", "own_offsets", "report_tokens"]
 
 
 def report_tokens(pieces: Pieces, n_sources: int) -> Pieces | np.ndarray:
@@ -21,6 +22,13 @@ def report_tokens(pieces: Pieces, n_sources: int) -> Pieces | np.ndarray:
     (steps x sources) cells outnumber them (many sources, small dp: added into the sparse counts), else those
     cells (same counts either way)."""
     return pieces if pieces.steps * n_sources > len(pieces.step) else pieces.dense(n_sources)
+
+
+def own_offsets(off: np.ndarray, in_step: np.ndarray) -> np.ndarray:
+    """Where each step's own segments start once those not in their step (`in_step` False) are left out: each
+    step's start `off` moved back by the segments left out before it (a search over the few left out, not a
+    count of every segment by step)."""
+    return off - np.searchsorted(np.flatnonzero(~in_step), off, side="left")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,30 +50,23 @@ class StepSink:
         placed_src = segs.source[item]
         self.writer.add_block(
             blk.steps,
-            (rs + blk.steps.start).astype(np.uint32),
+            rs,
             {
                 "dp_rank": blk.rank,
                 "micro_batch": blk.micro_batch,
                 "source": placed_src,
-                "sample": segs.sample[item],
-                "offset": segs.offset[item].astype(np.int64) + blk.delta,
                 "length": blk.length,
                 "lane": blk.lane,
             },
+            take=(item, {"sample": segs.sample, "offset": segs.offset}),
+            offset_delta=blk.delta,
         )
-        rank_max_item = np.zeros(n * dp)
-        if len(item):  # rows are sorted by (step, rank): one reduceat gives each rank's largest segment
-            key = rs * dp + blk.rank
-            change = np.empty(len(key), dtype=bool)
-            change[0] = True
-            np.not_equal(key[1:], key[:-1], out=change[1:])
-            starts = change.nonzero()[0]
-            rank_max_item[key[starts]] = np.maximum.reduceat(blk.cost[item], starts)
+        # rows are sorted by (step, rank): one pass gives each rank's largest segment
+        rank_max_item = rank_max_item_of(rs, blk.rank, item, np.ascontiguousarray(blk.cost, dtype=np.float64), n, dp)
         own, own_off = blk.cost, blk.off
         if blk.in_step is not None:  # segments wholly deferred are not part of their step
             own = blk.cost[blk.in_step]
-            own_off = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(np.bincount(np.repeat(np.arange(n), np.diff(blk.off))[blk.in_step], minlength=n), out=own_off[1:])
+            own_off = own_offsets(blk.off, blk.in_step)
         total, top = run_sums(np.ascontiguousarray(own, dtype=np.float64), own_off)
         if len(total) < n:
             raise ValueError("a step without segments")

@@ -166,8 +166,8 @@ def balance_span(
     fd = deal_flat(segs.length, cost, segs.lane, off, dp=dp, micro_batches=mb, lanes=cfg.lanes, carried=first_carried)
     # leftovers (what the LPT rounds could not place), in the few steps that have them: compiled for a block
     # without image samples (_leftovers_kernel), else step by step
-    order_step = np.repeat(np.arange(nb), np.diff(fd.cut))
-    left_steps = members(order_step[fd.p_rank[fd.order] < 0], nb)
+    unplaced = np.flatnonzero(fd.p_rank[fd.order] < 0)  # positions in `order` (few): their steps by `cut`
+    left_steps = members(np.searchsorted(fd.cut, unplaced, side="right") - 1, nb)
     pieces = _NO_PIECES
     new_carry: Segments | None = None
     in_step: np.ndarray | None = None
@@ -268,7 +268,7 @@ def balance_span(
         length=rows[3],
         rank=rows[4],
         micro_batch=rows[5],
-        lane=lane3[rows[0], rows[4], rows[5]],
+        lane=np.take(lane3.reshape(-1), (rows[0] * dp + rows[4]) * mb + rows[5]),  # lane3[step, rank, mb], flat
         rank_cost=rc,
         slot_cost=cost3,
         concat_rank=concat,

@@ -176,10 +176,14 @@ class StepItems:
             ids = self._samples[k]
             dense = isinstance(ids, DenseIds)
             col = no_ids if isinstance(ids, DenseIds) else ids.rows if isinstance(ids, RowIds) else ids
-            place_assigned(
+            placed = place_assigned(
                 st.doc, asg.pos[k], asg.step[k], t0, t1, self._tokens[k], st.split_pos, st.split_off,
                 st.split_len, threshold, col, dense, k, nxt, src, sample, offset, length, lane,
             )  # fmt: skip
+            if placed < 0:  # (an internal error: counts and steps are the same assignment's, its steps sorted)
+                raise AssertionError(
+                    f"steps {t0}..{t1 - 1}: source {k}'s segments do not match the assignment's counts"
+                )
         if not np.array_equal(nxt, start[1:]):
             raise AssertionError(f"steps {t0}..{t1 - 1}: the sources' segments do not match the assignment's counts")
         return src, sample, offset, length, lane, np.zeros(n, dtype=self._images[0].dtype)

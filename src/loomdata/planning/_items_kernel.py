@@ -94,7 +94,8 @@ def place_assigned(
     a StepAssignment's arrays of the source) into the block's columns: segment j at nxt[at[j] - t0], which then
     moves on one. Its values are _lookahead.segments_at's (doc, offset, length as uint32, lane: its document longer
     than `threshold`, none where threshold < 0), the sample id its document's row as uint64 (`dense`) or ids[doc]
-    as uint64, the length widened to int64. Returns how many segments it placed."""
+    as uint64, the length widened to int64. Returns how many segments it placed, or -1 (nothing written) where
+    a step's slots would run past the columns: the writes are unchecked, so the counts are checked first."""
     a = _lower(at, t0)
     m = _lower(at, t1) - a
     # in separate passes (see the module doc)
@@ -121,8 +122,11 @@ def place_assigned(
                 off[j] = split_off[i]
                 ln[j] = np.uint32(split_len[i])
     slot = np.empty(m, dtype=np.int64)
+    n = len(src)
     for j in range(m):
         s = int(at[a + j]) - t0
+        if nxt[s] >= n:  # more segments than the counts hold (see _items._placed): before any write
+            return -1
         slot[j] = nxt[s]
         nxt[s] += 1
     for j in range(m):  # one column at a time

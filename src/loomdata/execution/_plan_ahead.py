@@ -31,6 +31,7 @@ lock, so it never runs inside the loader's reader concurrently with a read.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
@@ -52,6 +53,8 @@ if TYPE_CHECKING:  # annotations only: no pydantic in a serving worker
     from loomdata.schemas.plan import AnyPlan
 
 __all__ = ["PlanAhead"]
+
+_log = logging.getLogger(__name__)
 
 _SPAN_ROWS = 1 << 18  # manifest rows read at once when planning the cache (this partition's are kept)
 
@@ -163,13 +166,25 @@ class PlanAhead:
         return self.prefetch is None or self.prefetch.settle(timeout)
 
     def _plan_later(self, chunks: list[int], next_span: int | None) -> None:
-        for c in chunks:
-            if self._closed:
-                return
-            self._plan_once(c)
-            self.pump(None)  # read ahead what this chunk needs now, not after the whole batch (hundreds of steps)
-        if next_span is not None:
-            self._read_next_span(next_span)
+        """Plan `chunks` (and read the next span) on a planning thread. Nobody waits on its future, so a failure is
+        counted (`plan_errors`) and logged here, not lost: a chunk it left unplanned is planned when its steps are
+        asked, where the same failure reaches the request."""
+        try:
+            for c in chunks:
+                if self._closed:
+                    return
+                self._plan_once(c)
+                self.pump(None)  # read ahead what this chunk needs now, not after the whole batch (hundreds of steps)
+            if next_span is not None:
+                self._read_next_span(next_span)
+        except Exception as err:  # a background thread's last stop: counted and logged, see above
+            self._loader._counters.plan_errors += 1
+            p = self._loader.partition
+            _log.warning(
+                "loomdata: planning steps ahead for source %d (samples %d..%d) failed at chunks %s: %s: %s; those "
+                "steps are planned when a rank asks for them",
+                p.source_id, p.first_sample, p.stop_sample - 1, chunks, type(err).__name__, err,
+            )  # fmt: skip
 
     def _plan_once(self, c: int) -> None:
         with self._lock:

@@ -4,12 +4,15 @@ Real Parquet files, index, plan and loader (in this process, as a Dask actor run
 2-step chunk, so the cache's reach (6 steps) spans several of them. Going forward no read reads checksums again;
 a rank restarted from an earlier step reads them again and is still checked; an index rebuilt under the loader is
 refused at such a read (never compared against); a failed read of them while planning leaves planning going and
-the read reports the error.
+the read reports the error; any other failure on a planning thread is counted and logged, and its steps are planned
+when asked.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -204,3 +207,37 @@ def test_a_failed_read_of_checksums_while_planning_leaves_planning_going(
     reach = range(far // CHUNK, (far + plan.cache.plan_reach) // CHUNK + 1)
     assert all(c in plan._planned for c in reach)  # the background planning past it went on too
     assert loader._counters.plan_errors >= errors + len(reach)  # each span's failed read counted
+
+
+def test_a_failure_planning_ahead_is_counted_logged_and_its_steps_planned_when_asked(
+    served: tuple[Spec, Path, SourceLoader, list[np.ndarray]],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A planning thread's failure (the cache refusing a chunk, as it refuses a planned read's row past 2**32, which
+    no test file can hold) is not lost with its thread's future: counted, logged naming the source, and the chunk
+    it left is planned when its steps are asked (every step served right)."""
+    _, plan_dir, loader, docs = served
+    plan = loader._plan
+    assert plan is not None
+    real = plan.cache.plan
+    failed: list[int] = []
+
+    def refused_on_a_planning_thread(keys: np.ndarray, step: np.ndarray, rows: np.ndarray) -> None:
+        if threading.current_thread().name.startswith("loom-plan-ahead") and not failed:
+            failed.append(int(step.min()))
+            raise ValueError("a planned read's row is past 2**32")
+        real(keys, step, rows)
+
+    monkeypatch.setattr(plan.cache, "plan", refused_on_a_planning_thread)
+    errors = loader._counters.plan_errors
+    with caplog.at_level(logging.WARNING, logger="loomdata.execution._plan_ahead"):
+        _run(loader, plan_dir, docs, range(1))
+        assert plan.idle(60)
+        assert failed and failed[0] < 30  # a chunk planned ahead (on a planning thread) was refused
+        assert failed[0] // CHUNK not in plan._planned
+        _run(loader, plan_dir, docs, range(1, 32))  # checks every step's tokens
+    assert plan.idle(60)
+    assert failed[0] // CHUNK in plan._planned  # planned when asked
+    assert loader._counters.plan_errors == errors + 1
+    assert "planning steps ahead for source 0" in caplog.text and "ValueError: a planned read's row" in caplog.text

@@ -306,6 +306,7 @@ class SourceLoader:
             samples_per_busy_s=c.samples / c.busy_s if c.busy_s > 0 else None,
             state_bytes=self._index.nbytes,
             rss_bytes=_rss(),
+            plan_errors=c.plan_errors,
             **self._prefetch_counts(),
             **self._checksum_counts(),
         )

@@ -74,6 +74,9 @@ class LoaderMetrics:
     new to it, and each read of a sample outside the steps held (`checksum_rereads`)."""
     checksum_rereads: int = 0
     """Of them, by a read: a sample outside the steps held (a rank behind the cache's floor); ~0 going forward."""
+    plan_errors: int = 0
+    """Manifest spans, shards or chunks its plan-driven cache could not plan (unreadable manifest or checksums, a
+    failure on a planning thread, logged): their units are read when asked instead of kept ahead; 0 when healthy."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: rates to 0.1, seconds to 1e-4."""
@@ -99,6 +102,7 @@ class LoaderMetrics:
             "checksums_held": self.checksums_held,
             "checksum_loads": self.checksum_loads,
             "checksum_rereads": self.checksum_rereads,
+            "plan_errors": self.plan_errors,
         }
 
 

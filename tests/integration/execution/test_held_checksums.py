@@ -10,6 +10,7 @@ when asked.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -240,4 +241,5 @@ def test_a_failure_planning_ahead_is_counted_logged_and_its_steps_planned_when_a
     assert plan.idle(60)
     assert failed[0] // CHUNK in plan._planned  # planned when asked
     assert loader._counters.plan_errors == errors + 1
+    assert asyncio.run(loader.metrics()).to_dict()["plan_errors"] == errors + 1  # what `loom serve` reports
     assert "planning steps ahead for source 0" in caplog.text and "ValueError: a planned read's row" in caplog.text

@@ -22,7 +22,7 @@ def test_loader_metrics_dict_shape_and_rounding() -> None:
         "samples_per_s", "samples_per_busy_s", "state_bytes", "rss_bytes",
         "prefetched", "prefetch_hits", "prefetch_errors", "prefetch_waits", "unit_misses",
         "get_latency_s", "prefetch_reach_steps", "checksums_held", "checksum_loads", "checksum_rereads",
-        "plan_errors",
+        "plan_errors", "units_decoded", "samples_decoded", "tokens_decoded", "tokens_unserved",
     ]  # fmt: skip
     assert d["busy_s"] == 0.1235 and d["samples_per_s"] == 12.3 and d["samples_per_busy_s"] is None
     assert d["get_latency_s"] == 0.1012 and d["prefetch_reach_steps"] == 90

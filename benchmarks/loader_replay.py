@@ -128,7 +128,9 @@ def _child(plan_dir: Path, group: int, plan_window: bool = False) -> dict[str, A
         for k, v in lo._prefetch_counts().items():
             counts[k] = counts.get(k, 0) + v
     anon = _anonymous_mib()
+    own = [lo._decode_counts() for lo in loaders.values() if hasattr(lo, "_decode_counts")]  # LoaderMetrics' (s30)
     return {
+        "metrics_tokens_decoded": sum(d["tokens_decoded"] for d in own) if own else None,
         "cpu_s": round(cpu, 3),
         "wall_s": round(wall, 3),
         "open_s": round(open_s, 3),

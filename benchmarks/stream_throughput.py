@@ -231,11 +231,25 @@ def _loom_consumer(plan_dir: str, rank: int, ready: Any, start: Any, out: Any) -
     out.put(_report(rank, got, t0, cpu0, self0, faults0))
 
 
-class _PackedParquet(IterableDataset):  # type: ignore[type-arg]
-    """A plain per-rank loader: read this rank's row groups with pyarrow, pack documents greedily."""
+class _Decoding(IterableDataset):  # type: ignore[type-arg]
+    """A peer's count of what its reader decoded: row groups, their documents and tokens (per group, not per row).
+
+    Seen by the consumer only with `num_workers=0` (with workers each holds its own copy of the dataset)."""
 
     def __init__(self, files: list[str], rank: int, world: int, seq_len: int) -> None:
         self.files, self.rank, self.world, self.seq_len = files, rank, world, seq_len
+        self.decoded = {"units": 0, "samples": 0, "tokens": 0}
+
+    def _decoded(self, offsets: np.ndarray) -> None:
+        """A row group was decoded (its list offsets)."""
+        d = self.decoded
+        d["units"] += 1
+        d["samples"] += len(offsets) - 1
+        d["tokens"] += int(offsets[-1] - offsets[0])
+
+
+class _PackedParquet(_Decoding):
+    """A plain per-rank loader: read this rank's row groups with pyarrow, pack documents greedily."""
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
@@ -250,6 +264,7 @@ class _PackedParquet(IterableDataset):  # type: ignore[type-arg]
                 col = pq.ParquetFile(f).read_row_group(g, columns=["tokens"]).column(0).combine_chunks()
                 offsets = col.offsets.to_numpy()
                 values = col.values.to_numpy()
+                self._decoded(offsets)
                 for i in range(len(offsets) - 1):
                     doc = values[offsets[i] : offsets[i + 1]]
                     while len(doc):
@@ -274,13 +289,10 @@ class _PackedParquet(IterableDataset):  # type: ignore[type-arg]
                             buf, lens, room = [], [], self.seq_len
 
 
-class _ConcatCut(IterableDataset):  # type: ignore[type-arg]
+class _ConcatCut(_Decoding):
     """The fastest simple peer: per row group, shuffle its documents, concatenate them (one NumPy gather,
     no per-document Python) and cut full `seq_len` rows; the tail carries into the next group.
     Documents are cut at row boundaries (as Megatron's GPTDataset and LitData's TokensLoader do)."""
-
-    def __init__(self, files: list[str], rank: int, world: int, seq_len: int) -> None:
-        self.files, self.rank, self.world, self.seq_len = files, rank, world, seq_len
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
@@ -296,6 +308,7 @@ class _ConcatCut(IterableDataset):  # type: ignore[type-arg]
             for f, g in mine:
                 col = files[f].read_row_group(g, columns=["tokens"]).column(0).combine_chunks()
                 offsets, values = col.offsets.to_numpy().astype(np.int64), col.values.to_numpy()
+                self._decoded(offsets)
                 perm = rng.permutation(len(offsets) - 1)
                 lens = (offsets[1:] - offsets[:-1])[perm]
                 new_start = np.cumsum(lens) - lens  # documents in shuffled order, end to end (one gather)
@@ -377,6 +390,9 @@ def _baseline_consumer(
     it = iter(loader)
     got = _consume(itertools.islice(it, n), t0)
     del it  # joins the DataLoader workers, so their CPU time is counted as reaped children
+    dataset = loader.dataset
+    if workers == 0 and isinstance(dataset, _Decoding):  # with workers, each counted in its own copy: not known here
+        got["decoded"] = dict(dataset.decoded)
     out.put(_report(rank, got, t0, cpu0, self0, faults0))
 
 
@@ -502,6 +518,23 @@ def _side(rows: list[dict[str, Any]], wall: float, cpu: float) -> dict[str, Any]
     }
 
 
+def _decode_waste(decoded: int | None, decoded_samples: int | None, served: int, cpu: float) -> dict[str, Any]:
+    """A side's decode waste: tokens its reads decoded (whole row groups) against the tokens served of them, the share
+    never served, and decoded tokens per CPU-second: a projection, the tokens per CPU-second were every decoded token
+    served at no more CPU (an upper bound: serving them would cost packing and delivery). None where not counted."""
+    out: dict[str, Any] = {"decoded_tokens": decoded, "decoded_samples": decoded_samples, "served_tokens": served}
+    known = decoded is not None and decoded > 0 and cpu > 0
+    out["unserved_fraction"] = round(1 - served / decoded, 4) if decoded and known else None
+    out["decoded_tokens_per_cpu_s"] = round(decoded / cpu) if decoded and known else None
+    return out
+
+
+def _peer_decoded(rows: list[dict[str, Any]], key: str) -> int | None:
+    """A peer's decoded `key` summed over its consumers (None where one could not tell: DataLoader workers)."""
+    got = [r.get("decoded") for r in rows]
+    return None if any(d is None for d in got) else sum(d[key] for d in got if d is not None)
+
+
 def _measure(
     client: Any,
     plan_dir: Path,
@@ -529,7 +562,12 @@ def _measure(
             rows, pwall = _run_consumers(
                 _baseline_consumer, lambda r, k=kind, w=w: (k, files, r, n, seq_len, n_batches, w), n
             )
-            settings_of[w] = {"num_workers": w, **_side(rows, pwall, sum(r["cpu_s"] for r in rows))}
+            pcpu = sum(r["cpu_s"] for r in rows)
+            side = _side(rows, pwall, pcpu)
+            side.update(
+                _decode_waste(_peer_decoded(rows, "tokens"), _peer_decoded(rows, "samples"), side["tokens"], pcpu)
+            )
+            settings_of[w] = {"num_workers": w, **side}
             row[f"{kind}_w{w}"] = settings_of[w]
         sides[kind] = max(settings_of.values(), key=lambda side: side["tokens_per_s"])
     for kind, side in sides.items():
@@ -615,6 +653,17 @@ def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, Any], tr
         cpu_s_by_thread=threads,  # each worker's CPU by thread: its event loop (MainThread), loader threads...
         read_ahead=read_ahead,  # each loader's read-ahead decision (local files: `_prefetch.ReadStall`)
     )
+    srcs = m["sources"].values()  # the loaders' counts (a tree before session 30 has no decoded ones: None)
+    decoded = [src.get("tokens_decoded") for src in srcs]
+    samples = [src.get("samples_decoded") for src in srcs]
+    loom_side.update(
+        _decode_waste(
+            None if None in decoded else sum(decoded),
+            None if None in samples else sum(samples),
+            sum(src["tokens"] for src in srcs),
+            loom_cpu,
+        )
+    )
     return loom_side
 
 
@@ -654,6 +703,12 @@ def _ratios(loom: dict[str, Any], peer: dict[str, Any], kind: str) -> dict[str, 
             loom["tokens_per_rank_cpu_s"] / max(peer["tokens_per_rank_cpu_s"], 1), 3
         ),
         f"ratio_first_batch_vs_{kind}": round(loom["first_batch_s"] / max(peer["first_batch_s"], 1e-6), 2),
+        # a projection (see `_decode_waste`): the per-core ratio were every decoded token served on both sides
+        f"projected_ratio_per_cpu_core_if_all_decoded_served_vs_{kind}": (
+            round(loom["decoded_tokens_per_cpu_s"] / peer["decoded_tokens_per_cpu_s"], 3)
+            if loom.get("decoded_tokens_per_cpu_s") and peer.get("decoded_tokens_per_cpu_s")
+            else None
+        ),
     }
 
 
@@ -713,6 +768,20 @@ def _print_row(row: dict[str, Any], label: str = "") -> None:
                 f"  vs {p}"
             )
         print(line, flush=True)
+        projected = ratios.get(f"projected_ratio_per_cpu_core_if_all_decoded_served_vs_{peers[0]}") if peers else None
+        print(_waste_line(r, projected if name in looms else None), flush=True)
+
+
+def _waste_line(r: dict[str, Any], projected: float | None) -> str:
+    """A side's decode waste under its row: decoded and served tokens, the unserved share, the projection."""
+    dec = r.get("decoded_tokens")
+    if not dec:
+        return f"{'':>23} decoded: not counted (a tree before session 30, or DataLoader workers)"
+    line = (
+        f"{'':>23} decoded {dec:,} served {r['served_tokens']:,} unserved {100 * r['unserved_fraction']:.1f}%"
+        f"  decoded/cpu-s {r['decoded_tokens_per_cpu_s']:,} (projection: all decoded served)"
+    )
+    return line + (f"  projected ratio/core {projected:.2f}" if projected is not None else "")
 
 
 _HEADER = (

@@ -309,7 +309,16 @@ class SourceLoader:
             plan_errors=c.plan_errors,
             **self._prefetch_counts(),
             **self._checksum_counts(),
+            **self._decode_counts(),
         )
+
+    def _decode_counts(self) -> dict[str, Any]:
+        """What its reader and the reader's siblings (planning, reads ahead) decoded: counted per unit by the format."""
+        d = self._reader.decoded
+        if d is None:
+            return {}
+        units, rows, tokens = d.snapshot()
+        return {"units_decoded": units, "samples_decoded": rows, "tokens_decoded": tokens}
 
     def _checksum_counts(self) -> dict[str, Any]:
         sums = self._index.checksums

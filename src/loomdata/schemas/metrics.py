@@ -32,6 +32,11 @@ def _r4(x: float) -> float:
     return round(x, 4)
 
 
+def _total(counts: list[int | None]) -> int | None:
+    """The sum of counts, None if any is unknown (or there are none)."""
+    return None if not counts or any(c is None for c in counts) else sum(c for c in counts if c is not None)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoaderMetrics:
     """Counters and rates of one Source Loader (one partition of one source)."""
@@ -40,8 +45,10 @@ class LoaderMetrics:
     part: int
     calls: int = 0
     samples: int = 0
+    """Samples served: the distinct samples of each read, summed (a sample two reads serve segments of counts twice)."""
     segments: int = 0
     tokens: int = 0
+    """Tokens served: the segments' tokens (compare `tokens_decoded`)."""
     busy_s: float = 0.0
     """Seconds spent reading (in the actor's thread or inline)."""
     samples_per_s: float | None = None
@@ -77,6 +84,20 @@ class LoaderMetrics:
     plan_errors: int = 0
     """Manifest spans, shards or chunks its plan-driven cache could not plan (unreadable manifest or checksums, a
     failure on a planning thread, logged): their units are read when asked instead of kept ahead; 0 when healthy."""
+    units_decoded: int | None = None
+    """Read units (Parquet row groups) the loader decoded, on its reads and its reads ahead, each decode counted (a unit
+    decoded again counts again); None: the format has no read units (it decodes what it serves)."""
+    samples_decoded: int | None = None
+    """Rows (samples) of those units: every sample of a unit decoded, served or not."""
+    tokens_decoded: int | None = None
+    """Token ids of those units. `tokens_decoded - tokens` were decoded and not (yet) served: rows of units read for a
+    few samples (a shuffle's last window part-reads row groups), units decoded again, units read ahead and not used;
+    None where not known (no read units, or a text column: its tokens exist only once a row is tokenized)."""
+
+    @property
+    def tokens_unserved(self) -> int | None:
+        """Tokens decoded and not (yet) served: `tokens_decoded - tokens` (None where decodes are not counted)."""
+        return None if self.tokens_decoded is None else self.tokens_decoded - self.tokens
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: rates to 0.1, seconds to 1e-4."""
@@ -103,6 +124,10 @@ class LoaderMetrics:
             "checksum_loads": self.checksum_loads,
             "checksum_rereads": self.checksum_rereads,
             "plan_errors": self.plan_errors,
+            "units_decoded": self.units_decoded,
+            "samples_decoded": self.samples_decoded,
+            "tokens_decoded": self.tokens_decoded,
+            "tokens_unserved": self.tokens_unserved,
         }
 
 
@@ -181,6 +206,10 @@ class SourceMetrics:
     tokens: int = 0
     samples_per_s: float = 0.0
     busy_s: float = 0.0
+    samples_decoded: int | None = None
+    """`LoaderMetrics.samples_decoded` summed; None where a loader does not count them."""
+    tokens_decoded: int | None = None
+    """`LoaderMetrics.tokens_decoded` summed (against `tokens` served); None where a loader does not count them."""
 
     @staticmethod
     def of(loaders: list[LoaderMetrics]) -> SourceMetrics:
@@ -190,6 +219,8 @@ class SourceMetrics:
             tokens=sum(m.tokens for m in loaders),
             samples_per_s=sum(m.samples_per_s or 0.0 for m in loaders),
             busy_s=sum(m.busy_s for m in loaders),
+            samples_decoded=_total([m.samples_decoded for m in loaders]),
+            tokens_decoded=_total([m.tokens_decoded for m in loaders]),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -199,6 +230,8 @@ class SourceMetrics:
             "tokens": self.tokens,
             "samples_per_s": round(self.samples_per_s, 1),
             "busy_s": _r4(self.busy_s),
+            "samples_decoded": self.samples_decoded,
+            "tokens_decoded": self.tokens_decoded,
         }
 
 

@@ -18,7 +18,8 @@ belongs to whoever drives the reads: by default a small LRU; a Source Loader set
 reader cannot have) and keeps each only until its last use. Such a cache may also name the rows of a
 unit it will still ask for (`wanted`): the reader then keeps only those (`KeptRows`), not the whole
 decoded block. `load_unit` decodes one unit outside any cache, so a second reader can read units ahead
-and offer them to the same cache.
+and offer them to the same cache. Such a format counts the units it decodes (`decoded`, a `DecodeCounts` its
+`sibling`s share): what a Source Loader decoded, against what it served.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from loomdata.storage import Location
 if TYPE_CHECKING:  # annotations only: a serving worker reads records, not the pydantic spec
     from loomdata.schemas.records import AnyImages, AnySource, AnyTokenizer
 
-__all__ = ["FormatReader", "KeptRows", "LruUnitCache", "Sample", "ScanResult", "UnitCache", "UnitKey"]
+__all__ = ["DecodeCounts", "FormatReader", "KeptRows", "LruUnitCache", "Sample", "ScanResult", "UnitCache", "UnitKey"]
 
 UnitKey = tuple[str, int]
 """A read unit's cache key: (str(path), unit)."""
@@ -61,6 +62,34 @@ class ScanResult:
 
     rows: pa.Table
     errors: list[tuple[int | None, str]] = field(default_factory=list)
+
+
+class DecodeCounts:
+    """Read units decoded by a reader and its siblings (a loader's read-ahead readers), each decode counted (again
+    when a unit is decoded again), with the rows (samples) and token ids they hold: a Source Loader reports them beside
+    what it served (`LoaderMetrics.tokens_decoded`), so tokens decoded and never served show. Counted per unit, never
+    per sample. `tokens` is None once a unit whose tokens are not ids was decoded (a text column: tokenized per row
+    read). Thread-safe: siblings decode on several threads."""
+
+    __slots__ = ("_lock", "rows", "tokens", "units")
+
+    def __init__(self) -> None:
+        self.units = 0
+        self.rows = 0
+        self.tokens: int | None = 0
+        self._lock = threading.Lock()
+
+    def add(self, rows: int, tokens: int | None) -> None:
+        """One unit decoded: `rows` rows holding `tokens` token ids (None: not token ids)."""
+        with self._lock:
+            self.units += 1
+            self.rows += rows
+            self.tokens = None if tokens is None or self.tokens is None else self.tokens + tokens
+
+    def snapshot(self) -> tuple[int, int, int | None]:
+        """(units, rows, tokens) as one state (a decode on another thread may be counting)."""
+        with self._lock:
+            return self.units, self.rows, self.tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +191,7 @@ class FormatReader(abc.ABC):
         self.tokenizer_spec = tokenizer
         self.images = images
         self.unit_cache: UnitCache = LruUnitCache()
+        self.decoded: DecodeCounts | None = None  # a format with read units counts its decodes (shared by siblings)
 
     def use_unit_cache(self, cache: UnitCache) -> None:
         """Keep decoded read units in `cache` from now on (its owner decides what stays)."""

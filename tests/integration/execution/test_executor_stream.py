@@ -5,12 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from distributed import Client
 
 from loomdata.client import StreamClient
 from loomdata.execution import Executor
 from loomdata.execution.protocol import constructor_dataset, read_serve_info
+from loomdata.schemas import IndexFiles, Spec, parse_spec, read_manifest, read_plan
 
 
 def test_every_batch_matches_an_independent_read(dask_client: Client, stream_plan: Path, loomtest: Any) -> None:
@@ -35,6 +39,16 @@ def test_every_batch_matches_an_independent_read(dask_client: Client, stream_pla
     assert m.loader_samples > 0
     assert set(m.sources) == set(meta.sources)
     assert m.to_dict()["sources"].keys() == set(meta.sources)  # the --json shape
+    touched = _units_read(stream_plan)
+    for name, src in m.sources.items():  # every row group the plan reads was decoded whole, at least once
+        units, rows, tokens = touched[name]
+        assert src.tokens_decoded is not None and src.samples_decoded is not None
+        assert src.tokens_decoded >= tokens > src.tokens > 0  # decoded >= served: more, the groups are read in part
+        assert src.samples_decoded >= rows
+        assert sum(lo.metrics.units_decoded or 0 for lo in m.loaders if lo.metrics.source == name) >= units
+    for lo in m.loaders:
+        lm = lo.metrics
+        assert lm.tokens_decoded is not None and lm.tokens_unserved == lm.tokens_decoded - lm.tokens >= 0
     assert not (stream_plan / "serve.json").exists()
     assert constructor_dataset(meta.plan_id, 0) not in dask_client.list_datasets()
 
@@ -55,3 +69,73 @@ def test_long_context_lane_is_served_at_its_length(
                     oracle.check(b)  # also checks the lane's sequence length
                     lanes.add((b.lane, len(b.input_ids)))
     assert lanes == {(0, 256), (1, 1024)}
+
+
+def _units_read(plan_dir: Path) -> dict[str, tuple[int, int, int]]:
+    """Per source, the row groups the whole plan reads, with their rows and tokens (pyarrow over the files)."""
+    meta = read_plan(plan_dir)
+    spec = Spec.model_validate(meta.spec)
+    t = read_manifest(plan_dir, meta, 0, meta.steps - 1)
+    out = {}
+    for sid, name in enumerate(meta.sources):
+        files = IndexFiles.of(spec.workdir, name)
+        idx = pq.read_table(str(files.samples), columns=["sample", "shard", "row"])
+        shards = pq.read_table(str(files.shards))
+        path_of = dict(zip(shards.column("shard").to_pylist(), shards.column("path").to_pylist(), strict=True))
+        mine = np.isin(
+            idx.column("sample").to_numpy(), t.column("sample").to_numpy()[t.column("source").to_numpy() == sid]
+        )
+        shard, row = idx.column("shard").to_numpy()[mine], idx.column("row").to_numpy()[mine]
+        units = set(zip(shard.tolist(), (row // 16).tolist(), strict=True))
+        rows = tokens = 0
+        for s, g in units:  # the corpus is written with row groups of 16 rows
+            group = pq.ParquetFile(path_of[s]).read_row_group(int(g), columns=["tokens"]).column(0)
+            rows += len(group)
+            tokens += sum(len(x) for x in group.to_pylist())
+        out[name] = (len(units), rows, tokens)
+    return out
+
+
+def test_loader_metrics_count_the_one_row_group_a_plan_reads_in_part(
+    dask_client: Client, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """One file of one row group, a one-step plan that reads a few of its documents: the loader decoded that group
+    once, all its rows and tokens, and served fewer."""
+    from loomtest import stream
+
+    tmp = tmp_path_factory.mktemp("one-group")
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(1, 50_000, size=int(n), dtype=np.int32) for n in rng.integers(100, 300, size=48)]
+    (tmp / "data").mkdir()
+    pq.write_table(pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))}), tmp / "data" / "a.parquet")
+    spec = parse_spec(
+        {
+            "name": "one-group",
+            "workdir": str(tmp / "work"),
+            "seed": 3,
+            "sources": [
+                {
+                    "name": "web",
+                    "format": "parquet",
+                    "paths": [str(tmp / "data" / "*.parquet")],
+                    "tokens_field": "tokens",
+                }
+            ],
+            "mixture": {"weights": {"web": 1.0}},
+            "training": {"seq_len": 512, "steps": 1, "dp_size": 1, "micro_batches": 1},
+        },
+        tmp,
+    )
+    plan_dir = Path(stream.index_and_plan(spec, dask_client))
+    assert pq.ParquetFile(tmp / "data" / "a.parquet").metadata.num_row_groups == 1
+    served = 0
+    with Executor(plan_dir, dask_client) as ex:
+        with StreamClient(plan_dir, 0) as s:
+            for b in s:
+                served += int(b.segments["length"].sum())
+        m = ex.metrics()
+    (lo,) = [lo.metrics for lo in m.loaders]
+    assert 0 < lo.tokens == served < sum(len(d) for d in docs)  # a few documents of the 48
+    assert (lo.units_decoded, lo.samples_decoded, lo.tokens_decoded) == (1, 48, sum(len(d) for d in docs))
+    assert lo.tokens_unserved == sum(len(d) for d in docs) - served
+    assert m.to_dict()["sources"]["web"]["tokens_decoded"] == sum(len(d) for d in docs)

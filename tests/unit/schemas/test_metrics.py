@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from loomdata.schemas import BuildPhases, ConstructorMetrics, LoaderMetrics
+from loomdata.schemas import BuildPhases, ConstructorMetrics, LoaderMetrics, SourceMetrics
 
 
 def test_loader_metrics_dict_shape_and_rounding() -> None:
@@ -22,7 +22,7 @@ def test_loader_metrics_dict_shape_and_rounding() -> None:
         "samples_per_s", "samples_per_busy_s", "state_bytes", "rss_bytes",
         "prefetched", "prefetch_hits", "prefetch_errors", "prefetch_waits", "unit_misses",
         "get_latency_s", "prefetch_reach_steps", "checksums_held", "checksum_loads", "checksum_rereads",
-        "plan_errors",
+        "plan_errors", "units_decoded", "samples_decoded", "tokens_decoded", "tokens_unserved",
     ]  # fmt: skip
     assert d["busy_s"] == 0.1235 and d["samples_per_s"] == 12.3 and d["samples_per_busy_s"] is None
     assert d["get_latency_s"] == 0.1012 and d["prefetch_reach_steps"] == 90
@@ -53,3 +53,17 @@ def test_metrics_are_frozen_and_keyword_only() -> None:
         m.calls = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
         LoaderMetrics("a", 0)  # type: ignore[misc]
+
+
+def test_decoded_counts_sum_per_source_and_unserved_is_their_difference() -> None:
+    a = LoaderMetrics(source="web", part=0, tokens=70, units_decoded=2, samples_decoded=30, tokens_decoded=100)
+    b = LoaderMetrics(source="web", part=1, tokens=50, units_decoded=1, samples_decoded=10, tokens_decoded=50)
+    assert (a.tokens_unserved, b.tokens_unserved) == (30, 0)
+    assert a.to_dict()["tokens_decoded"] == 100 and a.to_dict()["tokens_unserved"] == 30
+    s = SourceMetrics.of([a, b])
+    assert (s.tokens, s.samples_decoded, s.tokens_decoded) == (120, 40, 150)
+    assert s.to_dict()["tokens_decoded"] == 150
+    unknown = LoaderMetrics(source="web", part=2, tokens=5)  # a format without read units: not counted
+    assert unknown.tokens_unserved is None and unknown.to_dict()["units_decoded"] is None
+    assert SourceMetrics.of([a, unknown]).tokens_decoded is None  # a partial sum would pass for the whole source's
+    assert SourceMetrics.of([]).tokens_decoded is None

@@ -291,3 +291,29 @@ def test_files_past_the_process_limit_are_let_go_and_reopened_from_the_held_foot
     r.close()
     assert r.open_files() == 0
     assert len(os.listdir("/proc/self/fd")) <= fds  # every handle it opened is closed
+
+
+@pytest.mark.parametrize("typ", [pa.list_(pa.int32()), pa.large_list(pa.int64())])
+def test_decodes_are_counted_per_row_group_for_the_reader_and_its_siblings(tmp_path: Path, typ: pa.DataType) -> None:
+    p = tmp_path / "a.parquet"
+    docs = _docs(100, seed=3)
+    _write_tokens(p, docs, typ, rg=40)  # groups of rows 0-39, 40-79, 80-99
+    main = _reader(tokens_field="input_ids")
+    other = main.sibling()
+    assert main.decoded is not None and other.decoded is main.decoded  # one count for a loader and its read-ahead
+    assert main.decoded.snapshot() == (0, 0, 0)
+    main.read(p, np.array([3, 85]))  # part of two groups: both decoded whole
+    want = sum(len(d) for d in docs[:40]) + sum(len(d) for d in docs[80:])
+    assert main.decoded.snapshot() == (2, 60, want)
+    main.read(p, np.array([3]))  # held by the reader's (default) cache: not decoded again
+    other.load_unit(p, 1, np.array([41]))  # a read ahead decodes the middle group
+    assert main.decoded.snapshot() == (3, 100, sum(len(d) for d in docs))
+    assert _reader(tokens_field="input_ids").decoded.snapshot() == (0, 0, 0)  # type: ignore[union-attr]
+
+
+def test_decoded_text_groups_count_rows_not_tokens(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": [f"doc {i}" for i in range(30)]}), path, row_group_size=16)
+    r = _reader(text_field="text")
+    r.read(path, np.array([0, 20]))
+    assert r.decoded is not None and r.decoded.snapshot() == (2, 30, None)  # a text row's tokens: known once tokenized

@@ -9,7 +9,7 @@ first when absent, --samples x --n-sources) at --dp, removes that plan dir and p
 seconds (user + system): import; the cold plan and the warm one (their difference: the once-per-process
 cost inside make_plan); of the cold plan numba's set-up and the kernel loads (count, CPU), by wrapping
 numba's Dispatcher._compile_for_args (a cached kernel's first call) and the set-up's first registry load;
-minor page faults of both plans; the whole child's CPU (RUSAGE_CHILDREN, interpreter start and exit
+minor page faults and system time of both plans; the whole child's CPU (RUSAGE_CHILDREN, interpreter start and exit
 included), and the same up to the end of the cold plan (what a `loom plan`-like process pays). Trees run in
 alternating order, --rounds times, after one untimed run each (its kernel cache filled). Writes --out (JSON).
 
@@ -34,7 +34,9 @@ HERE = Path(__file__).resolve().parent
 FIGURES = [
     ("import_cpu_s", "import"),
     ("cold_cpu_s", "cold plan"),
+    ("cold_sys_s", "of it system"),
     ("warm_cpu_s", "warm plan"),
+    ("warm_sys_s", "of it system"),
     ("once_cpu_s", "cold-warm"),
     ("numba_setup_cpu_s", "numba set-up"),
     ("kernel_load_cpu_s", "kernel loads"),
@@ -86,11 +88,13 @@ def child(workdir: Path, dp: int, steps: int) -> dict[str, Any]:
     spec = parse_spec(raw, workdir, check_paths=False)
     out: dict[str, Any] = {"import_cpu_s": time.process_time() - c0}
     for run in ("cold", "warm"):
-        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         c = time.process_time()
         result = make_plan(spec)
         out[f"{run}_cpu_s"] = time.process_time() - c
-        out[f"{run}_minflt"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        out[f"{run}_sys_s"] = r1.ru_stime - r0.ru_stime
+        out[f"{run}_minflt"] = r1.ru_minflt - r0.ru_minflt
         shutil.rmtree(result.plan_dir)
         if run == "cold":
             ru = resource.getrusage(resource.RUSAGE_SELF)

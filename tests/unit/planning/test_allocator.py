@@ -1,4 +1,4 @@
-"""planning._allocator.plan_heap: glibc's heap thresholds set once in a planning process, unless the environment chose."""
+"""planning._allocator.plan_heap: glibc's heap thresholds set once a planning process, unless the environment chose."""
 
 from __future__ import annotations
 

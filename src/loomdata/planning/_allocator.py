@@ -34,10 +34,10 @@ def plan_heap() -> bool:
 
     A fresh process's thresholds start at 128 KB and grow only as mmapped blocks are freed, so until then each
     free at the heap's top above 128 KB gives the pages back and the next allocation faults them in again. A cold
-    20-step plan of 10M samples x 300 sources (dp 4) took 116K minor page faults against 56K with the thresholds
-    set (the streams' per-source temporaries; 0.1-0.2 CPU-s of system time), peak RSS unchanged; the same plan
-    again in that process takes ~26K either way. The values are about where glibc's own adaptation ends after a
-    plan; the planning threads' arenas are still given back at set points (trim_arenas).
+    20-step plan of 10M samples x 300 sources (dp 4) took 97-107K minor page faults against 57K with the thresholds
+    set (mostly the streams' per-source temporaries; system time 0.20-0.35 -> 0.14-0.19 CPU-s), peak RSS unchanged;
+    the same plan again in that process takes 22-29K either way. The values are about where glibc's own adaptation
+    ends after a plan; the planning threads' arenas are still given back at set points (trim_arenas).
     """
     return heap_settable(os.environ) and _glibc.set_heap_thresholds(HEAP_BYTES)
 

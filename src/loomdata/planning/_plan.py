@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from loomdata.planning._allocator import plan_heap, trim_arenas
+from loomdata.planning._allocator import trim_arenas
 from loomdata.planning._baselines import BASELINE_DESCRIPTION
 from loomdata.planning._distributed import (
     RANGES_PER_WORKER,
@@ -142,7 +142,6 @@ def make_plan(
     balanced on its workers (`ranges` of them, default RANGES_PER_WORKER per worker; see _distributed):
     the plan is byte-identical to the one-process plan.
     """
-    plan_heap()  # glibc's heap thresholds where the environment leaves them adaptive (once a process)
     weights = step_weights(spec)
     sources, fps = _load_index(spec, index, fingerprints)
     base = None if resume_from is None else open_base(resume_from, spec, fps, PLANNER_VERSION)

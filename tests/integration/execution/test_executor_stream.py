@@ -141,7 +141,6 @@ def test_loader_metrics_count_the_one_row_group_a_plan_reads_in_part(
     assert m.to_dict()["sources"]["web"]["tokens_decoded"] == sum(len(d) for d in docs)
 
 
-
 def test_a_unit_held_across_epochs_serves_more_than_it_decoded_and_unserved_stays_at_least_zero(
     dask_client: Client, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -1,17 +1,17 @@
 """What a fresh planning process pays once: a small plan cold (first in its process) against the same plan again.
 
-Every `loom plan`, elastic re-plan and Dask worker planning a step range is a fresh process, so besides the
-plan's own work it pays numba's first-use set-up (its registries, imports and runtime, whichever kernel is
-called first), loading every kernel it calls from the on-disk cache (object code linked and relocated, ~0.25 ms
-a KB of it) and its first touch of fresh memory. Each measurement is its own subprocess (PYTHONPATH = the
-tree) that imports the planner, plans --steps steps of the index in --workdir (a plan_scale index: written
-first when absent, --samples x --n-sources) at --dp, removes that plan dir and plans it again. Reported, CPU
-seconds (user + system): import; the cold plan and the warm one (their difference: the once-per-process
-cost inside make_plan); of the cold plan numba's set-up and the kernel loads (count, CPU), by wrapping
-numba's Dispatcher._compile_for_args (a cached kernel's first call) and the set-up's first registry load;
-minor page faults and system time of both plans; the whole child's CPU (RUSAGE_CHILDREN, interpreter start and exit
-included), and the same up to the end of the cold plan (what a `loom plan`-like process pays). Trees run in
-alternating order, --rounds times, after one untimed run each (its kernel cache filled). Writes --out (JSON).
+Every `loom plan`, elastic re-plan and Dask worker planning a step range is a fresh process, so besides the plan's own
+work it pays numba's first-use set-up (its registries, imports and runtime, whichever kernel is called first), loading
+every kernel it calls from the on-disk cache (object code linked and relocated, ~1.7 ms a kernel + 0.16 ms a KB of it:
+docs/planning.md) and its first touch of fresh memory. Each measurement is its own subprocess (PYTHONPATH = the tree)
+that imports the planner, plans --steps steps of the index in --workdir (a plan_scale index: written first when
+absent, --samples x --n-sources) at --dp, removes that plan dir and plans it again. Reported, CPU seconds (user +
+system): import; the cold plan and the warm one (their difference: the once-per-process cost inside make_plan); of the
+cold plan numba's set-up and the kernel loads (count, CPU), by wrapping numba's Dispatcher._compile_for_args (a cached
+kernel's first call) and the set-up's first registry load; minor page faults and system time of both plans; the whole
+child's CPU (RUSAGE_CHILDREN, interpreter start and exit included), and the same up to the end of the cold plan (what
+a `loom plan`-like process pays). Trees run in alternating order, --rounds times, after one untimed run each (its
+kernel cache filled). Writes --out (JSON).
 
     flock /tmp/loom-bench.lock .venv/bin/python benchmarks/plan_cold.py --workdir /tmp/pst10b --dp 4 \
         --trees base=/tmp/base30/src after=src --rounds 5 --out benchmarks/results/plan_cold.json

@@ -524,7 +524,8 @@ def _decode_waste(decoded: int | None, decoded_samples: int | None, served: int,
     served at no more CPU (an upper bound: serving them would cost packing and delivery). None where not counted."""
     out: dict[str, Any] = {"decoded_tokens": decoded, "decoded_samples": decoded_samples, "served_tokens": served}
     known = decoded is not None and decoded > 0 and cpu > 0
-    out["unserved_fraction"] = round(1 - served / decoded, 4) if decoded and known else None
+    # at least 0: a unit held across epochs serves documents again from one decode (served > decoded)
+    out["unserved_fraction"] = round(max(1 - served / decoded, 0.0), 4) if decoded and known else None
     out["decoded_tokens_per_cpu_s"] = round(decoded / cpu) if decoded and known else None
     return out
 

@@ -92,12 +92,16 @@ class LoaderMetrics:
     tokens_decoded: int | None = None
     """Token ids of those units. `tokens_decoded - tokens` were decoded and not (yet) served: rows of units read for a
     few samples (a shuffle's last window part-reads row groups), units decoded again, units read ahead and not used;
-    None where not known (no read units, or a text column: its tokens exist only once a row is tokenized)."""
+    None where not known (no read units, or a text column: its tokens exist only once a row is tokenized). A unit held
+    across its uses serves samples again from one decode (a plan of several epochs over a small source): `tokens`
+    can then exceed it."""
 
     @property
     def tokens_unserved(self) -> int | None:
-        """Tokens decoded and not (yet) served: `tokens_decoded - tokens` (None where decodes are not counted)."""
-        return None if self.tokens_decoded is None else self.tokens_decoded - self.tokens
+        """Tokens decoded and not (yet) served, at least: `tokens_decoded - tokens`, 0 where more was served than
+        decoded (samples served again from a held unit; the difference nets repeats against waste, so it is a lower
+        bound). None where decodes are not counted."""
+        return None if self.tokens_decoded is None else max(self.tokens_decoded - self.tokens, 0)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: rates to 0.1, seconds to 1e-4."""

@@ -139,3 +139,40 @@ def test_loader_metrics_count_the_one_row_group_a_plan_reads_in_part(
     assert (lo.units_decoded, lo.samples_decoded, lo.tokens_decoded) == (1, 48, sum(len(d) for d in docs))
     assert lo.tokens_unserved == sum(len(d) for d in docs) - served
     assert m.to_dict()["sources"]["web"]["tokens_decoded"] == sum(len(d) for d in docs)
+
+
+def test_a_unit_held_across_epochs_serves_more_than_it_decoded_and_unserved_stays_at_least_zero(
+    dask_client: Client, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """One row group of 48 documents, a plan of ~2.5 epochs over it: the loader's cache holds the group across its
+    uses, so it is decoded once and its documents served more than once (`tokens` > `tokens_decoded`). Every one of
+    its tokens was served, so none is unserved; a plain difference would report minus the repeats."""
+    from loomtest import stream
+
+    tmp = tmp_path_factory.mktemp("epochs")
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(1, 50_000, size=int(n), dtype=np.int32) for n in rng.integers(100, 300, size=48)]
+    (tmp / "data").mkdir()
+    pq.write_table(pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))}), tmp / "data" / "a.parquet")
+    source = {"name": "web", "format": "parquet", "paths": [str(tmp / "data" / "*.parquet")], "tokens_field": "tokens"}
+    spec = parse_spec(
+        {
+            "name": "epochs",
+            "workdir": str(tmp / "work"),
+            "seed": 3,
+            "sources": [source],
+            "mixture": {"weights": {"web": 1.0}},
+            "training": {"seq_len": 512, "steps": 60, "dp_size": 1, "micro_batches": 1},
+        },
+        tmp,
+    )
+    plan_dir = Path(stream.index_and_plan(spec, dask_client))
+    with Executor(plan_dir, dask_client) as ex:
+        with StreamClient(plan_dir, 0) as s:
+            for _ in s:
+                pass
+        m = ex.metrics()
+    (lo,) = [lo.metrics for lo in m.loaders]
+    assert (lo.units_decoded, lo.tokens_decoded) == (1, sum(len(d) for d in docs))
+    assert lo.samples > 48 and lo.tokens > lo.tokens_decoded  # documents served again from the one decode
+    assert lo.tokens_unserved == 0 and lo.to_dict()["tokens_unserved"] == 0

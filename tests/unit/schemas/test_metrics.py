@@ -67,3 +67,10 @@ def test_decoded_counts_sum_per_source_and_unserved_is_their_difference() -> Non
     assert unknown.tokens_unserved is None and unknown.to_dict()["units_decoded"] is None
     assert SourceMetrics.of([a, unknown]).tokens_decoded is None  # a partial sum would pass for the whole source's
     assert SourceMetrics.of([]).tokens_decoded is None
+
+
+def test_unserved_is_never_negative_where_a_held_unit_serves_its_samples_again() -> None:
+    """A unit held across epochs serves its samples twice from one decode: served tokens then exceed decoded ones, and
+    what was decoded and not served is at least 0 (the difference is a lower bound), never a negative count."""
+    again = LoaderMetrics(source="web", part=0, tokens=150, units_decoded=1, samples_decoded=10, tokens_decoded=100)
+    assert again.tokens_unserved == 0 and again.to_dict()["tokens_unserved"] == 0

@@ -10,7 +10,8 @@ Counters survive the loaders: a loader leaving the fleet (resized away, or lost 
 counters to its source's `RetiredLoaders` (`Fleet.count_retired`: its final metrics asked once closed,
 `final_metrics`; a lost one's last answer, which every gather keeps in `Fleet.last_seen`). A view
 carries the retired counters of its moment, so a report sums each loader once: live in one view,
-retired in the next.
+retired in the next; a loader of the view found lost (not yet recreated) counts its last answer as a
+retired one in that report, so its source's counters do not dip while recovery replaces it.
 """
 
 from __future__ import annotations
@@ -132,15 +133,17 @@ class MetricsGather:
         while self._todo and not self._deadline.expired:
             if self._top_up() >= self._in_flight:
                 time.sleep(_WAIT_S)
-        loaders = []
+        loaders, retired = [], dict(self._retired)
         for sid, a, call in self._loaders:
             out = call.outcome(timeout=self._deadline.left)
             if out.ok and isinstance(out.value, LoaderMetrics):
                 loaders.append(LoaderReport(source_id=sid, worker=worker_of(a.handle), metrics=out.value))
                 self._last_seen[a.name] = out.value  # one item set (atomic): what counts if the loader is lost
+            elif a.lost and (seen := self._last_seen.get(a.name)) is not None:  # lost, not yet recreated
+                retired[seen.source] = retired.get(seen.source, RetiredLoaders(source=seen.source)).add(seen)
         cons = [c.outcome(timeout=self._deadline.left) for c in self._constructors]
         got = [o.value for o in cons if o.ok and isinstance(o.value, ConstructorMetrics)]
-        return Gathered(loaders, got, dict(self._retired))
+        return Gathered(loaders, got, retired)
 
 
 def final_metrics(actors: list[Actor], timeout_s: float) -> dict[str, LoaderMetrics]:

@@ -490,10 +490,10 @@ class ExecutorMetrics:
             "rank_wait_s": {str(r): _r4(w) for r, w in self.rank_wait_s.items()},
             "constructors": [c.to_dict() for c in self.constructors],
             "loaders": [lo.to_dict() for lo in self.loaders],
-            "retired": {s: r.to_dict() for s, r in self.retired.items()},
             "recovered_actors": self.recovery.recovered,
             "recovery_s": round(self.recovery.seconds, 3),
             "autoscale": self.autoscale.to_dict(),
+            "retired": {s: r.to_dict() for s, r in self.retired.items()},  # counted in "sources" (session 30)
         }
 
 

@@ -35,6 +35,7 @@ from loomdata.execution._dask_actors import release
 from loomdata.execution._fleet import Actor, Fleet, worker_of
 from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._loader_link import LinkedLoader
+from loomdata.execution._metrics import final_metrics
 from loomdata.execution._outcome import Kind, issue
 from loomdata.execution._partition import LoaderPartition, partition_source, rank_groups
 from loomdata.execution._publish import Publisher
@@ -176,6 +177,7 @@ class FleetOps:
         actors = [a for r in ready for a in r.actors]
         for call in [issue(a.future, a.handle, "close") for a in actors if not a.lost]:
             call.outcome(timeout=self.t.close_timeout_s)  # lost meanwhile: nothing left to close
+        self.fleet.retired_all(ready, final_metrics(actors, self.t.close_timeout_s))  # counters outlive the loaders
         for a in actors:
             a.future.release()
         release(a.handle for a in actors)  # the handles' own futures: else the worker keeps the retired actor

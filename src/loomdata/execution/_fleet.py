@@ -20,6 +20,7 @@ from loomdata.execution._partition import LoaderPartition
 from loomdata.execution._reads import Route
 from loomdata.execution._recovery import is_lost
 from loomdata.execution.protocol import ConstructorInfo, LoaderInfo, ServeInfo, constructor_dataset
+from loomdata.schemas.metrics import LoaderMetrics, RetiredLoaders
 
 if TYPE_CHECKING:
     from loomdata.execution._gateway import GatewayAddress
@@ -87,6 +88,8 @@ class Fleet:
     acknowledged: list[dict[int, int]] = field(default_factory=list)  # per constructor: source id -> generation
     retiring: list[Retiring] = field(default_factory=list)
     gateways: dict[int, GatewayAddress | None] = field(default_factory=dict)  # constructor -> its gateway
+    retired: dict[str, RetiredLoaders] = field(default_factory=dict)  # source name -> counters of loaders gone
+    last_seen: dict[str, LoaderMetrics] = field(default_factory=dict)  # loader actor name -> its last metrics
 
     # ---- routes ---------------------------------------------------------------------------------
 
@@ -107,11 +110,28 @@ class Fleet:
             self.retiring.append(Retiring(source_id, self.route_generation[source_id], old))
 
     def replace_loader(self, source_id: int, part: int, actor: Actor) -> Actor:
-        """A recreated loader of the same partition takes the place of a lost one; returns the lost one."""
+        """A recreated loader of the same partition takes the place of a lost one (whose counters are kept as
+        retired); returns the lost one."""
         old = self.loaders[source_id][part]
         self.loaders[source_id][part] = actor
         self._bump(source_id)
+        self.count_retired(source_id, [old], {})  # it cannot answer: its last metrics count
         return old
+
+    def retired_all(self, ready: list[Retiring], final: dict[str, LoaderMetrics]) -> None:
+        """Count the loaders of `ready` as retired (`count_retired`), with their final metrics where they answered."""
+        for r in ready:
+            self.count_retired(r.source_id, r.actors, final)
+
+    def count_retired(self, source_id: int, actors: list[Actor], final: dict[str, LoaderMetrics]) -> None:
+        """Add loaders leaving the fleet to the source's retired counters: each its `final` metrics (asked once
+        closed), else the last it answered (`last_seen`: a lost loader cannot answer), else nothing known."""
+        name = self.sources[source_id]
+        r = self.retired.get(name, RetiredLoaders(source=name))
+        for a in actors:
+            seen = self.last_seen.pop(a.name, None)
+            r = r.add(final.get(a.name, seen))
+        self.retired[name] = r
 
     def add_constructor(self, actor: Actor) -> None:
         """A constructor made with the current routes (start)."""

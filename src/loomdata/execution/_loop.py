@@ -116,10 +116,13 @@ class ControlLoop:
 
     def _run_command(self, fn: Callable[[], Any], fut: concurrent.futures.Future[Any]) -> None:
         try:
-            fut.set_result(fn())
+            result = fn()
         except BaseException as e:  # handed to the caller's thread, which raises it
+            self._publish()
             fut.set_exception(e)
-        self._publish()
+            return
+        self._publish()  # before the caller resumes: its next metrics() sees the fleet its command left
+        fut.set_result(result)
 
     def step(self) -> None:
         """One turn: recovery when due, then the autoscale round's next phase when due."""

@@ -5,6 +5,13 @@ the ServeInfo), so any thread can ask the actors for their metrics without a loc
 waiting for the loop. `MetricsGather` issues every actor's `metrics()` call at once; the loop polls
 `ready()` between its other duties (an autoscale round never delays recovery), a caller just
 `collect()`s. An actor lost with its worker is left out rather than failing the report.
+
+Counters survive the loaders: a loader leaving the fleet (resized away, or lost and recreated) adds its
+counters to its source's `RetiredLoaders` (`Fleet.count_retired`: its final metrics asked once closed,
+`final_metrics`; a lost one's last answer, which every gather keeps in `Fleet.last_seen`). A view
+carries the retired counters of its moment, so a report sums each loader once: live in one view,
+retired in the next; a loader of the view found lost (not yet recreated) counts its last answer as a
+retired one in that report, so its source's counters do not dip while recovery replaces it.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from loomdata.schemas.metrics import (
     LoaderMetrics,
     LoaderReport,
     RecoveryReport,
+    RetiredLoaders,
 )
 
 __all__ = [
@@ -35,6 +43,7 @@ __all__ = [
     "Gathered",
     "MetricsGather",
     "current_step",
+    "final_metrics",
     "measured_costs",
     "summarize",
 ]
@@ -42,12 +51,15 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class FleetView:
-    """A snapshot of the fleet for other threads: loaders (source id, actor), constructors, counts, ServeInfo."""
+    """A snapshot of the fleet for other threads: loaders (source id, actor), constructors, counts, ServeInfo,
+    the retired loaders' counters then; `last_seen` is the fleet's own map (each gather updates it)."""
 
     loaders: tuple[tuple[int, Actor], ...] = ()
     constructors: tuple[Actor, ...] = ()
     counts: Mapping[str, int] = field(default_factory=dict)
     info: ServeInfo | None = None
+    retired: Mapping[str, RetiredLoaders] = field(default_factory=dict)
+    last_seen: dict[str, LoaderMetrics] = field(default_factory=dict)
 
     @staticmethod
     def of(fleet: Fleet, info: ServeInfo | None) -> FleetView:
@@ -56,15 +68,19 @@ class FleetView:
             constructors=tuple(fleet.constructors),
             counts=fleet.counts(),
             info=info,
+            retired=dict(fleet.retired),  # immutable values: a copy of the map is a snapshot
+            last_seen=fleet.last_seen,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class Gathered:
-    """The answers that came: per loader (source id, worker, metrics), per constructor; lost actors left out."""
+    """The answers that came: per loader (source id, worker, metrics), per constructor; lost actors left out; the
+    view's retired loaders' counters per source."""
 
     loaders: list[LoaderReport]
     constructors: list[ConstructorMetrics]
+    retired: Mapping[str, RetiredLoaders] = field(default_factory=dict)
 
 
 METRICS_IN_FLIGHT = 32
@@ -83,6 +99,8 @@ class MetricsGather:
         if in_flight < 1:
             raise ValueError(f"MetricsGather in_flight must be >= 1, got {in_flight!r}")
         self._deadline = Deadline(timeout_s)
+        self._retired = view.retired
+        self._last_seen = view.last_seen
         self._in_flight = in_flight
         self._todo: deque[tuple[int, Actor]] = deque(view.loaders)
         self._loaders: list[tuple[int, Actor, Call[Any]]] = []
@@ -115,13 +133,30 @@ class MetricsGather:
         while self._todo and not self._deadline.expired:
             if self._top_up() >= self._in_flight:
                 time.sleep(_WAIT_S)
-        loaders = []
+        loaders, retired = [], dict(self._retired)
         for sid, a, call in self._loaders:
             out = call.outcome(timeout=self._deadline.left)
             if out.ok and isinstance(out.value, LoaderMetrics):
                 loaders.append(LoaderReport(source_id=sid, worker=worker_of(a.handle), metrics=out.value))
+                self._last_seen[a.name] = out.value  # one item set (atomic): what counts if the loader is lost
+            elif a.lost and (seen := self._last_seen.get(a.name)) is not None:  # lost, not yet recreated
+                retired[seen.source] = retired.get(seen.source, RetiredLoaders(source=seen.source)).add(seen)
         cons = [c.outcome(timeout=self._deadline.left) for c in self._constructors]
-        return Gathered(loaders, [o.value for o in cons if o.ok and isinstance(o.value, ConstructorMetrics)])
+        got = [o.value for o in cons if o.ok and isinstance(o.value, ConstructorMetrics)]
+        return Gathered(loaders, got, retired)
+
+
+def final_metrics(actors: list[Actor], timeout_s: float) -> dict[str, LoaderMetrics]:
+    """Per actor name, the metrics of closed loaders (final: a closed loader reads no more); a lost one or one that
+    did not answer in `timeout_s` is left out (`Fleet.count_retired` then counts its last answer)."""
+    calls = [(a, issue(a.future, a.handle, "metrics")) for a in actors if not a.lost]
+    deadline = Deadline(timeout_s)
+    out = {}
+    for a, call in calls:
+        got = call.outcome(timeout=deadline.left)
+        if got.ok and isinstance(got.value, LoaderMetrics):
+            out[a.name] = got.value
+    return out
 
 
 def measured_costs(g: Gathered) -> dict[str, tuple[int, float]]:
@@ -156,4 +191,5 @@ def summarize(
             last_error=recovery.last_error,
         ),
         autoscale=autoscale or AutoscaleReport(enabled=False),
+        retired=dict(g.retired),
     )

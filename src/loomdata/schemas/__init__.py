@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         LoaderMetrics,
         LoaderReport,
         RecoveryReport,
+        RetiredLoaders,
         SourceMetrics,
         StepTelemetry,
     )
@@ -118,6 +119,7 @@ __all__ = [
     "PlanningSpec",
     "RecoveryReport",
     "ResumeInfo",
+    "RetiredLoaders",
     "SourceDataError",
     "SourceFormat",
     "SourceMetrics",
@@ -180,6 +182,7 @@ _LAZY = {
     "LoaderMetrics": "loomdata.schemas.metrics",
     "LoaderReport": "loomdata.schemas.metrics",
     "RecoveryReport": "loomdata.schemas.metrics",
+    "RetiredLoaders": "loomdata.schemas.metrics",
     "SourceMetrics": "loomdata.schemas.metrics",
     "StepTelemetry": "loomdata.schemas.metrics",
     "PLAN_FORMAT_VERSION": "loomdata.schemas.plan",

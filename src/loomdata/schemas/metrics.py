@@ -10,10 +10,11 @@ per-source sums, recovery and autoscaling (`AutoscaleReport` of `AutoscaleDecisi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
+    "LOADER_COUNTERS",
     "AutoscaleDecision",
     "AutoscaleReport",
     "AutoscaleRound",
@@ -23,6 +24,7 @@ __all__ = [
     "LoaderMetrics",
     "LoaderReport",
     "RecoveryReport",
+    "RetiredLoaders",
     "SourceMetrics",
     "StepTelemetry",
 ]
@@ -135,6 +137,73 @@ class LoaderMetrics:
         }
 
 
+LOADER_COUNTERS = (
+    "calls",
+    "samples",
+    "segments",
+    "tokens",
+    "busy_s",
+    "prefetched",
+    "prefetch_hits",
+    "prefetch_errors",
+    "prefetch_waits",
+    "unit_misses",
+    "checksum_loads",
+    "checksum_rereads",
+    "plan_errors",
+    "units_decoded",
+    "samples_decoded",
+    "tokens_decoded",
+)
+"""The `LoaderMetrics` fields that only grow over a loader's life (totals: a source's sum includes its retired
+loaders'). The others are rates or gauges of the moment (`samples_per_s`, `samples_per_busy_s`, `state_bytes`,
+`rss_bytes`, `get_latency_s`, `prefetch_reach_steps`, `checksums_held`): live loaders only."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetiredLoaders:
+    """The counters of a source's loaders that left the fleet (resized away, or lost with their worker), summed.
+
+    A retired loader is asked for its metrics once it is closed (final then); a lost one cannot answer, so
+    what the executor last received from it counts (what it did after that is not known: `unanswered`
+    counts the loaders of which nothing was known). `totals` holds `LOADER_COUNTERS` only (rates and
+    gauges left at their defaults); an optional counter (`tokens_decoded`...) is None once any loader
+    did not count it. Immutable: `add` returns a new one (the control loop's views share them).
+    """
+
+    source: str
+    loaders: int = 0
+    """Loaders retired, lost ones included."""
+    unanswered: int = 0
+    """Of them, loaders whose counters are not known at all (lost before any metrics came from them)."""
+    totals: LoaderMetrics | None = None
+    """The counters summed over the loaders known (None: none known yet)."""
+
+    def add(self, m: LoaderMetrics | None) -> RetiredLoaders:
+        """This plus one more retired loader with its last metrics (None: nothing known of it)."""
+        if m is None:
+            return replace(self, loaders=self.loaders + 1, unanswered=self.unanswered + 1)
+        mine = {k: getattr(m, k) for k in LOADER_COUNTERS}
+        if self.totals is not None:
+            mine = {k: _plus(getattr(self.totals, k), v) for k, v in mine.items()}
+        return replace(self, loaders=self.loaders + 1, totals=LoaderMetrics(source=self.source, part=-1, **mine))
+
+    def count(self, name: str) -> Any:
+        """The retired total of counter `name` (0 when none is known; None where a loader did not count it)."""
+        if name not in LOADER_COUNTERS:
+            raise KeyError(f"{name!r} is not a loader counter (rates and gauges are not summed over retired loaders)")
+        return 0 if self.totals is None else getattr(self.totals, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        counts = {k: self.count(k) for k in LOADER_COUNTERS}
+        return {"loaders": self.loaders, "unanswered": self.unanswered, **counts, "busy_s": _r4(counts["busy_s"])}
+
+
+def _plus(a: Any, b: Any) -> Any:
+    """A counter's sum; None (not counted) wins, as in `_total`."""
+    return None if a is None or b is None else a + b
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BuildPhases:
     """Where a constructor's build time went: reading the manifest, waiting on loaders, packing."""
@@ -215,16 +284,30 @@ class SourceMetrics:
     tokens_decoded: int | None = None
     """`LoaderMetrics.tokens_decoded` summed (against `tokens` served); None where a loader does not count them."""
 
+    retired_loaders: int = 0
+    """Loaders of the source retired so far (resized away or lost): the counters above include theirs."""
+
     @staticmethod
-    def of(loaders: list[LoaderMetrics]) -> SourceMetrics:
+    def of(loaders: list[LoaderMetrics], retired: RetiredLoaders | None = None) -> SourceMetrics:
+        """Counters (`samples`, `tokens`, `busy_s`, decodes) summed over the live loaders and the `retired` ones, so
+        they never go back when the source is resized or a loader replaced; `loaders`, `samples_per_s`: live only."""
+        r = retired or RetiredLoaders(source="")
+
+        def decoded(name: str) -> int | None:
+            live = _total([getattr(m, name) for m in loaders])
+            if r.totals is None:
+                return live
+            return r.count(name) if not loaders else _plus(live, r.count(name))
+
         return SourceMetrics(
             loaders=len(loaders),
-            samples=sum(m.samples for m in loaders),
-            tokens=sum(m.tokens for m in loaders),
+            samples=sum(m.samples for m in loaders) + r.count("samples"),
+            tokens=sum(m.tokens for m in loaders) + r.count("tokens"),
             samples_per_s=sum(m.samples_per_s or 0.0 for m in loaders),
-            busy_s=sum(m.busy_s for m in loaders),
-            samples_decoded=_total([m.samples_decoded for m in loaders]),
-            tokens_decoded=_total([m.tokens_decoded for m in loaders]),
+            busy_s=sum(m.busy_s for m in loaders) + r.count("busy_s"),
+            samples_decoded=decoded("samples_decoded"),
+            tokens_decoded=decoded("tokens_decoded"),
+            retired_loaders=r.loaders,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -236,6 +319,7 @@ class SourceMetrics:
             "busy_s": _r4(self.busy_s),
             "samples_decoded": self.samples_decoded,
             "tokens_decoded": self.tokens_decoded,
+            "retired_loaders": self.retired_loaders,
         }
 
 
@@ -337,29 +421,39 @@ class RecoveryReport:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExecutorMetrics:
-    """What `Executor.metrics()` reports: every answering actor, per-source sums, recovery, autoscaling."""
+    """What `Executor.metrics()` reports: every answering actor, per-source sums, recovery, autoscaling.
+
+    `loaders` are the live loaders that answered; `retired` (per source name) the counters of the loaders
+    that left the fleet. Per-source and executor counters (`sources`, `loader_samples`, `loader_calls`) are
+    live + retired, so they only grow (a time series of them is monotonic, as monitoring expects), while
+    rates and gauges (`samples_per_s`, memory) are the live loaders' only.
+    """
 
     plan_id: str
     loaders: tuple[LoaderReport, ...] = ()
     constructors: tuple[ConstructorMetrics, ...] = ()
     recovery: RecoveryReport = field(default_factory=RecoveryReport)
     autoscale: AutoscaleReport = field(default_factory=AutoscaleReport)
+    retired: dict[str, RetiredLoaders] = field(default_factory=dict)
 
     @property
     def sources(self) -> dict[str, SourceMetrics]:
-        """Per source name (in the order loaders answered), summed over its loaders."""
+        """Per source name (in the order loaders answered, then sources with only retired loaders), summed over its
+        loaders: counters over live and retired ones."""
         by: dict[str, list[LoaderMetrics]] = {}
         for lo in self.loaders:
             by.setdefault(lo.metrics.source, []).append(lo.metrics)
-        return {s: SourceMetrics.of(ms) for s, ms in by.items()}
+        for s in self.retired:
+            by.setdefault(s, [])
+        return {s: SourceMetrics.of(ms, self.retired.get(s)) for s, ms in by.items()}
 
     @property
     def loader_samples(self) -> int:
-        return sum(lo.metrics.samples for lo in self.loaders)
+        return sum(lo.metrics.samples for lo in self.loaders) + sum(r.count("samples") for r in self.retired.values())
 
     @property
     def loader_calls(self) -> int:
-        return sum(lo.metrics.calls for lo in self.loaders)
+        return sum(lo.metrics.calls for lo in self.loaders) + sum(r.count("calls") for r in self.retired.values())
 
     @property
     def loader_memory_bytes(self) -> int:
@@ -399,6 +493,7 @@ class ExecutorMetrics:
             "recovered_actors": self.recovery.recovered,
             "recovery_s": round(self.recovery.seconds, 3),
             "autoscale": self.autoscale.to_dict(),
+            "retired": {s: r.to_dict() for s, r in self.retired.items()},  # counted in "sources" (session 30)
         }
 
 

@@ -136,10 +136,19 @@ def test_killed_loader_only_worker_is_recovered(killable_client: Client, tmp_pat
         assert ex.info is not None
         before = ex.info
         victim = _loader_only_worker(before)
-        got, lost = _stream_through_kills(killable_client, plan_dir, ex, {KILL_AT_STEP: _loader_only_worker})
+        seen = []  # the metrics just before the kill: what the lost loaders last answered
+
+        def pick(info: ServeInfo) -> str:
+            seen.append(ex.metrics())
+            return _loader_only_worker(info)
+
+        got, lost = _stream_through_kills(killable_client, plan_dir, ex, {KILL_AT_STEP: pick})
         after = ex.info
         m = ex.metrics()
     assert ex.recovery.recovered == lost >= 1
+    # the lost loaders' counters stay in their sources' totals (their last answer: a lost loader cannot answer)
+    assert sum(r.loaders for r in m.retired.values()) == lost and all(r.unanswered == 0 for r in m.retired.values())
+    assert all(m.sources[s].tokens >= v.tokens and m.sources[s].busy_s >= v.busy_s for s, v in seen[0].sources.items())
     assert [c.worker for c in after.constructors] == [c.worker for c in before.constructors]  # untouched
     recreated = {(lo.source, lo.part) for lo in after.loaders if lo.name not in {b.name for b in before.loaders}}
     assert len(recreated) == lost and victim not in {lo.worker for lo in after.loaders}

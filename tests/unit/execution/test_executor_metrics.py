@@ -54,10 +54,12 @@ def test_to_dict_keeps_the_json_shape() -> None:
     assert list(d) == [
         "plan_id", "sources", "loader_samples", "loader_calls", "loader_memory_bytes", "loader_rss_bytes",
         "queue_depth", "rank_wait_s", "constructors", "loaders", "recovered_actors", "recovery_s", "autoscale",
+        "retired",
     ]  # fmt: skip
     assert d["sources"]["web"] == {
         "loaders": 2, "samples": 60, "tokens": 600, "samples_per_s": 10.0, "busy_s": 1.0,
         "samples_decoded": None, "tokens_decoded": None,  # these loaders count no decodes
+        "retired_loaders": 0,
     }  # fmt: skip
     assert d["rank_wait_s"] == {"0": 0.25, "1": 0.125} and d["recovered_actors"] == 3 and d["recovery_s"] == 0.457
     assert d["loaders"][0]["source_id"] == 0 and d["constructors"][0]["want"] == {"0": 7}

@@ -113,3 +113,25 @@ def test_a_recreated_loader_bumps_its_source_route() -> None:
     assert [(lo.name, lo.worker) for lo in info.loaders if lo.source == "web"] == [("web-0-again", "tcp://w3")]
     assert [c.worker for c in info.constructors] == ["tcp://w1", "tcp://w2"]
     assert len(f.actors()) == 4
+
+
+def test_loaders_leaving_the_fleet_keep_their_counters() -> None:
+    """A retired loader counts its final metrics (else its last seen); a lost one replaced counts its last seen."""
+    from loomdata.schemas.metrics import LoaderMetrics
+
+    f = fleet()
+    old = f.loaders[0][0]
+    f.last_seen[old.name] = LoaderMetrics(source="web", part=0, tokens=10)
+    f.set_loaders(0, parts(0, "web", 2), [actor("web-a"), actor("web-b")])
+    (r,) = f.retiring  # what retires once the constructors acknowledge the new route
+    f.retired_all([r], {old.name: LoaderMetrics(source="web", part=0, tokens=25)})  # final beats last seen
+    assert f.retired["web"].count("tokens") == 25 and f.retired["web"].loaders == 1
+    assert old.name not in f.last_seen
+
+    lost = f.loaders[0][1]
+    f.last_seen[lost.name] = LoaderMetrics(source="web", part=1, tokens=7)
+    assert f.replace_loader(0, 1, actor("web-b2")) is lost
+    assert f.retired["web"].count("tokens") == 32 and f.retired["web"].loaders == 2
+    f.replace_loader(0, 1, actor("web-b3"))  # lost before any metrics came: a loader, nothing known
+    assert (f.retired["web"].loaders, f.retired["web"].unanswered) == (3, 1)
+    assert "code" not in f.retired

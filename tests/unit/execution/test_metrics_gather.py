@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 import pytest
 
 from loomdata.execution._fleet import Actor
 from loomdata.execution._metrics import FleetView, MetricsGather
-from loomdata.schemas.metrics import LoaderMetrics
+from loomdata.schemas.metrics import LoaderMetrics, RetiredLoaders
 
 
 class _Loader:
@@ -28,8 +29,16 @@ class _Loader:
         self.calls[-1].set_result(LoaderMetrics(source="s", part=self.part, samples=self.part))
 
 
+@dataclass
+class _Future:
+    """Stands in for a distributed.Future of an actor task: `key` and `status` are read."""
+
+    key: str
+    status: str = "finished"
+
+
 def _view(loaders: list[_Loader]) -> FleetView:
-    return FleetView(loaders=tuple((0, Actor(future=None, handle=h)) for h in loaders))
+    return FleetView(loaders=tuple((0, Actor(future=_Future(f"l{h.part}"), handle=h)) for h in loaders))
 
 
 def test_no_more_than_in_flight_calls_and_the_rest_as_answers_come() -> None:
@@ -58,3 +67,23 @@ def test_collect_asks_every_loader() -> None:
 def test_in_flight_must_be_positive() -> None:
     with pytest.raises(ValueError, match="in_flight must be >= 1"):
         MetricsGather(_view([]), timeout_s=1, in_flight=0)
+
+
+def test_a_lost_loader_counts_its_last_answer_until_it_is_recreated() -> None:
+    """Each answer is kept as the loader's last seen; a loader of the view found lost adds it to the report's retired
+    counters (beside the view's own), so its source's totals do not dip before recovery replaces it."""
+    loaders = [_Loader(i, now=True) for i in (3, 5)]
+    view = _view(loaders)
+    view = FleetView(
+        loaders=view.loaders,
+        retired={"s": RetiredLoaders(source="s").add(LoaderMetrics(source="s", part=0, samples=7))},
+        last_seen={},
+    )
+    first = MetricsGather(view, timeout_s=30).collect()
+    assert set(view.last_seen) == {"l3", "l5"} and first.retired["s"].count("samples") == 7
+    view.loaders[1][1].future.status = "error"  # its worker died: the handle refuses calls
+    loaders[1].metrics = None  # type: ignore[assignment,method-assign]
+    got = MetricsGather(view, timeout_s=30).collect()
+    assert [r.metrics.part for r in got.loaders] == [3]
+    assert got.retired["s"].count("samples") == 7 + 5 and got.retired["s"].loaders == 2
+    assert view.retired["s"].loaders == 1  # the view's own snapshot is unchanged

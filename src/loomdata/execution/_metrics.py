@@ -11,7 +11,8 @@ counters to its source's `RetiredLoaders` (`Fleet.count_retired`: its final metr
 `final_metrics`; a lost one's last answer, which every gather keeps in `Fleet.last_seen`). A view
 carries the retired counters of its moment, so a report sums each loader once: live in one view,
 retired in the next; a loader of the view found lost (not yet recreated) counts its last answer as a
-retired one in that report, so its source's counters do not dip while recovery replaces it.
+retired one in that report, so its source's counters do not dip while recovery replaces it; so do the
+replaced loaders of the view still waiting to retire (`FleetView.retiring`: their answers, else their last).
 """
 
 from __future__ import annotations

@@ -132,6 +132,9 @@ class Fleet:
             seen = self.last_seen.pop(a.name, None)
             r = r.add(final.get(a.name, seen))
         self.retired[name] = r
+        held = {a.name for a in self.actors()}  # a gather made before may have written a gone loader's answer since
+        for gone in [k for k in list(self.last_seen) if k not in held]:  # list(): one atomic copy of the keys
+            self.last_seen.pop(gone, None)
 
     def add_constructor(self, actor: Actor) -> None:
         """A constructor made with the current routes (start)."""

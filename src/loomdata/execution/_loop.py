@@ -140,8 +140,7 @@ class ControlLoop:
         except Exception as e:  # a worker died during recovery, no worker left...: try again later
             self._publish()
             return self.recovery.failed(e)
-        if n:
-            self._publish()
+        self._publish()  # also after a round that only retired loaders: the view carries their counters from now on
         return self.recovery.succeeded(n, time.monotonic() - t0, time.time())
 
     def recover_now(self) -> int:

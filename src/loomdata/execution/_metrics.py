@@ -11,7 +11,8 @@ counters to its source's `RetiredLoaders` (`Fleet.count_retired`: its final metr
 `final_metrics`; a lost one's last answer, which every gather keeps in `Fleet.last_seen`). A view
 carries the retired counters of its moment, so a report sums each loader once: live in one view,
 retired in the next; a loader of the view found lost (not yet recreated) counts its last answer as a
-retired one in that report, so its source's counters do not dip while recovery replaces it.
+retired one in that report, so its source's counters do not dip while recovery replaces it; so do the
+replaced loaders of the view still waiting to retire (`FleetView.retiring`: their answers, else their last).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class FleetView:
     """A snapshot of the fleet for other threads: loaders (source id, actor), constructors, counts, ServeInfo,
-    the retired loaders' counters then; `last_seen` is the fleet's own map (each gather updates it)."""
+    the retired loaders' counters then; `last_seen` is the fleet's own map (each gather updates it); `retiring`
+    the replaced loaders not retired yet (source id, actor): counted with the retired, neither live nor in `retired`."""
 
     loaders: tuple[tuple[int, Actor], ...] = ()
     constructors: tuple[Actor, ...] = ()
@@ -60,6 +62,7 @@ class FleetView:
     info: ServeInfo | None = None
     retired: Mapping[str, RetiredLoaders] = field(default_factory=dict)
     last_seen: dict[str, LoaderMetrics] = field(default_factory=dict)
+    retiring: tuple[tuple[int, Actor], ...] = ()
 
     @staticmethod
     def of(fleet: Fleet, info: ServeInfo | None) -> FleetView:
@@ -70,6 +73,7 @@ class FleetView:
             info=info,
             retired=dict(fleet.retired),  # immutable values: a copy of the map is a snapshot
             last_seen=fleet.last_seen,
+            retiring=tuple((r.source_id, a) for r in fleet.retiring for a in r.actors),
         )
 
 
@@ -101,8 +105,10 @@ class MetricsGather:
         self._deadline = Deadline(timeout_s)
         self._retired = view.retired
         self._last_seen = view.last_seen
+        self._seen = dict(view.last_seen)  # as it was: the loop may move a lost loader's entry to `retired` meanwhile
+        self._retiring = {a.name for _, a in view.retiring}
         self._in_flight = in_flight
-        self._todo: deque[tuple[int, Actor]] = deque(view.loaders)
+        self._todo: deque[tuple[int, Actor]] = deque((*view.loaders, *view.retiring))
         self._loaders: list[tuple[int, Actor, Call[Any]]] = []
         self._constructors: list[Call[Any]] = [issue(a.future, a.handle, "metrics") for a in view.constructors]
         self._top_up()
@@ -136,11 +142,16 @@ class MetricsGather:
         loaders, retired = [], dict(self._retired)
         for sid, a, call in self._loaders:
             out = call.outcome(timeout=self._deadline.left)
-            if out.ok and isinstance(out.value, LoaderMetrics):
-                loaders.append(LoaderReport(source_id=sid, worker=worker_of(a.handle), metrics=out.value))
-                self._last_seen[a.name] = out.value  # one item set (atomic): what counts if the loader is lost
-            elif a.lost and (seen := self._last_seen.get(a.name)) is not None:  # lost, not yet recreated
-                retired[seen.source] = retired.get(seen.source, RetiredLoaders(source=seen.source)).add(seen)
+            m = out.value if out.ok and isinstance(out.value, LoaderMetrics) else None
+            if m is not None:
+                self._last_seen[a.name] = m  # one item set (atomic): what counts if the loader is lost
+                if a.name not in self._retiring:
+                    loaders.append(LoaderReport(source_id=sid, worker=worker_of(a.handle), metrics=m))
+                    continue
+            elif a.lost or a.name in self._retiring:  # lost, not yet recreated; or waiting to retire
+                m = self._last_seen.get(a.name) or self._seen.get(a.name)
+            if m is not None:
+                retired[m.source] = retired.get(m.source, RetiredLoaders(source=m.source)).add(m)
         cons = [c.outcome(timeout=self._deadline.left) for c in self._constructors]
         got = [o.value for o in cons if o.ok and isinstance(o.value, ConstructorMetrics)]
         return Gathered(loaders, got, retired)

@@ -82,3 +82,34 @@ def test_a_resize_mid_serve_keeps_every_source_counter(dask_client: Client, stre
     assert _went_back(resized, last) == {}
     assert {s: last.sources[s].retired_loaders for s in meta.sources} == {"web": 3, "code": 1}
     assert {s: last.sources[s].tokens for s in meta.sources} == dict(served)  # every token served counted once
+
+
+def test_loaders_retired_before_any_report_count_their_final_counters(
+    dask_client: Client, stream_plan: Path, loomtest: Any
+) -> None:
+    """No report asked the old loaders anything before they retired (no `last_seen`): only their final metrics,
+    asked once they are closed, can keep their counters; every token served is still counted once."""
+    oracle = loomtest.Oracle(stream_plan)
+    meta = oracle.meta
+    served: collections.Counter[str] = collections.Counter()
+    with (
+        Executor(stream_plan, dask_client, loaders_per_source={"web": 2, "code": 1}) as ex,
+        StreamClient(stream_plan, 0) as r0,
+        StreamClient(stream_plan, 1) as r1,
+    ):
+        assert ex.set_loaders("web", 1) == 1 and ex.set_loaders("code", 2) == 2  # before any step: nothing served
+        for r in (r0, r1):
+            for _ in range(2 * meta.micro_batches):
+                b = next(r)
+                oracle.check(b)
+                for src, ln in zip(b.segments["source"].tolist(), b.segments["length"].tolist(), strict=True):
+                    served[meta.sources[src]] += ln
+        assert ex.set_loaders("web", 2) == 2 and ex.set_loaders("code", 1) == 1  # these served: they retire now
+        for r in (r0, r1):
+            for _ in range((meta.steps - 2) * meta.micro_batches):
+                b = next(r)
+                for src, ln in zip(b.segments["source"].tolist(), b.segments["length"].tolist(), strict=True):
+                    served[meta.sources[src]] += ln
+        last = ex.metrics()
+    assert {s: (r.loaders, r.unanswered) for s, r in last.retired.items()} == {"web": (3, 0), "code": (3, 0)}
+    assert {s: last.sources[s].tokens for s in meta.sources} == dict(served)

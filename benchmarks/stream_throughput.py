@@ -525,15 +525,19 @@ def _decode_waste(decoded: int | None, decoded_samples: int | None, served: int,
     out: dict[str, Any] = {"decoded_tokens": decoded, "decoded_samples": decoded_samples, "served_tokens": served}
     known = decoded is not None and decoded > 0 and cpu > 0
     # at least 0: a unit held across epochs serves documents again from one decode (served > decoded)
-    out["unserved_fraction"] = round(max(1 - served / decoded, 0.0), 4) if decoded and known else None
-    out["decoded_tokens_per_cpu_s"] = round(decoded / cpu) if decoded and known else None
+    out["unserved_fraction"] = round(max(1 - served / decoded, 0.0), 4) if known and decoded else None
+    out["decoded_tokens_per_cpu_s"] = round(decoded / cpu) if known and decoded else None
     return out
+
+
+def _known_sum(counts: list[int | None]) -> int | None:
+    """The sum of counts, None where any is not known (a peer with DataLoader workers, a tree without the counters)."""
+    return None if None in counts else sum(c for c in counts if c is not None)
 
 
 def _peer_decoded(rows: list[dict[str, Any]], key: str) -> int | None:
     """A peer's decoded `key` summed over its consumers (None where one could not tell: DataLoader workers)."""
-    got = [r.get("decoded") for r in rows]
-    return None if any(d is None for d in got) else sum(d[key] for d in got if d is not None)
+    return _known_sum([None if r.get("decoded") is None else r["decoded"][key] for r in rows])
 
 
 def _measure(
@@ -655,12 +659,10 @@ def _loom_side(client: Any, plan_dir: Path, n: int, settings: dict[str, Any], tr
         read_ahead=read_ahead,  # each loader's read-ahead decision (local files: `_prefetch.ReadStall`)
     )
     srcs = m["sources"].values()  # the loaders' counts (a tree before session 30 has no decoded ones: None)
-    decoded = [src.get("tokens_decoded") for src in srcs]
-    samples = [src.get("samples_decoded") for src in srcs]
     loom_side.update(
         _decode_waste(
-            None if None in decoded else sum(decoded),
-            None if None in samples else sum(samples),
+            _known_sum([src.get("tokens_decoded") for src in srcs]),
+            _known_sum([src.get("samples_decoded") for src in srcs]),
             sum(src["tokens"] for src in srcs),
             loom_cpu,
         )

@@ -293,11 +293,8 @@ class SourceMetrics:
         they never go back when the source is resized or a loader replaced; `loaders`, `samples_per_s`: live only."""
         r = retired or RetiredLoaders(source="")
 
-        def decoded(name: str) -> int | None:
-            live = _total([getattr(m, name) for m in loaders])
-            if r.totals is None:
-                return live
-            return r.count(name) if not loaders else _plus(live, r.count(name))
+        def decoded(name: str) -> int | None:  # None where any loader (live or retired) did not count, or none is known
+            return _total([getattr(m, name) for m in loaders] + ([r.count(name)] if r.totals is not None else []))
 
         return SourceMetrics(
             loaders=len(loaders),

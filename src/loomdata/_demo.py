@@ -112,6 +112,7 @@ def run_demo(
     through serve.json); `tls` reaches a given `scheduler`; `insecure` is plain TCP (ranks too).
     """
     from loomdata.execution import Executor, ServeConfig, open_cluster
+    from loomdata.execution._dask_client import live_workers
     from loomdata.execution._security import TLS_DIR
     from loomdata.indexing import build_index
     from loomdata.planning import make_plan, plan_report
@@ -166,7 +167,7 @@ def run_demo(
         )
 
         with Executor(result.plan_dir, client, config, spec=spec) as executor:
-            echo(f"[4/5] serving with loaders and constructors on {len(client.scheduler_info()['workers'])} workers")
+            echo(f"[4/5] serving with loaders and constructors on {len(live_workers(client))} workers")
             ctx = mp.get_context("spawn")
             results = ctx.Queue()
             port = _free_port()

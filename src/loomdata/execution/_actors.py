@@ -32,6 +32,7 @@ from distributed import Client, Future
 from loomdata.execution._config import ServeConfig
 from loomdata.execution._constructor import DataConstructor
 from loomdata.execution._dask_actors import release
+from loomdata.execution._dask_client import live_workers
 from loomdata.execution._fleet import Actor, Fleet, worker_of
 from loomdata.execution._loader_cache import CachePolicy
 from loomdata.execution._loader_link import LinkedLoader
@@ -75,7 +76,7 @@ class FleetOps:
     def start(self) -> None:
         """Create every loader, then every constructor with their routes; start them; publish."""
         require_fresh(self.meta, self._workdir)  # the build settings and globs: checked with the plan (`check_plan`)
-        if not self.client.scheduler_info()["workers"]:
+        if not live_workers(self.client):
             raise ExecutionError(f"the cluster at {self.client.scheduler.address} has no workers; start some")
         self._use_live_workers()
         with self.client.as_current():
@@ -193,7 +194,7 @@ class FleetOps:
         every loader they name for the constructor's life). Raises ExecutionError if one refused them.
         """
         groups = [self.fleet.groups[i] for i in indices]
-        places = constructor_workers(self.client.scheduler_info()["workers"], self.fleet, len(groups))
+        places = constructor_workers(live_workers(self.client), self.fleet, len(groups))
         futs = [self._submit_constructor(g, w) for g, w in zip(groups, places, strict=True)]
         actors = self._await(futs, lambda k: self._submit_constructor(groups[k]), what=lambda k: f"ranks {groups[k]}")
         routes = self.fleet.routes()
@@ -277,7 +278,7 @@ class FleetOps:
 
     def _use_live_workers(self) -> None:
         """Place new actors round-robin over the workers alive now (a dead one's replacement included)."""
-        workers = sorted(self.client.scheduler_info()["workers"])
+        workers = sorted(live_workers(self.client))
         if not workers:
             raise ExecutionError(
                 f"every worker of {self.client.scheduler.address} is gone; lost actors are recreated "

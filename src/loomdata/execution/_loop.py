@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from loomdata.execution._actors import FleetOps
 from loomdata.execution._autoscale import Autoscaler
+from loomdata.execution._dask_client import live_workers
 from loomdata.execution._metrics import FleetView, MetricsGather, current_step, measured_costs
 from loomdata.execution._recovery import RecoveryLog
 
@@ -161,7 +162,7 @@ class ControlLoop:
             return
         got, self._gather = self._gather.collect(), None
         try:
-            threads = sum(int(w.get("nthreads", 1)) for w in self._ops.client.scheduler_info()["workers"].values())
+            threads = sum(int(w.get("nthreads", 1)) for w in live_workers(self._ops.client).values())
             resizes = scaler.decide(
                 measured=measured_costs(got),
                 step=current_step(got, self._ops.meta.steps),

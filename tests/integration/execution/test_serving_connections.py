@@ -14,6 +14,7 @@ from distributed import Client
 
 from loomdata.client import StreamClient
 from loomdata.execution import Executor
+from loomdata.execution._dask_client import live_workers
 from loomdata.schemas import parse_spec
 
 N_SOURCES = 12
@@ -44,7 +45,7 @@ def _connections(client: Client) -> dict[str, int]:
     """This process's established TCP connections to each worker's listening port (client and scheduler alike)."""
     import psutil
 
-    ports = {int(a.rsplit(":", 1)[1]): a for a in client.scheduler_info()["workers"]}
+    ports = {int(a.rsplit(":", 1)[1]): a for a in live_workers(client)}
     out = dict.fromkeys(ports.values(), 0)
     for c in psutil.Process().net_connections(kind="tcp"):
         if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port in ports:

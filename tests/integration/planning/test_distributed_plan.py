@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from loomdata.execution._dask_client import live_workers
 from loomdata.planning import _manifest as manifest_module
 from loomdata.planning import make_plan
 from loomdata.schemas.plan import read_plan
@@ -191,7 +192,7 @@ def test_the_cluster_s_worker_threads_on_this_host_are_counted(dask_client: Any)
     plan speculates by default: only with a core left beside them)."""
     from loomdata.planning._distributed import local_threads
 
-    workers = dask_client.scheduler_info()["workers"]
+    workers = live_workers(dask_client)
     assert local_threads(dask_client) == sum(w["nthreads"] for w in workers.values()) >= 2
 
 
@@ -206,5 +207,5 @@ def test_in_process_workers_count_as_this_hosts_threads() -> None:
         LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
-        assert all(a.startswith("inproc://") for a in client.scheduler_info()["workers"])
+        assert all(a.startswith("inproc://") for a in live_workers(client))
         assert local_threads(client) == 2

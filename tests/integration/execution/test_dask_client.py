@@ -13,7 +13,9 @@ def test_live_workers_sees_every_worker_while_the_clients_own_refresh_runs() -> 
     # `scheduler_info()["workers"]` answered {} to 79 of 2,000 calls at 5 ms; at 1 ms a racing read is near certain.
     with (
         dask.config.set({"distributed.client.scheduler-info-interval": "1ms"}),
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0"
+        ) as cluster,
         Client(cluster) as client,
     ):
         expected = set(client.nthreads())

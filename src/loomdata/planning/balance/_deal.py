@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loomdata.planning._packing import Lanes
-from loomdata.planning.balance._deal_kernel import by_cost_order, deal_rounds
+from loomdata.planning.balance._deal_kernel import by_length_order, deal_rounds
 from loomdata.planning.balance._state import Dealt, Slots, place_long
 
 __all__ = ["FlatDeal", "deal_flat", "deal_many"]
@@ -103,6 +103,7 @@ def deal_flat(
     p_rank = np.full(int(off[-1]), -1, dtype=np.int64)
     p_mb = np.full(int(off[-1]), -1, dtype=np.int64)
     length = length.astype(np.int64)
+    c64 = np.ascontiguousarray(all_cost, dtype=np.float64)
     # each step's dealing order (short items: carried ones first, then largest cost first, ties in item
     # order), for all steps at once
     is_long = all_lane == 1
@@ -111,10 +112,10 @@ def deal_flat(
         step_of = np.repeat(np.arange(b), ns)[short]
         cut = np.zeros(b + 1, dtype=np.int64)
         np.cumsum(np.bincount(step_of, minlength=b), out=cut[1:])
-        by = short[by_cost_order(np.ascontiguousarray(all_cost[short], dtype=np.float64), cut)]
+        by = short[by_length_order(c64[short], length[short], cut)]
     else:  # no long-lane items (the common case): every item is short, each step's from off on
         cut = np.array(off, dtype=np.int64)
-        by = by_cost_order(np.ascontiguousarray(all_cost, dtype=np.float64), cut)
+        by = by_length_order(c64, length, cut)
     n_carried = np.zeros(b, dtype=np.int64) if carried is None else np.asarray(carried, dtype=np.int64)
     for c_i in np.flatnonzero(n_carried > 0).tolist():
         own = np.sort(by[cut[c_i] : cut[c_i + 1]])  # a step with carried items: those first, then largest cost
@@ -127,8 +128,8 @@ def deal_flat(
         d, a = fd.view(i), int(off[i])
         c = all_cost[a : int(off[i + 1])]
         place_long(d.long_idx, d.length, c, d.st, d.p_rank, d.p_mb, lanes, float(c.sum()))
-    # the block's short items in dealing order, step after step (global item index, cost, length), dealt in
-    # LPT rounds step after step by the compiled kernel
+    # the block's short items in dealing order, step after step (global item indices; the kernel reads their
+    # cost and length there), dealt in LPT rounds step after step by the compiled kernel
     deal_rounds(
         cost3,
         room3,
@@ -136,11 +137,9 @@ def deal_flat(
         p_rank,
         p_mb,
         by,
-        np.ascontiguousarray(all_cost[by], dtype=np.float64),
-        length[by],
         cut[:-1],
         np.diff(cut),
         length,
-        np.ascontiguousarray(all_cost, dtype=np.float64),
+        c64,
     )
     return fd

@@ -13,7 +13,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit, stable_argsort, stable_argsort_into
 
-__all__ = ["by_cost_order", "deal_rounds", "place_whole_step"]
+__all__ = ["by_cost_order", "by_length_order", "deal_rounds", "place_whole_step"]
 
 FALLBACK_PASSES = 3  # passes pairing items whose rank was full with ranks that have room, before one by one
 
@@ -36,6 +36,67 @@ def by_cost_order(cost: np.ndarray, cut: np.ndarray) -> np.ndarray:
         if len(out) == len(cost):
             return out
     return _steps_order(cost, cut)
+
+
+LENGTH_SPAN_MIN = 64
+"""by_length_order counts lengths when their span (max - min + 1) is at most the block's items or this many;
+a wider span (a small block of long segments) leaves the block to by_cost_order."""
+
+
+@njit
+def by_length_order(cost: np.ndarray, length: np.ndarray, cut: np.ndarray) -> np.ndarray:
+    """by_cost_order (step, then largest cost first, ties in position order) found as step, then longest first,
+    ties in position order: two stable counting passes, on the length then on the step, O(items + span).
+
+    The same order wherever a step's cost is a strictly increasing function of its items' lengths, as a text
+    segment's cost in the short lane is (_cost.segment_cost) unless attention = linear = 0. Each step's order is
+    checked against its costs (along it, a longer item costs strictly more than the next, an equal length costs
+    the same): a step that fails (images, a zero cost model, several cp sizes, NaN) is sorted on its costs as
+    by_cost_order sorts it, so the result is by_cost_order's whatever the costs."""
+    n = len(cost)
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    lo, hi = length[0], length[0]
+    for i in range(n):
+        v = length[i]
+        if v < lo:
+            lo = v
+        elif v > hi:
+            hi = v
+    span = hi - lo + 1
+    if span > max(n, LENGTH_SPAN_MIN):
+        return by_cost_order(cost, cut)
+    pos = np.zeros(span + 1, dtype=np.int64)  # longest first: bucket hi - length
+    for i in range(n):
+        pos[hi - length[i] + 1] += 1
+    for v in range(span):
+        pos[v + 1] += pos[v]
+    idx = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        k = hi - length[i]
+        idx[pos[k]] = i
+        pos[k] += 1
+    b = len(cut) - 1
+    step = np.empty(n, dtype=np.int32)
+    for s in range(b):
+        step[cut[s] : cut[s + 1]] = s
+    nxt = cut[:-1].copy()
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        j = idx[i]
+        s = step[j]
+        out[nxt[s]] = j
+        nxt[s] += 1
+    for s in range(b):
+        a, e = cut[s], cut[s + 1]
+        for j in range(a, e - 1):
+            p, q = out[j], out[j + 1]
+            if not (cost[p] > cost[q] if length[p] > length[q] else cost[p] == cost[q]):
+                o = stable_argsort(-cost[a:e])
+                for t in range(e - a):
+                    out[a + t] = a + o[t]
+                break
+    return out
 
 
 @njit
@@ -220,15 +281,14 @@ def deal_rounds(
     p_rank: np.ndarray,
     p_mb: np.ndarray,
     g_item: np.ndarray,
-    g_cost: np.ndarray,
-    g_len: np.ndarray,
     start: np.ndarray,
     n_deal: np.ndarray,
     length: np.ndarray,
     all_cost: np.ndarray,
 ) -> None:
     """Deal every step s of a block: its n_deal[s] short items g_item[start[s]:] (dealing order; their costs
-    g_cost and lengths g_len) in LPT rounds into the (steps, dp, mb) slot state, recording p_rank and p_mb."""
+    all_cost[item], lengths length[item]) in LPT rounds into the (steps, dp, mb) slot state, recording p_rank and
+    p_mb."""
     dp = cost3.shape[1]
     failed = np.empty(dp, dtype=np.int64)
     rk = np.empty(dp, dtype=np.int64)
@@ -237,7 +297,7 @@ def deal_rounds(
         while left > 0:
             rc = rank_cost[s]
             stable_argsort_into(rc, rk)
-            thr = rc[rk[0]] + g_cost[at]
+            thr = rc[rk[0]] + all_cost[g_item[at]]
             within = 0
             for q in range(dp):
                 if rc[q] <= thr:
@@ -245,13 +305,14 @@ def deal_rounds(
             k = min(left, max(within, 1))
             nf = 0
             for e in range(k):
-                r, it, ln = rk[e], g_item[at + e], g_len[at + e]
+                r, it = rk[e], g_item[at + e]
+                ln = length[it]
                 m = _best_slot(cost3[s, r], room3[s, r], ln)
                 if m < 0:
                     failed[nf] = it
                     nf += 1
                 else:
-                    _commit(s, r, m, it, ln, g_cost[at + e], cost3, room3, rank_cost, p_rank, p_mb)
+                    _commit(s, r, m, it, ln, all_cost[it], cost3, room3, rank_cost, p_rank, p_mb)
             if nf:
                 place_whole_step(s, failed[:nf].copy(), length, all_cost, cost3, room3, rank_cost, p_rank, p_mb)
             at += k

@@ -14,10 +14,19 @@ import numpy as np
 import pytest
 
 from loomdata.planning._cost import segment_cost
+from loomdata.planning._jit import stable_argsort
 from loomdata.planning._packing import Lanes
 from loomdata.planning.balance import _deal
 from loomdata.planning.balance._deal import deal_flat
-from loomdata.planning.balance._deal_kernel import LENGTH_SPAN_MIN, _steps_order, by_cost_order, by_length_order
+from loomdata.planning.balance._deal_kernel import (
+    LENGTH_SPAN_MIN,
+    _best_slot,
+    _steps_order,
+    by_cost_order,
+    by_length_order,
+    deal_rounds,
+    place_whole_step,
+)
 from loomdata.schemas.spec import CostSpec
 
 SPECS = {
@@ -136,3 +145,63 @@ def test_a_whole_deal_is_the_same_bytes_as_with_the_cost_sort(seed: int, monkeyp
     for f in ("cost3", "room3", "lane3", "rank_cost", "p_rank", "p_mb", "order", "cut", "long_idx"):
         a, b = getattr(new, f), getattr(old, f)
         assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), f
+
+
+def _rounds_reference(cost3, room3, rank_cost, p_rank, p_mb, by, cut, length, cost):  # type: ignore[no-untyped-def]
+    """The LPT rounds as their docstring says, in Python: each round the least loaded ranks (stable_argsort) within
+    the round's largest cost of the minimum take the next items, each into its least loaded micro-batch with
+    room; items whose rank had none go to place_whole_step."""
+    for s in range(len(cut) - 1):
+        at, end = int(cut[s]), int(cut[s + 1])
+        while at < end:
+            rk = stable_argsort(rank_cost[s])  # np.argsort(kind="stable") but for NaN where dp <= 32
+            within = int((rank_cost[s] <= rank_cost[s, rk[0]] + cost[by[at]]).sum())
+            k = min(end - at, max(within, 1))
+            failed = []
+            for e in range(k):
+                r, it = int(rk[e]), int(by[at + e])
+                m = _best_slot(cost3[s, r], room3[s, r], int(length[it]))
+                if m < 0:
+                    failed.append(it)
+                else:
+                    cost3[s, r, m] += cost[it]
+                    room3[s, r, m] -= length[it]
+                    rank_cost[s, r] += cost[it]
+                    p_rank[it], p_mb[it] = r, m
+            if failed:
+                items = np.array(failed, dtype=np.int64)
+                place_whole_step(s, items, length, cost, cost3, room3, rank_cost, p_rank, p_mb)
+            at += k
+
+
+@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("dp", [0, 33, 64])
+def test_deal_rounds_match_the_rounds_in_python(seed: int, dp: int) -> None:
+    """Random blocks at dp 1..64 (the rank sort's insertion and merge sorts, which order NaN loads apart), full
+    ranks, tied and NaN costs."""
+    rng = np.random.default_rng(seed)
+    dp, mb = dp or int(rng.choice([1, 2, 3, 4, 8, 32])), int(rng.integers(1, 5))
+    seq_len = 64
+    cut, _ = _steps(rng, int(rng.integers(1, 12)), dp * mb * 3)
+    n = int(cut[-1])
+    length = rng.integers(1, seq_len + 1, n).astype(np.int64)
+    cost = segment_cost(length, None, CostSpec()) if seed % 3 else rng.integers(0, 3, n).astype(np.float64)
+    if seed % 4 == 3 and n:
+        cost[rng.integers(0, n, n // 10 + 2)] = np.nan  # dealt last, a round each: NaN loads to sort
+    by = by_cost_order(cost, cut)
+    b = len(cut) - 1
+    states = [
+        [
+            np.zeros((b, dp, mb)),
+            np.full((b, dp, mb), seq_len, np.int64),
+            np.zeros((b, dp)),
+            np.full(n, -1),
+            np.full(n, -1),
+        ]
+        for _ in range(2)
+    ]
+    deal_rounds(*states[0], by, cut[:-1], np.diff(cut), length, cost)
+    _rounds_reference(*states[1], by, cut, length, cost)
+    for a, w in zip(states[0], states[1], strict=True):
+        assert a.tobytes() == w.tobytes()
+    assert (states[0][3] >= 0).any() or n == 0

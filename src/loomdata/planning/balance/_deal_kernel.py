@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from loomdata.planning._jit import njit, stable_argsort, stable_argsort_into
+from loomdata.planning._jit import _SHORT, njit, stable_argsort, stable_argsort_into
 
 __all__ = ["by_cost_order", "by_length_order", "deal_rounds", "place_whole_step"]
 
@@ -288,31 +288,47 @@ def deal_rounds(
 ) -> None:
     """Deal every step s of a block: its n_deal[s] short items g_item[start[s]:] (dealing order; their costs
     all_cost[item], lengths length[item]) in LPT rounds into the (steps, dp, mb) slot state, recording p_rank and
-    p_mb."""
-    dp = cost3.shape[1]
+    p_mb. The slot state is indexed in place (what _best_slot and _commit do on views, without the views)."""
+    dp, mb = cost3.shape[1], cost3.shape[2]
     failed = np.empty(dp, dtype=np.int64)
     rk = np.empty(dp, dtype=np.int64)
     for s in range(cost3.shape[0]):
         at, left = start[s], n_deal[s]
         while left > 0:
-            rc = rank_cost[s]
-            stable_argsort_into(rc, rk)
-            thr = rc[rk[0]] + all_cost[g_item[at]]
+            if dp > _SHORT:  # the ranks by load, ties by rank: stable_argsort_into (merge sort), or its insertion sort
+                stable_argsort_into(rank_cost[s], rk)
+            else:  # in place (no view)
+                for i in range(dp):
+                    v = rank_cost[s, i]
+                    j = i
+                    while j > 0 and rank_cost[s, rk[j - 1]] > v:
+                        rk[j] = rk[j - 1]
+                        j -= 1
+                    rk[j] = i
+            thr = rank_cost[s, rk[0]] + all_cost[g_item[at]]
             within = 0
             for q in range(dp):
-                if rc[q] <= thr:
+                if rank_cost[s, q] <= thr:
                     within += 1
             k = min(left, max(within, 1))
             nf = 0
             for e in range(k):
                 r, it = rk[e], g_item[at + e]
                 ln = length[it]
-                m = _best_slot(cost3[s, r], room3[s, r], ln)
+                m, low = -1, np.inf  # _best_slot
+                for x in range(mb):
+                    if room3[s, r, x] >= ln and cost3[s, r, x] < low:
+                        m, low = x, cost3[s, r, x]
                 if m < 0:
                     failed[nf] = it
                     nf += 1
-                else:
-                    _commit(s, r, m, it, ln, all_cost[it], cost3, room3, rank_cost, p_rank, p_mb)
+                else:  # _commit
+                    c = all_cost[it]
+                    cost3[s, r, m] += c
+                    room3[s, r, m] -= ln
+                    rank_cost[s, r] += c
+                    p_rank[it] = r
+                    p_mb[it] = m
             if nf:
                 place_whole_step(s, failed[:nf].copy(), length, all_cost, cost3, room3, rank_cost, p_rank, p_mb)
             at += k

@@ -311,10 +311,12 @@ def deal_rounds(
             for e in range(k):
                 r, it = rk[e], g_item[at + e]
                 ln = length[it]
-                m, low = -1, np.inf  # _best_slot
+                m, low = -1, np.inf  # _best_slot, without branches (data-dependent: often mispredicted)
                 for x in range(mb):
-                    if room3[s, r, x] >= ln and cost3[s, r, x] < low:
-                        m, low = x, cost3[s, r, x]
+                    cx = cost3[s, r, x]
+                    ok = (room3[s, r, x] >= ln) & (cx < low)
+                    m = x if ok else m
+                    low = cx if ok else low
                 if m < 0:
                     failed[nf] = it
                     nf += 1

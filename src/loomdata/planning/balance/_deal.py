@@ -10,8 +10,9 @@ dp wide. A segment whose rank has no slot with room goes at once to the least lo
 Steps are independent once their items are known: the block's slot state is one (steps, dp, micro_batches)
 array, each step's state a view of it, and the rounds run compiled (_deal_kernel.deal_rounds), one step after
 the other (the NumPy rounds they replace ran in lockstep over the block's steps, with the same results: a
-step's rounds touch only its own slots). Ordering the items and the long lane stay NumPy. A block may be one
-step.
+step's rounds touch only its own slots). The dealing order is compiled too (_deal_kernel.by_length_order:
+two counting passes on lengths and steps, each step checked against its costs, sorted on them where the
+lengths do not order them); the long lane stays NumPy. A block may be one step.
 """
 
 from __future__ import annotations

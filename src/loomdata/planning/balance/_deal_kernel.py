@@ -5,6 +5,9 @@ rounds read only that step's slots, so dealing the steps one after the other cha
 cost is the same float additions in the same order). A round serves the k least loaded ranks (stable order)
 whose load is within the round's largest cost of the minimum; each takes its item into its least loaded
 micro-batch with room; items whose rank was full go to the least loaded ranks with room (place_whole_step).
+
+The dealing order (by step, largest cost first, ties in position order) is found on lengths where they give it
+(by_length_order, O(items)), else by sorting costs (by_cost_order).
 """
 
 from __future__ import annotations

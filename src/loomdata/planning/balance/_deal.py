@@ -10,8 +10,9 @@ dp wide. A segment whose rank has no slot with room goes at once to the least lo
 Steps are independent once their items are known: the block's slot state is one (steps, dp, micro_batches)
 array, each step's state a view of it, and the rounds run compiled (_deal_kernel.deal_rounds), one step after
 the other (the NumPy rounds they replace ran in lockstep over the block's steps, with the same results: a
-step's rounds touch only its own slots). Ordering the items and the long lane stay NumPy. A block may be one
-step.
+step's rounds touch only its own slots). The dealing order is compiled too (_deal_kernel.by_length_order:
+two counting passes on lengths and steps, each step checked against its costs, sorted on them where the
+lengths do not order them); the long lane stays NumPy. A block may be one step.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loomdata.planning._packing import Lanes
-from loomdata.planning.balance._deal_kernel import by_cost_order, deal_rounds
+from loomdata.planning.balance._deal_kernel import by_length_order, deal_rounds
 from loomdata.planning.balance._state import Dealt, Slots, place_long
 
 __all__ = ["FlatDeal", "deal_flat", "deal_many"]
@@ -103,6 +104,7 @@ def deal_flat(
     p_rank = np.full(int(off[-1]), -1, dtype=np.int64)
     p_mb = np.full(int(off[-1]), -1, dtype=np.int64)
     length = length.astype(np.int64)
+    c64 = np.ascontiguousarray(all_cost, dtype=np.float64)
     # each step's dealing order (short items: carried ones first, then largest cost first, ties in item
     # order), for all steps at once
     is_long = all_lane == 1
@@ -111,10 +113,10 @@ def deal_flat(
         step_of = np.repeat(np.arange(b), ns)[short]
         cut = np.zeros(b + 1, dtype=np.int64)
         np.cumsum(np.bincount(step_of, minlength=b), out=cut[1:])
-        by = short[by_cost_order(np.ascontiguousarray(all_cost[short], dtype=np.float64), cut)]
+        by = short[by_length_order(c64[short], length[short], cut)]
     else:  # no long-lane items (the common case): every item is short, each step's from off on
         cut = np.array(off, dtype=np.int64)
-        by = by_cost_order(np.ascontiguousarray(all_cost, dtype=np.float64), cut)
+        by = by_length_order(c64, length, cut)
     n_carried = np.zeros(b, dtype=np.int64) if carried is None else np.asarray(carried, dtype=np.int64)
     for c_i in np.flatnonzero(n_carried > 0).tolist():
         own = np.sort(by[cut[c_i] : cut[c_i + 1]])  # a step with carried items: those first, then largest cost
@@ -127,8 +129,8 @@ def deal_flat(
         d, a = fd.view(i), int(off[i])
         c = all_cost[a : int(off[i + 1])]
         place_long(d.long_idx, d.length, c, d.st, d.p_rank, d.p_mb, lanes, float(c.sum()))
-    # the block's short items in dealing order, step after step (global item index, cost, length), dealt in
-    # LPT rounds step after step by the compiled kernel
+    # the block's short items in dealing order, step after step (global item indices; the kernel reads their
+    # cost and length there), dealt in LPT rounds step after step by the compiled kernel
     deal_rounds(
         cost3,
         room3,
@@ -136,11 +138,9 @@ def deal_flat(
         p_rank,
         p_mb,
         by,
-        np.ascontiguousarray(all_cost[by], dtype=np.float64),
-        length[by],
         cut[:-1],
         np.diff(cut),
         length,
-        np.ascontiguousarray(all_cost, dtype=np.float64),
+        c64,
     )
     return fd

@@ -597,19 +597,18 @@ def _held_windows(
     needle = np.ceil(end).astype(np.int64)
     lo = np.minimum(prev.astype(np.int64), np.maximum(state[:, 0] - 1, 0))
     n = np.array([len(s.cum) for s in streams], dtype=np.int64)
-    hi = np.empty(n_src, dtype=np.int64)
-    for k, s in enumerate(streams):
-        top = max(int(state[k, 0]), int(np.searchsorted(s.cum, needle[k], side="left")), int(prev[k]))
-        hi[k] = min(top if reach is None else max(top, int(reach[k])), n[k] - 1) + 1
+    # (each source's search its one NumPy call, the rest on all sources at once: per-source Python cost the 300-source
+    # plan's 12 runs ~20 ms)
+    found = np.array([s.cum.searchsorted(x) for s, x in zip(streams, needle.tolist(), strict=True)], dtype=np.int64)
+    top = np.maximum(np.maximum(state[:, 0], found), prev.astype(np.int64))
+    hi = np.minimum(top if reach is None else np.maximum(top, reach), n - 1) + 1
     off = np.zeros(n_src + 1, dtype=np.int64)
     np.cumsum(hi - lo, out=off[1:])
     if n_src == 1:
         return streams[0].cum, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), n
     if int(off[-1]) > REPAIR_WINDOW and reach is None:
         return None
-    cw = np.empty(int(off[-1]), dtype=np.int64)
-    for k, s in enumerate(streams):
-        cw[off[k] : off[k + 1]] = s.cum[lo[k] : hi[k]]
+    cw = np.concatenate([s.cum[a:b] for s, a, b in zip(streams, lo.tolist(), hi.tolist(), strict=True)], dtype=np.int64)
     return cw, off[:-1].copy(), lo, n
 
 

@@ -161,3 +161,72 @@ def test_backlog_deferrals_by_level_match_the_reference(
     np.testing.assert_array_equal(got.dense(), want)
     near = np.array([np.searchsorted(st.cum, grid[-1, k]) for k, st in enumerate(streams)])
     assert int((near - want[-1]).sum()) > 2 * WALK_MAX  # the last steps' deferrals went past the walk
+
+
+def _held_windows_loop(
+    tg: CumulativeTargets,
+    streams: list[Any],
+    b0: int,
+    b1: int,
+    before: np.ndarray | None,
+    state: np.ndarray,
+    prev: np.ndarray,
+    reach: np.ndarray | None,
+) -> tuple[np.ndarray, ...] | None:
+    """_held_windows as it was before session 31 (a loop over the sources for the bounds and for the copy): the
+    reference of the vectorised one."""
+    n_src = len(streams)
+    end = np.zeros(n_src) if before is None else np.array(before, dtype=np.float64)
+    _mixture.held_targets(tg.weights.last, np.ascontiguousarray(tg.budget[b0:b1], dtype=np.int64), end)
+    needle = np.ceil(end).astype(np.int64)
+    lo = np.minimum(prev.astype(np.int64), np.maximum(state[:, 0] - 1, 0))
+    n = np.array([len(s.cum) for s in streams], dtype=np.int64)
+    hi = np.empty(n_src, dtype=np.int64)
+    for k, s in enumerate(streams):
+        top = max(int(state[k, 0]), int(np.searchsorted(s.cum, needle[k], side="left")), int(prev[k]))
+        hi[k] = min(top if reach is None else max(top, int(reach[k])), n[k] - 1) + 1
+    off = np.zeros(n_src + 1, dtype=np.int64)
+    np.cumsum(hi - lo, out=off[1:])
+    if n_src == 1:
+        return streams[0].cum, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), n
+    if int(off[-1]) > _mixture.REPAIR_WINDOW and reach is None:
+        return None
+    cw = np.empty(int(off[-1]), dtype=np.int64)
+    for k, s in enumerate(streams):
+        cw[off[k] : off[k + 1]] = s.cum[lo[k] : hi[k]]
+    return cw, off[:-1].copy(), lo, n
+
+
+@pytest.mark.parametrize(("seed", "n_src"), [(0, 1), (1, 3), (2, 40), (3, 40), (4, 2), (5, 40)])
+def test_held_windows_equal_the_per_source_loop(seed: int, n_src: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """_held_windows' bounds and copy, worked out on all sources at once (session 31), are the per-source loop's:
+    random search states and repaired rows (behind, at and past the targets' reach), with and without a `reach`
+    (some sources at their stream's end), one source, and windows over REPAIR_WINDOW (None without a reach)."""
+    rng = np.random.default_rng(seed)
+    lanes = Lanes(seq_len=512)
+    steps = 120
+    _, streams, step_slots = _case(seed, n_src, steps, 2, lanes)
+    w = rng.random(n_src) + 0.1
+    w /= w.sum()
+    tg = CumulativeTargets(_weights(w, steps, None), step_slots * int(lanes.seq_len * 0.96))
+    n = np.array([len(s.cum) for s in streams])
+    for small in (False, True):
+        if small:  # every window over the limit: None, unless a reach is given
+            monkeypatch.setattr(_mixture, "REPAIR_WINDOW", 5)
+        for _ in range(8):
+            b0 = int(rng.integers(0, steps - 1))
+            b1 = int(rng.integers(b0 + 1, steps + 1))
+            before = None if b0 == 0 else tg.rows(0, b0, None)[-1].copy()
+            state = np.stack([rng.integers(0, n), rng.integers(0, n)], axis=1).astype(np.int64)
+            prev = rng.integers(0, n).astype(np.int32)
+            reach = None if rng.random() < 0.5 else rng.integers(0, n + 5).astype(np.int64)  # (past the end too)
+            args = (tg, streams, b0, b1, before, state, prev)
+            got = _mixture._held_windows(*args, reach)
+            want = _held_windows_loop(*args, reach)
+            if want is None:
+                assert got is None
+                continue
+            assert got is not None
+            for x, y in zip(got, want, strict=True):
+                assert x.dtype == y.dtype
+                np.testing.assert_array_equal(x, y)

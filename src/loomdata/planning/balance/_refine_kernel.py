@@ -120,6 +120,7 @@ def refine_rounds(
     jc = np.empty(cap + 2)
     jl = np.empty(cap + 2, dtype=np.int64)
     jr = np.empty(cap + 2, dtype=np.int64)
+    score = np.empty(cap + 2)  # one a's scores against them
     for s in range(n_steps):
         a0, b0 = off[s], off[s + 1]
         listed = False
@@ -155,13 +156,15 @@ def refine_rounds(
             for i in range(len(ia)):
                 ca, la = g_cost[ia[i]], g_len[ia[i]]
                 room_hi = room3[s, hi, p_mb[ia[i]]] + la
+                # a's row of scores without a branch (an infeasible pair scores inf, which never wins), then its
+                # first best: the same pair as testing each in turn, without a mispredicted branch a pair
                 for j in range(nb):
                     delta = ca - jc[j]
-                    if delta <= 0 or delta >= gap or la > jr[j] or jl[j] > room_hi:
-                        continue
-                    score = abs(delta - half)
-                    if score < best:
-                        best, bi, bj = score, i, j
+                    ok = (delta > 0) & (delta < gap) & (la <= jr[j]) & (jl[j] <= room_hi)
+                    score[j] = abs(delta - half) if ok else np.inf
+                for j in range(nb):
+                    if score[j] < best:
+                        best, bi, bj = score[j], i, j
             if bi < 0:
                 break
             item_a = ia[bi]

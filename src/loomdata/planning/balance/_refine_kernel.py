@@ -15,7 +15,32 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["refine_rounds"]
+__all__ = ["refine_rounds", "search_setup"]
+
+
+@njit
+def search_setup(
+    movable: np.ndarray, step_of: np.ndarray, p_rank: np.ndarray, g_cost: np.ndarray, n_steps: int, dp: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The searches' set-up in one pass over a block's items (step_of ascending): (key: step * dp + rank of a
+    movable item, n_steps * dp for the others; off: where each step's items start, n_steps + 1; top: each
+    step's largest placed cost, 0 where none). The same arrays as np.where, np.searchsorted and
+    _state.step_max; placement (p_rank >= 0) and costs are what the searches never change, so `top` is the
+    same before them as after."""
+    n = len(step_of)
+    key = np.empty(n, dtype=np.int64)
+    off = np.zeros(n_steps + 1, dtype=np.int64)
+    top = np.zeros(n_steps)
+    for i in range(n):
+        s = step_of[i]
+        off[s + 1] += 1
+        r = p_rank[i]
+        key[i] = s * dp + r if movable[i] else n_steps * dp
+        if r >= 0 and g_cost[i] > top[s]:
+            top[s] = g_cost[i]
+    for s in range(n_steps):
+        off[s + 1] += off[s]
+    return key, off, top
 
 
 @njit

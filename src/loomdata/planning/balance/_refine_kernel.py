@@ -45,11 +45,31 @@ def search_setup(
 
 @njit
 def _rank_lists(
-    key: np.ndarray, a: int, b: int, base: int, dp: int, spare: int, at: np.ndarray, n: np.ndarray, buf: np.ndarray
+    key: np.ndarray,
+    a: int,
+    b: int,
+    base: int,
+    dp: int,
+    spare: int,
+    at: np.ndarray,
+    n: np.ndarray,
+    buf: np.ndarray,
+    stride: int,
 ) -> None:
     """Each rank's movable items of a step (items a..b-1 whose key is base + rank), ascending: rank r's are
-    buf[at[r] : at[r] + n[r]], with room for `spare` more (a step's rounds add at most one item to a rank each)."""
+    buf[at[r] : at[r] + n[r]], with room for `spare` more (a step's rounds add at most one item to a rank each).
+    stride > 0 (at least b - a + spare): rank r's list starts at r * stride, listed in one pass; 0: the lists
+    packed (a counting pass first), for a buffer of only b - a + dp * spare."""
     n[:] = 0
+    if stride > 0:
+        for r in range(dp):
+            at[r] = r * stride
+        for i in range(a, b):
+            r = key[i] - base
+            if 0 <= r < dp:
+                buf[at[r] + n[r]] = i
+                n[r] += 1
+        return
     for i in range(a, b):
         r = key[i] - base
         if 0 <= r < dp:
@@ -140,7 +160,12 @@ def refine_rounds(
     most = 0
     for s in range(n_steps):
         most = max(most, off[s + 1] - off[s])
-    buf = np.empty(most + dp * rounds, dtype=np.int64)
+    # the rank lists one pass a step (each rank room for a whole step) where that buffer stays within a few
+    # times the packed one (small dp); else packed, after a counting pass
+    stride = most + rounds
+    if dp * stride > 4 * (most + dp * rounds):
+        stride = 0
+    buf = np.empty(dp * stride if stride else most + dp * rounds, dtype=np.int64)
     # the light rank's candidates' costs, lengths and the room a pair leaves there (cap + 1 at most)
     jc = np.empty(cap + 2)
     jl = np.empty(cap + 2, dtype=np.int64)
@@ -156,7 +181,7 @@ def refine_rounds(
             if gap <= tolerance * r_s[hi]:
                 break
             if not listed:  # each rank's movable items, kept up to date as items move (no scan a round)
-                _rank_lists(key, a0, b0, s * dp, dp, rounds, at, cnt, buf)
+                _rank_lists(key, a0, b0, s * dp, dp, rounds, at, cnt, buf, stride)
                 listed = True
             ia = _candidates(buf, at[hi], cnt[hi], cap)
             if len(ia) == 0:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from loomdata.planning._jit import njit, stable_argsort
+from loomdata.planning._jit import njit, stable_argsort, stable_argsort_into
 
 __all__ = ["wide_rounds"]
 
@@ -116,20 +116,29 @@ def _exchange(
     ec = np.full((n_p, mb, jmax - 1), np.inf)
     el = np.zeros((n_p, mb, jmax - 1), dtype=np.int64)
     cheap = np.full((n_p, mb, jmax), -1, dtype=np.int64)
+    # a micro-batch's segments, their costs and cost order: buffers for the largest partner, reused
+    most = 0
+    for qi in range(n_p):
+        if part[qi] >= 0:
+            most = max(most, first[part[qi] + 1] - first[part[qi]])
+    buf = np.empty(most, dtype=np.int64)
+    buf_c = np.empty(most)
+    order = np.empty(most, dtype=np.int64)
     for qi in range(n_p):
         if part[qi] < 0:
             continue
         on = items[first[part[qi]] : first[part[qi] + 1]]
         for m in range(mb):
-            buf = np.empty(len(on), dtype=np.int64)
             n = 0
             for i in on:
                 if p_mb[i] == m:
                     buf[n] = i
+                    buf_c[n] = g_cost[i]
                     n += 1
             if n < 2:
                 continue
-            mine = buf[:n][stable_argsort(g_cost[buf[:n]])]
+            stable_argsort_into(buf_c[:n], order[:n])
+            mine = buf[:n][order[:n]]
             cs, ls = g_cost[mine[0]], g_len[mine[0]]
             cheap[qi, m, 0] = mine[0]
             for t in range(1, min(n, jmax)):

@@ -44,6 +44,15 @@ def search_setup(
 
 
 @njit
+def _beats(row: np.ndarray, n: int, best: float) -> bool:
+    """Whether any of row[:n] is below `best` (an OR over the row, no branch an element: vectorized)."""
+    hit = False
+    for j in range(n):
+        hit |= row[j] < best
+    return hit
+
+
+@njit
 def _rank_lists(
     key: np.ndarray,
     a: int,
@@ -206,15 +215,17 @@ def refine_rounds(
             for i in range(len(ia)):
                 ca, la = g_cost[ia[i]], g_len[ia[i]]
                 room_hi = room3[s, hi, p_mb[ia[i]]] + la
-                # a's row of scores without a branch (an infeasible pair scores inf, which never wins), then its
-                # first best: the same pair as testing each in turn, without a mispredicted branch a pair
+                # a's row of scores without a branch (an infeasible pair scores inf, which never wins), whether
+                # any beats the best so far (an OR, also branch-free), and only then the row's first best: the
+                # same pair as testing each in turn, without a mispredicted branch a pair
                 for j in range(nb):
                     delta = ca - jc[j]
                     ok = (delta > 0) & (delta < gap) & (la <= jr[j]) & (jl[j] <= room_hi)
                     score[j] = abs(delta - half) if ok else np.inf
-                for j in range(nb):
-                    if score[j] < best:
-                        best, bi, bj = score[j], i, j
+                if _beats(score, nb, best):
+                    for j in range(nb):
+                        if score[j] < best:
+                            best, bi, bj = score[j], i, j
             if bi < 0:
                 break
             item_a = ia[bi]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from loomdata.planning._jit import njit, stable_argsort, stable_argsort_into
+from loomdata.planning.balance._refine_kernel import _beats
 
 __all__ = ["wide_rounds"]
 
@@ -175,9 +176,10 @@ def _exchange(
             d = ca - tc[t]
             ok = (d > 0) & (la <= troom[t]) & (tl[t] <= room_a)
             row[t] = max(lh - d, tload[t] + d) if ok else np.inf
-        for t in range(n_t):
-            if row[t] < best:
-                best, bi, bt = row[t], i, t
+        if _beats(row, n_t, best):
+            for t in range(n_t):
+                if row[t] < best:
+                    best, bi, bt = row[t], i, t
     bqm, bj = divmod(t_at[bt], jmax - 1) if n_t else (0, 0)
     bq, bm = divmod(bqm, mb)
     if bi < 0 or not best < lh * _NEAR_ONE:
@@ -315,9 +317,10 @@ def wide_rounds(
                         d = ca - bc[j]
                         ok = (d > 0) & (la <= br[j]) & (bl[j] <= room_a)
                         row[j] = max(lh - d, bload[j] + d) if ok else np.inf
-                    for j in range(nb):
-                        if row[j] < vs:
-                            vs, si, sj = row[j], i, j
+                    if _beats(row, nb, vs):
+                        for j in range(nb):
+                            if row[j] < vs:
+                                vs, si, sj = row[j], i, j
                 if vm <= vs and vm < lh * _NEAR_ONE:
                     _move(
                         a[mi], s, h, ma[mi], part[mq], best_mb[mq], cost3, room3, rc, p_rank, p_mb, key, g_cost, g_len

@@ -31,15 +31,25 @@ def search_setup(
     key = np.empty(n, dtype=np.int64)
     off = np.zeros(n_steps + 1, dtype=np.int64)
     top = np.zeros(n_steps)
+    # the current step's running maximum in a register, its start and maximum written as the step changes
+    # (steps ascending), no branch an item otherwise
+    cur, t = 0, 0.0
     for i in range(n):
         s = step_of[i]
-        off[s + 1] += 1
+        if s != cur:
+            top[cur] = t
+            t = 0.0
+            for q in range(cur + 1, s + 1):
+                off[q] = i
+            cur = s
         r = p_rank[i]
         key[i] = s * dp + r if movable[i] else n_steps * dp
-        if r >= 0 and g_cost[i] > top[s]:
-            top[s] = g_cost[i]
-    for s in range(n_steps):
-        off[s + 1] += off[s]
+        c = g_cost[i]
+        t = c if (r >= 0) & (c > t) else t
+    if n_steps:
+        top[cur] = t
+    for q in range(cur + 1, n_steps + 1):
+        off[q] = n
     return key, off, top
 
 

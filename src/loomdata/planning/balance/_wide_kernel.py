@@ -282,21 +282,34 @@ def wide_rounds(
                     done = True
                     continue
                 # swaps: a for one segment b of a partner
-                # the partners' segments ascending (their lists merged, as sorting them would): each marked at
-                # its place in the step, the places then read in order (partners are distinct ranks)
+                # the partners' segments ascending: where they are 1/32 of the step or more (few ranks), each
+                # marked at its place in the step and the places read in order (partners are distinct ranks);
+                # else (many ranks: a pass over the step per unit costs more than a sort) their lists sorted
                 n_b = 0
                 for qi in range(n_p):
                     if part[qi] >= 0:
-                        for it in items[first[part[qi]] : first[part[qi] + 1]]:
-                            mark[it - a0] = True
-                            n_b += 1
+                        n_b += first[part[qi] + 1] - first[part[qi]]
                 on_p = np.empty(n_b, dtype=np.int64)
+                by_place = b0 - a0 <= 32 * n_b
                 n_b = 0
-                for i in range(b0 - a0):
-                    if mark[i]:
-                        on_p[n_b] = a0 + i
-                        n_b += 1
-                        mark[i] = False
+                for qi in range(n_p):
+                    if part[qi] >= 0:
+                        q_items = items[first[part[qi]] : first[part[qi] + 1]]
+                        if by_place:
+                            for it in q_items:
+                                mark[it - a0] = True
+                        else:
+                            on_p[n_b : n_b + len(q_items)] = q_items
+                        n_b += len(q_items)
+                if by_place:
+                    n_b = 0
+                    for i in range(b0 - a0):
+                        if mark[i]:
+                            on_p[n_b] = a0 + i
+                            n_b += 1
+                            mark[i] = False
+                else:
+                    on_p.sort()
                 b = _spaced(on_p, cand_p if p == 1 else cand_m)
                 # b's side of every pair read once (cost, length, the room b's slot would have, its rank's
                 # load), then a's row of values without a branch (infeasible: inf, which never wins) and its

@@ -71,15 +71,16 @@ def test_refine_rounds_make_the_oracles_moves(dp: int, mb: int, n: int, steps: i
     assert MAX_CANDIDATES == 512  # the oracle's bound (its _MAX_CANDIDATES)
 
 
-def test_rank_lists_stay_each_ranks_items_ascending_as_items_move() -> None:
+@pytest.mark.parametrize("stride", [0, 260 + 40])  # packed after a count; one pass, a whole step's room a rank
+def test_rank_lists_stay_each_ranks_items_ascending_as_items_move(stride: int) -> None:
     """A step's rank lists against sets: built from the keys, then after moves back and forth (a rank takes at
     most one item a round, so `rounds` spare places a rank suffice)."""
     rng = np.random.default_rng(11)
     dp, rounds, base = 5, 40, 3 * 5
     key = np.where(rng.random(300) < 0.9, base + rng.integers(0, dp, 300), 99)
     at, cnt = np.empty(dp, dtype=np.int64), np.empty(dp, dtype=np.int64)
-    buf = np.full(300 + dp * rounds, -1, dtype=np.int64)
-    _rank_lists(key, 20, 280, base, dp, rounds, at, cnt, buf)
+    buf = np.full(dp * stride if stride else 300 + dp * rounds, -1, dtype=np.int64)
+    _rank_lists(key, 20, 280, base, dp, rounds, at, cnt, buf, stride)
     model = [set(np.flatnonzero(key == base + r).tolist()) & set(range(20, 280)) for r in range(dp)]
     for _ in range(rounds):
         src, dst = rng.choice(dp, 2, replace=False)

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from loomdata.planning.balance._refine_kernel import refine_rounds
-from loomdata.planning.balance._state import Dealt, step_max
+from loomdata.planning.balance._refine_kernel import refine_rounds, search_setup
+from loomdata.planning.balance._state import Dealt
 from loomdata.planning.balance._wide import WideState, wide_search
 
 SWAP_ROUNDS = 16
@@ -76,9 +76,8 @@ def refine_flat(
         return
     # (step, rank) of every movable item as one key (non-movable: a key no round asks for); the compiled rounds
     # (_refine_kernel) then refine each step's items (contiguous: step_of ascending) in turn
-    key = np.where(movable, step_of * dp + p_rank, n_steps * dp)
-    off = np.searchsorted(step_of, np.arange(n_steps + 1))
     g_cost = np.ascontiguousarray(g_cost, dtype=np.float64)
+    key, off, top = search_setup(movable, step_of, p_rank, g_cost, n_steps, dp)  # one pass; also the wide search's
     refine_rounds(
         cost3,
         room3,
@@ -94,6 +93,5 @@ def refine_flat(
         TOLERANCE,
         MAX_CANDIDATES,
     )
-    top = step_max(g_cost[:-1][p_rank >= 0], step_of[p_rank >= 0], n_steps)
     lb = np.maximum(rc.sum(axis=1) / dp, top)
-    wide_search(WideState(cost3, room3, rc, p_rank, p_mb, key, g_cost, g_len, step_of, lb), dp)
+    wide_search(WideState(cost3, room3, rc, p_rank, p_mb, key, g_cost, g_len, step_of, lb), dp, off)

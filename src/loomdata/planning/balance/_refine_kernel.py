@@ -15,16 +15,80 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["refine_rounds"]
+__all__ = ["refine_rounds", "search_setup"]
+
+
+@njit
+def search_setup(
+    movable: np.ndarray, step_of: np.ndarray, p_rank: np.ndarray, g_cost: np.ndarray, n_steps: int, dp: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The searches' set-up in one pass over a block's items (step_of ascending): (key: step * dp + rank of a
+    movable item, n_steps * dp for the others; off: where each step's items start, n_steps + 1; top: each
+    step's largest placed cost, 0 where none). The same arrays as np.where, np.searchsorted and
+    _state.step_max; placement (p_rank >= 0) and costs are what the searches never change, so `top` is the
+    same before them as after."""
+    n = len(step_of)
+    key = np.empty(n, dtype=np.int64)
+    off = np.zeros(n_steps + 1, dtype=np.int64)
+    top = np.zeros(n_steps)
+    # the current step's running maximum in a register, its start and maximum written as the step changes
+    # (steps ascending), no branch an item otherwise
+    cur, t = 0, 0.0
+    for i in range(n):
+        s = step_of[i]
+        if s != cur:
+            top[cur] = t
+            t = 0.0
+            for q in range(cur + 1, s + 1):
+                off[q] = i
+            cur = s
+        r = p_rank[i]
+        key[i] = s * dp + r if movable[i] else n_steps * dp
+        c = g_cost[i]
+        t = c if (r >= 0) & (c > t) else t
+    if n_steps:
+        top[cur] = t
+    for q in range(cur + 1, n_steps + 1):
+        off[q] = n
+    return key, off, top
+
+
+@njit
+def _beats(row: np.ndarray, n: int, best: float) -> bool:
+    """Whether any of row[:n] is below `best` (an OR over the row, no branch an element: vectorized)."""
+    hit = False
+    for j in range(n):
+        hit |= row[j] < best
+    return hit
 
 
 @njit
 def _rank_lists(
-    key: np.ndarray, a: int, b: int, base: int, dp: int, spare: int, at: np.ndarray, n: np.ndarray, buf: np.ndarray
+    key: np.ndarray,
+    a: int,
+    b: int,
+    base: int,
+    dp: int,
+    spare: int,
+    at: np.ndarray,
+    n: np.ndarray,
+    buf: np.ndarray,
+    stride: int,
 ) -> None:
     """Each rank's movable items of a step (items a..b-1 whose key is base + rank), ascending: rank r's are
-    buf[at[r] : at[r] + n[r]], with room for `spare` more (a step's rounds add at most one item to a rank each)."""
+    buf[at[r] : at[r] + n[r]], with room for `spare` more (a step's rounds add at most one item to a rank each).
+    stride > 0 (at least b - a + spare): rank r's list starts at r * stride, listed in one pass; 0: the lists
+    packed (a counting pass first), for a buffer of only b - a + dp * spare."""
     n[:] = 0
+    if stride > 0:
+        for r in range(dp):
+            at[r] = r * stride
+        for i in range(a, b):
+            r = key[i] - base
+            if 0 <= r < dp:
+                buf[at[r] + n[r]] = i
+                n[r] += 1
+        return
     for i in range(a, b):
         r = key[i] - base
         if 0 <= r < dp:
@@ -115,11 +179,17 @@ def refine_rounds(
     most = 0
     for s in range(n_steps):
         most = max(most, off[s + 1] - off[s])
-    buf = np.empty(most + dp * rounds, dtype=np.int64)
+    # the rank lists one pass a step (each rank room for a whole step) where that buffer stays within a few
+    # times the packed one (small dp); else packed, after a counting pass
+    stride = most + rounds
+    if dp * stride > 4 * (most + dp * rounds):
+        stride = 0
+    buf = np.empty(dp * stride if stride else most + dp * rounds, dtype=np.int64)
     # the light rank's candidates' costs, lengths and the room a pair leaves there (cap + 1 at most)
     jc = np.empty(cap + 2)
     jl = np.empty(cap + 2, dtype=np.int64)
     jr = np.empty(cap + 2, dtype=np.int64)
+    score = np.empty(cap + 2)  # one a's scores against them
     for s in range(n_steps):
         a0, b0 = off[s], off[s + 1]
         listed = False
@@ -130,7 +200,7 @@ def refine_rounds(
             if gap <= tolerance * r_s[hi]:
                 break
             if not listed:  # each rank's movable items, kept up to date as items move (no scan a round)
-                _rank_lists(key, a0, b0, s * dp, dp, rounds, at, cnt, buf)
+                _rank_lists(key, a0, b0, s * dp, dp, rounds, at, cnt, buf, stride)
                 listed = True
             ia = _candidates(buf, at[hi], cnt[hi], cap)
             if len(ia) == 0:
@@ -155,13 +225,17 @@ def refine_rounds(
             for i in range(len(ia)):
                 ca, la = g_cost[ia[i]], g_len[ia[i]]
                 room_hi = room3[s, hi, p_mb[ia[i]]] + la
+                # a's row of scores without a branch (an infeasible pair scores inf, which never wins), whether
+                # any beats the best so far (an OR, also branch-free), and only then the row's first best: the
+                # same pair as testing each in turn, without a mispredicted branch a pair
                 for j in range(nb):
                     delta = ca - jc[j]
-                    if delta <= 0 or delta >= gap or la > jr[j] or jl[j] > room_hi:
-                        continue
-                    score = abs(delta - half)
-                    if score < best:
-                        best, bi, bj = score, i, j
+                    ok = (delta > 0) & (delta < gap) & (la <= jr[j]) & (jl[j] <= room_hi)
+                    score[j] = abs(delta - half) if ok else np.inf
+                if _beats(score, nb, best):
+                    for j in range(nb):
+                        if score[j] < best:
+                            best, bi, bj = score[j], i, j
             if bi < 0:
                 break
             item_a = ia[bi]

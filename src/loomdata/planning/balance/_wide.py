@@ -52,9 +52,10 @@ class WideState:
     lb: np.ndarray  # (steps,) lower bound
 
 
-def wide_search(w: WideState, dp: int) -> None:
+def wide_search(w: WideState, dp: int, off: np.ndarray | None = None) -> None:
     """Run the wide search on every step of the block (see the module docstring), updating `w` in place: the
-    compiled rounds (_wide_kernel), step after step."""
+    compiled rounds (_wide_kernel), step after step (`off`: where each step's items start, when the caller has
+    it; else found from w.step_of)."""
     n_steps = w.cost3.shape[0]
     if dp < 2 or n_steps == 0:
         return
@@ -80,7 +81,7 @@ def wide_search(w: WideState, dp: int) -> None:
         w.key,
         np.ascontiguousarray(w.g_cost, dtype=np.float64),
         np.ascontiguousarray(w.g_len, dtype=np.int64),
-        np.searchsorted(w.step_of, np.arange(n_steps + 1)),
+        np.searchsorted(w.step_of, np.arange(n_steps + 1)) if off is None else off,
         np.ascontiguousarray(w.lb, dtype=np.float64),
         ints,
         np.array([WIDE_TOLERANCE, WIDE_MIN_GAIN]),

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from loomdata.planning._jit import njit, stable_argsort
+from loomdata.planning._jit import njit, stable_argsort, stable_argsort_into
+from loomdata.planning.balance._refine_kernel import _beats
 
 __all__ = ["wide_rounds"]
 
@@ -116,20 +117,29 @@ def _exchange(
     ec = np.full((n_p, mb, jmax - 1), np.inf)
     el = np.zeros((n_p, mb, jmax - 1), dtype=np.int64)
     cheap = np.full((n_p, mb, jmax), -1, dtype=np.int64)
+    # a micro-batch's segments, their costs and cost order: buffers for the largest partner, reused
+    most = 0
+    for qi in range(n_p):
+        if part[qi] >= 0:
+            most = max(most, first[part[qi] + 1] - first[part[qi]])
+    buf = np.empty(most, dtype=np.int64)
+    buf_c = np.empty(most)
+    order = np.empty(most, dtype=np.int64)
     for qi in range(n_p):
         if part[qi] < 0:
             continue
         on = items[first[part[qi]] : first[part[qi] + 1]]
         for m in range(mb):
-            buf = np.empty(len(on), dtype=np.int64)
             n = 0
             for i in on:
                 if p_mb[i] == m:
                     buf[n] = i
+                    buf_c[n] = g_cost[i]
                     n += 1
             if n < 2:
                 continue
-            mine = buf[:n][stable_argsort(g_cost[buf[:n]])]
+            stable_argsort_into(buf_c[:n], order[:n])
+            mine = buf[:n][order[:n]]
             cs, ls = g_cost[mine[0]], g_len[mine[0]]
             cheap[qi, m, 0] = mine[0]
             for t in range(1, min(n, jmax)):
@@ -137,24 +147,41 @@ def _exchange(
                 ls += g_len[mine[t]]
                 cheap[qi, m, t] = mine[t]
                 ec[qi, m, t - 1], el[qi, m, t - 1] = cs, ls
-    best, bi, bq, bm, bj = np.inf, -1, 0, 0, 0
+    # the trades that exist (finite cost), in (partner, micro-batch, j) order: their cost, length, the room
+    # their slot would have and their rank's load; then per a, its row of values without a branch (infeasible:
+    # inf, which never wins) and the row's first best: the trade that testing each in turn takes
+    n_t = 0
+    t_at = np.empty(n_p * mb * (jmax - 1), dtype=np.int64)
+    for qi in range(n_p):
+        if part[qi] < 0:
+            continue
+        for m in range(mb):
+            for jx in range(jmax - 1):
+                if np.isfinite(ec[qi, m, jx]):
+                    t_at[n_t] = (qi * mb + m) * (jmax - 1) + jx
+                    n_t += 1
+    tc, tload, row = np.empty(n_t), np.empty(n_t), np.empty(n_t)
+    tl, troom = np.empty(n_t, dtype=np.int64), np.empty(n_t, dtype=np.int64)
+    for t in range(n_t):
+        qm, jx = divmod(t_at[t], jmax - 1)
+        qi, m = divmod(qm, mb)
+        tc[t], tl[t] = ec[qi, m, jx], el[qi, m, jx]
+        troom[t] = room3[s, part[qi], m] + tl[t]
+        tload[t] = rc[s, part[qi]]
+    best, bi, bt = np.inf, -1, 0
     for i in range(len(a)):
         ca, la = g_cost[a[i]], g_len[a[i]]
-        for qi in range(n_p):
-            if part[qi] < 0:
-                continue
-            ler = rc[s, part[qi]]
-            for m in range(mb):
-                room_e = room3[s, part[qi], m]
-                for jx in range(jmax - 1):
-                    if not np.isfinite(ec[qi, m, jx]):
-                        continue
-                    d = ca - ec[qi, m, jx]
-                    if d <= 0 or la > room_e + el[qi, m, jx] or el[qi, m, jx] > room_h[i] + la:
-                        continue
-                    pair = max(lh - d, ler + d)
-                    if pair < best:
-                        best, bi, bq, bm, bj = pair, i, qi, m, jx
+        room_a = room_h[i] + la
+        for t in range(n_t):
+            d = ca - tc[t]
+            ok = (d > 0) & (la <= troom[t]) & (tl[t] <= room_a)
+            row[t] = max(lh - d, tload[t] + d) if ok else np.inf
+        if _beats(row, n_t, best):
+            for t in range(n_t):
+                if row[t] < best:
+                    best, bi, bt = row[t], i, t
+    bqm, bj = divmod(t_at[bt], jmax - 1) if n_t else (0, 0)
+    bq, bm = divmod(bqm, mb)
     if bi < 0 or not best < lh * _NEAR_ONE:
         return -1, 0, 0, cheap[0, 0, :0].copy()
     return bi, part[bq], bm, cheap[bq, bm, : bj + 2].copy()
@@ -190,6 +217,13 @@ def wide_rounds(
     )
     tolerance, min_gain = floats[0], floats[1]
     n_steps, dp = rc.shape
+    top_b = max(cand_p, cand_m) + 1  # _spaced keeps at most this many partner segments
+    sw = np.empty((3, top_b))  # the swap candidates' costs, their ranks' loads, one a's values
+    swl = np.empty((2, top_b), dtype=np.int64)  # their lengths, the room their slots would have
+    most = 0
+    for s in range(n_steps):
+        most = max(most, off[s + 1] - off[s])
+    mark = np.zeros(most, dtype=np.bool_)  # a step's items on the partner ranks (cleared as read)
     for s in range(n_steps):
         a0, b0, base = off[s], off[s + 1], s * dp
         best_max = rc[s].max()
@@ -248,30 +282,58 @@ def wide_rounds(
                     done = True
                     continue
                 # swaps: a for one segment b of a partner
+                # the partners' segments ascending: where they are 1/32 of the step or more (few ranks), each
+                # marked at its place in the step and the places read in order (partners are distinct ranks);
+                # else (many ranks: a pass over the step per unit costs more than a sort) their lists sorted
                 n_b = 0
                 for qi in range(n_p):
                     if part[qi] >= 0:
                         n_b += first[part[qi] + 1] - first[part[qi]]
                 on_p = np.empty(n_b, dtype=np.int64)
+                by_place = b0 - a0 <= 32 * n_b
                 n_b = 0
                 for qi in range(n_p):
                     if part[qi] >= 0:
                         q_items = items[first[part[qi]] : first[part[qi] + 1]]
-                        on_p[n_b : n_b + len(q_items)] = q_items
+                        if by_place:
+                            for it in q_items:
+                                mark[it - a0] = True
+                        else:
+                            on_p[n_b : n_b + len(q_items)] = q_items
                         n_b += len(q_items)
-                b = _spaced(np.sort(on_p), cand_p if p == 1 else cand_m)
+                if by_place:
+                    n_b = 0
+                    for i in range(b0 - a0):
+                        if mark[i]:
+                            on_p[n_b] = a0 + i
+                            n_b += 1
+                            mark[i] = False
+                else:
+                    on_p.sort()
+                b = _spaced(on_p, cand_p if p == 1 else cand_m)
+                # b's side of every pair read once (cost, length, the room b's slot would have, its rank's
+                # load), then a's row of values without a branch (infeasible: inf, which never wins) and its
+                # first best: the pair that testing each in turn takes
+                nb = len(b)
+                bc, bl, br, bload = sw[0, :nb], swl[0, :nb], swl[1, :nb], sw[1, :nb]
+                for j in range(nb):
+                    rb = p_rank[b[j]]
+                    bc[j], bl[j] = g_cost[b[j]], g_len[b[j]]
+                    br[j] = room3[s, rb, p_mb[b[j]]] + bl[j]
+                    bload[j] = rc[s, rb]
                 vs, si, sj = np.inf, 0, 0
+                row = sw[2, :nb]
                 for i in range(na):
                     ca, la = g_cost[a[i]], g_len[a[i]]
-                    for j in range(len(b)):
-                        cb, lbn = g_cost[b[j]], g_len[b[j]]
-                        rb, mbb = p_rank[b[j]], p_mb[b[j]]
-                        d = ca - cb
-                        if d <= 0 or la > room3[s, rb, mbb] + lbn or lbn > room_h[i] + la:
-                            continue
-                        pair = max(lh - d, rc[s, rb] + d)
-                        if pair < vs:
-                            vs, si, sj = pair, i, j
+                    room_a = room_h[i] + la
+                    for j in range(nb):
+                        d = ca - bc[j]
+                        ok = (d > 0) & (la <= br[j]) & (bl[j] <= room_a)
+                        row[j] = max(lh - d, bload[j] + d) if ok else np.inf
+                    if _beats(row, nb, vs):
+                        for j in range(nb):
+                            if row[j] < vs:
+                                vs, si, sj = row[j], i, j
                 if vm <= vs and vm < lh * _NEAR_ONE:
                     _move(
                         a[mi], s, h, ma[mi], part[mq], best_mb[mq], cost3, room3, rc, p_rank, p_mb, key, g_cost, g_len

@@ -341,9 +341,9 @@ def _fill(
 def _shuffle_values(states: np.ndarray, t: int, vals: np.ndarray, m: int, draws: np.ndarray) -> None:
     """vals[:m] in the order Generator.shuffle (PCG64 seeded with SeedSequence state states[t]) leaves them, as
     _shuffle_one leaves an index array, for m <= 2^32 (every bound fits next_uint32); `draws`: a uint32 buffer
-    of at least 16 (about 1.4 m + 4 saves refills). The draws are made ahead (_fill: about the 1.4 a position masked rejection
-    takes, then _REFILL outputs at a time); positions are taken a power of two at a time (one mask each), and a
-    draw is accepted without a branch (a rejected one swaps vals[i] with itself and keeps i)."""
+    of at least 16 (about 1.4 m + 4 saves refills). The draws are made ahead (_fill: about the 1.4 a position
+    masked rejection takes, then _REFILL outputs at a time); positions are taken a power of two at a time (one
+    mask each), and a draw is accepted without a branch (a rejected one swaps vals[i] with itself, keeps i)."""
     if m < 2:
         return
     s0, s1, i0, i1 = states[t, 0], states[t, 1], states[t, 2], states[t, 3]

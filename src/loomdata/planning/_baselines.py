@@ -206,7 +206,8 @@ def baselines_flat(
     ns = np.asarray(ns, dtype=np.int64)
     first = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(ns, out=first[1:])
-    steps = np.asarray(ts, dtype=np.int64)
+    # a block's steps come as a range: np.arange, not np.asarray's element by element conversion
+    steps = np.arange(ts.start, ts.stop, ts.step) if isinstance(ts, range) else np.asarray(ts, dtype=np.int64)
     if one_pass and part == "all" and b and steps.min() >= 0 and steps.max() <= _MASK32:  # one compiled pass a step
         words = [*_uint32_words(int(seed) & 0xFFFFFFFFFFFFFFFF), _SALT]
         c = cost_spec

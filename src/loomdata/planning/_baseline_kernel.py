@@ -7,16 +7,23 @@
   (concat-and-chunk) or one sequence a document piece, packed next-fit (packed), as arrays (a part of the cost is
   priced and summed over them in NumPy);
 - baselines_pass: all of it for the whole cost in one pass a step (shuffle, cut, price, add to the rank's sum in
-  np.bincount's order): no piece arrays, the same bits.
+  np.bincount's order): no piece arrays, the same bits;
+- baselines_text: baselines_pass where the cost has no encoder terms (a piece's price depends on its tokens
+  alone: a table), faster by parts that keep the bits: each step's lengths shuffled as values with the PCG64
+  draws made ahead (a widening multiply, two chains of states) and accepted without a branch, one walk for
+  both baselines and the token sum, each rank's running sum held in a register while its row lasts.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
 
 from loomdata.planning._jit import njit
 
-__all__ = ["baselines_pass", "concat_pieces", "packed_pieces", "shuffle_steps"]
+__all__ = ["baselines_pass", "baselines_text", "concat_pieces", "packed_pieces", "price_table", "shuffle_steps"]
 
 _U32 = np.uint64(0xFFFFFFFF)
 _S1, _S32, _S58, _S63, _S64M = np.uint64(1), np.uint64(32), np.uint64(58), np.uint64(63), np.uint64(63)
@@ -273,3 +280,182 @@ def baselines_pass(
                 break
         done[t] = got
     return concat, packed, tokens, n_rows, done
+
+
+@intrinsic
+def _mulhi(typingctx, a, b):  # type: ignore[no-untyped-def]
+    """The high word of the 128-bit product of two uint64 (one widening multiply, as LLVM's i128 gives it)."""
+    sig = types.uint64(types.uint64, types.uint64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        wide = ir.IntType(128)
+        p = builder.mul(builder.zext(args[0], wide), builder.zext(args[1], wide))
+        return builder.trunc(builder.lshr(p, ir.Constant(wide, 64)), ir.IntType(64))
+
+    return sig, codegen
+
+
+_MULT2_HI, _MULT2_LO = np.uint64(1710491942223705148), np.uint64(5953435361322512025)  # the multiplier squared
+_REFILL = 8
+"""PCG64 outputs _shuffle_values makes at a time once its first guess of a step's draws runs out."""
+
+
+@njit
+def _mul128(ah: np.uint64, al: np.uint64, bh: np.uint64, bl: np.uint64) -> tuple[np.uint64, np.uint64]:
+    """a * b mod 2^128 of two (high, low) pairs of words: one widening multiply and two low products."""
+    return _mulhi(al, bl) + al * bh + ah * bl, al * bl  # type: ignore[call-arg]
+
+
+@njit
+def _fill(
+    ah: np.uint64,
+    al: np.uint64,
+    bh: np.uint64,
+    bl: np.uint64,
+    ch: np.uint64,
+    cl: np.uint64,
+    out: np.ndarray,
+    count: int,
+) -> tuple[np.uint64, np.uint64, np.uint64, np.uint64]:
+    """`count` (even) PCG64 outputs from the states a and b (b the step after a) as 32-bit draws, each output's low
+    half then its high half (next_uint32's order), into out[:2 * count]; returns the two states after them. The
+    states two steps apart run as two chains of state * multiplier^2 + c (c = (multiplier + 1) * increment),
+    so one output's multiply does not wait for the other's."""
+    for k in range(0, count, 2):
+        w = _output(ah, al)
+        out[2 * k] = np.uint32(w & _U32)
+        out[2 * k + 1] = np.uint32(w >> _S32)
+        w = _output(bh, bl)
+        out[2 * k + 2] = np.uint32(w & _U32)
+        out[2 * k + 3] = np.uint32(w >> _S32)
+        h, low = _mul128(ah, al, _MULT2_HI, _MULT2_LO)
+        al = low + cl
+        ah = h + ch + (np.uint64(1) if al < low else np.uint64(0))
+        h, low = _mul128(bh, bl, _MULT2_HI, _MULT2_LO)
+        bl = low + cl
+        bh = h + ch + (np.uint64(1) if bl < low else np.uint64(0))
+    return ah, al, bh, bl
+
+
+@njit
+def _shuffle_values(states: np.ndarray, t: int, vals: np.ndarray, m: int, draws: np.ndarray) -> None:
+    """vals[:m] in the order Generator.shuffle (PCG64 seeded with SeedSequence state states[t]) leaves them, as
+    _shuffle_one leaves an index array, for m <= 2^32 (every bound fits next_uint32); `draws`: a uint32 buffer
+    of at least 16 (about 1.4 m + 4 saves refills). The draws are made ahead (_fill: about the 1.4 a position
+    masked rejection takes, then _REFILL outputs at a time); positions are taken a power of two at a time (one
+    mask each), and a draw is accepted without a branch (a rejected one swaps vals[i] with itself, keeps i)."""
+    if m < 2:
+        return
+    s0, s1, i0, i1 = states[t, 0], states[t, 1], states[t, 2], states[t, 3]
+    inc_hi, inc_lo = (i0 << _S1) | (i1 >> _S63), (i1 << _S1) | _S1  # pcg_setseq_128_srandom_r
+    lo = s1 + inc_lo
+    hi = s0 + inc_hi + (np.uint64(1) if lo < s1 else np.uint64(0))
+    hi, lo = _step(hi, lo, inc_hi, inc_lo)
+    ah, al = _step(hi, lo, inc_hi, inc_lo)  # the first draw's state, and the next
+    bh, bl = _step(ah, al, inc_hi, inc_lo)
+    ch, cl = _mul128(inc_hi, inc_lo, _MULT_HI, _MULT_LO + _S1)
+    mask = m - 1
+    for sh in (1, 2, 4, 8, 16, 32):
+        mask |= mask >> sh
+    cap = len(draws) >> 1
+    count = min(cap, ((m * 11) >> 4) + 2) & ~1
+    k, have = 0, 0
+    i = m - 1
+    while i > 0:
+        below = mask >> 1
+        while i > below:  # random_interval(i) for i in (below, mask]: masked draws until one is within [0, i]
+            if k == have:
+                ah, al, bh, bl = _fill(ah, al, bh, bl, ch, cl, draws, count)
+                k, have, count = 0, 2 * count, min(cap, _REFILL)
+            v = np.int64(draws[k]) & mask
+            k += 1
+            ok = v <= i
+            j = v if ok else i
+            x, y = vals[i], vals[j]
+            vals[j] = x
+            vals[i] = y
+            i -= int(ok)
+        mask = below
+
+
+@njit
+def baselines_text(
+    states: np.ndarray, first: np.ndarray, length: np.ndarray, seq_len: int, dp: int, sequences: int, price: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """baselines_pass where a piece's price depends on its tokens alone (no encoder terms: image tokens do not
+    count), price[p] = _price(p, ..) for p = 0..seq_len (price_table), and no step has over 2^32 segments: each
+    step's lengths shuffled as values (_shuffle_values), then one walk over them sums the tokens and cuts both
+    baselines' pieces, each piece's price added to its rank's sum kept in a register while the row (sequence)
+    stays on one rank and stored when it moves on: the same additions in the same order, the same bits."""
+    n_steps = len(first) - 1
+    concat = np.zeros((n_steps, dp))
+    packed = np.zeros((n_steps, dp))
+    tokens = np.zeros(n_steps)
+    n_rows = np.zeros(n_steps, dtype=np.int64)
+    done = np.zeros(n_steps, dtype=np.int64)
+    width = 0
+    for t in range(n_steps):
+        width = max(width, first[t + 1] - first[t])
+    vals = np.empty(width, dtype=np.int64)
+    draws = np.empty(2 * width + 16, dtype=np.uint32)
+    for t in range(n_steps):
+        a, m = first[t], first[t + 1] - first[t]
+        for i in range(m):
+            vals[i] = length[a + i]
+        _shuffle_values(states, t, vals, m, draws)
+        c, pk = concat[t], packed[t]
+        tok = 0
+        room, rk, acc = seq_len, 0, 0.0  # concat: the current row's tokens left, its rank, that rank's sum
+        seq, fill, prk, pacc, got, live = 0, 0, 0, 0.0, 0, sequences > 0  # packed: the same of its sequences
+        for i in range(m):
+            n = vals[i]
+            tok += n
+            if n <= 0:
+                continue
+            if room == 0:  # the last document ended its row: this one starts the next
+                c[rk] = acc
+                rk = rk + 1 if rk + 1 < dp else 0
+                room, acc = seq_len, c[rk]
+            left = n
+            while left > room:
+                acc += price[room]
+                c[rk] = acc
+                left -= room
+                rk = rk + 1 if rk + 1 < dp else 0
+                room, acc = seq_len, c[rk]
+            acc += price[left]
+            room -= left
+            if live:  # next-fit in seq_len pieces, until a piece would open sequence `sequences`
+                left = n
+                while left > 0:
+                    p = min(seq_len, left)
+                    if fill + p > seq_len:
+                        pk[prk] = pacc
+                        seq += 1
+                        if seq >= sequences:
+                            live = False
+                            break
+                        prk = prk + 1 if prk + 1 < dp else 0
+                        fill, pacc = p, pk[prk]
+                    else:
+                        fill += p
+                    pacc += price[p]
+                    got += p
+                    left -= p
+        c[rk] = acc
+        if live:
+            pk[prk] = pacc
+        tokens[t] = np.float64(tok)
+        n_rows[t] = -(-tok // seq_len)
+        done[t] = got
+    return concat, packed, tokens, n_rows, done
+
+
+@njit
+def price_table(seq_len: int, terms: np.ndarray, window: int, cp: float) -> np.ndarray:
+    """_price(p, 0, ..) of p = 0..seq_len: every piece's price where the cost has no encoder terms
+    (baselines_text's table; image tokens are priced by the encoder terms alone)."""
+    out = np.empty(seq_len + 1)
+    for p in range(seq_len + 1):
+        out[p] = _price(p, 0, terms, window, cp)
+    return out

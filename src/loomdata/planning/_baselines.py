@@ -20,8 +20,8 @@ With `part="encoder"` (or "backbone") the same layouts are priced by that part o
 
 Both use one shuffle per step, seeded by (plan seed, salt, step), so they are deterministic; a block's shuffles,
 cutting into pieces, pricing and per-rank sums run in one compiled pass a step (_baseline_kernel.baselines_pass;
-a part of the cost, steps outside 0..2^32-1 or an empty block: the pieces as arrays, priced and summed in NumPy,
-the same bits). Long-lane
+without encoder terms baselines_text, a piece's price looked up by its tokens; a part of the cost, steps outside
+0..2^32-1 or an empty block: the pieces as arrays, priced and summed in NumPy, the same bits). Long-lane
 segments are treated like text (no framework has loomdata's lanes): short cp, seq_len rows.
 """
 
@@ -32,7 +32,14 @@ from typing import Literal
 
 import numpy as np
 
-from loomdata.planning._baseline_kernel import baselines_pass, concat_pieces, packed_pieces, shuffle_steps
+from loomdata.planning._baseline_kernel import (
+    baselines_pass,
+    baselines_text,
+    concat_pieces,
+    packed_pieces,
+    price_table,
+    shuffle_steps,
+)
 from loomdata.planning._cost import segment_cost, segment_parts
 from loomdata.schemas.spec import CostSpec
 
@@ -69,6 +76,8 @@ def perms(seed: int, salt: int, ts: Sequence[int], ns: np.ndarray) -> np.ndarray
 
 
 _MASK32 = 0xFFFFFFFF
+_TABLE_MAX = 1 << 18
+"""The longest seq_len whose pieces' prices baselines_flat tables (2 MiB) for the text pass."""
 _INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
 _MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
 
@@ -184,8 +193,9 @@ def baselines_flat(
     one_pass: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """baselines_many on a block's own segments laid out flat (`ns[i]` of step ts[i], one step after the other).
-    The whole cost is worked out in one compiled pass a step (_baseline_kernel.baselines_pass: no piece arrays);
-    a part of it, steps past 32 bits or `one_pass=False` take the piece arrays' path (the same bits)."""
+    The whole cost is worked out in one compiled pass a step (_baseline_kernel.baselines_pass: no piece arrays;
+    without encoder terms baselines_text, the pieces priced from a table of seq_len + 1 prices); a part of it,
+    steps past 32 bits or `one_pass=False` take the piece arrays' path (the same bits)."""
 
     def price(plen: np.ndarray, pimg: np.ndarray) -> np.ndarray:
         if part == "all":
@@ -196,24 +206,23 @@ def baselines_flat(
     ns = np.asarray(ns, dtype=np.int64)
     first = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(ns, out=first[1:])
-    steps = np.asarray(ts, dtype=np.int64)
+    # a block's steps come as a range: np.arange, not np.asarray's element by element conversion
+    steps = np.arange(ts.start, ts.stop, ts.step) if isinstance(ts, range) else np.asarray(ts, dtype=np.int64)
     if one_pass and part == "all" and b and steps.min() >= 0 and steps.max() <= _MASK32:  # one compiled pass a step
         words = [*_uint32_words(int(seed) & 0xFFFFFFFFFFFFFFFF), _SALT]
         c = cost_spec
         terms = np.array([c.attention, c.linear, c.encoder, c.encoder_linear, 1.0 if c.has_encoder else 0.0])
         window = -1 if c.encoder_window is None else int(c.encoder_window)
-        concat, packed, tokens, n_rows, done_int = baselines_pass(
-            _seed_states(words, steps.astype(np.uint32)),
-            first,
-            length,
-            image,
-            seq_len,
-            dp,
-            dp * micro_batches,
-            terms,
-            window,
-            float(cp),
-        )
+        states = _seed_states(words, steps.astype(np.uint32))
+        if not c.has_encoder and seq_len <= _TABLE_MAX and int(ns.max()) <= _MASK32 + 1:  # text prices: a table
+            table = price_table(seq_len, terms, window, float(cp))
+            concat, packed, tokens, n_rows, done_int = baselines_text(
+                states, first, length, seq_len, dp, dp * micro_batches, table
+            )
+        else:
+            concat, packed, tokens, n_rows, done_int = baselines_pass(
+                states, first, length, image, seq_len, dp, dp * micro_batches, terms, window, float(cp)
+            )
     else:
         concat, packed, tokens, n_rows, done_int = _baselines_arrays(
             ts, length, image, ns, first, price, seed, seq_len, dp, micro_batches

@@ -183,24 +183,27 @@ def test_compiled_pieces_match_a_piece_by_piece_reference() -> None:
         CostSpec(attention=0.3, linear=7.0, encoder=0.1875, encoder_linear=1152.0, encoder_window=17),
         CostSpec(attention=1.0, linear=3.0, encoder=0.5),
         CostSpec(attention=0.37, linear=1234.567, encoder=0.1, encoder_linear=11.1, encoder_window=5),
+        CostSpec(attention=0.37, linear=1234.567),
     ],
 )
 def test_one_pass_baselines_are_the_piece_arrays_bits(cost: CostSpec, monkeypatch: pytest.MonkeyPatch) -> None:
-    """baselines_flat's compiled pass a step (shuffle, cut, price and add each piece as it goes) gives the same
-    bytes as the piece arrays priced by CostSpec and summed by np.bincount: text and image samples, split pieces,
-    steps that overflow the packed sequences, empty steps and empty documents, cp 1 to 3, int64 and uint32 lengths
-    and image tokens; coefficients whose products round (one ulp off in any term fails)."""
+    """baselines_flat's compiled pass a step (shuffle, cut, price and add each piece as it goes; without encoder
+    terms the text pass, prices from a table) gives the same bytes as the piece arrays priced by CostSpec and
+    summed by np.bincount: text and image samples, split pieces, steps that overflow the packed sequences, empty
+    steps and empty documents, cp 1 to 3, int64 and uint32 lengths and image tokens; coefficients whose products
+    round (one ulp off in any term fails)."""
     from loomdata.planning import _baselines
 
     passes = 0
-    real = _baselines.baselines_pass
+    kernel = "baselines_pass" if cost.has_encoder else "baselines_text"
+    real = getattr(_baselines, kernel)
 
     def counted(*a: object) -> object:
         nonlocal passes
         passes += 1
         return real(*a)
 
-    monkeypatch.setattr(_baselines, "baselines_pass", counted)
+    monkeypatch.setattr(_baselines, kernel, counted)
     rng = np.random.default_rng(7)
     for trial in range(40):
         b = int(rng.integers(1, 30))
@@ -223,3 +226,73 @@ def test_one_pass_baselines_are_the_piece_arrays_bits(cost: CostSpec, monkeypatc
         for g, w in zip(got, want, strict=True):
             assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes()
     assert passes == 40  # every trial took the compiled pass (the other call the piece arrays)
+
+
+def _text_block(rng: np.random.Generator, dp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """A random block for the text pass: step sizes with empty and one-document steps, lengths from a few values
+    (ties) or a wide range (documents over several rows, empty ones), images present (unpriced without an
+    encoder)."""
+    b = int(rng.integers(1, 25))
+    ns = rng.integers(0, 3 * dp + 40, b)
+    ns[rng.random(b) < 0.15] = 0
+    ns[rng.random(b) < 0.1] = 1
+    n = int(ns.sum())
+    seq = int(rng.choice([1, 7, 16, 100, 4096]))
+    ties = rng.random() < 0.3
+    length = rng.choice([0, seq // 2 + 1, seq, 3], n) if ties else rng.integers(0, 4 * seq + 2, n)
+    length[rng.random(n) < 0.05] = 0
+    image = rng.integers(0, seq + 1, n) * (rng.random(n) < 0.3)
+    first = np.zeros(b + 1, dtype=np.int64)
+    np.cumsum(ns, out=first[1:])
+    return first, length.astype(np.uint32 if rng.random() < 0.5 else np.int64), image.astype(np.int64), ns, seq
+
+
+@pytest.mark.parametrize("dp", [1, 2, 3, 8, 64, 1024])
+def test_text_pass_is_the_general_pass_bits(dp: int) -> None:
+    """baselines_text (values shuffled with draws made ahead, one walk, per-rank sums held while a row lasts,
+    prices from price_table) gives the bytes baselines_pass gives where the cost has no encoder terms: random
+    blocks with empty steps and documents, ties, documents over many rows, packed sequences from none to more
+    than the step fills, cp 1 to 3, steps from 0 to 2^32 - 1 and seeds of one and two words."""
+    from loomdata.planning._baseline_kernel import baselines_pass, baselines_text, price_table
+    from loomdata.planning._baselines import _seed_states, _uint32_words
+
+    rng = np.random.default_rng(dp)
+    for _ in range(30):
+        first, length, image, ns, seq = _text_block(rng, dp)
+        a, lin = float(rng.choice([1.0, 0.37, 3.0])), float(rng.choice([0.0, 24576.0, 1234.567]))
+        terms = np.array([a, lin, 0.0, 0.0, 0.0])
+        cp = float(rng.integers(1, 4))
+        seed = int(rng.choice([0, 2**32 + 5, int(rng.integers(0, 2**63))]))
+        ts = rng.integers(0, 2**32, len(ns)).astype(np.uint32)
+        ts[0] = 2**32 - 1
+        states = _seed_states([*_uint32_words(seed), _SALT], ts)
+        sequences = int(rng.choice([0, 1, dp, dp * int(rng.integers(1, 5)), 10**6]))
+        want = baselines_pass(states, first, length, image, seq, dp, sequences, terms, -1, cp)
+        got = baselines_text(states, first, length, seq, dp, sequences, price_table(seq, terms, -1, cp))
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes()
+
+
+def test_values_shuffle_is_numpys_shuffle() -> None:
+    """_shuffle_values (draws made ahead, two chains of states, branch-free acceptance, a mask a power of two)
+    leaves values where default_rng([seed, salt, t]).permutation(m) takes them from, and where _shuffle_one leaves
+    an index array: sizes 0 to 3, around powers of two and up to 5,000, ties, draw buffers from the least (16:
+    every draw refilled) to the size baselines_text gives."""
+    from loomdata.planning._baseline_kernel import _shuffle_one, _shuffle_values
+    from loomdata.planning._baselines import _seed_states, _uint32_words
+
+    rng = np.random.default_rng(5)
+    sizes = [0, 1, 2, 3, 4, 5, 15, 16, 17, 31, 32, 33, 63, 64, 65, 255, 256, 257, 1023, 1024, 1025, 4096, 5000]
+    for seed in (0, 9, 2**40 + 3):
+        ts = rng.integers(0, 2**32, len(sizes)).astype(np.uint32)
+        states = _seed_states([*_uint32_words(seed), _SALT], ts)
+        for i, m in enumerate(sizes):
+            want = _perm(seed, _SALT, int(ts[i]), m)
+            idx = np.arange(m, dtype=np.int64)
+            _shuffle_one(states, i, idx, 0, m)
+            assert np.array_equal(idx, want)
+            vals = rng.integers(0, 4, m).astype(np.int64) * 1000 + (np.arange(m) if m % 2 else 0)
+            for size in (16, 17, 2 * m + 16):
+                got = vals.copy()
+                _shuffle_values(states, i, got, m, np.empty(size, dtype=np.uint32))
+                assert np.array_equal(got, vals[want])

@@ -21,6 +21,7 @@ from loomdata.planning.balance._deal import deal_flat
 from loomdata.planning.balance._deal_kernel import (
     LENGTH_SPAN_MIN,
     _best_slot,
+    _order_loads,
     _steps_order,
     by_cost_order,
     by_length_order,
@@ -205,3 +206,33 @@ def test_deal_rounds_match_the_rounds_in_python(seed: int, dp: int) -> None:
     for a, w in zip(states[0], states[1], strict=True):
         assert a.tobytes() == w.tobytes()
     assert (states[0][3] >= 0).any() or n == 0
+
+
+@pytest.mark.parametrize("kind", ["uniform", "ties", "nan", "signed_zero_outlier", "inf", "tiny_span", "all_nan"])
+@pytest.mark.parametrize("seed", range(6))
+def test_rank_loads_order_is_the_stable_argsort(kind: str, seed: int) -> None:
+    """_order_loads (buckets, then an insertion pass; np.argsort where the range is not finite or the buckets
+    bunch) gives np.argsort(kind="stable")'s order: ascending, NaN last, ties (-0.0 with 0.0, NaN with NaN) by
+    rank."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(33, 1100))
+    x = rng.random(n) * 1e4
+    if kind == "ties":
+        x = rng.integers(0, 4, n).astype(np.float64)
+    elif kind == "nan":
+        x[rng.integers(0, n, 7)] = np.nan
+    elif kind == "signed_zero_outlier":  # one huge load: every other rank in the first bucket
+        x[rng.integers(0, n, 5)] = -0.0
+        x[rng.integers(0, n, 5)] = 0.0
+        x[int(rng.integers(0, n))] = 1e300
+    elif kind == "inf":
+        x[rng.integers(0, n, 3)] = np.inf
+        x[int(rng.integers(0, n))] = -np.inf
+    elif kind == "tiny_span":  # (n - 1) / span overflows
+        x = np.zeros(n)
+        x[rng.integers(0, n, 3)] = 1e-320
+    elif kind == "all_nan":
+        x = np.full(n, np.nan)
+    out = np.empty(n, dtype=np.int64)
+    _order_loads(x, out, np.empty(n, dtype=np.int64), np.empty(n + 2, dtype=np.int64))
+    assert out.tolist() == np.argsort(x, kind="stable").tolist()

@@ -4,7 +4,10 @@ The same decisions, in the same order, as the rounds NumPy ran in lockstep over 
 rounds read only that step's slots, so dealing the steps one after the other changes nothing (each slot's
 cost is the same float additions in the same order). A round serves the k least loaded ranks (stable order)
 whose load is within the round's largest cost of the minimum; each takes its item into its least loaded
-micro-batch with room; items whose rank was full go to the least loaded ranks with room (place_whole_step).
+micro-batch with room; items whose rank was full go to the least loaded ranks with room (place_whole_step, or
+_place_few without allocations for up to 32 of them). At dp > 32 the ranks' order a round (nearly every round
+there is dp wide, so every load changed) comes from buckets and an insertion pass (_order_loads), the merge
+sort's order exactly.
 
 The dealing order (by step, largest cost first, ties in position order) is found on lengths where they give it
 (by_length_order, O(items)), else by sorting costs (by_cost_order).

@@ -21,6 +21,8 @@ from loomdata.planning.balance._deal import deal_flat
 from loomdata.planning.balance._deal_kernel import (
     LENGTH_SPAN_MIN,
     _best_slot,
+    _order_loads,
+    _place_few,
     _steps_order,
     by_cost_order,
     by_length_order,
@@ -205,3 +207,62 @@ def test_deal_rounds_match_the_rounds_in_python(seed: int, dp: int) -> None:
     for a, w in zip(states[0], states[1], strict=True):
         assert a.tobytes() == w.tobytes()
     assert (states[0][3] >= 0).any() or n == 0
+
+
+@pytest.mark.parametrize("kind", ["uniform", "ties", "nan", "signed_zero_outlier", "inf", "tiny_span", "all_nan"])
+@pytest.mark.parametrize("seed", range(6))
+def test_rank_loads_order_is_the_stable_argsort(kind: str, seed: int) -> None:
+    """_order_loads (buckets, then an insertion pass; np.argsort where the range is not finite or the buckets
+    bunch) gives np.argsort(kind="stable")'s order: ascending, NaN last, ties (-0.0 with 0.0, NaN with NaN) by
+    rank."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(33, 1100))
+    x = rng.random(n) * 1e4
+    if kind == "ties":
+        x = rng.integers(0, 4, n).astype(np.float64)
+    elif kind == "nan":
+        x[rng.integers(0, n, 7)] = np.nan
+    elif kind == "signed_zero_outlier":  # one huge load: every other rank in the first bucket
+        x[rng.integers(0, n, 5)] = -0.0
+        x[rng.integers(0, n, 5)] = 0.0
+        x[int(rng.integers(0, n))] = 1e300
+    elif kind == "inf":
+        x[rng.integers(0, n, 3)] = np.inf
+        x[int(rng.integers(0, n))] = -np.inf
+    elif kind == "tiny_span":  # (n - 1) / span overflows
+        x = np.zeros(n)
+        x[rng.integers(0, n, 3)] = 1e-320
+    elif kind == "all_nan":
+        x = np.full(n, np.nan)
+    out = np.empty(n, dtype=np.int64)
+    _order_loads(x, out, np.empty(n, dtype=np.int64), np.empty(n + 2, dtype=np.int64))
+    assert out.tolist() == np.argsort(x, kind="stable").tolist()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_few_failed_items_are_placed_as_place_whole_step_places_them(seed: int) -> None:
+    """_place_few (a round's <= 32 failed items, no allocations) leaves the same slot state and placements as
+    place_whole_step: part-full ranks (some with no room), tied, infinite and NaN loads and costs, dp 1..64."""
+    rng = np.random.default_rng(seed)
+    dp = int(rng.choice([1, 2, 3, 4, 7, 8, 32, 33, 64] if seed % 10 != 9 else [33, 64]))
+    mb, b, seq_len = int(rng.integers(1, 5)), 3, 64
+    n = int(rng.integers(1, min(dp, 32) + 1))
+    length = rng.integers(1, seq_len + 1, n).astype(np.int64)
+    cost = rng.integers(0, 4, n).astype(np.float64) if seed % 2 else rng.random(n)
+    room = rng.integers(0, seq_len + 1, (b, dp, mb)).astype(np.int64)
+    room[:, rng.random(dp) < 0.3] = 0  # whole ranks without room
+    cost3 = rng.integers(0, 3, (b, dp, mb)).astype(np.float64)
+    rank_cost = cost3.sum(axis=2)
+    if seed % 5 == 4:
+        rank_cost[1, rng.integers(0, dp, 2)] = np.inf
+        rank_cost[1, rng.integers(0, dp, 2)] = np.nan
+        rank_cost[1, 0] = np.nan  # a NaN load before the least (the merge sort's order: NaN last)
+        room[1, 0] = seq_len
+        cost[rng.integers(0, n, 2)] = np.nan
+    items = rng.permutation(n).astype(np.int64)
+    states = [[cost3.copy(), room.copy(), rank_cost.copy(), np.full(n, -1), np.full(n, -1)] for _ in range(2)]
+    place_whole_step(1, items.copy(), length, cost, *states[0])
+    scratch = [np.empty(dp), np.empty(dp), np.empty(dp, dtype=np.int64), np.empty(dp, dtype=bool)]
+    _place_few(1, items.copy(), length, cost, *states[1], *scratch)
+    for a, w in zip(states[1], states[0], strict=True):
+        assert a.tobytes() == w.tobytes()

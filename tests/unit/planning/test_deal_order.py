@@ -266,3 +266,24 @@ def test_few_failed_items_are_placed_as_place_whole_step_places_them(seed: int) 
     _place_few(1, items.copy(), length, cost, *states[1], *scratch)
     for a, w in zip(states[1], states[0], strict=True):
         assert a.tobytes() == w.tobytes()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_inf_and_signed_zero_costs_give_what_the_cost_sort_gives(seed: int) -> None:
+    """inf (equal to itself: an equal-length tie of infs is accepted), -inf, and 0.0 next to -0.0 (equal: the
+    lengths' order stands, as the radix sort's +0.0 for both zeros and the merge sort keep position order)."""
+    rng = np.random.default_rng(seed)
+    cut, _ = _steps(rng, 40, 40)
+    n = int(cut[-1])
+    length = rng.integers(0, 8, n).astype(np.int64)
+    cost = segment_cost(length, None, SPECS["text"])
+    if seed % 3 == 0:  # the longest items cost inf: each step still ordered by its lengths
+        cost[length == 7] = np.inf
+    elif seed % 3 == 1:  # some inf and -inf anywhere: those steps sorted on their costs
+        cost[rng.random(n) < 0.05] = rng.choice(np.array([np.inf, -np.inf]))
+    else:  # zero-length items cost 0.0 or -0.0
+        cost[length == 0] = rng.choice(np.array([0.0, -0.0]), int((length == 0).sum()))
+    got = by_length_order(cost, length, cut)
+    assert np.array_equal(got, np.lexsort((-cost, np.repeat(np.arange(len(cut) - 1), np.diff(cut)))))
+    assert np.array_equal(got, by_cost_order(cost, cut))
+    assert np.array_equal(got, _steps_order(cost, cut))

@@ -179,3 +179,49 @@ def test_search_setup_is_the_numpy_set_up() -> None:
     assert off.tobytes() == np.searchsorted(step_of, np.arange(steps + 1)).astype(np.int64).tobytes()
     want_top = step_max(g_cost[:-1][p_rank >= 0], step_of[p_rank >= 0], steps)
     assert top.tobytes() == want_top.tobytes() and top[4] == 0.0 and top.max() > 0
+
+
+def _special_block(rng: np.random.Generator, dp: int, mb: int) -> _Args:
+    """A dealt block whose costs hold NaN, inf, 0.0 and -0.0 among random ones, most items on a quarter of the
+    ranks (many moves and swaps: rank lists grow by a round's item on either side), empty steps and unplaced
+    or unmovable items, as refine_flat takes it (rank costs summed item by item, a dummy 0 appended)."""
+    b = 4
+    ns = rng.integers(0, 3 * dp * mb + 2, b)
+    ns[1] = 0
+    n = int(ns.sum())
+    step_of = np.repeat(np.arange(b), ns)
+    seq = 4096
+    length = rng.integers(0, seq // 8 + 1, n).astype(np.int64)
+    cost = rng.random(n)
+    special = rng.integers(0, max(n, 1), 6)[: min(n, 6)]  # a few: the ranks without one still search
+    cost[special] = np.array([np.nan, np.inf, 0.0, -0.0, np.inf, np.nan])[: len(special)]
+    p_rank = rng.integers(0, max(1, dp // 4), n).astype(np.int64)
+    p_mb = rng.integers(0, mb, n).astype(np.int64)
+    p_rank[rng.random(n) < 0.03] = -1
+    p_mb[p_rank < 0] = -1
+    cost3 = np.zeros((b, dp, mb))
+    used = np.zeros((b, dp, mb), dtype=np.int64)
+    rc = np.zeros((b, dp))
+    for i in np.flatnonzero(p_rank >= 0).tolist():
+        cost3[step_of[i], p_rank[i], p_mb[i]] += cost[i]
+        used[step_of[i], p_rank[i], p_mb[i]] += length[i]
+        rc[step_of[i], p_rank[i]] += cost[i]
+    room3 = max(seq, int(used.max(initial=0))) - used
+    lane3 = np.zeros((b, dp, mb), dtype=np.uint8)
+    movable = (p_rank >= 0) & (rng.random(n) > 0.05)
+    g_cost, g_len = np.concatenate([cost, [0.0]]), np.concatenate([length, [0]])
+    return cost3, room3, lane3, rc, p_rank, p_mb, g_cost, g_len, movable, step_of
+
+
+@pytest.mark.parametrize(("dp", "mb"), [(2, 1), (4, 2), (33, 1), (64, 4), (1024, 1)])
+def test_special_costs_search_as_the_reference(dp: int, mb: int) -> None:
+    """NaN, inf and signed zero costs (branch-free scores: an infeasible pair scores inf where the reference
+    skipped it; a NaN score never wins in either), skewed loads at dp 2 to 1024: the reference's bits."""
+    rng = np.random.default_rng(dp * 31 + mb)
+    moved = 0
+    for _ in range(6):
+        args = _special_block(rng, dp, mb)
+        got, want = _both(args)
+        _assert_same(got, want)
+        moved += int((got[4] != args[4]).sum())
+    assert moved > 0

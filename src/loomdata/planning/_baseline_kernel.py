@@ -75,15 +75,23 @@ def shuffle_steps(states: np.ndarray, first: np.ndarray, out: np.ndarray) -> Non
 
 
 @njit
+def _seeded(states: np.ndarray, t: int) -> tuple[np.uint64, np.uint64, np.uint64, np.uint64]:
+    """PCG64 seeded with SeedSequence state states[t] (pcg_setseq_128_srandom_r, as Generator(PCG64(...)) seeds it):
+    (state high, state low, increment high, increment low), the state before the first draw's step."""
+    s0, s1, i0, i1 = states[t, 0], states[t, 1], states[t, 2], states[t, 3]
+    inc_hi, inc_lo = (i0 << _S1) | (i1 >> _S63), (i1 << _S1) | _S1
+    lo = s1 + inc_lo
+    hi = s0 + inc_hi + (np.uint64(1) if lo < s1 else np.uint64(0))
+    hi, lo = _step(hi, lo, inc_hi, inc_lo)
+    return hi, lo, inc_hi, inc_lo
+
+
+@njit
 def _shuffle_one(states: np.ndarray, t: int, out: np.ndarray, a: int, n: int) -> None:
     """Shuffle out[a:a+n] in place as PCG64 seeded with SeedSequence state states[t] and Generator.shuffle would."""
     if n < 2:
         return
-    s0, s1, i0, i1 = states[t, 0], states[t, 1], states[t, 2], states[t, 3]
-    inc_hi, inc_lo = (i0 << _S1) | (i1 >> _S63), (i1 << _S1) | _S1  # pcg_setseq_128_srandom_r
-    lo = s1 + inc_lo
-    hi = s0 + inc_hi + (np.uint64(1) if lo < s1 else np.uint64(0))
-    hi, lo = _step(hi, lo, inc_hi, inc_lo)
+    hi, lo, inc_hi, inc_lo = _seeded(states, t)
     has32, buf = False, np.uint64(0)
     for i in range(n - 1, 0, -1):
         top = np.uint64(i)
@@ -346,11 +354,7 @@ def _shuffle_values(states: np.ndarray, t: int, vals: np.ndarray, m: int, draws:
     mask each), and a draw is accepted without a branch (a rejected one swaps vals[i] with itself, keeps i)."""
     if m < 2:
         return
-    s0, s1, i0, i1 = states[t, 0], states[t, 1], states[t, 2], states[t, 3]
-    inc_hi, inc_lo = (i0 << _S1) | (i1 >> _S63), (i1 << _S1) | _S1  # pcg_setseq_128_srandom_r
-    lo = s1 + inc_lo
-    hi = s0 + inc_hi + (np.uint64(1) if lo < s1 else np.uint64(0))
-    hi, lo = _step(hi, lo, inc_hi, inc_lo)
+    hi, lo, inc_hi, inc_lo = _seeded(states, t)
     ah, al = _step(hi, lo, inc_hi, inc_lo)  # the first draw's state, and the next
     bh, bl = _step(ah, al, inc_hi, inc_lo)
     ch, cl = _mul128(inc_hi, inc_lo, _MULT_HI, _MULT_LO + _S1)

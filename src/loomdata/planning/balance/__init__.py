@@ -23,11 +23,11 @@ One implementation, run a block of consecutive steps at a time (_block; a block 
   larger of the encoder and backbone maxima, each over its own lower bound (never raising it);
 The lower bound is LB = max(total cost / dp_size, largest segment cost).
 
-Cost: O(segments/dp) rounds of O(dp log dp) work per step. The LPT rounds (_deal_kernel), the pairwise and
-the wide local search (_refine_kernel, _wide_kernel), a text-only block's leftovers (_leftovers_kernel: every
-leftover step of the block in one call) and the placed pieces' manifest order (_placed_kernel) are compiled
-numba kernels run step after step over the block's flat arrays (the same decisions as the NumPy code they
-replaced); ordering the items, the long lane, the hybrid search and the leftovers of blocks holding image
+Cost: O(segments/dp) rounds of O(dp log dp) work per step. The dealing order and the LPT rounds
+(_deal_kernel), the pairwise and the wide local search (_refine_kernel, _wide_kernel), a text-only block's
+leftovers (_leftovers_kernel: every leftover step of the block in one call) and the placed pieces' manifest order
+(_placed_kernel) are compiled numba kernels run step after step over the block's flat arrays (the same decisions
+as the NumPy code they replaced); the long lane, the hybrid search and the leftovers of blocks holding image
 samples stay NumPy/Python.
 """
 

@@ -44,10 +44,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from loomdata.planning._mixture_kernel import held_membership, held_rows, held_targets, nearest_run, repair_rows
-from loomdata.planning._packing import Lanes, expand_with_lengths
+from loomdata.planning._packing import Lanes
 from loomdata.planning._permute import uniform_permutation
 from loomdata.planning._pointers import PointerChunk, Pointers, chunk_of_changes, compress_rows
 from loomdata.planning._shuffle import BlockLayout
+from loomdata.planning._stream_kernel import expand_stream, split_sizes
 from loomdata.planning._transpose_kernel import transpose_into, transposed
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import Spec
@@ -271,23 +272,29 @@ def build_stream(
     (block order permuted, documents shuffled within windows of blocks) from the same per-epoch generator;
     None: a uniform permutation of all documents. Either way every non-empty document once per epoch.
     Memory: the stream keeps 4 bytes (doc) + 8 (cum) a segment, both allocated once at their final size (how
-    many segments the split documents add does not depend on their order); the permutation is expanded
-    into segments and counted a chunk at a time, with one gather of the documents' lengths per chunk (the
-    permutation's random reads are most of this function's time at scale).
+    many segments the split documents add does not depend on their order); each epoch's permutation is expanded
+    into segments and counted in one compiled pass (planning._stream_kernel: a document's length read once, at
+    random, which is most of this function's time at scale), stopping `_CHUNK` documents at a time.
     """
     idx_dtype = np.uint32 if len(lengths) < 2**32 else np.int64
     nonempty = bool((lengths > 0).all())
     docs = None if nonempty or blocks is not None else np.flatnonzero(lengths > 0).astype(idx_dtype)
     n_docs = len(lengths) if nonempty else int(np.count_nonzero(lengths))
     n_ep = max(epochs, 1)
-    per_epoch = n_docs + _extra_segments(lengths, lanes)
+    threshold = -1 if lanes.threshold is None else int(lanes.threshold)
+    long_len = int(lanes.long_seq_len or 0)
+    extra, pieces = (int(x) for x in split_sizes(lengths, lanes.seq_len, long_len, threshold))
+    per_epoch = n_docs + extra
     total = n_ep * per_epoch
     doc = np.empty(total, dtype=idx_dtype)
     cum = np.zeros(total + 1, dtype=np.int64)
     cum_short = np.zeros_like(cum) if lanes.has_long else None
     cum_long = np.zeros_like(cum) if lanes.has_long else None
-    split_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    at = 0
+    split_pos = np.empty(n_ep * pieces, dtype=np.int64)
+    split_off = np.empty(n_ep * pieces, dtype=np.uint32)
+    split_len = np.empty(n_ep * pieces, dtype=np.uint32)
+    unused = np.zeros(1, dtype=np.int64)  # the kernel's long-lane counts where there is no long lane
+    at = n_split = 0
     for e in range(n_ep):
         rng = np.random.default_rng([*source_key(seed, name), e])
         if blocks is None:  # 4-byte ids, bucketed then shuffled in cache (planning._permute)
@@ -298,24 +305,25 @@ def build_stream(
             del rows
         if len(perm) != n_docs:
             raise AssertionError(f"epoch {e} of source {name!r} permutes {len(perm)} documents, not {n_docs}")
-        for a in range(0, len(perm), _CHUNK):
-            piece, off, seg, dl = expand_with_lengths(perm[a : a + _CHUNK], lengths, lanes)
-            b = at + len(piece)
-            doc[at:b] = piece
-            if len(piece) != min(_CHUNK, len(perm) - a):  # pieces of split documents: where they start, their sizes
-                split = np.flatnonzero((off > 0) | (seg != dl))
-                split_parts.append((split + at, off[split], seg[split]))
-            np.cumsum(seg, out=cum[at + 1 : b + 1])
-            cum[at + 1 : b + 1] += cum[at]
-            if cum_short is not None and cum_long is not None:
-                lane = lanes.lane_of(dl)
-                np.cumsum(np.where(lane == 0, seg, 0), out=cum_short[at + 1 : b + 1])
-                cum_short[at + 1 : b + 1] += cum_short[at]
-                np.cumsum(lane, out=cum_long[at + 1 : b + 1])
-                cum_long[at + 1 : b + 1] += cum_long[at]
-            at = b
-            if need is not None and cum[at] >= need:
-                break
+        at, n_split = expand_stream(
+            perm,
+            lengths,
+            lanes.seq_len,
+            long_len,
+            threshold,
+            _CHUNK,
+            float(need) if need is not None else 0.0,
+            need is not None,
+            doc,
+            cum,
+            unused if cum_short is None else cum_short,
+            unused if cum_long is None else cum_long,
+            split_pos,
+            split_off,
+            split_len,
+            at,
+            n_split,
+        )
         del perm
         if need is not None and cum[at] >= need:
             break
@@ -326,32 +334,14 @@ def build_stream(
         doc, cum = doc[:at], cum[: at + 1]
         cum_short = None if cum_short is None else cum_short[: at + 1]
         cum_long = None if cum_long is None else cum_long[: at + 1]
-    empty = np.zeros(0, dtype=np.int64)
-    split_pos = np.concatenate([p[0] for p in split_parts]).astype(np.int64) if split_parts else empty
-    split_off = (
-        np.concatenate([p[1] for p in split_parts]).astype(np.uint32) if split_parts else empty.astype(np.uint32)
-    )
-    split_len = (
-        np.concatenate([p[2] for p in split_parts]).astype(np.uint32) if split_parts else empty.astype(np.uint32)
-    )
+    if n_split != len(split_pos):  # a prefix's split pieces (the rest never written, so never resident)
+        split_pos, split_off, split_len = split_pos[:n_split], split_off[:n_split], split_len[:n_split]
     return Stream(doc, split_pos, split_off, split_len, cum, cum_short, cum_long, int(lengths.sum(dtype=np.int64)))
 
 
 _CHUNK = 1 << 16
 """Documents of a permutation expanded and counted at a time (what a stream built to a need expands beyond it,
 at most)."""
-
-
-def _extra_segments(lengths: np.ndarray, lanes: Lanes) -> int:
-    """Segments the documents longer than their lane add when split (_packing.expand_units), in any order."""
-    extra = 0
-    for a in range(0, len(lengths), _CHUNK):
-        dl = lengths[a : a + _CHUNK]
-        big = dl[dl > lanes.seq_len]
-        if len(big):
-            cap = lanes.capacity(lanes.lane_of(big))
-            extra += int(((big.astype(np.int64) + cap - 1) // cap - 1).sum())
-    return extra
 
 
 def check_epochs(

@@ -107,3 +107,41 @@ def test_a_stream_built_to_a_need_stops_at_the_first_chunk_boundary_past_it(
         want = next(b for b in bounds if whole.cum[b] >= need)
         assert len(part.doc) == want, need
         assert np.array_equal(part.cum, whole.cum[: want + 1])
+
+
+def _same_stream(a: _mixture.Stream, b: _mixture.Stream) -> None:
+    for f in ("doc", "split_pos", "split_off", "split_len", "cum", "cum_short", "cum_long"):
+        x, y = getattr(a, f), getattr(b, f)
+        assert (x is None) == (y is None), f
+        if x is not None:
+            assert x.dtype == y.dtype and np.array_equal(x, y), f
+    assert a.epoch_tokens == b.epoch_tokens
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_the_compiled_expansion_builds_the_numpy_codes_stream(case: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """planning._stream_kernel against the chunked NumPy expansion it replaced (tests/loomtest/stream_ref.py), on
+    random sources: empty documents, documents split in either lane, block shuffles, streams built to a need at
+    random points, several epochs and chunk sizes."""
+    from loomdata.planning._shuffle import BlockLayout
+    from loomtest.stream_ref import build_stream_ref
+
+    rng = np.random.default_rng([32, case])
+    n = int(rng.integers(1, 4000))
+    lengths = np.clip(rng.lognormal(5.5, float(rng.uniform(0.5, 2.0)), n), 0, 30000).astype(np.uint32)
+    if case % 3 == 0:
+        lengths[rng.integers(0, n, max(1, n // 10))] = 0
+    lanes = [Lanes(seq_len=512), Lanes(seq_len=512, long_seq_len=4096, threshold=1024), Lanes(seq_len=2048)][case % 3]
+    blocks = None
+    if case % 4 == 1:
+        runs = np.unique(np.concatenate([[0, n], rng.integers(0, n, 5)])).astype(np.int64)
+        blocks = BlockLayout.of(runs, None, int(rng.integers(1, 64)), int(rng.integers(1, 4)))
+    chunk = int(rng.choice([7, 256, 1 << 16]))
+    monkeypatch.setattr(_mixture, "_CHUNK", chunk)
+    epochs = int(rng.integers(1, 4))
+    whole = build_stream("src", case, lengths, lanes, epochs, blocks)
+    _same_stream(whole, build_stream_ref("src", case, lengths, lanes, epochs, blocks, None, chunk))
+    if len(whole.cum) > 1 and whole.cum[-1] > 0:
+        for need in (float(rng.uniform(0, whole.cum[-1])), float(whole.cum[-1]) + 1.0):
+            got = build_stream("src", case, lengths, lanes, epochs, blocks, need)
+            _same_stream(got, build_stream_ref("src", case, lengths, lanes, epochs, blocks, need, chunk))

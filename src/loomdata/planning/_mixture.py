@@ -45,7 +45,7 @@ import numpy as np
 
 from loomdata.planning._mixture_kernel import held_membership, held_rows, held_targets, nearest_run, repair_rows
 from loomdata.planning._packing import Lanes
-from loomdata.planning._permute import uniform_permutation
+from loomdata.planning._permute import uniform_permutation_with_values
 from loomdata.planning._pointers import PointerChunk, Pointers, chunk_of_changes, compress_rows
 from loomdata.planning._shuffle import BlockLayout
 from loomdata.planning._stream_kernel import expand_stream, split_sizes
@@ -272,9 +272,10 @@ def build_stream(
     (block order permuted, documents shuffled within windows of blocks) from the same per-epoch generator;
     None: a uniform permutation of all documents. Either way every non-empty document once per epoch.
     Memory: the stream keeps 4 bytes (doc) + 8 (cum) a segment, both allocated once at their final size (how
-    many segments the split documents add does not depend on their order); each epoch's permutation is expanded
-    into segments and counted in one compiled pass (planning._stream_kernel: a document's length read once, at
-    random, which is most of this function's time at scale), stopping `_CHUNK` documents at a time.
+    many segments the split documents add does not depend on their order); each epoch's permutation carries its
+    documents' lengths (planning._permute: no random gather of them, which was most of this function's time at
+    scale) and is expanded into segments and counted in one compiled pass (planning._stream_kernel), checking
+    `need` every `_CHUNK` documents.
     """
     idx_dtype = np.uint32 if len(lengths) < 2**32 else np.int64
     nonempty = bool((lengths > 0).all())
@@ -297,17 +298,20 @@ def build_stream(
     at = n_split = 0
     for e in range(n_ep):
         rng = np.random.default_rng([*source_key(seed, name), e])
-        if blocks is None:  # 4-byte ids, bucketed then shuffled in cache (planning._permute)
-            perm = uniform_permutation(rng, n_docs, src=docs, dtype=idx_dtype)
-        else:
+        if blocks is None:  # 4-byte ids, bucketed then shuffled in cache, their lengths carried (planning._permute)
+            perm, perm_lengths = uniform_permutation_with_values(rng, n_docs, lengths, src=docs, dtype=idx_dtype)
+        else:  # (a block shuffle's reads are mostly local: its lengths are read in the expansion)
             rows = blocks.permutation(rng)
             perm = (rows if nonempty else rows[lengths[rows] > 0]).astype(idx_dtype)
+            perm_lengths = lengths[:0]
             del rows
         if len(perm) != n_docs:
             raise AssertionError(f"epoch {e} of source {name!r} permutes {len(perm)} documents, not {n_docs}")
         at, n_split = expand_stream(
             perm,
             lengths,
+            perm_lengths,
+            blocks is None,
             lanes.seq_len,
             long_len,
             threshold,
@@ -324,7 +328,7 @@ def build_stream(
             at,
             n_split,
         )
-        del perm
+        del perm, perm_lengths
         if need is not None and cum[at] >= need:
             break
     del docs

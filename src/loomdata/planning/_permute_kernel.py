@@ -14,7 +14,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["permute_into"]
+__all__ = ["permute_into", "permute_with_values_into"]
 
 
 @njit
@@ -50,6 +50,37 @@ def _below(s: np.ndarray, m: np.uint64) -> np.uint64:
 def permute_into(src: np.ndarray, dense: bool, out: np.ndarray, state: np.ndarray, bits: int) -> None:
     """out = a uniform permutation of src (dense: of 0..len(out)-1, src unused), from xoshiro256** `state`
     (4 uint64, not all zero; advanced in place) with 2^bits buckets (bits 0..16)."""
+    none = np.zeros(0, dtype=np.uint8)
+    _permute(src, dense, out, none, none, False, state, bits)
+
+
+@njit
+def permute_with_values_into(
+    src: np.ndarray,
+    dense: bool,
+    out: np.ndarray,
+    values: np.ndarray,
+    values_out: np.ndarray,
+    state: np.ndarray,
+    bits: int,
+) -> None:
+    """permute_into, and values_out[j] = values[out[j]] in the same pass: each item's value moves with it (read in
+    item order, where src is sorted: sequential), so the caller needs no random gather of values by item."""
+    _permute(src, dense, out, values, values_out, True, state, bits)
+
+
+@njit
+def _permute(
+    src: np.ndarray,
+    dense: bool,
+    out: np.ndarray,
+    values: np.ndarray,
+    values_out: np.ndarray,
+    carry: bool,
+    state: np.ndarray,
+    bits: int,
+) -> None:
+    """permute_into's algorithm; with `carry`, values_out permuted alongside out (the same draws, the same order)."""
     n = len(out)
     nb = 1 << bits
     start = np.zeros(nb + 1, dtype=np.int64)
@@ -63,12 +94,18 @@ def permute_into(src: np.ndarray, dense: bool, out: np.ndarray, state: np.ndarra
         at = start[:nb].copy()
         for i in range(n):  # the same draws again: each item to the next free place of its bucket
             bk = _next(first) >> shift
-            out[at[bk]] = i if dense else src[i]
+            item = i if dense else src[i]
+            out[at[bk]] = item
+            if carry:
+                values_out[at[bk]] = values[item]
             at[bk] += 1
     else:
         start[1] = n
         for i in range(n):
-            out[i] = i if dense else src[i]
+            item = i if dense else src[i]
+            out[i] = item
+            if carry:
+                values_out[i] = values[item]
     for b in range(nb):
         a = start[b]
         for j in range(start[b + 1] - 1, a, -1):
@@ -76,3 +113,7 @@ def permute_into(src: np.ndarray, dense: bool, out: np.ndarray, state: np.ndarra
             v = out[j]
             out[j] = out[k]
             out[k] = v
+            if carry:
+                w = values_out[j]
+                values_out[j] = values_out[k]
+                values_out[k] = w

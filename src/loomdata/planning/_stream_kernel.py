@@ -44,6 +44,8 @@ def split_sizes(lengths: np.ndarray, seq_len: int, long_len: int, threshold: int
 def expand_stream(
     perm: np.ndarray,
     lengths: np.ndarray,
+    perm_lengths: np.ndarray,
+    gathered: bool,
     seq_len: int,
     long_len: int,
     threshold: int,
@@ -62,21 +64,26 @@ def expand_stream(
 ) -> tuple[int, int]:
     """Append `perm`'s documents' segments at stream position `at` (split pieces at `n_split`), a `chunk` of
     documents at a time; with `bounded`, stop after the first chunk whose count reaches `need`. Returns the new
-    (at, n_split). cum_short / cum_long are written where threshold >= 0 (a long lane), else left alone."""
+    (at, n_split). `gathered`: perm_lengths[i] is lengths[perm[i]] (the permutation carried them), else they are
+    read here. cum_short / cum_long are written where threshold >= 0 (a long lane), else left alone."""
     long_lane = threshold >= 0
     sl, ll, th = np.int64(seq_len), np.int64(long_len), np.int64(threshold)
     c = cum[at]
     cs = cum_short[at] if long_lane else np.int64(0)
     cl = cum_long[at] if long_lane else np.int64(0)
     n = len(perm)
-    buf = np.empty(min(n, chunk), dtype=lengths.dtype)
+    buf = np.empty(0 if gathered else min(n, chunk), dtype=lengths.dtype)
     for a in range(0, n, chunk):
         b = min(n, a + chunk)
-        for i in range(a, b):  # the random reads first, in a loop of their own: many in flight at once
-            buf[i - a] = lengths[perm[i]]
+        if gathered:
+            dls = perm_lengths[a:b]
+        else:
+            for i in range(a, b):  # the random reads first, in a loop of their own: many in flight at once
+                buf[i - a] = lengths[perm[i]]
+            dls = buf[: b - a]
         for i in range(a, b):
             d = perm[i]
-            dl = np.int64(buf[i - a])
+            dl = np.int64(dls[i - a])
             lane = np.int64(1) if long_lane and dl > th else np.int64(0)
             pieces, cap = _pieces(dl, sl, ll, th)
             if pieces == 1:

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from loomdata.planning._permute import BUCKET_ITEMS, bucket_bits, uniform_permutation
+from loomdata.planning._permute import BUCKET_ITEMS, bucket_bits, uniform_permutation, uniform_permutation_with_values
 from loomdata.planning._permute_kernel import permute_into
 
 _M64 = (1 << 64) - 1
@@ -126,3 +126,17 @@ def test_bucket_bits_grow_with_n_and_stop_at_4096_buckets() -> None:
     assert bucket_bits(BUCKET_ITEMS + 1) == 1
     assert bucket_bits(10_000_000) == 10
     assert bucket_bits(10**9) == 12
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, BUCKET_ITEMS + 1, 5 * BUCKET_ITEMS + 3])
+@pytest.mark.parametrize("with_src", [False, True])
+def test_values_carried_through_the_permutation_are_the_values_at_its_items(n: int, with_src: bool) -> None:
+    """uniform_permutation_with_values: the same order as uniform_permutation from the same generator state, and
+    each position's value that of its item (what a gather would read)."""
+    rng = np.random.default_rng(n)
+    values = rng.integers(0, 2**32, 3 * n + 1, dtype=np.uint64).astype(np.uint32)
+    src = np.sort(rng.choice(3 * n + 1, n, replace=False)).astype(np.uint32) if with_src else None
+    want = uniform_permutation(np.random.default_rng([5, n]), n, src=src)
+    got, moved = uniform_permutation_with_values(np.random.default_rng([5, n]), n, values, src=src)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert moved.dtype == np.uint32 and np.array_equal(moved, values[got])

@@ -38,14 +38,14 @@ another source, so a plan does not depend on how far its streams were built). A 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from loomdata.planning._mixture_kernel import held_membership, held_rows, held_targets, nearest_run, repair_rows
 from loomdata.planning._packing import Lanes
-from loomdata.planning._permute import uniform_permutation_with_values
+from loomdata.planning._permute import PrefixPermutation
 from loomdata.planning._pointers import PointerChunk, Pointers, chunk_of_changes, compress_rows
 from loomdata.planning._shuffle import BlockLayout
 from loomdata.planning._stream_kernel import expand_stream, split_sizes
@@ -296,22 +296,15 @@ def build_stream(
     split_len = np.empty(n_ep * pieces, dtype=np.uint32)
     unused = np.zeros(1, dtype=np.int64)  # the kernel's long-lane counts where there is no long lane
     at = n_split = 0
-    for e in range(n_ep):
-        rng = np.random.default_rng([*source_key(seed, name), e])
-        if blocks is None:  # 4-byte ids, bucketed then shuffled in cache, their lengths carried (planning._permute)
-            perm, perm_lengths = uniform_permutation_with_values(rng, n_docs, lengths, src=docs, dtype=idx_dtype)
-        else:  # (a block shuffle's reads are mostly local: its lengths are read in the expansion)
-            rows = blocks.permutation(rng)
-            perm = (rows if nonempty else rows[lengths[rows] > 0]).astype(idx_dtype)
-            perm_lengths = lengths[:0]
-            del rows
-        if len(perm) != n_docs:
-            raise AssertionError(f"epoch {e} of source {name!r} permutes {len(perm)} documents, not {n_docs}")
+    epoch_tokens = int(lengths.sum(dtype=np.int64))
+
+    def expand(perm: np.ndarray, perm_lengths: np.ndarray, gathered: bool) -> None:
+        nonlocal at, n_split
         at, n_split = expand_stream(
             perm,
             lengths,
             perm_lengths,
-            blocks is None,
+            gathered,
             lanes.seq_len,
             long_len,
             threshold,
@@ -328,7 +321,26 @@ def build_stream(
             at,
             n_split,
         )
-        del perm, perm_lengths
+
+    for e in range(n_ep):
+        rng = np.random.default_rng([*source_key(seed, name), e])
+        if blocks is None:  # 4-byte ids, bucketed then shuffled in cache, their lengths carried (planning._permute)
+            _expand_epoch(
+                PrefixPermutation(rng, n_docs, lengths, src=docs, dtype=idx_dtype),
+                expand,
+                lambda: at,
+                cum,
+                need,
+                epoch_tokens,
+            )
+        else:  # (a block shuffle's reads are mostly local: its lengths are read in the expansion)
+            rows = blocks.permutation(rng)
+            perm = (rows if nonempty else rows[lengths[rows] > 0]).astype(idx_dtype)
+            del rows
+            if len(perm) != n_docs:
+                raise AssertionError(f"epoch {e} of source {name!r} permutes {len(perm)} documents, not {n_docs}")
+            expand(perm, lengths[:0], False)
+            del perm
         if need is not None and cum[at] >= need:
             break
     del docs
@@ -340,12 +352,38 @@ def build_stream(
         cum_long = None if cum_long is None else cum_long[: at + 1]
     if n_split != len(split_pos):  # a prefix's split pieces (the rest never written, so never resident)
         split_pos, split_off, split_len = split_pos[:n_split], split_off[:n_split], split_len[:n_split]
-    return Stream(doc, split_pos, split_off, split_len, cum, cum_short, cum_long, int(lengths.sum(dtype=np.int64)))
+    return Stream(doc, split_pos, split_off, split_len, cum, cum_short, cum_long, epoch_tokens)
 
 
 _CHUNK = 1 << 16
 """Documents of a permutation expanded and counted at a time (what a stream built to a need expands beyond it,
 at most)."""
+
+
+def _expand_epoch(
+    perm: PrefixPermutation,
+    expand: Callable[[np.ndarray, np.ndarray, bool], None],
+    position: Callable[[], int],
+    cum: np.ndarray,
+    need: float | None,
+    epoch_tokens: int,
+) -> None:
+    """Expand an epoch's permutation a prefix at a time until `need` is reached or the epoch ends: first about the
+    documents the tokens still needed take (their mean length, 10% and a chunk more), then twice as many, and so
+    on; every expansion but the epoch's last ends at a multiple of _CHUNK documents, so the chunks (where `need`
+    is checked) fall where they would in one pass over the whole permutation."""
+    n = len(perm.out)
+    done = 0
+    want = n if need is None or epoch_tokens == 0 else _CHUNK + int((need - cum[position()]) * 1.1 * n / epoch_tokens)
+    while True:
+        ready = perm.extend(min(n, max(want, done + 1)))
+        stop = ready if ready == n else ready - ready % _CHUNK
+        if stop > done:
+            expand(perm.out[done:stop], perm.values[done:stop], True)
+            done = stop
+        if done == n or (need is not None and cum[position()] >= need):
+            return
+        want = max(2 * want, done + _CHUNK)
 
 
 def check_epochs(

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from loomdata.planning._permute_kernel import permute_into, permute_with_values_into
+from loomdata.planning._permute_kernel import bucket_starts, permute_into, scatter_buckets, shuffle_buckets
 
-__all__ = ["BUCKET_ITEMS", "bucket_bits", "uniform_permutation", "uniform_permutation_with_values"]
+__all__ = ["BUCKET_ITEMS", "PrefixPermutation", "bucket_bits", "uniform_permutation", "uniform_permutation_with_values"]
 
 BUCKET_ITEMS = 1 << 14
 """Items a bucket holds on average (64 KiB of 4-byte ids: shuffled within a core's L2 cache)."""
@@ -34,8 +34,59 @@ def uniform_permutation(
 ) -> np.ndarray:
     """A uniform permutation of 0..n-1 as `dtype` (of `src`'s n values, in src's dtype, when given), from `rng`'s
     next four raw 64-bit outputs."""
-    out, _ = _permutation(rng, n, src, dtype, None)
+    if src is not None and len(src) != n:
+        raise ValueError(f"src holds {len(src)} values, not n={n}")
+    state = _state(rng)
+    out = np.empty(n, dtype=dtype if src is None else src.dtype)
+    permute_into(np.zeros(1, dtype=out.dtype) if src is None else src, src is None, out, state, bucket_bits(n))
     return out
+
+
+class PrefixPermutation:
+    """uniform_permutation's order with each item's value carried along (`values[item]` at every position), worked
+    out a prefix at a time: `extend(m)` makes whole buckets ready from the first through the one holding position
+    m - 1; the rest of `out` is never written. A stream that needs only the start of its last epoch (a plan drawing
+    1.1 epochs) permutes that much, not the whole epoch (40M documents: ~0.65 s a whole permutation). The same order
+    bit for bit: the bucket sizes are drawn first, each extension replays the scatter's draws for its buckets only,
+    and buckets are shuffled in order from the one generator state."""
+
+    def __init__(
+        self,
+        rng: np.random.Generator,
+        n: int,
+        values: np.ndarray,
+        *,
+        src: np.ndarray | None = None,
+        dtype: type[np.integer] = np.uint32,
+    ) -> None:
+        if src is not None and len(src) != n:
+            raise ValueError(f"src holds {len(src)} values, not n={n}")
+        self._state = _state(rng)
+        self._first = self._state.copy()
+        self._bits = bucket_bits(n)
+        self._start = bucket_starts(self._state, n, self._bits)
+        self.out = np.empty(n, dtype=dtype if src is None else src.dtype)
+        self.values = np.empty(n, dtype=values.dtype)
+        self._src = np.zeros(1, dtype=self.out.dtype) if src is None else src
+        self._dense = src is None
+        self._items = values
+        self._ready = 0  # buckets scattered and shuffled
+
+    @property
+    def ready(self) -> int:
+        """Positions [0, ready) of `out` and `values` hold the permutation's first items."""
+        return int(self._start[self._ready])
+
+    def extend(self, m: int) -> int:
+        """Make positions [0, m) ready (whole buckets: maybe more; at most every item); returns `ready`."""
+        k = min(int(np.searchsorted(self._start, min(m, len(self.out)), side="left")), len(self._start) - 1)
+        if k > self._ready:
+            k0 = self._ready
+            args = (self._src, self._dense, self.out, self._items, self.values, True)
+            scatter_buckets(*args, self._first, self._start, self._bits, k0, k)
+            shuffle_buckets(self.out, self.values, True, self._state, self._start, k0, k)
+            self._ready = k
+        return self.ready
 
 
 def uniform_permutation_with_values(
@@ -49,24 +100,14 @@ def uniform_permutation_with_values(
     """(uniform_permutation(rng, n, src=src, dtype=dtype), values at its items) in one pass: each item's value
     travels with it through the bucketing and the shuffles, so a stream needs no random gather of its documents'
     lengths (40M documents: ~0.4 s of random reads at the memory's limit)."""
-    out, moved = _permutation(rng, n, src, dtype, values)
-    assert moved is not None
-    return out, moved
+    perm = PrefixPermutation(rng, n, values, src=src, dtype=dtype)
+    perm.extend(n)
+    return perm.out, perm.values
 
 
-def _permutation(
-    rng: np.random.Generator, n: int, src: np.ndarray | None, dtype: type[np.integer], values: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray | None]:
-    if src is not None and len(src) != n:
-        raise ValueError(f"src holds {len(src)} values, not n={n}")
+def _state(rng: np.random.Generator) -> np.ndarray:
+    """The xoshiro256** state from `rng`'s next four raw outputs (never all zero)."""
     state = np.asarray(rng.bit_generator.random_raw(4), dtype=np.uint64)
     if not state.any():  # xoshiro's one bad state (probability 2^-256)
         state[0] = 1
-    out = np.empty(n, dtype=dtype if src is None else src.dtype)
-    items = np.zeros(1, dtype=out.dtype) if src is None else src
-    if values is None:
-        permute_into(items, src is None, out, state, bucket_bits(n))
-        return out, None
-    moved = np.empty(n, dtype=values.dtype)
-    permute_with_values_into(items, src is None, out, values, moved, state, bucket_bits(n))
-    return out, moved
+    return state

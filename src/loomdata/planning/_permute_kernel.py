@@ -14,7 +14,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["permute_into", "permute_with_values_into"]
+__all__ = ["bucket_starts", "permute_into", "scatter_buckets", "shuffle_buckets"]
 
 
 @njit
@@ -55,18 +55,77 @@ def permute_into(src: np.ndarray, dense: bool, out: np.ndarray, state: np.ndarra
 
 
 @njit
-def permute_with_values_into(
+def bucket_starts(state: np.ndarray, n: int, bits: int) -> np.ndarray:
+    """Where each of the 2^bits buckets of n items starts (int64, 2^bits + 1), from n draws of `state` (advanced in
+    place): the first pass of permute_into."""
+    nb = 1 << bits
+    start = np.zeros(nb + 1, dtype=np.int64)
+    if bits == 0:
+        start[1] = n
+        return start
+    shift = np.uint64(64 - bits)
+    for _ in range(n):
+        start[(_next(state) >> shift) + np.uint64(1)] += 1
+    for b in range(nb):
+        start[b + 1] += start[b]
+    return start
+
+
+@njit
+def scatter_buckets(
     src: np.ndarray,
     dense: bool,
     out: np.ndarray,
     values: np.ndarray,
     values_out: np.ndarray,
-    state: np.ndarray,
+    carry: bool,
+    first: np.ndarray,
+    start: np.ndarray,
     bits: int,
+    k0: int,
+    k1: int,
 ) -> None:
-    """permute_into, and values_out[j] = values[out[j]] in the same pass: each item's value moves with it (read in
-    item order, where src is sorted: sequential), so the caller needs no random gather of values by item."""
-    _permute(src, dense, out, values, values_out, True, state, bits)
+    """The items of buckets [k0, k1) to their places in `out` (their values to `values_out` with `carry`), in item
+    order, replaying bucket_starts' draws from `first` (the state before it; not advanced)."""
+    n = start[-1]
+    if bits == 0:
+        for i in range(n if k0 == 0 and k1 >= 1 else 0):
+            item = i if dense else src[i]
+            out[i] = item
+            if carry:
+                values_out[i] = values[item]
+        return
+    shift = np.uint64(64 - bits)
+    s = first.copy()
+    at = start[:-1].copy()
+    lo, hi = np.uint64(k0), np.uint64(k1)
+    for i in range(n):
+        bk = _next(s) >> shift
+        if lo <= bk < hi:
+            item = i if dense else src[i]
+            out[at[bk]] = item
+            if carry:
+                values_out[at[bk]] = values[item]
+            at[bk] += 1
+
+
+@njit
+def shuffle_buckets(
+    out: np.ndarray, values_out: np.ndarray, carry: bool, state: np.ndarray, start: np.ndarray, k0: int, k1: int
+) -> None:
+    """Fisher-Yates on each bucket [k0, k1) in order with Lemire's bounded draws from `state` (advanced in place;
+    the state after buckets [0, k0) were shuffled), values_out alongside with `carry`."""
+    for b in range(k0, k1):
+        a = start[b]
+        for j in range(start[b + 1] - 1, a, -1):
+            k = a + np.int64(_below(state, np.uint64(j - a + 1)))
+            v = out[j]
+            out[j] = out[k]
+            out[k] = v
+            if carry:
+                w = values_out[j]
+                values_out[j] = values_out[k]
+                values_out[k] = w
 
 
 @njit
@@ -80,40 +139,10 @@ def _permute(
     state: np.ndarray,
     bits: int,
 ) -> None:
-    """permute_into's algorithm; with `carry`, values_out permuted alongside out (the same draws, the same order)."""
-    n = len(out)
+    """permute_into's algorithm: bucket sizes, the scatter, each bucket's shuffle; with `carry`, values_out permuted
+    alongside out (the same draws, the same order)."""
+    first = state.copy()
+    start = bucket_starts(state, len(out), bits)
     nb = 1 << bits
-    start = np.zeros(nb + 1, dtype=np.int64)
-    if bits > 0:
-        shift = np.uint64(64 - bits)
-        first = state.copy()
-        for _ in range(n):
-            start[(_next(state) >> shift) + np.uint64(1)] += 1
-        for b in range(nb):
-            start[b + 1] += start[b]
-        at = start[:nb].copy()
-        for i in range(n):  # the same draws again: each item to the next free place of its bucket
-            bk = _next(first) >> shift
-            item = i if dense else src[i]
-            out[at[bk]] = item
-            if carry:
-                values_out[at[bk]] = values[item]
-            at[bk] += 1
-    else:
-        start[1] = n
-        for i in range(n):
-            item = i if dense else src[i]
-            out[i] = item
-            if carry:
-                values_out[i] = values[item]
-    for b in range(nb):
-        a = start[b]
-        for j in range(start[b + 1] - 1, a, -1):
-            k = a + np.int64(_below(state, np.uint64(j - a + 1)))
-            v = out[j]
-            out[j] = out[k]
-            out[k] = v
-            if carry:
-                w = values_out[j]
-                values_out[j] = values_out[k]
-                values_out[k] = w
+    scatter_buckets(src, dense, out, values, values_out, carry, first, start, bits, 0, nb)
+    shuffle_buckets(out, values_out, carry, state, start, 0, nb)

@@ -9,7 +9,14 @@ import math
 import numpy as np
 import pytest
 
-from loomdata.planning._permute import BUCKET_ITEMS, bucket_bits, uniform_permutation, uniform_permutation_with_values
+from loomdata.planning import _permute
+from loomdata.planning._permute import (
+    BUCKET_ITEMS,
+    PrefixPermutation,
+    bucket_bits,
+    uniform_permutation,
+    uniform_permutation_with_values,
+)
 from loomdata.planning._permute_kernel import permute_into
 
 _M64 = (1 << 64) - 1
@@ -140,3 +147,24 @@ def test_values_carried_through_the_permutation_are_the_values_at_its_items(n: i
     got, moved = uniform_permutation_with_values(np.random.default_rng([5, n]), n, values, src=src)
     assert got.dtype == want.dtype and np.array_equal(got, want)
     assert moved.dtype == np.uint32 and np.array_equal(moved, values[got])
+
+
+@pytest.mark.parametrize("n", [0, 1, 50, 3000])
+def test_a_permutation_worked_out_a_prefix_at_a_time_is_the_whole_one(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PrefixPermutation.extend in random steps: each ready prefix is that of the whole permutation (many buckets,
+    empty ones among them), ready ends on a bucket bound at or past the position asked, and nothing past it."""
+    monkeypatch.setattr(_permute, "BUCKET_ITEMS", 8)
+    rng = np.random.default_rng(n)
+    values = rng.integers(0, 1000, n + 5).astype(np.uint32)
+    src = np.sort(rng.choice(n + 5, n, replace=False)).astype(np.uint32)
+    want, moved = uniform_permutation_with_values(np.random.default_rng([1, n]), n, values, src=src)
+    assert np.array_equal(want, uniform_permutation(np.random.default_rng([1, n]), n, src=src))
+    perm = PrefixPermutation(np.random.default_rng([1, n]), n, values, src=src)
+    ready = 0
+    while ready < n:
+        ask = min(n, ready + int(rng.integers(1, 200)))
+        got = perm.extend(ask)
+        assert got >= ask and (got == n or got < ask + 8 * 40)
+        assert np.array_equal(perm.out[:got], want[:got]) and np.array_equal(perm.values[:got], moved[:got])
+        assert perm.extend(int(rng.integers(0, got + 1))) == got  # asking less changes nothing
+        ready = got

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loomdata.planning import _mixture
+from loomdata.planning import _mixture, _permute
 from loomdata.planning._lookahead import _steps_of_run
 from loomdata.planning._mixture import build_stream, source_key
 from loomdata.planning._packing import Lanes, expand_units
@@ -138,6 +138,8 @@ def test_the_compiled_expansion_builds_the_numpy_codes_stream(case: int, monkeyp
         blocks = BlockLayout.of(runs, None, int(rng.integers(1, 64)), int(rng.integers(1, 4)))
     chunk = int(rng.choice([7, 256, 1 << 16]))
     monkeypatch.setattr(_mixture, "_CHUNK", chunk)
+    if case % 2:  # many buckets (the permutation worked out a prefix of buckets at a time)
+        monkeypatch.setattr(_permute, "BUCKET_ITEMS", int(rng.choice([4, 32])))
     epochs = int(rng.integers(1, 4))
     whole = build_stream("src", case, lengths, lanes, epochs, blocks)
     _same_stream(whole, build_stream_ref("src", case, lengths, lanes, epochs, blocks, None, chunk))

@@ -241,8 +241,11 @@ def plan_ranges(
                 submit(i, first_work, shared)
             if spec is not None:
                 # the look-ahead over every step, while the first ranges are balanced: its assignment made in the
-                # shared folder's files, so sharing the whole work below writes its pickle alone
-                whole = spec.finish(None if shared is None else _file_arrays(shared.folder, saved))
+                # shared folder's files where that is memory (/dev/shm), so sharing the whole work below writes its
+                # pickle alone (not in a workdir's folder: a map of a disk or network file is written back as the
+                # pass writes it over and over)
+                in_memory = shared is not None and shared.folder.parent == _MEMORY_FS
+                whole = spec.finish(_file_arrays(shared.folder, saved) if shared is not None and in_memory else None)
                 if shared is not None:
                     shared = _share_more(shared, whole, saved)
                 if not (

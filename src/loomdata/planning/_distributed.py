@@ -14,6 +14,9 @@ nothing, so a fix-up is rare and short. A range refused (PlanError) with nothing
 again here with its true carry; a refusal is final only with the true carry. A `Speculation` (planning._plan)
 speculates on the look-ahead too: its first ranges go out on a look-ahead over a prefix of the steps, the whole
 look-ahead is worked out here meanwhile, and they are kept only where the two assignments agree on their steps.
+The whole look-ahead makes its assignment's arrays as maps of files in the shared folder (`_file_arrays`), so
+sharing the whole work writes its pickle alone (at 50M samples it copied ~440 MB there: 0.15-0.3 CPU-s of the
+driver's, between the whole look-ahead and the other ranges' sending).
 
 `client` is anything with `submit(fn, *args) -> future` whose futures have `.result()`: a
 distributed.Client or a concurrent.futures executor; planning itself imports no Dask. Workers write into the
@@ -28,9 +31,11 @@ to /dev/shm 0.34 CPU-s). Another executor gets each range's window as its task's
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import fcntl
 import itertools
+import mmap
 import os
 import pickle
 import shutil
@@ -49,7 +54,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from loomdata.planning._allocator import tune_allocator
-from loomdata.planning._lookahead import StepAssignment
+from loomdata.planning._lookahead import Allocate, StepAssignment
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._ranges import PlanWork, RangePart, balanced_steps, plan_range, same_carry, window
 from loomdata.planning._segments import Segments
@@ -191,7 +196,9 @@ class Speculation:
 
     work: PlanWork  # the plan's work with the prefix's look-ahead assignment (exact for steps < through if agreed)
     through: int  # a range bound: the ranges ending by it are balanced on `work`
-    finish: Callable[[], PlanWork]  # the whole work (its assignment over every step), worked out once
+    # the whole work (its assignment over every step), worked out once; its assignment's arrays made by the
+    # allocator given (the shared folder's files: _file_arrays), else np.empty
+    finish: Callable[[Allocate | None], PlanWork]
 
 
 def plan_ranges(
@@ -233,7 +240,12 @@ def plan_ranges(
             for i in range(early):
                 submit(i, first_work, shared)
             if spec is not None:
-                whole = spec.finish()  # the look-ahead over every step, while the first ranges are balanced
+                # the look-ahead over every step, while the first ranges are balanced: its assignment made in the
+                # shared folder's files where that is memory (/dev/shm), so sharing the whole work below writes its
+                # pickle alone (not in a workdir's folder: a map of a disk or network file is written back as the
+                # pass writes it over and over)
+                in_memory = shared is not None and shared.folder.parent == _MEMORY_FS
+                whole = spec.finish(_file_arrays(shared.folder, saved) if shared is not None and in_memory else None)
                 if shared is not None:
                     shared = _share_more(shared, whole, saved)
                 if not (
@@ -460,6 +472,44 @@ _FILE_MIN = 1 << 16
 """Arrays of at least this many bytes go to the shared work as .npy files (smaller ones are pickled inline)."""
 
 
+def _file_arrays(folder: Path, saved: dict[int, tuple[str, np.ndarray]]) -> Allocate:
+    """An allocator (planning._lookahead.Allocate) whose arrays of _FILE_MIN bytes or more are maps of new .npy
+    files in `folder` (`a<n>.npy`, their room reserved first), added to `saved`: a work holding them (or slices of
+    them) is then shared without copying them (_ArrayPickler). Where the room cannot be had, np.empty."""
+    names = (f"a{i}.npy" for i in itertools.count())
+
+    def alloc(n: int, dtype: Any) -> np.ndarray:
+        dt = np.dtype(dtype)
+        if n * dt.itemsize < _FILE_MIN:
+            return np.empty(n, dtype=dt)
+        path = folder / next(names)
+        try:
+            arr = _mapped_file(path, n, dt)
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return np.empty(n, dtype=dt)
+        saved[id(arr)] = (path.name, arr)
+        return arr
+
+    return alloc
+
+
+def _mapped_file(path: Path, n: int, dt: np.dtype) -> np.ndarray:
+    """A writable array of `n` items of `dt` mapped from a new .npy file at `path` (what np.load reads), its room
+    reserved up front (posix_fallocate: a full memory filesystem fails here, with OSError, never later as SIGBUS
+    when a page of the map is first written) and its pages mapped in at once (MAP_POPULATE where there is one)."""
+    header = {"descr": np.lib.format.dtype_to_descr(dt), "fortran_order": False, "shape": (n,)}
+    with path.open("x+b") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        offset = f.tell()
+        size = offset + n * dt.itemsize
+        os.posix_fallocate(f.fileno(), 0, size)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        buf = mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return np.frombuffer(buf, dtype=dt, count=n, offset=offset)
+
+
 class UnsharedWorkdirError(PlanError):
     """A worker cannot see the plan's temporary folder: the workdir is not on a filesystem every worker shares."""
 
@@ -481,17 +531,43 @@ class _ArrayPickler(pickle.Pickler):
         self.saved: dict[int, tuple[str, np.ndarray]] = {} if saved is None else saved
         # the next file's number: past every one there (names never repeat, whatever gaps removals left)
         self.files = 1 + max((int(p.stem) for p in folder.glob("*.npy") if p.stem.isdigit()), default=-1)
+        self._spans: list[tuple[int, str, np.ndarray]] | None = None  # saved 1-D arrays by address (_within)
+        self._starts: list[int] = []
 
     def persistent_id(self, obj: Any) -> str | None:
         if type(obj) is not np.ndarray or obj.nbytes < _FILE_MIN or obj.dtype.hasobject or 0 in obj.strides:
             return None
         hit = self.saved.get(id(obj))
         if hit is None:
+            within = self._within(obj)
+            if within is not None:
+                return within
             hit = (f"{self.files}.npy", obj)
             self.files += 1
             np.save(self.folder / hit[0], obj, allow_pickle=False)
             self.saved[id(obj)] = hit
         return hit[0]
+
+    def _within(self, obj: np.ndarray) -> str | None:
+        """`<file>#<a>:<b>` where `obj` is items a..b-1 of a 1-D array already written in the folder (`saved`, as
+        it was when this pickler began: e.g. a look-ahead's steps of one source, a slice of all sources' steps
+        made in the folder by _file_arrays), else None."""
+        if obj.ndim != 1 or not obj.flags.c_contiguous or obj.base is None:
+            return None
+        if self._spans is None:
+            spans = [(a.__array_interface__["data"][0], name, a) for name, a in self.saved.values()]
+            self._spans = sorted((s for s in spans if s[2].ndim == 1 and s[2].flags.c_contiguous), key=lambda s: s[0])
+            self._starts = [s[0] for s in self._spans]
+        at = obj.__array_interface__["data"][0]
+        i = bisect.bisect_right(self._starts, at) - 1
+        if i < 0:
+            return None
+        start, name, arr = self._spans[i]
+        size = obj.dtype.itemsize
+        if arr.dtype != obj.dtype or at + obj.nbytes > start + arr.nbytes or (at - start) % size:
+            return None
+        a = (at - start) // size
+        return f"{name}#{a}:{a + len(obj)}"
 
 
 class _ArrayUnpickler(pickle.Unpickler):
@@ -500,9 +576,17 @@ class _ArrayUnpickler(pickle.Unpickler):
     def __init__(self, file: IO[bytes], folder: Path) -> None:
         super().__init__(file)
         self.folder = folder
+        self.maps: dict[str, np.ndarray] = {}  # each file mapped once (slices of one share its map)
 
     def persistent_load(self, pid: Any) -> np.ndarray:
-        return np.load(self.folder / str(pid), mmap_mode="c").view(np.ndarray)
+        name, _, part = str(pid).partition("#")
+        arr = self.maps.get(name)
+        if arr is None:
+            arr = self.maps[name] = np.load(self.folder / name, mmap_mode="c").view(np.ndarray)
+        if not part:
+            return arr
+        a, b = (int(x) for x in part.split(":"))
+        return arr[a:b]
 
 
 class SharedWork:

@@ -45,7 +45,7 @@ drawn for the planned steps gets exactly one step (the property tests check all 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -166,6 +166,12 @@ def natural_ranges(ptr: Pointers, t0: int, t1: int) -> list[range]:
 
 Positions = np.ndarray | range
 """One source's stream positions: an array, or a range (a fresh plan's natural positions)."""
+Allocate = Callable[[int, Any], np.ndarray]
+"""Makes an uninitialised 1-D array of `n` items of a dtype (np.empty's role: assign_steps's `alloc`)."""
+
+
+def _empty(n: int, dtype: Any) -> np.ndarray:
+    return np.empty(n, dtype=dtype)
 
 
 def _arr(p: Positions, dtype: type[np.integer] | None = None) -> np.ndarray:
@@ -314,6 +320,7 @@ def assign_steps(
     drop_counts: bool = False,
     tolerance: float = LOOKAHEAD_TOLERANCE,
     release_ptr: bool = False,
+    alloc: Allocate | None = None,
 ) -> StepAssignment:
     """Assigned steps (t0..t1-1) of the positions `pos` of every source, natural steps `nat` (counted clipped
     into t0..t1-1; one before t0, which a re-plan's base deferred, still moves at most K steps from it).
@@ -327,7 +334,9 @@ def assign_steps(
     `drop_counts`: once source k's per-segment lengths are read, `streams[k]` is replaced by its
     `without_counts()` (frees the caller's cumulative counts source by source, when the caller holds no other
     reference). `tolerance`: the most heavy tokens moved, as a share of the tokens planned so far
-    (the spec's `planning.lookahead_tolerance`).
+    (the spec's `planning.lookahead_tolerance`). `alloc`: makes the result's arrays (the steps of all sources, each
+    source's positions; planning._distributed writes them into its shared folder's files, so the whole look-ahead
+    is not copied there after it ends); default np.empty.
 
     Memory: a few bytes a drawn segment (int32 steps, uint32 lengths, one byte of flags, the lights' lengths
     and int64 cumulative tokens in natural order); per-segment temporaries are made a chunk at a time."""
@@ -338,7 +347,8 @@ def assign_steps(
     offs[1:] = np.cumsum([len(p) for p in pos])
     total = int(offs[-1])
     step_dtype = np.int32 if t1 < 2**31 else np.int64
-    raw = np.empty(total, dtype=step_dtype)  # window-relative natural steps, < 0 for what a re-plan's base deferred
+    make = _empty if alloc is None else alloc
+    raw = make(total, step_dtype)  # window-relative natural steps, < 0 for what a re-plan's base deferred
     length = np.empty(total, dtype=np.uint32)
     is_long = np.zeros(total, dtype=bool)
     edge = np.zeros(total, dtype=bool)
@@ -485,7 +495,7 @@ def assign_steps(
         r_step = out[offs[s] : offs[s + 1]]
         st_k = _epoch_order(r_step, starts[s])  # r_step itself, or a corrected copy
         p_dtype = _pos_dtype(p.stop if isinstance(p, range) else (int(np.max(p)) + 1 if len(p) else 0))
-        r_pos = np.empty(len(st_k), dtype=p_dtype)
+        r_pos = make(len(st_k), p_dtype)
         for i0, i1 in _sorted_pieces(st_k):  # positions are increasing: stream order within a step
             piece = st_k[i0:i1]
             srt = stable_order(piece, int(piece.min()), int(piece.max()) + 1) if i1 > i0 else np.zeros(0, np.intp)

@@ -58,7 +58,7 @@ from loomdata.planning._distributed import (
     split_ranges,
     worker_count,
 )
-from loomdata.planning._lookahead import Positions, StepAssignment, assign_steps, natural_ranges
+from loomdata.planning._lookahead import Allocate, Positions, StepAssignment, assign_steps, natural_ranges
 from loomdata.planning._manifest import ManifestWriter, file_bounds
 from loomdata.planning._mixture import (
     CumulativeTargets,
@@ -625,11 +625,13 @@ def _balance_into(
     return carry
 
 
-EARLY_SHARE = 0.5
+EARLY_SHARE = 0.25
 """On a cluster, the share of the ranges (the first ones, a whole number a worker) balanced on a look-ahead over a
 prefix of the steps while the whole look-ahead is worked out (planning._distributed.Speculation): enough that every
-worker is busy while it is (50M samples, dp 64, 2 workers: the whole look-ahead 3.2-3.9 CPU-s against about 9 of
-each worker's ranges), no more (the prefix's look-ahead is worked out twice). Measured: docs/planning.md."""
+worker is busy while it is, no more (the prefix's look-ahead is serial, and worked out twice). 50M samples, dp 64, 2
+workers (session 32): one range a worker (0.25) costs 1.85-2.04 CPU-s against the whole look-ahead's 1.5-1.85, and its
+prefix look-ahead 0.41-0.59 CPU-s against 1.10-1.40 at 0.5 (two ranges a worker, 3.0-3.6 CPU-s): the critical path
+on idle cores 0.6-1.1 CPU-s shorter over 8 rounds. Measured: docs/planning.md."""
 EARLY_MARGIN = 64
 """Steps past the first ranges' last that the prefix's look-ahead also covers, plus 8 * (lookahead + 1). A margin
 makes agreement likely, never certain: the look-ahead's choices near the prefix's end can differ from the whole's
@@ -679,7 +681,7 @@ def _speculation(
     through = cut[early - 1][1] if early >= 1 else 0
     reach = min(steps, through + EARLY_MARGIN + 8 * (lookahead + 1))
 
-    def look(stop: int, streams: list[Stream], drop: bool) -> StepAssignment:
+    def look(stop: int, streams: list[Stream], drop: bool, alloc: Allocate | None = None) -> StepAssignment:
         return assign_steps(
             natural_ranges(ptr, 0, stop),
             None,
@@ -694,13 +696,14 @@ def _speculation(
             ptr=ptr,
             drop_counts=drop,
             tolerance=spec.planning.lookahead_tolerance,
+            alloc=alloc,
         )
 
     done: list[PlanWork] = []
 
-    def finish() -> PlanWork:
+    def finish(alloc: Allocate | None = None) -> PlanWork:
         if not done:  # once: it drops the streams' counts as it reads them, so a second run would differ
-            whole = look(steps, counted, True)  # (each stream's counts dropped once read)
+            whole = look(steps, counted, True, alloc)  # (each stream's counts dropped once read)
             counted.clear()
             trim_arenas()
             done.append(replace(work, assignment=whole))

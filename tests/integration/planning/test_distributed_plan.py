@@ -136,7 +136,8 @@ def test_the_first_ranges_on_a_prefix_look_ahead_share_the_index_with_the_whole_
     whole work is written beside the first in the same folder, adding only its own arrays (the assignment's: a
     position and a step array a source), not the index columns and streams again; the prefix's own arrays are
     read back from their files (not held twice); where the two disagree (a prefix ending before the first ranges
-    do), those ranges are sent again on the whole work; the plan is the one-process plan byte for byte."""
+    do), those ranges are sent again on the whole work; the plan is the one-process plan byte for byte. The whole's
+    assignment is made in the shared folder's files (_file_arrays), so writing the whole work copies no array."""
     from loomdata.planning import _distributed as distributed_module
     from loomdata.planning import _plan as plan_module
 
@@ -156,12 +157,13 @@ def test_the_first_ranges_on_a_prefix_look_ahead_share_the_index_with_the_whole_
         mapped.append(sum(isinstance(a, np.memmap) for a in (*asg.pos, *asg.step)))
 
     monkeypatch.setattr(distributed_module, "_map_written", map_written)
-    written: list[tuple[str, int]] = []  # (pickle name, .npy files in the folder after it)
+    written: list[tuple[str, int, int]] = []  # (pickle name, .npy files the pickler and the allocator made, after it)
     real = distributed_module.SharedWork.write
 
     def write(work: Any, folder: Path, *args: Any, **kwargs: Any) -> Any:
         shared = real(work, folder, *args, **kwargs)
-        written.append((shared.name, len(list(folder.glob("*.npy")))))
+        stems = [p.stem for p in folder.glob("*.npy")]
+        written.append((shared.name, sum(s.isdigit() for s in stems), sum(s.startswith("a") for s in stems)))
         return shared
 
     monkeypatch.setattr(distributed_module.SharedWork, "write", write)
@@ -180,8 +182,10 @@ def test_the_first_ranges_on_a_prefix_look_ahead_share_the_index_with_the_whole_
     assert {n for n, *_ in sent[:early]} == {"work.pkl"} and {n for n, *_ in sent[early:]} == {"whole.pkl"}
     if not agree:  # the first ranges again, on the whole work
         assert [r for _, *r in sent[:early]] == [r for _, *r in sent[early : 2 * early]]
-    assert [n for n, _ in written] == ["work.pkl", "whole.pkl"]
-    assert written[1][1] - written[0][1] == 4, written  # 2 sources: the whole's positions and steps alone
+    assert [n for n, *_ in written] == ["work.pkl", "whole.pkl"]
+    # the whole's assignment made in the folder as the look-ahead worked it out (all sources' steps in one file, a
+    # positions file a source: 2 sources), so its pickle writes no array of its own
+    assert written[0][2] == 0 and written[1][1:] == (written[0][1], 3), written
     assert mapped == [4]  # the prefix's positions and steps, read back from their files
     assert list(shm.iterdir()) == []
     assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []

@@ -359,6 +359,8 @@ def test_a_prefix_past_the_first_ranges_can_still_disagree_and_the_plan_is_the_s
 
     monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 30)
     monkeypatch.setattr(plan_module, "SPECULATE", True)
+    monkeypatch.setattr(plan_module, "EARLY_SHARE", 0.5)  # (the first half of the ranges: their last step is one
+    # whose choices a prefix 3 steps longer gets wrong; at one range a worker that prefix happens to agree)
     spec, index, kw = CASES["long_lane_cp4"](tmp_path)
     monkeypatch.setattr(plan_module, "EARLY_MARGIN", -8 * (spec.planning.lookahead + 1) + 3)
     single = make_plan(spec, index=index, **kw).plan_dir
@@ -429,6 +431,7 @@ def test_a_failed_whole_look_ahead_waits_for_the_first_ranges_before_raising(
     monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 30)
     monkeypatch.setattr(plan_module, "SPECULATE", True)
     monkeypatch.setattr(plan_module, "EARLY_MARGIN", 0)  # (a prefix short of the last step)
+    monkeypatch.setattr(plan_module, "EARLY_SHARE", 0.5)  # 3 of 6 first ranges: one more than the pool's threads
     gate = threading.Event()  # the running ranges are held until a second after the whole look-ahead fails
     real_assign = plan_module.assign_steps
 
@@ -499,6 +502,45 @@ def test_array_files_never_reuse_a_name_whatever_gaps_the_folder_has(tmp_path: P
     assert np.array_equal(shared.load(), big)  # type: ignore[arg-type]
 
 
+def test_arrays_made_in_the_shared_folder_are_shared_as_they_are(tmp_path: Path) -> None:
+    """_file_arrays makes large arrays as maps of new files in the folder (small ones in memory): a work holding them
+    or contiguous slices of them is written without copying them (its pickle names the file and the items), and a
+    worker reads back the same values; an array that is none of them is written as before."""
+    saved: dict[int, tuple[str, np.ndarray]] = {}
+    alloc = distributed_module._file_arrays(tmp_path, saved)
+    n = distributed_module._FILE_MIN
+    big, pos = alloc(n, np.int32), alloc(n, np.uint32)
+    small = alloc(4, np.int64)
+    big[:] = np.arange(n, dtype=np.int32)
+    pos[:] = np.arange(n, dtype=np.uint32)[::-1]
+    small[:] = 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a0.npy", "a1.npy"]
+    work = {"steps": [big[: n // 2], big[n // 2 :]], "pos": pos, "small": small, "other": big[::2].copy()}
+    shared = distributed_module.SharedWork.write(work, tmp_path, saved=saved)  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.stem.isdigit()) == ["0.npy"]  # "other" alone
+    got: Any = shared.load()
+    assert np.array_equal(got["steps"][0], big[: n // 2]) and np.array_equal(got["steps"][1], big[n // 2 :])
+    assert np.array_equal(got["pos"], pos) and np.array_equal(got["small"], small)
+    assert np.array_equal(got["other"], work["other"])
+    assert np.array_equal(np.load(tmp_path / "a0.npy"), big)  # what any reader of the file sees
+
+
+def test_an_array_the_shared_folder_has_no_room_for_is_made_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the folder's filesystem cannot reserve an array's room (full), _file_arrays makes it in memory and
+    leaves no file: a full memory filesystem is never met later, when a page of a map is first written."""
+
+    def full(fd: int, offset: int, size: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(distributed_module.os, "posix_fallocate", full)
+    saved: dict[int, tuple[str, np.ndarray]] = {}
+    arr = distributed_module._file_arrays(tmp_path, saved)(distributed_module._FILE_MIN, np.int64)
+    assert arr.shape == (distributed_module._FILE_MIN,) and arr.flags.writeable
+    assert list(tmp_path.iterdir()) == [] and saved == {}
+
+
 def test_a_whole_work_that_does_not_fit_leaves_nothing_of_itself_in_the_shared_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -543,9 +585,9 @@ def test_a_cluster_filling_this_hosts_cores_works_the_look_ahead_out_once_first(
 def test_the_first_ranges_are_a_share_of_all_a_whole_number_a_worker() -> None:
     from loomdata.planning._plan import EARLY_SHARE, early_ranges
 
-    assert EARLY_SHARE == 0.5
-    assert [early_ranges(n, 2) for n in (1, 2, 3, 6, 8, 12)] == [0, 1, 2, 2, 4, 6]
-    assert [early_ranges(n, 1) for n in (1, 3, 8)] == [0, 2, 4] and early_ranges(8, 3) == 3
+    assert EARLY_SHARE == 0.25  # one range a worker at RANGES_PER_WORKER 4 (session 32; 0.5 before)
+    assert [early_ranges(n, 2) for n in (1, 2, 3, 6, 8, 12, 16)] == [0, 0, 1, 2, 2, 2, 4]
+    assert [early_ranges(n, 1) for n in (1, 3, 8)] == [0, 1, 2] and early_ranges(8, 3) == 2
 
 
 def test_assignments_agree_only_on_the_same_positions_in_the_same_steps_before_a_step() -> None:

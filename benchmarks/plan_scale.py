@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import importlib
 import json
 import math
@@ -185,21 +186,54 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
     calls: dict[str, list[float]] = {}  # each call's CPU seconds, by phase (the per-source phases' threads)
     on_threads: set[str] = set()  # the phases whose calls ran on planning's threads (large sources only)
 
+    # a call's own parts on threads (planning._threads.parallel: one large source's stream in parts): per calling
+    # thread, the parts' summed CPU and, summed over each batch of parts, the longest part's (on idle cores a batch
+    # takes its longest part)
+    parts_cpu: dict[int, list[float]] = {}
+    beyond: dict[str, float] = {}  # by phase: the parts' CPU beyond their batches' longest (overlapped on idle cores)
+    if hasattr(_threads, "parallel"):
+        parallel = _threads.parallel
+
+        def timed_parallel(tasks: list[Any]) -> list[Any]:
+            cpu = [0.0] * len(tasks)
+
+            def timed_task(i: int, task: Any) -> Any:
+                c = time.thread_time()
+                try:
+                    return task()
+                finally:
+                    cpu[i] = time.thread_time() - c
+
+            out = parallel([functools.partial(timed_task, i, t) for i, t in enumerate(tasks)])
+            acc = parts_cpu.setdefault(threading.get_ident(), [0.0, 0.0])
+            acc[0] += sum(cpu)
+            acc[1] += max(cpu, default=0.0)
+            return out
+
+        _threads.parallel = timed_parallel
+
     def summed(mod: Any, attr: str, name: str, clock: Any = time.process_time) -> None:
         """Sum wall and CPU seconds of every call of mod.attr under `name` (calls on several threads: pass
-        time.thread_time, the calling thread's own CPU; their wall seconds add up beyond the phase's)."""
+        time.thread_time, the calling thread's own CPU, to which a call's own parts on threads add their longest
+        per batch; their wall seconds add up beyond the phase's)."""
         fn = getattr(mod, attr)
 
         def run(*a: Any, **kw: Any) -> Any:
             t, c = time.perf_counter(), clock()
+            parts_cpu.pop(threading.get_ident(), None)
             try:
                 return fn(*a, **kw)
             finally:
+                own = clock() - c
+                if clock is time.thread_time:
+                    part_sum, part_max = parts_cpu.pop(threading.get_ident(), [0.0, 0.0])
+                    own += part_max
+                    beyond[name] = beyond.get(name, 0.0) + part_sum - part_max
                 ph = phases.setdefault(name, {"seconds": 0.0, "cpu_seconds": 0.0, "calls": 0})
                 ph["seconds"] += time.perf_counter() - t
-                ph["cpu_seconds"] += clock() - c
+                ph["cpu_seconds"] += own
                 ph["calls"] += 1
-                calls.setdefault(name, []).append(clock() - c)
+                calls.setdefault(name, []).append(own)
                 if threading.current_thread() is not threading.main_thread():
                     on_threads.add(name)  # planning._threads.per_source put this phase's calls on threads
 
@@ -272,9 +306,11 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
     parallel = max(marks.get("balance_end", 0.0), marks.get("ranges_end", 0.0)) - first
     threads = _threads.plan_threads()
     serial_chain = first_cpu - c0
-    for name in ("index_reads", "streams"):
-        serial_chain += thread_chain(calls.get(name, []), threads if name in on_threads else 1) - sum(
-            calls.get(name, [])
+    for name in ("index_reads", "streams"):  # (a call's parts on threads: the longest of each batch, the rest out)
+        serial_chain += (
+            thread_chain(calls.get(name, []), threads if name in on_threads else 1)
+            - sum(calls.get(name, []))
+            - beyond.get(name, 0.0)
         )
     per_worker: dict[str, float] = {}
     per_worker_early: dict[str, float] = {}  # each worker's CPU on the ranges balanced on a prefix's look-ahead

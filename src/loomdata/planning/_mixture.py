@@ -37,18 +37,20 @@ another source, so a plan does not depend on how far its streams were built). A 
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from loomdata.planning import _permute, _threads
 from loomdata.planning._mixture_kernel import held_membership, held_rows, held_targets, nearest_run, repair_rows
 from loomdata.planning._packing import Lanes
 from loomdata.planning._permute import PrefixPermutation
 from loomdata.planning._pointers import PointerChunk, Pointers, chunk_of_changes, compress_rows
 from loomdata.planning._shuffle import BlockLayout
-from loomdata.planning._stream_kernel import expand_stream, split_sizes
+from loomdata.planning._stream_kernel import chunk_counts, expand_stream, split_sizes
 from loomdata.planning._transpose_kernel import transpose_into, transposed
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.spec import Spec
@@ -263,6 +265,7 @@ def build_stream(
     epochs: int,
     blocks: BlockLayout | None = None,
     need: float | None = None,
+    parts: int = 1,
 ) -> Stream:
     """The first `epochs` epochs of a source's seeded segment stream (one fresh permutation per epoch); with
     `need`, only its prefix through the chunk where the tokens reach `need` (a plan drawing 1.1 epochs does not
@@ -298,9 +301,13 @@ def build_stream(
     at = n_split = 0
     epoch_tokens = int(lengths.sum(dtype=np.int64))
 
-    def expand(perm: np.ndarray, perm_lengths: np.ndarray, gathered: bool) -> None:
-        nonlocal at, n_split
-        at, n_split = expand_stream(
+    c_short = unused if cum_short is None else cum_short
+    c_long = unused if cum_long is None else cum_long
+
+    def expand_from(
+        perm: np.ndarray, perm_lengths: np.ndarray, gathered: bool, a: int, s: int, bounded: bool
+    ) -> tuple[int, int]:
+        return expand_stream(
             perm,
             lengths,
             perm_lengths,
@@ -310,23 +317,63 @@ def build_stream(
             threshold,
             _CHUNK,
             float(need) if need is not None else 0.0,
-            need is not None,
+            bounded,
             doc,
             cum,
-            unused if cum_short is None else cum_short,
-            unused if cum_long is None else cum_long,
+            c_short,
+            c_long,
             split_pos,
             split_off,
             split_len,
-            at,
-            n_split,
+            a,
+            s,
         )
+
+    def expand(perm: np.ndarray, perm_lengths: np.ndarray, gathered: bool) -> None:
+        nonlocal at, n_split
+        if not gathered or parts < 2 or len(perm) < 2 * _permute.PART_ITEMS:
+            at, n_split = expand_from(perm, perm_lengths, gathered, at, n_split, need is not None)
+            return
+        # chunks expanded apart on threads, each group from where the chunks before it end (counted first)
+        counts = chunk_counts(perm_lengths, lanes.seq_len, long_len, threshold, _CHUNK)
+        starts = np.zeros((len(counts) + 1, 5), dtype=np.int64)
+        np.cumsum(counts, axis=0, out=starts[1:])
+        starts += np.array(
+            [at, n_split, cum[at], c_short[at] if lanes.has_long else 0, c_long[at] if lanes.has_long else 0]
+        )
+        last = len(counts)
+        if need is not None:  # through the first chunk whose count reaches need, as one pass would stop
+            hit = np.flatnonzero(starts[1:, 2] >= need)
+            last = int(hit[0]) + 1 if len(hit) else last
+        groups = np.unique(np.arange(parts + 1) * last // parts)
+        for g in groups[1:-1].tolist():  # each group's first counts (the group before writes the same values)
+            cum[starts[g, 0]] = starts[g, 2]
+            if lanes.has_long:
+                c_short[starts[g, 0]] = starts[g, 3]
+                c_long[starts[g, 0]] = starts[g, 4]
+        ends = _threads.parallel(
+            [
+                functools.partial(
+                    expand_from,
+                    perm[a * _CHUNK : b * _CHUNK],
+                    perm_lengths[a * _CHUNK : b * _CHUNK],
+                    True,
+                    int(starts[a, 0]),
+                    int(starts[a, 1]),
+                    False,
+                )
+                for a, b in zip(groups[:-1].tolist(), groups[1:].tolist(), strict=True)
+            ]
+        )
+        at, n_split = int(starts[last, 0]), int(starts[last, 1])
+        if ends[-1] != (at, n_split):
+            raise AssertionError(f"source {name!r}: chunks expanded apart end at {ends[-1]}, counted {(at, n_split)}")
 
     for e in range(n_ep):
         rng = np.random.default_rng([*source_key(seed, name), e])
         if blocks is None:  # 4-byte ids, bucketed then shuffled in cache, their lengths carried (planning._permute)
             _expand_epoch(
-                PrefixPermutation(rng, n_docs, lengths, src=docs, dtype=idx_dtype),
+                PrefixPermutation(rng, n_docs, lengths, src=docs, dtype=idx_dtype, parts=parts),
                 expand,
                 lambda: at,
                 cum,

@@ -12,9 +12,18 @@ of random reads saved).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from loomdata.planning._permute_kernel import bucket_starts, permute_into, scatter_buckets, shuffle_buckets
+from loomdata.planning import _threads
+from loomdata.planning._permute_kernel import (
+    bucket_starts_split,
+    permute_into,
+    scatter_buckets,
+    shuffle_buckets,
+    shuffle_states,
+)
 
 __all__ = ["BUCKET_ITEMS", "PrefixPermutation", "bucket_bits", "uniform_permutation", "uniform_permutation_with_values"]
 
@@ -58,13 +67,28 @@ class PrefixPermutation:
         *,
         src: np.ndarray | None = None,
         dtype: type[np.integer] = np.uint32,
+        parts: int = 1,
     ) -> None:
         if src is not None and len(src) != n:
             raise ValueError(f"src holds {len(src)} values, not n={n}")
         self._state = _state(rng)
-        self._first = self._state.copy()
         self._bits = bucket_bits(n)
-        self._start = bucket_starts(self._state, n, self._bits)
+        parts = max(1, min(parts, n // PART_ITEMS))
+        cuts = np.array([n * t // parts for t in range(1, parts)], dtype=np.int64)
+        first = self._state.copy()
+        self._start, states, counts = bucket_starts_split(self._state, n, self._bits, cuts)
+        # item ranges scattered apart: [from, to), the state before `from`'s draw, each bucket's items before it
+        nb = len(self._start) - 1
+        bounds = [0, *cuts.tolist(), n]
+        self._item_parts = [
+            (
+                bounds[t],
+                bounds[t + 1],
+                first if t == 0 else states[t - 1],
+                np.zeros(nb, np.int64) if t == 0 else counts[t - 1],
+            )
+            for t in range(parts)
+        ]
         self.out = np.empty(n, dtype=dtype if src is None else src.dtype)
         self.values = np.empty(n, dtype=values.dtype)
         self._src = np.zeros(1, dtype=self.out.dtype) if src is None else src
@@ -78,15 +102,40 @@ class PrefixPermutation:
         return int(self._start[self._ready])
 
     def extend(self, m: int) -> int:
-        """Make positions [0, m) ready (whole buckets: maybe more; at most every item); returns `ready`."""
+        """Make positions [0, m) ready (whole buckets: maybe more; at most every item); returns `ready`. With
+        several parts, item ranges are scattered on threads (each from its own generator state and cursors) and
+        bucket ranges shuffled on threads (each from the state its first bucket begins with, shuffle_states)."""
         k = min(int(np.searchsorted(self._start, min(m, len(self.out)), side="left")), len(self._start) - 1)
-        if k > self._ready:
-            k0 = self._ready
-            args = (self._src, self._dense, self.out, self._items, self.values, True)
-            scatter_buckets(*args, self._first, self._start, self._bits, k0, k)
-            shuffle_buckets(self.out, self.values, True, self._state, self._start, k0, k)
-            self._ready = k
+        if k <= self._ready:
+            return self.ready
+        k0, start, parts = self._ready, self._start, len(self._item_parts)
+        args = (self._src, self._dense, self.out, self._items, self.values, True)
+        _threads.parallel(
+            [
+                functools.partial(scatter_buckets, *args, st, start, self._bits, k0, k, a, b, before)
+                for a, b, st, before in self._item_parts
+            ]
+        )
+        if parts == 1:
+            shuffle_buckets(self.out, self.values, True, self._state, start, k0, k)
+        else:  # bucket ranges of about equal items, each from the state its first bucket begins with
+            states = shuffle_states(self._state, start, k0, k)
+            goals = start[k0] + (start[k] - start[k0]) * np.arange(1, parts) // parts
+            cut = np.unique(np.concatenate([[k0], np.searchsorted(start[: k + 1], goals), [k]]).clip(k0, k))
+            _threads.parallel(
+                [
+                    functools.partial(shuffle_buckets, self.out, self.values, True, states[a - k0].copy(), start, a, b)
+                    for a, b in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True)
+                    if b > a
+                ]
+            )
+            self._state = states[k - k0].copy()
+        self._ready = k
         return self.ready
+
+
+PART_ITEMS = 1 << 21
+"""Items a part of a permutation worked out on threads holds at least (fewer parts for fewer items)."""
 
 
 def uniform_permutation_with_values(

@@ -14,7 +14,14 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["bucket_starts", "permute_into", "scatter_buckets", "shuffle_buckets"]
+__all__ = [
+    "bucket_starts",
+    "bucket_starts_split",
+    "permute_into",
+    "scatter_buckets",
+    "shuffle_buckets",
+    "shuffle_states",
+]
 
 
 @njit
@@ -58,17 +65,41 @@ def permute_into(src: np.ndarray, dense: bool, out: np.ndarray, state: np.ndarra
 def bucket_starts(state: np.ndarray, n: int, bits: int) -> np.ndarray:
     """Where each of the 2^bits buckets of n items starts (int64, 2^bits + 1), from n draws of `state` (advanced in
     place): the first pass of permute_into."""
+    start, _, _ = bucket_starts_split(state, n, bits, np.zeros(0, dtype=np.int64))
+    return start
+
+
+@njit
+def bucket_starts_split(
+    state: np.ndarray, n: int, bits: int, splits: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """bucket_starts, and at each item `splits[t]` (ascending) the generator's state before that item's draw (t, 4)
+    and how many items before it each bucket got (t, 2^bits): what a scatter of the items from splits[t] on starts
+    from, so item ranges can be scattered apart (each to its own places)."""
     nb = 1 << bits
     start = np.zeros(nb + 1, dtype=np.int64)
+    states = np.empty((len(splits), 4), dtype=np.uint64)
+    counts = np.zeros((len(splits), nb), dtype=np.int64)
     if bits == 0:
         start[1] = n
-        return start
+        return start, states, counts
     shift = np.uint64(64 - bits)
-    for _ in range(n):
+    t = 0
+    for i in range(n):
+        while t < len(splits) and splits[t] == i:
+            states[t] = state
+            for b in range(nb):
+                counts[t, b] = start[b + 1]
+            t += 1
         start[(_next(state) >> shift) + np.uint64(1)] += 1
+    while t < len(splits):  # splits at n
+        states[t] = state
+        for b in range(nb):
+            counts[t, b] = start[b + 1]
+        t += 1
     for b in range(nb):
         start[b + 1] += start[b]
-    return start
+    return start, states, counts
 
 
 @njit
@@ -84,22 +115,26 @@ def scatter_buckets(
     bits: int,
     k0: int,
     k1: int,
+    i0: int,
+    i1: int,
+    before: np.ndarray,
 ) -> None:
-    """The items of buckets [k0, k1) to their places in `out` (their values to `values_out` with `carry`), in item
-    order, replaying bucket_starts' draws from `first` (the state before it; not advanced)."""
-    n = start[-1]
+    """The items i0..i1-1 of buckets [k0, k1) to their places in `out` (their values to `values_out` with `carry`),
+    in item order, replaying bucket_starts' draws from `first` (the state before item i0's draw; not advanced);
+    before[b]: the items before i0 in bucket b (zeros from item 0). Item ranges write disjoint places."""
     if bits == 0:
-        for i in range(n if k0 == 0 and k1 >= 1 else 0):
-            item = i if dense else src[i]
-            out[i] = item
-            if carry:
-                values_out[i] = values[item]
+        if k0 == 0 and k1 >= 1:
+            for i in range(i0, i1):
+                item = i if dense else src[i]
+                out[i] = item
+                if carry:
+                    values_out[i] = values[item]
         return
     shift = np.uint64(64 - bits)
     s = first.copy()
-    at = start[:-1].copy()
+    at = start[:-1] + before
     lo, hi = np.uint64(k0), np.uint64(k1)
-    for i in range(n):
+    for i in range(i0, i1):
         bk = _next(s) >> shift
         if lo <= bk < hi:
             item = i if dense else src[i]
@@ -107,6 +142,22 @@ def scatter_buckets(
             if carry:
                 values_out[at[bk]] = values[item]
             at[bk] += 1
+
+
+@njit
+def shuffle_states(state: np.ndarray, start: np.ndarray, k0: int, k1: int) -> np.ndarray:
+    """The generator's state as each bucket k0..k1 begins its shuffle ((k1 - k0 + 1, 4): the last row the state after
+    bucket k1 - 1), from `state` (the state as bucket k0 begins; not advanced): shuffle_buckets' draws replayed
+    without the swaps, so bucket ranges can be shuffled apart."""
+    s = state.copy()
+    out = np.empty((k1 - k0 + 1, 4), dtype=np.uint64)
+    for b in range(k0, k1):
+        out[b - k0] = s
+        a = start[b]
+        for j in range(start[b + 1] - 1, a, -1):
+            _below(s, np.uint64(j - a + 1))
+    out[k1 - k0] = s
+    return out
 
 
 @njit
@@ -142,7 +193,8 @@ def _permute(
     """permute_into's algorithm: bucket sizes, the scatter, each bucket's shuffle; with `carry`, values_out permuted
     alongside out (the same draws, the same order)."""
     first = state.copy()
-    start = bucket_starts(state, len(out), bits)
+    n = len(out)
+    start = bucket_starts(state, n, bits)
     nb = 1 << bits
-    scatter_buckets(src, dense, out, values, values_out, carry, first, start, bits, 0, nb)
+    scatter_buckets(src, dense, out, values, values_out, carry, first, start, bits, 0, nb, 0, n, np.zeros(nb, np.int64))
     shuffle_buckets(out, values_out, carry, state, start, 0, nb)

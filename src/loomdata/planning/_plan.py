@@ -88,7 +88,7 @@ from loomdata.planning._resume import (
 from loomdata.planning._segments import DenseIds, SampleIds, Segments
 from loomdata.planning._shuffle import FIGURE_SEGMENTS, BlockLayout, layout_of, shuffle_figures, storage_runs
 from loomdata.planning._step import StepSink
-from loomdata.planning._threads import THREAD_BYTES, per_source
+from loomdata.planning._threads import THREAD_BYTES, per_source, plan_threads
 from loomdata.planning._window import window_membership
 from loomdata.planning.balance import BalanceConfig
 from loomdata.schemas.errors import PlanError
@@ -386,7 +386,8 @@ def _plan_into(
         # a fresh plan needs the stream through its last target (and a segment); a re-plan keeps whole epochs (its
         # base may have placed positions its own, shorter, targets do not reach)
         need = float(final[k]) + reach if base is None else None
-        return build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs[k], blocks, need)
+        # a large source's permutation and expansion in parts on the usable cores (the same stream: _permute)
+        return build_stream(s.name, spec.seed, s.num_tokens, lanes, epochs[k], blocks, need, parts=plan_threads())
 
     streams = per_source(stream_of, len(sources), [len(s.num_tokens) for s in sources])
     windowed: StepAssignment | None = None

@@ -14,7 +14,7 @@ import numpy as np
 
 from loomdata.planning._jit import njit
 
-__all__ = ["expand_stream", "split_sizes"]
+__all__ = ["chunk_counts", "expand_stream", "split_sizes"]
 
 
 @njit
@@ -116,3 +116,27 @@ def expand_stream(
         if bounded and c >= need:
             break
     return at, n_split
+
+
+@njit
+def chunk_counts(perm_lengths: np.ndarray, seq_len: int, long_len: int, threshold: int, chunk: int) -> np.ndarray:
+    """Per chunk of `chunk` documents (in permutation order, their lengths): (segments, split pieces, tokens,
+    short-lane tokens, long-lane segments), int64 (chunks, 5): where each chunk's expansion starts and what it
+    counts to, so chunks can be expanded apart (expand_stream from those starts)."""
+    n = len(perm_lengths)
+    out = np.zeros(((n + chunk - 1) // chunk, 5), dtype=np.int64)
+    sl, ll, th = np.int64(seq_len), np.int64(long_len), np.int64(threshold)
+    for i in range(n):
+        c = i // chunk
+        dl = np.int64(perm_lengths[i])
+        pieces, _ = _pieces(dl, sl, ll, th)
+        lane = th >= 0 and dl > th
+        out[c, 0] += pieces
+        if pieces > 1:
+            out[c, 1] += pieces
+        out[c, 2] += dl
+        if lane:
+            out[c, 4] += pieces
+        else:
+            out[c, 3] += dl
+    return out

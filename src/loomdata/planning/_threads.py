@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from loomdata.planning._allocator import trim_arenas
 
-__all__ = ["PLAN_THREADS_ENV", "THREAD_BYTES", "THREAD_ROWS", "per_source", "plan_threads"]
+__all__ = ["PLAN_THREADS_ENV", "THREAD_BYTES", "THREAD_ROWS", "parallel", "per_source", "plan_threads"]
 
 T = TypeVar("T")
 
@@ -66,3 +66,14 @@ def per_source(fn: Callable[[int], T], n: int, sizes: Sequence[int] | None = Non
         out = list(pool.map(fn, range(n)))
     trim_arenas()  # each thread's arena keeps what it freed
     return out
+
+
+def parallel(tasks: Sequence[Callable[[], T]]) -> list[T]:
+    """[task() for task in tasks], each on a thread of its own where there are several (compiled kernels that release
+    the GIL: one source's stream cut into parts); the first task's error (in order) is raised. Callers look it up
+    on this module at call time, so a benchmark can time the tasks."""
+    if len(tasks) <= 1:
+        return [t() for t in tasks]
+    with ThreadPoolExecutor(len(tasks), thread_name_prefix="loom-part") as pool:
+        futures = [pool.submit(t) for t in tasks]
+        return [f.result() for f in futures]

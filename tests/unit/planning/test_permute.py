@@ -149,17 +149,22 @@ def test_values_carried_through_the_permutation_are_the_values_at_its_items(n: i
     assert moved.dtype == np.uint32 and np.array_equal(moved, values[got])
 
 
+@pytest.mark.parametrize("parts", [1, 2, 3])
 @pytest.mark.parametrize("n", [0, 1, 50, 3000])
-def test_a_permutation_worked_out_a_prefix_at_a_time_is_the_whole_one(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_permutation_worked_out_a_prefix_at_a_time_is_the_whole_one(
+    n: int, parts: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """PrefixPermutation.extend in random steps: each ready prefix is that of the whole permutation (many buckets,
-    empty ones among them), ready ends on a bucket bound at or past the position asked, and nothing past it."""
+    empty ones among them), ready ends on a bucket bound at or past the position asked, and nothing past it; with
+    parts, item ranges scattered and bucket ranges shuffled apart on threads give the same order."""
     monkeypatch.setattr(_permute, "BUCKET_ITEMS", 8)
+    monkeypatch.setattr(_permute, "PART_ITEMS", 16)
     rng = np.random.default_rng(n)
     values = rng.integers(0, 1000, n + 5).astype(np.uint32)
     src = np.sort(rng.choice(n + 5, n, replace=False)).astype(np.uint32)
     want, moved = uniform_permutation_with_values(np.random.default_rng([1, n]), n, values, src=src)
     assert np.array_equal(want, uniform_permutation(np.random.default_rng([1, n]), n, src=src))
-    perm = PrefixPermutation(np.random.default_rng([1, n]), n, values, src=src)
+    perm = PrefixPermutation(np.random.default_rng([1, n]), n, values, src=src, parts=parts)
     ready = 0
     while ready < n:
         ask = min(n, ready + int(rng.integers(1, 200)))

@@ -118,7 +118,7 @@ def _same_stream(a: _mixture.Stream, b: _mixture.Stream) -> None:
     assert a.epoch_tokens == b.epoch_tokens
 
 
-@pytest.mark.parametrize("case", range(40))
+@pytest.mark.parametrize("case", range(60))
 def test_the_compiled_expansion_builds_the_numpy_codes_stream(case: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """planning._stream_kernel against the chunked NumPy expansion it replaced (tests/loomtest/stream_ref.py), on
     random sources: empty documents, documents split in either lane, block shuffles, streams built to a need at
@@ -140,10 +140,12 @@ def test_the_compiled_expansion_builds_the_numpy_codes_stream(case: int, monkeyp
     monkeypatch.setattr(_mixture, "_CHUNK", chunk)
     if case % 2:  # many buckets (the permutation worked out a prefix of buckets at a time)
         monkeypatch.setattr(_permute, "BUCKET_ITEMS", int(rng.choice([4, 32])))
+    parts = int(rng.integers(1, 4))  # scattered, shuffled and expanded in parts on threads
+    monkeypatch.setattr(_permute, "PART_ITEMS", int(rng.choice([8, 64])))
     epochs = int(rng.integers(1, 4))
-    whole = build_stream("src", case, lengths, lanes, epochs, blocks)
+    whole = build_stream("src", case, lengths, lanes, epochs, blocks, parts=parts)
     _same_stream(whole, build_stream_ref("src", case, lengths, lanes, epochs, blocks, None, chunk))
     if len(whole.cum) > 1 and whole.cum[-1] > 0:
         for need in (float(rng.uniform(0, whole.cum[-1])), float(whole.cum[-1]) + 1.0):
-            got = build_stream("src", case, lengths, lanes, epochs, blocks, need)
+            got = build_stream("src", case, lengths, lanes, epochs, blocks, need, parts=parts)
             _same_stream(got, build_stream_ref("src", case, lengths, lanes, epochs, blocks, need, chunk))

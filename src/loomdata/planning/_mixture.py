@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -285,76 +285,115 @@ def build_stream(
     docs = None if nonempty or blocks is not None else np.flatnonzero(lengths > 0).astype(idx_dtype)
     n_docs = len(lengths) if nonempty else int(np.count_nonzero(lengths))
     n_ep = max(epochs, 1)
-    threshold = -1 if lanes.threshold is None else int(lanes.threshold)
-    long_len = int(lanes.long_seq_len or 0)
-    extra, pieces = (int(x) for x in split_sizes(lengths, lanes.seq_len, long_len, threshold))
-    per_epoch = n_docs + extra
-    total = n_ep * per_epoch
-    doc = np.empty(total, dtype=idx_dtype)
-    cum = np.zeros(total + 1, dtype=np.int64)
-    cum_short = np.zeros_like(cum) if lanes.has_long else None
-    cum_long = np.zeros_like(cum) if lanes.has_long else None
-    split_pos = np.empty(n_ep * pieces, dtype=np.int64)
-    split_off = np.empty(n_ep * pieces, dtype=np.uint32)
-    split_len = np.empty(n_ep * pieces, dtype=np.uint32)
-    unused = np.zeros(1, dtype=np.int64)  # the kernel's long-lane counts where there is no long lane
-    at = n_split = 0
-    epoch_tokens = int(lengths.sum(dtype=np.int64))
+    out = _Expansion(lengths, lanes, need, n_ep, n_docs, idx_dtype)
+    for e in range(n_ep):
+        rng = np.random.default_rng([*source_key(seed, name), e])
+        if blocks is None:  # 4-byte ids, bucketed then shuffled in cache, their lengths carried (planning._permute)
+            _expand_epoch(PrefixPermutation(rng, n_docs, lengths, src=docs, dtype=idx_dtype, parts=parts), out, parts)
+        else:  # (a block shuffle's reads are mostly local: its lengths are read in the expansion)
+            rows = blocks.permutation(rng)
+            perm = (rows if nonempty else rows[lengths[rows] > 0]).astype(idx_dtype)
+            del rows
+            if len(perm) != n_docs:
+                raise AssertionError(f"epoch {e} of source {name!r} permutes {len(perm)} documents, not {n_docs}")
+            out.expand(perm, lengths[:0], False, 1)
+            del perm
+        if out.reached():
+            break
+    del docs
+    return out.stream(name)
 
-    c_short = unused if cum_short is None else cum_short
-    c_long = unused if cum_long is None else cum_long
 
-    def expand_from(
-        perm: np.ndarray, perm_lengths: np.ndarray, gathered: bool, a: int, s: int, bounded: bool
+class _Expansion:
+    """A stream's arrays as they are written (allocated once at their final size: how many segments split
+    documents add does not depend on their order) and how far: expand_stream over permuted documents, in one
+    pass or in parts on threads."""
+
+    def __init__(
+        self, lengths: np.ndarray, lanes: Lanes, need: float | None, epochs: int, n_docs: int, idx: type[np.integer]
+    ) -> None:
+        self.lengths, self.lanes, self.need = lengths, lanes, need
+        self.threshold = -1 if lanes.threshold is None else int(lanes.threshold)
+        self.long_len = int(lanes.long_seq_len or 0)
+        extra, pieces = (int(x) for x in split_sizes(lengths, lanes.seq_len, self.long_len, self.threshold))
+        self.total = epochs * (n_docs + extra)
+        self.epoch_tokens = int(lengths.sum(dtype=np.int64))
+        self.doc = np.empty(self.total, dtype=idx)
+        self.cum = np.zeros(self.total + 1, dtype=np.int64)
+        unused = np.zeros(1, dtype=np.int64)  # the kernel's long-lane counts where there is no long lane
+        self.cum_short = np.zeros_like(self.cum) if lanes.has_long else unused
+        self.cum_long = np.zeros_like(self.cum) if lanes.has_long else unused
+        self.split_pos = np.empty(epochs * pieces, dtype=np.int64)
+        self.split_off = np.empty(epochs * pieces, dtype=np.uint32)
+        self.split_len = np.empty(epochs * pieces, dtype=np.uint32)
+        self.at = self.n_split = 0  # segments and split pieces written
+
+    def reached(self) -> bool:
+        """Whether the tokens written reach `need`."""
+        return self.need is not None and self.cum[self.at] >= self.need
+
+    def tokens_short(self) -> float:
+        """Tokens `need` asks beyond those written (0 without a need)."""
+        return 0.0 if self.need is None else float(self.need) - float(self.cum[self.at])
+
+    def expand(self, perm: np.ndarray, perm_lengths: np.ndarray, gathered: bool, parts: int) -> None:
+        """Append perm's documents' segments (`need` checked every _CHUNK documents from perm's start); with
+        `gathered`, perm_lengths are their lengths; with parts > 1 and enough documents, groups of chunks on threads."""
+        if not gathered or parts < 2 or len(perm) < 2 * _permute.PART_ITEMS:
+            self.at, self.n_split = self._run(
+                perm, perm_lengths, gathered, self.at, self.n_split, self.need is not None
+            )
+        else:
+            self._apart(perm, perm_lengths, parts)
+
+    def _run(
+        self, perm: np.ndarray, perm_lengths: np.ndarray, gathered: bool, at: int, n_split: int, bounded: bool
     ) -> tuple[int, int]:
         return expand_stream(
             perm,
-            lengths,
+            self.lengths,
             perm_lengths,
             gathered,
-            lanes.seq_len,
-            long_len,
-            threshold,
+            self.lanes.seq_len,
+            self.long_len,
+            self.threshold,
             _CHUNK,
-            float(need) if need is not None else 0.0,
+            float(self.need) if self.need is not None else 0.0,
             bounded,
-            doc,
-            cum,
-            c_short,
-            c_long,
-            split_pos,
-            split_off,
-            split_len,
-            a,
-            s,
+            self.doc,
+            self.cum,
+            self.cum_short,
+            self.cum_long,
+            self.split_pos,
+            self.split_off,
+            self.split_len,
+            at,
+            n_split,
         )
 
-    def expand(perm: np.ndarray, perm_lengths: np.ndarray, gathered: bool) -> None:
-        nonlocal at, n_split
-        if not gathered or parts < 2 or len(perm) < 2 * _permute.PART_ITEMS:
-            at, n_split = expand_from(perm, perm_lengths, gathered, at, n_split, need is not None)
-            return
-        # chunks expanded apart on threads, each group from where the chunks before it end (counted first)
-        counts = chunk_counts(perm_lengths, lanes.seq_len, long_len, threshold, _CHUNK)
+    def _apart(self, perm: np.ndarray, perm_lengths: np.ndarray, parts: int) -> None:
+        """expand in groups of chunks on threads, each from where the chunks before it end (chunk_counts first)."""
+        long_lane = self.lanes.has_long
+        counts = chunk_counts(perm_lengths, self.lanes.seq_len, self.long_len, self.threshold, _CHUNK)
         starts = np.zeros((len(counts) + 1, 5), dtype=np.int64)
         np.cumsum(counts, axis=0, out=starts[1:])
-        starts += np.array(
-            [at, n_split, cum[at], c_short[at] if lanes.has_long else 0, c_long[at] if lanes.has_long else 0]
-        )
+        at = self.at
+        lane_counts = (self.cum_short[at], self.cum_long[at]) if long_lane else (0, 0)
+        starts += np.array([at, self.n_split, self.cum[at], *lane_counts])
         last = len(counts)
-        if need is not None:  # through the first chunk whose count reaches need, as one pass would stop
-            hit = np.flatnonzero(starts[1:, 2] >= need)
+        if self.need is not None:  # through the first chunk whose count reaches need, as one pass would stop
+            hit = np.flatnonzero(starts[1:, 2] >= self.need)
             last = int(hit[0]) + 1 if len(hit) else last
         groups = np.unique(np.arange(parts + 1) * last // parts)
         for g in groups[1:-1].tolist():  # each group's first counts (the group before writes the same values)
-            cum[starts[g, 0]] = starts[g, 2]
-            if lanes.has_long:
-                c_short[starts[g, 0]] = starts[g, 3]
-                c_long[starts[g, 0]] = starts[g, 4]
+            self.cum[starts[g, 0]] = starts[g, 2]
+            if long_lane:
+                self.cum_short[starts[g, 0]] = starts[g, 3]
+                self.cum_long[starts[g, 0]] = starts[g, 4]
         ends = _threads.parallel(
             [
                 functools.partial(
-                    expand_from,
+                    self._run,
                     perm[a * _CHUNK : b * _CHUNK],
                     perm_lengths[a * _CHUNK : b * _CHUNK],
                     True,
@@ -365,41 +404,27 @@ def build_stream(
                 for a, b in zip(groups[:-1].tolist(), groups[1:].tolist(), strict=True)
             ]
         )
-        at, n_split = int(starts[last, 0]), int(starts[last, 1])
-        if ends[-1] != (at, n_split):
-            raise AssertionError(f"source {name!r}: chunks expanded apart end at {ends[-1]}, counted {(at, n_split)}")
+        self.at, self.n_split = int(starts[last, 0]), int(starts[last, 1])
+        if ends[-1] != (self.at, self.n_split):
+            raise AssertionError(f"chunks expanded apart end at {ends[-1]}, counted {(self.at, self.n_split)}")
 
-    for e in range(n_ep):
-        rng = np.random.default_rng([*source_key(seed, name), e])
-        if blocks is None:  # 4-byte ids, bucketed then shuffled in cache, their lengths carried (planning._permute)
-            _expand_epoch(
-                PrefixPermutation(rng, n_docs, lengths, src=docs, dtype=idx_dtype, parts=parts),
-                expand,
-                lambda: at,
-                cum,
-                need,
-                epoch_tokens,
-            )
-        else:  # (a block shuffle's reads are mostly local: its lengths are read in the expansion)
-            rows = blocks.permutation(rng)
-            perm = (rows if nonempty else rows[lengths[rows] > 0]).astype(idx_dtype)
-            del rows
-            if len(perm) != n_docs:
-                raise AssertionError(f"epoch {e} of source {name!r} permutes {len(perm)} documents, not {n_docs}")
-            expand(perm, lengths[:0], False)
-            del perm
-        if need is not None and cum[at] >= need:
-            break
-    del docs
-    if at != total and (need is None or cum[at] < need):
-        raise AssertionError(f"source {name!r}: {at} segments expanded, {total} expected")
-    if at != total:  # views of the prefix: the rest of the arrays was never written, so never resident
-        doc, cum = doc[:at], cum[: at + 1]
-        cum_short = None if cum_short is None else cum_short[: at + 1]
-        cum_long = None if cum_long is None else cum_long[: at + 1]
-    if n_split != len(split_pos):  # a prefix's split pieces (the rest never written, so never resident)
-        split_pos, split_off, split_len = split_pos[:n_split], split_off[:n_split], split_len[:n_split]
-    return Stream(doc, split_pos, split_off, split_len, cum, cum_short, cum_long, epoch_tokens)
+    def stream(self, name: str) -> Stream:
+        """The stream written: views of the prefix where `need` stopped it early (the rest never written, so
+        never resident)."""
+        at, n_split = self.at, self.n_split
+        if at != self.total and not self.reached():
+            raise AssertionError(f"source {name!r}: {at} segments expanded, {self.total} expected")
+        long_lane = self.lanes.has_long
+        return Stream(
+            self.doc[:at],
+            self.split_pos[:n_split],
+            self.split_off[:n_split],
+            self.split_len[:n_split],
+            self.cum[: at + 1],
+            self.cum_short[: at + 1] if long_lane else None,
+            self.cum_long[: at + 1] if long_lane else None,
+            self.epoch_tokens,
+        )
 
 
 _CHUNK = 1 << 16
@@ -407,28 +432,22 @@ _CHUNK = 1 << 16
 at most)."""
 
 
-def _expand_epoch(
-    perm: PrefixPermutation,
-    expand: Callable[[np.ndarray, np.ndarray, bool], None],
-    position: Callable[[], int],
-    cum: np.ndarray,
-    need: float | None,
-    epoch_tokens: int,
-) -> None:
+def _expand_epoch(perm: PrefixPermutation, out: _Expansion, parts: int) -> None:
     """Expand an epoch's permutation a prefix at a time until `need` is reached or the epoch ends: first about the
     documents the tokens still needed take (their mean length, 10% and a chunk more), then twice as many, and so
     on; every expansion but the epoch's last ends at a multiple of _CHUNK documents, so the chunks (where `need`
     is checked) fall where they would in one pass over the whole permutation."""
     n = len(perm.out)
     done = 0
-    want = n if need is None or epoch_tokens == 0 else _CHUNK + int((need - cum[position()]) * 1.1 * n / epoch_tokens)
+    short = out.tokens_short()
+    want = n if out.need is None or out.epoch_tokens == 0 else _CHUNK + int(short * 1.1 * n / out.epoch_tokens)
     while True:
         ready = perm.extend(min(n, max(want, done + 1)))
         stop = ready if ready == n else ready - ready % _CHUNK
         if stop > done:
-            expand(perm.out[done:stop], perm.values[done:stop], True)
+            out.expand(perm.out[done:stop], perm.values[done:stop], True, parts)
             done = stop
-        if done == n or (need is not None and cum[position()] >= need):
+        if done == n or out.reached():
             return
         want = max(2 * want, done + _CHUNK)
 

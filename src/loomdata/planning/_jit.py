@@ -7,13 +7,15 @@ folder is not writable). Only planning modules import this (a training rank neve
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import numba
 import numpy as np
 
-__all__ = ["njit", "stable_argsort", "stable_argsort_into"]
+__all__ = ["njit", "stable_argsort", "stable_argsort_into", "warm_up"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _SHORT = 32
@@ -48,3 +50,28 @@ def stable_argsort_into(x: np.ndarray, out: np.ndarray) -> None:
             out[j] = out[j - 1]
             j -= 1
         out[j] = i
+
+
+@njit
+def _first_call(x: np.ndarray) -> int:
+    """A kernel whose first call sets numba up in this process (warm_up)."""
+    return len(x)
+
+
+_WARMED: list[threading.Thread] = []
+
+
+def warm_up() -> None:
+    """Set numba up in this process (its target context and registries: ~0.3 s, paid by the first kernel call) on
+    a thread of its own, once, so it runs beside the index reads instead of on the planner's serial path; a later
+    first call waits for it (numba's compiler lock) rather than doing it again. Errors are left to that call."""
+    if _WARMED:
+        return
+    t = threading.Thread(target=_warm, name="loom-numba-warm", daemon=True)
+    _WARMED.append(t)
+    t.start()
+
+
+def _warm() -> None:
+    with contextlib.suppress(Exception):  # a broken set-up shows at the first real kernel call, with its own error
+        _first_call(np.zeros(1))

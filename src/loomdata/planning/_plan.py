@@ -58,6 +58,7 @@ from loomdata.planning._distributed import (
     split_ranges,
     worker_count,
 )
+from loomdata.planning._jit import warm_up
 from loomdata.planning._lookahead import Allocate, Positions, StepAssignment, assign_steps, natural_ranges
 from loomdata.planning._manifest import ManifestWriter, file_bounds
 from loomdata.planning._mixture import (
@@ -143,6 +144,7 @@ def make_plan(
     balanced on its workers (`ranges` of them, default RANGES_PER_WORKER per worker; see _distributed):
     the plan is byte-identical to the one-process plan.
     """
+    warm_up()  # numba's set-up beside the index reads (planning._jit)
     weights = step_weights(spec)
     sources, fps = _load_index(spec, index, fingerprints)
     base = None if resume_from is None else open_base(resume_from, spec, fps, PLANNER_VERSION)

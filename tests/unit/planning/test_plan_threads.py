@@ -102,3 +102,16 @@ def test_a_plan_is_the_same_on_threads_or_not(
     assert plan(tmp_path / "two") == alone
     threads = {name.startswith("loom-plan") for name in used}
     assert threads == {on_threads} and len(used) >= 6  # index reads and streams, three sources each
+
+
+def test_numba_is_set_up_on_a_thread_of_its_own_once() -> None:
+    """planning._jit.warm_up starts one thread (never a second) that sets numba up; a kernel called meanwhile
+    still runs (it waits for numba's compiler lock, if it must)."""
+    from loomdata.planning import _jit
+
+    _jit.warm_up()
+    _jit.warm_up()
+    assert len(_jit._WARMED) == 1
+    assert _jit.stable_argsort(np.array([3.0, 1.0, 2.0])).tolist() == [1, 2, 0]
+    _jit._WARMED[0].join(timeout=60)
+    assert not _jit._WARMED[0].is_alive()

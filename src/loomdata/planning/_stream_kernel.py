@@ -86,25 +86,14 @@ def expand_stream(
             dl = np.int64(dls[i - a])
             lane = np.int64(1) if long_lane and dl > th else np.int64(0)
             pieces, cap = _pieces(dl, sl, ll, th)
-            if pieces == 1:
+            for k in range(pieces):  # (one piece: the whole document, not recorded as split)
+                seg = dl if pieces == 1 else min(cap, dl - k * cap)
                 doc[at] = d
-                c += dl
-                cum[at + 1] = c
-                if long_lane:
-                    cs += dl * (1 - lane)
-                    cl += lane
-                    cum_short[at + 1] = cs
-                    cum_long[at + 1] = cl
-                at += 1
-                continue
-            for k in range(pieces):
-                off = k * cap
-                seg = min(cap, dl - off)
-                doc[at] = d
-                split_pos[n_split] = at
-                split_off[n_split] = off
-                split_len[n_split] = seg
-                n_split += 1
+                if pieces > 1:
+                    split_pos[n_split] = at
+                    split_off[n_split] = k * cap
+                    split_len[n_split] = seg
+                    n_split += 1
                 c += seg
                 cum[at + 1] = c
                 if long_lane:

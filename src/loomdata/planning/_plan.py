@@ -89,7 +89,7 @@ from loomdata.planning._segments import DenseIds, SampleIds, Segments
 from loomdata.planning._shuffle import FIGURE_SEGMENTS, BlockLayout, layout_of, shuffle_figures, storage_runs
 from loomdata.planning._step import StepSink
 from loomdata.planning._threads import THREAD_BYTES, per_source
-from loomdata.planning._warm import warm_workers
+from loomdata.planning._warm import warm, warm_workers
 from loomdata.planning._window import window_membership
 from loomdata.planning.balance import BalanceConfig
 from loomdata.schemas.errors import PlanError
@@ -145,7 +145,7 @@ def make_plan(
     the plan is byte-identical to the one-process plan.
     """
     if client is not None:  # the workers warmed (numba's kernels loaded) while the serial part runs here
-        warm_workers(client)
+        warm_workers(client, _warm_task)
     weights = step_weights(spec)
     sources, fps = _load_index(spec, index, fingerprints)
     base = None if resume_from is None else open_base(resume_from, spec, fps, PLANNER_VERSION)
@@ -163,6 +163,11 @@ def make_plan(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return PlanResult(plan_dir=final, meta=meta)
+
+
+def _warm_task() -> float:
+    """A worker's warming task (planning._warm): a tiny plan made by make_plan, once per process."""
+    return warm(make_plan)
 
 
 def plan_id_of(spec: Spec, fingerprints: Mapping[str, str], resume: tuple[str, int] | None = None) -> str:

@@ -4,10 +4,11 @@ A worker's first range cost 10-20% more than the same steps in one process (sess
 numba's once-per-process set-up and its kernels' loads (~0.4 CPU-s, session 30), and the other first uses of a
 process (pyarrow's Parquet writer, the allocator's setting). The workers sit idle meanwhile: the driver reads the
 index, builds the streams and works out membership first (3-4 CPU-s at 50M samples). `warm_workers`, called as a
-cluster plan starts (before the index reads), sends each worker not warmed yet a task (`warm`) that tunes its
-allocator and plans a tiny synthetic index through the cluster's own entry points (`make_plan` with an executor
-that runs its tasks in place: the ranges' `window` and `plan_range`, the manifest writer, the report), so every
-kernel the ranges call is loaded before the first range arrives.
+cluster plan starts (before the index reads), sends each worker not warmed yet a task (planning._plan's, which calls
+`warm` with `make_plan`: this module imports no planner) that tunes its allocator and plans a tiny synthetic index
+through the cluster's own entry points (`make_plan` with an executor that runs its tasks in place: the ranges'
+`window` and `plan_range`, the manifest writer, the report), so every kernel the ranges call is loaded before the
+first range arrives.
 
 It never delays or breaks the plan: fire-and-forget (its futures are held here until they end, never waited on),
 every error caught and logged (a worker that cannot run it plans cold), at a lower priority than the ranges (a
@@ -48,8 +49,9 @@ _PENDING: dict[int, Any] = {}  # warming futures not ended yet, held so a Dask c
 _SECONDS: list[float] = []  # the CPU seconds this process's warming took (empty: not warmed by `warm`)
 
 
-def warm_workers(client: Any) -> int:
-    """Send every worker of `client` not warmed yet a warming task (`warm`); return how many were sent. A Dask
+def warm_workers(client: Any, task: Callable[[], float]) -> int:
+    """Send every worker of `client` not warmed yet the warming `task` (one that calls `warm`); return how many were
+    sent. A Dask
     client's workers get one each, pinned to it; a concurrent.futures pool one per worker it has, once per pool
     (each of its processes that runs one warms itself; a thread pool's threads are this process). Any other
     executor (whose workers are not known, the warming plan's own among them) gets none. Never raises."""
@@ -58,7 +60,7 @@ def warm_workers(client: Any) -> int:
         if callable(info):
             todo = [a for a in sorted(info()["workers"]) if a not in _SENT]
             for a in todo:
-                _hold(client.submit(warm, pure=False, workers=[a], allow_other_workers=False, priority=WARM_PRIORITY))
+                _hold(client.submit(task, pure=False, workers=[a], allow_other_workers=False, priority=WARM_PRIORITY))
                 _SENT.add(a)
             return len(todo)
         if not isinstance(client, Executor) or client in _POOLS:
@@ -66,7 +68,7 @@ def warm_workers(client: Any) -> int:
         _POOLS.add(client)
         n = max(1, int(getattr(client, "_max_workers", 1)))
         for _ in range(n):
-            _hold(client.submit(warm))
+            _hold(client.submit(task))
         return n
     except Exception:  # warming is an optimisation: the plan goes on cold
         log.warning("could not send the planning workers their warming tasks", exc_info=True)
@@ -93,10 +95,10 @@ def mark_warm() -> None:
     _WARM.set()
 
 
-def warm() -> float:
+def warm(make_plan: Callable[..., Any]) -> float:
     """Warm this process for planning ranges, once: its allocator tuned (tune_allocator) and a tiny synthetic plan
-    made through the cluster path (every kernel a range calls loaded). Returns the CPU seconds it took (0 where
-    the process was warm already); an error is logged, never raised."""
+    made by `make_plan` (planning.make_plan) through the cluster path (every kernel a range calls loaded). Returns
+    the CPU seconds it took (0 where the process was warm already); an error is logged, never raised."""
     with _LOCK:
         if _WARM.is_set():
             return 0.0
@@ -104,7 +106,7 @@ def warm() -> float:
     cpu = time.thread_time()
     try:
         tune_allocator()
-        _tiny_plan()
+        _tiny_plan(make_plan)
     except Exception:
         log.warning("warming this process for planning failed: its first range plans cold", exc_info=True)
     _SECONDS.append(time.thread_time() - cpu)
@@ -135,11 +137,10 @@ long ones among the other's (pieces split at the sequence length)."""
 _TINY_TRAINING = {"seq_len": 4096, "steps": 4, "dp_size": 64, "micro_batches": 4}
 
 
-def _tiny_plan() -> None:
-    """A plan of a tiny synthetic text index written in a temporary folder (removed after) and read back as a
-    plan reads one (dense sample ids, no image column), on an in-place executor: the ranges' window, balancing,
-    manifest and report code all run once, with the array types of a large plan's."""
-    from loomdata.planning._plan import make_plan  # (planning._plan imports this module)
+def _tiny_plan(make_plan: Callable[..., Any]) -> None:
+    """A plan (by `make_plan`) of a tiny synthetic text index written in a temporary folder (removed after) and
+    read back as a plan reads one (dense sample ids, no image column), on an in-place executor: the ranges' window,
+    balancing, manifest and report code all run once, with the array types of a large plan's."""
     from loomdata.schemas.layout import IndexFiles
     from loomdata.schemas.spec import parse_spec
     from loomdata.schemas.tables import TableKind, write_table

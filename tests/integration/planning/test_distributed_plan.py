@@ -252,9 +252,9 @@ def test_each_worker_is_warmed_once_while_the_serial_part_runs_and_the_plan_is_t
         seconds = client.run(warm_module.warm_seconds)
         assert sorted(seconds) == workers and all(s is not None and s > 0 for s in seconds.values())
         assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
-        assert warm_module.warm_workers(client) == 0  # remembered: not sent again
+        assert warm_module.warm_workers(client, plan_module._warm_task) == 0  # remembered: not sent again
 
-        monkeypatch.setattr(plan_module, "warm_workers", lambda client: 0)  # no warming
+        monkeypatch.setattr(plan_module, "warm_workers", lambda client, task: 0)  # no warming
         _, single, cold = _plan_twice("web4k_dp8", tmp_path / "cold", client, None)
         assert sorted(cold) == sorted(single) and [k for k in single if cold[k] != single[k]] == []
         assert [k for k in want if k != "plan.json" and cold[k] != got[k]] == []  # (plan.json names its workdir)

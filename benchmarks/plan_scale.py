@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -295,6 +296,11 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         res = make_plan(spec, client=client)
         secs, plan_cpu = time.perf_counter() - t0, time.process_time() - c0
         load_after = os.getloadavg()[0]
+        warmed: dict[str, float | None] = {}  # each worker's warming CPU (planning._warm; none from a tree without)
+        if client is not None and importlib.util.find_spec("loomdata.planning._warm") is not None:
+            from loomdata.planning import _warm
+
+            warmed = client.run(_warm.warm_seconds)
     imb = res.meta.summary["imbalance"]
     first = min(marks.get("balance_start", math.inf), marks.get("ranges_start", math.inf))
     first_cpu = min(marks.get("balance_start_cpu", math.inf), marks.get("ranges_start_cpu", math.inf))
@@ -369,6 +375,8 @@ def child_loom(workdir: Path, dp: int, workers: int = 1) -> dict[str, Any]:
         "early_finish_cpu_seconds": finish_cpu,  # the whole look-ahead's CPU, worked out while the first ranges ran
         "early_finished_after_s": early.get("finished_wall", t_ranges) - t_ranges if early else None,
         "worker_early_cpu_seconds": per_worker_early,
+        # each worker's CPU warming itself while the serial part ran (not in its ranges' CPU; None: not warmed)
+        "worker_warm_cpu_seconds": warmed,
         "per_source_call_cpu_seconds": calls,
         "cluster_start_seconds": started,  # LocalCluster start and imports, not timed
         "phases": phases,  # the driver's phases (serial ones, then windows/fix-ups while the ranges run)

@@ -58,6 +58,7 @@ from loomdata.planning._lookahead import Allocate, StepAssignment
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._ranges import PlanWork, RangePart, balanced_steps, plan_range, same_carry, window
 from loomdata.planning._segments import Segments
+from loomdata.planning._warm import mark_warm
 from loomdata.schemas.errors import PlanError
 from loomdata.schemas.layout import IndexFiles
 from loomdata.schemas.spec import Spec
@@ -172,9 +173,10 @@ def _addresses(client: Executor) -> list[str]:
     return sorted(info()["workers"]) if callable(info) else []
 
 
-def split_ranges(work: PlanWork, n: int, first: int) -> list[tuple[int, int]]:
+def split_ranges(work: PlanWork, n: int, first: int, lead: tuple[int, float] = (0, 1.0)) -> list[tuple[int, int]]:
     """At most `n` contiguous ranges [a, b) of steps first..steps-1 (`first` a manifest partition bound), cut at
-    partition bounds, of about equal drawn segments each."""
+    partition bounds, of about equal drawn segments each; with `lead` (k, size) the first k of them each `size`
+    times the others' (a speculating plan's first ranges, balanced beside the whole look-ahead)."""
     if n < 1:
         raise ValueError(f"ranges must be >= 1, got {n}")
     if first not in work.bounds:
@@ -182,7 +184,9 @@ def split_ranges(work: PlanWork, n: int, first: int) -> list[tuple[int, int]]:
     bounds = work.bounds[work.bounds >= first]
     cum = np.concatenate([[0], np.cumsum(np.diff(work.ptr.totals()))])  # segments before step t
     at = cum[bounds]
-    goals = at[0] + (at[-1] - at[0]) * np.arange(1, n) / n
+    k, size = min(max(lead[0], 0), n), lead[1]
+    ends = np.cumsum(np.where(np.arange(n) < k, size, 1.0))  # each range's end in units of a later range
+    goals = at[0] + (at[-1] - at[0]) * ends[:-1] / ends[-1]
     cuts = np.unique(np.concatenate([[0], np.searchsorted(at, goals, side="left"), [len(bounds) - 1]]))
     return [(int(bounds[a]), int(bounds[b])) for a, b in itertools.pairwise(cuts) if b > a]
 
@@ -667,6 +671,7 @@ def _shared_range(shared: SharedWork, out: Path, first: int, stop: int, carry: S
     in stream order, which balancing then reads in order), its allocator tuned first; its CPU time includes
     reading the work and cutting the window."""
     tune_allocator()
+    mark_warm()  # (a warming task still queued here has nothing left to do)
     cpu = time.thread_time()
     part = plan_range(window(shared.load(), first, stop), out, first, stop, carry)
     return replace(part, cpu_seconds=time.thread_time() - cpu)
@@ -686,6 +691,7 @@ def _check_written(out: Path, part: RangePart) -> None:
 def _worker_range(work: PlanWork, out: Path, first: int, stop: int, carry: Segments | None) -> RangePart:
     """plan_range on a worker, its allocator tuned first (tune_allocator)."""
     tune_allocator()
+    mark_warm()
     return plan_range(work, out, first, stop, carry)
 
 

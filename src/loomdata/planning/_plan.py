@@ -90,6 +90,7 @@ from loomdata.planning._segments import DenseIds, SampleIds, Segments
 from loomdata.planning._shuffle import FIGURE_SEGMENTS, BlockLayout, layout_of, shuffle_figures, storage_runs
 from loomdata.planning._step import StepSink
 from loomdata.planning._threads import THREAD_BYTES, per_source, plan_threads
+from loomdata.planning._warm import warm, warm_workers
 from loomdata.planning._window import window_membership
 from loomdata.planning.balance import BalanceConfig
 from loomdata.schemas.errors import PlanError
@@ -145,6 +146,8 @@ def make_plan(
     the plan is byte-identical to the one-process plan.
     """
     warm_up()  # numba's set-up beside the index reads (planning._jit)
+    if client is not None:  # the workers warmed (numba's kernels loaded) while the serial part runs here
+        warm_workers(client, _warm_task)
     weights = step_weights(spec)
     sources, fps = _load_index(spec, index, fingerprints)
     base = None if resume_from is None else open_base(resume_from, spec, fps, PLANNER_VERSION)
@@ -162,6 +165,11 @@ def make_plan(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return PlanResult(plan_dir=final, meta=meta)
+
+
+def _warm_task() -> float:
+    """A worker's warming task (planning._warm): a tiny plan made by make_plan, once per process."""
+    return warm(make_plan)
 
 
 def plan_id_of(spec: Spec, fingerprints: Mapping[str, str], resume: tuple[str, int] | None = None) -> str:
@@ -555,7 +563,8 @@ def _plan_into(
                 bar.update(part.stop - part.first)
 
         if head < tr.steps:
-            cut = split_ranges(work, n, head)
+            lead = (early_ranges(n, worker_count(client)), EARLY_SIZE) if later else (0, 1.0)
+            cut = split_ranges(work, n, head, lead)
             todo: PlanWork | Speculation = work
             if later:
                 todo = _speculation(
@@ -635,6 +644,14 @@ worker is busy while it is, no more (the prefix's look-ahead is serial, and work
 workers (session 32): one range a worker (0.25) costs 1.85-2.04 CPU-s against the whole look-ahead's 1.5-1.85, and its
 prefix look-ahead 0.41-0.59 CPU-s against 1.10-1.40 at 0.5 (two ranges a worker, 3.0-3.6 CPU-s): the critical path
 on idle cores 0.6-1.1 CPU-s shorter over 8 rounds. Measured: docs/planning.md."""
+EARLY_SIZE = 1.0
+"""On a cluster that speculates, the first ranges' size (drawn segments) against each later range's: larger, the
+first ranges end no earlier than the whole look-ahead beside them (a worker's path is its first ranges or the whole
+look-ahead, whichever ends later, then the rest), at the cost of a longer prefix look-ahead (serial). With the
+workers warmed (planning._warm) a first range takes 1.3-1.6 CPU-s at 50M x 2 sources dp 64 against the whole
+look-ahead's 1.4-1.9: 1.25 against 1.0 over 4 rounds (2 swapped) moved the critical path on idle cores by nothing
+measurable (8.72-9.02 against 8.80-9.34 CPU-s, chain speedup 1.58-1.60x against 1.54-1.63x; whichever ran second
+was ahead in all 4); kept at 1.0. Measured: docs/planning.md."""
 EARLY_MARGIN = 64
 """Steps past the first ranges' last that the prefix's look-ahead also covers, plus 8 * (lookahead + 1). A margin
 makes agreement likely, never certain: the look-ahead's choices near the prefix's end can differ from the whole's

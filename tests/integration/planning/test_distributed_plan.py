@@ -213,3 +213,48 @@ def test_in_process_workers_count_as_this_hosts_threads() -> None:
     ):
         assert all(a.startswith("inproc://") for a in live_workers(client))
         assert local_threads(client) == 2
+
+
+def test_each_worker_is_warmed_once_while_the_serial_part_runs_and_the_plan_is_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster plan sends each worker of a fresh cluster a warming task as it starts (planning._warm: a tiny real
+    plan loading every kernel a range calls), once; the plan is the one-process plan byte for byte, warmed or not."""
+    from distributed import Client, LocalCluster
+
+    from loomdata.planning import _plan as plan_module
+    from loomdata.planning import _warm as warm_module
+
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 40)
+    monkeypatch.setattr(warm_module, "_SENT", set())
+    sent: list[Any] = []
+    real_hold, real_weights = warm_module._hold, plan_module.step_weights
+
+    def hold(fut: Any) -> None:
+        sent.append(fut)
+        real_hold(fut)
+
+    def after_warming(spec: Any) -> Any:  # the serial part waits for the warming (a tiny plan's is too short)
+        for fut in sent:
+            fut.result(timeout=120)
+        return real_weights(spec)
+
+    monkeypatch.setattr(warm_module, "_hold", hold)
+    monkeypatch.setattr(plan_module, "step_weights", after_warming)
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        workers = sorted(live_workers(client))
+        assert client.run(warm_module.warm_seconds) == dict.fromkeys(workers)  # cold
+        _, want, got = _plan_twice("web4k_dp8", tmp_path / "warm", client, None)
+        assert len(sent) == 2 and all(f.result() > 0 for f in sent)  # one each, warming it
+        seconds = client.run(warm_module.warm_seconds)
+        assert sorted(seconds) == workers and all(s is not None and s > 0 for s in seconds.values())
+        assert sorted(got) == sorted(want) and [k for k in want if got[k] != want[k]] == []
+        assert warm_module.warm_workers(client, plan_module._warm_task) == 0  # remembered: not sent again
+
+        monkeypatch.setattr(plan_module, "warm_workers", lambda client, task: 0)  # no warming
+        _, single, cold = _plan_twice("web4k_dp8", tmp_path / "cold", client, None)
+        assert sorted(cold) == sorted(single) and [k for k in single if cold[k] != single[k]] == []
+        assert [k for k in want if k != "plan.json" and cold[k] != got[k]] == []  # (plan.json names its workdir)

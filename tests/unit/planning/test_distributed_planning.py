@@ -602,3 +602,21 @@ def test_assignments_agree_only_on_the_same_positions_in_the_same_steps_before_a
     assert not a.agrees(asg([[0, 2, 1, 3], [0, 1]], [[0, 0, 1, 2], [1, 2]]), 1)  # other positions in step 0
     assert not a.agrees(asg([[0, 1, 2, 3], [0, 1]], [[0, 1, 1, 2], [1, 2]]), 2)  # position 1 a step later
     assert not a.agrees(asg([[0, 1, 2, 3], [1]], [[0, 0, 1, 2], [1]]), 2)  # a position fewer
+
+
+def test_the_first_ranges_can_be_cut_larger_than_the_rest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """split_ranges' `lead` (k, size): the first k ranges each about `size` times a later one's drawn segments;
+    (k, 1.0) cuts as without it."""
+    monkeypatch.setattr(manifest_module, "ROWS_PER_FILE", 10)
+    spec, index, kw = CASES["web4k_dp8"](tmp_path)
+    whole = _whole_work(spec, index, kw)
+    cum = np.concatenate([[0], np.cumsum(np.diff(whole.ptr.totals()))])
+
+    def drawn(cuts: list[tuple[int, int]]) -> list[int]:
+        return [int(cum[b] - cum[a]) for a, b in cuts]
+
+    assert split_ranges(whole, 8, 0, (2, 1.0)) == split_ranges(whole, 8, 0)
+    even, lead = drawn(split_ranges(whole, 8, 0)), drawn(split_ranges(whole, 8, 0, (2, 1.5)))
+    assert len(lead) == 8 and sum(lead) == sum(even)
+    assert min(lead[:2]) > max(lead[2:])  # (partition bounds make them about, not exactly, 1.5x)
+    assert 1.2 < np.mean(lead[:2]) / np.mean(lead[2:]) < 1.8

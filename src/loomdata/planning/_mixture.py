@@ -274,8 +274,10 @@ def build_stream(
     `blocks` (spec `shuffle: block`): each epoch's permutation is the block shuffle of planning._shuffle
     (block order permuted, documents shuffled within windows of blocks) from the same per-epoch generator;
     None: a uniform permutation of all documents. Either way every non-empty document once per epoch.
-    Memory: the stream keeps 4 bytes (doc) + 8 (cum) a segment, both allocated once at their final size (how
-    many segments the split documents add does not depend on their order); each epoch's permutation carries its
+    Memory: the stream keeps 4 bytes (doc) + 8 (cum) a segment and 16 a piece of a split document, allocated once
+    at their final size (how many segments the split documents add does not depend on their order); while an epoch
+    is expanded, its permutation (4 bytes a document) and its documents' lengths (their dtype's bytes) are held
+    too. Each epoch's permutation carries its
     documents' lengths (planning._permute: no random gather of them, which was most of this function's time at
     scale) and is expanded into segments and counted in one compiled pass (planning._stream_kernel), checking
     `need` every `_CHUNK` documents.
@@ -313,7 +315,8 @@ class _Expansion:
         self, lengths: np.ndarray, lanes: Lanes, need: float | None, epochs: int, n_docs: int, idx: type[np.integer]
     ) -> None:
         self.lengths, self.lanes, self.need = lengths, lanes, need
-        self.threshold = -1 if lanes.threshold is None else int(lanes.threshold)
+        # the kernels' lane rule: -1 no long lane; a long lane without a threshold holds no document (Lanes.lane_of)
+        self.threshold = -1 if not lanes.has_long else (2**62 if lanes.threshold is None else int(lanes.threshold))
         self.long_len = int(lanes.long_seq_len or 0)
         extra, pieces = (int(x) for x in split_sizes(lengths, lanes.seq_len, self.long_len, self.threshold))
         self.total = epochs * (n_docs + extra)
@@ -404,9 +407,10 @@ class _Expansion:
                 for a, b in zip(groups[:-1].tolist(), groups[1:].tolist(), strict=True)
             ]
         )
-        self.at, self.n_split = int(starts[last, 0]), int(starts[last, 1])
-        if ends[-1] != (self.at, self.n_split):
-            raise AssertionError(f"chunks expanded apart end at {ends[-1]}, counted {(self.at, self.n_split)}")
+        want = [(int(starts[b, 0]), int(starts[b, 1])) for b in groups[1:].tolist()]
+        if ends != want:  # every group ends where the next was counted to start
+            raise AssertionError(f"chunks expanded apart end at {ends}, counted {want}")
+        self.at, self.n_split = want[-1]
 
     def stream(self, name: str) -> Stream:
         """The stream written: views of the prefix where `need` stopped it early (the rest never written, so
@@ -440,14 +444,14 @@ def _expand_epoch(perm: PrefixPermutation, out: _Expansion, parts: int) -> None:
     n = len(perm.out)
     done = 0
     short = out.tokens_short()
-    want = n if out.need is None or out.epoch_tokens == 0 else _CHUNK + int(short * 1.1 * n / out.epoch_tokens)
+    want = n if out.need is None or out.epoch_tokens == 0 else _CHUNK + max(0, int(short * 1.1 * n / out.epoch_tokens))
     while True:
         ready = perm.extend(min(n, max(want, done + 1)))
         stop = ready if ready == n else ready - ready % _CHUNK
         if stop > done:
             out.expand(perm.out[done:stop], perm.values[done:stop], True, parts)
             done = stop
-        if done == n or out.reached():
+        if done == n or (done > 0 and out.reached()):  # (one pass expands an epoch's first chunk whatever the need)
             return
         want = max(2 * want, done + _CHUNK)
 

@@ -149,3 +149,22 @@ def test_the_compiled_expansion_builds_the_numpy_codes_stream(case: int, monkeyp
         for need in (float(rng.uniform(0, whole.cum[-1])), float(whole.cum[-1]) + 1.0):
             got = build_stream("src", case, lengths, lanes, epochs, blocks, need, parts=parts)
             _same_stream(got, build_stream_ref("src", case, lengths, lanes, epochs, blocks, need, chunk))
+
+
+def test_edge_needs_and_lanes_build_the_numpy_codes_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: a need at or below zero still expands an epoch's first chunk (as one pass did), and a long
+    lane without a threshold (no document long) counts every token short."""
+    from loomtest.stream_ref import build_stream_ref
+
+    monkeypatch.setattr(_mixture, "_CHUNK", 64)
+    monkeypatch.setattr(_permute, "BUCKET_ITEMS", 4)
+    lengths = np.full(1000, 10, dtype=np.uint32)
+    for need in (-1e6, 0.0):
+        got = build_stream("s", 1, lengths, Lanes(seq_len=512), 2, None, need)
+        _same_stream(got, build_stream_ref("s", 1, lengths, Lanes(seq_len=512), 2, None, need, 64))
+        assert len(got.doc) == 64
+    lanes = Lanes(seq_len=8, long_seq_len=16)
+    short = np.array([3, 8, 8, 4, 5, 30], dtype=np.uint32)
+    got = build_stream("s", 1, short, lanes, 1)
+    _same_stream(got, build_stream_ref("s", 1, short, lanes, 1, chunk=64))
+    assert got.cum_short is not None and np.array_equal(got.cum_short, got.cum)

@@ -18,6 +18,7 @@ the sources are THREAD_ROWS (rows) or THREAD_BYTES (index bytes) a source on ave
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -70,10 +71,30 @@ def per_source(fn: Callable[[int], T], n: int, sizes: Sequence[int] | None = Non
 
 def parallel(tasks: Sequence[Callable[[], T]]) -> list[T]:
     """[task() for task in tasks], each on a thread of its own where there are several (compiled kernels that release
-    the GIL: one source's stream cut into parts); the first task's error (in order) is raised. Callers look it up
-    on this module at call time, so a benchmark can time the tasks."""
+    the GIL: one source's stream cut into parts); the first task's error (in order) is raised. At most plan_threads()
+    such tasks run at once in the process (_part_slots), however many callers (per_source's threads, each with a
+    large source) ask at once: a many-core host with hundreds of large sources would otherwise start threads x parts
+    threads. Callers look it up on this module at call time, so a benchmark can time the tasks."""
     if len(tasks) <= 1:
         return [t() for t in tasks]
+    slots = _part_slots()
+
+    def run(task: Callable[[], T]) -> T:
+        with slots:
+            return task()
+
     with ThreadPoolExecutor(len(tasks), thread_name_prefix="loom-part") as pool:
-        futures = [pool.submit(t) for t in tasks]
+        futures = [pool.submit(run, t) for t in tasks]
         return [f.result() for f in futures]
+
+
+_SLOTS: list[threading.BoundedSemaphore] = []
+_SLOTS_LOCK = threading.Lock()
+
+
+def _part_slots() -> threading.BoundedSemaphore:
+    """The process's one semaphore of plan_threads() slots for parallel's tasks (made at first use)."""
+    with _SLOTS_LOCK:
+        if not _SLOTS:
+            _SLOTS.append(threading.BoundedSemaphore(plan_threads()))
+        return _SLOTS[0]

@@ -115,3 +115,34 @@ def test_numba_is_set_up_on_a_thread_of_its_own_once() -> None:
     assert _jit.stable_argsort(np.array([3.0, 1.0, 2.0])).tolist() == [1, 2, 0]
     _jit._WARMED[0].join(timeout=60)
     assert not _jit._WARMED[0].is_alive()
+
+
+def test_parts_on_threads_run_at_most_the_plan_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """_threads.parallel from several callers at once (per_source's threads, each with a large source): the tasks
+    all run, in order of their results, but never more than plan_threads() of them at the same time."""
+    import time
+
+    from loomdata.planning import _threads
+
+    monkeypatch.setenv(PLAN_THREADS_ENV, "2")
+    monkeypatch.setattr(_threads, "_SLOTS", [])
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def task(i: int) -> int:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        end = time.perf_counter() + 0.02  # (busy: unit tests do not sleep) long enough for the others to start
+        while time.perf_counter() < end:
+            pass
+        with lock:
+            running[0] -= 1
+        return i
+
+    def caller(k: int) -> list[int]:
+        return _threads.parallel([lambda i=i: task(10 * k + i) for i in range(3)])
+
+    out = per_source(caller, 4)  # 4 callers on (up to) 2 threads, each asking for 3 parts
+    assert out == [[10 * k + i for i in range(3)] for k in range(4)]
+    assert most[0] == 2

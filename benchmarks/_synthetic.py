@@ -5,16 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from loomdata.schemas.tables import synthetic_index
+
 
 def index_table(lengths: np.ndarray) -> pa.Table:
     """An index table (INDEX_SCHEMA columns) of text samples with these token counts, one shard."""
-    n = len(lengths)
-    return pa.table(
-        {
-            "sample": pa.array(np.arange(n, dtype=np.uint64)),
-            "shard": pa.array(np.zeros(n, dtype=np.uint32)),
-            "row": pa.array(np.arange(n, dtype=np.uint64)),
-            "num_tokens": pa.array(np.asarray(lengths, dtype=np.uint32)),
-            "num_image_tokens": pa.array(np.zeros(n, dtype=np.uint32)),
-        }
-    )
+    return synthetic_index(lengths)

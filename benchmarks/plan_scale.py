@@ -80,7 +80,7 @@ def source_sizes(samples: int, n_sources: int) -> list[tuple[str, int, float, fl
 def write_index(samples: int, n_sources: int, workdir: Path, seed: int = 0) -> dict[str, Any]:
     """Write synthetic index tables under workdir/index/<source>/; return names, steps per dp, weights."""
     from loomdata.schemas.layout import IndexFiles
-    from loomdata.schemas.tables import TableKind, write_table
+    from loomdata.schemas.tables import TableKind, synthetic_shards, write_table
 
     tokens = {}
     for k, (name, n, mu, sigma) in enumerate(source_sizes(samples, n_sources)):
@@ -92,16 +92,7 @@ def write_index(samples: int, n_sources: int, workdir: Path, seed: int = 0) -> d
         files = IndexFiles.of(workdir, name)
         files.root.mkdir(parents=True, exist_ok=True)
         write_table(index_table(lengths), files.samples, TableKind.INDEX, {"fingerprint": f"syn-{samples}-{name}"})
-        shards = pa.table(
-            {
-                "shard": pa.array([0], pa.uint32()),
-                "path": pa.array(["synthetic"]),
-                "size_bytes": pa.array([0], pa.uint64()),
-                "mtime_ns": pa.array([0], pa.int64()),
-                "fingerprint": pa.array(["synthetic"]),
-                "num_rows": pa.array([n], pa.uint64()),
-            }
-        )
+        shards = synthetic_shards(n)
         write_table(shards, files.shards, TableKind.SHARDS)
         tokens[name] = int(lengths.sum(dtype=np.int64))
     total = sum(tokens.values())

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from loomdata.planning._allocator import tune_allocator
 
@@ -143,7 +142,7 @@ def _tiny_plan(make_plan: Callable[..., Any]) -> None:
     balancing, manifest and report code all run once, with the array types of a large plan's."""
     from loomdata.schemas.layout import IndexFiles
     from loomdata.schemas.spec import parse_spec
-    from loomdata.schemas.tables import TableKind, write_table
+    from loomdata.schemas.tables import TableKind, synthetic_index, synthetic_shards, write_table
 
     with tempfile.TemporaryDirectory(prefix="loom-warm-") as d:
         wd = Path(d)
@@ -152,8 +151,8 @@ def _tiny_plan(make_plan: Callable[..., Any]) -> None:
             lengths = np.clip(np.random.default_rng(k).lognormal(mu, sigma, n), 16, 100_000).astype(np.uint32)
             files = IndexFiles.of(wd, name)
             files.root.mkdir(parents=True)
-            write_table(_index(lengths), files.samples, TableKind.INDEX, {"fingerprint": f"warm-{name}"})
-            write_table(_shards(n), files.shards, TableKind.SHARDS)
+            write_table(synthetic_index(lengths), files.samples, TableKind.INDEX, {"fingerprint": f"warm-{name}"})
+            write_table(synthetic_shards(n), files.shards, TableKind.SHARDS)
             weights[name] = float(lengths.sum())
         spec = parse_spec(
             {
@@ -167,31 +166,3 @@ def _tiny_plan(make_plan: Callable[..., Any]) -> None:
             check_paths=False,
         )
         make_plan(spec, client=_InPlace())
-
-
-def _index(lengths: np.ndarray) -> pa.Table:
-    """An index table of documents of `lengths` tokens (text only, one shard)."""
-    n = len(lengths)
-    return pa.table(
-        {
-            "sample": pa.array(np.arange(n, dtype=np.uint64)),
-            "shard": pa.array(np.zeros(n, dtype=np.uint32)),
-            "row": pa.array(np.arange(n, dtype=np.uint64)),
-            "num_tokens": pa.array(lengths),
-            "num_image_tokens": pa.array(np.zeros(n, dtype=np.uint32)),
-        }
-    )
-
-
-def _shards(rows: int) -> pa.Table:
-    """The shards table of an index of one synthetic shard of `rows` rows."""
-    return pa.table(
-        {
-            "shard": pa.array([0], pa.uint32()),
-            "path": pa.array(["synthetic"]),
-            "size_bytes": pa.array([0], pa.uint64()),
-            "mtime_ns": pa.array([0], pa.int64()),
-            "fingerprint": pa.array(["synthetic"]),
-            "num_rows": pa.array([rows], pa.uint64()),
-        }
-    )

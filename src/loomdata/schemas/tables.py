@@ -16,7 +16,7 @@ Tables sorted by `step` (manifests, a plan's report tables) are read by step ran
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,8 @@ __all__ = [
     "read_table",
     "stamped_metadata",
     "step_span",
+    "synthetic_index",
+    "synthetic_shards",
     "table_metadata",
     "write_table",
     "write_table_parts",
@@ -97,6 +99,39 @@ SHARDS_SCHEMA = pa.schema(
         pa.field("num_rows", pa.uint64(), nullable=False),
     ]
 )
+
+
+def synthetic_index(lengths: np.ndarray | Sequence[int], images: np.ndarray | Sequence[int] | None = None) -> pa.Table:
+    """An index table (INDEX_SCHEMA's columns) of samples with these token counts (and image tokens), all in shard 0,
+    rows 0..n-1: what the planner reads of an index, for a plan with no data files behind it (its workers' warm-up,
+    tests, benchmarks)."""
+    n = len(lengths)
+    img = np.zeros(n, dtype=np.uint32) if images is None else np.asarray(images, dtype=np.uint32)
+    return pa.table(
+        {
+            "sample": pa.array(np.arange(n, dtype=np.uint64)),
+            "shard": pa.array(np.zeros(n, dtype=np.uint32)),
+            "row": pa.array(np.arange(n, dtype=np.uint64)),
+            "num_tokens": pa.array(np.asarray(lengths, dtype=np.uint32)),
+            "num_image_tokens": pa.array(img),
+        }
+    )
+
+
+def synthetic_shards(rows: int) -> pa.Table:
+    """The shards table (SHARDS_SCHEMA) of synthetic_index's one shard of `rows` rows."""
+    return pa.table(
+        {
+            "shard": pa.array([0], pa.uint32()),
+            "path": pa.array(["synthetic"]),
+            "size_bytes": pa.array([0], pa.uint64()),
+            "mtime_ns": pa.array([0], pa.int64()),
+            "fingerprint": pa.array(["synthetic"]),
+            "num_rows": pa.array([rows], pa.uint64()),
+        },
+        schema=SHARDS_SCHEMA,
+    )
+
 
 LAYOUTS_SCHEMA = pa.schema(
     [

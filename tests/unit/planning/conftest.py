@@ -11,21 +11,12 @@ import pyarrow as pa
 import pytest
 
 from loomdata.schemas.spec import Spec, parse_spec
+from loomdata.schemas.tables import synthetic_index
 
 
 def index_table(lengths: Sequence[int] | np.ndarray, images: Sequence[int] | np.ndarray | None = None) -> pa.Table:
     """An index table (INDEX_SCHEMA columns) with the given token counts."""
-    n = len(lengths)
-    img = np.zeros(n) if images is None else np.asarray(images)
-    return pa.table(
-        {
-            "sample": pa.array(np.arange(n, dtype=np.uint64)),
-            "shard": pa.array(np.zeros(n, dtype=np.uint32)),
-            "row": pa.array(np.arange(n, dtype=np.uint64)),
-            "num_tokens": pa.array(np.asarray(lengths, dtype=np.uint32)),
-            "num_image_tokens": pa.array(img.astype(np.uint32)),
-        }
-    )
+    return synthetic_index(lengths, images)
 
 
 def make_spec(

@@ -214,6 +214,24 @@ def _price(p: int, img: int, terms: np.ndarray, window: int, cp: float) -> float
 
 
 @njit
+def _block_sums(first: np.ndarray, dp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """A block's baseline results, zeroed (concat and packed per-rank sums [steps, dp], tokens, concat rows, packed
+    tokens done), and its widest step's segments (the shuffle's buffer)."""
+    n_steps = len(first) - 1
+    width = 0
+    for t in range(n_steps):
+        width = max(width, first[t + 1] - first[t])
+    return (
+        np.zeros((n_steps, dp)),
+        np.zeros((n_steps, dp)),
+        np.zeros(n_steps),
+        np.zeros(n_steps, dtype=np.int64),
+        np.zeros(n_steps, dtype=np.int64),
+        width,
+    )
+
+
+@njit
 def baselines_pass(
     states: np.ndarray,
     first: np.ndarray,
@@ -231,14 +249,7 @@ def baselines_pass(
     as it is cut (the order np.bincount adds the pieces in). No piece arrays. Returns (concat per-rank sums
     [steps, dp], packed per-rank sums [steps, dp], each step's tokens (float64), concat rows, packed tokens)."""
     n_steps = len(first) - 1
-    concat = np.zeros((n_steps, dp))
-    packed = np.zeros((n_steps, dp))
-    tokens = np.zeros(n_steps)
-    n_rows = np.zeros(n_steps, dtype=np.int64)
-    done = np.zeros(n_steps, dtype=np.int64)
-    width = 0
-    for t in range(n_steps):
-        width = max(width, first[t + 1] - first[t])
+    concat, packed, tokens, n_rows, done, width = _block_sums(first, dp)
     perm = np.empty(width, dtype=np.int64)
     for t in range(n_steps):
         a, m = first[t], first[t + 1] - first[t]
@@ -392,14 +403,7 @@ def baselines_text(
     baselines' pieces, each piece's price added to its rank's sum kept in a register while the row (sequence)
     stays on one rank and stored when it moves on: the same additions in the same order, the same bits."""
     n_steps = len(first) - 1
-    concat = np.zeros((n_steps, dp))
-    packed = np.zeros((n_steps, dp))
-    tokens = np.zeros(n_steps)
-    n_rows = np.zeros(n_steps, dtype=np.int64)
-    done = np.zeros(n_steps, dtype=np.int64)
-    width = 0
-    for t in range(n_steps):
-        width = max(width, first[t + 1] - first[t])
+    concat, packed, tokens, n_rows, done, width = _block_sums(first, dp)
     vals = np.empty(width, dtype=np.int64)
     draws = np.empty(2 * width + 16, dtype=np.uint32)
     for t in range(n_steps):

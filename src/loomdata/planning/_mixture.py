@@ -377,7 +377,22 @@ class _Expansion:
     def _apart(self, perm: np.ndarray, perm_lengths: np.ndarray, parts: int) -> None:
         """expand in groups of chunks on threads, each from where the chunks before it end (chunk_counts first)."""
         long_lane = self.lanes.has_long
-        counts = chunk_counts(perm_lengths, self.lanes.seq_len, self.long_len, self.threshold, _CHUNK)
+        chunks = (len(perm_lengths) + _CHUNK - 1) // _CHUNK  # counted in parts too: each chunk's alone
+        at = np.unique(np.arange(parts + 1) * chunks // parts).tolist()
+        counted = _threads.parallel(
+            [
+                functools.partial(
+                    chunk_counts,
+                    perm_lengths[a * _CHUNK : b * _CHUNK],
+                    self.lanes.seq_len,
+                    self.long_len,
+                    self.threshold,
+                    _CHUNK,
+                )
+                for a, b in zip(at[:-1], at[1:], strict=True)
+            ]
+        )
+        counts = counted[0] if len(counted) == 1 else np.concatenate(counted)
         starts = np.zeros((len(counts) + 1, 5), dtype=np.int64)
         np.cumsum(counts, axis=0, out=starts[1:])
         at = self.at

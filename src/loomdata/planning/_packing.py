@@ -76,10 +76,23 @@ class Lanes:
         return self.cp(lanes)
 
 
+def no_image_tokens(images: np.ndarray) -> bool:
+    """Whether `images` is the planner's all-zero column of a text source: a broadcast of one zero (stride 0, as an
+    index read keeps a column it found all zero), known without a pass over it (40M samples: ~50 ms a pass)."""
+    return images.ndim == 1 and images.strides == (0,) and (len(images) == 0 or int(images[0]) == 0)
+
+
+def has_image_tokens(images: np.ndarray) -> bool:
+    """Whether any sample of `images` has image tokens (no pass over a text source's all-zero broadcast)."""
+    return not no_image_tokens(images) and bool(images.any())
+
+
 def check_unsplittable(
     source: str, samples: np.ndarray | DenseIds, lengths: np.ndarray, images: np.ndarray, lanes: Lanes
 ) -> None:
     """Raise PlanError when a sample with images exceeds its lane's capacity (it cannot be split)."""
+    if no_image_tokens(images):
+        return
     with_images = np.flatnonzero(images > 0)  # only these can fail: no per-sample 8-byte capacity array
     lane = lanes.lane_of(lengths[with_images])
     bad = with_images[lengths[with_images] > lanes.capacity(lane)]

@@ -41,11 +41,10 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from loomdata.planning._allocator import trim_arenas
 from loomdata.planning._baselines import BASELINE_DESCRIPTION
@@ -58,6 +57,7 @@ from loomdata.planning._distributed import (
     split_ranges,
     worker_count,
 )
+from loomdata.planning._index_read import read_index
 from loomdata.planning._jit import warm_up
 from loomdata.planning._lookahead import Allocate, Positions, StepAssignment, assign_steps, natural_ranges
 from loomdata.planning._manifest import ManifestWriter, file_bounds
@@ -72,7 +72,7 @@ from loomdata.planning._mixture import (
     membership,
     step_weights,
 )
-from loomdata.planning._packing import Lanes, check_unsplittable
+from loomdata.planning._packing import Lanes, check_unsplittable, has_image_tokens
 from loomdata.planning._pointers import Pointers
 from loomdata.planning._ranges import PlanWork, RangePart, balanced_blocks, merge_report
 from loomdata.planning._report import ReportBuilder
@@ -245,95 +245,13 @@ def _index_bytes(workdir: Path, names: Sequence[str]) -> list[int]:
 
 
 def _read_source(workdir: Path, name: str) -> tuple[_Source, str]:
-    """One source's index columns, streamed in batches into compact arrays: 4 bytes a sample (num_tokens);
-    a dense `sample` column (0..n-1, as `loom index` writes it) and an all-zero `num_image_tokens` are
-    checked batch by batch and not stored, so reading costs little more than the arrays kept. Columns a row
-    group's statistics prove constant (its one shard; no image tokens) are not decoded there (_proven)."""
-    pf, fp = IndexFiles.of(workdir, name).open_samples()  # checks the tables' kind, version and schema, once
-    n = pf.metadata.num_rows
-    tokens = np.empty(n, dtype=np.uint32)
-    sample: np.ndarray | None = None
-    images: np.ndarray | None = None
-    at = 0
-    changes: list[np.ndarray] = []  # where the shard changes (index rows are in (shard, row) order)
-    last_shard: int | None = None
-    for groups, shards, no_images in _proven(pf):
-        cols = [
-            "sample",
-            "num_tokens",
-            *(["shard"] if shards is None else []),
-            *([] if no_images else ["num_image_tokens"]),
-        ]
-        if shards is not None:  # each group's one shard, from its statistics
-            starts = at + np.concatenate([[0], np.cumsum([pf.metadata.row_group(g).num_rows for g in groups])[:-1]])
-            for first, shard in zip(starts.tolist(), shards, strict=True):
-                if last_shard is not None and shard != last_shard:
-                    changes.append(np.array([first], dtype=np.int64))
-                last_shard = shard
-        for batch in pf.iter_batches(batch_size=_BATCH, row_groups=groups, columns=cols, use_threads=False):
-            b = at + batch.num_rows
-            tokens[at:b] = batch.column("num_tokens").to_numpy()
-            ids = batch.column("sample").to_numpy()
-            if sample is None and len(ids) and not (ids[0] == at and ids[-1] == b - 1 and (np.diff(ids) == 1).all()):
-                sample = np.empty(n, dtype=np.uint64)
-                sample[:at] = np.arange(at, dtype=np.uint64)
-            if sample is not None:
-                sample[at:b] = ids
-            if shards is None:
-                sh = batch.column("shard").to_numpy()
-                if len(sh):
-                    if last_shard is not None and int(sh[0]) != last_shard:
-                        changes.append(np.array([at], dtype=np.int64))
-                    changes.append(np.flatnonzero(sh[1:] != sh[:-1]).astype(np.int64) + at + 1)
-                    last_shard = int(sh[-1])
-            if not no_images:
-                img = batch.column("num_image_tokens").to_numpy()
-                if images is None and img.any():
-                    images = np.zeros(n, dtype=np.uint32)
-                if images is not None:
-                    images[at:b] = img
-            at = b
-    if at != n:
-        raise AssertionError(f"index of source {name!r}: {at} rows read, the footer says {n}")
-    ids_of: SampleIds = DenseIds(n) if sample is None else sample
-    no_images_col = np.broadcast_to(np.zeros(1, np.uint32), (n,))
-    runs = np.concatenate([[0], *changes, [n]]).astype(np.int64) if n else np.zeros(1, dtype=np.int64)
-    return _Source(name, ids_of, tokens, no_images_col if images is None else images, runs, None), fp
-
-
-def _proven(pf: pq.ParquetFile) -> list[tuple[list[int], list[int] | None, bool]]:
-    """The row groups in order, as runs of consecutive groups read alike: (groups, each group's one shard where
-    the statistics prove the run's groups hold one shard each, else None; whether they prove no group has image
-    tokens). Proof: no nulls and min == max (== 0 for images: min too, so statistics of unsigned values kept in
-    signed order, where a large value reads negative, never pass). Decoding those two columns is about a third of
-    reading an index table."""
-    md = pf.metadata
-    names = md.schema.names
-    shard_col, image_col = names.index("shard"), names.index("num_image_tokens")
-    out: list[tuple[list[int], list[int] | None, bool]] = []
-    for g in range(md.num_row_groups):
-        rg = md.row_group(g)
-        shard, zero = _constant(rg.column(shard_col).statistics), _constant(rg.column(image_col).statistics)
-        no_images = zero == 0
-        if out and (out[-1][1] is None) == (shard is None) and out[-1][2] == no_images:
-            out[-1][0].append(g)
-            if shard is not None:
-                cast(list[int], out[-1][1]).append(shard)
-        else:
-            out.append(([g], None if shard is None else [shard], no_images))
-    return out
-
-
-def _constant(st: pq.Statistics | None) -> int | None:
-    """The one value of a column chunk whose statistics prove it holds one non-null integer, else None."""
-    if st is None or not st.has_min_max or not st.has_null_count or st.null_count != 0:
-        return None
-    lo, hi = st.min, st.max
-    return int(lo) if isinstance(lo, int) and lo == hi else None
-
-
-_BATCH = 1 << 16
-"""Rows read at a time from an index table."""
+    """One source's index columns (planning._index_read: compact arrays, a large table's row groups read in parts
+    on the usable cores)."""
+    cols = read_index(workdir, name, parts=plan_threads())
+    n = len(cols.num_tokens)
+    ids_of: SampleIds = DenseIds(n) if cols.sample is None else cols.sample
+    images = np.broadcast_to(np.zeros(1, np.uint32), (n,)) if cols.images is None else cols.images
+    return _Source(name, ids_of, cols.num_tokens, images, cols.runs, None), cols.fingerprint
 
 
 def _np(table: pa.Table | pa.ChunkedArray, col: str | None) -> np.ndarray:
@@ -377,7 +295,7 @@ def _plan_into(
     targets = CumulativeTargets(weights, step_budget)  # worked out a block at a time, never whole
     epoch_tokens = [int(s.num_tokens.sum(dtype=np.int64)) for s in sources]
     step_dp = _step_dp(shapes, tr.steps) if shapes else np.full(tr.steps, tr.dp_size, dtype=np.int64)
-    images = any(s.num_image_tokens.any() for s in sources)
+    images = any(has_image_tokens(s.num_image_tokens) for s in sources)
     window = _draw_window(spec, base, images, lanes, step_dp)  # planning.draw_window where it applies, else 0
     # a windowed draw fills the rows, not fill x rows: its epochs and streams are checked and built for that
     drawn_targets = CumulativeTargets(weights, step_slots * tr.seq_len) if window else targets

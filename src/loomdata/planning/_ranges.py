@@ -30,6 +30,7 @@ from loomdata.planning._items import StepItems
 from loomdata.planning._lookahead import StepAssignment
 from loomdata.planning._manifest import ManifestWriter
 from loomdata.planning._mixture import Stream
+from loomdata.planning._packing import no_image_tokens
 from loomdata.planning._pointers import Pointers
 from loomdata.planning._report import RANK_STEPS, ReportBuilder
 from loomdata.planning._segments import DenseIds, RowIds, SampleIds, Segments
@@ -227,7 +228,7 @@ def window(work: PlanWork, first: int, stop: int) -> PlanWork:
         samples.append(RowIds(doc.copy()) if isinstance(ids, DenseIds) else ids[doc])
         tokens.append(work.num_tokens[k][doc])
         img = work.num_image_tokens[k]
-        images.append(np.broadcast_to(np.zeros(1, img.dtype), (b - a,)) if img.strides == (0,) else img[doc])
+        images.append(np.broadcast_to(np.zeros(1, img.dtype), (b - a,)) if no_image_tokens(img) else img[doc])
         i, j = np.searchsorted(st.split_pos, [a, b])
         streams.append(
             replace(

@@ -25,32 +25,41 @@ __all__ = [
 
 
 @njit
-def _next(s: np.ndarray) -> np.uint64:
-    """The next output of xoshiro256** (Blackman and Vigna) with state `s` (4 uint64, advanced in place)."""
-    x = s[1] * np.uint64(5)
+def _step(
+    s0: np.uint64, s1: np.uint64, s2: np.uint64, s3: np.uint64
+) -> tuple[np.uint64, np.uint64, np.uint64, np.uint64, np.uint64]:
+    """The next output of xoshiro256** (Blackman and Vigna) from the state (s0, s1, s2, s3): (output, the state
+    after). Kernels keep their state in four locals this way, 2.5-3x faster than in a state array (40M draws: 0.11
+    -> 0.04 s), which the compiler must load and store at every draw (it cannot tell it from the loop's arrays)."""
+    x = s1 * np.uint64(5)
     result = ((x << np.uint64(7)) | (x >> np.uint64(57))) * np.uint64(9)
-    t = s[1] << np.uint64(17)
-    s[2] ^= s[0]
-    s[3] ^= s[1]
-    s[1] ^= s[2]
-    s[0] ^= s[3]
-    s[2] ^= t
-    s[3] = (s[3] << np.uint64(45)) | (s[3] >> np.uint64(19))
-    return result
+    t = s1 << np.uint64(17)
+    s2 ^= s0
+    s3 ^= s1
+    s1 ^= s2
+    s0 ^= s3
+    s2 ^= t
+    s3 = (s3 << np.uint64(45)) | (s3 >> np.uint64(19))
+    return result, s0, s1, s2, s3
 
 
 @njit
-def _below(s: np.ndarray, m: np.uint64) -> np.uint64:
-    """A uniform integer in [0, m) for 0 < m < 2^32: Lemire's multiply-shift on 32 random bits, with rejection."""
+def _below_step(
+    s0: np.uint64, s1: np.uint64, s2: np.uint64, s3: np.uint64, m: np.uint64
+) -> tuple[np.uint64, np.uint64, np.uint64, np.uint64, np.uint64]:
+    """A uniform integer in [0, m) for 0 < m < 2^32 (Lemire's multiply-shift on 32 random bits, with rejection) from
+    the state (s0, s1, s2, s3): (the integer, the state after)."""
     mask = np.uint64(0xFFFFFFFF)
-    prod = (_next(s) >> np.uint64(32)) * m
+    r, s0, s1, s2, s3 = _step(s0, s1, s2, s3)
+    prod = (r >> np.uint64(32)) * m
     low = prod & mask
     if low < m:
         floor = ((mask + np.uint64(1)) - m) % m
         while low < floor:
-            prod = (_next(s) >> np.uint64(32)) * m
+            r, s0, s1, s2, s3 = _step(s0, s1, s2, s3)
+            prod = (r >> np.uint64(32)) * m
             low = prod & mask
-    return prod >> np.uint64(32)
+    return prod >> np.uint64(32), s0, s1, s2, s3
 
 
 @njit
@@ -84,19 +93,19 @@ def bucket_starts_split(
         start[1] = n
         return start, states, counts
     shift = np.uint64(64 - bits)
-    t = 0
-    for i in range(n):
-        while t < len(splits) and splits[t] == i:
-            states[t] = state
+    s0, s1, s2, s3 = state[0], state[1], state[2], state[3]
+    i = 0
+    for t in range(len(splits) + 1):  # the items up to each split (the last: to n), then the state there
+        stop = n if t == len(splits) else min(max(splits[t], i), n)
+        for _ in range(i, stop):
+            r, s0, s1, s2, s3 = _step(s0, s1, s2, s3)
+            start[(r >> shift) + np.uint64(1)] += 1
+        i = stop
+        if t < len(splits):
+            states[t, 0], states[t, 1], states[t, 2], states[t, 3] = s0, s1, s2, s3
             for b in range(nb):
                 counts[t, b] = start[b + 1]
-            t += 1
-        start[(_next(state) >> shift) + np.uint64(1)] += 1
-    while t < len(splits):  # splits at n
-        states[t] = state
-        for b in range(nb):
-            counts[t, b] = start[b + 1]
-        t += 1
+    state[0], state[1], state[2], state[3] = s0, s1, s2, s3
     for b in range(nb):
         start[b + 1] += start[b]
     return start, states, counts
@@ -131,11 +140,12 @@ def scatter_buckets(
                     values_out[i] = values[item]
         return
     shift = np.uint64(64 - bits)
-    s = first.copy()
+    s0, s1, s2, s3 = first[0], first[1], first[2], first[3]
     at = start[:-1] + before
     lo, hi = np.uint64(k0), np.uint64(k1)
     for i in range(i0, i1):
-        bk = _next(s) >> shift
+        r, s0, s1, s2, s3 = _step(s0, s1, s2, s3)
+        bk = r >> shift
         if lo <= bk < hi:
             item = i if dense else src[i]
             out[at[bk]] = item
@@ -149,14 +159,15 @@ def shuffle_states(state: np.ndarray, start: np.ndarray, k0: int, k1: int) -> np
     """The generator's state as each bucket k0..k1 begins its shuffle ((k1 - k0 + 1, 4): the last row the state after
     bucket k1 - 1), from `state` (the state as bucket k0 begins; not advanced): shuffle_buckets' draws replayed
     without the swaps, so bucket ranges can be shuffled apart."""
-    s = state.copy()
+    s0, s1, s2, s3 = state[0], state[1], state[2], state[3]
     out = np.empty((k1 - k0 + 1, 4), dtype=np.uint64)
-    for b in range(k0, k1):
-        out[b - k0] = s
+    for b in range(k0, k1 + 1):
+        out[b - k0, 0], out[b - k0, 1], out[b - k0, 2], out[b - k0, 3] = s0, s1, s2, s3
+        if b == k1:
+            break
         a = start[b]
         for j in range(start[b + 1] - 1, a, -1):
-            _below(s, np.uint64(j - a + 1))
-    out[k1 - k0] = s
+            _, s0, s1, s2, s3 = _below_step(s0, s1, s2, s3, np.uint64(j - a + 1))
     return out
 
 
@@ -166,10 +177,12 @@ def shuffle_buckets(
 ) -> None:
     """Fisher-Yates on each bucket [k0, k1) in order with Lemire's bounded draws from `state` (advanced in place;
     the state after buckets [0, k0) were shuffled), values_out alongside with `carry`."""
+    s0, s1, s2, s3 = state[0], state[1], state[2], state[3]
     for b in range(k0, k1):
         a = start[b]
         for j in range(start[b + 1] - 1, a, -1):
-            k = a + np.int64(_below(state, np.uint64(j - a + 1)))
+            d, s0, s1, s2, s3 = _below_step(s0, s1, s2, s3, np.uint64(j - a + 1))
+            k = a + np.int64(d)
             v = out[j]
             out[j] = out[k]
             out[k] = v
@@ -177,6 +190,7 @@ def shuffle_buckets(
                 w = values_out[j]
                 values_out[j] = values_out[k]
                 values_out[k] = w
+    state[0], state[1], state[2], state[3] = s0, s1, s2, s3
 
 
 @njit

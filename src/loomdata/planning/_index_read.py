@@ -11,7 +11,9 @@ thread of its own (planning._threads.parallel) from its own handle on the file, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -72,18 +74,20 @@ def read_index(workdir: Path, name: str, parts: int = 1) -> IndexColumns:
     READ_PART_ROWS rows a part): the same arrays whatever the parts."""
     files = IndexFiles.of(workdir, name)
     pf, fp = files.open_samples()  # checks the tables' kind, version and schema, once
-    n = pf.metadata.num_rows
-    tokens = np.empty(n, dtype=np.uint32)
-    groups = _groups(pf)
-    cuts = _cut(groups, max(1, min(parts, n // READ_PART_ROWS)))
-    tasks = [
-        functools.partial(_read_part, pf if t == 0 else pq.ParquetFile(files.samples, metadata=pf.metadata), g, tokens)
-        for t, g in enumerate(cuts)
-    ]
-    found: list[_Part] = _threads.parallel(tasks)
-    read = sum(g.rows for g in groups)
-    if read != n:
-        raise AssertionError(f"index of source {name!r}: {read} rows in its row groups, the footer says {n}")
+    with contextlib.ExitStack() as handles:  # every handle closed once its part is read (or a part failed)
+        handles.enter_context(pf)
+        n = pf.metadata.num_rows
+        groups = _groups(pf)
+        in_groups = sum(g.rows for g in groups)
+        if in_groups != n:
+            raise AssertionError(f"index of source {name!r}: {in_groups} rows in its row groups, the footer says {n}")
+        tokens = np.empty(n, dtype=np.uint32)
+        cuts = _cut(groups, max(1, min(parts, n // READ_PART_ROWS)))
+        tasks = []
+        for t, g in enumerate(cuts):
+            handle = pf if t == 0 else handles.enter_context(pq.ParquetFile(str(files.samples), metadata=pf.metadata))
+            tasks.append(functools.partial(_read_part, handle, g, tokens, name))
+        found: list[_Part] = _threads.parallel(tasks)
     return IndexColumns(tokens, *_joined(found, cuts, n), runs=_runs(found, n), fingerprint=fp)
 
 
@@ -113,22 +117,30 @@ def _constant(st: pq.Statistics | None) -> int | None:
 
 
 def _cut(groups: list[_Group], parts: int) -> list[list[_Group]]:
-    """`groups` as up to `parts` runs of consecutive groups of about equal rows (none empty; none for no groups)."""
+    """`groups` as up to `parts` runs of consecutive groups of about equal rows: a group goes to the part its middle
+    row falls in, and no part holds no rows (0-row groups go with the rows beside them; a table of no rows is one
+    part; none for no groups)."""
     if not groups:
         return []
-    if parts <= 1 or len(groups) <= 1:
+    rows = np.array([g.rows for g in groups], dtype=np.int64)
+    total = int(rows.sum())
+    if parts <= 1 or len(groups) <= 1 or total == 0:
         return [groups]
-    ends = np.cumsum([g.rows for g in groups])
-    goals = ends[-1] * np.arange(1, parts) // parts
-    at = np.unique(
-        np.concatenate([[0], np.searchsorted(ends, goals, side="right"), [len(groups)]]).clip(0, len(groups))
-    )
-    return [groups[a:b] for a, b in zip(at[:-1].tolist(), at[1:].tolist(), strict=True) if b > a]
+    starts = np.concatenate([[0], np.cumsum(rows)])
+    twice_middles = starts[:-1] + starts[1:]  # nondecreasing, as the goals are
+    goals = 2 * (total * np.arange(1, parts, dtype=np.int64) // parts)
+    bounds = [0]
+    for b in np.searchsorted(twice_middles, goals, side="left").tolist():
+        if starts[bounds[-1]] < starts[b] < total:  # rows before it in this part, and rows after it
+            bounds.append(b)
+    bounds.append(len(groups))
+    return [groups[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-def _read_part(pf: pq.ParquetFile, groups: list[_Group], tokens: np.ndarray) -> _Part:
+def _read_part(pf: pq.ParquetFile, groups: list[_Group], tokens: np.ndarray, name: str) -> _Part:
     """Read `groups` (consecutive) into tokens at their rows; runs of groups read alike (the same columns proven
-    constant) go through one iter_batches."""
+    constant) go through one iter_batches. Rows read other than the groups' (the footer's) raise AssertionError,
+    and none is written past its run's rows (another part's are written on another thread)."""
     first_row = groups[0].first
     part = _Part(first_row, None, None, None, None, [])
     rows = sum(g.rows for g in groups)
@@ -153,8 +165,12 @@ def _read_part(pf: pq.ParquetFile, groups: list[_Group], tokens: np.ndarray) -> 
                     part.first_shard = g.shard
                 last = g.shard
         groups_of_run = [g.number for g in run]
+        end = run[-1].first + run[-1].rows
         for batch in pf.iter_batches(batch_size=BATCH, row_groups=groups_of_run, columns=cols, use_threads=False):
             b = at + batch.num_rows
+            if b > end:  # more rows than the footer says: raised below, none written past the run's
+                at = b
+                break
             tokens[at:b] = batch.column("num_tokens").to_numpy()
             ids = batch.column("sample").to_numpy()
             if (
@@ -182,6 +198,11 @@ def _read_part(pf: pq.ParquetFile, groups: list[_Group], tokens: np.ndarray) -> 
                 if part.images is not None:
                     part.images[at - first_row : b - first_row] = img
             at = b
+        if at != end:
+            raise AssertionError(
+                f"index of source {name!r}: {at - run[0].first} rows read in row groups {run[0].number}.."
+                f"{run[-1].number}, the footer says {end - run[0].first}"
+            )
     part.last_shard = last
     return part
 

@@ -38,6 +38,7 @@ another source, so a plan does not depend on how far its streams were built). A 
 from __future__ import annotations
 
 import functools
+import itertools
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -389,7 +390,7 @@ class _Expansion:
                     self.threshold,
                     _CHUNK,
                 )
-                for a, b in zip(at[:-1], at[1:], strict=True)
+                for a, b in itertools.pairwise(at)
             ]
         )
         counts = counted[0] if len(counted) == 1 else np.concatenate(counted)

@@ -4,10 +4,11 @@ For each --sizes index (2 sources, dp --dp; written once, plan_scale's synthetic
 plan runs in its own subprocess (plan_scale `--child loom`), the trees alternating within a round. Reports per
 run wall and CPU figures as plan_scale's cluster part does (serial CPU, driver CPU, each worker's range CPU,
 the critical path on idle cores: serial + driver + busiest worker) and each tree's speedups over its own one
-process. Writes --out (JSON).
+process; with --rounds, every other round swapped and each tree's chain speedups summarized (median, min, max),
+after an untimed warm-up of both trees (a fresh tree's first plans compile numba kernels). Writes --out (JSON).
 
-    .venv/bin/python benchmarks/plan_scale_cluster_ab.py --before /tmp/main/src --after src --sizes 5e6 2e7 5e7 \
-        --out benchmarks/results/plan_scale_cluster_s5.json
+    .venv/bin/python benchmarks/plan_scale_cluster_ab.py --before /tmp/main/src --after src --sizes 5e7 --speculate \
+        --rounds 4 --out benchmarks/results/plan_scale_cluster_s33.json
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -59,17 +61,41 @@ def main(argv: list[str] | None = None) -> int:
         help="the N-worker runs in the other order (before first; by default after goes first there, before first on "
         "one worker): a round each way separates a tree's effect from its place in the round",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds a size, every other one swapped (--swap swaps the first); the summary gives each tree's chain "
+        "speedups and their median",
+    )
+    ap.add_argument(
+        "--no-warm",
+        action="store_true",
+        help="skip the warm-up (each tree plans a 1M-sample index on 1 and N workers first, so no timed run compiles "
+        "numba kernels into a fresh tree's cache)",
+    )
     args = ap.parse_args(argv)
     if args.speculate:
         os.environ["LOOM_BENCH_SPECULATE"] = "1"
     trees = {"before": args.before, "after": args.after}
-    out: dict[str, Any] = {"dp": args.dp, "sources": 2, "speculate": args.speculate, "swap": args.swap, "sizes": []}
-    for n in [int(s) for s in args.sizes]:
+    out: dict[str, Any] = {
+        "dp": args.dp,
+        "sources": 2,
+        "speculate": args.speculate,
+        "swap": args.swap,
+        "rounds": args.rounds,
+        "sizes": [],
+        "summary": {},
+    }
+    if not args.no_warm:
+        _warm(trees, args.dp, args.workers)
+    for n, rnd in [(int(s), r) for s in args.sizes for r in range(args.rounds)]:
+        swap = args.swap != (rnd % 2 == 1)
         with tempfile.TemporaryDirectory(prefix="loom-scale-") as d:
             run_child(args.after, "--child", "index", "--samples", str(n), "--n-sources", "2", "--workdir", d)
             runs: dict[str, dict[int, dict[str, Any]]] = {"before": {}, "after": {}}
             firsts = {1: ("before", "after"), args.workers: ("after", "before")}  # alternate who goes first
-            if args.swap:
+            if swap:
                 firsts = {1: ("after", "before"), args.workers: ("before", "after")}
             order = [(t, w) for w in (1, args.workers) for t in firsts[w]]
             for tree, w in order:
@@ -87,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                     f" (load {load:.1f})",
                     flush=True,
                 )
-        entry: dict[str, Any] = {"samples": n, "runs": [], "speedups": {}}
+        entry: dict[str, Any] = {"samples": n, "round": rnd, "swapped": swap, "runs": [], "speedups": {}}
         for tree, by_w in runs.items():
             for r in by_w.values():
                 r.update(_figures(r, by_w[1]))
@@ -100,10 +126,32 @@ def main(argv: list[str] | None = None) -> int:
         ratio = entry["serial_cpu_after_over_before"]
         print(f"  speedups {json.dumps(entry['speedups'])}; serial CPU after/before {ratio:.2f}", flush=True)
         out["sizes"].append(entry)
+        out["summary"][str(n)] = summary = _summary([e for e in out["sizes"] if e["samples"] == n])
+        print(f"  chain speedups so far {json.dumps(summary)}", flush=True)
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(out, indent=1) + "\n")
     return 0
+
+
+def _warm(trees: dict[str, str], dp: int, workers: int) -> None:
+    """Each tree plans a small index on 1 and `workers` workers, untimed: a tree's first plans compile numba kernels
+    into its cache (a fresh `git archive` of a tree has none), which would land in a timed run."""
+    with tempfile.TemporaryDirectory(prefix="loom-scale-warm-") as d:
+        run_child(trees["after"], "--child", "index", "--samples", str(10**6), "--n-sources", "2", "--workdir", d)
+        for src in trees.values():
+            for w in (1, workers):
+                run_child(src, "--child", "loom", "--dp", str(dp), "--workdir", d, "--workers", str(w))
+
+
+def _summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each tree's chain speedups over the rounds (in round order), their median, min and max."""
+    out: dict[str, Any] = {}
+    for tree in ("before", "after"):
+        xs = [e["speedups"][tree]["chain_speedup"] for e in entries]
+        med = statistics.median(xs)
+        out[tree] = {"chain": [round(x, 3) for x in xs], "median": med, "min": min(xs), "max": max(xs)}
+    return out
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-warm",
         action="store_true",
-        help="skip the warm-up (each tree plans a 1M-sample index on 1 and N workers first, so no timed run compiles "
+        help="skip the warm-up (each tree plans a 10M-sample index on 1 and N workers first, so no timed run compiles "
         "numba kernels into a fresh tree's cache)",
     )
     args = ap.parse_args(argv)
@@ -135,10 +135,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _warm(trees: dict[str, str], dp: int, workers: int) -> None:
-    """Each tree plans a small index on 1 and `workers` workers, untimed: a tree's first plans compile numba kernels
-    into its cache (a fresh `git archive` of a tree has none), which would land in a timed run."""
+    """Each tree plans a 10M-sample index on 1 and `workers` workers, untimed: a tree's first plans compile numba
+    kernels into its cache (a fresh `git archive` of a tree has none), which would land in a timed run. 10M: its
+    larger source (8M) takes the paths in parts (index reads, streams) that a 1M-sample warm-up left cold (session
+    33: the first timed one-process run still compiled, 13.0 CPU-s of serial part against 4.8)."""
     with tempfile.TemporaryDirectory(prefix="loom-scale-warm-") as d:
-        run_child(trees["after"], "--child", "index", "--samples", str(10**6), "--n-sources", "2", "--workdir", d)
+        run_child(trees["after"], "--child", "index", "--samples", str(10**7), "--n-sources", "2", "--workdir", d)
         for src in trees.values():
             for w in (1, workers):
                 run_child(src, "--child", "loom", "--dp", str(dp), "--workdir", d, "--workers", str(w))

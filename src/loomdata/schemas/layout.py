@@ -64,7 +64,7 @@ class IndexFiles:
         """The samples table opened once (kind, version and schema checked) and its fingerprint; the shards
         table's footer checked too."""
         self._require()
-        open_table(self.shards, TableKind.SHARDS)
+        open_table(self.shards, TableKind.SHARDS).close()  # (its footer checked; nothing more read of it here)
         pf = open_table(self.samples, TableKind.INDEX)
         return pf, self.fingerprint_of(pf)
 

@@ -385,7 +385,11 @@ def open_table(path: str | Path, kind: TableKind) -> pq.ParquetFile:
         pf = pq.ParquetFile(str(p), memory_map=False, pre_buffer=False)
     except (pa.ArrowInvalid, OSError) as e:
         raise ContractError(f"{p}: not a readable Parquet file ({e})") from None
-    _check_stamp(pf.schema_arrow, kind, p)
+    try:
+        _check_stamp(pf.schema_arrow, kind, p)
+    except BaseException:
+        pf.close()  # (refused: the caller never sees the handle to close it)
+        raise
     return pf
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -16,6 +17,8 @@ from loomdata.schemas import (
     table_metadata,
     write_table,
 )
+from loomdata.schemas.layout import IndexFiles
+from loomdata.schemas.tables import open_table, synthetic_index, synthetic_shards
 
 
 def _manifest(n: int = 3) -> pa.Table:
@@ -209,3 +212,32 @@ def test_a_split_kind_writes_an_extra_column_parquet_cannot_split(tmp_path: Path
     assert all(
         "BYTE_STREAM_SPLIT" not in encodings[k] and "RLE_DICTIONARY" not in encodings[k] for k in ("note", "flag")
     )
+
+
+def test_a_table_refused_by_open_table_is_closed_and_an_index_opening_closes_its_shards_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """open_table closes the file it refuses (the caller never gets the handle), and IndexFiles.open_samples closes
+    the shards table it opens only to check its footer (both were left to the garbage collector)."""
+    opened: list[pq.ParquetFile] = []
+    init = pq.ParquetFile.__init__
+
+    def spy(self: pq.ParquetFile, *a: object, **kw: object) -> None:
+        init(self, *a, **kw)  # type: ignore[arg-type]
+        opened.append(self)
+
+    monkeypatch.setattr(pq.ParquetFile, "__init__", spy)
+    p = tmp_path / "m.parquet"
+    write_table(_manifest(), p, TableKind.MANIFEST)
+    with pytest.raises(ContractError, match="expected a loomdata index table"):
+        open_table(p, TableKind.INDEX)
+    assert len(opened) == 1 and opened[0].closed
+    files = IndexFiles.of(tmp_path, "s")
+    files.root.mkdir(parents=True)
+    write_table(synthetic_index(np.full(10, 7, dtype=np.uint32)), files.samples, TableKind.INDEX, {"fingerprint": "f"})
+    write_table(synthetic_shards(10), files.shards, TableKind.SHARDS)
+    opened.clear()
+    pf, _ = files.open_samples()
+    shards = [f for f in opened if f is not pf]
+    assert len(shards) == 1 and shards[0].closed and not pf.closed
+    pf.close()

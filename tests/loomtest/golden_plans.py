@@ -27,24 +27,14 @@ import pyarrow.parquet as pq
 from loomdata.planning import PlanResume, make_plan
 from loomdata.schemas.plan import read_manifest, read_plan
 from loomdata.schemas.spec import Spec, parse_spec
+from loomdata.schemas.tables import synthetic_index
 
 __all__ = ["CASES", "GOLDEN_FILE", "golden_hashes", "plan_hashes"]
 
 GOLDEN_FILE = Path(__file__).resolve().parents[1] / "unit" / "planning" / "golden_plans.json"
 
 
-def _index(lengths: np.ndarray, images: np.ndarray | None = None) -> pa.Table:
-    n = len(lengths)
-    img = np.zeros(n, dtype=np.uint32) if images is None else np.asarray(images, dtype=np.uint32)
-    return pa.table(
-        {
-            "sample": pa.array(np.arange(n, dtype=np.uint64)),
-            "shard": pa.array(np.zeros(n, dtype=np.uint32)),
-            "row": pa.array(np.arange(n, dtype=np.uint64)),
-            "num_tokens": pa.array(np.asarray(lengths, dtype=np.uint32)),
-            "num_image_tokens": pa.array(img),
-        }
-    )
+_index = synthetic_index  # (the one synthetic index builder: schemas.tables)
 
 
 def _lognormal(seed: int, n: int, mu: float, sigma: float, lo: int = 16, hi: int = 100_000) -> np.ndarray:

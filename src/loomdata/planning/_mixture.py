@@ -379,7 +379,7 @@ class _Expansion:
         """expand in groups of chunks on threads, each from where the chunks before it end (chunk_counts first)."""
         long_lane = self.lanes.has_long
         chunks = (len(perm_lengths) + _CHUNK - 1) // _CHUNK  # counted in parts too: each chunk's alone
-        at = np.unique(np.arange(parts + 1) * chunks // parts).tolist()
+        bounds = np.unique(np.arange(parts + 1) * chunks // parts).tolist()
         counted = _threads.parallel(
             [
                 functools.partial(
@@ -390,7 +390,7 @@ class _Expansion:
                     self.threshold,
                     _CHUNK,
                 )
-                for a, b in itertools.pairwise(at)
+                for a, b in itertools.pairwise(bounds)
             ]
         )
         counts = counted[0] if len(counted) == 1 else np.concatenate(counted)

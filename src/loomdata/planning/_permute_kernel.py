@@ -161,13 +161,12 @@ def shuffle_states(state: np.ndarray, start: np.ndarray, k0: int, k1: int) -> np
     without the swaps, so bucket ranges can be shuffled apart."""
     s0, s1, s2, s3 = state[0], state[1], state[2], state[3]
     out = np.empty((k1 - k0 + 1, 4), dtype=np.uint64)
-    for b in range(k0, k1 + 1):
+    for b in range(k0, k1):
         out[b - k0, 0], out[b - k0, 1], out[b - k0, 2], out[b - k0, 3] = s0, s1, s2, s3
-        if b == k1:
-            break
         a = start[b]
         for j in range(start[b + 1] - 1, a, -1):
             _, s0, s1, s2, s3 = _below_step(s0, s1, s2, s3, np.uint64(j - a + 1))
+    out[k1 - k0, 0], out[k1 - k0, 1], out[k1 - k0, 2], out[k1 - k0, 3] = s0, s1, s2, s3
     return out
 
 
